@@ -1,0 +1,33 @@
+"""`python -m pyramid_demo {generate,bench,distill}`: each subcommand lives in its own module
+with `add_arguments(parser)` and `run(args) -> int`; this file only dispatches."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+SUBCOMMANDS = {
+    "generate": ("pyramid_demo.generate_cli", "run one decoding method and print the text and its trace"),
+    "bench": ("pyramid_demo.bench", "benchmark methods side by side and write results.csv/json and report.html"),
+    "distill": ("pyramid_demo.distill", "distil a draft and a qualifier for the bundled offline target"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pyramid_demo", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    modules = {}
+    for name, (module, help_text) in SUBCOMMANDS.items():
+        try:
+            modules[name] = importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name != module:
+                raise
+            continue  # a subcommand whose module is not part of this checkout
+        modules[name].add_arguments(sub.add_parser(name, help=help_text, description=help_text))
+    args = parser.parse_args(argv)
+    try:
+        return int(modules[args.command].run(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,69 @@
+"""Decoding settings, validated once so that every method fails early with a clear message."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+METHODS = ("ar", "sd", "fsd", "psd_a", "psd_f")
+DIVERGENCES = ("js", "kl", "tv")
+FALLBACKS = ("none", "sd")
+STAGE2_RULES = ("fuzzy", "sd")
+
+METHOD_LABELS = {
+    "ar": "AR (target only)",
+    "sd": "SD (draft → target)",
+    "fsd": "FSD (fuzzy draft → target)",
+    "psd_a": "PSD_A (assisted pyramid)",
+    "psd_f": "PSD_F (fuzzy pyramid)",
+}
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """One run's settings. `tau_t` is FSD's τ and PSD's target threshold τ_T."""
+
+    method: str = "psd_f"
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    top_k: int = 0  # 0: off
+    top_p: float = 1.0  # 1.0: off
+    seed: int = 0
+    gamma: int = 4  # SD/FSD draft length γ
+    l_d: int = 4  # PSD: tokens drafted per qualifier round ℓ_D
+    l_q: int = 8  # PSD: qualified block length per target round ℓ_Q
+    tau_q: float = 0.4  # PSD_F stage-1 threshold τ_Q
+    tau_t: float = 0.5  # FSD threshold / PSD stage-2 threshold τ_T
+    divergence: str = "js"
+    fallback: str = "none"  # CHOICE beyond the paper: "sd" also accepts tokens the SD rule accepts
+    stage2: str = "fuzzy"  # CHOICE beyond the paper: "sd" makes PSD_A lossless (3-model cascade)
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, msg: str) -> None:
+            if not ok:
+                raise ValueError(msg)
+
+        need(self.method in METHODS, f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
+        need(self.divergence in DIVERGENCES,
+             f"unknown divergence {self.divergence!r}; choose one of {', '.join(DIVERGENCES)}")
+        need(self.fallback in FALLBACKS, f"unknown fallback {self.fallback!r}; choose 'none' or 'sd'")
+        need(self.stage2 in STAGE2_RULES, f"unknown stage-2 rule {self.stage2!r}; choose 'fuzzy' or 'sd'")
+        need(isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1,
+             f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
+        for name in ("gamma", "l_d", "l_q"):
+            v = getattr(self, name)
+            need(isinstance(v, int) and 1 <= v <= 64, f"{name} must be an integer from 1 to 64, got {v!r}")
+        need(self.l_d <= self.l_q, f"l_d ({self.l_d}) must not exceed l_q ({self.l_q})")
+        for name in ("tau_q", "tau_t"):
+            v = getattr(self, name)
+            need(v == v and 0.0 <= v <= 100.0, f"{name} must be a number ≥ 0, got {v!r}")
+        need(self.temperature == self.temperature and 0.0 <= self.temperature <= 10.0,
+             f"temperature must be between 0 and 10, got {self.temperature!r}")
+        need(isinstance(self.top_k, int) and self.top_k >= 0, f"top_k must be an integer ≥ 0, got {self.top_k!r}")
+        need(0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p!r}")
+        need(isinstance(self.seed, int), f"seed must be an integer, got {self.seed!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)

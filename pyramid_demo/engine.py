@@ -1,0 +1,177 @@
+"""The decoding loops: AR, SD, FSD and the two-stage pyramid (PSD_A, PSD_F).
+
+`decode` is one generator with explicit state (the committed sequence `seq` and three
+cached models); each target pass yields one `Step` record. Randomness comes from a single
+`torch.Generator` seeded per run (None at temperature 0, i.e. greedy everywhere).
+"""
+from __future__ import annotations
+
+import time
+from typing import Iterator
+
+import torch
+
+from . import rules
+from .config import DecodeConfig
+from .lm import LM
+from .trace import StageRound, Step, TokenRec
+
+
+class _Clock:
+    """Engine time: wall time while the generator runs, not while its consumer renders."""
+
+    def __init__(self) -> None:
+        self.t0, self.paused, self.pause_at = time.perf_counter(), 0.0, 0.0
+
+    def now(self) -> float:
+        return time.perf_counter() - self.t0 - self.paused
+
+    def pause(self) -> None:
+        self.pause_at = time.perf_counter()
+
+    def resume(self) -> None:
+        self.paused += time.perf_counter() - self.pause_at
+
+
+def roles_for(method: str) -> tuple[str, ...]:
+    return {"ar": ("target",), "sd": ("draft", "target"), "fsd": ("draft", "target")}.get(
+        method, ("draft", "qualifier", "target"))
+
+
+def propose(lm: LM, seq: list[int], n: int, cfg: DecodeConfig,
+            gen: torch.Generator | None) -> tuple[list[int], torch.Tensor]:
+    """The proposer drafts n tokens one at a time: ids and their logits [n, V]."""
+    x: list[int] = []
+    rows = []
+    for _ in range(n):
+        z = lm.logits(seq + x, 1)  # [1, V]
+        rows.append(z[0])
+        x.append(rules.sample(rules.warp(z, cfg.temperature, cfg.top_k, cfg.top_p)[0], gen))
+    return x, torch.stack(rows)
+
+
+def verify(z_p: torch.Tensor, z_q: torch.Tensor, x: list[int], rule: str, tau: float | None,
+           cfg: DecodeConfig, gen: torch.Generator | None, stage: str, proposer: str,
+           verifier: str) -> tuple[StageRound, int]:
+    """Test proposed tokens x [n] against the verifier's logits z_p [n+1, V].
+
+    z_q [n, V] are the proposer's logits at the same positions. Returns the round record
+    and the verifier's own next token (the last record in `round.tokens`).
+    """
+    n = len(x)
+    p_raw, q_raw = torch.softmax(z_p, -1), torch.softmax(z_q, -1)  # raw: divergences only
+    p_w = rules.warp(z_p, cfg.temperature, cfg.top_k, cfg.top_p)  # [n+1, V]
+    q_w = rules.warp(z_q, cfg.temperature, cfg.top_k, cfg.top_p)  # [n, V]
+    d = rules.divergence(p_raw[:n], q_raw, cfg.divergence)  # [n]
+    r = None if gen is None else torch.rand(n, generator=gen)
+    if rule == "sd":
+        passes = rules.sd_passes(p_w[:n], q_w, x, r)
+    else:
+        passes = rules.fuzzy_passes(d, tau)
+        if cfg.fallback == "sd":
+            passes = [a or b for a, b in zip(passes, rules.sd_passes(p_w[:n], q_w, x, r))]
+    k = rules.leading_run(passes)
+    q_next = q_w[k] if rule == "sd" and k < n else None  # residual only under the SD rule
+    nxt = rules.next_token(p_w[k], q_next, gen)
+    top_p, top_q = rules.topk_pairs(p_raw), rules.topk_pairs(q_raw)
+    recs = [TokenRec(t, proposer, "accepted" if i < k else "rejected" if i == k else "discarded",
+                     div=round(float(d[i]), 6), tau=tau if rule != "sd" else None,
+                     p=round(float(p_w[i, t]), 6), q=round(float(q_w[i, t]), 6),
+                     top5={verifier: top_p[i], proposer: top_q[i]}) for i, t in enumerate(x)]
+    recs.append(TokenRec(nxt, verifier, "resampled" if k < n else "bonus",
+                         p=round(float(p_w[k, nxt]), 6), top5={verifier: top_p[k]}))
+    shown = rule if rule == "sd" or cfg.fallback == "none" else "fuzzy+sd"
+    if gen is None and rule == "sd":
+        shown = "greedy"
+    return StageRound(stage, proposer, verifier, shown, recs, k), nxt
+
+
+def _own_origin(status: str) -> str:
+    return "bonus" if status == "bonus" else "target"
+
+
+def pyramid_block(lms: dict[str, LM], seq: list[int], size: int, cfg: DecodeConfig,
+                  gen: torch.Generator | None) -> tuple[list[int], list[str], torch.Tensor, list[StageRound]]:
+    """Stage 1: draft → qualifier rounds until `size` tokens are qualified (CHOICE: cut to size).
+
+    Returns the block, each token's origin, the qualifier's logits at every block position
+    [size, V] (they replace the draft's in stage 2), and the qualifier rounds.
+    """
+    block: list[int] = []
+    origins: list[str] = []
+    z_q_rows: list[torch.Tensor] = []
+    rounds: list[StageRound] = []
+    rule = "sd" if cfg.method == "psd_a" else "fuzzy"
+    while len(block) < size:
+        n = min(cfg.l_d, size - len(block))
+        x, z_d = propose(lms["draft"], seq + block, n, cfg, gen)
+        z_q = lms["qualifier"].logits(seq + block + x, n + 1)  # [n+1, V]
+        rnd, nxt = verify(z_q, z_d, x, rule, cfg.tau_q if rule == "fuzzy" else None, cfg, gen,
+                          "qualifier", "draft", "qualifier")
+        k = rnd.n_accepted
+        block += x[:k] + [nxt]
+        origins += ["draft"] * k + ["qualifier"]
+        z_q_rows.extend(z_q[: k + 1])
+        rounds.append(rnd)
+        lms["draft"].rollback(seq + block)
+        lms["qualifier"].rollback(seq + block)
+    return block[:size], origins[:size], torch.stack(z_q_rows[:size]), rounds
+
+
+def target_only(lm: LM, seq: list[int], cfg: DecodeConfig, gen: torch.Generator | None) -> int:
+    z = lm.logits(seq, 1)  # [1, V]
+    return rules.sample(rules.warp(z, cfg.temperature, cfg.top_k, cfg.top_p)[0], gen)
+
+
+def prefill(lms: dict[str, LM], prompt_ids: list[int]) -> float:
+    """Feed all but the last prompt token to every model; returns the seconds it took."""
+    t0 = time.perf_counter()
+    if len(prompt_ids) > 1:
+        for lm in lms.values():
+            lm.logits(prompt_ids[:-1], 1)
+    return time.perf_counter() - t0
+
+
+def decode(lms: dict[str, LM], prompt_ids: list[int], cfg: DecodeConfig, eos_ids: tuple[int, ...],
+           gen: torch.Generator | None) -> Iterator[Step]:
+    """Generate after a prefilled prompt, one `Step` per target pass, until EOS or the budget."""
+    seq, n0, clock = list(prompt_ids), len(prompt_ids), _Clock()
+    for i in range(cfg.max_new_tokens):
+        room = cfg.max_new_tokens - (len(seq) - n0)
+        if room <= 0:
+            return
+        t0 = clock.now()
+        times0 = {r: lm.time_s for r, lm in lms.items()}
+        calls0 = {r: lm.n_forward for r, lm in lms.items()}
+        qrounds: list[StageRound] = []
+        tround = None
+        if cfg.method == "ar" or room == 1:
+            new, origins = [target_only(lms["target"], seq, cfg, gen)], ["target"]
+        else:
+            if cfg.method in ("sd", "fsd"):
+                x, z_q = propose(lms["draft"], seq, min(cfg.gamma, room - 1), cfg, gen)
+                from_q, prop = ["draft"] * len(x), "draft"
+                rule, tau = ("sd", None) if cfg.method == "sd" else ("fuzzy", cfg.tau_t)
+            else:
+                x, from_q, z_q, qrounds = pyramid_block(lms, seq, min(cfg.l_q, room - 1), cfg, gen)
+                prop = "qualifier"
+                rule, tau = (cfg.stage2, cfg.tau_t if cfg.stage2 == "fuzzy" else None)
+            z_p = lms["target"].logits(seq + x, len(x) + 1)  # [n+1, V]: one target pass
+            tround, nxt = verify(z_p, z_q, x, rule, tau, cfg, gen, "target", prop, "target")
+            k = tround.n_accepted
+            new = x[:k] + [nxt]
+            origins = from_q[:k] + [_own_origin(tround.tokens[-1].status)]
+        eos_at = next((j for j, t in enumerate(new) if t in eos_ids), None)
+        if eos_at is not None:
+            new, origins = new[: eos_at + 1], origins[: eos_at + 1]
+        seq.extend(new)
+        for lm in lms.values():
+            lm.rollback(seq)
+        step = Step(i, qrounds, tround, new, origins, t0, clock.now(),
+                    {r: round(lm.time_s - times0[r], 6) for r, lm in lms.items()},
+                    {r: lm.n_forward - calls0[r] for r, lm in lms.items()})
+        clock.pause()
+        yield step
+        clock.resume()
+        if eos_at is not None:
+            return

@@ -1,0 +1,81 @@
+"""`generate`: one method on one prompt; a coloured summary, or `--json` for machines."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .config import DIVERGENCES, FALLBACKS, METHODS, STAGE2_RULES, DecodeConfig
+
+COLOURS = {"draft": "\033[32m", "qualifier": "\033[34m", "target": "\033[33m", "bonus": "\033[35m"}
+RESET = "\033[0m"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    d = DecodeConfig()
+    p.add_argument("--models", default="tiny-random",
+                   help="preset name (tiny-random, smollm2-offline, smollm2, qwen2.5, llama3) "
+                        "or three comma-separated model ids/paths: draft,qualifier,target")
+    p.add_argument("--method", choices=METHODS, default=d.method)
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--no-chat", action="store_true", help="do not apply the target's chat template")
+    p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
+    p.add_argument("--temperature", type=float, default=d.temperature)
+    p.add_argument("--top-k", type=int, default=d.top_k)
+    p.add_argument("--top-p", type=float, default=d.top_p)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--gamma", type=int, default=d.gamma, help="SD/FSD draft length γ")
+    p.add_argument("--l-d", type=int, default=d.l_d, help="PSD tokens drafted per qualifier round ℓ_D")
+    p.add_argument("--l-q", type=int, default=d.l_q, help="PSD block length per target round ℓ_Q")
+    p.add_argument("--tau-q", type=float, default=d.tau_q, help="PSD_F stage-1 threshold τ_Q")
+    p.add_argument("--tau-t", type=float, default=d.tau_t, help="FSD threshold / PSD stage-2 threshold τ_T")
+    p.add_argument("--divergence", choices=DIVERGENCES, default=d.divergence)
+    p.add_argument("--fallback", choices=FALLBACKS, default=d.fallback,
+                   help="'sd': also accept tokens the exact SD rule accepts (beyond the paper)")
+    p.add_argument("--stage2", choices=STAGE2_RULES, default=d.stage2,
+                   help="'sd': exact SD rule at the target stage (lossless PSD_A, beyond the paper)")
+    p.add_argument("--device", default=None, help="cpu, cuda or mps (default: best available)")
+    p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: per device)")
+    p.add_argument("--json", action="store_true", help="print one JSON object with text, token_ids, stats, steps")
+
+
+def config_from_args(a: argparse.Namespace) -> DecodeConfig:
+    return DecodeConfig(method=a.method, max_new_tokens=a.max_new_tokens, temperature=a.temperature,
+                        top_k=a.top_k, top_p=a.top_p, seed=a.seed, gamma=a.gamma, l_d=a.l_d, l_q=a.l_q,
+                        tau_q=a.tau_q, tau_t=a.tau_t, divergence=a.divergence, fallback=a.fallback,
+                        stage2=a.stage2)
+
+
+def summary(result) -> str:
+    """A readable, coloured account of one run for the terminal."""
+    s = result.stats
+    coloured = "".join(COLOURS[o] + t + RESET for t, o in zip(result.token_texts, result.origins))
+    legend = "  ".join(COLOURS[o] + o + RESET for o in COLOURS)
+    acc = ", ".join(f"{k} {v:.0%}" for k, v in s.acceptance.items()) or "n/a"
+    lines = [
+        f"{result.method} on {', '.join(result.models)}",
+        coloured, "", f"colours: {legend}",
+        f"{s.n_new_tokens} tokens in {s.decode_s:.2f} s = {s.tokens_per_s:.1f} tok/s "
+        f"(prefill {s.prefill_s:.2f} s, stopped: {s.stopped})",
+        f"target passes {s.target_passes}; tokens per target pass {s.tokens_per_target_pass:.2f} "
+        f"(drafted tokens accepted per pass {s.mean_accepted_per_target_pass:.2f}, bonus not counted)",
+        f"acceptance: {acc}; accepted-length histogram {s.accepted_hist}",
+        "forward passes: " + ", ".join(f"{k} {v} ({s.forward_time_s[k]:.2f} s)" for k, v in s.forward_passes.items()),
+    ]
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    from .loading import LoadError, load_triplet
+    from .run import generate
+
+    try:
+        cfg = config_from_args(args)
+        triplet = load_triplet(args.models, device=args.device, dtype=args.dtype)
+        result = generate(triplet, args.prompt, cfg, chat=not args.no_chat)
+    except (ValueError, LoadError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if triplet.note and not args.json:
+        print(f"note: {triplet.note}", file=sys.stderr)
+    print(result.to_json() if args.json else summary(result))
+    return 0

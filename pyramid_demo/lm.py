@@ -1,0 +1,123 @@
+"""The small model interface the engine drives: feed new tokens through a KV cache, crop it.
+
+Weights are shared between runs and users; the cache is not: every run builds fresh
+`CachedLM`s over the loaded models, so concurrent users never share cache state.
+"""
+from __future__ import annotations
+
+import inspect
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+from transformers import DynamicCache
+
+ROLES = ("draft", "qualifier", "target")
+
+
+class LM(Protocol):
+    """What the engine needs from a model: cached forward over new tokens, and rollback."""
+
+    role: str
+    ids: list[int]  # tokens whose keys/values are in the cache, in order
+    n_forward: int
+    time_s: float
+
+    def logits(self, seq: list[int], keep: int) -> torch.Tensor: ...  # [keep, V] fp32, CPU
+    def rollback(self, seq: list[int]) -> None: ...
+
+
+@dataclass
+class ModelTriplet:
+    """Three loaded causal LMs that share one tokenizer, ready for the engine."""
+
+    draft: torch.nn.Module
+    qualifier: torch.nn.Module
+    target: torch.nn.Module
+    tokenizer: Any  # the target's tokenizer (all three agree on ids)
+    vocab_size: int  # shared tokenizer length: every model's logits are sliced to it
+    eos_ids: tuple[int, ...]
+    names: tuple[str, str, str]  # draft, qualifier, target references
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    dtype: torch.dtype = torch.float32
+    preset: str = "custom"
+    note: str = ""  # shown to users, e.g. "draft and qualifier are the target itself"
+
+    def model(self, role: str) -> torch.nn.Module:
+        return {"draft": self.draft, "qualifier": self.qualifier, "target": self.target}[role]
+
+
+def common_prefix_len(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+class CachedLM:
+    """One model's per-run decoding state over a Hugging Face causal LM."""
+
+    def __init__(self, model: torch.nn.Module, vocab_size: int, role: str):
+        self.model, self.vocab_size, self.role = model, vocab_size, role
+        self.device = next(model.parameters()).device
+        self.cache = DynamicCache(config=model.config)
+        # transformers 5 renamed `past_key_values` to `cache`; accept either generation
+        self.cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        self.ids: list[int] = []
+        self.n_forward = 0
+        self.time_s = 0.0
+
+    @torch.inference_mode()
+    def logits(self, seq: list[int], keep: int) -> torch.Tensor:
+        """Logits for the last `keep` positions of `seq`, feeding only what the cache lacks."""
+        new = seq[len(self.ids):]
+        if not new or keep > len(new):
+            raise ValueError(f"{self.role}: asked for {keep} logits but only {len(new)} new tokens")
+        t0 = time.perf_counter()
+        x = torch.tensor([new], dtype=torch.long, device=self.device)  # [1, n]
+        out = self.model(input_ids=x, use_cache=True, logits_to_keep=keep, **{self.cache_kw: self.cache})
+        z = out.logits[0, -keep:, : self.vocab_size].float().cpu()  # [keep, V]
+        _sync(self.device)
+        self.time_s += time.perf_counter() - t0
+        self.n_forward += 1
+        self.ids.extend(new)
+        return z
+
+    def rollback(self, seq: list[int]) -> None:
+        """Crop the cache to the longest prefix it shares with the committed `seq`.
+
+        The last committed token is always left out, so the next forward has a token to feed.
+        """
+        keep = min(common_prefix_len(self.ids, seq), len(seq) - 1)
+        drop = len(self.ids) - keep
+        if drop:
+            self.cache.crop(-drop)
+            del self.ids[keep:]
+
+    def reset_counters(self) -> None:
+        """Start counting forward passes and time afresh (prefill is reported apart)."""
+        self.n_forward, self.time_s = 0, 0.0
+
+    @property
+    def cache_len(self) -> int:
+        return self.cache.get_seq_length()
+
+
+def encode_prompt(tokenizer: Any, text: str, chat: bool = True) -> list[int]:
+    """Token ids for a user prompt: through the chat template when the tokenizer has one."""
+    if chat and getattr(tokenizer, "chat_template", None):
+        out = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+        )
+        ids = out["input_ids"] if hasattr(out, "keys") else out
+        return [int(i) for i in ids]
+    return [int(i) for i in tokenizer(text, add_special_tokens=True)["input_ids"]]

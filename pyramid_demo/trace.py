@@ -1,0 +1,100 @@
+"""Plain, JSON-serialisable records of a run: the app, charts and benchmark read only these.
+
+Token status vocabulary:
+  accepted   drafted token the verifier kept
+  rejected   the first drafted token the verifier refused
+  discarded  drafted tokens after the first rejection (scored, never used)
+  resampled  the verifier's own token at the first rejection
+  bonus      the verifier's own token after the whole proposal was accepted
+  generated  a token from target-only decoding (AR)
+Token origin (what the app colours): draft | qualifier | target | bonus.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+STATUSES = ("accepted", "rejected", "discarded", "resampled", "bonus", "generated")
+ORIGINS = ("draft", "qualifier", "target", "bonus")
+
+
+@dataclass
+class TokenRec:
+    token_id: int
+    proposer: str  # draft | qualifier | target
+    status: str  # one of STATUSES
+    div: float | None = None  # Div(P_verifier, P_proposer) on raw distributions; None for own tokens
+    tau: float | None = None  # threshold it was tested against; None under the exact SD rule
+    p: float | None = None  # verifier's warped probability of the token
+    q: float | None = None  # proposer's warped probability of the token
+    top5: dict[str, list[list[float]]] = field(default_factory=dict)  # role -> [[id, prob], ...] raw
+
+
+@dataclass
+class StageRound:
+    """One verification pass: `proposer` tokens scored by `verifier` in one forward."""
+
+    stage: str  # "qualifier" (draft → qualifier) or "target" (draft/qualifier → target)
+    proposer: str
+    verifier: str
+    rule: str  # greedy | sd | fuzzy | fuzzy+sd
+    tokens: list[TokenRec]  # proposed tokens, then the verifier's own token (resampled/bonus)
+    n_accepted: int
+    time_s: dict[str, float] = field(default_factory=dict)  # forward time per model in this round
+
+
+@dataclass
+class Step:
+    """One target forward pass and everything that led to it."""
+
+    index: int
+    qualifier_rounds: list[StageRound]  # PSD only
+    target_round: StageRound | None  # None for AR
+    new_tokens: list[int]  # committed this step, in order
+    origins: list[str]  # one of ORIGINS per new token
+    t_start: float  # seconds since decoding (after prefill) began
+    t_end: float
+    time_s: dict[str, float] = field(default_factory=dict)  # forward seconds per model this step
+    n_forward: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class Stats:
+    method: str
+    n_new_tokens: int
+    prefill_s: float
+    decode_s: float  # wall time after prefill
+    tokens_per_s: float  # n_new_tokens / decode_s (prefill excluded)
+    target_passes: int
+    acceptance: dict[str, float]  # stage -> accepted / proposed drafted tokens
+    proposed: dict[str, int]
+    accepted: dict[str, int]
+    mean_accepted_per_target_pass: float  # drafted tokens the target accepted (bonus NOT counted)
+    tokens_per_target_pass: float  # committed tokens per target pass (target's own token counted)
+    accepted_hist: list[int]  # count of target passes that accepted k drafted tokens, k = 0..max
+    per_position_acceptance: dict[str, list[float]]  # stage -> P(accepted | position reached)
+    forward_passes: dict[str, int]
+    forward_time_s: dict[str, float]  # decode forwards per model (prefill excluded)
+    engine_overhead_s: float  # decode wall time outside model forwards
+    stopped: str  # eos | max_new_tokens | cancelled
+
+
+@dataclass
+class RunResult:
+    method: str
+    config: dict
+    models: list[str]
+    prompt: str
+    prompt_ids: list[int]
+    token_ids: list[int]
+    token_texts: list[str]
+    origins: list[str]
+    text: str
+    stats: Stats
+    steps: list[Step]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def to_json(self, **kw) -> str:
+        return json.dumps(self.to_dict(), **kw)
