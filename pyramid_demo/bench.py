@@ -1,0 +1,370 @@
+"""`bench`: every method side by side on the same models and prompts, with HF peers.
+
+One warm-up run per method, then the methods interleaved per prompt (A B C … A B C …) so
+machine drift hits all alike. Writes results.csv (one row per method × prompt × repeat),
+results.json (rows + summary + machine) and report.html (self-contained plotly charts).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import torch
+
+from . import csqa, generate_cli, peers, report
+from .bench_prompts import Prompt, load_prompts
+from .config import METHODS, DecodeConfig
+from .lm import ModelTriplet
+from .run import generate, prepare_prompt
+from .throughput import predict
+
+ROW_COLUMNS = [
+    "repeat", "prompt_index", "category", "variant", "method", "kind", "lossless",
+    "temperature", "gamma", "l_d", "l_q", "tau_q", "tau_t", "divergence", "fallback", "stage2",
+    "prompt_tokens", "n_new_tokens", "stopped", "prefill_s", "decode_s", "wall_s",
+    "tokens_per_s", "tokens_per_s_incl_prefill", "tokens_per_s_wall",
+    "speedup_vs_ar", "speedup_vs_sd", "speedup_vs_ar_wall", "speedup_vs_sd_wall",
+    "acceptance_qualifier", "acceptance_target", "proposed_qualifier", "accepted_qualifier",
+    "proposed_target", "accepted_target", "target_passes", "mean_accepted_per_target_pass",
+    "tokens_per_target_pass", "fwd_draft", "fwd_qualifier", "fwd_target",
+    "fwd_time_draft_s", "fwd_time_qualifier_s", "fwd_time_target_s",
+    "engine_overhead_s", "engine_overhead_share", "agreement", "prefix_agreement", "target_logprob",
+    "predicted_tokens_per_s", "csqa_answer", "csqa_pred", "csqa_correct", "prompt", "text",
+]
+ALL_METHODS = METHODS + peers.PEERS
+GRID_TAUS = (0.2, 0.3, 0.4, 0.5)
+SKIP_GENERATE_OPTIONS = {"help", "method", "prompt", "json"}
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One benchmarked setting: an engine method with its config, or an HF peer."""
+
+    label: str
+    method: str
+    cfg: DecodeConfig
+
+    @property
+    def kind(self) -> str:
+        return "peer" if self.method in peers.PEERS else "engine"
+
+    @property
+    def lossless(self) -> bool:
+        """Output distribution equals the target's (at T=0: the same tokens, up to numerics)."""
+        return self.method in ("ar", "sd") + peers.PEERS or (self.method == "psd_a" and self.cfg.stage2 == "sd")
+
+
+# ---------------------------------------------------------------- command line
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    scratch = argparse.ArgumentParser(add_help=False)
+    generate_cli.add_arguments(scratch)  # reuse generate's decoding options, not a copy of them
+    for action in scratch._actions:
+        if action.dest not in SKIP_GENERATE_OPTIONS:
+            p._add_action(action)
+    p.add_argument("--methods", default="ar,sd,fsd,psd_a,psd_f",
+                   help=f"comma-separated, from {', '.join(METHODS)}")
+    p.add_argument("--peers", default="hf_generate,hf_assisted",
+                   help="Hugging Face baselines on the same models ('none' to skip): " + ", ".join(peers.PEERS))
+    p.add_argument("--prompts", default="builtin", help="'builtin' (20 varied prompts) or a JSONL file of "
+                   '{"prompt": ...} lines')
+    p.add_argument("--limit", type=int, default=None, help="use only the first N prompts (default: all; 3 with --grid)")
+    p.add_argument("--repeats", type=int, default=1, help="timed runs of every method on every prompt")
+    p.add_argument("--grid", action="store_true", help="sweep τ_T, τ_Q ≤ τ_T, ℓ_D and ℓ_Q and report the "
+                   "speed–quality Pareto frontier")
+    p.add_argument("--grid-taus", default=",".join(map(str, GRID_TAUS)), help="τ values for --grid")
+    p.add_argument("--grid-l-d", default="2,4", help="ℓ_D values for --grid")
+    p.add_argument("--grid-l-q", default="8,12", help="ℓ_Q values for --grid (pairs with ℓ_D ≤ ℓ_Q)")
+    p.add_argument("--dataset", choices=("csqa",), default=None,
+                   help="CommonsenseQA with the FSD 5-shot chain-of-thought prompt; reports accuracy")
+    p.add_argument("--dataset-file", default=None, help="local CSQA JSONL (the Hub is tried only without it)")
+    p.add_argument("--warmup-tokens", type=int, default=8, help="new tokens in each method's warm-up run")
+    p.add_argument("--out", default="bench_out", help="directory for results.csv, results.json, report.html")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _floats(s: str) -> list[float]:
+    return [float(x) for x in s.split(",") if x.strip()]
+
+
+def _ints(s: str) -> list[int]:
+    return [int(x) for x in s.split(",") if x.strip()]
+
+
+def parse_methods(methods: str, peer_list: str) -> list[str]:
+    ms = [m.strip().lower() for m in methods.split(",") if m.strip()]
+    ps = [] if peer_list.strip().lower() in ("", "none") else [m.strip().lower() for m in peer_list.split(",")]
+    bad = [m for m in ms if m not in METHODS] + [m for m in ps if m not in peers.PEERS]
+    if bad:
+        raise ValueError(f"unknown method(s) {', '.join(bad)}; choose from {', '.join(ALL_METHODS)}")
+    if not ms and not ps:
+        raise ValueError("no methods to benchmark")
+    return list(dict.fromkeys(ms + ps))
+
+
+def build_variants(args: argparse.Namespace) -> list[Variant]:
+    """The settings to run, AR first and the peers last; with --grid the paper-style sweep."""
+    methods = parse_methods(args.methods, args.peers)
+    methods.sort(key=lambda m: (m != "ar",))
+
+    def cfg(m: str, **kw) -> DecodeConfig:
+        base = generate_cli.config_from_args(argparse.Namespace(**{**vars(args), "method": m if m in METHODS else "ar"}))
+        return dataclasses.replace(base, **kw)
+
+    out: list[Variant] = []
+    taus, lds, lqs = _floats(args.grid_taus), _ints(args.grid_l_d), _ints(args.grid_l_q)
+    pairs = [(d, q) for q in lqs for d in lds if d <= q]
+    for m in methods:
+        if not args.grid or m in ("ar", "sd") + peers.PEERS:
+            out.append(Variant(m, m, cfg(m)))
+        elif m == "fsd":
+            out += [Variant(f"fsd tauT={t:g}", m, cfg(m, tau_t=t)) for t in taus]
+        elif m == "psd_a":
+            out += [Variant(f"psd_a tauT={t:g} lD={d} lQ={q}", m, cfg(m, tau_t=t, l_d=d, l_q=q))
+                    for t in taus for d, q in pairs]
+        else:
+            out += [Variant(f"psd_f tauT={t:g} tauQ={u:g} lD={d} lQ={q}", m, cfg(m, tau_t=t, tau_q=u, l_d=d, l_q=q))
+                    for t in taus for u in taus if u <= t for d, q in pairs]
+    return out
+
+
+# ---------------------------------------------------------------- measuring
+def token_agreement(out: list[int], ref: list[int]) -> float | None:
+    """Position-wise match with the reference over the reference's length."""
+    if not ref:
+        return None
+    return sum(1 for a, b in zip(out, ref) if a == b) / len(ref)
+
+
+def prefix_agreement(out: list[int], ref: list[int]) -> float | None:
+    """Share of the reference reproduced before the first differing token."""
+    if not ref:
+        return None
+    n = next((i for i, (a, b) in enumerate(zip(out, ref)) if a != b), min(len(out), len(ref)))
+    return n / len(ref)
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def run_variant(triplet: ModelTriplet, v: Variant, ids: list[int], chat: bool) -> tuple[dict, list[int]]:
+    """One timed run; the row's measured columns and the produced token ids."""
+    if v.kind == "peer":
+        pr = peers.hf_generate(triplet, ids, v.cfg, v.method)
+        n = len(pr.token_ids)
+        return dict(n_new_tokens=n, stopped=pr.stopped, wall_s=pr.wall_s, tokens_per_s_incl_prefill=pr.tokens_per_s,
+                    tokens_per_s_wall=pr.tokens_per_s), pr.token_ids
+    t0 = time.perf_counter()
+    res = generate(triplet, ids, v.cfg, chat=chat)
+    wall = time.perf_counter() - t0
+    s = res.stats
+    n = s.n_new_tokens
+    row = dict(n_new_tokens=n, stopped=s.stopped, prefill_s=s.prefill_s, decode_s=s.decode_s, wall_s=wall,
+               tokens_per_s=s.tokens_per_s,
+               tokens_per_s_incl_prefill=n / (s.prefill_s + s.decode_s) if s.prefill_s + s.decode_s > 0 else None,
+               tokens_per_s_wall=n / wall if wall > 0 else None, target_passes=s.target_passes,
+               mean_accepted_per_target_pass=s.mean_accepted_per_target_pass,
+               tokens_per_target_pass=s.tokens_per_target_pass, engine_overhead_s=s.engine_overhead_s,
+               engine_overhead_share=s.engine_overhead_s / s.decode_s if s.decode_s > 0 else None)
+    for stage in ("qualifier", "target"):
+        if stage in s.acceptance:
+            row.update({f"acceptance_{stage}": s.acceptance[stage], f"proposed_{stage}": s.proposed[stage],
+                        f"accepted_{stage}": s.accepted[stage]})
+    for role in ("draft", "qualifier", "target"):
+        if role in s.forward_passes:
+            row[f"fwd_{role}"] = s.forward_passes[role]
+            row[f"fwd_time_{role}_s"] = s.forward_time_s.get(role)
+    return row, res.token_ids
+
+
+def _base_row(v: Variant, r: int, pi: int, prompt: Prompt, ids: list[int]) -> dict:
+    c = v.cfg
+    row = dict.fromkeys(ROW_COLUMNS)
+    row.update(repeat=r, prompt_index=pi, category=prompt.category, variant=v.label, method=v.method, kind=v.kind,
+               lossless=v.lossless, temperature=c.temperature, divergence=c.divergence, prompt_tokens=len(ids),
+               prompt=prompt.text)
+    if v.kind == "engine":
+        row.update(fallback=c.fallback)
+        if v.method in ("sd", "fsd"):
+            row.update(gamma=c.gamma)
+        if v.method in ("fsd", "psd_a", "psd_f"):
+            row.update(tau_t=c.tau_t)
+        if v.method in ("psd_a", "psd_f"):
+            row.update(l_d=c.l_d, l_q=c.l_q, stage2=c.stage2)
+        if v.method == "psd_f":
+            row.update(tau_q=c.tau_q)
+    return row
+
+
+def _model_speeds(triplet: ModelTriplet, variants: list[Variant], ids: list[int]) -> dict[str, float]:
+    roles = {"target"}
+    for v in variants:
+        if v.method in ("sd", "fsd", "hf_assisted"):
+            roles.add("draft")
+        if v.method in ("psd_a", "psd_f"):
+            roles |= {"draft", "qualifier"}
+    return {r: peers.one_token_speed(triplet, r, ids) for r in sorted(roles)}
+
+
+def run_bench(triplet: ModelTriplet, variants: list[Variant], prompts: list[Prompt], repeats: int = 1,
+              chat: bool = True, answers: list[str] | None = None, warmup_tokens: int = 8,
+              progress: bool = True, log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> dict:
+    """Warm up, time every variant on every prompt (interleaved), then derive per-prompt
+    speed-ups, quality and the throughput model's prediction. Returns rows + speeds."""
+    from tqdm import tqdm
+
+    biggest = DecodeConfig(max_new_tokens=max(v.cfg.max_new_tokens for v in variants), l_d=1,
+                           gamma=max(v.cfg.gamma for v in variants), l_q=max(v.cfg.l_q for v in variants))
+    prepared: list[tuple[int, Prompt, list[int]]] = []
+    for pi, p in enumerate(prompts):
+        try:
+            prepared.append((pi, p, prepare_prompt(triplet, p.text, biggest, chat)))
+        except ValueError as e:
+            log(f"skipping prompt {pi}: {e}")
+    if not prepared:
+        raise ValueError("no usable prompts")
+    greedy = all(v.cfg.greedy for v in variants)
+    warm = {v.method: v for v in reversed(variants)}  # one per method
+    bar = tqdm(total=len(warm) + repeats * len(prepared) * len(variants), disable=not progress,
+               desc="bench", unit="run", file=sys.stderr, dynamic_ncols=True)
+    for v in warm.values():
+        bar.set_postfix_str(f"warm-up {v.method}")
+        run_variant(triplet, dataclasses.replace(v, cfg=dataclasses.replace(
+            v.cfg, max_new_tokens=min(warmup_tokens, v.cfg.max_new_tokens))), prepared[0][2], chat)
+        bar.update()
+    speeds_one = _model_speeds(triplet, variants, prepared[0][2])
+    rows: list[dict] = []
+    refs: dict[int, list[int]] = {}
+    for r in range(repeats):
+        for pi, p, ids in prepared:
+            group: list[tuple[dict, list[int]]] = []
+            for v in variants:
+                bar.set_postfix_str(f"prompt {pi} {v.label}")
+                cfg = v.cfg if v.cfg.greedy else dataclasses.replace(v.cfg, seed=v.cfg.seed + r)
+                measured, toks = run_variant(triplet, dataclasses.replace(v, cfg=cfg), ids, chat)
+                row = _base_row(v, r, pi, p, ids)
+                row.update(measured)
+                row["text"] = triplet.tokenizer.decode(toks, skip_special_tokens=True)
+                row["target_logprob"] = peers.target_logprob(triplet, ids, toks)
+                if answers:
+                    row.update(csqa_answer=answers[pi], csqa_pred=csqa.extract_answer(row["text"]))
+                    row["csqa_correct"] = int(row["csqa_pred"] == answers[pi])
+                group.append((row, toks))
+                bar.update()
+            if greedy and pi not in refs:
+                ar = next((t for row, t in group if row["method"] == "ar"), None)
+                if ar is None:  # no AR variant: one untimed target-only greedy reference
+                    ar = generate(triplet, ids, dataclasses.replace(variants[0].cfg, method="ar"), chat).token_ids
+                refs[pi] = ar
+            _per_prompt(group, refs.get(pi))
+            rows.extend(row for row, _ in group)
+    bar.close()
+    ar_speeds = [r["fwd_target"] / r["fwd_time_target_s"] for r in rows
+                 if r["method"] == "ar" and r["fwd_time_target_s"]]
+    speeds = dict(speeds_one)
+    if ar_speeds:
+        speeds["target"] = statistics.median(ar_speeds)
+    for row in rows:
+        row["predicted_tokens_per_s"] = _predicted(row, speeds)
+    return dict(rows=rows, speeds=speeds, speeds_one_token=speeds_one,
+                speed_sources={"target": "AR runs (forwards per second)" if ar_speeds else "one-token timing",
+                               "draft": "one-token timing", "qualifier": "one-token timing"})
+
+
+def _per_prompt(group: list[tuple[dict, list[int]]], ref: list[int] | None) -> None:
+    """Speed-ups against AR and SD on the same prompt and repeat, and agreement with `ref`."""
+    by = {row["method"]: row for row, _ in group if row["kind"] == "engine" and row["variant"] == row["method"]}
+    ar, sd = by.get("ar"), by.get("sd")
+    for row, toks in group:
+        if row["kind"] == "engine":
+            row["speedup_vs_ar"] = _ratio(row["tokens_per_s"], ar and ar["tokens_per_s"])
+            row["speedup_vs_sd"] = _ratio(row["tokens_per_s"], sd and sd["tokens_per_s"])
+        row["speedup_vs_ar_wall"] = _ratio(row["tokens_per_s_wall"], ar and ar["tokens_per_s_wall"])
+        row["speedup_vs_sd_wall"] = _ratio(row["tokens_per_s_wall"], sd and sd["tokens_per_s_wall"])
+        if ref is not None:
+            row["agreement"], row["prefix_agreement"] = token_agreement(toks, ref), prefix_agreement(toks, ref)
+
+
+def _predicted(row: dict, speeds: dict[str, float]) -> float | None:
+    """The paper's throughput model for one run, from its acceptance rates and `speeds`."""
+    if row["kind"] != "engine":
+        return None
+    acc = {k: row[f"acceptance_{k}"] for k in ("qualifier", "target") if row[f"acceptance_{k}"] is not None}
+    fake = argparse.Namespace(method=row["method"], config=dict(gamma=row["gamma"], l_d=row["l_d"], l_q=row["l_q"]),
+                              stats=argparse.Namespace(acceptance=acc))
+    try:
+        return predict(fake, speeds)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+
+
+# ---------------------------------------------------------------- entry point
+def load_models(spec: str, device: str | None = None, dtype: str | None = None) -> ModelTriplet:
+    """The loader's `load_triplet`; until it exists, only `tiny-random` is available."""
+    try:
+        from .loading import load_triplet
+    except ModuleNotFoundError as e:
+        if e.name != "pyramid_demo.loading":
+            raise
+        if spec == "tiny-random":
+            from .tiny import tiny_random_triplet
+            return tiny_random_triplet()
+        raise ValueError(f"cannot load {spec!r}: pyramid_demo.loading is not available in this checkout") from None
+    return load_triplet(spec, device=device, dtype=dtype)
+
+
+def machine_info(triplet: ModelTriplet) -> dict:
+    return dict(platform=platform.platform(), processor=platform.processor() or platform.machine(),
+                cpu_count=os.cpu_count(), torch=torch.__version__, torch_threads=torch.get_num_threads(),
+                python=platform.python_version(), device=str(triplet.device), dtype=str(triplet.dtype),
+                models=list(triplet.names), preset=triplet.preset, note=triplet.note,
+                time_utc=time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()))
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        from .loading import LoadError  # type: ignore[attr-defined]
+    except ModuleNotFoundError:
+        LoadError = ValueError  # noqa: N806
+    try:
+        if args.repeats < 1:
+            raise ValueError("--repeats must be at least 1")
+        variants = build_variants(args)
+        answers = None
+        if args.dataset == "csqa":
+            qs = csqa.load_questions(args.dataset_file, limit=args.limit)
+            prompts = [Prompt(csqa.format_prompt(q), "csqa") for q in qs]
+            answers = [q.answer for q in qs]
+        else:
+            prompts = load_prompts(args.prompts, limit=args.limit or (3 if args.grid else None))
+        triplet = load_models(args.models, args.device, args.dtype)
+    except (ValueError, LoadError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if triplet.note:
+        print(f"note: {triplet.note}", file=sys.stderr)
+    t0 = time.perf_counter()
+    result = run_bench(triplet, variants, prompts, args.repeats, chat=not args.no_chat, answers=answers,
+                       warmup_tokens=args.warmup_tokens, progress=not args.no_progress)
+    result["meta"] = dict(machine_info(triplet), command="python -m pyramid_demo bench " + " ".join(sys.argv[2:]),
+                          argv=sys.argv[1:], n_prompts=len(prompts), repeats=args.repeats, grid=args.grid,
+                          dataset=args.dataset, total_s=round(time.perf_counter() - t0, 1),
+                          variants=[dict(label=v.label, method=v.method, lossless=v.lossless, config=v.cfg.to_dict())
+                                    for v in variants])
+    paths = report.write_outputs(result, args.out, ROW_COLUMNS)
+    print(result["markdown"])
+    print("\nwrote " + ", ".join(str(p) for p in paths), file=sys.stderr)
+    return 0
+
+
+def iter_columns(rows: Iterable[dict]) -> list[str]:
+    """Columns present in rows, canonical ones first (for tests and ad-hoc tables)."""
+    extra = sorted({k for r in rows for k in r} - set(ROW_COLUMNS))
+    return ROW_COLUMNS + extra

@@ -1,0 +1,112 @@
+"""Reference measurements beside the engine: Hugging Face `generate()` peers, single-model
+speeds and the target's teacher-forced log-probability of a produced text.
+
+Peers are timed as the wall time of the `generate()` call, prefill included, nothing
+subtracted; compare them with the engine's tokens/s *including* prefill.
+"""
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from .config import DecodeConfig
+from .lm import CachedLM, ModelTriplet
+
+PEERS = ("hf_generate", "hf_assisted")
+PEER_LABELS = {
+    "hf_generate": "HF generate() (target only)",
+    "hf_assisted": "HF assisted generation (draft → target)",
+}
+
+
+@dataclass
+class PeerRun:
+    peer: str
+    token_ids: list[int]
+    wall_s: float
+    stopped: str
+
+    @property
+    def tokens_per_s(self) -> float:
+        return len(self.token_ids) / self.wall_s if self.wall_s > 0 else 0.0
+
+
+def _gen_kwargs(triplet: ModelTriplet, cfg: DecodeConfig) -> dict:
+    kw: dict = dict(max_new_tokens=cfg.max_new_tokens, min_new_tokens=0, eos_token_id=list(triplet.eos_ids),
+                    pad_token_id=triplet.eos_ids[0], use_cache=True)
+    if cfg.greedy:
+        kw.update(do_sample=False, temperature=None, top_k=None, top_p=None)
+    else:
+        kw.update(do_sample=True, temperature=cfg.temperature, top_k=cfg.top_k or None,
+                  top_p=cfg.top_p if cfg.top_p < 1.0 else None)
+    return kw
+
+
+@torch.inference_mode()
+def hf_generate(triplet: ModelTriplet, prompt_ids: list[int], cfg: DecodeConfig, peer: str) -> PeerRun:
+    """Run a peer on the target: plain `generate()` or assisted generation with the draft.
+
+    Assisted generation keeps Hugging Face's own defaults for the number of drafted tokens
+    (its adaptive schedule), as a user calling `assistant_model=` would get.
+    """
+    if peer not in PEERS:
+        raise ValueError(f"unknown peer {peer!r}; choose one of {', '.join(PEERS)}")
+    target = triplet.target
+    dev = next(target.parameters()).device
+    x = torch.tensor([prompt_ids], dtype=torch.long, device=dev)
+    gc = copy.deepcopy(target.generation_config)
+    gc.update(**_gen_kwargs(triplet, cfg))
+    kw: dict = {"generation_config": gc}
+    if peer == "hf_assisted":
+        kw["assistant_model"] = triplet.draft
+    if not cfg.greedy:
+        torch.manual_seed(cfg.seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        t0 = time.perf_counter()
+        out = target.generate(x, attention_mask=torch.ones_like(x), **kw)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        wall = time.perf_counter() - t0
+    new = [int(t) for t in out[0, len(prompt_ids):]]
+    eos = next((i for i, t in enumerate(new) if t in triplet.eos_ids), None)
+    if eos is not None:
+        new = new[: eos + 1]
+    return PeerRun(peer, new, wall, "eos" if eos is not None else "max_new_tokens")
+
+
+@torch.inference_mode()
+def target_logprob(triplet: ModelTriplet, prompt_ids: list[int], out_ids: list[int]) -> float | None:
+    """The target's mean log-probability (raw softmax, temperature 1) of `out_ids` after the
+    prompt: one teacher-forced forward over prompt + output."""
+    if not out_ids:
+        return None
+    target = triplet.target
+    dev = next(target.parameters()).device
+    x = torch.tensor([prompt_ids + out_ids], dtype=torch.long, device=dev)
+    z = target(input_ids=x, use_cache=False, logits_to_keep=len(out_ids) + 1).logits[0]
+    z = z[:-1, : triplet.vocab_size].float()  # position j predicts out_ids[j]
+    lp = torch.log_softmax(z, -1).gather(-1, torch.tensor(out_ids, device=dev)[:, None])
+    return float(lp.mean())
+
+
+def one_token_speed(triplet: ModelTriplet, role: str, prompt_ids: list[int], n: int = 8) -> float:
+    """Single-model speed V_X in tokens/s: the median time of `n` cached one-token greedy
+    forwards after the prompt (what the paper's throughput model assumes)."""
+    lm = CachedLM(triplet.model(role), triplet.vocab_size, role)
+    seq = list(prompt_ids)
+    if len(seq) > 1:
+        lm.logits(seq[:-1], 1)
+    times = []
+    for _ in range(n):
+        t0 = lm.time_s
+        z = lm.logits(seq, 1)
+        times.append(lm.time_s - t0)
+        seq.append(int(z[0].argmax()))
+    med = statistics.median(times)
+    return 1.0 / med if med > 0 else float("inf")

@@ -1,0 +1,266 @@
+"""Benchmark summaries (medians with spread, pooled acceptance, Pareto frontier) and the
+outputs: results.csv, results.json and a self-contained report.html with plotly charts."""
+from __future__ import annotations
+
+import csv
+import html
+import json
+import math
+import statistics
+from pathlib import Path
+from typing import Sequence
+
+Point = tuple[float, float]
+
+
+# ---------------------------------------------------------------- pure summaries
+def _vals(rows: list[dict], key: str) -> list[float]:
+    return [float(r[key]) for r in rows if r.get(key) is not None and not _nan(r[key])]
+
+
+def _nan(x) -> bool:
+    return isinstance(x, float) and math.isnan(x)
+
+
+def quartiles(xs: Sequence[float]) -> tuple[float, float, float] | None:
+    """(q25, median, q75) with linear interpolation; None for no data."""
+    if not xs:
+        return None
+    s = sorted(xs)
+    def q(f: float) -> float:
+        i = f * (len(s) - 1)
+        lo = int(math.floor(i))
+        hi = min(lo + 1, len(s) - 1)
+        return s[lo] + (s[hi] - s[lo]) * (i - lo)
+    return q(0.25), q(0.5), q(0.75)
+
+
+def _med(rows: list[dict], key: str) -> float | None:
+    v = _vals(rows, key)
+    return statistics.median(v) if v else None
+
+
+def _pooled(rows: list[dict], num: str, den: str) -> float | None:
+    n, d = sum(_vals(rows, num)), sum(_vals(rows, den))
+    return n / d if d else None
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    """One record per variant, in first-seen order. Speeds, speed-ups, overhead share and
+    quality are medians over runs (speed-ups computed per prompt first); acceptance and
+    accepted length are pooled over all runs (sum accepted / sum proposed or passes)."""
+    order: dict[str, list[dict]] = {}
+    for r in rows:
+        order.setdefault(r["variant"], []).append(r)
+    out = []
+    for label, rs in order.items():
+        first = rs[0]
+        speed_key = "tokens_per_s" if first["kind"] == "engine" else "tokens_per_s_wall"
+        qs = quartiles(_vals(rs, speed_key)) or (None, None, None)
+        speed = _vals(rs, speed_key)
+        s = dict(variant=label, method=first["method"], kind=first["kind"], lossless=first["lossless"], runs=len(rs),
+                 **{k: first.get(k) for k in ("temperature", "gamma", "l_d", "l_q", "tau_q", "tau_t", "fallback", "stage2")},
+                 tokens_per_s=qs[1], tokens_per_s_q25=qs[0], tokens_per_s_q75=qs[2],
+                 tokens_per_s_min=min(speed) if speed else None, tokens_per_s_max=max(speed) if speed else None,
+                 speed_basis="decode (prefill excluded)" if first["kind"] == "engine" else "wall incl. prefill")
+        for k in ("tokens_per_s_incl_prefill", "tokens_per_s_wall", "speedup_vs_ar", "speedup_vs_sd",
+                  "speedup_vs_ar_wall", "speedup_vs_sd_wall", "engine_overhead_share", "agreement",
+                  "prefix_agreement", "target_logprob", "predicted_tokens_per_s", "n_new_tokens",
+                  "fwd_draft", "fwd_qualifier", "fwd_target"):
+            s[k] = _med(rs, k)
+        s["acceptance_qualifier"] = _pooled(rs, "accepted_qualifier", "proposed_qualifier")
+        s["acceptance_target"] = _pooled(rs, "accepted_target", "proposed_target")
+        s["mean_accepted_per_target_pass"] = _pooled(rs, "accepted_target", "target_passes")
+        s["tokens_per_target_pass"] = _pooled(rs, "n_new_tokens", "target_passes")
+        s["csqa_accuracy"] = (statistics.mean(_vals(rs, "csqa_correct")) if _vals(rs, "csqa_correct") else None)
+        out.append(s)
+    return out
+
+
+def pareto_frontier(points: Sequence[Point]) -> list[int]:
+    """Indices of points not dominated when both coordinates are maximised (NaN/None skipped),
+    sorted by the first coordinate. Equal points are all kept."""
+    ok = [i for i, p in enumerate(points) if p[0] is not None and p[1] is not None
+          and not (_nan(p[0]) or _nan(p[1]))]
+    front = []
+    for i in ok:
+        xi, yi = points[i]
+        if not any(points[j][0] >= xi and points[j][1] >= yi and (points[j][0] > xi or points[j][1] > yi)
+                   for j in ok if j != i):
+            front.append(i)
+    return sorted(front, key=lambda i: (points[i][0], points[i][1]))
+
+
+def quality_key(summary: list[dict]) -> str:
+    """Agreement with target greedy output at T=0, else the target's mean log-prob."""
+    return "agreement" if any(s.get("agreement") is not None for s in summary) else "target_logprob"
+
+
+def frontier(summary: list[dict]) -> list[dict]:
+    """Speed (median speed-up vs AR, else tok/s) against quality, engine methods only."""
+    eng = [s for s in summary if s["kind"] == "engine"]
+    sk = "speedup_vs_ar" if any(s.get("speedup_vs_ar") is not None for s in eng) else "tokens_per_s"
+    qk = quality_key(summary)
+    idx = pareto_frontier([(s.get(qk), s.get(sk)) for s in eng])
+    return [dict(variant=eng[i]["variant"], speed=eng[i][sk], speed_key=sk, quality=eng[i][qk], quality_key=qk)
+            for i in idx]
+
+
+def recommend(summary: list[dict], min_agreement: float = 0.9) -> dict | None:
+    """The fastest frontier point whose agreement with target greedy output is ≥ min_agreement."""
+    pts = [p for p in frontier(summary) if p["quality_key"] != "agreement" or p["quality"] >= min_agreement]
+    return max(pts, key=lambda p: p["speed"]) if pts else None
+
+
+# ---------------------------------------------------------------- tables
+def _f(x, nd: int = 2) -> str:
+    if x is None or _nan(x):
+        return "–"
+    return f"{x:.{nd}f}" if isinstance(x, float) else str(x)
+
+
+TABLE = [("variant", "variant", 0), ("tok/s (IQR)", None, 1), ("tok/s incl. prefill", "tokens_per_s_incl_prefill", 1),
+         ("× AR", "speedup_vs_ar", 2), ("× SD", "speedup_vs_sd", 2), ("× AR wall", "speedup_vs_ar_wall", 2),
+         ("acc. Q", "acceptance_qualifier", 2), ("acc. T", "acceptance_target", 2),
+         ("accepted/pass", "mean_accepted_per_target_pass", 2), ("fwd D/Q/T", None, 0),
+         ("overhead", "engine_overhead_share", 3), ("agreement", "agreement", 3), ("logprob", "target_logprob", 3),
+         ("predicted tok/s", "predicted_tokens_per_s", 1), ("CSQA acc.", "csqa_accuracy", 3)]
+
+
+def markdown_table(summary: list[dict]) -> str:
+    cols = [c for c in TABLE if c[1] != "csqa_accuracy" or any(s.get("csqa_accuracy") is not None for s in summary)]
+    lines = ["| " + " | ".join(c[0] for c in cols) + " |", "|" + "---|" * len(cols)]
+    for s in summary:
+        cells = []
+        for name, key, nd in cols:
+            if name == "tok/s (IQR)":
+                cells.append(f"{_f(s['tokens_per_s'], 1)} ({_f(s['tokens_per_s_q25'], 1)}–{_f(s['tokens_per_s_q75'], 1)})"
+                             + ("*" if s["kind"] == "peer" else ""))
+            elif name == "fwd D/Q/T":
+                cells.append("/".join(_f(s.get(f"fwd_{r}"), 0) if s.get(f"fwd_{r}") is not None else "–"
+                                      for r in ("draft", "qualifier", "target")))
+            else:
+                cells.append(_f(s.get(key), nd) if key != "variant" else str(s[key]))
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("\n*peers: wall time of the `generate()` call, prefill included. Engine tok/s exclude prefill; "
+                 "'incl. prefill' and '× AR wall' include it. acc./accepted per pass pooled over runs (bonus token "
+                 "not counted); fwd: median decode forward passes per run; overhead: engine time outside model "
+                 "forwards ÷ decode time.")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- outputs
+def write_outputs(result: dict, out_dir: str | Path, columns: list[str]) -> list[Path]:
+    """results.csv, results.json and report.html in `out_dir`; adds summary/frontier/markdown to result."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = result["rows"]
+    summary = summarize(rows)
+    result.update(summary=summary, frontier=frontier(summary), recommended=recommend(summary),
+                  markdown=markdown_table(summary))
+    csv_path, json_path, html_path = out / "results.csv", out / "results.json", out / "report.html"
+    with csv_path.open("w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in columns})
+    json_path.write_text(json.dumps(_clean(result), indent=1, default=str), encoding="utf-8")
+    html_path.write_text(render_html(result), encoding="utf-8")
+    return [csv_path, json_path, html_path]
+
+
+def _clean(obj):
+    """NaN/inf → None so results.json is strict JSON."""
+    if isinstance(obj, float):
+        return None if math.isnan(obj) or math.isinf(obj) else obj
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def _figures(result: dict) -> list:
+    import plotly.graph_objects as go
+
+    summary = result["summary"]
+    figs = []
+    names = [s["variant"] for s in summary]
+    med = [s["tokens_per_s"] for s in summary]
+    err_hi = [(s["tokens_per_s_q75"] or 0) - (s["tokens_per_s"] or 0) for s in summary]
+    err_lo = [(s["tokens_per_s"] or 0) - (s["tokens_per_s_q25"] or 0) for s in summary]
+    bars = go.Figure()
+    bars.add_bar(x=names, y=med, name="tok/s (engine: decode; peers: wall incl. prefill)",
+                 error_y=dict(type="data", symmetric=False, array=err_hi, arrayminus=err_lo))
+    bars.add_bar(x=names, y=[s["tokens_per_s_wall"] for s in summary], name="tok/s, wall incl. prefill")
+    bars.add_bar(x=names, y=[s["predicted_tokens_per_s"] for s in summary], name="predicted (throughput model)")
+    bars.update_layout(title="Speed: median tokens/s, error bars = IQR", barmode="group", yaxis_title="tokens/s")
+    figs.append(bars)
+    qk = quality_key(summary)
+    eng = [s for s in summary if s["kind"] == "engine"]
+    sk = result["frontier"][0]["speed_key"] if result["frontier"] else "tokens_per_s"
+    sc = go.Figure()
+    for m in dict.fromkeys(s["method"] for s in eng):
+        pts = [s for s in eng if s["method"] == m]
+        sc.add_scatter(x=[s[qk] for s in pts], y=[s[sk] for s in pts], mode="markers", name=m,
+                       text=[s["variant"] for s in pts], marker=dict(size=10))
+    fr = result["frontier"]
+    sc.add_scatter(x=[p["quality"] for p in fr], y=[p["speed"] for p in fr], mode="lines", name="Pareto frontier",
+                   line=dict(dash="dash", color="black"))
+    sc.update_layout(title="Speed vs quality (engine methods; frontier dashed)",
+                     xaxis_title="agreement with target greedy output" if qk == "agreement" else "target mean log-prob",
+                     yaxis_title="median speed-up vs AR" if sk == "speedup_vs_ar" else "tokens/s")
+    figs.append(sc)
+    acc = go.Figure()
+    for m in ("fsd", "psd_a", "psd_f"):
+        pts = sorted([s for s in eng if s["method"] == m and s.get("tau_t") is not None], key=lambda s: s["tau_t"])
+        groups: dict[str, list[dict]] = {}
+        for s in pts:
+            groups.setdefault(f"{m} lD={s['l_d']} lQ={s['l_q']} tauQ={s['tau_q']}" if m != "fsd" else m, []).append(s)
+        for g, ss in groups.items():
+            acc.add_scatter(x=[s["tau_t"] for s in ss], y=[s["acceptance_target"] for s in ss], mode="lines+markers",
+                            name=f"{g}: target stage")
+            if m == "psd_f":
+                acc.add_scatter(x=[s["tau_t"] for s in ss], y=[s["acceptance_qualifier"] for s in ss],
+                                mode="markers", name=f"{g}: qualifier stage", marker=dict(symbol="x"))
+    acc.update_layout(title="Acceptance vs τ_T (pooled over runs)", xaxis_title="τ_T", yaxis_title="acceptance")
+    figs.append(acc)
+    return figs
+
+
+def render_html(result: dict) -> str:
+    """A self-contained page: plotly JS inlined, so it opens offline."""
+    figs = _figures(result)
+    parts = [f.to_html(full_html=False, include_plotlyjs=(i == 0), default_height=460) for i, f in enumerate(figs)]
+    meta = result.get("meta", {})
+    rec = result.get("recommended")
+    table = _html_table(result["summary"])
+    speeds = ", ".join(f"V_{k[0].upper()} {v:.1f} tok/s" for k, v in result.get("speeds", {}).items())
+    return f"""<!doctype html><html><head><meta charset="utf-8"><title>PyramidSD bench</title>
+<style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1300px}}table{{border-collapse:collapse;font-size:13px}}
+td,th{{border:1px solid #ccc;padding:3px 6px;text-align:right}}td:first-child{{text-align:left}}</style></head><body>
+<h1>PyramidSD Explorer — benchmark</h1>
+<p><b>Models:</b> {html.escape(", ".join(meta.get("models", [])))} ({html.escape(str(meta.get("preset", "")))});
+<b>machine:</b> {html.escape(str(meta.get("processor", "")))}, {meta.get("cpu_count", "")} CPUs, torch {html.escape(str(meta.get("torch", "")))}
+({meta.get("torch_threads", "")} threads), {html.escape(str(meta.get("device", "")))} {html.escape(str(meta.get("dtype", "")))};
+{meta.get("n_prompts", "")} prompts × {meta.get("repeats", "")} repeats, {html.escape(str(meta.get("time_utc", "")))}.</p>
+<p><b>Command:</b> <code>{html.escape(str(meta.get("command", "")))}</code></p>
+<p><b>Single-model speeds</b> (for the throughput model): {html.escape(speeds)}.
+<b>Recommended setting</b> (fastest frontier point with agreement ≥ 0.9): {html.escape(str(rec["variant"]) if rec else "none")}.</p>
+{table}
+<p>Engine tok/s exclude prefill; peers (Hugging Face <code>generate()</code>) are timed as the wall time of the call,
+prefill included — compare them with the "wall" columns. Speed-ups are computed per prompt, then the median is shown.
+Acceptance and accepted tokens per target pass are pooled over runs (bonus token not counted). Agreement: position-wise
+match with target-only greedy output over its length (T=0 only); log-prob: the target's mean log-probability of the
+produced text (one teacher-forced pass).</p>
+{"".join(parts)}
+</body></html>"""
+
+
+def _html_table(summary: list[dict]) -> str:
+    md = markdown_table(summary).split("\n")
+    head = [c.strip() for c in md[0].strip("|").split("|")]
+    body = [[c.strip() for c in line.strip("|").split("|")] for line in md[2:] if line.startswith("|")]
+    th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+    trs = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in body)
+    return f"<table><tr>{th}</tr>{trs}</table><p><small>{html.escape(md[-1].strip())}</small></p>"
