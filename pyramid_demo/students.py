@@ -1,0 +1,172 @@
+"""Distilled draft and qualifier students for the offline SmolLM2-135M-Instruct target.
+
+A student is an ordinary `LlamaForCausalLM` with the target's config but only a few
+transformer layers. Its token embedding, final norm, rotary embedding and LM head are the
+target's own modules (shared, never stored twice); only the trained layers ship, in
+`pyramid_demo/weights/{draft,qualifier}.safetensors` (int8 matrices with one fp16 scale
+per 64 weights of a row, fp16 norms). They were made by `python -m pyramid_demo distill` (see
+`pyramid_demo/weights/README.md`).
+
+    from pyramid_demo import students
+    if students.available():
+        draft = students.build(target, "draft")        # eval(), same dtype/device as target
+        qualifier = students.build(target, "qualifier")
+"""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from transformers import LlamaForCausalLM
+
+WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
+ROLES = ("draft", "qualifier")
+FORMAT = "pyramid-student-v1"
+
+
+def weight_path(role: str, weights_dir: str | Path | None = None) -> Path:
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {ROLES}, not {role!r}")
+    return Path(weights_dir or WEIGHTS_DIR) / f"{role}.safetensors"
+
+
+def available(weights_dir: str | Path | None = None) -> bool:
+    """True when the shipped draft and qualifier weight files exist."""
+    return all(weight_path(r, weights_dir).is_file() for r in ROLES)
+
+
+def info(role: str, weights_dir: str | Path | None = None) -> dict:
+    """The metadata stored with a student's weights (depth, target, recipe, evaluation)."""
+    with safe_open(str(weight_path(role, weights_dir)), framework="pt") as f:
+        meta = f.metadata() or {}
+    out = dict(meta)
+    for k in ("num_layers", "init_layers"):
+        if k in out:
+            out[k] = json.loads(out[k])
+    return out
+
+
+def skeleton(target: torch.nn.Module, num_layers: int) -> LlamaForCausalLM:
+    """A `num_layers`-deep Llama sharing the target's embedding, norm, rotary and head.
+
+    The layers are left uninitialised (meta tensors are replaced by `init_from_target`
+    or `build`)."""
+    cfg = copy.deepcopy(target.config)
+    cfg.num_hidden_layers = num_layers
+    if getattr(cfg, "layer_types", None):
+        cfg.layer_types = list(cfg.layer_types)[:num_layers]
+    if hasattr(cfg, "quantization_config"):
+        try:
+            delattr(cfg, "quantization_config")
+        except AttributeError:
+            pass
+    with torch.device("meta"):
+        student = LlamaForCausalLM(cfg)
+    tm = target.model
+    student.model.embed_tokens = tm.embed_tokens
+    student.model.norm = tm.norm
+    student.model.rotary_emb = tm.rotary_emb
+    student.lm_head = target.lm_head
+    return student
+
+
+def _target_param(target: torch.nn.Module) -> torch.Tensor:
+    return target.model.embed_tokens.weight
+
+
+def init_from_target(target: torch.nn.Module, layer_ids: list[int]) -> LlamaForCausalLM:
+    """A student whose layers are (independent copies of) the target's layers `layer_ids`."""
+    student = skeleton(target, len(layer_ids))
+    ref = _target_param(target)
+    for i, j in enumerate(layer_ids):
+        layer = copy.deepcopy(target.model.layers[j])
+        layer.self_attn.layer_idx = i
+        student.model.layers[i] = layer.to(device=ref.device, dtype=ref.dtype)
+    return student
+
+
+def layer_state(student: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach() for k, v in student.model.layers.state_dict().items()}
+
+
+GROUP = 64  # int8 quantisation group along each row
+
+
+def quantize(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """int8 with one fp16 scale per group of 64 weights in a row for matrices; fp16 vectors."""
+    out = {}
+    for k, w in sd.items():
+        w = w.detach().float().cpu()
+        if w.dim() == 2 and w.shape[1] % GROUP == 0:
+            g = w.reshape(w.shape[0], -1, GROUP)
+            scale = (g.abs().amax(dim=2, keepdim=True) / 127.0).clamp_min(1e-8).to(torch.float16)
+            q = torch.round(g / scale.float()).clamp(-127, 127).to(torch.int8)
+            out[k + ".q"] = q.reshape(w.shape).contiguous()
+            out[k + ".scale"] = scale.squeeze(2).contiguous()
+        else:
+            out[k] = w.to(torch.float16).contiguous()
+    return out
+
+
+def dequantize(raw: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    out = {}
+    for k, v in raw.items():
+        if k.endswith(".scale"):
+            continue
+        if k.endswith(".q"):
+            base = k[:-2]
+            scale = raw[base + ".scale"].float()  # [rows, cols / GROUP]
+            g = v.float().reshape(v.shape[0], scale.shape[1], -1)
+            out[base] = (g * scale.unsqueeze(2)).reshape(v.shape)
+        else:
+            out[k] = v.float()
+    return out
+
+
+def save(student: torch.nn.Module, path: str | Path, metadata: dict | None = None) -> int:
+    """Write only the student's layers (int8 + scales); returns the file size in bytes."""
+    meta = {"format": FORMAT, "num_layers": json.dumps(len(student.model.layers))}
+    for k, v in (metadata or {}).items():
+        meta[k] = v if isinstance(v, str) else json.dumps(v)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    save_file(quantize(layer_state(student)), str(tmp), metadata=meta)
+    tmp.replace(path)
+    return path.stat().st_size
+
+
+def load_layers(path: str | Path) -> tuple[int, dict[str, torch.Tensor]]:
+    raw = {}
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata() or {}
+        for k in f.keys():
+            raw[k] = f.get_tensor(k)
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{path}: not a {FORMAT} file")
+    return int(json.loads(meta["num_layers"])), dequantize(raw)
+
+
+def build_from_file(target: torch.nn.Module, path: str | Path) -> LlamaForCausalLM:
+    n, sd = load_layers(path)
+    student = skeleton(target, n)
+    ref = _target_param(target)
+    sd = {k: v.to(device=ref.device, dtype=ref.dtype) for k, v in sd.items()}
+    student.model.layers.load_state_dict(sd, strict=True, assign=True)
+    student.to(device=ref.device)
+    return student.eval()
+
+
+def build(target: torch.nn.Module, role: str, weights_dir: str | Path | None = None) -> torch.nn.Module:
+    """The shipped `role` student ("draft" or "qualifier") for the SmolLM2-135M target.
+
+    Shares `target`'s embed_tokens / norm / rotary_emb / lm_head modules; the trained layers
+    are loaded in the target's dtype and on its device; returned in eval() mode."""
+    path = weight_path(role, weights_dir)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: run `python -m pyramid_demo distill`")
+    return build_from_file(target, path)
