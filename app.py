@@ -1,0 +1,160 @@
+"""PyramidSD Explorer: the Gradio page (layout and wiring only; logic lives in pyramid_demo.app_handlers).
+
+`python app.py` serves on GRADIO_SERVER_NAME:GRADIO_SERVER_PORT (default 127.0.0.1:7860). Models load
+lazily on the first race, never at import. On a Hugging Face ZeroGPU Space, `spaces.GPU` wraps the race.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable
+
+import gradio as gr
+
+from pyramid_demo import app_handlers as h
+from pyramid_demo import charts, render
+from pyramid_demo.app_text import (DEFAULT, DIVERGENCE_CHOICES, EXAMPLE_PROMPTS, EXPLANATION, FALLBACK_CHOICES, INFO,
+                                   LABELS, MSG, PRESET_CHOICES, RACE_COLUMNS, RANGES, STAGE2_CHOICES, START_PRESET,
+                                   STATS_NOTE, WHATIF_LABELS)
+
+ASSETS = Path(__file__).resolve().parent / "assets"
+CSS = """
+.gradio-container {max-width: 1400px !important; margin: auto;}
+#title h1 {margin-bottom: 0;}
+#run-btn {font-size: 1.25rem; min-height: 56px;}
+#status {font-size: 1.05rem;}
+"""
+
+
+def _gpu(fn: Callable) -> Callable:
+    """`spaces.GPU` on a ZeroGPU Space; unchanged everywhere else."""
+    try:
+        import spaces  # type: ignore[import-not-found]
+    except ImportError:
+        return fn
+    return spaces.GPU(duration=180)(fn)
+
+
+def _slider(name: str, **kw) -> gr.Slider:
+    lo, hi, step = RANGES[name]
+    return gr.Slider(lo, hi, value=getattr(DEFAULT, name), step=step, label=LABELS[name], info=INFO.get(name), **kw)
+
+
+def _whatif(name: str) -> gr.Slider:
+    """The inspector's own τ: re-checks a recorded round without touching the next run's settings."""
+    lo, hi, step = RANGES[name]
+    return gr.Slider(lo, hi, value=getattr(DEFAULT, name), step=step, label=WHATIF_LABELS[name])
+
+
+def build_demo() -> gr.Blocks:
+    """The whole page; every user gets their own `session` state."""
+    with gr.Blocks(title="PyramidSD Explorer") as demo:
+        session = gr.State(h.new_session)
+        gr.Markdown("# 🔺 PyramidSD Explorer\nA small **draft** guesses, a mid-sized **qualifier** filters, a large "
+                    "**target** verifies. Press **Run race** to watch five decoding methods write the same answer.",
+                    elem_id="title")
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=3):
+                prompt = gr.Textbox(EXAMPLE_PROMPTS[0], label=LABELS["prompt"], lines=2, max_lines=8)
+                gr.Examples([[p] for p in EXAMPLE_PROMPTS], inputs=[prompt], label="Example prompts")
+                with gr.Row():
+                    run_btn = gr.Button("▶ Run race", variant="primary", elem_id="run-btn", scale=3)
+                    stop_btn = gr.Button("⏹ Stop", variant="stop", elem_id="stop-btn", scale=1)
+                    clear_btn = gr.Button("🗑 Clear results", elem_id="clear-btn", scale=1)
+            with gr.Column(scale=2):
+                preset = gr.Dropdown(PRESET_CHOICES, value=START_PRESET, label=LABELS["preset"], elem_id="preset")
+                preset_md = gr.Markdown(h.preset_info(START_PRESET)[0])
+                with gr.Group(visible=False) as custom_box:
+                    draft_id = gr.Textbox(label=LABELS["draft"], placeholder="HuggingFaceTB/SmolLM2-135M-Instruct")
+                    qual_id = gr.Textbox(label=LABELS["qualifier"], placeholder="HuggingFaceTB/SmolLM2-360M-Instruct")
+                    target_id = gr.Textbox(label=LABELS["target"], placeholder="HuggingFaceTB/SmolLM2-1.7B-Instruct")
+        with gr.Accordion("⚙️ Decoding settings (defaults give a visible speed-up)", open=False):
+            with gr.Row():
+                max_new = _slider("max_new_tokens", elem_id="max-new")
+                temperature = _slider("temperature")
+                seed = gr.Number(DEFAULT.seed, label=LABELS["seed"], info=INFO["seed"], precision=0)
+            with gr.Row():
+                gamma, l_d, l_q = _slider("gamma"), _slider("l_d"), _slider("l_q")
+            with gr.Row():
+                tau_q, tau_t = _slider("tau_q"), _slider("tau_t")
+            with gr.Row():
+                divergence = gr.Radio(DIVERGENCE_CHOICES, value=DEFAULT.divergence, label=LABELS["divergence"],
+                                      info=INFO["divergence"])
+                fallback = gr.Radio(FALLBACK_CHOICES, value=DEFAULT.fallback, label=LABELS["fallback"],
+                                    info=INFO["fallback"])
+                stage2 = gr.Radio(STAGE2_CHOICES, value=DEFAULT.stage2, label=LABELS["stage2"], info=INFO["stage2"])
+        status = gr.Markdown(MSG["idle"], elem_id="status")
+
+        with gr.Tabs():
+            with gr.Tab("🏁 Race"):
+                lanes = gr.HTML(h.race_lanes(None), elem_id="lanes")
+                race_plot = gr.Plot(charts.race_figure({}), elem_id="race-plot", show_label=False)
+                table = gr.Dataframe(headers=RACE_COLUMNS, label="Race results (all races until cleared)",
+                                     interactive=False, wrap=True, elem_id="race-table")
+                with gr.Accordion("Earlier races", open=False):
+                    earlier = gr.HTML(h.earlier_lanes(h.new_session()))
+            with gr.Tab("🔍 Step inspector"):
+                gr.Markdown("Pick a method and a target pass. Move the **what-if τ** sliders to see what another "
+                            "threshold would have accepted in the same recorded round (no model is called).")
+                with gr.Row():
+                    race_dd = gr.Dropdown([], label="Race", scale=1)
+                    method_dd = gr.Dropdown([], label="Method", scale=2)
+                    round_sl = gr.Slider(1, 2, value=1, step=1, label="Target pass (round)", scale=3, interactive=False)
+                with gr.Row():
+                    wq = _whatif("tau_q")
+                    wt = _whatif("tau_t")
+                    pos_sl = gr.Slider(1, 9, value=1, step=1, label="Position for the top-5 view")
+                insp_md = gr.Markdown()
+                chips = gr.HTML(render.message_html(MSG["no_race"]), elem_id="chips")
+                div_plot = gr.Plot(show_label=False, elem_id="div-plot")
+                top5_plot = gr.Plot(show_label=False, elem_id="top5-plot")
+            with gr.Tab("📊 Statistics"):
+                gr.Markdown(STATS_NOTE)
+                speeds_md = gr.Markdown()
+                with gr.Row():
+                    hist_plot = gr.Plot(show_label=False)
+                    posn_plot = gr.Plot(show_label=False)
+                tp_plot = gr.Plot(show_label=False)
+            with gr.Tab("📖 How it works"):
+                with gr.Row():
+                    gr.HTML((ASSETS / "pyramid.svg").read_text(encoding="utf-8"))
+                    gr.Markdown(EXPLANATION)
+            with gr.Tab("⬇️ Export"):
+                gr.Markdown("Download every race of this session: the full step trace as JSON, the race table as CSV.")
+                export_btn = gr.Button("Prepare downloads")
+                with gr.Row():
+                    json_file = gr.File(label="Trace (JSON)")
+                    csv_file = gr.File(label="Race results (CSV)")
+
+        race_out = [status, lanes, race_plot, table, earlier, session]
+        pick_out = [race_dd, method_dd, round_sl, wq, wt, pos_sl, hist_plot, posn_plot, tp_plot, speeds_md]
+        insp_in = [session, race_dd, method_dd, round_sl, wq, wt, pos_sl]
+        insp_out = [chips, div_plot, top5_plot, insp_md]
+        settings = [max_new, temperature, seed, gamma, l_d, l_q, tau_q, tau_t, divergence, fallback, stage2]
+
+        preset.change(h.preset_info, preset, [preset_md, custom_box])
+        race = gr.on([run_btn.click, prompt.submit], _gpu(h.run_race),
+                     [preset, draft_id, qual_id, target_id, prompt, *settings, session], race_out,
+                     concurrency_id="models", concurrency_limit=1)
+        race.then(h.pick_race, [session], pick_out).then(h.inspect_round, insp_in, insp_out)
+        stop_btn.click(h.stop_race, session, race_out, cancels=[race]).then(
+            h.pick_race, [session], pick_out).then(h.inspect_round, insp_in, insp_out)
+        clear_btn.click(h.clear_results, session, race_out).then(
+            h.pick_race, [session], pick_out).then(h.inspect_round, insp_in, insp_out)
+        race_dd.input(h.pick_race, [session, race_dd], pick_out).then(h.inspect_round, insp_in, insp_out)
+        method_dd.input(h.pick_method, [session, race_dd, method_dd], [round_sl, wq, wt, pos_sl]).then(
+            h.inspect_round, insp_in, insp_out)
+        for sl in (round_sl, wq, wt, pos_sl):
+            sl.change(h.inspect_round, insp_in, insp_out, show_progress="hidden")
+        export_btn.click(h.export_files, session, [json_file, csv_file])
+    demo.queue(default_concurrency_limit=1, max_size=64)
+    return demo
+
+
+demo = build_demo()
+
+if __name__ == "__main__":
+    demo.launch(server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
+                server_port=int(os.environ.get("GRADIO_SERVER_PORT", "7860")),
+                theme=gr.themes.Soft(primary_hue="orange", secondary_hue="blue", text_size="lg"),
+                css=CSS, ssr_mode=False)

@@ -1,0 +1,339 @@
+"""The app's event handlers: plain functions over plain values, testable without a browser.
+
+Per-user data lives in one `session` dict (a gr.State): {"races": [race, ...], "next": n}; a race is
+{"n", "preset", "models", "prompt", "config", "results": {method: RunResult}, "vocab": {id: text},
+"running": method | None, "stopped": bool}. It is mutated in place, so a Stop keeps partial results.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Iterator
+
+import gradio as gr
+
+from . import app_inspect, charts, render
+from .app_text import CUSTOM, DEFAULT, MSG, RACE_COLUMNS, RACE_METHODS
+from .config import METHOD_LABELS, DecodeConfig
+from .presets import PRESETS
+from .trace import RunResult
+
+log = logging.getLogger(__name__)
+UI_INTERVAL_S = 0.15  # stream to the page at most this often (every pass is still recorded)
+SETTING_NAMES = ("max_new_tokens", "temperature", "seed", "gamma", "l_d", "l_q", "tau_q", "tau_t",
+                 "divergence", "fallback", "stage2")
+INT_SETTINGS = ("max_new_tokens", "seed", "gamma", "l_d", "l_q")
+
+
+def new_session() -> dict:
+    return {"races": [], "next": 1}
+
+
+def _notify(msg: str) -> str:
+    """Show a toast in the page (a plain warning outside a request) and return the message for the status line."""
+    gr.Warning(msg)
+    return f"⚠️ {msg}"
+
+
+# ------------------------------------------------------------------ controls
+def preset_info(preset: str) -> tuple[str, Any]:
+    """The chosen family's description and memory need, and whether the custom id boxes show."""
+    if preset == CUSTOM:
+        text = ("**Custom family** — three Hugging Face ids or local paths of causal LMs that share one "
+                "tokenizer, smallest first. They download on the first run.")
+        return text, gr.update(visible=True)
+    p = PRESETS[preset]
+    need = f"about {p.memory_gb:g} GB at 16-bit ({2 * p.memory_gb:g} GB as fp32 on a CPU)"
+    flags = " · needs the Hub" if p.hub else " · runs offline"
+    flags += " · gated: needs a token" if p.gated else ""
+    text = f"**{p.draft} → {p.qualifier} → {p.target}**  \n{p.description}  \nMemory: {need}{flags}"
+    return text, gr.update(visible=False)
+
+
+def model_spec(preset: str, draft: str, qualifier: str, target: str) -> str:
+    """The loader's spec: a preset name, or "draft,qualifier,target" for a custom family."""
+    if preset != CUSTOM:
+        if preset not in PRESETS:
+            raise ValueError(f"unknown preset {preset!r}")
+        return preset
+    ids = [(x or "").strip() for x in (draft, qualifier, target)]
+    if not all(ids):
+        raise ValueError(MSG["custom_missing"])
+    return ",".join(ids)
+
+
+def make_config(**settings: Any) -> DecodeConfig:
+    """A DecodeConfig from widget values (sliders send floats; ints are cast only when whole)."""
+    vals = {}
+    for k, v in settings.items():
+        if k in INT_SETTINGS and isinstance(v, float) and v.is_integer():
+            v = int(v)
+        vals[k] = v
+    return DecodeConfig(**vals)
+
+
+# ------------------------------------------------------------------ race
+def _headline(m: str, r: RunResult | None, race: dict) -> str:
+    if r is None:
+        return "waiting…"
+    s = r.stats
+    if race["running"] == m:
+        return f"{s.n_new_tokens} tokens · {s.tokens_per_s:.1f} tok/s so far"
+    parts = [f"{s.n_new_tokens} tokens in {s.decode_s:.2f} s", f"{s.tokens_per_s:.1f} tok/s"]
+    ar, sd = race["results"].get("ar"), race["results"].get("sd")
+    if ar is not None and m != "ar" and ar.stats.tokens_per_s:
+        parts.append(f"×{s.tokens_per_s / ar.stats.tokens_per_s:.2f} vs AR")
+    if sd is not None and m not in ("ar", "sd") and sd.stats.tokens_per_s:
+        parts.append(f"×{s.tokens_per_s / sd.stats.tokens_per_s:.2f} vs SD")
+    if s.acceptance:
+        parts.append("accepted " + ", ".join(f"{'→Q' if k == 'qualifier' else '→T'} {v:.0%}"
+                                             for k, v in s.acceptance.items()))
+    if not s.stopped:
+        parts.append("stopped")
+    return " · ".join(parts)
+
+
+def race_lanes(race: dict | None) -> str:
+    if race is None:
+        return render.legend_html() + render.message_html(MSG["idle"])
+    res = race["results"]
+    lanes = [render.lane_html(m, res.get(m), _headline(m, res.get(m), race), race["running"] == m)
+             for m in RACE_METHODS]
+    return render.legend_html() + render.lanes_html(lanes, f"Race {race['n']} · {race['preset']} · "
+                                                           f"prompt: {race['prompt'][:80]}")
+
+
+def earlier_lanes(session: dict) -> str:
+    """Every finished race before the latest, newest first, for comparison."""
+    races = session["races"][:-1][::-1]
+    if not races:
+        return render.message_html("Earlier races appear here until you clear them.")
+    return "".join(race_lanes(r) for r in races)
+
+
+def _table(session: dict) -> list[list]:
+    return app_inspect.race_rows(session["races"])
+
+
+def _race_outputs(session: dict, status: str) -> tuple:
+    race = session["races"][-1] if session["races"] else None
+    fig = charts.race_figure(race["results"] if race else {}, race["running"] if race else None)
+    return status, race_lanes(race), fig, _table(session), earlier_lanes(session), session
+
+
+def _skip_outputs(status: str, session: dict) -> tuple:
+    return status, gr.skip(), gr.skip(), gr.skip(), gr.skip(), session
+
+
+def _learn_vocab(race: dict, tokenizer: Any, r: RunResult) -> None:
+    """Decode the ids of the newest pass (tokens and top-5) so the inspector never needs the tokenizer."""
+    if not r.steps:
+        return
+    step = r.steps[-1]
+    rounds = step.qualifier_rounds + ([step.target_round] if step.target_round else [])
+    ids = set(step.new_tokens)
+    for rnd in rounds:
+        for t in rnd.tokens:
+            ids.add(t.token_id)
+            for pairs in t.top5.values():
+                ids.update(int(i) for i, _ in pairs)
+    vocab = race["vocab"]
+    for i in ids - vocab.keys():
+        vocab[i] = tokenizer.decode([i])
+
+
+def run_race(preset: str, draft: str, qualifier: str, target: str, prompt: str, max_new_tokens: float,
+             temperature: float, seed: float, gamma: float, l_d: float, l_q: float, tau_q: float, tau_t: float,
+             divergence: str, fallback: str, stage2: str, session: dict | None,
+             progress: gr.Progress = gr.Progress()) -> Iterator[tuple]:
+    """Run every method on the prompt, one after another, yielding (status, lanes, chart, table, earlier, session)."""
+    from .loading import LoadError, load_triplet
+    from .run import prepare_prompt, stream
+
+    session = session if session is not None else new_session()
+    settings = dict(zip(SETTING_NAMES, (max_new_tokens, temperature, seed, gamma, l_d, l_q, tau_q, tau_t,
+                                        divergence, fallback, stage2)))
+    try:
+        spec = model_spec(preset, draft, qualifier, target)
+        base = make_config(**settings)
+    except (ValueError, TypeError) as e:
+        yield _skip_outputs(_notify(MSG["bad_settings"].format(err=e)), session)
+        return
+    if not (prompt or "").strip():
+        yield _skip_outputs(_notify(MSG["bad_prompt"].format(err="the prompt is empty: type a question or "
+                                                                   "instruction")), session)
+        return
+    yield _skip_outputs(MSG["loading"].format(preset=preset), session)
+    progress(0.0, desc=MSG["loading"].format(preset=preset))
+    try:
+        triplet = load_triplet(spec)
+        prepare_prompt(triplet, prompt, base)
+    except LoadError as e:
+        yield _skip_outputs(_notify(MSG["load_failed"].format(err=e)), session)
+        return
+    except ValueError as e:
+        yield _skip_outputs(_notify(MSG["bad_prompt"].format(err=e)), session)
+        return
+    except Exception as e:  # an unexpected loader failure must not take the page down
+        log.exception("loading %s failed", spec)
+        yield _skip_outputs(_notify(MSG["load_failed"].format(err=e)), session)
+        return
+    for old in session["races"]:
+        old["running"] = None
+    race = {"n": session["next"], "preset": preset, "models": list(triplet.names), "prompt": prompt,
+            "config": base.to_dict(), "results": {}, "vocab": {}, "running": None, "stopped": False}
+    session["next"] += 1
+    session["races"].append(race)
+    for i, m in enumerate(RACE_METHODS):
+        race["running"] = m
+        status = MSG["running"].format(n=race["n"], label=METHOD_LABELS[m], i=i + 1, total=len(RACE_METHODS))
+        progress(i / len(RACE_METHODS), desc=status)
+        last = 0.0
+        try:
+            for snap in stream(triplet, prompt, replace(base, method=m)):
+                race["results"][m] = snap
+                _learn_vocab(race, triplet.tokenizer, snap)
+                if time.monotonic() - last >= UI_INTERVAL_S or snap.stats.stopped:
+                    last = time.monotonic()
+                    yield _race_outputs(session, status)
+        except Exception as e:  # keep serving: report, keep what ran, stop this race
+            log.exception("race %s failed in %s", race["n"], m)
+            race["running"] = None
+            yield _race_outputs(session, _notify(MSG["run_failed"].format(err=e)))
+            return
+    race["running"] = None
+    yield _race_outputs(session, MSG["done"].format(n=race["n"]))
+
+
+def stop_race(session: dict | None) -> tuple:
+    """After Stop cancelled the race: keep the partial results and say so."""
+    session = session if session is not None else new_session()
+    if not session["races"]:
+        return _race_outputs(session, MSG["idle"])
+    race = session["races"][-1]
+    was_running = race["running"] is not None
+    race["running"] = None
+    race["stopped"] = race["stopped"] or was_running
+    status = MSG["stopped" if race["stopped"] else "done"].format(n=race["n"])
+    return _race_outputs(session, status)
+
+
+def clear_results(session: dict | None) -> tuple:
+    """Forget this user's races (other users are untouched: each has their own state)."""
+    return _race_outputs(new_session(), MSG["cleared"])
+
+
+# ------------------------------------------------------------------ export
+def export_files(session: dict | None) -> tuple[str | None, str | None]:
+    """Write the full trace (JSON) and the race table (CSV) to fresh temporary files for download."""
+    races = (session or {}).get("races") or []
+    if not races:
+        _notify(MSG["no_race"])
+        return None, None
+    folder = Path(tempfile.mkdtemp(prefix="pyramid_demo_"))
+    trace = [{"race": r["n"], "preset": r["preset"], "models": r["models"], "prompt": r["prompt"],
+              "config": r["config"], "results": {m: res.to_dict() for m, res in r["results"].items()}}
+             for r in races]
+    jpath, cpath = folder / "pyramid_trace.json", folder / "pyramid_race_results.csv"
+    jpath.write_text(json.dumps(trace), encoding="utf-8")
+    with cpath.open("w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["race", "preset", "prompt", *RACE_COLUMNS[1:]])
+        by_n = {r["n"]: r for r in races}
+        for row in app_inspect.race_rows(races):
+            w.writerow([row[0], by_n[row[0]]["preset"], by_n[row[0]]["prompt"], *row[1:]])
+    return str(jpath), str(cpath)
+
+
+# ------------------------------------------------------------------ inspector and statistics
+def _race(session: dict | None, n: Any) -> dict | None:
+    races = (session or {}).get("races") or []
+    for r in races:
+        if str(r["n"]) == str(n):
+            return r
+    return races[-1] if races else None
+
+
+def _round_slider(r: RunResult | None) -> Any:
+    top = max(1, len(r.steps)) if r else 1
+    return gr.update(minimum=1, maximum=max(top, 2), value=1, step=1, interactive=top > 1)  # max > min
+
+
+def _pos_slider(r: RunResult | None) -> Any:
+    cfg = r.config if r else DEFAULT.to_dict()
+    top = max(cfg["gamma"], cfg["l_q"]) + 1
+    return gr.update(minimum=1, maximum=top, value=1, step=1)
+
+
+def pick_method(session: dict | None, race_n: Any, method: str | None) -> tuple:
+    """A method was chosen: reset the round slider and start the what-if τs at the recorded values."""
+    race = _race(session, race_n)
+    r = race["results"].get(method) if race and method else None
+    cfg = race["config"] if race else DEFAULT.to_dict()
+    return _round_slider(r), gr.update(value=cfg["tau_q"]), gr.update(value=cfg["tau_t"]), _pos_slider(r)
+
+
+def pick_race(session: dict | None, race_n: Any = None) -> tuple:
+    """A race was chosen (or just finished): refresh the inspector's choices and the statistics tab."""
+    race = _race(session, race_n)
+    if race is None:
+        none = charts.empty_figure(MSG["no_race"])
+        return (gr.update(choices=[], value=None), gr.update(choices=[], value=None), _round_slider(None),
+                gr.skip(), gr.skip(), _pos_slider(None), none, none, none, "")
+    res = race["results"]
+    methods = list(res)
+    method = "psd_f" if "psd_f" in res else (methods[-1] if methods else None)
+    choices = [(f"Race {r['n']}", str(r["n"])) for r in session["races"]]
+    speeds = app_inspect.race_speeds(res)
+    speed_md = "Single-model speeds measured in this race: " + (", ".join(
+        f"{k} {v:.1f} forwards/s" for k, v in speeds.items()) or "n/a")
+    return (gr.update(choices=choices, value=str(race["n"])),
+            gr.update(choices=[(METHOD_LABELS[m], m) for m in methods], value=method),
+            *pick_method(session, race["n"], method),
+            charts.hist_figure(res), charts.position_figure(res), charts.throughput_figure(res), speed_md)
+
+
+def inspect_round(session: dict | None, race_n: Any, method: str | None, round_no: float, tau_q: float,
+                  tau_t: float, position: float) -> tuple[str, Any, Any, str]:
+    """One recorded target pass: chips, divergences vs the what-if τs, and the top-5 at one position."""
+    race = _race(session, race_n)
+    r = race["results"].get(method) if race and method else None
+    if r is None or not r.steps:
+        none = charts.empty_figure(MSG["no_race"])
+        return render.message_html(MSG["no_race"]), none, none, ""
+    step = r.steps[max(0, min(int(round_no or 1) - 1, len(r.steps) - 1))]
+    vocab = race["vocab"]
+    committed = "".join(vocab.get(t, f"#{t}") for t in step.new_tokens)
+    head = f"**Target pass {step.index + 1} of {len(r.steps)}** · committed {len(step.new_tokens)} token(s): `{committed!r}`"
+    if step.target_round is None:
+        return render.message_html(MSG["ar_round"]), charts.empty_figure(MSG["ar_round"]), \
+            charts.empty_figure(MSG["ar_round"]), head
+    parts, lines = [], [head]
+    for j, rnd in enumerate(step.qualifier_rounds + [step.target_round]):
+        tau = app_inspect.round_tau(rnd, tau_q, tau_t)
+        k = app_inspect.reevaluate(rnd, tau)
+        n = len(rnd.tokens) - 1
+        name = (f"Stage 1 · round {j + 1}: draft → qualifier" if rnd.stage == "qualifier"
+                else f"Stage 2: {rnd.proposer} → target")
+        parts.append(render.round_chips_html(rnd, vocab, f"{name} (rule: {rnd.rule})", None if tau is None else k))
+        what = ("exact rule: τ does not apply" if tau is None
+                else f"at τ = {tau:g} it would accept **{k}**" + (" (same)" if k == rnd.n_accepted else ""))
+        lines.append(f"- {name}: recorded **{rnd.n_accepted} of {n}** accepted; {what}")
+    if step.qualifier_rounds:
+        lines.append("- A different τ_Q would change the block itself; this re-checks the recorded round only.")
+    pos = int(position or 1) - 1
+    tokens = step.target_round.tokens
+    pos = max(0, min(pos, len(tokens) - 1))
+    rec = tokens[pos]
+    title = f"Top-5 next tokens at position {pos + 1}: {vocab.get(rec.token_id, rec.token_id)!r} ({rec.status})"
+    chips = render.status_legend_html() + "".join(parts)
+    return (chips, charts.divergence_figure(step, tau_q, tau_t, vocab),
+            charts.top5_figure(app_inspect.position_top5(step, pos), vocab, title), "\n".join(lines))
+
+
+DEFAULT_SETTINGS = {k: getattr(DEFAULT, k) for k in SETTING_NAMES}

@@ -1,0 +1,125 @@
+"""Pure functions over recorded rounds: what-if acceptance under another τ, per-position top-5,
+race speeds and the race table. No model calls, so the inspector answers instantly."""
+from __future__ import annotations
+
+from .rules import leading_run
+from .stats import STAGES, stage_rounds
+from .throughput import predict
+from .trace import RunResult, StageRound, Step, TokenRec
+
+EXACT_RULES = ("sd", "greedy")
+
+
+def reevaluate(rnd: StageRound, tau: float | None) -> int:
+    """Drafted tokens the round would have accepted at threshold `tau`: the leading run of recorded Div ≤ τ.
+
+    Exact-rule rounds (SD, PSD_A's stage 1, stage-2 'sd') do not use τ: their recorded count stands.
+    Under the 'fuzzy+sd' fallback a token that was accepted although Div > its recorded τ passed the
+    SD rule, which τ does not change, so it still passes.
+    """
+    if rnd.rule in EXACT_RULES or tau is None:
+        return rnd.n_accepted
+    passes = []
+    for t in rnd.tokens[:-1]:
+        ok = t.div is not None and t.div <= tau
+        if rnd.rule == "fuzzy+sd" and t.status == "accepted" and t.tau is not None and (t.div or 0) > t.tau:
+            ok = True
+        passes.append(ok)
+    return leading_run(passes)
+
+
+def whatif_statuses(rnd: StageRound, tau: float | None) -> list[str]:
+    """accepted / rejected / discarded for each proposed token under `tau`."""
+    k = reevaluate(rnd, tau)
+    n = len(rnd.tokens) - 1
+    return ["accepted" if i < k else "rejected" if i == k else "discarded" for i in range(n)]
+
+
+def round_tau(rnd: StageRound, tau_q: float, tau_t: float) -> float | None:
+    """The what-if threshold that applies to a round (None under an exact rule)."""
+    if rnd.rule in EXACT_RULES:
+        return None
+    return tau_q if rnd.stage == "qualifier" else tau_t
+
+
+def block_sources(step: Step) -> list[TokenRec | None]:
+    """For each position of the target round, the stage-1 record that saw the draft's proposal there.
+
+    A position the qualifier filled itself maps to the draft's rejected token (it holds the draft's
+    distribution), or to None after a fully accepted round (the draft made no proposal there).
+    """
+    out: list[TokenRec | None] = []
+    for rnd in step.qualifier_rounds:
+        k, n = rnd.n_accepted, len(rnd.tokens) - 1
+        out += rnd.tokens[:k]
+        out.append(rnd.tokens[k] if k < n else None)
+    return out
+
+
+def position_top5(step: Step, pos: int) -> dict[str, list[list[float]]]:
+    """Each model's top-5 next tokens at position `pos` of this step's target round (role → [[id, p]])."""
+    rnd = step.target_round
+    if rnd is None or not rnd.tokens:
+        return {}
+    pos = max(0, min(pos, len(rnd.tokens) - 1))
+    merged: dict[str, list[list[float]]] = {}
+    srcs = block_sources(step)
+    if pos < len(srcs) and srcs[pos] is not None:
+        merged.update(srcs[pos].top5)
+    merged.update(rnd.tokens[pos].top5)
+    return {r: merged[r] for r in ("draft", "qualifier", "target") if r in merged}
+
+
+def race_speeds(results: dict[str, RunResult]) -> dict[str, float]:
+    """Single-model speeds (forwards per second) measured in a race, pooled over its runs.
+
+    The target's comes from AR alone when AR ran: its passes are one token each, as V_T assumes.
+    The qualifier only ever verifies short blocks, so its speed is slightly pessimistic.
+    """
+    speeds = {}
+    for role in ("draft", "qualifier", "target"):
+        runs = [results["ar"]] if role == "target" and "ar" in results else list(results.values())
+        n = sum(r.stats.forward_passes.get(role, 0) for r in runs)
+        t = sum(r.stats.forward_time_s.get(role, 0.0) for r in runs)
+        if n and t > 0:
+            speeds[role] = n / t
+    return speeds
+
+
+def agreement(a: list[int], b: list[int]) -> float | None:
+    """Fraction of positions where two outputs agree (over the shorter one): the quality figure vs AR."""
+    n = min(len(a), len(b))
+    return sum(x == y for x, y in zip(a, b)) / n if n else None
+
+
+def ratio(a: float, b: float | None) -> float | None:
+    return a / b if b else None
+
+
+def race_rows(races: list[dict]) -> list[list]:
+    """One table row per (race, method): the numbers the race summary and the CSV export show."""
+    rows = []
+    for race in races:
+        res: dict[str, RunResult] = race["results"]
+        ar, sd = res.get("ar"), res.get("sd")
+        for m, r in res.items():
+            s = r.stats
+            acc = ", ".join(f"{k} {v:.0%}" for k, v in s.acceptance.items()) or "—"
+            same = agreement(r.token_ids, ar.token_ids) if ar is not None else None
+            x_ar = ratio(s.tokens_per_s, ar.stats.tokens_per_s if ar else None)
+            x_sd = ratio(s.tokens_per_s, sd.stats.tokens_per_s if sd else None)
+            rows.append([race["n"], m, s.n_new_tokens, round(s.decode_s, 2), round(s.tokens_per_s, 1),
+                         None if x_ar is None else round(x_ar, 2), None if x_sd is None else round(x_sd, 2),
+                         acc, round(s.tokens_per_target_pass, 2), None if same is None else f"{same:.0%}",
+                         s.stopped or "stopped by user"])
+    return rows
+
+
+def throughput_rows(results: dict[str, RunResult]) -> list[tuple[str, float, float | None]]:
+    """(method, measured tok/s, predicted tok/s) using the race's own single-model speeds."""
+    speeds = race_speeds(results)
+    return [(m, r.stats.tokens_per_s, predict(r, speeds)) for m, r in results.items()]
+
+
+def stage_names(r: RunResult) -> list[str]:
+    return [s for s in STAGES if stage_rounds(r.steps, s)]

@@ -1,0 +1,138 @@
+"""Every user-facing string and default of the app, in one place (widgets and handlers share them)."""
+from __future__ import annotations
+
+import os
+
+from .config import DIVERGENCES, FALLBACKS, METHODS, METHOD_LABELS, STAGE2_RULES, DecodeConfig
+from .presets import DEFAULT_PRESET, PRESETS
+
+CUSTOM = "custom"
+PRESET_ENV = "PYRAMID_DEMO_PRESET"  # lets tests and hosts pick the preset shown first
+DEFAULT = DecodeConfig()  # the single source of decoding defaults (temperature 0: greedy)
+START_PRESET = os.environ.get(PRESET_ENV, DEFAULT_PRESET)
+if START_PRESET not in PRESETS:
+    START_PRESET = DEFAULT_PRESET
+PRESET_CHOICES = [*PRESETS, CUSTOM]
+RACE_METHODS = METHODS  # raced in this order, one after another
+
+# (minimum, maximum, step) of the sliders; DecodeConfig still validates whatever arrives.
+RANGES = {
+    "max_new_tokens": (8, 256, 8),
+    "temperature": (0.0, 1.5, 0.05),
+    "gamma": (1, 16, 1),
+    "l_d": (1, 16, 1),
+    "l_q": (1, 32, 1),
+    "tau_q": (0.0, 1.0, 0.01),
+    "tau_t": (0.0, 1.0, 0.01),
+}
+
+EXAMPLE_PROMPTS = [
+    "Explain in two sentences why the sky is blue.",
+    "Write a short poem about a cat who learns to code.",
+    "List three tips for staying focused while studying.",
+    "What is the capital of France, and what is it famous for?",
+]
+
+LABELS = {
+    "preset": "Model family (draft → qualifier → target)",
+    "draft": "Draft model id", "qualifier": "Qualifier model id", "target": "Target model id",
+    "prompt": "Prompt",
+    "max_new_tokens": "Max new tokens",
+    "temperature": "Temperature (0 = greedy)",
+    "seed": "Seed",
+    "gamma": "γ: SD/FSD draft length",
+    "l_d": "ℓ_D: PSD tokens drafted per qualifier round",
+    "l_q": "ℓ_Q: PSD block length per target pass",
+    "tau_q": "τ_Q: PSD_F draft→qualifier threshold",
+    "tau_t": "τ_T: FSD / PSD qualifier→target threshold",
+    "divergence": "Divergence",
+    "fallback": "Fuzzy fallback",
+    "stage2": "PSD stage-2 rule",
+}
+
+WHATIF_LABELS = {"tau_q": "what-if τ_Q (stage 1 rounds)", "tau_t": "what-if τ_T (target round)"}
+
+INFO = {
+    "temperature": "0 makes every model greedy: AR, SD and PSD_A then give the target's exact text.",
+    "tau_q": "Accept a drafted token when Div(qualifier, draft) ≤ τ_Q. Unused by PSD_A (exact rule).",
+    "tau_t": "Accept a token when Div(target, proposer) ≤ τ_T. Larger: faster but further from the target.",
+    "l_q": "CHOICE: the block is cut to exactly ℓ_Q tokens; the qualifier's own tokens count toward it.",
+    "divergence": "CHOICE: js is the FSD code's ½KL(m‖p)+½KL(m‖q) (not the textbook JSD), computed on the "
+                  "raw softmax (temperature 1), whatever the sampling temperature.",
+    "fallback": "CHOICE beyond the paper: 'sd' also accepts a token that fails τ but passes the exact SD rule, "
+                "so fuzzy acceptance never falls below SD's.",
+    "stage2": "CHOICE beyond the paper: 'sd' checks the qualifier block with the exact SD rule, which makes "
+              "PSD_A lossless (a three-model cascade).",
+    "seed": "Seeds the sampler when temperature > 0.",
+}
+
+DIVERGENCE_CHOICES = list(DIVERGENCES)
+FALLBACK_CHOICES = list(FALLBACKS)
+STAGE2_CHOICES = list(STAGE2_RULES)
+
+ORIGIN_NAMES = {
+    "draft": "draft token, accepted at every stage",
+    "qualifier": "qualifier's token, accepted by the target",
+    "target": "target's own token",
+    "bonus": "target's bonus token (whole proposal accepted)",
+}
+STATUS_NAMES = {
+    "accepted": "accepted", "rejected": "rejected (first failure)", "discarded": "discarded (after a rejection)",
+    "resampled": "verifier's replacement", "bonus": "verifier's bonus", "generated": "generated (AR)",
+}
+
+MSG = {
+    "loading": "⏳ Loading the {preset} models (first run only; later runs reuse them)…",
+    "running": "🏁 Race {n}: running {label} ({i}/{total})…",
+    "done": "✅ Race {n} finished. Pick a method and a round in the Step inspector to see why tokens were kept.",
+    "stopped": "⏹ Race {n} stopped. Partial results are kept; press Run race to start again.",
+    "custom_missing": "Custom models need all three ids (draft, qualifier, target) from one family.",
+    "bad_settings": "Settings problem: {err}",
+    "bad_prompt": "Prompt problem: {err}",
+    "load_failed": "Could not load the models: {err}",
+    "run_failed": "The run failed: {err}. The app is still running; try other settings.",
+    "no_race": "Run a race first: the inspector shows its recorded rounds.",
+    "ar_round": "AR has no drafts: each target pass makes exactly one token, so there is nothing to accept.",
+    "cleared": "Results cleared.",
+    "idle": "Press **▶ Run race** to run AR, SD, FSD, PSD_A and PSD_F on the same prompt, one after another.",
+}
+
+RACE_COLUMNS = ["race", "method", "tokens", "time (s)", "tok/s", "× AR", "× SD", "acceptance",
+                "tokens / target pass", "same as AR", "stopped"]
+
+EXPLANATION = f"""
+### How three models share the work
+* **AR** — the **target** model alone writes one token per forward pass. This is the baseline.
+* **SD** (speculative decoding) — a small **draft** guesses γ tokens; the target checks all of them in
+  **one** pass and keeps the longest prefix it agrees with (greedy: same token; sampling: ratio test), then
+  adds one token of its own. Lossless: the text is exactly what the target alone would write.
+* **FSD** (fuzzy SD) — keeps a drafted token while the **divergence** between the target's and the draft's
+  next-token distributions is ≤ τ, even if the token differs. Faster, slightly lossy; τ sets the trade-off.
+* **PSD** (pyramid SD) — a mid-sized **qualifier** sits in between. Stage 1: the draft writes ℓ_D tokens
+  and the qualifier checks them (PSD_F: divergence ≤ τ_Q; PSD_A: the exact SD rule) until a block of ℓ_Q
+  tokens is ready. Stage 2: the target checks the block in one pass with divergence ≤ τ_T against the
+  **qualifier's** distributions, keeps the leading run, and adds one token of its own.
+
+### Reading the colours
+<span style="background:#cdeedd;padding:2px 6px;border-radius:4px">green</span> {ORIGIN_NAMES['draft']} ·
+<span style="background:#d3e6f8;padding:2px 6px;border-radius:4px">blue</span> {ORIGIN_NAMES['qualifier']} ·
+<span style="background:#fde3c0;padding:2px 6px;border-radius:4px">orange</span> {ORIGIN_NAMES['target']} ·
+<span style="background:#f2d6ec;padding:2px 6px;border-radius:4px">pink</span> {ORIGIN_NAMES['bonus']}.
+The more green and blue, the less work the big target had to do.
+
+### Choices this demo makes (where the papers are vague)
+* Divergences use the **raw** distributions (softmax at temperature 1), whatever the sampling temperature.
+* `js` is the FSD reference code's form ½KL(m‖p)+½KL(m‖q), m=(p+q)/2 — not the textbook JSD — so the
+  papers' τ grid (0.2–0.5) means the same here. `kl` is KL(q‖p), `tv` is total variation.
+* The PSD block is cut to exactly ℓ_Q tokens, and the qualifier's own tokens count toward ℓ_Q.
+* Options beyond the papers: **fuzzy fallback = sd** also accepts tokens the exact SD rule accepts;
+  **stage-2 rule = sd** makes PSD_A lossless (a three-model cascade).
+* "Tokens / target pass" counts the target's own token; "accepted" counts drafted tokens only.
+* Times exclude the prompt's prefill; speed-ups compare methods on the same prompt in the same race.
+"""
+
+STATS_NOTE = (
+    "Throughput model (PyramidSD §3): predicted tok/s from each model's measured single-model speed "
+    "(forward passes per second in this race) and the measured acceptance rates. On a CPU a multi-token "
+    "verification pass costs more than one token, so prediction and measurement can differ."
+)

@@ -1,0 +1,176 @@
+"""Plotly figures built from trace and stats records only (plus decoded token texts for labels)."""
+from __future__ import annotations
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from .app_inspect import round_tau, stage_names, throughput_rows, whatif_statuses
+from .config import METHOD_LABELS
+from .render import METHOD_COLOURS, STATUS_COLOURS
+from .trace import RunResult, StageRound, Step
+
+FONT_SIZE = 15  # large enough to read on a projector
+ROLE_COLOURS = {"draft": "#009E73", "qualifier": "#0072B2", "target": "#E69F00"}
+
+
+def _layout(fig: go.Figure, title: str, height: int = 360, **kw) -> go.Figure:
+    fig.update_layout(title=dict(text=title, x=0.01, font=dict(size=FONT_SIZE + 2)), template="plotly_white",
+                      height=height, font=dict(size=FONT_SIZE), margin=dict(l=60, r=20, t=56, b=50),
+                      legend=dict(orientation="h", yanchor="bottom", y=1.0, x=1, xanchor="right"), **kw)
+    return fig
+
+
+def empty_figure(message: str, height: int = 300) -> go.Figure:
+    fig = go.Figure()
+    fig.add_annotation(text=message, showarrow=False, font=dict(size=FONT_SIZE, color="#888"), x=0.5, y=0.5,
+                       xref="paper", yref="paper")
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return _layout(fig, "", height)
+
+
+def _curve(r: RunResult) -> tuple[list[float], list[int]]:
+    """Cumulative tokens at the end of each target pass (engine time, prefill excluded)."""
+    xs, ys, n = [0.0], [0], 0
+    for s in r.steps:
+        n += len(s.new_tokens)
+        xs.append(s.t_end)
+        ys.append(n)
+    return xs, ys
+
+
+def race_figure(results: dict[str, RunResult], running: str | None = None) -> go.Figure:
+    """Tokens generated vs time for every method of one race; the legend ends in tok/s and speed-ups."""
+    fig = go.Figure()
+    ar, sd = results.get("ar"), results.get("sd")
+    for m, r in results.items():
+        xs, ys = _curve(r)
+        s = r.stats
+        name = f"{m.upper()}: {s.tokens_per_s:.1f} tok/s"
+        if m != running:
+            if ar is not None and m != "ar" and ar.stats.tokens_per_s:
+                name += f" · ×{s.tokens_per_s / ar.stats.tokens_per_s:.2f} AR"
+            if sd is not None and m not in ("ar", "sd") and sd.stats.tokens_per_s:
+                name += f" · ×{s.tokens_per_s / sd.stats.tokens_per_s:.2f} SD"
+        else:
+            name += " (running)"
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", line_shape="hv", name=name,
+                                 line=dict(color=METHOD_COLOURS.get(m), width=3), marker=dict(size=5),
+                                 hovertemplate="%{y} tokens at %{x:.2f} s<extra>" + m.upper() + "</extra>"))
+    if not results:
+        return empty_figure("The race chart appears here: tokens generated vs time for each method.")
+    _layout(fig, "Tokens generated vs time (steeper is faster)", 380)
+    fig.update_xaxes(title="seconds after the prompt (prefill excluded)", rangemode="tozero")
+    fig.update_yaxes(title="tokens generated", rangemode="tozero")
+    return fig
+
+
+def _bars(fig: go.Figure, rnds: list[StageRound], tau: float | None, texts: dict[int, str], row: int,
+          label: str) -> None:
+    xs, ys, colours, hover, lines = [], [], [], [], []
+    for j, rnd in enumerate(rnds):
+        what = whatif_statuses(rnd, tau)
+        for i, t in enumerate(rnd.tokens[:-1]):
+            tok = texts.get(t.token_id, f"#{t.token_id}")
+            xs.append(f"{label}{j + 1}·{i + 1} {tok!r}" if len(rnds) > 1 else f"{i + 1} {tok!r}")
+            ys.append(t.div or 0.0)
+            colours.append(STATUS_COLOURS[what[i]][1])
+            hover.append(f"{tok!r}: Div {t.div:.3f}<br>recorded: {t.status}<br>at this τ: {what[i]}")
+    fig.add_trace(go.Bar(x=xs, y=ys, marker_color=colours, hovertext=hover, hoverinfo="text", showlegend=False),
+                  row=row, col=1)
+    if tau is not None:
+        fig.add_hline(y=tau, line=dict(color="#D55E00", dash="dash", width=2), row=row, col=1,
+                      annotation_text=f"τ = {tau:g}", annotation_position="top left")
+
+
+def divergence_figure(step: Step, tau_q: float, tau_t: float, texts: dict[int, str]) -> go.Figure:
+    """Each drafted token's divergence against the threshold; bar colour = outcome at the chosen τ."""
+    if step.target_round is None:
+        return empty_figure("AR: no drafted tokens in this pass.")
+    rows = [("qualifier", step.qualifier_rounds)] if step.qualifier_rounds else []
+    rows.append(("target", [step.target_round]))
+    titles = []
+    for stage, rnds in rows:
+        rnd = rnds[0]
+        tau = round_tau(rnd, tau_q, tau_t)
+        rule = "exact rule, τ unused" if tau is None else f"τ_{'Q' if stage == 'qualifier' else 'T'} = {tau:g}"
+        titles.append(f"{rnd.proposer} → {rnd.verifier}: Div({rnd.verifier}, {rnd.proposer}) · {rule}")
+    fig = make_subplots(rows=len(rows), cols=1, subplot_titles=titles, vertical_spacing=0.25)
+    for k, (stage, rnds) in enumerate(rows, start=1):
+        _bars(fig, rnds, round_tau(rnds[0], tau_q, tau_t), texts, k, "r")
+        fig.update_yaxes(title="Div", rangemode="tozero", row=k, col=1)
+    _layout(fig, "", 250 + 210 * (len(rows) - 1))
+    fig.update_layout(margin=dict(t=40))
+    fig.update_annotations(font_size=FONT_SIZE - 1)
+    return fig
+
+
+def top5_figure(dists: dict[str, list[list[float]]], texts: dict[int, str], title: str) -> go.Figure:
+    """Each model's five most likely next tokens at one position (raw probabilities)."""
+    if not dists:
+        return empty_figure("No distributions recorded at this position.")
+    fig = make_subplots(rows=1, cols=len(dists), subplot_titles=list(dists), horizontal_spacing=0.12)
+    for c, (role, pairs) in enumerate(dists.items(), start=1):
+        labels = [repr(texts.get(int(i), f"#{int(i)}")) for i, _ in pairs][::-1]
+        probs = [p for _, p in pairs][::-1]
+        fig.add_trace(go.Bar(x=probs, y=labels, orientation="h", marker_color=ROLE_COLOURS.get(role),
+                             text=[f"{p:.2f}" for p in probs], textposition="auto", showlegend=False,
+                             hovertemplate="%{y}: %{x:.3f}<extra>" + role + "</extra>"), row=1, col=c)
+        fig.update_xaxes(range=[0, 1], row=1, col=c)
+    return _layout(fig, title, 300)
+
+
+def hist_figure(results: dict[str, RunResult]) -> go.Figure:
+    """How many drafted tokens each target pass accepted (bonus not counted), per method."""
+    fig = go.Figure()
+    for m, r in results.items():
+        h = r.stats.accepted_hist
+        total = sum(h)
+        if not total:
+            continue
+        fig.add_trace(go.Bar(x=list(range(len(h))), y=[v / total for v in h], name=m.upper(),
+                             marker_color=METHOD_COLOURS.get(m)))
+    if not fig.data:
+        return empty_figure("Accepted-length histograms appear after a race.")
+    _layout(fig, "Drafted tokens accepted per target pass", 340, barmode="group")
+    fig.update_xaxes(title="accepted drafted tokens (bonus not counted)", dtick=1)
+    fig.update_yaxes(title="share of target passes", tickformat=".0%")
+    return fig
+
+
+def position_figure(results: dict[str, RunResult]) -> go.Figure:
+    """P(accepted | position reached) by draft position, per method and stage."""
+    fig = go.Figure()
+    for m, r in results.items():
+        for stage in stage_names(r):
+            ys = r.stats.per_position_acceptance.get(stage, [])
+            if not ys:
+                continue
+            dash = "dot" if stage == "qualifier" else "solid"
+            fig.add_trace(go.Scatter(x=list(range(1, len(ys) + 1)), y=ys, mode="lines+markers",
+                                     name=f"{m.upper()} · {'draft→qualifier' if stage == 'qualifier' else '→target'}",
+                                     line=dict(color=METHOD_COLOURS.get(m), dash=dash, width=3)))
+    if not fig.data:
+        return empty_figure("Per-position acceptance appears after a race.")
+    _layout(fig, "Acceptance by position in the proposal", 360)
+    fig.update_xaxes(title="position in the proposal", dtick=1)
+    fig.update_yaxes(title="P(accepted | reached)", range=[0, 1.05], tickformat=".0%")
+    fig.update_layout(legend=dict(orientation="v", x=1.02, xanchor="left", y=1))
+    return fig
+
+
+def throughput_figure(results: dict[str, RunResult]) -> go.Figure:
+    """Measured tok/s next to the paper's throughput-model prediction, per method."""
+    rows = throughput_rows(results)
+    if not rows:
+        return empty_figure("The throughput model appears after a race.")
+    names = [METHOD_LABELS[m].split(" ")[0] for m, _, _ in rows]
+    fig = go.Figure([
+        go.Bar(x=names, y=[v for _, v, _ in rows], name="measured", marker_color="#0072B2",
+               text=[f"{v:.1f}" for _, v, _ in rows], textposition="outside"),
+        go.Bar(x=names, y=[p or 0 for _, _, p in rows], name="predicted (paper's model)", marker_color="#bbbbbb",
+               text=["n/a" if p is None else f"{p:.1f}" for _, _, p in rows], textposition="outside"),
+    ])
+    _layout(fig, "Tokens per second: measured vs predicted", 360, barmode="group")
+    fig.update_yaxes(title="tokens / s")
+    return fig

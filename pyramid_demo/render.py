@@ -1,0 +1,115 @@
+"""Token chips as HTML: inline styles only, so they look the same in the page, in tests and in exports."""
+from __future__ import annotations
+
+import html
+
+from .app_text import ORIGIN_NAMES, STATUS_NAMES
+from .config import METHOD_LABELS
+from .trace import RunResult, StageRound
+
+# Okabe-Ito hues (colour-blind safe) as pale backgrounds with a strong underline: readable when projected.
+ORIGIN_COLOURS = {
+    "draft": ("#cdeedd", "#009E73"),
+    "qualifier": ("#d3e6f8", "#0072B2"),
+    "target": ("#fde3c0", "#E69F00"),
+    "bonus": ("#f2d6ec", "#CC79A7"),
+}
+STATUS_COLOURS = {
+    "accepted": ("#cdeedd", "#009E73"),
+    "rejected": ("#fbd3c4", "#D55E00"),
+    "discarded": ("#eeeeee", "#9e9e9e"),
+    "resampled": ("#fde3c0", "#E69F00"),
+    "bonus": ("#f2d6ec", "#CC79A7"),
+    "generated": ("#fde3c0", "#E69F00"),
+}
+METHOD_COLOURS = {"ar": "#555555", "sd": "#0072B2", "fsd": "#56B4E9", "psd_a": "#E69F00", "psd_f": "#D55E00"}
+
+FONT = "font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;"
+
+
+def token_text(text: str) -> str:
+    """Escape a token for HTML and make whitespace visible (a newline shows as ↵ and breaks the line)."""
+    if text == "":
+        return "∅"
+    out = html.escape(text).replace("\n", "↵<br>").replace("\t", "⇥")
+    return out
+
+
+def chip(text: str, colours: tuple[str, str], title: str, cls: str, strike: bool = False) -> str:
+    bg, line = colours
+    deco = "text-decoration:line-through;opacity:.65;" if strike else ""
+    return (f'<span class="tok {cls}" title="{html.escape(title)}" style="background:{bg};'
+            f'border-bottom:3px solid {line};border-radius:4px;padding:1px 2px;margin:0 1px;'
+            f'white-space:pre-wrap;{deco}">{token_text(text)}</span>')
+
+
+def legend_html() -> str:
+    """The origin colours, shown above the lanes."""
+    items = "".join(
+        f'<span style="margin-right:14px">{chip(name, ORIGIN_COLOURS[o], ORIGIN_NAMES[o], "legend o-" + o)} '
+        f'{html.escape(ORIGIN_NAMES[o])}</span>' for o, name in
+        (("draft", "draft"), ("qualifier", "qualifier"), ("target", "target"), ("bonus", "bonus")))
+    return f'<div class="legend" style="font-size:1.0rem;line-height:2">{items}</div>'
+
+
+def status_legend_html() -> str:
+    items = "".join(f'<span style="margin-right:12px">{chip(s, STATUS_COLOURS[s], STATUS_NAMES[s], "legend", s == "discarded")}'
+                    f' {html.escape(STATUS_NAMES[s])}</span>'
+                    for s in ("accepted", "rejected", "discarded", "resampled", "bonus"))
+    return f'<div class="legend" style="font-size:.95rem;line-height:2">{items}</div>'
+
+
+def coloured_tokens(result: RunResult) -> str:
+    """The run's text, one chip per token coloured by origin; the title says which target pass made it."""
+    spans, step_of = [], []
+    for s in result.steps:
+        step_of += [s.index + 1] * len(s.new_tokens)
+    for i, (t, o) in enumerate(zip(result.token_texts, result.origins)):
+        n = step_of[i] if i < len(step_of) else "?"
+        spans.append(chip(t, ORIGIN_COLOURS.get(o, ORIGIN_COLOURS["target"]), f"{ORIGIN_NAMES.get(o, o)} · target pass {n}",
+                          f"o-{o}"))
+    return "".join(spans)
+
+
+def lane_html(method: str, result: RunResult | None, headline: str, running: bool = False) -> str:
+    """One method's lane: name, live figures, and the growing coloured text."""
+    colour = METHOD_COLOURS.get(method, "#333")
+    body = coloured_tokens(result) if result is not None else '<span style="color:#999">waiting…</span>'
+    cursor = '<span style="color:#999">▌</span>' if running else ""
+    return (f'<div class="lane lane-{method}" style="border-left:6px solid {colour};padding:6px 10px;'
+            f'margin:6px 0;background:#fff;border-radius:6px;box-shadow:0 1px 2px rgba(0,0,0,.08)">'
+            f'<div style="font-weight:700;color:{colour};font-size:1.05rem">{html.escape(METHOD_LABELS[method])}'
+            f'<span style="font-weight:400;color:#444;margin-left:12px;font-size:.95rem">{html.escape(headline)}</span></div>'
+            f'<div style="{FONT}font-size:1.05rem;line-height:1.9;color:#111">{body}{cursor}</div></div>')
+
+
+def lanes_html(lanes: list[str], title: str = "") -> str:
+    head = f'<div style="font-weight:600;margin:4px 0">{html.escape(title)}</div>' if title else ""
+    return f'<div class="lanes">{head}{"".join(lanes)}</div>'
+
+
+def round_chips_html(rnd: StageRound, texts: dict[int, str], title: str, whatif: int | None = None) -> str:
+    """One verification round: proposed tokens with their recorded status, then the verifier's own token.
+
+    `whatif` (accepted count under another τ) adds a ✓/✗ mark under each proposed token.
+    """
+    chips = []
+    for i, t in enumerate(rnd.tokens):
+        label = texts.get(t.token_id, f"#{t.token_id}")
+        tip = f"{STATUS_NAMES.get(t.status, t.status)}"
+        if t.div is not None:
+            tip += f" · Div {t.div:.3f}" + (f" vs τ {t.tau:g}" if t.tau is not None else "")
+        c = chip(label, STATUS_COLOURS.get(t.status, STATUS_COLOURS["discarded"]), tip, f"st-{t.status}",
+                 strike=t.status in ("rejected", "discarded"))
+        mark = ""
+        if whatif is not None and i < len(rnd.tokens) - 1:
+            ok = i < whatif
+            mark = (f'<div style="font-size:.8rem;text-align:center;color:{"#009E73" if ok else "#D55E00"}">'
+                    f'{"✓" if ok else "✗" if i == whatif else "·"}</div>')
+        chips.append(f'<span style="display:inline-block;vertical-align:top;margin:2px">{c}{mark}</span>')
+    return (f'<div class="round" style="margin:6px 0"><div style="font-weight:600;color:#333">{html.escape(title)}</div>'
+            f'<div style="{FONT}font-size:1.05rem">{"".join(chips)}</div></div>')
+
+
+def message_html(text: str) -> str:
+    return f'<div style="color:#555;padding:8px">{html.escape(text)}</div>'

@@ -1,0 +1,91 @@
+"""One real-browser check: start `python app.py` on a free port, run a race on tiny-random, look at the page.
+
+Needs Playwright for Python and a Chromium binary (Debian's `chromium`; no `playwright install`).
+Screenshots land in pytest's tmp_path (race.png, inspector.png).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = os.environ.get("PYRAMID_CHROMIUM", "/usr/bin/chromium")
+CHROME_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+               "--disable-sync", "--no-first-run"]
+
+sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
+if not (os.path.exists(CHROMIUM) or shutil.which(CHROMIUM)):
+    pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium, or set PYRAMID_CHROMIUM)",
+                allow_module_level=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture()
+def server(tmp_path: Path):
+    port = _free_port()
+    env = {**os.environ, "GRADIO_SERVER_PORT": str(port), "GRADIO_SERVER_NAME": "127.0.0.1",
+           "PYRAMID_DEMO_PRESET": "tiny-random", "GRADIO_ANALYTICS_ENABLED": "False"}
+    log = (tmp_path / "server.log").open("w")
+    proc = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        for _ in range(240):
+            if proc.poll() is not None:
+                pytest.fail(f"app.py exited: {(tmp_path / 'server.log').read_text()[-2000:]}")
+            try:
+                urllib.request.urlopen(url, timeout=2)
+                break
+            except OSError:
+                time.sleep(0.5)
+        else:
+            pytest.fail("app.py did not start serving within 120 s")
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def test_race_in_browser(server: str, tmp_path: Path) -> None:
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROME_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(server, wait_until="domcontentloaded")
+        page.get_by_text("Decoding settings").click()  # open the accordion and keep the race short
+        box = page.locator("#max-new input[type=number]")
+        box.fill("16")
+        box.press("Enter")
+        page.locator("#run-btn").click()
+        page.wait_for_selector("#lanes .lane-psd_f .tok.o-draft, #lanes .lane-psd_f .tok.o-qualifier",
+                               timeout=180_000)
+        page.wait_for_function("document.querySelector('#status').innerText.includes('finished')",
+                               timeout=180_000)
+        assert page.locator("#lanes .lane-ar .tok").count() >= 1
+        assert page.locator("#lanes .tok.o-target, #lanes .tok.o-bonus").count() >= 1
+        assert page.locator("#race-plot .js-plotly-plot").count() == 1
+        assert page.locator("#race-plot .scatterlayer .trace").count() == 5  # one line per method
+        page.wait_for_timeout(500)
+        page.screenshot(path=str(tmp_path / "race.png"), full_page=True)
+
+        page.get_by_role("tab", name="🔍 Step inspector").click()
+        page.wait_for_selector("#chips .st-accepted, #chips .st-rejected", timeout=30_000)
+        assert page.locator("#div-plot .js-plotly-plot").count() == 1
+        page.wait_for_timeout(500)
+        page.screenshot(path=str(tmp_path / "inspector.png"), full_page=True)
+        browser.close()
