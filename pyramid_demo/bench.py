@@ -86,6 +86,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset-file", default=None, help="local CSQA JSONL (the Hub is tried only without it)")
     p.add_argument("--warmup-tokens", type=int, default=8, help="new tokens in each method's warm-up run")
     p.add_argument("--out", default="bench_out", help="directory for results.csv, results.json, report.html")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch intra-op threads (default: torch's choice); 1 is often faster on a busy CPU")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -273,7 +275,7 @@ def run_bench(triplet: ModelTriplet, variants: list[Variant], prompts: list[Prom
         speeds["target"] = statistics.median(ar_speeds)
     for row in rows:
         row["predicted_tokens_per_s"] = _predicted(row, speeds)
-    return dict(rows=rows, speeds=speeds, speeds_one_token=speeds_one,
+    return dict(runs=rows, speeds=speeds, speeds_one_token=speeds_one,
                 speed_sources={"target": "AR runs (forwards per second)" if ar_speeds else "one-token timing",
                                "draft": "one-token timing", "qualifier": "one-token timing"})
 
@@ -336,6 +338,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.repeats < 1:
             raise ValueError("--repeats must be at least 1")
+        if args.threads:
+            torch.set_num_threads(args.threads)
         variants = build_variants(args)
         answers = None
         if args.dataset == "csqa":

@@ -154,7 +154,7 @@ def write_outputs(result: dict, out_dir: str | Path, columns: list[str]) -> list
     """results.csv, results.json and report.html in `out_dir`; adds summary/frontier/markdown to result."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    rows = result["rows"]
+    rows = result["runs"]
     summary = summarize(rows)
     result.update(summary=summary, frontier=frontier(summary), recommended=recommend(summary),
                   markdown=markdown_table(summary))

@@ -1,0 +1,165 @@
+"""The benchmark harness on tiny-random: outputs, lossless quality, Pareto frontier, CSQA."""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from pyramid_demo import bench, csqa, report
+from pyramid_demo.bench_prompts import Prompt, builtin_prompts, load_prompts, read_jsonl
+from pyramid_demo.cli import main as cli_main
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def _args(*extra: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    bench.add_arguments(p)
+    return p.parse_args(["--models", "tiny-random", "--no-progress", *extra])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """One intra-op thread: tiny models gain nothing from more, and on a CPU shared with
+    other jobs spinning OpenMP threads make them ten times slower."""
+    import torch
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture(scope="module")
+def triplet():
+    from pyramid_demo.tiny import tiny_random_triplet
+    return tiny_random_triplet()
+
+
+def test_builtin_prompts_are_varied() -> None:
+    ps = builtin_prompts()
+    assert len(ps) >= 20 and len({p.text for p in ps}) == len(ps)
+    assert {"explanation", "code", "story", "list", "qa"} <= {p.category for p in ps}
+    assert len({p.category for p in load_prompts("builtin", limit=5)}) == 5  # round-robin across kinds
+
+
+def test_jsonl_prompts(tmp_path: Path) -> None:
+    ps = read_jsonl(FIXTURES / "prompts_sample.jsonl")
+    assert [p.category for p in ps] == ["list", "user"] and ps[1].text == "What is two plus two?"
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "no prompt key"}\n')
+    with pytest.raises(ValueError, match="prompt"):
+        read_jsonl(bad)
+
+
+def test_cli_writes_all_outputs_with_every_column(tmp_path: Path) -> None:
+    out = tmp_path / "b"
+    rc = cli_main(["bench", "--models", "tiny-random", "--methods", "ar,sd,fsd,psd_a,psd_f",
+                   "--peers", "hf_generate,hf_assisted", "--prompts", "builtin", "--limit", "2",
+                   "--max-new-tokens", "8", "--repeats", "1", "--no-progress", "--out", str(out)])
+    assert rc == 0
+    with (out / "results.csv").open() as f:
+        reader = csv.DictReader(f)
+        rows = list(reader)
+    assert reader.fieldnames == bench.ROW_COLUMNS
+    assert len(rows) == 7 * 2  # 5 methods + 2 peers, 2 prompts, 1 repeat
+    for r in rows:
+        assert float(r["tokens_per_s_wall"]) > 0 and r["target_logprob"] and r["agreement"]
+        if r["kind"] == "engine":
+            for col in ("tokens_per_s", "tokens_per_s_incl_prefill", "speedup_vs_ar", "speedup_vs_sd",
+                        "engine_overhead_share", "fwd_target", "predicted_tokens_per_s", "decode_s"):
+                assert r[col] != "", (r["variant"], col)
+    psd = next(r for r in rows if r["method"] == "psd_f")
+    assert psd["acceptance_qualifier"] and psd["acceptance_target"] and psd["fwd_draft"] and psd["fwd_qualifier"]
+    data = json.loads((out / "results.json").read_text())
+    assert {"runs", "summary", "meta", "speeds", "frontier", "recommended"} <= set(data)
+    assert len(data["runs"]) == 14 and [s["variant"] for s in data["summary"]][:2] == ["ar", "sd"]
+    assert set(bench.ROW_COLUMNS) <= set(data["runs"][0])
+    page = (out / "report.html").read_text()
+    assert "Plotly.newPlot" in page and 'src="https://cdn' not in page and page.count("plotly-graph-div") >= 3
+
+
+def test_lossless_methods_match_target_greedy(triplet) -> None:
+    args = _args("--methods", "ar,sd,psd_a", "--peers", "none", "--stage2", "sd", "--max-new-tokens", "12")
+    res = bench.run_bench(triplet, bench.build_variants(args), load_prompts("builtin", limit=2), progress=False)
+    rows = res["runs"]
+    for pi in (0, 1):
+        ar = next(r for r in rows if r["method"] == "ar" and r["prompt_index"] == pi)
+        for r in (r for r in rows if r["prompt_index"] == pi):
+            assert r["lossless"] and r["agreement"] == 1.0 and r["prefix_agreement"] == 1.0
+            assert r["target_logprob"] == pytest.approx(ar["target_logprob"], abs=1e-6)
+    assert any(r["accepted_target"] for r in rows if r["method"] in ("sd", "psd_a"))  # drafts were accepted
+
+
+def test_grid_variants_follow_the_paper_constraints() -> None:
+    vs = bench.build_variants(_args("--grid", "--methods", "ar,sd,fsd,psd_a,psd_f", "--peers", "none",
+                                    "--grid-l-d", "2,4", "--grid-l-q", "4,8"))
+    psd_f = [v for v in vs if v.method == "psd_f"]
+    assert psd_f and all(v.cfg.tau_q <= v.cfg.tau_t and v.cfg.l_d <= v.cfg.l_q for v in psd_f)
+    assert len(psd_f) == 10 * 4 and len([v for v in vs if v.method == "psd_a"]) == 4 * 4
+    assert [v.method for v in vs][:2] == ["ar", "sd"] and len({v.label for v in vs}) == len(vs)
+
+
+def test_pareto_frontier_on_hand_made_points() -> None:
+    pts = [(1.0, 1.0), (0.9, 2.0), (0.8, 1.5), (0.5, 3.0), (0.9, 2.0), (0.4, 2.5), (float("nan"), 9.0), (None, 1)]
+    assert report.pareto_frontier(pts) == [3, 1, 4, 0]
+    assert report.pareto_frontier([]) == []
+    summary = [dict(variant="ar", kind="engine", speedup_vs_ar=1.0, agreement=1.0),
+               dict(variant="fast", kind="engine", speedup_vs_ar=2.2, agreement=0.93),
+               dict(variant="faster", kind="engine", speedup_vs_ar=3.0, agreement=0.6),
+               dict(variant="slow-bad", kind="engine", speedup_vs_ar=0.9, agreement=0.5),
+               dict(variant="peer", kind="peer", speedup_vs_ar=None, agreement=1.0)]
+    assert [p["variant"] for p in report.frontier(summary)] == ["faster", "fast", "ar"]
+    assert report.recommend(summary)["variant"] == "fast"
+
+
+def test_summary_medians_and_spread() -> None:
+    rows = [dict(variant="x", method="sd", kind="engine", lossless=True, tokens_per_s=v, accepted_target=a,
+                 proposed_target=4, target_passes=1, n_new_tokens=a + 1) for v, a in ((10.0, 1), (20.0, 2), (30.0, 3))]
+    s = report.summarize(rows)[0]
+    assert s["tokens_per_s"] == 20.0 and (s["tokens_per_s_q25"], s["tokens_per_s_q75"]) == (15.0, 25.0)
+    assert s["acceptance_target"] == pytest.approx(6 / 12) and s["mean_accepted_per_target_pass"] == 2.0
+    assert bench.token_agreement([1, 2, 9, 4], [1, 2, 3, 4, 5]) == 0.6
+    assert bench.prefix_agreement([1, 2, 9, 4], [1, 2, 3, 4, 5]) == 0.4
+
+
+def test_csqa_extraction_and_accuracy_on_fixture(triplet) -> None:
+    qs = csqa.load_questions(str(FIXTURES / "csqa_sample.jsonl"))
+    assert [q.answer for q in qs] == ["B", "C", "D"] and qs[1].choices[2] == "scissors"
+    prompt = csqa.format_prompt(qs[0])
+    assert prompt.count("Example ") == 5 and prompt.count("Therefore, the answer is") == 6  # 5 shots + instruction
+    assert prompt.rstrip().endswith("Answer:")
+    assert "B) tree" in prompt
+    outs = ["A bird nests in a tree. Therefore, the answer is B.", "the answer is (A) spoon",
+            "Sweaters keep you warm. So the answer is D"]
+    preds = [csqa.extract_answer(t) for t in outs]
+    assert preds == ["B", "A", "D"] and csqa.extract_answer("no idea") is None
+    assert csqa.accuracy(preds, [q.answer for q in qs]) == pytest.approx(2 / 3)
+    assert csqa.accuracy([None, "C", None], ["B", "C", "D"]) == pytest.approx(1 / 3)
+    # the harness carries answers through to per-row correctness and per-method accuracy
+    args = _args("--methods", "ar,psd_f", "--peers", "none", "--max-new-tokens", "6")
+    res = bench.run_bench(triplet, bench.build_variants(args), [Prompt(q.stem, "csqa") for q in qs],
+                          answers=[q.answer for q in qs], progress=False)
+    assert all(r["csqa_answer"] in "BCD" and r["csqa_correct"] in (0, 1) for r in res["runs"])
+    assert all(0.0 <= s["csqa_accuracy"] <= 1.0 for s in report.summarize(res["runs"]))
+
+
+def test_csqa_without_file_fails_clearly_offline(monkeypatch) -> None:
+    import builtins
+    real_import = builtins.__import__
+
+    def no_datasets(name, *a, **kw):
+        if name == "datasets":
+            raise ImportError("no datasets")
+        return real_import(name, *a, **kw)
+
+    monkeypatch.setattr(builtins, "__import__", no_datasets)
+    with pytest.raises(ValueError, match="--dataset-file"):
+        csqa.load_questions(None)
+
+
+def test_bad_options_are_clear_errors(capsys) -> None:
+    assert cli_main(["bench", "--models", "tiny-random", "--methods", "ar,warp", "--no-progress"]) == 2
+    assert "unknown method" in capsys.readouterr().err
