@@ -1,0 +1,45 @@
+"""Bad arguments raise a clear error naming the problem, before any model runs."""
+import pytest
+
+from pyramid_demo.config import DecodeConfig
+from pyramid_demo.run import prepare_prompt
+from pyramid_demo.tiny import tiny_random_triplet
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"method": "beam"}, "unknown method 'beam'"),
+    ({"divergence": "hellinger"}, "unknown divergence 'hellinger'"),
+    ({"fallback": "maybe"}, "unknown fallback"),
+    ({"gamma": -1}, "gamma must be an integer from 1 to 64"),
+    ({"l_d": 0}, "l_d must be an integer from 1 to 64"),
+    ({"l_q": 1000}, "l_q must be an integer from 1 to 64"),
+    ({"l_d": 8, "l_q": 4}, "l_d (8) must not exceed l_q (4)"),
+    ({"tau_q": -0.1}, "tau_q must be a number ≥ 0"),
+    ({"tau_t": float("nan")}, "tau_t must be a number ≥ 0"),
+    ({"max_new_tokens": 0}, "max_new_tokens must be a positive integer"),
+    ({"max_new_tokens": -5}, "max_new_tokens must be a positive integer"),
+    ({"temperature": -1.0}, "temperature must be between 0 and 10"),
+    ({"top_p": 0.0}, "top_p must be in (0, 1]"),
+])
+def test_bad_settings_name_the_problem(kwargs, message):
+    with pytest.raises(ValueError) as e:
+        DecodeConfig(**kwargs)
+    assert message in str(e.value)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return tiny_random_triplet()
+
+
+@pytest.mark.parametrize("prompt,message", [("", "the prompt is empty"), ("   \n", "the prompt is empty"),
+                                            ("x" * 30_000, "the limit is 20,000")])
+def test_bad_prompts_name_the_problem(tiny, prompt, message):
+    with pytest.raises(ValueError, match=message):
+        prepare_prompt(tiny, prompt, DecodeConfig())
+
+
+def test_prompt_beyond_context_names_the_sizes(tiny):
+    """A prompt that leaves no room for the new tokens says how long it is and what the context is."""
+    with pytest.raises(ValueError, match=r"the prompt is \d+ tokens.*context of 1024 tokens"):
+        prepare_prompt(tiny, "y" * 1000, DecodeConfig(max_new_tokens=64))
