@@ -37,7 +37,8 @@ def _free_port() -> int:
 def server(tmp_path: Path):
     port = _free_port()
     env = {**os.environ, "GRADIO_SERVER_PORT": str(port), "GRADIO_SERVER_NAME": "127.0.0.1",
-           "PYRAMID_DEMO_PRESET": "tiny-random", "GRADIO_ANALYTICS_ENABLED": "False"}
+           "PYRAMID_DEMO_PRESET": "tiny-random", "GRADIO_ANALYTICS_ENABLED": "False",
+           "OMP_NUM_THREADS": "1"}  # tiny models: one thread avoids oversubscribing a shared CPU
     log = (tmp_path / "server.log").open("w")
     proc = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/"

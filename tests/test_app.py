@@ -1,0 +1,197 @@
+"""The app's handlers called directly on tiny-random: no browser, no server, a few seconds."""
+from __future__ import annotations
+
+import csv
+import json
+import sys
+import warnings
+
+import plotly.graph_objects as go
+import pytest
+import torch
+
+from pyramid_demo import app_handlers as h
+from pyramid_demo import app_inspect, charts, render
+from pyramid_demo.app_text import DEFAULT, MSG, RACE_METHODS
+from pyramid_demo.trace import StageRound, TokenRec
+
+FAST = dict(max_new_tokens=8.0, temperature=0.0, seed=0.0, gamma=3.0, l_d=2.0, l_q=4.0, tau_q=0.4, tau_t=0.5,
+            divergence="js", fallback="none", stage2="fuzzy")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models run ~20× faster on one thread when the CPU is shared (no thread oversubscription)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def race(session: dict | None, prompt: str = "hello", preset: str = "tiny-random", ids=("", "", ""), **over) -> list:
+    s = {**FAST, **over}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # gr.Warning outside a request is a plain UserWarning
+        return list(h.run_race(preset, *ids, prompt, *(s[k] for k in h.SETTING_NAMES), session))
+
+
+@pytest.fixture(scope="module")
+def done() -> tuple[dict, list]:
+    session = h.new_session()
+    return session, race(session)
+
+
+def test_race_streams_coloured_tokens_and_a_chart(done) -> None:
+    session, outs = done
+    status, lanes, fig, table, earlier, state = outs[-1]
+    assert "finished" in status and state is session
+    assert len(outs) >= 3  # loading message, then live snapshots
+    for m in RACE_METHODS:
+        assert f"lane-{m}" in lanes
+    assert 'class="tok o-draft' in lanes or 'class="tok o-qualifier' in lanes
+    assert "background:" in lanes  # coloured chips
+    assert isinstance(fig, go.Figure) and len(fig.data) == len(RACE_METHODS)
+    assert "tok/s" in fig.data[-1].name
+    assert [row[1] for row in table] == list(RACE_METHODS)
+    res = session["races"][0]["results"]
+    assert all(res[m].stats.stopped == "max_new_tokens" for m in RACE_METHODS)
+    # intermediate snapshots carry a live figure too
+    assert any(isinstance(o[2], go.Figure) and "running" in " ".join(t.name for t in o[2].data) for o in outs[1:-1])
+
+
+def test_greedy_lossless_methods_match_ar(done) -> None:
+    session, _ = done
+    res = session["races"][0]["results"]
+    assert res["sd"].token_ids == res["ar"].token_ids
+
+
+def _round(divs: list[float], n_acc: int, rule: str = "fuzzy", tau: float = 0.5) -> StageRound:
+    statuses = ["accepted"] * n_acc + ["rejected"] + ["discarded"] * len(divs)
+    toks = [TokenRec(i, "draft", statuses[i], div=d, tau=tau) for i, d in enumerate(divs)]
+    toks.append(TokenRec(99, "target", "resampled" if n_acc < len(divs) else "bonus"))
+    return StageRound("target", "draft", "target", rule, toks, n_acc)
+
+
+def test_reevaluate_is_the_leading_run_under_tau() -> None:
+    rnd = _round([0.1, 0.3, 0.6, 0.2], 2)
+    assert app_inspect.reevaluate(rnd, 0.5) == 2
+    assert app_inspect.reevaluate(rnd, 0.05) == 0
+    assert app_inspect.reevaluate(rnd, 0.2) == 1
+    assert app_inspect.reevaluate(rnd, 0.7) == 4
+    assert app_inspect.whatif_statuses(rnd, 0.2) == ["accepted", "rejected", "discarded", "discarded"]
+    exact = _round([0.1, 0.9], 1, rule="greedy", tau=None)
+    assert app_inspect.reevaluate(exact, 0.0) == 1  # τ does not apply to the exact rule
+    fb = _round([0.8, 0.1], 2, rule="fuzzy+sd")  # token 0 passed by the SD fallback
+    assert app_inspect.reevaluate(fb, 0.5) == 2
+
+
+def test_tau_change_reevaluates_a_recorded_round(done) -> None:
+    session, _ = done
+    n = session["races"][0]["n"]
+    r = session["races"][0]["results"]["psd_f"]
+    rnd = r.steps[0].target_round
+    assert rnd is not None
+    chips, div_fig, top5_fig, md = h.inspect_round(session, n, "psd_f", 1, 0.4, 0.5, 1)
+    assert "st-" in chips and isinstance(div_fig, go.Figure) and isinstance(top5_fig, go.Figure)
+    assert f"recorded **{rnd.n_accepted} of" in md
+    chips0, fig0, _, md0 = h.inspect_round(session, n, "psd_f", 1, 0.0, 0.0, 1)
+    assert "would accept **0**" in md0  # nothing passes Div ≤ 0 (tiny models never agree exactly)
+    red = render.STATUS_COLOURS["rejected"][1]
+    assert red in list(fig0.data[-1].marker.color)  # the first target-round bar turns red
+    top = max(t.div or 0 for t in rnd.tokens[:-1]) + 1
+    _, _, _, md_hi = h.inspect_round(session, n, "psd_f", 1, top, top, 1)
+    assert f"would accept **{len(rnd.tokens) - 1}**" in md_hi
+    chips_ar, _, _, _ = h.inspect_round(session, n, "ar", 1, 0.4, 0.5, 1)
+    assert "no drafts" in chips_ar
+
+
+def test_top5_decodes_every_role(done) -> None:
+    session, _ = done
+    race0 = session["races"][0]
+    step = race0["results"]["psd_f"].steps[0]
+    dists = app_inspect.position_top5(step, 0)
+    assert set(dists) >= {"qualifier", "target"}
+    assert all(int(i) in race0["vocab"] for pairs in dists.values() for i, _ in pairs)
+
+
+def test_pick_race_fills_inspector_and_statistics(done) -> None:
+    session, _ = done
+    out = h.pick_race(session)
+    assert out[1]["value"] == "psd_f"
+    assert all(isinstance(f, go.Figure) for f in out[6:9])
+    assert "forwards/s" in out[9]
+
+
+@pytest.mark.parametrize("over,prompt,needle", [
+    ({}, "   ", "empty"),
+    ({"l_d": 9.0, "l_q": 4.0}, "hi", "must not exceed"),
+    ({"temperature": -1.0}, "hi", "temperature"),
+    ({}, "x" * 2000, "context"),
+])
+def test_bad_inputs_give_messages(over: dict, prompt: str, needle: str) -> None:
+    session = h.new_session()
+    outs = race(session, prompt, **over)
+    assert len(outs) >= 1 and needle in outs[-1][0] and outs[-1][0].startswith("⚠️")
+    assert session["races"] == []
+
+
+def test_custom_family_errors_are_messages() -> None:
+    outs = race(h.new_session(), preset="custom", ids=("a", "", ""))
+    assert MSG["custom_missing"] in outs[-1][0]
+    outs = race(h.new_session(), preset="custom", ids=("/nonexistent/d", "/nonexistent/q", "/nonexistent/t"))
+    assert "Could not load" in outs[-1][0]
+
+
+def test_stop_keeps_partial_results_and_next_run_works() -> None:
+    session = h.new_session()
+    gen = h.run_race("tiny-random", "", "", "", "hello", *(FAST[k] for k in h.SETTING_NAMES), session)
+    for _ in range(3):
+        next(gen)
+    gen.close()  # what Gradio's cancel does to the generator
+    status, lanes, *_ = h.stop_race(session)
+    assert "stopped" in status and "tok " in lanes
+    partial = session["races"][0]["results"]
+    assert session["races"][0]["stopped"] and 0 < len(partial) < len(RACE_METHODS)
+    outs = race(session)
+    assert "finished" in outs[-1][0] and len(session["races"]) == 2
+    assert "Race 1" in outs[-1][4]  # the earlier, stopped race stays visible
+    assert [row[0] for row in outs[-1][3]].count(1) == len(partial)  # its rows stay in the table
+
+
+def test_export_writes_json_and_csv(done) -> None:
+    session, _ = done
+    jpath, cpath = h.export_files(session)
+    trace = json.loads(open(jpath, encoding="utf-8").read())
+    assert trace[0]["results"]["psd_f"]["steps"]
+    rows = list(csv.reader(open(cpath, encoding="utf-8")))
+    assert rows[0][:3] == ["race", "preset", "prompt"] and len(rows) == 1 + len(RACE_METHODS)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert h.export_files(h.new_session()) == (None, None)
+
+
+def test_clear_and_presets() -> None:
+    out = h.clear_results({"races": [], "next": 3})
+    assert out[0] == MSG["cleared"] and out[-1]["races"] == []
+    text, vis = h.preset_info("custom")
+    assert vis["visible"] is True
+    text, vis = h.preset_info("smollm2-offline")
+    assert "GB" in text and vis["visible"] is False
+    assert h.make_config(**{k: FAST[k] for k in h.SETTING_NAMES}).l_q == 4
+    assert h.DEFAULT_SETTINGS["gamma"] == DEFAULT.gamma
+
+
+def test_app_builds_without_loading_models(monkeypatch) -> None:
+    import pyramid_demo.loading as loading
+
+    def boom(*a, **k):
+        raise AssertionError("models must load lazily, on the first race")
+
+    monkeypatch.setattr(loading, "load_triplet", boom)
+    monkeypatch.setitem(sys.modules, "spaces", None)  # no `spaces`: the GPU decorator is a no-op
+    sys.modules.pop("app", None)
+    import app
+
+    assert app._gpu(len) is len
+    assert app.demo is not None
+    assert charts.race_figure({}).layout.annotations  # the empty chart says what will appear
