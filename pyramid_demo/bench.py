@@ -14,7 +14,7 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable
 
 import torch
 
@@ -247,6 +247,7 @@ def run_bench(triplet: ModelTriplet, variants: list[Variant], prompts: list[Prom
     for r in range(repeats):
         for pi, p, ids in prepared:
             group: list[tuple[dict, list[int]]] = []
+            scored: dict[tuple[int, ...], float | None] = {}
             for v in variants:
                 bar.set_postfix_str(f"prompt {pi} {v.label}")
                 cfg = v.cfg if v.cfg.greedy else dataclasses.replace(v.cfg, seed=v.cfg.seed + r)
@@ -254,7 +255,10 @@ def run_bench(triplet: ModelTriplet, variants: list[Variant], prompts: list[Prom
                 row = _base_row(v, r, pi, p, ids)
                 row.update(measured)
                 row["text"] = triplet.tokenizer.decode(toks, skip_special_tokens=True)
-                row["target_logprob"] = peers.target_logprob(triplet, ids, toks)
+                key = tuple(toks)  # identical outputs (lossless methods at T=0) share one scoring pass
+                if key not in scored:
+                    scored[key] = peers.target_logprob(triplet, ids, toks)
+                row["target_logprob"] = scored[key]
                 if answers:
                     row.update(csqa_answer=answers[pi], csqa_pred=csqa.extract_answer(row["text"]))
                     row["csqa_correct"] = int(row["csqa_pred"] == answers[pi])
@@ -367,8 +371,3 @@ def run(args: argparse.Namespace) -> int:
     print("\nwrote " + ", ".join(str(p) for p in paths), file=sys.stderr)
     return 0
 
-
-def iter_columns(rows: Iterable[dict]) -> list[str]:
-    """Columns present in rows, canonical ones first (for tests and ad-hoc tables)."""
-    extra = sorted({k for r in rows for k in r} - set(ROW_COLUMNS))
-    return ROW_COLUMNS + extra

@@ -112,6 +112,31 @@ def recommend(summary: list[dict], min_agreement: float = 0.9) -> dict | None:
     return max(pts, key=lambda p: p["speed"]) if pts else None
 
 
+def check_targets(summary: list[dict], min_agreement: float = 0.9) -> list[dict]:
+    """The issue's speed goals, each with the measured value and whether it is met.
+    Peer comparisons use wall time incl. prefill on both sides, per prompt, then the median."""
+    by = {s["variant"]: s for s in summary}
+    out = []
+
+    def add(name: str, value: float | None, goal: float, at_most: bool = False) -> None:
+        met = None if value is None else (value <= goal if at_most else value >= goal)
+        out.append(dict(target=name, value=value, goal=goal, at_most=at_most, met=met))
+
+    inv = lambda x: 1 / x if x else None  # noqa: E731
+    if "hf_generate" in by and "ar" in by:
+        add("our AR ÷ HF generate() (wall tok/s)", inv(by["hf_generate"]["speedup_vs_ar_wall"]), 1.0)
+    if "hf_assisted" in by and "sd" in by:
+        add("our SD ÷ HF assisted (wall tok/s)", inv(by["hf_assisted"]["speedup_vs_sd_wall"]), 1.0)
+    good = [s for s in summary if s["method"] == "psd_f" and (s.get("agreement") or 0) >= min_agreement]
+    if any(s["method"] == "psd_f" for s in summary):
+        add(f"best PSD_F × SD at agreement ≥ {min_agreement}", max((s["speedup_vs_sd"] or 0 for s in good), default=None), 1.5)
+        add(f"best PSD_F × AR at agreement ≥ {min_agreement}", max((s["speedup_vs_ar"] or 0 for s in good), default=None), 2.0)
+    shares = [s["engine_overhead_share"] for s in summary if s.get("engine_overhead_share") is not None]
+    if shares:
+        add("engine time outside forwards ÷ decode time (worst method's median)", max(shares), 0.10, at_most=True)
+    return out
+
+
 # ---------------------------------------------------------------- tables
 def _f(x, nd: int = 2) -> str:
     if x is None or _nan(x):
@@ -120,7 +145,7 @@ def _f(x, nd: int = 2) -> str:
 
 
 TABLE = [("variant", "variant", 0), ("tok/s (IQR)", None, 1), ("tok/s incl. prefill", "tokens_per_s_incl_prefill", 1),
-         ("× AR", "speedup_vs_ar", 2), ("× SD", "speedup_vs_sd", 2), ("× AR wall", "speedup_vs_ar_wall", 2),
+         ("× AR", "speedup_vs_ar", 2), ("× SD", "speedup_vs_sd", 2), ("× AR wall", "speedup_vs_ar_wall", 2), ("× SD wall", "speedup_vs_sd_wall", 2),
          ("acc. Q", "acceptance_qualifier", 2), ("acc. T", "acceptance_target", 2),
          ("accepted/pass", "mean_accepted_per_target_pass", 2), ("fwd D/Q/T", None, 0),
          ("overhead", "engine_overhead_share", 3), ("agreement", "agreement", 3), ("logprob", "target_logprob", 3),
@@ -149,6 +174,15 @@ def markdown_table(summary: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def targets_table(targets: list[dict]) -> str:
+    lines = ["| target | measured | goal | met |", "|---|---|---|---|"]
+    for t in targets:
+        met = "–" if t["met"] is None else ("yes" if t["met"] else "no")
+        goal = ("≤ " if t.get("at_most") else "≥ ") + f"{t['goal']:g}"
+        lines.append(f"| {t['target']} | {_f(t['value'], 3)} | {goal} | {met} |")
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------- outputs
 def write_outputs(result: dict, out_dir: str | Path, columns: list[str]) -> list[Path]:
     """results.csv, results.json and report.html in `out_dir`; adds summary/frontier/markdown to result."""
@@ -156,8 +190,9 @@ def write_outputs(result: dict, out_dir: str | Path, columns: list[str]) -> list
     out.mkdir(parents=True, exist_ok=True)
     rows = result["runs"]
     summary = summarize(rows)
-    result.update(summary=summary, frontier=frontier(summary), recommended=recommend(summary),
-                  markdown=markdown_table(summary))
+    targets = check_targets(summary)
+    result.update(summary=summary, frontier=frontier(summary), recommended=recommend(summary), targets=targets,
+                  markdown=markdown_table(summary) + "\n\n" + targets_table(targets))
     csv_path, json_path, html_path = out / "results.csv", out / "results.json", out / "report.html"
     with csv_path.open("w", newline="", encoding="utf-8") as f:
         w = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
@@ -234,7 +269,7 @@ def render_html(result: dict) -> str:
     parts = [f.to_html(full_html=False, include_plotlyjs=(i == 0), default_height=460) for i, f in enumerate(figs)]
     meta = result.get("meta", {})
     rec = result.get("recommended")
-    table = _html_table(result["summary"])
+    table = _html_table(markdown_table(result["summary"]))
     speeds = ", ".join(f"V_{k[0].upper()} {v:.1f} tok/s" for k, v in result.get("speeds", {}).items())
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>PyramidSD bench</title>
 <style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1300px}}table{{border-collapse:collapse;font-size:13px}}
@@ -248,6 +283,7 @@ td,th{{border:1px solid #ccc;padding:3px 6px;text-align:right}}td:first-child{{t
 <p><b>Single-model speeds</b> (for the throughput model): {html.escape(speeds)}.
 <b>Recommended setting</b> (fastest frontier point with agreement ≥ 0.9): {html.escape(str(rec["variant"]) if rec else "none")}.</p>
 {table}
+<h3>Speed targets</h3>{_html_table(targets_table(result.get("targets", [])), note=False)}
 <p>Engine tok/s exclude prefill; peers (Hugging Face <code>generate()</code>) are timed as the wall time of the call,
 prefill included — compare them with the "wall" columns. Speed-ups are computed per prompt, then the median is shown.
 Acceptance and accepted tokens per target pass are pooled over runs (bonus token not counted). Agreement: position-wise
@@ -257,10 +293,11 @@ produced text (one teacher-forced pass).</p>
 </body></html>"""
 
 
-def _html_table(summary: list[dict]) -> str:
-    md = markdown_table(summary).split("\n")
+def _html_table(markdown: str, note: bool = True) -> str:
+    md = markdown.split("\n")
     head = [c.strip() for c in md[0].strip("|").split("|")]
     body = [[c.strip() for c in line.strip("|").split("|")] for line in md[2:] if line.startswith("|")]
     th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
     trs = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in body)
-    return f"<table><tr>{th}</tr>{trs}</table><p><small>{html.escape(md[-1].strip())}</small></p>"
+    foot = f"<p><small>{html.escape(md[-1].strip())}</small></p>" if note else ""
+    return f"<table><tr>{th}</tr>{trs}</table>{foot}"
