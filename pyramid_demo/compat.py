@@ -1,0 +1,129 @@
+"""Tokenizer compatibility checks for a draft / qualifier / target family.
+
+Speculative decoding passes token ids from one model to the next and compares their
+distributions position by position, so the three models must share one tokenizer:
+the same ids for the same text, the same special tokens, and logits at least as wide
+as the tokenizer (rows beyond it are padding that the engine slices away). Mixing a
+base with an instruct checkpoint is caught by their differing end-of-sequence ids.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from .loading import LoadError
+
+# Mixed scripts, digits, code, whitespace runs and an emoji: different tokenizers
+# almost never agree on all of it, while one family's tokenizers always do.
+PROBE_TEXT = (
+    "Speculative decoding, 3 models: draft→qualifier→target.\n"
+    "  def f(x):\n\treturn x**2 + 1_000  # naïve café, Ünïcödé, 東京, Привет, 🚀!\n"
+    "Why is the sky blue? Rayleigh scattering (λ⁻⁴)."
+)
+SPECIALS = ("eos", "bos", "pad")
+
+
+class IncompatibleModels(LoadError):
+    """The three models cannot be run together: names the two models and what differs."""
+
+
+def logit_width(model: Any) -> int:
+    """Rows of the model's output layer (its logit vector length); a config also works."""
+    head = getattr(model, "get_output_embeddings", None)
+    if callable(head):
+        out = head()
+        weight = getattr(out, "weight", None)
+        if weight is not None and weight.ndim == 2:
+            return int(weight.shape[0])
+    config = getattr(model, "config", model)
+    size = getattr(config, "vocab_size", None)
+    if size is None and hasattr(config, "get_text_config"):
+        size = getattr(config.get_text_config(), "vocab_size", None)
+    if size is None:
+        raise IncompatibleModels(f"cannot tell the logit width of {type(model).__name__}")
+    return int(size)
+
+
+def _ids(tokenizer: Any, text: str) -> list[int]:
+    return [int(i) for i in tokenizer(text, add_special_tokens=False)["input_ids"]]
+
+
+def _special(tokenizer: Any, kind: str) -> tuple[str | None, int | None]:
+    return getattr(tokenizer, f"{kind}_token", None), getattr(tokenizer, f"{kind}_token_id", None)
+
+
+def _first_diff(a: list[int], b: list[int]) -> int:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
+
+
+def check_tokenizers(names: Sequence[str], tokenizers: Sequence[Any]) -> None:
+    """Raise `IncompatibleModels` unless every tokenizer matches the last one (the target's).
+
+    Checked: tokenizer length, ids of a probe text, and the eos/bos/pad tokens. A pad
+    token set on one side only is tolerated (single-sequence decoding never pads)."""
+    if len(names) != len(tokenizers):
+        raise ValueError("names and tokenizers must have the same length")
+    ref_name, ref = names[-1], tokenizers[-1]
+    ref_ids = _ids(ref, PROBE_TEXT)
+    for name, tok in zip(names[:-1], tokenizers[:-1]):
+        if tok is ref:
+            continue
+        pair = f"'{name}' and '{ref_name}'"
+        eos, ref_eos = _special(tok, "eos"), _special(ref, "eos")
+        if eos[1] != ref_eos[1]:
+            raise IncompatibleModels(
+                f"{pair} cannot be used together: their end-of-sequence tokens differ "
+                f"({eos[0]!r} = id {eos[1]} vs {ref_eos[0]!r} = id {ref_eos[1]}). This usually "
+                "means a base checkpoint is mixed with an instruct (chat) one, or the models "
+                "come from different families; pick all three from the same family and kind "
+                "(e.g. all '-Instruct')."
+            )
+        for kind in ("bos", "pad"):
+            tv, rv = _special(tok, kind), _special(ref, kind)
+            if tv[1] == rv[1] or (kind == "pad" and None in (tv[1], rv[1])):
+                continue
+            raise IncompatibleModels(
+                f"{pair} cannot be used together: their {kind} tokens differ ({tv[0]!r} = id "
+                f"{tv[1]} vs {rv[0]!r} = id {rv[1]}). Speculative decoding needs one shared "
+                "tokenizer; pick three models from the same family."
+            )
+        if len(tok) != len(ref):
+            raise IncompatibleModels(
+                f"{pair} cannot be used together: their tokenizers have {len(tok)} and "
+                f"{len(ref)} tokens. Speculative decoding needs one shared tokenizer; pick "
+                "three models from the same family."
+            )
+        ids = _ids(tok, PROBE_TEXT)
+        if ids != ref_ids:
+            i = _first_diff(ids, ref_ids)
+            raise IncompatibleModels(
+                f"{pair} cannot be used together: their tokenizers split the same text into "
+                f"different ids (first difference at token {i}: {ids[i:i + 3]} vs "
+                f"{ref_ids[i:i + 3]}). Speculative decoding needs one shared tokenizer; pick "
+                "three models from the same family."
+            )
+
+
+def check_widths(names: Sequence[str], tokenizers: Sequence[Any], models: Sequence[Any]) -> None:
+    """Raise unless each model's logits cover its tokenizer (wider is padding, fine)."""
+    for name, tok, model in zip(names, tokenizers, models):
+        width, n = logit_width(model), len(tok)
+        if width < n:
+            raise IncompatibleModels(
+                f"'{name}' produces {width} logits per position but its tokenizer has {n} "
+                f"tokens, so some token ids have no score. The checkpoint and tokenizer do not "
+                "belong together; use the tokenizer shipped with that model."
+            )
+
+
+def check_compatible(names: Sequence[str], tokenizers: Sequence[Any], models: Sequence[Any]) -> None:
+    """Raise `IncompatibleModels` (a `LoadError`) unless the three models can share one
+    tokenizer. Order is draft, qualifier, target; each is compared with the target.
+    The shared vocabulary size is then `len(tokenizers[-1])`."""
+    if not len(names) == len(tokenizers) == len(models):
+        raise ValueError("names, tokenizers and models must have the same length")
+    check_tokenizers(names, tokenizers)
+    check_widths(names, tokenizers, models)

