@@ -13,6 +13,7 @@ import warnings
 from dataclasses import dataclass
 
 import torch
+from transformers.utils import logging as hf_logging
 
 from .config import DecodeConfig
 from .lm import CachedLM, ModelTriplet
@@ -66,13 +67,18 @@ def hf_generate(triplet: ModelTriplet, prompt_ids: list[int], cfg: DecodeConfig,
         kw["assistant_model"] = triplet.draft
     if not cfg.greedy:
         torch.manual_seed(cfg.seed)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        t0 = time.perf_counter()
-        out = target.generate(x, attention_mask=torch.ones_like(x), **kw)
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        wall = time.perf_counter() - t0
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # HF's own deprecation notes from inside assisted generation
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            t0 = time.perf_counter()
+            out = target.generate(x, attention_mask=torch.ones_like(x), **kw)
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+            wall = time.perf_counter() - t0
+    finally:
+        hf_logging.set_verbosity(verbosity)
     new = [int(t) for t in out[0, len(prompt_ids):]]
     eos = next((i for i, t in enumerate(new) if t in triplet.eos_ids), None)
     if eos is not None:

@@ -240,8 +240,9 @@ def _figures(result: dict) -> list:
         sc.add_scatter(x=[s[qk] for s in pts], y=[s[sk] for s in pts], mode="markers", name=m,
                        text=[s["variant"] for s in pts], marker=dict(size=10))
     fr = result["frontier"]
-    sc.add_scatter(x=[p["quality"] for p in fr], y=[p["speed"] for p in fr], mode="lines", name="Pareto frontier",
-                   line=dict(dash="dash", color="black"))
+    sc.add_scatter(x=[p["quality"] for p in fr], y=[p["speed"] for p in fr], mode="lines+markers", name="Pareto frontier",
+                   text=[p["variant"] for p in fr], line=dict(dash="dash", color="black"),
+                   marker=dict(symbol="circle-open", size=16, color="black"))
     sc.update_layout(title="Speed vs quality (engine methods; frontier dashed)",
                      xaxis_title="agreement with target greedy output" if qk == "agreement" else "target mean log-prob",
                      yaxis_title="median speed-up vs AR" if sk == "speedup_vs_ar" else "tokens/s")
@@ -251,7 +252,9 @@ def _figures(result: dict) -> list:
         pts = sorted([s for s in eng if s["method"] == m and s.get("tau_t") is not None], key=lambda s: s["tau_t"])
         groups: dict[str, list[dict]] = {}
         for s in pts:
-            groups.setdefault(f"{m} lD={s['l_d']} lQ={s['l_q']} tauQ={s['tau_q']}" if m != "fsd" else m, []).append(s)
+            name = {"fsd": "fsd", "psd_a": f"psd_a lD={s['l_d']} lQ={s['l_q']}"}.get(
+                m, f"psd_f lD={s['l_d']} lQ={s['l_q']} tauQ={s['tau_q']}")
+            groups.setdefault(name, []).append(s)
         for g, ss in groups.items():
             acc.add_scatter(x=[s["tau_t"] for s in ss], y=[s["acceptance_target"] for s in ss], mode="lines+markers",
                             name=f"{g}: target stage")
