@@ -137,6 +137,19 @@ def check_targets(summary: list[dict], min_agreement: float = 0.9) -> list[dict]
     return out
 
 
+def best_per_method(summary: list[dict], min_agreement: float = 0.9) -> dict[str, str]:
+    """Per engine method, the fastest variant with agreement ≥ min_agreement (else the most
+    faithful one): the candidate default for that method in the app."""
+    out = {}
+    qk, eng = quality_key(summary), [s for s in summary if s["kind"] == "engine" and s.get("speedup_vs_ar") is not None]
+    for m in dict.fromkeys(s["method"] for s in eng):
+        ss = [s for s in eng if s["method"] == m]
+        ok = [s for s in ss if qk != "agreement" or (s.get("agreement") or 0) >= min_agreement]
+        best = max(ok, key=lambda s: s["speedup_vs_ar"]) if ok else max(ss, key=lambda s: s.get(qk) or -1e9)
+        out[m] = best["variant"]
+    return out
+
+
 # ---------------------------------------------------------------- tables
 def _f(x, nd: int = 2) -> str:
     if x is None or _nan(x):
@@ -192,6 +205,7 @@ def write_outputs(result: dict, out_dir: str | Path, columns: list[str]) -> list
     summary = summarize(rows)
     targets = check_targets(summary)
     result.update(summary=summary, frontier=frontier(summary), recommended=recommend(summary), targets=targets,
+                  best_per_method=best_per_method(summary),
                   markdown=markdown_table(summary) + "\n\n" + targets_table(targets))
     csv_path, json_path, html_path = out / "results.csv", out / "results.json", out / "report.html"
     with csv_path.open("w", newline="", encoding="utf-8") as f:
@@ -247,23 +261,38 @@ def _figures(result: dict) -> list:
                      xaxis_title="agreement with target greedy output" if qk == "agreement" else "target mean log-prob",
                      yaxis_title="median speed-up vs AR" if sk == "speedup_vs_ar" else "tokens/s")
     figs.append(sc)
-    acc = go.Figure()
-    for m in ("fsd", "psd_a", "psd_f"):
-        pts = sorted([s for s in eng if s["method"] == m and s.get("tau_t") is not None], key=lambda s: s["tau_t"])
-        groups: dict[str, list[dict]] = {}
-        for s in pts:
-            name = {"fsd": "fsd", "psd_a": f"psd_a lD={s['l_d']} lQ={s['l_q']}"}.get(
-                m, f"psd_f lD={s['l_d']} lQ={s['l_q']} tauQ={s['tau_q']}")
-            groups.setdefault(name, []).append(s)
-        for g, ss in groups.items():
-            acc.add_scatter(x=[s["tau_t"] for s in ss], y=[s["acceptance_target"] for s in ss], mode="lines+markers",
-                            name=f"{g}: target stage")
-            if m == "psd_f":
-                acc.add_scatter(x=[s["tau_t"] for s in ss], y=[s["acceptance_qualifier"] for s in ss],
-                                mode="markers", name=f"{g}: qualifier stage", marker=dict(symbol="x"))
-    acc.update_layout(title="Acceptance vs τ_T (pooled over runs)", xaxis_title="τ_T", yaxis_title="acceptance")
-    figs.append(acc)
+    figs.append(_acceptance_figure(eng))
     return figs
+
+
+def _lines(fig, pts: list[dict], x: str, y: str, group, col: int, symbol: str = "circle") -> None:
+    groups: dict[str, list[dict]] = {}
+    for s in sorted(pts, key=lambda s: s[x]):
+        groups.setdefault(group(s), []).append(s)
+    for g, ss in groups.items():
+        fig.add_scatter(x=[s[x] for s in ss], y=[s[y] for s in ss], mode="lines+markers", name=g,
+                        marker=dict(symbol=symbol), row=1, col=col)
+
+
+def _acceptance_figure(eng: list[dict]):
+    """Left: target-stage acceptance vs τ_T; right: PSD_F's qualifier-stage acceptance vs τ_Q."""
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("target stage vs τ_T", "qualifier stage (PSD_F) vs τ_Q"))
+    ell = lambda s: f"lD={s['l_d']} lQ={s['l_q']}"  # noqa: E731
+    fuzzy = [s for s in eng if s.get("tau_t") is not None and s.get("acceptance_target") is not None]
+    _lines(fig, [s for s in fuzzy if s["method"] == "fsd"], "tau_t", "acceptance_target", lambda s: "fsd", 1)
+    _lines(fig, [s for s in fuzzy if s["method"] == "psd_a"], "tau_t", "acceptance_target",
+           lambda s: f"psd_a {ell(s)}", 1)
+    _lines(fig, [s for s in fuzzy if s["method"] == "psd_f"], "tau_t", "acceptance_target",
+           lambda s: f"psd_f {ell(s)} tauQ={s['tau_q']:g}", 1)
+    _lines(fig, [s for s in fuzzy if s["method"] == "psd_f" and s.get("acceptance_qualifier") is not None],
+           "tau_q", "acceptance_qualifier", lambda s: f"psd_f {ell(s)} tauT={s['tau_t']:g} (Q stage)", 2, "x")
+    fig.update_layout(title="Acceptance vs threshold (pooled over runs)")
+    fig.update_xaxes(title_text="τ_T", row=1, col=1)
+    fig.update_xaxes(title_text="τ_Q", row=1, col=2)
+    fig.update_yaxes(title_text="acceptance", row=1, col=1)
+    return fig
 
 
 def render_html(result: dict) -> str:
