@@ -320,12 +320,15 @@ def inspect_round(session: dict | None, race_n: Any, method: str | None, round_n
         n = len(rnd.tokens) - 1
         name = (f"Stage 1 · round {j + 1}: draft → qualifier" if rnd.stage == "qualifier"
                 else f"Stage 2: {rnd.proposer} → target")
-        parts.append(render.round_chips_html(rnd, vocab, f"{name} (rule: {rnd.rule})", None if tau is None else k))
         what = ("exact rule: τ does not apply" if tau is None
-                else f"at τ = {tau:g} it would accept **{k}**" + (" (same)" if k == rnd.n_accepted else ""))
-        lines.append(f"- {name}: recorded **{rnd.n_accepted} of {n}** accepted; {what}")
+                else f"at τ = {tau:g}: <b>{k}</b>" + (" (same)" if k == rnd.n_accepted else " ← changed"))
+        note = f"rule {rnd.rule} · recorded <b>{rnd.n_accepted} of {n}</b> accepted<br>{what}"
+        parts.append(render.round_chips_html(rnd, vocab, name, None if tau is None else k, note))
+        if rnd.stage == "target":
+            lines.append(f"The target kept **{rnd.n_accepted} of {n}** proposed tokens; "
+                         + ("τ does not apply (exact rule)." if tau is None else f"at τ_T = {tau:g} it would accept **{k}**."))
     if step.qualifier_rounds:
-        lines.append("- A different τ_Q would change the block itself; this re-checks the recorded round only.")
+        lines.append("A different τ_Q would change the block itself; the what-if re-checks each recorded round only.")
     pos = int(position or 1) - 1
     tokens = step.target_round.tokens
     pos = max(0, min(pos, len(tokens) - 1))
@@ -333,7 +336,7 @@ def inspect_round(session: dict | None, race_n: Any, method: str | None, round_n
     title = f"Top-5 next tokens at position {pos + 1}: {vocab.get(rec.token_id, rec.token_id)!r} ({rec.status})"
     chips = render.status_legend_html() + "".join(parts)
     return (chips, charts.divergence_figure(step, tau_q, tau_t, vocab),
-            charts.top5_figure(app_inspect.position_top5(step, pos), vocab, title), "\n".join(lines))
+            charts.top5_figure(app_inspect.position_top5(step, pos), vocab, title), "  \n".join(lines))
 
 
 DEFAULT_SETTINGS = {k: getattr(DEFAULT, k) for k in SETTING_NAMES}

@@ -59,7 +59,9 @@ def race_figure(results: dict[str, RunResult], running: str | None = None) -> go
                                  hovertemplate="%{y} tokens at %{x:.2f} s<extra>" + m.upper() + "</extra>"))
     if not results:
         return empty_figure("The race chart appears here: tokens generated vs time for each method.")
-    _layout(fig, "Tokens generated vs time (steeper is faster)", 380)
+    _layout(fig, "Tokens generated vs time (steeper is faster)", 440)
+    fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.22, x=0, xanchor="left"),
+                      margin=dict(b=120))
     fig.update_xaxes(title="seconds after the prompt (prefill excluded)", rangemode="tozero")
     fig.update_yaxes(title="tokens generated", rangemode="tozero")
     return fig
@@ -111,13 +113,15 @@ def top5_figure(dists: dict[str, list[list[float]]], texts: dict[int, str], titl
         return empty_figure("No distributions recorded at this position.")
     fig = make_subplots(rows=1, cols=len(dists), subplot_titles=list(dists), horizontal_spacing=0.12)
     for c, (role, pairs) in enumerate(dists.items(), start=1):
-        labels = [repr(texts.get(int(i), f"#{int(i)}")) for i, _ in pairs][::-1]
+        # the rank keeps labels unique (two ids can decode to the same text, e.g. partial UTF-8 bytes)
+        labels = [f"{k}. {texts.get(int(i), f'#{int(i)}')!r}" for k, (i, _) in enumerate(pairs, 1)][::-1]
         probs = [p for _, p in pairs][::-1]
         fig.add_trace(go.Bar(x=probs, y=labels, orientation="h", marker_color=ROLE_COLOURS.get(role),
                              text=[f"{p:.2f}" for p in probs], textposition="auto", showlegend=False,
                              hovertemplate="%{y}: %{x:.3f}<extra>" + role + "</extra>"), row=1, col=c)
         fig.update_xaxes(range=[0, 1], row=1, col=c)
-    return _layout(fig, title, 300)
+        fig.update_yaxes(type="category", row=1, col=c)
+    return _layout(fig, title, 320)
 
 
 def hist_figure(results: dict[str, RunResult]) -> go.Figure:
@@ -132,7 +136,9 @@ def hist_figure(results: dict[str, RunResult]) -> go.Figure:
                              marker_color=METHOD_COLOURS.get(m)))
     if not fig.data:
         return empty_figure("Accepted-length histograms appear after a race.")
-    _layout(fig, "Drafted tokens accepted per target pass", 340, barmode="group")
+    _layout(fig, "Drafted tokens accepted per target pass", 460, barmode="group")
+    fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.25, x=0, xanchor="left"),
+                      margin=dict(b=150))
     fig.update_xaxes(title="accepted drafted tokens (bonus not counted)", dtick=1)
     fig.update_yaxes(title="share of target passes", tickformat=".0%")
     return fig
@@ -147,15 +153,18 @@ def position_figure(results: dict[str, RunResult]) -> go.Figure:
             if not ys:
                 continue
             dash = "dot" if stage == "qualifier" else "solid"
+            pair = "draft→qualifier" if stage == "qualifier" else ("draft→target" if m in ("sd", "fsd")
+                                                                   else "qualifier→target")
             fig.add_trace(go.Scatter(x=list(range(1, len(ys) + 1)), y=ys, mode="lines+markers",
-                                     name=f"{m.upper()} · {'draft→qualifier' if stage == 'qualifier' else '→target'}",
+                                     name=f"{m.upper()} · {pair}",
                                      line=dict(color=METHOD_COLOURS.get(m), dash=dash, width=3)))
     if not fig.data:
         return empty_figure("Per-position acceptance appears after a race.")
-    _layout(fig, "Acceptance by position in the proposal", 360)
+    _layout(fig, "Acceptance by position in the proposal", 460)
     fig.update_xaxes(title="position in the proposal", dtick=1)
     fig.update_yaxes(title="P(accepted | reached)", range=[0, 1.05], tickformat=".0%")
-    fig.update_layout(legend=dict(orientation="v", x=1.02, xanchor="left", y=1))
+    fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.25, x=0, xanchor="left"),
+                      margin=dict(b=150))
     return fig
 
 
@@ -171,6 +180,7 @@ def throughput_figure(results: dict[str, RunResult]) -> go.Figure:
         go.Bar(x=names, y=[p or 0 for _, _, p in rows], name="predicted (paper's model)", marker_color="#bbbbbb",
                text=["n/a" if p is None else f"{p:.1f}" for _, _, p in rows], textposition="outside"),
     ])
-    _layout(fig, "Tokens per second: measured vs predicted", 360, barmode="group")
-    fig.update_yaxes(title="tokens / s")
+    _layout(fig, "Tokens per second: measured vs predicted", 380, barmode="group")
+    top = max([v for _, v, _ in rows] + [p or 0 for _, _, p in rows] + [1.0])
+    fig.update_yaxes(title="tokens / s", range=[0, top * 1.18])  # room for the value labels
     return fig

@@ -88,10 +88,11 @@ def lanes_html(lanes: list[str], title: str = "") -> str:
     return f'<div class="lanes">{head}{"".join(lanes)}</div>'
 
 
-def round_chips_html(rnd: StageRound, texts: dict[int, str], title: str, whatif: int | None = None) -> str:
+def round_chips_html(rnd: StageRound, texts: dict[int, str], title: str, whatif: int | None = None,
+                     note: str = "") -> str:
     """One verification round: proposed tokens with their recorded status, then the verifier's own token.
 
-    `whatif` (accepted count under another τ) adds a ✓/✗ mark under each proposed token.
+    `whatif` (accepted count under another τ) adds a ✓/✗ mark under each proposed token; `note` is trusted HTML.
     """
     chips = []
     for i, t in enumerate(rnd.tokens):
@@ -107,7 +108,9 @@ def round_chips_html(rnd: StageRound, texts: dict[int, str], title: str, whatif:
             mark = (f'<div style="font-size:.8rem;text-align:center;color:{"#009E73" if ok else "#D55E00"}">'
                     f'{"✓" if ok else "✗" if i == whatif else "·"}</div>')
         chips.append(f'<span style="display:inline-block;vertical-align:top;margin:2px">{c}{mark}</span>')
-    return (f'<div class="round" style="margin:6px 0"><div style="font-weight:600;color:#333">{html.escape(title)}</div>'
+    return (f'<div class="round" style="display:flex;align-items:flex-start;gap:12px;margin:4px 0;'
+            f'border-bottom:1px solid #eee;padding:4px 0"><div style="flex:0 0 300px;font-weight:600;color:#333">'
+            f'{html.escape(title)}<div style="font-weight:400;font-size:.9rem;color:#555">{note}</div></div>'
             f'<div style="{FONT}font-size:1.05rem">{"".join(chips)}</div></div>')
 
 

@@ -93,7 +93,7 @@ def test_tau_change_reevaluates_a_recorded_round(done) -> None:
     assert rnd is not None
     chips, div_fig, top5_fig, md = h.inspect_round(session, n, "psd_f", 1, 0.4, 0.5, 1)
     assert "st-" in chips and isinstance(div_fig, go.Figure) and isinstance(top5_fig, go.Figure)
-    assert f"recorded **{rnd.n_accepted} of" in md
+    assert f"kept **{rnd.n_accepted} of" in md
     chips0, fig0, _, md0 = h.inspect_round(session, n, "psd_f", 1, 0.0, 0.0, 1)
     assert "would accept **0**" in md0  # nothing passes Div ≤ 0 (tiny models never agree exactly)
     red = render.STATUS_COLOURS["rejected"][1]

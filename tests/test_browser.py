@@ -72,6 +72,7 @@ def test_race_in_browser(server: str, tmp_path: Path) -> None:
         box = page.locator("#max-new input[type=number]")
         box.fill("16")
         box.press("Enter")
+        page.get_by_text("Decoding settings").click()  # fold it again: the screenshots show the results
         page.locator("#run-btn").click()
         page.wait_for_selector("#lanes .lane-psd_f .tok.o-draft, #lanes .lane-psd_f .tok.o-qualifier",
                                timeout=180_000)
@@ -84,9 +85,13 @@ def test_race_in_browser(server: str, tmp_path: Path) -> None:
         page.wait_for_timeout(500)
         page.screenshot(path=str(tmp_path / "race.png"), full_page=True)
 
-        page.get_by_role("tab", name="🔍 Step inspector").click()
+        page.get_by_role("tab", name="Step inspector").click()
         page.wait_for_selector("#chips .st-accepted, #chips .st-rejected", timeout=30_000)
         assert page.locator("#div-plot .js-plotly-plot").count() == 1
         page.wait_for_timeout(500)
         page.screenshot(path=str(tmp_path / "inspector.png"), full_page=True)
+        for tab, name in (("Statistics", "stats.png"), ("How it works", "explain.png")):
+            page.get_by_role("tab", name=tab).click()
+            page.wait_for_timeout(800)
+            page.screenshot(path=str(tmp_path / name), full_page=True)
         browser.close()
