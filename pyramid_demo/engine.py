@@ -46,8 +46,15 @@ def propose(lm: LM, seq: list[int], n: int, cfg: DecodeConfig,
     for _ in range(n):
         z = lm.logits(seq + x, 1)  # [1, V]
         rows.append(z[0])
-        x.append(rules.sample(rules.warp(z, cfg.temperature, cfg.top_k, cfg.top_p)[0], gen))
+        x.append(_pick(z, cfg, gen))
     return x, torch.stack(rows)
+
+
+def _pick(z: torch.Tensor, cfg: DecodeConfig, gen: torch.Generator | None) -> int:
+    """Greedy argmax, or a sample from the warped distribution of logits z [1, V]."""
+    if gen is None:
+        return int(z[0].argmax())
+    return rules.sample(rules.warp(z, cfg.temperature, cfg.top_k, cfg.top_p)[0], gen)
 
 
 def verify(z_p: torch.Tensor, z_q: torch.Tensor, x: list[int], rule: str, tau: float | None,
@@ -59,27 +66,41 @@ def verify(z_p: torch.Tensor, z_q: torch.Tensor, x: list[int], rule: str, tau: f
     and the verifier's own next token (the last record in `round.tokens`).
     """
     n = len(x)
-    p_raw, q_raw = torch.softmax(z_p, -1), torch.softmax(z_q, -1)  # raw: divergences only
-    p_w = rules.warp(z_p, cfg.temperature, cfg.top_k, cfg.top_p)  # [n+1, V]
-    q_w = rules.warp(z_q, cfg.temperature, cfg.top_k, cfg.top_p)  # [n, V]
-    d = rules.divergence(p_raw[:n], q_raw, cfg.divergence)  # [n]
-    r = None if gen is None else torch.rand(n, generator=gen)
+    lp, lq = torch.log_softmax(z_p, -1), torch.log_softmax(z_q, -1)
+    p_raw, q_raw = lp.exp(), lq.exp()  # raw distributions: divergences and top-5 only
+    d = rules.divergence(p_raw[:n], q_raw, cfg.divergence, lp[:n], lq)  # [n]
+    if gen is None:  # greedy: the warped distributions are one-hot argmaxes
+        top = z_p.argmax(-1).tolist()
+        p_x = [float(top[i] == t) for i, t in enumerate(x)]
+        q_x = [float(a == t) for a, t in zip(z_q.argmax(-1).tolist(), x)]
+        sd = rules.sd_passes(z_p[:n], z_q, x, None) if rule == "sd" or cfg.fallback == "sd" else []
+    else:
+        p_w = rules.warp(z_p, cfg.temperature, cfg.top_k, cfg.top_p)  # [n+1, V]
+        q_w = rules.warp(z_q, cfg.temperature, cfg.top_k, cfg.top_p)  # [n, V]
+        p_x = [float(p_w[i, t]) for i, t in enumerate(x)]
+        q_x = [float(q_w[i, t]) for i, t in enumerate(x)]
+        r = torch.rand(n, generator=gen)
+        sd = rules.sd_passes(p_w[:n], q_w, x, r)
     if rule == "sd":
-        passes = rules.sd_passes(p_w[:n], q_w, x, r)
+        passes = sd
     else:
         passes = rules.fuzzy_passes(d, tau)
         if cfg.fallback == "sd":
-            passes = [a or b for a, b in zip(passes, rules.sd_passes(p_w[:n], q_w, x, r))]
+            passes = [a or b for a, b in zip(passes, sd)]
     k = rules.leading_run(passes)
-    q_next = q_w[k] if rule == "sd" and k < n else None  # residual only under the SD rule
-    nxt = rules.next_token(p_w[k], q_next, gen)
-    top_p, top_q = rules.topk_pairs(p_raw), rules.topk_pairs(q_raw)
+    if gen is None:
+        nxt, p_nxt = top[k], 1.0
+    else:
+        q_next = q_w[k] if rule == "sd" and k < n else None  # residual only under the SD rule
+        nxt = rules.next_token(p_w[k], q_next, gen)
+        p_nxt = float(p_w[k, nxt])
+    top_p, top_q, d = rules.topk_pairs(p_raw), rules.topk_pairs(q_raw), d.tolist()
     recs = [TokenRec(t, proposer, "accepted" if i < k else "rejected" if i == k else "discarded",
-                     div=round(float(d[i]), 6), tau=tau if rule != "sd" else None,
-                     p=round(float(p_w[i, t]), 6), q=round(float(q_w[i, t]), 6),
+                     div=round(d[i], 6), tau=tau if rule != "sd" else None,
+                     p=round(p_x[i], 6), q=round(q_x[i], 6),
                      top5={verifier: top_p[i], proposer: top_q[i]}) for i, t in enumerate(x)]
     recs.append(TokenRec(nxt, verifier, "resampled" if k < n else "bonus",
-                         p=round(float(p_w[k, nxt]), 6), top5={verifier: top_p[k]}))
+                         p=round(p_nxt, 6), top5={verifier: top_p[k]}))
     shown = rule if rule == "sd" or cfg.fallback == "none" else "fuzzy+sd"
     if gen is None and rule == "sd":
         shown = "greedy"
@@ -119,8 +140,7 @@ def pyramid_block(lms: dict[str, LM], seq: list[int], size: int, cfg: DecodeConf
 
 
 def target_only(lm: LM, seq: list[int], cfg: DecodeConfig, gen: torch.Generator | None) -> int:
-    z = lm.logits(seq, 1)  # [1, V]
-    return rules.sample(rules.warp(z, cfg.temperature, cfg.top_k, cfg.top_p)[0], gen)
+    return _pick(lm.logits(seq, 1), cfg, gen)
 
 
 def prefill(lms: dict[str, LM], prompt_ids: list[int]) -> float:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 EPS = 1e-12
+LOG_EPS = -27.6  # log(EPS)
 
 
 def warp(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
@@ -27,25 +28,27 @@ def warp(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float 
     return torch.softmax(z, -1)
 
 
-def divergence(p: torch.Tensor, q: torch.Tensor, kind: str = "js") -> torch.Tensor:
+def divergence(p: torch.Tensor, q: torch.Tensor, kind: str = "js",
+               log_p: torch.Tensor | None = None, log_q: torch.Tensor | None = None) -> torch.Tensor:
     """Div(p, q) per row [n] for p = verifier, q = proposer (raw distributions [n, V]).
 
     js is the FSD reference code's form ½KL(m‖p) + ½KL(m‖q) with m = (p+q)/2 (CHOICE: it is
-    not the textbook JSD); kl is KL(q‖p); tv is ½Σ|p−q|. Never NaN, never negative.
+    not the textbook JSD); kl is KL(q‖p); tv is ½Σ|p−q|. Pass log_p/log_q (log_softmax of the
+    logits) when you have them: it saves two logs. Never NaN, never negative.
     """
-    p = p.double().clamp_min(0)
-    q = q.double().clamp_min(0)
     if kind == "tv":
         d = 0.5 * (p - q).abs().sum(-1)
-    elif kind == "kl":
-        d = (q * (q.clamp_min(EPS).log() - p.clamp_min(EPS).log())).sum(-1)
-    elif kind == "js":
-        m = 0.5 * (p + q)
-        log_m = m.clamp_min(EPS).log()
-        d = 0.5 * (m * (log_m - p.clamp_min(EPS).log())).sum(-1) + 0.5 * (m * (log_m - q.clamp_min(EPS).log())).sum(-1)
+    elif kind in ("kl", "js"):
+        log_p = p.clamp_min(EPS).log() if log_p is None else log_p.clamp_min(LOG_EPS)
+        log_q = q.clamp_min(EPS).log() if log_q is None else log_q.clamp_min(LOG_EPS)
+        if kind == "kl":
+            d = (q * (log_q - log_p)).sum(-1)
+        else:
+            m = 0.5 * (p + q)
+            d = (m * (m.clamp_min(EPS).log() - 0.5 * (log_p + log_q))).sum(-1)
     else:
         raise ValueError(f"unknown divergence {kind!r}; choose js, kl or tv")
-    return d.clamp_min(0).float()
+    return d.clamp_min(0)
 
 
 def leading_run(passes: list[bool]) -> int:
@@ -59,10 +62,11 @@ def leading_run(passes: list[bool]) -> int:
 def sd_passes(p: torch.Tensor, q: torch.Tensor, x: list[int], r: torch.Tensor | None) -> list[bool]:
     """Per-token SD test. Greedy (r None): x̃_i == argmax p_i. Sampled: r_i < p_i(x̃_i)/q_i(x̃_i).
 
-    p, q: [n, V] warped; x: n proposed ids; r: [n] uniforms.
+    p, q: [n, V] warped (greedy: p may be raw logits, only its argmax is read); x: n proposed
+    ids; r: [n] uniforms.
     """
     if r is None:
-        return [int(p[i].argmax()) == t for i, t in enumerate(x)]
+        return [a == t for a, t in zip(p.argmax(-1).tolist(), x)]
     return [float(r[i]) * float(q[i, t]) < float(p[i, t]) for i, t in enumerate(x)]
 
 
