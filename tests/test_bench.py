@@ -115,6 +115,20 @@ def test_pareto_frontier_on_hand_made_points() -> None:
     assert report.recommend(summary)["variant"] == "fast"
 
 
+def test_speed_targets_from_a_summary() -> None:
+    summary = [dict(variant="ar", method="ar", kind="engine", engine_overhead_share=0.04),
+               dict(variant="sd", method="sd", kind="engine", engine_overhead_share=0.12),
+               dict(variant="p1", method="psd_f", kind="engine", agreement=0.95, speedup_vs_sd=1.6, speedup_vs_ar=1.8),
+               dict(variant="p2", method="psd_f", kind="engine", agreement=0.5, speedup_vs_sd=3.0, speedup_vs_ar=3.0),
+               dict(variant="hf_generate", method="hf_generate", kind="peer", speedup_vs_ar_wall=0.8),
+               dict(variant="hf_assisted", method="hf_assisted", kind="peer", speedup_vs_sd_wall=1.25)]
+    got = {t["target"].split(" (")[0].split(" at ")[0]: (round(t["value"], 3), t["met"])
+           for t in report.check_targets(summary)}
+    assert got == {"our AR ÷ HF generate()": (1.25, True), "our SD ÷ HF assisted": (0.8, False),
+                   "best PSD_F × SD": (1.6, True), "best PSD_F × AR": (1.8, False),
+                   "engine time outside forwards ÷ decode time": (0.12, False)}
+
+
 def test_summary_medians_and_spread() -> None:
     rows = [dict(variant="x", method="sd", kind="engine", lossless=True, tokens_per_s=v, accepted_target=a,
                  proposed_target=4, target_passes=1, n_new_tokens=a + 1) for v, a in ((10.0, 1), (20.0, 2), (30.0, 3))]
