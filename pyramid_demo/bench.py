@@ -334,6 +334,15 @@ def machine_info(triplet: ModelTriplet) -> dict:
                 time_utc=time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()))
 
 
+def _command_line(args: argparse.Namespace) -> str:
+    """The command as typed when run from the shell, else rebuilt from the parsed options."""
+    if sys.argv[1:2] == ["bench"]:
+        return "python -m pyramid_demo " + " ".join(sys.argv[1:])
+    opts = [f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k, v in vars(args).items()
+            if k != "command" and v not in (None, False)]
+    return "python -m pyramid_demo bench " + " ".join(opts)
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         from .loading import LoadError  # type: ignore[attr-defined]
@@ -361,7 +370,7 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     result = run_bench(triplet, variants, prompts, args.repeats, chat=not args.no_chat, answers=answers,
                        warmup_tokens=args.warmup_tokens, progress=not args.no_progress)
-    result["meta"] = dict(machine_info(triplet), command="python -m pyramid_demo bench " + " ".join(sys.argv[2:]),
+    result["meta"] = dict(machine_info(triplet), command=_command_line(args),
                           argv=sys.argv[1:], n_prompts=len(prompts), repeats=args.repeats, grid=args.grid,
                           dataset=args.dataset, total_s=round(time.perf_counter() - t0, 1),
                           variants=[dict(label=v.label, method=v.method, lossless=v.lossless, config=v.cfg.to_dict())
