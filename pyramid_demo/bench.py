@@ -244,33 +244,23 @@ def run_bench(triplet: ModelTriplet, variants: list[Variant], prompts: list[Prom
     speeds_one = _model_speeds(triplet, variants, prepared[0][2])
     rows: list[dict] = []
     refs: dict[int, list[int]] = {}
-    for r in range(repeats):
-        for pi, p, ids in prepared:
-            group: list[tuple[dict, list[int]]] = []
-            scored: dict[tuple[int, ...], float | None] = {}
-            for v in variants:
-                bar.set_postfix_str(f"prompt {pi} {v.label}")
-                cfg = v.cfg if v.cfg.greedy else dataclasses.replace(v.cfg, seed=v.cfg.seed + r)
-                measured, toks = run_variant(triplet, dataclasses.replace(v, cfg=cfg), ids, chat)
-                row = _base_row(v, r, pi, p, ids)
-                row.update(measured)
-                row["text"] = triplet.tokenizer.decode(toks, skip_special_tokens=True)
-                key = tuple(toks)  # identical outputs (lossless methods at T=0) share one scoring pass
-                if key not in scored:
-                    scored[key] = peers.target_logprob(triplet, ids, toks)
-                row["target_logprob"] = scored[key]
-                if answers:
-                    row.update(csqa_answer=answers[pi], csqa_pred=csqa.extract_answer(row["text"]))
-                    row["csqa_correct"] = int(row["csqa_pred"] == answers[pi])
-                group.append((row, toks))
-                bar.update()
-            if greedy and pi not in refs:
-                ar = next((t for row, t in group if row["method"] == "ar"), None)
-                if ar is None:  # no AR variant: one untimed target-only greedy reference
-                    ar = generate(triplet, ids, dataclasses.replace(variants[0].cfg, method="ar"), chat).token_ids
-                refs[pi] = ar
-            _per_prompt(group, refs.get(pi))
-            rows.extend(row for row, _ in group)
+    interrupted = False
+    try:
+        for r in range(repeats):
+            for pi, p, ids in prepared:
+                group = _run_prompt(triplet, variants, r, pi, p, ids, chat, answers, bar)
+                if greedy and pi not in refs:
+                    ar = next((t for row, t in group if row["method"] == "ar"), None)
+                    if ar is None:  # no AR variant: one untimed target-only greedy reference
+                        ar = generate(triplet, ids, dataclasses.replace(variants[0].cfg, method="ar"), chat).token_ids
+                    refs[pi] = ar
+                _per_prompt(group, refs.get(pi))
+                rows.extend(row for row, _ in group)
+    except KeyboardInterrupt:  # keep what is complete: whole prompts only, so comparisons stay paired
+        interrupted = True
+        log(f"interrupted: keeping the {len(rows)} runs of completed prompts")
+        if not rows:
+            raise
     bar.close()
     ar_speeds = [r["fwd_target"] / r["fwd_time_target_s"] for r in rows
                  if r["method"] == "ar" and r["fwd_time_target_s"]]
@@ -279,9 +269,33 @@ def run_bench(triplet: ModelTriplet, variants: list[Variant], prompts: list[Prom
         speeds["target"] = statistics.median(ar_speeds)
     for row in rows:
         row["predicted_tokens_per_s"] = _predicted(row, speeds)
-    return dict(runs=rows, speeds=speeds, speeds_one_token=speeds_one,
+    return dict(runs=rows, interrupted=interrupted, speeds=speeds, speeds_one_token=speeds_one,
                 speed_sources={"target": "AR runs (forwards per second)" if ar_speeds else "one-token timing",
                                "draft": "one-token timing", "qualifier": "one-token timing"})
+
+
+def _run_prompt(triplet: ModelTriplet, variants: list[Variant], r: int, pi: int, p: Prompt, ids: list[int],
+                chat: bool, answers: list[str] | None, bar) -> list[tuple[dict, list[int]]]:
+    """Every variant once on one prompt, in order: rows (without per-prompt ratios) and tokens."""
+    group: list[tuple[dict, list[int]]] = []
+    scored: dict[tuple[int, ...], float | None] = {}
+    for v in variants:
+        bar.set_postfix_str(f"prompt {pi} {v.label}")
+        cfg = v.cfg if v.cfg.greedy else dataclasses.replace(v.cfg, seed=v.cfg.seed + r)
+        measured, toks = run_variant(triplet, dataclasses.replace(v, cfg=cfg), ids, chat)
+        row = _base_row(v, r, pi, p, ids)
+        row.update(measured)
+        row["text"] = triplet.tokenizer.decode(toks, skip_special_tokens=True)
+        key = tuple(toks)  # identical outputs (lossless methods at T=0) share one scoring pass
+        if key not in scored:
+            scored[key] = peers.target_logprob(triplet, ids, toks)
+        row["target_logprob"] = scored[key]
+        if answers:
+            row.update(csqa_answer=answers[pi], csqa_pred=csqa.extract_answer(row["text"]))
+            row["csqa_correct"] = int(row["csqa_pred"] == answers[pi])
+        group.append((row, toks))
+        bar.update()
+    return group
 
 
 def _per_prompt(group: list[tuple[dict, list[int]]], ref: list[int] | None) -> None:
