@@ -137,8 +137,7 @@ def build_demo() -> gr.Blocks:
                      [preset, draft_id, qual_id, target_id, prompt, *settings, session], race_out,
                      concurrency_id="models", concurrency_limit=1)
         race.then(h.pick_race, [session], pick_out).then(h.inspect_round, insp_in, insp_out)
-        stop_btn.click(h.stop_race, session, race_out, cancels=[race]).then(
-            h.pick_race, [session], pick_out).then(h.inspect_round, insp_in, insp_out)
+        stop_btn.click(h.stop_race, session, race_out, concurrency_id="stop", concurrency_limit=None)
         clear_btn.click(h.clear_results, session, race_out).then(
             h.pick_race, [session], pick_out).then(h.inspect_round, insp_in, insp_out)
         race_dd.input(h.pick_race, [session, race_dd], pick_out).then(h.inspect_round, insp_in, insp_out)

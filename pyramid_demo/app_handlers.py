@@ -2,7 +2,8 @@
 
 Per-user data lives in one `session` dict (a gr.State): {"races": [race, ...], "next": n}; a race is
 {"n", "preset", "models", "prompt", "config", "results": {method: RunResult}, "vocab": {id: text},
-"running": method | None, "stopped": bool}. It is mutated in place, so a Stop keeps partial results.
+"running": method | None, "stopped": bool}; "busy"/"stop" flag a running race and a Stop request. It is
+mutated in place (Gradio hands every event of a session the same object), so Stop keeps partial results.
 """
 from __future__ import annotations
 
@@ -151,15 +152,30 @@ def run_race(preset: str, draft: str, qualifier: str, target: str, prompt: str, 
              temperature: float, seed: float, gamma: float, l_d: float, l_q: float, tau_q: float, tau_t: float,
              divergence: str, fallback: str, stage2: str, session: dict | None,
              progress: gr.Progress = gr.Progress()) -> Iterator[tuple]:
-    """Run every method on the prompt, one after another, yielding (status, lanes, chart, table, earlier, session)."""
-    from .loading import LoadError, load_triplet
-    from .run import prepare_prompt, stream
+    """Run every method on the prompt, one after another, yielding (status, lanes, chart, table, earlier, session).
 
+    Stop is cooperative: `stop_race` sets session["stop"], seen after every target pass, so the race ends
+    cleanly with its partial results (cancelling the event instead would race a late snapshot).
+    """
     session = session if session is not None else new_session()
     settings = dict(zip(SETTING_NAMES, (max_new_tokens, temperature, seed, gamma, l_d, l_q, tau_q, tau_t,
                                         divergence, fallback, stage2)))
+    session["stop"], session["busy"] = False, True
     try:
-        spec = model_spec(preset, draft, qualifier, target)
+        yield from _race_steps(preset, (draft, qualifier, target), prompt, settings, session, progress)
+    finally:
+        session["busy"] = False
+        for old in session["races"]:
+            old["running"] = None
+
+
+def _race_steps(preset: str, ids: tuple[str, str, str], prompt: str, settings: dict, session: dict,
+          progress: gr.Progress) -> Iterator[tuple]:
+    from .loading import LoadError, load_triplet
+    from .run import prepare_prompt, stream
+
+    try:
+        spec = model_spec(preset, *ids)
         base = make_config(**settings)
     except (ValueError, TypeError) as e:
         yield _skip_outputs(_notify(MSG["bad_settings"].format(err=e)), session)
@@ -183,8 +199,6 @@ def run_race(preset: str, draft: str, qualifier: str, target: str, prompt: str, 
         log.exception("loading %s failed", spec)
         yield _skip_outputs(_notify(MSG["load_failed"].format(err=e)), session)
         return
-    for old in session["races"]:
-        old["running"] = None
     race = {"n": session["next"], "preset": preset, "models": list(triplet.names), "prompt": prompt,
             "config": base.to_dict(), "results": {}, "vocab": {}, "running": None, "stopped": False}
     session["next"] += 1
@@ -198,6 +212,8 @@ def run_race(preset: str, draft: str, qualifier: str, target: str, prompt: str, 
             for snap in stream(triplet, prompt, replace(base, method=m)):
                 race["results"][m] = snap
                 _learn_vocab(race, triplet.tokenizer, snap)
+                if session.get("stop"):
+                    break
                 if time.monotonic() - last >= UI_INTERVAL_S or snap.stats.stopped:
                     last = time.monotonic()
                     yield _race_outputs(session, status)
@@ -206,21 +222,24 @@ def run_race(preset: str, draft: str, qualifier: str, target: str, prompt: str, 
             race["running"] = None
             yield _race_outputs(session, _notify(MSG["run_failed"].format(err=e)))
             return
+        if session.get("stop"):
+            race["running"], race["stopped"] = None, True
+            yield _race_outputs(session, MSG["stopped"].format(n=race["n"]))
+            return
     race["running"] = None
     yield _race_outputs(session, MSG["done"].format(n=race["n"]))
 
 
 def stop_race(session: dict | None) -> tuple:
-    """After Stop cancelled the race: keep the partial results and say so."""
+    """Ask a running race to stop after its current target pass; its partial results stay."""
     session = session if session is not None else new_session()
+    if session.get("busy"):
+        session["stop"] = True
+        return _skip_outputs(MSG["stopping"], session)
     if not session["races"]:
         return _race_outputs(session, MSG["idle"])
     race = session["races"][-1]
-    was_running = race["running"] is not None
-    race["running"] = None
-    race["stopped"] = race["stopped"] or was_running
-    status = MSG["stopped" if race["stopped"] else "done"].format(n=race["n"])
-    return _race_outputs(session, status)
+    return _race_outputs(session, MSG["stopped" if race["stopped"] else "done"].format(n=race["n"]))
 
 
 def clear_results(session: dict | None) -> tuple:

@@ -86,6 +86,7 @@ MSG = {
     "running": "🏁 Race {n}: running {label} ({i}/{total})…",
     "done": "✅ Race {n} finished. Pick a method and a round in the Step inspector to see why tokens were kept.",
     "stopped": "⏹ Race {n} stopped. Partial results are kept; press Run race to start again.",
+    "stopping": "⏹ Stopping after the current target pass…",
     "custom_missing": "Custom models need all three ids (draft, qualifier, target) from one family.",
     "bad_settings": "Settings problem: {err}",
     "bad_prompt": "Prompt problem: {err}",

@@ -147,15 +147,28 @@ def test_stop_keeps_partial_results_and_next_run_works() -> None:
     gen = h.run_race("tiny-random", "", "", "", "hello", *(FAST[k] for k in h.SETTING_NAMES), session)
     for _ in range(3):
         next(gen)
-    gen.close()  # what Gradio's cancel does to the generator
-    status, lanes, *_ = h.stop_race(session)
-    assert "stopped" in status and "tok " in lanes
+    status, *_ = h.stop_race(session)  # the Stop button, while the race runs
+    assert status == MSG["stopping"]
+    outs = list(gen)  # the race sees the flag after its current target pass and ends cleanly
+    assert "stopped" in outs[-1][0] and "tok " in outs[-1][1]
     partial = session["races"][0]["results"]
     assert session["races"][0]["stopped"] and 0 < len(partial) < len(RACE_METHODS)
+    assert not session["busy"]
+    assert "stopped" in h.stop_race(session)[0]  # a second press just reports
     outs = race(session)
     assert "finished" in outs[-1][0] and len(session["races"]) == 2
     assert "Race 1" in outs[-1][4]  # the earlier, stopped race stays visible
     assert [row[0] for row in outs[-1][3]].count(1) == len(partial)  # its rows stay in the table
+
+
+def test_cancelled_generator_leaves_a_usable_session() -> None:
+    session = h.new_session()
+    gen = h.run_race("tiny-random", "", "", "", "hello", *(FAST[k] for k in h.SETTING_NAMES), session)
+    for _ in range(2):
+        next(gen)
+    gen.close()  # a closed page or a cancelled event
+    assert not session["busy"] and session["races"][0]["running"] is None
+    assert "finished" in race(session)[-1][0]
 
 
 def test_export_writes_json_and_csv(done) -> None:
