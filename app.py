@@ -32,7 +32,7 @@ def _gpu(fn: Callable) -> Callable:
         import spaces  # type: ignore[import-not-found]
     except ImportError:
         return fn
-    return spaces.GPU(duration=180)(fn)
+    return spaces.GPU(duration=120)(fn)
 
 
 def _slider(name: str, **kw) -> gr.Slider:
@@ -90,7 +90,8 @@ def build_demo() -> gr.Blocks:
                 lanes = gr.HTML(h.race_lanes(None), elem_id="lanes")
                 race_plot = gr.Plot(charts.race_figure({}), elem_id="race-plot", show_label=False)
                 table = gr.Dataframe(headers=RACE_COLUMNS, label="Race results (all races until cleared)",
-                                     interactive=False, wrap=True, elem_id="race-table")
+                                     interactive=False, wrap=True, elem_id="race-table",
+                                     column_widths=["5%", "7%", "7%", "7%", "7%", "6%", "6%", "22%", "10%", "8%", "15%"])
                 with gr.Accordion("Earlier races", open=False):
                     earlier = gr.HTML(h.earlier_lanes(h.new_session()))
             with gr.Tab("Step inspector"):
@@ -98,7 +99,7 @@ def build_demo() -> gr.Blocks:
                             "threshold would have accepted in the same recorded round (no model is called).")
                 with gr.Row():
                     race_dd = gr.Dropdown([], label="Race", scale=1)
-                    method_dd = gr.Dropdown([], label="Method", scale=2)
+                    method_dd = gr.Dropdown([], label="Method", scale=2, elem_id="method-dd")
                     round_sl = gr.Slider(1, 2, value=1, step=1, label="Target pass (round)", scale=3, interactive=False)
                 with gr.Row():
                     wq = _whatif("tau_q")

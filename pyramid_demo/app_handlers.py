@@ -106,7 +106,7 @@ def race_lanes(race: dict | None) -> str:
     lanes = [render.lane_html(m, res.get(m), _headline(m, res.get(m), race), race["running"] == m)
              for m in RACE_METHODS]
     return render.legend_html() + render.lanes_html(lanes, f"Race {race['n']} · {race['preset']} · "
-                                                           f"prompt: {race['prompt'][:80]}")
+                                                           f"prompt: {race['prompt'][:80]}", race.get("note", ""))
 
 
 def earlier_lanes(session: dict) -> str:
@@ -200,7 +200,8 @@ def _race_steps(preset: str, ids: tuple[str, str, str], prompt: str, settings: d
         yield _skip_outputs(_notify(MSG["load_failed"].format(err=e)), session)
         return
     race = {"n": session["next"], "preset": preset, "models": list(triplet.names), "prompt": prompt,
-            "config": base.to_dict(), "results": {}, "vocab": {}, "running": None, "stopped": False}
+            "config": base.to_dict(), "results": {}, "vocab": {}, "running": None, "stopped": False,
+            "note": getattr(triplet, "note", "")}
     session["next"] += 1
     session["races"].append(race)
     for i, m in enumerate(RACE_METHODS):
@@ -227,7 +228,7 @@ def _race_steps(preset: str, ids: tuple[str, str, str], prompt: str, settings: d
             yield _race_outputs(session, MSG["stopped"].format(n=race["n"]))
             return
     race["running"] = None
-    yield _race_outputs(session, MSG["done"].format(n=race["n"]))
+    yield _race_outputs(session, MSG["done"].format(n=race["n"]))  # the loader's note shows above the lanes
 
 
 def stop_race(session: dict | None) -> tuple:
@@ -339,8 +340,12 @@ def inspect_round(session: dict | None, race_n: Any, method: str | None, round_n
         n = len(rnd.tokens) - 1
         name = (f"Stage 1 · round {j + 1}: draft → qualifier" if rnd.stage == "qualifier"
                 else f"Stage 2: {rnd.proposer} → target")
-        what = ("exact rule: τ does not apply" if tau is None
-                else f"at τ = {tau:g}: <b>{k}</b>" + (" (same)" if k == rnd.n_accepted else " ← changed"))
+        if tau is None:  # exact rule; still show what a fuzzy test at the slider's τ would have kept
+            slider = tau_q if rnd.stage == "qualifier" else tau_t
+            fuzzy_k = app_inspect.reevaluate(replace(rnd, rule="fuzzy"), slider)
+            what = f"exact rule (τ unused) · a fuzzy test at τ = {slider:g} would keep <b>{fuzzy_k}</b>"
+        else:
+            what = f"at τ = {tau:g}: <b>{k}</b>" + (" (same)" if k == rnd.n_accepted else " ← changed")
         note = f"rule {rnd.rule} · recorded <b>{rnd.n_accepted} of {n}</b> accepted<br>{what}"
         parts.append(render.round_chips_html(rnd, vocab, name, None if tau is None else k, note))
         if rnd.stage == "target":

@@ -111,7 +111,7 @@ def race_rows(races: list[dict]) -> list[list]:
             rows.append([race["n"], m, s.n_new_tokens, round(s.decode_s, 2), round(s.tokens_per_s, 1),
                          None if x_ar is None else round(x_ar, 2), None if x_sd is None else round(x_sd, 2),
                          acc, round(s.tokens_per_target_pass, 2), None if same is None else f"{same:.0%}",
-                         s.stopped or "stopped by user"])
+                         s.stopped or ("running…" if race.get("running") == m else "stopped by user")])
     return rows
 
 

@@ -83,8 +83,11 @@ def lane_html(method: str, result: RunResult | None, headline: str, running: boo
             f'<div style="{FONT}font-size:1.05rem;line-height:1.9;color:#111">{body}{cursor}</div></div>')
 
 
-def lanes_html(lanes: list[str], title: str = "") -> str:
+def lanes_html(lanes: list[str], title: str = "", note: str = "") -> str:
     head = f'<div style="font-weight:600;margin:4px 0">{html.escape(title)}</div>' if title else ""
+    if note:  # e.g. the loader's "the draft and qualifier ARE the target" warning
+        head += (f'<div class="note" style="background:#fff6dd;border:1px solid #f0d58a;border-radius:6px;'
+                 f'padding:6px 10px;margin:4px 0;color:#5a4500">ℹ️ {html.escape(note)}</div>')
     return f'<div class="lanes">{head}{"".join(lanes)}</div>'
 
 

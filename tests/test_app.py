@@ -101,6 +101,8 @@ def test_tau_change_reevaluates_a_recorded_round(done) -> None:
     top = max(t.div or 0 for t in rnd.tokens[:-1]) + 1
     _, _, _, md_hi = h.inspect_round(session, n, "psd_f", 1, top, top, 1)
     assert f"would accept **{len(rnd.tokens) - 1}**" in md_hi
+    chips_sd, _, _, md_sd = h.inspect_round(session, n, "sd", 1, 0.4, 0.5, 1)
+    assert "τ does not apply" in md_sd and "a fuzzy test at τ = 0.5" in chips_sd  # SD: what FSD would keep
     chips_ar, _, _, _ = h.inspect_round(session, n, "ar", 1, 0.4, 0.5, 1)
     assert "no drafts" in chips_ar
 
