@@ -1,4 +1,5 @@
-"""Token chips as HTML: inline styles only, so they look the same in the page, in tests and in exports."""
+"""Token chips as HTML. Colours come from one <style> block sent with every legend, so each chip is a short
+classed <span> (a 256-token race streams five lanes several times a second)."""
 from __future__ import annotations
 
 import html
@@ -35,28 +36,37 @@ def token_text(text: str) -> str:
     return out
 
 
-def chip(text: str, colours: tuple[str, str], title: str, cls: str, strike: bool = False) -> str:
-    bg, line = colours
-    deco = "text-decoration:line-through;opacity:.65;" if strike else ""
-    return (f'<span class="tok {cls}" title="{html.escape(title)}" style="background:{bg};'
-            f'border-bottom:3px solid {line};border-radius:4px;padding:1px 2px;margin:0 1px;'
-            f'white-space:pre-wrap;{deco}">{token_text(text)}</span>')
+def _rule(cls: str, colours: tuple[str, str]) -> str:
+    return f".tok.{cls}{{background:{colours[0]};border-bottom-color:{colours[1]}}}"
+
+
+STYLE = ("<style>.tok{border-radius:4px;padding:1px 2px;margin:0 1px;white-space:pre-wrap;"
+         "border-bottom:3px solid #999}.tok.strike{text-decoration:line-through;opacity:.65}"
+         + "".join(_rule(f"o-{o}", c) for o, c in ORIGIN_COLOURS.items())
+         + "".join(_rule(f"st-{k}", c) for k, c in STATUS_COLOURS.items()) + "</style>")
+
+
+def chip(text: str, cls: str, title: str, strike: bool = False) -> str:
+    """One token; `cls` is o-<origin> or st-<status>."""
+    extra = " strike" if strike else ""
+    return f'<span class="tok {cls}{extra}" title="{html.escape(title)}">{token_text(text)}</span>'
 
 
 def legend_html() -> str:
-    """The origin colours, shown above the lanes."""
+    """The origin colours, shown above the lanes (carries the chip styles)."""
     items = "".join(
-        f'<span style="margin-right:14px">{chip(name, ORIGIN_COLOURS[o], ORIGIN_NAMES[o], "legend o-" + o)} '
-        f'{html.escape(ORIGIN_NAMES[o])}</span>' for o, name in
-        (("draft", "draft"), ("qualifier", "qualifier"), ("target", "target"), ("bonus", "bonus")))
-    return f'<div class="legend" style="font-size:1.0rem;line-height:2">{items}</div>'
+        f'<span style="margin-right:14px">{chip(o, "o-" + o, ORIGIN_NAMES[o])} {html.escape(ORIGIN_NAMES[o])}</span>'
+        for o in ("draft", "qualifier", "target", "bonus"))
+    return f'{STYLE}<div class="legend" style="font-size:1.0rem;line-height:2">{items}</div>'
 
 
 def status_legend_html() -> str:
-    items = "".join(f'<span style="margin-right:12px">{chip(s, STATUS_COLOURS[s], STATUS_NAMES[s], "legend", s == "discarded")}'
+    """The status colours, shown above the inspector's rounds (carries the chip styles)."""
+    items = "".join(f'<span style="margin-right:12px">{chip(s, "st-" + s, STATUS_NAMES[s], s == "discarded")}'
                     f' {html.escape(STATUS_NAMES[s])}</span>'
                     for s in ("accepted", "rejected", "discarded", "resampled", "bonus"))
-    return f'<div class="legend" style="font-size:.95rem;line-height:2">{items}</div>'
+    marks = '<span style="color:#555">· ✓ / ✗ under a token: kept / first failure at the what-if τ</span>'
+    return f'{STYLE}<div class="legend" style="font-size:.95rem;line-height:2">{items}{marks}</div>'
 
 
 def coloured_tokens(result: RunResult) -> str:
@@ -66,8 +76,7 @@ def coloured_tokens(result: RunResult) -> str:
         step_of += [s.index + 1] * len(s.new_tokens)
     for i, (t, o) in enumerate(zip(result.token_texts, result.origins)):
         n = step_of[i] if i < len(step_of) else "?"
-        spans.append(chip(t, ORIGIN_COLOURS.get(o, ORIGIN_COLOURS["target"]), f"{ORIGIN_NAMES.get(o, o)} · target pass {n}",
-                          f"o-{o}"))
+        spans.append(chip(t, f"o-{o}", f"{o} · target pass {n}"))
     return "".join(spans)
 
 
@@ -103,8 +112,7 @@ def round_chips_html(rnd: StageRound, texts: dict[int, str], title: str, whatif:
         tip = f"{STATUS_NAMES.get(t.status, t.status)}"
         if t.div is not None:
             tip += f" · Div {t.div:.3f}" + (f" vs τ {t.tau:g}" if t.tau is not None else "")
-        c = chip(label, STATUS_COLOURS.get(t.status, STATUS_COLOURS["discarded"]), tip, f"st-{t.status}",
-                 strike=t.status in ("rejected", "discarded"))
+        c = chip(label, f"st-{t.status}", tip, strike=t.status in ("rejected", "discarded"))
         mark = ""
         if whatif is not None and i < len(rnd.tokens) - 1:
             ok = i < whatif

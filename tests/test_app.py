@@ -48,8 +48,9 @@ def test_race_streams_coloured_tokens_and_a_chart(done) -> None:
     assert len(outs) >= 3  # loading message, then live snapshots
     for m in RACE_METHODS:
         assert f"lane-{m}" in lanes
-    assert 'class="tok o-draft' in lanes or 'class="tok o-qualifier' in lanes
-    assert "background:" in lanes  # coloured chips
+    psd_lane = lanes.split("lane-psd_f")[1]  # past the legend, which shows every colour
+    assert 'class="tok o-draft' in psd_lane or 'class="tok o-qualifier' in psd_lane
+    assert "background:" in lanes and "<style>" in lanes  # coloured chips (one style block, classed spans)
     assert isinstance(fig, go.Figure) and len(fig.data) == len(RACE_METHODS)
     assert "tok/s" in fig.data[-1].name
     assert [row[1] for row in table] == list(RACE_METHODS)

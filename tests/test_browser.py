@@ -79,7 +79,7 @@ def test_race_in_browser(server: str, tmp_path: Path) -> None:
         page.wait_for_function("document.querySelector('#status').innerText.includes('finished')",
                                timeout=180_000)
         assert page.locator("#lanes .lane-ar .tok").count() >= 1
-        assert page.locator("#lanes .tok.o-target, #lanes .tok.o-bonus").count() >= 1
+        assert page.locator("#lanes .lane .tok.o-target, #lanes .lane .tok.o-bonus").count() >= 1
         assert page.locator("#race-plot .js-plotly-plot").count() == 1
         assert page.locator("#race-plot .scatterlayer .trace").count() == 5  # one line per method
         page.wait_for_timeout(500)
