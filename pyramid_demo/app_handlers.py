@@ -25,6 +25,7 @@ from .presets import PRESETS
 from .trace import RunResult
 
 log = logging.getLogger(__name__)
+MAX_RACES = 20  # per user; older races are dropped to bound a hosted app's memory
 UI_INTERVAL_S = 0.15  # stream to the page at most this often (every pass is still recorded)
 SETTING_NAMES = ("max_new_tokens", "temperature", "seed", "gamma", "l_d", "l_q", "tau_q", "tau_t",
                  "divergence", "fallback", "stage2")
@@ -203,7 +204,7 @@ def _race_steps(preset: str, ids: tuple[str, str, str], prompt: str, settings: d
             "config": base.to_dict(), "results": {}, "vocab": {}, "running": None, "stopped": False,
             "note": getattr(triplet, "note", "")}
     session["next"] += 1
-    session["races"].append(race)
+    session["races"] = session["races"][-(MAX_RACES - 1):] + [race]
     for i, m in enumerate(RACE_METHODS):
         race["running"] = m
         status = MSG["running"].format(n=race["n"], label=METHOD_LABELS[m], i=i + 1, total=len(RACE_METHODS))
@@ -286,7 +287,7 @@ def _round_slider(r: RunResult | None) -> Any:
 
 def _pos_slider(r: RunResult | None) -> Any:
     cfg = r.config if r else DEFAULT.to_dict()
-    top = max(cfg["gamma"], cfg["l_q"]) + 1
+    top = (cfg["gamma"] if r is not None and r.method in ("sd", "fsd") else cfg["l_q"]) + 1
     return gr.update(minimum=1, maximum=top, value=1, step=1)
 
 
