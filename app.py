@@ -13,9 +13,9 @@ import gradio as gr
 
 from pyramid_demo import app_handlers as h
 from pyramid_demo import charts, render
-from pyramid_demo.app_text import (DEFAULT, DIVERGENCE_CHOICES, EXAMPLE_PROMPTS, EXPLANATION, FALLBACK_CHOICES, INFO,
-                                   LABELS, MSG, PRESET_CHOICES, RACE_COLUMNS, RANGES, STAGE2_CHOICES, START_PRESET,
-                                   STATS_NOTE, WHATIF_LABELS)
+from pyramid_demo.app_text import (BUTTONS, DEFAULT, DIVERGENCE_CHOICES, EXAMPLE_PROMPTS, EXPLANATION,
+                                   FALLBACK_CHOICES, INFO, INTRO, LABELS, MSG, PRESET_CHOICES, RACE_COLUMNS, RANGES,
+                                   SETTINGS_TITLE, STAGE2_CHOICES, START_PRESET, STATS_NOTE, TABS, WHATIF_LABELS)
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 CSS = """
@@ -50,17 +50,15 @@ def build_demo() -> gr.Blocks:
     """The whole page; every user gets their own `session` state."""
     with gr.Blocks(title="PyramidSD Explorer") as demo:
         session = gr.State(h.new_session)
-        gr.Markdown("# ▲ PyramidSD Explorer\nA small **draft** guesses, a mid-sized **qualifier** filters, a large "
-                    "**target** verifies. Press **Run race** to watch five decoding methods write the same answer.",
-                    elem_id="title")
+        gr.Markdown(INTRO, elem_id="title")
         with gr.Row(equal_height=False):
             with gr.Column(scale=3):
                 prompt = gr.Textbox(EXAMPLE_PROMPTS[0], label=LABELS["prompt"], lines=2, max_lines=8)
                 gr.Examples([[p] for p in EXAMPLE_PROMPTS], inputs=[prompt], label="Example prompts")
                 with gr.Row():
-                    run_btn = gr.Button("▶ Run race", variant="primary", elem_id="run-btn", scale=3)
-                    stop_btn = gr.Button("■ Stop", variant="stop", elem_id="stop-btn", scale=1)
-                    clear_btn = gr.Button("Clear all", elem_id="clear-btn", scale=1)
+                    run_btn = gr.Button(BUTTONS["run"], variant="primary", elem_id="run-btn", scale=3)
+                    stop_btn = gr.Button(BUTTONS["stop"], variant="stop", elem_id="stop-btn", scale=1)
+                    clear_btn = gr.Button(BUTTONS["clear"], elem_id="clear-btn", scale=1)
             with gr.Column(scale=2):
                 preset = gr.Dropdown(PRESET_CHOICES, value=START_PRESET, label=LABELS["preset"], elem_id="preset")
                 preset_md = gr.Markdown(h.preset_info(START_PRESET)[0])
@@ -68,7 +66,7 @@ def build_demo() -> gr.Blocks:
                     draft_id = gr.Textbox(label=LABELS["draft"], placeholder="HuggingFaceTB/SmolLM2-135M-Instruct")
                     qual_id = gr.Textbox(label=LABELS["qualifier"], placeholder="HuggingFaceTB/SmolLM2-360M-Instruct")
                     target_id = gr.Textbox(label=LABELS["target"], placeholder="HuggingFaceTB/SmolLM2-1.7B-Instruct")
-        with gr.Accordion("Decoding settings (defaults give a visible speed-up)", open=False):
+        with gr.Accordion(SETTINGS_TITLE, open=False):
             with gr.Row():
                 max_new = _slider("max_new_tokens", elem_id="max-new")
                 temperature = _slider("temperature")
@@ -86,15 +84,16 @@ def build_demo() -> gr.Blocks:
         status = gr.Markdown(MSG["idle"], elem_id="status")
 
         with gr.Tabs():
-            with gr.Tab("Race"):
+            with gr.Tab(TABS["race"]):
                 lanes = gr.HTML(h.race_lanes(None), elem_id="lanes")
                 race_plot = gr.Plot(charts.race_figure({}), elem_id="race-plot", show_label=False)
                 table = gr.Dataframe(headers=RACE_COLUMNS, label="Race results (all races until cleared)",
                                      interactive=False, wrap=True, elem_id="race-table",
-                                     column_widths=["5%", "7%", "7%", "7%", "7%", "6%", "6%", "22%", "10%", "8%", "15%"])
+                                     column_widths=["5%", "7%", "7%", "7%", "7%", "6%", "6%", "22%", "10%", "8%",
+                                                    "15%"])
                 with gr.Accordion("Earlier races", open=False):
                     earlier = gr.HTML(h.earlier_lanes(h.new_session()))
-            with gr.Tab("Step inspector"):
+            with gr.Tab(TABS["inspect"]):
                 gr.Markdown("Pick a method and a target pass. Move the **what-if τ** sliders to see what another "
                             "threshold would have accepted in the same recorded round (no model is called).")
                 with gr.Row():
@@ -109,20 +108,20 @@ def build_demo() -> gr.Blocks:
                 chips = gr.HTML(render.message_html(MSG["no_race"]), elem_id="chips")
                 div_plot = gr.Plot(show_label=False, elem_id="div-plot")
                 top5_plot = gr.Plot(show_label=False, elem_id="top5-plot")
-            with gr.Tab("Statistics"):
+            with gr.Tab(TABS["stats"]):
                 gr.Markdown(STATS_NOTE)
                 speeds_md = gr.Markdown()
                 with gr.Row():
                     hist_plot = gr.Plot(show_label=False)
                     posn_plot = gr.Plot(show_label=False)
                 tp_plot = gr.Plot(show_label=False)
-            with gr.Tab("How it works"):
+            with gr.Tab(TABS["explain"]):
                 with gr.Row():
                     gr.HTML((ASSETS / "pyramid.svg").read_text(encoding="utf-8"))
                     gr.Markdown(EXPLANATION)
-            with gr.Tab("Export"):
+            with gr.Tab(TABS["export"]):
                 gr.Markdown("Download every race of this session: the full step trace as JSON, the race table as CSV.")
-                export_btn = gr.Button("Prepare downloads")
+                export_btn = gr.Button(BUTTONS["export"])
                 with gr.Row():
                     json_file = gr.File(label="Trace (JSON)")
                     csv_file = gr.File(label="Race results (CSV)")

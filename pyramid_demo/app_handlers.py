@@ -330,7 +330,8 @@ def inspect_round(session: dict | None, race_n: Any, method: str | None, round_n
     step = r.steps[max(0, min(int(round_no or 1) - 1, len(r.steps) - 1))]
     vocab = race["vocab"]
     committed = "".join(vocab.get(t, f"#{t}") for t in step.new_tokens)
-    head = f"**Target pass {step.index + 1} of {len(r.steps)}** · committed {len(step.new_tokens)} token(s): `{committed!r}`"
+    head = (f"**Target pass {step.index + 1} of {len(r.steps)}** · committed {len(step.new_tokens)} "
+            f"token(s): `{committed!r}`")
     if step.target_round is None:
         return render.message_html(MSG["ar_round"]), charts.empty_figure(MSG["ar_round"]), \
             charts.empty_figure(MSG["ar_round"]), head
@@ -350,8 +351,8 @@ def inspect_round(session: dict | None, race_n: Any, method: str | None, round_n
         note = f"rule {rnd.rule} · recorded <b>{rnd.n_accepted} of {n}</b> accepted<br>{what}"
         parts.append(render.round_chips_html(rnd, vocab, name, None if tau is None else k, note))
         if rnd.stage == "target":
-            lines.append(f"The target kept **{rnd.n_accepted} of {n}** proposed tokens; "
-                         + ("τ does not apply (exact rule)." if tau is None else f"at τ_T = {tau:g} it would accept **{k}**."))
+            lines.append(f"The target kept **{rnd.n_accepted} of {n}** proposed tokens; " + (
+                "τ does not apply (exact rule)." if tau is None else f"at τ_T = {tau:g} it would accept **{k}**."))
     if step.qualifier_rounds:
         lines.append("A different τ_Q would change the block itself; the what-if re-checks each recorded round only.")
     pos = int(position or 1) - 1

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from .config import DIVERGENCES, FALLBACKS, METHODS, METHOD_LABELS, STAGE2_RULES, DecodeConfig
+from .config import DIVERGENCES, FALLBACKS, METHODS, STAGE2_RULES, DecodeConfig
 from .presets import DEFAULT_PRESET, PRESETS
 
 CUSTOM = "custom"
@@ -81,11 +81,19 @@ STATUS_NAMES = {
     "resampled": "verifier's replacement", "bonus": "verifier's bonus", "generated": "generated (AR)",
 }
 
+BUTTONS = {"run": "▶ Run race", "stop": "■ Stop", "clear": "Clear all", "export": "Prepare downloads"}
+SETTINGS_TITLE = "Decoding settings: γ, ℓ_D, ℓ_Q, τ_Q, τ_T, temperature, divergence and the CHOICE options"
+TABS = {"race": "Race", "inspect": "Step inspector", "stats": "Statistics", "explain": "How it works",
+        "export": "Export"}
+INTRO = ("# ▲ PyramidSD Explorer\nA small **draft** guesses, a mid-sized **qualifier** filters, a large "
+         f"**target** verifies. Press **{BUTTONS['run']}** to watch five decoding methods write the same answer.")
+
 MSG = {
     "loading": "⏳ Loading the {preset} models (first run only; later runs reuse them)…",
     "running": "🏁 Race {n}: running {label} ({i}/{total})…",
-    "done": "✅ Race {n} finished. Pick a method and a round in the Step inspector to see why tokens were kept.",
-    "stopped": "⏹ Race {n} stopped. Partial results are kept; press Run race to start again.",
+    "done": "✅ Race {n} finished. Pick a method and a round in the " + TABS["inspect"]
+            + " tab to see why tokens were kept.",
+    "stopped": "⏹ Race {n} stopped. Partial results are kept; press " + BUTTONS["run"] + " to start again.",
     "stopping": "⏹ Stopping after the current target pass…",
     "custom_missing": "Custom models need all three ids (draft, qualifier, target) from one family.",
     "bad_settings": "Settings problem: {err}",
@@ -95,7 +103,7 @@ MSG = {
     "no_race": "Run a race first: the inspector shows its recorded rounds.",
     "ar_round": "AR has no drafts: each target pass makes exactly one token, so there is nothing to accept.",
     "cleared": "Results cleared.",
-    "idle": "Press **▶ Run race** to run AR, SD, FSD, PSD_A and PSD_F on the same prompt, one after another.",
+    "idle": f"Press **{BUTTONS['run']}** to run AR, SD, FSD, PSD_A and PSD_F on the same prompt, one after another.",
 }
 
 RACE_COLUMNS = ["race", "method", "tokens", "time (s)", "tok/s", "× AR", "× SD", "acceptance",

@@ -69,7 +69,7 @@ def race_figure(results: dict[str, RunResult], running: str | None = None) -> go
 
 def _bars(fig: go.Figure, rnds: list[StageRound], tau: float | None, texts: dict[int, str], row: int,
           label: str) -> None:
-    xs, ys, colours, hover, lines = [], [], [], [], []
+    xs, ys, colours, hover = [], [], [], []
     for j, rnd in enumerate(rnds):
         what = whatif_statuses(rnd, tau)
         for i, t in enumerate(rnd.tokens[:-1]):

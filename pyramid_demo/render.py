@@ -88,7 +88,8 @@ def lane_html(method: str, result: RunResult | None, headline: str, running: boo
     return (f'<div class="lane lane-{method}" style="border-left:6px solid {colour};padding:6px 10px;'
             f'margin:6px 0;background:#fff;border-radius:6px;box-shadow:0 1px 2px rgba(0,0,0,.08)">'
             f'<div style="font-weight:700;color:{colour};font-size:1.05rem">{html.escape(METHOD_LABELS[method])}'
-            f'<span style="font-weight:400;color:#444;margin-left:12px;font-size:.95rem">{html.escape(headline)}</span></div>'
+            f'<span style="font-weight:400;color:#444;margin-left:12px;font-size:.95rem">'
+            f'{html.escape(headline)}</span></div>'
             f'<div style="{FONT}font-size:1.05rem;line-height:1.9;color:#111">{body}{cursor}</div></div>')
 
 

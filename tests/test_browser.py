@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from pyramid_demo.app_text import SETTINGS_TITLE, TABS
+
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = os.environ.get("PYRAMID_CHROMIUM", "/usr/bin/chromium")
 CHROME_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -68,11 +70,11 @@ def test_race_in_browser(server: str, tmp_path: Path) -> None:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROME_ARGS)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         page.goto(server, wait_until="domcontentloaded")
-        page.get_by_text("Decoding settings").click()  # open the accordion and keep the race short
+        page.get_by_text(SETTINGS_TITLE).click()  # open the accordion and keep the race short
         box = page.locator("#max-new input[type=number]")
         box.fill("16")
         box.press("Enter")
-        page.get_by_text("Decoding settings").click()  # fold it again: the screenshots show the results
+        page.get_by_text(SETTINGS_TITLE).click()  # fold it again: the screenshots show the results
         page.locator("#run-btn").click()
         page.wait_for_selector("#lanes .lane-psd_f .tok.o-draft, #lanes .lane-psd_f .tok.o-qualifier",
                                timeout=180_000)
@@ -85,12 +87,12 @@ def test_race_in_browser(server: str, tmp_path: Path) -> None:
         page.wait_for_timeout(500)
         page.screenshot(path=str(tmp_path / "race.png"), full_page=True)
 
-        page.get_by_role("tab", name="Step inspector").click()
+        page.get_by_role("tab", name=TABS["inspect"]).click()
         page.wait_for_selector("#chips .st-accepted, #chips .st-rejected", timeout=30_000)
         assert page.locator("#div-plot .js-plotly-plot").count() == 1
         page.wait_for_timeout(500)
         page.screenshot(path=str(tmp_path / "inspector.png"), full_page=True)
-        for tab, name in (("Statistics", "stats.png"), ("How it works", "explain.png")):
+        for tab, name in ((TABS["stats"], "stats.png"), (TABS["explain"], "explain.png")):
             page.get_by_role("tab", name=tab).click()
             page.wait_for_timeout(800)
             page.screenshot(path=str(tmp_path / name), full_page=True)
