@@ -312,7 +312,7 @@ def pick_race(session: dict | None, race_n: Any = None) -> tuple:
     choices = [(f"Race {r['n']}", str(r["n"])) for r in session["races"]]
     speeds = app_inspect.race_speeds(res)
     speed_md = "Single-model speeds measured in this race: " + (", ".join(
-        f"{k} {v:.1f} forwards/s" for k, v in speeds.items()) or "n/a")
+        f"{k} {v:.1f} forwards/s" for k, v in speeds.items()) or "n/a") + "\n\n" + app_inspect.stats_markdown(res)
     return (gr.update(choices=choices, value=str(race["n"])),
             gr.update(choices=[(METHOD_LABELS[m], m) for m in methods], value=method),
             *pick_method(session, race["n"], method),

@@ -121,5 +121,21 @@ def throughput_rows(results: dict[str, RunResult]) -> list[tuple[str, float, flo
     return [(m, r.stats.tokens_per_s, predict(r, speeds)) for m, r in results.items()]
 
 
+def stats_markdown(results: dict[str, RunResult]) -> str:
+    """Forward passes per model, acceptance per stage and predicted vs measured speed, one row per method."""
+    pred = {m: p for m, _, p in throughput_rows(results)}
+    head = ("| method | draft passes | qualifier passes | target passes | accepted D→Q | accepted →T "
+            "| tokens / target pass | tok/s measured | tok/s predicted |\n|---|---|---|---|---|---|---|---|---|")
+    rows = []
+    for m, r in results.items():
+        s = r.stats
+        f = [str(s.forward_passes.get(k, "—")) for k in ("draft", "qualifier", "target")]
+        acc = [f"{s.acceptance[k]:.0%}" if k in s.acceptance else "—" for k in ("qualifier", "target")]
+        p = "n/a" if pred.get(m) is None else f"{pred[m]:.1f}"
+        rows.append(f"| {m.upper()} | {' | '.join(f)} | {' | '.join(acc)} | {s.tokens_per_target_pass:.2f} "
+                    f"| {s.tokens_per_s:.1f} | {p} |")
+    return "\n".join([head, *rows])
+
+
 def stage_names(r: RunResult) -> list[str]:
     return [s for s in STAGES if stage_rounds(r.steps, s)]

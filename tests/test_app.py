@@ -122,7 +122,7 @@ def test_pick_race_fills_inspector_and_statistics(done) -> None:
     out = h.pick_race(session)
     assert out[1]["value"] == "psd_f"
     assert all(isinstance(f, go.Figure) for f in out[6:9])
-    assert "forwards/s" in out[9]
+    assert "forwards/s" in out[9] and "| PSD_F |" in out[9]
 
 
 @pytest.mark.parametrize("over,prompt,needle", [
