@@ -382,8 +382,12 @@ def run(args: argparse.Namespace) -> int:
     if triplet.note:
         print(f"note: {triplet.note}", file=sys.stderr)
     t0 = time.perf_counter()
-    result = run_bench(triplet, variants, prompts, args.repeats, chat=not args.no_chat, answers=answers,
-                       warmup_tokens=args.warmup_tokens, progress=not args.no_progress)
+    try:
+        result = run_bench(triplet, variants, prompts, args.repeats, chat=not args.no_chat, answers=answers,
+                           warmup_tokens=args.warmup_tokens, progress=not args.no_progress)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     result["meta"] = dict(machine_info(triplet), command=_command_line(args),
                           argv=sys.argv[1:], n_prompts=len(prompts), repeats=args.repeats, grid=args.grid,
                           dataset=args.dataset, total_s=round(time.perf_counter() - t0, 1),
