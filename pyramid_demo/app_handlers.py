@@ -86,18 +86,23 @@ def _headline(m: str, r: RunResult | None, race: dict) -> str:
     s = r.stats
     if race["running"] == m:
         return f"{s.n_new_tokens} tokens · {s.tokens_per_s:.1f} tok/s so far"
-    parts = [f"{s.n_new_tokens} tokens in {s.decode_s:.2f} s", f"{s.tokens_per_s:.1f} tok/s"]
-    ar, sd = race["results"].get("ar"), race["results"].get("sd")
-    if ar is not None and m != "ar" and ar.stats.tokens_per_s:
-        parts.append(f"×{s.tokens_per_s / ar.stats.tokens_per_s:.2f} vs AR")
-    if sd is not None and m not in ("ar", "sd") and sd.stats.tokens_per_s:
-        parts.append(f"×{s.tokens_per_s / sd.stats.tokens_per_s:.2f} vs SD")
+    parts = [f"{s.n_new_tokens} tokens in {s.decode_s:.2f} s", f"{s.tokens_per_s:.1f} tok/s",
+             *app_inspect.speedups(m, race["results"])]
     if s.acceptance:
         parts.append("accepted " + ", ".join(f"{'→Q' if k == 'qualifier' else '→T'} {v:.0%}"
                                              for k, v in s.acceptance.items()))
     if not s.stopped:
         parts.append("stopped")
     return " · ".join(parts)
+
+
+def _winner(res: dict[str, RunResult]) -> str:
+    """One line for the projector: the fastest method and its speed-ups."""
+    if not res:
+        return ""
+    m, r = max(res.items(), key=lambda kv: kv[1].stats.tokens_per_s)
+    parts = [f"{r.stats.tokens_per_s:.1f} tok/s", *app_inspect.speedups(m, res)]
+    return MSG["winner"].format(label=METHOD_LABELS[m], figures=", ".join(parts))
 
 
 def race_lanes(race: dict | None) -> str:
@@ -229,7 +234,7 @@ def _race_steps(preset: str, ids: tuple[str, str, str], prompt: str, settings: d
             yield _race_outputs(session, MSG["stopped"].format(n=race["n"]))
             return
     race["running"] = None
-    yield _race_outputs(session, MSG["done"].format(n=race["n"]))  # the loader's note shows above the lanes
+    yield _race_outputs(session, MSG["done"].format(n=race["n"]) + _winner(race["results"]))
 
 
 def stop_race(session: dict | None) -> tuple:

@@ -96,6 +96,19 @@ def ratio(a: float, b: float | None) -> float | None:
     return a / b if b else None
 
 
+def speedups(m: str, results: dict[str, RunResult]) -> list[str]:
+    """["×1.80 vs AR", "×1.20 vs SD"] for method m: what the lanes, legend and status all show."""
+    out = []
+    for base in ("ar", "sd"):
+        b = results.get(base)
+        if b is None or m == base or (base == "sd" and m == "ar"):
+            continue
+        x = ratio(results[m].stats.tokens_per_s, b.stats.tokens_per_s)
+        if x is not None:
+            out.append(f"×{x:.2f} vs {base.upper()}")
+    return out
+
+
 def race_rows(races: list[dict]) -> list[list]:
     """One table row per (race, method): the numbers the race summary and the CSV export show."""
     rows = []

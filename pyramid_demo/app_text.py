@@ -94,6 +94,7 @@ MSG = {
     "done": "✅ Race {n} finished. Pick a method and a round in the " + TABS["inspect"]
             + " tab to see why tokens were kept.",
     "stopped": "⏹ Race {n} stopped. Partial results are kept; press " + BUTTONS["run"] + " to start again.",
+    "winner": "  \n🏆 Fastest: **{label}** at {figures}.",
     "stopping": "⏹ Stopping after the current target pass…",
     "custom_missing": "Custom models need all three ids (draft, qualifier, target) from one family.",
     "bad_settings": "Settings problem: {err}",

@@ -4,7 +4,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .app_inspect import round_tau, stage_names, throughput_rows, whatif_statuses
+from .app_inspect import round_tau, speedups, stage_names, throughput_rows, whatif_statuses
 from .config import METHOD_LABELS
 from .render import METHOD_COLOURS, STATUS_COLOURS
 from .trace import RunResult, StageRound, Step
@@ -42,18 +42,10 @@ def _curve(r: RunResult) -> tuple[list[float], list[int]]:
 def race_figure(results: dict[str, RunResult], running: str | None = None) -> go.Figure:
     """Tokens generated vs time for every method of one race; the legend ends in tok/s and speed-ups."""
     fig = go.Figure()
-    ar, sd = results.get("ar"), results.get("sd")
     for m, r in results.items():
         xs, ys = _curve(r)
-        s = r.stats
-        name = f"{m.upper()}: {s.tokens_per_s:.1f} tok/s"
-        if m != running:
-            if ar is not None and m != "ar" and ar.stats.tokens_per_s:
-                name += f" · ×{s.tokens_per_s / ar.stats.tokens_per_s:.2f} AR"
-            if sd is not None and m not in ("ar", "sd") and sd.stats.tokens_per_s:
-                name += f" · ×{s.tokens_per_s / sd.stats.tokens_per_s:.2f} SD"
-        else:
-            name += " (running)"
+        name = " · ".join([f"{m.upper()}: {r.stats.tokens_per_s:.1f} tok/s",
+                           *(["running"] if m == running else speedups(m, results))])
         fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", line_shape="hv", name=name,
                                  line=dict(color=METHOD_COLOURS.get(m), width=3), marker=dict(size=5),
                                  hovertemplate="%{y} tokens at %{x:.2f} s<extra>" + m.upper() + "</extra>"))
