@@ -129,7 +129,7 @@ def test_pick_race_fills_inspector_and_statistics(done) -> None:
     ({}, "   ", "empty"),
     ({"l_d": 9.0, "l_q": 4.0}, "hi", "must not exceed"),
     ({"temperature": -1.0}, "hi", "temperature"),
-    ({}, "x" * 2000, "context"),
+    ({}, "the " * 2000, "context"),
 ])
 def test_bad_inputs_give_messages(over: dict, prompt: str, needle: str) -> None:
     session = h.new_session()
