@@ -5,7 +5,7 @@ from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 from pyramid_demo.compat import IncompatibleModels, check_compatible, check_tokenizers, logit_width
 from pyramid_demo.loading import LoadError
-from pyramid_demo.tiny import byte_tokenizer, tiny_config
+from pyramid_demo.tiny import tiny_config
 
 NAMES = ("org/draft", "org/qualifier", "org/target")
 
@@ -27,16 +27,16 @@ def tiny_model(vocab_size):
 
 @pytest.fixture(scope="module")
 def model_258():
-    return tiny_model(len(byte_tokenizer()))
+    return tiny_model(len(make_tok(specials=("<s>", "</s>"))))
 
 
 def test_same_family_accepted(model_258):
-    toks = [byte_tokenizer() for _ in range(3)]  # three separately built, identical tokenizers
+    toks = [make_tok(specials=("<s>", "</s>")) for _ in range(3)]  # three separately built, identical tokenizers
     check_compatible(NAMES, toks, [model_258] * 3)
 
 
 def test_padded_vocab_accepted():
-    tok = byte_tokenizer()
+    tok = make_tok(specials=("<s>", "</s>"))
     padded = tiny_model(len(tok) + 14)  # e.g. Qwen2.5-7B: 152064 logits, 151665 tokens
     check_compatible(NAMES, [tok] * 3, [tiny_model(len(tok)), padded, padded])
     assert logit_width(padded) == len(tok) + 14
@@ -44,7 +44,7 @@ def test_padded_vocab_accepted():
 
 
 def test_narrow_logits_rejected():
-    tok = byte_tokenizer()
+    tok = make_tok(specials=("<s>", "</s>"))
     with pytest.raises(IncompatibleModels) as e:
         check_compatible(NAMES, [tok] * 3, [tiny_model(len(tok)), tiny_model(len(tok) - 2), tiny_model(len(tok))])
     assert "org/qualifier" in str(e.value) and "256 logits" in str(e.value)

@@ -42,4 +42,4 @@ def test_bad_prompts_name_the_problem(tiny, prompt, message):
 def test_prompt_beyond_context_names_the_sizes(tiny):
     """A prompt that leaves no room for the new tokens says how long it is and what the context is."""
     with pytest.raises(ValueError, match=r"the prompt is \d+ tokens.*context of 1024 tokens"):
-        prepare_prompt(tiny, "y" * 1000, DecodeConfig(max_new_tokens=64))
+        prepare_prompt(tiny, "yes " * 1000, DecodeConfig(max_new_tokens=64))

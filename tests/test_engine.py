@@ -109,8 +109,9 @@ def test_cache_lengths_after_every_rollback(tiny, method, temperature):
 
 def test_stops_at_max_new_tokens_exactly(tiny):
     """Every method commits exactly max_new_tokens when no EOS appears."""
+    no_eos = dataclasses.replace(tiny, eos_ids=())
     for method in METHODS:
-        out = generate(tiny, "abc", DecodeConfig(method=method, max_new_tokens=17, l_q=8, gamma=5))
+        out = generate(no_eos, "abc", DecodeConfig(method=method, max_new_tokens=17, l_q=8, gamma=5))
         assert len(out.token_ids) == 17 and out.stats.stopped == "max_new_tokens"
 
 
@@ -130,7 +131,7 @@ def test_same_seed_same_output(tiny):
 
 def test_stream_snapshots_grow_and_serialise(tiny):
     """stream yields a growing snapshot per target pass; the record is plain JSON."""
-    snaps = list(stream(tiny, "hello", DecodeConfig(method="psd_f", max_new_tokens=24)))
+    snaps = list(stream(dataclasses.replace(tiny, eos_ids=()), "hello", DecodeConfig(method="psd_f", max_new_tokens=24)))
     lengths = [len(s.token_ids) for s in snaps]
     assert lengths == sorted(lengths) and lengths[-1] == 24
     d = json.loads(snaps[-1].to_json())

@@ -17,7 +17,7 @@ import pyramid_demo.loading as loading
 from pyramid_demo.lm import CachedLM, ModelTriplet, encode_prompt
 from pyramid_demo.loading import LoadError, load_triplet, pick_device, pick_dtype
 from pyramid_demo.presets import DEFAULT_PRESET, PRESETS, Preset
-from pyramid_demo.tiny import byte_tokenizer, tiny_config
+from pyramid_demo.tiny import tiny_tokenizer, tiny_config
 
 
 @pytest.fixture(scope="session")
@@ -198,19 +198,19 @@ def _save_tiny(path, tokenizer, seed=0):
 
 
 def test_custom_local_folders(tmp_path):
-    d, q, t = (_save_tiny(tmp_path / n, byte_tokenizer(), i) for i, n in enumerate("dqt"))
+    d, q, t = (_save_tiny(tmp_path / n, tiny_tokenizer(), i) for i, n in enumerate("dqt"))
     trip = load_triplet(f"{d}, {q} ,{t}", device="cpu")
-    assert trip.names == (d, q, t) and trip.preset == "custom" and trip.vocab_size == 258
+    assert trip.names == (d, q, t) and trip.preset == "custom" and trip.vocab_size == len(tiny_tokenizer())
     assert trip.draft is not trip.target and not trip.note
     same = load_triplet(f"{t},{t},{t}", device="cpu")
     assert same.draft is same.target and "same model" in same.note
 
 
 def test_custom_mismatched_folders_rejected(tmp_path):
-    other = byte_tokenizer()
+    other = tiny_tokenizer()
     other.eos_token = "<s>"
     d = _save_tiny(tmp_path / "base", other)
-    t = _save_tiny(tmp_path / "instruct", byte_tokenizer())
+    t = _save_tiny(tmp_path / "instruct", tiny_tokenizer())
     with pytest.raises(LoadError, match="end-of-sequence tokens differ"):
         load_triplet(f"{d},{t},{t}", device="cpu")
 
