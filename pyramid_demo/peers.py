@@ -38,8 +38,9 @@ class PeerRun:
 
 
 def _gen_kwargs(triplet: ModelTriplet, cfg: DecodeConfig) -> dict:
-    kw: dict = dict(max_new_tokens=cfg.max_new_tokens, min_new_tokens=0, eos_token_id=list(triplet.eos_ids),
-                    pad_token_id=triplet.eos_ids[0], use_cache=True)
+    pad = triplet.eos_ids[0] if triplet.eos_ids else (triplet.tokenizer.pad_token_id or 0)
+    kw: dict = dict(max_new_tokens=cfg.max_new_tokens, min_new_tokens=0, eos_token_id=list(triplet.eos_ids) or None,
+                    pad_token_id=pad, use_cache=True)
     if cfg.greedy:
         kw.update(do_sample=False, temperature=None, top_k=None, top_p=None)
     else:

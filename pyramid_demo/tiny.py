@@ -53,7 +53,7 @@ def tiny_config(vocab_size: int) -> LlamaConfig:
     return LlamaConfig(
         vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-        initializer_range=0.5, bos_token_id=0, eos_token_id=1, tie_word_embeddings=False,
+        initializer_range=0.5, bos_token_id=0, eos_token_id=None, tie_word_embeddings=False,
     )
 
 
