@@ -2,7 +2,8 @@
 
 A student is an ordinary `LlamaForCausalLM` with the target's config but only a few
 transformer layers. Its token embedding, final norm, rotary embedding and LM head are the
-target's own modules (shared, never stored twice); only the trained layers ship, in
+target's own modules (shared, never stored twice), and so may be its first few layers
+(the qualifier's bottom layers are the target's, frozen); only the trained layers ship, in
 `pyramid_demo/weights/{draft,qualifier}.safetensors` (int8 matrices with one fp16 scale
 per 64 weights of a row, fp16 norms). They were made by `python -m pyramid_demo distill` (see
 `pyramid_demo/weights/README.md`).
@@ -44,17 +45,18 @@ def info(role: str, weights_dir: str | Path | None = None) -> dict:
     with safe_open(str(weight_path(role, weights_dir)), framework="pt") as f:
         meta = f.metadata() or {}
     out = dict(meta)
-    for k in ("num_layers", "init_layers"):
+    for k in ("num_layers", "shared_layers", "init_layers"):
         if k in out:
             out[k] = json.loads(out[k])
     return out
 
 
-def skeleton(target: torch.nn.Module, num_layers: int) -> LlamaForCausalLM:
-    """A `num_layers`-deep Llama sharing the target's embedding, norm, rotary and head.
+def skeleton(target: torch.nn.Module, num_layers: int, shared: int = 0) -> LlamaForCausalLM:
+    """A `num_layers`-deep Llama sharing the target's embedding, norm, rotary and head, and
+    whose first `shared` layers are the target's own first layers (the same modules).
 
-    The layers are left uninitialised (meta tensors are replaced by `init_from_target`
-    or `build`)."""
+    The other layers are left uninitialised (meta tensors are replaced by
+    `init_from_target` or `build`)."""
     cfg = copy.deepcopy(target.config)
     cfg.num_hidden_layers = num_layers
     if getattr(cfg, "layer_types", None):
@@ -71,6 +73,9 @@ def skeleton(target: torch.nn.Module, num_layers: int) -> LlamaForCausalLM:
     student.model.norm = tm.norm
     student.model.rotary_emb = tm.rotary_emb
     student.lm_head = target.lm_head
+    for i in range(shared):
+        student.model.layers[i] = tm.layers[i]
+    student.shared_layers = shared
     return student
 
 
@@ -78,11 +83,16 @@ def _target_param(target: torch.nn.Module) -> torch.Tensor:
     return target.model.embed_tokens.weight
 
 
-def init_from_target(target: torch.nn.Module, layer_ids: list[int]) -> LlamaForCausalLM:
-    """A student whose layers are (independent copies of) the target's layers `layer_ids`."""
-    student = skeleton(target, len(layer_ids))
+def init_from_target(target: torch.nn.Module, layer_ids: list[int], shared: int = 0) -> LlamaForCausalLM:
+    """A student whose layers are the target's layers `layer_ids`: the first `shared` of them
+    the target's own modules (frozen, shared), the rest independent trainable copies."""
+    if list(layer_ids[:shared]) != list(range(shared)):
+        raise ValueError("shared layers must be the target's first layers")
+    student = skeleton(target, len(layer_ids), shared)
     ref = _target_param(target)
     for i, j in enumerate(layer_ids):
+        if i < shared:
+            continue
         layer = copy.deepcopy(target.model.layers[j])
         layer.self_attn.layer_idx = i
         student.model.layers[i] = layer.to(device=ref.device, dtype=ref.dtype)
@@ -90,7 +100,10 @@ def init_from_target(target: torch.nn.Module, layer_ids: list[int]) -> LlamaForC
 
 
 def layer_state(student: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v.detach() for k, v in student.model.layers.state_dict().items()}
+    """The student's own (not shared) layers, keyed `{layer index}.{name}`."""
+    shared = getattr(student, "shared_layers", 0)
+    return {k: v.detach() for k, v in student.model.layers.state_dict().items()
+            if int(k.split(".")[0]) >= shared}
 
 
 GROUP = 64  # int8 quantisation group along each row
@@ -129,7 +142,8 @@ def dequantize(raw: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def save(student: torch.nn.Module, path: str | Path, metadata: dict | None = None) -> int:
     """Write only the student's layers (int8 + scales); returns the file size in bytes."""
-    meta = {"format": FORMAT, "num_layers": json.dumps(len(student.model.layers))}
+    meta = {"format": FORMAT, "num_layers": json.dumps(len(student.model.layers)),
+            "shared_layers": json.dumps(getattr(student, "shared_layers", 0))}
     for k, v in (metadata or {}).items():
         meta[k] = v if isinstance(v, str) else json.dumps(v)
     path = Path(path)
@@ -140,7 +154,7 @@ def save(student: torch.nn.Module, path: str | Path, metadata: dict | None = Non
     return path.stat().st_size
 
 
-def load_layers(path: str | Path) -> tuple[int, dict[str, torch.Tensor]]:
+def load_layers(path: str | Path) -> tuple[int, int, dict[str, torch.Tensor]]:
     raw = {}
     with safe_open(str(path), framework="pt") as f:
         meta = f.metadata() or {}
@@ -148,15 +162,19 @@ def load_layers(path: str | Path) -> tuple[int, dict[str, torch.Tensor]]:
             raw[k] = f.get_tensor(k)
     if meta.get("format") != FORMAT:
         raise ValueError(f"{path}: not a {FORMAT} file")
-    return int(json.loads(meta["num_layers"])), dequantize(raw)
+    shared = int(json.loads(meta.get("shared_layers", "0")))
+    return int(json.loads(meta["num_layers"])), shared, dequantize(raw)
 
 
 def build_from_file(target: torch.nn.Module, path: str | Path) -> LlamaForCausalLM:
-    n, sd = load_layers(path)
-    student = skeleton(target, n)
+    n, shared, sd = load_layers(path)
+    student = skeleton(target, n, shared)
     ref = _target_param(target)
-    sd = {k: v.to(device=ref.device, dtype=ref.dtype) for k, v in sd.items()}
-    student.model.layers.load_state_dict(sd, strict=True, assign=True)
+    for i in range(shared, n):
+        prefix = f"{i}."
+        part = {k[len(prefix):]: v.to(device=ref.device, dtype=ref.dtype)
+                for k, v in sd.items() if k.startswith(prefix)}
+        student.model.layers[i].load_state_dict(part, strict=True, assign=True)
     student.to(device=ref.device)
     return student.eval()
 
