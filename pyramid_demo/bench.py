@@ -86,6 +86,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset-file", default=None, help="local CSQA JSONL (the Hub is tried only without it)")
     p.add_argument("--warmup-tokens", type=int, default=8, help="new tokens in each method's warm-up run")
     p.add_argument("--out", default="bench_out", help="directory for results.csv, results.json, report.html")
+    p.add_argument("--max-minutes", type=float, default=None,
+                   help="time budget: start no new prompt after this many minutes; completed prompts are kept")
     p.add_argument("--threads", type=int, default=None,
                    help="torch intra-op threads (default: torch's choice); 1 is often faster on a busy CPU")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -217,7 +219,7 @@ def _model_speeds(triplet: ModelTriplet, variants: list[Variant], ids: list[int]
 
 def run_bench(triplet: ModelTriplet, variants: list[Variant], prompts: list[Prompt], repeats: int = 1,
               chat: bool = True, answers: list[str] | None = None, warmup_tokens: int = 8,
-              progress: bool = True, log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> dict:
+              progress: bool = True, max_minutes: float | None = None, log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> dict:
     """Warm up, time every variant on every prompt (interleaved), then derive per-prompt
     speed-ups, quality and the throughput model's prediction. Returns rows + speeds."""
     from tqdm import tqdm
@@ -244,10 +246,13 @@ def run_bench(triplet: ModelTriplet, variants: list[Variant], prompts: list[Prom
     speeds_one = _model_speeds(triplet, variants, prepared[0][2])
     rows: list[dict] = []
     refs: dict[int, list[int]] = {}
-    interrupted = False
+    interrupted, t_start = False, time.perf_counter()
     try:
         for r in range(repeats):
             for pi, p, ids in prepared:
+                if max_minutes is not None and time.perf_counter() - t_start > 60 * max_minutes and rows:
+                    log(f"time budget of {max_minutes:g} min reached: stopping after {len(rows)} runs")
+                    raise KeyboardInterrupt
                 group = _run_prompt(triplet, variants, r, pi, p, ids, chat, answers, bar)
                 if greedy and pi not in refs:
                     ar = next((t for row, t in group if row["method"] == "ar"), None)
@@ -258,7 +263,7 @@ def run_bench(triplet: ModelTriplet, variants: list[Variant], prompts: list[Prom
                 rows.extend(row for row, _ in group)
     except KeyboardInterrupt:  # keep what is complete: whole prompts only, so comparisons stay paired
         interrupted = True
-        log(f"interrupted: keeping the {len(rows)} runs of completed prompts")
+        log(f"stopped early: keeping the {len(rows)} runs of completed prompts")
         if not rows:
             raise
     bar.close()
@@ -384,12 +389,14 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     try:
         result = run_bench(triplet, variants, prompts, args.repeats, chat=not args.no_chat, answers=answers,
-                           warmup_tokens=args.warmup_tokens, progress=not args.no_progress)
+                           warmup_tokens=args.warmup_tokens, progress=not args.no_progress,
+                           max_minutes=args.max_minutes)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     result["meta"] = dict(machine_info(triplet), command=_command_line(args),
-                          argv=sys.argv[1:], n_prompts=len(prompts), repeats=args.repeats, grid=args.grid,
+                          argv=sys.argv[1:], n_prompts=len({r["prompt_index"] for r in result["runs"]}),
+                          prompts_requested=len(prompts), stopped_early=result["interrupted"], repeats=args.repeats, grid=args.grid,
                           dataset=args.dataset, total_s=round(time.perf_counter() - t0, 1),
                           variants=[dict(label=v.label, method=v.method, lossless=v.lossless, config=v.cfg.to_dict())
                                     for v in variants])

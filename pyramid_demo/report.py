@@ -311,7 +311,8 @@ td,th{{border:1px solid #ccc;padding:3px 6px;text-align:right}}td:first-child{{t
 <p><b>Models:</b> {html.escape(", ".join(meta.get("models", [])))} ({html.escape(str(meta.get("preset", "")))});
 <b>machine:</b> {html.escape(str(meta.get("processor", "")))}, {meta.get("cpu_count", "")} CPUs, torch {html.escape(str(meta.get("torch", "")))}
 ({meta.get("torch_threads", "")} threads), {html.escape(str(meta.get("device", "")))} {html.escape(str(meta.get("dtype", "")))};
-{meta.get("n_prompts", "")} prompts × {meta.get("repeats", "")} repeats, {html.escape(str(meta.get("time_utc", "")))}.</p>
+{meta.get("n_prompts", "")} prompts × {meta.get("repeats", "")} repeats, {html.escape(str(meta.get("time_utc", "")))}{
+" — <b>stopped early</b>: only completed prompts are included" if meta.get("stopped_early") else ""}.</p>
 <p><b>Command:</b> <code>{html.escape(str(meta.get("command", "")))}</code></p>
 <p><b>Single-model speeds</b> (for the throughput model): {html.escape(speeds)}.
 <b>Recommended setting</b> (fastest frontier point with agreement ≥ 0.9): {html.escape(str(rec["variant"]) if rec else "none")}.</p>

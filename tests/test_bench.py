@@ -93,6 +93,14 @@ def test_lossless_methods_match_target_greedy(triplet) -> None:
     assert any(r["accepted_target"] for r in rows if r["method"] in ("sd", "psd_a"))  # drafts were accepted
 
 
+def test_time_budget_keeps_whole_prompts(triplet) -> None:
+    args = _args("--methods", "ar,sd", "--peers", "none", "--max-new-tokens", "4")
+    res = bench.run_bench(triplet, bench.build_variants(args), load_prompts("builtin", limit=3), progress=False,
+                          max_minutes=0.0, log=lambda s: None)
+    assert res["interrupted"] and len(res["runs"]) == 2 and {r["prompt_index"] for r in res["runs"]} == {0}
+    assert res["runs"][1]["speedup_vs_ar"] is not None  # the kept prompt is complete and paired
+
+
 def test_grid_variants_follow_the_paper_constraints() -> None:
     vs = bench.build_variants(_args("--grid", "--methods", "ar,sd,fsd,psd_a,psd_f", "--peers", "none",
                                     "--grid-l-d", "2,4", "--grid-l-q", "4,8"))
