@@ -36,7 +36,7 @@ ROW_COLUMNS = [
     "tokens_per_target_pass", "fwd_draft", "fwd_qualifier", "fwd_target",
     "fwd_time_draft_s", "fwd_time_qualifier_s", "fwd_time_target_s",
     "engine_overhead_s", "engine_overhead_share", "agreement", "prefix_agreement", "target_logprob",
-    "predicted_tokens_per_s", "csqa_answer", "csqa_pred", "csqa_correct", "prompt", "text",
+    "predicted_tokens_per_s", "predicted_plus_one_tokens_per_s", "csqa_answer", "csqa_pred", "csqa_correct", "prompt", "text",
 ]
 ALL_METHODS = METHODS + peers.PEERS
 GRID_TAUS = (0.2, 0.3, 0.4, 0.5)
@@ -274,6 +274,10 @@ def run_bench(triplet: ModelTriplet, variants: list[Variant], prompts: list[Prom
         speeds["target"] = statistics.median(ar_speeds)
     for row in rows:
         row["predicted_tokens_per_s"] = _predicted(row, speeds)
+        if row["kind"] == "engine":
+            acc = {k: row[f"acceptance_{k}"] for k in ("qualifier", "target") if row[f"acceptance_{k}"] is not None}
+            row["predicted_plus_one_tokens_per_s"] = predicted_plus_one(
+                row["method"], {k: row[k] for k in ("gamma", "l_d", "l_q")}, acc, speeds)
     return dict(runs=rows, interrupted=interrupted, speeds=speeds, speeds_one_token=speeds_one,
                 speed_sources={"target": "AR runs (forwards per second)" if ar_speeds else "one-token timing",
                                "draft": "one-token timing", "qualifier": "one-token timing"})
@@ -327,6 +331,23 @@ def _predicted(row: dict, speeds: dict[str, float]) -> float | None:
     try:
         return predict(fake, speeds)  # type: ignore[arg-type]
     except TypeError:
+        return None
+
+
+def predicted_plus_one(method: str, cfg: dict, acc: dict[str, float], speeds: dict[str, float]) -> float | None:
+    """The paper's model with β·ℓ + 1 tokens per round instead of β·(ℓ+1): with β = accepted ÷
+    proposed, a round commits β·ℓ drafted tokens on average plus the verifier's own token, so
+    this stays right when acceptance is low (the paper's form then predicts almost nothing)."""
+    try:
+        if method == "ar":
+            return speeds["target"]
+        if method in ("sd", "fsd"):
+            g = cfg["gamma"]
+            return (acc["target"] * g + 1) / (g / speeds["draft"] + 1 / speeds["target"])
+        ld, lq = cfg["l_d"], cfg["l_q"]
+        inner = (acc["qualifier"] * ld + 1) / (ld / speeds["draft"] + 1 / speeds["qualifier"])
+        return (acc["target"] * lq + 1) / (lq / inner + 1 / speeds["target"])
+    except (KeyError, TypeError, ZeroDivisionError):
         return None
 
 

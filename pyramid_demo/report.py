@@ -65,7 +65,8 @@ def summarize(rows: list[dict]) -> list[dict]:
                  speed_basis="decode (prefill excluded)" if first["kind"] == "engine" else "wall incl. prefill")
         for k in ("tokens_per_s_incl_prefill", "tokens_per_s_wall", "speedup_vs_ar", "speedup_vs_sd",
                   "speedup_vs_ar_wall", "speedup_vs_sd_wall", "engine_overhead_share", "agreement",
-                  "prefix_agreement", "target_logprob", "predicted_tokens_per_s", "n_new_tokens",
+                  "prefix_agreement", "target_logprob", "predicted_tokens_per_s", "predicted_plus_one_tokens_per_s",
+                  "n_new_tokens",
                   "fwd_draft", "fwd_qualifier", "fwd_target"):
             s[k] = _med(rs, k)
         s["acceptance_qualifier"] = _pooled(rs, "accepted_qualifier", "proposed_qualifier")
@@ -163,7 +164,7 @@ TABLE = [("variant", "variant", 0), ("tok/s (IQR)", None, 1), ("tok/s incl. pref
          ("acc. Q", "acceptance_qualifier", 2), ("acc. T", "acceptance_target", 2),
          ("accepted/pass", "mean_accepted_per_target_pass", 2), ("fwd D/Q/T", None, 0),
          ("overhead", "engine_overhead_share", 3), ("agreement", "agreement", 3), ("logprob", "target_logprob", 3),
-         ("predicted tok/s", "predicted_tokens_per_s", 1), ("CSQA acc.", "csqa_accuracy", 3)]
+         ("predicted tok/s", "predicted_tokens_per_s", 1), ("predicted, +1/round", "predicted_plus_one_tokens_per_s", 1), ("CSQA acc.", "csqa_accuracy", 3)]
 
 
 def markdown_table(summary: list[dict]) -> str:
@@ -243,7 +244,9 @@ def _figures(result: dict) -> list:
     bars.add_bar(x=names, y=med, name="tok/s (engine: decode; peers: wall incl. prefill)",
                  error_y=dict(type="data", symmetric=False, array=err_hi, arrayminus=err_lo))
     bars.add_bar(x=names, y=[s["tokens_per_s_wall"] for s in summary], name="tok/s, wall incl. prefill")
-    bars.add_bar(x=names, y=[s["predicted_tokens_per_s"] for s in summary], name="predicted (throughput model)")
+    bars.add_bar(x=names, y=[s["predicted_tokens_per_s"] for s in summary], name="predicted (paper's model)")
+    bars.add_bar(x=names, y=[s["predicted_plus_one_tokens_per_s"] for s in summary],
+                 name="predicted (β·ℓ + 1 tokens per round)")
     bars.update_layout(title="Speed: median tokens/s, error bars = IQR", barmode="group", yaxis_title="tokens/s")
     figs.append(bars)
     qk = quality_key(summary)

@@ -185,3 +185,16 @@ def test_csqa_without_file_fails_clearly_offline(monkeypatch) -> None:
 def test_bad_options_are_clear_errors(capsys) -> None:
     assert cli_main(["bench", "--models", "tiny-random", "--methods", "ar,warp", "--no-progress"]) == 2
     assert "unknown method" in capsys.readouterr().err
+
+
+def test_throughput_prediction_counts_the_verifiers_token() -> None:
+    speeds = {"draft": 50.0, "qualifier": 25.0, "target": 10.0}
+    cfg = {"gamma": 4, "l_d": 2, "l_q": 6}
+    assert bench.predicted_plus_one("ar", cfg, {}, speeds) == 10.0
+    # nothing accepted: one token per round of 4 drafts + 1 target pass (0.08 s + 0.1 s)
+    assert bench.predicted_plus_one("sd", cfg, {"target": 0.0}, speeds) == pytest.approx(1 / 0.18)
+    assert bench.predicted_plus_one("sd", cfg, {"target": 1.0}, speeds) == pytest.approx(5 / 0.18)
+    inner = (0.5 * 2 + 1) / (2 / 50 + 1 / 25)
+    assert bench.predicted_plus_one("psd_f", cfg, {"qualifier": 0.5, "target": 0.5}, speeds) == pytest.approx(
+        (0.5 * 6 + 1) / (6 / inner + 1 / 10))
+    assert bench.predicted_plus_one("psd_f", cfg, {"target": 0.5}, speeds) is None
