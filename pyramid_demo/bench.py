@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import os
 import platform
+import signal
 import statistics
 import sys
 import time
@@ -374,6 +375,10 @@ def machine_info(triplet: ModelTriplet) -> dict:
                 time_utc=time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()))
 
 
+def _stop(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def _command_line(args: argparse.Namespace) -> str:
     """The command as typed when run from the shell, else rebuilt from the parsed options."""
     if sys.argv[1:2] == ["bench"]:
@@ -408,6 +413,7 @@ def run(args: argparse.Namespace) -> int:
     if triplet.note:
         print(f"note: {triplet.note}", file=sys.stderr)
     t0 = time.perf_counter()
+    old_term = signal.signal(signal.SIGTERM, _stop)  # `kill PID` keeps completed prompts, like Ctrl-C
     try:
         result = run_bench(triplet, variants, prompts, args.repeats, chat=not args.no_chat, answers=answers,
                            warmup_tokens=args.warmup_tokens, progress=not args.no_progress,
@@ -415,6 +421,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    finally:
+        signal.signal(signal.SIGTERM, old_term)
     result["meta"] = dict(machine_info(triplet), command=_command_line(args),
                           argv=sys.argv[1:], n_prompts=len({r["prompt_index"] for r in result["runs"]}),
                           prompts_requested=len(prompts), stopped_early=result["interrupted"], repeats=args.repeats, grid=args.grid,
