@@ -41,7 +41,6 @@ ROW_COLUMNS = [
 ]
 ALL_METHODS = METHODS + peers.PEERS
 GRID_TAUS = (0.2, 0.3, 0.4, 0.5)
-SKIP_GENERATE_OPTIONS = {"help", "method", "prompt", "json"}
 
 
 @dataclass(frozen=True)
@@ -64,11 +63,7 @@ class Variant:
 
 # ---------------------------------------------------------------- command line
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    scratch = argparse.ArgumentParser(add_help=False)
-    generate_cli.add_arguments(scratch)  # reuse generate's decoding options, not a copy of them
-    for action in scratch._actions:
-        if action.dest not in SKIP_GENERATE_OPTIONS:
-            p._add_action(action)
+    generate_cli.add_decoding_arguments(p)  # generate's decoding options, not a copy of them
     p.add_argument("--methods", default="ar,sd,fsd,psd_a,psd_f",
                    help=f"comma-separated, from {', '.join(METHODS)}")
     p.add_argument("--peers", default="hf_generate,hf_assisted",

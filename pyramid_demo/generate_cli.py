@@ -11,12 +11,18 @@ RESET = "\033[0m"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--method", choices=METHODS, default=DecodeConfig().method)
+    p.add_argument("--prompt", required=True)
+    add_decoding_arguments(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object with text, token_ids, stats, steps")
+
+
+def add_decoding_arguments(p: argparse.ArgumentParser) -> None:
+    """Models and decoding settings, shared by `generate` and `bench`."""
     d = DecodeConfig()
     p.add_argument("--models", default="tiny-random",
                    help="preset name (tiny-random, smollm2-offline, smollm2, qwen2.5, llama3) "
                         "or three comma-separated model ids/paths: draft,qualifier,target")
-    p.add_argument("--method", choices=METHODS, default=d.method)
-    p.add_argument("--prompt", required=True)
     p.add_argument("--no-chat", action="store_true", help="do not apply the target's chat template")
     p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
     p.add_argument("--temperature", type=float, default=d.temperature)
@@ -35,7 +41,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="'sd': exact SD rule at the target stage (lossless PSD_A, beyond the paper)")
     p.add_argument("--device", default=None, help="cpu, cuda or mps (default: best available)")
     p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: per device)")
-    p.add_argument("--json", action="store_true", help="print one JSON object with text, token_ids, stats, steps")
 
 
 def config_from_args(a: argparse.Namespace) -> DecodeConfig:

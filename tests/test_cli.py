@@ -1,0 +1,39 @@
+"""`python -m pyramid_demo generate`: one JSON object per run, clear errors for bad input."""
+import json
+
+import pytest
+
+from pyramid_demo.cli import main
+from pyramid_demo.config import METHODS
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_generate_json_for_every_method(method, capsys):
+    """--json prints valid JSON holding text, token_ids, stats and steps."""
+    rc = main(["generate", "--models", "tiny-random", "--method", method, "--prompt", "hello",
+               "--max-new-tokens", "32", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and {"text", "token_ids", "stats", "steps"} <= out.keys()
+    assert len(out["token_ids"]) == 32 and out["stats"]["method"] == method
+
+
+def test_generate_summary_is_coloured(capsys):
+    """Without --json: a readable summary with ANSI colours and the tokens/s line."""
+    assert main(["generate", "--models", "tiny-random", "--method", "sd", "--prompt", "hi",
+                 "--max-new-tokens", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "\033[" in out and "tok/s" in out
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--prompt", ""], "the prompt is empty"),
+    (["--prompt", "hi", "--tau-t", "-1"], "tau_t must be a number ≥ 0"),
+    (["--prompt", "hi", "--models", "no-such-preset"], "error:"),
+])
+def test_generate_errors_are_one_line(args, message, capsys):
+    """Bad input exits with status 2 and an `error:` line, never a traceback."""
+    assert main(["generate", "--models", "tiny-random", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
