@@ -55,14 +55,11 @@ def _snapshot(triplet: ModelTriplet, cfg: DecodeConfig, prompt: str, ids: list[i
     )
 
 
-def stream(triplet: ModelTriplet, prompt: str | list[int], cfg: DecodeConfig,
-           chat: bool = True) -> Iterator[RunResult]:
-    """Yield a snapshot after every target pass; the last one has stats.stopped set.
+def _passes(triplet: ModelTriplet, ids: list[int], cfg: DecodeConfig) -> Iterator[tuple]:
+    """Prefill, then decode; after each target pass yield (steps, token texts, prefill_s, stopped).
 
     Each call builds its own caches and generator, so concurrent runs never share state.
     """
-    ids = prepare_prompt(triplet, prompt, cfg, chat)
-    text = prompt if isinstance(prompt, str) else triplet.tokenizer.decode(ids)
     gen = None if cfg.greedy else torch.Generator().manual_seed(cfg.seed)
     lms = {r: CachedLM(triplet.model(r), triplet.vocab_size, r) for r in roles_for(cfg.method)}
     prefill_s = prefill(lms, ids)
@@ -75,15 +72,25 @@ def stream(triplet: ModelTriplet, prompt: str | list[int], cfg: DecodeConfig,
         steps.append(step)
         texts.extend(triplet.tokenizer.decode([t]) for t in step.new_tokens)
         n_new += len(step.new_tokens)
-        done = step.new_tokens[-1] in triplet.eos_ids or n_new >= cfg.max_new_tokens
-        stopped = "" if not done else ("eos" if step.new_tokens[-1] in triplet.eos_ids else "max_new_tokens")
+        eos = step.new_tokens[-1] in triplet.eos_ids
+        yield steps, texts, prefill_s, "eos" if eos else "max_new_tokens" if n_new >= cfg.max_new_tokens else ""
+
+
+def stream(triplet: ModelTriplet, prompt: str | list[int], cfg: DecodeConfig,
+           chat: bool = True) -> Iterator[RunResult]:
+    """Yield a snapshot after every target pass; the last one has stats.stopped set."""
+    ids = prepare_prompt(triplet, prompt, cfg, chat)
+    text = prompt if isinstance(prompt, str) else triplet.tokenizer.decode(ids)
+    for steps, texts, prefill_s, stopped in _passes(triplet, ids, cfg):
         yield _snapshot(triplet, cfg, text, ids, steps, texts, prefill_s, stopped)
 
 
 def generate(triplet: ModelTriplet, prompt: str | list[int], cfg: DecodeConfig, chat: bool = True) -> RunResult:
-    """Run to the end and return the final record."""
-    last = None
-    for last in stream(triplet, prompt, cfg, chat):
+    """Run to the end and return the final record (one snapshot, not one per pass)."""
+    ids = prepare_prompt(triplet, prompt, cfg, chat)
+    text = prompt if isinstance(prompt, str) else triplet.tokenizer.decode(ids)
+    state = None
+    for state in _passes(triplet, ids, cfg):
         pass
-    assert last is not None
-    return last
+    assert state is not None
+    return _snapshot(triplet, cfg, text, ids, *state)
