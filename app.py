@@ -35,9 +35,12 @@ def _gpu(fn: Callable) -> Callable:
     return spaces.GPU(duration=120)(fn)
 
 
+START = h.family_defaults(START_PRESET)  # the starting family's tuned settings
+
+
 def _slider(name: str, **kw) -> gr.Slider:
     lo, hi, step = RANGES[name]
-    return gr.Slider(lo, hi, value=getattr(DEFAULT, name), step=step, label=LABELS[name], info=INFO.get(name), **kw)
+    return gr.Slider(lo, hi, value=getattr(START, name), step=step, label=LABELS[name], info=INFO.get(name), **kw)
 
 
 def _whatif(name: str) -> gr.Slider:
@@ -67,6 +70,7 @@ def build_demo() -> gr.Blocks:
                     qual_id = gr.Textbox(label=LABELS["qualifier"], placeholder="HuggingFaceTB/SmolLM2-360M-Instruct")
                     target_id = gr.Textbox(label=LABELS["target"], placeholder="HuggingFaceTB/SmolLM2-1.7B-Instruct")
         with gr.Accordion(SETTINGS_TITLE, open=False):
+            gr.Markdown(INFO["tuned"])
             with gr.Row():
                 max_new = _slider("max_new_tokens", elem_id="max-new")
                 temperature = _slider("temperature")
@@ -74,13 +78,13 @@ def build_demo() -> gr.Blocks:
             with gr.Row():
                 gamma, l_d, l_q = _slider("gamma"), _slider("l_d"), _slider("l_q")
             with gr.Row():
-                tau_q, tau_t = _slider("tau_q"), _slider("tau_t")
+                tau_q, tau_t, conf_stop = _slider("tau_q"), _slider("tau_t"), _slider("conf_stop")
             with gr.Row():
-                divergence = gr.Radio(DIVERGENCE_CHOICES, value=DEFAULT.divergence, label=LABELS["divergence"],
+                divergence = gr.Radio(DIVERGENCE_CHOICES, value=START.divergence, label=LABELS["divergence"],
                                       info=INFO["divergence"])
-                fallback = gr.Radio(FALLBACK_CHOICES, value=DEFAULT.fallback, label=LABELS["fallback"],
+                fallback = gr.Radio(FALLBACK_CHOICES, value=START.fallback, label=LABELS["fallback"],
                                     info=INFO["fallback"])
-                stage2 = gr.Radio(STAGE2_CHOICES, value=DEFAULT.stage2, label=LABELS["stage2"], info=INFO["stage2"])
+                stage2 = gr.Radio(STAGE2_CHOICES, value=START.stage2, label=LABELS["stage2"], info=INFO["stage2"])
         status = gr.Markdown(MSG["idle"], elem_id="status")
 
         with gr.Tabs():
@@ -130,9 +134,11 @@ def build_demo() -> gr.Blocks:
         pick_out = [race_dd, method_dd, round_sl, wq, wt, pos_sl, hist_plot, posn_plot, tp_plot, speeds_md]
         insp_in = [session, race_dd, method_dd, round_sl, wq, wt, pos_sl]
         insp_out = [chips, div_plot, top5_plot, insp_md]
-        settings = [max_new, temperature, seed, gamma, l_d, l_q, tau_q, tau_t, divergence, fallback, stage2]
+        settings = [max_new, temperature, seed, gamma, l_d, l_q, tau_q, tau_t, divergence, fallback, stage2, conf_stop]
+        tuned = [gamma, l_d, l_q, tau_q, tau_t, divergence, fallback, stage2, conf_stop]  # h.TUNED_NAMES
 
         preset.change(h.preset_info, preset, [preset_md, custom_box])
+        preset.change(h.preset_settings, preset, tuned)
         race = gr.on([run_btn.click, prompt.submit], _gpu(h.run_race),
                      [preset, draft_id, qual_id, target_id, prompt, *settings, session], race_out,
                      concurrency_id="models", concurrency_limit=1)

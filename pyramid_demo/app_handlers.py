@@ -21,14 +21,15 @@ import gradio as gr
 from . import app_inspect, charts, render
 from .app_text import CUSTOM, DEFAULT, MSG, RACE_COLUMNS, RACE_METHODS
 from .config import METHOD_LABELS, DecodeConfig
-from .presets import PRESETS
+from .presets import PRESETS, tuned_settings
 from .trace import RunResult
 
 log = logging.getLogger(__name__)
 MAX_RACES = 20  # per user; older races are dropped to bound a hosted app's memory
 UI_INTERVAL_S = 0.15  # stream to the page at most this often (every pass is still recorded)
 SETTING_NAMES = ("max_new_tokens", "temperature", "seed", "gamma", "l_d", "l_q", "tau_q", "tau_t",
-                 "divergence", "fallback", "stage2")
+                 "divergence", "fallback", "stage2", "conf_stop")
+TUNED_NAMES = ("gamma", "l_d", "l_q", "tau_q", "tau_t", "divergence", "fallback", "stage2", "conf_stop")
 INT_SETTINGS = ("max_new_tokens", "seed", "gamma", "l_d", "l_q")
 
 
@@ -55,6 +56,17 @@ def preset_info(preset: str) -> tuple[str, Any]:
     flags += " · gated: needs a token" if p.gated else ""
     text = f"**{p.draft} → {p.qualifier} → {p.target}**  \n{p.description}  \nMemory: {need}{flags}"
     return text, gr.update(visible=False)
+
+
+def family_defaults(preset: str) -> DecodeConfig:
+    """The decoding settings a family is tuned for (the papers' defaults for a custom family)."""
+    return DecodeConfig(**tuned_settings(preset))
+
+
+def preset_settings(preset: str) -> tuple:
+    """Widget updates that reset the tunable settings (TUNED_NAMES order) to the family's."""
+    cfg = family_defaults(preset)
+    return tuple(gr.update(value=getattr(cfg, k)) for k in TUNED_NAMES)
 
 
 def model_spec(preset: str, draft: str, qualifier: str, target: str) -> str:
@@ -156,7 +168,7 @@ def _learn_vocab(race: dict, tokenizer: Any, r: RunResult) -> None:
 
 def run_race(preset: str, draft: str, qualifier: str, target: str, prompt: str, max_new_tokens: float,
              temperature: float, seed: float, gamma: float, l_d: float, l_q: float, tau_q: float, tau_t: float,
-             divergence: str, fallback: str, stage2: str, session: dict | None,
+             divergence: str, fallback: str, stage2: str, conf_stop: float, session: dict | None,
              progress: gr.Progress = gr.Progress()) -> Iterator[tuple]:
     """Run every method on the prompt, one after another, yielding (status, lanes, chart, table, earlier, session).
 
@@ -165,7 +177,7 @@ def run_race(preset: str, draft: str, qualifier: str, target: str, prompt: str, 
     """
     session = session if session is not None else new_session()
     settings = dict(zip(SETTING_NAMES, (max_new_tokens, temperature, seed, gamma, l_d, l_q, tau_q, tau_t,
-                                        divergence, fallback, stage2)))
+                                        divergence, fallback, stage2, conf_stop)))
     session["stop"], session["busy"] = False, True
     try:
         yield from _race_steps(preset, (draft, qualifier, target), prompt, settings, session, progress)

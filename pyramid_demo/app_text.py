@@ -24,6 +24,7 @@ RANGES = {
     "l_q": (1, 32, 1),
     "tau_q": (0.0, 1.0, 0.01),
     "tau_t": (0.0, 1.0, 0.01),
+    "conf_stop": (0.0, 0.95, 0.05),
 }
 
 EXAMPLE_PROMPTS = [
@@ -48,6 +49,7 @@ LABELS = {
     "divergence": "Divergence",
     "fallback": "Fuzzy fallback",
     "stage2": "PSD stage-2 rule",
+    "conf_stop": "Stop proposing below confidence",
 }
 
 WHATIF_LABELS = {"tau_q": "what-if τ_Q (stage 1 rounds)", "tau_t": "what-if τ_T (target round)"}
@@ -64,6 +66,10 @@ INFO = {
     "stage2": "CHOICE beyond the paper: 'sd' checks the qualifier block with the exact SD rule, which makes "
               "PSD_A lossless (a three-model cascade).",
     "seed": "Seeds the sampler when temperature > 0.",
+    "conf_stop": "Beyond the papers (HF assisted generation uses 0.4): the draft stops after a token whose top "
+                 "probability is below this, and a PSD block ends after such a qualifier token. 0 = the papers' "
+                 "fixed γ, ℓ_D and ℓ_Q. Lossless methods stay exact.",
+    "tuned": "Changing the family resets these settings to the ones it is tuned for (see the README).",
 }
 
 DIVERGENCE_CHOICES = list(DIVERGENCES)

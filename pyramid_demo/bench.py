@@ -28,7 +28,7 @@ from .throughput import predict
 
 ROW_COLUMNS = [
     "repeat", "prompt_index", "category", "variant", "method", "kind", "lossless",
-    "temperature", "gamma", "l_d", "l_q", "tau_q", "tau_t", "divergence", "fallback", "stage2",
+    "temperature", "gamma", "l_d", "l_q", "tau_q", "tau_t", "divergence", "fallback", "stage2", "conf_stop",
     "prompt_tokens", "n_new_tokens", "stopped", "prefill_s", "decode_s", "wall_s",
     "tokens_per_s", "tokens_per_s_incl_prefill", "tokens_per_s_wall",
     "speedup_vs_ar", "speedup_vs_sd", "speedup_vs_ar_wall", "speedup_vs_sd_wall",
@@ -191,7 +191,7 @@ def _base_row(v: Variant, r: int, pi: int, prompt: Prompt, ids: list[int]) -> di
                lossless=v.lossless, temperature=c.temperature, divergence=c.divergence, prompt_tokens=len(ids),
                prompt=prompt.text)
     if v.kind == "engine":
-        row.update(fallback=c.fallback)
+        row.update(fallback=c.fallback, conf_stop=c.conf_stop if v.method != "ar" else None)
         if v.method in ("sd", "fsd"):
             row.update(gamma=c.gamma)
         if v.method in ("fsd", "psd_a", "psd_f"):

@@ -35,6 +35,7 @@ class DecodeConfig:
     divergence: str = "js"
     fallback: str = "none"  # CHOICE beyond the paper: "sd" also accepts tokens the SD rule accepts
     stage2: str = "fuzzy"  # CHOICE beyond the paper: "sd" makes PSD_A lossless (3-model cascade)
+    conf_stop: float = 0.0  # beyond the papers: a proposer stops after a token it is less sure of (0: off)
 
     def __post_init__(self) -> None:
         def need(ok: bool, msg: str) -> None:
@@ -55,6 +56,8 @@ class DecodeConfig:
         for name in ("tau_q", "tau_t"):
             v = getattr(self, name)
             need(v == v and 0.0 <= v <= 100.0, f"{name} must be a number ≥ 0, got {v!r}")
+        need(self.conf_stop == self.conf_stop and 0.0 <= self.conf_stop < 1.0,
+             f"conf_stop must be in [0, 1), got {self.conf_stop!r}")
         need(self.temperature == self.temperature and 0.0 <= self.temperature <= 10.0,
              f"temperature must be between 0 and 10, got {self.temperature!r}")
         need(isinstance(self.top_k, int) and self.top_k >= 0, f"top_k must be an integer ≥ 0, got {self.top_k!r}")

@@ -221,6 +221,12 @@ def train(target, work: Path, role: str, args, stop_at: float | None = None) -> 
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0, betas=(0.9, 0.98))
     state = {"step": 0, "elapsed": 0.0, "epoch": 0, "pos": 0, "best": -1.0, "log": []}
     ck = _ckpt(work, role)
+    if args.init == "shipped" and not ck.is_file():  # continue from the committed weights
+        n, sh, sd = students.load_layers(students.weight_path(role))
+        if (n, sh) != (depth, shared):
+            raise SystemExit(f"{role}: shipped weights have {n} layers ({sh} shared), not {depth} ({shared})")
+        student.model.layers.load_state_dict(sd, strict=False)
+        print(f"{role}: starting from the shipped weights")
     if ck.is_file():
         saved = torch.load(ck, weights_only=False)
         student.model.layers.load_state_dict(saved["layers"])
@@ -360,6 +366,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--shared", type=int, default=None,
                    help=f"bottom layers that are the target's own, frozen (default: draft 0, qualifier {dd.X_LAYER})")
     g.add_argument("--batch", type=int, default=16, help="sequences per step")
+    g.add_argument("--init", choices=["target", "shipped"], default="target",
+                   help="start a new run from the target's layers or from the shipped student")
     g.add_argument("--lr", type=float, default=5e-4)
     g.add_argument("--lr-min", type=float, default=3e-5)
     g.add_argument("--total-steps", type=int, default=3000, help="length of the LR schedule")

@@ -40,13 +40,18 @@ def roles_for(method: str) -> tuple[str, ...]:
 
 def propose(lm: LM, seq: list[int], n: int, cfg: DecodeConfig,
             gen: torch.Generator | None) -> tuple[list[int], torch.Tensor]:
-    """The proposer drafts n tokens one at a time: ids and their logits [n, V]."""
+    """The proposer drafts up to n tokens one at a time: ids and their logits [n, V].
+
+    With cfg.conf_stop > 0 it stops after a token drafted at a confidence (its largest raw
+    probability) below that floor, like HF assisted generation's confidence threshold."""
     x: list[int] = []
     rows = []
     for _ in range(n):
         z = lm.logits(seq + x, 1)  # [1, V]
         rows.append(z[0])
         x.append(_pick(z, cfg, gen))
+        if cfg.conf_stop and float(rules.confidence(z)[0]) < cfg.conf_stop:
+            break
     return x, torch.stack(rows)
 
 
@@ -116,7 +121,8 @@ def pyramid_block(lms: dict[str, LM], seq: list[int], size: int, cfg: DecodeConf
     """Stage 1: draft → qualifier rounds until `size` tokens are qualified (CHOICE: cut to size).
 
     Returns the block, each token's origin, the qualifier's logits at every block position
-    [size, V] (they replace the draft's in stage 2), and the qualifier rounds.
+    [size, V] (they replace the draft's in stage 2), and the qualifier rounds. With
+    cfg.conf_stop > 0 the block also ends after a token the qualifier is less sure of.
     """
     block: list[int] = []
     origins: list[str] = []
@@ -126,16 +132,23 @@ def pyramid_block(lms: dict[str, LM], seq: list[int], size: int, cfg: DecodeConf
     while len(block) < size:
         n = min(cfg.l_d, size - len(block))
         x, z_d = propose(lms["draft"], seq + block, n, cfg, gen)
-        z_q = lms["qualifier"].logits(seq + block + x, n + 1)  # [n+1, V]
+        z_q = lms["qualifier"].logits(seq + block + x, len(x) + 1)  # [len(x)+1, V]
         rnd, nxt = verify(z_q, z_d, x, rule, cfg.tau_q if rule == "fuzzy" else None, cfg, gen,
                           "qualifier", "draft", "qualifier")
         k = rnd.n_accepted
-        block += x[:k] + [nxt]
-        origins += ["draft"] * k + ["qualifier"]
-        z_q_rows.extend(z_q[: k + 1])
+        keep, low = k + 1, False
+        if cfg.conf_stop:  # the qualifier's confidence at the new block tokens [k + 1]
+            conf = rules.confidence(z_q[: k + 1]).tolist()
+            keep = rules.confident_prefix(conf, cfg.conf_stop)
+            low = conf[keep - 1] < cfg.conf_stop
+        block += (x[:k] + [nxt])[:keep]
+        origins += (["draft"] * k + ["qualifier"])[:keep]
+        z_q_rows.extend(z_q[:keep])
         rounds.append(rnd)
         lms["draft"].rollback(seq + block)
         lms["qualifier"].rollback(seq + block)
+        if low:
+            break
     return block[:size], origins[:size], torch.stack(z_q_rows[:size]), rounds
 
 

@@ -5,6 +5,7 @@ import argparse
 import sys
 
 from .config import DIVERGENCES, FALLBACKS, METHODS, STAGE2_RULES, DecodeConfig
+from .presets import tuned_settings
 
 COLOURS = {"draft": "\033[32m", "qualifier": "\033[34m", "target": "\033[33m", "bonus": "\033[35m"}
 RESET = "\033[0m"
@@ -29,25 +30,35 @@ def add_decoding_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=d.top_k)
     p.add_argument("--top-p", type=float, default=d.top_p)
     p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--gamma", type=int, default=d.gamma, help="SD/FSD draft length γ")
-    p.add_argument("--l-d", type=int, default=d.l_d, help="PSD tokens drafted per qualifier round ℓ_D")
-    p.add_argument("--l-q", type=int, default=d.l_q, help="PSD block length per target round ℓ_Q")
-    p.add_argument("--tau-q", type=float, default=d.tau_q, help="PSD_F stage-1 threshold τ_Q")
-    p.add_argument("--tau-t", type=float, default=d.tau_t, help="FSD threshold / PSD stage-2 threshold τ_T")
-    p.add_argument("--divergence", choices=DIVERGENCES, default=d.divergence)
-    p.add_argument("--fallback", choices=FALLBACKS, default=d.fallback,
-                   help="'sd': also accept tokens the exact SD rule accepts (beyond the paper)")
-    p.add_argument("--stage2", choices=STAGE2_RULES, default=d.stage2,
-                   help="'sd': exact SD rule at the target stage (lossless PSD_A, beyond the paper)")
+    t = " (default: the family's tuned value, else %(d)s)"
+    p.add_argument("--gamma", type=int, default=None, help="SD/FSD draft length γ" + t % {"d": d.gamma})
+    p.add_argument("--l-d", type=int, default=None, help="PSD tokens drafted per qualifier round ℓ_D" + t % {"d": d.l_d})
+    p.add_argument("--l-q", type=int, default=None, help="PSD block length per target round ℓ_Q" + t % {"d": d.l_q})
+    p.add_argument("--tau-q", type=float, default=None, help="PSD_F stage-1 threshold τ_Q" + t % {"d": d.tau_q})
+    p.add_argument("--tau-t", type=float, default=None,
+                   help="FSD threshold / PSD stage-2 threshold τ_T" + t % {"d": d.tau_t})
+    p.add_argument("--divergence", choices=DIVERGENCES, default=None, help="CHOICE" + t % {"d": d.divergence})
+    p.add_argument("--fallback", choices=FALLBACKS, default=None,
+                   help="'sd': also accept tokens the exact SD rule accepts (beyond the paper)" + t % {"d": d.fallback})
+    p.add_argument("--stage2", choices=STAGE2_RULES, default=None,
+                   help="'sd': exact SD rule at the target stage (lossless PSD_A, beyond the paper)"
+                        + t % {"d": d.stage2})
+    p.add_argument("--conf-stop", type=float, default=None,
+                   help="a proposer (the draft; in PSD also the qualifier's block) stops after a token whose top "
+                        "probability is below this; 0: off, the papers' fixed lengths (beyond the papers)"
+                        + t % {"d": d.conf_stop})
     p.add_argument("--device", default=None, help="cpu, cuda or mps (default: best available)")
     p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: per device)")
 
 
+TUNABLE = ("gamma", "l_d", "l_q", "tau_q", "tau_t", "divergence", "fallback", "stage2", "conf_stop")
+
+
 def config_from_args(a: argparse.Namespace) -> DecodeConfig:
-    return DecodeConfig(method=a.method, max_new_tokens=a.max_new_tokens, temperature=a.temperature,
-                        top_k=a.top_k, top_p=a.top_p, seed=a.seed, gamma=a.gamma, l_d=a.l_d, l_q=a.l_q,
-                        tau_q=a.tau_q, tau_t=a.tau_t, divergence=a.divergence, fallback=a.fallback,
-                        stage2=a.stage2)
+    """Options given on the command line, else the preset's tuned settings, else DecodeConfig's."""
+    vals = {k: getattr(a, k) for k in TUNABLE if getattr(a, k, None) is not None}
+    return DecodeConfig(**{**tuned_settings(a.models), **vals}, method=a.method, max_new_tokens=a.max_new_tokens,
+                        temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, seed=a.seed)
 
 
 def summary(result) -> str:

@@ -24,6 +24,9 @@ class Preset:
     memory_gb: float
     gated: bool
     hub: bool
+    # decoding settings this family is tuned for (measured with `bench`, see the README),
+    # over DecodeConfig's defaults (the papers' settings); (name, value) pairs
+    tuned: tuple[tuple[str, object], ...] = ()
 
     @property
     def refs(self) -> tuple[str, str, str]:
@@ -98,3 +101,9 @@ PRESETS: dict[str, Preset] = {
 }
 
 DEFAULT_PRESET = "smollm2-offline"
+
+
+def tuned_settings(models: str) -> dict:
+    """The decoding settings a preset is tuned for ({} for a custom family or unknown name)."""
+    p = PRESETS.get(models)
+    return dict(p.tuned) if p else {}

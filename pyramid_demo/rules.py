@@ -51,6 +51,19 @@ def divergence(p: torch.Tensor, q: torch.Tensor, kind: str = "js",
     return d.clamp_min(0)
 
 
+def confidence(z: torch.Tensor) -> torch.Tensor:
+    """A proposer's confidence at each position: its largest raw probability, from logits z [n, V] -> [n]."""
+    z = z.float()
+    return torch.exp(z.max(-1).values - torch.logsumexp(z, -1))
+
+
+def confident_prefix(conf: list[float], floor: float) -> int:
+    """How many proposed tokens to keep when a proposer stops after its first token whose
+    confidence is below `floor` (that token is kept; floor 0 keeps them all)."""
+    low = next((i for i, c in enumerate(conf) if c < floor), None)
+    return len(conf) if low is None else low + 1
+
+
 def leading_run(passes: list[bool]) -> int:
     """Length of the leading run of True: tokens are accepted until the first failure."""
     for i, ok in enumerate(passes):
