@@ -85,6 +85,7 @@ PRESETS: dict[str, Preset] = {
             memory_gb=0.35,
             gated=False,
             hub=False,
+            tuned=(("conf_stop", 0.5), ("fallback", "sd"), ("tau_t", 0.3), ("tau_q", 0.3)),
         ),
         Preset(
             name="tiny-random",

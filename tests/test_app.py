@@ -219,3 +219,15 @@ def test_app_builds_without_loading_models(monkeypatch) -> None:
     assert app._gpu(len) == ("on-gpu", len)
     assert app.demo is not None
     assert charts.race_figure({}).layout.annotations  # the empty chart says what will appear
+
+
+def test_choosing_a_family_resets_the_settings_to_its_tuned_values():
+    """The preset dropdown's handler sends the family's tuned settings to the sliders (in
+    TUNED_NAMES order); a custom family gets the papers' defaults."""
+    from pyramid_demo.presets import tuned_settings
+
+    ups = h.preset_settings("smollm2-offline")
+    got = dict(zip(h.TUNED_NAMES, (u["value"] for u in ups)))
+    assert tuned_settings("smollm2-offline") and all(got[k] == v for k, v in tuned_settings("smollm2-offline").items())
+    got = dict(zip(h.TUNED_NAMES, (u["value"] for u in h.preset_settings("custom"))))
+    assert got == {k: getattr(DEFAULT, k) for k in h.TUNED_NAMES}

@@ -37,3 +37,32 @@ def test_generate_errors_are_one_line(args, message, capsys):
     assert main(["generate", "--models", "tiny-random", *args]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def _parsed(*argv):
+    import argparse
+
+    from pyramid_demo import generate_cli
+
+    p = argparse.ArgumentParser()
+    generate_cli.add_arguments(p)
+    return generate_cli.config_from_args(p.parse_args(["--prompt", "x", *argv]))
+
+
+def test_a_family_brings_its_tuned_settings_and_flags_override_them():
+    """`--models smollm2-offline` uses that preset's tuned settings; a flag beats the preset; a
+    custom family or a preset without tuning gets DecodeConfig's (the papers') defaults."""
+    from pyramid_demo.config import DecodeConfig
+    from pyramid_demo.presets import tuned_settings
+
+    tuned = tuned_settings("smollm2-offline")
+    assert tuned, "the offline preset should carry its measured settings"
+    cfg = _parsed("--models", "smollm2-offline")
+    assert {k: getattr(cfg, k) for k in tuned} == tuned
+    assert _parsed("--models", "smollm2-offline", "--gamma", "7").gamma == 7
+    assert _parsed("--models", "smollm2-offline", "--conf-stop", "0").conf_stop == 0.0
+    paper = DecodeConfig()
+    for models in ("tiny-random", "a,b,c"):
+        cfg = _parsed("--models", models, "--method", "psd_f")
+        assert (cfg.gamma, cfg.l_q, cfg.tau_t, cfg.fallback, cfg.conf_stop) == (
+            paper.gamma, paper.l_q, paper.tau_t, paper.fallback, paper.conf_stop)
