@@ -55,6 +55,8 @@ def preset_info(preset: str) -> tuple[str, Any]:
     flags = " · needs the Hub" if p.hub else " · runs offline"
     flags += " · gated: needs a token" if p.gated else ""
     text = f"**{p.draft} → {p.qualifier} → {p.target}**  \n{p.description}  \nMemory: {need}{flags}"
+    if p.tuned:
+        text += "  \nTuned settings (measured with `bench`): " + " · ".join(f"{k} {v}" for k, v in p.tuned)
     return text, gr.update(visible=False)
 
 

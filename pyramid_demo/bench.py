@@ -19,7 +19,7 @@ from typing import Callable
 
 import torch
 
-from . import csqa, generate_cli, peers, report
+from . import csqa, generate_cli, peers, report, throughput
 from .bench_prompts import Prompt, load_prompts
 from .config import METHODS, DecodeConfig
 from .lm import ModelTriplet
@@ -33,7 +33,7 @@ ROW_COLUMNS = [
     "tokens_per_s", "tokens_per_s_incl_prefill", "tokens_per_s_wall",
     "speedup_vs_ar", "speedup_vs_sd", "speedup_vs_ar_wall", "speedup_vs_sd_wall",
     "acceptance_qualifier", "acceptance_target", "proposed_qualifier", "accepted_qualifier",
-    "proposed_target", "accepted_target", "target_passes", "mean_accepted_per_target_pass",
+    "proposed_target", "accepted_target", "rounds_qualifier", "rounds_target", "target_passes", "mean_accepted_per_target_pass",
     "tokens_per_target_pass", "fwd_draft", "fwd_qualifier", "fwd_target",
     "fwd_time_draft_s", "fwd_time_qualifier_s", "fwd_time_target_s",
     "engine_overhead_s", "engine_overhead_share", "agreement", "prefix_agreement", "target_logprob",
@@ -176,7 +176,7 @@ def run_variant(triplet: ModelTriplet, v: Variant, ids: list[int], chat: bool) -
     for stage in ("qualifier", "target"):
         if stage in s.acceptance:
             row.update({f"acceptance_{stage}": s.acceptance[stage], f"proposed_{stage}": s.proposed[stage],
-                        f"accepted_{stage}": s.accepted[stage]})
+                        f"accepted_{stage}": s.accepted[stage], f"rounds_{stage}": s.rounds.get(stage)})
     for role in ("draft", "qualifier", "target"):
         if role in s.forward_passes:
             row[f"fwd_{role}"] = s.forward_passes[role]
@@ -272,8 +272,7 @@ def run_bench(triplet: ModelTriplet, variants: list[Variant], prompts: list[Prom
         row["predicted_tokens_per_s"] = _predicted(row, speeds)
         if row["kind"] == "engine":
             acc = {k: row[f"acceptance_{k}"] for k in ("qualifier", "target") if row[f"acceptance_{k}"] is not None}
-            row["predicted_plus_one_tokens_per_s"] = predicted_plus_one(
-                row["method"], {k: row[k] for k in ("gamma", "l_d", "l_q")}, acc, speeds)
+            row["predicted_plus_one_tokens_per_s"] = predicted_plus_one(row["method"], _lengths(row), acc, speeds)
     return dict(runs=rows, interrupted=interrupted, speeds=speeds, speeds_one_token=speeds_one,
                 speed_sources={"target": "AR runs (forwards per second)" if ar_speeds else "one-token timing",
                                "draft": "one-token timing", "qualifier": "one-token timing"})
@@ -317,13 +316,21 @@ def _per_prompt(group: list[tuple[dict, list[int]]], ref: list[int] | None) -> N
             row["agreement"], row["prefix_agreement"] = token_agreement(toks, ref), prefix_agreement(toks, ref)
 
 
+def _lengths(row: dict) -> dict:
+    """The γ / ℓ_D / ℓ_Q the throughput formulas use for a row (measured means under conf_stop)."""
+    st = ("qualifier", "target")
+    return throughput.lengths({k: row[k] for k in ("gamma", "l_d", "l_q", "conf_stop")},
+                              {k: row[f"proposed_{k}"] for k in st if row.get(f"proposed_{k}")},
+                              {k: row[f"rounds_{k}"] for k in st if row.get(f"rounds_{k}")})
+
+
 def _predicted(row: dict, speeds: dict[str, float]) -> float | None:
     """The paper's throughput model for one run, from its acceptance rates and `speeds`."""
     if row["kind"] != "engine":
         return None
     acc = {k: row[f"acceptance_{k}"] for k in ("qualifier", "target") if row[f"acceptance_{k}"] is not None}
-    fake = argparse.Namespace(method=row["method"], config=dict(gamma=row["gamma"], l_d=row["l_d"], l_q=row["l_q"]),
-                              stats=argparse.Namespace(acceptance=acc))
+    fake = argparse.Namespace(method=row["method"], config=_lengths(row),
+                              stats=argparse.Namespace(acceptance=acc, proposed={}, rounds={}))
     try:
         return predict(fake, speeds)  # type: ignore[arg-type]
     except TypeError:

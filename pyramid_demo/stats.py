@@ -29,12 +29,13 @@ def per_position(rounds: list[StageRound]) -> list[float]:
 def compute_stats(method: str, steps: list[Step], prefill_s: float, stopped: str) -> Stats:
     n_new = sum(len(s.new_tokens) for s in steps)
     decode_s = steps[-1].t_end if steps else 0.0
-    acceptance, proposed, accepted, positions = {}, {}, {}, {}
+    acceptance, proposed, accepted, positions, n_rounds = {}, {}, {}, {}, {}
     for stage in STAGES:
         rounds = stage_rounds(steps, stage)
         if not rounds:
             continue
         proposed[stage] = sum(n_proposed(r) for r in rounds)
+        n_rounds[stage] = len(rounds)
         accepted[stage] = sum(r.n_accepted for r in rounds)
         acceptance[stage] = round(accepted[stage] / proposed[stage], 4) if proposed[stage] else 0.0
         positions[stage] = per_position(rounds)
@@ -58,4 +59,5 @@ def compute_stats(method: str, steps: list[Step], prefill_s: float, stopped: str
         accepted_hist=hist if targets else [], per_position_acceptance=positions,
         forward_passes=fwd, forward_time_s={k: round(v, 6) for k, v in ftime.items()},
         engine_overhead_s=round(max(0.0, decode_s - sum(ftime.values())), 6), stopped=stopped,
+        rounds=n_rounds,
     )

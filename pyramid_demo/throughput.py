@@ -23,12 +23,26 @@ def v_psd(beta_tq: float, l_q: int, v_fsd_qd: float, v_t: float) -> float:
     return beta_tq * (l_q + 1) / (l_q / v_fsd_qd + 1 / v_t)
 
 
+def lengths(cfg: dict, proposed: dict[str, int], rounds: dict[str, int]) -> dict[str, float]:
+    """γ, ℓ_D and ℓ_Q for the formulas: the configured ones, or under conf_stop (where they are
+    maxima) the measured mean proposal length per round of each stage."""
+    out = {k: cfg.get(k) for k in ("gamma", "l_d", "l_q")}
+    if cfg.get("conf_stop"):
+        mean = {st: proposed[st] / rounds[st] for st in rounds if rounds[st] and st in proposed}
+        if "target" in mean:
+            out["gamma"] = out["l_q"] = mean["target"]
+        if "qualifier" in mean:
+            out["l_d"] = mean["qualifier"]
+    return out
+
+
 def predict(result: RunResult, speeds: dict[str, float]) -> float | None:
     """Predicted tokens/s for a finished run, from its acceptance rates and `speeds` (role → tok/s).
 
     The paper's formulas use β·(ℓ+1) as tokens per round; AR's prediction is V_T itself.
     """
-    cfg, acc = result.config, result.stats.acceptance
+    acc = result.stats.acceptance
+    cfg = lengths(result.config, result.stats.proposed, getattr(result.stats, "rounds", {}))
     try:
         if result.method == "ar":
             return speeds["target"]

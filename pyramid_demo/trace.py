@@ -77,6 +77,7 @@ class Stats:
     forward_time_s: dict[str, float]  # decode forwards per model (prefill excluded)
     engine_overhead_s: float  # decode wall time outside model forwards
     stopped: str  # eos | max_new_tokens | cancelled
+    rounds: dict[str, int] = field(default_factory=dict)  # stage -> rounds (proposed ÷ rounds: mean length)
 
 
 @dataclass

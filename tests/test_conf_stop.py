@@ -87,3 +87,13 @@ def test_cache_lengths_with_conf_stop(tiny, method):
         check_caches(lms, seq)
         assert len(lms["target"].ids) == len(seq) - 1
     assert len(seq) - len(ids) == 30
+
+
+def test_throughput_model_uses_measured_lengths_under_conf_stop():
+    """With conf_stop γ/ℓ are maxima: the formulas get the mean proposal length per round."""
+    from pyramid_demo.throughput import lengths
+
+    cfg = {"gamma": 4, "l_d": 4, "l_q": 8}
+    assert lengths(cfg, {"target": 30}, {"target": 20}) == cfg
+    got = lengths({**cfg, "conf_stop": 0.5}, {"qualifier": 40, "target": 30}, {"qualifier": 20, "target": 20})
+    assert got == {"gamma": 1.5, "l_d": 2.0, "l_q": 1.5}
