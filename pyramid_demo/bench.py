@@ -24,7 +24,6 @@ from .bench_prompts import Prompt, load_prompts
 from .config import METHODS, DecodeConfig
 from .lm import ModelTriplet
 from .run import generate, prepare_prompt
-from .throughput import predict
 
 ROW_COLUMNS = [
     "repeat", "prompt_index", "category", "variant", "method", "kind", "lossless",
@@ -272,7 +271,7 @@ def run_bench(triplet: ModelTriplet, variants: list[Variant], prompts: list[Prom
         row["predicted_tokens_per_s"] = _predicted(row, speeds)
         if row["kind"] == "engine":
             acc = {k: row[f"acceptance_{k}"] for k in ("qualifier", "target") if row[f"acceptance_{k}"] is not None}
-            row["predicted_plus_one_tokens_per_s"] = predicted_plus_one(row["method"], _lengths(row), acc, speeds)
+            row["predicted_plus_one_tokens_per_s"] = throughput.predict_plus_one(row["method"], _lengths(row), acc, speeds)
     return dict(runs=rows, interrupted=interrupted, speeds=speeds, speeds_one_token=speeds_one,
                 speed_sources={"target": "AR runs (forwards per second)" if ar_speeds else "one-token timing",
                                "draft": "one-token timing", "qualifier": "one-token timing"})
@@ -329,29 +328,7 @@ def _predicted(row: dict, speeds: dict[str, float]) -> float | None:
     if row["kind"] != "engine":
         return None
     acc = {k: row[f"acceptance_{k}"] for k in ("qualifier", "target") if row[f"acceptance_{k}"] is not None}
-    fake = argparse.Namespace(method=row["method"], config=_lengths(row),
-                              stats=argparse.Namespace(acceptance=acc, proposed={}, rounds={}))
-    try:
-        return predict(fake, speeds)  # type: ignore[arg-type]
-    except TypeError:
-        return None
-
-
-def predicted_plus_one(method: str, cfg: dict, acc: dict[str, float], speeds: dict[str, float]) -> float | None:
-    """The paper's model with β·ℓ + 1 tokens per round instead of β·(ℓ+1): with β = accepted ÷
-    proposed, a round commits β·ℓ drafted tokens on average plus the verifier's own token, so
-    this stays right when acceptance is low (the paper's form then predicts almost nothing)."""
-    try:
-        if method == "ar":
-            return speeds["target"]
-        if method in ("sd", "fsd"):
-            g = cfg["gamma"]
-            return (acc["target"] * g + 1) / (g / speeds["draft"] + 1 / speeds["target"])
-        ld, lq = cfg["l_d"], cfg["l_q"]
-        inner = (acc["qualifier"] * ld + 1) / (ld / speeds["draft"] + 1 / speeds["qualifier"])
-        return (acc["target"] * lq + 1) / (lq / inner + 1 / speeds["target"])
-    except (KeyError, TypeError, ZeroDivisionError):
-        return None
+    return throughput.predict_parts(row["method"], _lengths(row), acc, speeds)
 
 
 # ---------------------------------------------------------------- entry point

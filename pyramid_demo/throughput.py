@@ -36,22 +36,41 @@ def lengths(cfg: dict, proposed: dict[str, int], rounds: dict[str, int]) -> dict
     return out
 
 
-def predict(result: RunResult, speeds: dict[str, float]) -> float | None:
-    """Predicted tokens/s for a finished run, from its acceptance rates and `speeds` (role → tok/s).
-
-    The paper's formulas use β·(ℓ+1) as tokens per round; AR's prediction is V_T itself.
-    """
-    acc = result.stats.acceptance
-    cfg = lengths(result.config, result.stats.proposed, getattr(result.stats, "rounds", {}))
+def predict_parts(method: str, lens: dict, acc: dict[str, float], speeds: dict[str, float]) -> float | None:
+    """The paper's formulas for one method, from lengths (see `lengths`), acceptance per stage and
+    single-model speeds (role → tok/s); AR's prediction is V_T itself."""
     try:
-        if result.method == "ar":
+        if method == "ar":
             return speeds["target"]
-        if result.method in ("sd", "fsd"):
-            return v_sd(acc["target"], cfg["gamma"], speeds["draft"], speeds["target"])
-        inner = v_fsd(acc["qualifier"], cfg["l_d"], speeds["draft"], speeds["qualifier"])
-        return v_psd(acc["target"], cfg["l_q"], inner, speeds["target"])
-    except (KeyError, ZeroDivisionError):
+        if method in ("sd", "fsd"):
+            return v_sd(acc["target"], lens["gamma"], speeds["draft"], speeds["target"])
+        inner = v_fsd(acc["qualifier"], lens["l_d"], speeds["draft"], speeds["qualifier"])
+        return v_psd(acc["target"], lens["l_q"], inner, speeds["target"])
+    except (KeyError, TypeError, ZeroDivisionError):
         return None
+
+
+def predict_plus_one(method: str, lens: dict, acc: dict[str, float], speeds: dict[str, float]) -> float | None:
+    """The paper's model with β·ℓ + 1 tokens per round instead of β·(ℓ+1): with β = accepted ÷
+    proposed, a round commits β·ℓ drafted tokens on average plus the verifier's own token, so
+    this stays right when acceptance is low (the paper's form then predicts almost nothing)."""
+    try:
+        if method == "ar":
+            return speeds["target"]
+        if method in ("sd", "fsd"):
+            g = lens["gamma"]
+            return (acc["target"] * g + 1) / (g / speeds["draft"] + 1 / speeds["target"])
+        ld, lq = lens["l_d"], lens["l_q"]
+        inner = (acc["qualifier"] * ld + 1) / (ld / speeds["draft"] + 1 / speeds["qualifier"])
+        return (acc["target"] * lq + 1) / (lq / inner + 1 / speeds["target"])
+    except (KeyError, TypeError, ZeroDivisionError):
+        return None
+
+
+def predict(result: RunResult, speeds: dict[str, float]) -> float | None:
+    """Predicted tokens/s for a finished run (the paper's form, β·(ℓ+1) tokens per round)."""
+    s = result.stats
+    return predict_parts(result.method, lengths(result.config, s.proposed, s.rounds), s.acceptance, speeds)
 
 
 def single_model_speed(result: RunResult, role: str) -> float | None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pyramid_demo import bench, csqa, report
+from pyramid_demo import bench, csqa, report, throughput
 from pyramid_demo.bench_prompts import Prompt, builtin_prompts, load_prompts, read_jsonl
 from pyramid_demo.cli import main as cli_main
 
@@ -190,11 +190,11 @@ def test_bad_options_are_clear_errors(capsys) -> None:
 def test_throughput_prediction_counts_the_verifiers_token() -> None:
     speeds = {"draft": 50.0, "qualifier": 25.0, "target": 10.0}
     cfg = {"gamma": 4, "l_d": 2, "l_q": 6}
-    assert bench.predicted_plus_one("ar", cfg, {}, speeds) == 10.0
+    assert throughput.predict_plus_one("ar", cfg, {}, speeds) == 10.0
     # nothing accepted: one token per round of 4 drafts + 1 target pass (0.08 s + 0.1 s)
-    assert bench.predicted_plus_one("sd", cfg, {"target": 0.0}, speeds) == pytest.approx(1 / 0.18)
-    assert bench.predicted_plus_one("sd", cfg, {"target": 1.0}, speeds) == pytest.approx(5 / 0.18)
+    assert throughput.predict_plus_one("sd", cfg, {"target": 0.0}, speeds) == pytest.approx(1 / 0.18)
+    assert throughput.predict_plus_one("sd", cfg, {"target": 1.0}, speeds) == pytest.approx(5 / 0.18)
     inner = (0.5 * 2 + 1) / (2 / 50 + 1 / 25)
-    assert bench.predicted_plus_one("psd_f", cfg, {"qualifier": 0.5, "target": 0.5}, speeds) == pytest.approx(
+    assert throughput.predict_plus_one("psd_f", cfg, {"qualifier": 0.5, "target": 0.5}, speeds) == pytest.approx(
         (0.5 * 6 + 1) / (6 / inner + 1 / 10))
-    assert bench.predicted_plus_one("psd_f", cfg, {"target": 0.5}, speeds) is None
+    assert throughput.predict_plus_one("psd_f", cfg, {"target": 0.5}, speeds) is None
