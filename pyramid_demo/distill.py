@@ -19,6 +19,7 @@ import torch
 
 from . import distill_data as dd
 from . import students
+from .distill_loss import batches, collate, agreement, loss_and_backward, per_token_ms
 
 # (layers, of which the first are the target's own, shared and frozen)
 DEPTHS = {"draft": (2, 0), "qualifier": (8, dd.X_LAYER)}
@@ -57,150 +58,6 @@ def load_target(work: Path):
     for p in model.parameters():
         p.requires_grad_(False)
     return model, AutoTokenizer.from_pretrained(cache)
-
-
-# ---------------------------------------------------------------- losses and metrics
-def _div(zt: torch.Tensor, zs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-position KL(p_t || p_s) and FSD-code js (m=(p+q)/2; ½KL(m‖p)+½KL(m‖q))."""
-    lt, ls = torch.log_softmax(zt.float(), -1), torch.log_softmax(zs.float(), -1)
-    pt, ps = lt.exp(), ls.exp()
-    kl = (pt * (lt - ls)).sum(-1)
-    m = 0.5 * (pt + ps)
-    lm = torch.log(m.clamp_min(1e-30))
-    js = 0.5 * (m * (lm - lt)).sum(-1) + 0.5 * (m * (lm - ls)).sum(-1)
-    return kl.clamp_min(0), js.clamp_min(0)
-
-
-def _batches(recs: list[dict], batch: int, gen: torch.Generator) -> list[list[int]]:
-    """Shuffled batches of records of similar length (less padding)."""
-    order = torch.randperm(len(recs), generator=gen).tolist()
-    chunks = [order[i:i + batch * 8] for i in range(0, len(order), batch * 8)]
-    out = []
-    for c in chunks:
-        c.sort(key=lambda i: len(recs[i]["ids"]))
-        out += [c[i:i + batch] for i in range(0, len(c), batch)]
-    perm = torch.randperm(len(out), generator=gen).tolist()
-    return [out[i] for i in perm]
-
-
-def _collate(recs: list[dict], idx: list[int], pad: int, with_x: bool = False):
-    """input ids [B, L] (right padded), attention mask, answer mask, teacher h [N, D]
-    (with_x: also the cached target states entering layer X_LAYER, [B, L, D])."""
-    seqs = [recs[i] for i in idx]
-    L = max(len(r["ids"]) - 1 for r in seqs)
-    ids = torch.full((len(seqs), L), pad, dtype=torch.long)
-    att = torch.zeros((len(seqs), L), dtype=torch.long)
-    ans = torch.zeros((len(seqs), L), dtype=torch.bool)
-    for b, r in enumerate(seqs):
-        n = len(r["ids"]) - 1
-        ids[b, :n] = r["ids"][:n].long()
-        att[b, :n] = 1
-        ans[b, r["n_prompt"] - 1:n] = True
-    h = torch.cat([r["h"][: len(r["ids"]) - r["n_prompt"]] for r in seqs]).float()
-    if not with_x:
-        return ids, att, ans, h
-    x = torch.zeros((len(seqs), L, seqs[0]["x"].shape[1]))
-    for b, r in enumerate(seqs):
-        x[b, : len(r["ids"]) - 1] = r["x"][: len(r["ids"]) - 1].float()
-    return ids, att, ans, h, x
-
-
-def _top(student, x: torch.Tensor, first: int) -> torch.Tensor:
-    """Run the student's layers first.. on cached states x [B, L, D] (right padded, so the
-    plain causal mask is exact for real positions) and its final norm."""
-    pos = torch.arange(x.shape[1]).unsqueeze(0)
-    pe = student.model.rotary_emb(x, position_ids=pos)
-    for layer in student.model.layers[first:]:
-        x = layer(x, attention_mask=None, position_ids=pos, position_embeddings=pe)
-        x = x[0] if isinstance(x, tuple) else x
-    return student.model.norm(x)
-
-
-def _hidden(model, ids, att) -> torch.Tensor:
-    """Final normed hidden states [B, L, D] of a (student or target) Llama."""
-    return model.model(input_ids=ids, attention_mask=att, use_cache=False).last_hidden_state
-
-
-def loss_and_backward(student, head, ids, att, ans, h_t, kind: str, kl_frac: float = 1.0,
-                      mse: float = 0.0, gen: torch.Generator | None = None, chunk: int = 384,
-                      x: torch.Tensor | None = None) -> dict:
-    """Distillation loss on the answer positions; backward done here (chunked over the head).
-
-    kind "kl": KL(target || student) over the full vocabulary; "kl+js": plus the FSD-code js;
-    "mse": relative squared error of the final normed hidden state only (no LM head).
-    kl_frac < 1 computes the (49152-wide) head terms on that random share of the positions
-    only; mse > 0 adds mse x the hidden-state term on every position (cheap, no head)."""
-    if x is not None:  # frozen shared bottom: start from the cached target states
-        h_s = _top(student, x, student.shared_layers)[ans]
-    else:
-        h_s = _hidden(student, ids, att)[ans]  # [N, D]
-    rel = (h_s - h_t).pow(2).sum(-1).mean() / h_t.pow(2).sum(-1).mean()
-    if kind == "mse":
-        rel.backward()
-        return {"loss": float(rel), "mse": float(rel)}
-    leaf = h_s.detach().requires_grad_(True)
-    n_all = leaf.shape[0]
-    sel = torch.arange(n_all)
-    if kl_frac < 1.0:
-        k = max(1, int(round(kl_frac * n_all)))
-        sel = torch.randperm(n_all, generator=gen)[:k].sort().values
-    tot, agree, jss = 0.0, 0.0, 0.0
-    n = sel.numel()
-    for i in range(0, n, chunk):
-        j = sel[i:i + chunk]
-        with torch.no_grad():
-            zt = head(h_t[j])
-        zs = head(leaf[j])
-        kl, js = _div(zt, zs)
-        l = kl.sum() + (js.sum() if kind == "kl+js" else 0.0)
-        (l / n).backward()
-        tot += float(l.detach())
-        jss += float(js.detach().sum())
-        agree += float((zt.argmax(-1) == zs.argmax(-1)).sum())
-    grad = leaf.grad
-    if mse > 0:
-        torch.autograd.backward([h_s, mse * rel], [grad, torch.ones_like(rel)])
-    else:
-        h_s.backward(grad)
-    return {"loss": tot / n, "js": jss / n, "agree": agree / n, "mse": float(rel.detach())}
-
-
-@torch.no_grad()
-def agreement(model_a, model_b, head, recs: list[dict], pad: int, batch: int = 8,
-              h_b: bool = False) -> dict:
-    """Teacher-forced top-1 agreement and mean js of model_a vs model_b on answer positions
-    (h_b=True: model_b's hidden states are the records' cached target states)."""
-    agree = js_sum = n = 0.0
-    for i in range(0, len(recs), batch):
-        ids, att, ans, h = _collate(recs, list(range(i, min(i + batch, len(recs)))), pad)
-        ha = _hidden(model_a, ids, att)[ans]
-        hb = h if h_b else _hidden(model_b, ids, att)[ans]
-        for j in range(0, ha.shape[0], 512):
-            za, zb = head(ha[j:j + 512]), head(hb[j:j + 512])
-            agree += float((za.argmax(-1) == zb.argmax(-1)).sum())
-            js_sum += float(_div(zb, za)[1].sum())
-        n += ha.shape[0]
-    return {"agree": round(agree / n, 4), "js": round(js_sum / n, 4), "positions": int(n)}
-
-
-def per_token_ms(model, ctx: int = 200, n: int = 25) -> float:
-    """Median ms of a cached one-token forward (fp32, logits of one position)."""
-    import statistics
-
-    from transformers import DynamicCache
-
-    g = torch.Generator().manual_seed(0)
-    cache = DynamicCache(config=model.config)
-    ts = []
-    with torch.inference_mode():
-        model(input_ids=torch.randint(0, 49152, (1, ctx), generator=g), past_key_values=cache,
-              use_cache=True, logits_to_keep=1)
-        for _ in range(n):
-            x = torch.randint(0, 49152, (1, 1), generator=g)
-            t = time.perf_counter()
-            model(input_ids=x, past_key_values=cache, use_cache=True, logits_to_keep=1)
-            ts.append(time.perf_counter() - t)
-    return statistics.median(ts) * 1000
 
 
 # ---------------------------------------------------------------- training
@@ -255,7 +112,7 @@ def train(target, work: Path, role: str, args, stop_at: float | None = None) -> 
 
     while True:
         gen = torch.Generator().manual_seed(args.seed * 7777 + state["epoch"])
-        plan = _batches(recs, args.batch, gen)
+        plan = batches(recs, args.batch, gen)
         while state["pos"] < len(plan):
             now = time.time()
             state["elapsed"] = start_elapsed + (now - t0)
@@ -269,7 +126,7 @@ def train(target, work: Path, role: str, args, stop_at: float | None = None) -> 
             lr *= min(1.0, (state["step"] + 1) / args.warmup)
             for gp in opt.param_groups:
                 gp["lr"] = lr
-            batch = _collate(recs, plan[state["pos"]], pad, with_x=use_x)
+            batch = collate(recs, plan[state["pos"]], pad, with_x=use_x)
             opt.zero_grad(set_to_none=True)
             out = loss_and_backward(student, head, *batch[:4], args.loss, args.kl_frac, args.mse, lgen,
                                     x=batch[4] if use_x else None)
