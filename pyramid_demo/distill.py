@@ -19,7 +19,7 @@ import torch
 
 from . import distill_data as dd
 from . import students
-from .distill_loss import batches, collate, agreement, loss_and_backward, per_token_ms
+from .distill_loss import agreement, batches, collate, loss_and_backward, per_token_ms
 
 # (layers, of which the first are the target's own, shared and frozen)
 DEPTHS = {"draft": (2, 0), "qualifier": (8, dd.X_LAYER)}
