@@ -142,7 +142,11 @@ The more green and blue, the less work the big target had to do.
   papers' τ grid (0.2–0.5) means the same here. `kl` is KL(q‖p), `tv` is total variation.
 * The PSD block is cut to exactly ℓ_Q tokens, and the qualifier's own tokens count toward ℓ_Q.
 * Options beyond the papers: **fuzzy fallback = sd** also accepts tokens the exact SD rule accepts;
-  **stage-2 rule = sd** makes PSD_A lossless (a three-model cascade).
+  **stage-2 rule = sd** makes PSD_A lossless (a three-model cascade); **stop proposing below
+  confidence** lets the draft stop early when it is unsure (and ends a PSD block after an unsure
+  qualifier token), so γ, ℓ_D and ℓ_Q become maxima.
+* Each family starts from the settings it was measured best with (the offline family: confidence stop
+  0.5, fallback sd, τ 0.3); a custom family starts from the papers' settings.
 * "Tokens / target pass" counts the target's own token; "accepted" counts drafted tokens only.
 * Times exclude the prompt's prefill; speed-ups compare methods on the same prompt in the same race.
 """
