@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 
 from .config import DIVERGENCES, FALLBACKS, METHODS, STAGE2_RULES, DecodeConfig
-from .presets import DEFAULT_PRESET, PRESETS
+from .presets import DEFAULT_PRESET, PRESETS, tuned_settings
 
 CUSTOM = "custom"
 PRESET_ENV = "PYRAMID_DEMO_PRESET"  # lets tests and hosts pick the preset shown first
@@ -145,8 +145,9 @@ The more green and blue, the less work the big target had to do.
   **stage-2 rule = sd** makes PSD_A lossless (a three-model cascade); **stop proposing below
   confidence** lets the draft stop early when it is unsure (and ends a PSD block after an unsure
   qualifier token), so γ, ℓ_D and ℓ_Q become maxima.
-* Each family starts from the settings it was measured best with (the offline family: confidence stop
-  0.5, fallback sd, τ 0.3); a custom family starts from the papers' settings.
+* Each family starts from the settings it was measured best with (the offline family:
+  {", ".join(f"{k} {v}" for k, v in tuned_settings("smollm2-offline").items())}); a custom family starts from
+  the papers' settings.
 * "Tokens / target pass" counts the target's own token; "accepted" counts drafted tokens only.
 * Times exclude the prompt's prefill; speed-ups compare methods on the same prompt in the same race.
 """
