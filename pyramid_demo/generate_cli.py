@@ -5,7 +5,7 @@ import argparse
 import sys
 
 from .config import DIVERGENCES, FALLBACKS, METHODS, STAGE2_RULES, DecodeConfig
-from .presets import tuned_settings
+from .presets import DEFAULT_PRESET, tuned_settings
 
 COLOURS = {"draft": "\033[32m", "qualifier": "\033[34m", "target": "\033[33m", "bonus": "\033[35m"}
 RESET = "\033[0m"
@@ -21,8 +21,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def add_decoding_arguments(p: argparse.ArgumentParser) -> None:
     """Models and decoding settings, shared by `generate` and `bench`."""
     d = DecodeConfig()
-    p.add_argument("--models", default="tiny-random",
-                   help="preset name (tiny-random, smollm2-offline, smollm2, qwen2.5, llama3) "
+    p.add_argument("--models", default=DEFAULT_PRESET,
+                   help=f"preset name (default {DEFAULT_PRESET}; tiny-random, smollm2, qwen2.5, llama3) "
                         "or three comma-separated model ids/paths: draft,qualifier,target")
     p.add_argument("--no-chat", action="store_true", help="do not apply the target's chat template")
     p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
