@@ -3,6 +3,7 @@ classed <span> (a 256-token race streams five lanes several times a second)."""
 from __future__ import annotations
 
 import html
+import re
 
 from .app_text import ORIGIN_NAMES, STATUS_NAMES
 from .config import METHOD_LABELS
@@ -127,4 +128,6 @@ def round_chips_html(rnd: StageRound, texts: dict[int, str], title: str, whatif:
 
 
 def message_html(text: str) -> str:
-    return f'<div style="color:#555;padding:8px">{html.escape(text)}</div>'
+    """A grey note; `**bold**` in the (shared, Markdown) message text becomes <b>."""
+    body = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", html.escape(text))
+    return f'<div style="color:#555;padding:8px">{body}</div>'

@@ -231,3 +231,10 @@ def test_choosing_a_family_resets_the_settings_to_its_tuned_values():
     assert tuned_settings("smollm2-offline") and all(got[k] == v for k, v in tuned_settings("smollm2-offline").items())
     got = dict(zip(h.TUNED_NAMES, (u["value"] for u in h.preset_settings("custom"))))
     assert got == {k: getattr(DEFAULT, k) for k in h.TUNED_NAMES}
+
+
+def test_notes_in_html_panels_show_bold_not_asterisks():
+    """Status texts are Markdown (shared with the status line); the HTML lanes render **x** as bold
+    and still escape markup."""
+    out = render.message_html("Press **Run** <now>")
+    assert "<b>Run</b>" in out and "**" not in out and "&lt;now&gt;" in out
