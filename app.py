@@ -13,6 +13,7 @@ import gradio as gr
 
 from pyramid_demo import app_handlers as h
 from pyramid_demo import charts, render
+from pyramid_demo.presets import family_config
 from pyramid_demo.app_text import (BUTTONS, DEFAULT, DIVERGENCE_CHOICES, EXAMPLE_PROMPTS, EXPLANATION,
                                    FALLBACK_CHOICES, INFO, INTRO, LABELS, MSG, PRESET_CHOICES, RACE_COLUMNS, RANGES,
                                    SETTINGS_TITLE, STAGE2_CHOICES, START_PRESET, STATS_NOTE, TABS, WHATIF_LABELS)
@@ -35,7 +36,7 @@ def _gpu(fn: Callable) -> Callable:
     return spaces.GPU(duration=120)(fn)
 
 
-START = h.family_defaults(START_PRESET)  # the starting family's tuned settings
+START = family_config(START_PRESET)  # the starting family's tuned settings
 
 
 def _slider(name: str, **kw) -> gr.Slider:
@@ -135,7 +136,7 @@ def build_demo() -> gr.Blocks:
         insp_in = [session, race_dd, method_dd, round_sl, wq, wt, pos_sl]
         insp_out = [chips, div_plot, top5_plot, insp_md]
         settings = [max_new, temperature, seed, gamma, l_d, l_q, tau_q, tau_t, divergence, fallback, stage2, conf_stop]
-        tuned = [gamma, l_d, l_q, tau_q, tau_t, divergence, fallback, stage2, conf_stop]  # h.TUNED_NAMES
+        tuned = [gamma, l_d, l_q, tau_q, tau_t, divergence, fallback, stage2, conf_stop]  # config.TUNABLE
 
         preset.change(h.preset_info, preset, [preset_md, custom_box])
         preset.change(h.preset_settings, preset, tuned)

@@ -20,8 +20,8 @@ import gradio as gr
 
 from . import app_inspect, charts, render
 from .app_text import CUSTOM, DEFAULT, MSG, RACE_COLUMNS, RACE_METHODS
-from .config import METHOD_LABELS, DecodeConfig
-from .presets import PRESETS, tuned_settings
+from .config import METHOD_LABELS, TUNABLE, DecodeConfig
+from .presets import PRESETS, family_config
 from .trace import RunResult
 
 log = logging.getLogger(__name__)
@@ -29,7 +29,7 @@ MAX_RACES = 20  # per user; older races are dropped to bound a hosted app's memo
 UI_INTERVAL_S = 0.15  # stream to the page at most this often (every pass is still recorded)
 SETTING_NAMES = ("max_new_tokens", "temperature", "seed", "gamma", "l_d", "l_q", "tau_q", "tau_t",
                  "divergence", "fallback", "stage2", "conf_stop")
-TUNED_NAMES = ("gamma", "l_d", "l_q", "tau_q", "tau_t", "divergence", "fallback", "stage2", "conf_stop")
+TUNED_NAMES = TUNABLE  # the widgets preset_settings resets, in this order
 INT_SETTINGS = ("max_new_tokens", "seed", "gamma", "l_d", "l_q")
 
 
@@ -60,14 +60,9 @@ def preset_info(preset: str) -> tuple[str, Any]:
     return text, gr.update(visible=False)
 
 
-def family_defaults(preset: str) -> DecodeConfig:
-    """The decoding settings a family is tuned for (the papers' defaults for a custom family)."""
-    return DecodeConfig(**tuned_settings(preset))
-
-
 def preset_settings(preset: str) -> tuple:
     """Widget updates that reset the tunable settings (TUNED_NAMES order) to the family's."""
-    cfg = family_defaults(preset)
+    cfg = family_config(preset)
     return tuple(gr.update(value=getattr(cfg, k)) for k in TUNED_NAMES)
 
 

@@ -8,6 +8,9 @@ DIVERGENCES = ("js", "kl", "tv")
 FALLBACKS = ("none", "sd")
 STAGE2_RULES = ("fuzzy", "sd")
 
+# settings a model family may tune (presets.Preset.tuned); the rest are per-run choices
+TUNABLE = ("gamma", "l_d", "l_q", "tau_q", "tau_t", "divergence", "fallback", "stage2", "conf_stop")
+
 METHOD_LABELS = {
     "ar": "AR (target only)",
     "sd": "SD (draft → target)",

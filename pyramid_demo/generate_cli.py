@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .config import DIVERGENCES, FALLBACKS, METHODS, STAGE2_RULES, DecodeConfig
-from .presets import DEFAULT_PRESET, tuned_settings
+from .config import DIVERGENCES, FALLBACKS, METHODS, STAGE2_RULES, TUNABLE, DecodeConfig
+from .presets import DEFAULT_PRESET, family_config
 
 COLOURS = {"draft": "\033[32m", "qualifier": "\033[34m", "target": "\033[33m", "bonus": "\033[35m"}
 RESET = "\033[0m"
@@ -51,14 +51,11 @@ def add_decoding_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: per device)")
 
 
-TUNABLE = ("gamma", "l_d", "l_q", "tau_q", "tau_t", "divergence", "fallback", "stage2", "conf_stop")
-
-
 def config_from_args(a: argparse.Namespace) -> DecodeConfig:
     """Options given on the command line, else the preset's tuned settings, else DecodeConfig's."""
-    vals = {k: getattr(a, k) for k in TUNABLE if getattr(a, k, None) is not None}
-    return DecodeConfig(**{**tuned_settings(a.models), **vals}, method=a.method, max_new_tokens=a.max_new_tokens,
-                        temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, seed=a.seed)
+    given = {k: getattr(a, k) for k in TUNABLE if getattr(a, k, None) is not None}
+    return family_config(a.models, **given, method=a.method, max_new_tokens=a.max_new_tokens,
+                         temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, seed=a.seed)
 
 
 def summary(result) -> str:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .config import DecodeConfig
+
 
 @dataclass(frozen=True)
 class Preset:
@@ -108,3 +110,8 @@ def tuned_settings(models: str) -> dict:
     """The decoding settings a preset is tuned for ({} for a custom family or unknown name)."""
     p = PRESETS.get(models)
     return dict(p.tuned) if p else {}
+
+
+def family_config(models: str, **given) -> DecodeConfig:
+    """A run's settings: `given` ones, else the family's tuned ones, else DecodeConfig's (the papers')."""
+    return DecodeConfig(**{**tuned_settings(models), **given})
