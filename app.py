@@ -1,4 +1,4 @@
-"""PyramidSD Explorer: the Gradio page (layout and wiring only; logic lives in pyramid_demo.app_handlers).
+"""PyramidSD Explorer: the Gradio page (layout and wiring only; logic lives in pyramid_demo.app.handlers).
 
 `python app.py` serves on GRADIO_SERVER_NAME:GRADIO_SERVER_PORT (default 127.0.0.1:7860). Models load
 lazily on the first race, never at import. On a Hugging Face ZeroGPU Space, `spaces.GPU` wraps the race.
@@ -11,10 +11,10 @@ from typing import Callable
 
 import gradio as gr
 
-from pyramid_demo import app_handlers as h
-from pyramid_demo import charts, render
-from pyramid_demo.presets import family_config
-from pyramid_demo.app_text import (BUTTONS, DEFAULT, DIVERGENCE_CHOICES, EXAMPLE_PROMPTS, EXPLANATION,
+from pyramid_demo.app import handlers as h
+from pyramid_demo.app import charts, render
+from pyramid_demo.models.presets import family_config
+from pyramid_demo.app.text import (BUTTONS, DEFAULT, DIVERGENCE_CHOICES, EXAMPLE_PROMPTS, EXPLANATION,
                                    FALLBACK_CHOICES, INFO, INTRO, LABELS, MSG, PRESET_CHOICES, RACE_COLUMNS, RANGES,
                                    SETTINGS_TITLE, STAGE2_CHOICES, START_PRESET, STATS_NOTE, TABS, WHATIF_LABELS)
 

@@ -1,4 +1,4 @@
 """PyramidSD Explorer: speculative decoding with a draft, a qualifier and a target, made visible."""
-from .config import METHODS, DecodeConfig
+from .core.config import METHODS, DecodeConfig
 
 __all__ = ["METHODS", "DecodeConfig"]

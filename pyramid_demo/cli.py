@@ -8,8 +8,8 @@ import sys
 
 SUBCOMMANDS = {
     "generate": ("pyramid_demo.generate_cli", "run one decoding method and print the text and its trace"),
-    "bench": ("pyramid_demo.bench", "benchmark methods side by side and write results.csv/json and report.html"),
-    "distill": ("pyramid_demo.distill", "distil a draft and a qualifier for the bundled offline target"),
+    "bench": ("pyramid_demo.bench.runner", "benchmark methods side by side and write results.csv/json and report.html"),
+    "distill": ("pyramid_demo.distill.cli", "distil a draft and a qualifier for the bundled offline target"),
 }
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .config import DIVERGENCES, FALLBACKS, METHODS, STAGE2_RULES, TUNABLE, DecodeConfig
-from .presets import DEFAULT_PRESET, family_config
+from .core.config import DIVERGENCES, FALLBACKS, METHODS, STAGE2_RULES, TUNABLE, DecodeConfig
+from .models.presets import DEFAULT_PRESET, family_config
 
 COLOURS = {"draft": "\033[32m", "qualifier": "\033[34m", "target": "\033[33m", "bonus": "\033[35m"}
 RESET = "\033[0m"
@@ -78,8 +78,8 @@ def summary(result) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .loading import LoadError, load_triplet
-    from .run import generate
+    from .models.loading import LoadError, load_triplet
+    from .core.run import generate
 
     try:
         cfg = config_from_args(args)

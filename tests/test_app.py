@@ -10,10 +10,10 @@ import plotly.graph_objects as go
 import pytest
 import torch
 
-from pyramid_demo import app_handlers as h
-from pyramid_demo import app_inspect, charts, render
-from pyramid_demo.app_text import DEFAULT, MSG, RACE_METHODS
-from pyramid_demo.trace import StageRound, TokenRec
+from pyramid_demo.app import handlers as h
+from pyramid_demo.app import charts, inspector, render
+from pyramid_demo.app.text import DEFAULT, MSG, RACE_METHODS
+from pyramid_demo.core.trace import StageRound, TokenRec
 
 FAST = dict(max_new_tokens=8.0, temperature=0.0, seed=0.0, gamma=3.0, l_d=2.0, l_q=4.0, tau_q=0.4, tau_t=0.5,
             divergence="js", fallback="none", stage2="fuzzy", conf_stop=0.0)
@@ -75,15 +75,15 @@ def _round(divs: list[float], n_acc: int, rule: str = "fuzzy", tau: float = 0.5)
 
 def test_reevaluate_is_the_leading_run_under_tau() -> None:
     rnd = _round([0.1, 0.3, 0.6, 0.2], 2)
-    assert app_inspect.reevaluate(rnd, 0.5) == 2
-    assert app_inspect.reevaluate(rnd, 0.05) == 0
-    assert app_inspect.reevaluate(rnd, 0.2) == 1
-    assert app_inspect.reevaluate(rnd, 0.7) == 4
-    assert app_inspect.whatif_statuses(rnd, 0.2) == ["accepted", "rejected", "discarded", "discarded"]
+    assert inspector.reevaluate(rnd, 0.5) == 2
+    assert inspector.reevaluate(rnd, 0.05) == 0
+    assert inspector.reevaluate(rnd, 0.2) == 1
+    assert inspector.reevaluate(rnd, 0.7) == 4
+    assert inspector.whatif_statuses(rnd, 0.2) == ["accepted", "rejected", "discarded", "discarded"]
     exact = _round([0.1, 0.9], 1, rule="greedy", tau=None)
-    assert app_inspect.reevaluate(exact, 0.0) == 1  # τ does not apply to the exact rule
+    assert inspector.reevaluate(exact, 0.0) == 1  # τ does not apply to the exact rule
     fb = _round([0.8, 0.1], 2, rule="fuzzy+sd")  # token 0 passed by the SD fallback
-    assert app_inspect.reevaluate(fb, 0.5) == 2
+    assert inspector.reevaluate(fb, 0.5) == 2
 
 
 def test_tau_change_reevaluates_a_recorded_round(done) -> None:
@@ -112,7 +112,7 @@ def test_top5_decodes_every_role(done) -> None:
     session, _ = done
     race0 = session["races"][0]
     step = race0["results"]["psd_f"].steps[0]
-    dists = app_inspect.position_top5(step, 0)
+    dists = inspector.position_top5(step, 0)
     assert set(dists) >= {"qualifier", "target"}
     assert all(int(i) in race0["vocab"] for pairs in dists.values() for i, _ in pairs)
 
@@ -198,7 +198,7 @@ def test_clear_and_presets() -> None:
 
 
 def test_app_builds_without_loading_models(monkeypatch) -> None:
-    import pyramid_demo.loading as loading
+    import pyramid_demo.models.loading as loading
 
     def boom(*a, **k):
         raise AssertionError("models must load lazily, on the first race")
@@ -224,7 +224,7 @@ def test_app_builds_without_loading_models(monkeypatch) -> None:
 def test_choosing_a_family_resets_the_settings_to_its_tuned_values():
     """The preset dropdown's handler sends the family's tuned settings to the sliders (in
     TUNED_NAMES order); a custom family gets the papers' defaults."""
-    from pyramid_demo.presets import tuned_settings
+    from pyramid_demo.models.presets import tuned_settings
 
     ups = h.preset_settings("smollm2-offline")
     got = dict(zip(h.TUNED_NAMES, (u["value"] for u in ups)))

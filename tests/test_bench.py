@@ -8,8 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from pyramid_demo import bench, csqa, report, throughput
-from pyramid_demo.bench_prompts import Prompt, builtin_prompts, load_prompts, read_jsonl
+from pyramid_demo.bench import csqa, report
+from pyramid_demo.bench import runner as bench
+
+from pyramid_demo.core import throughput
+from pyramid_demo.bench.prompts import Prompt, builtin_prompts, load_prompts, read_jsonl
 from pyramid_demo.cli import main as cli_main
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -34,7 +37,7 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def triplet():
-    from pyramid_demo.tiny import tiny_random_triplet
+    from pyramid_demo.models.tiny import tiny_random_triplet
     return tiny_random_triplet()
 
 

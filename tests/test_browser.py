@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pyramid_demo.app_text import SETTINGS_TITLE, TABS
+from pyramid_demo.app.text import SETTINGS_TITLE, TABS
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = os.environ.get("PYRAMID_CHROMIUM", "/usr/bin/chromium")

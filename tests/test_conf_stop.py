@@ -4,12 +4,12 @@ import math
 import pytest
 import torch
 
-from pyramid_demo import rules
-from pyramid_demo.config import METHODS, DecodeConfig
-from pyramid_demo.engine import decode, prefill, propose, roles_for
-from pyramid_demo.lm import CachedLM
-from pyramid_demo.run import generate
-from pyramid_demo.tiny import tiny_random_triplet
+from pyramid_demo.core import rules
+from pyramid_demo.core.config import METHODS, DecodeConfig
+from pyramid_demo.core.engine import decode, prefill, propose, roles_for
+from pyramid_demo.core.lm import CachedLM
+from pyramid_demo.core.run import generate
+from pyramid_demo.models.tiny import tiny_random_triplet
 
 from mock_lm import BigramLM
 from test_engine import check_caches, greedy_ar, joint_two_tokens
@@ -91,7 +91,7 @@ def test_cache_lengths_with_conf_stop(tiny, method):
 
 def test_throughput_model_uses_measured_lengths_under_conf_stop():
     """With conf_stop γ/ℓ are maxima: the formulas get the mean proposal length per round."""
-    from pyramid_demo.throughput import lengths
+    from pyramid_demo.core.throughput import lengths
 
     cfg = {"gamma": 4, "l_d": 4, "l_q": 8}
     assert lengths(cfg, {"target": 30}, {"target": 20}) == cfg

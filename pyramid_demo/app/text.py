@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import os
 
-from .config import DIVERGENCES, FALLBACKS, METHODS, STAGE2_RULES, DecodeConfig
-from .presets import DEFAULT_PRESET, PRESETS, tuned_settings
+from ..core.config import DIVERGENCES, FALLBACKS, METHODS, STAGE2_RULES, DecodeConfig
+from ..models.presets import DEFAULT_PRESET, PRESETS, tuned_settings
 
 CUSTOM = "custom"
 PRESET_ENV = "PYRAMID_DEMO_PRESET"  # lets tests and hosts pick the preset shown first

@@ -18,11 +18,11 @@ from typing import Any, Iterator
 
 import gradio as gr
 
-from . import app_inspect, charts, render
-from .app_text import CUSTOM, DEFAULT, MSG, RACE_COLUMNS, RACE_METHODS
-from .config import METHOD_LABELS, TUNABLE, DecodeConfig
-from .presets import PRESETS, family_config
-from .trace import RunResult
+from . import inspector, charts, render
+from .text import CUSTOM, DEFAULT, MSG, RACE_COLUMNS, RACE_METHODS
+from ..core.config import METHOD_LABELS, TUNABLE, DecodeConfig
+from ..models.presets import PRESETS, family_config
+from ..core.trace import RunResult
 
 log = logging.getLogger(__name__)
 MAX_RACES = 20  # per user; older races are dropped to bound a hosted app's memory
@@ -96,7 +96,7 @@ def _headline(m: str, r: RunResult | None, race: dict) -> str:
     if race["running"] == m:
         return f"{s.n_new_tokens} tokens · {s.tokens_per_s:.1f} tok/s so far"
     parts = [f"{s.n_new_tokens} tokens in {s.decode_s:.2f} s", f"{s.tokens_per_s:.1f} tok/s",
-             *app_inspect.speedups(m, race["results"])]
+             *inspector.speedups(m, race["results"])]
     if s.acceptance:
         parts.append("accepted " + ", ".join(f"{'→Q' if k == 'qualifier' else '→T'} {v:.0%}"
                                              for k, v in s.acceptance.items()))
@@ -110,7 +110,7 @@ def _winner(res: dict[str, RunResult]) -> str:
     if not res:
         return ""
     m, r = max(res.items(), key=lambda kv: kv[1].stats.tokens_per_s)
-    parts = [f"{r.stats.tokens_per_s:.1f} tok/s", *app_inspect.speedups(m, res)]
+    parts = [f"{r.stats.tokens_per_s:.1f} tok/s", *inspector.speedups(m, res)]
     return MSG["winner"].format(label=METHOD_LABELS[m], figures=", ".join(parts))
 
 
@@ -133,7 +133,7 @@ def earlier_lanes(session: dict) -> str:
 
 
 def _table(session: dict) -> list[list]:
-    return app_inspect.race_rows(session["races"])
+    return inspector.race_rows(session["races"])
 
 
 def _race_outputs(session: dict, status: str) -> tuple:
@@ -186,8 +186,8 @@ def run_race(preset: str, draft: str, qualifier: str, target: str, prompt: str, 
 
 def _race_steps(preset: str, ids: tuple[str, str, str], prompt: str, settings: dict, session: dict,
           progress: gr.Progress) -> Iterator[tuple]:
-    from .loading import LoadError, load_triplet
-    from .run import prepare_prompt, stream
+    from ..models.loading import LoadError, load_triplet
+    from ..core.run import prepare_prompt, stream
 
     try:
         spec = model_spec(preset, *ids)
@@ -280,7 +280,7 @@ def export_files(session: dict | None) -> tuple[str | None, str | None]:
         w = csv.writer(f)
         w.writerow(["race", "preset", "prompt", *RACE_COLUMNS[1:]])
         by_n = {r["n"]: r for r in races}
-        for row in app_inspect.race_rows(races):
+        for row in inspector.race_rows(races):
             w.writerow([row[0], by_n[row[0]]["preset"], by_n[row[0]]["prompt"], *row[1:]])
     return str(jpath), str(cpath)
 
@@ -324,9 +324,9 @@ def pick_race(session: dict | None, race_n: Any = None) -> tuple:
     methods = list(res)
     method = "psd_f" if "psd_f" in res else (methods[-1] if methods else None)
     choices = [(f"Race {r['n']}", str(r["n"])) for r in session["races"]]
-    speeds = app_inspect.race_speeds(res)
+    speeds = inspector.race_speeds(res)
     speed_md = "Single-model speeds measured in this race: " + (", ".join(
-        f"{k} {v:.1f} forwards/s" for k, v in speeds.items()) or "n/a") + "\n\n" + app_inspect.stats_markdown(res)
+        f"{k} {v:.1f} forwards/s" for k, v in speeds.items()) or "n/a") + "\n\n" + inspector.stats_markdown(res)
     return (gr.update(choices=choices, value=str(race["n"])),
             gr.update(choices=[(METHOD_LABELS[m], m) for m in methods], value=method),
             *pick_method(session, race["n"], method),
@@ -351,14 +351,14 @@ def inspect_round(session: dict | None, race_n: Any, method: str | None, round_n
             charts.empty_figure(MSG["ar_round"]), head
     parts, lines = [], [head]
     for j, rnd in enumerate(step.qualifier_rounds + [step.target_round]):
-        tau = app_inspect.round_tau(rnd, tau_q, tau_t)
-        k = app_inspect.reevaluate(rnd, tau)
+        tau = inspector.round_tau(rnd, tau_q, tau_t)
+        k = inspector.reevaluate(rnd, tau)
         n = len(rnd.tokens) - 1
         name = (f"Stage 1 · round {j + 1}: draft → qualifier" if rnd.stage == "qualifier"
                 else f"Stage 2: {rnd.proposer} → target")
         if tau is None:  # exact rule; still show what a fuzzy test at the slider's τ would have kept
             slider = tau_q if rnd.stage == "qualifier" else tau_t
-            fuzzy_k = app_inspect.reevaluate(replace(rnd, rule="fuzzy"), slider)
+            fuzzy_k = inspector.reevaluate(replace(rnd, rule="fuzzy"), slider)
             what = f"exact rule (τ unused) · a fuzzy test at τ = {slider:g} would keep <b>{fuzzy_k}</b>"
         else:
             what = f"at τ = {tau:g}: <b>{k}</b>" + (" (same)" if k == rnd.n_accepted else " ← changed")
@@ -376,7 +376,7 @@ def inspect_round(session: dict | None, race_n: Any, method: str | None, round_n
     title = f"Top-5 next tokens at position {pos + 1}: {vocab.get(rec.token_id, rec.token_id)!r} ({rec.status})"
     chips = render.status_legend_html() + "".join(parts)
     return (chips, charts.divergence_figure(step, tau_q, tau_t, vocab),
-            charts.top5_figure(app_inspect.position_top5(step, pos), vocab, title), "  \n".join(lines))
+            charts.top5_figure(inspector.position_top5(step, pos), vocab, title), "  \n".join(lines))
 
 
 DEFAULT_SETTINGS = {k: getattr(DEFAULT, k) for k in SETTING_NAMES}

@@ -25,7 +25,7 @@ from .bundled import (  # noqa: F401 - the bundled target's names, re-exported f
     CONVERTED_FORMAT, GGUF_NAME, MARKER, WHEEL, WHEEL_PIN, _bundled_dir, _bundled_tokenizer,
     _complete, bundled_target, cache_root, convert_bundled, converted_dir, publish)
 from .errors import LoadError
-from .lm import ModelTriplet
+from ..core.lm import ModelTriplet
 from .presets import BUNDLED_TARGET, PRESETS, Preset
 
 log = logging.getLogger(__name__)
@@ -368,13 +368,13 @@ def _hub_error(ref: str, exc: BaseException, preset: Preset | None) -> LoadError
 
 # ---------------------------------------------------------------- the offline family
 def _students(target: torch.nn.Module, dev: torch.device, dt: torch.dtype) -> tuple[Any, Any, str] | str:
-    """Distilled draft and qualifier from `pyramid_demo.students`, or why there are none."""
+    """Distilled draft and qualifier from `pyramid_demo.models.students`, or why there are none."""
     try:
         from . import students
     except ModuleNotFoundError as e:
         if e.name != f"{__package__}.students":
             raise
-        return "no distilled students are installed (pyramid_demo.students is missing)"
+        return "no distilled students are installed (pyramid_demo.models.students is missing)"
     if not students.available():
         return "no distilled student weights are shipped (pyramid_demo/weights/)"
     try:

@@ -4,10 +4,10 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .app_inspect import round_tau, speedups, stage_names, throughput_rows, whatif_statuses
-from .config import METHOD_LABELS
+from .inspector import round_tau, speedups, stage_names, throughput_rows, whatif_statuses
+from ..core.config import METHOD_LABELS
 from .render import METHOD_COLOURS, STATUS_COLOURS
-from .trace import RunResult, StageRound, Step
+from ..core.trace import RunResult, StageRound, Step
 
 FONT_SIZE = 15  # large enough to read on a projector
 ROLE_COLOURS = {"draft": "#009E73", "qualifier": "#0072B2", "target": "#E69F00"}

@@ -5,9 +5,9 @@ from __future__ import annotations
 import html
 import re
 
-from .app_text import ORIGIN_NAMES, STATUS_NAMES
-from .config import METHOD_LABELS
-from .trace import RunResult, StageRound
+from .text import ORIGIN_NAMES, STATUS_NAMES
+from ..core.config import METHOD_LABELS
+from ..core.trace import RunResult, StageRound
 
 # Okabe-Ito hues (colour-blind safe) as pale backgrounds with a strong underline: readable when projected.
 ORIGIN_COLOURS = {

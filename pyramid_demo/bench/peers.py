@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import torch
 from transformers.utils import logging as hf_logging
 
-from .config import DecodeConfig
-from .lm import CachedLM, ModelTriplet
+from ..core.config import DecodeConfig
+from ..core.lm import CachedLM, ModelTriplet
 
 PEERS = ("hf_generate", "hf_assisted")
 PEER_LABELS = {

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-from . import distill_data as dd
-from . import students
-from .distill_loss import agreement, batches, collate, loss_and_backward, per_token_ms
+from . import data as dd
+from ..models import students
+from .loss import agreement, batches, collate, loss_and_backward, per_token_ms
 
 # (layers, of which the first are the target's own, shared and frozen)
 DEPTHS = {"draft": (2, 0), "qualifier": (8, dd.X_LAYER)}
@@ -281,7 +281,7 @@ def run(args) -> int:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(prog="python -m pyramid_demo.distill", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m pyramid_demo.distill.cli", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
     return run(p.parse_args())

@@ -2,10 +2,10 @@
 race speeds and the race table. No model calls, so the inspector answers instantly."""
 from __future__ import annotations
 
-from .rules import leading_run
-from .stats import STAGES, stage_rounds
-from .throughput import predict
-from .trace import RunResult, StageRound, Step, TokenRec
+from ..core.rules import leading_run
+from ..core.stats import STAGES, stage_rounds
+from ..core.throughput import predict
+from ..core.trace import RunResult, StageRound, Step, TokenRec
 
 EXACT_RULES = ("sd", "greedy")
 

@@ -8,7 +8,7 @@ target's own modules (shared, never stored twice), and so may be its first few l
 per 64 weights of a row, fp16 norms). They were made by `python -m pyramid_demo distill` (see
 `pyramid_demo/weights/README.md`).
 
-    from pyramid_demo import students
+    from pyramid_demo.models import students
     if students.available():
         draft = students.build(target, "draft")        # eval(), same dtype/device as target
         qualifier = students.build(target, "qualifier")

@@ -19,11 +19,13 @@ from typing import Callable
 
 import torch
 
-from . import csqa, generate_cli, peers, report, throughput
-from .bench_prompts import Prompt, load_prompts
-from .config import METHODS, DecodeConfig
-from .lm import ModelTriplet
-from .run import generate, prepare_prompt
+from .. import generate_cli
+from ..core import throughput
+from ..core.config import METHODS, DecodeConfig
+from ..core.lm import ModelTriplet
+from ..core.run import generate, prepare_prompt
+from . import csqa, peers, report
+from .prompts import Prompt, load_prompts
 
 ROW_COLUMNS = [
     "repeat", "prompt_index", "category", "variant", "method", "kind", "lossless",
@@ -335,14 +337,14 @@ def _predicted(row: dict, speeds: dict[str, float]) -> float | None:
 def load_models(spec: str, device: str | None = None, dtype: str | None = None) -> ModelTriplet:
     """The loader's `load_triplet`; until it exists, only `tiny-random` is available."""
     try:
-        from .loading import load_triplet
+        from ..models.loading import load_triplet
     except ModuleNotFoundError as e:
-        if e.name != "pyramid_demo.loading":
+        if e.name != "pyramid_demo.models.loading":
             raise
         if spec == "tiny-random":
-            from .tiny import tiny_random_triplet
+            from ..models.tiny import tiny_random_triplet
             return tiny_random_triplet()
-        raise ValueError(f"cannot load {spec!r}: pyramid_demo.loading is not available in this checkout") from None
+        raise ValueError(f"cannot load {spec!r}: pyramid_demo.models.loading is not available in this checkout") from None
     return load_triplet(spec, device=device, dtype=dtype)
 
 
@@ -369,7 +371,7 @@ def _command_line(args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        from .loading import LoadError  # type: ignore[attr-defined]
+        from ..models.loading import LoadError  # type: ignore[attr-defined]
     except ModuleNotFoundError:
         LoadError = ValueError  # noqa: N806
     try:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .config import DecodeConfig
+from ..core.config import DecodeConfig
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,1 @@
+"""Distilling the offline students: on-policy data, losses and metrics, and the `distill` subcommand."""
