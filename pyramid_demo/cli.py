@@ -18,12 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     modules = {}
     for name, (module, help_text) in SUBCOMMANDS.items():
-        try:
-            modules[name] = importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            if e.name != module:
-                raise
-            continue  # a subcommand whose module is not part of this checkout
+        modules[name] = importlib.import_module(module)
         modules[name].add_arguments(sub.add_parser(name, help=help_text, description=help_text))
     args = parser.parse_args(argv)
     try:

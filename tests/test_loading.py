@@ -221,13 +221,6 @@ def test_missing_wheel_says_how_to_install(monkeypatch):
         loading._bundled_dir()
 
 
-def test_students_module_missing_means_target_fallback(monkeypatch):
-    monkeypatch.setitem(sys.modules, "pyramid_demo.models.students", None)  # import raises ModuleNotFoundError
-    monkeypatch.delattr(pyramid_demo.models, "students", raising=False)
-    why = loading._students(torch.nn.Linear(1, 1), torch.device("cpu"), torch.float32)
-    assert isinstance(why, str) and "pyramid_demo.models.students" in why
-
-
 @pytest.mark.parametrize("works", [True, False])
 def test_offline_family_uses_students_when_available(offline_cache, monkeypatch, works):
     def build(target, role):

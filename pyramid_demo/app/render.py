@@ -22,7 +22,6 @@ STATUS_COLOURS = {
     "discarded": ("#eeeeee", "#9e9e9e"),
     "resampled": ("#fde3c0", "#E69F00"),
     "bonus": ("#f2d6ec", "#CC79A7"),
-    "generated": ("#fde3c0", "#E69F00"),
 }
 METHOD_COLOURS = {"ar": "#555555", "sd": "#0072B2", "fsd": "#56B4E9", "psd_a": "#E69F00", "psd_f": "#D55E00"}
 

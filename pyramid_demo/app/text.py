@@ -84,7 +84,7 @@ ORIGIN_NAMES = {
 }
 STATUS_NAMES = {
     "accepted": "accepted", "rejected": "rejected (first failure)", "discarded": "discarded (after a rejection)",
-    "resampled": "verifier's replacement", "bonus": "verifier's bonus", "generated": "generated (AR)",
+    "resampled": "verifier's replacement", "bonus": "verifier's bonus",
 }
 
 BUTTONS = {"run": "▶ Run race", "stop": "■ Stop", "clear": "Clear all", "export": "Prepare downloads"}

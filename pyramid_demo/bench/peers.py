@@ -19,10 +19,6 @@ from ..core.config import DecodeConfig
 from ..core.lm import CachedLM, ModelTriplet
 
 PEERS = ("hf_generate", "hf_assisted")
-PEER_LABELS = {
-    "hf_generate": "HF generate() (target only)",
-    "hf_assisted": "HF assisted generation (draft → target)",
-}
 
 
 @dataclass

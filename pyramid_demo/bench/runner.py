@@ -244,25 +244,27 @@ def run_bench(triplet: ModelTriplet, variants: list[Variant], prompts: list[Prom
     rows: list[dict] = []
     refs: dict[int, list[int]] = {}
     interrupted, t_start = False, time.perf_counter()
+    todo = [(r, pi, p, ids) for r in range(repeats) for pi, p, ids in prepared]
     try:
-        for r in range(repeats):
-            for pi, p, ids in prepared:
-                if max_minutes is not None and time.perf_counter() - t_start > 60 * max_minutes and rows:
-                    log(f"time budget of {max_minutes:g} min reached: stopping after {len(rows)} runs")
-                    raise KeyboardInterrupt
-                group = _run_prompt(triplet, variants, r, pi, p, ids, chat, answers, bar)
-                if greedy and pi not in refs:
-                    ar = next((t for row, t in group if row["method"] == "ar"), None)
-                    if ar is None:  # no AR variant: one untimed target-only greedy reference
-                        ar = generate(triplet, ids, dataclasses.replace(variants[0].cfg, method="ar"), chat).token_ids
-                    refs[pi] = ar
-                _per_prompt(group, refs.get(pi))
-                rows.extend(row for row, _ in group)
-    except KeyboardInterrupt:  # keep what is complete: whole prompts only, so comparisons stay paired
+        for r, pi, p, ids in todo:
+            if max_minutes is not None and time.perf_counter() - t_start > 60 * max_minutes and rows:
+                log(f"time budget of {max_minutes:g} min reached: stopping after {len(rows)} runs")
+                interrupted = True
+                break
+            group = _run_prompt(triplet, variants, r, pi, p, ids, chat, answers, bar)
+            if greedy and pi not in refs:
+                ar = next((t for row, t in group if row["method"] == "ar"), None)
+                if ar is None:  # no AR variant: one untimed target-only greedy reference
+                    ar = generate(triplet, ids, dataclasses.replace(variants[0].cfg, method="ar"), chat).token_ids
+                refs[pi] = ar
+            _per_prompt(group, refs.get(pi))
+            rows.extend(row for row, _ in group)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: keep whole prompts only, so comparisons stay paired
         interrupted = True
-        log(f"stopped early: keeping the {len(rows)} runs of completed prompts")
         if not rows:
             raise
+    if interrupted:
+        log(f"stopped early: keeping the {len(rows)} runs of completed prompts")
     bar.close()
     ar_speeds = [r["fwd_target"] / r["fwd_time_target_s"] for r in rows
                  if r["method"] == "ar" and r["fwd_time_target_s"]]
@@ -334,20 +336,6 @@ def _predicted(row: dict, speeds: dict[str, float]) -> float | None:
 
 
 # ---------------------------------------------------------------- entry point
-def load_models(spec: str, device: str | None = None, dtype: str | None = None) -> ModelTriplet:
-    """The loader's `load_triplet`; until it exists, only `tiny-random` is available."""
-    try:
-        from ..models.loading import load_triplet
-    except ModuleNotFoundError as e:
-        if e.name != "pyramid_demo.models.loading":
-            raise
-        if spec == "tiny-random":
-            from ..models.tiny import tiny_random_triplet
-            return tiny_random_triplet()
-        raise ValueError(f"cannot load {spec!r}: pyramid_demo.models.loading is not available in this checkout") from None
-    return load_triplet(spec, device=device, dtype=dtype)
-
-
 def machine_info(triplet: ModelTriplet) -> dict:
     return dict(platform=platform.platform(), processor=platform.processor() or platform.machine(),
                 cpu_count=os.cpu_count(), torch=torch.__version__, torch_threads=torch.get_num_threads(),
@@ -370,10 +358,8 @@ def _command_line(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        from ..models.loading import LoadError  # type: ignore[attr-defined]
-    except ModuleNotFoundError:
-        LoadError = ValueError  # noqa: N806
+    from ..models.loading import LoadError, load_triplet
+
     try:
         if args.repeats < 1:
             raise ValueError("--repeats must be at least 1")
@@ -387,7 +373,7 @@ def run(args: argparse.Namespace) -> int:
             answers = [q.answer for q in qs]
         else:
             prompts = load_prompts(args.prompts, limit=args.limit or (3 if args.grid else None))
-        triplet = load_models(args.models, args.device, args.dtype)
+        triplet = load_triplet(args.models, device=args.device, dtype=args.dtype)
     except (ValueError, LoadError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

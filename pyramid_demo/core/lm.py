@@ -13,9 +13,6 @@ from typing import Any, Protocol
 import torch
 from transformers import DynamicCache
 
-ROLES = ("draft", "qualifier", "target")
-
-
 class LM(Protocol):
     """What the engine needs from a model: cached forward over new tokens, and rollback."""
 

@@ -72,9 +72,3 @@ def predict(result: RunResult, speeds: dict[str, float]) -> float | None:
     s = result.stats
     return predict_parts(result.method, lengths(result.config, s.proposed, s.rounds), s.acceptance, speeds)
 
-
-def single_model_speed(result: RunResult, role: str) -> float | None:
-    """tokens/s of one model from a run: forwards per second of that role's decode passes."""
-    s = result.stats
-    n, t = s.forward_passes.get(role, 0), s.forward_time_s.get(role, 0.0)
-    return n / t if n and t > 0 else None

@@ -6,7 +6,6 @@ Token status vocabulary:
   discarded  drafted tokens after the first rejection (scored, never used)
   resampled  the verifier's own token at the first rejection
   bonus      the verifier's own token after the whole proposal was accepted
-  generated  a token from target-only decoding (AR)
 Token origin (what the app colours): draft | qualifier | target | bonus.
 """
 from __future__ import annotations
@@ -14,7 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
-STATUSES = ("accepted", "rejected", "discarded", "resampled", "bonus", "generated")
+STATUSES = ("accepted", "rejected", "discarded", "resampled", "bonus")
 ORIGINS = ("draft", "qualifier", "target", "bonus")
 
 
@@ -40,7 +39,6 @@ class StageRound:
     rule: str  # greedy | sd | fuzzy | fuzzy+sd
     tokens: list[TokenRec]  # proposed tokens, then the verifier's own token (resampled/bonus)
     n_accepted: int
-    time_s: dict[str, float] = field(default_factory=dict)  # forward time per model in this round
 
 
 @dataclass

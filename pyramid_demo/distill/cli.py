@@ -6,12 +6,13 @@ Steps (each resumable from files under --work, default distill_work/):
   train    distil a student (--role draft|qualifier) from the cached teacher hidden states
   eval     held-out top-1 agreement and mean js (draft/qualifier vs target, draft vs
            qualifier) plus the measured per-token time of each model
-  export   copy the best checkpoints into pyramid_demo/weights/ (int8, metadata included)
+  export   copy the best checkpoints into pyramid_demo/models/weights/ (int8, metadata included)
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from pathlib import Path
 
@@ -122,7 +123,7 @@ def train(target, work: Path, role: str, args, stop_at: float | None = None) -> 
             # LR: warmup then cosine to lr_min over the time budget (or total steps)
             frac = (state["elapsed"] / budget) if budget else state["step"] / args.total_steps
             frac = min(frac, 1.0)
-            lr = args.lr_min + 0.5 * (args.lr - args.lr_min) * (1 + __import__("math").cos(3.14159265 * frac))
+            lr = args.lr_min + 0.5 * (args.lr - args.lr_min) * (1 + math.cos(math.pi * frac))
             lr *= min(1.0, (state["step"] + 1) / args.warmup)
             for gp in opt.param_groups:
                 gp["lr"] = lr

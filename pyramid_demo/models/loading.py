@@ -369,14 +369,10 @@ def _hub_error(ref: str, exc: BaseException, preset: Preset | None) -> LoadError
 # ---------------------------------------------------------------- the offline family
 def _students(target: torch.nn.Module, dev: torch.device, dt: torch.dtype) -> tuple[Any, Any, str] | str:
     """Distilled draft and qualifier from `pyramid_demo.models.students`, or why there are none."""
-    try:
-        from . import students
-    except ModuleNotFoundError as e:
-        if e.name != f"{__package__}.students":
-            raise
-        return "no distilled students are installed (pyramid_demo.models.students is missing)"
+    from . import students
+
     if not students.available():
-        return "no distilled student weights are shipped (pyramid_demo/weights/)"
+        return "no distilled student weights are shipped (pyramid_demo/models/weights/)"
     try:
         pair = [_finish(students.build(target, r).to(device=dev, dtype=dt), dev) for r in ("draft", "qualifier")]
     except Exception as e:  # noqa: BLE001 - keep the demo usable; say why in the note

@@ -4,9 +4,9 @@ A student is an ordinary `LlamaForCausalLM` with the target's config but only a 
 transformer layers. Its token embedding, final norm, rotary embedding and LM head are the
 target's own modules (shared, never stored twice), and so may be its first few layers
 (the qualifier's bottom layers are the target's, frozen); only the trained layers ship, in
-`pyramid_demo/weights/{draft,qualifier}.safetensors` (int8 matrices with one fp16 scale
+`pyramid_demo/models/weights/{draft,qualifier}.safetensors` (int8 matrices with one fp16 scale
 per 64 weights of a row, fp16 norms). They were made by `python -m pyramid_demo distill` (see
-`pyramid_demo/weights/README.md`).
+`pyramid_demo/models/weights/README.md`).
 
     from pyramid_demo.models import students
     if students.available():
