@@ -4,7 +4,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 from pyramid_demo.models.compat import IncompatibleModels, check_compatible, check_tokenizers, logit_width
-from pyramid_demo.models.loading import LoadError
+from pyramid_demo.models.errors import LoadError
 from pyramid_demo.models.tiny import tiny_config
 
 NAMES = ("org/draft", "org/qualifier", "org/target")

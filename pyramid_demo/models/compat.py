@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .loading import LoadError
+from .errors import LoadError
 
 # Mixed scripts, digits, code, whitespace runs and an emoji: different tokenizers
 # almost never agree on all of it, while one family's tokenizers always do.

@@ -21,10 +21,10 @@ from urllib.parse import urlparse
 
 import torch
 
-from .bundled import (  # noqa: F401 - the bundled target's names, re-exported from here too
-    CONVERTED_FORMAT, GGUF_NAME, MARKER, WHEEL, WHEEL_PIN, _bundled_dir, _bundled_tokenizer,
-    _complete, bundled_target, cache_root, convert_bundled, converted_dir, publish)
+from .bundled import bundled_target, bundled_tokenizer
+from .compat import check_compatible, check_tokenizers
 from .errors import LoadError
+from .finish import finish
 from ..core.lm import ModelTriplet
 from .presets import BUNDLED_TARGET, PRESETS, Preset
 
@@ -151,7 +151,7 @@ def _load(preset: Preset | None, refs: tuple[str, str, str], dev: torch.device, 
         from .tiny import tiny_random_triplet
 
         t = tiny_random_triplet()
-        models = {id(m): _finish(m.to(device=dev, dtype=dt), dev) for m in (t.draft, t.qualifier, t.target)}
+        models = {id(m): finish(m.to(device=dev, dtype=dt), dev) for m in (t.draft, t.qualifier, t.target)}
         return replace(t, draft=models[id(t.draft)], qualifier=models[id(t.qualifier)],
                        target=models[id(t.target)])
     if preset is not None and preset.name == "smollm2-offline":
@@ -163,8 +163,6 @@ def _load(preset: Preset | None, refs: tuple[str, str, str], dev: torch.device, 
 def _load_refs(preset: Preset | None, refs: tuple[str, str, str], dev: torch.device, dt: torch.dtype) -> ModelTriplet:
     """Tokenizers first (cheap, and where an offline or wrong id fails fast), the
     tokenizer checks, then the weights, each distinct reference loaded once."""
-    from .compat import check_compatible, check_tokenizers
-
     unique = list(dict.fromkeys(refs))
     toks = {r: _load_tokenizer(r) for r in unique}
     check_tokenizers(refs, [toks[r] for r in refs])
@@ -218,7 +216,7 @@ def _load_tokenizer(ref: str) -> Any:
 
     kind = _kind(ref)
     if kind == "bundled":
-        return _bundled_tokenizer()
+        return bundled_tokenizer()
     if kind == "gguf":
         return _guard(ref, lambda: AutoTokenizer.from_pretrained(str(Path(ref).parent), gguf_file=Path(ref).name))
     if kind == "local":
@@ -244,15 +242,7 @@ def _load_model(ref: str, dev: torch.device, dt: torch.dtype, preset: Preset | N
         model = _guard(ref, lambda: AutoModelForCausalLM.from_pretrained(ref, **kw), preset)
     else:
         model = _from_hub(lambda r, **k: AutoModelForCausalLM.from_pretrained(r, **kw, **k), ref, preset)
-    return _finish(model, dev)
-
-
-def _finish(model: torch.nn.Module, dev: torch.device) -> torch.nn.Module:
-    if next(model.parameters()).device != dev:
-        model.to(dev)
-    model.eval()
-    model.requires_grad_(False)
-    return model
+    return finish(model, dev)
 
 
 def _guard(ref: str, fn: Callable[[], Any], preset: Preset | None = None) -> Any:
@@ -374,7 +364,7 @@ def _students(target: torch.nn.Module, dev: torch.device, dt: torch.dtype) -> tu
     if not students.available():
         return "no distilled student weights are shipped (pyramid_demo/models/weights/)"
     try:
-        pair = [_finish(students.build(target, r).to(device=dev, dtype=dt), dev) for r in ("draft", "qualifier")]
+        pair = [finish(students.build(target, r).to(device=dev, dtype=dt), dev) for r in ("draft", "qualifier")]
     except Exception as e:  # noqa: BLE001 - keep the demo usable; say why in the note
         log.warning("could not build the distilled students: %r", e)
         return f"building the distilled students failed ({type(e).__name__}: {e})"
@@ -385,8 +375,6 @@ def _students(target: torch.nn.Module, dev: torch.device, dt: torch.dtype) -> tu
 
 
 def _load_offline_family(preset: Preset, dev: torch.device, dt: torch.dtype) -> ModelTriplet:
-    from .compat import check_compatible
-
     tok, target = bundled_target(dev, dt)
     got = _students(target, dev, dt)
     if isinstance(got, tuple):
