@@ -6,6 +6,7 @@ from plotly.subplots import make_subplots
 
 from .inspector import round_tau, speedups, stage_names, throughput_rows, whatif_statuses
 from ..core.config import METHOD_LABELS
+from ..core.methods import method_spec
 from .render import METHOD_COLOURS, STATUS_COLOURS
 from ..core.trace import RunResult, StageRound, Step
 
@@ -145,8 +146,7 @@ def position_figure(results: dict[str, RunResult]) -> go.Figure:
             if not ys:
                 continue
             dash = "dot" if stage == "qualifier" else "solid"
-            pair = "draft→qualifier" if stage == "qualifier" else ("draft→target" if m in ("sd", "fsd")
-                                                                   else "qualifier→target")
+            pair = "draft→qualifier" if stage == "qualifier" else f"{method_spec(m).proposer}→target"
             fig.add_trace(go.Scatter(x=list(range(1, len(ys) + 1)), y=ys, mode="lines+markers",
                                      name=f"{m.upper()} · {pair}",
                                      line=dict(color=METHOD_COLOURS.get(m), dash=dash, width=3)))

@@ -21,6 +21,7 @@ import gradio as gr
 from . import inspector, charts, render
 from .text import CUSTOM, DEFAULT, MSG, RACE_COLUMNS, RACE_METHODS
 from ..core.config import METHOD_LABELS, TUNABLE, DecodeConfig
+from ..core.methods import method_spec
 from ..models.presets import PRESETS, family_config
 from ..core.trace import RunResult
 
@@ -301,7 +302,8 @@ def _round_slider(r: RunResult | None) -> Any:
 
 def _pos_slider(r: RunResult | None) -> Any:
     cfg = r.config if r else DEFAULT.to_dict()
-    top = (cfg["gamma"] if r is not None and r.method in ("sd", "fsd") else cfg["l_q"]) + 1
+    lengths = method_spec(r.method).lengths if r is not None else ()
+    top = cfg[lengths[-1] if lengths else "l_q"] + 1  # the longest target pass: its proposal + 1
     return gr.update(minimum=1, maximum=top, value=1, step=1)
 
 
@@ -322,7 +324,7 @@ def pick_race(session: dict | None, race_n: Any = None) -> tuple:
                 gr.skip(), gr.skip(), _pos_slider(None), none, none, none, "")
     res = race["results"]
     methods = list(res)
-    method = "psd_f" if "psd_f" in res else (methods[-1] if methods else None)
+    method = methods[-1] if methods else None  # the last raced: the fullest pyramid
     choices = [(f"Race {r['n']}", str(r["n"])) for r in session["races"]]
     speeds = inspector.race_speeds(res)
     speed_md = "Single-model speeds measured in this race: " + (", ".join(

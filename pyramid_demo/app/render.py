@@ -7,6 +7,7 @@ import re
 
 from .text import ORIGIN_NAMES, STATUS_NAMES
 from ..core.config import METHOD_LABELS
+from ..core.methods import TABLE
 from ..core.trace import RunResult, StageRound
 
 # Okabe-Ito hues (colour-blind safe) as pale backgrounds with a strong underline: readable when projected.
@@ -23,7 +24,7 @@ STATUS_COLOURS = {
     "resampled": ("#fde3c0", "#E69F00"),
     "bonus": ("#f2d6ec", "#CC79A7"),
 }
-METHOD_COLOURS = {"ar": "#555555", "sd": "#0072B2", "fsd": "#56B4E9", "psd_a": "#E69F00", "psd_f": "#D55E00"}
+METHOD_COLOURS = {m.key: m.colour for m in TABLE}
 
 FONT = "font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;"
 

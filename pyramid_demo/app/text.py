@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from ..core.config import DIVERGENCES, FALLBACKS, METHODS, STAGE2_RULES, DecodeConfig
+from ..core.config import DIVERGENCES, FALLBACKS, METHOD_LABELS, METHODS, STAGE2_RULES, DecodeConfig
 from ..models.presets import DEFAULT_PRESET, PRESETS, tuned_settings
 
 CUSTOM = "custom"
@@ -14,6 +14,8 @@ if START_PRESET not in PRESETS:
     START_PRESET = DEFAULT_PRESET
 PRESET_CHOICES = [*PRESETS, CUSTOM]
 RACE_METHODS = METHODS  # raced in this order, one after another
+_SHORT = [METHOD_LABELS[m].split(" ")[0] for m in RACE_METHODS]  # "AR", "SD", ...
+_NAMES = ", ".join(_SHORT[:-1]) + " and " + _SHORT[-1]
 
 # (minimum, maximum, step) of the sliders; DecodeConfig still validates whatever arrives.
 RANGES = {
@@ -110,7 +112,7 @@ MSG = {
     "no_race": "Run a race first: the inspector shows its recorded rounds.",
     "ar_round": "AR has no drafts: each target pass makes exactly one token, so there is nothing to accept.",
     "cleared": "Results cleared.",
-    "idle": f"Press **{BUTTONS['run']}** to run AR, SD, FSD, PSD_A and PSD_F on the same prompt, one after another.",
+    "idle": f"Press **{BUTTONS['run']}** to run {_NAMES} on the same prompt, one after another.",
 }
 
 RACE_COLUMNS = ["race", "method", "tokens", "time (s)", "tok/s", "× AR", "× SD", "acceptance",

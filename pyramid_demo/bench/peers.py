@@ -19,6 +19,7 @@ from ..core.config import DecodeConfig
 from ..core.lm import CachedLM, ModelTriplet
 
 PEERS = ("hf_generate", "hf_assisted")
+PEER_ROLES = {"hf_generate": ("target",), "hf_assisted": ("draft", "target")}  # the models each runs
 
 
 @dataclass

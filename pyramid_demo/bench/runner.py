@@ -23,6 +23,7 @@ from .. import generate_cli
 from ..core import throughput
 from ..core.config import METHODS, DecodeConfig
 from ..core.lm import ModelTriplet
+from ..core.methods import lossless, method_spec
 from ..core.run import generate, prepare_prompt
 from . import csqa, peers, report
 from .prompts import Prompt, load_prompts
@@ -42,6 +43,7 @@ ROW_COLUMNS = [
 ]
 ALL_METHODS = METHODS + peers.PEERS
 GRID_TAUS = (0.2, 0.3, 0.4, 0.5)
+GRID_NAMES = {"tau_t": "tauT", "tau_q": "tauQ", "l_d": "lD", "l_q": "lQ"}  # in variant labels
 
 
 @dataclass(frozen=True)
@@ -59,7 +61,7 @@ class Variant:
     @property
     def lossless(self) -> bool:
         """Output distribution equals the target's (at T=0: the same tokens, up to numerics)."""
-        return self.method in ("ar", "sd") + peers.PEERS or (self.method == "psd_a" and self.cfg.stage2 == "sd")
+        return self.kind == "peer" or lossless(self.method, self.cfg.stage2)
 
 
 # ---------------------------------------------------------------- command line
@@ -122,16 +124,16 @@ def build_variants(args: argparse.Namespace) -> list[Variant]:
     taus, lds, lqs = _floats(args.grid_taus), _ints(args.grid_l_d), _ints(args.grid_l_q)
     pairs = [(d, q) for q in lqs for d in lds if d <= q]
     for m in methods:
-        if not args.grid or m in ("ar", "sd") + peers.PEERS:
+        spec = method_spec(m) if m in METHODS else None
+        if not args.grid or spec is None or not spec.thresholds:  # nothing to sweep
             out.append(Variant(m, m, cfg(m)))
-        elif m == "fsd":
-            out += [Variant(f"fsd tauT={t:g}", m, cfg(m, tau_t=t)) for t in taus]
-        elif m == "psd_a":
-            out += [Variant(f"psd_a tauT={t:g} lD={d} lQ={q}", m, cfg(m, tau_t=t, l_d=d, l_q=q))
-                    for t in taus for d, q in pairs]
-        else:
-            out += [Variant(f"psd_f tauT={t:g} tauQ={u:g} lD={d} lQ={q}", m, cfg(m, tau_t=t, tau_q=u, l_d=d, l_q=q))
-                    for t in taus for u in taus if u <= t for d, q in pairs]
+            continue
+        for t in taus:  # τ_T, then τ_Q ≤ τ_T (stage 1 fuzzy), then ℓ_D ≤ ℓ_Q (pyramids)
+            for u in [u for u in taus if u <= t] if "tau_q" in spec.thresholds else [None]:
+                for d, q in pairs if spec.pyramid else [(None, None)]:
+                    kw = {k: v for k, v in (("tau_t", t), ("tau_q", u), ("l_d", d), ("l_q", q)) if v is not None}
+                    out.append(Variant(" ".join([m] + [f"{GRID_NAMES[k]}={v:g}" for k, v in kw.items()]), m,
+                                       cfg(m, **kw)))
     return out
 
 
@@ -192,25 +194,18 @@ def _base_row(v: Variant, r: int, pi: int, prompt: Prompt, ids: list[int]) -> di
                lossless=v.lossless, temperature=c.temperature, divergence=c.divergence, prompt_tokens=len(ids),
                prompt=prompt.text)
     if v.kind == "engine":
-        row.update(fallback=c.fallback, conf_stop=c.conf_stop if v.method != "ar" else None)
-        if v.method in ("sd", "fsd"):
-            row.update(gamma=c.gamma)
-        if v.method in ("fsd", "psd_a", "psd_f"):
-            row.update(tau_t=c.tau_t)
-        if v.method in ("psd_a", "psd_f"):
-            row.update(l_d=c.l_d, l_q=c.l_q, stage2=c.stage2)
-        if v.method == "psd_f":
-            row.update(tau_q=c.tau_q)
+        spec = method_spec(v.method)
+        row.update(fallback=c.fallback, conf_stop=c.conf_stop if spec.proposer else None)
+        row.update({k: getattr(c, k) for k in spec.lengths + spec.thresholds})
+        if spec.pyramid:
+            row.update(stage2=c.stage2)
     return row
 
 
 def _model_speeds(triplet: ModelTriplet, variants: list[Variant], ids: list[int]) -> dict[str, float]:
     roles = {"target"}
     for v in variants:
-        if v.method in ("sd", "fsd", "hf_assisted"):
-            roles.add("draft")
-        if v.method in ("psd_a", "psd_f"):
-            roles |= {"draft", "qualifier"}
+        roles |= set(method_spec(v.method).roles if v.kind == "engine" else peers.PEER_ROLES[v.method])
     return {r: peers.one_token_speed(triplet, r, ids) for r in sorted(roles)}
 
 

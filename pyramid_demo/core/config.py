@@ -3,21 +3,16 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-METHODS = ("ar", "sd", "fsd", "psd_a", "psd_f")
+from .methods import TABLE
+
+METHODS = tuple(m.key for m in TABLE)
+METHOD_LABELS = {m.key: m.label for m in TABLE}
 DIVERGENCES = ("js", "kl", "tv")
 FALLBACKS = ("none", "sd")
 STAGE2_RULES = ("fuzzy", "sd")
 
 # settings a model family may tune (presets.Preset.tuned); the rest are per-run choices
 TUNABLE = ("gamma", "l_d", "l_q", "tau_q", "tau_t", "divergence", "fallback", "stage2", "conf_stop")
-
-METHOD_LABELS = {
-    "ar": "AR (target only)",
-    "sd": "SD (draft → target)",
-    "fsd": "FSD (fuzzy draft → target)",
-    "psd_a": "PSD_A (assisted pyramid)",
-    "psd_f": "PSD_F (fuzzy pyramid)",
-}
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ import torch
 from . import rules
 from .config import DecodeConfig
 from .lm import LM
+from .methods import method_spec, target_rule
 from .trace import StageRound, Step, TokenRec
 
 
@@ -34,8 +35,8 @@ class _Clock:
 
 
 def roles_for(method: str) -> tuple[str, ...]:
-    return {"ar": ("target",), "sd": ("draft", "target"), "fsd": ("draft", "target")}.get(
-        method, ("draft", "qualifier", "target"))
+    """The models a method runs (its row in `methods.TABLE`)."""
+    return method_spec(method).roles
 
 
 def propose(lm: LM, seq: list[int], n: int, cfg: DecodeConfig,
@@ -128,7 +129,7 @@ def pyramid_block(lms: dict[str, LM], seq: list[int], size: int, cfg: DecodeConf
     origins: list[str] = []
     z_q_rows: list[torch.Tensor] = []
     rounds: list[StageRound] = []
-    rule = "sd" if cfg.method == "psd_a" else "fuzzy"
+    rule = method_spec(cfg.method).stage1
     while len(block) < size:
         n = min(cfg.l_d, size - len(block))
         x, z_d = propose(lms["draft"], seq + block, n, cfg, gen)
@@ -169,6 +170,7 @@ def decode(lms: dict[str, LM], prompt_ids: list[int], cfg: DecodeConfig, eos_ids
            gen: torch.Generator | None) -> Iterator[Step]:
     """Generate after a prefilled prompt, one `Step` per target pass, until EOS or the budget."""
     seq, n0, clock = list(prompt_ids), len(prompt_ids), _Clock()
+    spec = method_spec(cfg.method)
     for i in range(cfg.max_new_tokens):
         room = cfg.max_new_tokens - (len(seq) - n0)
         if room <= 0:
@@ -178,17 +180,17 @@ def decode(lms: dict[str, LM], prompt_ids: list[int], cfg: DecodeConfig, eos_ids
         calls0 = {r: lm.n_forward for r, lm in lms.items()}
         qrounds: list[StageRound] = []
         tround = None
-        if cfg.method == "ar" or room == 1:
+        if spec.proposer is None or room == 1:
             new, origins = [target_only(lms["target"], seq, cfg, gen)], ["target"]
         else:
-            if cfg.method in ("sd", "fsd"):
-                x, z_q = propose(lms["draft"], seq, min(cfg.gamma, room - 1), cfg, gen)
-                from_q, prop = ["draft"] * len(x), "draft"
-                rule, tau = ("sd", None) if cfg.method == "sd" else ("fuzzy", cfg.tau_t)
+            prop, size = spec.proposer, min(getattr(cfg, spec.lengths[-1]), room - 1)
+            rule = target_rule(cfg.method, cfg.stage2)
+            tau = cfg.tau_t if rule == "fuzzy" else None
+            if spec.pyramid:
+                x, from_q, z_q, qrounds = pyramid_block(lms, seq, size, cfg, gen)
             else:
-                x, from_q, z_q, qrounds = pyramid_block(lms, seq, min(cfg.l_q, room - 1), cfg, gen)
-                prop = "qualifier"
-                rule, tau = (cfg.stage2, cfg.tau_t if cfg.stage2 == "fuzzy" else None)
+                x, z_q = propose(lms[prop], seq, size, cfg, gen)
+                from_q = [prop] * len(x)
             z_p = lms["target"].logits(seq + x, len(x) + 1)  # [n+1, V]: one target pass
             tround, nxt = verify(z_p, z_q, x, rule, tau, cfg, gen, "target", prop, "target")
             k = tround.n_accepted

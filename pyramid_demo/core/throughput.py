@@ -5,6 +5,7 @@ V_X is model X's single-model speed in tokens/s (one cached one-token forward pe
 """
 from __future__ import annotations
 
+from .methods import method_spec
 from .trace import RunResult
 
 
@@ -39,10 +40,11 @@ def lengths(cfg: dict, proposed: dict[str, int], rounds: dict[str, int]) -> dict
 def predict_parts(method: str, lens: dict, acc: dict[str, float], speeds: dict[str, float]) -> float | None:
     """The paper's formulas for one method, from lengths (see `lengths`), acceptance per stage and
     single-model speeds (role → tok/s); AR's prediction is V_T itself."""
+    m = method_spec(method)
     try:
-        if method == "ar":
+        if m.proposer is None:
             return speeds["target"]
-        if method in ("sd", "fsd"):
+        if not m.pyramid:
             return v_sd(acc["target"], lens["gamma"], speeds["draft"], speeds["target"])
         inner = v_fsd(acc["qualifier"], lens["l_d"], speeds["draft"], speeds["qualifier"])
         return v_psd(acc["target"], lens["l_q"], inner, speeds["target"])
@@ -54,10 +56,11 @@ def predict_plus_one(method: str, lens: dict, acc: dict[str, float], speeds: dic
     """The paper's model with β·ℓ + 1 tokens per round instead of β·(ℓ+1): with β = accepted ÷
     proposed, a round commits β·ℓ drafted tokens on average plus the verifier's own token, so
     this stays right when acceptance is low (the paper's form then predicts almost nothing)."""
+    m = method_spec(method)
     try:
-        if method == "ar":
+        if m.proposer is None:
             return speeds["target"]
-        if method in ("sd", "fsd"):
+        if not m.pyramid:
             g = lens["gamma"]
             return (acc["target"] * g + 1) / (g / speeds["draft"] + 1 / speeds["target"])
         ld, lq = lens["l_d"], lens["l_q"]
