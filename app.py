@@ -13,10 +13,11 @@ import gradio as gr
 
 from pyramid_demo.app import handlers as h
 from pyramid_demo.app import charts, render
+from pyramid_demo.core.settings import BY_NAME
 from pyramid_demo.models.presets import family_config
-from pyramid_demo.app.text import (BUTTONS, DEFAULT, DIVERGENCE_CHOICES, EXAMPLE_PROMPTS, EXPLANATION,
-                                   FALLBACK_CHOICES, INFO, INTRO, LABELS, MSG, PRESET_CHOICES, RACE_COLUMNS, RANGES,
-                                   SETTINGS_TITLE, STAGE2_CHOICES, START_PRESET, STATS_NOTE, TABS, WHATIF_LABELS)
+from pyramid_demo.app.text import (BUTTONS, DEFAULT, EXAMPLE_PROMPTS, EXPLANATION, INFO, INTRO, LABELS, MSG,
+                                   PRESET_CHOICES, RACE_COLUMNS, SETTINGS_TITLE, START_PRESET, STATS_NOTE, TABS,
+                                   WHATIF_LABELS)
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 CSS = """
@@ -39,14 +40,21 @@ def _gpu(fn: Callable) -> Callable:
 START = family_config(START_PRESET)  # the starting family's tuned settings
 
 
-def _slider(name: str, **kw) -> gr.Slider:
-    lo, hi, step = RANGES[name]
-    return gr.Slider(lo, hi, value=getattr(START, name), step=step, label=LABELS[name], info=INFO.get(name), **kw)
+def _setting(name: str) -> gr.components.Component:
+    """One decoding setting's widget, as its row in `core.settings.SETTINGS` describes it."""
+    s, value = BY_NAME[name], getattr(START, name)
+    kw = dict(label=s.label, info=s.info, elem_id=s.elem_id)
+    if s.widget == "slider":
+        lo, hi, step = s.range
+        return gr.Slider(lo, hi, value=value, step=step, **kw)
+    if s.widget == "radio":
+        return gr.Radio(list(s.choices), value=value, **kw)
+    return gr.Number(value, precision=0 if isinstance(value, int) else None, **kw)
 
 
 def _whatif(name: str) -> gr.Slider:
     """The inspector's own τ: re-checks a recorded round without touching the next run's settings."""
-    lo, hi, step = RANGES[name]
+    lo, hi, step = BY_NAME[name].range
     return gr.Slider(lo, hi, value=getattr(DEFAULT, name), step=step, label=WHATIF_LABELS[name])
 
 
@@ -72,20 +80,10 @@ def build_demo() -> gr.Blocks:
                     target_id = gr.Textbox(label=LABELS["target"], placeholder="HuggingFaceTB/SmolLM2-1.7B-Instruct")
         with gr.Accordion(SETTINGS_TITLE, open=False):
             gr.Markdown(INFO["tuned"])
-            with gr.Row():
-                max_new = _slider("max_new_tokens", elem_id="max-new")
-                temperature = _slider("temperature")
-                seed = gr.Number(DEFAULT.seed, label=LABELS["seed"], info=INFO["seed"], precision=0)
-            with gr.Row():
-                gamma, l_d, l_q = _slider("gamma"), _slider("l_d"), _slider("l_q")
-            with gr.Row():
-                tau_q, tau_t, conf_stop = _slider("tau_q"), _slider("tau_t"), _slider("conf_stop")
-            with gr.Row():
-                divergence = gr.Radio(DIVERGENCE_CHOICES, value=START.divergence, label=LABELS["divergence"],
-                                      info=INFO["divergence"])
-                fallback = gr.Radio(FALLBACK_CHOICES, value=START.fallback, label=LABELS["fallback"],
-                                    info=INFO["fallback"])
-                stage2 = gr.Radio(STAGE2_CHOICES, value=START.stage2, label=LABELS["stage2"], info=INFO["stage2"])
+            widgets = {}
+            for i in range(0, len(h.SETTING_NAMES), 3):  # three to a row, in the table's order
+                with gr.Row():
+                    widgets.update({k: _setting(k) for k in h.SETTING_NAMES[i:i + 3]})
         status = gr.Markdown(MSG["idle"], elem_id="status")
 
         with gr.Tabs():
@@ -135,13 +133,13 @@ def build_demo() -> gr.Blocks:
         pick_out = [race_dd, method_dd, round_sl, wq, wt, pos_sl, hist_plot, posn_plot, tp_plot, speeds_md]
         insp_in = [session, race_dd, method_dd, round_sl, wq, wt, pos_sl]
         insp_out = [chips, div_plot, top5_plot, insp_md]
-        settings = [max_new, temperature, seed, gamma, l_d, l_q, tau_q, tau_t, divergence, fallback, stage2, conf_stop]
-        tuned = [gamma, l_d, l_q, tau_q, tau_t, divergence, fallback, stage2, conf_stop]  # config.TUNABLE
+        settings = [widgets[k] for k in h.SETTING_NAMES]
+        tuned = [widgets[k] for k in h.TUNED_NAMES]
 
         preset.change(h.preset_info, preset, [preset_md, custom_box])
         preset.change(h.preset_settings, preset, tuned)
-        race = gr.on([run_btn.click, prompt.submit], _gpu(h.run_race),
-                     [preset, draft_id, qual_id, target_id, prompt, *settings, session], race_out,
+        race = gr.on([run_btn.click, prompt.submit], _gpu(h.race_event),
+                     [preset, draft_id, qual_id, target_id, prompt, session, *settings], race_out,
                      concurrency_id="models", concurrency_limit=1)
         race.then(h.pick_race, [session], pick_out).then(h.inspect_round, insp_in, insp_out)
         stop_btn.click(h.stop_race, session, race_out, concurrency_id="stop", concurrency_limit=None)

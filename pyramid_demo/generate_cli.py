@@ -4,7 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .core.config import DIVERGENCES, FALLBACKS, METHODS, STAGE2_RULES, TUNABLE, DecodeConfig
+from .core.config import METHODS, DecodeConfig
+from .core.settings import SETTINGS, TUNABLE
 from .models.presets import DEFAULT_PRESET, family_config
 
 COLOURS = {"draft": "\033[32m", "qualifier": "\033[34m", "target": "\033[33m", "bonus": "\033[35m"}
@@ -25,28 +26,15 @@ def add_decoding_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"preset name (default {DEFAULT_PRESET}; tiny-random, smollm2, qwen2.5, llama3) "
                         "or three comma-separated model ids/paths: draft,qualifier,target")
     p.add_argument("--no-chat", action="store_true", help="do not apply the target's chat template")
-    p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
-    p.add_argument("--temperature", type=float, default=d.temperature)
-    p.add_argument("--top-k", type=int, default=d.top_k)
-    p.add_argument("--top-p", type=float, default=d.top_p)
-    p.add_argument("--seed", type=int, default=d.seed)
-    t = " (default: the family's tuned value, else %(d)s)"
-    p.add_argument("--gamma", type=int, default=None, help="SD/FSD draft length γ" + t % {"d": d.gamma})
-    p.add_argument("--l-d", type=int, default=None, help="PSD tokens drafted per qualifier round ℓ_D" + t % {"d": d.l_d})
-    p.add_argument("--l-q", type=int, default=None, help="PSD block length per target round ℓ_Q" + t % {"d": d.l_q})
-    p.add_argument("--tau-q", type=float, default=None, help="PSD_F stage-1 threshold τ_Q" + t % {"d": d.tau_q})
-    p.add_argument("--tau-t", type=float, default=None,
-                   help="FSD threshold / PSD stage-2 threshold τ_T" + t % {"d": d.tau_t})
-    p.add_argument("--divergence", choices=DIVERGENCES, default=None, help="CHOICE" + t % {"d": d.divergence})
-    p.add_argument("--fallback", choices=FALLBACKS, default=None,
-                   help="'sd': also accept tokens the exact SD rule accepts (beyond the paper)" + t % {"d": d.fallback})
-    p.add_argument("--stage2", choices=STAGE2_RULES, default=None,
-                   help="'sd': exact SD rule at the target stage (lossless PSD_A, beyond the paper)"
-                        + t % {"d": d.stage2})
-    p.add_argument("--conf-stop", type=float, default=None,
-                   help="a proposer (the draft; in PSD also the qualifier's block) stops after a token whose top "
-                        "probability is below this; 0: off, the papers' fixed lengths (beyond the papers)"
-                        + t % {"d": d.conf_stop})
+    for s in SETTINGS:  # one option per row: --max-new-tokens, --tau-t, ...
+        default = getattr(d, s.name)
+        kw = {"choices": s.choices} if s.choices else {"type": type(default)}
+        text = (s.cli or s.info or "").replace("%", "%%")
+        if s.tunable:  # None: the family's tuned value applies (config_from_args)
+            kw["help"], default = f"{text} (default: the family's tuned value, else {default})", None
+        elif text:
+            kw["help"] = text
+        p.add_argument("--" + s.name.replace("_", "-"), default=default, **kw)
     p.add_argument("--device", default=None, help="cpu, cuda or mps (default: best available)")
     p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: per device)")
 
@@ -54,8 +42,8 @@ def add_decoding_arguments(p: argparse.ArgumentParser) -> None:
 def config_from_args(a: argparse.Namespace) -> DecodeConfig:
     """Options given on the command line, else the preset's tuned settings, else DecodeConfig's."""
     given = {k: getattr(a, k) for k in TUNABLE if getattr(a, k, None) is not None}
-    return family_config(a.models, **given, method=a.method, max_new_tokens=a.max_new_tokens,
-                         temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, seed=a.seed)
+    per_run = {s.name: getattr(a, s.name) for s in SETTINGS if not s.tunable}
+    return family_config(a.models, **given, **per_run, method=a.method)
 
 
 def summary(result) -> str:

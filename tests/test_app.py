@@ -32,7 +32,7 @@ def race(session: dict | None, prompt: str = "hello", preset: str = "tiny-random
     s = {**FAST, **over}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # gr.Warning outside a request is a plain UserWarning
-        return list(h.run_race(preset, *ids, prompt, *(s[k] for k in h.SETTING_NAMES), session))
+        return list(h.run_race(preset, ids, prompt, s, session))
 
 
 @pytest.fixture(scope="module")
@@ -147,7 +147,7 @@ def test_custom_family_errors_are_messages() -> None:
 
 def test_stop_keeps_partial_results_and_next_run_works() -> None:
     session = h.new_session()
-    gen = h.run_race("tiny-random", "", "", "", "hello", *(FAST[k] for k in h.SETTING_NAMES), session)
+    gen = h.run_race("tiny-random", ("", "", ""), "hello", FAST, session)
     for _ in range(3):
         next(gen)
     status, *_ = h.stop_race(session)  # the Stop button, while the race runs
@@ -166,7 +166,7 @@ def test_stop_keeps_partial_results_and_next_run_works() -> None:
 
 def test_cancelled_generator_leaves_a_usable_session() -> None:
     session = h.new_session()
-    gen = h.run_race("tiny-random", "", "", "", "hello", *(FAST[k] for k in h.SETTING_NAMES), session)
+    gen = h.run_race("tiny-random", ("", "", ""), "hello", FAST, session)
     for _ in range(2):
         next(gen)
     gen.close()  # a closed page or a cancelled event
@@ -238,3 +238,4 @@ def test_notes_in_html_panels_show_bold_not_asterisks():
     and still escape markup."""
     out = render.message_html("Press **Run** <now>")
     assert "<b>Run</b>" in out and "**" not in out and "&lt;now&gt;" in out
+

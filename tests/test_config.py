@@ -43,3 +43,26 @@ def test_prompt_beyond_context_names_the_sizes(tiny):
     """A prompt that leaves no room for the new tokens says how long it is and what the context is."""
     with pytest.raises(ValueError, match=r"the prompt is \d+ tokens.*context of 1024 tokens"):
         prepare_prompt(tiny, "yes " * 1000, DecodeConfig(max_new_tokens=64))
+
+
+def test_every_setting_has_one_row_and_every_method_one_spec():
+    """Adding a setting is one DecodeConfig field plus one row in core.settings; a method is one row
+    in core.methods. The tables must cover the dataclass exactly."""
+    from dataclasses import fields
+
+    from pyramid_demo.core.config import METHOD_LABELS, METHODS
+    from pyramid_demo.core.methods import TABLE, lossless, method_spec
+    from pyramid_demo.core.settings import SETTINGS, TUNABLE
+
+    assert {f.name for f in fields(DecodeConfig)} - {"method"} == {s.name for s in SETTINGS}
+    assert set(TUNABLE) <= {s.name for s in SETTINGS}
+    d = DecodeConfig()
+    for s in SETTINGS:
+        assert s.widget in ("slider", "number", "radio", "") and (s.widget != "slider" or len(s.range) == 3)
+        assert not s.choices or getattr(d, s.name) in s.choices
+    assert METHODS == tuple(m.key for m in TABLE) and set(METHOD_LABELS) == set(METHODS)
+    for m in TABLE:
+        assert m.roles[-1] == "target" and set(m.lengths + m.thresholds) <= {s.name for s in SETTINGS}
+    assert [m for m in METHODS if lossless(m)] == ["ar", "sd"] and lossless("psd_a", "sd")
+    with pytest.raises(ValueError, match="unknown method 'beam'"):
+        method_spec("beam")

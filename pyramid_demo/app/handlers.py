@@ -20,18 +20,18 @@ import gradio as gr
 
 from . import inspector, charts, render
 from .text import CUSTOM, DEFAULT, MSG, RACE_COLUMNS, RACE_METHODS
-from ..core.config import METHOD_LABELS, TUNABLE, DecodeConfig
+from ..core.config import METHOD_LABELS, DecodeConfig
 from ..core.methods import method_spec
+from ..core.settings import APP_SETTINGS, TUNABLE
 from ..models.presets import PRESETS, family_config
 from ..core.trace import RunResult
 
 log = logging.getLogger(__name__)
 MAX_RACES = 20  # per user; older races are dropped to bound a hosted app's memory
 UI_INTERVAL_S = 0.15  # stream to the page at most this often (every pass is still recorded)
-SETTING_NAMES = ("max_new_tokens", "temperature", "seed", "gamma", "l_d", "l_q", "tau_q", "tau_t",
-                 "divergence", "fallback", "stage2", "conf_stop")
+SETTING_NAMES = APP_SETTINGS  # the settings widgets, in the order race_event receives them
 TUNED_NAMES = TUNABLE  # the widgets preset_settings resets, in this order
-INT_SETTINGS = ("max_new_tokens", "seed", "gamma", "l_d", "l_q")
+INT_SETTINGS = tuple(k for k in SETTING_NAMES if isinstance(getattr(DEFAULT, k), int))
 
 
 def new_session() -> dict:
@@ -164,21 +164,25 @@ def _learn_vocab(race: dict, tokenizer: Any, r: RunResult) -> None:
         vocab[i] = tokenizer.decode([i])
 
 
-def run_race(preset: str, draft: str, qualifier: str, target: str, prompt: str, max_new_tokens: float,
-             temperature: float, seed: float, gamma: float, l_d: float, l_q: float, tau_q: float, tau_t: float,
-             divergence: str, fallback: str, stage2: str, conf_stop: float, session: dict | None,
-             progress: gr.Progress = gr.Progress()) -> Iterator[tuple]:
+def race_event(preset: str, draft: str, qualifier: str, target: str, prompt: str, session: dict | None,
+               progress: gr.Progress = gr.Progress(), *values: Any) -> Iterator[tuple]:
+    """The Run button's handler: app.py wires the settings widgets last, in SETTING_NAMES order."""
+    yield from run_race(preset, (draft, qualifier, target), prompt, dict(zip(SETTING_NAMES, values)), session,
+                        progress)
+
+
+def run_race(preset: str, models: tuple[str, str, str], prompt: str, settings: dict[str, Any],
+             session: dict | None, progress: gr.Progress = gr.Progress()) -> Iterator[tuple]:
     """Run every method on the prompt, one after another, yielding (status, lanes, chart, table, earlier, session).
 
-    Stop is cooperative: `stop_race` sets session["stop"], seen after every target pass, so the race ends
-    cleanly with its partial results (cancelling the event instead would race a late snapshot).
+    `models` are the custom draft, qualifier and target ids; `settings` maps DecodeConfig fields to widget
+    values. Stop is cooperative: `stop_race` sets session["stop"], seen after every target pass, so the race
+    ends cleanly with its partial results (cancelling the event instead would race a late snapshot).
     """
     session = session if session is not None else new_session()
-    settings = dict(zip(SETTING_NAMES, (max_new_tokens, temperature, seed, gamma, l_d, l_q, tau_q, tau_t,
-                                        divergence, fallback, stage2, conf_stop)))
     session["stop"], session["busy"] = False, True
     try:
-        yield from _race_steps(preset, (draft, qualifier, target), prompt, settings, session, progress)
+        yield from _race_steps(preset, models, prompt, settings, session, progress)
     finally:
         session["busy"] = False
         for old in session["races"]:

@@ -1,9 +1,10 @@
-"""Every user-facing string and default of the app, in one place (widgets and handlers share them)."""
+"""Every user-facing string and default of the app, in one place (widgets and handlers share them).
+The decoding settings' labels, ranges and help live in `core.settings`, beside the CLI's."""
 from __future__ import annotations
 
 import os
 
-from ..core.config import DIVERGENCES, FALLBACKS, METHOD_LABELS, METHODS, STAGE2_RULES, DecodeConfig
+from ..core.config import METHOD_LABELS, METHODS, DecodeConfig
 from ..models.presets import DEFAULT_PRESET, PRESETS, tuned_settings
 
 CUSTOM = "custom"
@@ -17,18 +18,6 @@ RACE_METHODS = METHODS  # raced in this order, one after another
 _SHORT = [METHOD_LABELS[m].split(" ")[0] for m in RACE_METHODS]  # "AR", "SD", ...
 _NAMES = ", ".join(_SHORT[:-1]) + " and " + _SHORT[-1]
 
-# (minimum, maximum, step) of the sliders; DecodeConfig still validates whatever arrives.
-RANGES = {
-    "max_new_tokens": (8, 256, 8),
-    "temperature": (0.0, 1.5, 0.05),
-    "gamma": (1, 16, 1),
-    "l_d": (1, 16, 1),
-    "l_q": (1, 32, 1),
-    "tau_q": (0.0, 1.0, 0.01),
-    "tau_t": (0.0, 1.0, 0.01),
-    "conf_stop": (0.0, 0.95, 0.05),
-}
-
 EXAMPLE_PROMPTS = [
     "Explain in two sentences why the sky is blue.",
     "Write a short poem about a cat who learns to code.",
@@ -40,43 +29,11 @@ LABELS = {
     "preset": "Model family (draft → qualifier → target)",
     "draft": "Draft model id", "qualifier": "Qualifier model id", "target": "Target model id",
     "prompt": "Prompt",
-    "max_new_tokens": "Max new tokens",
-    "temperature": "Temperature (0 = greedy)",
-    "seed": "Seed",
-    "gamma": "γ: SD/FSD draft length",
-    "l_d": "ℓ_D: PSD tokens drafted per qualifier round",
-    "l_q": "ℓ_Q: PSD block length per target pass",
-    "tau_q": "τ_Q: PSD_F draft→qualifier threshold",
-    "tau_t": "τ_T: FSD / PSD qualifier→target threshold",
-    "divergence": "Divergence",
-    "fallback": "Fuzzy fallback",
-    "stage2": "PSD stage-2 rule",
-    "conf_stop": "Stop proposing below confidence",
 }
 
 WHATIF_LABELS = {"tau_q": "what-if τ_Q (stage 1 rounds)", "tau_t": "what-if τ_T (target round)"}
 
-INFO = {
-    "temperature": "0 makes every model greedy: AR, SD and PSD_A then give the target's exact text.",
-    "tau_q": "Accept a drafted token when Div(qualifier, draft) ≤ τ_Q. Unused by PSD_A (exact rule).",
-    "tau_t": "Accept a token when Div(target, proposer) ≤ τ_T. Larger: faster but further from the target.",
-    "l_q": "CHOICE: the block is cut to exactly ℓ_Q tokens; the qualifier's own tokens count toward it.",
-    "divergence": "CHOICE: js is the FSD code's ½KL(m‖p)+½KL(m‖q) (not the textbook JSD), computed on the "
-                  "raw softmax (temperature 1), whatever the sampling temperature.",
-    "fallback": "CHOICE beyond the paper: 'sd' also accepts a token that fails τ but passes the exact SD rule, "
-                "so fuzzy acceptance never falls below SD's.",
-    "stage2": "CHOICE beyond the paper: 'sd' checks the qualifier block with the exact SD rule, which makes "
-              "PSD_A lossless (a three-model cascade).",
-    "seed": "Seeds the sampler when temperature > 0.",
-    "conf_stop": "Beyond the papers (HF assisted generation uses 0.4): the draft stops after a token whose top "
-                 "probability is below this, and a PSD block ends after such a qualifier token. 0 = the papers' "
-                 "fixed γ, ℓ_D and ℓ_Q. Lossless methods stay exact.",
-    "tuned": "Changing the family resets these settings to the ones it is tuned for (see the README).",
-}
-
-DIVERGENCE_CHOICES = list(DIVERGENCES)
-FALLBACK_CHOICES = list(FALLBACKS)
-STAGE2_CHOICES = list(STAGE2_RULES)
+INFO = {"tuned": "Changing the family resets these settings to the ones it is tuned for (see the README)."}
 
 ORIGIN_NAMES = {
     "draft": "draft token, accepted at every stage",

@@ -4,15 +4,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from .methods import TABLE
+from .settings import DIVERGENCES, FALLBACKS, STAGE2_RULES, TUNABLE  # noqa: F401 - validated here, shown there
 
 METHODS = tuple(m.key for m in TABLE)
 METHOD_LABELS = {m.key: m.label for m in TABLE}
-DIVERGENCES = ("js", "kl", "tv")
-FALLBACKS = ("none", "sd")
-STAGE2_RULES = ("fuzzy", "sd")
-
-# settings a model family may tune (presets.Preset.tuned); the rest are per-run choices
-TUNABLE = ("gamma", "l_d", "l_q", "tau_q", "tau_t", "divergence", "fallback", "stage2", "conf_stop")
 
 
 @dataclass(frozen=True)

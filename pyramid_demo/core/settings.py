@@ -1,0 +1,68 @@
+"""How each decoding setting is shown and asked for, keyed by `DecodeConfig` field name.
+
+The app's widgets, its race handler's inputs and the command line's options are all built from
+`SETTINGS`, so adding a setting is one `DecodeConfig` field plus one row here. Pure data: `config`
+imports it (for `TUNABLE` and the choices it validates), not the other way round.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DIVERGENCES = ("js", "kl", "tv")
+FALLBACKS = ("none", "sd")
+STAGE2_RULES = ("fuzzy", "sd")
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str  # the DecodeConfig field; the CLI flag is --name-with-dashes
+    label: str  # the app widget's label
+    widget: str  # "slider", "number", "radio", or "" (command line only)
+    range: tuple[float, float, float] | None = None  # slider (min, max, step); DecodeConfig still validates
+    choices: tuple[str, ...] = ()  # radio and CLI choices
+    info: str | None = None  # the app's help under the widget
+    cli: str | None = None  # the CLI's help (the app's info when None)
+    tunable: bool = False  # a model family may tune it (presets.Preset.tuned); the CLI then defaults to None
+    elem_id: str | None = None  # a stable DOM id for browser tests
+
+
+SETTINGS = (
+    Setting("max_new_tokens", "Max new tokens", "slider", (8, 256, 8), elem_id="max-new"),
+    Setting("temperature", "Temperature (0 = greedy)", "slider", (0.0, 1.5, 0.05),
+            info="0 makes every model greedy: AR, SD and PSD_A then give the target's exact text."),
+    Setting("top_k", "Top-k", ""),
+    Setting("top_p", "Top-p", ""),
+    Setting("seed", "Seed", "number", info="Seeds the sampler when temperature > 0."),
+    Setting("gamma", "γ: SD/FSD draft length", "slider", (1, 16, 1), cli="SD/FSD draft length γ", tunable=True),
+    Setting("l_d", "ℓ_D: PSD tokens drafted per qualifier round", "slider", (1, 16, 1),
+            cli="PSD tokens drafted per qualifier round ℓ_D", tunable=True),
+    Setting("l_q", "ℓ_Q: PSD block length per target pass", "slider", (1, 32, 1),
+            info="CHOICE: the block is cut to exactly ℓ_Q tokens; the qualifier's own tokens count toward it.",
+            cli="PSD block length per target round ℓ_Q", tunable=True),
+    Setting("tau_q", "τ_Q: PSD_F draft→qualifier threshold", "slider", (0.0, 1.0, 0.01),
+            info="Accept a drafted token when Div(qualifier, draft) ≤ τ_Q. Unused by PSD_A (exact rule).",
+            cli="PSD_F stage-1 threshold τ_Q", tunable=True),
+    Setting("tau_t", "τ_T: FSD / PSD qualifier→target threshold", "slider", (0.0, 1.0, 0.01),
+            info="Accept a token when Div(target, proposer) ≤ τ_T. Larger: faster but further from the target.",
+            cli="FSD threshold / PSD stage-2 threshold τ_T", tunable=True),
+    Setting("conf_stop", "Stop proposing below confidence", "slider", (0.0, 0.95, 0.05),
+            info="Beyond the papers (HF assisted generation uses 0.4): the draft stops after a token whose top "
+                 "probability is below this, and a PSD block ends after such a qualifier token. 0 = the papers' "
+                 "fixed γ, ℓ_D and ℓ_Q. Lossless methods stay exact.",
+            cli="a proposer (the draft; in PSD also the qualifier's block) stops after a token whose top "
+                "probability is below this; 0: off, the papers' fixed lengths (beyond the papers)", tunable=True),
+    Setting("divergence", "Divergence", "radio", choices=DIVERGENCES,
+            info="CHOICE: js is the FSD code's ½KL(m‖p)+½KL(m‖q) (not the textbook JSD), computed on the "
+                 "raw softmax (temperature 1), whatever the sampling temperature.", cli="CHOICE", tunable=True),
+    Setting("fallback", "Fuzzy fallback", "radio", choices=FALLBACKS,
+            info="CHOICE beyond the paper: 'sd' also accepts a token that fails τ but passes the exact SD rule, "
+                 "so fuzzy acceptance never falls below SD's.",
+            cli="'sd': also accept tokens the exact SD rule accepts (beyond the paper)", tunable=True),
+    Setting("stage2", "PSD stage-2 rule", "radio", choices=STAGE2_RULES,
+            info="CHOICE beyond the paper: 'sd' checks the qualifier block with the exact SD rule, which makes "
+                 "PSD_A lossless (a three-model cascade).",
+            cli="'sd': exact SD rule at the target stage (lossless PSD_A, beyond the paper)", tunable=True),
+)
+BY_NAME = {s.name: s for s in SETTINGS}
+APP_SETTINGS = tuple(s.name for s in SETTINGS if s.widget)  # the app's widgets, in page order
+TUNABLE = tuple(s.name for s in SETTINGS if s.tunable)  # settings a model family may tune
