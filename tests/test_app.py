@@ -239,3 +239,15 @@ def test_notes_in_html_panels_show_bold_not_asterisks():
     out = render.message_html("Press **Run** <now>")
     assert "<b>Run</b>" in out and "**" not in out and "&lt;now&gt;" in out
 
+
+def test_a_race_encodes_its_prompt_once(monkeypatch):
+    """The handler checks and encodes the prompt once; every method's run reuses the ids."""
+    import pyramid_demo.core.run as run
+
+    calls = []
+    real = run.encode_prompt
+    monkeypatch.setattr(run, "encode_prompt", lambda *a, **k: calls.append(1) or real(*a, **k))
+    session = h.new_session()
+    race(session, prompt="once")
+    assert len(calls) == 1
+    assert all(r.prompt == "once" for r in session["races"][0]["results"].values())

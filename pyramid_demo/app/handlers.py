@@ -208,7 +208,7 @@ def _race_steps(preset: str, ids: tuple[str, str, str], prompt: str, settings: d
     progress(0.0, desc=MSG["loading"].format(preset=preset))
     try:
         triplet = load_triplet(spec)
-        prepare_prompt(triplet, prompt, base)
+        ids = prepare_prompt(triplet, prompt, base)  # encoded once for every method
     except LoadError as e:
         yield _skip_outputs(_notify(MSG["load_failed"].format(err=e)), session)
         return
@@ -230,7 +230,7 @@ def _race_steps(preset: str, ids: tuple[str, str, str], prompt: str, settings: d
         progress(i / len(RACE_METHODS), desc=status)
         last = 0.0
         try:
-            for snap in stream(triplet, prompt, replace(base, method=m)):
+            for snap in stream(triplet, ids, replace(base, method=m), text=prompt):
                 race["results"][m] = snap
                 _learn_vocab(race, triplet.tokenizer, snap)
                 if session.get("stop"):

@@ -43,6 +43,12 @@ def prepare_prompt(triplet: ModelTriplet, prompt: str | list[int], cfg: DecodeCo
     return ids
 
 
+def _prompt_text(triplet: ModelTriplet, prompt: str | list[int], ids: list[int], text: str | None) -> str:
+    if text is not None:
+        return text
+    return prompt if isinstance(prompt, str) else triplet.tokenizer.decode(ids)
+
+
 def _snapshot(triplet: ModelTriplet, cfg: DecodeConfig, prompt: str, ids: list[int], steps: list[Step],
               texts: list[str], prefill_s: float, stopped: str) -> RunResult:
     token_ids = [t for s in steps for t in s.new_tokens]
@@ -76,19 +82,23 @@ def _passes(triplet: ModelTriplet, ids: list[int], cfg: DecodeConfig) -> Iterato
         yield steps, texts, prefill_s, "eos" if eos else "max_new_tokens" if n_new >= cfg.max_new_tokens else ""
 
 
-def stream(triplet: ModelTriplet, prompt: str | list[int], cfg: DecodeConfig,
-           chat: bool = True) -> Iterator[RunResult]:
-    """Yield a snapshot after every target pass; the last one has stats.stopped set."""
+def stream(triplet: ModelTriplet, prompt: str | list[int], cfg: DecodeConfig, chat: bool = True,
+           text: str | None = None) -> Iterator[RunResult]:
+    """Yield a snapshot after every target pass; the last one has stats.stopped set.
+
+    `prompt` is text, or ids from `prepare_prompt` so that several runs encode it once; `text` is then
+    the prompt as the user wrote it, for the record (default: the ids decoded)."""
     ids = prepare_prompt(triplet, prompt, cfg, chat)
-    text = prompt if isinstance(prompt, str) else triplet.tokenizer.decode(ids)
+    text = _prompt_text(triplet, prompt, ids, text)
     for steps, texts, prefill_s, stopped in _passes(triplet, ids, cfg):
         yield _snapshot(triplet, cfg, text, ids, steps, texts, prefill_s, stopped)
 
 
-def generate(triplet: ModelTriplet, prompt: str | list[int], cfg: DecodeConfig, chat: bool = True) -> RunResult:
-    """Run to the end and return the final record (one snapshot, not one per pass)."""
+def generate(triplet: ModelTriplet, prompt: str | list[int], cfg: DecodeConfig, chat: bool = True,
+             text: str | None = None) -> RunResult:
+    """Run to the end and return the final record (one snapshot, not one per pass); arguments as `stream`."""
     ids = prepare_prompt(triplet, prompt, cfg, chat)
-    text = prompt if isinstance(prompt, str) else triplet.tokenizer.decode(ids)
+    text = _prompt_text(triplet, prompt, ids, text)
     state = None
     for state in _passes(triplet, ids, cfg):
         pass
