@@ -1,0 +1,157 @@
+"""The package's dependency rules, read from the source with `ast` (imports inside functions included).
+
+core ← models ← bench / distill / app ← cli, app.py: the decoding core knows nothing of loading, the
+benchmark or the UI, and only the UI knows gradio.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = "pyramid_demo"
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+def project_files() -> dict[str, Path]:
+    """Every project module by dotted name: the package's modules and the root `app.py` (as "app")."""
+    files = {_module_name(p): p for p in sorted((ROOT / PACKAGE).rglob("*.py"))}
+    files["app"] = ROOT / "app.py"
+    return files
+
+
+def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
+    """Absolute names of everything `path` imports, at any depth; `from x import y` gives x.y when y
+    is a project module (a submodule import), else x."""
+    is_pkg = path.name == "__init__.py"
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = name.split(".")[: len(name.split(".")) - node.level + (1 if is_pkg else 0)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            subs = {f"{mod}.{a.name}" for a in node.names} & known
+            out.update(subs or {mod})
+    return out
+
+
+def project_graph(files: dict[str, Path] | None = None) -> dict[str, set[str]]:
+    """module → the project modules it imports."""
+    files = files or project_files()
+    known = set(files)
+    return {m: {i for i in imports_of(m, p, known) if i in known} for m, p in files.items()}
+
+
+def all_imports(files: dict[str, Path] | None = None) -> dict[str, set[str]]:
+    """module → every name it imports, project or not (top-level package names included)."""
+    files = files or project_files()
+    known = set(files)
+    out = {}
+    for m, p in files.items():
+        names = imports_of(m, p, known)
+        out[m] = names | {n.split(".")[0] for n in names}
+    return out
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as a path (first module repeated at the end), or None."""
+    state: dict[str, int] = {}  # 1: on the stack, 2: done
+    stack: list[str] = []
+
+    def visit(m: str) -> list[str] | None:
+        state[m] = 1
+        stack.append(m)
+        for n in sorted(graph.get(m, ())):
+            if state.get(n) == 1:
+                return stack[stack.index(n):] + [n]
+            if n not in state and (found := visit(n)):
+                return found
+        stack.pop()
+        state[m] = 2
+        return None
+
+    for m in sorted(graph):
+        if m not in state and (found := visit(m)):
+            return found
+    return None
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for n in graph.get(todo.pop(), ()):
+            if n not in seen:
+                seen.add(n)
+                todo.append(n)
+    return seen
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    return project_graph()
+
+
+@pytest.fixture(scope="module")
+def imports() -> dict[str, set[str]]:
+    return all_imports()
+
+
+def test_the_reader_sees_lazy_and_relative_imports(graph) -> None:
+    """The rules below are only as good as the import reader: it must resolve relative imports and see
+    imports inside functions (e.g. the CLI's lazy `from .models.loading import ...`)."""
+    assert "pyramid_demo.models.loading" in graph["pyramid_demo.generate_cli"]  # lazy, inside run()
+    assert "pyramid_demo.core.rules" in graph["pyramid_demo.core.engine"]  # `from . import rules`
+    assert "pyramid_demo.app.handlers" in graph["app"]
+    assert len(graph) > 30
+
+
+def test_no_import_cycles(graph) -> None:
+    """No cycles between project modules, not even through lazy imports: each layer can be read,
+    tested and replaced on its own."""
+    assert find_cycle(graph) is None, " → ".join(find_cycle(graph))
+
+
+def test_core_imports_only_core(graph) -> None:
+    """`pyramid_demo.core` (config, rules, engine, lm, trace, stats, throughput, run, methods, settings)
+    imports nothing of the project outside `core`: the decoding core knows no loader, benchmark or UI."""
+    bad = {m: sorted(i for i in deps if not i.startswith("pyramid_demo.core"))
+           for m, deps in graph.items() if m.startswith("pyramid_demo.core.")}
+    assert not {m: d for m, d in bad.items() if d}
+
+
+def test_rules_import_nothing_of_the_project(graph) -> None:
+    """`core/rules.py` (the acceptance rules) is pure math over tensors: it imports no project module."""
+    assert graph["pyramid_demo.core.rules"] == set()
+
+
+def test_only_the_ui_imports_gradio(imports) -> None:
+    """Only `pyramid_demo/app/` and the root `app.py` import gradio; the core, loaders, bench and
+    CLI run without it."""
+    users = {m for m, names in imports.items() if "gradio" in names}
+    assert users and all(m == "app" or m.startswith("pyramid_demo.app.") for m in users), sorted(users)
+
+
+def test_charts_and_render_never_touch_models(graph, imports) -> None:
+    """`app/charts.py` and `app/render.py` draw plain trace records: they never import torch or
+    transformers themselves, nor reach a model loader through their imports (any `pyramid_demo.models`
+    module but `presets`, the family table that the settings text shows)."""
+    for m in ("pyramid_demo.app.charts", "pyramid_demo.app.render"):
+        assert not imports[m] & {"torch", "transformers"}, m
+        loaders = {x for x in reachable(graph, m) if x.startswith("pyramid_demo.models")}
+        assert loaders <= {"pyramid_demo.models", "pyramid_demo.models.presets"}, (m, sorted(loaders))
+
+
+def test_nothing_imports_app_py(graph) -> None:
+    """The root `app.py` builds the page at import: no project module imports it."""
+    assert not [m for m, deps in graph.items() if "app" in deps]
