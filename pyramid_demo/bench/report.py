@@ -10,6 +10,9 @@ import statistics
 from pathlib import Path
 from typing import Sequence
 
+from ..core.config import METHODS
+from ..core.methods import method_spec
+
 Point = tuple[float, float]
 
 
@@ -278,6 +281,13 @@ def _lines(fig, pts: list[dict], x: str, y: str, group, col: int, symbol: str = 
                         marker=dict(symbol=symbol), row=1, col=col)
 
 
+def _other_settings(method: str, s: dict) -> list[str]:
+    """A τ_T line's settings besides τ_T: ℓ_D and ℓ_Q for a pyramid, τ_Q where stage 1 is fuzzy."""
+    spec = method_spec(method)
+    return ([f"lD={s['l_d']} lQ={s['l_q']}"] if spec.pyramid else []) + (
+        [f"tauQ={s['tau_q']:g}"] if "tau_q" in spec.thresholds else [])
+
+
 def _acceptance_figure(eng: list[dict]):
     """Left: target-stage acceptance vs τ_T; right: PSD_F's qualifier-stage acceptance vs τ_Q."""
     from plotly.subplots import make_subplots
@@ -285,13 +295,12 @@ def _acceptance_figure(eng: list[dict]):
     fig = make_subplots(rows=1, cols=2, subplot_titles=("target stage vs τ_T", "qualifier stage (PSD_F) vs τ_Q"))
     ell = lambda s: f"lD={s['l_d']} lQ={s['l_q']}"  # noqa: E731
     fuzzy = [s for s in eng if s.get("tau_t") is not None and s.get("acceptance_target") is not None]
-    _lines(fig, [s for s in fuzzy if s["method"] == "fsd"], "tau_t", "acceptance_target", lambda s: "fsd", 1)
-    _lines(fig, [s for s in fuzzy if s["method"] == "psd_a"], "tau_t", "acceptance_target",
-           lambda s: f"psd_a {ell(s)}", 1)
-    _lines(fig, [s for s in fuzzy if s["method"] == "psd_f"], "tau_t", "acceptance_target",
-           lambda s: f"psd_f {ell(s)} tauQ={s['tau_q']:g}", 1)
-    _lines(fig, [s for s in fuzzy if s["method"] == "psd_f" and s.get("acceptance_qualifier") is not None],
-           "tau_q", "acceptance_qualifier", lambda s: f"psd_f {ell(s)} tauT={s['tau_t']:g} (Q stage)", 2, "x")
+    for m in (m for m in METHODS if "tau_t" in method_spec(m).thresholds):  # one line per other setting
+        _lines(fig, [s for s in fuzzy if s["method"] == m], "tau_t", "acceptance_target",
+               lambda s, m=m: " ".join([m, *_other_settings(m, s)]), 1)
+    for m in (m for m in METHODS if "tau_q" in method_spec(m).thresholds):
+        _lines(fig, [s for s in fuzzy if s["method"] == m and s.get("acceptance_qualifier") is not None],
+               "tau_q", "acceptance_qualifier", lambda s, m=m: f"{m} {ell(s)} tauT={s['tau_t']:g} (Q stage)", 2, "x")
     fig.update_layout(title="Acceptance vs threshold (pooled over runs)")
     fig.update_xaxes(title_text="τ_T", row=1, col=1)
     fig.update_xaxes(title_text="τ_Q", row=1, col=2)

@@ -67,7 +67,7 @@ class Variant:
 # ---------------------------------------------------------------- command line
 def add_arguments(p: argparse.ArgumentParser) -> None:
     generate_cli.add_decoding_arguments(p)  # generate's decoding options, not a copy of them
-    p.add_argument("--methods", default="ar,sd,fsd,psd_a,psd_f",
+    p.add_argument("--methods", default=",".join(METHODS),
                    help=f"comma-separated, from {', '.join(METHODS)}")
     p.add_argument("--peers", default="hf_generate,hf_assisted",
                    help="Hugging Face baselines on the same models ('none' to skip): " + ", ".join(peers.PEERS))
