@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from .methods import TABLE
-from .settings import DIVERGENCES, FALLBACKS, STAGE2_RULES, TUNABLE  # noqa: F401 - validated here, shown there
+from .settings import DIVERGENCES, FALLBACKS, STAGE2_RULES, TUNABLE  # noqa: F401 - TUNABLE re-exported
 
 METHODS = tuple(m.key for m in TABLE)
 METHOD_LABELS = {m.key: m.label for m in TABLE}
@@ -12,7 +12,8 @@ METHOD_LABELS = {m.key: m.label for m in TABLE}
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """One run's settings. `tau_t` is FSD's τ and PSD's target threshold τ_T."""
+    """One run's settings. `tau_t` is FSD's τ and PSD's target threshold τ_T. Every field but `method`
+    has a row in `settings.SETTINGS` (label, range, help), from which the app and the CLI ask for it."""
 
     method: str = "psd_f"
     max_new_tokens: int = 64

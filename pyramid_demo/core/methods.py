@@ -62,4 +62,3 @@ def lossless(key: str, stage2: str = "fuzzy") -> bool:
     """True when every stage is exact, so the output follows the target's distribution
     (at temperature 0: the target's own text). PSD_A is lossless only with stage2 = "sd"."""
     return method_spec(key).stage1 in (None, "sd") and target_rule(key, stage2) in (None, "sd")
-
