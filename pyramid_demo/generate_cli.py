@@ -37,6 +37,9 @@ def add_decoding_arguments(p: argparse.ArgumentParser) -> None:
         p.add_argument("--" + s.name.replace("_", "-"), default=default, **kw)
     p.add_argument("--device", default=None, help="cpu, cuda or mps (default: best available)")
     p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: per device)")
+    from .hardware_cli import add_arguments as add_hardware_arguments
+
+    add_hardware_arguments(p)  # --device-map, --quantize, --estimate-only
 
 
 def config_from_args(a: argparse.Namespace) -> DecodeConfig:
@@ -66,12 +69,15 @@ def summary(result) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .models.loading import LoadError, load_triplet
+    from . import hardware_cli
+    from .models.loading import LoadError
     from .core.run import generate
 
     try:
         cfg = config_from_args(args)
-        triplet = load_triplet(args.models, device=args.device, dtype=args.dtype)
+        triplet = hardware_cli.load(args)
+        if triplet is None:  # --estimate-only
+            return 0
         result = generate(triplet, args.prompt, cfg, chat=not args.no_chat)
     except (ValueError, LoadError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -353,7 +353,7 @@ def _command_line(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..models.loading import LoadError, load_triplet
+    from ..models.loading import LoadError
 
     try:
         if args.repeats < 1:
@@ -368,7 +368,11 @@ def run(args: argparse.Namespace) -> int:
             answers = [q.answer for q in qs]
         else:
             prompts = load_prompts(args.prompts, limit=args.limit or (3 if args.grid else None))
-        triplet = load_triplet(args.models, device=args.device, dtype=args.dtype)
+        from .. import hardware_cli
+
+        triplet = hardware_cli.load(args)
+        if triplet is None:  # --estimate-only
+            return 0
     except (ValueError, LoadError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

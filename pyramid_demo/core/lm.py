@@ -65,7 +65,10 @@ class CachedLM:
 
     def __init__(self, model: torch.nn.Module, vocab_size: int, role: str):
         self.model, self.vocab_size, self.role = model, vocab_size, role
-        self.device = next(model.parameters()).device
+        # inputs go to the token embedding's device (a model spread over devices by accelerate
+        # moves activations itself; logits come back to the CPU in `logits`)
+        emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+        self.device = emb.weight.device if emb is not None else next(model.parameters()).device
         self.cache = DynamicCache(config=model.config)
         # transformers 5 renamed `past_key_values` to `cache`; accept either generation
         self.cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"

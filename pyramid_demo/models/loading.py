@@ -25,6 +25,7 @@ from .bundled import bundled_target, bundled_tokenizer
 from .compat import check_compatible, check_tokenizers
 from .errors import LoadError
 from .finish import finish
+from .placement import Placement, make_placement, pretrained_kwargs
 from ..core.lm import ModelTriplet
 from .presets import BUNDLED_TARGET, PRESETS, Preset
 
@@ -38,8 +39,8 @@ OFFLINE_HINT = (
 PROBE_TIMEOUT_S = 3.0
 
 _LOCK = threading.Lock()
-_CACHE: dict[tuple[str, str, str], ModelTriplet] = {}
-_KEY_LOCKS: dict[tuple[str, str, str], threading.Lock] = {}
+_CACHE: dict[tuple[str, ...], ModelTriplet] = {}
+_KEY_LOCKS: dict[tuple[str, ...], threading.Lock] = {}
 _PROBE: dict[str, tuple[float, bool]] = {}  # host:port -> (time, reachable)
 
 _DTYPES = {
@@ -88,15 +89,23 @@ def pick_dtype(device: torch.device, dtype: str | torch.dtype | None = None) -> 
 
 
 # ---------------------------------------------------------------- public entry point
-def load_triplet(spec: str, device: str | None = None, dtype: str | None = None) -> ModelTriplet:
+def load_triplet(spec: str, device: str | None = None, dtype: str | None = None, *,
+                 device_map: str | None = None, quantize: str | None = None,
+                 max_len: int | None = None) -> ModelTriplet:
     """Load (once per process) the family named by `spec` on `device` in `dtype`.
 
+    `device_map="auto"` lets accelerate spread each model over the GPUs and CPU RAM; `quantize`
+    ("8bit"/"4bit") needs bitsandbytes (see `placement`). Before loading, the memory estimate
+    for `max_len` tokens is checked against what is free (see `memory`).
     A second call with the same arguments returns the same object without loading."""
     dev = pick_device(device)
     dt = pick_dtype(dev, dtype)
     preset, refs = parse_spec(spec)
+    place = make_placement(device_map, quantize, dev)
+    if preset is not None and not preset.hub and place.quantize:
+        raise LoadError(f"--quantize is for Hub and custom families; {preset.name} is small enough as it is.")
     norm = preset.name if preset else ",".join(refs)
-    key = (norm, str(dev), str(dt).removeprefix("torch."))
+    key = (norm, str(dev), str(dt).removeprefix("torch."), place.key)
     with _LOCK:
         if key in _CACHE:
             return _CACHE[key]
@@ -105,13 +114,27 @@ def load_triplet(spec: str, device: str | None = None, dtype: str | None = None)
         with _LOCK:
             if key in _CACHE:
                 return _CACHE[key]
+        _check_memory(spec, dev, dt, place, max_len)
         t0 = time.perf_counter()
-        triplet = _load(preset, refs, dev, dt)
+        triplet = _load(preset, refs, dev, dt, place)
         triplet.device, triplet.dtype = dev, dt
         log.info("loaded %s on %s/%s in %.1f s", norm, dev, dt, time.perf_counter() - t0)
         with _LOCK:
             _CACHE[key] = triplet
         return triplet
+
+
+def _check_memory(spec: str, dev: torch.device, dt: torch.dtype, place: Placement, max_len: int | None) -> None:
+    """Refuse (LoadError) a family whose estimate exceeds free memory; never fail otherwise."""
+    from . import memory
+
+    try:
+        est = memory.estimate(spec, dt, max_len or memory.DEFAULT_MAX_LEN, place.quantize)
+    except Exception as e:  # noqa: BLE001 - an estimate that cannot be made does not block a load
+        log.info("no memory estimate for %s: %r", spec, e)
+        return
+    log.info("%s", est.summary())
+    memory.check_fits(est, dev, place.device_map)
 
 
 def clear_cache() -> None:
@@ -146,7 +169,8 @@ def _normalise_ref(ref: str) -> str:
     return ref
 
 
-def _load(preset: Preset | None, refs: tuple[str, str, str], dev: torch.device, dt: torch.dtype) -> ModelTriplet:
+def _load(preset: Preset | None, refs: tuple[str, str, str], dev: torch.device, dt: torch.dtype,
+          place: Placement = Placement()) -> ModelTriplet:
     if preset is not None and preset.name == "tiny-random":
         from .tiny import tiny_random_triplet
 
@@ -156,17 +180,18 @@ def _load(preset: Preset | None, refs: tuple[str, str, str], dev: torch.device, 
                        target=models[id(t.target)])
     if preset is not None and preset.name == "smollm2-offline":
         return _load_offline_family(preset, dev, dt)
-    return _load_refs(preset, refs, dev, dt)
+    return _load_refs(preset, refs, dev, dt, place)
 
 
 # ---------------------------------------------------------------- custom and Hub families
-def _load_refs(preset: Preset | None, refs: tuple[str, str, str], dev: torch.device, dt: torch.dtype) -> ModelTriplet:
+def _load_refs(preset: Preset | None, refs: tuple[str, str, str], dev: torch.device, dt: torch.dtype,
+               place: Placement = Placement()) -> ModelTriplet:
     """Tokenizers first (cheap, and where an offline or wrong id fails fast), the
     tokenizer checks, then the weights, each distinct reference loaded once."""
     unique = list(dict.fromkeys(refs))
     toks = {r: _load_tokenizer(r) for r in unique}
     check_tokenizers(refs, [toks[r] for r in refs])
-    models = {r: _load_model(r, dev, dt, preset) for r in unique}
+    models = {r: _load_model(r, dev, dt, preset, place) for r in unique}
     check_compatible(refs, [toks[r] for r in refs], [models[r] for r in refs])
     tok, target = toks[refs[2]], models[refs[2]]
     same = [f"{a} is the {b}" for a, b, x, y in (("draft", "target", 0, 2), ("qualifier", "target", 1, 2),
@@ -224,12 +249,11 @@ def _load_tokenizer(ref: str) -> Any:
     return _from_hub(AutoTokenizer.from_pretrained, ref)
 
 
-def _load_model(ref: str, dev: torch.device, dt: torch.dtype, preset: Preset | None) -> torch.nn.Module:
+def _load_model(ref: str, dev: torch.device, dt: torch.dtype, preset: Preset | None,
+                place: Placement = Placement()) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM, GgufConfig
 
-    kw: dict[str, Any] = {"dtype": dt}
-    if dev.type != "cpu":
-        kw["device_map"] = {"": dev}
+    kw = pretrained_kwargs(place, dev, dt)
     kind = _kind(ref)
     if kind == "bundled":
         return bundled_target(dev, dt)[1]

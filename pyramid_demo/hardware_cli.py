@@ -1,0 +1,49 @@
+"""Hardware options shared by `generate` and `bench`: placement, quantisation and the memory
+estimate printed (or, with --estimate-only, printed alone) before anything is loaded."""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+PROMPT_ALLOWANCE = 512  # tokens a bench prompt plus chat template may take (a given prompt is measured)
+LOOKAHEAD = 32  # drafted tokens a cache may hold beyond the committed text
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device-map", choices=("auto",), default=None,
+                   help="'auto': accelerate spreads each model over every visible GPU and offloads the rest "
+                        "to CPU RAM (default: everything on --device)")
+    p.add_argument("--quantize", choices=("8bit", "4bit"), default=None,
+                   help="load Hub/custom models with 8- or 4-bit weights (needs bitsandbytes and CUDA)")
+    p.add_argument("--estimate-only", action="store_true",
+                   help="print the family's memory estimate (from configs, nothing loaded) and exit")
+
+
+def max_len(args: argparse.Namespace) -> int:
+    """The longest sequence a run can hold: the prompt (≤ one token per character, plus the chat
+    template), the new tokens and the look-ahead."""
+    prompt = getattr(args, "prompt", None)
+    head = len(prompt) + 64 if prompt else PROMPT_ALLOWANCE
+    return head + int(getattr(args, "max_new_tokens", 0) or 0) + LOOKAHEAD
+
+
+def estimate_text(args: argparse.Namespace) -> str:
+    """The memory estimate for the run `args` describes (LoadError for a bad device or dtype)."""
+    from .models.loading import pick_device, pick_dtype
+    from .models.memory import estimate
+
+    dev = pick_device(args.device)
+    return f"{estimate(args.models, pick_dtype(dev, args.dtype), max_len(args), args.quantize).summary()}; device {dev}"
+
+
+def load(args: argparse.Namespace) -> Any | None:
+    """Print the estimate to stderr, then load the family (None with --estimate-only)."""
+    from .models.loading import load_triplet
+
+    text = estimate_text(args)
+    print(text if args.estimate_only else f"note: {text}", file=sys.stdout if args.estimate_only else sys.stderr)
+    if args.estimate_only:
+        return None
+    return load_triplet(args.models, device=args.device, dtype=args.dtype, device_map=args.device_map,
+                        quantize=args.quantize, max_len=max_len(args))

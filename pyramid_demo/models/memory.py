@@ -1,0 +1,328 @@
+"""Memory a family needs, from its configs only, and the check that refuses what cannot fit.
+
+The estimate is parameters × bytes per parameter (counted on the `meta` device with
+`accelerate.init_empty_weights`, so no weight is read or downloaded) plus the KV cache of the
+three models for the chosen length, plus a margin for activations and the runtime. Configs
+come from the local cache first; a Hub family's `config.json` (a few KB) is fetched only when
+the Hub answers. It is arithmetic, not a measurement: the README's table has measured peaks.
+"""
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .errors import LoadError
+from .presets import BUNDLED_TARGET, PRESETS, STUDENT_DRAFT, STUDENT_QUALIFIER
+
+log = logging.getLogger(__name__)
+
+GB = 10**9  # decimal gigabytes, as GPU makers count (a "24 GB" card holds 24 GiB ≈ 25.8 GB)
+DEFAULT_MAX_LEN = 2048  # prompt + new tokens + look-ahead, when the caller does not say
+OVERHEAD_FRACTION = 0.10  # activations, logits, allocator slack
+OVERHEAD_FIXED = 256 * 1024**2
+SKIP_ENV = "PYRAMID_DEMO_SKIP_MEMORY_CHECK"
+QUANT_BYTES = {"8bit": 1.0, "4bit": 0.5}  # for linear layers; embeddings and head stay 16-bit
+ROLES = ("draft", "qualifier", "target")
+
+
+def dtype_bytes(dtype: torch.dtype) -> int:
+    """Bytes per element of a floating dtype."""
+    return torch.empty((), dtype=dtype).element_size()
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    """One role's share: parameters it owns (shared ones counted once, in the target's row)
+    and the KV-cache bytes per token it writes at the estimate's dtype."""
+
+    role: str
+    ref: str
+    params: int
+    weight_bytes: int
+    kv_bytes_per_token: int
+    layers: int
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A family's memory need; `unknown` names models whose config could not be read."""
+
+    family: str
+    dtype: torch.dtype
+    max_len: int
+    quantize: str | None = None
+    models: tuple[ModelSize, ...] = ()
+    unknown: tuple[str, ...] = ()
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(m.weight_bytes for m in self.models)
+
+    @property
+    def kv_bytes(self) -> int:
+        return sum(m.kv_bytes_per_token for m in self.models) * self.max_len
+
+    @property
+    def overhead_bytes(self) -> int:
+        return int(OVERHEAD_FRACTION * (self.weight_bytes + self.kv_bytes)) + OVERHEAD_FIXED
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weight_bytes + self.kv_bytes + self.overhead_bytes
+
+    @property
+    def complete(self) -> bool:
+        return not self.unknown and bool(self.models)
+
+    def summary(self) -> str:
+        """One line for the CLI and the app."""
+        if not self.models:
+            return f"memory estimate for {self.family}: unknown ({'; '.join(self.notes) or 'no config'})"
+        dt = str(self.dtype).removeprefix("torch.") + (f", {self.quantize} weights" if self.quantize else "")
+        parts = ", ".join(f"{m.role} {_fmt_params(m.params)}" for m in self.models)
+        text = (f"memory estimate for {self.family} ({dt}): {self.total_bytes / GB:.2f} GB = weights "
+                f"{self.weight_bytes / GB:.2f} GB ({parts} parameters) + KV cache {self.kv_bytes / GB:.2f} GB "
+                f"({self.max_len:,} tokens × 3 models) + overhead {self.overhead_bytes / GB:.2f} GB")
+        if self.unknown:
+            text += f"; not counted (config unavailable): {', '.join(self.unknown)}"
+        return text + " [computed from configs, not measured]"
+
+    def short(self) -> str:
+        """A few words for the app's family box."""
+        if not self.models:
+            return "unknown until its configs can be read"
+        text = (f"≈ {self.total_bytes / GB:.2f} GB in {str(self.dtype).removeprefix('torch.')} for "
+                f"{self.max_len:,} tokens (weights {self.weight_bytes / GB:.2f} GB, KV cache {self.kv_bytes / GB:.2f} GB)")
+        return text + (" — some configs unavailable" if self.unknown else "")
+
+
+def _fmt_params(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.0f}K"
+
+
+# ---------------------------------------------------------------- counting
+@functools.lru_cache(maxsize=32)
+def _count(config_json: str, model_type: str) -> tuple[int, int]:
+    """(all parameters, embedding + head parameters) of a config, counted on `meta`."""
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    d = json.loads(config_json)
+    d.pop("model_type", None)
+    cfg = AutoConfig.for_model(model_type, **d)
+    with init_empty_weights():
+        model = AutoModelForCausalLM.from_config(cfg)
+    total = sum(p.numel() for p in model.parameters())  # tied weights appear once
+    emb = {id(p): p.numel() for mod in (model.get_input_embeddings(), model.get_output_embeddings())
+           if mod is not None for p in mod.parameters()}
+    return total, sum(emb.values())
+
+
+def count_params(config: Any) -> tuple[int, int]:
+    """(parameters, of which embedding and head) for a transformers config, no weights built."""
+    d = config.to_dict()
+    d.pop("quantization_config", None)
+    return _count(json.dumps(d, sort_keys=True, default=str), config.model_type)
+
+
+def kv_per_token(config: Any, nbytes: int, layers: int | None = None) -> int:
+    """Bytes of keys and values one token adds to a model's cache."""
+    c = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = getattr(c, "num_attention_heads", 1)
+    kv_heads = getattr(c, "num_key_value_heads", None) or heads
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
+    n = layers if layers is not None else c.num_hidden_layers
+    return 2 * n * kv_heads * head_dim * nbytes
+
+
+def weight_bytes(params: int, embed: int, dtype: torch.dtype, quantize: str | None) -> int:
+    if quantize:
+        return int(embed * min(dtype_bytes(dtype), 2) + (params - embed) * QUANT_BYTES[quantize])
+    return params * dtype_bytes(dtype)
+
+
+# ---------------------------------------------------------------- configs, without weights
+def _config_for(ref: str) -> Any:
+    """A config for a Hub id, folder or .gguf, or None when it cannot be had without weights."""
+    from transformers import AutoConfig
+
+    path = Path(ref)
+    try:
+        if ref.endswith(".gguf") and path.is_file():
+            return AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+        if path.is_absolute():
+            return AutoConfig.from_pretrained(ref) if path.is_dir() else None
+        try:
+            return AutoConfig.from_pretrained(ref, local_files_only=True)
+        except (OSError, ValueError):
+            from .loading import hub_offline, hub_reachable
+
+            if hub_offline() or not hub_reachable():
+                return None
+            return AutoConfig.from_pretrained(ref)  # config.json only: a few KB
+    except Exception as e:  # noqa: BLE001 - an estimate must never stop a load by itself
+        log.info("no config for %s: %r", ref, e)
+        return None
+
+
+def _bundled_config() -> Any:
+    """The offline target's config: the converted copy's config.json, else the GGUF metadata."""
+    from transformers import AutoConfig
+
+    from .bundled import GGUF_NAME, _bundled_dir, _complete, converted_dir
+
+    dest = converted_dir()
+    if _complete(dest):
+        return AutoConfig.from_pretrained(str(dest))
+    return AutoConfig.from_pretrained(str(_bundled_dir()[0]), gguf_file=GGUF_NAME)
+
+
+def _sizes(role: str, ref: str, cfg: Any, dt: torch.dtype, quantize: str | None,
+           own_layers: int | None = None, layers: int | None = None) -> ModelSize:
+    """A role's size; `own_layers`: only that many layers are its own (students share the rest)."""
+    params, embed = count_params(cfg)
+    if own_layers is not None:
+        per_layer = (params - embed - cfg.hidden_size) // cfg.num_hidden_layers  # minus the final norm
+        params, embed = own_layers * per_layer, 0
+    n = layers if layers is not None else cfg.num_hidden_layers
+    return ModelSize(role, ref, params, weight_bytes(params, embed, dt, quantize), kv_per_token(cfg, dtype_bytes(dt), n), n)
+
+
+def _student_layers(role: str) -> tuple[int, int] | None:
+    from . import students
+
+    if not students.available():
+        return None
+    meta = students.info(role)
+    return int(meta["num_layers"]), int(meta.get("shared_layers", 0))
+
+
+def estimate(spec: str, dtype: torch.dtype = torch.float32, max_len: int = DEFAULT_MAX_LEN,
+             quantize: str | None = None) -> Estimate:
+    """The memory `spec` (a preset or "draft,qualifier,target") needs, from configs only."""
+    from .loading import LoadError as _LE, parse_spec
+
+    try:
+        preset, refs = parse_spec(spec)
+    except _LE as e:
+        return Estimate(spec, dtype, max_len, quantize, notes=(str(e),))
+    name = preset.name if preset else "custom family"
+    if preset is not None and preset.name == "tiny-random":
+        from .tiny import tiny_config, tiny_tokenizer
+
+        cfg = tiny_config(len(tiny_tokenizer()))
+        return Estimate(name, dtype, max_len, quantize, tuple(_sizes(r, ref, cfg, dtype, quantize)
+                                                              for r, ref in zip(ROLES, refs)))
+    if preset is not None and preset.name == "smollm2-offline":
+        try:
+            cfg = _bundled_config()
+        except LoadError as e:
+            return Estimate(name, dtype, max_len, quantize, unknown=refs, notes=(str(e),))
+        rows = []
+        for role, ref in ((r, x) for r, x in zip(ROLES[:2], (STUDENT_DRAFT, STUDENT_QUALIFIER))):
+            got = _student_layers(role)
+            n, shared = got if got else (0, 0)
+            if got:  # no students: the target stands in, nothing extra but its caches
+                rows.append(_sizes(role, ref, cfg, dtype, quantize, own_layers=n - shared, layers=n))
+            else:
+                rows.append(_sizes(role, BUNDLED_TARGET, cfg, dtype, quantize, own_layers=0))
+        rows.append(_sizes("target", BUNDLED_TARGET, cfg, dtype, quantize))
+        return Estimate(name, dtype, max_len, quantize, tuple(rows))
+    rows, unknown, seen = [], [], set()
+    for role, ref in zip(ROLES, refs):
+        cfg = _config_for(ref)
+        if cfg is None:
+            unknown.append(ref)
+            continue
+        size = _sizes(role, ref, cfg, dtype, quantize, own_layers=0 if ref in seen else None)
+        seen.add(ref)  # the same model twice is loaded once; its caches are still separate
+        rows.append(size)
+    return Estimate(name, dtype, max_len, quantize, tuple(rows), tuple(unknown))
+
+
+# ---------------------------------------------------------------- what is free
+def _meminfo_available() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _cgroup_available() -> int | None:
+    """A container's own limit (a Space's RAM), which /proc/meminfo does not show."""
+    for limit_f, used_f in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                            ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        try:
+            limit = Path(limit_f).read_text().strip()
+            if limit == "max" or int(limit) > 1 << 60:
+                return None
+            return int(limit) - int(Path(used_f).read_text().strip())
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def available_ram() -> int | None:
+    """Free RAM for this process: psutil if installed, else /proc/meminfo, capped by the cgroup."""
+    free = None
+    if importlib.util.find_spec("psutil") is not None:
+        import psutil
+
+        free = int(psutil.virtual_memory().available)
+    free = free if free is not None else _meminfo_available()
+    cg = _cgroup_available()
+    return min(x for x in (free, cg) if x is not None) if (free, cg) != (None, None) else None
+
+
+def available_bytes(device: torch.device) -> int | None:
+    """Free memory on `device` (None: unknown, e.g. MPS, where no check is made)."""
+    if device.type == "cuda":
+        idx = device.index if device.index is not None else torch.cuda.current_device()
+        return int(torch.cuda.mem_get_info(idx)[0])
+    if device.type == "cpu":
+        return available_ram()
+    return None
+
+
+def available_for_map(device_map: str | None, device: torch.device) -> tuple[int | None, str]:
+    """Free bytes and a description for a placement: one device, or `auto` (all GPUs + CPU RAM)."""
+    if device_map != "auto":
+        return available_bytes(device), str(device)
+    gpus = [int(torch.cuda.mem_get_info(i)[0]) for i in range(torch.cuda.device_count())] \
+        if torch.cuda.is_available() else []
+    ram = available_ram() or 0
+    return sum(gpus) + ram, f"{len(gpus)} GPU(s) + CPU RAM (device_map=auto)"
+
+
+def check_fits(est: Estimate, device: torch.device, device_map: str | None = None) -> None:
+    """Raise LoadError when the estimate exceeds what is free (skipped if unknown or $SKIP_ENV)."""
+    if os.environ.get(SKIP_ENV, "").strip() in {"1", "true", "yes"} or not est.models:
+        return
+    free, where = available_for_map(device_map, device)
+    if free is None or est.total_bytes <= free:
+        return
+    tips = []
+    if est.dtype == torch.float32:
+        tips.append("a 16-bit --dtype (bfloat16) halves the weights")
+    if device.type == "cuda" and not est.quantize:
+        tips.append("--quantize 4bit or 8bit (needs bitsandbytes)")
+    if device_map != "auto":
+        tips.append("--device-map auto spreads it over every GPU and offloads the rest to CPU RAM")
+    tips.append("a smaller preset such as `smollm2-offline` or `tiny-random`")
+    raise LoadError(
+        f"Not enough memory for {est.family}: it needs about {est.total_bytes / GB:.1f} GB "
+        f"(weights {est.weight_bytes / GB:.1f} GB, KV cache {est.kv_bytes / GB:.2f} GB for {est.max_len:,} "
+        f"tokens, overhead {est.overhead_bytes / GB:.1f} GB) but {where} has {free / GB:.1f} GB free. "
+        f"Options: {'; '.join(tips)}. Set {SKIP_ENV}=1 to try anyway.")

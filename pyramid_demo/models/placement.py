@@ -1,0 +1,118 @@
+"""Where a family's weights go: one device (the default), `auto` (accelerate spreads each model
+over every visible GPU and offloads the rest to CPU RAM), and optional 8-/4-bit weights via
+bitsandbytes. The engine copes with any placement: `CachedLM` feeds a model on its input
+embedding's device and brings logits back to the CPU as fp32, and each model's KV cache stays
+(and is cropped) on the devices its layers live on.
+"""
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .errors import LoadError
+
+DEVICE_MAPS = ("auto",)
+QUANTIZE = ("8bit", "4bit")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """`device_map`: None (everything on one device) or "auto"; `quantize`: None, "8bit", "4bit"."""
+
+    device_map: str | None = None
+    quantize: str | None = None
+
+    @property
+    def key(self) -> str:
+        """The part of the loader's cache key that tells placements apart."""
+        return f"{self.device_map or 'single'}/{self.quantize or 'dense'}"
+
+    @property
+    def default(self) -> bool:
+        return self.device_map is None and self.quantize is None
+
+
+def bitsandbytes_available() -> bool:
+    return importlib.util.find_spec("bitsandbytes") is not None
+
+
+def make_placement(device_map: str | None = None, quantize: str | None = None,
+                   device: torch.device | None = None) -> Placement:
+    """Validate the options into a Placement, or raise LoadError saying what to do instead."""
+    dm = (device_map or "").strip().lower() or None
+    q = (quantize or "").strip().lower() or None
+    if dm in ("none", "single"):
+        dm = None
+    if dm is not None and dm not in DEVICE_MAPS:
+        raise LoadError(f"Unknown device map {device_map!r}: use 'auto' (spread over the visible GPUs and "
+                        "offload to CPU RAM) or leave it out (one device).")
+    if q in ("none", "no", "off"):
+        q = None
+    if q is not None:
+        q = {"8": "8bit", "int8": "8bit", "4": "4bit", "nf4": "4bit", "int4": "4bit"}.get(q, q)
+        if q not in QUANTIZE:
+            raise LoadError(f"Unknown quantisation {quantize!r}: use 8bit or 4bit.")
+        if not bitsandbytes_available():
+            raise LoadError(f"--quantize {q} needs the bitsandbytes package, which is not installed. On a "
+                            "CUDA machine run `pip install bitsandbytes`; or drop --quantize and use "
+                            "--device-map auto to spread the family over GPUs and CPU RAM.")
+        if device is not None and device.type != "cuda":
+            raise LoadError(f"--quantize {q} (bitsandbytes) needs a CUDA GPU; this run is on {device}. "
+                            "Use a 16-bit --dtype on this device instead.")
+    return Placement(dm, q)
+
+
+def pretrained_kwargs(p: Placement, dev: torch.device, dt: torch.dtype) -> dict[str, Any]:
+    """Keyword arguments for `from_pretrained` that realise the placement."""
+    kw: dict[str, Any] = {"dtype": dt}
+    if p.device_map == "auto":
+        kw["device_map"] = "auto"  # accelerate: GPUs first, then CPU RAM (then disk)
+    elif dev.type != "cpu" or p.quantize:
+        kw["device_map"] = {"": dev}
+    if p.quantize:
+        from transformers import BitsAndBytesConfig
+
+        if p.quantize == "8bit":
+            kw["quantization_config"] = BitsAndBytesConfig(load_in_8bit=True)
+        else:
+            kw["quantization_config"] = BitsAndBytesConfig(
+                load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dt)
+    return kw
+
+
+def input_device(model: torch.nn.Module) -> torch.device:
+    """Where a model's input ids must go: its token embedding's device."""
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if emb is not None and getattr(emb, "weight", None) is not None:
+        return emb.weight.device
+    return next(model.parameters()).device
+
+
+def devices_of(model: torch.nn.Module) -> list[str]:
+    """The devices a model's parameters sit on, in order of first appearance."""
+    return list(dict.fromkeys(str(p.device) for p in model.parameters()))
+
+
+def plan(config: Any, max_memory: dict[int | str, int | str], dtype: torch.dtype = torch.float16) -> dict[str, Any]:
+    """The device map accelerate would choose for `config` under `max_memory`, sized on `meta`
+    (no weights, no GPU needed): e.g. {"model.layers.0": 0, ..., "lm_head": "cpu"}."""
+    from accelerate import infer_auto_device_map, init_empty_weights
+    from transformers import AutoModelForCausalLM
+
+    with init_empty_weights():
+        model = AutoModelForCausalLM.from_config(config)
+    no_split = getattr(model, "_no_split_modules", None) or []
+    return infer_auto_device_map(model.to(dtype), max_memory=max_memory, no_split_module_classes=no_split)
+
+
+def dispatch(model: torch.nn.Module, device_map: dict[str, Any]) -> torch.nn.Module:
+    """Put an in-memory model's modules where `device_map` says (accelerate hooks move the
+    activations between devices)."""
+    from accelerate import dispatch_model
+
+    if len(set(map(str, device_map.values()))) == 1:
+        return model.to(next(iter(device_map.values())))
+    return dispatch_model(model, device_map=device_map)
