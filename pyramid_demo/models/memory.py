@@ -121,6 +121,7 @@ def _count(config_json: str, model_type: str) -> tuple[int, int]:
     cfg = AutoConfig.for_model(model_type, **d)
     with init_empty_weights():
         model = AutoModelForCausalLM.from_config(cfg)
+    model.tie_weights()  # not done under init_empty_weights; a tied head is one tensor
     total = sum(p.numel() for p in model.parameters())  # tied weights appear once
     emb = {id(p): p.numel() for mod in (model.get_input_embeddings(), model.get_output_embeddings())
            if mod is not None for p in mod.parameters()}
@@ -320,9 +321,10 @@ def check_fits(est: Estimate, device: torch.device, device_map: str | None = Non
         tips.append("--quantize 4bit or 8bit (needs bitsandbytes)")
     if device_map != "auto":
         tips.append("--device-map auto spreads it over every GPU and offloads the rest to CPU RAM")
-    tips.append("a smaller preset such as `smollm2-offline` or `tiny-random`")
+    if est.family != "tiny-random":
+        tips.append("a smaller preset such as `smollm2-offline` or `tiny-random`")
     raise LoadError(
-        f"Not enough memory for {est.family}: it needs about {est.total_bytes / GB:.1f} GB "
-        f"(weights {est.weight_bytes / GB:.1f} GB, KV cache {est.kv_bytes / GB:.2f} GB for {est.max_len:,} "
-        f"tokens, overhead {est.overhead_bytes / GB:.1f} GB) but {where} has {free / GB:.1f} GB free. "
+        f"Not enough memory for {est.family}: it needs about {est.total_bytes / GB:.2f} GB "
+        f"(weights {est.weight_bytes / GB:.2f} GB, KV cache {est.kv_bytes / GB:.2f} GB for {est.max_len:,} "
+        f"tokens, overhead {est.overhead_bytes / GB:.2f} GB) but {where} has {free / GB:.2f} GB free. "
         f"Options: {'; '.join(tips)}. Set {SKIP_ENV}=1 to try anyway.")

@@ -104,15 +104,17 @@ def plan(config: Any, max_memory: dict[int | str, int | str], dtype: torch.dtype
 
     with init_empty_weights():
         model = AutoModelForCausalLM.from_config(config)
+    model.tie_weights()
     no_split = getattr(model, "_no_split_modules", None) or []
     return infer_auto_device_map(model.to(dtype), max_memory=max_memory, no_split_module_classes=no_split)
 
 
-def dispatch(model: torch.nn.Module, device_map: dict[str, Any]) -> torch.nn.Module:
+def dispatch(model: torch.nn.Module, device_map: dict[str, Any], offload_dir: str | None = None) -> torch.nn.Module:
     """Put an in-memory model's modules where `device_map` says (accelerate hooks move the
-    activations between devices)."""
+    activations between devices; "disk" entries are offloaded to `offload_dir`)."""
     from accelerate import dispatch_model
 
-    if len(set(map(str, device_map.values()))) == 1:
+    if len(set(map(str, device_map.values()))) == 1 and "disk" not in device_map.values():
         return model.to(next(iter(device_map.values())))
-    return dispatch_model(model, device_map=device_map)
+    main = next((d for d in device_map.values() if d not in ("cpu", "disk")), "cpu")
+    return dispatch_model(model, device_map=device_map, main_device=main, offload_dir=offload_dir)

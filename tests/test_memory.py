@@ -1,0 +1,138 @@
+"""Memory estimates from configs (nothing loaded), refusal before loading, and placement."""
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+
+from pyramid_demo.core.config import DecodeConfig
+from pyramid_demo.core.lm import CachedLM
+from pyramid_demo.core.run import generate
+from pyramid_demo.models import loading, memory, placement
+from pyramid_demo.models.errors import LoadError
+from pyramid_demo.models.tiny import tiny_config, tiny_random_triplet, tiny_tokenizer
+
+# The paper's triplet, from the published config.json files (Llama 3.2 1B / 3B tie their head)
+LLAMA = dict(model_type="llama", vocab_size=128256, num_attention_heads=32, num_key_value_heads=8,
+             rms_norm_eps=1e-5, max_position_embeddings=131072)
+PAPER = {
+    "1b": dict(LLAMA, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, head_dim=64,
+               tie_word_embeddings=True),
+    "3b": dict(LLAMA, hidden_size=3072, intermediate_size=8192, num_hidden_layers=28, num_attention_heads=24,
+               head_dim=128, tie_word_embeddings=True),
+    "8b": dict(LLAMA, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, head_dim=128,
+               tie_word_embeddings=False),
+}
+
+
+@pytest.fixture(scope="module")
+def paper_spec(tmp_path_factory) -> str:
+    """Three local folders holding only the paper models' config.json (no weights at all)."""
+    root = tmp_path_factory.mktemp("paper")
+    for name, cfg in PAPER.items():
+        (root / name).mkdir()
+        (root / name / "config.json").write_text(json.dumps(cfg))
+    return ",".join(str(root / n) for n in PAPER)
+
+
+def test_tiny_random_estimate_counts_the_real_parameters_and_scales_with_dtype_and_length():
+    t = tiny_random_triplet()
+    est = memory.estimate("tiny-random", torch.float32, max_len=1000)
+    assert [m.params for m in est.models] == [sum(p.numel() for p in m.parameters())
+                                             for m in (t.draft, t.qualifier, t.target)]
+    cfg = tiny_config(len(tiny_tokenizer()))
+    per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads) * 4
+    assert est.kv_bytes == 3 * per_token * 1000
+    half = memory.estimate("tiny-random", torch.bfloat16, max_len=2000)
+    assert half.weight_bytes * 2 == est.weight_bytes and half.kv_bytes == est.kv_bytes
+    assert est.complete and "not measured" in est.summary() and "GB" in est.short()
+
+
+def test_paper_triplet_arithmetic(paper_spec):
+    """Llama 3.2 1B → 3.2 3B → 3.1 8B: ~12.5 B parameters; 16-bit weights alone exceed a 24 GB card,
+    8-bit and 4-bit fit; these numbers back the README's hardware guidance."""
+    bf16 = memory.estimate(paper_spec, torch.bfloat16, max_len=2048)
+    params = [m.params for m in bf16.models]
+    assert 1.2e9 < params[0] < 1.3e9 and 3.1e9 < params[1] < 3.3e9 and 7.9e9 < params[2] < 8.1e9
+    assert bf16.weight_bytes > 24e9 and bf16.total_bytes > 24 * 1024**3  # more than a "24 GB" card holds
+    q8 = memory.estimate(paper_spec, torch.bfloat16, max_len=2048, quantize="8bit")
+    q4 = memory.estimate(paper_spec, torch.bfloat16, max_len=2048, quantize="4bit")
+    assert q4.total_bytes < q8.total_bytes < 22 * 1024**3 < bf16.total_bytes < 40 * 1024**3
+
+
+def test_same_model_twice_is_counted_once(paper_spec):
+    t = paper_spec.split(",")[2]
+    est = memory.estimate(f"{t},{t},{t}", torch.bfloat16)
+    assert [m.params > 0 for m in est.models] == [True, False, False]
+    assert est.kv_bytes == 3 * est.models[0].kv_bytes_per_token * est.max_len
+
+
+def test_unreadable_config_gives_a_partial_estimate_and_no_refusal(monkeypatch):
+    est = memory.estimate("no-such-owner/no-such-model,a/b,c/d", torch.float16)
+    assert not est.complete and est.unknown and "unknown" in est.summary()
+    monkeypatch.setattr(memory, "available_bytes", lambda dev: 1)
+    memory.check_fits(est, torch.device("cpu"))  # nothing known: nothing refused
+
+
+def test_refuses_before_loading_when_ram_is_short(monkeypatch):
+    monkeypatch.setattr(loading, "_CACHE", {})
+    monkeypatch.setattr(memory, "available_ram", lambda: 50 * 1024**2)
+    monkeypatch.setattr(loading, "_load", lambda *a, **k: pytest.fail("must refuse before loading"))
+    with pytest.raises(LoadError, match=r"Not enough memory for tiny-random.*0\.05 GB free.*bfloat16"):
+        loading.load_triplet("tiny-random", device="cpu", dtype="float32")
+    monkeypatch.setenv(memory.SKIP_ENV, "1")
+    monkeypatch.setattr(loading, "_load", lambda *a, **k: tiny_random_triplet())
+    assert loading.load_triplet("tiny-random", device="cpu", dtype="float32").preset == "tiny-random"
+
+
+def test_refusal_on_a_gpu_names_quantisation_and_device_map(paper_spec, monkeypatch):
+    monkeypatch.setattr(memory, "available_bytes", lambda dev: 22 * 1024**3)
+    est = memory.estimate(paper_spec, torch.bfloat16)
+    with pytest.raises(LoadError) as e:
+        memory.check_fits(est, torch.device("cuda"))
+    assert "--quantize 4bit" in str(e.value) and "--device-map auto" in str(e.value)
+    memory.check_fits(memory.estimate(paper_spec, torch.bfloat16, quantize="4bit"), torch.device("cuda"))
+
+
+def test_available_ram_is_positive():
+    assert memory.available_ram() is None or memory.available_ram() > 0
+
+
+def test_placement_options_and_messages(monkeypatch):
+    assert placement.make_placement().default
+    assert placement.make_placement("auto").key == "auto/dense"
+    with pytest.raises(LoadError, match="Unknown device map"):
+        placement.make_placement("balanced-ish")
+    monkeypatch.setattr(placement, "bitsandbytes_available", lambda: False)
+    with pytest.raises(LoadError, match="bitsandbytes"):
+        placement.make_placement(quantize="4bit")
+    monkeypatch.setattr(placement, "bitsandbytes_available", lambda: True)
+    with pytest.raises(LoadError, match="CUDA"):
+        placement.make_placement(quantize="8bit", device=torch.device("cpu"))
+    kw = placement.pretrained_kwargs(placement.make_placement("auto"), torch.device("cpu"), torch.bfloat16)
+    assert kw == {"dtype": torch.bfloat16, "device_map": "auto"}
+
+
+def test_a_family_split_across_places_races_like_one_on_a_single_device(tmp_path, one_thread):
+    """accelerate's plan (sized on `meta`) splits the target between CPU RAM and disk; the engine
+    feeds it on its embedding's device, gets CPU fp32 logits back, rolls back its split cache, and
+    writes exactly what the single-device family writes."""
+    cfg = tiny_config(len(tiny_tokenizer()))
+    plan = placement.plan(cfg, {"cpu": 500_000}, torch.float32)
+    assert {"cpu", "disk"} <= set(plan.values())
+    run = DecodeConfig(method="psd_f", max_new_tokens=12, temperature=0.0)
+    base = generate(tiny_random_triplet(), "the water is", run, chat=False)
+    t = tiny_random_triplet()
+    split = replace(t, target=placement.dispatch(t.target, plan, str(tmp_path)),
+                    qualifier=copy.deepcopy(t.qualifier).to(torch.bfloat16))  # another dtype: logits still meet as fp32
+    assert placement.is_placed(split.target) and "meta" in placement.devices_of(split.target)
+    lm = CachedLM(split.target, split.vocab_size, "target")
+    z = lm.logits([1, 2, 3, 4], keep=2)
+    assert z.device.type == "cpu" and z.dtype == torch.float32 and lm.cache_len == 4
+    lm.rollback([1, 2, 9])
+    assert lm.cache_len == 2
+    assert generate(replace(split, qualifier=t.qualifier), "the water is", run, chat=False).text == base.text
+    assert generate(split, "the water is", run, chat=False).stats.n_new_tokens > 0
