@@ -34,7 +34,9 @@ def _gpu(fn: Callable) -> Callable:
         import spaces  # type: ignore[import-not-found]
     except ImportError:
         return fn
-    return spaces.GPU(duration=120)(fn)
+    from pyramid_demo.app.hosting import race_duration
+
+    return spaces.GPU(duration=race_duration)(fn)  # the whole race in one allocation, sized to fit
 
 
 START = family_config(START_PRESET)  # the starting family's tuned settings

@@ -18,7 +18,7 @@ from typing import Any, Iterator
 
 import gradio as gr
 
-from . import inspector, charts, render
+from . import hosting, inspector, charts, render
 from .text import CUSTOM, DEFAULT, MSG, RACE_COLUMNS, RACE_METHODS
 from ..core.config import METHOD_LABELS, DecodeConfig
 from ..core.methods import method_spec
@@ -56,6 +56,7 @@ def preset_info(preset: str) -> tuple[str, Any]:
     flags = " · needs the Hub" if p.hub else " · runs offline"
     flags += " · gated: needs a token" if p.gated else ""
     text = f"**{p.draft} → {p.qualifier} → {p.target}**  \n{p.description}  \nMemory: {need}{flags}"
+    text += "  \n" + hosting.memory_line(preset)
     if p.tuned:
         text += "  \nTuned settings (measured with `bench`): " + " · ".join(f"{k} {v}" for k, v in p.tuned)
     return text, gr.update(visible=False)
@@ -180,6 +181,12 @@ def run_race(preset: str, models: tuple[str, str, str], prompt: str, settings: d
     ends cleanly with its partial results (cancelling the event instead would race a late snapshot).
     """
     session = session if session is not None else new_session()
+    try:  # on ZeroGPU the whole race must fit one allocation: cut the tokens, say so
+        settings = dict(settings)
+        settings["max_new_tokens"], cut = hosting.fit_race(preset, len(RACE_METHODS), int(settings["max_new_tokens"]))
+    except (KeyError, TypeError, ValueError):
+        cut = ""  # make_config reports the bad value
+    session["budget_note"] = _notify(cut) if cut else ""
     session["stop"], session["busy"] = False, True
     try:
         yield from _race_steps(preset, models, prompt, settings, session, progress)
@@ -207,7 +214,8 @@ def _race_steps(preset: str, ids: tuple[str, str, str], prompt: str, settings: d
     yield _skip_outputs(MSG["loading"].format(preset=preset), session)
     progress(0.0, desc=MSG["loading"].format(preset=preset))
     try:
-        triplet = load_triplet(spec)
+        triplet = load_triplet(spec, **hosting.placement_options(),
+                               max_len=512 + int(base.max_new_tokens) + 32)
         ids = prepare_prompt(triplet, prompt, base)  # encoded once for every method
     except LoadError as e:
         yield _skip_outputs(_notify(MSG["load_failed"].format(err=e)), session)
@@ -221,7 +229,7 @@ def _race_steps(preset: str, ids: tuple[str, str, str], prompt: str, settings: d
         return
     race = {"n": session["next"], "preset": preset, "models": list(triplet.names), "prompt": prompt,
             "config": base.to_dict(), "results": {}, "vocab": {}, "running": None, "stopped": False,
-            "note": getattr(triplet, "note", "")}
+            "note": " ".join(x for x in (getattr(triplet, "note", ""), session.pop("budget_note", "")) if x)}
     session["next"] += 1
     session["races"] = session["races"][-(MAX_RACES - 1):] + [race]
     for i, m in enumerate(RACE_METHODS):
@@ -248,6 +256,7 @@ def _race_steps(preset: str, ids: tuple[str, str, str], prompt: str, settings: d
             yield _race_outputs(session, MSG["stopped"].format(n=race["n"]))
             return
     race["running"] = None
+    hosting.record(preset, race["results"])  # the next race's ZeroGPU budget uses this family's speed
     yield _race_outputs(session, MSG["done"].format(n=race["n"]) + _winner(race["results"]))
 
 

@@ -89,9 +89,9 @@ class Estimate:
             return f"memory estimate for {self.family}: unknown ({'; '.join(self.notes) or 'no config'})"
         dt = str(self.dtype).removeprefix("torch.") + (f", {self.quantize} weights" if self.quantize else "")
         parts = ", ".join(f"{m.role} {_fmt_params(m.params)}" for m in self.models)
-        text = (f"memory estimate for {self.family} ({dt}): {self.total_bytes / GB:.2f} GB = weights "
-                f"{self.weight_bytes / GB:.2f} GB ({parts} parameters) + KV cache {self.kv_bytes / GB:.2f} GB "
-                f"({self.max_len:,} tokens × 3 models) + overhead {self.overhead_bytes / GB:.2f} GB")
+        text = (f"memory estimate for {self.family} ({dt}): {fmt_bytes(self.total_bytes)} = weights "
+                f"{fmt_bytes(self.weight_bytes)} ({parts} parameters) + KV cache {fmt_bytes(self.kv_bytes)} "
+                f"({self.max_len:,} tokens × 3 models) + overhead {fmt_bytes(self.overhead_bytes)}")
         if self.unknown:
             text += f"; not counted (config unavailable): {', '.join(self.unknown)}"
         return text + " [computed from configs, not measured]"
@@ -100,9 +100,14 @@ class Estimate:
         """A few words for the app's family box."""
         if not self.models:
             return "unknown until its configs can be read"
-        text = (f"≈ {self.total_bytes / GB:.2f} GB in {str(self.dtype).removeprefix('torch.')} for "
-                f"{self.max_len:,} tokens (weights {self.weight_bytes / GB:.2f} GB, KV cache {self.kv_bytes / GB:.2f} GB)")
+        text = (f"≈ {fmt_bytes(self.total_bytes)} in {str(self.dtype).removeprefix('torch.')} for "
+                f"{self.max_len:,} tokens (weights {fmt_bytes(self.weight_bytes)}, KV cache {fmt_bytes(self.kv_bytes)})")
         return text + (" — some configs unavailable" if self.unknown else "")
+
+
+def fmt_bytes(n: float) -> str:
+    """Decimal GB, or MB below 0.1 GB."""
+    return f"{n / GB:.2f} GB" if n >= 0.1 * GB else f"{n / 1e6:.1f} MB"
 
 
 def _fmt_params(n: int) -> str:
@@ -152,8 +157,9 @@ def weight_bytes(params: int, embed: int, dtype: torch.dtype, quantize: str | No
 
 
 # ---------------------------------------------------------------- configs, without weights
-def _config_for(ref: str) -> Any:
-    """A config for a Hub id, folder or .gguf, or None when it cannot be had without weights."""
+def _config_for(ref: str, online: bool = True) -> Any:
+    """A config for a Hub id, folder or .gguf, or None when it cannot be had without weights
+    (or, with `online=False`, without the network)."""
     from transformers import AutoConfig
 
     path = Path(ref)
@@ -167,7 +173,7 @@ def _config_for(ref: str) -> Any:
         except (OSError, ValueError):
             from .loading import hub_offline, hub_reachable
 
-            if hub_offline() or not hub_reachable():
+            if not online or hub_offline() or not hub_reachable():
                 return None
             return AutoConfig.from_pretrained(ref)  # config.json only: a few KB
     except Exception as e:  # noqa: BLE001 - an estimate must never stop a load by itself
@@ -208,8 +214,9 @@ def _student_layers(role: str) -> tuple[int, int] | None:
 
 
 def estimate(spec: str, dtype: torch.dtype = torch.float32, max_len: int = DEFAULT_MAX_LEN,
-             quantize: str | None = None) -> Estimate:
-    """The memory `spec` (a preset or "draft,qualifier,target") needs, from configs only."""
+             quantize: str | None = None, online: bool = True) -> Estimate:
+    """The memory `spec` (a preset or "draft,qualifier,target") needs, from configs only;
+    `online`: a Hub model's config.json may be fetched (a few KB) when the Hub answers."""
     from .loading import LoadError as _LE, parse_spec
 
     try:
@@ -240,7 +247,7 @@ def estimate(spec: str, dtype: torch.dtype = torch.float32, max_len: int = DEFAU
         return Estimate(name, dtype, max_len, quantize, tuple(rows))
     rows, unknown, seen = [], [], set()
     for role, ref in zip(ROLES, refs):
-        cfg = _config_for(ref)
+        cfg = _config_for(ref, online)
         if cfg is None:
             unknown.append(ref)
             continue

@@ -1,0 +1,91 @@
+"""ZeroGPU budgets and the app's hosting hooks (no GPU and no `spaces` needed)."""
+from __future__ import annotations
+
+import sys
+import warnings
+
+import pytest
+import torch
+
+from pyramid_demo.app import handlers as h, hosting
+from pyramid_demo.app.text import RACE_METHODS
+
+FAST = dict(max_new_tokens=400.0, temperature=0.0, seed=0.0, gamma=3.0, l_d=2.0, l_q=4.0, tau_q=0.4, tau_t=0.5,
+            divergence="js", fallback="none", stage2="fuzzy", conf_stop=0.0)
+
+
+def test_budget_grows_with_methods_and_tokens_within_the_cap():
+    small = hosting.plan_budget("smollm2-offline", 5, 32, per_token=0.02, cap=120)
+    big = hosting.plan_budget("smollm2-offline", 5, 128, per_token=0.02, cap=120)
+    assert not small.cut and not big.cut and hosting.MIN_S <= small.duration_s < big.duration_s <= 120
+    assert big.duration_s == pytest.approx(hosting.START_S + hosting.SAFETY * 5 * 128 * 0.02, abs=1)
+    assert hosting.plan_budget("x", 1, 32, per_token=0.02, cap=120).duration_s < small.duration_s
+
+
+def test_too_long_a_race_is_cut_to_fit_with_a_message():
+    b = hosting.plan_budget("llama3", 5, 512, per_token=0.09, cap=120)
+    assert b.cut and b.duration_s == 120 and b.max_new_tokens < 512
+    assert hosting.START_S + hosting.SAFETY * 5 * b.max_new_tokens * 0.09 <= 120
+    assert "512" in b.message and str(b.max_new_tokens) in b.message and "120 s" in b.message
+
+
+def test_measured_speed_replaces_the_guess(monkeypatch):
+    monkeypatch.setattr(hosting, "_MEASURED", {})
+    assert hosting.per_token_s("tiny-random") == hosting.GUESS_S_PER_TOKEN["tiny-random"]
+
+    class S:  # the RunStats fields record() reads
+        n_new_tokens, decode_s, prefill_s = 10, 0.9, 0.1
+
+    hosting.record("tiny-random", {"ar": type("R", (), {"stats": S})()})
+    assert hosting.per_token_s("tiny-random") == pytest.approx(0.1)
+
+
+def test_duration_reads_run_races_arguments(monkeypatch):
+    """spaces.GPU calls the duration function with the decorated function's own arguments."""
+    monkeypatch.setattr(hosting, "_MEASURED", {"tiny-random": 0.01})
+    args = ("tiny-random", "", "", "", "hello", *(FAST[k] for k in h.SETTING_NAMES), None)
+    want = hosting.plan_budget("tiny-random", len(RACE_METHODS), 400).duration_s
+    assert hosting.race_duration(*args) == want
+
+
+def test_a_zerogpu_race_runs_every_method_in_one_call_and_is_cut_to_fit(monkeypatch, one_thread):
+    """On ZeroGPU the whole race is the one decorated call; settings that cannot fit are cut (and said)."""
+    monkeypatch.setenv("SPACES_ZERO_GPU", "true")
+    monkeypatch.setenv(hosting.CAP_ENV, "20")
+    monkeypatch.setattr(hosting, "_MEASURED", {"tiny-random": 0.1})
+    calls = []
+
+    class FakeSpaces:
+        @staticmethod
+        def GPU(duration):
+            def wrap(fn):
+                def run(*a, **k):
+                    calls.append(duration(*a, **k))
+                    yield from fn(*a, **k)
+                return run
+            return wrap
+
+    monkeypatch.setitem(sys.modules, "spaces", FakeSpaces)
+    sys.modules.pop("app", None)
+    import app
+
+    session = h.new_session()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        list(app._gpu(h.run_race)("tiny-random", "", "", "", "hello", *(FAST[k] for k in h.SETTING_NAMES), session))
+    sys.modules.pop("app", None)
+    race = session["races"][-1]
+    assert calls == [20] and set(race["results"]) == set(RACE_METHODS)  # one allocation, every method
+    assert race["config"]["max_new_tokens"] < 400 and "cut from 400" in race["note"]
+
+
+def test_placement_comes_from_space_variables(monkeypatch):
+    monkeypatch.setenv("PYRAMID_DEMO_DEVICE_MAP", "auto")
+    monkeypatch.delenv("PYRAMID_DEMO_QUANTIZE", raising=False)
+    assert hosting.placement_options() == {"device_map": "auto", "quantize": None}
+
+
+def test_family_box_shows_the_estimate_without_the_network():
+    text = h.preset_info("tiny-random")[0]
+    assert "Estimate here" in text and "MB" in text
+    assert "Estimate here" in h.preset_info("llama3")[0]  # unknown offline, but no error and no wait
