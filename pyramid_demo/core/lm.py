@@ -69,6 +69,8 @@ class CachedLM:
         # moves activations itself; logits come back to the CPU in `logits`)
         emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
         self.device = emb.weight.device if emb is not None else next(model.parameters()).device
+        if self.device.type == "meta":  # an offloaded embedding: its hook moves inputs where they run
+            self.device = torch.device("cpu")
         self.cache = DynamicCache(config=model.config)
         # transformers 5 renamed `past_key_values` to `cache`; accept either generation
         self.cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"

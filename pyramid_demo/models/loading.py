@@ -114,7 +114,9 @@ def load_triplet(spec: str, device: str | None = None, dtype: str | None = None,
         with _LOCK:
             if key in _CACHE:
                 return _CACHE[key]
-        _check_memory(spec, dev, dt, place, max_len)
+        from .memory import check_before_load
+
+        check_before_load(spec, dev, dt, place, max_len)  # LoadError if it cannot fit
         t0 = time.perf_counter()
         triplet = _load(preset, refs, dev, dt, place)
         triplet.device, triplet.dtype = dev, dt
@@ -122,19 +124,6 @@ def load_triplet(spec: str, device: str | None = None, dtype: str | None = None,
         with _LOCK:
             _CACHE[key] = triplet
         return triplet
-
-
-def _check_memory(spec: str, dev: torch.device, dt: torch.dtype, place: Placement, max_len: int | None) -> None:
-    """Refuse (LoadError) a family whose estimate exceeds free memory; never fail otherwise."""
-    from . import memory
-
-    try:
-        est = memory.estimate(spec, dt, max_len or memory.DEFAULT_MAX_LEN, place.quantize)
-    except Exception as e:  # noqa: BLE001 - an estimate that cannot be made does not block a load
-        log.info("no memory estimate for %s: %r", spec, e)
-        return
-    log.info("%s", est.summary())
-    memory.check_fits(est, dev, place.device_map)
 
 
 def clear_cache() -> None:
@@ -261,6 +250,9 @@ def _load_model(ref: str, dev: torch.device, dt: torch.dtype, preset: Preset | N
     if kind == "bundled":
         return bundled_target(dev, dt)[1]
     if kind == "gguf":
+        if place.quantize:
+            raise LoadError(f"--quantize does not apply to the GGUF file '{ref}' (it is dequantised on load); "
+                            "leave it out or use a Hub id or model folder.")
         p = Path(ref)
         fn = lambda: AutoModelForCausalLM.from_pretrained(  # noqa: E731
             str(p.parent), gguf_file=p.name, quantization_config=GgufConfig(dequantize=True), **kw)

@@ -335,3 +335,17 @@ def check_fits(est: Estimate, device: torch.device, device_map: str | None = Non
         f"(weights {est.weight_bytes / GB:.2f} GB, KV cache {est.kv_bytes / GB:.2f} GB for {est.max_len:,} "
         f"tokens, overhead {est.overhead_bytes / GB:.2f} GB) but {where} has {free / GB:.2f} GB free. "
         f"Options: {'; '.join(tips)}. Set {SKIP_ENV}=1 to try anyway.")
+
+
+def check_before_load(spec: str, device: torch.device, dtype: torch.dtype, place: Any = None,
+                      max_len: int | None = None) -> None:
+    """The loader's hook: estimate `spec` and refuse (LoadError) what cannot fit; an estimate
+    that cannot be made never blocks a load."""
+    quantize, device_map = getattr(place, "quantize", None), getattr(place, "device_map", None)
+    try:
+        est = estimate(spec, dtype, max_len or DEFAULT_MAX_LEN, quantize)
+    except Exception as e:  # noqa: BLE001
+        log.info("no memory estimate for %s: %r", spec, e)
+        return
+    log.info("%s", est.summary())
+    check_fits(est, device, device_map)
