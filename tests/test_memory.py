@@ -136,3 +136,27 @@ def test_a_family_split_across_places_races_like_one_on_a_single_device(tmp_path
     assert lm.cache_len == 2
     assert generate(replace(split, qualifier=t.qualifier), "the water is", run, chat=False).text == base.text
     assert generate(split, "the water is", run, chat=False).stats.n_new_tokens > 0
+
+
+def test_device_map_auto_loads_and_races_a_custom_family(tmp_path, one_thread, monkeypatch):
+    """The `--device-map auto` path end to end on CPU (accelerate places everything in RAM here):
+    the estimate is checked first, the models load through `device_map="auto"`, and a race runs."""
+    from transformers import LlamaForCausalLM
+
+    paths = []
+    for i, name in enumerate("dqt"):
+        torch.manual_seed(i)
+        LlamaForCausalLM(tiny_config(len(tiny_tokenizer()))).save_pretrained(tmp_path / name)
+        tiny_tokenizer().save_pretrained(tmp_path / name)
+        paths.append(str(tmp_path / name))
+    spec = ",".join(paths)
+    est = memory.estimate(spec, torch.float32, 100)
+    assert est.complete and est.models[2].params == sum(p.numel() for p in tiny_random_triplet().target.parameters())
+    monkeypatch.setattr(loading, "_CACHE", {})
+    seen = []
+    real = loading.pretrained_kwargs
+    monkeypatch.setattr(loading, "pretrained_kwargs", lambda *a: seen.append(real(*a)) or seen[-1])
+    t = loading.load_triplet(spec, device="cpu", device_map="auto", max_len=100)
+    assert [kw.get("device_map") for kw in seen] == ["auto"] * 3 and placement.devices_of(t.target) == ["cpu"]
+    r = generate(t, "the water is", DecodeConfig(method="psd_a", max_new_tokens=6, temperature=0.0), chat=False)
+    assert r.stats.n_new_tokens > 0
