@@ -66,9 +66,11 @@ def test_offline_family_on_cuda_bf16():
 
 
 def test_gpu_check_dry_run_passes_on_cpu(tmp_path):
-    env = dict(os.environ, PYTHON=sys.executable, OUT=str(tmp_path / "out"), OMP_NUM_THREADS="1")
+    env = dict(os.environ, PYTHON=sys.executable, OUT=str(tmp_path / "out"), OMP_NUM_THREADS="1",
+               DTYPES="bfloat16", TOKENS="4")  # one dtype keeps it short; the real run does fp16 and bf16
     out = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--dry-run"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-    assert "| float32 | psd_f |" in out.stdout and "| bfloat16 | ar |" in out.stdout
+    assert "| bfloat16 | psd_f |" in out.stdout and "| bfloat16 | ar |" in out.stdout
+    assert "--device cuda --dtype float16" in out.stdout  # what it would run on a GPU
     assert "-m pytest -q -m cuda" in out.stdout

@@ -5,7 +5,6 @@ import sys
 import warnings
 
 import pytest
-import torch
 
 from pyramid_demo.app import handlers as h, hosting
 from pyramid_demo.app.text import RACE_METHODS

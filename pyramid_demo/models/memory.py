@@ -13,14 +13,14 @@ import importlib.util
 import json
 import logging
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from .errors import LoadError
-from .presets import BUNDLED_TARGET, PRESETS, STUDENT_DRAFT, STUDENT_QUALIFIER
+from .presets import BUNDLED_TARGET, STUDENT_DRAFT, STUDENT_QUALIFIER
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class Estimate:
     quantize: str | None = None
     models: tuple[ModelSize, ...] = ()
     unknown: tuple[str, ...] = ()
-    notes: tuple[str, ...] = field(default=())
+    notes: tuple[str, ...] = ()
 
     @property
     def weight_bytes(self) -> int:
@@ -236,12 +236,11 @@ def estimate(spec: str, dtype: torch.dtype = torch.float32, max_len: int = DEFAU
         except LoadError as e:
             return Estimate(name, dtype, max_len, quantize, unknown=refs, notes=(str(e),))
         rows = []
-        for role, ref in ((r, x) for r, x in zip(ROLES[:2], (STUDENT_DRAFT, STUDENT_QUALIFIER))):
+        for role, ref in zip(ROLES[:2], (STUDENT_DRAFT, STUDENT_QUALIFIER)):
             got = _student_layers(role)
-            n, shared = got if got else (0, 0)
-            if got:  # no students: the target stands in, nothing extra but its caches
-                rows.append(_sizes(role, ref, cfg, dtype, quantize, own_layers=n - shared, layers=n))
-            else:
+            if got:  # a student owns only its unshared layers; its cache covers all of them
+                rows.append(_sizes(role, ref, cfg, dtype, quantize, own_layers=got[0] - got[1], layers=got[0]))
+            else:  # no students: the target stands in, nothing extra but its caches
                 rows.append(_sizes(role, BUNDLED_TARGET, cfg, dtype, quantize, own_layers=0))
         rows.append(_sizes("target", BUNDLED_TARGET, cfg, dtype, quantize))
         return Estimate(name, dtype, max_len, quantize, tuple(rows))
