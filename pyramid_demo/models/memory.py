@@ -253,7 +253,10 @@ def estimate(spec: str, dtype: torch.dtype = torch.float32, max_len: int = DEFAU
         size = _sizes(role, ref, cfg, dtype, quantize, own_layers=0 if ref in seen else None)
         seen.add(ref)  # the same model twice is loaded once; its caches are still separate
         rows.append(size)
-    return Estimate(name, dtype, max_len, quantize, tuple(rows), tuple(unknown))
+    why = (f"no config for {', '.join(unknown)} in the local Hugging Face cache"
+           + ("" if online else " (the network is not asked here)")
+           + (", and the Hub cannot be asked" if online else "")) if unknown else ""
+    return Estimate(name, dtype, max_len, quantize, tuple(rows), tuple(unknown), (why,) if why else ())
 
 
 # ---------------------------------------------------------------- what is free
