@@ -30,8 +30,7 @@ def max_len(args: argparse.Namespace) -> int:
 
 def estimate_text(args: argparse.Namespace) -> str:
     """The memory estimate for the run `args` describes (LoadError for a bad device or dtype)."""
-    from .models.loading import pick_device, pick_dtype
-    from .models.memory import estimate
+    from .models.loading import estimate, pick_device, pick_dtype
 
     dev = pick_device(args.device)
     return f"{estimate(args.models, pick_dtype(dev, args.dtype), max_len(args), args.quantize).summary()}; device {dev}"

@@ -31,11 +31,11 @@ def test_every_method_runs_on_cuda(dtype):
 
 @pytest.mark.cuda
 def test_memory_check_reads_the_gpu():
-    from pyramid_demo.models import memory
+    from pyramid_demo.models import loading, memory
 
     free = memory.available_bytes(torch.device("cuda"))
     assert free and free > 0
-    memory.check_fits(memory.estimate("tiny-random", torch.bfloat16), torch.device("cuda"))
+    memory.check_fits(loading.estimate("tiny-random", torch.bfloat16), torch.device("cuda"))
 
 
 @pytest.mark.cuda

@@ -39,10 +39,10 @@ def test_measured_speed_replaces_the_guess(monkeypatch):
     assert hosting.per_token_s("tiny-random") == pytest.approx(0.1)
 
 
-def test_duration_reads_run_races_arguments(monkeypatch):
+def test_duration_reads_race_events_arguments(monkeypatch):
     """spaces.GPU calls the duration function with the decorated function's own arguments."""
     monkeypatch.setattr(hosting, "_MEASURED", {"tiny-random": 0.01})
-    args = ("tiny-random", "", "", "", "hello", *(FAST[k] for k in h.SETTING_NAMES), None)
+    args = ("tiny-random", "", "", "", "hello", None, None, *(FAST[k] for k in h.SETTING_NAMES))
     want = hosting.plan_budget("tiny-random", len(RACE_METHODS), 400).duration_s
     assert hosting.race_duration(*args) == want
 
@@ -71,7 +71,8 @@ def test_a_zerogpu_race_runs_every_method_in_one_call_and_is_cut_to_fit(monkeypa
     session = h.new_session()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        list(app._gpu(h.run_race)("tiny-random", "", "", "", "hello", *(FAST[k] for k in h.SETTING_NAMES), session))
+        list(app._gpu(h.race_event)("tiny-random", "", "", "", "hello", session, lambda *a, **k: None,
+                                    *(FAST[k] for k in h.SETTING_NAMES)))
     sys.modules.pop("app", None)
     race = session["races"][-1]
     assert calls == [20] and set(race["results"]) == set(RACE_METHODS)  # one allocation, every method

@@ -13,6 +13,7 @@ from pyramid_demo.core.lm import CachedLM
 from pyramid_demo.core.run import generate
 from pyramid_demo.models import loading, memory, placement
 from pyramid_demo.models.errors import LoadError
+from pyramid_demo.models.finish import is_placed
 from pyramid_demo.models.tiny import tiny_config, tiny_random_triplet, tiny_tokenizer
 
 # The paper's triplet, from the published config.json files (Llama 3.2 1B / 3B tie their head)
@@ -40,13 +41,13 @@ def paper_spec(tmp_path_factory) -> str:
 
 def test_tiny_random_estimate_counts_the_real_parameters_and_scales_with_dtype_and_length():
     t = tiny_random_triplet()
-    est = memory.estimate("tiny-random", torch.float32, max_len=1000)
+    est = loading.estimate("tiny-random", torch.float32, max_len=1000)
     assert [m.params for m in est.models] == [sum(p.numel() for p in m.parameters())
                                              for m in (t.draft, t.qualifier, t.target)]
     cfg = tiny_config(len(tiny_tokenizer()))
     per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads) * 4
     assert est.kv_bytes == 3 * per_token * 1000
-    half = memory.estimate("tiny-random", torch.bfloat16, max_len=2000)
+    half = loading.estimate("tiny-random", torch.bfloat16, max_len=2000)
     assert half.weight_bytes * 2 == est.weight_bytes and half.kv_bytes == est.kv_bytes
     assert est.complete and "not measured" in est.summary() and "GB" in est.short()
 
@@ -54,24 +55,24 @@ def test_tiny_random_estimate_counts_the_real_parameters_and_scales_with_dtype_a
 def test_paper_triplet_arithmetic(paper_spec):
     """Llama 3.2 1B → 3.2 3B → 3.1 8B: ~12.5 B parameters; 16-bit weights alone exceed a 24 GB card,
     8-bit and 4-bit fit; these numbers back the README's hardware guidance."""
-    bf16 = memory.estimate(paper_spec, torch.bfloat16, max_len=2048)
+    bf16 = loading.estimate(paper_spec, torch.bfloat16, max_len=2048)
     params = [m.params for m in bf16.models]
     assert 1.2e9 < params[0] < 1.3e9 and 3.1e9 < params[1] < 3.3e9 and 7.9e9 < params[2] < 8.1e9
     assert bf16.weight_bytes > 24e9 and bf16.total_bytes > 24 * 1024**3  # more than a "24 GB" card holds
-    q8 = memory.estimate(paper_spec, torch.bfloat16, max_len=2048, quantize="8bit")
-    q4 = memory.estimate(paper_spec, torch.bfloat16, max_len=2048, quantize="4bit")
+    q8 = loading.estimate(paper_spec, torch.bfloat16, max_len=2048, quantize="8bit")
+    q4 = loading.estimate(paper_spec, torch.bfloat16, max_len=2048, quantize="4bit")
     assert q4.total_bytes < q8.total_bytes < 22 * 1024**3 < bf16.total_bytes < 40 * 1024**3
 
 
 def test_same_model_twice_is_counted_once(paper_spec):
     t = paper_spec.split(",")[2]
-    est = memory.estimate(f"{t},{t},{t}", torch.bfloat16)
+    est = loading.estimate(f"{t},{t},{t}", torch.bfloat16)
     assert [m.params > 0 for m in est.models] == [True, False, False]
     assert est.kv_bytes == 3 * est.models[0].kv_bytes_per_token * est.max_len
 
 
 def test_unreadable_config_gives_a_partial_estimate_and_no_refusal(monkeypatch):
-    est = memory.estimate("no-such-owner/no-such-model,a/b,c/d", torch.float16)
+    est = loading.estimate("no-such-owner/no-such-model,a/b,c/d", torch.float16)
     assert not est.complete and est.unknown and "unknown" in est.summary()
     monkeypatch.setattr(memory, "available_bytes", lambda dev: 1)
     memory.check_fits(est, torch.device("cpu"))  # nothing known: nothing refused
@@ -90,11 +91,11 @@ def test_refuses_before_loading_when_ram_is_short(monkeypatch):
 
 def test_refusal_on_a_gpu_names_quantisation_and_device_map(paper_spec, monkeypatch):
     monkeypatch.setattr(memory, "available_bytes", lambda dev: 22 * 1024**3)
-    est = memory.estimate(paper_spec, torch.bfloat16)
+    est = loading.estimate(paper_spec, torch.bfloat16)
     with pytest.raises(LoadError) as e:
         memory.check_fits(est, torch.device("cuda"))
     assert "--quantize 4bit" in str(e.value) and "--device-map auto" in str(e.value)
-    memory.check_fits(memory.estimate(paper_spec, torch.bfloat16, quantize="4bit"), torch.device("cuda"))
+    memory.check_fits(loading.estimate(paper_spec, torch.bfloat16, quantize="4bit"), torch.device("cuda"))
 
 
 def test_available_ram_is_positive():
@@ -128,7 +129,7 @@ def test_a_family_split_across_places_races_like_one_on_a_single_device(tmp_path
     t = tiny_random_triplet()
     split = replace(t, target=placement.dispatch(t.target, plan, str(tmp_path)),
                     qualifier=copy.deepcopy(t.qualifier).to(torch.bfloat16))  # another dtype: logits still meet as fp32
-    assert placement.is_placed(split.target) and "meta" in placement.devices_of(split.target)
+    assert is_placed(split.target) and "meta" in placement.devices_of(split.target)
     lm = CachedLM(split.target, split.vocab_size, "target")
     z = lm.logits([1, 2, 3, 4], keep=2)
     assert z.device.type == "cpu" and z.dtype == torch.float32 and lm.cache_len == 4
@@ -150,7 +151,7 @@ def test_device_map_auto_loads_and_races_a_custom_family(tmp_path, one_thread, m
         tiny_tokenizer().save_pretrained(tmp_path / name)
         paths.append(str(tmp_path / name))
     spec = ",".join(paths)
-    est = memory.estimate(spec, torch.float32, 100)
+    est = loading.estimate(spec, torch.float32, 100)
     assert est.complete and est.models[2].params == sum(p.numel() for p in tiny_random_triplet().target.parameters())
     monkeypatch.setattr(loading, "_CACHE", {})
     seen = []

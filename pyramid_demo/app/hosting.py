@@ -119,8 +119,8 @@ def memory_line(preset: str, max_new_tokens: int = 128, prompt_tokens: int = 512
     """The family box's estimate, from configs already on this machine (never the network)."""
     import torch
 
-    from ..models.loading import pick_device, pick_dtype
-    from ..models.memory import estimate, available_bytes, GB
+    from ..models.loading import estimate, pick_device, pick_dtype
+    from ..models.memory import GB, available_bytes
 
     try:
         dev = pick_device(None)

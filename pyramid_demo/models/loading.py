@@ -25,6 +25,7 @@ from .bundled import bundled_target, bundled_tokenizer
 from .compat import check_compatible, check_tokenizers
 from .errors import LoadError
 from .finish import finish
+from .memory import DEFAULT_MAX_LEN, Estimate, check_fits, estimate_family
 from .placement import Placement, make_placement, pretrained_kwargs
 from ..core.lm import ModelTriplet
 from .presets import BUNDLED_TARGET, PRESETS, Preset
@@ -114,9 +115,7 @@ def load_triplet(spec: str, device: str | None = None, dtype: str | None = None,
         with _LOCK:
             if key in _CACHE:
                 return _CACHE[key]
-        from .memory import check_before_load
-
-        check_before_load(spec, dev, dt, place, max_len)  # LoadError if it cannot fit
+        check_fits(estimate(spec, dt, max_len, place.quantize), dev, place.device_map)  # LoadError if it cannot
         t0 = time.perf_counter()
         triplet = _load(preset, refs, dev, dt, place)
         triplet.device, triplet.dtype = dev, dt
@@ -124,6 +123,19 @@ def load_triplet(spec: str, device: str | None = None, dtype: str | None = None,
         with _LOCK:
             _CACHE[key] = triplet
         return triplet
+
+
+def estimate(spec: str, dtype: torch.dtype = torch.float32, max_len: int | None = None,
+             quantize: str | None = None, online: bool = True) -> Estimate:
+    """The memory `spec` needs, from configs only (see `memory`); `online`: a Hub config.json may be
+    fetched when the Hub answers. Never raises: what cannot be read is reported as unknown."""
+    try:
+        preset, refs = parse_spec(spec)
+        fetch = (lambda: not hub_offline() and hub_reachable()) if online else None
+        return estimate_family(preset, refs, dtype, max_len or DEFAULT_MAX_LEN, quantize, fetch)
+    except Exception as e:  # noqa: BLE001 - an estimate must never be why a load fails
+        log.info("no memory estimate for %s: %r", spec, e)
+        return Estimate(spec, dtype, max_len or DEFAULT_MAX_LEN, quantize, notes=(str(e),))
 
 
 def clear_cache() -> None:

@@ -15,12 +15,12 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from .errors import LoadError
-from .presets import BUNDLED_TARGET, STUDENT_DRAFT, STUDENT_QUALIFIER
+from .presets import BUNDLED_TARGET, STUDENT_DRAFT, STUDENT_QUALIFIER, Preset
 
 log = logging.getLogger(__name__)
 
@@ -157,9 +157,9 @@ def weight_bytes(params: int, embed: int, dtype: torch.dtype, quantize: str | No
 
 
 # ---------------------------------------------------------------- configs, without weights
-def _config_for(ref: str, online: bool = True) -> Any:
-    """A config for a Hub id, folder or .gguf, or None when it cannot be had without weights
-    (or, with `online=False`, without the network)."""
+def _config_for(ref: str, can_fetch: Callable[[], bool] | None = None) -> Any:
+    """A config for a Hub id, folder or .gguf, or None when it cannot be had without weights;
+    a Hub config.json is fetched only when `can_fetch()` says the Hub may be asked."""
     from transformers import AutoConfig
 
     path = Path(ref)
@@ -171,9 +171,7 @@ def _config_for(ref: str, online: bool = True) -> Any:
         try:
             return AutoConfig.from_pretrained(ref, local_files_only=True)
         except (OSError, ValueError):
-            from .loading import hub_offline, hub_reachable
-
-            if not online or hub_offline() or not hub_reachable():
+            if can_fetch is None or not can_fetch():
                 return None
             return AutoConfig.from_pretrained(ref)  # config.json only: a few KB
     except Exception as e:  # noqa: BLE001 - an estimate must never stop a load by itself
@@ -213,16 +211,11 @@ def _student_layers(role: str) -> tuple[int, int] | None:
     return int(meta["num_layers"]), int(meta.get("shared_layers", 0))
 
 
-def estimate(spec: str, dtype: torch.dtype = torch.float32, max_len: int = DEFAULT_MAX_LEN,
-             quantize: str | None = None, online: bool = True) -> Estimate:
-    """The memory `spec` (a preset or "draft,qualifier,target") needs, from configs only;
-    `online`: a Hub model's config.json may be fetched (a few KB) when the Hub answers."""
-    from .loading import LoadError as _LE, parse_spec
-
-    try:
-        preset, refs = parse_spec(spec)
-    except _LE as e:
-        return Estimate(spec, dtype, max_len, quantize, notes=(str(e),))
+def estimate_family(preset: Preset | None, refs: tuple[str, str, str], dtype: torch.dtype = torch.float32,
+                    max_len: int = DEFAULT_MAX_LEN, quantize: str | None = None,
+                    can_fetch: Callable[[], bool] | None = None) -> Estimate:
+    """The memory a parsed family needs, from configs only (`loading.estimate` takes a spec);
+    `can_fetch`: whether a Hub model's config.json (a few KB) may be downloaded now."""
     name = preset.name if preset else "custom family"
     if preset is not None and preset.name == "tiny-random":
         from .tiny import tiny_config, tiny_tokenizer
@@ -246,7 +239,7 @@ def estimate(spec: str, dtype: torch.dtype = torch.float32, max_len: int = DEFAU
         return Estimate(name, dtype, max_len, quantize, tuple(rows))
     rows, unknown, seen = [], [], set()
     for role, ref in zip(ROLES, refs):
-        cfg = _config_for(ref, online)
+        cfg = _config_for(ref, can_fetch)
         if cfg is None:
             unknown.append(ref)
             continue
@@ -254,8 +247,7 @@ def estimate(spec: str, dtype: torch.dtype = torch.float32, max_len: int = DEFAU
         seen.add(ref)  # the same model twice is loaded once; its caches are still separate
         rows.append(size)
     why = (f"no config for {', '.join(unknown)} in the local Hugging Face cache"
-           + ("" if online else " (the network is not asked here)")
-           + (", and the Hub cannot be asked" if online else "")) if unknown else ""
+           + (", and the Hub cannot be asked" if can_fetch else " (the network is not asked here)")) if unknown else ""
     return Estimate(name, dtype, max_len, quantize, tuple(rows), tuple(unknown), (why,) if why else ())
 
 
@@ -338,16 +330,3 @@ def check_fits(est: Estimate, device: torch.device, device_map: str | None = Non
         f"tokens, overhead {est.overhead_bytes / GB:.2f} GB) but {where} has {free / GB:.2f} GB free. "
         f"Options: {'; '.join(tips)}. Set {SKIP_ENV}=1 to try anyway.")
 
-
-def check_before_load(spec: str, device: torch.device, dtype: torch.dtype, place: Any = None,
-                      max_len: int | None = None) -> None:
-    """The loader's hook: estimate `spec` and refuse (LoadError) what cannot fit; an estimate
-    that cannot be made never blocks a load."""
-    quantize, device_map = getattr(place, "quantize", None), getattr(place, "device_map", None)
-    try:
-        est = estimate(spec, dtype, max_len or DEFAULT_MAX_LEN, quantize)
-    except Exception as e:  # noqa: BLE001
-        log.info("no memory estimate for %s: %r", spec, e)
-        return
-    log.info("%s", est.summary())
-    check_fits(est, device, device_map)
