@@ -46,11 +46,14 @@ def test_tv_is_half_l1():
 
 @pytest.mark.parametrize("kind", ["js", "kl", "tv"])
 def test_divergences_safe_on_zeros_and_identical(kind):
-    """Zero probabilities never give NaN or negative values; identical rows give 0."""
+    """Zero probabilities never give NaN or negative values; identical rows give 0. A token the
+    proposer gives mass but the verifier rules out exactly (p = 0) makes js and kl +inf, as exact
+    math says (no floor hides it); tv stays 1."""
     p = torch.tensor([[1.0, 0.0, 0.0], [0.5, 0.5, 0.0]])
     q = torch.tensor([[0.0, 1.0, 0.0], [0.5, 0.5, 0.0]])
     d = rules.divergence(p, q, kind)
-    assert torch.isfinite(d).all() and (d >= 0).all()
+    assert not torch.isnan(d).any() and (d >= 0).all()
+    assert d[0].item() == (1.0 if kind == "tv" else float("inf"))
     assert d[1].item() == pytest.approx(0.0, abs=1e-7)
 
 

@@ -3,7 +3,7 @@ race speeds and the race table. No model calls, so the inspector answers instant
 from __future__ import annotations
 
 from ..core.rules import leading_run
-from ..core.stats import STAGES, stage_rounds
+from ..core.stats import STAGES, agreement, stage_rounds
 from ..core.throughput import predict
 from ..core.trace import RunResult, StageRound, Step, TokenRec
 
@@ -86,12 +86,6 @@ def race_speeds(results: dict[str, RunResult]) -> dict[str, float]:
     return speeds
 
 
-def agreement(a: list[int], b: list[int]) -> float | None:
-    """Fraction of positions where two outputs agree (over the shorter one): the quality figure vs AR."""
-    n = min(len(a), len(b))
-    return sum(x == y for x, y in zip(a, b)) / n if n else None
-
-
 def ratio(a: float, b: float | None) -> float | None:
     return a / b if b else None
 
@@ -115,10 +109,12 @@ def race_rows(races: list[dict]) -> list[list]:
     for race in races:
         res: dict[str, RunResult] = race["results"]
         ar, sd = res.get("ar"), res.get("sd")
+        greedy = not race.get("config", {}).get("temperature")
         for m, r in res.items():
             s = r.stats
             acc = ", ".join(f"{k} {v:.0%}" for k, v in s.acceptance.items()) or "—"
-            same = agreement(r.token_ids, ar.token_ids) if ar is not None else None
+            # agreement with target greedy output (the bench's figure): AR is that reference at T=0 only
+            same = agreement(r.token_ids, ar.token_ids) if ar is not None and greedy else None
             x_ar = ratio(s.tokens_per_s, ar.stats.tokens_per_s if ar else None)
             x_sd = ratio(s.tokens_per_s, sd.stats.tokens_per_s if sd else None)
             rows.append([race["n"], m, s.n_new_tokens, round(s.decode_s, 2), round(s.tokens_per_s, 1),

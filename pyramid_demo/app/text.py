@@ -73,7 +73,7 @@ MSG = {
 }
 
 RACE_COLUMNS = ["race", "method", "tokens", "time (s)", "tok/s", "× AR", "× SD", "acceptance",
-                "tokens / target pass", "same as AR", "stopped"]
+                "tokens / target pass", "agreement (T=0)", "stopped"]
 
 EXPLANATION = f"""
 ### How three models share the work
@@ -100,6 +100,10 @@ The more green and blue, the less work the big target had to do.
 * `js` is the FSD reference code's form ½KL(m‖p)+½KL(m‖q), m=(p+q)/2 — not the textbook JSD — so the
   papers' τ grid (0.2–0.5) means the same here. `kl` is KL(q‖p), `tv` is total variation.
 * The PSD block is cut to exactly ℓ_Q tokens, and the qualifier's own tokens count toward ℓ_Q.
+* τ = 0 accepts **no** drafted token by divergence (not "Div ≤ 0", which a near-tie rounding to 0 would
+  pass with a token the target would not pick): the verifier then makes every token itself.
+* "Agreement (T=0)" is the share of the target's greedy tokens (the AR lane at temperature 0) that a method
+  reproduces at the same positions, the same figure the benchmark reports; blank when sampling.
 * Options beyond the papers: **fuzzy fallback = sd** also accepts tokens the exact SD rule accepts;
   **stage-2 rule = sd** makes PSD_A lossless (a three-model cascade); **stop proposing below
   confidence** lets the draft stop early when it is unsure (and ends a PSD block after an unsure

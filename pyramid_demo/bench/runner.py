@@ -25,6 +25,7 @@ from ..core.config import METHODS, DecodeConfig
 from ..core.lm import ModelTriplet
 from ..core.methods import lossless, method_spec
 from ..core.run import generate, prepare_prompt
+from ..core.stats import agreement as token_agreement, prefix_agreement  # one definition, shared with the app
 from . import csqa, peers, report
 from .prompts import Prompt, load_prompts
 
@@ -138,21 +139,6 @@ def build_variants(args: argparse.Namespace) -> list[Variant]:
 
 
 # ---------------------------------------------------------------- measuring
-def token_agreement(out: list[int], ref: list[int]) -> float | None:
-    """Position-wise match with the reference over the reference's length."""
-    if not ref:
-        return None
-    return sum(1 for a, b in zip(out, ref) if a == b) / len(ref)
-
-
-def prefix_agreement(out: list[int], ref: list[int]) -> float | None:
-    """Share of the reference reproduced before the first differing token."""
-    if not ref:
-        return None
-    n = next((i for i, (a, b) in enumerate(zip(out, ref)) if a != b), min(len(out), len(ref)))
-    return n / len(ref)
-
-
 def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 

@@ -5,10 +5,11 @@ papers: p is the verifier's distribution, q the proposer's, x̃ the proposed tok
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
-EPS = 1e-12
-LOG_EPS = -27.6  # log(EPS)
+LN2 = math.log(2.0)
 
 
 def warp(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
@@ -34,21 +35,26 @@ def divergence(p: torch.Tensor, q: torch.Tensor, kind: str = "js",
 
     js is the FSD reference code's form ½KL(m‖p) + ½KL(m‖q) with m = (p+q)/2 (CHOICE: it is
     not the textbook JSD); kl is KL(q‖p); tv is ½Σ|p−q|. Pass log_p/log_q (log_softmax of the
-    logits) when you have them: it saves two logs. Never NaN, never negative.
+    logits) when you have them: they are used as they are (no floor: a verifier probability of
+    1e-20 counts as 1e-20), which is exact even where p or q underflows to 0. Only −inf is
+    guarded: a 0·log 0 term counts 0, so the result is never NaN; it is +inf where the verifier
+    rules out (probability exactly 0) a token the proposer can produce. Never negative.
+    Differentiable (the distillation loss uses it).
     """
     if kind == "tv":
-        d = 0.5 * (p - q).abs().sum(-1)
-    elif kind in ("kl", "js"):
-        log_p = p.clamp_min(EPS).log() if log_p is None else log_p.clamp_min(LOG_EPS)
-        log_q = q.clamp_min(EPS).log() if log_q is None else log_q.clamp_min(LOG_EPS)
-        if kind == "kl":
-            d = (q * (log_q - log_p)).sum(-1)
-        else:
-            m = 0.5 * (p + q)
-            d = (m * (m.clamp_min(EPS).log() - 0.5 * (log_p + log_q))).sum(-1)
-    else:
+        return (0.5 * (p - q).abs().sum(-1)).clamp_min(0)
+    if kind not in ("kl", "js"):
         raise ValueError(f"unknown divergence {kind!r}; choose js, kl or tv")
-    return d.clamp_min(0)
+    log_p = p.log() if log_p is None else log_p
+    log_q = q.log() if log_q is None else log_q
+    if kind == "kl":
+        terms = q * (log_q - log_p)
+        zero = torch.isneginf(log_q)  # q = 0: the term is 0 whatever p is
+    else:
+        log_m = torch.logaddexp(log_p, log_q) - LN2  # log((p+q)/2), exact in the log domain
+        terms = log_m.exp() * (log_m - 0.5 * (log_p + log_q))
+        zero = torch.isneginf(log_m)  # p = q = 0
+    return torch.where(zero, torch.zeros_like(terms), terms).sum(-1).clamp_min(0)
 
 
 def confidence(z: torch.Tensor) -> torch.Tensor:
@@ -84,8 +90,13 @@ def sd_passes(p: torch.Tensor, q: torch.Tensor, x: list[int], r: torch.Tensor | 
 
 
 def fuzzy_passes(d: torch.Tensor, tau: float) -> list[bool]:
-    """FSD test: Div(P_T,i, P_D,i) ≤ τ, whatever the token."""
-    return [float(v) <= tau for v in d]
+    """FSD test: Div(P_T,i, P_D,i) ≤ τ, whatever the token.
+
+    CHOICE: τ = 0 accepts nothing, so the verifier produces every token itself (target-only
+    decoding). "Div ≤ 0" would otherwise accept a near-tie whose divergence rounds to 0 although
+    the token is not the verifier's own choice.
+    """
+    return [tau > 0 and float(v) <= tau for v in d]
 
 
 def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:

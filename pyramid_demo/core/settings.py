@@ -40,10 +40,12 @@ SETTINGS = (
             info="CHOICE: the block is cut to exactly ℓ_Q tokens; the qualifier's own tokens count toward it.",
             cli="PSD block length per target round ℓ_Q", tunable=True),
     Setting("tau_q", "τ_Q: PSD_F draft→qualifier threshold", "slider", (0.0, 1.0, 0.01),
-            info="Accept a drafted token when Div(qualifier, draft) ≤ τ_Q. Unused by PSD_A (exact rule).",
+            info="Accept a drafted token when Div(qualifier, draft) ≤ τ_Q. Unused by PSD_A (exact rule). "
+                 "0 accepts none: the qualifier makes every block token itself.",
             cli="PSD_F stage-1 threshold τ_Q", tunable=True),
     Setting("tau_t", "τ_T: FSD / PSD qualifier→target threshold", "slider", (0.0, 1.0, 0.01),
-            info="Accept a token when Div(target, proposer) ≤ τ_T. Larger: faster but further from the target.",
+            info="Accept a token when Div(target, proposer) ≤ τ_T. Larger: faster but further from the target. "
+                 "0 accepts none: the target makes every token itself (target-only output).",
             cli="FSD threshold / PSD stage-2 threshold τ_T", tunable=True),
     Setting("conf_stop", "Stop proposing below confidence", "slider", (0.0, 0.95, 0.05),
             info="Beyond the papers (HF assisted generation uses 0.4): the draft stops after a token whose top "

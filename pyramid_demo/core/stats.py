@@ -26,6 +26,23 @@ def per_position(rounds: list[StageRound]) -> list[float]:
     return out
 
 
+def agreement(out: list[int], ref: list[int]) -> float | None:
+    """Agreement with target greedy output: the share of the reference `ref` (target-only greedy
+    tokens) that `out` reproduces at the same positions. The one definition the app and the bench
+    both report (None without a reference)."""
+    if not ref:
+        return None
+    return sum(1 for a, b in zip(out, ref) if a == b) / len(ref)
+
+
+def prefix_agreement(out: list[int], ref: list[int]) -> float | None:
+    """Share of the reference reproduced before the first differing token."""
+    if not ref:
+        return None
+    n = next((i for i, (a, b) in enumerate(zip(out, ref)) if a != b), min(len(out), len(ref)))
+    return n / len(ref)
+
+
 def compute_stats(method: str, steps: list[Step], prefill_s: float, stopped: str) -> Stats:
     n_new = sum(len(s.new_tokens) for s in steps)
     decode_s = steps[-1].t_end if steps else 0.0

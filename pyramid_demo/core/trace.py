@@ -3,9 +3,11 @@
 Token status vocabulary:
   accepted   drafted token the verifier kept
   rejected   the first drafted token the verifier refused
-  discarded  drafted tokens after the first rejection (scored, never used)
+  discarded  drafted tokens after the first rejection (scored, never used); after an EOS inside an
+             accepted run the round is cut after the EOS and its own token is marked discarded
   resampled  the verifier's own token at the first rejection
-  bonus      the verifier's own token after the whole proposal was accepted
+  bonus      the verifier's own token after the whole proposal was accepted (also after an empty
+             proposal: the last token of the budget is a target pass that proposes nothing)
 Token origin (what the app colours): draft | qualifier | target | bonus.
 """
 from __future__ import annotations
@@ -69,8 +71,9 @@ class Stats:
     accepted: dict[str, int]
     mean_accepted_per_target_pass: float  # drafted tokens the target accepted (bonus NOT counted)
     tokens_per_target_pass: float  # committed tokens per target pass (target's own token counted)
-    accepted_hist: list[int]  # count of target passes that accepted k drafted tokens, k = 0..max
-    per_position_acceptance: dict[str, list[float]]  # stage -> P(accepted | position reached)
+    accepted_hist: list[int]  # count of target passes that accepted k drafted tokens, k = 0..max (every pass)
+    per_position_acceptance: dict[str, list[float]]  # stage -> P(accepted | position reached); a pass
+    # that proposed nothing (the budget's last token) is a round that reaches no position
     forward_passes: dict[str, int]
     forward_time_s: dict[str, float]  # decode forwards per model (prefill excluded)
     engine_overhead_s: float  # decode wall time outside model forwards

