@@ -227,6 +227,9 @@ def _race_steps(preset: str, ids: tuple[str, str, str], prompt: str, settings: d
         log.exception("loading %s failed", spec)
         yield _skip_outputs(_notify(MSG["load_failed"].format(err=e)), session)
         return
+    if session.get("stop"):  # Stop or Clear while the models loaded
+        yield _race_outputs(session, MSG["stopped_early"])
+        return
     race = {"n": session["next"], "preset": preset, "models": list(triplet.names), "prompt": prompt,
             "config": base.to_dict(), "results": {}, "vocab": {}, "running": None, "stopped": False,
             "note": " ".join(x for x in (getattr(triplet, "note", ""), session.pop("budget_note", "")) if x)}
@@ -253,7 +256,8 @@ def _race_steps(preset: str, ids: tuple[str, str, str], prompt: str, settings: d
             return
         if session.get("stop"):
             race["running"], race["stopped"] = None, True
-            yield _race_outputs(session, MSG["stopped"].format(n=race["n"]))
+            kept = any(r is race for r in session["races"])  # not after Clear
+            yield _race_outputs(session, MSG["stopped"].format(n=race["n"]) if kept else MSG["cleared"])
             return
     race["running"] = None
     hosting.record(preset, race["results"])  # the next race's ZeroGPU budget uses this family's speed
@@ -273,7 +277,14 @@ def stop_race(session: dict | None) -> tuple:
 
 
 def clear_results(session: dict | None) -> tuple:
-    """Forget this user's races (other users are untouched: each has their own state)."""
+    """Forget this user's races (other users are untouched: each has their own state).
+
+    During a race Clear also stops it, and empties the session in place: the running race holds the
+    same dict, so its later updates cannot bring the cleared results back."""
+    if session is not None and session.get("busy"):
+        session["stop"] = True
+        session.update(new_session())
+        return _race_outputs(session, MSG["cleared"])
     return _race_outputs(new_session(), MSG["cleared"])
 
 

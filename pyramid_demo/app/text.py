@@ -61,6 +61,7 @@ MSG = {
     "stopped": "⏹ Race {n} stopped. Partial results are kept; press " + BUTTONS["run"] + " to start again.",
     "winner": "  \n🏆 Fastest: **{label}** at {figures}.",
     "stopping": "⏹ Stopping after the current target pass…",
+    "stopped_early": "⏹ Stopped before the race began.",
     "custom_missing": "Custom models need all three ids (draft, qualifier, target) from one family.",
     "bad_settings": "Settings problem: {err}",
     "bad_prompt": "Prompt problem: {err}",
