@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import socket
 import sys
 import time
@@ -132,8 +133,9 @@ def _next_run_correct(client) -> bool:
     return "finished" in status and _exported(client) == _solo("the quick brown fox")
 
 
-def _row(sent: str, seen: str, ok: bool, **extra) -> None:
-    ROWS.append(dict(sent=sent, seen=" ".join(seen.split("  \n")[0].replace("⚠️", "").split())[:170], next_ok=ok, **extra))
+def _row(sent: str, seen: str, ok: bool) -> None:
+    seen = re.sub(r"'[^']*/(fam_\w+?)\d*'", r"'…/\1'", seen.split("  \n")[0].replace("⚠️", ""))  # tmp paths
+    ROWS.append(dict(sent=sent, seen=" ".join(seen.split())[:200], next_ok=ok))
 
 
 def _write_table(path: Path) -> None:
@@ -206,9 +208,14 @@ def mismatched(tmp_path_factory) -> tuple[str, str]:
     from pyramid_demo.models.tiny import tiny_random_triplet, tiny_tokenizer
 
     tiny = tiny_random_triplet(seed=0)
-    a, b = tmp_path_factory.mktemp("fam_a"), tmp_path_factory.mktemp("fam_b")
+    a, b, c = (tmp_path_factory.mktemp(n) for n in ("fam_a", "fam_b", "fam_nan"))
     tiny.target.save_pretrained(a)
     tiny_tokenizer().save_pretrained(a)
+    broken = tiny_random_triplet(seed=0).draft  # a fresh copy: the cached triplet stays intact
+    with torch.no_grad():
+        broken.lm_head.weight[:, :4] = float("nan")
+    broken.save_pretrained(c)
+    tiny_tokenizer().save_pretrained(c)
     tiny.draft.save_pretrained(b)
     tok = tiny_tokenizer()
     vocab = tok.get_vocab()
@@ -219,17 +226,29 @@ def mismatched(tmp_path_factory) -> tuple[str, str]:
     inner.model = models.WordLevel(vocab=permuted, unk_token="<unk>")
     PreTrainedTokenizerFast(tokenizer_object=inner, bos_token="<s>", eos_token="</s>",
                             unk_token="<unk>").save_pretrained(b)
-    return str(a), str(b)
+    return str(a), str(b), str(c)
 
 
 def test_custom_family_with_different_tokenizers(server, mismatched):
     """A custom family whose tokenizers disagree on ids is refused before any race, naming the models."""
-    a, b = mismatched
+    a, b, _ = mismatched
     client = _client(server[0])
     status = _race(client, preset="custom", ids=(b, a, a))
     assert "Could not load the models" in status and "tokenizer" in status.lower()
     ok = _next_run_correct(client)
     _row("custom family: draft's tokenizer maps the same words to other ids", status, ok)
+    assert ok
+
+
+def test_custom_family_with_a_broken_model(server, mismatched):
+    """A custom draft that returns NaN logits stops the race with an error naming the model's role and
+    the target pass (no silent token at T=0); the app keeps serving and the next race is correct."""
+    a, _, nan = mismatched
+    client = _client(server[0])
+    status = _race(client, preset="custom", ids=(nan, a, a))
+    assert "The run failed" in status and "draft model returned NaN or infinite logits at target pass 1" in status
+    ok = _next_run_correct(client)
+    _row("custom family: a draft whose weights hold NaN (T=0)", status, ok)
     assert ok
 
 
