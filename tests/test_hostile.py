@@ -80,20 +80,20 @@ def _race(client, *a, **kw) -> str:
     """Run a race through the API; the final status line the user sees (or, for a value a component
     refuses before any handler runs, Gradio's own error message)."""
     try:
-        return client.predict(*_args(*a, **kw), api_name="/run_race")[0]
+        return client.predict(*_args(*a, **kw), api_name="/race_event")[0]
     except gradio_client.exceptions.AppError as e:
         return f"Gradio refuses the value: {e}"
 
 
 def _raw_race(url: str, client, *a, **kw) -> str:
     """The same API call over plain HTTP, for values a strict JSON client cannot send (NaN), in the
-    client's session: POST /gradio_api/call/run_race, then read the event stream to its end."""
+    client's session: POST /gradio_api/call/race_event, then read the event stream to its end."""
     import urllib.request
 
     body = json.dumps({"data": _args(*a, **kw), "session_hash": client.session_hash}).encode()  # NaN as NaN
-    req = urllib.request.Request(url + "gradio_api/call/run_race", body, {"Content-Type": "application/json"})
+    req = urllib.request.Request(url + "gradio_api/call/race_event", body, {"Content-Type": "application/json"})
     event = json.loads(urllib.request.urlopen(req).read())["event_id"]
-    stream = urllib.request.urlopen(url + f"gradio_api/call/run_race/{event}").read().decode()
+    stream = urllib.request.urlopen(url + f"gradio_api/call/race_event/{event}").read().decode()
     kind, data = None, None
     for line in stream.splitlines():
         if line.startswith("event:"):
@@ -291,7 +291,7 @@ def test_stop_mid_race(server):
     """Stop during a race ends it after the current target pass with partial results kept, and the
     next race in the session is correct."""
     client = _client(server[0])
-    job = client.submit(*_args("tell me a story", **LONG), api_name="/run_race")
+    job = client.submit(*_args("tell me a story", **LONG), api_name="/race_event")
     _wait_running(job)
     stopping = client.predict(api_name="/stop_race")[0]
     final = job.result()[0]
@@ -309,7 +309,7 @@ def test_clear_during_a_race(server):
     updates do not bring them back, and the next race is correct."""
     client = _client(server[0])
     assert "finished" in _race(client)  # one finished race to clear as well
-    job = client.submit(*_args("tell me a story", **LONG), api_name="/run_race")
+    job = client.submit(*_args("tell me a story", **LONG), api_name="/race_event")
     _wait_running(job)
     cleared = client.predict(api_name="/clear_results")
     final = job.result()
@@ -332,7 +332,7 @@ def test_concurrent_sessions_get_their_own_tokens(server):
     run with its seed (no cross-talk), all 10 requests finish, the queue drains, the app stays up."""
     url, demo = server
     clients = [_client(url) for _ in range(N_SESSIONS)]
-    jobs = [c.submit(*_args("hello", temperature=1.0, seed=i), api_name="/run_race") for i, c in enumerate(clients)]
+    jobs = [c.submit(*_args("hello", temperature=1.0, seed=i), api_name="/race_event") for i, c in enumerate(clients)]
     statuses = [j.result()[0] for j in jobs]
     finished = sum("finished" in s for s in statuses)
     same = sum(_exported(c) == _solo("hello", temperature=1.0, seed=i) for i, c in enumerate(clients))
