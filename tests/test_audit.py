@@ -147,6 +147,17 @@ def test_tau_zero_accepts_no_drafted_token(temperature):
         assert nxt == 0
 
 
+def test_whatif_tau_zero_accepts_none():
+    """The inspector's what-if re-check follows the engine's rule: at τ 0 even a recorded Div of 0
+    is not accepted; any τ > 0 accepts it."""
+    from pyramid_demo.app import inspector
+    from pyramid_demo.core.trace import StageRound, TokenRec
+
+    toks = [TokenRec(1, "draft", "accepted", div=0.0, tau=0.3), TokenRec(0, "target", "bonus")]
+    rnd = StageRound("target", "draft", "target", "fuzzy", toks, 1)
+    assert inspector.reevaluate(rnd, 0.0) == 0 and inspector.reevaluate(rnd, 0.01) == 1
+
+
 def test_fuzzy_at_tau_zero_is_target_greedy():
     """FSD and PSD_F at τ 0 (T=0) give target-only greedy output on tiny-random, no draft accepted."""
     tiny = tiny_random_triplet(seed=0)

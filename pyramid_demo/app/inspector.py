@@ -21,7 +21,7 @@ def reevaluate(rnd: StageRound, tau: float | None) -> int:
         return rnd.n_accepted
     passes = []
     for t in rnd.tokens[:-1]:
-        ok = t.div is not None and t.div <= tau
+        ok = t.div is not None and tau > 0 and t.div <= tau  # τ 0 accepts none (rules.fuzzy_passes)
         if rnd.rule == "fuzzy+sd" and t.status == "accepted" and t.tau is not None and (t.div or 0) > t.tau:
             ok = True
         passes.append(ok)
