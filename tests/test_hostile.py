@@ -135,7 +135,11 @@ def _next_run_correct(client) -> bool:
 
 def _row(sent: str, seen: str, ok: bool) -> None:
     seen = re.sub(r"'[^']*/(fam_\w+?)\d*'", r"'…/\1'", seen.split("  \n")[0].replace("⚠️", ""))  # tmp paths
-    ROWS.append(dict(sent=sent, seen=" ".join(seen.split())[:200], next_ok=ok))
+    seen = " ".join(seen.split())
+    if len(seen) > 200:  # whole words, no dangling code span
+        seen = seen[:200].rsplit(" ", 1)[0].rstrip(",;:") + " …"
+        seen = seen if seen.count("`") % 2 == 0 else seen.replace("`", "")
+    ROWS.append(dict(sent=sent, seen=seen, next_ok=ok))
 
 
 def _write_table(path: Path) -> None:
