@@ -39,6 +39,7 @@ class ModelTriplet:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     dtype: torch.dtype = torch.float32
     preset: str = "custom"
+    attention: str = "sdpa"  # "rowwise": passes compute each position as a one-token step (core.attention)
     note: str = ""  # shown to users, e.g. "draft and qualifier are the target itself"
 
     def model(self, role: str) -> torch.nn.Module:

@@ -27,6 +27,7 @@ from .errors import LoadError
 from .finish import finish
 from .memory import DEFAULT_MAX_LEN, Estimate, check_fits, estimate_family
 from .placement import Placement, make_placement, pretrained_kwargs
+from ..core.attention import use_rowwise
 from ..core.lm import ModelTriplet
 from .presets import BUNDLED_TARGET, PRESETS, Preset
 
@@ -119,10 +120,19 @@ def load_triplet(spec: str, device: str | None = None, dtype: str | None = None,
         t0 = time.perf_counter()
         triplet = _load(preset, refs, dev, dt, place)
         triplet.device, triplet.dtype = dev, dt
+        if dev.type == "cpu" and dt in (torch.bfloat16, torch.float16):
+            triplet.attention = exact_passes(triplet)
         log.info("loaded %s on %s/%s in %.1f s", norm, dev, dt, time.perf_counter() - t0)
         with _LOCK:
             _CACHE[key] = triplet
         return triplet
+
+
+def exact_passes(triplet: ModelTriplet) -> str:
+    """Row-wise attention for every model (see `core.attention`): in 16-bit on a CPU it makes a
+    verification pass compute each position as a one-token step does, so SD at T=0 stays AR's text."""
+    models = {id(m): m for m in (triplet.draft, triplet.qualifier, triplet.target)}.values()
+    return "rowwise" if all([use_rowwise(m) for m in models]) else "sdpa"
 
 
 def estimate(spec: str, dtype: torch.dtype = torch.float32, max_len: int | None = None,
