@@ -36,7 +36,11 @@ def add_decoding_arguments(p: argparse.ArgumentParser) -> None:
             kw["help"] = text
         p.add_argument("--" + s.name.replace("_", "-"), default=default, **kw)
     p.add_argument("--device", default=None, help="cpu, cuda or mps (default: best available)")
-    p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: per device)")
+    p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: on a CPU the fastest "
+                   "in a cached probe of a few seconds, see --backend; bf16 on CUDA (fp16 without bf16), fp16 on MPS)")
+    p.add_argument("--backend", choices=("auto", "onednn", "no-onednn", "default"), default=None,
+                   help="CPU matmul backend for every forward: oneDNN on or off, or torch's default "
+                        "(default auto: the probe's choice)")
     from .hardware_cli import add_arguments as add_hardware_arguments
 
     add_hardware_arguments(p)  # --device-map, --quantize, --estimate-only
@@ -84,5 +88,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if triplet.note and not args.json:
         print(f"note: {triplet.note}", file=sys.stderr)
+    if triplet.choice_note:
+        print(f"note: dtype and backend: {triplet.choice_note}", file=sys.stderr)
     print(result.to_json() if args.json else summary(result))
     return 0

@@ -6,6 +6,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))  # the tests' own helpers (mock_lm)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network
+os.environ.setdefault("PYRAMID_DEMO_PROBE", "0")  # fp32 on CPU unless a test probes (tests/test_costs.py)
 
 
 @pytest.fixture

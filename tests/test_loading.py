@@ -94,7 +94,9 @@ def test_warm_load_is_fast(offline_cache):
 
 def test_second_call_returns_cached_object(offline_triplet):
     t0 = time.perf_counter()
-    assert load_triplet(" smollm2-offline ", device="cpu", dtype="fp32") is offline_triplet
+    assert load_triplet(" smollm2-offline ", device="cpu") is offline_triplet
+    flagged = load_triplet(" smollm2-offline ", device="cpu", dtype="fp32")  # the same weights, said by a flag
+    assert flagged.target is offline_triplet.target and "command line" in flagged.choice_note
     assert time.perf_counter() - t0 < 0.1
 
 

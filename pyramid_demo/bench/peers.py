@@ -16,7 +16,7 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from ..core.config import DecodeConfig
-from ..core.lm import CachedLM, ModelTriplet
+from ..core.lm import CachedLM, ModelTriplet, backend_flags
 
 PEERS = ("hf_generate", "hf_assisted")
 PEER_ROLES = {"hf_generate": ("target",), "hf_assisted": ("draft", "target")}  # the models each runs
@@ -71,7 +71,8 @@ def hf_generate(triplet: ModelTriplet, prompt_ids: list[int], cfg: DecodeConfig,
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             t0 = time.perf_counter()
-            out = target.generate(x, attention_mask=torch.ones_like(x), **kw)
+            with backend_flags(triplet.backend):  # the same dtype and backend as the engine's runs
+                out = target.generate(x, attention_mask=torch.ones_like(x), **kw)
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
             wall = time.perf_counter() - t0
@@ -93,7 +94,8 @@ def target_logprob(triplet: ModelTriplet, prompt_ids: list[int], out_ids: list[i
     target = triplet.target
     dev = next(target.parameters()).device
     x = torch.tensor([prompt_ids + out_ids], dtype=torch.long, device=dev)
-    z = target(input_ids=x, use_cache=False, logits_to_keep=len(out_ids) + 1).logits[0]
+    with backend_flags(triplet.backend):
+        z = target(input_ids=x, use_cache=False, logits_to_keep=len(out_ids) + 1).logits[0]
     z = z[:-1, : triplet.vocab_size].float()  # position j predicts out_ids[j]
     lp = torch.log_softmax(z, -1).gather(-1, torch.tensor(out_ids, device=dev)[:, None])
     return float(lp.mean())
@@ -102,7 +104,7 @@ def target_logprob(triplet: ModelTriplet, prompt_ids: list[int], out_ids: list[i
 def one_token_speed(triplet: ModelTriplet, role: str, prompt_ids: list[int], n: int = 8) -> float:
     """Single-model speed V_X in tokens/s: the median time of `n` cached one-token greedy
     forwards after the prompt (what the paper's throughput model assumes)."""
-    lm = CachedLM(triplet.model(role), triplet.vocab_size, role)
+    lm = CachedLM(triplet.model(role), triplet.vocab_size, role, triplet.backend)
     seq = list(prompt_ids)
     if len(seq) > 1:
         lm.logits(seq[:-1], 1)

@@ -5,6 +5,7 @@ Weights are shared between runs and users; the cache is not: every run builds fr
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import time
 from dataclasses import dataclass, field
@@ -41,6 +42,8 @@ class ModelTriplet:
     preset: str = "custom"
     attention: str = "sdpa"  # "rowwise": passes compute each position as a one-token step (core.attention)
     note: str = ""  # shown to users, e.g. "draft and qualifier are the target itself"
+    backend: str = "default"  # CPU matmul backend for every forward: default | onednn | no-onednn
+    choice_note: str = ""  # how dtype and backend were chosen (probe / cached / flag), shown to users
 
     def model(self, role: str) -> torch.nn.Module:
         return {"draft": self.draft, "qualifier": self.qualifier, "target": self.target}[role]
@@ -54,6 +57,26 @@ def common_prefix_len(a: list[int], b: list[int]) -> int:
     return n
 
 
+BACKENDS = ("default", "onednn", "no-onednn")
+
+
+@contextlib.contextmanager
+def _onednn(enabled: bool):
+    set_flags = torch.backends.mkldnn.set_flags  # only the enabled flag (mkldnn.flags() also sets TF32)
+    old = set_flags(_enabled=enabled, _fp32_precision=None)[0]
+    try:
+        yield
+    finally:
+        set_flags(_enabled=old, _fp32_precision=None)
+
+
+def backend_flags(backend: str = "default") -> contextlib.AbstractContextManager:
+    """The CPU backend for the forwards run inside: oneDNN on or off ("default": leave torch's setting)."""
+    if backend not in ("onednn", "no-onednn"):
+        return contextlib.nullcontext()
+    return _onednn(backend == "onednn")
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -64,8 +87,8 @@ def _sync(device: torch.device) -> None:
 class CachedLM:
     """One model's per-run decoding state over a Hugging Face causal LM."""
 
-    def __init__(self, model: torch.nn.Module, vocab_size: int, role: str):
-        self.model, self.vocab_size, self.role = model, vocab_size, role
+    def __init__(self, model: torch.nn.Module, vocab_size: int, role: str, backend: str = "default"):
+        self.model, self.vocab_size, self.role, self.backend = model, vocab_size, role, backend
         # inputs go to the token embedding's device (a model spread over devices by accelerate
         # moves activations itself; logits come back to the CPU in `logits`)
         emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
@@ -87,7 +110,8 @@ class CachedLM:
             raise ValueError(f"{self.role}: asked for {keep} logits but only {len(new)} new tokens")
         t0 = time.perf_counter()
         x = torch.tensor([new], dtype=torch.long, device=self.device)  # [1, n]
-        out = self.model(input_ids=x, use_cache=True, logits_to_keep=keep, **{self.cache_kw: self.cache})
+        with backend_flags(self.backend):
+            out = self.model(input_ids=x, use_cache=True, logits_to_keep=keep, **{self.cache_kw: self.cache})
         z = out.logits[0, -keep:, : self.vocab_size].float().cpu()  # [keep, V]
         _sync(self.device)
         self.time_s += time.perf_counter() - t0

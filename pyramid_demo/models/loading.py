@@ -42,6 +42,7 @@ PROBE_TIMEOUT_S = 3.0
 
 _LOCK = threading.Lock()
 _CACHE: dict[tuple[str, ...], ModelTriplet] = {}
+_VIEWS: dict[tuple, ModelTriplet] = {}  # (loaded triplet, backend, choice note) -> the triplet handed out
 _KEY_LOCKS: dict[tuple[str, ...], threading.Lock] = {}
 _PROBE: dict[str, tuple[float, bool]] = {}  # host:port -> (time, reachable)
 
@@ -93,17 +94,44 @@ def pick_dtype(device: torch.device, dtype: str | torch.dtype | None = None) -> 
 # ---------------------------------------------------------------- public entry point
 def load_triplet(spec: str, device: str | None = None, dtype: str | None = None, *,
                  device_map: str | None = None, quantize: str | None = None,
-                 max_len: int | None = None) -> ModelTriplet:
+                 max_len: int | None = None, backend: str | None = None) -> ModelTriplet:
     """Load (once per process) the family named by `spec` on `device` in `dtype`.
 
-    `device_map="auto"` lets accelerate spread each model over the GPUs and CPU RAM; `quantize`
-    ("8bit"/"4bit") needs bitsandbytes (see `placement`). Before loading, the memory estimate
-    for `max_len` tokens is checked against what is free (see `memory`).
-    A second call with the same arguments returns the same object without loading."""
+    `dtype` None/"auto": on a CPU, the dtype and backend a cached probe found fastest (see `probe`);
+    `backend` ("onednn"/"no-onednn"/"default") overrides the probe's. `device_map="auto"` lets accelerate
+    spread each model over the GPUs and CPU RAM; `quantize` ("8bit"/"4bit") needs bitsandbytes (see
+    `placement`). Before loading, the memory estimate for `max_len` tokens is checked against what is
+    free (see `memory`). A second call with the same arguments returns the same object without loading."""
+    from . import probe
+
     dev = pick_device(device)
-    dt = pick_dtype(dev, dtype)
+    auto = dtype in (None, "", "auto")
     preset, refs = parse_spec(spec)
     place = make_placement(device_map, quantize, dev)
+    norm = preset.name if preset else ",".join(refs)
+
+    def fp32() -> tuple[torch.nn.Module, int]:
+        t = _load_base(spec, dev, torch.float32, place, max_len)
+        return t.target, t.vocab_size
+
+    try:
+        choice = probe.choose(norm, dev, None if auto else pick_dtype(dev, dtype), backend, fp32,
+                              placed=bool(place.device_map or place.quantize))
+    except ValueError as e:
+        raise LoadError(str(e)) from e
+    if choice.how == "probe" and choice.dtype != "float32":  # the probe's fp32 copy is not needed
+        with _LOCK:
+            _CACHE.pop((norm, str(dev), "float32", place.key), None)
+    base = _load_base(spec, dev, pick_dtype(dev, choice.dtype), place, max_len)
+    vkey = (id(base), choice.backend, choice.note)
+    with _LOCK:
+        if vkey not in _VIEWS:  # the same weights, with the backend and how it was chosen
+            _VIEWS[vkey] = replace(base, backend=choice.backend, choice_note=choice.note)
+        return _VIEWS[vkey]
+
+
+def _load_base(spec: str, dev: torch.device, dt: torch.dtype, place: Placement, max_len: int | None) -> ModelTriplet:
+    preset, refs = parse_spec(spec)
     if preset is not None and not preset.hub and place.quantize:
         raise LoadError(f"--quantize is for Hub and custom families; {preset.name} is small enough as it is.")
     norm = preset.name if preset else ",".join(refs)
@@ -152,6 +180,7 @@ def clear_cache() -> None:
     """Forget every loaded triplet (their memory is freed once no run holds them)."""
     with _LOCK:
         _CACHE.clear()
+        _VIEWS.clear()
 
 
 def parse_spec(spec: str) -> tuple[Preset | None, tuple[str, str, str]]:

@@ -1,0 +1,211 @@
+"""A measured cost profile: what one cached forward of k new tokens costs each model, and what
+that predicts for every method on this machine.
+
+A profile is a plain dict, JSON as is: {"ms": {role: {k: ms}}, ...}: the time of one cached forward
+of k new tokens (k = 1 … longest proposal + 1) over a ~100-token context, the minimum of a few reps.
+From it and a run's trace (`predict_run`) the method's time is the sum of profile[model][k] over the
+forwards the run actually made; `break_even` is the per-token acceptance α at which SD or PSD
+would be exactly as fast as AR. This sits beside `throughput` (the paper's formulas from one-token
+speeds); everything here but `time_forward` is pure math over records.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from .methods import method_spec
+from .trace import Step
+
+MAX_K = 9  # longest forward profiled: a proposal of 8 plus the verifier's own token
+CONTEXT = 100  # tokens already in the cache when a forward is timed
+
+
+# ---------------------------------------------------------------- the profile
+def cost_ms(profile: dict, role: str, k: int) -> float:
+    """profile[role][k] in ms; beyond the profiled k, extrapolated along the last two points."""
+    row = {int(a): float(b) for a, b in profile["ms"][role].items()}
+    if k in row:
+        return row[k]
+    ks = sorted(row)
+    if k < ks[0]:
+        return row[ks[0]]
+    if len(ks) < 2:
+        return row[ks[-1]]
+    a, b = ks[-2], ks[-1]
+    return max(row[b], row[b] + (row[b] - row[a]) / (b - a) * (k - b))
+
+
+def step_forwards(step: Step) -> dict[str, list[int]]:
+    """The new-token counts of the forwards one Step made, per role, read from its records.
+
+    Target: one pass of (proposal + 1) tokens (1 for AR). Qualifier: one pass of (proposal + 1)
+    per stage-1 round. Draft: its one-token forwards (the first of a round may feed one extra
+    committed token; counted as one). Counts come from `step.n_forward` where recorded."""
+    out: dict[str, list[int]] = {}
+    t = step.target_round
+    out["target"] = [len(t.tokens) if t is not None else 1] * max(1, step.n_forward.get("target", 1))
+    if step.qualifier_rounds or step.n_forward.get("qualifier"):
+        q = [len(r.tokens) for r in step.qualifier_rounds]
+        n = step.n_forward.get("qualifier", len(q))
+        out["qualifier"] = (q + [q[-1] if q else 1] * n)[:n] if n else []
+    if step.n_forward.get("draft"):
+        out["draft"] = [1] * step.n_forward["draft"]
+    return {r: ks for r, ks in out.items() if ks}
+
+
+def predict_run(steps: list[Step], profile: dict) -> dict[str, Any]:
+    """Predicted forward seconds per role and tokens/s for a recorded run, from the profile."""
+    per_role: dict[str, float] = {}
+    for s in steps:
+        for role, ks in step_forwards(s).items():
+            if role in profile["ms"]:
+                per_role[role] = per_role.get(role, 0.0) + sum(cost_ms(profile, role, k) for k in ks) / 1000
+    n = sum(len(s.new_tokens) for s in steps)
+    total = sum(per_role.values())
+    return {"time_s": round(total, 6), "per_role_s": {k: round(v, 6) for k, v in per_role.items()},
+            "tokens_per_s": round(n / total, 3) if total > 0 else None}
+
+
+def measured_by_k(steps: list[Step]) -> dict[str, dict[int, list[float]]]:
+    """Per-forward times measured inside a run, in ms, by role and k, where a step pins them down:
+    the target's one pass per step, a qualifier's single round, a draft's one-token forwards."""
+    out: dict[str, dict[int, list[float]]] = {}
+    for s in steps:
+        for role, ks in step_forwards(s).items():
+            t = s.time_s.get(role)
+            if t is None or not ks or len(set(ks)) != 1:
+                continue
+            out.setdefault(role, {}).setdefault(ks[0], []).append(1000 * t / len(ks))
+    return out
+
+
+# ---------------------------------------------------------------- expected speed and break-even
+def expected_len(alpha: float, n: float) -> float:
+    """Tokens a round of n proposals commits when each is accepted with probability α until the first
+    rejection, the verifier's own token included: (1 − α^(n+1)) / (1 − α)."""
+    if alpha >= 1.0:
+        return n + 1.0
+    return (1 - alpha ** (n + 1)) / (1 - alpha)
+
+
+def ar_speed(profile: dict) -> float:
+    return 1000 / cost_ms(profile, "target", 1)
+
+
+def sd_speed(profile: dict, gamma: int, alpha: float) -> float:
+    """Expected tok/s of SD: E(α, γ) tokens per round of γ one-token drafts and one (γ+1)-token pass."""
+    round_ms = gamma * cost_ms(profile, "draft", 1) + cost_ms(profile, "target", gamma + 1)
+    return 1000 * expected_len(alpha, gamma) / round_ms
+
+
+def psd_speed(profile: dict, l_d: int, l_q: int, alpha_q: float, alpha_t: float) -> float:
+    """Expected tok/s of the pyramid: stage 1 yields E(α_Q, ℓ_D) qualified tokens per round of ℓ_D
+    drafts and one (ℓ_D+1)-token qualifier pass; a block of ℓ_Q such tokens costs ℓ_Q / E1 rounds,
+    then one (ℓ_Q+1)-token target pass commits E(α_T, ℓ_Q)."""
+    stage1_ms = l_d * cost_ms(profile, "draft", 1) + cost_ms(profile, "qualifier", l_d + 1)
+    block_ms = l_q / expected_len(alpha_q, l_d) * stage1_ms + cost_ms(profile, "target", l_q + 1)
+    return 1000 * expected_len(alpha_t, l_q) / block_ms
+
+
+def solve_alpha(speed: Callable[[float], float], goal: float) -> float | None:
+    """The α in [0, 1] where speed(α) = goal (speed rises with α); 0.0 if it beats goal even at α = 0,
+    None if it cannot reach goal even at α = 1."""
+    if speed(0.0) >= goal:
+        return 0.0
+    if speed(1.0) < goal:
+        return None
+    lo, hi = 0.0, 1.0
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if speed(mid) < goal else (lo, mid)
+    return round((lo + hi) / 2, 4)
+
+
+def per_token_alpha(rounds: list) -> float | None:
+    """Measured α for the leading-run model: accepted ÷ (accepted + rejections), from StageRounds."""
+    acc = sum(r.n_accepted for r in rounds)
+    rej = sum(1 for r in rounds if r.n_accepted < len(r.tokens) - 1)
+    return round(acc / (acc + rej), 4) if acc + rej else None
+
+
+def _mean_len(rounds: list, default: int) -> int:
+    n = [len(r.tokens) - 1 for r in rounds]
+    return max(1, round(sum(n) / len(n))) if n else default
+
+
+def method_model(method: str, steps: list[Step], config: dict, profile: dict) -> dict[str, Any]:
+    """For one recorded run: its lengths (measured means), measured α per stage, the expected tok/s at
+    that α on this profile, and the break-even α at which it equals AR's tok/s (None for AR)."""
+    spec = method_spec(method)
+    out: dict[str, Any] = {"ar_tokens_per_s": round(ar_speed(profile), 3)}
+    if spec.proposer is None:
+        return out
+    t_rounds = [s.target_round for s in steps if s.target_round is not None]
+    q_rounds = [r for s in steps for r in s.qualifier_rounds]
+    a_t = per_token_alpha(t_rounds)
+    out["alpha"] = a_t
+    try:
+        if not spec.pyramid:
+            g = _mean_len(t_rounds, config.get("gamma", 4))
+            f = lambda a: sd_speed(profile, g, a)  # noqa: E731
+            out["lengths"] = {"gamma": g}
+        else:
+            ld, lq = _mean_len(q_rounds, config.get("l_d", 4)), _mean_len(t_rounds, config.get("l_q", 8))
+            a_q = per_token_alpha(q_rounds)
+            out["alpha_qualifier"] = a_q
+            f = lambda a: psd_speed(profile, ld, lq, a_q if a_q is not None else 0.0, a)  # noqa: E731
+            out["lengths"] = {"l_d": ld, "l_q": lq}
+        out["break_even_alpha"] = solve_alpha(f, ar_speed(profile))
+        out["expected_tokens_per_s"] = round(f(a_t), 3) if a_t is not None else None
+        out["ceiling_tokens_per_s"] = round(f(1.0), 3)
+    except KeyError:  # a role the profile lacks
+        pass
+    return out
+
+
+def verdict(method: str, m: dict) -> str:
+    """One line: why the method wins or loses here."""
+    if "break_even_alpha" not in m:
+        return "the baseline: one target forward per token" if method == "ar" else "no profile for its models"
+    be, a = m["break_even_alpha"], m.get("alpha")
+    stage = "the target's acceptance α_T" if "alpha_qualifier" in m else "acceptance α"
+    if be is None:
+        return (f"cannot beat AR on this machine even if every token were accepted (at best "
+                f"{m['ceiling_tokens_per_s']:.1f} vs {m['ar_tokens_per_s']:.1f} tok/s): its forwards cost too much")
+    if a is None:
+        return f"pays once {stage} exceeds {be:.2f}"
+    if a >= be:
+        return f"wins: {stage} {a:.2f} is above the break-even {be:.2f}"
+    return f"loses: {stage} {a:.2f} is below the break-even {be:.2f}"
+
+
+# ---------------------------------------------------------------- measuring (the only torch code here)
+def time_forward(model: Any, vocab_size: int, k: int, backend: str = "default", reps: int = 3,
+                 context: int = CONTEXT) -> float:
+    """Seconds for one cached forward of k new tokens after `context` tokens, min of `reps` (after a
+    warm-up), under `backend`. Token ids are fixed, so every call times the same work."""
+    from .lm import CachedLM
+
+    lm = CachedLM(model, vocab_size, "probe", backend)
+    ids = [(7919 * i + 11) % max(2, vocab_size - 1) + 1 for i in range(context + k)]
+    lm.logits(ids[:context], 1)
+    best = float("inf")
+    for _ in range(reps + 1):
+        t0 = lm.time_s
+        lm.logits(ids, k)
+        best = min(best, lm.time_s - t0)
+        lm.rollback(ids[: context + 1])  # keeps `context` tokens
+    return best
+
+
+def measure_profile(models: dict[str, Any], vocab_size: int, backend: str = "default", max_k: int = MAX_K,
+                    reps: int = 3, timer: Callable[..., float] | None = None) -> dict[str, dict[int, float]]:
+    """{role: {k: ms}} for every distinct model (a role that shares another's model shares its row)."""
+    timer = timer or time_forward
+    seen: dict[int, dict[int, float]] = {}
+    out = {}
+    for role, model in models.items():
+        if id(model) not in seen:
+            seen[id(model)] = {k: round(1000 * timer(model, vocab_size, k, backend, reps), 4)
+                               for k in range(1, max_k + 1)}
+        out[role] = seen[id(model)]
+    return out

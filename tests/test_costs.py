@@ -1,0 +1,201 @@
+"""The cost profile (core/costs.py) and the dtype/backend probe (models/probe.py)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from mock_lm import BigramLM, bigram_table
+from pyramid_demo.core import costs
+from pyramid_demo.core.config import DecodeConfig
+from pyramid_demo.core.engine import decode
+from pyramid_demo.core.trace import StageRound, Step, TokenRec
+
+PROFILE = {"ms": {"draft": {str(k): 2.0 + 0.1 * k for k in range(1, 10)},
+                  "qualifier": {str(k): 6.0 + 0.5 * k for k in range(1, 10)},
+                  "target": {str(k): 20.0 + 2.0 * (k - 1) for k in range(1, 10)}}}
+
+
+def _round(stage: str, n: int, k: int) -> StageRound:
+    toks = [TokenRec(1, "draft", "accepted" if i < k else "rejected" if i == k else "discarded") for i in range(n)]
+    toks.append(TokenRec(2, "target", "bonus" if k == n else "resampled"))
+    return StageRound(stage, "draft", stage, "sd", toks, k)
+
+
+def _step(i: int, n: int, k: int, draft_fwd: int) -> Step:
+    return Step(i, [], _round("target", n, k), [1] * (k + 1), ["draft"] * k + ["target"], 0.0, 0.0,
+                {"draft": draft_fwd * 0.002, "target": 0.02}, {"draft": draft_fwd, "target": 1})
+
+
+def test_summing_the_profile_over_a_known_trace():
+    steps = [_step(0, 4, 4, 4), _step(1, 4, 1, 4), _step(2, 2, 0, 2)]
+    p = costs.predict_run(steps, PROFILE)
+    draft = 10 * costs.cost_ms(PROFILE, "draft", 1)
+    target = 2 * costs.cost_ms(PROFILE, "target", 5) + costs.cost_ms(PROFILE, "target", 3)
+    assert p["per_role_s"]["draft"] == pytest.approx(draft / 1000)
+    assert p["time_s"] == pytest.approx((draft + target) / 1000)
+    assert p["tokens_per_s"] == pytest.approx(8 / ((draft + target) / 1000), rel=1e-3)
+    ar = [Step(i, [], None, [1], ["target"], 0, 0, {"target": 0.02}, {"target": 1}) for i in range(5)]
+    assert costs.predict_run(ar, PROFILE)["tokens_per_s"] == pytest.approx(50.0)
+
+
+def test_extrapolation_beyond_the_profile():
+    prof = {"ms": {"target": {"1": 10.0, "2": 12.0}}}
+    assert costs.cost_ms(prof, "target", 4) == pytest.approx(16.0)
+    assert costs.cost_ms(prof, "target", 2) == 12.0
+
+
+def test_break_even_is_where_the_predicted_speeds_cross():
+    ar = costs.ar_speed(PROFILE)
+    be = costs.solve_alpha(lambda a: costs.sd_speed(PROFILE, 4, a), ar)
+    assert 0 < be < 1
+    assert costs.sd_speed(PROFILE, 4, be) == pytest.approx(ar, rel=1e-3)
+    assert costs.sd_speed(PROFILE, 4, be - 0.05) < ar < costs.sd_speed(PROFILE, 4, be + 0.05)
+    # by hand: E(α) = (4·2.1 + 28) / 20 = 1.82 tokens a round
+    assert costs.expected_len(be, 4) == pytest.approx((4 * 2.1 + 28) / 20, rel=1e-3)
+    psd = costs.solve_alpha(lambda a: costs.psd_speed(PROFILE, 2, 8, 0.8, a), ar)
+    assert costs.psd_speed(PROFILE, 2, 8, 0.8, psd) == pytest.approx(ar, rel=1e-3)
+    slow = {"ms": {"draft": {"1": 30.0}, "target": {"1": 20.0, "5": 60.0}}}  # cannot pay
+    assert costs.solve_alpha(lambda a: costs.sd_speed(slow, 4, a), costs.ar_speed(slow)) is None
+    free = {"ms": {"draft": {"1": 0.0}, "target": {"1": 20.0, "5": 19.0}}}  # pays at any α
+    assert costs.solve_alpha(lambda a: costs.sd_speed(free, 4, a), costs.ar_speed(free)) == 0.0
+
+
+def test_method_model_and_verdict_from_a_trace():
+    steps = [_step(0, 4, 4, 4), _step(1, 4, 1, 4), _step(2, 4, 0, 4)]
+    m = costs.method_model("sd", steps, {"gamma": 4}, PROFILE)
+    assert m["alpha"] == pytest.approx(5 / 7, abs=1e-4)  # 5 accepted, 2 rejections
+    assert m["lengths"] == {"gamma": 4} and 0 < m["break_even_alpha"] < 1
+    assert costs.verdict("sd", m).startswith("wins" if m["alpha"] >= m["break_even_alpha"] else "loses")
+    assert "break_even_alpha" not in costs.method_model("ar", steps, {}, PROFILE)
+    assert costs.per_token_alpha([]) is None
+
+
+def _counting(lm: BigramLM, log: list[int]) -> BigramLM:
+    real = lm.logits
+
+    def logits(seq, keep):
+        log.append(len(seq) - len(lm.ids))
+        return real(seq, keep)
+
+    lm.logits = logits
+    return lm
+
+
+@pytest.mark.parametrize("method", ["ar", "sd", "psd_a"])
+def test_step_forwards_match_what_the_engine_fed(method):
+    """The target's and qualifier's forwards read from the records are the ones the engine made."""
+    fed = {r: [] for r in ("draft", "qualifier", "target")}
+    lms = {r: _counting(BigramLM(bigram_table(12, s, 3.0), r), fed[r]) for s, r in enumerate(fed)}
+    prompt = [1, 2, 3]
+    for lm in lms.values():
+        lm.logits(prompt[:-1], 1)
+        fed[lm.role].clear()
+    cfg = DecodeConfig(method=method, max_new_tokens=24, gamma=3, l_d=2, l_q=4)
+    steps = list(decode(lms, prompt, cfg, (), None))
+    got = {r: [k for s in steps for k in costs.step_forwards(s).get(r, [])] for r in fed}
+    assert got["target"] == fed["target"]
+    assert got["qualifier"] == fed["qualifier"]
+    assert len(got["draft"]) == len(fed["draft"])
+
+
+def test_measured_by_k_reads_per_forward_times():
+    out = costs.measured_by_k([_step(0, 4, 4, 4), _step(1, 2, 0, 2)])
+    assert out["target"] == {5: [20.0], 3: [20.0]} and out["draft"][1] == [2.0] * 2
+
+
+# ---------------------------------------------------------------- the probe
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYRAMID_DEMO_CACHE", str(tmp_path))
+    monkeypatch.setenv("PYRAMID_DEMO_PROBE", "1")
+    return tmp_path
+
+
+def _fake_timer(fastest: str):
+    calls = []
+
+    def timer(model, vocab, k, backend, reps=3, context=100):
+        dt = str(next(model.parameters()).dtype).removeprefix("torch.")
+        calls.append((dt, backend, k))
+        return 0.001 * k if f"{dt}/{backend}" == fastest else 0.01 * k
+
+    return timer, calls
+
+
+@pytest.mark.parametrize("fastest", ["float32/default", "bfloat16/no-onednn", "bfloat16/onednn"])
+def test_probe_picks_what_the_timer_says_is_fastest(cache, monkeypatch, fastest):
+    from pyramid_demo.models import probe
+    from pyramid_demo.models.tiny import tiny_random_triplet
+
+    monkeypatch.setattr(probe, "native_bf16", lambda: True)
+    timer, calls = _fake_timer(fastest)
+    monkeypatch.setattr(probe, "time_forward", timer)
+    t = tiny_random_triplet()
+    got = probe.choose("fam", torch.device("cpu"), None, None, lambda: (t.target, t.vocab_size))
+    assert (got.dtype, got.backend, got.how) == (*fastest.split("/"), "probe")
+    assert {(c[0], c[1]) for c in calls} == {tuple(c) for c in probe.CANDIDATES}
+    assert {c[2] for c in calls} == {1, probe.VERIFY_K}
+    assert next(t.target.parameters()).dtype == torch.float32  # probed on copies
+    data = json.loads((cache / probe.CHOICE_FILE).read_text())
+    assert [v["dtype"] + "/" + v["backend"] for v in data.values()] == [fastest]
+    # a second choice reads the cache: no model is loaded, nothing is timed
+    calls.clear()
+    again = probe.choose("fam", torch.device("cpu"), None, None, lambda: pytest.fail("loaded to probe"))
+    assert (again.dtype, again.backend, again.how) == (*fastest.split("/"), "cached") and not calls
+    over = probe.choose("fam", torch.device("cpu"), None, "onednn", lambda: pytest.fail("loaded"))
+    assert (over.dtype, over.backend, over.how) == (fastest.split("/")[0], "onednn", "flag")
+
+
+def test_flags_override_and_no_bf16_without_native_support(cache, monkeypatch):
+    from pyramid_demo.models import probe
+
+    got = probe.choose("fam", torch.device("cpu"), torch.bfloat16, "no-onednn", lambda: pytest.fail("probed"))
+    assert (got.dtype, got.backend, got.how) == ("bfloat16", "no-onednn", "flag")
+    with pytest.raises(ValueError, match="backend"):
+        probe.choose("fam", torch.device("cpu"), None, "fast", lambda: pytest.fail("probed"))
+    monkeypatch.setattr(probe, "native_bf16", lambda: False)
+    assert probe.candidates() == [("float32", "default")]
+    monkeypatch.setenv("PYRAMID_DEMO_PROBE", "0")
+    off = probe.choose("fam2", torch.device("cpu"), None, None, lambda: pytest.fail("probed"))
+    assert (off.dtype, off.how) == ("float32", "off")
+
+
+def test_load_triplet_applies_the_choice_and_cachedlm_runs_under_it(cache, monkeypatch):
+    from pyramid_demo.core.lm import CachedLM
+    from pyramid_demo.core.run import generate
+    from pyramid_demo.models import loading, probe
+
+    monkeypatch.setattr(probe, "native_bf16", lambda: True)
+    monkeypatch.setattr(probe, "time_forward", _fake_timer("bfloat16/no-onednn")[0])
+    loading.clear_cache()
+    t = loading.load_triplet("tiny-random", device="cpu")
+    assert t.dtype == torch.bfloat16 and t.backend == "no-onednn" and "probe" in t.choice_note
+    assert ("tiny-random", "cpu", "float32", loading.make_placement(None, None, t.device).key) not in loading._CACHE
+    flag = loading.load_triplet("tiny-random", device="cpu", dtype="float32", backend="onednn")
+    assert flag.dtype == torch.float32 and flag.backend == "onednn" and "command line" in flag.choice_note
+    seen = []
+    hook = t.target.register_forward_pre_hook(lambda *a: seen.append(torch.backends.mkldnn.enabled))
+    try:
+        generate(t, [1, 2, 3], DecodeConfig(method="ar", max_new_tokens=2), chat=False)
+        CachedLM(t.target, t.vocab_size, "target", "onednn").logits([1, 2], 1)
+    finally:
+        hook.remove()
+        loading.clear_cache()
+    assert seen[:-1] and not any(seen[:-1]) and seen[-1] is True  # off in every run forward, on when asked
+    assert torch.backends.mkldnn.enabled  # restored afterwards
+
+
+def test_cost_profile_is_measured_once_then_cached(cache, monkeypatch):
+    from pyramid_demo.models import probe
+    from pyramid_demo.models.tiny import tiny_random_triplet
+
+    n = []
+    monkeypatch.setattr(probe, "time_forward", lambda m, v, k, b, r=3: n.append(k) or 0.001 * k)
+    t = tiny_random_triplet()
+    p = probe.cost_profile(t, max_k=3)
+    assert p["how"] == "probe" and p["ms"]["target"] == {"1": 1.0, "2": 2.0, "3": 3.0}
+    assert len(n) == 3 * len({id(m) for m in (t.draft, t.qualifier, t.target)})
+    again = probe.cost_profile(t, max_k=3)
+    assert again["how"] == "cached" and again["ms"] == p["ms"] and len(n) == 3 * len({id(m) for m in (t.draft, t.qualifier, t.target)})
