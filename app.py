@@ -120,6 +120,8 @@ def build_demo() -> gr.Blocks:
                     hist_plot = gr.Plot(show_label=False)
                     posn_plot = gr.Plot(show_label=False)
                 tp_plot = gr.Plot(show_label=False)
+                cost_md = gr.Markdown()
+                cost_plot = gr.Plot(show_label=False, elem_id="cost-plot")
             with gr.Tab(TABS["explain"]):
                 with gr.Row():
                     gr.HTML((ASSETS / "pyramid.svg").read_text(encoding="utf-8"))
@@ -132,7 +134,8 @@ def build_demo() -> gr.Blocks:
                     csv_file = gr.File(label="Race results (CSV)")
 
         race_out = [status, lanes, race_plot, table, earlier, session]
-        pick_out = [race_dd, method_dd, round_sl, wq, wt, pos_sl, hist_plot, posn_plot, tp_plot, speeds_md]
+        pick_out = [race_dd, method_dd, round_sl, wq, wt, pos_sl, hist_plot, posn_plot, tp_plot, speeds_md,
+                    cost_plot, cost_md]
         insp_in = [session, race_dd, method_dd, round_sl, wq, wt, pos_sl]
         insp_out = [chips, div_plot, top5_plot, insp_md]
         settings = [widgets[k] for k in h.SETTING_NAMES]
@@ -144,6 +147,7 @@ def build_demo() -> gr.Blocks:
                      [preset, draft_id, qual_id, target_id, prompt, session, *settings], race_out,
                      concurrency_id="models", concurrency_limit=1)
         race.then(h.pick_race, [session], pick_out).then(h.inspect_round, insp_in, insp_out)
+        race.then(h.preset_info, preset, [preset_md, custom_box])  # now with the probed dtype and backend
         stop_btn.click(h.stop_race, session, race_out, concurrency_id="stop", concurrency_limit=None)
         clear_btn.click(h.clear_results, session, race_out).then(
             h.pick_race, [session], pick_out).then(h.inspect_round, insp_in, insp_out)

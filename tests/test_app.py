@@ -20,6 +20,15 @@ FAST = dict(max_new_tokens=8.0, temperature=0.0, seed=0.0, gamma=3.0, l_d=2.0, l
 
 
 @pytest.fixture(scope="module", autouse=True)
+def own_cache(tmp_path_factory):
+    """Cost profiles go to a fresh cache folder, not the user's."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("PYRAMID_DEMO_CACHE", str(tmp_path_factory.mktemp("app_cache")))
+    yield
+    mp.undo()
+
+
+@pytest.fixture(scope="module", autouse=True)
 def one_thread():
     """Tiny models run ~20× faster on one thread when the CPU is shared (no thread oversubscription)."""
     before = torch.get_num_threads()
@@ -123,6 +132,29 @@ def test_pick_race_fills_inspector_and_statistics(done) -> None:
     assert out[1]["value"] == "psd_f"
     assert all(isinstance(f, go.Figure) for f in out[6:9])
     assert "forwards/s" in out[9] and "| PSD_F |" in out[9]
+    cost_fig, cost_md = out[10], out[11]
+    assert isinstance(cost_fig, go.Figure) and {t.name for t in cost_fig.data} >= {"target (probe)", "draft (probe)"}
+    assert any("in this race" in t.name for t in cost_fig.data)  # per-forward times measured in the race
+    assert "Cost profile" in cost_md and "| SD |" in cost_md and "break-even" in cost_md.lower()
+
+
+def test_models_are_warmed_before_the_clocks_and_one_time_costs_shown_apart(monkeypatch) -> None:
+    """Every model is warmed (and the cost profile taken) before the first lane's clock starts; the
+    load, warm-up and profile times are in the status, not in any lane."""
+    from pyramid_demo.core import costs, run
+    from pyramid_demo.models import probe
+
+    events = []
+    real_warm, real_stream = costs.warm_up, run.stream
+    monkeypatch.setattr(costs, "warm_up", lambda m, *a: events.append(("warm", sorted(m))) or real_warm(m, *a))
+    monkeypatch.setattr(run, "stream", lambda *a, **k: events.append(("stream", a[2].method)) or real_stream(*a, **k))
+    session = h.new_session()
+    status = race(session)[-1][0]
+    assert events[0] == ("warm", ["draft", "qualifier", "target"]) and events[1][0] == "stream"
+    assert "One-time costs" in status and "warm-up" in status and "load" in status
+    r = session["races"][-1]
+    assert r["profile"]["ms"]["target"] and all(res.stats.decode_s > 0 for res in r["results"].values())
+    assert "prefill" in h.race_lanes(r)
 
 
 @pytest.mark.parametrize("over,prompt,needle", [

@@ -6,6 +6,7 @@ from plotly.subplots import make_subplots
 
 from .inspector import round_tau, speedups, stage_names, throughput_rows, whatif_statuses
 from ..core.config import METHOD_LABELS
+from ..core.costs import measured_by_k
 from ..core.methods import method_spec
 from .render import METHOD_COLOURS, STATUS_COLOURS
 from ..core.trace import RunResult, StageRound, Step
@@ -175,4 +176,31 @@ def throughput_figure(results: dict[str, RunResult]) -> go.Figure:
     _layout(fig, "Tokens per second: measured vs predicted", 380, barmode="group")
     top = max([v for _, v, _ in rows] + [p or 0 for _, _, p in rows] + [1.0])
     fig.update_yaxes(title="tokens / s", range=[0, top * 1.18])  # room for the value labels
+    return fig
+
+
+def cost_figure(profile: dict | None, results: dict[str, RunResult]) -> go.Figure:
+    """ms per cached forward vs k new tokens, per model: the profile's line and, as points, the
+    forwards measured in this race (median per k)."""
+    if not profile:
+        return empty_figure("The cost profile appears after a race.")
+    fig = go.Figure()
+    for role, row in profile["ms"].items():
+        ks = sorted(int(k) for k in row)
+        fig.add_trace(go.Scatter(x=ks, y=[row[str(k)] for k in ks], mode="lines+markers", name=f"{role} (probe)",
+                                 line=dict(color=ROLE_COLOURS.get(role), width=3)))
+    seen: dict[str, dict[int, list[float]]] = {}
+    for r in results.values():
+        for role, by_k in measured_by_k(r.steps).items():
+            for k, ts in by_k.items():
+                seen.setdefault(role, {}).setdefault(k, []).extend(ts)
+    for role, by_k in seen.items():
+        ks = sorted(by_k)
+        fig.add_trace(go.Scatter(x=ks, y=[sorted(by_k[k])[len(by_k[k]) // 2] for k in ks], mode="markers",
+                                 name=f"{role} (in this race)", marker=dict(color=ROLE_COLOURS.get(role), size=11,
+                                                                           symbol="x")))
+    _layout(fig, "What one forward costs on this machine", 420)
+    fig.update_xaxes(title="new tokens in the forward (k)", dtick=1)
+    fig.update_yaxes(title="ms per forward", rangemode="tozero")
+    fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.22, x=0, xanchor="left"), margin=dict(b=120))
     return fig

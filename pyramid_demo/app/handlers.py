@@ -57,6 +57,9 @@ def preset_info(preset: str) -> tuple[str, Any]:
     flags += " · gated: needs a token" if p.gated else ""
     text = f"**{p.draft} → {p.qualifier} → {p.target}**  \n{p.description}  \nMemory: {need}{flags}"
     text += "  \n" + hosting.memory_line(preset)
+    from ..models.probe import cached_choice
+
+    text += "  \nOn a CPU: " + (cached_choice(preset) or "dtype and backend are probed on the first run (a few seconds)")
     if p.tuned:
         text += "  \nTuned settings (measured with `bench`): " + " · ".join(f"{k} {v}" for k, v in p.tuned)
     return text, gr.update(visible=False)
@@ -97,7 +100,8 @@ def _headline(m: str, r: RunResult | None, race: dict) -> str:
     s = r.stats
     if race["running"] == m:
         return f"{s.n_new_tokens} tokens · {s.tokens_per_s:.1f} tok/s so far"
-    parts = [f"{s.n_new_tokens} tokens in {s.decode_s:.2f} s", f"{s.tokens_per_s:.1f} tok/s",
+    parts = [f"{s.n_new_tokens} tokens in {s.decode_s:.2f} s (prefill {s.prefill_s:.2f} s apart)",
+             f"{s.tokens_per_s:.1f} tok/s",
              *inspector.speedups(m, race["results"])]
     if s.acceptance:
         parts.append("accepted " + ", ".join(f"{'→Q' if k == 'qualifier' else '→T'} {v:.0%}"
@@ -199,6 +203,7 @@ def run_race(preset: str, models: tuple[str, str, str], prompt: str, settings: d
 def _race_steps(preset: str, ids: tuple[str, str, str], prompt: str, settings: dict, session: dict,
           progress: gr.Progress) -> Iterator[tuple]:
     from ..models.loading import LoadError, load_triplet
+    from ..models.probe import prepare
     from ..core.run import prepare_prompt, stream
 
     try:
@@ -213,10 +218,13 @@ def _race_steps(preset: str, ids: tuple[str, str, str], prompt: str, settings: d
         return
     yield _skip_outputs(MSG["loading"].format(preset=preset), session)
     progress(0.0, desc=MSG["loading"].format(preset=preset))
+    t0 = time.perf_counter()
     try:
         triplet = load_triplet(spec, **hosting.placement_options(),
                                max_len=512 + int(base.max_new_tokens) + 32)
         ids = prepare_prompt(triplet, prompt, base)  # encoded once for every method
+        load_s = time.perf_counter() - t0
+        prep = prepare(triplet, ids)  # warm every model and get the cost profile before any clock starts
     except LoadError as e:
         yield _skip_outputs(_notify(MSG["load_failed"].format(err=e)), session)
         return
@@ -232,7 +240,9 @@ def _race_steps(preset: str, ids: tuple[str, str, str], prompt: str, settings: d
         return
     race = {"n": session["next"], "preset": preset, "models": list(triplet.names), "prompt": prompt,
             "config": base.to_dict(), "results": {}, "vocab": {}, "running": None, "stopped": False,
-            "note": " ".join(x for x in (getattr(triplet, "note", ""), session.pop("budget_note", "")) if x)}
+            "note": " ".join(x for x in (getattr(triplet, "note", ""), session.pop("budget_note", "")) if x),
+            "profile": prep["profile"], "setup": MSG["setup"].format(load=load_s, warm=prep["warm_s"],
+                                                                      profile=prep["profile_s"], choice=triplet.choice_note)}
     session["next"] += 1
     session["races"] = session["races"][-(MAX_RACES - 1):] + [race]
     for i, m in enumerate(RACE_METHODS):
@@ -261,7 +271,7 @@ def _race_steps(preset: str, ids: tuple[str, str, str], prompt: str, settings: d
             return
     race["running"] = None
     hosting.record(preset, race["results"])  # the next race's ZeroGPU budget uses this family's speed
-    yield _race_outputs(session, MSG["done"].format(n=race["n"]) + _winner(race["results"]))
+    yield _race_outputs(session, MSG["done"].format(n=race["n"]) + _winner(race["results"]) + "  \n" + race["setup"])
 
 
 def stop_race(session: dict | None) -> tuple:
@@ -345,7 +355,7 @@ def pick_race(session: dict | None, race_n: Any = None) -> tuple:
     if race is None:
         none = charts.empty_figure(MSG["no_race"])
         return (gr.update(choices=[], value=None), gr.update(choices=[], value=None), _round_slider(None),
-                gr.skip(), gr.skip(), _pos_slider(None), none, none, none, "")
+                gr.skip(), gr.skip(), _pos_slider(None), none, none, none, "", none, "")
     res = race["results"]
     methods = list(res)
     method = methods[-1] if methods else None  # the last raced: the fullest pyramid
@@ -356,7 +366,8 @@ def pick_race(session: dict | None, race_n: Any = None) -> tuple:
     return (gr.update(choices=choices, value=str(race["n"])),
             gr.update(choices=[(METHOD_LABELS[m], m) for m in methods], value=method),
             *pick_method(session, race["n"], method),
-            charts.hist_figure(res), charts.position_figure(res), charts.throughput_figure(res), speed_md)
+            charts.hist_figure(res), charts.position_figure(res), charts.throughput_figure(res), speed_md,
+            charts.cost_figure(race.get("profile"), res), inspector.costs_markdown(res, race.get("profile")))
 
 
 def inspect_round(session: dict | None, race_n: Any, method: str | None, round_no: float, tau_q: float,

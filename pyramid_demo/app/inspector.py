@@ -2,6 +2,7 @@
 race speeds and the race table. No model calls, so the inspector answers instantly."""
 from __future__ import annotations
 
+from ..core import costs
 from ..core.rules import leading_run
 from ..core.stats import STAGES, agreement, stage_rounds
 from ..core.throughput import predict
@@ -148,3 +149,43 @@ def stats_markdown(results: dict[str, RunResult]) -> str:
 
 def stage_names(r: RunResult) -> list[str]:
     return [s for s in STAGES if stage_rounds(r.steps, s)]
+
+
+def cost_rows(results: dict[str, RunResult], profile: dict | None) -> list[dict]:
+    """Per method: measured and profile-predicted tok/s, measured α, break-even α and why it wins or loses."""
+    if not profile:
+        return []
+    rows = []
+    for m, r in results.items():
+        pred = costs.predict_run(r.steps, profile)
+        model = costs.method_model(m, r.steps, r.config, profile)
+        rows.append({"method": m, "measured": r.stats.tokens_per_s, "predicted": pred["tokens_per_s"],
+                     **model, "why": costs.verdict(m, model)})
+    return rows
+
+
+def costs_markdown(results: dict[str, RunResult], profile: dict | None) -> str:
+    """The cost profile's account of the race: predicted vs measured speed and break-even acceptance."""
+    if not profile:
+        return "No cost profile for this family yet: it is measured before the next race."
+    f = lambda x, nd=2: "—" if x is None else f"{x:.{nd}f}"  # noqa: E731
+    head = ["**Cost profile** ({dtype}, {backend}, {how}): one cached forward of k new tokens, ms — ".format(
+        dtype=profile.get("dtype", "?"), backend=profile.get("backend", "?"),
+        how="measured before this race" if profile.get("how") == "probe" else "cached for this machine")
+        + "; ".join(f"{role} k=1 {costs.cost_ms(profile, role, 1):.1f}, k=5 {costs.cost_ms(profile, role, 5):.1f}"
+                    for role in profile["ms"]),
+        "", "| method | tok/s measured | tok/s predicted from the profile | measured α | break-even α "
+            "| why it wins or loses here |", "|---|---|---|---|---|---|"]
+    for row in cost_rows(results, profile):
+        alpha = f(row.get("alpha"))
+        if row.get("alpha_qualifier") is not None:
+            alpha = f"α_Q {f(row['alpha_qualifier'])} · α_T {alpha}"
+        be = "—" if "break_even_alpha" not in row else "never" if row["break_even_alpha"] is None \
+            else f(row["break_even_alpha"])
+        head.append(f"| {row['method'].upper()} | {row['measured']:.1f} | {f(row['predicted'], 1)} | {alpha} | {be} "
+                    f"| {row['why']} |")
+    head += ["", "Predicted: the profile's time summed over the forwards each run made (engine time outside "
+                 "forwards not counted). Break-even: the per-token acceptance α at which the method's expected "
+                 "tok/s, E = (1 − α^(γ+1)) / (1 − α) tokens per round of γ drafts and one (γ+1)-token target pass, "
+                 "equals AR's on this profile; for PSD the target stage's α_T, at the measured stage-1 α_Q."]
+    return "\n".join(head)

@@ -56,6 +56,8 @@ INTRO = ("# ▲ PyramidSD Explorer\nA small **draft** guesses, a mid-sized **qua
 MSG = {
     "loading": "⏳ Loading the {preset} models (first run only; later runs reuse them)…",
     "running": "🏁 Race {n}: running {label} ({i}/{total})…",
+    "setup": "One-time costs, in no lane's time: load {load:.1f} s (dtype/backend probe included) · warm-up of "
+             "every model {warm:.2f} s · cost profile {profile:.1f} s. Models run in {choice}.",
     "done": "✅ Race {n} finished. Pick a method and a round in the " + TABS["inspect"]
             + " tab to see why tokens were kept.",
     "stopped": "⏹ Race {n} stopped. Partial results are kept; press " + BUTTONS["run"] + " to start again.",

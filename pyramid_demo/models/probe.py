@@ -176,3 +176,25 @@ def cost_profile(triplet: Any, roles: tuple[str, ...] = ("draft", "qualifier", "
             "time_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}
     _write(PROFILE_FILE, key, prof)
     return {**prof, "how": "probe", "probe_s": round(time.perf_counter() - t0, 2)}
+
+
+def prepare(triplet: Any, prompt_ids: list[int]) -> dict:
+    """Before a race's clocks start: warm every model, then the cost profile (cached, else measured).
+    Returns {"profile", "warm_s", "profile_s"}: one-time costs the app reports apart from the lanes."""
+    models = {r: triplet.model(r) for r in ("draft", "qualifier", "target")}
+    warm_s = costs.warm_up(models, triplet.vocab_size, triplet.backend, prompt_ids)
+    try:
+        profile = cost_profile(triplet)
+    except Exception as e:  # noqa: BLE001 - a failed profile must not stop a race
+        log.warning("no cost profile: %r", e)
+        profile = None
+    return {"profile": profile, "warm_s": round(warm_s, 3),
+            "profile_s": profile.get("probe_s", 0.0) if profile else 0.0}
+
+
+def cached_choice(family: str) -> str:
+    """This machine's cached dtype/backend choice for `family`, as a line for the family box."""
+    hit = _read(CHOICE_FILE).get(f"{machine_key()} | {family}")
+    if not hit:
+        return ""
+    return Choice(hit["dtype"], hit["backend"], "cached", hit.get("timings_ms", {})).note
