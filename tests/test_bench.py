@@ -25,6 +25,15 @@ def _args(*extra: str) -> argparse.Namespace:
 
 
 @pytest.fixture(scope="module", autouse=True)
+def own_cache(tmp_path_factory):
+    """Cost profiles go to a fresh cache folder, not the user's."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("PYRAMID_DEMO_CACHE", str(tmp_path_factory.mktemp("bench_cache")))
+    yield
+    mp.undo()
+
+
+@pytest.fixture(scope="module", autouse=True)
 def one_thread():
     """One intra-op thread: tiny models gain nothing from more, and on a CPU shared with
     other jobs spinning OpenMP threads make them ten times slower."""
@@ -82,6 +91,17 @@ def test_cli_writes_all_outputs_with_every_column(tmp_path: Path) -> None:
     assert set(bench.ROW_COLUMNS) <= set(data["runs"][0])
     page = (out / "report.html").read_text()
     assert "Plotly.newPlot" in page and 'src="https://cdn' not in page and page.count("plotly-graph-div") >= 3
+    # the cost profile: per-model time per forward by k, predicted vs measured, break-even α
+    cp = data["cost_profile"]
+    assert set(cp["profile"]["ms"]) == {"draft", "qualifier", "target"} and len(cp["profile"]["ms"]["target"]) == 9
+    by = {v["variant"]: v for v in cp["variants"]}
+    assert set(by) == {"ar", "sd", "fsd", "psd_a", "psd_f"}
+    assert by["ar"]["ms_per_forward_by_k"]["target"]["1"] > 0 and by["sd"]["ms_per_forward_by_k"]["draft"]["1"] > 0
+    assert all(v["predicted_tokens_per_s"] > 0 and v["why"] for v in by.values())
+    assert "break_even_alpha" in by["sd"] and "alpha_qualifier" in by["psd_f"]
+    assert all(r["predicted_profile_tokens_per_s"] for r in rows if r["kind"] == "engine")
+    assert data["meta"]["backend"] in ("default", "onednn", "no-onednn") and data["meta"]["dtype_backend_choice"]
+    assert "Why each method wins or loses here" in page and "break-even" in page
 
 
 def test_lossless_methods_match_target_greedy(triplet) -> None:

@@ -12,6 +12,7 @@ from typing import Sequence
 
 from ..core.config import METHODS
 from ..core.methods import method_spec
+from . import costs_report
 
 Point = tuple[float, float]
 
@@ -322,7 +323,7 @@ td,th{{border:1px solid #ccc;padding:3px 6px;text-align:right}}td:first-child{{t
 <h1>PyramidSD Explorer — benchmark</h1>
 <p><b>Models:</b> {html.escape(", ".join(meta.get("models", [])))} ({html.escape(str(meta.get("preset", "")))});
 <b>machine:</b> {html.escape(str(meta.get("processor", "")))}, {meta.get("cpu_count", "")} CPUs, torch {html.escape(str(meta.get("torch", "")))}
-({meta.get("torch_threads", "")} threads), {html.escape(str(meta.get("device", "")))} {html.escape(str(meta.get("dtype", "")))};
+({meta.get("torch_threads", "")} threads), {html.escape(str(meta.get("device", "")))} {html.escape(str(meta.get("dtype_backend_choice") or meta.get("dtype", "")))};
 {meta.get("n_prompts", "")} prompts × {meta.get("repeats", "")} repeats, {html.escape(str(meta.get("time_utc", "")))}{
 " — <b>stopped early</b>: only completed prompts are included" if meta.get("stopped_early") else ""}.</p>
 <p><b>Command:</b> <code>{html.escape(str(meta.get("command", "")))}</code></p>
@@ -336,6 +337,7 @@ Acceptance and accepted tokens per target pass are pooled over runs (bonus token
 match with target-only greedy output over its length (T=0 only); log-prob: the target's mean log-probability of the
 produced text (one teacher-forced pass).</p>
 {"".join(parts)}
+{costs_report.html_section(result, plotly_loaded=bool(parts))}
 </body></html>"""
 
 

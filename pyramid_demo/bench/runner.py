@@ -26,7 +26,7 @@ from ..core.lm import ModelTriplet
 from ..core.methods import lossless, method_spec
 from ..core.run import generate, prepare_prompt
 from ..core.stats import agreement as token_agreement, prefix_agreement  # one definition, shared with the app
-from . import csqa, peers, report
+from . import costs_report, csqa, peers, report
 from .prompts import Prompt, load_prompts
 
 ROW_COLUMNS = [
@@ -40,7 +40,7 @@ ROW_COLUMNS = [
     "tokens_per_target_pass", "fwd_draft", "fwd_qualifier", "fwd_target",
     "fwd_time_draft_s", "fwd_time_qualifier_s", "fwd_time_target_s",
     "engine_overhead_s", "engine_overhead_share", "agreement", "prefix_agreement", "target_logprob",
-    "predicted_tokens_per_s", "predicted_plus_one_tokens_per_s", "csqa_answer", "csqa_pred", "csqa_correct", "prompt", "text",
+    "predicted_tokens_per_s", "predicted_plus_one_tokens_per_s", "predicted_profile_tokens_per_s", "csqa_answer", "csqa_pred", "csqa_correct", "prompt", "text",
 ]
 ALL_METHODS = METHODS + peers.PEERS
 GRID_TAUS = (0.2, 0.3, 0.4, 0.5)
@@ -170,6 +170,7 @@ def run_variant(triplet: ModelTriplet, v: Variant, ids: list[int], chat: bool) -
         if role in s.forward_passes:
             row[f"fwd_{role}"] = s.forward_passes[role]
             row[f"fwd_time_{role}_s"] = s.forward_time_s.get(role)
+    row.update(costs_report.row_record(res.steps))  # forwards by k, their measured times, acceptance counts
     return row, res.token_ids
 
 
@@ -222,6 +223,7 @@ def run_bench(triplet: ModelTriplet, variants: list[Variant], prompts: list[Prom
             v.cfg, max_new_tokens=min(warmup_tokens, v.cfg.max_new_tokens))), prepared[0][2], chat)
         bar.update()
     speeds_one = _model_speeds(triplet, variants, prepared[0][2])
+    profile = costs_report.profile(triplet)  # warm models; cached per machine × family × dtype × backend
     rows: list[dict] = []
     refs: dict[int, list[int]] = {}
     interrupted, t_start = False, time.perf_counter()
@@ -258,6 +260,7 @@ def run_bench(triplet: ModelTriplet, variants: list[Variant], prompts: list[Prom
             acc = {k: row[f"acceptance_{k}"] for k in ("qualifier", "target") if row[f"acceptance_{k}"] is not None}
             row["predicted_plus_one_tokens_per_s"] = throughput.predict_plus_one(row["method"], _lengths(row), acc, speeds)
     return dict(runs=rows, interrupted=interrupted, speeds=speeds, speeds_one_token=speeds_one,
+                cost_profile=costs_report.finish(rows, profile),
                 speed_sources={"target": "AR runs (forwards per second)" if ar_speeds else "one-token timing",
                                "draft": "one-token timing", "qualifier": "one-token timing"})
 
@@ -321,6 +324,7 @@ def machine_info(triplet: ModelTriplet) -> dict:
     return dict(platform=platform.platform(), processor=platform.processor() or platform.machine(),
                 cpu_count=os.cpu_count(), torch=torch.__version__, torch_threads=torch.get_num_threads(),
                 python=platform.python_version(), device=str(triplet.device), dtype=str(triplet.dtype),
+                backend=triplet.backend, dtype_backend_choice=triplet.choice_note,
                 models=list(triplet.names), preset=triplet.preset, note=triplet.note,
                 time_utc=time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()))
 
@@ -382,7 +386,7 @@ def run(args: argparse.Namespace) -> int:
                           variants=[dict(label=v.label, method=v.method, lossless=v.lossless, config=v.cfg.to_dict())
                                     for v in variants])
     paths = report.write_outputs(result, args.out, ROW_COLUMNS)
-    print(result["markdown"])
+    print(result["markdown"] + "\n\n" + costs_report.markdown(result["cost_profile"]))
     print("\nwrote " + ", ".join(str(p) for p in paths), file=sys.stderr)
     return 0
 

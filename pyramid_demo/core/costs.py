@@ -52,13 +52,25 @@ def step_forwards(step: Step) -> dict[str, list[int]]:
     return {r: ks for r, ks in out.items() if ks}
 
 
-def predict_run(steps: list[Step], profile: dict) -> dict[str, Any]:
-    """Predicted forward seconds per role and tokens/s for a recorded run, from the profile."""
-    per_role: dict[str, float] = {}
+def forward_counts(steps: list[Step]) -> dict[str, dict[int, int]]:
+    """How many forwards of k new tokens each role made: {role: {k: n}} (adds up over runs)."""
+    out: dict[str, dict[int, int]] = {}
     for s in steps:
         for role, ks in step_forwards(s).items():
-            if role in profile["ms"]:
-                per_role[role] = per_role.get(role, 0.0) + sum(cost_ms(profile, role, k) for k in ks) / 1000
+            for k in ks:
+                out.setdefault(role, {})[k] = out.get(role, {}).get(k, 0) + 1
+    return out
+
+
+def predict_counts(counts: dict[str, dict], profile: dict) -> dict[str, float]:
+    """Predicted forward seconds per role: Σ n × profile[role][k] (roles the profile lacks are left out)."""
+    return {role: sum(int(n) * cost_ms(profile, role, int(k)) for k, n in by_k.items()) / 1000
+            for role, by_k in counts.items() if role in profile["ms"]}
+
+
+def predict_run(steps: list[Step], profile: dict) -> dict[str, Any]:
+    """Predicted forward seconds per role and tokens/s for a recorded run, from the profile."""
+    per_role = predict_counts(forward_counts(steps), profile)
     n = sum(len(s.new_tokens) for s in steps)
     total = sum(per_role.values())
     return {"time_s": round(total, 6), "per_role_s": {k: round(v, 6) for k, v in per_role.items()},
@@ -127,30 +139,50 @@ def per_token_alpha(rounds: list) -> float | None:
     return round(acc / (acc + rej), 4) if acc + rej else None
 
 
-def _mean_len(rounds: list, default: int) -> int:
-    n = [len(r.tokens) - 1 for r in rounds]
-    return max(1, round(sum(n) / len(n))) if n else default
+def stage_counts(steps: list[Step]) -> dict[str, dict[str, int]]:
+    """Per stage: accepted tokens, rejections, proposed tokens and rounds (what α and the lengths need;
+    counts add up over runs, so pooled figures come from sums)."""
+    out = {}
+    for stage, rounds in (("target", [s.target_round for s in steps if s.target_round is not None]),
+                          ("qualifier", [r for s in steps for r in s.qualifier_rounds])):
+        if rounds:
+            out[stage] = {"accepted": sum(r.n_accepted for r in rounds),
+                          "rejected": sum(1 for r in rounds if r.n_accepted < len(r.tokens) - 1),
+                          "proposed": sum(len(r.tokens) - 1 for r in rounds), "rounds": len(rounds)}
+    return out
+
+
+def _alpha(c: dict | None) -> float | None:
+    n = c["accepted"] + c["rejected"] if c else 0
+    return round(c["accepted"] / n, 4) if n else None
+
+
+def _length(c: dict | None, default: int) -> int:
+    return max(1, round(c["proposed"] / c["rounds"])) if c and c["rounds"] else default
 
 
 def method_model(method: str, steps: list[Step], config: dict, profile: dict) -> dict[str, Any]:
-    """For one recorded run: its lengths (measured means), measured α per stage, the expected tok/s at
-    that α on this profile, and the break-even α at which it equals AR's tok/s (None for AR)."""
+    """For one recorded run: see `model_from_counts`."""
+    return model_from_counts(method, stage_counts(steps), config, profile)
+
+
+def model_from_counts(method: str, counts: dict, config: dict, profile: dict) -> dict[str, Any]:
+    """Lengths (measured means), measured α per stage (accepted ÷ (accepted + rejections)), the expected
+    tok/s at that α on this profile, and the break-even α at which it equals AR's tok/s (None for AR)."""
     spec = method_spec(method)
     out: dict[str, Any] = {"ar_tokens_per_s": round(ar_speed(profile), 3)}
     if spec.proposer is None:
         return out
-    t_rounds = [s.target_round for s in steps if s.target_round is not None]
-    q_rounds = [r for s in steps for r in s.qualifier_rounds]
-    a_t = per_token_alpha(t_rounds)
+    a_t = _alpha(counts.get("target"))
     out["alpha"] = a_t
     try:
         if not spec.pyramid:
-            g = _mean_len(t_rounds, config.get("gamma", 4))
+            g = _length(counts.get("target"), config.get("gamma", 4))
             f = lambda a: sd_speed(profile, g, a)  # noqa: E731
             out["lengths"] = {"gamma": g}
         else:
-            ld, lq = _mean_len(q_rounds, config.get("l_d", 4)), _mean_len(t_rounds, config.get("l_q", 8))
-            a_q = per_token_alpha(q_rounds)
+            ld, lq = _length(counts.get("qualifier"), config.get("l_d", 4)), _length(counts.get("target"), config.get("l_q", 8))
+            a_q = _alpha(counts.get("qualifier"))
             out["alpha_qualifier"] = a_q
             f = lambda a: psd_speed(profile, ld, lq, a_q if a_q is not None else 0.0, a)  # noqa: E731
             out["lengths"] = {"l_d": ld, "l_q": lq}
