@@ -116,12 +116,15 @@ def cache(tmp_path, monkeypatch):
 def _fake_timer(fastest: str):
     calls = []
 
-    def timer(model, vocab, k, backend, reps=3, context=100):
-        dt = str(next(model.parameters()).dtype).removeprefix("torch.")
-        calls.append((dt, backend, k))
-        return 0.001 * k if f"{dt}/{backend}" == fastest else 0.01 * k
+    class Timer:
+        def __init__(self, model, vocab, backend, context=100):
+            self.dt, self.backend = str(next(model.parameters()).dtype).removeprefix("torch."), backend
 
-    return timer, calls
+        def time(self, k):
+            calls.append((self.dt, self.backend, k))
+            return 0.001 * k if f"{self.dt}/{self.backend}" == fastest else 0.01 * k
+
+    return Timer, calls
 
 
 @pytest.mark.parametrize("fastest", ["float32/default", "bfloat16/no-onednn", "bfloat16/onednn"])
@@ -131,7 +134,7 @@ def test_probe_picks_what_the_timer_says_is_fastest(cache, monkeypatch, fastest)
 
     monkeypatch.setattr(probe, "native_bf16", lambda: True)
     timer, calls = _fake_timer(fastest)
-    monkeypatch.setattr(probe, "time_forward", timer)
+    monkeypatch.setattr(probe, "make_timer", timer)
     t = tiny_random_triplet()
     got = probe.choose("fam", torch.device("cpu"), None, None, lambda: (t.target, t.vocab_size))
     assert (got.dtype, got.backend, got.how) == (*fastest.split("/"), "probe")
@@ -168,7 +171,7 @@ def test_load_triplet_applies_the_choice_and_cachedlm_runs_under_it(cache, monke
     from pyramid_demo.models import loading, probe
 
     monkeypatch.setattr(probe, "native_bf16", lambda: True)
-    monkeypatch.setattr(probe, "time_forward", _fake_timer("bfloat16/no-onednn")[0])
+    monkeypatch.setattr(probe, "make_timer", _fake_timer("bfloat16/no-onednn")[0])
     loading.clear_cache()
     t = loading.load_triplet("tiny-random", device="cpu")
     assert t.dtype == torch.bfloat16 and t.backend == "no-onednn" and "probe" in t.choice_note
@@ -192,10 +195,29 @@ def test_cost_profile_is_measured_once_then_cached(cache, monkeypatch):
     from pyramid_demo.models.tiny import tiny_random_triplet
 
     n = []
-    monkeypatch.setattr(probe, "time_forward", lambda m, v, k, b, r=3: n.append(k) or 0.001 * k)
+
+    class Timer:
+        def __init__(self, *a):
+            pass
+
+        def time(self, k):
+            n.append(k)
+            return 0.001 * k
+
+    monkeypatch.setattr(probe, "make_timer", Timer)
     t = tiny_random_triplet()
+    models = len({id(m) for m in (t.draft, t.qualifier, t.target)})
     p = probe.cost_profile(t, max_k=3)
     assert p["how"] == "probe" and p["ms"]["target"] == {"1": 1.0, "2": 2.0, "3": 3.0}
-    assert len(n) == 3 * len({id(m) for m in (t.draft, t.qualifier, t.target)})
+    assert len(n) == 3 * models * 4  # k = 1..3, every model, a warm-up round and 3 timed rounds
     again = probe.cost_profile(t, max_k=3)
-    assert again["how"] == "cached" and again["ms"] == p["ms"] and len(n) == 3 * len({id(m) for m in (t.draft, t.qualifier, t.target)})
+    assert again["how"] == "cached" and again["ms"] == p["ms"] and len(n) == 3 * models * 4
+
+
+def test_forward_timer_times_a_real_cached_forward(one_thread):
+    from pyramid_demo.models.tiny import tiny_random_triplet
+
+    t = tiny_random_triplet()
+    timer = costs.ForwardTimer(t.target, t.vocab_size, "no-onednn", context=20)
+    assert timer.time(1) > 0 and timer.time(5) > 0 and timer.lm.cache_len == 20
+    assert costs.time_forward(t.target, t.vocab_size, 3, reps=1, context=20) > 0

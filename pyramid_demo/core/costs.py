@@ -6,7 +6,8 @@ of k new tokens (k = 1 … longest proposal + 1) over a ~100-token context, the 
 From it and a run's trace (`predict_run`) the method's time is the sum of profile[model][k] over the
 forwards the run actually made; `break_even` is the per-token acceptance α at which SD or PSD
 would be exactly as fast as AR. This sits beside `throughput` (the paper's formulas from one-token
-speeds); everything here but `time_forward` is pure math over records.
+speeds); everything here but the timers (`ForwardTimer`, `time_forward`, `warm_up`) is pure math over
+records.
 """
 from __future__ import annotations
 
@@ -211,36 +212,50 @@ def verdict(method: str, m: dict) -> str:
 
 
 # ---------------------------------------------------------------- measuring (the only torch code here)
+class ForwardTimer:
+    """Times cached forwards of k new tokens after `context` tokens, over one prefilled cache, under
+    `backend`. Token ids are fixed, so every call times the same work."""
+
+    def __init__(self, model: Any, vocab_size: int, backend: str = "default", context: int = CONTEXT):
+        from .lm import CachedLM
+
+        self.lm = CachedLM(model, vocab_size, "probe", backend)
+        self.context = context
+        self.ids = [(7919 * i + 11) % max(2, vocab_size - 1) + 1 for i in range(context + MAX_K + 64)]
+        self.lm.logits(self.ids[:context], 1)
+
+    def time(self, k: int) -> float:
+        """Seconds for one forward of k new tokens; the cache is cropped back to `context` after."""
+        t0 = self.lm.time_s
+        self.lm.logits(self.ids[: self.context + k], k)
+        t = self.lm.time_s - t0
+        self.lm.rollback(self.ids[: self.context + 1])  # keeps `context` tokens
+        return t
+
+
 def time_forward(model: Any, vocab_size: int, k: int, backend: str = "default", reps: int = 3,
                  context: int = CONTEXT) -> float:
-    """Seconds for one cached forward of k new tokens after `context` tokens, min of `reps` (after a
-    warm-up), under `backend`. Token ids are fixed, so every call times the same work."""
-    from .lm import CachedLM
-
-    lm = CachedLM(model, vocab_size, "probe", backend)
-    ids = [(7919 * i + 11) % max(2, vocab_size - 1) + 1 for i in range(context + k)]
-    lm.logits(ids[:context], 1)
-    best = float("inf")
-    for _ in range(reps + 1):
-        t0 = lm.time_s
-        lm.logits(ids, k)
-        best = min(best, lm.time_s - t0)
-        lm.rollback(ids[: context + 1])  # keeps `context` tokens
-    return best
+    """Seconds for one cached forward of k new tokens after `context` tokens: min of `reps` after a warm-up."""
+    timer = ForwardTimer(model, vocab_size, backend, context)
+    return min(timer.time(k) for _ in range(reps + 1))
 
 
 def measure_profile(models: dict[str, Any], vocab_size: int, backend: str = "default", max_k: int = MAX_K,
-                    reps: int = 3, timer: Callable[..., float] | None = None) -> dict[str, dict[int, float]]:
-    """{role: {k: ms}} for every distinct model (a role that shares another's model shares its row)."""
-    timer = timer or time_forward
-    seen: dict[int, dict[int, float]] = {}
-    out = {}
-    for role, model in models.items():
-        if id(model) not in seen:
-            seen[id(model)] = {k: round(1000 * timer(model, vocab_size, k, backend, reps), 4)
-                               for k in range(1, max_k + 1)}
-        out[role] = seen[id(model)]
-    return out
+                    reps: int = 3, make_timer: Callable[..., Any] | None = None) -> dict[str, dict[int, float]]:
+    """{role: {k: ms}} for every distinct model (a role that shares another's model shares its row):
+    one prefilled cache per model, k = 1 … max_k timed in interleaved rounds, min over rounds (the first
+    round warms up)."""
+    make_timer = make_timer or ForwardTimer
+    timers: dict[int, Any] = {}
+    for model in models.values():
+        if id(model) not in timers:
+            timers[id(model)] = make_timer(model, vocab_size, backend)
+    best: dict[int, dict[int, float]] = {i: {} for i in timers}
+    for _ in range(reps + 1):
+        for i, timer in timers.items():
+            for k in range(1, max_k + 1):
+                best[i][k] = min(best[i].get(k, float("inf")), timer.time(k))
+    return {role: {k: round(1000 * v, 4) for k, v in best[id(m)].items()} for role, m in models.items()}
 
 
 def warm_up(models: dict[str, Any], vocab_size: int, backend: str, prompt_ids: list[int]) -> float:
