@@ -221,3 +221,19 @@ def test_forward_timer_times_a_real_cached_forward(one_thread):
     timer = costs.ForwardTimer(t.target, t.vocab_size, "no-onednn", context=20)
     assert timer.time(1) > 0 and timer.time(5) > 0 and timer.lm.cache_len == 20
     assert costs.time_forward(t.target, t.vocab_size, 3, reps=1, context=20) > 0
+
+
+@pytest.mark.parametrize("method", ["sd", "psd_f"])
+def test_the_engine_records_what_each_forward_fed(method, one_thread):
+    """With real cached models every Step records the new tokens of each forward; they add up to the
+    forward counts and the target's passes are proposal + 1 tokens."""
+    from pyramid_demo.core.run import generate
+    from pyramid_demo.models.tiny import tiny_random_triplet
+
+    t = tiny_random_triplet()
+    r = generate(t, [1, 2, 3, 4], DecodeConfig(method=method, max_new_tokens=16, gamma=3, l_d=2, l_q=4), chat=False)
+    for s in r.steps:
+        assert {k: len(v) for k, v in s.fed.items() if v} == {k: v for k, v in s.n_forward.items() if v}
+        if s.target_round is not None:
+            assert s.fed["target"] == [len(s.target_round.tokens)]
+    assert costs.forward_counts(r.steps)["draft"]

@@ -36,11 +36,12 @@ def cost_ms(profile: dict, role: str, k: int) -> float:
 
 
 def step_forwards(step: Step) -> dict[str, list[int]]:
-    """The new-token counts of the forwards one Step made, per role, read from its records.
-
-    Target: one pass of (proposal + 1) tokens (1 for AR). Qualifier: one pass of (proposal + 1)
-    per stage-1 round. Draft: its one-token forwards (the first of a round may feed one extra
-    committed token; counted as one). Counts come from `step.n_forward` where recorded."""
+    """The new-token counts of the forwards one Step made, per role: `step.fed` where the engine
+    recorded it; else read from the rounds. Target: one pass of (proposal + 1) tokens (1 for AR).
+    Qualifier: one pass of (proposal + 1) per stage-1 round. Draft: its forwards, counted as one
+    token each (the first of a round may feed one more committed token)."""
+    if step.fed:
+        return {r: list(ks) for r, ks in step.fed.items() if ks}
     out: dict[str, list[int]] = {}
     t = step.target_round
     out["target"] = [len(t.tokens) if t is not None else 1] * max(1, step.n_forward.get("target", 1))

@@ -101,6 +101,7 @@ class CachedLM:
         self.ids: list[int] = []
         self.n_forward = 0
         self.time_s = 0.0
+        self.fed: list[int] = []  # new tokens of each forward since the counters were reset
 
     @torch.inference_mode()
     def logits(self, seq: list[int], keep: int) -> torch.Tensor:
@@ -116,6 +117,7 @@ class CachedLM:
         _sync(self.device)
         self.time_s += time.perf_counter() - t0
         self.n_forward += 1
+        self.fed.append(len(new))
         self.ids.extend(new)
         return z
 
@@ -132,7 +134,7 @@ class CachedLM:
 
     def reset_counters(self) -> None:
         """Start counting forward passes and time afresh (prefill is reported apart)."""
-        self.n_forward, self.time_s = 0, 0.0
+        self.n_forward, self.time_s, self.fed = 0, 0.0, []
 
     @property
     def cache_len(self) -> int:

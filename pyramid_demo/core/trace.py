@@ -56,6 +56,7 @@ class Step:
     t_end: float
     time_s: dict[str, float] = field(default_factory=dict)  # forward seconds per model this step
     n_forward: dict[str, int] = field(default_factory=dict)
+    fed: dict[str, list[int]] = field(default_factory=dict)  # new tokens of each forward per model (cost profile)
 
 
 @dataclass
