@@ -207,9 +207,11 @@ def verdict(method: str, m: dict) -> str:
                 f"{m['ceiling_tokens_per_s']:.1f} vs {m['ar_tokens_per_s']:.1f} tok/s): its forwards cost too much")
     if a is None:
         return f"pays once {stage} exceeds {be:.2f}"
+    exp = m.get("expected_tokens_per_s")
+    vs = f" (expected {exp:.1f} vs AR {m['ar_tokens_per_s']:.1f} tok/s on this profile)" if exp else ""
     if a >= be:
-        return f"wins: {stage} {a:.2f} is above the break-even {be:.2f}"
-    return f"loses: {stage} {a:.2f} is below the break-even {be:.2f}"
+        return f"wins: {stage} {a:.2f} is above the break-even {be:.2f}{vs}"
+    return f"loses: {stage} {a:.2f} is below the break-even {be:.2f}{vs}"
 
 
 # ---------------------------------------------------------------- measuring (the only torch code here)
