@@ -1,5 +1,6 @@
 import os
 import sys
+import tempfile
 
 import pytest
 import torch
@@ -7,6 +8,8 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))  # the tests' own helpers (mock_lm)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network
 os.environ.setdefault("PYRAMID_DEMO_PROBE", "0")  # fp32 on CPU unless a test probes (tests/test_costs.py)
+# probe choices and cost profiles of test families go to a scratch folder, never the user's cache
+os.environ.setdefault("PYRAMID_DEMO_PROBE_CACHE", tempfile.mkdtemp(prefix="pyramid_probe_"))
 
 
 @pytest.fixture

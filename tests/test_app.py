@@ -23,7 +23,7 @@ FAST = dict(max_new_tokens=8.0, temperature=0.0, seed=0.0, gamma=3.0, l_d=2.0, l
 def own_cache(tmp_path_factory):
     """Cost profiles go to a fresh cache folder, not the user's."""
     mp = pytest.MonkeyPatch()
-    mp.setenv("PYRAMID_DEMO_CACHE", str(tmp_path_factory.mktemp("app_cache")))
+    mp.setenv("PYRAMID_DEMO_PROBE_CACHE", str(tmp_path_factory.mktemp("app_cache")))
     yield
     mp.undo()
 

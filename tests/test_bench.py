@@ -28,7 +28,7 @@ def _args(*extra: str) -> argparse.Namespace:
 def own_cache(tmp_path_factory):
     """Cost profiles go to a fresh cache folder, not the user's."""
     mp = pytest.MonkeyPatch()
-    mp.setenv("PYRAMID_DEMO_CACHE", str(tmp_path_factory.mktemp("bench_cache")))
+    mp.setenv("PYRAMID_DEMO_PROBE_CACHE", str(tmp_path_factory.mktemp("bench_cache")))
     yield
     mp.undo()
 

@@ -108,7 +108,7 @@ def test_measured_by_k_reads_per_forward_times():
 # ---------------------------------------------------------------- the probe
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("PYRAMID_DEMO_CACHE", str(tmp_path))
+    monkeypatch.setenv("PYRAMID_DEMO_PROBE_CACHE", str(tmp_path))
     monkeypatch.setenv("PYRAMID_DEMO_PROBE", "1")
     return tmp_path
 

@@ -78,9 +78,15 @@ def machine_key() -> str:
     return f"{cpu_name()} | torch {torch.__version__} | {torch.get_num_threads()} threads"
 
 
+def probe_root() -> Path:
+    """Where choices and profiles are cached: $PYRAMID_DEMO_PROBE_CACHE, else `bundled.cache_root()`."""
+    env = os.environ.get("PYRAMID_DEMO_PROBE_CACHE")
+    return Path(env).expanduser() if env else cache_root()
+
+
 def _read(name: str) -> dict:
     try:
-        return json.loads((cache_root() / name).read_text(encoding="utf-8"))
+        return json.loads((probe_root() / name).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
 
@@ -90,13 +96,13 @@ def _write(name: str, key: str, value: dict) -> None:
     try:
         data = _read(name)
         data[key] = value
-        root = cache_root()
+        root = probe_root()
         root.mkdir(parents=True, exist_ok=True)
         tmp = root / f".{name}.{os.getpid()}.tmp"
         tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
         tmp.replace(root / name)
     except OSError as e:
-        log.warning("cannot cache %s in %s: %s", name, cache_root(), e)
+        log.warning("cannot cache %s in %s: %s", name, probe_root(), e)
 
 
 def candidates() -> list[tuple[str, str]]:
