@@ -183,7 +183,8 @@ def model_from_counts(method: str, counts: dict, config: dict, profile: dict) ->
             f = lambda a: sd_speed(profile, g, a)  # noqa: E731
             out["lengths"] = {"gamma": g}
         else:
-            ld, lq = _length(counts.get("qualifier"), config.get("l_d", 4)), _length(counts.get("target"), config.get("l_q", 8))
+            ld = _length(counts.get("qualifier"), config.get("l_d", 4))
+            lq = _length(counts.get("target"), config.get("l_q", 8))
             a_q = _alpha(counts.get("qualifier"))
             out["alpha_qualifier"] = a_q
             f = lambda a: psd_speed(profile, ld, lq, a_q if a_q is not None else 0.0, a)  # noqa: E731

@@ -67,7 +67,8 @@ def _passes(triplet: ModelTriplet, ids: list[int], cfg: DecodeConfig) -> Iterato
     Each call builds its own caches and generator, so concurrent runs never share state.
     """
     gen = None if cfg.greedy else torch.Generator().manual_seed(cfg.seed)
-    lms = {r: CachedLM(triplet.model(r), triplet.vocab_size, r, getattr(triplet, "backend", "default")) for r in roles_for(cfg.method)}
+    backend = getattr(triplet, "backend", "default")  # the probed (or asked) CPU backend, for every forward
+    lms = {r: CachedLM(triplet.model(r), triplet.vocab_size, r, backend) for r in roles_for(cfg.method)}
     prefill_s = prefill(lms, ids)
     for lm in lms.values():  # prefill forwards are reported separately
         lm.reset_counters()
