@@ -23,6 +23,7 @@ from typing import Any, Callable
 import torch
 
 from ..core import costs
+from ..core.attention import use_rowwise
 from ..core.lm import BACKENDS
 from .bundled import cache_root
 
@@ -118,6 +119,8 @@ def probe_target(target: torch.nn.Module, vocab_size: int) -> Choice:
     timers = {}
     for dt, backend in candidates():
         model = target if dt == "float32" else copy.deepcopy(target).to(getattr(torch, dt))
+        if model is not target:  # as the loader runs 16-bit CPU models (see `core.attention`)
+            use_rowwise(model)
         timers[f"{dt}/{backend}"] = make_timer(model, vocab_size, backend)
     best_s: dict[str, dict[int, float]] = {c: {} for c in timers}
     for _ in range(REPS + 1):  # the first round warms up; min() keeps the best
