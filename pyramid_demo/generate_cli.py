@@ -38,7 +38,7 @@ def add_decoding_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="cpu, cuda or mps (default: best available)")
     p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: on a CPU the fastest "
                    "in a cached probe of a few seconds, see --backend; bf16 on CUDA (fp16 without bf16), fp16 on MPS)")
-    p.add_argument("--backend", choices=("auto", "onednn", "no-onednn", "default"), default=None,
+    p.add_argument("--backend", choices=("auto", "packed", "onednn", "no-onednn", "default"), default=None,
                    help="CPU matmul backend for every forward: oneDNN on or off, or torch's default "
                         "(default auto: the probe's choice)")
     from .hardware_cli import add_arguments as add_hardware_arguments

@@ -73,3 +73,26 @@ def test_bf16_passes_equal_steps_and_sd_equals_ar():
         ar = generate(t, ids[:20], DecodeConfig(method="ar", max_new_tokens=24))
         sd = generate(t, ids[:20], DecodeConfig(method="sd", max_new_tokens=24, gamma=4))
     assert sd.token_ids == ar.token_ids
+
+
+def test_packed_linears_are_batch_invariant_and_match_the_model():
+    """Packing a bf16 model's linears for oneDNN (core.packed) keeps its logits (to bf16 rounding)
+    and a k-token pass equals k one-token steps bitwise, as SD at T=0 needs."""
+    import pytest
+
+    from pyramid_demo.core.packed import available, pack_linears
+    if not available(torch.bfloat16):
+        pytest.skip("this CPU's oneDNN does not run bf16")
+    t = _small_init_triplet()
+    ids = [7 + (i * 37) % (t.vocab_size - 10) for i in range(220)]
+    plain = CachedLM(t.target, t.vocab_size, "target")
+    plain.logits(ids[:60], 1)
+    want = plain.logits(ids[:65], 5)
+    assert use_rowwise(t.target) and pack_linears([t.target]) > 0
+    a = CachedLM(t.target, t.vocab_size, "target")
+    a.logits(ids[:60], 1)
+    got = a.logits(ids[:65], 5)
+    assert (got - want).abs().max() < 0.05 * want.abs().max()
+    b = CachedLM(t.target, t.vocab_size, "target")
+    b.logits(ids[:60], 1)
+    assert torch.equal(got, torch.cat([b.logits(ids[: 61 + i], 1) for i in range(5)]))

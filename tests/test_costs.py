@@ -127,18 +127,24 @@ def _fake_timer(fastest: str):
     return Timer, calls
 
 
-@pytest.mark.parametrize("fastest", ["float32/default", "bfloat16/no-onednn", "bfloat16/onednn"])
-def test_probe_picks_what_the_timer_says_is_fastest(cache, monkeypatch, fastest):
+@pytest.mark.parametrize("fastest,packed", [("float32/default", True), ("bfloat16/no-onednn", True),
+                                            ("bfloat16/packed", True), ("bfloat16/onednn", False)])
+def test_probe_picks_what_the_timer_says_is_fastest(cache, monkeypatch, fastest, packed):
+    """The probe times every candidate (packed oneDNN replaces plain oneDNN where this CPU runs it)
+    and picks the one the timer says is fastest; the choice is cached; a flag overrides it."""
     from pyramid_demo.models import probe
     from pyramid_demo.models.tiny import tiny_random_triplet
 
     monkeypatch.setattr(probe, "native_bf16", lambda: True)
+    monkeypatch.setattr(probe, "packed_available", lambda dt: packed)
+    monkeypatch.setattr(probe, "pack_linears", lambda models: 0)  # the timer is fake: nothing to pack
     timer, calls = _fake_timer(fastest)
     monkeypatch.setattr(probe, "make_timer", timer)
     t = tiny_random_triplet()
     got = probe.choose("fam", torch.device("cpu"), None, None, lambda: (t.target, t.vocab_size))
     assert (got.dtype, got.backend, got.how) == (*fastest.split("/"), "probe")
-    assert {(c[0], c[1]) for c in calls} == {tuple(c) for c in probe.CANDIDATES}
+    assert {(c[0], c[1]) for c in calls} == set(probe.candidates())
+    assert ("bfloat16", "packed" if packed else "onednn") in probe.candidates()
     assert {c[2] for c in calls} == {1, probe.VERIFY_K}
     assert next(t.target.parameters()).dtype == torch.float32  # probed on copies
     data = json.loads((cache / probe.CHOICE_FILE).read_text())

@@ -57,7 +57,7 @@ def common_prefix_len(a: list[int], b: list[int]) -> int:
     return n
 
 
-BACKENDS = ("default", "onednn", "no-onednn")
+BACKENDS = ("default", "onednn", "no-onednn", "packed")  # packed: linears packed at load (core.packed)
 
 
 @contextlib.contextmanager

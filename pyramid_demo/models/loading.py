@@ -29,6 +29,8 @@ from .memory import DEFAULT_MAX_LEN, Estimate, check_fits, estimate_family
 from .placement import Placement, make_placement, pretrained_kwargs
 from ..core.attention import use_rowwise
 from ..core.lm import ModelTriplet
+from ..core.packed import available as packed_available
+from ..core.packed import pack_linears
 from .presets import BUNDLED_TARGET, PRESETS, Preset
 
 log = logging.getLogger(__name__)
@@ -122,7 +124,11 @@ def load_triplet(spec: str, device: str | None = None, dtype: str | None = None,
     if choice.how == "probe" and choice.dtype != "float32":  # the probe's fp32 copy is not needed
         with _LOCK:
             _CACHE.pop((norm, str(dev), "float32", place.key), None)
-    base = _load_base(spec, dev, pick_dtype(dev, choice.dtype), place, max_len)
+    dt = pick_dtype(dev, choice.dtype)
+    if choice.backend == "packed" and not (dev.type == "cpu" and packed_available(dt)):
+        raise LoadError("--backend packed needs bfloat16 on a CPU whose oneDNN runs bf16 (AVX-512 BF16 or AMX); "
+                        "use --backend auto")
+    base = _load_base(spec, dev, dt, place, max_len, packed=choice.backend == "packed")
     vkey = (id(base), choice.backend, choice.note)
     with _LOCK:
         if vkey not in _VIEWS:  # the same weights, with the backend and how it was chosen
@@ -130,12 +136,14 @@ def load_triplet(spec: str, device: str | None = None, dtype: str | None = None,
         return _VIEWS[vkey]
 
 
-def _load_base(spec: str, dev: torch.device, dt: torch.dtype, place: Placement, max_len: int | None) -> ModelTriplet:
+def _load_base(spec: str, dev: torch.device, dt: torch.dtype, place: Placement, max_len: int | None,
+               packed: bool = False) -> ModelTriplet:
+    """Load once per key; `packed`: a separate copy whose linear layers are packed for oneDNN (`core.packed`)."""
     preset, refs = parse_spec(spec)
     if preset is not None and not preset.hub and place.quantize:
         raise LoadError(f"--quantize is for Hub and custom families; {preset.name} is small enough as it is.")
     norm = preset.name if preset else ",".join(refs)
-    key = (norm, str(dev), str(dt).removeprefix("torch."), place.key)
+    key = (norm, str(dev), str(dt).removeprefix("torch."), place.key) + (("packed",) if packed else ())
     with _LOCK:
         if key in _CACHE:
             return _CACHE[key]
@@ -150,6 +158,8 @@ def _load_base(spec: str, dev: torch.device, dt: torch.dtype, place: Placement, 
         triplet.device, triplet.dtype = dev, dt
         if dev.type == "cpu" and dt in (torch.bfloat16, torch.float16):
             triplet.attention = exact_passes(triplet)
+        if packed:
+            pack_linears([triplet.draft, triplet.qualifier, triplet.target])
         log.info("loaded %s on %s/%s in %.1f s", norm, dev, dt, time.perf_counter() - t0)
         with _LOCK:
             _CACHE[key] = triplet

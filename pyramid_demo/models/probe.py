@@ -25,13 +25,18 @@ import torch
 from ..core import costs
 from ..core.attention import use_rowwise
 from ..core.lm import BACKENDS
+from ..core.packed import available as packed_available
+from ..core.packed import pack_linears
 from .bundled import cache_root
 
 log = logging.getLogger(__name__)
 
 VERIFY_K = 5  # a verification pass: a proposal of 4 plus the verifier's own token
 REPS = 4
-CANDIDATES = (("float32", "default"), ("bfloat16", "onednn"), ("bfloat16", "no-onednn"))
+# bf16 through oneDNN comes as "packed" (weights packed once: fast and batch-invariant, see
+# `core.packed`) where this torch and CPU offer it, else as plain oneDNN (re-packs every call and
+# rounds a k-token pass differently from one-token steps); "no-onednn" is batch-invariant too
+CANDIDATES = (("float32", "default"), ("bfloat16", "packed"), ("bfloat16", "onednn"), ("bfloat16", "no-onednn"))
 MAX_PROBE_PARAMS = 2e9  # above this, casting a copy of the target is too costly: no probe
 CHOICE_FILE, PROFILE_FILE = "dtype_probe.json", "cost_profiles.json"
 make_timer = costs.ForwardTimer  # tests replace this timer
@@ -50,7 +55,8 @@ class Choice:
         what = {"probe": "fastest in a probe of the target's forwards just now",
                 "cached": "fastest in this machine's cached probe", "flag": "as asked on the command line",
                 "device": "this device's default", "off": "the probe is off: PYRAMID_DEMO_PROBE=0"}[self.how]
-        shown = {"default": "default backends", "onednn": "oneDNN on", "no-onednn": "oneDNN off"}[self.backend]
+        shown = {"default": "default backends", "onednn": "oneDNN on", "no-onednn": "oneDNN off",
+                 "packed": "oneDNN, weights packed once"}[self.backend]
         times = "; ".join(f"{c}: " + ", ".join(f"k={k} {v:.1f} ms" for k, v in t.items())
                           for c, t in self.timings_ms.items())
         return f"{self.dtype}, {shown} ({what})" + (f" — probed: {times}" if times else "")
@@ -107,7 +113,8 @@ def _write(name: str, key: str, value: dict) -> None:
 
 
 def candidates() -> list[tuple[str, str]]:
-    return [c for c in CANDIDATES if c[0] == "float32" or native_bf16()]
+    packed = packed_available(torch.bfloat16)
+    return [c for c in CANDIDATES if c[0] == "float32" or native_bf16() and c[1] != ("onednn" if packed else "packed")]
 
 
 def probe_target(target: torch.nn.Module, vocab_size: int) -> Choice:
@@ -121,6 +128,8 @@ def probe_target(target: torch.nn.Module, vocab_size: int) -> Choice:
         model = target if dt == "float32" else copy.deepcopy(target).to(getattr(torch, dt))
         if model is not target:  # as the loader runs 16-bit CPU models (see `core.attention`)
             use_rowwise(model)
+        if backend == "packed":
+            pack_linears([model])
         timers[f"{dt}/{backend}"] = make_timer(model, vocab_size, backend)
     best_s: dict[str, dict[int, float]] = {c: {} for c in timers}
     for _ in range(REPS + 1):  # the first round warms up; min() keeps the best
