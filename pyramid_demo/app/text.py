@@ -115,11 +115,18 @@ The more green and blue, the less work the big target had to do.
   {", ".join(f"{k} {v}" for k, v in tuned_settings("smollm2-offline").items())}); a custom family starts from
   the papers' settings.
 * "Tokens / target pass" counts the target's own token; "accepted" counts drafted tokens only.
+* On a CPU, 16-bit models run with **row-wise attention** and linears that compute each row alone, so a
+  verification pass gives bitwise the logits of one-token steps: SD and lossless PSD_A then write AR's exact
+  text in bf16 too. The dtype and backend come from a probe of this machine (the family box says which).
+* What speculation can win here is in the **Statistics** tab: the cost of one forward of k tokens for each
+  model, and the acceptance each method needs to break even against AR. On the offline family, checking 5
+  tokens costs the target about what one step does, so acceptance — how well the small students match
+  the target — decides who wins.
 * Times exclude the prompt's prefill; speed-ups compare methods on the same prompt in the same race.
 """
 
 STATS_NOTE = (
     "Throughput model (PyramidSD §3): predicted tok/s from each model's measured single-model speed "
-    "(forward passes per second in this race) and the measured acceptance rates. On a CPU a multi-token "
-    "verification pass costs more than one token, so prediction and measurement can differ."
+    "(forward passes per second in this race) and the measured acceptance rates. It assumes a k-token "
+    "verification costs what one token does; the cost profile below measures what it really costs here."
 )
