@@ -68,6 +68,10 @@ def test_method_model_and_verdict_from_a_trace():
     assert m["alpha"] == pytest.approx(5 / 7, abs=1e-4)  # 5 accepted, 2 rejections
     assert m["lengths"] == {"gamma": 4} and 0 < m["break_even_alpha"] < 1
     assert costs.verdict("sd", m).startswith("wins" if m["alpha"] >= m["break_even_alpha"] else "loses")
+    wins = m["alpha"] >= m["break_even_alpha"]
+    agree, disagree = ((12.0, 10.0), (8.0, 10.0)) if wins else ((8.0, 10.0), (12.0, 10.0))
+    assert "measured" in costs.verdict("sd", m, agree) and "not what the profile" not in costs.verdict("sd", m, agree)
+    assert "not what the profile expects" in costs.verdict("sd", m, disagree)  # the run says otherwise
     assert "break_even_alpha" not in costs.method_model("ar", steps, {}, PROFILE)
     assert costs.per_token_alpha([]) is None
 

@@ -156,11 +156,12 @@ def cost_rows(results: dict[str, RunResult], profile: dict | None) -> list[dict]
     if not profile:
         return []
     rows = []
+    ar = results["ar"].stats.tokens_per_s if "ar" in results else None
     for m, r in results.items():
         pred = costs.predict_run(r.steps, profile)
         model = costs.method_model(m, r.steps, r.config, profile)
         rows.append({"method": m, "measured": r.stats.tokens_per_s, "predicted": pred["tokens_per_s"],
-                     **model, "why": costs.verdict(m, model)})
+                     **model, "why": costs.verdict(m, model, (r.stats.tokens_per_s, ar) if ar else None)})
     return rows
 
 

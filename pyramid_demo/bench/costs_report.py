@@ -78,7 +78,10 @@ def finish(rows: list[dict], prof: dict | None) -> dict:
                         prediction_error=predicted / measured - 1 if measured and predicted else None,
                         ms_per_forward_by_k={r: {k: s / n for k, (s, n) in sorted(d.items(), key=lambda kv: int(kv[0]))
                                                  if n} for r, d in v["ms_by_k"].items()},
-                        forwards_by_k=v["forwards"], **model, why=costs.verdict(v["method"], model)))
+                        forwards_by_k=v["forwards"], **model))
+    ar = next((d["measured_tokens_per_s"] for d in out if d["method"] == "ar"), None)
+    for d in out:
+        d["why"] = costs.verdict(d["method"], d, (d["measured_tokens_per_s"], ar) if ar else None)
     out.sort(key=lambda d: (METHODS.index(d["method"]) if d["method"] in METHODS else 99, d["variant"]))
     return {"profile": prof, "variants": out}
 

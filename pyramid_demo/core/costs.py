@@ -197,8 +197,9 @@ def model_from_counts(method: str, counts: dict, config: dict, profile: dict) ->
     return out
 
 
-def verdict(method: str, m: dict) -> str:
-    """One line: why the method wins or loses here."""
+def verdict(method: str, m: dict, measured: tuple[float, float] | None = None) -> str:
+    """One line: why the method wins or loses here, on the profile; `measured` (the method's and AR's
+    tok/s in the same run) adds what happened, and says so when the run did not follow the profile."""
     if "break_even_alpha" not in m:
         return "the baseline: one target forward per token" if method == "ar" else "no profile for its models"
     be, a = m["break_even_alpha"], m.get("alpha")
@@ -210,9 +211,16 @@ def verdict(method: str, m: dict) -> str:
         return f"pays once {stage} exceeds {be:.2f}"
     exp = m.get("expected_tokens_per_s")
     vs = f" (expected {exp:.1f} vs AR {m['ar_tokens_per_s']:.1f} tok/s on this profile)" if exp else ""
-    if a >= be:
-        return f"wins: {stage} {a:.2f} is above the break-even {be:.2f}{vs}"
-    return f"loses: {stage} {a:.2f} is below the break-even {be:.2f}{vs}"
+    wins = a >= be
+    line = (f"wins: {stage} {a:.2f} is above the break-even {be:.2f}{vs}" if wins
+            else f"loses: {stage} {a:.2f} is below the break-even {be:.2f}{vs}")
+    if measured and all(measured):
+        got, ar = measured
+        line += f"; measured {got:.1f} vs AR {ar:.1f} tok/s"
+        if (got >= ar) != wins:
+            line += (" — not what the profile expects: these forwards cost more in the run than in the "
+                     "profile, or its proposals were shorter/longer than the formula's γ")
+    return line
 
 
 # ---------------------------------------------------------------- measuring (the only torch code here)
