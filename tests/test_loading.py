@@ -171,12 +171,12 @@ def test_hub_probe_is_bounded_and_local():
 
 
 def test_hub_errors_become_clear_messages():
-    gated = loading._hub_error("meta-llama/Llama-3.1-8B-Instruct", OSError(
+    gated = loading.hub_error("meta-llama/Llama-3.1-8B-Instruct", OSError(
         "You are trying to access a gated repo.\nMake sure to have access to it"), PRESETS["llama3"])
     msg = str(gated)
     assert "huggingface-cli login" in msg and "HF_TOKEN" in msg and "licence" in msg
     assert "https://huggingface.co/meta-llama/Llama-3.1-8B-Instruct" in msg
-    wrong = loading._hub_error("Qwen/Qwen9-1B", OSError(
+    wrong = loading.hub_error("Qwen/Qwen9-1B", OSError(
         "Qwen/Qwen9-1B is not a local folder and is not a valid model identifier listed on ..."), None)
     assert "not found on the Hugging Face Hub" in str(wrong) and "Qwen/Qwen9-1B" in str(wrong)
 
