@@ -15,12 +15,14 @@ class BigramLM:
         self.ids: list[int] = []
         self.n_forward = 0
         self.time_s = 0.0
+        self.fed: list[int] = []
 
     def logits(self, seq: list[int], keep: int) -> torch.Tensor:
         new = seq[len(self.ids):]
         assert new and keep <= len(new), (self.role, len(self.ids), len(seq), keep)
         self.ids.extend(new)
         self.n_forward += 1
+        self.fed.append(len(new))
         return self.table[torch.tensor(seq[-keep:])].float()  # [keep, V]
 
     def rollback(self, seq: list[int]) -> None:
@@ -30,7 +32,7 @@ class BigramLM:
         del self.ids[keep:]
 
     def reset_counters(self) -> None:
-        self.n_forward, self.time_s = 0, 0.0
+        self.n_forward, self.time_s, self.fed = 0, 0.0, []
 
 
 def bigram_table(vocab: int, seed: int, sharpness: float = 1.0) -> torch.Tensor:

@@ -37,7 +37,7 @@ def cost_ms(profile: dict, role: str, k: int) -> float:
 
 def step_forwards(step: Step) -> dict[str, list[int]]:
     """The new-token counts of the forwards one Step made, per role: `step.fed` where the engine
-    recorded it; else read from the rounds. Target: one pass of (proposal + 1) tokens (1 for AR).
+    recorded it; else (a trace without it, e.g. an older export) read from the rounds. Target: one pass of (proposal + 1) tokens (1 for AR).
     Qualifier: one pass of (proposal + 1) per stage-1 round. Draft: its forwards, counted as one
     token each (the first of a round may feed one more committed token)."""
     if step.fed:

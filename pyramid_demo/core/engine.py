@@ -226,7 +226,7 @@ def _decode(lms: dict[str, LM], prompt_ids: list[int], cfg: DecodeConfig, eos_id
         t0 = clock.now()
         times0 = {r: lm.time_s for r, lm in lms.items()}
         calls0 = {r: lm.n_forward for r, lm in lms.items()}
-        fed0 = {r: len(getattr(lm, "fed", ())) for r, lm in lms.items()}
+        fed0 = {r: len(lm.fed) for r, lm in lms.items()}
         qrounds: list[StageRound] = []
         tround = None
         if spec.proposer is None:
@@ -255,7 +255,7 @@ def _decode(lms: dict[str, LM], prompt_ids: list[int], cfg: DecodeConfig, eos_id
         step = Step(i, qrounds, tround, new, origins, t0, clock.now(),
                     {r: round(lm.time_s - times0[r], 6) for r, lm in lms.items()},
                     {r: lm.n_forward - calls0[r] for r, lm in lms.items()},
-                    {r: list(lm.fed[fed0[r]:]) for r, lm in lms.items() if hasattr(lm, "fed")})
+                    {r: lm.fed[fed0[r]:] for r, lm in lms.items()})
         clock.pause()
         yield step
         clock.resume()

@@ -21,6 +21,7 @@ class LM(Protocol):
     ids: list[int]  # tokens whose keys/values are in the cache, in order
     n_forward: int
     time_s: float
+    fed: list[int]  # new tokens fed by each forward since the counters were reset (cost profile)
 
     def logits(self, seq: list[int], keep: int) -> torch.Tensor: ...  # [keep, V] fp32, CPU
     def rollback(self, seq: list[int]) -> None: ...
@@ -42,7 +43,7 @@ class ModelTriplet:
     preset: str = "custom"
     attention: str = "sdpa"  # "rowwise": passes compute each position as a one-token step (core.attention)
     note: str = ""  # shown to users, e.g. "draft and qualifier are the target itself"
-    backend: str = "default"  # CPU matmul backend for every forward: default | onednn | no-onednn
+    backend: str = "default"  # CPU matmul backend for every forward: one of BACKENDS
     choice_note: str = ""  # how dtype and backend were chosen (probe / cached / flag), shown to users
 
     def model(self, role: str) -> torch.nn.Module:
