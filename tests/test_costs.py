@@ -117,6 +117,11 @@ def cache(tmp_path, monkeypatch):
     return tmp_path
 
 
+def _all_exact(open_lm, vocab, plan, pad_rows=1):
+    return {"exact": True, "top1": True, "passes": 1, "bitwise_passes": 1, "max_abs_diff": 0.0, "max_k": 2,
+            "pad_rows": pad_rows}
+
+
 def _fake_timer(fastest: str):
     calls = []
 
@@ -141,7 +146,9 @@ def test_probe_picks_what_the_timer_says_is_fastest(cache, monkeypatch, fastest,
 
     monkeypatch.setattr(probe, "native_bf16", lambda: True)
     monkeypatch.setattr(probe, "packed_available", lambda dt: packed)
-    monkeypatch.setattr(probe, "pack_linears", lambda models: 0)  # the timer is fake: nothing to pack
+    monkeypatch.setattr(probe, "pack_linears", lambda models, pad=1: 0)  # the timer is fake: nothing to pack
+    monkeypatch.setattr(probe, "invariant_pad", lambda linears, rows: 1)
+    monkeypatch.setattr(probe.exactness, "check_model", _all_exact)  # every candidate exact: speed decides
     timer, calls = _fake_timer(fastest)
     monkeypatch.setattr(probe, "make_timer", timer)
     t = tiny_random_triplet()
@@ -182,6 +189,7 @@ def test_load_triplet_applies_the_choice_and_cachedlm_runs_under_it(cache, monke
 
     monkeypatch.setattr(probe, "native_bf16", lambda: True)
     monkeypatch.setattr(probe, "make_timer", _fake_timer("bfloat16/no-onednn")[0])
+    monkeypatch.setattr(probe.exactness, "check_model", _all_exact)
     loading.clear_cache()
     t = loading.load_triplet("tiny-random", device="cpu")
     assert t.dtype == torch.bfloat16 and t.backend == "no-onednn" and "probe" in t.choice_note

@@ -182,3 +182,68 @@ def test_divergence_uses_raw_distributions(warp):
                     "target", "draft", "target")
     assert rnd.tokens[0].div == pytest.approx(raw, abs=1e-5)
     assert rnd.n_accepted == (1 if raw <= tau else 0)
+
+
+# --- four wrong rules a review planted that the fast tests missed (issue 16) ----------------
+
+def test_kl_in_verify_is_proposer_against_verifier():
+    """Through the engine, kl is KL(P_proposer ‖ P_verifier): the verifier p = [.5, .5, 0⁺] and a proposer
+    q = [.999, .001, 0⁺] give KL(q‖p) ≈ 0.685, accepted at τ 1, while KL(p‖q) ≈ 2.76 would reject."""
+    z_p = logits_for([[0.5, 0.5, 1e-9], [0.3, 0.3, 0.4]])
+    z_q = logits_for([[0.999, 0.001, 1e-9]])
+    want = rules.divergence(torch.softmax(z_p[:1], -1), torch.softmax(z_q, -1), "kl").item()
+    assert want == pytest.approx(0.685, abs=2e-3)
+    cfg = DecodeConfig(method="fsd", divergence="kl", tau_t=1.0)
+    rnd, _ = verify(z_p, z_q, [0], "fuzzy", 1.0, cfg, None, "target", "draft", "target")
+    assert rnd.tokens[0].div == pytest.approx(want, abs=1e-5) and rnd.n_accepted == 1
+
+
+def test_acceptance_is_accepted_over_proposed():
+    """stats.acceptance[stage] is accepted ÷ proposed drafted tokens (the verifier's own token is not a
+    proposal); the throughput model and the cost verdict read this figure."""
+    from pyramid_demo.core.stats import compute_stats
+
+    V = 6
+    base = bigram_table(V, 43, 2.0)  # the proposers are noisy copies of the target: partial acceptance
+    tables = {"target": base, "qualifier": base + bigram_table(V, 42, 0.5), "draft": base + bigram_table(V, 41, 1.0)}
+    cfg = DecodeConfig(method="psd_f", tau_q=0.3, tau_t=0.3, l_d=2, l_q=4, max_new_tokens=24)
+    steps = list(decode({r: BigramLM(tables[r], r) for r in roles_for("psd_f")}, [0], cfg, (), None))
+    st = compute_stats("psd_f", steps, 0.0, "")
+    for stage, rounds in (("target", [s.target_round for s in steps]),
+                          ("qualifier", [r for s in steps for r in s.qualifier_rounds])):
+        acc, prop = sum(r.n_accepted for r in rounds), sum(len(r.tokens) - 1 for r in rounds)
+        assert prop > 0 and acc > 0  # so that any other denominator gives another figure
+        assert st.acceptance[stage] == pytest.approx(acc / prop, abs=1e-4)
+
+
+def test_expected_length_of_a_round():
+    """A round of n proposals accepted with probability α each commits (1 − α^(n+1)) / (1 − α) tokens,
+    the verifier's own included: 1 at α = 0, n + 1 at α = 1, 1.9375 at α = ½ and n = 4."""
+    from pyramid_demo.core.costs import expected_len
+
+    assert expected_len(0.0, 4) == 1.0 and expected_len(0.0, 1) == 1.0
+    assert expected_len(0.5, 4) == pytest.approx(1.9375)
+    assert expected_len(1.0, 4) == 5.0
+    assert expected_len(0.3, 2) == pytest.approx(1 + 0.3 + 0.09)
+
+
+@pytest.mark.parametrize("warp", [dict(temperature=0.7, top_k=3), dict(temperature=1.3, top_p=0.7),
+                                  dict(temperature=1.0, top_k=4, top_p=0.8)])
+def test_sampled_ratio_test_warps_the_proposer_like_the_target(warp):
+    """At T>0 the SD ratio p(x)/q(x) divides by the proposer's q warped exactly as the target's p is
+    (temperature, top-k and top-p): the recorded p and q equal warp(z) with all three, and a draft
+    token outside the proposer's top-k/top-p has q = 0, so the ratio test accepts it."""
+    g = torch.Generator().manual_seed(9)
+    V = 12
+    z_p, z_q = 2 * torch.randn(2, V, generator=g), 2 * torch.randn(1, V, generator=g)
+    cfg = DecodeConfig(method="sd", **warp)
+    pw = rules.warp(z_p, cfg.temperature, cfg.top_k, cfg.top_p)
+    qw = rules.warp(z_q, cfg.temperature, cfg.top_k, cfg.top_p)
+    t_only = rules.warp(z_q, cfg.temperature)
+    for x in range(V):
+        rnd, _ = verify(z_p, z_q, [x], "sd", None, cfg, torch.Generator().manual_seed(x), "target", "draft", "target")
+        rec = rnd.tokens[0]
+        assert rec.p == pytest.approx(float(pw[0, x]), abs=1e-6)
+        assert rec.q == pytest.approx(float(qw[0, x]), abs=1e-6)
+        if float(qw[0, x]) == 0.0 and float(pw[0, x]) > 0.0:
+            assert float(t_only[0, x]) > 0 and rnd.n_accepted == 1

@@ -8,6 +8,8 @@ from .settings import DIVERGENCES, FALLBACKS, STAGE2_RULES, TUNABLE  # noqa: F40
 
 METHODS = tuple(m.key for m in TABLE)
 METHOD_LABELS = {m.key: m.label for m in TABLE}
+MAX_LENGTH = 64  # the longest γ, ℓ_D or ℓ_Q
+LONGEST_PASS = MAX_LENGTH + 1  # the longest verification pass: a proposal plus the verifier's own token
 
 
 @dataclass(frozen=True)
@@ -45,7 +47,8 @@ class DecodeConfig:
              f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
         for name in ("gamma", "l_d", "l_q"):
             v = getattr(self, name)
-            need(isinstance(v, int) and 1 <= v <= 64, f"{name} must be an integer from 1 to 64, got {v!r}")
+            need(isinstance(v, int) and 1 <= v <= MAX_LENGTH,
+                 f"{name} must be an integer from 1 to {MAX_LENGTH}, got {v!r}")
         need(self.l_d <= self.l_q, f"l_d ({self.l_d}) must not exceed l_q ({self.l_q})")
         for name in ("tau_q", "tau_t"):
             v = getattr(self, name)

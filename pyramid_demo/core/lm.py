@@ -45,6 +45,8 @@ class ModelTriplet:
     note: str = ""  # shown to users, e.g. "draft and qualifier are the target itself"
     backend: str = "default"  # CPU matmul backend for every forward: one of BACKENDS
     choice_note: str = ""  # how dtype and backend were chosen (probe / cached / flag), shown to users
+    exact: bool | None = None  # a k-token pass equals k one-token steps bitwise here (None: not checked)
+    exact_note: str = ""  # what that means for the lossless methods, from the probe's record (core.exactness)
 
     def model(self, role: str) -> torch.nn.Module:
         return {"draft": self.draft, "qualifier": self.qualifier, "target": self.target}[role]

@@ -5,26 +5,41 @@ or, with oneDNN off, streams the weight once per input row, so a 5-token verific
 reads every weight five times. Packing each weight once at load time, as torch.compile's CPU
 backend does, lets a k-token pass read the weights once: verification then costs about what a
 one-token step costs, which is what speculative decoding needs from its target.
+
+Exactness: oneDNN picks its kernel by row count, and on some CPUs a one-row call rounds
+differently from a multi-row one (measured: the MLP down projection, 1536→576, on a CPU without
+AMX). SD at temperature 0 then drifts from AR. Padding every call to `min_rows` rows, the smallest
+count from which rows are invariant on this machine (`invariant_pad` measures it), makes a k-token
+pass compute each row as a one-token step does; the padding costs little while a step is bound by
+reading the weights.
 """
 from __future__ import annotations
 
+from typing import Iterable, Sequence
+
 import torch
+
+PADS = (1, 2, 4, 8)  # row counts `invariant_pad` tries, smallest first
 
 
 class PackedLinear(torch.nn.Module):
-    """y = x·Wᵀ + b through oneDNN with W packed once; same results as oneDNN's own bf16 linear."""
+    """y = x·Wᵀ + b through oneDNN with W packed once; calls of fewer than `min_rows` rows are
+    padded with zero rows (and the padding dropped), so every call runs a kernel for ≥ min_rows."""
 
-    def __init__(self, linear: torch.nn.Linear):
+    def __init__(self, linear: torch.nn.Linear, min_rows: int = 1):
         super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.in_features, self.out_features, self.min_rows = linear.in_features, linear.out_features, min_rows
         self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), 1),
                              persistent=False)
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach(), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)  # [rows, in]
-        y = torch.ops.mkldnn._linear_pointwise(flat, self.packed, self.bias, "none", [], "")  # [rows, out]
-        return y.reshape(*x.shape[:-1], self.out_features)
+        rows = flat.shape[0]
+        if rows < self.min_rows:
+            flat = torch.cat([flat, flat.new_zeros(self.min_rows - rows, self.in_features)])  # [min_rows, in]
+        y = torch.ops.mkldnn._linear_pointwise(flat, self.packed, self.bias, "none", [], "")  # [≥rows, out]
+        return y[:rows].reshape(*x.shape[:-1], self.out_features)
 
 
 def available(dtype: torch.dtype) -> bool:
@@ -37,16 +52,47 @@ def available(dtype: torch.dtype) -> bool:
         return False
 
 
-def pack_linears(models: list[torch.nn.Module]) -> int:
-    """Swap every bf16 `nn.Linear` in `models` for a `PackedLinear` (a layer shared between models
-    is packed once); returns how many were packed. Inference only: packed weights take no grad."""
-    done: dict[int, PackedLinear] = {}
+def bf16_linears(models: Iterable[torch.nn.Module]) -> list[torch.nn.Linear]:
+    """Every distinct CPU bf16 `nn.Linear` in `models` (a layer shared between models counted once)."""
+    seen: dict[int, torch.nn.Linear] = {}
+    for model in models:
+        for m in model.modules():
+            if type(m) is torch.nn.Linear and m.weight.dtype == torch.bfloat16 and m.weight.device.type == "cpu":
+                seen.setdefault(id(m), m)
+    return list(seen.values())
+
+
+def pack_linears(models: list[torch.nn.Module], min_rows: int = 1) -> int:
+    """Swap every bf16 `nn.Linear` in `models` for a `PackedLinear` padding to `min_rows` (a layer
+    shared between models is packed once); returns how many were packed. Inference only."""
+    done = {id(lin): PackedLinear(lin, min_rows) for lin in bf16_linears(models)}
     for model in models:
         for parent in list(model.modules()):
             for name, child in list(parent.named_children()):
-                if type(child) is torch.nn.Linear and child.weight.dtype == torch.bfloat16 \
-                        and child.weight.device.type == "cpu":
-                    if id(child) not in done:
-                        done[id(child)] = PackedLinear(child)
+                if id(child) in done:
                     setattr(parent, name, done[id(child)])
     return len(done)
+
+
+def rows_invariant(linear: torch.nn.Module, max_rows: int, seed: int = 0) -> bool:
+    """Whether row i of an M-row call equals the one-row call on row i, bitwise, for M = 1 … max_rows."""
+    g = torch.Generator().manual_seed(seed)
+    dtype = linear.packed.dtype if hasattr(linear, "packed") else linear.weight.dtype
+    x = torch.randn(max_rows, linear.in_features, generator=g).to(dtype)  # [max_rows, in]
+    with torch.inference_mode():
+        ref = torch.cat([linear(x[i: i + 1]) for i in range(max_rows)])  # [max_rows, out], one row a call
+        return all(torch.equal(linear(x[:m]), ref[:m]) for m in range(2, max_rows + 1))
+
+
+def invariant_pad(linears: Sequence[torch.nn.Linear], max_rows: int, pads: Sequence[int] = PADS,
+                  pack=PackedLinear) -> int | None:
+    """The smallest padding from `pads` under which every linear's packed rows are batch-invariant up to
+    `max_rows` rows; None if none is. One linear per distinct (in, out, bias) shape is checked: the
+    kernel oneDNN picks depends on the shapes, not the values."""
+    shapes: dict[tuple, torch.nn.Linear] = {}
+    for lin in linears:
+        shapes.setdefault((lin.in_features, lin.out_features, lin.bias is not None), lin)
+    for pad in pads:
+        if all(rows_invariant(pack(lin, pad), max_rows) for lin in shapes.values()):
+            return pad
+    return None

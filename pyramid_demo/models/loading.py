@@ -27,7 +27,8 @@ from .placement import Placement, make_placement, pretrained_kwargs
 from ..core.attention import use_rowwise
 from ..core.lm import ModelTriplet
 from ..core.packed import available as packed_available
-from ..core.packed import pack_linears
+from ..core.config import LONGEST_PASS
+from ..core.packed import bf16_linears, invariant_pad, pack_linears
 from .hub import PROBE_TIMEOUT_S, hub_error, hub_offline, hub_reachable, offline_error, user_error
 from .presets import BUNDLED_TARGET, PRESETS, Preset
 
@@ -118,22 +119,25 @@ def load_triplet(spec: str, device: str | None = None, dtype: str | None = None,
     if choice.backend == "packed" and not (dev.type == "cpu" and packed_available(dt)):
         raise LoadError("--backend packed needs bfloat16 on a CPU whose oneDNN runs bf16 (AVX-512 BF16 or AMX); "
                         "use --backend auto")
-    base = _load_base(spec, dev, dt, place, max_len, packed=choice.backend == "packed")
+    pad = choice.pad_rows if choice.record else 0  # 0: measured when packing
+    base = _load_base(spec, dev, dt, place, max_len, packed=choice.backend == "packed", pad_rows=pad)
     vkey = (id(base), choice.backend, choice.note)
     with _LOCK:
-        if vkey not in _VIEWS:  # the same weights, with the backend and how it was chosen
-            _VIEWS[vkey] = replace(base, backend=choice.backend, choice_note=choice.note)
+        if vkey not in _VIEWS:  # the same weights, with the backend, how it was chosen, and whether it is exact
+            _VIEWS[vkey] = replace(base, backend=choice.backend, choice_note=choice.note, exact=choice.exact,
+                                   exact_note=choice.exact_note)
         return _VIEWS[vkey]
 
 
 def _load_base(spec: str, dev: torch.device, dt: torch.dtype, place: Placement, max_len: int | None,
-               packed: bool = False) -> ModelTriplet:
-    """Load once per key; `packed`: a separate copy whose linear layers are packed for oneDNN (`core.packed`)."""
+               packed: bool = False, pad_rows: int = 0) -> ModelTriplet:
+    """Load once per key; `packed`: a separate copy whose linear layers are packed for oneDNN (`core.packed`),
+    every call padded to `pad_rows` rows (0: the padding this CPU needs, measured now)."""
     preset, refs = parse_spec(spec)
     if preset is not None and not preset.hub and place.quantize:
         raise LoadError(f"--quantize is for Hub and custom families; {preset.name} is small enough as it is.")
     norm = preset.name if preset else ",".join(refs)
-    key = (norm, str(dev), str(dt).removeprefix("torch."), place.key) + (("packed",) if packed else ())
+    key = (norm, str(dev), str(dt).removeprefix("torch."), place.key) + (("packed", pad_rows) if packed else ())
     with _LOCK:
         if key in _CACHE:
             return _CACHE[key]
@@ -149,7 +153,8 @@ def _load_base(spec: str, dev: torch.device, dt: torch.dtype, place: Placement, 
         if dev.type == "cpu" and dt in (torch.bfloat16, torch.float16):
             triplet.attention = exact_passes(triplet)
         if packed:
-            pack_linears([triplet.draft, triplet.qualifier, triplet.target])
+            models = [triplet.draft, triplet.qualifier, triplet.target]
+            pack_linears(models, pad_rows or invariant_pad(bf16_linears(models), LONGEST_PASS) or 1)
         log.info("loaded %s on %s/%s in %.1f s", norm, dev, dt, time.perf_counter() - t0)
         with _LOCK:
             _CACHE[key] = triplet

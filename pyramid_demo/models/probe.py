@@ -1,11 +1,19 @@
-"""The dtype and CPU backend for this machine, chosen by a probe of a few seconds, and the family's
+"""The dtype and CPU backend for this machine, chosen by a probe of several seconds, and the family's
 measured cost profile (see `core.costs`); both cached as JSON under `bundled.cache_root()`.
 
-On a CPU the target's cached forwards are timed (k = 1 and k = VERIFY_K new tokens over a ~100-token
-context, min of a few reps) under each candidate: fp32; bf16 with oneDNN on; bf16 with oneDNN off
-(bf16 only where the CPU has native bf16 instructions). The fastest by the sum of the two times wins.
-The choice is cached per machine (CPU model, torch version, threads) × family. On CUDA: bf16 where
-supported, else fp16; on MPS: fp16 (no timing). `--dtype` and `--backend` override it.
+On a CPU each candidate — fp32; bf16 with packed oneDNN linears (or plain oneDNN where packing is not
+offered); bf16 with oneDNN off (bf16 only where the CPU has native bf16 instructions) — is checked
+for exactness and timed on the real target:
+- exactness (`core.exactness`): k-token passes against one-token steps, k = 2 … the longest pass the
+  settings allow, over several contexts; packed linears are first padded to the smallest row count
+  that makes them batch-invariant on this CPU (`core.packed.invariant_pad`);
+- speed: cached forwards of k = 1 and k = VERIFY_K new tokens, weighted as a race spends them.
+The fastest exact candidate wins; if none is exact, the fastest whose top-1 always matched, and every
+place that reports the choice says that lossless methods may then differ from AR at near-ties. The
+choice and its exactness record are cached per machine (CPU model, torch version, threads) × family;
+a cached choice without an exactness record is probed again. On CUDA: bf16 where supported, else
+fp16; on MPS: fp16 (not probed here: `scripts/gpu_check.sh` checks exactness there). `--dtype` and
+`--backend` override the choice (its exactness then comes from the cached record, if any).
 PYRAMID_DEMO_PROBE=0 turns the probe off (fp32, torch's default backend, as before the probe).
 """
 from __future__ import annotations
@@ -16,23 +24,29 @@ import logging
 import os
 import platform
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-from ..core import costs
+from ..core import costs, exactness
 from ..core.attention import use_rowwise
-from ..core.lm import BACKENDS
+from ..core.config import LONGEST_PASS
+from ..core.lm import BACKENDS, CachedLM
 from ..core.packed import available as packed_available
-from ..core.packed import pack_linears
+from ..core.packed import bf16_linears, invariant_pad, pack_linears
 from .bundled import cache_root
 
 log = logging.getLogger(__name__)
 
 VERIFY_K = 5  # a verification pass: a proposal of 4 plus the verifier's own token
 REPS = 4
+# A race's target forwards: AR's N one-token steps, and four speculative methods that each verify
+# about once per 1.4 tokens (the offline family's acceptance, α ≈ 0.3 at γ 4: E = 1.43), ≈ 2.8N passes
+SCORE_WEIGHTS = {1: 1.0, VERIFY_K: 3.0}
+# exactness plan: (context length, pass lengths k); the first context's steps reach the longest pass
+EXACT_PLAN = ((100, (*range(2, 10), 17, 33, LONGEST_PASS)), (60, tuple(range(2, 10))), (140, tuple(range(2, 10))))
 # bf16 through oneDNN comes as "packed" (weights packed once: fast and batch-invariant, see
 # `core.packed`) where this torch and CPU offer it, else as plain oneDNN (re-packs every call and
 # rounds a k-token pass differently from one-token steps); "no-onednn" is batch-invariant too
@@ -49,17 +63,35 @@ class Choice:
     how: str  # probe | cached | flag | device | off
     timings_ms: dict[str, dict[str, float]] = field(default_factory=dict)  # "dtype/backend" -> {k: ms}
     probe_s: float = 0.0
+    exactness: dict[str, dict] = field(default_factory=dict)  # "dtype/backend" -> `exactness.summarise` record
+
+    @property
+    def record(self) -> dict | None:
+        """This choice's exactness record on this machine, if one was measured."""
+        return self.exactness.get(f"{self.dtype}/{self.backend}")
+
+    @property
+    def exact(self) -> bool | None:
+        return None if self.record is None else bool(self.record["exact"])
+
+    @property
+    def pad_rows(self) -> int:
+        return int((self.record or {}).get("pad_rows") or 1)
+
+    @property
+    def exact_note(self) -> str:
+        return exactness.describe(self.record)
 
     @property
     def note(self) -> str:
-        what = {"probe": "fastest in a probe of the target's forwards just now",
-                "cached": "fastest in this machine's cached probe", "flag": "as asked on the command line",
+        what = {"probe": "chosen by a probe of the target's forwards just now",
+                "cached": "chosen by this machine's cached probe", "flag": "as asked on the command line",
                 "device": "this device's default", "off": "the probe is off: PYRAMID_DEMO_PROBE=0"}[self.how]
         shown = {"default": "default backends", "onednn": "oneDNN on", "no-onednn": "oneDNN off",
                  "packed": "oneDNN, weights packed once"}[self.backend]
         times = "; ".join(f"{c}: " + ", ".join(f"k={k} {v:.1f} ms" for k, v in t.items())
                           for c, t in self.timings_ms.items())
-        return f"{self.dtype}, {shown} ({what})" + (f" — probed: {times}" if times else "")
+        return f"{self.dtype}, {shown} ({what}); {self.exact_note}" + (f" — probed: {times}" if times else "")
 
 
 def cpu_name() -> str:
@@ -117,29 +149,52 @@ def candidates() -> list[tuple[str, str]]:
     return [c for c in CANDIDATES if c[0] == "float32" or native_bf16() and c[1] != ("onednn" if packed else "packed")]
 
 
+def _candidate_model(target: torch.nn.Module, dt: str, backend: str) -> tuple[torch.nn.Module, int]:
+    """The target as the loader would run it under (dt, backend), and the packed linears' padding."""
+    if dt == "float32":
+        return target, 1
+    model = copy.deepcopy(target).to(getattr(torch, dt))
+    use_rowwise(model)  # as the loader runs 16-bit CPU models (see `core.attention`)
+    pad = 1
+    if backend == "packed":
+        pad = invariant_pad(bf16_linears([model]), LONGEST_PASS) or 1
+        pack_linears([model], pad)
+    return model, pad
+
+
+def score(timings: dict[str, float]) -> float:
+    """A candidate's weighted forward time, as a race spends it (SCORE_WEIGHTS)."""
+    return sum(w * timings[str(k)] for k, w in SCORE_WEIGHTS.items())
+
+
+def pick(timings: dict[str, dict[str, float]], records: dict[str, dict]) -> str:
+    """The fastest exact candidate; else the fastest whose top-1 always matched; else the fastest."""
+    pool = ([c for c in timings if records.get(c, {}).get("exact")]
+            or [c for c in timings if records.get(c, {}).get("top1")] or list(timings))
+    return min(pool, key=lambda c: score(timings[c]))
+
+
 def probe_target(target: torch.nn.Module, vocab_size: int) -> Choice:
-    """Time the target under each candidate and pick the fastest (sum of k=1 and k=VERIFY_K ms).
+    """Check each candidate's exactness on the target, time it (k=1 and k=VERIFY_K), and `pick`.
 
     Candidates are timed in interleaved rounds (each round: every candidate, every k), min over rounds,
     so a machine that gets busier during the probe penalises all alike."""
     t0 = time.perf_counter()
-    timers = {}
+    timers, records = {}, {}
     for dt, backend in candidates():
-        model = target if dt == "float32" else copy.deepcopy(target).to(getattr(torch, dt))
-        if model is not target:  # as the loader runs 16-bit CPU models (see `core.attention`)
-            use_rowwise(model)
-        if backend == "packed":
-            pack_linears([model])
-        timers[f"{dt}/{backend}"] = make_timer(model, vocab_size, backend)
+        model, pad = _candidate_model(target, dt, backend)
+        c = f"{dt}/{backend}"
+        records[c] = exactness.check_model(lambda m=model: CachedLM(m, vocab_size, "probe", backend),
+                                           vocab_size, EXACT_PLAN, pad)
+        timers[c] = make_timer(model, vocab_size, backend)
     best_s: dict[str, dict[int, float]] = {c: {} for c in timers}
     for _ in range(REPS + 1):  # the first round warms up; min() keeps the best
         for c, timer in timers.items():
-            for k in (1, VERIFY_K):
+            for k in SCORE_WEIGHTS:
                 best_s[c][k] = min(best_s[c].get(k, float("inf")), timer.time(k))
     timings = {c: {str(k): round(1000 * v, 3) for k, v in ks.items()} for c, ks in best_s.items()}
-    best = min(timings, key=lambda c: sum(timings[c].values()))
-    dt, backend = best.split("/")
-    return Choice(dt, backend, "probe", timings, round(time.perf_counter() - t0, 2))
+    dt, backend = pick(timings, records).split("/")
+    return Choice(dt, backend, "probe", timings, round(time.perf_counter() - t0, 2), records)
 
 
 def choose(family: str, device: torch.device, dtype: Any, backend: str | None,
@@ -151,8 +206,11 @@ def choose(family: str, device: torch.device, dtype: Any, backend: str | None,
     auto_be = backend in (None, "", "auto")
     if not auto_be and backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose auto, {', '.join(BACKENDS)}")
-    if not auto_dt:
-        return Choice(str(dtype).removeprefix("torch."), backend if not auto_be else "default", "flag")
+    key = f"{machine_key()} | {family}"
+    if not auto_dt:  # exactness from this machine's probe record, if it measured this candidate
+        known = _read(CHOICE_FILE).get(key, {}).get("exactness", {}) if device.type == "cpu" and not placed else {}
+        return Choice(str(dtype).removeprefix("torch."), backend if not auto_be else "default", "flag",
+                      exactness=known)
     if placed:
         return Choice("bfloat16" if device.type == "cuda" and torch.cuda.is_bf16_supported()
                       else "float16" if device.type in ("cuda", "mps") else "float32",
@@ -164,10 +222,9 @@ def choose(family: str, device: torch.device, dtype: Any, backend: str | None,
         return Choice("float16", "default" if auto_be else backend, "device")
     if os.environ.get("PYRAMID_DEMO_PROBE", "").strip() == "0":
         return Choice("float32", "default" if auto_be else backend, "off")
-    key = f"{machine_key()} | {family}"
     hit = _read(CHOICE_FILE).get(key)
-    if hit:
-        got = Choice(hit["dtype"], hit["backend"], "cached", hit.get("timings_ms", {}))
+    if hit and hit.get("exactness"):  # a choice cached without an exactness record is probed again
+        got = Choice(hit["dtype"], hit["backend"], "cached", hit.get("timings_ms", {}), exactness=hit["exactness"])
     else:
         target, vocab = load_fp32_target()
         n = sum(p.numel() for p in target.parameters())
@@ -175,10 +232,10 @@ def choose(family: str, device: torch.device, dtype: Any, backend: str | None,
             return Choice("float32", "default" if auto_be else backend, "device")
         got = probe_target(target, vocab)
         _write(CHOICE_FILE, key, {"dtype": got.dtype, "backend": got.backend, "timings_ms": got.timings_ms,
-                                  "probe_s": got.probe_s, "time_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())})
+                                  "exactness": got.exactness, "probe_s": got.probe_s, "time_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())})
         log.info("probe for %s: %s in %.1f s", family, got.note, got.probe_s)
     if not auto_be:
-        got.backend, got.how = backend, "flag"
+        return replace(got, backend=backend, how="flag")
     return got
 
 
@@ -220,6 +277,6 @@ def prepare(triplet: Any, prompt_ids: list[int]) -> dict:
 def cached_choice(family: str) -> str:
     """This machine's cached dtype/backend choice for `family`, as a line for the family box."""
     hit = _read(CHOICE_FILE).get(f"{machine_key()} | {family}")
-    if not hit:
+    if not hit or not hit.get("exactness"):
         return ""
-    return Choice(hit["dtype"], hit["backend"], "cached", hit.get("timings_ms", {})).note
+    return Choice(hit["dtype"], hit["backend"], "cached", hit.get("timings_ms", {}), exactness=hit["exactness"]).note
