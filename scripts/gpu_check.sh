@@ -32,14 +32,29 @@ mkdir -p "$OUT"
 echo "== 1. tests marked cuda (skipped without CUDA)"
 echo "+ $PY -m pytest -q -m cuda $TESTS"
 "$PY" -m pytest -q -m cuda "$TESTS" -p no:cacheprovider
-echo "== 2. bench: every method, $MODELS on $DEVICE, $DTYPES, $TOKENS new tokens, $PROMPTS prompt(s)"
+echo "== 2. exactness: the target's k-token passes against one-token steps (k = 2 … 65), per device and dtype"
+"$PY" - "$MODELS" "$DEVICE" $DTYPES <<'PY' | tee "$OUT/exactness.md"
+import sys, torch
+from pyramid_demo.core.exactness import describe
+from pyramid_demo.models import probe
+from pyramid_demo.models.loading import load_triplet
+models, device, dtypes = sys.argv[1], sys.argv[2], sys.argv[3:]
+devices = [device] + (["mps"] if device != "cpu" and torch.backends.mps.is_available() else [])
+print("| device | dtype | bitwise passes | max abs diff | top-1 always equal | meaning |")
+print("|---|---|---|---|---|---|")
+for dev in devices:
+    for dt in dtypes:
+        r = probe.check_triplet(load_triplet(models, device=dev, dtype=dt))
+        print(f"| {dev} | {dt} | {r['bitwise_passes']}/{r['passes']} | {r['max_abs_diff']:.3g} | {r['top1']} | {describe(r)} |")
+PY
+echo "== 3. bench: every method, $MODELS on $DEVICE, $DTYPES, $TOKENS new tokens, $PROMPTS prompt(s)"
 for dt in $DTYPES; do
   cmd=("$PY" -m pyramid_demo bench --models "$MODELS" --device "$DEVICE" --dtype "$dt" --methods ar,sd,fsd,psd_a,psd_f
        --peers "" --limit "$PROMPTS" --max-new-tokens "$TOKENS" --warmup-tokens 4 --no-progress --out "$OUT/$dt")
   echo "+ ${cmd[*]}"
   "${cmd[@]}" > "$OUT/$dt.log" 2>&1 || { tail -20 "$OUT/$dt.log" >&2; exit 1; }
 done
-echo "== 3. table"
+echo "== 4. table"
 "$PY" - "$OUT" $DTYPES <<'PY'
 import json, sys
 out, dtypes = sys.argv[1], sys.argv[2:]

@@ -240,7 +240,9 @@ def _race_steps(preset: str, ids: tuple[str, str, str], prompt: str, settings: d
         return
     race = {"n": session["next"], "preset": preset, "models": list(triplet.names), "prompt": prompt,
             "config": base.to_dict(), "results": {}, "vocab": {}, "running": None, "stopped": False,
-            "note": " ".join(x for x in (getattr(triplet, "note", ""), session.pop("budget_note", "")) if x),
+            "note": " ".join(x for x in (getattr(triplet, "note", ""), session.pop("budget_note", ""),
+                                         "" if triplet.exact else MSG["not_exact"].format(why=triplet.exact_note))
+                             if x),
             "profile": prep["profile"],
             "setup": MSG["setup"].format(load=load_s, warm=prep["warm_s"], profile=prep["profile_s"],
                                          choice=triplet.choice_note.split(" — ")[0])}  # no probe timings

@@ -61,6 +61,7 @@ MSG = {
     "done": "✅ Race {n} finished. Pick a method and a round in the " + TABS["inspect"]
             + " tab to see why tokens were kept.",
     "stopped": "⏹ Race {n} stopped. Partial results are kept; press " + BUTTONS["run"] + " to start again.",
+    "not_exact": "⚠ SD and lossless PSD_A may differ from AR here: {why}.",
     "winner": "  \n🏆 Fastest: **{label}** at {figures}.",
     "stopping": "⏹ Stopping after the current target pass…",
     "stopped_early": "⏹ Stopped before the race began.",
@@ -115,9 +116,11 @@ The more green and blue, the less work the big target had to do.
   {", ".join(f"{k} {v}" for k, v in tuned_settings("smollm2-offline").items())}); a custom family starts from
   the papers' settings.
 * "Tokens / target pass" counts the target's own token; "accepted" counts drafted tokens only.
-* On a CPU, 16-bit models run with **row-wise attention** and linears that compute each row alone, so a
-  verification pass gives bitwise the logits of one-token steps: SD and lossless PSD_A then write AR's exact
-  text in bf16 too. The dtype and backend come from a probe of this machine (the family box says which).
+* Lossless is checked, not assumed: on a CPU a probe compares, for each dtype and backend, the target's
+  verification passes with one-token steps (16-bit models run with **row-wise attention** and linears padded
+  to a batch-invariant row count) and picks the fastest that gives bitwise the same logits. The family box
+  says whether this machine's choice is exact — then SD and lossless PSD_A write AR's exact text — or not,
+  and then a note above the race says they may differ from AR at near-ties.
 * What speculation can win here is in the **Statistics** tab: the cost of one forward of k tokens for each
   model, and the acceptance each method needs to break even against AR. On the offline family, checking 5
   tokens costs the target about what one step does, so acceptance — how well the small students match

@@ -325,6 +325,7 @@ def machine_info(triplet: ModelTriplet) -> dict:
                 cpu_count=os.cpu_count(), torch=torch.__version__, torch_threads=torch.get_num_threads(),
                 python=platform.python_version(), device=str(triplet.device), dtype=str(triplet.dtype),
                 backend=triplet.backend, dtype_backend_choice=triplet.choice_note,
+                exact=triplet.exact, exact_note=triplet.exact_note,
                 models=list(triplet.names), preset=triplet.preset, note=triplet.note,
                 time_utc=time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()))
 
@@ -368,6 +369,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if triplet.note:
         print(f"note: {triplet.note}", file=sys.stderr)
+    print(f"note: dtype and backend: {triplet.choice_note}", file=sys.stderr)
     t0 = time.perf_counter()
     old_term = signal.signal(signal.SIGTERM, _stop)  # `kill PID` keeps completed prompts, like Ctrl-C
     try:

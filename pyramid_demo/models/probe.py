@@ -162,6 +162,12 @@ def _candidate_model(target: torch.nn.Module, dt: str, backend: str) -> tuple[to
     return model, pad
 
 
+def check_triplet(triplet: Any) -> dict:
+    """The exactness record of a loaded family's target as it runs (its device, dtype and backend)."""
+    return exactness.check_model(lambda: CachedLM(triplet.target, triplet.vocab_size, "probe", triplet.backend),
+                                 triplet.vocab_size, EXACT_PLAN)
+
+
 def score(timings: dict[str, float]) -> float:
     """A candidate's weighted forward time, as a race spends it (SCORE_WEIGHTS)."""
     return sum(w * timings[str(k)] for k, w in SCORE_WEIGHTS.items())
