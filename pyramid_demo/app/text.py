@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from ..core.config import METHOD_LABELS, METHODS, DecodeConfig
-from ..models.presets import DEFAULT_PRESET, PRESETS, tuned_settings
+from ..models.presets import DEFAULT_PRESET, PRESETS, family_config, tuned_settings
 
 CUSTOM = "custom"
 PRESET_ENV = "PYRAMID_DEMO_PRESET"  # lets tests and hosts pick the preset shown first
@@ -13,6 +13,7 @@ DEFAULT = DecodeConfig()  # the single source of decoding defaults (temperature 
 START_PRESET = os.environ.get(PRESET_ENV, DEFAULT_PRESET)
 if START_PRESET not in PRESETS:
     START_PRESET = DEFAULT_PRESET
+START = family_config(START_PRESET)  # the starting family's tuned settings: the page's first values
 PRESET_CHOICES = [*PRESETS, CUSTOM]
 RACE_METHODS = METHODS  # raced in this order, one after another
 _SHORT = [METHOD_LABELS[m].split(" ")[0] for m in RACE_METHODS]  # "AR", "SD", ...
