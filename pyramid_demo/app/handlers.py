@@ -21,6 +21,7 @@ import gradio as gr
 from . import hosting, inspector, charts, render
 from .text import CUSTOM, DEFAULT, MSG, RACE_COLUMNS, RACE_METHODS, START
 from ..core.config import METHOD_LABELS, DecodeConfig
+from ..core.noise import leaders
 from ..core.settings import APP_SETTINGS, TUNABLE
 from ..models.presets import PRESETS, family_config
 from ..core.trace import RunResult
@@ -111,12 +112,19 @@ def _headline(m: str, r: RunResult | None, race: dict) -> str:
 
 
 def _winner(res: dict[str, RunResult]) -> str:
-    """One line for the projector: the fastest method and its speed-ups."""
+    """One line for the projector: the fastest method, or a tie when others are within the race's noise."""
     if not res:
         return ""
-    m, r = max(res.items(), key=lambda kv: kv[1].stats.tokens_per_s)
-    parts = [f"{r.stats.tokens_per_s:.1f} tok/s", *inspector.speedups(m, res)]
-    return MSG["winner"].format(label=METHOD_LABELS[m], figures=", ".join(parts))
+    spread = inspector.race_noise(res)
+    top = leaders({m: r.stats.tokens_per_s for m, r in res.items()}, spread or 0.0)
+    m, r = top[0], res[top[0]]
+    figures = ", ".join([f"{r.stats.tokens_per_s:.1f} tok/s", *inspector.speedups(m, res)])
+    if spread is None:
+        return MSG["winner_unsure"].format(label=METHOD_LABELS[m], figures=figures)
+    if len(top) > 1:
+        return MSG["tie"].format(labels=", ".join(x.upper() for x in top), noise=spread, label=METHOD_LABELS[m],
+                                 figures=figures)
+    return MSG["winner"].format(label=METHOD_LABELS[m], figures=figures, noise=spread)
 
 
 def race_lanes(race: dict | None) -> str:

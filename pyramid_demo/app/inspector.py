@@ -2,7 +2,7 @@
 race speeds and the race table. No model calls, so the inspector answers instantly."""
 from __future__ import annotations
 
-from ..core import costs
+from ..core import costs, noise
 from ..core.rules import leading_run
 from ..core.stats import STAGES, agreement, stage_rounds
 from ..core.throughput import predict
@@ -91,17 +91,43 @@ def ratio(a: float, b: float | None) -> float | None:
     return a / b if b else None
 
 
+def race_noise(results: dict[str, RunResult]) -> float | None:
+    """The race's relative timing noise: the spread of same-size forwards over all its lanes (core.noise)."""
+    groups: dict = {}
+    for r in results.values():
+        for key, ts in noise.same_k_forwards(r.steps).items():
+            groups.setdefault(key, []).extend(ts)
+    return noise.timing_noise(groups)
+
+
+def within_noise(a: float, b: float | None, spread: float | None) -> bool:
+    """True when speeds a and b differ by no more than the race's noise (never when it is unknown)."""
+    return bool(b) and spread is not None and noise.compare(a, b, spread) == 0
+
+
 def speedups(m: str, results: dict[str, RunResult]) -> list[str]:
-    """["×1.80 vs AR", "×1.20 vs SD"] for method m: what the lanes, legend and status all show."""
+    """["×1.80 vs AR", "×1.05 vs SD (tie within noise)"] for method m: what the lanes, legend and status show."""
     out = []
+    spread = race_noise(results)
     for base in ("ar", "sd"):
         b = results.get(base)
         if b is None or m == base or (base == "sd" and m == "ar"):
             continue
-        x = ratio(results[m].stats.tokens_per_s, b.stats.tokens_per_s)
+        a, bs = results[m].stats.tokens_per_s, b.stats.tokens_per_s
+        x = ratio(a, bs)
         if x is not None:
-            out.append(f"×{x:.2f} vs {base.upper()}")
+            out.append(f"×{x:.2f} vs {base.upper()}" + (" (tie within noise)" if within_noise(a, bs, spread) else ""))
     return out
+
+
+def _times(r: RunResult, base: RunResult | None, spread: float | None) -> float | str | None:
+    """A table's × cell (r's speed ÷ base's): the ratio, marked when the gap is within the race's noise."""
+    b = base.stats.tokens_per_s if base else None
+    x = ratio(r.stats.tokens_per_s, b)
+    if x is None:
+        return None
+    return f"{x:.2f} (tie ±{spread:.0%})" if r is not base and within_noise(r.stats.tokens_per_s, b, spread) \
+        else round(x, 2)
 
 
 def race_rows(races: list[dict]) -> list[list]:
@@ -111,15 +137,14 @@ def race_rows(races: list[dict]) -> list[list]:
         res: dict[str, RunResult] = race["results"]
         ar, sd = res.get("ar"), res.get("sd")
         greedy = not race.get("config", {}).get("temperature")
+        spread = race_noise(res)
         for m, r in res.items():
             s = r.stats
             acc = ", ".join(f"{k} {v:.0%}" for k, v in s.acceptance.items()) or "—"
             # agreement with target greedy output (the bench's figure): AR is that reference at T=0 only
             same = agreement(r.token_ids, ar.token_ids) if ar is not None and greedy else None
-            x_ar = ratio(s.tokens_per_s, ar.stats.tokens_per_s if ar else None)
-            x_sd = ratio(s.tokens_per_s, sd.stats.tokens_per_s if sd else None)
             rows.append([race["n"], m, s.n_new_tokens, round(s.decode_s, 2), round(s.tokens_per_s, 1),
-                         None if x_ar is None else round(x_ar, 2), None if x_sd is None else round(x_sd, 2),
+                         _times(r, ar, spread), _times(r, sd, spread),
                          acc, round(s.tokens_per_target_pass, 2), None if same is None else f"{same:.0%}",
                          s.stopped or ("running…" if race.get("running") == m else "stopped by user")])
     return rows
