@@ -114,13 +114,13 @@ def build_demo() -> gr.Blocks:
                 top5_plot = gr.Plot(show_label=False, elem_id="top5-plot")
             with gr.Tab(TABS["stats"]):
                 gr.Markdown(STATS_NOTE)
-                speeds_md = gr.Markdown()
+                speeds_md = gr.Markdown(elem_id="story")
+                tp_plot = gr.Plot(show_label=False, elem_id="speed-plot")
+                cost_plot = gr.Plot(show_label=False, elem_id="cost-plot")
+                cost_md = gr.Markdown()
                 with gr.Row():
                     hist_plot = gr.Plot(show_label=False)
                     posn_plot = gr.Plot(show_label=False)
-                tp_plot = gr.Plot(show_label=False)
-                cost_md = gr.Markdown()
-                cost_plot = gr.Plot(show_label=False, elem_id="cost-plot")
             with gr.Tab(TABS["explain"]):
                 with gr.Row():
                     gr.HTML((ASSETS / "pyramid.svg").read_text(encoding="utf-8"))

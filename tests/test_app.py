@@ -149,11 +149,13 @@ def test_pick_race_fills_inspector_and_statistics(done) -> None:
     out = views.pick_race(session)
     assert out[1]["value"] == "psd_f"
     assert all(isinstance(f, go.Figure) for f in out[6:9])
-    assert "forwards/s" in out[9] and "| PSD_F |" in out[9]
+    assert "Timing noise" in out[9] and "| PSD_F |" in out[9] and "idle machine" in out[9]
+    assert "the profile" in out[9] and "verdict" in out[9]
     cost_fig, cost_md = out[10], out[11]
     assert isinstance(cost_fig, go.Figure) and {t.name for t in cost_fig.data} >= {"target (probe)", "draft (probe)"}
     assert any("in this race" in t.name for t in cost_fig.data)  # per-forward times measured in the race
     assert "Cost profile" in cost_md and "| SD |" in cost_md and "break-even" in cost_md.lower()
+    assert "Teaching aid" in cost_md
 
 
 def test_models_are_warmed_before_the_clocks_and_one_time_costs_shown_apart(monkeypatch) -> None:

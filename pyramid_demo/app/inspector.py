@@ -2,10 +2,9 @@
 race speeds and the race table. No model calls, so the inspector answers instantly."""
 from __future__ import annotations
 
-from ..core import costs, noise
+from ..core import noise
 from ..core.rules import leading_run
 from ..core.stats import STAGES, agreement, stage_rounds
-from ..core.throughput import predict
 from ..core.trace import RunResult, StageRound, Step, TokenRec
 
 EXACT_RULES = ("sd", "greedy")
@@ -71,22 +70,6 @@ def position_top5(step: Step, pos: int) -> dict[str, list[list[float]]]:
     return {r: merged[r] for r in ("draft", "qualifier", "target") if r in merged}
 
 
-def race_speeds(results: dict[str, RunResult]) -> dict[str, float]:
-    """Single-model speeds (forwards per second) measured in a race, pooled over its runs.
-
-    The target's comes from AR alone when AR ran: its passes are one token each, as V_T assumes.
-    The qualifier only ever verifies short blocks, so its speed is slightly pessimistic.
-    """
-    speeds = {}
-    for role in ("draft", "qualifier", "target"):
-        runs = [results["ar"]] if role == "target" and "ar" in results else list(results.values())
-        n = sum(r.stats.forward_passes.get(role, 0) for r in runs)
-        t = sum(r.stats.forward_time_s.get(role, 0.0) for r in runs)
-        if n and t > 0:
-            speeds[role] = n / t
-    return speeds
-
-
 def ratio(a: float, b: float | None) -> float | None:
     return a / b if b else None
 
@@ -150,68 +133,5 @@ def race_rows(races: list[dict]) -> list[list]:
     return rows
 
 
-def throughput_rows(results: dict[str, RunResult]) -> list[tuple[str, float, float | None]]:
-    """(method, measured tok/s, predicted tok/s) using the race's own single-model speeds."""
-    speeds = race_speeds(results)
-    return [(m, r.stats.tokens_per_s, predict(r, speeds)) for m, r in results.items()]
-
-
-def stats_markdown(results: dict[str, RunResult]) -> str:
-    """Forward passes per model, acceptance per stage and predicted vs measured speed, one row per method."""
-    pred = {m: p for m, _, p in throughput_rows(results)}
-    head = ("| method | draft passes | qualifier passes | target passes | accepted D→Q | accepted →T "
-            "| tokens / target pass | tok/s measured | tok/s predicted |\n|---|---|---|---|---|---|---|---|---|")
-    rows = []
-    for m, r in results.items():
-        s = r.stats
-        f = [str(s.forward_passes.get(k, "—")) for k in ("draft", "qualifier", "target")]
-        acc = [f"{s.acceptance[k]:.0%}" if k in s.acceptance else "—" for k in ("qualifier", "target")]
-        p = "n/a" if pred.get(m) is None else f"{pred[m]:.1f}"
-        rows.append(f"| {m.upper()} | {' | '.join(f)} | {' | '.join(acc)} | {s.tokens_per_target_pass:.2f} "
-                    f"| {s.tokens_per_s:.1f} | {p} |")
-    return "\n".join([head, *rows])
-
-
 def stage_names(r: RunResult) -> list[str]:
     return [s for s in STAGES if stage_rounds(r.steps, s)]
-
-
-def cost_rows(results: dict[str, RunResult], profile: dict | None) -> list[dict]:
-    """Per method: measured and profile-predicted tok/s, measured α, break-even α and why it wins or loses."""
-    if not profile:
-        return []
-    rows = []
-    ar = results["ar"].stats.tokens_per_s if "ar" in results else None
-    for m, r in results.items():
-        pred = costs.predict_run(r.steps, profile)
-        model = costs.method_model(m, r.steps, r.config, profile)
-        rows.append({"method": m, "measured": r.stats.tokens_per_s, "predicted": pred["tokens_per_s"],
-                     **model, "why": costs.verdict(m, model, (r.stats.tokens_per_s, ar) if ar else None)})
-    return rows
-
-
-def costs_markdown(results: dict[str, RunResult], profile: dict | None) -> str:
-    """The cost profile's account of the race: predicted vs measured speed and break-even acceptance."""
-    if not profile:
-        return "No cost profile for this family yet: it is measured before the next race."
-    f = lambda x, nd=2: "—" if x is None else f"{x:.{nd}f}"  # noqa: E731
-    head = ["**Cost profile** ({dtype}, {backend}, {how}): one cached forward of k new tokens, ms — ".format(
-        dtype=profile.get("dtype", "?"), backend=profile.get("backend", "?"),
-        how="measured before this race" if profile.get("how") == "probe" else "cached for this machine")
-        + "; ".join(f"{role} k=1 {costs.cost_ms(profile, role, 1):.1f}, k=5 {costs.cost_ms(profile, role, 5):.1f}"
-                    for role in profile["ms"]),
-        "", "| method | tok/s measured | tok/s predicted from the profile | measured α | break-even α "
-            "| why it wins or loses here |", "|---|---|---|---|---|---|"]
-    for row in cost_rows(results, profile):
-        alpha = f(row.get("alpha"))
-        if row.get("alpha_qualifier") is not None:
-            alpha = f"α_Q {f(row['alpha_qualifier'])} · α_T {alpha}"
-        be = "—" if "break_even_alpha" not in row else "never" if row["break_even_alpha"] is None \
-            else f(row["break_even_alpha"])
-        head.append(f"| {row['method'].upper()} | {row['measured']:.1f} | {f(row['predicted'], 1)} | {alpha} | {be} "
-                    f"| {row['why']} |")
-    head += ["", "Predicted: the profile's time summed over the forwards each run made (engine time outside "
-                 "forwards not counted). Break-even: the per-token acceptance α at which the method's expected "
-                 "tok/s, E = (1 − α^(γ+1)) / (1 − α) tokens per round of γ drafts and one (γ+1)-token target pass, "
-                 "equals AR's on this profile; for PSD the target stage's α_T, at the measured stage-1 α_Q."]
-    return "\n".join(head)

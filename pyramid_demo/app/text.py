@@ -131,7 +131,8 @@ The more green and blue, the less work the big target had to do.
 """
 
 STATS_NOTE = (
-    "Throughput model (PyramidSD §3): predicted tok/s from each model's measured single-model speed "
-    "(forward passes per second in this race) and the measured acceptance rates. It assumes a k-token "
-    "verification costs what one token does; the cost profile below measures what it really costs here."
+    "Each method's measured speed against AR (a gap within the race's own timing noise is a tie), and what the "
+    "**cost profile** — this machine's measured cost of one forward of k tokens per model — predicts for the "
+    "same forwards on an idle machine. When the race's forwards ran slower than the profile, the factor says "
+    "by how much."
 )

@@ -7,7 +7,7 @@ from typing import Any
 
 import gradio as gr
 
-from . import charts, inspector, render
+from . import charts, inspector, render, story
 from .text import DEFAULT, MSG
 from ..core.config import METHOD_LABELS
 from ..core.methods import method_spec
@@ -53,14 +53,15 @@ def pick_race(session: dict | None, race_n: Any = None) -> tuple:
     methods = list(res)
     method = methods[-1] if methods else None  # the last raced: the fullest pyramid
     choices = [(f"Race {r['n']}", str(r["n"])) for r in session["races"]]
-    speeds = inspector.race_speeds(res)
-    speed_md = "Single-model speeds measured in this race: " + (", ".join(
-        f"{k} {v:.1f} forwards/s" for k, v in speeds.items()) or "n/a") + "\n\n" + inspector.stats_markdown(res)
+    profile = race.get("profile")
+    story_md = story.markdown(res, profile)
+    detail_md = "\n\n".join(x for x in (story.profile_markdown(profile), story.teaching_aid(res, profile),
+                                         story.passes_markdown(res)) if x)
     return (gr.update(choices=choices, value=str(race["n"])),
             gr.update(choices=[(METHOD_LABELS[m], m) for m in methods], value=method),
             *pick_method(session, race["n"], method),
-            charts.hist_figure(res), charts.position_figure(res), charts.throughput_figure(res), speed_md,
-            charts.cost_figure(race.get("profile"), res), inspector.costs_markdown(res, race.get("profile")))
+            charts.hist_figure(res), charts.position_figure(res), charts.throughput_figure(story.rows(res, profile)),
+            story_md, charts.cost_figure(profile, res), detail_md)
 
 
 def inspect_round(session: dict | None, race_n: Any, method: str | None, round_no: float, tau_q: float,
