@@ -34,7 +34,7 @@ def test_a_busy_race_says_so_with_the_factor_and_the_idle_prediction():
     assert "busy" not in calm and "about what the profile says" in calm
 
 
-VERDICT = dict(break_even_alpha=0.36, alpha=0.33, factor=4.1)
+VERDICT = dict(alpha=0.33, factor=4.1, per_pass=1.2, per_pass_needed=1.3)
 
 
 def test_the_verdict_never_contradicts_the_measured_outcome():
@@ -48,7 +48,7 @@ def test_the_verdict_never_contradicts_the_measured_outcome():
     v = story.verdict("sd", {**VERDICT, "x_ar": 1.32, "x_ar_predicted": 0.9}, 0.1, 6.0)
     assert "not what the profile predicts: this lane's forwards took 4.1× the profile, AR's 6.0×" in v
     tie = story.verdict("sd", {**VERDICT, "x_ar": 1.15, "x_ar_predicted": 0.9}, 0.2, 6.0)
-    assert "not what" not in tie and "needs 0.36 to break even" in tie
+    assert "not what" not in tie and "1.20 tokens per target pass" in tie and "needs 1.30" in tie
 
 
 def test_the_paper_formula_is_a_labelled_teaching_aid_fed_by_the_profile():
@@ -57,6 +57,23 @@ def test_the_paper_formula_is_a_labelled_teaching_aid_fed_by_the_profile():
     aid = story.teaching_aid(res, PROFILE)
     assert aid.startswith("**Teaching aid, not this machine's prediction**") and "V_T 50/s" in aid
     assert "predicted" not in story.passes_markdown(res)  # the counts table carries no second prediction
+
+
+def test_tokens_needed_per_pass_agree_with_the_idle_prediction():
+    """Rule: the 'to match AR' figure comes from the same sums as the idle-machine prediction, so a
+    method commits more tokens per target pass than it needs exactly when it is predicted faster than AR."""
+    def sd_run(k: int, committed: int, n: int = 6) -> RunResult:
+        steps = [Step(i, [], None, list(range(committed)), ["target"] * committed, i * 0.05, (i + 1) * 0.05,
+                      time_s={"target": 0.03, "draft": 0.02}, n_forward={"target": 1, "draft": k - 1},
+                      fed={"target": [k], "draft": [1] * (k - 1)}) for i in range(n)]
+        stats = compute_stats("sd", steps, 0.0, "max_new_tokens")
+        return RunResult("sd", {}, [], "", [], [], [], [], "", stats, steps)
+
+    prof = {"ms": {"target": {"1": 20.0, "5": 24.0}, "draft": {"1": 4.0}}}
+    for committed in (1, 2, 3):
+        row = {r["method"]: r for r in story.rows({"ar": _ar_run(0.02), "sd": sd_run(5, committed)}, prof)}["sd"]
+        assert (row["per_pass"] > row["per_pass_needed"]) == (row["x_ar_predicted"] > 1), row
+    assert row["per_pass_needed"] == pytest.approx((24 + 4 * 4) / 20)  # a pass's 40 ms at AR's 50 tok/s
 
 
 def test_the_speed_chart_draws_the_story_rows():

@@ -109,7 +109,7 @@ def _times(r: RunResult, base: RunResult | None, spread: float | None) -> float 
     x = ratio(r.stats.tokens_per_s, b)
     if x is None:
         return None
-    return f"{x:.2f} (tie ±{spread:.0%})" if r is not base and within_noise(r.stats.tokens_per_s, b, spread) \
+    return f"{x:.2f} (tie: noise {spread:.0%})" if r is not base and within_noise(r.stats.tokens_per_s, b, spread) \
         else round(x, 2)
 
 

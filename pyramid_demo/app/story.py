@@ -47,7 +47,8 @@ def run_factor(r: RunResult, profile: dict) -> float | None:
 
 def rows(results: dict[str, RunResult], profile: dict | None) -> list[dict]:
     """Per method: measured tok/s and × AR, the profile's idle-machine tok/s and × AR, the lane's load
-    factor, the measured acceptance and break-even α, and the verdict."""
+    factor, the measured acceptance, tokens per target pass against the number that would match AR on
+    the profile (the same sums as the prediction, so the two always agree), and the verdict."""
     spread = race_noise(results)
     ar = results.get("ar")
     ar_pred = costs.predict_run(ar.steps, profile)["tokens_per_s"] if ar and profile else None
@@ -58,11 +59,16 @@ def rows(results: dict[str, RunResult], profile: dict | None) -> list[dict]:
         if ar is not None and ar.stats.tokens_per_s:
             row["x_ar"] = r.stats.tokens_per_s / ar.stats.tokens_per_s
         if profile:
-            row["predicted"] = costs.predict_run(r.steps, profile)["tokens_per_s"]
+            pred = costs.predict_run(r.steps, profile)
+            row["predicted"] = pred["tokens_per_s"]
             row["factor"] = run_factor(r, profile)
-            row.update(costs.method_model(m, r.steps, r.config, profile))
+            model = costs.method_model(m, r.steps, r.config, profile)
+            row.update({k: model[k] for k in ("alpha", "alpha_qualifier") if k in model})
             if ar_pred and row["predicted"]:
                 row["x_ar_predicted"] = row["predicted"] / ar_pred
+            if ar_pred and r.stats.target_passes and m != "ar":  # AR's speed × the time one pass took
+                row["per_pass"] = r.stats.tokens_per_target_pass
+                row["per_pass_needed"] = ar_pred * pred["time_s"] / r.stats.target_passes
         row["verdict"] = verdict(m, row, spread, ar_factor)
         out.append(row)
     return out
@@ -80,17 +86,15 @@ def verdict(method: str, row: dict, spread: float | None, ar_factor: float | Non
     outcome = noise.compare(x, 1.0, n)
     said = {1: f"**faster** than AR ({x:.2f}×", 0: f"**a tie with AR** within noise ({x:.2f}×",
             -1: f"**slower** than AR ({x:.2f}×"}[outcome]
-    said += f", noise ±{spread:.0%})" if spread is not None else ")"
+    said += f", timing noise {spread:.0%})" if spread is not None else ")"
     xp = row.get("x_ar_predicted")
     if xp is None:
         return said
     expect = noise.compare(xp, 1.0, 0.0)
     said += f"; on an idle machine the profile predicts {xp:.2f}× AR"
-    be, a = row.get("break_even_alpha", "?"), row.get("alpha")
-    if be is None:
-        said += " — its forwards cost too much to beat AR at any acceptance here"
-    elif be != "?" and a is not None:
-        said += f" (acceptance {a:.2f}; it needs {be:.2f} to break even)"
+    if row.get("per_pass_needed") is not None:
+        said += (f" (it commits {row['per_pass']:.2f} tokens per target pass; matching AR on the profile "
+                 f"needs {row['per_pass_needed']:.2f})")
     if outcome not in (0, expect):
         f, fa = row.get("factor"), ar_factor
         said += " — not what the profile predicts" + (
@@ -119,7 +123,7 @@ def markdown(results: dict[str, RunResult], profile: dict | None) -> str:
     if not results:
         return ""
     spread = race_noise(results)
-    lines = [("Timing noise in this race: **±{:.0%}** (the interquartile spread of same-size forwards); a gap "
+    lines = [("Timing noise in this race: **{:.0%}** (interquartile range ÷ median of same-size forwards); a gap "
               "smaller than that is a tie.").format(spread) if spread is not None else
              "Too few same-size forwards in this race to measure its timing noise."]
     if not profile:
@@ -127,17 +131,16 @@ def markdown(results: dict[str, RunResult], profile: dict | None) -> str:
     else:
         lines.append(load_line(results, profile))
     lines += ["", "| method | tok/s measured | × AR measured | tok/s idle machine (profile) | × AR idle "
-                  "| forwards took × profile | acceptance α | break-even α | verdict |",
+                  "| forwards took × profile | acceptance α | tokens / target pass (to match AR) | verdict |",
               "|---|---|---|---|---|---|---|---|---|"]
     for row in rows(results, profile):
         alpha = _fmt(row.get("alpha"))
         if row.get("alpha_qualifier") is not None:
             alpha = f"α_Q {_fmt(row['alpha_qualifier'])} · α_T {alpha}"
-        be = "—" if "break_even_alpha" not in row else "never" if row["break_even_alpha"] is None \
-            else _fmt(row["break_even_alpha"])
+        need = "—" if row.get("per_pass_needed") is None else f"{row['per_pass']:.2f} ({row['per_pass_needed']:.2f})"
         lines.append(f"| {row['method'].upper()} | {row['measured']:.1f} | {_fmt(row.get('x_ar'))} "
                      f"| {_fmt(row['predicted'], 1)} | {_fmt(row.get('x_ar_predicted'))} | {_fmt(row['factor'], 1)} "
-                     f"| {alpha} | {be} | {row['verdict']} |")
+                     f"| {alpha} | {need} | {row['verdict']} |")
     return "\n".join(lines)
 
 
@@ -178,5 +181,6 @@ def profile_markdown(profile: dict | None) -> str:
                 f"{role} k=1 {costs.cost_ms(profile, role, 1):.1f}, k=5 {costs.cost_ms(profile, role, 5):.1f}"
                 for role in profile["ms"])
             + ". *Idle machine*: the profile's time summed over the forwards each run made (engine time "
-              "outside forwards not counted). *Break-even α*: the per-token acceptance at which the method's "
-              "expected tok/s equals AR's on this profile (for PSD the target stage's α_T at the measured α_Q).")
+              "outside forwards not counted). *To match AR*: the tokens each target pass would have to commit for "
+              "the run's forwards, at the profile's cost, to be as fast as AR's; more than that is a win on an "
+              "idle machine.")

@@ -62,9 +62,9 @@ MSG = {
     "done": "✅ Race {n} finished. Pick a method and a round in the " + TABS["inspect"]
             + " tab to see why tokens were kept.",
     "stopped": "⏹ Race {n} stopped. Partial results are kept; press " + BUTTONS["run"] + " to start again.",
-    "winner": "  \n🏆 Fastest: **{label}** at {figures}, a margin beyond this race's timing noise (±{noise:.0%}).",
-    "tie": "  \n🤝 Tie within noise: **{labels}** are within ±{noise:.0%} of the fastest (the spread of same-size "
-           "forwards in this race); measured fastest {label} at {figures}.",
+    "winner": "  \n🏆 Fastest: **{label}** at {figures}, a margin beyond this race's timing noise ({noise:.0%}).",
+    "tie": "  \n🤝 Tie within noise: **{labels}** are within the race's timing noise ({noise:.0%}, the spread "
+           "of same-size forwards) of the fastest; measured fastest {label} at {figures}.",
     "winner_unsure": "  \n🏆 Fastest measured: **{label}** at {figures} (too few forwards to judge this race's "
                      "timing noise).",
     "stopping": "⏹ Stopping after the current target pass…",
