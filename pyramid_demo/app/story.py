@@ -111,7 +111,7 @@ def load_line(results: dict[str, RunResult], profile: dict | None) -> str:
     t = f.get("target")
     if t is not None and t >= BUSY:
         return (f"⚠️ **This machine was busy: target forwards took {t:.1f}× the profile** (forward time ÷ the "
-                f"profile's, per model: {parts}). Measured speeds are a loaded machine's; the *idle machine* "
+                f"profile's, per model: {parts}). Measured speeds are a loaded machine's; the *idle* "
                 "column is what the profile predicts without the load.")
     if t is not None and t <= 1 / BUSY:
         return f"The race's forwards ran faster than the profile ({parts}): the profile is pessimistic here."
@@ -130,8 +130,8 @@ def markdown(results: dict[str, RunResult], profile: dict | None) -> str:
         lines.append("No cost profile for this family yet: it is measured before the next race.")
     else:
         lines.append(load_line(results, profile))
-    lines += ["", "| method | tok/s measured | × AR measured | tok/s idle machine (profile) | × AR idle "
-                  "| forwards took × profile | acceptance α | tokens / target pass (to match AR) | verdict |",
+    lines += ["", "| method | tok/s | × AR | idle tok/s | idle × AR | × profile | α | tokens / pass (to match AR) "
+                  "| verdict |",
               "|---|---|---|---|---|---|---|---|---|"]
     for row in rows(results, profile):
         alpha = _fmt(row.get("alpha"))
