@@ -12,11 +12,10 @@ from typing import Callable
 import gradio as gr
 
 from pyramid_demo.app import handlers as h
-from pyramid_demo.app import charts, render
+from pyramid_demo.app import charts, render, views
 from pyramid_demo.core.settings import BY_NAME
-from pyramid_demo.models.presets import family_config
 from pyramid_demo.app.text import (BUTTONS, DEFAULT, EXAMPLE_PROMPTS, EXPLANATION, INFO, INTRO, LABELS, MSG,
-                                   PRESET_CHOICES, RACE_COLUMNS, SETTINGS_TITLE, START_PRESET, STATS_NOTE, TABS,
+                                   PRESET_CHOICES, RACE_COLUMNS, SETTINGS_TITLE, START, START_PRESET, STATS_NOTE, TABS,
                                    WHATIF_LABELS)
 
 ASSETS = Path(__file__).resolve().parent / "assets"
@@ -39,7 +38,7 @@ def _gpu(fn: Callable) -> Callable:
     return spaces.GPU(duration=race_duration)(fn)  # the whole race in one allocation, sized to fit
 
 
-START = family_config(START_PRESET)  # the starting family's tuned settings
+PRIVATE = dict(api_visibility="private")  # chained page updates: not part of the API (see README "API")
 
 
 def _setting(name: str) -> gr.components.Component:
@@ -63,7 +62,7 @@ def _whatif(name: str) -> gr.Slider:
 def build_demo() -> gr.Blocks:
     """The whole page; every user gets their own `session` state."""
     with gr.Blocks(title="PyramidSD Explorer") as demo:
-        session = gr.State(h.new_session)
+        session = gr.State(h.new_session())  # copied for every visitor
         gr.Markdown(INTRO, elem_id="title")
         with gr.Row(equal_height=False):
             with gr.Column(scale=3):
@@ -115,13 +114,13 @@ def build_demo() -> gr.Blocks:
                 top5_plot = gr.Plot(show_label=False, elem_id="top5-plot")
             with gr.Tab(TABS["stats"]):
                 gr.Markdown(STATS_NOTE)
-                speeds_md = gr.Markdown()
+                speeds_md = gr.Markdown(elem_id="story")
+                tp_plot = gr.Plot(show_label=False, elem_id="speed-plot")
+                cost_plot = gr.Plot(show_label=False, elem_id="cost-plot")
+                cost_md = gr.Markdown()
                 with gr.Row():
                     hist_plot = gr.Plot(show_label=False)
                     posn_plot = gr.Plot(show_label=False)
-                tp_plot = gr.Plot(show_label=False)
-                cost_md = gr.Markdown()
-                cost_plot = gr.Plot(show_label=False, elem_id="cost-plot")
             with gr.Tab(TABS["explain"]):
                 with gr.Row():
                     gr.HTML((ASSETS / "pyramid.svg").read_text(encoding="utf-8"))
@@ -141,22 +140,27 @@ def build_demo() -> gr.Blocks:
         settings = [widgets[k] for k in h.SETTING_NAMES]
         tuned = [widgets[k] for k in h.TUNED_NAMES]
 
-        preset.change(h.preset_info, preset, [preset_md, custom_box])
-        preset.change(h.preset_settings, preset, tuned)
+        preset.change(h.preset_info, preset, [preset_md, custom_box], **PRIVATE)
+        preset.change(h.preset_settings, preset, tuned, **PRIVATE)
+        # the public API: /race (named, defaulted settings), /stop, /export; /clear is callable, unlisted
         race = gr.on([run_btn.click, prompt.submit], _gpu(h.race_event),
-                     [preset, draft_id, qual_id, target_id, prompt, session, *settings], race_out,
+                     [prompt, preset, draft_id, qual_id, target_id, session], race_out,
+                     inputs_kwargs={k: widgets[k] for k in h.SETTING_NAMES}, api_name="race",
                      concurrency_id="models", concurrency_limit=1)
-        race.then(h.pick_race, [session], pick_out).then(h.inspect_round, insp_in, insp_out)
-        race.then(h.preset_info, preset, [preset_md, custom_box])  # now with the probed dtype and backend
-        stop_btn.click(h.stop_race, session, race_out, concurrency_id="stop", concurrency_limit=None)
-        clear_btn.click(h.clear_results, session, race_out).then(
-            h.pick_race, [session], pick_out).then(h.inspect_round, insp_in, insp_out)
-        race_dd.input(h.pick_race, [session, race_dd], pick_out).then(h.inspect_round, insp_in, insp_out)
-        method_dd.input(h.pick_method, [session, race_dd, method_dd], [round_sl, wq, wt, pos_sl]).then(
-            h.inspect_round, insp_in, insp_out)
+        race.then(views.pick_race, [session], pick_out, **PRIVATE).then(views.inspect_round, insp_in, insp_out,
+                                                                          **PRIVATE)
+        race.then(h.preset_info, preset, [preset_md, custom_box], **PRIVATE)  # now with the probed dtype
+        stop_btn.click(h.stop_race, session, race_out, api_name="stop", concurrency_id="stop",
+                       concurrency_limit=None)
+        clear_btn.click(h.clear_results, session, race_out, api_name="clear", api_visibility="undocumented").then(
+            views.pick_race, [session], pick_out, **PRIVATE).then(views.inspect_round, insp_in, insp_out, **PRIVATE)
+        race_dd.input(views.pick_race, [session, race_dd], pick_out, **PRIVATE).then(
+            views.inspect_round, insp_in, insp_out, **PRIVATE)
+        method_dd.input(views.pick_method, [session, race_dd, method_dd], [round_sl, wq, wt, pos_sl],
+                        **PRIVATE).then(views.inspect_round, insp_in, insp_out, **PRIVATE)
         for sl in (round_sl, wq, wt, pos_sl):
-            sl.change(h.inspect_round, insp_in, insp_out, show_progress="hidden")
-        export_btn.click(h.export_files, session, [json_file, csv_file])
+            sl.change(views.inspect_round, insp_in, insp_out, show_progress="hidden", **PRIVATE)
+        export_btn.click(h.export_files, session, [json_file, csv_file], api_name="export")
     demo.queue(default_concurrency_limit=1, max_size=64)
     return demo
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 from .core.config import METHODS, DecodeConfig
@@ -90,5 +91,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"note: {triplet.note}", file=sys.stderr)
     if triplet.choice_note:
         print(f"note: dtype and backend: {triplet.choice_note}", file=sys.stderr)
-    print(result.to_json() if args.json else summary(result))
+    print(json.dumps(json_record(result, triplet)) if args.json else summary(result))
     return 0
+
+
+def json_record(result, triplet) -> dict:
+    """`--json`'s object: the run's record plus how it ran — dtype, backend, and whether a
+    verification pass gives bitwise the logits of one-token steps (`exact`: None when not checked)."""
+    return {**result.to_dict(), "dtype": str(triplet.dtype).removeprefix("torch."), "backend": triplet.backend,
+            "exact": getattr(triplet, "exact", None), "exact_note": getattr(triplet, "exact_note", ""),
+            "choice_note": triplet.choice_note}

@@ -155,3 +155,9 @@ def test_charts_and_render_never_touch_models(graph, imports) -> None:
 def test_nothing_imports_app_py(graph) -> None:
     """The root `app.py` builds the page at import: no project module imports it."""
     assert not [m for m, deps in graph.items() if "app" in deps]
+
+
+def test_charts_compute_no_predictions(graph) -> None:
+    """`app/charts.py` draws records it is given: the speed chart gets `story.rows`; charts import neither
+    the paper's formula (`core.throughput`) nor the story that computes predictions."""
+    assert not {"pyramid_demo.core.throughput", "pyramid_demo.app.story"} & graph["pyramid_demo.app.charts"]

@@ -19,6 +19,17 @@ def test_generate_json_for_every_method(method, capsys):
     assert len(out["token_ids"]) == 32 and out["stats"]["method"] == method
 
 
+def test_generate_json_says_how_it_ran(capsys):
+    """Rule: --json carries the dtype and backend the run used and whether its passes are exact
+    (`exact`: true/false, or null where not checked, with `exact_note`)."""
+    assert main(["generate", "--models", "tiny-random", "--method", "sd", "--prompt", "hello",
+                 "--max-new-tokens", "4", "--dtype", "bfloat16", "--backend", "no-onednn", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["dtype"], out["backend"]) == ("bfloat16", "no-onednn")
+    assert out["exact"] in (True, False, None) and isinstance(out["exact_note"], str)
+    assert "as asked on the command line" in out["choice_note"]
+
+
 def test_generate_summary_is_coloured(capsys):
     """Without --json: a readable summary with ANSI colours and the tokens/s line."""
     assert main(["generate", "--models", "tiny-random", "--method", "sd", "--prompt", "hi",

@@ -73,27 +73,27 @@ def _client(url: str):
 
 def _args(prompt="hello", preset="tiny-random", ids=("", "", ""), **over) -> list:
     s = {**FAST, **over}
-    return [preset, *ids, prompt, *(s[k] for k in h.SETTING_NAMES)]
+    return [prompt, preset, *ids, *(s[k] for k in h.SETTING_NAMES)]  # /race's parameters, in order
 
 
 def _race(client, *a, **kw) -> str:
     """Run a race through the API; the final status line the user sees (or, for a value a component
     refuses before any handler runs, Gradio's own error message)."""
     try:
-        return client.predict(*_args(*a, **kw), api_name="/race_event")[0]
+        return client.predict(*_args(*a, **kw), api_name="/race")[0]
     except gradio_client.exceptions.AppError as e:
         return f"Gradio refuses the value: {e}"
 
 
 def _raw_race(url: str, client, *a, **kw) -> str:
     """The same API call over plain HTTP, for values a strict JSON client cannot send (NaN), in the
-    client's session: POST /gradio_api/call/race_event, then read the event stream to its end."""
+    client's session: POST /gradio_api/call/race, then read the event stream to its end."""
     import urllib.request
 
     body = json.dumps({"data": _args(*a, **kw), "session_hash": client.session_hash}).encode()  # NaN as NaN
-    req = urllib.request.Request(url + "gradio_api/call/race_event", body, {"Content-Type": "application/json"})
+    req = urllib.request.Request(url + "gradio_api/call/race", body, {"Content-Type": "application/json"})
     event = json.loads(urllib.request.urlopen(req).read())["event_id"]
-    stream = urllib.request.urlopen(url + f"gradio_api/call/race_event/{event}").read().decode()
+    stream = urllib.request.urlopen(url + f"gradio_api/call/race/{event}").read().decode()
     kind, data = None, None
     for line in stream.splitlines():
         if line.startswith("event:"):
@@ -107,7 +107,7 @@ def _raw_race(url: str, client, *a, **kw) -> str:
 
 def _exported(client) -> dict:
     """The session's last race as the app exports it (trace JSON): method -> token ids."""
-    trace_path, _ = client.predict(api_name="/export_files")
+    trace_path, _ = client.predict(api_name="/export")
     trace = json.loads(Path(trace_path).read_text(encoding="utf-8"))
     return {m: r["token_ids"] for m, r in trace[-1]["results"].items()}
 
@@ -295,9 +295,9 @@ def test_stop_mid_race(server):
     """Stop during a race ends it after the current target pass with partial results kept, and the
     next race in the session is correct."""
     client = _client(server[0])
-    job = client.submit(*_args("tell me a story", **LONG), api_name="/race_event")
+    job = client.submit(*_args("tell me a story", **LONG), api_name="/race")
     _wait_running(job)
-    stopping = client.predict(api_name="/stop_race")[0]
+    stopping = client.predict(api_name="/stop")[0]
     final = job.result()[0]
     assert "Stopping" in stopping or "finished" in final  # a fast machine may finish first
     table = job.result()[3]["data"]
@@ -313,13 +313,13 @@ def test_clear_during_a_race(server):
     updates do not bring them back, and the next race is correct."""
     client = _client(server[0])
     assert "finished" in _race(client)  # one finished race to clear as well
-    job = client.submit(*_args("tell me a story", **LONG), api_name="/race_event")
+    job = client.submit(*_args("tell me a story", **LONG), api_name="/race")
     _wait_running(job)
-    cleared = client.predict(api_name="/clear_results")
+    cleared = client.predict(api_name="/clear")
     final = job.result()
     assert "cleared" in cleared[0].lower() and "cleared" in final[0].lower()
     assert not [r for r in final[3]["data"] if r and r[0] not in (None, "")]  # the race's last update: empty
-    table = client.predict(api_name="/stop_race")[3]  # the session's state as the server holds it now
+    table = client.predict(api_name="/stop")[3]  # the session's state as the server holds it now
     assert not [r for r in table["data"] if r and r[0] not in (None, "")]
     ok = _next_run_correct(client)
     _row("**Clear** pressed while a 200-token race runs", f"{cleared[0]} → {final[0]}", ok)
@@ -336,7 +336,7 @@ def test_concurrent_sessions_get_their_own_tokens(server):
     run with its seed (no cross-talk), all 10 requests finish, the queue drains, the app stays up."""
     url, demo = server
     clients = [_client(url) for _ in range(N_SESSIONS)]
-    jobs = [c.submit(*_args("hello", temperature=1.0, seed=i), api_name="/race_event") for i, c in enumerate(clients)]
+    jobs = [c.submit(*_args("hello", temperature=1.0, seed=i), api_name="/race") for i, c in enumerate(clients)]
     statuses = [j.result()[0] for j in jobs]
     finished = sum("finished" in s for s in statuses)
     same = sum(_exported(c) == _solo("hello", temperature=1.0, seed=i) for i, c in enumerate(clients))
@@ -364,7 +364,7 @@ def test_many_races_in_one_session_memory_bounded(server):
         done += "finished" in _race(client, f"hello {i % 7}")
         if i in (h.MAX_RACES, N_RACES):
             rss[i] = _rss_mb()
-    table = client.predict(api_name="/stop_race")[3]["data"]
+    table = client.predict(api_name="/stop")[3]["data"]
     races_kept = len({row[0] for row in table})
     ok = _next_run_correct(client)
     grow = rss[N_RACES] - rss[1]

@@ -42,9 +42,9 @@ def test_measured_speed_replaces_the_guess(monkeypatch):
 def test_duration_reads_race_events_arguments(monkeypatch):
     """spaces.GPU calls the duration function with the decorated function's own arguments."""
     monkeypatch.setattr(hosting, "_MEASURED", {"tiny-random": 0.01})
-    args = ("tiny-random", "", "", "", "hello", None, None, *(FAST[k] for k in h.SETTING_NAMES))
+    args = ("hello", "tiny-random", "", "", "", None, None)
     want = hosting.plan_budget("tiny-random", len(RACE_METHODS), 400).duration_s
-    assert hosting.race_duration(*args) == want
+    assert hosting.race_duration(*args, **{k: FAST[k] for k in h.SETTING_NAMES}) == want
 
 
 def test_a_zerogpu_race_runs_every_method_in_one_call_and_is_cut_to_fit(monkeypatch, one_thread):
@@ -71,8 +71,8 @@ def test_a_zerogpu_race_runs_every_method_in_one_call_and_is_cut_to_fit(monkeypa
     session = h.new_session()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        list(app._gpu(h.race_event)("tiny-random", "", "", "", "hello", session, lambda *a, **k: None,
-                                    *(FAST[k] for k in h.SETTING_NAMES)))
+        list(app._gpu(h.race_event)("hello", "tiny-random", "", "", "", session, lambda *a, **k: None,
+                                    **{k: FAST[k] for k in h.SETTING_NAMES}))
     sys.modules.pop("app", None)
     race = session["races"][-1]
     assert calls == [20] and set(race["results"]) == set(RACE_METHODS)  # one allocation, every method
@@ -89,3 +89,22 @@ def test_family_box_shows_the_estimate_without_the_network():
     text = h.preset_info("tiny-random")[0]
     assert "Estimate here" in text and "MB" in text
     assert "Estimate here" in h.preset_info("llama3")[0]  # unknown offline, but no error and no wait
+
+
+def test_memory_line_uses_the_dtype_the_family_loads_in(monkeypatch, tmp_path):
+    """Rule: the family box's memory estimate is in the dtype the family will load in — the probe's
+    cached choice (bfloat16 here), not the float32 fallback; before any probe it says both."""
+    from pyramid_demo.models import probe
+
+    monkeypatch.setenv("PYRAMID_DEMO_PROBE_CACHE", str(tmp_path))
+    monkeypatch.delenv("PYRAMID_DEMO_PROBE", raising=False)
+    monkeypatch.setattr(probe, "native_bf16", lambda: True)
+    before = hosting.memory_line("tiny-random")
+    assert "in float32" in before and "in bfloat16 if the first run's probe picks it" in before
+    probe._write(probe.CHOICE_FILE, f"{probe.machine_key()} | tiny-random",
+                 {"dtype": "bfloat16", "backend": "no-onednn"})
+    after = hosting.memory_line("tiny-random")
+    assert "in bfloat16 for" in after and "float32" not in after, after
+    monkeypatch.setenv("PYRAMID_DEMO_PROBE", "0")  # the probe off: float32 it is, and only that
+    off = hosting.memory_line("tiny-random")
+    assert "in float32" in off and "bfloat16" not in off, off

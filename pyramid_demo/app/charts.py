@@ -4,7 +4,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .inspector import round_tau, speedups, stage_names, throughput_rows, whatif_statuses
+from .inspector import round_tau, speedups, stage_names, whatif_statuses
 from ..core.config import METHOD_LABELS
 from ..core.costs import measured_by_k
 from ..core.methods import method_spec
@@ -161,20 +161,20 @@ def position_figure(results: dict[str, RunResult]) -> go.Figure:
     return fig
 
 
-def throughput_figure(results: dict[str, RunResult]) -> go.Figure:
-    """Measured tok/s next to the paper's throughput-model prediction, per method."""
-    rows = throughput_rows(results)
+def throughput_figure(rows: list[dict]) -> go.Figure:
+    """Measured tok/s next to the cost profile's idle-machine prediction, per method (`story.rows`)."""
     if not rows:
-        return empty_figure("The throughput model appears after a race.")
-    names = [METHOD_LABELS[m].split(" ")[0] for m, _, _ in rows]
+        return empty_figure("Measured and predicted speeds appear after a race.")
+    names = [METHOD_LABELS[r["method"]].split(" ")[0] for r in rows]
+    pred = [r.get("predicted") for r in rows]
     fig = go.Figure([
-        go.Bar(x=names, y=[v for _, v, _ in rows], name="measured", marker_color="#0072B2",
-               text=[f"{v:.1f}" for _, v, _ in rows], textposition="outside"),
-        go.Bar(x=names, y=[p or 0 for _, _, p in rows], name="predicted (paper's model)", marker_color="#bbbbbb",
-               text=["n/a" if p is None else f"{p:.1f}" for _, _, p in rows], textposition="outside"),
+        go.Bar(x=names, y=[r["measured"] for r in rows], name="measured in this race", marker_color="#0072B2",
+               text=[f"{r['measured']:.1f}" for r in rows], textposition="outside"),
+        go.Bar(x=names, y=[p or 0 for p in pred], name="idle machine (cost profile)", marker_color="#bbbbbb",
+               text=["n/a" if p is None else f"{p:.1f}" for p in pred], textposition="outside"),
     ])
-    _layout(fig, "Tokens per second: measured vs predicted", 380, barmode="group")
-    top = max([v for _, v, _ in rows] + [p or 0 for _, _, p in rows] + [1.0])
+    _layout(fig, "Tokens per second: measured vs the profile's idle-machine prediction", 380, barmode="group")
+    top = max([r["measured"] for r in rows] + [p or 0 for p in pred] + [1.0])
     fig.update_yaxes(title="tokens / s", range=[0, top * 1.18])  # room for the value labels
     return fig
 

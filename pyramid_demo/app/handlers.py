@@ -19,9 +19,9 @@ from typing import Any, Iterator
 import gradio as gr
 
 from . import hosting, inspector, charts, render
-from .text import CUSTOM, DEFAULT, MSG, RACE_COLUMNS, RACE_METHODS
+from .text import CUSTOM, DEFAULT, MSG, RACE_COLUMNS, RACE_METHODS, START
 from ..core.config import METHOD_LABELS, DecodeConfig
-from ..core.methods import method_spec
+from ..core.noise import leaders
 from ..core.settings import APP_SETTINGS, TUNABLE
 from ..models.presets import PRESETS, family_config
 from ..core.trace import RunResult
@@ -29,7 +29,7 @@ from ..core.trace import RunResult
 log = logging.getLogger(__name__)
 MAX_RACES = 20  # per user; older races are dropped to bound a hosted app's memory
 UI_INTERVAL_S = 0.15  # stream to the page at most this often (every pass is still recorded)
-SETTING_NAMES = APP_SETTINGS  # the settings widgets, in the order race_event receives them
+SETTING_NAMES = APP_SETTINGS  # the settings widgets, in page order (race_event takes them by name)
 TUNED_NAMES = TUNABLE  # the widgets preset_settings resets, in this order
 INT_SETTINGS = tuple(k for k in SETTING_NAMES if isinstance(getattr(DEFAULT, k), int))
 
@@ -112,12 +112,19 @@ def _headline(m: str, r: RunResult | None, race: dict) -> str:
 
 
 def _winner(res: dict[str, RunResult]) -> str:
-    """One line for the projector: the fastest method and its speed-ups."""
+    """One line for the projector: the fastest method, or a tie when others are within the race's noise."""
     if not res:
         return ""
-    m, r = max(res.items(), key=lambda kv: kv[1].stats.tokens_per_s)
-    parts = [f"{r.stats.tokens_per_s:.1f} tok/s", *inspector.speedups(m, res)]
-    return MSG["winner"].format(label=METHOD_LABELS[m], figures=", ".join(parts))
+    spread = inspector.race_noise(res)
+    top = leaders({m: r.stats.tokens_per_s for m, r in res.items()}, spread or 0.0)
+    m, r = top[0], res[top[0]]
+    figures = ", ".join([f"{r.stats.tokens_per_s:.1f} tok/s", *inspector.speedups(m, res)])
+    if spread is None:
+        return MSG["winner_unsure"].format(label=METHOD_LABELS[m], figures=figures)
+    if len(top) > 1:
+        return MSG["tie"].format(labels=", ".join(x.upper() for x in top), noise=spread, label=METHOD_LABELS[m],
+                                 figures=figures)
+    return MSG["winner"].format(label=METHOD_LABELS[m], figures=figures, noise=spread)
 
 
 def race_lanes(race: dict | None) -> str:
@@ -169,10 +176,15 @@ def _learn_vocab(race: dict, tokenizer: Any, r: RunResult) -> None:
         vocab[i] = tokenizer.decode([i])
 
 
-def race_event(preset: str, draft: str, qualifier: str, target: str, prompt: str, session: dict | None,
-               progress: gr.Progress = gr.Progress(), *values: Any) -> Iterator[tuple]:
-    """The Run button's handler: app.py wires the settings widgets last, in SETTING_NAMES order."""
-    yield from run_race(preset, (draft, qualifier, target), prompt, dict(zip(SETTING_NAMES, values)), session,
+def race_event(prompt: str, preset: str, draft: str | None = None, qualifier: str | None = None,
+               target: str | None = None, session: dict | None = None, progress: gr.Progress = gr.Progress(), **settings: Any) -> Iterator[tuple]:
+    """Run every method on the prompt, one after another, with the chosen family and settings.
+
+    The public `/race` endpoint and the Run button. `preset` names a model family (or "custom" with
+    the draft, qualifier and target ids); `settings` are DecodeConfig fields by name (core.settings);
+    any left out take the values the page starts with. Yields (status, lanes, chart, table, earlier
+    races, session); the status line reports a bad value in words."""
+    yield from run_race(preset, (draft, qualifier, target), prompt, {**START_SETTINGS, **settings}, session,
                         progress)
 
 
@@ -323,100 +335,5 @@ def export_files(session: dict | None) -> tuple[str | None, str | None]:
     return str(jpath), str(cpath)
 
 
-# ------------------------------------------------------------------ inspector and statistics
-def _race(session: dict | None, n: Any) -> dict | None:
-    races = (session or {}).get("races") or []
-    for r in races:
-        if str(r["n"]) == str(n):
-            return r
-    return races[-1] if races else None
-
-
-def _round_slider(r: RunResult | None) -> Any:
-    top = max(1, len(r.steps)) if r else 1
-    return gr.update(minimum=1, maximum=max(top, 2), value=1, step=1, interactive=top > 1)  # max > min
-
-
-def _pos_slider(r: RunResult | None) -> Any:
-    cfg = r.config if r else DEFAULT.to_dict()
-    lengths = method_spec(r.method).lengths if r is not None else ()
-    top = cfg[lengths[-1] if lengths else "l_q"] + 1  # the longest target pass: its proposal + 1
-    return gr.update(minimum=1, maximum=top, value=1, step=1)
-
-
-def pick_method(session: dict | None, race_n: Any, method: str | None) -> tuple:
-    """A method was chosen: reset the round slider and start the what-if τs at the recorded values."""
-    race = _race(session, race_n)
-    r = race["results"].get(method) if race and method else None
-    cfg = race["config"] if race else DEFAULT.to_dict()
-    return _round_slider(r), gr.update(value=cfg["tau_q"]), gr.update(value=cfg["tau_t"]), _pos_slider(r)
-
-
-def pick_race(session: dict | None, race_n: Any = None) -> tuple:
-    """A race was chosen (or just finished): refresh the inspector's choices and the statistics tab."""
-    race = _race(session, race_n)
-    if race is None:
-        none = charts.empty_figure(MSG["no_race"])
-        return (gr.update(choices=[], value=None), gr.update(choices=[], value=None), _round_slider(None),
-                gr.skip(), gr.skip(), _pos_slider(None), none, none, none, "", none, "")
-    res = race["results"]
-    methods = list(res)
-    method = methods[-1] if methods else None  # the last raced: the fullest pyramid
-    choices = [(f"Race {r['n']}", str(r["n"])) for r in session["races"]]
-    speeds = inspector.race_speeds(res)
-    speed_md = "Single-model speeds measured in this race: " + (", ".join(
-        f"{k} {v:.1f} forwards/s" for k, v in speeds.items()) or "n/a") + "\n\n" + inspector.stats_markdown(res)
-    return (gr.update(choices=choices, value=str(race["n"])),
-            gr.update(choices=[(METHOD_LABELS[m], m) for m in methods], value=method),
-            *pick_method(session, race["n"], method),
-            charts.hist_figure(res), charts.position_figure(res), charts.throughput_figure(res), speed_md,
-            charts.cost_figure(race.get("profile"), res), inspector.costs_markdown(res, race.get("profile")))
-
-
-def inspect_round(session: dict | None, race_n: Any, method: str | None, round_no: float, tau_q: float,
-                  tau_t: float, position: float) -> tuple[str, Any, Any, str]:
-    """One recorded target pass: chips, divergences vs the what-if τs, and the top-5 at one position."""
-    race = _race(session, race_n)
-    r = race["results"].get(method) if race and method else None
-    if r is None or not r.steps:
-        none = charts.empty_figure(MSG["no_race"])
-        return render.message_html(MSG["no_race"]), none, none, ""
-    step = r.steps[max(0, min(int(round_no or 1) - 1, len(r.steps) - 1))]
-    vocab = race["vocab"]
-    committed = "".join(vocab.get(t, f"#{t}") for t in step.new_tokens)
-    head = (f"**Target pass {step.index + 1} of {len(r.steps)}** · committed {len(step.new_tokens)} "
-            f"token(s): `{committed!r}`")
-    if step.target_round is None:
-        return render.message_html(MSG["ar_round"]), charts.empty_figure(MSG["ar_round"]), \
-            charts.empty_figure(MSG["ar_round"]), head
-    parts, lines = [], [head]
-    for j, rnd in enumerate(step.qualifier_rounds + [step.target_round]):
-        tau = inspector.round_tau(rnd, tau_q, tau_t)
-        k = inspector.reevaluate(rnd, tau)
-        n = len(rnd.tokens) - 1
-        name = (f"Stage 1 · round {j + 1}: draft → qualifier" if rnd.stage == "qualifier"
-                else f"Stage 2: {rnd.proposer} → target")
-        if tau is None:  # exact rule; still show what a fuzzy test at the slider's τ would have kept
-            slider = tau_q if rnd.stage == "qualifier" else tau_t
-            fuzzy_k = inspector.reevaluate(replace(rnd, rule="fuzzy"), slider)
-            what = f"exact rule (τ unused) · a fuzzy test at τ = {slider:g} would keep <b>{fuzzy_k}</b>"
-        else:
-            what = f"at τ = {tau:g}: <b>{k}</b>" + (" (same)" if k == rnd.n_accepted else " ← changed")
-        note = f"rule {rnd.rule} · recorded <b>{rnd.n_accepted} of {n}</b> accepted<br>{what}"
-        parts.append(render.round_chips_html(rnd, vocab, name, None if tau is None else k, note))
-        if rnd.stage == "target":
-            lines.append(f"The target kept **{rnd.n_accepted} of {n}** proposed tokens; " + (
-                "τ does not apply (exact rule)." if tau is None else f"at τ_T = {tau:g} it would accept **{k}**."))
-    if step.qualifier_rounds:
-        lines.append("A different τ_Q would change the block itself; the what-if re-checks each recorded round only.")
-    pos = int(position or 1) - 1
-    tokens = step.target_round.tokens
-    pos = max(0, min(pos, len(tokens) - 1))
-    rec = tokens[pos]
-    title = f"Top-5 next tokens at position {pos + 1}: {vocab.get(rec.token_id, rec.token_id)!r} ({rec.status})"
-    chips = render.status_legend_html() + "".join(parts)
-    return (chips, charts.divergence_figure(step, tau_q, tau_t, vocab),
-            charts.top5_figure(inspector.position_top5(step, pos), vocab, title), "  \n".join(lines))
-
-
 DEFAULT_SETTINGS = {k: getattr(DEFAULT, k) for k in SETTING_NAMES}
+START_SETTINGS = {k: getattr(START, k) for k in SETTING_NAMES}  # the page's first values, the API's defaults

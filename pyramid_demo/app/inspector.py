@@ -2,10 +2,9 @@
 race speeds and the race table. No model calls, so the inspector answers instantly."""
 from __future__ import annotations
 
-from ..core import costs
+from ..core import noise
 from ..core.rules import leading_run
 from ..core.stats import STAGES, agreement, stage_rounds
-from ..core.throughput import predict
 from ..core.trace import RunResult, StageRound, Step, TokenRec
 
 EXACT_RULES = ("sd", "greedy")
@@ -71,37 +70,47 @@ def position_top5(step: Step, pos: int) -> dict[str, list[list[float]]]:
     return {r: merged[r] for r in ("draft", "qualifier", "target") if r in merged}
 
 
-def race_speeds(results: dict[str, RunResult]) -> dict[str, float]:
-    """Single-model speeds (forwards per second) measured in a race, pooled over its runs.
-
-    The target's comes from AR alone when AR ran: its passes are one token each, as V_T assumes.
-    The qualifier only ever verifies short blocks, so its speed is slightly pessimistic.
-    """
-    speeds = {}
-    for role in ("draft", "qualifier", "target"):
-        runs = [results["ar"]] if role == "target" and "ar" in results else list(results.values())
-        n = sum(r.stats.forward_passes.get(role, 0) for r in runs)
-        t = sum(r.stats.forward_time_s.get(role, 0.0) for r in runs)
-        if n and t > 0:
-            speeds[role] = n / t
-    return speeds
-
-
 def ratio(a: float, b: float | None) -> float | None:
     return a / b if b else None
 
 
+def race_noise(results: dict[str, RunResult]) -> float | None:
+    """The race's relative timing noise: the spread of same-size forwards over all its lanes (core.noise)."""
+    groups: dict = {}
+    for r in results.values():
+        for key, ts in noise.same_k_forwards(r.steps).items():
+            groups.setdefault(key, []).extend(ts)
+    return noise.timing_noise(groups)
+
+
+def within_noise(a: float, b: float | None, spread: float | None) -> bool:
+    """True when speeds a and b differ by no more than the race's noise (never when it is unknown)."""
+    return bool(b) and spread is not None and noise.compare(a, b, spread) == 0
+
+
 def speedups(m: str, results: dict[str, RunResult]) -> list[str]:
-    """["×1.80 vs AR", "×1.20 vs SD"] for method m: what the lanes, legend and status all show."""
+    """["×1.80 vs AR", "×1.05 vs SD (tie within noise)"] for method m: what the lanes, legend and status show."""
     out = []
+    spread = race_noise(results)
     for base in ("ar", "sd"):
         b = results.get(base)
         if b is None or m == base or (base == "sd" and m == "ar"):
             continue
-        x = ratio(results[m].stats.tokens_per_s, b.stats.tokens_per_s)
+        a, bs = results[m].stats.tokens_per_s, b.stats.tokens_per_s
+        x = ratio(a, bs)
         if x is not None:
-            out.append(f"×{x:.2f} vs {base.upper()}")
+            out.append(f"×{x:.2f} vs {base.upper()}" + (" (tie within noise)" if within_noise(a, bs, spread) else ""))
     return out
+
+
+def _times(r: RunResult, base: RunResult | None, spread: float | None) -> float | str | None:
+    """A table's × cell (r's speed ÷ base's): the ratio, marked when the gap is within the race's noise."""
+    b = base.stats.tokens_per_s if base else None
+    x = ratio(r.stats.tokens_per_s, b)
+    if x is None:
+        return None
+    return f"{x:.2f} (tie: noise {spread:.0%})" if r is not base and within_noise(r.stats.tokens_per_s, b, spread) \
+        else round(x, 2)
 
 
 def race_rows(races: list[dict]) -> list[list]:
@@ -111,82 +120,18 @@ def race_rows(races: list[dict]) -> list[list]:
         res: dict[str, RunResult] = race["results"]
         ar, sd = res.get("ar"), res.get("sd")
         greedy = not race.get("config", {}).get("temperature")
+        spread = race_noise(res)
         for m, r in res.items():
             s = r.stats
             acc = ", ".join(f"{k} {v:.0%}" for k, v in s.acceptance.items()) or "—"
             # agreement with target greedy output (the bench's figure): AR is that reference at T=0 only
             same = agreement(r.token_ids, ar.token_ids) if ar is not None and greedy else None
-            x_ar = ratio(s.tokens_per_s, ar.stats.tokens_per_s if ar else None)
-            x_sd = ratio(s.tokens_per_s, sd.stats.tokens_per_s if sd else None)
             rows.append([race["n"], m, s.n_new_tokens, round(s.decode_s, 2), round(s.tokens_per_s, 1),
-                         None if x_ar is None else round(x_ar, 2), None if x_sd is None else round(x_sd, 2),
+                         _times(r, ar, spread), _times(r, sd, spread),
                          acc, round(s.tokens_per_target_pass, 2), None if same is None else f"{same:.0%}",
                          s.stopped or ("running…" if race.get("running") == m else "stopped by user")])
     return rows
 
 
-def throughput_rows(results: dict[str, RunResult]) -> list[tuple[str, float, float | None]]:
-    """(method, measured tok/s, predicted tok/s) using the race's own single-model speeds."""
-    speeds = race_speeds(results)
-    return [(m, r.stats.tokens_per_s, predict(r, speeds)) for m, r in results.items()]
-
-
-def stats_markdown(results: dict[str, RunResult]) -> str:
-    """Forward passes per model, acceptance per stage and predicted vs measured speed, one row per method."""
-    pred = {m: p for m, _, p in throughput_rows(results)}
-    head = ("| method | draft passes | qualifier passes | target passes | accepted D→Q | accepted →T "
-            "| tokens / target pass | tok/s measured | tok/s predicted |\n|---|---|---|---|---|---|---|---|---|")
-    rows = []
-    for m, r in results.items():
-        s = r.stats
-        f = [str(s.forward_passes.get(k, "—")) for k in ("draft", "qualifier", "target")]
-        acc = [f"{s.acceptance[k]:.0%}" if k in s.acceptance else "—" for k in ("qualifier", "target")]
-        p = "n/a" if pred.get(m) is None else f"{pred[m]:.1f}"
-        rows.append(f"| {m.upper()} | {' | '.join(f)} | {' | '.join(acc)} | {s.tokens_per_target_pass:.2f} "
-                    f"| {s.tokens_per_s:.1f} | {p} |")
-    return "\n".join([head, *rows])
-
-
 def stage_names(r: RunResult) -> list[str]:
     return [s for s in STAGES if stage_rounds(r.steps, s)]
-
-
-def cost_rows(results: dict[str, RunResult], profile: dict | None) -> list[dict]:
-    """Per method: measured and profile-predicted tok/s, measured α, break-even α and why it wins or loses."""
-    if not profile:
-        return []
-    rows = []
-    ar = results["ar"].stats.tokens_per_s if "ar" in results else None
-    for m, r in results.items():
-        pred = costs.predict_run(r.steps, profile)
-        model = costs.method_model(m, r.steps, r.config, profile)
-        rows.append({"method": m, "measured": r.stats.tokens_per_s, "predicted": pred["tokens_per_s"],
-                     **model, "why": costs.verdict(m, model, (r.stats.tokens_per_s, ar) if ar else None)})
-    return rows
-
-
-def costs_markdown(results: dict[str, RunResult], profile: dict | None) -> str:
-    """The cost profile's account of the race: predicted vs measured speed and break-even acceptance."""
-    if not profile:
-        return "No cost profile for this family yet: it is measured before the next race."
-    f = lambda x, nd=2: "—" if x is None else f"{x:.{nd}f}"  # noqa: E731
-    head = ["**Cost profile** ({dtype}, {backend}, {how}): one cached forward of k new tokens, ms — ".format(
-        dtype=profile.get("dtype", "?"), backend=profile.get("backend", "?"),
-        how="measured before this race" if profile.get("how") == "probe" else "cached for this machine")
-        + "; ".join(f"{role} k=1 {costs.cost_ms(profile, role, 1):.1f}, k=5 {costs.cost_ms(profile, role, 5):.1f}"
-                    for role in profile["ms"]),
-        "", "| method | tok/s measured | tok/s predicted from the profile | measured α | break-even α "
-            "| why it wins or loses here |", "|---|---|---|---|---|---|"]
-    for row in cost_rows(results, profile):
-        alpha = f(row.get("alpha"))
-        if row.get("alpha_qualifier") is not None:
-            alpha = f"α_Q {f(row['alpha_qualifier'])} · α_T {alpha}"
-        be = "—" if "break_even_alpha" not in row else "never" if row["break_even_alpha"] is None \
-            else f(row["break_even_alpha"])
-        head.append(f"| {row['method'].upper()} | {row['measured']:.1f} | {f(row['predicted'], 1)} | {alpha} | {be} "
-                    f"| {row['why']} |")
-    head += ["", "Predicted: the profile's time summed over the forwards each run made (engine time outside "
-                 "forwards not counted). Break-even: the per-token acceptance α at which the method's expected "
-                 "tok/s, E = (1 − α^(γ+1)) / (1 − α) tokens per round of γ drafts and one (γ+1)-token target pass, "
-                 "equals AR's on this profile; for PSD the target stage's α_T, at the measured stage-1 α_Q."]
-    return "\n".join(head)

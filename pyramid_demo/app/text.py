@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from ..core.config import METHOD_LABELS, METHODS, DecodeConfig
-from ..models.presets import DEFAULT_PRESET, PRESETS, tuned_settings
+from ..models.presets import DEFAULT_PRESET, PRESETS, family_config, tuned_settings
 
 CUSTOM = "custom"
 PRESET_ENV = "PYRAMID_DEMO_PRESET"  # lets tests and hosts pick the preset shown first
@@ -13,6 +13,7 @@ DEFAULT = DecodeConfig()  # the single source of decoding defaults (temperature 
 START_PRESET = os.environ.get(PRESET_ENV, DEFAULT_PRESET)
 if START_PRESET not in PRESETS:
     START_PRESET = DEFAULT_PRESET
+START = family_config(START_PRESET)  # the starting family's tuned settings: the page's first values
 PRESET_CHOICES = [*PRESETS, CUSTOM]
 RACE_METHODS = METHODS  # raced in this order, one after another
 _SHORT = [METHOD_LABELS[m].split(" ")[0] for m in RACE_METHODS]  # "AR", "SD", ...
@@ -62,7 +63,11 @@ MSG = {
             + " tab to see why tokens were kept.",
     "stopped": "⏹ Race {n} stopped. Partial results are kept; press " + BUTTONS["run"] + " to start again.",
     "not_exact": "⚠ SD and lossless PSD_A may differ from AR here: {why}.",
-    "winner": "  \n🏆 Fastest: **{label}** at {figures}.",
+    "winner": "  \n🏆 Fastest: **{label}** at {figures}, a margin beyond this race's timing noise ({noise:.0%}).",
+    "tie": "  \n🤝 Tie within noise: **{labels}** are within the race's timing noise ({noise:.0%}, the spread "
+           "of same-size forwards) of the fastest; measured fastest {label} at {figures}.",
+    "winner_unsure": "  \n🏆 Fastest measured: **{label}** at {figures} (too few forwards to judge this race's "
+                     "timing noise).",
     "stopping": "⏹ Stopping after the current target pass…",
     "stopped_early": "⏹ Stopped before the race began.",
     "custom_missing": "Custom models need all three ids (draft, qualifier, target) from one family.",
@@ -129,7 +134,8 @@ The more green and blue, the less work the big target had to do.
 """
 
 STATS_NOTE = (
-    "Throughput model (PyramidSD §3): predicted tok/s from each model's measured single-model speed "
-    "(forward passes per second in this race) and the measured acceptance rates. It assumes a k-token "
-    "verification costs what one token does; the cost profile below measures what it really costs here."
+    "Each method's measured speed against AR (a gap within the race's own timing noise is a tie), and what the "
+    "**cost profile** — this machine's measured cost of one forward of k tokens per model — predicts for the "
+    "same forwards on an idle machine. When the race's forwards ran slower than the profile, the factor says "
+    "by how much."
 )

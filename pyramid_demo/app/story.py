@@ -1,0 +1,186 @@
+"""The Statistics tab's one story of a race, from its trace and the family's cost profile.
+
+One prediction: the profile's, summed over the forwards each run made (`core.costs.predict_run`),
+which is what the machine gives when idle. The verdict starts from what was measured (faster than
+AR, slower, or a tie within the race's timing noise, `core.noise`) and then says whether the profile
+agrees; when the race's forwards ran slower than the profile, the load factor says by how much.
+The PyramidSD §3 formula stays as a labelled teaching aid, fed with the profile's one-token speeds.
+Pure: records in, rows and Markdown out (charts draw the rows).
+"""
+from __future__ import annotations
+
+from ..core import costs, noise
+from ..core.throughput import predict
+from ..core.trace import RunResult
+from .inspector import race_noise
+
+BUSY = 1.25  # forwards this much slower than the profile: the machine was busy during the race
+ROLES = ("draft", "qualifier", "target")
+
+
+def _fmt(x: float | None, nd: int = 2) -> str:
+    return "—" if x is None else f"{x:.{nd}f}"
+
+
+def load_factors(runs: list[RunResult], profile: dict) -> dict[str, float]:
+    """Per role: the forward seconds measured in these runs ÷ the profile's seconds for the same
+    forwards (1.0: as the profile says; 3.1: the forwards took 3.1× the profile)."""
+    got: dict[str, list[float]] = {}
+    for r in runs:
+        pred = costs.predict_counts(costs.forward_counts(r.steps), profile)
+        for role, s in pred.items():
+            t = r.stats.forward_time_s.get(role)
+            if t is not None and s > 0:
+                acc = got.setdefault(role, [0.0, 0.0])
+                acc[0] += t
+                acc[1] += s
+    return {role: round(t / s, 3) for role, (t, s) in got.items() if s > 0}
+
+
+def run_factor(r: RunResult, profile: dict) -> float | None:
+    """All of one run's forward seconds ÷ the profile's for its forwards."""
+    f = load_factors([r], profile)
+    pred = costs.predict_counts(costs.forward_counts(r.steps), profile)
+    total = sum(pred.values())
+    return round(sum(f[k] * pred[k] for k in f) / total, 3) if total > 0 else None
+
+
+def rows(results: dict[str, RunResult], profile: dict | None) -> list[dict]:
+    """Per method: measured tok/s and × AR, the profile's idle-machine tok/s and × AR, the lane's load
+    factor, the measured acceptance, tokens per target pass against the number that would match AR on
+    the profile (the same sums as the prediction, so the two always agree), and the verdict."""
+    spread = race_noise(results)
+    ar = results.get("ar")
+    ar_pred = costs.predict_run(ar.steps, profile)["tokens_per_s"] if ar and profile else None
+    ar_factor = run_factor(ar, profile) if ar and profile else None
+    out = []
+    for m, r in results.items():
+        row = {"method": m, "measured": r.stats.tokens_per_s, "predicted": None, "factor": None}
+        if ar is not None and ar.stats.tokens_per_s:
+            row["x_ar"] = r.stats.tokens_per_s / ar.stats.tokens_per_s
+        if profile:
+            pred = costs.predict_run(r.steps, profile)
+            row["predicted"] = pred["tokens_per_s"]
+            row["factor"] = run_factor(r, profile)
+            model = costs.method_model(m, r.steps, r.config, profile)
+            row.update({k: model[k] for k in ("alpha", "alpha_qualifier") if k in model})
+            if ar_pred and row["predicted"]:
+                row["x_ar_predicted"] = row["predicted"] / ar_pred
+            if ar_pred and r.stats.target_passes and m != "ar":  # AR's speed × the time one pass took
+                row["per_pass"] = r.stats.tokens_per_target_pass
+                row["per_pass_needed"] = ar_pred * pred["time_s"] / r.stats.target_passes
+        row["verdict"] = verdict(m, row, spread, ar_factor)
+        out.append(row)
+    return out
+
+
+def verdict(method: str, row: dict, spread: float | None, ar_factor: float | None) -> str:
+    """The measured outcome against AR first (beyond noise, or a tie), then the profile's idle-machine
+    expectation and the acceptance it needs; a disagreement is explained by the lanes' load factors."""
+    if method == "ar":
+        return "the baseline: one target forward per token"
+    x = row.get("x_ar")
+    if x is None:
+        return "no AR lane in this race to compare with"
+    n = spread or 0.0
+    outcome = noise.compare(x, 1.0, n)
+    said = {1: f"**faster** than AR ({x:.2f}×", 0: f"**a tie with AR** within noise ({x:.2f}×",
+            -1: f"**slower** than AR ({x:.2f}×"}[outcome]
+    said += f", timing noise {spread:.0%})" if spread is not None else ")"
+    xp = row.get("x_ar_predicted")
+    if xp is None:
+        return said
+    expect = noise.compare(xp, 1.0, 0.0)
+    said += f"; on an idle machine the profile predicts {xp:.2f}× AR"
+    if row.get("per_pass_needed") is not None:
+        said += (f" (it commits {row['per_pass']:.2f} tokens per target pass; matching AR on the profile "
+                 f"needs {row['per_pass_needed']:.2f})")
+    if outcome not in (0, expect):
+        f, fa = row.get("factor"), ar_factor
+        said += " — not what the profile predicts" + (
+            f": this lane's forwards took {f:.1f}× the profile, AR's {fa:.1f}×" if f and fa else "")
+    return said
+
+
+def load_line(results: dict[str, RunResult], profile: dict | None) -> str:
+    """Whether the race's forwards cost what the profile says, with the factor per model."""
+    if not profile or not results:
+        return ""
+    f = load_factors(list(results.values()), profile)
+    parts = ", ".join(f"{role} {f[role]:.1f}×" for role in ROLES if role in f)
+    t = f.get("target")
+    if t is not None and t >= BUSY:
+        return (f"⚠️ **This machine was busy: target forwards took {t:.1f}× the profile** (forward time ÷ the "
+                f"profile's, per model: {parts}). Measured speeds are a loaded machine's; the *idle* "
+                "column is what the profile predicts without the load.")
+    if t is not None and t <= 1 / BUSY:
+        return f"The race's forwards ran faster than the profile ({parts}): the profile is pessimistic here."
+    return f"The race's forwards cost about what the profile says ({parts}), so measured and predicted agree."
+
+
+def markdown(results: dict[str, RunResult], profile: dict | None) -> str:
+    """The story: noise, load, then one row per method with its verdict."""
+    if not results:
+        return ""
+    spread = race_noise(results)
+    lines = [("Timing noise in this race: **{:.0%}** (interquartile range ÷ median of same-size forwards); a gap "
+              "smaller than that is a tie.").format(spread) if spread is not None else
+             "Too few same-size forwards in this race to measure its timing noise."]
+    if not profile:
+        lines.append("No cost profile for this family yet: it is measured before the next race.")
+    else:
+        lines.append(load_line(results, profile))
+    lines += ["", "| method | tok/s | × AR | idle tok/s | idle × AR | × profile | α | tokens / pass (to match AR) "
+                  "| verdict |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for row in rows(results, profile):
+        alpha = _fmt(row.get("alpha"))
+        if row.get("alpha_qualifier") is not None:
+            alpha = f"α_Q {_fmt(row['alpha_qualifier'])} · α_T {alpha}"
+        need = "—" if row.get("per_pass_needed") is None else f"{row['per_pass']:.2f} ({row['per_pass_needed']:.2f})"
+        lines.append(f"| {row['method'].upper()} | {row['measured']:.1f} | {_fmt(row.get('x_ar'))} "
+                     f"| {_fmt(row['predicted'], 1)} | {_fmt(row.get('x_ar_predicted'))} | {_fmt(row['factor'], 1)} "
+                     f"| {alpha} | {need} | {row['verdict']} |")
+    return "\n".join(lines)
+
+
+def passes_markdown(results: dict[str, RunResult]) -> str:
+    """Forward passes per model and acceptance per stage, one row per method (counts, no predictions)."""
+    head = ("| method | draft passes | qualifier passes | target passes | accepted D→Q | accepted →T "
+            "| tokens / target pass |\n|---|---|---|---|---|---|---|")
+    out = []
+    for m, r in results.items():
+        s = r.stats
+        f = [str(s.forward_passes.get(k, "—")) for k in ROLES]
+        acc = [f"{s.acceptance[k]:.0%}" if k in s.acceptance else "—" for k in ("qualifier", "target")]
+        out.append(f"| {m.upper()} | {' | '.join(f)} | {' | '.join(acc)} | {s.tokens_per_target_pass:.2f} |")
+    return "\n".join([head, *out])
+
+
+def teaching_aid(results: dict[str, RunResult], profile: dict | None) -> str:
+    """The PyramidSD §3 formula, fed with the profile's one-token speeds, labelled as what it is."""
+    if not profile or not results:
+        return ""
+    speeds = {role: 1000 / costs.cost_ms(profile, role, 1) for role in ROLES if role in profile["ms"]}
+    got = [(m, predict(r, speeds)) for m, r in results.items() if m != "ar"]
+    vals = ", ".join(f"{m.upper()} {_fmt(p, 1)}" for m, p in got)
+    return ("**Teaching aid, not this machine's prediction** — the PyramidSD §3 throughput formula "
+            "(V_SD = β·(ℓ+1) / (ℓ/V_D + 1/V_T), V_PSD likewise through the qualifier), fed with the profile's "
+            "one-token speeds (" + ", ".join(f"V_{r[0].upper()} {v:.0f}/s" for r, v in speeds.items())
+            + f") and this race's acceptance β: {vals} tok/s. It assumes checking k tokens costs one step; "
+            "the profile's prediction above counts what each forward really costs.")
+
+
+def profile_markdown(profile: dict | None) -> str:
+    """Where the profile comes from and what one forward costs, for the cost chart."""
+    if not profile:
+        return ""
+    how = "measured before this race" if profile.get("how") == "probe" else "cached for this machine"
+    return (f"**Cost profile** ({profile.get('dtype', '?')}, {profile.get('backend', '?')}, {how}): one cached "
+            "forward of k new tokens, ms — " + "; ".join(
+                f"{role} k=1 {costs.cost_ms(profile, role, 1):.1f}, k=5 {costs.cost_ms(profile, role, 5):.1f}"
+                for role in profile["ms"])
+            + ". *Idle machine*: the profile's time summed over the forwards each run made (engine time "
+              "outside forwards not counted). *To match AR*: the tokens each target pass would have to commit for "
+              "the run's forwards, at the profile's cost, to be as fast as AR's; more than that is a win on an "
+              "idle machine.")
