@@ -196,7 +196,8 @@ class LeanLM:
         if head_ids is not None:
             ids = torch.as_tensor(head_ids, dtype=torch.long).flatten()
             ids = torch.unique(ids[(ids >= 0) & (ids < vocab_size)])
-            self.subset = self.w.reduced_head(ids) or (ids, None)
+            with _LOCK:  # runs of several users may gather the same list at once
+                self.subset = self.w.reduced_head(ids) or (ids, None)
         w = self.w
         self.kv = torch.zeros(len(w.layers), 2, w.n_kv, capacity, w.head_dim, dtype=w.dtype)  # [L, 2, H_kv, T, D]
         self._rope(capacity)
