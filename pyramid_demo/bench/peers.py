@@ -16,7 +16,7 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from ..core.config import DecodeConfig
-from ..core.lm import CachedLM, ModelTriplet, backend_flags
+from ..core.lm import ModelTriplet, backend_flags, open_lm
 
 PEERS = ("hf_generate", "hf_assisted")
 PEER_ROLES = {"hf_generate": ("target",), "hf_assisted": ("draft", "target")}  # the models each runs
@@ -104,7 +104,7 @@ def target_logprob(triplet: ModelTriplet, prompt_ids: list[int], out_ids: list[i
 def one_token_speed(triplet: ModelTriplet, role: str, prompt_ids: list[int], n: int = 8) -> float:
     """Single-model speed V_X in tokens/s: the median time of `n` cached one-token greedy
     forwards after the prompt (what the paper's throughput model assumes)."""
-    lm = CachedLM(triplet.model(role), triplet.vocab_size, role, triplet.backend)
+    lm = open_lm(triplet.model(role), triplet.vocab_size, role, triplet.backend, getattr(triplet, "path", "hf"))
     seq = list(prompt_ids)
     if len(seq) > 1:
         lm.logits(seq[:-1], 1)

@@ -228,10 +228,11 @@ class ForwardTimer:
     """Times cached forwards of k new tokens after `context` tokens, over one prefilled cache, under
     `backend`. Token ids are fixed, so every call times the same work."""
 
-    def __init__(self, model: Any, vocab_size: int, backend: str = "default", context: int = CONTEXT):
-        from .lm import CachedLM
+    def __init__(self, model: Any, vocab_size: int, backend: str = "default", context: int = CONTEXT,
+                 path: str = "hf"):
+        from .lm import open_lm
 
-        self.lm = CachedLM(model, vocab_size, "probe", backend)
+        self.lm = open_lm(model, vocab_size, "probe", backend, path)
         self.context = context
         self.ids = [(7919 * i + 11) % max(2, vocab_size - 1) + 1 for i in range(context + MAX_K + 64)]
         self.lm.logits(self.ids[:context], 1)
@@ -246,14 +247,15 @@ class ForwardTimer:
 
 
 def time_forward(model: Any, vocab_size: int, k: int, backend: str = "default", reps: int = 3,
-                 context: int = CONTEXT) -> float:
+                 context: int = CONTEXT, path: str = "hf") -> float:
     """Seconds for one cached forward of k new tokens after `context` tokens: min of `reps` after a warm-up."""
-    timer = ForwardTimer(model, vocab_size, backend, context)
+    timer = ForwardTimer(model, vocab_size, backend, context, path)
     return min(timer.time(k) for _ in range(reps + 1))
 
 
 def measure_profile(models: dict[str, Any], vocab_size: int, backend: str = "default", max_k: int = MAX_K,
-                    reps: int = 3, make_timer: Callable[..., Any] | None = None) -> dict[str, dict[int, float]]:
+                    reps: int = 3, make_timer: Callable[..., Any] | None = None,
+                    path: str = "hf") -> dict[str, dict[int, float]]:
     """{role: {k: ms}} for every distinct model (a role that shares another's model shares its row):
     one prefilled cache per model, k = 1 … max_k timed in interleaved rounds, min over rounds (the first
     round warms up)."""
@@ -261,7 +263,8 @@ def measure_profile(models: dict[str, Any], vocab_size: int, backend: str = "def
     timers: dict[int, Any] = {}
     for model in models.values():
         if id(model) not in timers:
-            timers[id(model)] = make_timer(model, vocab_size, backend)
+            kw = {"path": path} if path != "hf" else {}  # the forward path the runs will use
+            timers[id(model)] = make_timer(model, vocab_size, backend, **kw)
     best: dict[int, dict[int, float]] = {i: {} for i in timers}
     for _ in range(reps + 1):
         for i, timer in timers.items():
@@ -270,12 +273,12 @@ def measure_profile(models: dict[str, Any], vocab_size: int, backend: str = "def
     return {role: {k: round(1000 * v, 4) for k, v in best[id(m)].items()} for role, m in models.items()}
 
 
-def warm_up(models: dict[str, Any], vocab_size: int, backend: str, prompt_ids: list[int]) -> float:
+def warm_up(models: dict[str, Any], vocab_size: int, backend: str, prompt_ids: list[int], path: str = "hf") -> float:
     """One short run through every distinct model before any clock starts (first-call allocations,
     kernel selection): the prompt, then a one-token and a few-token cached forward. Returns seconds."""
     import time
 
-    from .lm import CachedLM
+    from .lm import open_lm
 
     t0 = time.perf_counter()
     seen: set[int] = set()
@@ -284,7 +287,7 @@ def warm_up(models: dict[str, Any], vocab_size: int, backend: str, prompt_ids: l
         if id(model) in seen:
             continue
         seen.add(id(model))
-        lm = CachedLM(model, vocab_size, role, backend)
+        lm = open_lm(model, vocab_size, role, backend, path)
         seq = ids + [int(lm.logits(ids, 1)[0].argmax())]
         seq.append(int(lm.logits(seq, 1)[0].argmax()))
         lm.logits(seq + seq[-3:], 3)

@@ -5,7 +5,6 @@ Weights are shared between runs and users; the cache is not: every run builds fr
 """
 from __future__ import annotations
 
-import contextlib
 import inspect
 import time
 from dataclasses import dataclass, field
@@ -13,6 +12,9 @@ from typing import Any, Protocol
 
 import torch
 from transformers import DynamicCache
+
+from .backend import BACKENDS, backend_flags, common_prefix_len  # noqa: F401 (re-exported)
+
 
 class LM(Protocol):
     """What the engine needs from a model: cached forward over new tokens, and rollback."""
@@ -47,37 +49,10 @@ class ModelTriplet:
     choice_note: str = ""  # how dtype and backend were chosen (probe / cached / flag), shown to users
     exact: bool | None = None  # a k-token pass equals k one-token steps bitwise here (None: not checked)
     exact_note: str = ""  # what that means for the lossless methods, from the probe's record (core.exactness)
+    path: str = "hf"  # the forward every run uses: "hf" (CachedLM) or "lean" (core.lean, where it applies)
 
     def model(self, role: str) -> torch.nn.Module:
         return {"draft": self.draft, "qualifier": self.qualifier, "target": self.target}[role]
-
-
-def common_prefix_len(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
-
-
-BACKENDS = ("default", "onednn", "no-onednn", "packed")  # packed: linears packed at load (core.packed)
-
-
-@contextlib.contextmanager
-def _onednn(enabled: bool):
-    set_flags = torch.backends.mkldnn.set_flags  # only the enabled flag (mkldnn.flags() also sets TF32)
-    old = set_flags(_enabled=enabled, _fp32_precision=None)[0]
-    try:
-        yield
-    finally:
-        set_flags(_enabled=old, _fp32_precision=None)
-
-
-def backend_flags(backend: str = "default") -> contextlib.AbstractContextManager:
-    """The CPU backend for the forwards run inside: oneDNN on or off ("default": leave torch's setting)."""
-    if backend not in ("onednn", "no-onednn"):
-        return contextlib.nullcontext()
-    return _onednn(backend == "onednn")
 
 
 def _sync(device: torch.device) -> None:
@@ -142,6 +117,23 @@ class CachedLM:
     @property
     def cache_len(self) -> int:
         return self.cache.get_seq_length()
+
+
+PATHS = ("hf", "lean")
+
+
+def open_lm(model: torch.nn.Module, vocab_size: int, role: str, backend: str = "default",
+            path: str = "hf") -> LM:
+    """A fresh per-run LM over a loaded model: the lean forward where `path` asks for it and the model's
+    architecture is covered (`lean.supports_lean`), else HF's forward (`CachedLM`)."""
+    if path not in PATHS:
+        raise ValueError(f"unknown forward path {path!r}; choose one of {', '.join(PATHS)}")
+    if path == "lean":
+        from .lean import LeanLM, supports_lean
+
+        if supports_lean(model):
+            return LeanLM(model, vocab_size, role, backend)
+    return CachedLM(model, vocab_size, role, backend)
 
 
 def encode_prompt(tokenizer: Any, text: str, chat: bool = True) -> list[int]:

@@ -7,7 +7,7 @@ import torch
 
 from .config import DecodeConfig
 from .engine import decode, prefill, roles_for
-from .lm import CachedLM, ModelTriplet, encode_prompt
+from .lm import ModelTriplet, encode_prompt, open_lm
 from .stats import compute_stats
 from .trace import RunResult, Step
 
@@ -68,7 +68,8 @@ def _passes(triplet: ModelTriplet, ids: list[int], cfg: DecodeConfig) -> Iterato
     """
     gen = None if cfg.greedy else torch.Generator().manual_seed(cfg.seed)
     backend = getattr(triplet, "backend", "default")  # the probed (or asked) CPU backend, for every forward
-    lms = {r: CachedLM(triplet.model(r), triplet.vocab_size, r, backend) for r in roles_for(cfg.method)}
+    path = getattr(triplet, "path", "hf")  # HF's forward or the lean one (core.lean)
+    lms = {r: open_lm(triplet.model(r), triplet.vocab_size, r, backend, path) for r in roles_for(cfg.method)}
     prefill_s = prefill(lms, ids)
     for lm in lms.values():  # prefill forwards are reported separately
         lm.reset_counters()

@@ -1,0 +1,315 @@
+"""A lean decode forward for Llama-family models on the CPU, in the style of gpt-fast's model.py.
+
+Why: on a CPU a HF forward of a small model is bound by framework overhead (masks, cache
+objects, hooks, many small kernels), not by reading the weights, so a step costs far more than
+the memory floor and a k-token verification costs well over a step. This path runs the same
+math with few kernel calls: fused QKV and gate/up linears, RoPE from tables, a preallocated KV
+cache where rollback only moves a length, and logits for the kept rows only (optionally for a
+subset of the vocabulary: a proposer's reduced head).
+
+Exactness: in every decode pass each query row attends through the same SDPA call a one-token
+step makes (its own causal slice of the cache), so with batch-invariant linears a k-token pass
+equals k one-token steps bitwise. Only a pass longer than ROWWISE_MAX (a prompt's prefill) runs
+one masked call: every method prefills the same prompt in one pass, so their caches still agree. Covered: Llama 2/3.x (llama3 rope scaling included), SmolLM2, Qwen2 (q/k/v
+biases), Mistral (its sliding window too). Anything else stays on HF's forward (`lm.open_lm`).
+"""
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from .backend import backend_flags, common_prefix_len
+from .config import LONGEST_PASS
+
+ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
+ROWWISE_MAX = LONGEST_PASS  # passes up to the longest verification attend row by row (only a long prefill does not)
+STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # inv_freq fixed at load (not dynamic / longrope)
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+Linear = Callable[[torch.Tensor], torch.Tensor]  # [n, in] -> [n, out]
+
+
+def _linear(mods: list[torch.nn.Module]) -> Linear:
+    """One callable giving cat([m(x) for m in mods], -1). Plain `nn.Linear`s are fused into one weight
+    (concatenated once: one GEMV reads them all); anything else (PackedLinear, quantised layers) is
+    called as is, since its weight may exist only in a packed form."""
+    if all(type(m) is torch.nn.Linear for m in mods):
+        if len(mods) == 1:
+            w, b = mods[0].weight.detach(), mods[0].bias  # shared, no copy
+            b = None if b is None else b.detach()
+        else:
+            w = torch.cat([m.weight.detach() for m in mods])  # [sum out, in]
+            has_b = any(m.bias is not None for m in mods)
+            b = torch.cat([m.bias.detach() if m.bias is not None else w.new_zeros(m.out_features)
+                           for m in mods]) if has_b else None
+        return lambda x: F.linear(x, w, b)
+    fns = [m.forward for m in mods]  # .forward: skip nn.Module's hook dispatch
+    if len(fns) == 1:
+        return fns[0]
+    return lambda x: torch.cat([f(x) for f in fns], -1)
+
+
+@dataclass
+class LeanLayer:
+    attn_norm: torch.Tensor  # [d]
+    qkv: Linear  # [n, d] -> [n, (H + 2·H_kv)·D]
+    o: Linear  # [n, H·D] -> [n, d]
+    mlp_norm: torch.Tensor  # [d]
+    gate_up: Linear  # [n, d] -> [n, 2·I]
+    down: Linear  # [n, I] -> [n, d]
+
+
+@dataclass
+class LeanWeights:
+    """A loaded model's weights as the lean forward reads them; built once per model object."""
+
+    layers: list[LeanLayer]
+    embed: torch.Tensor  # [V, d]
+    norm: torch.Tensor  # [d]
+    head: Linear  # [n, d] -> [n, V]
+    head_weight: torch.Tensor | None  # [V, d] when readable (for reduced heads), else None
+    eps: float
+    n_heads: int
+    n_kv: int
+    head_dim: int
+    inv_freq: torch.Tensor  # [D/2] fp32, exactly what HF's rotary embedding uses
+    rope_scale: float  # HF's attention_scaling (yarn); 1.0 otherwise
+    window: int | None  # Mistral's sliding window: a query sees its last `window` keys
+    dtype: torch.dtype
+    heads: dict[bytes, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)  # reduced heads
+
+    def reduced_head(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(ids [N], W[ids] [N, d]) gathered once per id list; None when the head's weight is packed away."""
+        if self.head_weight is None:
+            return None
+        key = ids.numpy().tobytes()
+        if key not in self.heads:
+            if len(self.heads) >= 4:  # a few lists at most (one per proposer)
+                self.heads.pop(next(iter(self.heads)))
+            self.heads[key] = (ids, self.head_weight.index_select(0, ids).contiguous())
+        return self.heads[key]
+
+
+def supports_lean(model: torch.nn.Module) -> bool:
+    """Whether the lean forward covers this model: a Llama/Qwen2/Mistral causal LM whole on the CPU,
+    SiLU MLP, a static RoPE, full attention (Mistral's single sliding window is handled)."""
+    if type(model).__name__ not in ARCHITECTURES:
+        return False
+    cfg = model.config
+    try:
+        inner, emb = model.model, model.get_input_embeddings()
+        rope_type = getattr(inner.rotary_emb, "rope_type", "default")
+    except AttributeError:
+        return False
+    if emb.weight.device.type != "cpu" or emb.weight.dtype not in DTYPES:
+        return False
+    if any(str(d) not in ("cpu", "0") and d != 0 for d in (getattr(model, "hf_device_map", None) or {}).values()):
+        return False  # spread over devices or offloaded
+    if any(p.device.type != "cpu" for p in model.parameters()):
+        return False
+    if getattr(cfg, "hidden_act", "silu") not in ("silu", "swish") or rope_type not in STATIC_ROPE:
+        return False
+    if type(model).__name__ == "Qwen2ForCausalLM" and any(
+            t != "full_attention" for t in (getattr(cfg, "layer_types", None) or ())):
+        return False
+    return True
+
+
+def _signature(model: torch.nn.Module) -> tuple:
+    """What the built weights depend on: a cast, a re-pack or a swapped layer builds them anew."""
+    emb = model.get_input_embeddings().weight
+    layer = model.model.layers[0]
+    mods = (layer.self_attn.q_proj, layer.mlp.down_proj, model.lm_head)
+    return (emb.data_ptr(), emb.dtype, len(model.model.layers),
+            tuple((type(m), getattr(getattr(m, "weight", None), "data_ptr", lambda: 0)()) for m in mods))
+
+
+def _build(model: torch.nn.Module) -> LeanWeights:
+    cfg, inner = model.config, model.model
+    attn0 = inner.layers[0].self_attn
+    layers = [LeanLayer(
+        attn_norm=lay.input_layernorm.weight.detach(),
+        qkv=_linear([lay.self_attn.q_proj, lay.self_attn.k_proj, lay.self_attn.v_proj]),
+        o=_linear([lay.self_attn.o_proj]),
+        mlp_norm=lay.post_attention_layernorm.weight.detach(),
+        gate_up=_linear([lay.mlp.gate_proj, lay.mlp.up_proj]),
+        down=_linear([lay.mlp.down_proj]),
+    ) for lay in inner.layers]
+    embed = model.get_input_embeddings().weight.detach()
+    head_mod = model.lm_head
+    if type(head_mod) is torch.nn.Linear:
+        head_weight = head_mod.weight.detach() if head_mod.bias is None else None
+    else:  # packed: only a tied embedding still holds the head's rows in plain form
+        head_weight = embed if getattr(cfg, "tie_word_embeddings", False) else None
+    rot = inner.rotary_emb
+    window = getattr(cfg, "sliding_window", None) if type(model).__name__ == "MistralForCausalLM" else None
+    return LeanWeights(
+        layers=layers, embed=embed, norm=inner.norm.weight.detach(), head=_linear([head_mod]),
+        head_weight=head_weight, eps=float(inner.norm.variance_epsilon),
+        n_heads=cfg.num_attention_heads, n_kv=cfg.num_key_value_heads, head_dim=attn0.head_dim,
+        inv_freq=rot.inv_freq.detach().float().clone(), rope_scale=float(getattr(rot, "attention_scaling", 1.0)),
+        window=window, dtype=embed.dtype)
+
+
+_WEIGHTS: "weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple, LeanWeights]]" = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()
+
+
+def lean_weights(model: torch.nn.Module) -> LeanWeights:
+    """The model's lean weights, built on first use and kept while the model lives (runs share them)."""
+    sig = _signature(model)
+    with _LOCK:
+        hit = _WEIGHTS.get(model)
+        if hit is None or hit[0] != sig:
+            hit = (sig, _build(model))
+            _WEIGHTS[model] = hit
+        return hit[1]
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF's Llama RMSNorm: normalise in fp32, cast back, then scale. x [n, d] -> [n, d]."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return w * xf.to(x.dtype)
+
+
+class LeanLM:
+    """One model's per-run decoding state over the lean forward: the engine's `LM` protocol.
+
+    `head_ids` (N token ids) makes a reduced head: logits are computed for those N rows of the LM
+    head only, and the other positions of the returned [keep, V] tensor are -inf. `rowwise=False`
+    computes every pass's attention in one masked SDPA call (faster for long passes, not bitwise
+    equal to one-token steps)."""
+
+    def __init__(self, model: torch.nn.Module, vocab_size: int, role: str, backend: str = "default",
+                 head_ids: torch.Tensor | None = None, rowwise: bool = True, capacity: int = 256):
+        self.w = lean_weights(model)
+        self.model, self.vocab_size, self.role, self.backend = model, vocab_size, role, backend
+        self.rowwise = rowwise
+        self.device = torch.device("cpu")
+        self.subset = None
+        if head_ids is not None:
+            ids = torch.as_tensor(head_ids, dtype=torch.long).flatten()
+            ids = torch.unique(ids[(ids >= 0) & (ids < vocab_size)])
+            with _LOCK:  # runs of several users may gather the same list at once
+                self.subset = self.w.reduced_head(ids) or (ids, None)
+        w = self.w
+        self.kv = torch.zeros(len(w.layers), 2, w.n_kv, capacity, w.head_dim, dtype=w.dtype)  # [L, 2, H_kv, T, D]
+        self._rope(capacity)
+        self.ids: list[int] = []
+        self.n_forward = 0
+        self.time_s = 0.0
+        self.fed: list[int] = []
+
+    # ------------------------------------------------------------------ state
+    def _rope(self, capacity: int) -> None:
+        """cos/sin tables for positions < capacity, as HF computes them, in the model's dtype."""
+        w = self.w
+        freqs = torch.arange(capacity, dtype=torch.float32)[:, None] * w.inv_freq[None]  # [T, D/2]
+        emb = torch.cat((freqs, freqs), -1)  # [T, D]
+        self.cos = (emb.cos() * w.rope_scale).to(w.dtype)  # [T, D]
+        sin = (emb.sin() * w.rope_scale).to(w.dtype)
+        half = w.head_dim // 2
+        self.sin = torch.cat((-sin[:, :half], sin[:, half:]), -1)  # [T, D]: rotate_half's sign folded in
+
+    def _grow(self, need: int) -> None:
+        cap = self.kv.shape[3]
+        if need <= cap:
+            return
+        while cap < need:
+            cap *= 2
+        kv = self.kv.new_zeros(*self.kv.shape[:3], cap, self.kv.shape[4])
+        n = len(self.ids)
+        kv[:, :, :, :n] = self.kv[:, :, :, :n]
+        self.kv = kv
+        self._rope(cap)
+
+    @property
+    def cache_len(self) -> int:
+        return len(self.ids)
+
+    def rollback(self, seq: list[int]) -> None:
+        """Keep the longest cached prefix shared with `seq`, less its last token (fed next): a length move."""
+        keep = min(common_prefix_len(self.ids, seq), len(seq) - 1)
+        del self.ids[keep:]
+
+    def reset_counters(self) -> None:
+        """Start counting forward passes and time afresh (prefill is reported apart)."""
+        self.n_forward, self.time_s, self.fed = 0, 0.0, []
+
+    # ------------------------------------------------------------------ forward
+    @torch.inference_mode()
+    def logits(self, seq: list[int], keep: int) -> torch.Tensor:
+        """Logits for the last `keep` positions of `seq` [keep, V] fp32, feeding only what the cache lacks."""
+        new = seq[len(self.ids):]
+        if not new or keep > len(new):
+            raise ValueError(f"{self.role}: asked for {keep} logits but only {len(new)} new tokens")
+        t0 = time.perf_counter()
+        self._grow(len(seq))
+        with backend_flags(self.backend):
+            z = self._forward(torch.tensor(new, dtype=torch.long), len(self.ids), keep)
+        self.time_s += time.perf_counter() - t0
+        self.n_forward += 1
+        self.fed.append(len(new))
+        self.ids.extend(new)
+        return z
+
+    def _attend(self, q: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor, pos: int) -> torch.Tensor:
+        """q [n, H, D] at positions pos … pos+n-1 over the cache k_all/v_all [H_kv, T, D] -> [n, H·D].
+
+        Query heads are grouped by their KV head ([H_kv, H/H_kv, D]), so GQA needs no repeated keys."""
+        w = self.w
+        n, rep, scale, win = q.shape[0], w.n_heads // w.n_kv, w.head_dim ** -0.5, w.window
+        if n == 1 or (self.rowwise and n <= ROWWISE_MAX):
+            rows = []
+            for i in range(n):
+                end = pos + i + 1
+                start = 0 if win is None else max(0, end - win)
+                qi = q[i].view(1, w.n_kv, rep, w.head_dim)  # [1, H_kv, rep, D]
+                rows.append(F.scaled_dot_product_attention(
+                    qi, k_all[None, :, start:end], v_all[None, :, start:end], scale=scale))  # [1, H_kv, rep, D]
+            return torch.cat(rows).view(n, -1)  # [n, H·D]
+        end = pos + n
+        qg = q.view(n, w.n_kv, rep, w.head_dim).transpose(0, 1).reshape(1, w.n_kv, n * rep, w.head_dim)
+        key_pos = torch.arange(end)  # [end]
+        q_pos = torch.arange(pos, end).repeat_interleave(rep)  # [n·rep]
+        mask = key_pos[None] <= q_pos[:, None]  # [n·rep, end]
+        if win is not None:
+            mask &= key_pos[None] > q_pos[:, None] - win
+        out = F.scaled_dot_product_attention(qg, k_all[None, :, :end], v_all[None, :, :end], attn_mask=mask,
+                                             scale=scale)  # [1, H_kv, n·rep, D]
+        return out.view(w.n_kv, n, rep, w.head_dim).transpose(0, 1).reshape(n, -1)  # [n, H·D]
+
+    def _forward(self, tokens: torch.Tensor, pos: int, keep: int) -> torch.Tensor:
+        """tokens [n] at positions pos … pos+n-1 -> logits of the last `keep` [keep, V] fp32."""
+        w, n = self.w, tokens.shape[0]
+        h_q, h_kv, d_h = w.n_heads, w.n_kv, w.head_dim
+        cos = self.cos[pos: pos + n, None]  # [n, 1, D]
+        sin = self.sin[pos: pos + n, None]
+        half = d_h // 2
+        x = F.embedding(tokens, w.embed)  # [n, d]
+        for li, lay in enumerate(w.layers):
+            qkv = lay.qkv(rms_norm(x, lay.attn_norm, w.eps))  # [n, (H + 2·H_kv)·D]
+            qk = qkv[:, : (h_q + h_kv) * d_h].view(n, h_q + h_kv, d_h)  # [n, H + H_kv, D]
+            qk = qk * cos + torch.cat((qk[..., half:], qk[..., :half]), -1) * sin  # RoPE on q and k at once
+            v = qkv[:, (h_q + h_kv) * d_h:].view(n, h_kv, d_h)  # [n, H_kv, D]
+            k_all, v_all = self.kv[li, 0], self.kv[li, 1]  # [H_kv, T, D] each
+            k_all[:, pos: pos + n] = qk[:, h_q:].transpose(0, 1)
+            v_all[:, pos: pos + n] = v.transpose(0, 1)
+            x = x + lay.o(self._attend(qk[:, :h_q], k_all, v_all, pos))  # [n, d]
+            gate, up = lay.gate_up(rms_norm(x, lay.mlp_norm, w.eps)).chunk(2, -1)  # [n, I] each
+            x = x + lay.down(F.silu(gate) * up)
+        h = rms_norm(x[n - keep:], w.norm, w.eps)  # [keep, d]: the kept rows only
+        if self.subset is None:
+            return w.head(h)[:, : self.vocab_size].float()  # [keep, V]
+        ids, sub_w = self.subset
+        z_sub = F.linear(h, sub_w) if sub_w is not None else w.head(h).index_select(1, ids)  # [keep, N]
+        z = torch.full((keep, self.vocab_size), float("-inf"))  # [keep, V]
+        z[:, ids] = z_sub.float()
+        return z
