@@ -1,4 +1,4 @@
-"""`python -m pyramid_demo {generate,bench,distill}`: each subcommand lives in its own module
+"""`python -m pyramid_demo {generate,bench,probe,distill}`: each subcommand lives in its own module
 with `add_arguments(parser)` and `run(args) -> int`; this file only dispatches."""
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import sys
 SUBCOMMANDS = {
     "generate": ("pyramid_demo.generate_cli", "run one decoding method and print the text and its trace"),
     "bench": ("pyramid_demo.bench.runner", "benchmark methods side by side and write results.csv/json and report.html"),
+    "probe": ("pyramid_demo.probe_cli", "check and time the dtype/backend/forward candidates on this machine now"),
     "distill": ("pyramid_demo.distill.cli", "distil a draft and a qualifier for the bundled offline target"),
 }
 

@@ -1,6 +1,7 @@
 """The cost profile (core/costs.py) and the dtype/backend probe (models/probe.py)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -126,7 +127,7 @@ def _fake_timer(fastest: str):
     calls = []
 
     class Timer:
-        def __init__(self, model, vocab, backend, context=100):
+        def __init__(self, model, vocab, backend, context=100, path="hf"):
             self.dt, self.backend = str(next(model.parameters()).dtype).removeprefix("torch."), backend
 
         def time(self, k):
@@ -193,6 +194,8 @@ def test_load_triplet_applies_the_choice_and_cachedlm_runs_under_it(cache, monke
     loading.clear_cache()
     t = loading.load_triplet("tiny-random", device="cpu")
     assert t.dtype == torch.bfloat16 and t.backend == "no-onednn" and "probe" in t.choice_note
+    assert t.path == "lean" and "lean forward" in t.choice_note  # a tie in speed: the lean path comes first
+    t = dataclasses.replace(t, path="hf")  # HF's forward, so that a hook sees every forward's flags
     assert ("tiny-random", "cpu", "float32", loading.make_placement(None, None, t.device).key) not in loading._CACHE
     flag = loading.load_triplet("tiny-random", device="cpu", dtype="float32", backend="onednn")
     assert flag.dtype == torch.float32 and flag.backend == "onednn" and "command line" in flag.choice_note
@@ -215,7 +218,7 @@ def test_cost_profile_is_measured_once_then_cached(cache, monkeypatch):
     n = []
 
     class Timer:
-        def __init__(self, *a):
+        def __init__(self, *a, **kw):
             pass
 
         def time(self, k):

@@ -106,11 +106,11 @@ def test_the_probe_rejects_a_batch_variant_backend(tmp_path, monkeypatch, one_th
         model, _ = _exact_base()
         return (_swap(model, 1), 1) if dt == "float32" else (model, 1)
 
-    real = CachedLM
-    monkeypatch.setattr(probe, "CachedLM", lambda m, v, r, b: real(m, v, r, "no-onednn"))
+    monkeypatch.setattr(probe, "open_lm", lambda m, v, r, b, path: CachedLM(m, v, r, "no-onednn"))
+    monkeypatch.setattr(probe, "supports_lean", lambda m: False)
 
     class Timer:
-        def __init__(self, model, vocab, backend, context=100):
+        def __init__(self, model, vocab, backend, context=100, path="hf"):
             self.fast = any(isinstance(m, BatchVariant) for m in model.modules())
 
         def time(self, k):
@@ -122,13 +122,13 @@ def test_the_probe_rejects_a_batch_variant_backend(tmp_path, monkeypatch, one_th
     (tmp_path / probe.CHOICE_FILE).write_text(json.dumps({key: {"dtype": "float32", "backend": "default"}}))
     t = tiny_random_triplet()
     got = probe.choose("fam", torch.device("cpu"), None, None, lambda: (t.target, t.vocab_size))
-    assert got.how == "probe" and (got.dtype, got.backend) == ("bfloat16", "no-onednn") and got.exact
-    assert got.exactness["float32/default"]["exact"] is False
+    assert got.how == "probe" and (got.dtype, got.backend, got.path) == ("bfloat16", "no-onednn", "hf") and got.exact
+    assert got.exactness["float32/default/hf"]["exact"] is False
     assert got.note.startswith("bfloat16") and "exact: " in got.note
     cached = probe.choose("fam", torch.device("cpu"), None, None, lambda: pytest.fail("probed again"))
     assert cached.how == "cached" and cached.exact and cached.record == got.record
     flagged = probe.choose("fam", torch.device("cpu"), torch.float32, None, lambda: pytest.fail("probed"))
-    assert flagged.exact is False and "near-ties" in flagged.exact_note
+    assert flagged.path == "lean" and flagged.exact is None and "not checked" in flagged.exact_note
 
 
 def test_claims_follow_the_record():

@@ -263,14 +263,55 @@ def measure_profile(models: dict[str, Any], vocab_size: int, backend: str = "def
     timers: dict[int, Any] = {}
     for model in models.values():
         if id(model) not in timers:
-            kw = {"path": path} if path != "hf" else {}  # the forward path the runs will use
-            timers[id(model)] = make_timer(model, vocab_size, backend, **kw)
+            timers[id(model)] = make_timer(model, vocab_size, backend, path=path)  # the path the runs will use
     best: dict[int, dict[int, float]] = {i: {} for i in timers}
     for _ in range(reps + 1):
         for i, timer in timers.items():
             for k in range(1, max_k + 1):
                 best[i][k] = min(best[i].get(k, float("inf")), timer.time(k))
     return {role: {k: round(1000 * v, 4) for k, v in best[id(m)].items()} for role, m in models.items()}
+
+
+def linear_bytes(model: Any) -> tuple[int, Any]:
+    """Bytes of every weight matrix a decode step streams (linear layers, packed or not, counted once), and
+    the largest such layer. An embedding is read one row per token, so a tied head counts once, as a linear."""
+    total, largest, best = 0, None, -1
+    seen: set[int] = set()
+    for m in model.modules():
+        w = getattr(m, "packed", None) if hasattr(m, "packed") else getattr(m, "weight", None)
+        if id(m) in seen or w is None or not hasattr(m, "in_features") or not hasattr(m, "out_features"):
+            continue
+        seen.add(id(m))
+        n = m.in_features * m.out_features * w.element_size()
+        total += n
+        if n > best:
+            largest, best = m, n
+    return total, largest
+
+
+def memory_floor_ms(model: Any, backend: str = "default", reps: int = 15) -> dict[str, float]:
+    """The step's floor on this machine: the largest matrix's one-row product time (min of `reps`), scaled
+    to every weight byte a step reads. Returns {"floor_ms", "gemv_ms", "gb_per_s", "mb"}."""
+    import time
+
+    import torch
+
+    from .lm import backend_flags
+
+    total, largest = linear_bytes(model)
+    if largest is None:
+        return {}
+    w = getattr(largest, "packed", None) if hasattr(largest, "packed") else largest.weight
+    x = torch.randn(1, largest.in_features).to(w.dtype if w.is_floating_point() else torch.float32)  # [1, in]
+    best = float("inf")
+    with torch.inference_mode(), backend_flags(backend):
+        for _ in range(reps + 1):
+            t0 = time.perf_counter()
+            largest(x)
+            best = min(best, time.perf_counter() - t0)
+    mine = largest.in_features * largest.out_features * w.element_size()
+    return {"floor_ms": round(1000 * best * total / mine, 3), "gemv_ms": round(1000 * best, 3),
+            "gb_per_s": round(mine / best / 1e9, 2), "mb": round(total / 1e6, 1)}
 
 
 def warm_up(models: dict[str, Any], vocab_size: int, backend: str, prompt_ids: list[int], path: str = "hf") -> float:

@@ -121,11 +121,11 @@ def load_triplet(spec: str, device: str | None = None, dtype: str | None = None,
                         "use --backend auto")
     pad = choice.pad_rows if choice.record else 0  # 0: measured when packing
     base = _load_base(spec, dev, dt, place, max_len, packed=choice.backend == "packed", pad_rows=pad)
-    vkey = (id(base), choice.backend, choice.note)
+    vkey = (id(base), choice.backend, choice.path, choice.note)
     with _LOCK:
         if vkey not in _VIEWS:  # the same weights, with the backend, how it was chosen, and whether it is exact
-            _VIEWS[vkey] = replace(base, backend=choice.backend, choice_note=choice.note, exact=choice.exact,
-                                   exact_note=choice.exact_note)
+            _VIEWS[vkey] = replace(base, backend=choice.backend, path=choice.path, choice_note=choice.note,
+                                   exact=choice.exact, exact_note=choice.exact_note)
         return _VIEWS[vkey]
 
 

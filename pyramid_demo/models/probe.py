@@ -33,7 +33,8 @@ import torch
 from ..core import costs, exactness
 from ..core.attention import use_rowwise
 from ..core.config import LONGEST_PASS
-from ..core.lm import BACKENDS, CachedLM
+from ..core.lean import supports_lean
+from ..core.lm import BACKENDS, open_lm
 from ..core.packed import available as packed_available
 from ..core.packed import bf16_linears, invariant_pad, pack_linears
 from .bundled import cache_root
@@ -61,14 +62,19 @@ class Choice:
     dtype: str  # float32 | bfloat16 | float16
     backend: str  # default | onednn | no-onednn
     how: str  # probe | cached | flag | device | off
-    timings_ms: dict[str, dict[str, float]] = field(default_factory=dict)  # "dtype/backend" -> {k: ms}
+    timings_ms: dict[str, dict[str, float]] = field(default_factory=dict)  # "dtype/backend/path" -> {k: ms}
     probe_s: float = 0.0
-    exactness: dict[str, dict] = field(default_factory=dict)  # "dtype/backend" -> `exactness.summarise` record
+    exactness: dict[str, dict] = field(default_factory=dict)  # "dtype/backend/path" -> `exactness.summarise` record
+    path: str = "hf"  # the forward: "hf" (transformers) or "lean" (`core.lean`, where the model is covered)
+
+    @property
+    def key(self) -> str:
+        return f"{self.dtype}/{self.backend}/{self.path}"
 
     @property
     def record(self) -> dict | None:
         """This choice's exactness record on this machine, if one was measured."""
-        return self.exactness.get(f"{self.dtype}/{self.backend}")
+        return self.exactness.get(self.key)
 
     @property
     def exact(self) -> bool | None:
@@ -89,6 +95,7 @@ class Choice:
                 "device": "this device's default", "off": "the probe is off: PYRAMID_DEMO_PROBE=0"}[self.how]
         shown = {"default": "default backends", "onednn": "oneDNN on", "no-onednn": "oneDNN off",
                  "packed": "oneDNN, weights packed once"}[self.backend]
+        shown += ", lean forward" if self.path == "lean" else ""
         times = "; ".join(f"{c}: " + ", ".join(f"k={k} {v:.1f} ms" for k, v in t.items())
                           for c, t in self.timings_ms.items())
         return f"{self.dtype}, {shown} ({what}); {self.exact_note}" + (f" — probed: {times}" if times else "")
@@ -164,8 +171,9 @@ def _candidate_model(target: torch.nn.Module, dt: str, backend: str) -> tuple[to
 
 def check_triplet(triplet: Any) -> dict:
     """The exactness record of a loaded family's target as it runs (its device, dtype and backend)."""
-    return exactness.check_model(lambda: CachedLM(triplet.target, triplet.vocab_size, "probe", triplet.backend),
-                                 triplet.vocab_size, EXACT_PLAN)
+    return exactness.check_model(
+        lambda: open_lm(triplet.target, triplet.vocab_size, "probe", triplet.backend, triplet.path),
+        triplet.vocab_size, EXACT_PLAN)
 
 
 def score(timings: dict[str, float]) -> float:
@@ -180,27 +188,60 @@ def pick(timings: dict[str, dict[str, float]], records: dict[str, dict]) -> str:
     return min(pool, key=lambda c: score(timings[c]))
 
 
-def probe_target(target: torch.nn.Module, vocab_size: int) -> Choice:
-    """Check each candidate's exactness on the target, time it (k=1 and k=VERIFY_K), and `pick`.
+def probe_target(target: torch.nn.Module, vocab_size: int, check_all: bool = False) -> Choice:
+    """Time each candidate (dtype, backend, forward path; k=1 and k=VERIFY_K), then check exactness from
+    the fastest down until one is exact (`check_all`: every candidate, for a full table), and `pick`.
 
     Candidates are timed in interleaved rounds (each round: every candidate, every k), min over rounds,
     so a machine that gets busier during the probe penalises all alike."""
     t0 = time.perf_counter()
-    timers, records = {}, {}
+    runs, timers = {}, {}
+    paths = ("lean", "hf") if supports_lean(target) else ("hf",)
     for dt, backend in candidates():
         model, pad = _candidate_model(target, dt, backend)
-        c = f"{dt}/{backend}"
-        records[c] = exactness.check_model(lambda m=model: CachedLM(m, vocab_size, "probe", backend),
-                                           vocab_size, EXACT_PLAN, pad)
-        timers[c] = make_timer(model, vocab_size, backend)
+        for path in paths:
+            c = f"{dt}/{backend}/{path}"
+            runs[c] = (model, pad, backend, path)
+            timers[c] = make_timer(model, vocab_size, backend, path=path)
     best_s: dict[str, dict[int, float]] = {c: {} for c in timers}
     for _ in range(REPS + 1):  # the first round warms up; min() keeps the best
         for c, timer in timers.items():
             for k in SCORE_WEIGHTS:
                 best_s[c][k] = min(best_s[c].get(k, float("inf")), timer.time(k))
     timings = {c: {str(k): round(1000 * v, 3) for k, v in ks.items()} for c, ks in best_s.items()}
-    dt, backend = pick(timings, records).split("/")
-    return Choice(dt, backend, "probe", timings, round(time.perf_counter() - t0, 2), records)
+    records: dict[str, dict] = {}
+    for c in sorted(timings, key=lambda c: score(timings[c])):
+        model, pad, backend, path = runs[c]
+        records[c] = exactness.check_model(lambda: open_lm(model, vocab_size, "probe", backend, path),
+                                           vocab_size, EXACT_PLAN, pad)
+        if records[c]["exact"] and not check_all:
+            break
+    dt, backend, path = pick(timings, records).split("/")
+    return Choice(dt, backend, "probe", timings, round(time.perf_counter() - t0, 2), records, path)
+
+
+def remember(family: str, got: Choice) -> Choice:
+    """Cache a probe's choice for this machine × family (what `choose` reads next time)."""
+    _write(CHOICE_FILE, f"{machine_key()} | {family}",
+           {"dtype": got.dtype, "backend": got.backend, "path": got.path, "timings_ms": got.timings_ms,
+            "exactness": got.exactness, "probe_s": got.probe_s,
+            "time_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())})
+    log.info("probe for %s: %s in %.1f s", family, got.note, got.probe_s)
+    return got
+
+
+def table(got: Choice) -> str:
+    """The probe's candidates as a markdown table: speed, exactness, padding, the pick."""
+    head = ("| candidate (dtype / backend / forward) | k=1 ms | k=5 ms | weighted | bitwise passes | max diff "
+            "| top-1 equal | pad rows | chosen |\n|---|---|---|---|---|---|---|---|---|")
+    rows = []
+    for c, t in sorted(got.timings_ms.items(), key=lambda ct: score(ct[1])):
+        r = got.exactness.get(c)
+        ex = (f"{r['bitwise_passes']}/{r['passes']}", f"{r['max_abs_diff']:.2g}", "yes" if r["top1"] else "no",
+              str(r["pad_rows"])) if r else ("not checked",) + ("–",) * 3
+        rows.append(f"| {c} | {t['1']:.1f} | {t[str(VERIFY_K)]:.1f} | {score(t):.1f} | " + " | ".join(ex)
+                    + f" | {'**yes**' if c == got.key else ''} |")
+    return "\n".join([head, *rows])
 
 
 def choose(family: str, device: torch.device, dtype: Any, backend: str | None,
@@ -216,7 +257,7 @@ def choose(family: str, device: torch.device, dtype: Any, backend: str | None,
     if not auto_dt:  # exactness from this machine's probe record, if it measured this candidate
         known = _read(CHOICE_FILE).get(key, {}).get("exactness", {}) if device.type == "cpu" and not placed else {}
         return Choice(str(dtype).removeprefix("torch."), backend if not auto_be else "default", "flag",
-                      exactness=known)
+                      exactness=known, path="lean" if device.type == "cpu" and not placed else "hf")
     if placed:
         return Choice("bfloat16" if device.type == "cuda" and torch.cuda.is_bf16_supported()
                       else "float16" if device.type in ("cuda", "mps") else "float32",
@@ -229,17 +270,15 @@ def choose(family: str, device: torch.device, dtype: Any, backend: str | None,
     if os.environ.get("PYRAMID_DEMO_PROBE", "").strip() == "0":
         return Choice("float32", "default" if auto_be else backend, "off")
     hit = _read(CHOICE_FILE).get(key)
-    if hit and hit.get("exactness"):  # a choice cached without an exactness record is probed again
-        got = Choice(hit["dtype"], hit["backend"], "cached", hit.get("timings_ms", {}), exactness=hit["exactness"])
+    if hit and hit.get("exactness") and hit.get("path"):  # a choice cached without them is probed again
+        got = Choice(hit["dtype"], hit["backend"], "cached", hit.get("timings_ms", {}), exactness=hit["exactness"],
+                     path=hit["path"])
     else:
         target, vocab = load_fp32_target()
         n = sum(p.numel() for p in target.parameters())
         if n > MAX_PROBE_PARAMS:
             return Choice("float32", "default" if auto_be else backend, "device")
-        got = probe_target(target, vocab)
-        _write(CHOICE_FILE, key, {"dtype": got.dtype, "backend": got.backend, "timings_ms": got.timings_ms,
-                                  "exactness": got.exactness, "probe_s": got.probe_s, "time_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())})
-        log.info("probe for %s: %s in %.1f s", family, got.note, got.probe_s)
+        got = remember(family, probe_target(target, vocab))
     if not auto_be:
         return replace(got, backend=backend, how="flag")
     return got
@@ -251,15 +290,19 @@ def cost_profile(triplet: Any, roles: tuple[str, ...] = ("draft", "qualifier", "
     """The family's cost profile on this machine, dtype and backend: from the cache, else measured
     now (a few seconds). A plain dict (see `core.costs`); "how" says cached or probe, "probe_s" its time."""
     dtype = str(triplet.dtype).removeprefix("torch.")
-    key = f"{machine_key()} | {','.join(triplet.names)} | {triplet.device} | {dtype} | {triplet.backend} | k≤{max_k}"
+    key = (f"{machine_key()} | {','.join(triplet.names)} | {triplet.device} | {dtype} | {triplet.backend} | "
+           f"{triplet.path} | k≤{max_k}")
     hit = _read(PROFILE_FILE).get(key)
     if hit:
         return {**hit, "how": "cached", "probe_s": 0.0}
     t0 = time.perf_counter()
     ms = costs.measure_profile({r: triplet.model(r) for r in roles}, triplet.vocab_size, triplet.backend, max_k,
-                               make_timer=lambda *a: make_timer(*a))
+                               path=triplet.path,
+                               make_timer=lambda *a, **kw: make_timer(*a, **kw))
+    floor = {r: costs.memory_floor_ms(triplet.model(r), triplet.backend) for r in roles}
     prof = {"ms": {r: {str(k): v for k, v in row.items()} for r, row in ms.items()}, "context": costs.CONTEXT,
-            "reps": 3, "dtype": dtype, "backend": triplet.backend, "device": str(triplet.device),
+            "floor": floor,
+            "reps": 3, "dtype": dtype, "backend": triplet.backend, "path": triplet.path, "device": str(triplet.device),
             "machine": machine_key(), "models": list(triplet.names),
             "time_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}
     _write(PROFILE_FILE, key, prof)
@@ -270,7 +313,7 @@ def prepare(triplet: Any, prompt_ids: list[int]) -> dict:
     """Before a race's clocks start: warm every model, then the cost profile (cached, else measured).
     Returns {"profile", "warm_s", "profile_s"}: one-time costs the app reports apart from the lanes."""
     models = {r: triplet.model(r) for r in ("draft", "qualifier", "target")}
-    warm_s = costs.warm_up(models, triplet.vocab_size, triplet.backend, prompt_ids)
+    warm_s = costs.warm_up(models, triplet.vocab_size, triplet.backend, prompt_ids, triplet.path)
     try:
         profile = cost_profile(triplet)
     except Exception as e:  # noqa: BLE001 - a failed profile must not stop a race
@@ -283,6 +326,7 @@ def prepare(triplet: Any, prompt_ids: list[int]) -> dict:
 def cached_choice(family: str) -> str:
     """This machine's cached dtype/backend choice for `family`, as a line for the family box."""
     hit = _read(CHOICE_FILE).get(f"{machine_key()} | {family}")
-    if not hit or not hit.get("exactness"):
+    if not hit or not hit.get("exactness") or not hit.get("path"):
         return ""
-    return Choice(hit["dtype"], hit["backend"], "cached", hit.get("timings_ms", {}), exactness=hit["exactness"]).note
+    return Choice(hit["dtype"], hit["backend"], "cached", hit.get("timings_ms", {}), exactness=hit["exactness"],
+                  path=hit["path"]).note

@@ -1,0 +1,40 @@
+"""`python -m pyramid_demo probe`: run the dtype/backend/forward probe for a family on this machine now,
+print its table (speed and exactness per candidate), and cache the choice as the first run would."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--models", default="smollm2-offline", help="a preset or draft,qualifier,target")
+    p.add_argument("--all", action="store_true",
+                   help="check every candidate's exactness (default: from the fastest until one is exact)")
+    p.add_argument("--floor", action="store_true", help="also print the target's memory floor per candidate dtype")
+
+
+def run(args: argparse.Namespace) -> int:
+    from .core import costs
+    from .models import probe
+    from .models.errors import LoadError
+    from .models.loading import load_triplet, parse_spec
+
+    try:
+        preset, refs = parse_spec(args.models)
+        t = load_triplet(args.models, device="cpu", dtype="float32", backend="default")
+    except (ValueError, LoadError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    got = probe.remember(preset.name if preset else ",".join(refs), probe.probe_target(t.target, t.vocab_size,
+                                                                                      check_all=args.all))
+    print(f"machine: {probe.machine_key()}; probe {got.probe_s:.1f} s; weighted = "
+          + " + ".join(f"{w:g}×(k={k})" for k, w in probe.SCORE_WEIGHTS.items()))
+    print(probe.table(got))
+    print(f"\nchosen: {got.note.split(' — ')[0]}")
+    if args.floor:
+        for dt, backend in probe.candidates():
+            model, _ = probe._candidate_model(t.target, dt, backend)
+            f = costs.memory_floor_ms(model, backend)
+            print(f"memory floor, {dt}/{backend}: {f['floor_ms']:.1f} ms ({f['mb']:.0f} MB of weights at "
+                  f"{f['gb_per_s']:.1f} GB/s, the largest matrix's one-row product {f['gemv_ms']:.2f} ms)")
+    return 0
