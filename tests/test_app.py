@@ -197,11 +197,16 @@ def test_custom_family_errors_are_messages() -> None:
     assert "Could not load" in outs[-1][0]
 
 
+def _until_lanes_run(gen, session: dict) -> None:
+    """Advance a race past its loading stages until its first lane has produced a pass."""
+    while not (session["races"] and session["races"][-1]["results"]):
+        next(gen)
+
+
 def test_stop_keeps_partial_results_and_next_run_works() -> None:
     session = h.new_session()
     gen = h.run_race("tiny-random", ("", "", ""), "hello", FAST, session)
-    for _ in range(3):
-        next(gen)
+    _until_lanes_run(gen, session)
     status, *_ = h.stop_race(session)  # the Stop button, while the race runs
     assert status == MSG["stopping"]
     outs = list(gen)  # the race sees the flag after its current target pass and ends cleanly
@@ -219,8 +224,7 @@ def test_stop_keeps_partial_results_and_next_run_works() -> None:
 def test_cancelled_generator_leaves_a_usable_session() -> None:
     session = h.new_session()
     gen = h.run_race("tiny-random", ("", "", ""), "hello", FAST, session)
-    for _ in range(2):
-        next(gen)
+    _until_lanes_run(gen, session)
     gen.close()  # a closed page or a cancelled event
     assert not session["busy"] and session["races"][0]["running"] is None
     assert "finished" in race(session)[-1][0]

@@ -18,7 +18,7 @@ from typing import Any, Iterator
 
 import gradio as gr
 
-from . import hosting, inspector, charts, render
+from . import charts, hosting, inspector, render, stages
 from .text import CUSTOM, DEFAULT, MSG, RACE_COLUMNS, RACE_METHODS, START
 from ..core.config import METHOD_LABELS, DecodeConfig
 from ..core.noise import leaders
@@ -212,6 +212,17 @@ def run_race(preset: str, models: tuple[str, str, str], prompt: str, settings: d
             old["running"] = None
 
 
+def _show_stages(staged: Iterator, session: dict, progress: gr.Progress) -> Any:
+    """Show each stage's status and progress while `staged` (stages.run_staged) runs; return its result."""
+    while True:
+        try:
+            text, frac, _ = next(staged)
+        except StopIteration as done:
+            return done.value
+        progress(frac, desc=text)
+        yield _skip_outputs(text, session)
+
+
 def _race_steps(preset: str, ids: tuple[str, str, str], prompt: str, settings: dict, session: dict,
           progress: gr.Progress) -> Iterator[tuple]:
     from ..models.loading import LoadError, load_triplet
@@ -231,12 +242,16 @@ def _race_steps(preset: str, ids: tuple[str, str, str], prompt: str, settings: d
     yield _skip_outputs(MSG["loading"].format(preset=preset), session)
     progress(0.0, desc=MSG["loading"].format(preset=preset))
     t0 = time.perf_counter()
-    try:
-        triplet = load_triplet(spec, **hosting.placement_options(),
-                               max_len=512 + int(base.max_new_tokens) + 32)
-        ids = prepare_prompt(triplet, prompt, base)  # encoded once for every method
-        load_s = time.perf_counter() - t0
-        prep = prepare(triplet, ids)  # warm every model and get the cost profile before any clock starts
+
+    def load() -> tuple:
+        triplet = load_triplet(spec, **hosting.placement_options(), max_len=512 + int(base.max_new_tokens) + 32)
+        return triplet, prepare_prompt(triplet, prompt, base), time.perf_counter() - t0  # encoded once for all
+
+    try:  # the one-time stages, named as they happen (converting, probing, loading, warming)
+        staged = stages.run_staged(load, lambda: stages.loading_stage(preset))
+        triplet, ids, load_s = yield from _show_stages(staged, session, progress)
+        staged = stages.run_staged(lambda: prepare(triplet, ids), lambda: "warm")
+        prep = yield from _show_stages(staged, session, progress)  # warm-up and cost profile, before any clock
     except LoadError as e:
         yield _skip_outputs(_notify(MSG["load_failed"].format(err=e)), session)
         return

@@ -62,6 +62,14 @@ def converted_dir() -> Path:
     return cache_root() / f"smollm2-135m-instruct-q4_1-{WHEEL}-{version}"
 
 
+def is_converted() -> bool:
+    """Whether the converted copy is already cached (False when the wheel itself is missing)."""
+    try:
+        return _complete(converted_dir())
+    except Exception:  # noqa: BLE001 - no wheel: not converted
+        return False
+
+
 def _complete(dest: Path) -> bool:
     try:
         return json.loads((dest / MARKER).read_text()).get("format") == CONVERTED_FORMAT

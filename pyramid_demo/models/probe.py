@@ -267,7 +267,7 @@ def choose(family: str, device: torch.device, dtype: Any, backend: str | None,
         return Choice(dt, "default" if auto_be else backend, "device")
     if device.type != "cpu":
         return Choice("float16", "default" if auto_be else backend, "device")
-    if os.environ.get("PYRAMID_DEMO_PROBE", "").strip() == "0":
+    if not probe_wanted(device):
         return Choice("float32", "default" if auto_be else backend, "off")
     hit = _read(CHOICE_FILE).get(key)
     if hit and hit.get("exactness") and hit.get("path"):  # a choice cached without them is probed again
@@ -321,6 +321,11 @@ def prepare(triplet: Any, prompt_ids: list[int]) -> dict:
         profile = None
     return {"profile": profile, "warm_s": round(warm_s, 3),
             "profile_s": profile.get("probe_s", 0.0) if profile else 0.0}
+
+
+def probe_wanted(device: torch.device) -> bool:
+    """Whether a load with no --dtype on `device` probes (a CPU, the probe not turned off)."""
+    return device.type == "cpu" and os.environ.get("PYRAMID_DEMO_PROBE", "").strip() != "0"
 
 
 def cached_choice(family: str) -> str:

@@ -1,0 +1,59 @@
+"""The first race's one-time stages, named as they happen: converting the bundled GGUF, probing this CPU,
+loading, warming up. A stage is read from what is already cached (not guessed from the clock), and its
+progress is its elapsed time against what it usually takes, so the page never sits at 0.0 % in silence."""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable, Iterator
+
+# (the status line, what the stage usually takes on 2 cores, in seconds)
+STAGES = {
+    "convert": ("Converting the bundled SmolLM2 GGUF into a cached copy (first run on this machine only)", 40.0),
+    "probe": ("Probing this CPU: timing each dtype/backend/forward and checking that verification passes are "
+              "exact (first run on this machine only)", 45.0),
+    "load": ("Loading the three models", 8.0),
+    "warm": ("Warming up every model and measuring the cost profile (not counted in any lane)", 8.0),
+}
+POLL_S = 0.5
+
+
+def loading_stage(preset: str) -> str:
+    """Which stage a load of `preset` is in now: convert, probe or load."""
+    from ..models import bundled, probe
+    from ..models.loading import pick_device
+    from ..models.presets import PRESETS
+
+    p = PRESETS.get(preset)
+    if p is not None and preset == "smollm2-offline" and not bundled.is_converted():
+        return "convert"
+    if p is not None and not p.hub and probe.probe_wanted(pick_device(None)) and not probe.cached_choice(preset):
+        return "probe"
+    return "load"
+
+
+def run_staged(work: Callable[[], Any], stage: Callable[[], str]) -> Iterator[tuple[str, float, float]]:
+    """Run `work` in a thread; every POLL_S yield (status text, progress 0..1, elapsed s) of the stage it is
+    in; the generator's return value is work's result (its exception is raised here)."""
+    out: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            out["value"] = work()
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+            out["error"] = e
+
+    t = threading.Thread(target=target, daemon=True)
+    t0, since, current = time.perf_counter(), time.perf_counter(), None
+    t.start()
+    while t.is_alive():
+        t.join(POLL_S)
+        name = stage()
+        if name != current:
+            current, since = name, time.perf_counter()
+        text, usual = STAGES[name]
+        spent = time.perf_counter() - since
+        yield f"⏳ {text}… {spent:.0f} s", min(0.95, spent / usual), time.perf_counter() - t0
+    if "error" in out:
+        raise out["error"]
+    return out.get("value")

@@ -1,0 +1,59 @@
+"""The first race names its one-time stages as they happen, with progress, instead of a silent 0.0 %."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from pyramid_demo.app import stages
+
+
+def test_the_stage_is_read_from_what_is_cached(monkeypatch, tmp_path):
+    """Offline family: converting until the GGUF copy exists, then probing until this machine's choice is
+    cached, then plain loading; with the probe off there is no probing stage."""
+    from pyramid_demo.models import bundled, probe
+
+    monkeypatch.setenv("PYRAMID_DEMO_PROBE_CACHE", str(tmp_path))
+    monkeypatch.setenv("PYRAMID_DEMO_PROBE", "1")
+    monkeypatch.setattr(bundled, "is_converted", lambda: False)
+    assert stages.loading_stage("smollm2-offline") == "convert"
+    monkeypatch.setattr(bundled, "is_converted", lambda: True)
+    assert stages.loading_stage("smollm2-offline") == "probe"
+    monkeypatch.setattr(probe, "cached_choice", lambda family: "bfloat16, …")
+    assert stages.loading_stage("smollm2-offline") == "load"
+    monkeypatch.setattr(probe, "cached_choice", lambda family: "")
+    monkeypatch.setenv("PYRAMID_DEMO_PROBE", "0")
+    assert stages.loading_stage("smollm2-offline") == "load"
+
+
+def test_run_staged_reports_each_stage_then_returns_or_raises(monkeypatch):
+    """While the work runs, each poll names the stage it is in with a progress below 1; the stage's clock
+    restarts when the stage changes; the work's result comes back, and its exception is raised."""
+    monkeypatch.setattr(stages, "POLL_S", 0.05)
+    state = {"stage": "convert"}
+
+    def work():
+        time.sleep(0.3)
+        state["stage"] = "probe"
+        time.sleep(0.3)
+        return 42
+
+    gen = stages.run_staged(work, lambda: state["stage"])
+    seen = []
+    while True:
+        try:
+            seen.append(next(gen))
+        except StopIteration as done:
+            assert done.value == 42
+            break
+    texts = [t for t, _, _ in seen]
+    assert any("Converting" in t for t in texts) and any("Probing" in t for t in texts)
+    assert all(0 <= f < 1 for _, f, _ in seen)
+    first_probe = next(f for t, f, _ in seen if "Probing" in t)
+    assert first_probe < 0.05  # a new stage starts its own clock
+
+    def boom():
+        raise ValueError("bad prompt")
+
+    with pytest.raises(ValueError, match="bad prompt"):
+        list(stages.run_staged(boom, lambda: "load"))
