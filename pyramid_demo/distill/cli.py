@@ -190,6 +190,8 @@ def make_vocab(target, tok, work: Path, args) -> dict:
         ns = tuple(sorted(set(dv.NS) | {args.vocab_n}))
         meta["agreement_heldout"] = {r: dv.agreement_by_n(students.build(target, r), target.lm_head, held, full, ns)
                                      for r in _roles(args)}
+    meta["made_by"] = (f"python -m pyramid_demo distill --work W vocab --vocab-n {args.vocab_n}"
+                       + (" --vocab-agreement" if args.vocab_agreement else ""))
     out = Path(args.vocab_out) if args.vocab_out else students.subset_path()
     size = dv.save_subset(out, ranked, meta)
     print(json.dumps(meta, indent=1))

