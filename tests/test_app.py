@@ -16,7 +16,8 @@ from pyramid_demo.app.text import DEFAULT, MSG, RACE_METHODS
 from pyramid_demo.core.trace import StageRound, TokenRec
 
 FAST = dict(max_new_tokens=8.0, temperature=0.0, seed=0.0, gamma=3.0, l_d=2.0, l_q=4.0, tau_q=0.4, tau_t=0.5,
-            divergence="js", fallback="none", stage2="fuzzy", conf_stop=0.0)
+            divergence="js", div_support="subset", fallback="none", stage2="fuzzy",
+            conf_stop=0.0)
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -31,7 +31,7 @@ from .prompts import Prompt, load_prompts
 
 ROW_COLUMNS = [
     "repeat", "prompt_index", "category", "variant", "method", "kind", "lossless",
-    "temperature", "gamma", "l_d", "l_q", "tau_q", "tau_t", "divergence", "fallback", "stage2", "conf_stop",
+    "temperature", "gamma", "l_d", "l_q", "tau_q", "tau_t", "divergence", "div_support", "fallback", "stage2", "conf_stop",
     "prompt_tokens", "n_new_tokens", "stopped", "prefill_s", "decode_s", "wall_s",
     "tokens_per_s", "tokens_per_s_incl_prefill", "tokens_per_s_wall",
     "speedup_vs_ar", "speedup_vs_sd", "speedup_vs_ar_wall", "speedup_vs_sd_wall",
@@ -178,7 +178,8 @@ def _base_row(v: Variant, r: int, pi: int, prompt: Prompt, ids: list[int]) -> di
     c = v.cfg
     row = dict.fromkeys(ROW_COLUMNS)
     row.update(repeat=r, prompt_index=pi, category=prompt.category, variant=v.label, method=v.method, kind=v.kind,
-               lossless=v.lossless, temperature=c.temperature, divergence=c.divergence, prompt_tokens=len(ids),
+               lossless=v.lossless, temperature=c.temperature, divergence=c.divergence,
+               div_support=c.div_support, prompt_tokens=len(ids),
                prompt=prompt.text)
     if v.kind == "engine":
         spec = method_spec(v.method)

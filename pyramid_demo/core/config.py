@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from .methods import TABLE
-from .settings import DIVERGENCES, FALLBACKS, STAGE2_RULES, TUNABLE  # noqa: F401 - TUNABLE re-exported
+from .settings import DIV_SUPPORTS, DIVERGENCES, FALLBACKS, STAGE2_RULES, TUNABLE  # noqa: F401 - TUNABLE re-exported
 
 METHODS = tuple(m.key for m in TABLE)
 METHOD_LABELS = {m.key: m.label for m in TABLE}
@@ -29,6 +29,7 @@ class DecodeConfig:
     tau_q: float = 0.4  # PSD_F stage-1 threshold τ_Q
     tau_t: float = 0.5  # FSD threshold / PSD stage-2 threshold τ_T
     divergence: str = "js"
+    div_support: str = "subset"  # CHOICE: divergences for a proposer with zeros (a reduced head)
     fallback: str = "none"  # CHOICE beyond the paper: "sd" also accepts tokens the SD rule accepts
     stage2: str = "fuzzy"  # CHOICE beyond the paper: "sd" makes PSD_A lossless (3-model cascade)
     conf_stop: float = 0.0  # beyond the papers: a proposer stops after a token it is less sure of (0: off)
@@ -41,6 +42,8 @@ class DecodeConfig:
         need(self.method in METHODS, f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
         need(self.divergence in DIVERGENCES,
              f"unknown divergence {self.divergence!r}; choose one of {', '.join(DIVERGENCES)}")
+        need(self.div_support in DIV_SUPPORTS,
+             f"unknown div_support {self.div_support!r}; choose one of {', '.join(DIV_SUPPORTS)}")
         need(self.fallback in FALLBACKS, f"unknown fallback {self.fallback!r}; choose 'none' or 'sd'")
         need(self.stage2 in STAGE2_RULES, f"unknown stage-2 rule {self.stage2!r}; choose 'fuzzy' or 'sd'")
         need(isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1,

@@ -90,7 +90,7 @@ def verify(z_p: torch.Tensor, z_q: torch.Tensor, x: list[int], rule: str, tau: f
     z_q = z_q if n else z_p[:0]  # nothing proposed (the budget's last token): the verifier's own only
     lp, lq = torch.log_softmax(z_p, -1), torch.log_softmax(z_q, -1)
     p_raw, q_raw = lp.exp(), lq.exp()  # raw distributions: divergences and top-5 only
-    d = rules.divergence(p_raw[:n], q_raw, cfg.divergence, lp[:n], lq)  # [n]
+    d = rules.support_divergence(p_raw[:n], q_raw, cfg.divergence, cfg.div_support, lp[:n], lq)  # [n]
     if gen is None:  # greedy: the warped distributions are one-hot argmaxes
         top = z_p.argmax(-1).tolist()
         p_x = [float(top[i] == t) for i, t in enumerate(x)]

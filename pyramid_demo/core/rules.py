@@ -57,6 +57,41 @@ def divergence(p: torch.Tensor, q: torch.Tensor, kind: str = "js",
     return torch.where(zero, torch.zeros_like(terms), terms).sum(-1).clamp_min(0)
 
 
+def support_divergence(p: torch.Tensor, q: torch.Tensor, kind: str = "js", support: str = "subset",
+                       log_p: torch.Tensor | None = None, log_q: torch.Tensor | None = None) -> torch.Tensor:
+    """Div(p, q) per row [n] when the proposer q may be 0 on part of the vocabulary (a reduced head).
+
+    CHOICE `support`:
+    - "full": `divergence` over the whole vocabulary. js is then +inf wherever q = 0 < p, so a
+      reduced-head proposer never passes a fuzzy test (only the SD fallback accepts); kl and tv stay finite.
+    - "subset": over the proposer's support S = {q > 0}, the verifier renormalised on it
+      (p_S = p·1_S / p(S)), plus what that restriction costs: Div(p_S, q) − log p(S) for js and kl, and
+      tv(p_S, q) + (1 − p(S)) for tv. The verifier's mass outside S is thus charged, never ignored: a
+      verifier sure of a token the proposer cannot write gives a large divergence (p(S) = 0: +inf; tv 1).
+      For kl this is exactly KL(q‖p); for tv it bounds the full tv from above (triangle inequality).
+    A row where q has no zeros gets `divergence` itself under either choice (S is the vocabulary).
+    """
+    if support not in ("subset", "full"):
+        raise ValueError(f"unknown support {support!r}; choose subset or full")
+    log_p = p.log() if log_p is None else log_p
+    log_q = q.log() if log_q is None else log_q
+    whole = divergence(p, q, kind, log_p, log_q)
+    out = torch.isneginf(log_q)  # [n, V]: outside the proposer's support
+    has_zeros = out.any(-1)  # [n]
+    if support == "full" or not bool(has_zeros.any()):
+        return whole
+    lp_in = log_p.masked_fill(out, float("-inf"))
+    log_mass = torch.logsumexp(lp_in, -1, keepdim=True)  # [n, 1]: log p(S)
+    none = torch.isneginf(log_mass)  # the verifier rules out every token the proposer can write
+    lp_s = torch.where(none, lp_in, lp_in - log_mass)  # log p_S
+    inside = divergence(lp_s.exp(), q, kind, lp_s, log_q)
+    mass = log_mass.squeeze(-1)
+    cost = -torch.expm1(mass) if kind == "tv" else -mass  # 1 − p(S), or −log p(S)
+    worst = whole if kind == "tv" else torch.full_like(inside, float("inf"))  # p(S) = 0: tv is 1 (disjoint)
+    sub = torch.where(none.squeeze(-1), worst, inside + cost.clamp_min(0))
+    return torch.where(has_zeros, sub, whole)
+
+
 def confidence(z: torch.Tensor) -> torch.Tensor:
     """A proposer's confidence at each position: its largest raw probability, from logits z [n, V] -> [n]."""
     z = z.float()

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 DIVERGENCES = ("js", "kl", "tv")
 FALLBACKS = ("none", "sd")
 STAGE2_RULES = ("fuzzy", "sd")
+DIV_SUPPORTS = ("subset", "full")
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,14 @@ SETTINGS = (
     Setting("divergence", "Divergence", "radio", choices=DIVERGENCES,
             info="CHOICE: js is the FSD code's ½KL(m‖p)+½KL(m‖q) (not the textbook JSD), computed on the "
                  "raw softmax (temperature 1), whatever the sampling temperature.", cli="CHOICE", tunable=True),
+    Setting("div_support", "Divergence where the proposer has zeros", "radio", choices=DIV_SUPPORTS,
+            info="CHOICE for a proposer with a reduced-vocabulary head (probability 0 outside its subset): "
+                 "'subset' compares it with the verifier renormalised on its subset and adds −log of the "
+                 "verifier's mass there (tv: 1 − that mass), so mass it cannot write is charged; 'full' uses the "
+                 "whole vocabulary, where js is infinite and fuzzy acceptance never fires. Same for a full head.",
+            cli="CHOICE: divergences for a proposer with zeros (a reduced head): 'subset' = over its support, "
+                "the verifier renormalised there, plus −log (tv: 1 −) the verifier's mass there; 'full' = whole "
+                "vocabulary (js infinite)", tunable=True),
     Setting("fallback", "Fuzzy fallback", "radio", choices=FALLBACKS,
             info="CHOICE beyond the paper: 'sd' also accepts a token that fails τ but passes the exact SD rule, "
                  "so fuzzy acceptance never falls below SD's.",

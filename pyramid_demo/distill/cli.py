@@ -7,6 +7,9 @@ Steps (each resumable from files under --work, default distill_work/):
   eval     held-out teacher-forced top-1 match and mean js (draft/qualifier vs target, draft vs
            qualifier) plus the measured per-token time of each model
   export   copy the best checkpoints into pyramid_demo/models/weights/ (int8, metadata included)
+  vocab    rank tokens by their frequency in the training answers and write the first --vocab-n
+           (the reduced-vocabulary head's subset) to pyramid_demo/models/weights/vocab.safetensors,
+           with held-out coverage and the shipped students' top-1 agreement per N in its metadata
 """
 from __future__ import annotations
 
@@ -19,13 +22,15 @@ from pathlib import Path
 import torch
 
 from . import data as dd
+from . import vocab as dv
 from ..models import students
 from ..models.bundled import bundled_target
 from .loss import top1_match, batches, collate, loss_and_backward, per_token_ms
 
 # (layers, of which the first are the target's own, shared and frozen)
 DEPTHS = {"draft": (2, 0), "qualifier": (8, dd.X_LAYER)}
-STEPS = ("gen", "heldout", "train", "eval", "export")
+STEPS = ("gen", "heldout", "train", "eval", "export", "vocab")
+VOCAB_N = 8192  # the shipped subset size (see models/weights/README.md)
 
 
 # ---------------------------------------------------------------- target loading
@@ -175,6 +180,25 @@ def export(target, work: Path, role: str, args) -> None:
     print(f"{role}: wrote {students.weight_path(role)} ({size / 1e6:.1f} MB)")
 
 
+def make_vocab(target, tok, work: Path, args) -> dict:
+    """The `vocab` step: count, rank, measure, write the subset file; returns its metadata."""
+    always = tuple([tok.eos_token_id] + [i for i in tok.all_special_ids if i != tok.eos_token_id])
+    ranked, meta = dv.build(work / "data", len(tok), always, args.vocab_n)
+    if args.vocab_agreement and students.available():
+        held = dd.load_records(work / "data", "heldout")[: args.eval_seqs]
+        full = dv.rank(dv.answer_counts(work / "data", "train", len(tok))[0], always)
+        ns = tuple(sorted(set(dv.NS) | {args.vocab_n}))
+        meta["agreement_heldout"] = {r: dv.agreement_by_n(students.build(target, r), target.lm_head, held, full, ns)
+                                     for r in _roles(args)}
+    meta["made_by"] = (f"python -m pyramid_demo distill --work W vocab --vocab-n {args.vocab_n}"
+                       + (" --vocab-agreement" if args.vocab_agreement else ""))
+    out = Path(args.vocab_out) if args.vocab_out else students.subset_path()
+    size = dv.save_subset(out, ranked, meta)
+    print(json.dumps(meta, indent=1))
+    print(f"wrote {out} ({size / 1e3:.1f} kB, {len(ranked)} ids)")
+    return meta
+
+
 # ---------------------------------------------------------------- CLI
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("steps", nargs="*", default=["heldout", "gen", "train", "export", "eval"],
@@ -193,6 +217,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-batches", type=int, default=None, help="stop after this many shards")
     g.add_argument("--heldout-batches", type=int, default=2, help="held-out shards to generate")
     g.add_argument("--minutes", type=float, default=None, help="time budget of this step")
+    g = parser.add_argument_group("vocab (reduced-vocabulary head)")
+    g.add_argument("--vocab-n", type=int, default=VOCAB_N, help="tokens in the shipped subset")
+    g.add_argument("--vocab-out", default=None, help="where to write it (default: the shipped weights folder)")
+    g.add_argument("--vocab-agreement", action="store_true",
+                   help="also measure the shipped students' held-out top-1 agreement per N (slow)")
     g = parser.add_argument_group("training")
     g.add_argument("--depth", type=int, default=None, help="layers (default: draft 2, qualifier 8)")
     g.add_argument("--shared", type=int, default=None,
@@ -252,6 +281,8 @@ def run(args) -> int:
         elif step == "export":
             for role in _roles(args):
                 export(target, work, role, args)
+        elif step == "vocab":
+            make_vocab(target, tok, work, args)
     return 0
 
 

@@ -32,6 +32,8 @@ def logit_width(model: Any) -> int:
     head = getattr(model, "get_output_embeddings", None)
     if callable(head):
         out = head()
+        if isinstance(getattr(out, "vocab", None), int):  # a ReducedHead: full-vocabulary logits from N rows
+            return out.vocab
         weight = getattr(out, "weight", None)
         if weight is not None and weight.ndim == 2:
             return int(weight.shape[0])

@@ -19,21 +19,25 @@ from .presets import BUNDLED_TARGET, Preset
 log = logging.getLogger(__name__)
 
 
-def _students(target: torch.nn.Module, dev: torch.device, dt: torch.dtype) -> tuple[Any, Any, str] | str:
+def _students(target: torch.nn.Module, dev: torch.device, dt: torch.dtype,
+              reduced: tuple[str, ...] = ()) -> tuple[Any, Any, str] | str:
     """Distilled draft and qualifier from `pyramid_demo.models.students`, or why there are none."""
     from . import students
 
     if not students.available():
         return "no distilled student weights are shipped (pyramid_demo/models/weights/)"
     try:
-        pair = [finish(students.build(target, r).to(device=dev, dtype=dt), dev) for r in ("draft", "qualifier")]
+        pair = [finish(students.build(target, r, reduced_head=r in reduced).to(device=dev, dtype=dt), dev)
+                for r in ("draft", "qualifier")]
     except Exception as e:  # noqa: BLE001 - keep the demo usable; say why in the note
         log.warning("could not build the distilled students: %r", e)
         return f"building the distilled students failed ({type(e).__name__}: {e})"
     depth = ", ".join(f"{r} {m.config.num_hidden_layers}" for r, m in zip(("draft", "qualifier"), pair))
+    heads = [f"{r} {m.lm_head.n:,} tokens" for r, m in zip(("draft", "qualifier"), pair) if hasattr(m.lm_head, "ids")]
     return pair[0], pair[1], (
         f"draft and qualifier are small students distilled from the target (layers: {depth}, "
-        f"target {target.config.num_hidden_layers}); they share its embedding, norm and head")
+        f"target {target.config.num_hidden_layers}); they share its embedding, norm and head"
+        + (f" (reduced-vocabulary head, the target's most frequent tokens only: {', '.join(heads)})" if heads else ""))
 
 
 def target_source() -> Path | None:
@@ -61,7 +65,7 @@ def target_source() -> Path | None:
 def load_offline_family(preset: Preset, dev: torch.device, dt: torch.dtype,
                          source: Path | None = None) -> ModelTriplet:
     tok, target = bundled_target(dev, dt, source)
-    got = _students(target, dev, dt)
+    got = _students(target, dev, dt, preset.reduced_heads)
     if isinstance(got, tuple):
         draft, qualifier, note = got
         names = preset.refs

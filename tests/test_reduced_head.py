@@ -1,0 +1,249 @@
+"""Proposers with a reduced-vocabulary head (FR-Spec): the head, exactness, and divergences with zeros.
+
+Tiny models, the bigram mock and hand-built logits only; explicit generators.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from pyramid_demo.core import packed, rules
+from pyramid_demo.core.config import DecodeConfig
+from pyramid_demo.core.engine import decode, roles_for, verify
+from pyramid_demo.core.run import generate
+from pyramid_demo.distill import vocab as dv
+from pyramid_demo.models.reduced_head import ReducedHead, load_subset, reduce_head, save_subset
+from pyramid_demo.models.tiny import tiny_random_triplet
+
+from mock_lm import BigramLM, bigram_table
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+INF = float("inf")
+
+
+# --- the head ------------------------------------------------------------------------------
+
+def test_head_gives_full_vocabulary_logits_minus_inf_outside():
+    """Inside the subset the logits are the full head's own; outside they are −inf; the shape is [.., V]."""
+    torch.manual_seed(0)
+    lin = nn.Linear(8, 20, bias=True)
+    ids = torch.tensor([5, 0, 17, 3])
+    head = ReducedHead(lin, ids)
+    x = torch.randn(2, 3, 8)
+    z, full = head(x), lin(x)
+    assert z.shape == full.shape
+    assert torch.allclose(z[..., ids], full[..., ids], atol=1e-5)
+    outside = torch.ones(20, dtype=torch.bool)
+    outside[ids] = False
+    assert torch.isneginf(z[..., outside]).all()
+    assert head.weight.shape == (4, 8) and torch.equal(head.ids, ids)
+
+
+def test_reducing_a_student_never_touches_the_shared_target_head():
+    """A student sharing the target's lm_head gets its own ReducedHead; the target's module and weights stay."""
+    tiny = tiny_random_triplet(seed=1)
+    target_head, before = tiny.target.lm_head, tiny.target.lm_head.weight.detach().clone()
+    student = tiny.draft
+    student.lm_head = tiny.target.lm_head  # shared, as the offline students share it
+    reduce_head(student, torch.arange(10))
+    assert tiny.target.lm_head is target_head and isinstance(target_head, nn.Linear)
+    assert torch.equal(target_head.weight, before)
+    with torch.no_grad():
+        student.lm_head.weight.mul_(2)  # a copy: changing it leaves the target's rows alone
+    assert torch.equal(target_head.weight, before)
+
+
+def test_packed_bf16_reduced_head_is_packed_and_equal():
+    """pack_linears packs the head's N-row projection (it is an nn.Linear) and the logits do not change."""
+    if not packed.available(torch.bfloat16):
+        pytest.skip("oneDNN bf16 is not available on this CPU")
+    torch.manual_seed(0)
+    lin = nn.Linear(64, 300, bias=False).to(torch.bfloat16)
+    head = ReducedHead(lin, torch.arange(0, 300, 3))
+    x = torch.randn(3, 64).to(torch.bfloat16)
+    with torch.inference_mode():
+        ref = head(x)
+        assert packed.pack_linears([head]) == 1 and isinstance(head.proj, packed.PackedLinear)
+        z = head(x)
+    fin = torch.isfinite(ref)
+    assert torch.equal(fin, torch.isfinite(z))
+    assert torch.allclose(z[fin].float(), ref[fin].float(), atol=0.05, rtol=0.02)
+
+
+def test_subset_file_round_trip_and_ranking(tmp_path):
+    """The ranking puts the always-kept ids first, then tokens by count (ties by id); the file keeps it."""
+    counts = torch.tensor([0, 5, 9, 5, 0, 1])
+    order = dv.rank(counts, always=(4,))
+    assert order.tolist() == [4, 2, 1, 3, 5, 0]
+    assert dv.coverage(order, counts, 3) == pytest.approx(14 / 20)
+    save_subset(tmp_path / "v.safetensors", order[:3], {"n": 3})
+    ids, meta = load_subset(tmp_path / "v.safetensors")
+    assert ids.tolist() == [4, 2, 1] and meta["n"] == "3"
+
+
+# --- exactness -----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def reduced_tiny():
+    """The tiny family with the draft's head cut to a subset that misses some of the target's greedy tokens."""
+    tiny = tiny_random_triplet(seed=0)
+    ar = generate(tiny, "hello", DecodeConfig(method="ar", max_new_tokens=40)).token_ids
+    seen = sorted(set(ar))
+    keep = seen[::2] + [t for t in range(tiny.vocab_size) if t not in seen][:20]  # half of the target's tokens
+    draft = tiny_random_triplet(seed=0).draft
+    reduce_head(draft, torch.tensor(keep))
+    return dataclasses.replace(tiny, draft=draft), ar, set(keep)
+
+
+def test_sd_greedy_with_a_reduced_draft_equals_target_greedy(reduced_tiny):
+    """SD at T=0 with a reduced-head draft gives the target's greedy text token for token, while
+    accepting drafts and while the target writes tokens outside the draft's subset."""
+    tri, ar, keep = reduced_tiny
+    out = generate(tri, "hello", DecodeConfig(method="sd", gamma=4, max_new_tokens=40))
+    assert out.token_ids == ar
+    assert out.stats.accepted["target"] > 0
+    assert any(t not in keep for t in ar)
+
+
+def _joint_two_tokens(method: str, n_trials: int, subset: list[int], **kw) -> tuple[torch.Tensor, torch.Tensor]:
+    V = 4
+    tables = {"target": bigram_table(V, 1), "qualifier": bigram_table(V, 2), "draft": bigram_table(V, 3)}
+    out_mask = torch.ones(V, dtype=torch.bool)
+    out_mask[subset] = False
+    tables["draft"] = tables["draft"].masked_fill(out_mask, -INF)  # q = 0 outside the subset
+    cfg = DecodeConfig(method=method, temperature=1.0, max_new_tokens=2, **kw)
+    gen = torch.Generator().manual_seed(7)
+    counts = torch.zeros(V, V)
+    for _ in range(n_trials):
+        lms = {r: BigramLM(tables[r], r) for r in roles_for(method)}
+        toks = [t for s in decode(lms, [0], cfg, (), gen) for t in s.new_tokens]
+        counts[toks[0], toks[1]] += 1
+    p = torch.softmax(tables["target"], -1)
+    return counts / n_trials, p[0][:, None] * p
+
+
+@pytest.mark.parametrize("method,kw", [("sd", {"gamma": 3}), ("psd_a", {"stage2": "sd", "l_d": 2, "l_q": 3})])
+def test_sampled_sd_with_a_reduced_draft_reproduces_target_distribution(method, kw):
+    """At T=1, SD with a draft that is 0 outside a subset of 2 of 4 tokens still samples the target's law:
+    the joint law of the first two tokens is within total variation 0.05 of p_T(a|0)·p_T(b|a) over
+    4,000 runs (the residual norm(max(0, p − q)) covers the tokens the draft cannot write; resampling
+    from p_T instead gives about 0.2)."""
+    emp, exp = _joint_two_tokens(method, 4000, [0, 2], **kw)
+    assert 0.5 * (emp - exp).abs().sum().item() < 0.05
+    assert emp[:, [1, 3]].sum() > 0.2  # tokens outside the draft's subset are written
+
+
+# --- divergences for a proposer with zeros (CHOICE div_support) -----------------------------
+
+P = torch.tensor([[0.6, 0.1, 0.3], [0.5, 0.3, 0.2], [0.0, 0.0, 1.0]])
+Q = torch.tensor([[6 / 7, 1 / 7, 0.0], [0.5, 0.3, 0.2], [0.5, 0.5, 0.0]])  # row 0: q = p_S; row 2: p(S) = 0
+
+
+def test_subset_js_charges_the_verifier_mass_outside_the_support():
+    """subset: js = js(p_S, q) − log p(S); with q = p_S exactly that is −log 0.7 (not 0: the mass is charged)."""
+    d = rules.support_divergence(P, Q, "js", "subset")
+    assert d[0].item() == pytest.approx(-math.log(0.7), abs=1e-5)
+    q2 = torch.tensor([[0.5, 0.5, 0.0]])
+    p_s = torch.tensor([[6 / 7, 1 / 7, 0.0]])
+    want = rules.divergence(p_s, q2, "js").item() - math.log(0.7)
+    assert rules.support_divergence(P[:1], q2, "js", "subset").item() == pytest.approx(want, abs=1e-5)
+
+
+def test_full_js_is_infinite_where_the_proposer_has_zeros():
+    """full: js over the whole vocabulary is +inf where q = 0 < p (fuzzy acceptance can never fire)."""
+    d = rules.support_divergence(P, Q, "js", "full")
+    assert math.isinf(d[0].item()) and d[1].item() == pytest.approx(0.0, abs=1e-6)
+
+
+def test_subset_kl_is_exactly_kl_of_proposer_to_verifier():
+    """subset kl = KL(q‖p_S) − log p(S) = KL(q‖p): both choices agree for kl."""
+    a = rules.support_divergence(P[:2], Q[:2], "kl", "subset")
+    b = rules.divergence(P[:2], Q[:2], "kl")
+    assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_subset_tv_bounds_full_tv_from_above():
+    """subset tv = tv(p_S, q) + (1 − p(S)) ≥ tv(p, q), equal when q = p_S."""
+    q = torch.tensor([[0.2, 0.8, 0.0], [6 / 7, 1 / 7, 0.0]])
+    p = P[:1].expand(2, 3)
+    sub, full = rules.support_divergence(p, q, "tv", "subset"), rules.divergence(p, q, "tv")
+    assert (sub >= full - 1e-6).all() and sub[1].item() == pytest.approx(full[1].item(), abs=1e-6)
+    assert sub[0].item() == pytest.approx(0.5 * (abs(6 / 7 - 0.2) + abs(1 / 7 - 0.8)) + 0.3, abs=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["js", "kl", "tv"])
+def test_full_support_rows_are_unchanged_and_nothing_is_nan(kind):
+    """A proposer without zeros gets `divergence` itself under subset; p(S) = 0 gives +inf (js, kl) or 1
+    (tv: the supports are disjoint); never NaN, never negative."""
+    d = rules.support_divergence(P, Q, kind, "subset", P.clamp_min(0).log(), Q.log())
+    assert d[1].item() == pytest.approx(rules.divergence(P[1:2], Q[1:2], kind).item(), abs=1e-6)
+    assert not torch.isnan(d).any() and (d >= 0).all()
+    assert math.isinf(d[2].item()) if kind != "tv" else d[2].item() == pytest.approx(1.0)
+
+
+def _fsd_round(support: str, tau: float):
+    """One FSD target round: the draft (0 outside tokens 0-1) proposes token 0 where the target, renormalised
+    on {0, 1}, is close to the draft but keeps 0.3 of its mass on token 2."""
+    z_p = torch.tensor([[0.6, 0.1, 0.3], [0.2, 0.3, 0.5]]).log()
+    z_q = torch.tensor([[0.8, 0.2, 0.0]]).log()
+    cfg = DecodeConfig(method="fsd", divergence="js", div_support=support, tau_t=tau)
+    rnd, _ = verify(z_p, z_q, [0], "fuzzy", tau, cfg, None, "target", "draft", "target")
+    return rnd
+
+
+def test_engine_fuzzy_test_with_a_reduced_proposer_follows_the_choice():
+    """In `verify`, subset js accepts a reduced-head proposal that is close on its support when τ exceeds
+    −log p(S) plus the support divergence, and refuses it below; full js refuses it at any τ."""
+    d = _fsd_round("subset", 0.5).tokens[0].div
+    assert -math.log(0.7) < d < 0.5
+    assert _fsd_round("subset", 0.5).n_accepted == 1
+    assert _fsd_round("subset", -math.log(0.7)).n_accepted == 0  # the charge alone exceeds this τ
+    assert _fsd_round("full", 100.0).n_accepted == 0
+
+
+def test_a_lax_support_rule_is_caught(monkeypatch):
+    """Planted wrong rule: renormalising the verifier on the support without charging its mass outside
+    would accept a proposal the right rule refuses (the subset-js test above must fail under it)."""
+    def lax(p, q, kind="js", support="subset", log_p=None, log_q=None):
+        s = (q > 0).float()
+        p_s = p * s / (p * s).sum(-1, keepdim=True)
+        return rules.divergence(p_s, q, kind)
+
+    monkeypatch.setattr(rules, "support_divergence", lax)
+    with pytest.raises(AssertionError):
+        test_subset_js_charges_the_verifier_mass_outside_the_support()
+    with pytest.raises(AssertionError):
+        test_engine_fuzzy_test_with_a_reduced_proposer_follows_the_choice()
+
+
+def test_div_support_is_validated():
+    """DecodeConfig refuses an unknown div_support."""
+    with pytest.raises(ValueError, match="div_support"):
+        DecodeConfig(div_support="maybe")
+
+
+def test_a_reduced_head_model_still_reports_full_vocabulary_width():
+    """The tokenizer check sees a reduced-head model's logit width as the full vocabulary, not N."""
+    from pyramid_demo.models.compat import logit_width
+
+    draft = tiny_random_triplet(seed=2).draft
+    V = logit_width(draft)
+    reduce_head(draft, torch.arange(7))
+    assert logit_width(draft) == V and draft.lm_head.n == 7
+
+
+def test_shipped_subset_keeps_the_special_ids_and_its_record():
+    """The shipped subset: distinct ids, the chat template's EOS / specials first, coverage in its metadata."""
+    from pyramid_demo.models import presets, students
+
+    if not students.subset_path().is_file():
+        pytest.skip("no shipped subset")
+    ids, meta = load_subset(students.subset_path())
+    assert ids.unique().numel() == ids.numel() == int(meta["n"])
+    assert ids[:3].tolist() == [2, 1, 0]  # <|im_end|> (EOS), <|im_start|>, <|endoftext|>
+    assert "coverage_heldout" in meta and "made_by" in meta
+    assert set(presets.REDUCED_HEADS) <= {"draft", "qualifier"}
