@@ -210,7 +210,7 @@ def test_missing_wheel_says_how_to_install(monkeypatch):
 
 @pytest.mark.parametrize("works", [True, False])
 def test_offline_family_uses_students_when_available(offline_cache, monkeypatch, works):
-    def build(target, role):
+    def build(target, role, **kw):
         if not works:
             raise RuntimeError("bad weights")
         return target  # a stand-in student: any module the engine can drive

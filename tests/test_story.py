@@ -83,3 +83,13 @@ def test_the_speed_chart_draws_the_story_rows():
     fig = charts.throughput_figure(rows)
     assert list(fig.data[0].y) == [16.1, 12.0] and list(fig.data[1].y) == [50.0, 0]
     assert fig.data[1].text[1] == "n/a" and "idle machine" in fig.data[1].name
+
+
+def test_the_memory_floor_sets_each_step_against_reading_the_weights():
+    """The profile's memory floor is shown per model with the step's multiple of it and a 5-token pass's
+    multiple of a step (the physics of cheap verification); no floor, no line."""
+    prof = {"ms": {"target": {"1": 20.0, "5": 22.0}},
+            "floor": {"target": {"floor_ms": 5.0, "gemv_ms": 1.0, "gb_per_s": 50.0, "mb": 250.0}}}
+    line = story.floor_line(prof)
+    assert "target 5.0 ms" in line and "4.0× it" in line and "1.10× a step" in line
+    assert story.floor_line({"ms": prof["ms"]}) == ""

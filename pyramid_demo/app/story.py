@@ -171,6 +171,22 @@ def teaching_aid(results: dict[str, RunResult], profile: dict | None) -> str:
             "the profile's prediction above counts what each forward really costs.")
 
 
+def floor_line(profile: dict) -> str:
+    """Each model's step against its memory floor (every weight read once at this machine's measured speed),
+    and what a 5-token pass costs: why verifying k tokens costs about one step when a step is memory-bound."""
+    parts = []
+    for role, f in (profile.get("floor") or {}).items():
+        if f and role in profile["ms"]:
+            step, five = costs.cost_ms(profile, role, 1), costs.cost_ms(profile, role, 5)
+            parts.append(f"{role} {f['floor_ms']:.1f} ms ({f['mb']:.0f} MB at {f['gb_per_s']:.0f} GB/s): a step is "
+                         f"{step / f['floor_ms']:.1f}× it, a 5-token pass {five / step:.2f}× a step")
+    if not parts:
+        return ""
+    return ("**Memory floor** (the largest matrix's one-row product scaled to every weight byte; a step that "
+            "only reads its weights costs this, and then checking 5 tokens costs about what 1 does): "
+            + "; ".join(parts) + ".")
+
+
 def profile_markdown(profile: dict | None) -> str:
     """Where the profile comes from and what one forward costs, for the cost chart."""
     if not profile:
@@ -180,7 +196,8 @@ def profile_markdown(profile: dict | None) -> str:
             "forward of k new tokens, ms — " + "; ".join(
                 f"{role} k=1 {costs.cost_ms(profile, role, 1):.1f}, k=5 {costs.cost_ms(profile, role, 5):.1f}"
                 for role in profile["ms"])
-            + ". *Idle machine*: the profile's time summed over the forwards each run made (engine time "
+            + ". " + floor_line(profile)
+            + " *Idle machine*: the profile's time summed over the forwards each run made (engine time "
               "outside forwards not counted). *To match AR*: the tokens each target pass would have to commit for "
               "the run's forwards, at the profile's cost, to be as fast as AR's; more than that is a win on an "
               "idle machine.")
