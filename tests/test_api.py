@@ -3,13 +3,11 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 import warnings
 from pathlib import Path
 
 import pytest
-import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # app.py
@@ -24,20 +22,10 @@ PUBLIC = {"/race", "/stop", "/export"}
 
 @pytest.fixture(scope="module")
 def url():
-    import app
+    from app_server import serve_app
 
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    demo = app.build_demo()
-    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
-    try:
-        yield f"http://127.0.0.1:{port}/"
-    finally:
-        demo.close()
-        torch.set_num_threads(before)
+    with serve_app() as (address, _):
+        yield address
 
 
 def _client(url: str):

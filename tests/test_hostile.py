@@ -11,7 +11,6 @@ import json
 import math
 import os
 import re
-import socket
 import sys
 import time
 import warnings
@@ -47,20 +46,12 @@ def _rss_mb() -> float:
 @pytest.fixture(scope="module")
 def server():
     """The app's own `build_demo()`, launched in this process on a free port."""
-    import app
+    from app_server import serve_app
 
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models: one thread (the CPU is shared)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    demo = app.build_demo()
-    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
     try:
-        yield f"http://127.0.0.1:{port}/", demo
+        with serve_app() as served:
+            yield served
     finally:
-        demo.close()
-        torch.set_num_threads(before)
         out = os.environ.get("PYRAMID_HOSTILE_TABLE")
         if out and ROWS:
             _write_table(Path(out))
