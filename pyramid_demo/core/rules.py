@@ -75,21 +75,27 @@ def support_divergence(p: torch.Tensor, q: torch.Tensor, kind: str = "js", suppo
         raise ValueError(f"unknown support {support!r}; choose subset or full")
     log_p = p.log() if log_p is None else log_p
     log_q = q.log() if log_q is None else log_q
-    whole = divergence(p, q, kind, log_p, log_q)
     out = torch.isneginf(log_q)  # [n, V]: outside the proposer's support
     has_zeros = out.any(-1)  # [n]
     if support == "full" or not bool(has_zeros.any()):
-        return whole
-    lp_in = log_p.masked_fill(out, float("-inf"))
+        return divergence(p, q, kind, log_p, log_q)
+    cols = None
+    if bool(has_zeros.all()) and bool((out == out[:1]).all()):  # one support for every row (a reduced head):
+        cols = (~out[0]).nonzero().squeeze(-1)  # [|S|]           work on its columns only
+        lp_in, q_s, log_q_s = log_p[:, cols], q[:, cols], log_q[:, cols]  # [n, |S|]
+    else:
+        lp_in, q_s, log_q_s = log_p.masked_fill(out, float("-inf")), q, log_q
     log_mass = torch.logsumexp(lp_in, -1, keepdim=True)  # [n, 1]: log p(S)
     none = torch.isneginf(log_mass)  # the verifier rules out every token the proposer can write
     lp_s = torch.where(none, lp_in, lp_in - log_mass)  # log p_S
-    inside = divergence(lp_s.exp(), q, kind, lp_s, log_q)
+    inside = divergence(lp_s.exp(), q_s, kind, lp_s, log_q_s)
     mass = log_mass.squeeze(-1)
     cost = -torch.expm1(mass) if kind == "tv" else -mass  # 1 − p(S), or −log p(S)
-    worst = whole if kind == "tv" else torch.full_like(inside, float("inf"))  # p(S) = 0: tv is 1 (disjoint)
-    sub = torch.where(none.squeeze(-1), worst, inside + cost.clamp_min(0))
-    return torch.where(has_zeros, sub, whole)
+    worst = torch.ones_like(inside) if kind == "tv" else torch.full_like(inside, float("inf"))  # p(S) = 0
+    sub = torch.where(none.squeeze(-1), worst, inside + cost.clamp_min(0))  # (tv of disjoint supports is 1)
+    if cols is not None:
+        return sub
+    return torch.where(has_zeros, sub, divergence(p, q, kind, log_p, log_q))
 
 
 def confidence(z: torch.Tensor) -> torch.Tensor:
