@@ -200,3 +200,24 @@ def test_offline_target_matches_hf(offline_target, one_thread):
     ulp = 2.0 ** (torch.floor(torch.log2(top.abs())) - 7)  # bf16's step at the top logit
     assert (hf_z.gather(1, lean_top[:, None])[:, 0] >= top - ulp).all()
     assert (lean_top == hf_z.argmax(-1)).float().mean() > 0.95
+
+
+@pytest.mark.skipif(not packed.available(torch.bfloat16), reason="this CPU's oneDNN does not run bf16")
+def test_packed_qkv_and_gate_up_are_fused_into_one_call_with_the_same_rows():
+    """Packed q/k/v (and gate/up) become one packed linear whose output equals the separate calls' outputs
+    side by side, bitwise, for one row and for many (one oneDNN call instead of three)."""
+    from pyramid_demo.core.lean import _fuse_packed
+
+    g = torch.Generator().manual_seed(2)
+    lins = []
+    for out in (64, 16, 16):
+        lin = torch.nn.Linear(64, out, bias=True).to(torch.bfloat16)
+        lin.weight.data = (0.1 * torch.randn(out, 64, generator=g)).to(torch.bfloat16)
+        lins.append(lin)
+    mods = [packed.PackedLinear(lin, 2) for lin in lins]
+    fused = _fuse_packed(mods)
+    assert fused is not None and fused.out_features == 96 and fused.min_rows == 2
+    for rows in (1, 5):
+        x = torch.randn(rows, 64, generator=g).to(torch.bfloat16)
+        assert torch.equal(fused(x), torch.cat([m(x) for m in mods], -1))
+    assert _fuse_packed(lins) is None  # plain linears are fused by concatenating weights instead

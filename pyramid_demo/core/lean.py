@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from .backend import backend_flags, common_prefix_len
 from .config import LONGEST_PASS
+from .packed import PackedLinear, rows_invariant
 
 ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
 ROWWISE_MAX = LONGEST_PASS  # passes up to the longest verification attend row by row (only a long prefill does not)
@@ -49,10 +50,28 @@ def _linear(mods: list[torch.nn.Module]) -> Linear:
             b = torch.cat([m.bias.detach() if m.bias is not None else w.new_zeros(m.out_features)
                            for m in mods]) if has_b else None
         return lambda x: F.linear(x, w, b)
+    fused = _fuse_packed(mods)
+    if fused is not None:
+        return fused.forward
     fns = [m.forward for m in mods]  # .forward: skip nn.Module's hook dispatch
     if len(fns) == 1:
         return fns[0]
     return lambda x: torch.cat([f(x) for f in fns], -1)
+
+
+def _fuse_packed(mods: list[torch.nn.Module]) -> PackedLinear | None:
+    """Several packed linears over one input as one packed linear (one oneDNN call instead of several: on a CPU
+    a small call costs mostly its fixed overhead). Only when the fused shape is batch-invariant with the same
+    padding, so a k-token pass still equals k one-token steps; else None (called one by one)."""
+    if len(mods) < 2 or not all(isinstance(m, PackedLinear) for m in mods):
+        return None
+    w = torch.cat([m.packed.to_dense() for m in mods])  # [sum out, in]
+    lin = torch.nn.Linear(w.shape[1], w.shape[0], bias=any(m.bias is not None for m in mods), dtype=w.dtype)
+    lin.weight.data = w
+    if lin.bias is not None:
+        lin.bias.data = torch.cat([m.bias if m.bias is not None else w.new_zeros(m.out_features) for m in mods])
+    fused = PackedLinear(lin, max(m.min_rows for m in mods))
+    return fused if rows_invariant(fused, LONGEST_PASS) else None
 
 
 @dataclass
