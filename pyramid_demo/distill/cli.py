@@ -34,9 +34,12 @@ VOCAB_N = 8192  # the shipped subset size (see models/weights/README.md)
 
 
 # ---------------------------------------------------------------- target loading
-def load_target() -> tuple[torch.nn.Module, object]:
-    """The SmolLM2-135M-Instruct target in fp32 on CPU, frozen: the app's own loader and cache."""
-    tok, model = bundled_target(torch.device("cpu"), torch.float32)
+def load_target(device: str = "cpu") -> tuple[torch.nn.Module, object]:
+    """The SmolLM2-135M-Instruct target in fp32 on `device` ("auto": a CUDA GPU if there is one), frozen:
+    the app's own loader and cache."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    tok, model = bundled_target(torch.device(device), torch.float32)
     return model, tok
 
 
@@ -65,7 +68,7 @@ def train(target, work: Path, role: str, args, stop_at: float | None = None) -> 
         student.model.layers.load_state_dict(sd, strict=False)
         print(f"{role}: starting from the shipped weights")
     if ck.is_file():
-        saved = torch.load(ck, weights_only=False)
+        saved = torch.load(ck, weights_only=False, map_location="cpu")
         student.model.layers.load_state_dict(saved["layers"])
         opt.load_state_dict(saved["opt"])
         state = saved["state"]
@@ -106,7 +109,7 @@ def train(target, work: Path, role: str, args, stop_at: float | None = None) -> 
             lr *= min(1.0, (state["step"] + 1) / args.warmup)
             for gp in opt.param_groups:
                 gp["lr"] = lr
-            batch = collate(recs, plan[state["pos"]], pad, with_x=use_x)
+            batch = [t.to(head.weight.device) for t in collate(recs, plan[state["pos"]], pad, with_x=use_x)]
             opt.zero_grad(set_to_none=True)
             out = loss_and_backward(student, head, *batch[:4], args.loss, args.kl_frac, args.mse, lgen,
                                     x=batch[4] if use_x else None)
@@ -145,7 +148,7 @@ def load_student(target, work: Path, role: str, tag: str = "best"):
     p = _ckpt(work, role, tag)
     if not p.is_file():
         p = _ckpt(work, role, "last")
-    saved = torch.load(p, weights_only=False)
+    saved = torch.load(p, weights_only=False, map_location="cpu")
     student = students.init_from_target(target, list(range(saved["depth"])), saved.get("shared", 0))
     student.model.layers.load_state_dict(saved["layers"])
     return student.eval(), saved["state"]
@@ -176,8 +179,9 @@ def export(target, work: Path, role: str, args) -> None:
             "init_layers": list(range(len(student.model.layers))), "train_steps": state["step"],
             "train_minutes": round(state["elapsed"] / 60, 1), "checkpoint": args.ckpt,
             "heldout_top1_match_during_training": state.get("best"), "loss": args.loss}
-    size = students.save(student, students.weight_path(role), meta)
-    print(f"{role}: wrote {students.weight_path(role)} ({size / 1e6:.1f} MB)")
+    path = students.weight_path(role, args.weights_dir)
+    size = students.save(student, path, meta)
+    print(f"{role}: wrote {path} ({size / 1e6:.1f} MB)")
 
 
 def make_vocab(target, tok, work: Path, args) -> dict:
@@ -208,6 +212,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="student(s) to train / export")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, or auto (a CUDA GPU if there is one)")
+    parser.add_argument("--weights-dir", default=None,
+                        help="export: write the student files here (default: the shipped pyramid_demo/models/weights/)")
     g = parser.add_argument_group("data")
     g.add_argument("--rounds", type=int, default=1, help="times each training prompt is answered")
     g.add_argument("--gen-batch", type=int, default=32)
@@ -259,7 +266,7 @@ def run(args) -> int:
     if bad:
         print(f"unknown step(s) {bad}; choose from {STEPS}")
         return 2
-    target, tok = load_target()
+    target, tok = load_target(args.device)
     stop_at = time.time() + 60 * args.minutes if args.minutes else None
     for step in args.steps:
         if step in ("gen", "heldout"):

@@ -130,11 +130,13 @@ def generate_batch(model, prompt_ids: list[list[int]], max_new: int, eos: int, p
 
     B = len(prompt_ids)
     L = max(len(p) for p in prompt_ids)
+    dev = next(model.parameters()).device  # the batch runs where the target is (CPU or a GPU)
     ids = torch.full((B, L), pad, dtype=torch.long)
     mask = torch.zeros((B, L), dtype=torch.long)
     for b, p in enumerate(prompt_ids):
         ids[b, L - len(p):] = torch.tensor(p)
         mask[b, L - len(p):] = 1
+    ids, mask = ids.to(dev), mask.to(dev)
     pos = (mask.cumsum(1) - 1).clamp_min(0)
     cache = DynamicCache(config=model.config)
     hook = _NormHook(model.model.norm)
@@ -144,17 +146,18 @@ def generate_batch(model, prompt_ids: list[list[int]], max_new: int, eos: int, p
                     use_cache=True, logits_to_keep=1)
         hs = [hook.outs.pop()[:, -1]]  # [B, D] at the last prompt position
         xs = [xhook.outs.pop()]  # [B, L, D] over the (left padded) prompt
-        toks, done = [], torch.zeros(B, dtype=torch.bool)
+        toks, done = [], torch.zeros(B, dtype=torch.bool, device=dev)
         last_pos = pos[:, -1]
         for step in range(max_new):
             probs, cand = _filter(out.logits[:, -1], temperature, top_p)
-            nxt = cand.gather(1, torch.multinomial(probs, 1, generator=gen)).squeeze(1)
+            pick = torch.multinomial(probs.float().cpu(), 1, generator=gen).to(dev)  # the CPU generator: seeded alike
+            nxt = cand.gather(1, pick).squeeze(1)
             nxt = torch.where(done, torch.full_like(nxt, pad), nxt)
             toks.append(nxt)
             done = done | (nxt == eos)
             if bool(done.all()) or step == max_new - 1:
                 break
-            mask = torch.cat([mask, torch.ones((B, 1), dtype=torch.long)], 1)
+            mask = torch.cat([mask, torch.ones((B, 1), dtype=torch.long, device=dev)], 1)
             last_pos = last_pos + 1
             out = model(input_ids=nxt.unsqueeze(1), attention_mask=mask, position_ids=last_pos.unsqueeze(1),
                         past_key_values=cache, use_cache=True, logits_to_keep=1)
@@ -163,9 +166,9 @@ def generate_batch(model, prompt_ids: list[list[int]], max_new: int, eos: int, p
     finally:
         hook.close()
         xhook.close()
-    X = torch.cat(xs, 1)  # [B, L + fed, D]
-    T = torch.stack(toks, 1)  # [B, steps]
-    H = torch.stack(hs, 1)  # [B, steps]: H[:, j] is where T[:, j] was predicted
+    X = torch.cat(xs, 1).cpu()  # [B, L + fed, D]
+    T = torch.stack(toks, 1).cpu()  # [B, steps]
+    H = torch.stack(hs, 1).cpu()  # [B, steps]: H[:, j] is where T[:, j] was predicted
     recs = []
     for b, p in enumerate(prompt_ids):
         ans = T[b].tolist()

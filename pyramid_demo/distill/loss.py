@@ -56,7 +56,7 @@ def collate(recs: list[dict], idx: list[int], pad: int, with_x: bool = False):
 def _top(student, x: torch.Tensor, first: int) -> torch.Tensor:
     """Run the student's layers first.. on cached states x [B, L, D] (right padded, so the
     plain causal mask is exact for real positions) and its final norm."""
-    pos = torch.arange(x.shape[1]).unsqueeze(0)
+    pos = torch.arange(x.shape[1], device=x.device).unsqueeze(0)
     pe = student.model.rotary_emb(x, position_ids=pos)
     for layer in student.model.layers[first:]:
         x = layer(x, attention_mask=None, position_ids=pos, position_embeddings=pe)
@@ -92,6 +92,7 @@ def loss_and_backward(student, head, ids, att, ans, h_t, kind: str, kl_frac: flo
     if kl_frac < 1.0:
         k = max(1, int(round(kl_frac * n_all)))
         sel = torch.randperm(n_all, generator=gen)[:k].sort().values
+    sel = sel.to(leaf.device)
     tot, match, jss = 0.0, 0.0, 0.0
     n = sel.numel()
     for i in range(0, n, chunk):
@@ -122,7 +123,8 @@ def top1_match(model_a, model_b, head, recs: list[dict], pad: int, batch: int = 
     on the reference's own prefix."""
     match = js_sum = n = 0.0
     for i in range(0, len(recs), batch):
-        ids, att, ans, h = collate(recs, list(range(i, min(i + batch, len(recs)))), pad)
+        dev = next(model_a.parameters()).device
+        ids, att, ans, h = (t.to(dev) for t in collate(recs, list(range(i, min(i + batch, len(recs)))), pad))
         ha = _hidden(model_a, ids, att)[ans]
         hb = h if h_b else _hidden(model_b, ids, att)[ans]
         for j in range(0, ha.shape[0], 512):
@@ -140,14 +142,18 @@ def per_token_ms(model, ctx: int = 200, n: int = 25) -> float:
     from transformers import DynamicCache
 
     g = torch.Generator().manual_seed(0)
+    dev = next(model.parameters()).device
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     cache = DynamicCache(config=model.config)
     ts = []
     with torch.inference_mode():
-        model(input_ids=torch.randint(0, 49152, (1, ctx), generator=g), past_key_values=cache,
+        model(input_ids=torch.randint(0, 49152, (1, ctx), generator=g).to(dev), past_key_values=cache,
               use_cache=True, logits_to_keep=1)
         for _ in range(n):
-            x = torch.randint(0, 49152, (1, 1), generator=g)
+            x = torch.randint(0, 49152, (1, 1), generator=g).to(dev)
+            sync()
             t = time.perf_counter()
             model(input_ids=x, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            sync()
             ts.append(time.perf_counter() - t)
     return statistics.median(ts) * 1000

@@ -102,7 +102,7 @@ def init_from_target(target: torch.nn.Module, layer_ids: list[int], shared: int 
 def layer_state(student: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The student's own (not shared) layers, keyed `{layer index}.{name}`."""
     shared = getattr(student, "shared_layers", 0)
-    return {k: v.detach() for k, v in student.model.layers.state_dict().items()
+    return {k: v.detach().cpu() for k, v in student.model.layers.state_dict().items()
             if int(k.split(".")[0]) >= shared}
 
 

@@ -1,0 +1,38 @@
+"""`scripts/distill_gpu.sh --dry-run`: the GPU distillation's every step (held-out and on-policy answers,
+both students trained from the shipped weights, evaluation, export where agreement rose) runs on the CPU
+with a tiny budget, and never writes over the shipped student files."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SHIPPED = ROOT / "pyramid_demo" / "models" / "weights"
+
+
+def _digest() -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(SHIPPED.glob("*.safetensors"))}
+
+
+def test_gpu_distillation_dry_run_runs_every_step_on_the_cpu(tmp_path):
+    """The dry run exits 0, leaves held-out and training shards, checkpoints for both students and both
+    evaluations, says for each student whether agreement rose, and the shipped files are untouched."""
+    before = _digest()
+    env = {**os.environ, "PYTHON": sys.executable, "WORK": str(tmp_path / "w"), "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run(["bash", str(ROOT / "scripts" / "distill_gpu.sh"), "--dry-run"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    w = tmp_path / "w"
+    assert list((w / "data" / "heldout").glob("shard_*.pt")) and list((w / "data" / "train").glob("shard_*.pt"))
+    assert {p.name for p in (w / "ckpt").glob("*_last.pt")} == {"draft_last.pt", "qualifier_last.pt"}
+    for kind in ("ckpt", "shipped"):
+        res = json.loads((w / f"eval_{kind}.json").read_text())
+        assert 0.0 <= res["draft_vs_target"]["top1_match"] <= 1.0 and res["qualifier_vs_target"]["positions"] > 0
+    assert out.stderr.count("held-out top-1 agreement") == 2
+    for p in (w / "weights").glob("*.safetensors"):  # exported only where agreement rose, into the work folder
+        assert p.stem in ("draft", "qualifier")
+    assert _digest() == before
