@@ -59,7 +59,8 @@ def preset_info(preset: str) -> tuple[str, Any]:
     text += "  \n" + hosting.memory_line(preset)
     from ..models.probe import cached_choice
 
-    text += "  \nOn a CPU: " + (cached_choice(preset) or "dtype and backend are probed on the first run (a few seconds)")
+    choice = cached_choice(preset).split(" — ")[0]  # the choice and its exactness; the probe's timings are in its table
+    text += "  \nOn a CPU: " + (choice or "dtype, backend and forward are probed on the first run (several seconds)")
     if p.tuned:
         text += "  \nTuned settings (measured with `bench`): " + " · ".join(f"{k} {v}" for k, v in p.tuned)
     return text, gr.update(visible=False)
