@@ -308,3 +308,21 @@ def test_a_race_encodes_its_prompt_once(monkeypatch):
     race(session, prompt="once")
     assert len(calls) == 1
     assert all(r.prompt == "once" for r in session["races"][0]["results"].values())
+
+
+def test_a_race_without_an_exactness_record_says_lossless_methods_may_differ(monkeypatch) -> None:
+    """Claims come from the probe's record: a family loaded with the probe off (no record) gets a note above
+    the race saying SD and lossless PSD_A may differ from AR, with the reason; an exact one does not."""
+    import dataclasses
+
+    from pyramid_demo.models import loading
+
+    session = h.new_session()
+    race(session)
+    note = session["races"][-1]["note"]
+    assert "may differ from AR" in note and "not checked" in note
+    real = loading.load_triplet
+    monkeypatch.setattr(loading, "load_triplet", lambda *a, **k: dataclasses.replace(
+        real(*a, **k), exact=True, exact_note="exact: checked"))
+    race(session)
+    assert "may differ" not in session["races"][-1]["note"]
