@@ -12,6 +12,14 @@ import torch
 BACKENDS = ("default", "onednn", "no-onednn", "packed")  # packed: linears packed at load (core.packed)
 
 
+def new_tokens(ids: list[int], seq: list[int], keep: int, role: str) -> list[int]:
+    """What a cached forward must feed: the tokens of `seq` past the cached `ids`, at least `keep` of them."""
+    new = seq[len(ids):]
+    if not new or keep > len(new):
+        raise ValueError(f"{role}: asked for {keep} logits but only {len(new)} new tokens")
+    return new
+
+
 def common_prefix_len(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))
     for i in range(n):

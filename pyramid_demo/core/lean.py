@@ -24,7 +24,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from .backend import backend_flags, common_prefix_len
+from .backend import backend_flags, common_prefix_len, new_tokens
 from .config import LONGEST_PASS
 from .packed import PackedLinear, rows_invariant
 
@@ -266,9 +266,7 @@ class LeanLM:
     @torch.inference_mode()
     def logits(self, seq: list[int], keep: int) -> torch.Tensor:
         """Logits for the last `keep` positions of `seq` [keep, V] fp32, feeding only what the cache lacks."""
-        new = seq[len(self.ids):]
-        if not new or keep > len(new):
-            raise ValueError(f"{self.role}: asked for {keep} logits but only {len(new)} new tokens")
+        new = new_tokens(self.ids, seq, keep, self.role)
         t0 = time.perf_counter()
         self._grow(len(seq))
         with backend_flags(self.backend):

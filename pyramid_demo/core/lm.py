@@ -13,7 +13,7 @@ from typing import Any, Protocol
 import torch
 from transformers import DynamicCache
 
-from .backend import BACKENDS, backend_flags, common_prefix_len  # noqa: F401 (re-exported)
+from .backend import BACKENDS, backend_flags, common_prefix_len, new_tokens  # noqa: F401 (re-exported)
 
 
 class LM(Protocol):
@@ -84,9 +84,7 @@ class CachedLM:
     @torch.inference_mode()
     def logits(self, seq: list[int], keep: int) -> torch.Tensor:
         """Logits for the last `keep` positions of `seq`, feeding only what the cache lacks."""
-        new = seq[len(self.ids):]
-        if not new or keep > len(new):
-            raise ValueError(f"{self.role}: asked for {keep} logits but only {len(new)} new tokens")
+        new = new_tokens(self.ids, seq, keep, self.role)
         t0 = time.perf_counter()
         x = torch.tensor([new], dtype=torch.long, device=self.device)  # [1, n]
         with backend_flags(self.backend):
