@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"\nchosen: {got.note.split(' — ')[0]}")
     if args.floor:
         for dt, backend in probe.candidates():
-            model, _ = probe._candidate_model(t.target, dt, backend)
+            model, _ = probe.candidate_model(t.target, dt, backend)
             f = costs.memory_floor_ms(model, backend)
             print(f"memory floor, {dt}/{backend}: {f['floor_ms']:.1f} ms ({f['mb']:.0f} MB of weights at "
                   f"{f['gb_per_s']:.1f} GB/s, the largest matrix's one-row product {f['gemv_ms']:.2f} ms)")

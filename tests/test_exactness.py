@@ -116,7 +116,7 @@ def test_the_probe_rejects_a_batch_variant_backend(tmp_path, monkeypatch, one_th
         def time(self, k):
             return 0.001 if self.fast else 0.01
 
-    monkeypatch.setattr(probe, "_candidate_model", candidate)
+    monkeypatch.setattr(probe, "candidate_model", candidate)
     monkeypatch.setattr(probe, "make_timer", Timer)
     key = f"{probe.machine_key()} | fam"
     (tmp_path / probe.CHOICE_FILE).write_text(json.dumps({key: {"dtype": "float32", "backend": "default"}}))

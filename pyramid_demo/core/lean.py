@@ -5,7 +5,7 @@ objects, hooks, many small kernels), not by reading the weights, so a step costs
 the memory floor and a k-token verification costs well over a step. This path runs the same
 math with few kernel calls: fused QKV and gate/up linears, RoPE from tables, a preallocated KV
 cache where rollback only moves a length, and logits for the kept rows only (optionally for a
-subset of the vocabulary: a proposer's reduced head).
+subset of the vocabulary when the model's head is a proposer's reduced head).
 
 Exactness: in every decode pass each query row attends through the same SDPA call a one-token
 step makes (its own causal slice of the cache), so with batch-invariant linears a k-token pass
@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -92,7 +92,6 @@ class LeanWeights:
     embed: torch.Tensor  # [V, d]
     norm: torch.Tensor  # [d]
     head: Linear  # [n, d] -> [n, V]
-    head_weight: torch.Tensor | None  # [V, d] when readable (for reduced heads), else None
     eps: float
     n_heads: int
     n_kv: int
@@ -101,18 +100,6 @@ class LeanWeights:
     rope_scale: float  # HF's attention_scaling (yarn); 1.0 otherwise
     window: int | None  # Mistral's sliding window: a query sees its last `window` keys
     dtype: torch.dtype
-    heads: dict[bytes, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)  # reduced heads
-
-    def reduced_head(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(ids [N], W[ids] [N, d]) gathered once per id list; None when the head's weight is packed away."""
-        if self.head_weight is None:
-            return None
-        key = ids.numpy().tobytes()
-        if key not in self.heads:
-            if len(self.heads) >= 4:  # a few lists at most (one per proposer)
-                self.heads.pop(next(iter(self.heads)))
-            self.heads[key] = (ids, self.head_weight.index_select(0, ids).contiguous())
-        return self.heads[key]
 
 
 def supports_lean(model: torch.nn.Module) -> bool:
@@ -161,16 +148,11 @@ def _build(model: torch.nn.Module) -> LeanWeights:
         down=_linear([lay.mlp.down_proj]),
     ) for lay in inner.layers]
     embed = model.get_input_embeddings().weight.detach()
-    head_mod = model.lm_head
-    if type(head_mod) is torch.nn.Linear:
-        head_weight = head_mod.weight.detach() if head_mod.bias is None else None
-    else:  # packed: only a tied embedding still holds the head's rows in plain form
-        head_weight = embed if getattr(cfg, "tie_word_embeddings", False) else None
     rot = inner.rotary_emb
     window = getattr(cfg, "sliding_window", None) if type(model).__name__ == "MistralForCausalLM" else None
     return LeanWeights(
-        layers=layers, embed=embed, norm=inner.norm.weight.detach(), head=_linear([head_mod]),
-        head_weight=head_weight, eps=float(inner.norm.variance_epsilon),
+        layers=layers, embed=embed, norm=inner.norm.weight.detach(), head=_linear([model.lm_head]),
+        eps=float(inner.norm.variance_epsilon),
         n_heads=cfg.num_attention_heads, n_kv=cfg.num_key_value_heads, head_dim=attn0.head_dim,
         inv_freq=rot.inv_freq.detach().float().clone(), rope_scale=float(getattr(rot, "attention_scaling", 1.0)),
         window=window, dtype=embed.dtype)
@@ -201,23 +183,17 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 class LeanLM:
     """One model's per-run decoding state over the lean forward: the engine's `LM` protocol.
 
-    `head_ids` (N token ids) makes a reduced head: logits are computed for those N rows of the LM
-    head only, and the other positions of the returned [keep, V] tensor are -inf. `rowwise=False`
+    A reduced-vocabulary head (`models.reduced_head.ReducedHead` as the model's `lm_head`) is called as it is.
+    `rowwise=False`
     computes every pass's attention in one masked SDPA call (faster for long passes, not bitwise
     equal to one-token steps)."""
 
     def __init__(self, model: torch.nn.Module, vocab_size: int, role: str, backend: str = "default",
-                 head_ids: torch.Tensor | None = None, rowwise: bool = True, capacity: int = 256):
+                 rowwise: bool = True, capacity: int = 256):
         self.w = lean_weights(model)
         self.model, self.vocab_size, self.role, self.backend = model, vocab_size, role, backend
         self.rowwise = rowwise
         self.device = torch.device("cpu")
-        self.subset = None
-        if head_ids is not None:
-            ids = torch.as_tensor(head_ids, dtype=torch.long).flatten()
-            ids = torch.unique(ids[(ids >= 0) & (ids < vocab_size)])
-            with _LOCK:  # runs of several users may gather the same list at once
-                self.subset = self.w.reduced_head(ids) or (ids, None)
         w = self.w
         self.kv = torch.zeros(len(w.layers), 2, w.n_kv, capacity, w.head_dim, dtype=w.dtype)  # [L, 2, H_kv, T, D]
         self._rope(capacity)
@@ -323,10 +299,4 @@ class LeanLM:
             gate, up = lay.gate_up(rms_norm(x, lay.mlp_norm, w.eps)).chunk(2, -1)  # [n, I] each
             x = x + lay.down(F.silu(gate) * up)
         h = rms_norm(x[n - keep:], w.norm, w.eps)  # [keep, d]: the kept rows only
-        if self.subset is None:
-            return w.head(h)[:, : self.vocab_size].float()  # [keep, V]
-        ids, sub_w = self.subset
-        z_sub = F.linear(h, sub_w) if sub_w is not None else w.head(h).index_select(1, ids)  # [keep, N]
-        z = torch.full((keep, self.vocab_size), float("-inf"))  # [keep, V]
-        z[:, ids] = z_sub.float()
-        return z
+        return w.head(h)[:, : self.vocab_size].float()  # [keep, V] (a reduced head gives -inf outside its subset)

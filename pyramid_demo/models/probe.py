@@ -156,7 +156,7 @@ def candidates() -> list[tuple[str, str]]:
     return [c for c in CANDIDATES if c[0] == "float32" or native_bf16() and c[1] != ("onednn" if packed else "packed")]
 
 
-def _candidate_model(target: torch.nn.Module, dt: str, backend: str) -> tuple[torch.nn.Module, int]:
+def candidate_model(target: torch.nn.Module, dt: str, backend: str) -> tuple[torch.nn.Module, int]:
     """The target as the loader would run it under (dt, backend), and the packed linears' padding."""
     if dt == "float32":
         return target, 1
@@ -198,7 +198,7 @@ def probe_target(target: torch.nn.Module, vocab_size: int, check_all: bool = Fal
     runs, timers = {}, {}
     paths = ("lean", "hf") if supports_lean(target) else ("hf",)
     for dt, backend in candidates():
-        model, pad = _candidate_model(target, dt, backend)
+        model, pad = candidate_model(target, dt, backend)
         for path in paths:
             c = f"{dt}/{backend}/{path}"
             runs[c] = (model, pad, backend, path)
