@@ -1,38 +1,25 @@
 """A mock model for engine tests: next-token logits depend only on the last token (a bigram).
 
-It follows the engine's LM interface and records what it was fed, so tests can check caches
-and compute exact target distributions by hand.
+It is a `CachedModel` like every real model (the same bookkeeping and checks), so tests can check
+caches and compute exact target distributions by hand.
 """
 from __future__ import annotations
 
 import torch
 
+from pyramid_demo.core.cache import CachedModel
 
-class BigramLM:
+
+class BigramLM(CachedModel):
     def __init__(self, table: torch.Tensor, role: str = "target"):
+        super().__init__(role)
         self.table = table  # [V, V] logits of the next token given the last one
-        self.role = role
-        self.ids: list[int] = []
-        self.n_forward = 0
-        self.time_s = 0.0
-        self.fed: list[int] = []
 
-    def logits(self, seq: list[int], keep: int) -> torch.Tensor:
-        new = seq[len(self.ids):]
-        assert new and keep <= len(new), (self.role, len(self.ids), len(seq), keep)
-        self.ids.extend(new)
-        self.n_forward += 1
-        self.fed.append(len(new))
-        return self.table[torch.tensor(seq[-keep:])].float()  # [keep, V]
+    def _run(self, tokens: list[int], pos: int, keep: int) -> torch.Tensor:
+        return self.table[torch.tensor(tokens[-keep:])].float()  # [keep, V]
 
-    def rollback(self, seq: list[int]) -> None:
-        keep = 0
-        while keep < min(len(self.ids), len(seq) - 1) and self.ids[keep] == seq[keep]:
-            keep += 1
-        del self.ids[keep:]
-
-    def reset_counters(self) -> None:
-        self.n_forward, self.time_s, self.fed = 0, 0.0, []
+    def _crop(self, pos: int) -> None:
+        """Nothing to drop: the bigram keeps no keys or values."""
 
 
 def bigram_table(vocab: int, seed: int, sharpness: float = 1.0) -> torch.Tensor:

@@ -78,13 +78,13 @@ def test_method_model_and_verdict_from_a_trace():
 
 
 def _counting(lm: BigramLM, log: list[int]) -> BigramLM:
-    real = lm.logits
+    real = lm.forward
 
-    def logits(seq, keep):
-        log.append(len(seq) - len(lm.ids))
-        return real(seq, keep)
+    def forward(tokens, pos, keep):
+        log.append(len(tokens))
+        return real(tokens, pos, keep)
 
-    lm.logits = logits
+    lm.forward = forward
     return lm
 
 

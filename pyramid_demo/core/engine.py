@@ -1,26 +1,32 @@
 """The decoding loops: AR, SD, FSD and the two-stage pyramid (PSD_A, PSD_F).
 
-`decode` is one generator with explicit state (the committed sequence `seq` and three
-cached models); each target pass yields one `Step` record. Randomness comes from a single
-`torch.Generator` seeded per run (None at temperature 0, i.e. greedy everywhere).
+`decode` is one generator with explicit state: the committed sequence `seq` and one `Lane` per model
+(its model and the position its cache ends at, passed into every forward). Each target pass yields one
+`Step`. The timed path only decides (`rules_apply.decide`: the greedy or ratio test, a divergence only
+for a fuzzy rule); the per-token records that explain a step (top-5 lists, display divergences, p and q)
+are built from the logits already computed, after the engine clock has stopped (`recorder.record`).
+Randomness comes from one `torch.Generator` per run (None at temperature 0: greedy everywhere).
 """
 from __future__ import annotations
 
-import dataclasses
 import time
+from dataclasses import dataclass
 from typing import Iterator
 
 import torch
 
 from . import rules
+from .cache import TargetStates
 from .config import DecodeConfig
+from .decide import Round, decide
 from .lm import LM
 from .methods import method_spec, target_rule
-from .trace import StageRound, Step, TokenRec
+from .recorder import record
+from .trace import StageRound, Step
 
 
 class _Clock:
-    """Engine time: wall time while the generator runs, not while its consumer renders."""
+    """Engine time: wall time while the generator decides, not while its records are built or consumed."""
 
     def __init__(self) -> None:
         self.t0, self.paused, self.pause_at = time.perf_counter(), 0.0, 0.0
@@ -39,13 +45,26 @@ class NonFiniteLogits(ValueError):
     """A model returned NaN or +inf logits (or a row with no finite logit): it is broken."""
 
 
-def _logits(lm: LM, seq: list[int], keep: int) -> torch.Tensor:
-    """lm.logits, checked once per forward: the row maxima catch NaN, +inf and all-−inf rows
-    (−inf alone is a token ruled out, i.e. probability 0, and is allowed)."""
-    z = lm.logits(seq, keep)
-    if not bool(torch.isfinite(z.amax(-1)).all()):
-        raise NonFiniteLogits(f"the {lm.role} model returned NaN or infinite logits")
-    return z
+@dataclass
+class Lane:
+    """One model in a run and the position its cache ends at: every forward is fed from there."""
+
+    lm: LM
+
+    pos: int = 0
+
+    def feed(self, seq: list[int], keep: int) -> torch.Tensor:
+        """Feed seq[pos:] at `pos`; logits of the last `keep` positions [keep, V], checked once: the row maxima
+        catch NaN, +inf and all-−inf rows (−inf alone is a token ruled out, probability 0, and is allowed)."""
+        z = self.lm.forward(seq[self.pos:], self.pos, keep)
+        self.pos = len(seq)
+        if not bool(torch.isfinite(z.amax(-1)).all()):
+            raise NonFiniteLogits(f"the {self.lm.role} model returned NaN or infinite logits")
+        return z
+
+    def cut(self, committed: int) -> None:
+        """After a round: keep at most the committed tokens less the last (fed next); the cache may keep less."""
+        self.pos = self.lm.truncate(min(self.pos, committed - 1))
 
 
 def roles_for(method: str) -> tuple[str, ...]:
@@ -53,22 +72,17 @@ def roles_for(method: str) -> tuple[str, ...]:
     return method_spec(method).roles
 
 
-def propose(lm: LM, seq: list[int], n: int, cfg: DecodeConfig,
-            gen: torch.Generator | None) -> tuple[list[int], torch.Tensor]:
-    """The proposer drafts up to n tokens one at a time: ids and their logits [n, V].
-    n may be 0 (the last token of the budget): a target pass that proposes nothing.
-
-    With cfg.conf_stop > 0 it stops after a token drafted at a confidence (its largest raw
-    probability) below that floor, like HF assisted generation's confidence threshold."""
-    x: list[int] = []
-    rows = []
-    for _ in range(n):
-        z = _logits(lm, seq + x, 1)  # [1, V]
-        rows.append(z[0])
-        x.append(_pick(z, cfg, gen))
-        if cfg.conf_stop and float(rules.confidence(z)[0]) < cfg.conf_stop:
-            break
-    return x, torch.stack(rows) if rows else torch.zeros(0, 0)
+def connect(lms: dict[str, LM]) -> TargetStates | None:
+    """Give every proposer that reads the target (a `states` attribute) the target's states, which the
+    target's forward then hands out. None when no model reads them (the target computes nothing extra)."""
+    readers = [lm for r, lm in lms.items() if r != "target" and hasattr(lm, "states")]
+    if not readers or "target" not in lms:
+        return None
+    states = TargetStates()
+    lms["target"].publish = states
+    for lm in readers:
+        lm.states = states  # type: ignore[attr-defined]
+    return states
 
 
 def _pick(z: torch.Tensor, cfg: DecodeConfig, gen: torch.Generator | None) -> int:
@@ -78,77 +92,37 @@ def _pick(z: torch.Tensor, cfg: DecodeConfig, gen: torch.Generator | None) -> in
     return rules.sample(rules.warp(z, cfg.temperature, cfg.top_k, cfg.top_p)[0], gen)
 
 
+def propose(lane: Lane | LM, seq: list[int], n: int, cfg: DecodeConfig,
+            gen: torch.Generator | None) -> tuple[list[int], torch.Tensor]:
+    """The proposer drafts up to n tokens one at a time: ids and their logits [n, V].
+    n may be 0 (the last token of the budget): a target pass that proposes nothing.
+
+    With cfg.conf_stop > 0 it stops after a token drafted at a confidence (its largest raw
+    probability) below that floor, like HF assisted generation's confidence threshold."""
+    if not isinstance(lane, Lane):  # a bare model (tests): its cache must end where seq's prefix does
+        lane = Lane(lane, lane.cache_len)
+    x: list[int] = []
+    rows = []
+    for _ in range(n):
+        z = lane.feed(seq + x, 1)  # [1, V]
+        rows.append(z[0])
+        x.append(_pick(z, cfg, gen))
+        if cfg.conf_stop and float(rules.confidence(z)[0]) < cfg.conf_stop:
+            break
+    return x, torch.stack(rows) if rows else torch.zeros(0, 0)
+
+
 def verify(z_p: torch.Tensor, z_q: torch.Tensor, x: list[int], rule: str, tau: float | None,
            cfg: DecodeConfig, gen: torch.Generator | None, stage: str, proposer: str,
            verifier: str) -> tuple[StageRound, int]:
-    """Test proposed tokens x [n] against the verifier's logits z_p [n+1, V].
-
-    z_q [n, V] are the proposer's logits at the same positions. Returns the round record
-    and the verifier's own next token (the last record in `round.tokens`).
-    """
-    n = len(x)
-    z_q = z_q if n else z_p[:0]  # nothing proposed (the budget's last token): the verifier's own only
-    lp, lq = torch.log_softmax(z_p, -1), torch.log_softmax(z_q, -1)
-    p_raw, q_raw = lp.exp(), lq.exp()  # raw distributions: divergences and top-5 only
-    d = rules.support_divergence(p_raw[:n], q_raw, cfg.divergence, cfg.div_support, lp[:n], lq)  # [n]
-    if gen is None:  # greedy: the warped distributions are one-hot argmaxes
-        top = z_p.argmax(-1).tolist()
-        p_x = [float(top[i] == t) for i, t in enumerate(x)]
-        q_x = [float(a == t) for a, t in zip(z_q.argmax(-1).tolist(), x)]
-        sd = rules.sd_passes(z_p[:n], z_q, x, None) if rule == "sd" or cfg.fallback == "sd" else []
-    else:
-        p_w = rules.warp(z_p, cfg.temperature, cfg.top_k, cfg.top_p)  # [n+1, V]
-        q_w = rules.warp(z_q, cfg.temperature, cfg.top_k, cfg.top_p)  # [n, V]
-        p_x = [float(p_w[i, t]) for i, t in enumerate(x)]
-        q_x = [float(q_w[i, t]) for i, t in enumerate(x)]
-        r = torch.rand(n, generator=gen)
-        sd = rules.sd_passes(p_w[:n], q_w, x, r)
-    if rule == "sd":
-        passes = sd
-    else:
-        passes = rules.fuzzy_passes(d, tau)
-        if cfg.fallback == "sd":
-            passes = [a or b for a, b in zip(passes, sd)]
-    k = rules.leading_run(passes)
-    if gen is None:
-        nxt, p_nxt = top[k], 1.0
-    else:
-        q_next = q_w[k] if rule == "sd" and k < n else None  # residual only under the SD rule
-        nxt = rules.next_token(p_w[k], q_next, gen)
-        p_nxt = float(p_w[k, nxt])
-    top_p, top_q, d = rules.topk_pairs(p_raw), rules.topk_pairs(q_raw), d.tolist()
-    recs = [TokenRec(t, proposer, "accepted" if i < k else "rejected" if i == k else "discarded",
-                     div=round(d[i], 6), tau=tau if rule != "sd" else None,
-                     p=round(p_x[i], 6), q=round(q_x[i], 6),
-                     top5={verifier: top_p[i], proposer: top_q[i]}) for i, t in enumerate(x)]
-    recs.append(TokenRec(nxt, verifier, "resampled" if k < n else "bonus",
-                         p=round(p_nxt, 6), top5={verifier: top_p[k]}))
-    shown = rule if rule == "sd" or cfg.fallback == "none" else "fuzzy+sd"
-    if gen is None and rule == "sd":
-        shown = "greedy"
-    return StageRound(stage, proposer, verifier, shown, recs, k), nxt
+    """Decide and record one round at once (tests and tools): the round record and the verifier's token."""
+    rnd = decide(z_p, z_q, x, rule, tau, cfg, gen, stage, proposer, verifier)
+    return record(rnd, cfg), rnd.nxt
 
 
-def _own_origin(status: str) -> str:
-    return "bonus" if status == "bonus" else "target"
-
-
-def _cut_at_eos(rnd: StageRound, new: list[int], eos_ids: tuple[int, ...]) -> int | None:
-    """Index of the first EOS in a round's new tokens `new` (its accepted run, then its own token).
-
-    When the EOS is a drafted token inside the accepted run, the round is cut after it: the drafted
-    tokens behind it and the verifier's own token were never used, so no statistic counts them
-    (the own token's record stays last, marked discarded)."""
-    j = next((i for i, t in enumerate(new) if t in eos_ids), None)
-    if j is not None and j < rnd.n_accepted:
-        own = dataclasses.replace(rnd.tokens[-1], status="discarded")
-        rnd.tokens, rnd.n_accepted = rnd.tokens[: j + 1] + [own], j + 1
-    return j
-
-
-def pyramid_block(lms: dict[str, LM], seq: list[int], size: int, cfg: DecodeConfig,
+def pyramid_block(lanes: dict[str, Lane], seq: list[int], size: int, cfg: DecodeConfig,
                   gen: torch.Generator | None, eos_ids: tuple[int, ...] = ()
-                  ) -> tuple[list[int], list[str], torch.Tensor, list[StageRound]]:
+                  ) -> tuple[list[int], list[str], torch.Tensor, list[Round]]:
     """Stage 1: draft → qualifier rounds until `size` tokens are qualified (CHOICE: cut to size).
     The block also ends at an EOS: nothing after it could be used.
 
@@ -159,55 +133,56 @@ def pyramid_block(lms: dict[str, LM], seq: list[int], size: int, cfg: DecodeConf
     block: list[int] = []
     origins: list[str] = []
     z_q_rows: list[torch.Tensor] = []
-    rounds: list[StageRound] = []
+    rounds: list[Round] = []
     rule = method_spec(cfg.method).stage1
+    assert rule is not None
     while len(block) < size:
         n = min(cfg.l_d, size - len(block))
-        x, z_d = propose(lms["draft"], seq + block, n, cfg, gen)
-        z_q = _logits(lms["qualifier"], seq + block + x, len(x) + 1)  # [len(x)+1, V]
-        rnd, nxt = verify(z_q, z_d, x, rule, cfg.tau_q if rule == "fuzzy" else None, cfg, gen,
-                          "qualifier", "draft", "qualifier")
-        eos_at = _cut_at_eos(rnd, x[: rnd.n_accepted] + [nxt], eos_ids)
-        k = rnd.n_accepted
+        x, z_d = propose(lanes["draft"], seq + block, n, cfg, gen)
+        z_q = lanes["qualifier"].feed(seq + block + x, len(x) + 1)  # [len(x)+1, V]
+        rnd = decide(z_q, z_d, x, rule, cfg.tau_q if rule == "fuzzy" else None, cfg, gen,
+                     "qualifier", "draft", "qualifier")
+        eos_at = rnd.cut_at_eos(eos_ids)
+        k = rnd.k
         keep, low = (k + 1 if eos_at is None else eos_at + 1), False
         if cfg.conf_stop:  # the qualifier's confidence at the new block tokens [keep]
             conf = rules.confidence(z_q[:keep]).tolist()
             keep = rules.confident_prefix(conf, cfg.conf_stop)
             low = conf[keep - 1] < cfg.conf_stop
-        block += (x[:k] + [nxt])[:keep]
+        block += (x[:k] + [rnd.nxt])[:keep]
         origins += (["draft"] * k + ["qualifier"])[:keep]
         z_q_rows.extend(z_q[:keep])
         rounds.append(rnd)
-        lms["draft"].rollback(seq + block)
-        lms["qualifier"].rollback(seq + block)
+        for role in ("draft", "qualifier"):
+            lanes[role].cut(len(seq) + len(block))
         if low or eos_at is not None:
             break
     z_q_block = torch.stack(z_q_rows[:size]) if z_q_rows else torch.zeros(0, 0)
     return block[:size], origins[:size], z_q_block, rounds
 
 
-def target_only(lm: LM, seq: list[int], cfg: DecodeConfig, gen: torch.Generator | None) -> int:
-    return _pick(_logits(lm, seq, 1), cfg, gen)
-
-
 def prefill(lms: dict[str, LM], prompt_ids: list[int]) -> float:
-    """Feed all but the last prompt token to every model; returns the seconds it took."""
+    """Feed all but the last prompt token to every model (the target first: a proposer that reads it needs
+    its states, linked here by `connect`); returns the seconds it took."""
+    connect(lms)
     t0 = time.perf_counter()
     if len(prompt_ids) > 1:
-        for lm in lms.values():
-            lm.logits(prompt_ids[:-1], 1)
+        for role in sorted(lms, key=lambda r: r != "target"):
+            lm = lms[role]
+            lm.forward(prompt_ids[lm.cache_len: -1], lm.cache_len, 1)
     return time.perf_counter() - t0
 
 
 def decode(lms: dict[str, LM], prompt_ids: list[int], cfg: DecodeConfig, eos_ids: tuple[int, ...],
-           gen: torch.Generator | None) -> Iterator[Step]:
+           gen: torch.Generator | None, full_records: bool = True) -> Iterator[Step]:
     """Generate after a prefilled prompt, one `Step` per target pass, until EOS or the budget.
 
+    `full_records=False` (bench) keeps each token's status only: no top-5 lists, divergences or p/q.
     A model that returns NaN or +inf logits stops the run with NonFiniteLogits naming the model's
     role and the target pass."""
     n_pass = n_new = 0
     try:
-        for step in _decode(lms, prompt_ids, cfg, eos_ids, gen):
+        for step in _decode(lms, prompt_ids, cfg, eos_ids, gen, full_records):
             n_pass, n_new = n_pass + 1, n_new + len(step.new_tokens)
             yield step
     except NonFiniteLogits as e:
@@ -216,8 +191,9 @@ def decode(lms: dict[str, LM], prompt_ids: list[int], cfg: DecodeConfig, eos_ids
 
 
 def _decode(lms: dict[str, LM], prompt_ids: list[int], cfg: DecodeConfig, eos_ids: tuple[int, ...],
-            gen: torch.Generator | None) -> Iterator[Step]:
+            gen: torch.Generator | None, full_records: bool) -> Iterator[Step]:
     seq, n0, clock = list(prompt_ids), len(prompt_ids), _Clock()
+    lanes = {r: Lane(lm, lm.cache_len) for r, lm in lms.items()}  # after the prefill
     spec = method_spec(cfg.method)
     for i in range(cfg.max_new_tokens):
         room = cfg.max_new_tokens - (len(seq) - n0)
@@ -227,36 +203,39 @@ def _decode(lms: dict[str, LM], prompt_ids: list[int], cfg: DecodeConfig, eos_id
         times0 = {r: lm.time_s for r, lm in lms.items()}
         calls0 = {r: lm.n_forward for r, lm in lms.items()}
         fed0 = {r: len(lm.fed) for r, lm in lms.items()}
-        qrounds: list[StageRound] = []
+        qrounds: list[Round] = []
         tround = None
         if spec.proposer is None:
-            new, origins = [target_only(lms["target"], seq, cfg, gen)], ["target"]
+            new, origins = [_pick(lanes["target"].feed(seq, 1), cfg, gen)], ["target"]
         else:
             prop, size = spec.proposer, min(getattr(cfg, spec.lengths[-1]), room - 1)
             rule = target_rule(cfg.method, cfg.stage2)
-            tau = cfg.tau_t if rule == "fuzzy" else None
+            assert rule is not None
             if spec.pyramid:
-                x, from_q, z_q, qrounds = pyramid_block(lms, seq, size, cfg, gen, eos_ids)
+                x, from_q, z_q, qrounds = pyramid_block(lanes, seq, size, cfg, gen, eos_ids)
             else:
-                x, z_q = propose(lms[prop], seq, size, cfg, gen)
+                x, z_q = propose(lanes[prop], seq, size, cfg, gen)
                 from_q = [prop] * len(x)
-            z_p = _logits(lms["target"], seq + x, len(x) + 1)  # [n+1, V]: one target pass
-            tround, nxt = verify(z_p, z_q, x, rule, tau, cfg, gen, "target", prop, "target")
-            k = tround.n_accepted
-            new = x[:k] + [nxt]
-            origins = from_q[:k] + [_own_origin(tround.tokens[-1].status) if x else "target"]
-            _cut_at_eos(tround, new, eos_ids)
+            z_p = lanes["target"].feed(seq + x, len(x) + 1)  # [n+1, V]: one target pass
+            tround = decide(z_p, z_q, x, rule, cfg.tau_t if rule == "fuzzy" else None, cfg, gen,
+                            "target", prop, "target")
+            k = tround.k
+            new = x[:k] + [tround.nxt]
+            origins = from_q[:k] + [("bonus" if k == len(x) else "target") if x else "target"]
+            tround.cut_at_eos(eos_ids)
         eos_at = next((j for j, t in enumerate(new) if t in eos_ids), None)
         if eos_at is not None:
             new, origins = new[: eos_at + 1], origins[: eos_at + 1]
         seq.extend(new)
-        for lm in lms.values():
-            lm.rollback(seq)
-        step = Step(i, qrounds, tround, new, origins, t0, clock.now(),
+        for lane in lanes.values():
+            lane.cut(len(seq))
+        t_end = clock.now()
+        clock.pause()  # the records explain the step; the race does not time them
+        step = Step(i, [record(r, cfg, full_records) for r in qrounds],
+                    record(tround, cfg, full_records) if tround is not None else None, new, origins, t0, t_end,
                     {r: round(lm.time_s - times0[r], 6) for r, lm in lms.items()},
                     {r: lm.n_forward - calls0[r] for r, lm in lms.items()},
                     {r: lm.fed[fed0[r]:] for r, lm in lms.items()})
-        clock.pause()
         yield step
         clock.resume()
         if eos_at is not None:

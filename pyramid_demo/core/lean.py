@@ -24,7 +24,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from .backend import backend_flags, common_prefix_len, new_tokens
+from .backend import backend_flags
+from .cache import CachedModel
 from .config import LONGEST_PASS
 from .packed import PackedLinear, rows_invariant
 
@@ -180,7 +181,7 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return w * xf.to(x.dtype)
 
 
-class LeanLM:
+class LeanLM(CachedModel):
     """One model's per-run decoding state over the lean forward: the engine's `LM` protocol.
 
     A reduced-vocabulary head (`models.reduced_head.ReducedHead` as the model's `lm_head`) is called as it is.
@@ -190,17 +191,13 @@ class LeanLM:
 
     def __init__(self, model: torch.nn.Module, vocab_size: int, role: str, backend: str = "default",
                  rowwise: bool = True, capacity: int = 256):
+        super().__init__(role)
         self.w = lean_weights(model)
-        self.model, self.vocab_size, self.role, self.backend = model, vocab_size, role, backend
+        self.model, self.vocab_size, self.backend = model, vocab_size, backend
         self.rowwise = rowwise
-        self.device = torch.device("cpu")
         w = self.w
         self.kv = torch.zeros(len(w.layers), 2, w.n_kv, capacity, w.head_dim, dtype=w.dtype)  # [L, 2, H_kv, T, D]
         self._rope(capacity)
-        self.ids: list[int] = []
-        self.n_forward = 0
-        self.time_s = 0.0
-        self.fed: list[int] = []
 
     # ------------------------------------------------------------------ state
     def _rope(self, capacity: int) -> None:
@@ -225,33 +222,15 @@ class LeanLM:
         self.kv = kv
         self._rope(cap)
 
-    @property
-    def cache_len(self) -> int:
-        return len(self.ids)
-
-    def rollback(self, seq: list[int]) -> None:
-        """Keep the longest cached prefix shared with `seq`, less its last token (fed next): a length move."""
-        keep = min(common_prefix_len(self.ids, seq), len(seq) - 1)
-        del self.ids[keep:]
-
-    def reset_counters(self) -> None:
-        """Start counting forward passes and time afresh (prefill is reported apart)."""
-        self.n_forward, self.time_s, self.fed = 0, 0.0, []
+    def _crop(self, pos: int) -> None:
+        """A length move: the preallocated cache keeps its rows, later feeds overwrite them."""
 
     # ------------------------------------------------------------------ forward
     @torch.inference_mode()
-    def logits(self, seq: list[int], keep: int) -> torch.Tensor:
-        """Logits for the last `keep` positions of `seq` [keep, V] fp32, feeding only what the cache lacks."""
-        new = new_tokens(self.ids, seq, keep, self.role)
-        t0 = time.perf_counter()
-        self._grow(len(seq))
+    def _run(self, tokens: list[int], pos: int, keep: int) -> torch.Tensor:
+        self._grow(pos + len(tokens))
         with backend_flags(self.backend):
-            z = self._forward(torch.tensor(new, dtype=torch.long), len(self.ids), keep)
-        self.time_s += time.perf_counter() - t0
-        self.n_forward += 1
-        self.fed.append(len(new))
-        self.ids.extend(new)
-        return z
+            return self._forward(torch.tensor(tokens, dtype=torch.long), pos, keep)
 
     def _attend(self, q: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor, pos: int) -> torch.Tensor:
         """q [n, H, D] at positions pos … pos+n-1 over the cache k_all/v_all [H_kv, T, D] -> [n, H·D].
@@ -298,5 +277,9 @@ class LeanLM:
             x = x + lay.o(self._attend(qk[:, :h_q], k_all, v_all, pos))  # [n, d]
             gate, up = lay.gate_up(rms_norm(x, lay.mlp_norm, w.eps)).chunk(2, -1)  # [n, I] each
             x = x + lay.down(F.silu(gate) * up)
-        h = rms_norm(x[n - keep:], w.norm, w.eps)  # [keep, d]: the kept rows only
+        if self.publish is not None:  # a proposer reads the target's normed state at every row
+            self.feats = rms_norm(x, w.norm, w.eps)  # [n, d]
+            h = self.feats[n - keep:]
+        else:
+            h = rms_norm(x[n - keep:], w.norm, w.eps)  # [keep, d]: the kept rows only
         return w.head(h)[:, : self.vocab_size].float()  # [keep, V] (a reduced head gives -inf outside its subset)

@@ -6,27 +6,35 @@ Weights are shared between runs and users; the cache is not: every run builds fr
 from __future__ import annotations
 
 import inspect
-import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 from transformers import DynamicCache
 
-from .backend import BACKENDS, backend_flags, common_prefix_len, new_tokens  # noqa: F401 (re-exported)
+from .backend import BACKENDS, backend_flags, common_prefix_len  # noqa: F401 (re-exported)
+from .cache import CachedModel, TargetStates
 
 
 class LM(Protocol):
-    """What the engine needs from a model: cached forward over new tokens, and rollback."""
+    """What the engine needs from a model: a cached forward at an explicit position, and truncation.
+    Every implementation is a `cache.CachedModel` (one bookkeeping); the type check holds them to this."""
 
     role: str
     ids: list[int]  # tokens whose keys/values are in the cache, in order
     n_forward: int
     time_s: float
     fed: list[int]  # new tokens fed by each forward since the counters were reset (cost profile)
+    publish: TargetStates | None  # the target hands its states out here when a proposer reads them
+    feats: torch.Tensor | None
 
-    def logits(self, seq: list[int], keep: int) -> torch.Tensor: ...  # [keep, V] fp32, CPU
+    @property
+    def cache_len(self) -> int: ...
+    def forward(self, tokens: list[int], pos: int, keep: int) -> torch.Tensor: ...  # [keep, V] fp32, CPU
+    def truncate(self, pos: int) -> int: ...  # returns where the cache now ends
+    def logits(self, seq: list[int], keep: int) -> torch.Tensor: ...
     def rollback(self, seq: list[int]) -> None: ...
+    def reset_counters(self) -> None: ...
 
 
 @dataclass
@@ -62,13 +70,14 @@ def _sync(device: torch.device) -> None:
         torch.mps.synchronize()
 
 
-class CachedLM:
+class CachedLM(CachedModel):
     """One model's per-run decoding state over a Hugging Face causal LM."""
 
     def __init__(self, model: torch.nn.Module, vocab_size: int, role: str, backend: str = "default"):
-        self.model, self.vocab_size, self.role, self.backend = model, vocab_size, role, backend
+        super().__init__(role)
+        self.model, self.vocab_size, self.backend = model, vocab_size, backend
         # inputs go to the token embedding's device (a model spread over devices by accelerate
-        # moves activations itself; logits come back to the CPU in `logits`)
+        # moves activations itself; logits come back to the CPU in `_run`)
         emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
         self.device = emb.weight.device if emb is not None else next(model.parameters()).device
         if self.device.type == "meta":  # an offloaded embedding: its hook moves inputs where they run
@@ -76,45 +85,26 @@ class CachedLM:
         self.cache = DynamicCache(config=model.config)
         # transformers 5 renamed `past_key_values` to `cache`; accept either generation
         self.cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-        self.ids: list[int] = []
-        self.n_forward = 0
-        self.time_s = 0.0
-        self.fed: list[int] = []  # new tokens of each forward since the counters were reset
 
     @torch.inference_mode()
-    def logits(self, seq: list[int], keep: int) -> torch.Tensor:
-        """Logits for the last `keep` positions of `seq`, feeding only what the cache lacks."""
-        new = new_tokens(self.ids, seq, keep, self.role)
-        t0 = time.perf_counter()
-        x = torch.tensor([new], dtype=torch.long, device=self.device)  # [1, n]
+    def _run(self, tokens: list[int], pos: int, keep: int) -> torch.Tensor:
+        x = torch.tensor([tokens], dtype=torch.long, device=self.device)  # [1, n]
         with backend_flags(self.backend):
-            out = self.model(input_ids=x, use_cache=True, logits_to_keep=keep, **{self.cache_kw: self.cache})
-        z = out.logits[0, -keep:, : self.vocab_size].float().cpu()  # [keep, V]
+            if self.publish is None:
+                out = self.model(input_ids=x, use_cache=True, logits_to_keep=keep, **{self.cache_kw: self.cache})
+                z = out.logits[0, -keep:, : self.vocab_size]
+            else:  # the base model's normed last state for every row (the proposer reads it), head on the kept
+                base = self.model.base_model
+                kw = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+                h = base(input_ids=x, use_cache=True, **{kw: self.cache}).last_hidden_state  # [1, n, d]
+                self.feats = h[0].detach()  # [n, d]
+                z = self.model.get_output_embeddings()(h[0, -keep:])[:, : self.vocab_size]
+        z = z.float().cpu()  # [keep, V]
         _sync(self.device)
-        self.time_s += time.perf_counter() - t0
-        self.n_forward += 1
-        self.fed.append(len(new))
-        self.ids.extend(new)
         return z
 
-    def rollback(self, seq: list[int]) -> None:
-        """Crop the cache to the longest prefix it shares with the committed `seq`.
-
-        The last committed token is always left out, so the next forward has a token to feed.
-        """
-        keep = min(common_prefix_len(self.ids, seq), len(seq) - 1)
-        drop = len(self.ids) - keep
-        if drop:
-            self.cache.crop(-drop)
-            del self.ids[keep:]
-
-    def reset_counters(self) -> None:
-        """Start counting forward passes and time afresh (prefill is reported apart)."""
-        self.n_forward, self.time_s, self.fed = 0, 0.0, []
-
-    @property
-    def cache_len(self) -> int:
-        return self.cache.get_seq_length()
+    def _crop(self, pos: int) -> None:
+        self.cache.crop(pos - len(self.ids))  # a negative count: drop that many from the end
 
 
 PATHS = ("hf", "lean")
@@ -126,6 +116,10 @@ def open_lm(model: torch.nn.Module, vocab_size: int, role: str, backend: str = "
     architecture is covered (`lean.supports_lean`), else HF's forward (`CachedLM`)."""
     if path not in PATHS:
         raise ValueError(f"unknown forward path {path!r}; choose one of {', '.join(PATHS)}")
+    if getattr(model, "reads_target", False):  # a proposer that reads the target's states (EAGLE-style)
+        from .feature_lm import FeatureLM
+
+        return FeatureLM(model, vocab_size, role)
     if path == "lean":
         from .lean import LeanLM, supports_lean
 

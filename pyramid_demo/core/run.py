@@ -61,7 +61,7 @@ def _snapshot(triplet: ModelTriplet, cfg: DecodeConfig, prompt: str, ids: list[i
     )
 
 
-def _passes(triplet: ModelTriplet, ids: list[int], cfg: DecodeConfig) -> Iterator[tuple]:
+def _passes(triplet: ModelTriplet, ids: list[int], cfg: DecodeConfig, full_records: bool = True) -> Iterator[tuple]:
     """Prefill, then decode; after each target pass yield (steps, token texts, prefill_s, stopped).
 
     Each call builds its own caches and generator, so concurrent runs never share state.
@@ -76,7 +76,7 @@ def _passes(triplet: ModelTriplet, ids: list[int], cfg: DecodeConfig) -> Iterato
     steps: list[Step] = []
     texts: list[str] = []
     n_new = 0
-    for step in decode(lms, ids, cfg, triplet.eos_ids, gen):
+    for step in decode(lms, ids, cfg, triplet.eos_ids, gen, full_records):
         steps.append(step)
         texts.extend(triplet.tokenizer.decode([t]) for t in step.new_tokens)
         n_new += len(step.new_tokens)
@@ -97,12 +97,13 @@ def stream(triplet: ModelTriplet, prompt: str | list[int], cfg: DecodeConfig, ch
 
 
 def generate(triplet: ModelTriplet, prompt: str | list[int], cfg: DecodeConfig, chat: bool = True,
-             text: str | None = None) -> RunResult:
-    """Run to the end and return the final record (one snapshot, not one per pass); arguments as `stream`."""
+             text: str | None = None, full_records: bool = True) -> RunResult:
+    """Run to the end and return the final record (one snapshot, not one per pass); arguments as `stream`.
+    `full_records=False` (bench) keeps each token's status but no display values (top-5, divergences, p/q)."""
     ids = prepare_prompt(triplet, prompt, cfg, chat)
     text = _prompt_text(triplet, prompt, ids, text)
     state = None
-    for state in _passes(triplet, ids, cfg):
+    for state in _passes(triplet, ids, cfg, full_records):
         pass
     assert state is not None
     return _snapshot(triplet, cfg, text, ids, *state)

@@ -1,0 +1,118 @@
+"""The one cache bookkeeping every model shares (HF's forward, the lean forward, the feature draft, the
+tests' mock): positions are explicit, and a feed that does not extend the cached prefix raises.
+
+Why one: three copies of "what is cached, what to feed, where to crop" drifted apart before, and a
+missed rollback then read a stale cache silently. Here the caller says where its tokens start; the
+cache checks it and keeps the counters the cost profile reads.
+"""
+from __future__ import annotations
+
+import abc
+import time
+
+import torch
+
+
+class CacheError(RuntimeError):
+    """A forward that does not start where the cache ends: the caller's bookkeeping is wrong."""
+
+
+class TargetStates:
+    """The target's final normed hidden state at every position it has scored, [n, d]: what a proposer
+    that reads the target conditions on. The target's forward writes it; its truncation crops it."""
+
+    def __init__(self) -> None:
+        self.f: torch.Tensor | None = None  # [capacity, d]
+        self.n = 0  # positions 0 .. n-1 hold the target's own states
+
+    def write(self, pos: int, feats: torch.Tensor) -> None:
+        """feats [k, d]: the states at positions pos .. pos+k-1 (pos ≤ n: a pass may overwrite its tail)."""
+        if pos > self.n:
+            raise CacheError(f"target states written at {pos} but only {self.n} are known")
+        end = pos + feats.shape[0]
+        if self.f is None or end > self.f.shape[0]:
+            cap = max(256, 2 * end)
+            f = feats.new_zeros(cap, feats.shape[1])
+            if self.f is not None:
+                f[: self.n] = self.f[: self.n]
+            self.f = f
+        self.f[pos:end] = feats
+        self.n = end
+
+    def truncate(self, n: int) -> None:
+        self.n = min(self.n, n)
+
+
+class CachedModel(abc.ABC):
+    """Bookkeeping for one model's per-run cache. Subclasses implement `_run` (compute logits of the last
+    `keep` fed rows, and `self.feats` when `publish` is set) and `_crop` (drop cached positions ≥ pos)."""
+
+    role: str
+    device: torch.device = torch.device("cpu")
+
+    def __init__(self, role: str) -> None:
+        self.role = role
+        self.ids: list[int] = []  # the tokens whose keys/values are cached, in order
+        self.n_forward = 0
+        self.time_s = 0.0
+        self.fed: list[int] = []  # new tokens of each forward since the counters were reset (cost profile)
+        self.publish: TargetStates | None = None  # where this model hands out its states (the target)
+        self.feats: torch.Tensor | None = None  # [n, d] states of the last forward's rows (when publishing)
+
+    @property
+    def cache_len(self) -> int:
+        return len(self.ids)
+
+    def forward(self, tokens: list[int], pos: int, keep: int) -> torch.Tensor:
+        """Feed `tokens` at positions pos … pos+n-1; logits for the last `keep` of them [keep, V] fp32, CPU."""
+        if pos != len(self.ids):
+            raise CacheError(f"{self.role}: tokens fed at position {pos}, but its cache ends at {len(self.ids)} "
+                             "(a rollback was missed)")
+        if not tokens or not 1 <= keep <= len(tokens):
+            raise ValueError(f"{self.role}: asked for {keep} logits from {len(tokens)} new tokens")
+        t0 = time.perf_counter()
+        z = self._run(tokens, pos, keep)
+        self.time_s += time.perf_counter() - t0
+        self.n_forward += 1
+        self.fed.append(len(tokens))
+        self.ids.extend(tokens)
+        if self.publish is not None:
+            assert self.feats is not None and self.feats.shape[0] == len(tokens), f"{self.role}: no states"
+            self.publish.write(pos, self.feats)
+        return z
+
+    def truncate(self, pos: int) -> int:
+        """Keep at most the first `pos` cached positions; returns where the cache now ends."""
+        if pos < len(self.ids):
+            self._crop(pos)
+            del self.ids[pos:]
+        if self.publish is not None:
+            self.publish.truncate(len(self.ids))
+        return len(self.ids)
+
+    # ---------------------------------------------------------------- whole-sequence conveniences
+    def logits(self, seq: list[int], keep: int) -> torch.Tensor:
+        """Logits for the last `keep` positions of `seq`, which must extend the cached tokens."""
+        n = len(self.ids)
+        if seq[:n] != self.ids:
+            raise CacheError(f"{self.role}: the sequence does not extend its cached prefix")
+        return self.forward(seq[n:], n, keep)
+
+    def rollback(self, seq: list[int]) -> None:
+        """Crop to the longest prefix shared with `seq`, less its last token (fed next)."""
+        n = min(len(self.ids), len(seq) - 1)
+        i = next((j for j in range(n) if self.ids[j] != seq[j]), n)
+        self.truncate(i)
+
+    def reset_counters(self) -> None:
+        """Start counting forward passes and time afresh (prefill is reported apart)."""
+        self.n_forward, self.time_s, self.fed = 0, 0.0, []
+
+    # ---------------------------------------------------------------- subclass hooks
+    @abc.abstractmethod
+    def _run(self, tokens: list[int], pos: int, keep: int) -> torch.Tensor:
+        """Logits of the last `keep` rows [keep, V] fp32 CPU; sets `self.feats` [n, d] when publishing."""
+
+    @abc.abstractmethod
+    def _crop(self, pos: int) -> None:
+        """Drop the cached keys/values at positions ≥ pos."""

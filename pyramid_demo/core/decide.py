@@ -1,0 +1,89 @@
+"""One verification's decision: only what its acceptance rule needs (the engine's timed path).
+
+Greedy SD reads two argmaxes; sampled SD warps both distributions for the ratio test; a fuzzy rule
+computes the divergence it tests. Nothing here is for display: `recorder.record` explains the round
+later from the same logits, reusing what was computed here (the divergence, the warped rows).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from . import rules
+from .config import DecodeConfig
+
+
+@dataclass
+class Round:
+    """What a rule decided for proposed tokens x [n], and the logits that explain it."""
+
+    stage: str  # "qualifier" or "target"
+    proposer: str
+    verifier: str
+    rule: str  # "sd" or "fuzzy"
+    tau: float | None
+    x: list[int]
+    k: int  # drafted tokens accepted
+    nxt: int  # the verifier's own token (resampled at a rejection, else the bonus)
+    z_p: torch.Tensor  # [n+1, V] the verifier's logits
+    z_q: torch.Tensor  # [n, V] the proposer's logits
+    d: torch.Tensor | None = None  # [n] divergences, when the rule computed them
+    p_w: torch.Tensor | None = None  # [n+1, V] warped verifier rows (sampled runs)
+    q_w: torch.Tensor | None = None  # [n, V] warped proposer rows (sampled runs)
+    eos_cut: int | None = None  # an EOS inside the accepted run at this index: the round ends after it
+
+    def cut_at_eos(self, eos_ids: tuple[int, ...]) -> int | None:
+        """Index of the first EOS in the round's new tokens (its accepted run, then its own token).
+
+        When the EOS is a drafted token inside the accepted run, the round is cut after it: the drafted
+        tokens behind it and the verifier's own token were never used, so no statistic counts them."""
+        new = self.x[: self.k] + [self.nxt]
+        j = next((i for i, t in enumerate(new) if t in eos_ids), None)
+        if j is not None and j < self.k:
+            self.eos_cut = j
+        return j
+
+
+def raw_divergence(z_p: torch.Tensor, z_q: torch.Tensor, cfg: DecodeConfig) -> torch.Tensor:
+    """Div(P_verifier, P_proposer) per proposed position [n] on the raw distributions (CHOICE: the FSD code's
+    form, temperature 1, no top-k/top-p), over the proposer's support when it has zeros (cfg.div_support)."""
+    lp, lq = torch.log_softmax(z_p, -1), torch.log_softmax(z_q, -1)  # [n, V]
+    return rules.support_divergence(lp.exp(), lq.exp(), cfg.divergence, cfg.div_support, lp, lq)
+
+
+def decide(z_p: torch.Tensor, z_q: torch.Tensor, x: list[int], rule: str, tau: float | None,
+           cfg: DecodeConfig, gen: torch.Generator | None, stage: str, proposer: str, verifier: str) -> Round:
+    """Test proposed tokens x [n] against the verifier's logits z_p [n+1, V]; z_q [n, V] are the proposer's.
+
+    SD: greedy, accept while x̃_i == argmax p_i; sampled, while r_i < p_i(x̃_i)/q_i(x̃_i), and resample from
+    norm(max(0, p − q)) at the first rejection. Fuzzy: accept while Div ≤ τ, then the verifier's own token
+    from p (with cfg.fallback "sd", a token passing either test is accepted)."""
+    n = len(x)
+    z_q = z_q if n else z_p[:0]  # nothing proposed (the budget's last token): the verifier's own only
+    fuzzy = rule != "sd"
+    with_sd = not fuzzy or cfg.fallback == "sd"
+    d = raw_divergence(z_p[:n], z_q, cfg) if fuzzy and n else None
+    p_w = q_w = None
+    if gen is None:
+        top = z_p.argmax(-1).tolist()  # [n+1]
+        sd = [top[i] == t for i, t in enumerate(x)] if with_sd else []
+    else:
+        p_w = rules.warp(z_p, cfg.temperature, cfg.top_k, cfg.top_p)  # [n+1, V]
+        q_w = rules.warp(z_q, cfg.temperature, cfg.top_k, cfg.top_p)  # [n, V]
+        r = torch.rand(n, generator=gen)  # drawn under every rule: one random stream whatever the rule
+        sd = rules.sd_passes(p_w[:n], q_w, x, r) if with_sd else []
+    if not fuzzy:
+        passes = sd
+    else:
+        passes = rules.fuzzy_passes(d, tau if tau is not None else 0.0) if d is not None else []
+        if with_sd:
+            passes = [a or b for a, b in zip(passes, sd)]
+    k = rules.leading_run(passes)
+    if gen is None:
+        nxt = top[k]
+    else:
+        assert p_w is not None and q_w is not None
+        q_next = q_w[k] if not fuzzy and k < n else None  # the residual only under the SD rule
+        nxt = rules.next_token(p_w[k], q_next, gen)
+    return Round(stage, proposer, verifier, rule, tau, list(x), k, nxt, z_p, z_q, d, p_w, q_w)

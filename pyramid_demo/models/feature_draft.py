@@ -1,0 +1,150 @@
+"""A draft that reads the target (EAGLE-1 style): one decoder layer over `fc([f_{i-1} ; E(x_i)])`.
+
+Why: a small independent student agrees with the target a third of the time; the target's own final
+normed state f already holds most of what its next token will be, so a head that reads it (and the
+token that followed) predicts the target far better at the same cost (EAGLE, arXiv 2401.15077).
+
+Indexing follows an ordinary LM: row i holds token x_i and the target's state at i-1, and predicts
+x_{i+1}. Its output is a predicted normed state f̂_i (the target's final norm applied), so the next row
+can read it where the target has not scored position i yet; the logits are the target's head rows for a
+token subset (the proposers' reduced head). Embedding, final norm and head are the target's (frozen,
+shared, never saved); only fc and the layer are trained and shipped.
+
+`passes` (training only) is EAGLE-3's training-time test: pass s feeds every row the state predicted by
+pass s-1 and attends to the true-state keys of earlier rows, exactly as drafting s tokens ahead does.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+FORMAT = "pyramid-feature-draft-v1"
+
+
+def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [.., T, D] rotated by cos/sin [T, D] (HF's rotate_half convention)."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
+
+
+class FeatureDraft(nn.Module):
+    """fc + one Llama decoder layer + the target's final norm and (reduced) head."""
+
+    reads_target = True  # core.lm.open_lm gives it a FeatureLM, fed the target's states
+
+    def __init__(self, target: nn.Module, subset: torch.Tensor, init_layer: int = -1):
+        super().__init__()
+        cfg, inner = target.config, target.model
+        d, self.n_heads, self.n_kv = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim, self.eps, self.d = d // self.n_heads, float(cfg.rms_norm_eps), d
+        src = inner.layers[init_layer]
+        dt = inner.norm.weight.dtype
+        self.fc = nn.Linear(2 * d, d, bias=True, dtype=dt)
+        with torch.no_grad():  # start as "the embedding's half passes through, the state's half is small"
+            self.fc.weight.zero_()
+            self.fc.weight[:, d:] = torch.eye(d, dtype=dt)
+            self.fc.weight[:, :d] = torch.eye(d, dtype=dt) * 0.1
+            self.fc.bias.zero_()
+
+        def copy(m: nn.Module) -> nn.Parameter:
+            return nn.Parameter(m.weight.detach().clone())
+        a, m = src.self_attn, src.mlp
+        self.in_norm = nn.Parameter(src.input_layernorm.weight.detach().clone())
+        self.q, self.k, self.v, self.o = copy(a.q_proj), copy(a.k_proj), copy(a.v_proj), copy(a.o_proj)
+        self.post_norm = nn.Parameter(src.post_attention_layernorm.weight.detach().clone())
+        self.gate, self.up, self.down = copy(m.gate_proj), copy(m.up_proj), copy(m.down_proj)
+        # frozen, the target's own (buffers: not trained, not saved by `save`)
+        self.register_buffer("embed", target.get_input_embeddings().weight.detach(), persistent=False)
+        self.register_buffer("norm", inner.norm.weight.detach(), persistent=False)
+        subset = torch.as_tensor(subset, dtype=torch.long).flatten()
+        self.register_buffer("subset", subset, persistent=False)
+        self.register_buffer("head", target.lm_head.weight.detach()[subset].clone(), persistent=False)  # [S, d]
+        self.register_buffer("inv_freq", inner.rotary_emb.inv_freq.detach().float().clone(), persistent=False)
+        self.vocab = int(target.lm_head.weight.shape[0])
+
+    # ------------------------------------------------------------------ pieces
+    def rope_tables(self, n: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = torch.arange(n, dtype=torch.float32)[:, None] * self.inv_freq[None]  # [n, D/2]
+        emb = torch.cat((freqs, freqs), -1)  # [n, D]
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    def inputs(self, f_prev: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """[.., d] states at i-1 and tokens [..] at i -> layer inputs [.., d]."""
+        return F.linear(torch.cat((f_prev, F.embedding(tokens, self.embed)), -1), self.fc.weight, self.fc.bias)
+
+    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """x [B, T, d] -> q [B, H, T, D], k and v [B, H_kv, T, D] (RoPE applied)."""
+        B, T, _ = x.shape
+        h = _rms(x, self.in_norm, self.eps)
+        q = F.linear(h, self.q).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+        k = F.linear(h, self.k).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
+        v = F.linear(h, self.v).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
+        return _rope(q, cos, sin), _rope(k, cos, sin), v
+
+    def finish(self, x: torch.Tensor, att: torch.Tensor) -> torch.Tensor:
+        """Residual input x [B, T, d], attention output [B, H, T, D] -> predicted normed state [B, T, d]."""
+        B, T, _ = x.shape
+        x = x + F.linear(att.transpose(1, 2).reshape(B, T, -1), self.o)
+        h = _rms(x, self.post_norm, self.eps)
+        x = x + F.linear(F.silu(F.linear(h, self.gate)) * F.linear(h, self.up), self.down)
+        return _rms(x, self.norm, self.eps)
+
+    def logits_subset(self, f: torch.Tensor) -> torch.Tensor:
+        """Normed states [.., d] -> logits over the subset [.., S]."""
+        return F.linear(f, self.head)
+
+    # ------------------------------------------------------------------ training
+    def forward_train(self, f_prev: torch.Tensor, tokens: torch.Tensor, passes: int = 1) -> list[torch.Tensor]:
+        """f_prev [B, T, d] (row i: the target's state at i-1; row 0 zeros), tokens [B, T] -> the predicted
+        state of every row for each pass [B, T, d] (pass s: s tokens drafted ahead)."""
+        B, T, _ = f_prev.shape
+        cos, sin = self.rope_tables(T, f_prev.dtype)
+        rep = self.n_heads // self.n_kv
+        ks, vs, outs, f_in = [], [], [], f_prev
+        idx = torch.arange(T)
+        for s in range(passes):
+            x = self.inputs(f_in, tokens)
+            q, k, v = self.qkv(x, cos, sin)
+            ks.append(k.repeat_interleave(rep, 1))
+            vs.append(v.repeat_interleave(rep, 1))
+            # pass s (0-based) row j sees pass-0 keys at rows ≤ j-s and pass-r key at row j-s+r (r = 1..s)
+            blocks = [idx[None] <= (idx[:, None] - s)]
+            blocks += [idx[None] == (idx[:, None] - s + r) for r in range(1, s + 1)]
+            mask = torch.cat(blocks, 1)  # [T, (s+1)·T]
+            mask[:, 0] |= ~mask.any(1)  # rows with nothing to see (j < s): keep softmax finite, masked from loss
+            att = F.scaled_dot_product_attention(q, torch.cat(ks, 2), torch.cat(vs, 2), attn_mask=mask)
+            out = self.finish(x, att)
+            outs.append(out)
+            # next pass: row i reads the state this pass predicted for row i-1
+            f_in = torch.cat((torch.zeros_like(out[:, :1]), out[:, :-1]), 1)
+        return outs
+
+    # ------------------------------------------------------------------ files
+    def trained_state(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().to(torch.float16).contiguous() for k, v in self.state_dict().items()}
+
+    def save(self, path: str | Path, meta: dict | None = None) -> int:
+        from safetensors.torch import save_file
+        m = {"format": FORMAT, "n_subset": str(self.subset.numel())}
+        m.update({k: str(v) for k, v in (meta or {}).items()})
+        save_file(self.trained_state(), str(path), metadata=m)
+        return Path(path).stat().st_size
+
+    def load(self, path: str | Path) -> "FeatureDraft":
+        from safetensors import safe_open
+        with safe_open(str(path), "pt") as fh:
+            meta = fh.metadata() or {}
+            if meta.get("format") != FORMAT:
+                raise ValueError(f"{path} is not a feature draft ({meta.get('format')!r})")
+            sd = {k: fh.get_tensor(k) for k in fh.keys()}
+        dt = self.norm.dtype
+        self.load_state_dict({k: v.to(dt) for k, v in sd.items()})
+        return self
