@@ -43,6 +43,7 @@ class FeatureDraft(nn.Module):
     def __init__(self, target: nn.Module, subset: torch.Tensor, init_layer: int = -1):
         super().__init__()
         cfg, inner = target.config, target.model
+        self.config = cfg  # the target's: same positions, vocabulary and tokenizer (what callers check)
         d, self.n_heads, self.n_kv = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim, self.eps, self.d = d // self.n_heads, float(cfg.rms_norm_eps), d
         src = inner.layers[init_layer]
