@@ -151,7 +151,7 @@ def run_variant(triplet: ModelTriplet, v: Variant, ids: list[int], chat: bool) -
         return dict(n_new_tokens=n, stopped=pr.stopped, wall_s=pr.wall_s, tokens_per_s_incl_prefill=pr.tokens_per_s,
                     tokens_per_s_wall=pr.tokens_per_s), pr.token_ids
     t0 = time.perf_counter()
-    res = generate(triplet, ids, v.cfg, chat=chat)
+    res = generate(triplet, ids, v.cfg, chat=chat, full_records=False)  # statuses only: nothing for display
     wall = time.perf_counter() - t0
     s = res.stats
     n = s.n_new_tokens

@@ -22,10 +22,11 @@ class FeatureLM(CachedModel):
         super().__init__(role)
         self.m, self.vocab_size = module, vocab_size
         self.states: TargetStates | None = None  # set by the engine (`engine.connect`) before the prefill
-        self.dtype = module.norm.dtype
-        self.kv = torch.zeros(2, module.n_kv, capacity, module.head_dim, dtype=self.dtype)  # [2, H_kv, T, D]
-        self.pred = torch.zeros(capacity, module.d, dtype=self.dtype)  # [T, d]: the state each row predicted
-        self.cos, self.sin = module.rope_tables(capacity, self.dtype)  # [T, D] each
+        self.dtype, self.device = module.norm.dtype, module.norm.device
+        kw = {"dtype": self.dtype, "device": self.device}
+        self.kv = torch.zeros(2, module.n_kv, capacity, module.head_dim, **kw)  # [2, H_kv, T, D]
+        self.pred = torch.zeros(capacity, module.d, **kw)  # [T, d]: the state each row predicted
+        self._tables(capacity)
         self.true_upto = 0  # rows 0 .. true_upto-1 were fed the target's own states (or row 0's zeros)
 
     def _grow(self, need: int) -> None:
@@ -39,7 +40,11 @@ class FeatureLM(CachedModel):
         pred = self.pred.new_zeros(cap, self.pred.shape[1])
         pred[: self.pred.shape[0]] = self.pred
         self.kv, self.pred = kv, pred
-        self.cos, self.sin = self.m.rope_tables(cap, self.dtype)
+        self._tables(cap)
+
+    def _tables(self, capacity: int) -> None:
+        cos, sin = self.m.rope_tables(capacity, self.dtype)  # [T, D] each
+        self.cos, self.sin = cos.to(self.device), sin.to(self.device)
 
     def _known(self) -> int:
         return self.states.n if self.states is not None else 0
@@ -57,30 +62,29 @@ class FeatureLM(CachedModel):
     def _run(self, tokens: list[int], pos: int, keep: int) -> torch.Tensor:
         end = pos + len(tokens)
         self._grow(end)
-        toks = torch.tensor(tokens, dtype=torch.long)
+        toks = torch.tensor(tokens, dtype=torch.long, device=self.device)
         start = pos
         while start < end:  # rows whose inputs are all known run as one chunk; a predicted input waits its row
             stop = max(start + 1, min(end, self._known() + 1))
             self._rows(toks[start - pos: stop - pos], start)
             start = stop
-        z = self.m.logits_subset(self.pred[end - keep: end]).float()  # [keep, S]
+        z = self.m.logits_subset(self.pred[end - keep: end]).float().cpu()  # [keep, S]
         out = z.new_full((keep, self.vocab_size), float("-inf"))
-        return out.index_copy_(1, self.m.subset, z)  # [keep, V]: -inf outside the subset
+        return out.index_copy_(1, self.m.subset.cpu(), z)  # [keep, V]: -inf outside the subset
 
     def _rows(self, toks: torch.Tensor, start: int) -> None:
         """Rows start … start+c-1 (tokens toks [c]) through fc and the layer; their predicted states -> pred."""
         m, c, known = self.m, toks.shape[0], self._known()
-        f_prev = torch.zeros(c, m.d, dtype=self.dtype)  # [c, d]
-        for r in range(c):
-            i = start + r
-            if i == 0:
-                continue
-            if i - 1 < known:
-                f_prev[r] = self.states.f[i - 1]  # type: ignore[union-attr]
-            else:
-                f_prev[r] = self.pred[i - 1]
-        if start == self.true_upto and (start == 0 or start - 1 < known):
-            self.true_upto = start + sum(1 for r in range(c) if start + r == 0 or start + r - 1 < known)
+        f_prev = torch.zeros(c, m.d, dtype=self.dtype, device=self.device)  # [c, d]: row r reads state start+r-1
+        a = max(start - 1, 0)  # the first state index read (row 0 reads zeros)
+        b = min(start - 1 + c, known)  # states the target has scored: read them
+        if b > a:
+            f_prev[a - start + 1: b - start + 1] = self.states.f[a:b]  # type: ignore[union-attr]
+        for i in range(max(start, b + 1), start + c):  # rows past the target's states read this cache's own
+            f_prev[i - start] = self.pred[i - 1]  # (`_run` chunks so that i-1 < start here)
+        n_true = max(0, min(c, b - start + 1))  # rows that read the target's own states (row 0: zeros)
+        if start == self.true_upto:
+            self.true_upto = start + n_true
         x = m.inputs(f_prev, toks)[None]  # [1, c, d]
         end = start + c
         q, k, v = m.qkv(x, self.cos[start:end], self.sin[start:end])  # [1, H, c, D], [1, H_kv, c, D] ×2
@@ -88,6 +92,7 @@ class FeatureLM(CachedModel):
         rep = m.n_heads // m.n_kv
         keys = self.kv[0, :, :end].repeat_interleave(rep, 0)[None]  # [1, H, end, D]
         vals = self.kv[1, :, :end].repeat_interleave(rep, 0)[None]
-        mask = torch.arange(end)[None] <= torch.arange(start, end)[:, None]  # [c, end]: causal
+        ar = torch.arange(end, device=self.device)
+        mask = ar[None] <= ar[start:end, None]  # [c, end]: causal
         att = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask)  # [1, H, c, D]
         self.pred[start:end] = m.finish(x, att)[0]

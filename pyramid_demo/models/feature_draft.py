@@ -48,12 +48,11 @@ class FeatureDraft(nn.Module):
         self.head_dim, self.eps, self.d = d // self.n_heads, float(cfg.rms_norm_eps), d
         src = inner.layers[init_layer]
         dt = inner.norm.weight.dtype
-        self.fc = nn.Linear(2 * d, d, bias=True, dtype=dt)
-        with torch.no_grad():  # start as "the embedding's half passes through, the state's half is small"
-            self.fc.weight.zero_()
-            self.fc.weight[:, d:] = torch.eye(d, dtype=dt)
-            self.fc.weight[:, :d] = torch.eye(d, dtype=dt) * 0.1
-            self.fc.bias.zero_()
+        # fc as bare parameters (no nn.Linear: the loader's linear packing must leave the proposer alone);
+        # it starts as "the token's embedding passes through, the state adds a little"
+        eye = torch.eye(d, dtype=dt)
+        self.fc_w = nn.Parameter(torch.cat((0.1 * eye, eye), 1))  # [d, 2d]: [state ; embedding] -> d
+        self.fc_b = nn.Parameter(torch.zeros(d, dtype=dt))
 
         def copy(m: nn.Module) -> nn.Parameter:
             return nn.Parameter(m.weight.detach().clone())
@@ -79,7 +78,7 @@ class FeatureDraft(nn.Module):
 
     def inputs(self, f_prev: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """[.., d] states at i-1 and tokens [..] at i -> layer inputs [.., d]."""
-        return F.linear(torch.cat((f_prev, F.embedding(tokens, self.embed)), -1), self.fc.weight, self.fc.bias)
+        return F.linear(torch.cat((f_prev, F.embedding(tokens, self.embed)), -1), self.fc_w, self.fc_b)
 
     def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """x [B, T, d] -> q [B, H, T, D], k and v [B, H_kv, T, D] (RoPE applied)."""
@@ -149,3 +148,20 @@ class FeatureDraft(nn.Module):
         dt = self.norm.dtype
         self.load_state_dict({k: v.to(dt) for k, v in sd.items()})
         return self
+
+
+# ---------------------------------------------------------------------- the shipped one (offline family)
+def weight_path(weights_dir: str | Path | None = None) -> Path:
+    return Path(weights_dir or Path(__file__).parent / "weights") / "feature_draft.safetensors"
+
+
+def available(weights_dir: str | Path | None = None) -> bool:
+    return weight_path(weights_dir).is_file()
+
+
+def build(target: nn.Module, weights_dir: str | Path | None = None) -> FeatureDraft:
+    """The shipped feature draft over `target` (SmolLM2-135M-Instruct), in its dtype, on the shipped subset."""
+    from .students import subset_ids
+
+    fd = FeatureDraft(target, subset_ids(weights_dir))
+    return fd.load(weight_path(weights_dir)).eval()

@@ -26,17 +26,31 @@ def _students(target: torch.nn.Module, dev: torch.device, dt: torch.dtype,
 
     if not students.available():
         return "no distilled student weights are shipped (pyramid_demo/models/weights/)"
+    from . import feature_draft
+
+    reads = feature_draft.available()
     try:
         pair = [finish(students.build(target, r, reduced_head=r in reduced).to(device=dev, dtype=dt), dev)
                 for r in ("draft", "qualifier")]
+        if reads:  # the draft that reads the target replaces the independent student
+            pair[0] = finish(feature_draft.build(target).to(device=dev, dtype=dt), dev)
     except Exception as e:  # noqa: BLE001 - keep the demo usable; say why in the note
         log.warning("could not build the distilled students: %r", e)
         return f"building the distilled students failed ({type(e).__name__}: {e})"
-    depth = ", ".join(f"{r} {m.config.num_hidden_layers}" for r, m in zip(("draft", "qualifier"), pair))
-    heads = [f"{r} {m.lm_head.n:,} tokens" for r, m in zip(("draft", "qualifier"), pair) if hasattr(m.lm_head, "ids")]
+    q = pair[1]
+    heads = [f"{r} {m.lm_head.n:,} tokens" for r, m in zip(("draft", "qualifier"), pair)
+             if hasattr(getattr(m, "lm_head", None), "ids")]
+    if reads:
+        what = (f"the draft reads the target: one decoder layer over the target's final hidden state and the next "
+                f"token (EAGLE-style), on the target's head for its {pair[0].subset.numel():,} most frequent tokens; "
+                f"the qualifier is an independent student ({q.config.num_hidden_layers} layers, the first 5 the "
+                f"target's own, of {target.config.num_hidden_layers}) that reads only the tokens")
+    else:
+        what = (f"draft and qualifier are small students distilled from the target (layers: draft "
+                f"{pair[0].config.num_hidden_layers}, qualifier {q.config.num_hidden_layers}, target "
+                f"{target.config.num_hidden_layers}); they read only the tokens")
     return pair[0], pair[1], (
-        f"draft and qualifier are small students distilled from the target (layers: {depth}, "
-        f"target {target.config.num_hidden_layers}); they share its embedding, norm and head"
+        what + "; they share the target's embedding, norm and head"
         + (f" (reduced-vocabulary head, the target's most frequent tokens only: {', '.join(heads)})" if heads else ""))
 
 
