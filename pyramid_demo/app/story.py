@@ -9,7 +9,7 @@ Pure: records in, rows and Markdown out (charts draw the rows).
 """
 from __future__ import annotations
 
-from ..core import costs, noise
+from ..core import costs, insertion, noise
 from ..core.throughput import predict
 from ..core.trace import RunResult
 from .inspector import race_noise
@@ -141,7 +141,18 @@ def markdown(results: dict[str, RunResult], profile: dict | None) -> str:
         lines.append(f"| {row['method'].upper()} | {row['measured']:.1f} | {_fmt(row.get('x_ar'))} "
                      f"| {_fmt(row['predicted'], 1)} | {_fmt(row.get('x_ar_predicted'))} | {_fmt(row['factor'], 1)} "
                      f"| {alpha} | {need} | {row['verdict']} |")
+    lines += ["", insertion_line(results, profile)]
     return "\n".join(lines)
+
+
+def insertion_line(results: dict[str, RunResult], profile: dict | None) -> str:
+    """The insertion test (core.insertion) from this race's SD and pyramid lanes."""
+    if not profile:
+        return ""
+    m = {k: costs.method_model(k, r.steps, r.config, profile) for k, r in results.items() if k != "ar"}
+    pyr = m.get("psd_a") or m.get("psd_f") or {}
+    return insertion.markdown(insertion.insertion(profile, m.get("sd", {}).get("alpha"),
+                                                  pyr.get("alpha_qualifier"), pyr.get("alpha")))
 
 
 def passes_markdown(results: dict[str, RunResult]) -> str:

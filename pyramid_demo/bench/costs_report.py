@@ -12,7 +12,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from ..core import costs
+from ..core import costs, insertion
 from ..core.config import METHODS
 from ..core.trace import Step
 
@@ -83,7 +83,10 @@ def finish(rows: list[dict], prof: dict | None) -> dict:
     for d in out:
         d["why"] = costs.verdict(d["method"], d, (d["measured_tokens_per_s"], ar) if ar else None)
     out.sort(key=lambda d: (METHODS.index(d["method"]) if d["method"] in METHODS else 99, d["variant"]))
-    return {"profile": prof, "variants": out}
+    sd = next((d for d in out if d["method"] == "sd"), {})
+    pyr = next((d for k in ("psd_a", "psd_f") for d in out if d["method"] == k), {})
+    ins = insertion.insertion(prof, sd.get("alpha"), pyr.get("alpha_qualifier"), pyr.get("alpha"))
+    return {"profile": prof, "variants": out, "insertion": ins}
 
 
 def _f(x, nd: int = 2) -> str:
@@ -111,6 +114,8 @@ def markdown(section: dict) -> str:
     lines.append("\nMeasured tok/s exclude prefill; predicted: the profile's time summed over the forwards each run "
                  "made. Break-even α: the per-token acceptance at which the method's expected speed equals AR's "
                  "on this profile (PSD: the target stage's, at the measured stage-1 α_Q).")
+    if section.get("insertion"):
+        lines += ["", insertion.markdown(section["insertion"])]
     return "\n".join(lines)
 
 

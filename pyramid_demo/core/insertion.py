@@ -1,0 +1,55 @@
+"""Does the qualifier earn its place? The insertion test, from measured acceptance and the cost profile.
+
+Why: a middle model helps only when it agrees with the target clearly better than the draft at a modest
+cost (Polybasic SD: a W4A16 copy of the target raised 2.61× to 3.48×, a 1B model dropped it to 1.08×).
+So it is measured, not assumed: the draft's and the qualifier's per-token acceptance by the target and
+their step costs, and the best speed the profile predicts without the qualifier (SD over γ) and with it
+(the pyramid over ℓ_D ≤ ℓ_Q), at the measured acceptances.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .costs import ar_speed, cost_ms, psd_speed, sd_speed
+
+GAMMAS = range(1, 9)
+BLOCKS = [(ld, lq) for lq in range(1, 17) for ld in range(1, lq + 1)]
+
+
+def insertion(profile: dict, alpha_td: float | None, alpha_qd: float | None, alpha_tq: float | None) -> dict[str, Any]:
+    """alpha_td: the target's per-token acceptance of the draft (SD); alpha_qd: the qualifier's of the draft and
+    alpha_tq: the target's of the qualified block (a pyramid). Returns costs (× a target step), the best
+    predicted tok/s without and with the qualifier and their settings, and `earns` (True / False / None)."""
+    out: dict[str, Any] = {"alpha_draft": alpha_td, "alpha_qualifier": alpha_tq, "alpha_stage1": alpha_qd}
+    try:
+        step = cost_ms(profile, "target", 1)
+        out["cost_draft"] = cost_ms(profile, "draft", 1) / step
+        out["cost_qualifier"] = cost_ms(profile, "qualifier", 1) / step
+        out["ar_tokens_per_s"] = ar_speed(profile)
+        if alpha_td is not None:
+            g = max(GAMMAS, key=lambda g: sd_speed(profile, g, alpha_td))
+            out["without"] = {"tokens_per_s": sd_speed(profile, g, alpha_td), "gamma": g}
+        if alpha_qd is not None and alpha_tq is not None:
+            ld, lq = max(BLOCKS, key=lambda b: psd_speed(profile, b[0], b[1], alpha_qd, alpha_tq))
+            out["with"] = {"tokens_per_s": psd_speed(profile, ld, lq, alpha_qd, alpha_tq), "l_d": ld, "l_q": lq}
+    except KeyError:  # a role the profile lacks (a family without a qualifier row)
+        return out
+    w, wo = out.get("with"), out.get("without")
+    out["earns"] = None if not (w and wo) else w["tokens_per_s"] > wo["tokens_per_s"]
+    return out
+
+
+def markdown(ins: dict[str, Any]) -> str:
+    """One paragraph for the Statistics tab and the bench report."""
+    if ins.get("earns") is None:
+        return ("**Does the qualifier earn its place?** Race SD and a pyramid (PSD_A or PSD_F) together to "
+                "measure it: it needs both acceptances.")
+    w, wo = ins["with"], ins["without"]
+    verdict = ("**yes**: with it the pyramid is predicted faster than the best SD" if ins["earns"] else
+               "**no**: the best SD without it is predicted faster than any pyramid with it")
+    return (f"**Does the qualifier earn its place?** {verdict}. The target accepts the draft's tokens at "
+            f"α {ins['alpha_draft']:.2f} and the qualified block at α {ins['alpha_qualifier']:.2f} (the qualifier "
+            f"accepts the draft at α {ins['alpha_stage1']:.2f}); a step costs {ins['cost_draft']:.2f}× (draft) and "
+            f"{ins['cost_qualifier']:.2f}× (qualifier) the target's. Predicted on an idle machine: SD "
+            f"{wo['tokens_per_s']:.1f} tok/s at γ {wo['gamma']} without it, the pyramid {w['tokens_per_s']:.1f} tok/s "
+            f"at ℓ_D {w['l_d']}, ℓ_Q {w['l_q']} with it (AR {ins['ar_tokens_per_s']:.1f}).")
