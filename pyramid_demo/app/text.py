@@ -96,6 +96,11 @@ EXPLANATION = f"""
   and the qualifier checks them (PSD_F: divergence ≤ τ_Q; PSD_A: the exact SD rule) until a block of ℓ_Q
   tokens is ready. Stage 2: the target checks the block in one pass with divergence ≤ τ_T against the
   **qualifier's** distributions, keeps the leading run, and adds one token of its own.
+* **Which proposer reads what** — an independent draft or qualifier reads only the tokens, like the
+  target. A draft that **reads the target** (EAGLE-style; the offline family's, when its weights are
+  shipped — the family box says) also reads the target's final hidden state at every position the target
+  has already scored, which each verification pass computes anyway, and where it drafts ahead it reads the
+  state it predicted itself. The acceptance rules are the same, so SD with it is still lossless.
 
 ### Reading the colours
 <span style="background:#cdeedd;padding:2px 6px;border-radius:4px">green</span> {ORIGIN_NAMES['draft']} ·
