@@ -9,6 +9,8 @@ A row fed with a predicted state goes stale once the target's own state for that
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
@@ -18,14 +20,16 @@ from .cache import CachedModel, TargetStates
 class FeatureLM(CachedModel):
     """One run's cache over a feature draft module (fc + a decoder layer + the target's norm and head)."""
 
-    def __init__(self, module: torch.nn.Module, vocab_size: int, role: str, capacity: int = 256):
+    def __init__(self, module: Any, vocab_size: int, role: str, capacity: int = 256):
         super().__init__(role)
-        self.m, self.vocab_size = module, vocab_size
+        self.m: Any = module  # a `models.feature_draft.FeatureDraft` (duck-typed: core knows no models)
+        self.vocab_size = vocab_size
         self.states: TargetStates | None = None  # set by the engine (`engine.connect`) before the prefill
-        self.dtype, self.device = module.norm.dtype, module.norm.device
+        self.dtype: torch.dtype = self.m.norm.dtype
+        self.device: torch.device = self.m.norm.device
         kw = {"dtype": self.dtype, "device": self.device}
-        self.kv = torch.zeros(2, module.n_kv, capacity, module.head_dim, **kw)  # [2, H_kv, T, D]
-        self.pred = torch.zeros(capacity, module.d, **kw)  # [T, d]: the state each row predicted
+        self.kv = torch.zeros(2, self.m.n_kv, capacity, self.m.head_dim, **kw)  # [2, H_kv, T, D]
+        self.pred = torch.zeros(capacity, self.m.d, **kw)  # [T, d]: the state each row predicted
         self._tables(capacity)
         self.true_upto = 0  # rows 0 .. true_upto-1 were fed the target's own states (or row 0's zeros)
 
@@ -79,7 +83,8 @@ class FeatureLM(CachedModel):
         a = max(start - 1, 0)  # the first state index read (row 0 reads zeros)
         b = min(start - 1 + c, known)  # states the target has scored: read them
         if b > a:
-            f_prev[a - start + 1: b - start + 1] = self.states.f[a:b]  # type: ignore[union-attr]
+            assert self.states is not None and self.states.f is not None
+            f_prev[a - start + 1: b - start + 1] = self.states.f[a:b]
         for i in range(max(start, b + 1), start + c):  # rows past the target's states read this cache's own
             f_prev[i - start] = self.pred[i - 1]  # (`_run` chunks so that i-1 < start here)
         n_true = max(0, min(c, b - start + 1))  # rows that read the target's own states (row 0: zeros)

@@ -73,18 +73,20 @@ def _sync(device: torch.device) -> None:
 class CachedLM(CachedModel):
     """One model's per-run decoding state over a Hugging Face causal LM."""
 
-    def __init__(self, model: torch.nn.Module, vocab_size: int, role: str, backend: str = "default"):
+    def __init__(self, model: Any, vocab_size: int, role: str, backend: str = "default"):
         super().__init__(role)
-        self.model, self.vocab_size, self.backend = model, vocab_size, backend
+        self.model: Any = model  # a Hugging Face causal LM (duck-typed)
+        self.vocab_size, self.backend = vocab_size, backend
         # inputs go to the token embedding's device (a model spread over devices by accelerate
         # moves activations itself; logits come back to the CPU in `_run`)
-        emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-        self.device = emb.weight.device if emb is not None else next(model.parameters()).device
+        m = self.model
+        emb = m.get_input_embeddings() if hasattr(m, "get_input_embeddings") else None
+        self.device = emb.weight.device if emb is not None else next(m.parameters()).device
         if self.device.type == "meta":  # an offloaded embedding: its hook moves inputs where they run
             self.device = torch.device("cpu")
-        self.cache = DynamicCache(config=model.config)
+        self.cache = DynamicCache(config=m.config)
         # transformers 5 renamed `past_key_values` to `cache`; accept either generation
-        self.cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        self.cache_kw = "cache" if "cache" in inspect.signature(m.forward).parameters else "past_key_values"
 
     @torch.inference_mode()
     def _run(self, tokens: list[int], pos: int, keep: int) -> torch.Tensor:
