@@ -1,4 +1,4 @@
-"""`python -m pyramid_demo {generate,bench,probe,distill}`: each subcommand lives in its own module
+"""`python -m pyramid_demo {generate,bench,probe,distill,draft-feature}`: each subcommand lives in its own module
 with `add_arguments(parser)` and `run(args) -> int`; this file only dispatches."""
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ SUBCOMMANDS = {
     "bench": ("pyramid_demo.bench.runner", "benchmark methods side by side and write results.csv/json and report.html"),
     "probe": ("pyramid_demo.probe_cli", "check and time the dtype/backend/forward candidates on this machine now"),
     "distill": ("pyramid_demo.distill.cli", "distil a draft and a qualifier for the bundled offline target"),
+    "draft-feature": ("pyramid_demo.distill.feature_cli", "train the draft that reads the target (EAGLE-style) for the "
+                      "bundled offline target, and measure the exit-layer qualifier"),
 }
 
 

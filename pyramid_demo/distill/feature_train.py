@@ -45,11 +45,12 @@ def collate(recs: list[dict], dtype: torch.dtype = torch.float32) -> dict[str, t
 def loss_fn(model: FeatureDraft, batch: dict, passes: int, gen: torch.Generator | None,
             noise: float = 0.1, w_feat: float = 1.0) -> tuple[torch.Tensor, list[float]]:
     """Total loss and each pass's top-1 agreement on the batch (over the subset vs the subset argmax)."""
-    f_prev, f_true, m = batch["f_prev"], batch["f_true"], batch["mask"]
+    dev = model.norm.device
+    f_prev, f_true, m, tokens = (batch[k].to(dev) for k in ("f_prev", "f_true", "mask", "tokens"))
     if gen is not None and noise:
         std = f_true[m].std()
-        f_prev = f_prev + (torch.rand(f_prev.shape, generator=gen) * 2 - 1) * noise * std
-    outs = model.forward_train(f_prev, batch["tokens"], passes)
+        f_prev = f_prev + ((torch.rand(f_prev.shape, generator=gen) * 2 - 1) * noise).to(dev) * std
+    outs = model.forward_train(f_prev, tokens, passes)
     with torch.no_grad():
         lp_t = F.log_softmax(model.logits_subset(f_true[m]).float(), -1)  # [N, S]
     total, accs = f_true.new_zeros(()), []
@@ -73,8 +74,9 @@ def evaluate(model: FeatureDraft, held: list[dict], full_head: torch.Tensor, pas
     hit, n = [0] * passes, [0] * passes
     was = model.training
     model.eval()
+    dev = model.norm.device
     for i in range(0, len(held), batch):
-        b = collate(held[i:i + batch])
+        b = {k: v.to(dev) for k, v in collate(held[i:i + batch]).items()}
         outs = model.forward_train(b["f_prev"], b["tokens"], passes)
         m = b["mask"]
         want = F.linear(b["f_true"][m], full_head).argmax(-1)  # [N] the target's own token
@@ -111,13 +113,14 @@ def train(target, subset: torch.Tensor, dirs: list[Path], held: list[dict], ckpt
     full_head = target.lm_head.weight.detach().float()
     gen = torch.Generator().manual_seed(seed * 7919 + state["step"])
     # the budget is this process's CPU time (one thread: its running time), so that pauses (`kill -STOP` while
-    # something else is timed) and a busy machine do not eat the schedule
-    clock = time.process_time
+    # something else is timed) and a busy machine do not eat the schedule; on a GPU, wall time
+    clock = time.process_time if model.norm.device.type == "cpu" else time.time
     budget, t0 = 60 * minutes - state["elapsed"], clock()
     start = state["elapsed"]
 
     def save(tag: str = "") -> None:
         p = ckpt if not tag else ckpt.with_name(ckpt.stem + f"_{tag}.pt")
+        p.parent.mkdir(parents=True, exist_ok=True)
         torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "state": state}, p.with_suffix(".tmp"))
         p.with_suffix(".tmp").replace(p)
 
@@ -137,7 +140,7 @@ def train(target, subset: torch.Tensor, dirs: list[Path], held: list[dict], ckpt
             for g in opt.param_groups:
                 g["lr"] = cur * min(1.0, (state["step"] + 1) / 30)
             b = collate([recs[int(j)] for j in order[i:i + batch]])
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):  # bf16 matmuls, fp32 weights
+            with torch.autocast(model.norm.device.type, dtype=torch.bfloat16, enabled=autocast):  # bf16 matmuls
                 loss, accs = loss_fn(model, b, passes, gen)
             opt.zero_grad(set_to_none=True)
             loss.backward()

@@ -1,0 +1,138 @@
+"""`python -m pyramid_demo draft-feature`: the draft that reads the target (EAGLE-style), for the offline target.
+
+Steps (each resumable from files under --work, default feature_work/):
+  heldout  the target's answers to the held-out prompts (fp32, as every proposer is measured) with its
+           states at every position -> WORK/features/heldout/
+  gen      the same for the training prompts (bf16 on a CPU: ~3x faster) -> WORK/features/train/
+  train    train the feature draft (EAGLE-3 training-time test over --passes draft positions) -> WORK/ckpt/
+  eval     held-out top-1 agreement per draft position: the best checkpoint and the shipped file
+  export   the best checkpoint -> pyramid_demo/models/weights/feature_draft.safetensors (fp16, with its
+           learning curve in the metadata), only where it beats the shipped one (--force: always)
+  exit     measure the second qualifier design (the target's first --exit-k layers + a trained exit layer)
+--data adds more work folders' training shards (several generators can run side by side).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from ..models import feature_draft, students
+from ..models.bundled import bundled_target
+from . import exit_qualifier, feature_train, features
+
+STEPS = ("heldout", "gen", "train", "eval", "export", "exit")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("steps", nargs="+", help=f"one or more of {', '.join(STEPS)}")
+    p.add_argument("--work", default="feature_work")
+    p.add_argument("--data", nargs="*", default=[], help="more work folders whose training shards train reads")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or auto")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--seed", type=int, default=10)
+    p.add_argument("--minutes", type=float, default=30.0, help="gen: wall minutes; train/exit: CPU (or GPU) minutes")
+    p.add_argument("--gen-batch", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=3, help="gen: times each training prompt is answered")
+    p.add_argument("--max-new", type=int, default=128)
+    p.add_argument("--max-batches", type=int, default=None)
+    p.add_argument("--heldout-batches", type=int, default=4, help="batches of 32 held-out answers")
+    p.add_argument("--gen-dtype", default="bfloat16", help="gen on a CPU: bfloat16 (default) or float32")
+    p.add_argument("--batch", type=int, default=16, help="train: sequences per step")
+    p.add_argument("--passes", type=int, default=3, help="train: draft positions in the training-time test")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr-min", type=float, default=3e-5)
+    p.add_argument("--eval-every", type=int, default=150)
+    p.add_argument("--eval-seqs", type=int, default=None, help="eval: held-out answers used (default: all)")
+    p.add_argument("--exit-k", type=int, default=8)
+    p.add_argument("--weights-dir", default=None, help="export into this folder instead of the shipped one")
+    p.add_argument("--force", action="store_true", help="export even when the shipped draft is better")
+
+
+def _dev(name: str) -> torch.device:
+    return torch.device("cuda" if name == "auto" and torch.cuda.is_available() else "cpu" if name == "auto" else name)
+
+
+def _eval_checkpoint(target, held, model) -> list[float]:
+    return feature_train.evaluate(model, held, target.lm_head.weight.detach().float(), passes=3)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    bad = [s for s in args.steps if s not in STEPS]
+    if bad:
+        print(f"unknown step(s) {bad}; choose from {', '.join(STEPS)}")
+        return 2
+    work, dev = Path(args.work), _dev(args.device)
+    ckpt = work / "ckpt" / "feature_draft.pt"
+    fp32 = None  # the fp32 target (held-out answers, training, evaluation)
+    for step in args.steps:
+        if step in ("heldout", "gen"):
+            dt = torch.float32 if step == "heldout" or dev.type != "cpu" else getattr(torch, args.gen_dtype)
+            tok, model = bundled_target(dev, dt)
+            split = "heldout" if step == "heldout" else "train"
+            n = features.generate(model, tok, work / "features", split, rounds=1 if step == "heldout" else args.rounds,
+                                  batch=min(32, args.gen_batch) if step == "heldout" else args.gen_batch,
+                                  max_new=args.max_new,
+                                  seed=0 if step == "heldout" else args.seed,
+                                  max_batches=args.heldout_batches if step == "heldout" else args.max_batches,
+                                  stop_at=None if step == "heldout" else time.time() + 60 * args.minutes)
+            print(f"{split}: {n:,} new answer tokens in {work / 'features' / split}")
+            continue
+        if fp32 is None:
+            fp32 = bundled_target(dev, torch.float32)[1]
+        held = feature_train.heldout(work)[: args.eval_seqs]
+        if step == "train":
+            feature_train.train(fp32, students.subset_ids(), [work, *map(Path, args.data)], held, ckpt, args.minutes,
+                                lr=args.lr, lr_min=args.lr_min, batch=args.batch, passes=args.passes, seed=args.seed,
+                                eval_every=args.eval_every, autocast=True, log=lambda s: print(s, flush=True))
+        elif step in ("eval", "export"):
+            res = evaluate(fp32, held, ckpt)
+            print(json.dumps(res, indent=1))
+            (work / "eval.json").write_text(json.dumps(res, indent=1))
+            if step == "export":
+                export(fp32, ckpt, res, args)
+        elif step == "exit":
+            st = exit_qualifier.train(fp32, students.subset_ids(), [work, *map(Path, args.data)], held, args.exit_k,
+                                      args.minutes, eval_every=args.eval_every, log=lambda s: print(s, flush=True))
+            st.pop("model")
+            (work / f"exit_k{args.exit_k}.json").write_text(json.dumps({"k": args.exit_k, **st}, indent=1))
+    return 0
+
+
+def evaluate(target, held: list[dict], ckpt: Path) -> dict:
+    """Held-out top-1 by draft position for the best checkpoint and for the shipped draft."""
+    out: dict = {"heldout_answers": len(held), "positions": sum(len(r["ids"]) - r["n_prompt"] for r in held)}
+    best = ckpt.with_name(ckpt.stem + "_best.pt")
+    if best.is_file():
+        m = feature_draft.FeatureDraft(target, students.subset_ids())
+        saved = torch.load(best, weights_only=False, map_location="cpu")
+        m.load_state_dict(saved["model"], strict=False)
+        out["checkpoint"] = {"top1_by_position": _eval_checkpoint(target, held, m), "seen": saved["state"]["seen"],
+                             "curve": saved["state"]["curve"]}
+    if feature_draft.available():
+        out["shipped"] = {"top1_by_position": _eval_checkpoint(target, held, feature_draft.build(target))}
+    return out
+
+
+def export(target, ckpt: Path, res: dict, args: argparse.Namespace) -> None:
+    new = res.get("checkpoint", {}).get("top1_by_position")
+    old = res.get("shipped", {}).get("top1_by_position")
+    if new is None:
+        print("export: no checkpoint to export")
+        return
+    if old is not None and new[0] <= old[0] and not args.force:
+        print(f"export: the shipped draft is better ({old[0]:.4f} ≥ {new[0]:.4f}); nothing written")
+        return
+    m = feature_draft.FeatureDraft(target, students.subset_ids())
+    m.load_state_dict(torch.load(ckpt.with_name(ckpt.stem + "_best.pt"), weights_only=False,
+                                 map_location="cpu")["model"], strict=False)
+    path = feature_draft.weight_path(args.weights_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    size = m.save(path, {"heldout_top1_by_position": json.dumps([round(a, 4) for a in new]),
+                         "curve": json.dumps(res["checkpoint"]["curve"])})
+    print(f"export: {path} ({size / 1e6:.1f} MB), held-out top-1 by position {[round(a, 3) for a in new]}")
