@@ -101,10 +101,10 @@ def test_memory_line_uses_the_dtype_the_family_loads_in(monkeypatch, tmp_path):
     monkeypatch.setattr(probe, "native_bf16", lambda: True)
     before = hosting.memory_line("tiny-random")
     assert "in float32" in before and "in bfloat16 if the first run's probe picks it" in before
-    probe._write(probe.CHOICE_FILE, f"{probe.machine_key()} | tiny-random",
-                 {"dtype": "bfloat16", "backend": "no-onednn", "path": "lean",  # a choice with its exactness record
-                  "exactness": {"bfloat16/no-onednn/lean": {"exact": True, "top1": True, "passes": 1, "bitwise_passes": 1,
-                                                       "max_abs_diff": 0.0, "max_k": 65, "pad_rows": 1}}})
+    probe.remember("tiny-random", probe.Choice(  # a choice with its exactness record
+        "bfloat16", "no-onednn", "probe", path="lean",
+        exactness={"bfloat16/no-onednn/lean": {"exact": True, "top1": True, "passes": 1, "bitwise_passes": 1,
+                                               "max_abs_diff": 0.0, "max_k": 65, "pad_rows": 1}}))
     after = hosting.memory_line("tiny-random")
     assert "in bfloat16 for" in after and "float32" not in after, after
     monkeypatch.setenv("PYRAMID_DEMO_PROBE", "0")  # the probe off: float32 it is, and only that

@@ -59,8 +59,9 @@ def preset_info(preset: str) -> tuple[str, Any]:
     text += "  \n" + hosting.memory_line(preset)
     from ..models.probe import cached_choice
 
-    choice = cached_choice(preset).split(" — ")[0]  # the choice and its exactness; the probe's timings are in its table
-    text += "  \nOn a CPU: " + (choice or "dtype, backend and forward are probed on the first run (several seconds)")
+    choice = cached_choice(preset)  # the choice and its exactness; the probe's timings are in its table
+    text += "  \nOn a CPU: " + (choice.summary if choice else
+                                "dtype, backend and forward are probed on the first run (several seconds)")
     if p.tuned:
         text += "  \nTuned settings (measured with `bench`): " + " · ".join(f"{k} {v}" for k, v in p.tuned)
     return text, gr.update(visible=False)
@@ -273,7 +274,7 @@ def _race_steps(preset: str, ids: tuple[str, str, str], prompt: str, settings: d
                              if x),
             "profile": prep["profile"],
             "setup": MSG["setup"].format(load=load_s, warm=prep["warm_s"], profile=prep["profile_s"],
-                                         choice=triplet.choice_note.split(" — ")[0])}  # no probe timings
+                                         choice=triplet.choice_note)}
     session["next"] += 1
     session["races"] = session["races"][-(MAX_RACES - 1):] + [race]
     for i, m in enumerate(RACE_METHODS):

@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 _LOCK = threading.Lock()
 _CACHE: dict[tuple[str, ...], ModelTriplet] = {}
-_VIEWS: dict[tuple, ModelTriplet] = {}  # (loaded triplet, backend, choice note) -> the triplet handed out
+_VIEWS: dict[tuple, ModelTriplet] = {}  # (loaded triplet, the choice's identity) -> the triplet handed out
 _KEY_LOCKS: dict[tuple[str, ...], threading.Lock] = {}
 
 _DTYPES = {
@@ -121,10 +121,11 @@ def load_triplet(spec: str, device: str | None = None, dtype: str | None = None,
                         "use --backend auto")
     pad = choice.pad_rows if choice.record else 0  # 0: measured when packing
     base = _load_base(spec, dev, dt, place, max_len, packed=choice.backend == "packed", pad_rows=pad)
-    vkey = (id(base), choice.backend, choice.path, choice.note)
+    choice = probe.forward_for(choice, {r: base.model(r) for r in ("draft", "qualifier", "target")})  # the forward that runs
+    vkey = (id(base), choice.identity)  # typed fields only: no display text in a key
     with _LOCK:
         if vkey not in _VIEWS:  # the same weights, with the backend, how it was chosen, and whether it is exact
-            _VIEWS[vkey] = replace(base, backend=choice.backend, path=choice.path, choice_note=choice.note,
+            _VIEWS[vkey] = replace(base, backend=choice.backend, path=choice.path, choice_note=choice.summary,
                                    exact=choice.exact, exact_note=choice.exact_note)
         return _VIEWS[vkey]
 
