@@ -74,9 +74,9 @@ def test_a_zerogpu_race_runs_every_method_in_one_call_and_is_cut_to_fit(monkeypa
         list(app._gpu(h.race_event)("hello", "tiny-random", "", "", "", session, lambda *a, **k: None,
                                     **{k: FAST[k] for k in h.SETTING_NAMES}))
     sys.modules.pop("app", None)
-    race = session["races"][-1]
-    assert calls == [20] and set(race["results"]) == set(RACE_METHODS)  # one allocation, every method
-    assert race["config"]["max_new_tokens"] < 400 and "cut from 400" in race["note"]
+    race = session.races[-1]
+    assert calls == [20] and set(race.results) == set(RACE_METHODS)  # one allocation, every method
+    assert race.config["max_new_tokens"] < 400 and "cut from 400" in race.note
 
 
 def test_placement_comes_from_space_variables(monkeypatch):
