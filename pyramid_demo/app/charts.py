@@ -31,24 +31,32 @@ def empty_figure(message: str, height: int = 300) -> go.Figure:
     return _layout(fig, "", height)
 
 
-def _curve(r: RunResult) -> tuple[list[float], list[int]]:
-    """Cumulative tokens at the end of each target pass (engine time, prefill excluded)."""
+LIVE_POINTS = 40  # points per line while a race runs: a cheap chart to send and re-draw
+
+
+def _curve(r: RunResult, max_points: int | None = None) -> tuple[list[float], list[int]]:
+    """Cumulative tokens at the end of each target pass (engine time, prefill excluded); with `max_points`,
+    evenly thinned to about that many (the first and last kept)."""
     xs, ys, n = [0.0], [0], 0
     for s in r.steps:
         n += len(s.new_tokens)
         xs.append(s.t_end)
         ys.append(n)
+    if max_points and len(xs) > max_points:
+        keep = sorted({round(i * (len(xs) - 1) / (max_points - 1)) for i in range(max_points)})
+        xs, ys = [xs[i] for i in keep], [ys[i] for i in keep]
     return xs, ys
 
 
-def race_figure(results: dict[str, RunResult], running: str | None = None) -> go.Figure:
-    """Tokens generated vs time for every method of one race; the legend ends in tok/s and speed-ups."""
+def race_figure(results: dict[str, RunResult], running: str | None = None, live: bool = False) -> go.Figure:
+    """Tokens generated vs time for every method of one race; the legend ends in tok/s and speed-ups.
+    `live`: while the race runs, LIVE_POINTS per line and no markers (the page re-draws it as it goes)."""
     fig = go.Figure()
     for m, r in results.items():
-        xs, ys = _curve(r)
+        xs, ys = _curve(r, LIVE_POINTS if live else None)
         name = " · ".join([f"{m.upper()}: {r.stats.tokens_per_s:.1f} tok/s",
                            *(["running"] if m == running else speedups(m, results))])
-        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", line_shape="hv", name=name,
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines" if live else "lines+markers", line_shape="hv", name=name,
                                  line=dict(color=METHOD_COLOURS.get(m), width=3), marker=dict(size=5),
                                  hovertemplate="%{y} tokens at %{x:.2f} s<extra>" + m.upper() + "</extra>"))
     if not results:

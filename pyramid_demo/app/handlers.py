@@ -17,7 +17,9 @@ from typing import Any, Iterator
 
 import gradio as gr
 
-from . import charts, hosting, inspector, render, stages
+from . import hosting, inspector, stages
+from .race_view import LiveView, earlier_lanes, race_lanes  # noqa: F401 (app.py reads them here)
+from .race_view import full_outputs, status_only
 from .session import Race, Session
 from .text import CUSTOM, DEFAULT, MSG, RACE_COLUMNS, RACE_METHODS, START
 from ..core.config import METHOD_LABELS, DecodeConfig
@@ -28,7 +30,6 @@ from ..core.trace import RunResult
 
 log = logging.getLogger(__name__)
 MAX_RACES = 20  # per user; older races are dropped to bound a hosted app's memory
-UI_INTERVAL_S = 0.15  # stream to the page at most this often (every pass is still recorded)
 SETTING_NAMES = APP_SETTINGS  # the settings widgets, in page order (race_event takes them by name)
 TUNED_NAMES = TUNABLE  # the widgets preset_settings resets, in this order
 INT_SETTINGS = tuple(k for k in SETTING_NAMES if isinstance(getattr(DEFAULT, k), int))
@@ -96,23 +97,6 @@ def make_config(**settings: Any) -> DecodeConfig:
 
 
 # ------------------------------------------------------------------ race
-def _headline(m: str, r: RunResult | None, race: Race) -> str:
-    if r is None:
-        return "waiting…"
-    s = r.stats
-    if race.running == m:
-        return f"{s.n_new_tokens} tokens · {s.tokens_per_s:.1f} tok/s so far"
-    parts = [f"{s.n_new_tokens} tokens in {s.decode_s:.2f} s (prefill {s.prefill_s:.2f} s apart)",
-             f"{s.tokens_per_s:.1f} tok/s",
-             *inspector.speedups(m, race.results)]
-    if s.acceptance:
-        parts.append("accepted " + ", ".join(f"{'→Q' if k == 'qualifier' else '→T'} {v:.0%}"
-                                             for k, v in s.acceptance.items()))
-    if not s.stopped:
-        parts.append("stopped")
-    return " · ".join(parts)
-
-
 def _winner(res: dict[str, RunResult]) -> str:
     """One line for the projector: the fastest method, or a tie when others are within the race's noise."""
     if not res:
@@ -127,38 +111,6 @@ def _winner(res: dict[str, RunResult]) -> str:
         return MSG["tie"].format(labels=", ".join(x.upper() for x in top), noise=spread, label=METHOD_LABELS[m],
                                  figures=figures)
     return MSG["winner"].format(label=METHOD_LABELS[m], figures=figures, noise=spread)
-
-
-def race_lanes(race: Race | None) -> str:
-    if race is None:
-        return render.legend_html() + render.message_html(MSG["idle"])
-    res = race.results
-    lanes = [render.lane_html(m, res.get(m), _headline(m, res.get(m), race), race.running == m)
-             for m in RACE_METHODS]
-    return render.legend_html() + render.lanes_html(lanes, f"Race {race.n} · {race.preset} · "
-                                                           f"prompt: {race.prompt[:80]}", race.note)
-
-
-def earlier_lanes(session: Session) -> str:
-    """Every finished race before the latest, newest first, for comparison."""
-    races = session.races[:-1][::-1]
-    if not races:
-        return render.message_html("Earlier races appear here until you clear them.")
-    return "".join(race_lanes(r) for r in races)
-
-
-def _table(session: Session) -> list[list]:
-    return inspector.race_rows(session.races)
-
-
-def _race_outputs(session: Session, status: str) -> tuple:
-    race = session.latest
-    fig = charts.race_figure(race.results if race else {}, race.running if race else None)
-    return status, race_lanes(race), fig, _table(session), earlier_lanes(session), session
-
-
-def _skip_outputs(status: str, session: Session) -> tuple:
-    return status, gr.skip(), gr.skip(), gr.skip(), gr.skip(), session
 
 
 def _learn_vocab(race: Race, tokenizer: Any, r: RunResult) -> None:
@@ -222,7 +174,7 @@ def _show_stages(staged: Iterator, session: Session, progress: gr.Progress) -> A
         except StopIteration as done:
             return done.value
         progress(frac, desc=text)
-        yield _skip_outputs(text, session)
+        yield status_only(text, session)
 
 
 def _race_steps(preset: str, ids: tuple[str, str, str], prompt: str, settings: dict, session: Session,
@@ -235,13 +187,13 @@ def _race_steps(preset: str, ids: tuple[str, str, str], prompt: str, settings: d
         spec = model_spec(preset, *ids)
         base = make_config(**settings)
     except (ValueError, TypeError) as e:
-        yield _skip_outputs(_notify(MSG["bad_settings"].format(err=e)), session)
+        yield status_only(_notify(MSG["bad_settings"].format(err=e)), session)
         return
     if not (prompt or "").strip():
-        yield _skip_outputs(_notify(MSG["bad_prompt"].format(err="the prompt is empty: type a question or "
+        yield status_only(_notify(MSG["bad_prompt"].format(err="the prompt is empty: type a question or "
                                                                    "instruction")), session)
         return
-    yield _skip_outputs(MSG["loading"].format(preset=preset), session)
+    yield status_only(MSG["loading"].format(preset=preset), session)
     progress(0.0, desc=MSG["loading"].format(preset=preset))
     t0 = time.perf_counter()
 
@@ -255,17 +207,17 @@ def _race_steps(preset: str, ids: tuple[str, str, str], prompt: str, settings: d
         staged = stages.run_staged(lambda: prepare(triplet, ids), lambda: "warm")
         prep = yield from _show_stages(staged, session, progress)  # warm-up and cost profile, before any clock
     except LoadError as e:
-        yield _skip_outputs(_notify(MSG["load_failed"].format(err=e)), session)
+        yield status_only(_notify(MSG["load_failed"].format(err=e)), session)
         return
     except ValueError as e:
-        yield _skip_outputs(_notify(MSG["bad_prompt"].format(err=e)), session)
+        yield status_only(_notify(MSG["bad_prompt"].format(err=e)), session)
         return
     except Exception as e:  # an unexpected loader failure must not take the page down
         log.exception("loading %s failed", spec)
-        yield _skip_outputs(_notify(MSG["load_failed"].format(err=e)), session)
+        yield status_only(_notify(MSG["load_failed"].format(err=e)), session)
         return
     if session.stop:  # Stop or Clear while the models loaded
-        yield _race_outputs(session, MSG["stopped_early"])
+        yield full_outputs(session, MSG["stopped_early"])
         return
     notes = (getattr(triplet, "note", ""), session.budget_note,
              "" if triplet.exact else MSG["not_exact"].format(why=triplet.exact_note))
@@ -276,33 +228,33 @@ def _race_steps(preset: str, ids: tuple[str, str, str], prompt: str, settings: d
     session.budget_note = ""
     session.next += 1
     session.races = session.races[-(MAX_RACES - 1):] + [race]
+    live = LiveView(session, race)  # only what changed goes to the page (see `race_view`)
     for i, m in enumerate(RACE_METHODS):
         race.running = m
         status = MSG["running"].format(n=race.n, label=METHOD_LABELS[m], i=i + 1, total=len(RACE_METHODS))
         progress(i / len(RACE_METHODS), desc=status)
-        last = 0.0
         try:
             for snap in stream(triplet, ids, replace(base, method=m), text=prompt):
                 race.results[m] = snap
                 _learn_vocab(race, triplet.tokenizer, snap)
                 if session.stop:
                     break
-                if time.monotonic() - last >= UI_INTERVAL_S or snap.stats.stopped:
-                    last = time.monotonic()
-                    yield _race_outputs(session, status)
+                out = live.update(status, bool(snap.stats.stopped))
+                if out is not None:
+                    yield out
         except Exception as e:  # keep serving: report, keep what ran, stop this race
             log.exception("race %s failed in %s", race.n, m)
             race.running = None
-            yield _race_outputs(session, _notify(MSG["run_failed"].format(err=e)))
+            yield full_outputs(session, _notify(MSG["run_failed"].format(err=e)))
             return
         if session.stop:
             race.running, race.stopped = None, True
             kept = any(r is race for r in session.races)  # not after Clear
-            yield _race_outputs(session, MSG["stopped"].format(n=race.n) if kept else MSG["cleared"])
+            yield full_outputs(session, MSG["stopped"].format(n=race.n) if kept else MSG["cleared"])
             return
     race.running = None
     hosting.record(preset, race.results)  # the next race's ZeroGPU budget uses this family's speed
-    yield _race_outputs(session, MSG["done"].format(n=race.n) + _winner(race.results) + "  \n" + race.setup)
+    yield full_outputs(session, MSG["done"].format(n=race.n) + _winner(race.results) + "  \n" + race.setup)
 
 
 def stop_race(session: Session | None) -> tuple:
@@ -310,11 +262,11 @@ def stop_race(session: Session | None) -> tuple:
     session = session if session is not None else new_session()
     if session.busy:
         session.stop = True
-        return _skip_outputs(MSG["stopping"], session)
+        return status_only(MSG["stopping"], session)
     race = session.latest
     if race is None:
-        return _race_outputs(session, MSG["idle"])
-    return _race_outputs(session, MSG["stopped" if race.stopped else "done"].format(n=race.n))
+        return full_outputs(session, MSG["idle"])
+    return full_outputs(session, MSG["stopped" if race.stopped else "done"].format(n=race.n))
 
 
 def clear_results(session: Session | None) -> tuple:
@@ -325,8 +277,8 @@ def clear_results(session: Session | None) -> tuple:
     if session is not None and session.busy:
         session.stop = True
         session.clear()
-        return _race_outputs(session, MSG["cleared"])
-    return _race_outputs(new_session(), MSG["cleared"])
+        return full_outputs(session, MSG["cleared"])
+    return full_outputs(new_session(), MSG["cleared"])
 
 
 # ------------------------------------------------------------------ export
