@@ -6,17 +6,32 @@ lazily on the first race, never at import. On a Hugging Face ZeroGPU Space, `spa
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import gradio as gr
 
-from pyramid_demo.app import handlers as h
 from pyramid_demo.app import charts, render, views
+from pyramid_demo.app import handlers as h
+from pyramid_demo.app.text import (
+    BUTTONS,
+    DEFAULT,
+    EXAMPLE_PROMPTS,
+    EXPLANATION,
+    INFO,
+    INTRO,
+    LABELS,
+    MSG,
+    PRESET_CHOICES,
+    RACE_COLUMNS,
+    SETTINGS_TITLE,
+    START,
+    START_PRESET,
+    STATS_NOTE,
+    TABS,
+    WHATIF_LABELS,
+)
 from pyramid_demo.core.settings import BY_NAME
-from pyramid_demo.app.text import (BUTTONS, DEFAULT, EXAMPLE_PROMPTS, EXPLANATION, INFO, INTRO, LABELS, MSG,
-                                   PRESET_CHOICES, RACE_COLUMNS, SETTINGS_TITLE, START, START_PRESET, STATS_NOTE, TABS,
-                                   WHATIF_LABELS)
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 CSS = """
@@ -138,7 +153,6 @@ def build_demo() -> gr.Blocks:
                     cost_plot, cost_md]
         insp_in = [session, race_dd, method_dd, round_sl, wq, wt, pos_sl]
         insp_out = [chips, div_plot, top5_plot, insp_md]
-        settings = [widgets[k] for k in h.SETTING_NAMES]
         tuned = [widgets[k] for k in h.TUNED_NAMES]
 
         preset.change(h.preset_info, preset, [preset_md, custom_box], **PRIVATE)

@@ -23,8 +23,8 @@ import sys
 import time
 import urllib.request
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))

@@ -10,8 +10,8 @@ import plotly.graph_objects as go
 import pytest
 import torch
 
-from pyramid_demo.app import handlers as h
 from pyramid_demo.app import charts, inspector, render, views
+from pyramid_demo.app import handlers as h
 from pyramid_demo.app.session import Session
 from pyramid_demo.app.text import DEFAULT, MSG, RACE_METHODS
 from pyramid_demo.core.trace import StageRound, TokenRec
@@ -164,7 +164,6 @@ def test_models_are_warmed_before_the_clocks_and_one_time_costs_shown_apart(monk
     """Every model is warmed (and the cost profile taken) before the first lane's clock starts; the
     load, warm-up and profile times are in the status, not in any lane."""
     from pyramid_demo.core import costs, run
-    from pyramid_demo.models import probe
 
     events = []
     real_warm, real_stream = costs.warm_up, run.stream

@@ -6,8 +6,8 @@ import json
 
 import pytest
 import torch
-
 from mock_lm import BigramLM, bigram_table
+
 from pyramid_demo.core import costs
 from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.engine import decode

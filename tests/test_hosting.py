@@ -6,7 +6,8 @@ import warnings
 
 import pytest
 
-from pyramid_demo.app import handlers as h, hosting
+from pyramid_demo.app import handlers as h
+from pyramid_demo.app import hosting
 from pyramid_demo.app.text import RACE_METHODS
 
 FAST = dict(max_new_tokens=400.0, temperature=0.0, seed=0.0, gamma=3.0, l_d=2.0, l_q=4.0, tau_q=0.4, tau_t=0.5,

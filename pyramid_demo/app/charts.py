@@ -4,12 +4,12 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .inspector import round_tau, speedups, stage_names, whatif_statuses
 from ..core.config import METHOD_LABELS
 from ..core.costs import measured_by_k
 from ..core.methods import method_spec
-from .render import METHOD_COLOURS, STATUS_COLOURS
 from ..core.trace import RunResult, StageRound, Step
+from .inspector import round_tau, speedups, stage_names, whatif_statuses
+from .render import METHOD_COLOURS, STATUS_COLOURS
 
 FONT_SIZE = 15  # large enough to read on a projector
 ROLE_COLOURS = {"draft": "#009E73", "qualifier": "#0072B2", "target": "#E69F00"}
@@ -100,7 +100,7 @@ def divergence_figure(step: Step, tau_q: float, tau_t: float, texts: dict[int, s
         rule = "exact rule, τ unused" if tau is None else f"τ_{'Q' if stage == 'qualifier' else 'T'} = {tau:g}"
         titles.append(f"{rnd.proposer} → {rnd.verifier}: Div({rnd.verifier}, {rnd.proposer}) · {rule}")
     fig = make_subplots(rows=len(rows), cols=1, subplot_titles=titles, vertical_spacing=0.25)
-    for k, (stage, rnds) in enumerate(rows, start=1):
+    for k, (_, rnds) in enumerate(rows, start=1):
         _bars(fig, rnds, round_tau(rnds[0], tau_q, tau_t), texts, k, "r")
         fig.update_yaxes(title="Div", rangemode="tozero", row=k, col=1)
     _layout(fig, "", 250 + 210 * (len(rows) - 1))

@@ -11,22 +11,22 @@ import json
 import logging
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import gradio as gr
 
-from . import hosting, inspector, stages
-from .race_view import LiveView, earlier_lanes, race_lanes  # noqa: F401 (app.py reads them here)
-from .race_view import full_outputs, status_only
-from .session import Race, Session
-from .text import CUSTOM, DEFAULT, MSG, RACE_COLUMNS, RACE_METHODS, START
 from ..core.config import METHOD_LABELS, DecodeConfig
 from ..core.noise import leaders
 from ..core.settings import APP_SETTINGS, TUNABLE
-from ..models.presets import PRESETS, family_config
 from ..core.trace import RunResult
+from ..models.presets import PRESETS, family_config
+from . import hosting, inspector, stages
+from .race_view import LiveView, earlier_lanes, full_outputs, race_lanes, status_only  # noqa: F401 (app.py reads them here)
+from .session import Race, Session
+from .text import CUSTOM, DEFAULT, MSG, RACE_COLUMNS, RACE_METHODS, START
 
 log = logging.getLogger(__name__)
 MAX_RACES = 20  # per user; older races are dropped to bound a hosted app's memory
@@ -131,7 +131,8 @@ def _learn_vocab(race: Race, tokenizer: Any, r: RunResult) -> None:
 
 
 def race_event(prompt: str, preset: str, draft: str | None = None, qualifier: str | None = None,
-               target: str | None = None, session: Session | None = None, progress: gr.Progress = gr.Progress(), **settings: Any) -> Iterator[tuple]:
+               target: str | None = None, session: Session | None = None, progress: gr.Progress = gr.Progress(),
+               **settings: Any) -> Iterator[tuple]:
     """Run every method on the prompt, one after another, with the chosen family and settings.
 
     The public `/race` endpoint and the Run button. `preset` names a model family (or "custom" with
@@ -179,9 +180,9 @@ def _show_stages(staged: Iterator, session: Session, progress: gr.Progress) -> A
 
 def _race_steps(preset: str, ids: tuple[str, str, str], prompt: str, settings: dict, session: Session,
           progress: gr.Progress) -> Iterator[tuple]:
+    from ..core.run import prepare_prompt, stream
     from ..models.loading import LoadError, load_triplet
     from ..models.probe import prepare
-    from ..core.run import prepare_prompt, stream
 
     try:
         spec = model_spec(preset, *ids)

@@ -14,10 +14,10 @@ from typing import Any
 
 import gradio as gr
 
+from ..core.trace import RunResult
 from . import charts, inspector, render
 from .session import Race, Session
 from .text import MSG, RACE_METHODS
-from ..core.trace import RunResult
 
 LANES_INTERVAL_S = 0.3  # the running lane's text, at most this often
 CHART_INTERVAL_S = 1.5  # the live chart, at most this often (and whenever a method ends)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import html
 import re
 
-from .text import ORIGIN_NAMES, STATUS_NAMES
 from ..core.config import METHOD_LABELS
 from ..core.methods import TABLE
 from ..core.trace import RunResult, StageRound, Step
+from .text import ORIGIN_NAMES, STATUS_NAMES
 
 # Okabe-Ito hues (colour-blind safe) as pale backgrounds with a strong underline: readable when projected.
 ORIGIN_COLOURS = {
@@ -91,7 +91,8 @@ class LaneBodies:
     steps) only renders the tokens of its new passes. Gives what `coloured_tokens` gives."""
 
     def __init__(self) -> None:
-        self._done: dict[str, tuple[Step | None, int, int, list[str]]] = {}  # method -> (last step, steps, tokens, chips)
+        # method -> (its last step rendered, steps rendered, tokens rendered, their chips)
+        self._done: dict[str, tuple[Step | None, int, int, list[str]]] = {}
 
     def __call__(self, method: str, result: RunResult) -> str:
         last, n_steps, k, chips = self._done.get(method, (None, 0, 0, []))

@@ -7,12 +7,12 @@ from typing import Any
 
 import gradio as gr
 
-from . import charts, inspector, render, story
-from .text import DEFAULT, MSG
 from ..core.config import METHOD_LABELS
 from ..core.methods import method_spec
 from ..core.trace import RunResult
+from . import charts, inspector, render, story
 from .session import Race, Session
+from .text import DEFAULT, MSG
 
 
 def _race(session: Session | None, n: Any) -> Race | None:

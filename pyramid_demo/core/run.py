@@ -1,7 +1,8 @@
 """Run a method on a loaded triplet: validate, prefill, stream `RunResult` snapshots built pass by pass."""
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -116,7 +117,8 @@ class _TextTail:
     final snapshot decodes every id once, so the record is exactly the tokenizer's decode."""
 
     def __init__(self, tokenizer: Any):
-        self.tokenizer, self.ids, self.text, self.prefix, self.read = tokenizer, [], "", 0, 0
+        self.tokenizer, self.text, self.prefix, self.read = tokenizer, "", 0, 0
+        self.ids: list[int] = []
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -208,7 +210,7 @@ def generate(triplet: ModelTriplet, prompt: str | list[int], cfg: DecodeConfig, 
     ids = prepare_prompt(triplet, prompt, cfg, chat)
     text = _prompt_text(triplet, prompt, ids, text)
     record = None
-    for record in _passes(triplet, ids, cfg, text):
+    for record in _passes(triplet, ids, cfg, text):  # noqa: B007 - the last one is the run's record
         pass
     if record is None:
         raise RuntimeError("the decoding loop made no target pass")

@@ -3,8 +3,9 @@ else this machine's cached probe, else a probe now. One decision, then the backe
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any
 
 import torch
 

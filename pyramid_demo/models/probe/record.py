@@ -10,9 +10,9 @@ from typing import Any
 from ...core import exactness
 
 FORMAT = 2  # the cache entry's layout; an entry of another format (or none: before typed records) is probed again
-HOW = {"probe": "chosen by a probe of the target's forwards just now", "cached": "chosen by this machine's cached probe",
-       "flag": "as asked on the command line", "device": "this device's default",
-       "off": "the probe is off: PYRAMID_DEMO_PROBE=0"}
+HOW = {"probe": "chosen by a probe of the target's forwards just now",
+       "cached": "chosen by this machine's cached probe", "flag": "as asked on the command line",
+       "device": "this device's default", "off": "the probe is off: PYRAMID_DEMO_PROBE=0"}
 BACKEND_TEXT = {"default": "default backends", "onednn": "oneDNN on", "no-onednn": "oneDNN off",
                 "packed": "oneDNN, weights packed once"}
 

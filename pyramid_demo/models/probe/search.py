@@ -6,6 +6,7 @@ several contexts. The fastest exact candidate wins; if none is exact, the fastes
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import Any
 
 import torch
@@ -70,7 +71,7 @@ def probe_target(target: torch.nn.Module, vocab_size: int, check_all: bool = Fal
     records: dict[str, dict] = {}
     for c in sorted(timings, key=lambda c: score(timings[c])):
         model, pad, backend, path = runs[c]
-        records[c] = exactness.check_model(lambda: open_lm(model, vocab_size, "probe", backend, path),
+        records[c] = exactness.check_model(partial(open_lm, model, vocab_size, "probe", backend, path),
                                            vocab_size, EXACT_PLAN, pad)
         if records[c]["exact"] and not check_all:
             break
