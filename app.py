@@ -6,17 +6,32 @@ lazily on the first race, never at import. On a Hugging Face ZeroGPU Space, `spa
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import gradio as gr
 
-from pyramid_demo.app import handlers as h
 from pyramid_demo.app import charts, render, views
+from pyramid_demo.app import handlers as h
+from pyramid_demo.app.text import (
+    BUTTONS,
+    DEFAULT,
+    EXAMPLE_PROMPTS,
+    EXPLANATION,
+    INFO,
+    INTRO,
+    LABELS,
+    MSG,
+    PRESET_CHOICES,
+    RACE_COLUMNS,
+    SETTINGS_TITLE,
+    START,
+    START_PRESET,
+    STATS_NOTE,
+    TABS,
+    WHATIF_LABELS,
+)
 from pyramid_demo.core.settings import BY_NAME
-from pyramid_demo.app.text import (BUTTONS, DEFAULT, EXAMPLE_PROMPTS, EXPLANATION, INFO, INTRO, LABELS, MSG,
-                                   PRESET_CHOICES, RACE_COLUMNS, SETTINGS_TITLE, START, START_PRESET, STATS_NOTE, TABS,
-                                   WHATIF_LABELS)
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 CSS = """
@@ -24,6 +39,7 @@ CSS = """
 #title h1 {margin-bottom: 0;}
 #run-btn {font-size: 1.25rem; min-height: 56px;}
 #status {font-size: 1.05rem;}
+.generating {animation: none !important;}  /* a still border while a race runs: no repaint every frame */
 """
 
 
@@ -137,7 +153,6 @@ def build_demo() -> gr.Blocks:
                     cost_plot, cost_md]
         insp_in = [session, race_dd, method_dd, round_sl, wq, wt, pos_sl]
         insp_out = [chips, div_plot, top5_plot, insp_md]
-        settings = [widgets[k] for k in h.SETTING_NAMES]
         tuned = [widgets[k] for k in h.TUNED_NAMES]
 
         preset.change(h.preset_info, preset, [preset_md, custom_box], **PRIVATE)
@@ -146,7 +161,8 @@ def build_demo() -> gr.Blocks:
         race = gr.on([run_btn.click, prompt.submit], _gpu(h.race_event),
                      [prompt, preset, draft_id, qual_id, target_id, session], race_out,
                      inputs_kwargs={k: widgets[k] for k in h.SETTING_NAMES}, api_name="race",
-                     concurrency_id="models", concurrency_limit=1)
+                     concurrency_id="models", concurrency_limit=1,
+                     show_progress_on=[status])  # one progress display: the lanes and chart stay cheap to redraw
         race.then(views.pick_race, [session], pick_out, **PRIVATE).then(views.inspect_round, insp_in, insp_out,
                                                                           **PRIVATE)
         race.then(h.preset_info, preset, [preset_md, custom_box], **PRIVATE)  # now with the probed dtype

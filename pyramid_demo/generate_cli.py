@@ -75,8 +75,8 @@ def summary(result) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from . import hardware_cli
-    from .models.loading import LoadError
     from .core.run import generate
+    from .models.loading import LoadError
 
     try:
         cfg = config_from_args(args)

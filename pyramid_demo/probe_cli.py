@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"machine: {probe.machine_key()}; probe {got.probe_s:.1f} s; weighted = "
           + " + ".join(f"{w:g}×(k={k})" for k, w in probe.SCORE_WEIGHTS.items()))
     print(probe.table(got))
-    print(f"\nchosen: {got.note.split(' — ')[0]}")
+    print(f"\nchosen: {got.summary}")
     if args.floor:
         for dt, backend in probe.candidates():
             model, _ = probe.candidate_model(t.target, dt, backend)

@@ -2,16 +2,21 @@
 k = 1, 5, 9 new tokens with every packed linear padded to 1 row (inexact on some CPUs) and to 2 (exact),
 on the lean and the HF forward; min of 15 interleaved reps. Usage: PYTHONPATH=. python scripts/padding_cost.py
 (pause anything else running first: timings on 2 shared cores are meaningless)."""
-import torch, copy, json
-from pyramid_demo.models.bundled import bundled_target
+import copy
+
+import torch
+
+from pyramid_demo.core import costs
 from pyramid_demo.core.attention import use_rowwise
 from pyramid_demo.core.packed import pack_linears
-from pyramid_demo.core.lm import open_lm
-from pyramid_demo.core import costs
+from pyramid_demo.models.bundled import bundled_target
+
 tok, t32 = bundled_target(torch.device("cpu"), torch.float32)
 timers = {}
 for pad in (1, 2):
-    m = copy.deepcopy(t32).to(torch.bfloat16); use_rowwise(m); pack_linears([m], pad)
+    m = copy.deepcopy(t32).to(torch.bfloat16)
+    use_rowwise(m)
+    pack_linears([m], pad)
     for path in ("lean", "hf"):
         timers[(pad, path)] = costs.ForwardTimer(m, 49152, "packed", path=path)
 best = {c: {k: 9e9 for k in (1, 5, 9)} for c in timers}

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 

@@ -10,8 +10,9 @@ import plotly.graph_objects as go
 import pytest
 import torch
 
-from pyramid_demo.app import handlers as h
 from pyramid_demo.app import charts, inspector, render, views
+from pyramid_demo.app import handlers as h
+from pyramid_demo.app.session import Session
 from pyramid_demo.app.text import DEFAULT, MSG, RACE_METHODS
 from pyramid_demo.core.trace import StageRound, TokenRec
 
@@ -38,7 +39,7 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-def race(session: dict | None, prompt: str = "hello", preset: str = "tiny-random", ids=("", "", ""), **over) -> list:
+def race(session: Session | None, prompt: str = "hello", preset: str = "tiny-random", ids=("", "", ""), **over) -> list:
     s = {**FAST, **over}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # gr.Warning outside a request is a plain UserWarning
@@ -46,7 +47,7 @@ def race(session: dict | None, prompt: str = "hello", preset: str = "tiny-random
 
 
 @pytest.fixture(scope="module")
-def done() -> tuple[dict, list]:
+def done() -> tuple[Session, list]:
     session = h.new_session()
     return session, race(session)
 
@@ -64,7 +65,7 @@ def test_race_streams_coloured_tokens_and_a_chart(done) -> None:
     assert isinstance(fig, go.Figure) and len(fig.data) == len(RACE_METHODS)
     assert "tok/s" in fig.data[-1].name
     assert [row[1] for row in table] == list(RACE_METHODS)
-    res = session["races"][0]["results"]
+    res = session.races[0].results
     assert all(res[m].stats.stopped == "max_new_tokens" for m in RACE_METHODS)
     # intermediate snapshots carry a live figure too
     assert any(isinstance(o[2], go.Figure) and "running" in " ".join(t.name for t in o[2].data) for o in outs[1:-1])
@@ -72,7 +73,7 @@ def test_race_streams_coloured_tokens_and_a_chart(done) -> None:
 
 def test_greedy_lossless_methods_match_ar(done) -> None:
     session, _ = done
-    res = session["races"][0]["results"]
+    res = session.races[0].results
     assert res["sd"].token_ids == res["ar"].token_ids
 
 
@@ -98,8 +99,8 @@ def test_reevaluate_is_the_leading_run_under_tau() -> None:
 
 def test_tau_change_reevaluates_a_recorded_round(done) -> None:
     session, _ = done
-    n = session["races"][0]["n"]
-    r = session["races"][0]["results"]["psd_f"]
+    n = session.races[0].n
+    r = session.races[0].results["psd_f"]
     rnd = r.steps[0].target_round
     assert rnd is not None
     chips, div_fig, top5_fig, md = views.inspect_round(session, n, "psd_f", 1, 0.4, 0.5, 1)
@@ -120,11 +121,11 @@ def test_tau_change_reevaluates_a_recorded_round(done) -> None:
 
 def test_top5_decodes_every_role(done) -> None:
     session, _ = done
-    race0 = session["races"][0]
-    step = race0["results"]["psd_f"].steps[0]
+    race0 = session.races[0]
+    step = race0.results["psd_f"].steps[0]
     dists = inspector.position_top5(step, 0)
     assert set(dists) >= {"qualifier", "target"}
-    assert all(int(i) in race0["vocab"] for pairs in dists.values() for i, _ in pairs)
+    assert all(int(i) in race0.vocab for pairs in dists.values() for i, _ in pairs)
 
 
 def test_a_winner_only_beyond_the_races_noise(done, monkeypatch) -> None:
@@ -132,10 +133,10 @@ def test_a_winner_only_beyond_the_races_noise(done, monkeypatch) -> None:
     race's timing noise (inspector.race_noise); within it they say tie, and without a noise figure the
     banner says it cannot judge."""
     session, _ = done
-    res = session["races"][-1]["results"]
+    res = session.races[-1].results
     monkeypatch.setattr(inspector, "race_noise", lambda r: 10.0)  # everything within the noise
     assert "Tie within noise" in h._winner(res) and "(1000%" in h._winner(res)
-    rows = inspector.race_rows([session["races"][-1]])
+    rows = inspector.race_rows([session.races[-1]])
     assert all("tie" in str(row[5]) for row in rows if row[1] != "ar") and rows[0][5] == 1.0
     monkeypatch.setattr(inspector, "race_noise", lambda r: 0.0)
     speeds = sorted(r.stats.tokens_per_s for r in res.values())
@@ -163,7 +164,6 @@ def test_models_are_warmed_before_the_clocks_and_one_time_costs_shown_apart(monk
     """Every model is warmed (and the cost profile taken) before the first lane's clock starts; the
     load, warm-up and profile times are in the status, not in any lane."""
     from pyramid_demo.core import costs, run
-    from pyramid_demo.models import probe
 
     events = []
     real_warm, real_stream = costs.warm_up, run.stream
@@ -173,8 +173,8 @@ def test_models_are_warmed_before_the_clocks_and_one_time_costs_shown_apart(monk
     status = race(session)[-1][0]
     assert events[0] == ("warm", ["draft", "qualifier", "target"]) and events[1][0] == "stream"
     assert "One-time costs" in status and "warm-up" in status and "load" in status
-    r = session["races"][-1]
-    assert r["profile"]["ms"]["target"] and all(res.stats.decode_s > 0 for res in r["results"].values())
+    r = session.races[-1]
+    assert r.profile["ms"]["target"] and all(res.stats.decode_s > 0 for res in r.results.values())
     assert "prefill" in h.race_lanes(r)
 
 
@@ -188,7 +188,7 @@ def test_bad_inputs_give_messages(over: dict, prompt: str, needle: str) -> None:
     session = h.new_session()
     outs = race(session, prompt, **over)
     assert len(outs) >= 1 and needle in outs[-1][0] and outs[-1][0].startswith("⚠️")
-    assert session["races"] == []
+    assert session.races == []
 
 
 def test_custom_family_errors_are_messages() -> None:
@@ -198,9 +198,9 @@ def test_custom_family_errors_are_messages() -> None:
     assert "Could not load" in outs[-1][0]
 
 
-def _until_lanes_run(gen, session: dict) -> None:
+def _until_lanes_run(gen, session: Session) -> None:
     """Advance a race past its loading stages until its first lane has produced a pass."""
-    while not (session["races"] and session["races"][-1]["results"]):
+    while not (session.races and session.races[-1].results):
         next(gen)
 
 
@@ -212,12 +212,12 @@ def test_stop_keeps_partial_results_and_next_run_works() -> None:
     assert status == MSG["stopping"]
     outs = list(gen)  # the race sees the flag after its current target pass and ends cleanly
     assert "stopped" in outs[-1][0] and "tok " in outs[-1][1]
-    partial = session["races"][0]["results"]
-    assert session["races"][0]["stopped"] and 0 < len(partial) < len(RACE_METHODS)
-    assert not session["busy"]
+    partial = session.races[0].results
+    assert session.races[0].stopped and 0 < len(partial) < len(RACE_METHODS)
+    assert not session.busy
     assert "stopped" in h.stop_race(session)[0]  # a second press just reports
     outs = race(session)
-    assert "finished" in outs[-1][0] and len(session["races"]) == 2
+    assert "finished" in outs[-1][0] and len(session.races) == 2
     assert "Race 1" in outs[-1][4]  # the earlier, stopped race stays visible
     assert [row[0] for row in outs[-1][3]].count(1) == len(partial)  # its rows stay in the table
 
@@ -227,7 +227,7 @@ def test_cancelled_generator_leaves_a_usable_session() -> None:
     gen = h.run_race("tiny-random", ("", "", ""), "hello", FAST, session)
     _until_lanes_run(gen, session)
     gen.close()  # a closed page or a cancelled event
-    assert not session["busy"] and session["races"][0]["running"] is None
+    assert not session.busy and session.races[0].running is None
     assert "finished" in race(session)[-1][0]
 
 
@@ -244,8 +244,8 @@ def test_export_writes_json_and_csv(done) -> None:
 
 
 def test_clear_and_presets() -> None:
-    out = h.clear_results({"races": [], "next": 3})
-    assert out[0] == MSG["cleared"] and out[-1]["races"] == []
+    out = h.clear_results(Session(next=3))
+    assert out[0] == MSG["cleared"] and out[-1].races == []
     text, vis = h.preset_info("custom")
     assert vis["visible"] is True
     text, vis = h.preset_info("smollm2-offline")
@@ -307,7 +307,7 @@ def test_a_race_encodes_its_prompt_once(monkeypatch):
     session = h.new_session()
     race(session, prompt="once")
     assert len(calls) == 1
-    assert all(r.prompt == "once" for r in session["races"][0]["results"].values())
+    assert all(r.prompt == "once" for r in session.races[0].results.values())
 
 
 def test_a_race_without_an_exactness_record_says_lossless_methods_may_differ(monkeypatch) -> None:
@@ -319,10 +319,10 @@ def test_a_race_without_an_exactness_record_says_lossless_methods_may_differ(mon
 
     session = h.new_session()
     race(session)
-    note = session["races"][-1]["note"]
+    note = session.races[-1].note
     assert "may differ from AR" in note and "not checked" in note
     real = loading.load_triplet
     monkeypatch.setattr(loading, "load_triplet", lambda *a, **k: dataclasses.replace(
         real(*a, **k), exact=True, exact_note="exact: checked"))
     race(session)
-    assert "may differ" not in session["races"][-1]["note"]
+    assert "may differ" not in session.races[-1].note

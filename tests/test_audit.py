@@ -9,15 +9,13 @@ import math
 
 import pytest
 import torch
+from mock_lm import BigramLM, bigram_table
 
-from pyramid_demo.core import rules
+from pyramid_demo.core import engine, rules
 from pyramid_demo.core.config import DecodeConfig
-from pyramid_demo.core import engine
 from pyramid_demo.core.engine import decode, roles_for, verify
 from pyramid_demo.core.run import generate
 from pyramid_demo.models.tiny import tiny_random_triplet
-
-from mock_lm import BigramLM, bigram_table
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -3,6 +3,8 @@ import math
 
 import pytest
 import torch
+from mock_lm import BigramLM
+from test_engine import check_caches, greedy_ar, joint_two_tokens
 
 from pyramid_demo.core import rules
 from pyramid_demo.core.config import METHODS, DecodeConfig
@@ -10,9 +12,6 @@ from pyramid_demo.core.engine import decode, prefill, propose, roles_for
 from pyramid_demo.core.lm import CachedLM
 from pyramid_demo.core.run import generate
 from pyramid_demo.models.tiny import tiny_random_triplet
-
-from mock_lm import BigramLM
-from test_engine import check_caches, greedy_ar, joint_two_tokens
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

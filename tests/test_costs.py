@@ -6,8 +6,8 @@ import json
 
 import pytest
 import torch
-
 from mock_lm import BigramLM, bigram_table
+
 from pyramid_demo.core import costs
 from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.engine import decode
@@ -145,13 +145,13 @@ def test_probe_picks_what_the_timer_says_is_fastest(cache, monkeypatch, fastest,
     from pyramid_demo.models import probe
     from pyramid_demo.models.tiny import tiny_random_triplet
 
-    monkeypatch.setattr(probe, "native_bf16", lambda: True)
-    monkeypatch.setattr(probe, "packed_available", lambda dt: packed)
-    monkeypatch.setattr(probe, "pack_linears", lambda models, pad=1: 0)  # the timer is fake: nothing to pack
-    monkeypatch.setattr(probe, "invariant_pad", lambda linears, rows: 1)
-    monkeypatch.setattr(probe.exactness, "check_model", _all_exact)  # every candidate exact: speed decides
+    monkeypatch.setattr(probe.build, "native_bf16", lambda: True)
+    monkeypatch.setattr(probe.build, "packed_available", lambda dt: packed)
+    monkeypatch.setattr(probe.build, "pack_linears", lambda models, pad=1: 0)  # the timer is fake: nothing to pack
+    monkeypatch.setattr(probe.build, "invariant_pad", lambda linears, rows: 1)
+    monkeypatch.setattr(probe.search.exactness, "check_model", _all_exact)  # every candidate exact: speed decides
     timer, calls = _fake_timer(fastest)
-    monkeypatch.setattr(probe, "make_timer", timer)
+    monkeypatch.setattr(probe.search, "make_timer", timer)
     t = tiny_random_triplet()
     got = probe.choose("fam", torch.device("cpu"), None, None, lambda: (t.target, t.vocab_size))
     assert (got.dtype, got.backend, got.how) == (*fastest.split("/"), "probe")
@@ -176,7 +176,7 @@ def test_flags_override_and_no_bf16_without_native_support(cache, monkeypatch):
     assert (got.dtype, got.backend, got.how) == ("bfloat16", "no-onednn", "flag")
     with pytest.raises(ValueError, match="backend"):
         probe.choose("fam", torch.device("cpu"), None, "fast", lambda: pytest.fail("probed"))
-    monkeypatch.setattr(probe, "native_bf16", lambda: False)
+    monkeypatch.setattr(probe.build, "native_bf16", lambda: False)
     assert probe.candidates() == [("float32", "default")]
     monkeypatch.setenv("PYRAMID_DEMO_PROBE", "0")
     off = probe.choose("fam2", torch.device("cpu"), None, None, lambda: pytest.fail("probed"))
@@ -188,9 +188,9 @@ def test_load_triplet_applies_the_choice_and_cachedlm_runs_under_it(cache, monke
     from pyramid_demo.core.run import generate
     from pyramid_demo.models import loading, probe
 
-    monkeypatch.setattr(probe, "native_bf16", lambda: True)
-    monkeypatch.setattr(probe, "make_timer", _fake_timer("bfloat16/no-onednn")[0])
-    monkeypatch.setattr(probe.exactness, "check_model", _all_exact)
+    monkeypatch.setattr(probe.build, "native_bf16", lambda: True)
+    monkeypatch.setattr(probe.search, "make_timer", _fake_timer("bfloat16/no-onednn")[0])
+    monkeypatch.setattr(probe.search.exactness, "check_model", _all_exact)
     loading.clear_cache()
     t = loading.load_triplet("tiny-random", device="cpu")
     assert t.dtype == torch.bfloat16 and t.backend == "no-onednn" and "probe" in t.choice_note
@@ -225,7 +225,7 @@ def test_cost_profile_is_measured_once_then_cached(cache, monkeypatch):
             n.append(k)
             return 0.001 * k
 
-    monkeypatch.setattr(probe, "make_timer", Timer)
+    monkeypatch.setattr(probe.search, "make_timer", Timer)
     t = tiny_random_triplet()
     models = len({id(m) for m in (t.draft, t.qualifier, t.target)})
     p = probe.cost_profile(t, max_k=3)

@@ -4,14 +4,13 @@ import json
 
 import pytest
 import torch
+from mock_lm import BigramLM, bigram_table
 
 from pyramid_demo.core.config import METHODS, DecodeConfig
 from pyramid_demo.core.engine import decode, prefill, roles_for
 from pyramid_demo.core.lm import CachedLM
 from pyramid_demo.core.run import generate, stream
 from pyramid_demo.models.tiny import tiny_random_triplet
-
-from mock_lm import BigramLM, bigram_table
 
 PROMPTS = ["hello", "The quick brown fox"]
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -131,7 +130,8 @@ def test_same_seed_same_output(tiny):
 
 def test_stream_snapshots_grow_and_serialise(tiny):
     """stream yields a growing snapshot per target pass; the record is plain JSON."""
-    snaps = list(stream(dataclasses.replace(tiny, eos_ids=()), "hello", DecodeConfig(method="psd_f", max_new_tokens=24)))
+    cfg = DecodeConfig(method="psd_f", max_new_tokens=24)
+    snaps = list(stream(dataclasses.replace(tiny, eos_ids=()), "hello", cfg))
     lengths = [len(s.token_ids) for s in snaps]
     assert lengths == sorted(lengths) and lengths[-1] == 24
     d = json.loads(snaps[-1].to_json())

@@ -99,15 +99,15 @@ def test_the_probe_rejects_a_batch_variant_backend(tmp_path, monkeypatch, one_th
 
     monkeypatch.setenv("PYRAMID_DEMO_PROBE_CACHE", str(tmp_path))
     monkeypatch.setenv("PYRAMID_DEMO_PROBE", "1")
-    monkeypatch.setattr(probe, "EXACT_PLAN", PLAN)
-    monkeypatch.setattr(probe, "candidates", lambda: [("float32", "default"), ("bfloat16", "no-onednn")])
+    monkeypatch.setattr(probe.search, "EXACT_PLAN", PLAN)
+    monkeypatch.setattr(probe.search, "candidates", lambda: [("float32", "default"), ("bfloat16", "no-onednn")])
 
     def candidate(target, dt, backend):  # fp32 "fast" but batch-variant; the other exact
         model, _ = _exact_base()
         return (_swap(model, 1), 1) if dt == "float32" else (model, 1)
 
-    monkeypatch.setattr(probe, "open_lm", lambda m, v, r, b, path: CachedLM(m, v, r, "no-onednn"))
-    monkeypatch.setattr(probe, "supports_lean", lambda m: False)
+    monkeypatch.setattr(probe.search, "open_lm", lambda m, v, r, b, path: CachedLM(m, v, r, "no-onednn"))
+    monkeypatch.setattr(probe.search, "supports_lean", lambda m: False)
 
     class Timer:
         def __init__(self, model, vocab, backend, context=100, path="hf"):
@@ -116,8 +116,8 @@ def test_the_probe_rejects_a_batch_variant_backend(tmp_path, monkeypatch, one_th
         def time(self, k):
             return 0.001 if self.fast else 0.01
 
-    monkeypatch.setattr(probe, "candidate_model", candidate)
-    monkeypatch.setattr(probe, "make_timer", Timer)
+    monkeypatch.setattr(probe.search, "candidate_model", candidate)
+    monkeypatch.setattr(probe.search, "make_timer", Timer)
     key = f"{probe.machine_key()} | fam"
     (tmp_path / probe.CHOICE_FILE).write_text(json.dumps({key: {"dtype": "float32", "backend": "default"}}))
     t = tiny_random_triplet()

@@ -14,7 +14,6 @@ import re
 import sys
 import time
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -251,7 +250,8 @@ def test_custom_family_with_a_broken_model(server, mismatched):
 MODELS = [
     ("custom family: a model path that does not exist", ("/nonexistent/draft", "/nonexistent/q", "/nonexistent/t"),
      "no such path"),
-    ("custom family: a Hub id that does not exist (offline)", ("no-such-org/no-such-model",) * 3, "Hub cannot be reached"),
+    ("custom family: a Hub id that does not exist (offline)", ("no-such-org/no-such-model",) * 3,
+     "Hub cannot be reached"),
     ("custom family: a real Hub id, offline (HF_HUB_OFFLINE=1)", ("HuggingFaceTB/SmolLM2-135M-Instruct",) * 3,
      "Hub cannot be reached"),
 ]

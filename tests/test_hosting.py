@@ -6,7 +6,8 @@ import warnings
 
 import pytest
 
-from pyramid_demo.app import handlers as h, hosting
+from pyramid_demo.app import handlers as h
+from pyramid_demo.app import hosting
 from pyramid_demo.app.text import RACE_METHODS
 
 FAST = dict(max_new_tokens=400.0, temperature=0.0, seed=0.0, gamma=3.0, l_d=2.0, l_q=4.0, tau_q=0.4, tau_t=0.5,
@@ -74,9 +75,9 @@ def test_a_zerogpu_race_runs_every_method_in_one_call_and_is_cut_to_fit(monkeypa
         list(app._gpu(h.race_event)("hello", "tiny-random", "", "", "", session, lambda *a, **k: None,
                                     **{k: FAST[k] for k in h.SETTING_NAMES}))
     sys.modules.pop("app", None)
-    race = session["races"][-1]
-    assert calls == [20] and set(race["results"]) == set(RACE_METHODS)  # one allocation, every method
-    assert race["config"]["max_new_tokens"] < 400 and "cut from 400" in race["note"]
+    race = session.races[-1]
+    assert calls == [20] and set(race.results) == set(RACE_METHODS)  # one allocation, every method
+    assert race.config["max_new_tokens"] < 400 and "cut from 400" in race.note
 
 
 def test_placement_comes_from_space_variables(monkeypatch):
@@ -101,10 +102,10 @@ def test_memory_line_uses_the_dtype_the_family_loads_in(monkeypatch, tmp_path):
     monkeypatch.setattr(probe, "native_bf16", lambda: True)
     before = hosting.memory_line("tiny-random")
     assert "in float32" in before and "in bfloat16 if the first run's probe picks it" in before
-    probe._write(probe.CHOICE_FILE, f"{probe.machine_key()} | tiny-random",
-                 {"dtype": "bfloat16", "backend": "no-onednn", "path": "lean",  # a choice with its exactness record
-                  "exactness": {"bfloat16/no-onednn/lean": {"exact": True, "top1": True, "passes": 1, "bitwise_passes": 1,
-                                                       "max_abs_diff": 0.0, "max_k": 65, "pad_rows": 1}}})
+    probe.remember("tiny-random", probe.Choice(  # a choice with its exactness record
+        "bfloat16", "no-onednn", "probe", path="lean",
+        exactness={"bfloat16/no-onednn/lean": {"exact": True, "top1": True, "passes": 1, "bitwise_passes": 1,
+                                               "max_abs_diff": 0.0, "max_k": 65, "pad_rows": 1}}))
     after = hosting.memory_line("tiny-random")
     assert "in bfloat16 for" in after and "float32" not in after, after
     monkeypatch.setenv("PYRAMID_DEMO_PROBE", "0")  # the probe off: float32 it is, and only that

@@ -18,7 +18,7 @@ import pyramid_demo.models.loading as loading
 from pyramid_demo.core.lm import CachedLM, ModelTriplet, encode_prompt
 from pyramid_demo.models.loading import LoadError, load_triplet, pick_device, pick_dtype
 from pyramid_demo.models.presets import DEFAULT_PRESET, PRESETS, Preset
-from pyramid_demo.models.tiny import tiny_tokenizer, tiny_config
+from pyramid_demo.models.tiny import tiny_config, tiny_tokenizer
 
 
 @pytest.fixture(scope="session")
@@ -233,7 +233,7 @@ def test_publish_is_atomic(tmp_path):
         p.mkdir()
         (p / "w").write_text(name)
         if complete:
-            (p / bundled.MARKER).write_text('{"format": "%s"}' % bundled.CONVERTED_FORMAT)
+            (p / bundled.MARKER).write_text(f'{{"format": "{bundled.CONVERTED_FORMAT}"}}')
         return p
 
     dest = tmp_path / "dest"

@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+from mock_lm import BigramLM, bigram_table
 from torch import nn
 
 from pyramid_demo.core import packed, rules
@@ -18,8 +19,6 @@ from pyramid_demo.core.run import generate
 from pyramid_demo.distill import vocab as dv
 from pyramid_demo.models.reduced_head import ReducedHead, load_subset, reduce_head, save_subset
 from pyramid_demo.models.tiny import tiny_random_triplet
-
-from mock_lm import BigramLM, bigram_table
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 INF = float("inf")

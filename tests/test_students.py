@@ -11,8 +11,8 @@ import importlib.util
 import pytest
 import torch
 
-from pyramid_demo.models import students
 from pyramid_demo.core.lm import CachedLM, encode_prompt
+from pyramid_demo.models import students
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # Held-out prompts (their topics are not among the training topics) and the target's own

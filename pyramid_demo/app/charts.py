@@ -4,12 +4,12 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .inspector import round_tau, speedups, stage_names, whatif_statuses
 from ..core.config import METHOD_LABELS
 from ..core.costs import measured_by_k
 from ..core.methods import method_spec
-from .render import METHOD_COLOURS, STATUS_COLOURS
 from ..core.trace import RunResult, StageRound, Step
+from .inspector import round_tau, speedups, stage_names, whatif_statuses
+from .render import METHOD_COLOURS, STATUS_COLOURS
 
 FONT_SIZE = 15  # large enough to read on a projector
 ROLE_COLOURS = {"draft": "#009E73", "qualifier": "#0072B2", "target": "#E69F00"}
@@ -31,24 +31,32 @@ def empty_figure(message: str, height: int = 300) -> go.Figure:
     return _layout(fig, "", height)
 
 
-def _curve(r: RunResult) -> tuple[list[float], list[int]]:
-    """Cumulative tokens at the end of each target pass (engine time, prefill excluded)."""
+LIVE_POINTS = 40  # points per line while a race runs: a cheap chart to send and re-draw
+
+
+def _curve(r: RunResult, max_points: int | None = None) -> tuple[list[float], list[int]]:
+    """Cumulative tokens at the end of each target pass (engine time, prefill excluded); with `max_points`,
+    evenly thinned to about that many (the first and last kept)."""
     xs, ys, n = [0.0], [0], 0
     for s in r.steps:
         n += len(s.new_tokens)
         xs.append(s.t_end)
         ys.append(n)
+    if max_points and len(xs) > max_points:
+        keep = sorted({round(i * (len(xs) - 1) / (max_points - 1)) for i in range(max_points)})
+        xs, ys = [xs[i] for i in keep], [ys[i] for i in keep]
     return xs, ys
 
 
-def race_figure(results: dict[str, RunResult], running: str | None = None) -> go.Figure:
-    """Tokens generated vs time for every method of one race; the legend ends in tok/s and speed-ups."""
+def race_figure(results: dict[str, RunResult], running: str | None = None, live: bool = False) -> go.Figure:
+    """Tokens generated vs time for every method of one race; the legend ends in tok/s and speed-ups.
+    `live`: while the race runs, LIVE_POINTS per line and no markers (the page re-draws it as it goes)."""
     fig = go.Figure()
     for m, r in results.items():
-        xs, ys = _curve(r)
+        xs, ys = _curve(r, LIVE_POINTS if live else None)
         name = " · ".join([f"{m.upper()}: {r.stats.tokens_per_s:.1f} tok/s",
                            *(["running"] if m == running else speedups(m, results))])
-        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", line_shape="hv", name=name,
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines" if live else "lines+markers", line_shape="hv", name=name,
                                  line=dict(color=METHOD_COLOURS.get(m), width=3), marker=dict(size=5),
                                  hovertemplate="%{y} tokens at %{x:.2f} s<extra>" + m.upper() + "</extra>"))
     if not results:
@@ -92,7 +100,7 @@ def divergence_figure(step: Step, tau_q: float, tau_t: float, texts: dict[int, s
         rule = "exact rule, τ unused" if tau is None else f"τ_{'Q' if stage == 'qualifier' else 'T'} = {tau:g}"
         titles.append(f"{rnd.proposer} → {rnd.verifier}: Div({rnd.verifier}, {rnd.proposer}) · {rule}")
     fig = make_subplots(rows=len(rows), cols=1, subplot_titles=titles, vertical_spacing=0.25)
-    for k, (stage, rnds) in enumerate(rows, start=1):
+    for k, (_, rnds) in enumerate(rows, start=1):
         _bars(fig, rnds, round_tau(rnds[0], tau_q, tau_t), texts, k, "r")
         fig.update_yaxes(title="Div", rangemode="tozero", row=k, col=1)
     _layout(fig, "", 250 + 210 * (len(rows) - 1))

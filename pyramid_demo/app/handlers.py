@@ -1,9 +1,8 @@
 """The app's event handlers: plain functions over plain values, testable without a browser.
 
-Per-user data lives in one `session` dict (a gr.State): {"races": [race, ...], "next": n}; a race is
-{"n", "preset", "models", "prompt", "config", "results": {method: RunResult}, "vocab": {id: text},
-"running": method | None, "stopped": bool}; "busy"/"stop" flag a running race and a Stop request. It is
-mutated in place (Gradio hands every event of a session the same object), so Stop keeps partial results.
+Per-user data lives in one typed `Session` (a gr.State, see `session`): its races, each a `Race` with the
+results of every method; it is mutated in place (Gradio hands every event of a session the same object),
+so Stop keeps partial results.
 """
 from __future__ import annotations
 
@@ -12,30 +11,32 @@ import json
 import logging
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import gradio as gr
 
-from . import charts, hosting, inspector, render, stages
-from .text import CUSTOM, DEFAULT, MSG, RACE_COLUMNS, RACE_METHODS, START
 from ..core.config import METHOD_LABELS, DecodeConfig
 from ..core.noise import leaders
 from ..core.settings import APP_SETTINGS, TUNABLE
-from ..models.presets import PRESETS, family_config
 from ..core.trace import RunResult
+from ..models.presets import PRESETS, family_config
+from . import hosting, inspector, stages
+from .race_view import LiveView, earlier_lanes, full_outputs, race_lanes, status_only  # noqa: F401 (app.py reads them here)
+from .session import Race, Session
+from .text import CUSTOM, DEFAULT, MSG, RACE_COLUMNS, RACE_METHODS, START
 
 log = logging.getLogger(__name__)
 MAX_RACES = 20  # per user; older races are dropped to bound a hosted app's memory
-UI_INTERVAL_S = 0.15  # stream to the page at most this often (every pass is still recorded)
 SETTING_NAMES = APP_SETTINGS  # the settings widgets, in page order (race_event takes them by name)
 TUNED_NAMES = TUNABLE  # the widgets preset_settings resets, in this order
 INT_SETTINGS = tuple(k for k in SETTING_NAMES if isinstance(getattr(DEFAULT, k), int))
 
 
-def new_session() -> dict:
-    return {"races": [], "next": 1}
+def new_session() -> Session:
+    return Session()
 
 
 def _notify(msg: str) -> str:
@@ -59,8 +60,9 @@ def preset_info(preset: str) -> tuple[str, Any]:
     text += "  \n" + hosting.memory_line(preset)
     from ..models.probe import cached_choice
 
-    choice = cached_choice(preset).split(" — ")[0]  # the choice and its exactness; the probe's timings are in its table
-    text += "  \nOn a CPU: " + (choice or "dtype, backend and forward are probed on the first run (several seconds)")
+    choice = cached_choice(preset)  # the choice and its exactness; the probe's timings are in its table
+    text += "  \nOn a CPU: " + (choice.summary if choice else
+                                "dtype, backend and forward are probed on the first run (several seconds)")
     if p.tuned:
         text += "  \nTuned settings (measured with `bench`): " + " · ".join(f"{k} {v}" for k, v in p.tuned)
     return text, gr.update(visible=False)
@@ -95,23 +97,6 @@ def make_config(**settings: Any) -> DecodeConfig:
 
 
 # ------------------------------------------------------------------ race
-def _headline(m: str, r: RunResult | None, race: dict) -> str:
-    if r is None:
-        return "waiting…"
-    s = r.stats
-    if race["running"] == m:
-        return f"{s.n_new_tokens} tokens · {s.tokens_per_s:.1f} tok/s so far"
-    parts = [f"{s.n_new_tokens} tokens in {s.decode_s:.2f} s (prefill {s.prefill_s:.2f} s apart)",
-             f"{s.tokens_per_s:.1f} tok/s",
-             *inspector.speedups(m, race["results"])]
-    if s.acceptance:
-        parts.append("accepted " + ", ".join(f"{'→Q' if k == 'qualifier' else '→T'} {v:.0%}"
-                                             for k, v in s.acceptance.items()))
-    if not s.stopped:
-        parts.append("stopped")
-    return " · ".join(parts)
-
-
 def _winner(res: dict[str, RunResult]) -> str:
     """One line for the projector: the fastest method, or a tie when others are within the race's noise."""
     if not res:
@@ -128,39 +113,7 @@ def _winner(res: dict[str, RunResult]) -> str:
     return MSG["winner"].format(label=METHOD_LABELS[m], figures=figures, noise=spread)
 
 
-def race_lanes(race: dict | None) -> str:
-    if race is None:
-        return render.legend_html() + render.message_html(MSG["idle"])
-    res = race["results"]
-    lanes = [render.lane_html(m, res.get(m), _headline(m, res.get(m), race), race["running"] == m)
-             for m in RACE_METHODS]
-    return render.legend_html() + render.lanes_html(lanes, f"Race {race['n']} · {race['preset']} · "
-                                                           f"prompt: {race['prompt'][:80]}", race.get("note", ""))
-
-
-def earlier_lanes(session: dict) -> str:
-    """Every finished race before the latest, newest first, for comparison."""
-    races = session["races"][:-1][::-1]
-    if not races:
-        return render.message_html("Earlier races appear here until you clear them.")
-    return "".join(race_lanes(r) for r in races)
-
-
-def _table(session: dict) -> list[list]:
-    return inspector.race_rows(session["races"])
-
-
-def _race_outputs(session: dict, status: str) -> tuple:
-    race = session["races"][-1] if session["races"] else None
-    fig = charts.race_figure(race["results"] if race else {}, race["running"] if race else None)
-    return status, race_lanes(race), fig, _table(session), earlier_lanes(session), session
-
-
-def _skip_outputs(status: str, session: dict) -> tuple:
-    return status, gr.skip(), gr.skip(), gr.skip(), gr.skip(), session
-
-
-def _learn_vocab(race: dict, tokenizer: Any, r: RunResult) -> None:
+def _learn_vocab(race: Race, tokenizer: Any, r: RunResult) -> None:
     """Decode the ids of the newest pass (tokens and top-5) so the inspector never needs the tokenizer."""
     if not r.steps:
         return
@@ -172,13 +125,14 @@ def _learn_vocab(race: dict, tokenizer: Any, r: RunResult) -> None:
             ids.add(t.token_id)
             for pairs in t.top5.values():
                 ids.update(int(i) for i, _ in pairs)
-    vocab = race["vocab"]
+    vocab = race.vocab
     for i in ids - vocab.keys():
         vocab[i] = tokenizer.decode([i])
 
 
 def race_event(prompt: str, preset: str, draft: str | None = None, qualifier: str | None = None,
-               target: str | None = None, session: dict | None = None, progress: gr.Progress = gr.Progress(), **settings: Any) -> Iterator[tuple]:
+               target: str | None = None, session: Session | None = None, progress: gr.Progress = gr.Progress(),
+               **settings: Any) -> Iterator[tuple]:
     """Run every method on the prompt, one after another, with the chosen family and settings.
 
     The public `/race` endpoint and the Run button. `preset` names a model family (or "custom" with
@@ -190,11 +144,11 @@ def race_event(prompt: str, preset: str, draft: str | None = None, qualifier: st
 
 
 def run_race(preset: str, models: tuple[str, str, str], prompt: str, settings: dict[str, Any],
-             session: dict | None, progress: gr.Progress = gr.Progress()) -> Iterator[tuple]:
+             session: Session | None, progress: gr.Progress = gr.Progress()) -> Iterator[tuple]:
     """Run every method on the prompt, one after another, yielding (status, lanes, chart, table, earlier, session).
 
     `models` are the custom draft, qualifier and target ids; `settings` maps DecodeConfig fields to widget
-    values. Stop is cooperative: `stop_race` sets session["stop"], seen after every target pass, so the race
+    values. Stop is cooperative: `stop_race` sets `session.stop`, seen after every target pass, so the race
     ends cleanly with its partial results (cancelling the event instead would race a late snapshot).
     """
     session = session if session is not None else new_session()
@@ -203,17 +157,17 @@ def run_race(preset: str, models: tuple[str, str, str], prompt: str, settings: d
         settings["max_new_tokens"], cut = hosting.fit_race(preset, len(RACE_METHODS), int(settings["max_new_tokens"]))
     except (KeyError, TypeError, ValueError):
         cut = ""  # make_config reports the bad value
-    session["budget_note"] = _notify(cut) if cut else ""
-    session["stop"], session["busy"] = False, True
+    session.budget_note = _notify(cut) if cut else ""
+    session.stop, session.busy = False, True
     try:
         yield from _race_steps(preset, models, prompt, settings, session, progress)
     finally:
-        session["busy"] = False
-        for old in session["races"]:
-            old["running"] = None
+        session.busy = False
+        for old in session.races:
+            old.running = None
 
 
-def _show_stages(staged: Iterator, session: dict, progress: gr.Progress) -> Any:
+def _show_stages(staged: Iterator, session: Session, progress: gr.Progress) -> Any:
     """Show each stage's status and progress while `staged` (stages.run_staged) runs; return its result."""
     while True:
         try:
@@ -221,26 +175,26 @@ def _show_stages(staged: Iterator, session: dict, progress: gr.Progress) -> Any:
         except StopIteration as done:
             return done.value
         progress(frac, desc=text)
-        yield _skip_outputs(text, session)
+        yield status_only(text, session)
 
 
-def _race_steps(preset: str, ids: tuple[str, str, str], prompt: str, settings: dict, session: dict,
+def _race_steps(preset: str, ids: tuple[str, str, str], prompt: str, settings: dict, session: Session,
           progress: gr.Progress) -> Iterator[tuple]:
+    from ..core.run import prepare_prompt, stream
     from ..models.loading import LoadError, load_triplet
     from ..models.probe import prepare
-    from ..core.run import prepare_prompt, stream
 
     try:
         spec = model_spec(preset, *ids)
         base = make_config(**settings)
     except (ValueError, TypeError) as e:
-        yield _skip_outputs(_notify(MSG["bad_settings"].format(err=e)), session)
+        yield status_only(_notify(MSG["bad_settings"].format(err=e)), session)
         return
     if not (prompt or "").strip():
-        yield _skip_outputs(_notify(MSG["bad_prompt"].format(err="the prompt is empty: type a question or "
+        yield status_only(_notify(MSG["bad_prompt"].format(err="the prompt is empty: type a question or "
                                                                    "instruction")), session)
         return
-    yield _skip_outputs(MSG["loading"].format(preset=preset), session)
+    yield status_only(MSG["loading"].format(preset=preset), session)
     progress(0.0, desc=MSG["loading"].format(preset=preset))
     t0 = time.perf_counter()
 
@@ -254,100 +208,99 @@ def _race_steps(preset: str, ids: tuple[str, str, str], prompt: str, settings: d
         staged = stages.run_staged(lambda: prepare(triplet, ids), lambda: "warm")
         prep = yield from _show_stages(staged, session, progress)  # warm-up and cost profile, before any clock
     except LoadError as e:
-        yield _skip_outputs(_notify(MSG["load_failed"].format(err=e)), session)
+        yield status_only(_notify(MSG["load_failed"].format(err=e)), session)
         return
     except ValueError as e:
-        yield _skip_outputs(_notify(MSG["bad_prompt"].format(err=e)), session)
+        yield status_only(_notify(MSG["bad_prompt"].format(err=e)), session)
         return
     except Exception as e:  # an unexpected loader failure must not take the page down
         log.exception("loading %s failed", spec)
-        yield _skip_outputs(_notify(MSG["load_failed"].format(err=e)), session)
+        yield status_only(_notify(MSG["load_failed"].format(err=e)), session)
         return
-    if session.get("stop"):  # Stop or Clear while the models loaded
-        yield _race_outputs(session, MSG["stopped_early"])
+    if session.stop:  # Stop or Clear while the models loaded
+        yield full_outputs(session, MSG["stopped_early"])
         return
-    race = {"n": session["next"], "preset": preset, "models": list(triplet.names), "prompt": prompt,
-            "config": base.to_dict(), "results": {}, "vocab": {}, "running": None, "stopped": False,
-            "note": " ".join(x for x in (getattr(triplet, "note", ""), session.pop("budget_note", ""),
-                                         "" if triplet.exact else MSG["not_exact"].format(why=triplet.exact_note))
-                             if x),
-            "profile": prep["profile"],
-            "setup": MSG["setup"].format(load=load_s, warm=prep["warm_s"], profile=prep["profile_s"],
-                                         choice=triplet.choice_note.split(" — ")[0])}  # no probe timings
-    session["next"] += 1
-    session["races"] = session["races"][-(MAX_RACES - 1):] + [race]
+    notes = (getattr(triplet, "note", ""), session.budget_note,
+             "" if triplet.exact else MSG["not_exact"].format(why=triplet.exact_note))
+    race = Race(n=session.next, preset=preset, models=list(triplet.names), prompt=prompt, config=base.to_dict(),
+                note=" ".join(x for x in notes if x), profile=prep["profile"],
+                setup=MSG["setup"].format(load=load_s, warm=prep["warm_s"], profile=prep["profile_s"],
+                                          choice=triplet.choice_note))
+    session.budget_note = ""
+    session.next += 1
+    session.races = session.races[-(MAX_RACES - 1):] + [race]
+    live = LiveView(session, race)  # only what changed goes to the page (see `race_view`)
     for i, m in enumerate(RACE_METHODS):
-        race["running"] = m
-        status = MSG["running"].format(n=race["n"], label=METHOD_LABELS[m], i=i + 1, total=len(RACE_METHODS))
+        race.running = m
+        status = MSG["running"].format(n=race.n, label=METHOD_LABELS[m], i=i + 1, total=len(RACE_METHODS))
         progress(i / len(RACE_METHODS), desc=status)
-        last = 0.0
         try:
             for snap in stream(triplet, ids, replace(base, method=m), text=prompt):
-                race["results"][m] = snap
+                race.results[m] = snap
                 _learn_vocab(race, triplet.tokenizer, snap)
-                if session.get("stop"):
+                if session.stop:
                     break
-                if time.monotonic() - last >= UI_INTERVAL_S or snap.stats.stopped:
-                    last = time.monotonic()
-                    yield _race_outputs(session, status)
+                out = live.update(status, bool(snap.stats.stopped))
+                if out is not None:
+                    yield out
         except Exception as e:  # keep serving: report, keep what ran, stop this race
-            log.exception("race %s failed in %s", race["n"], m)
-            race["running"] = None
-            yield _race_outputs(session, _notify(MSG["run_failed"].format(err=e)))
+            log.exception("race %s failed in %s", race.n, m)
+            race.running = None
+            yield full_outputs(session, _notify(MSG["run_failed"].format(err=e)))
             return
-        if session.get("stop"):
-            race["running"], race["stopped"] = None, True
-            kept = any(r is race for r in session["races"])  # not after Clear
-            yield _race_outputs(session, MSG["stopped"].format(n=race["n"]) if kept else MSG["cleared"])
+        if session.stop:
+            race.running, race.stopped = None, True
+            kept = any(r is race for r in session.races)  # not after Clear
+            yield full_outputs(session, MSG["stopped"].format(n=race.n) if kept else MSG["cleared"])
             return
-    race["running"] = None
-    hosting.record(preset, race["results"])  # the next race's ZeroGPU budget uses this family's speed
-    yield _race_outputs(session, MSG["done"].format(n=race["n"]) + _winner(race["results"]) + "  \n" + race["setup"])
+    race.running = None
+    hosting.record(preset, race.results)  # the next race's ZeroGPU budget uses this family's speed
+    yield full_outputs(session, MSG["done"].format(n=race.n) + _winner(race.results) + "  \n" + race.setup)
 
 
-def stop_race(session: dict | None) -> tuple:
+def stop_race(session: Session | None) -> tuple:
     """Ask a running race to stop after its current target pass; its partial results stay."""
     session = session if session is not None else new_session()
-    if session.get("busy"):
-        session["stop"] = True
-        return _skip_outputs(MSG["stopping"], session)
-    if not session["races"]:
-        return _race_outputs(session, MSG["idle"])
-    race = session["races"][-1]
-    return _race_outputs(session, MSG["stopped" if race["stopped"] else "done"].format(n=race["n"]))
+    if session.busy:
+        session.stop = True
+        return status_only(MSG["stopping"], session)
+    race = session.latest
+    if race is None:
+        return full_outputs(session, MSG["idle"])
+    return full_outputs(session, MSG["stopped" if race.stopped else "done"].format(n=race.n))
 
 
-def clear_results(session: dict | None) -> tuple:
+def clear_results(session: Session | None) -> tuple:
     """Forget this user's races (other users are untouched: each has their own state).
 
     During a race Clear also stops it, and empties the session in place: the running race holds the
-    same dict, so its later updates cannot bring the cleared results back."""
-    if session is not None and session.get("busy"):
-        session["stop"] = True
-        session.update(new_session())
-        return _race_outputs(session, MSG["cleared"])
-    return _race_outputs(new_session(), MSG["cleared"])
+    same object, so its later updates cannot bring the cleared results back."""
+    if session is not None and session.busy:
+        session.stop = True
+        session.clear()
+        return full_outputs(session, MSG["cleared"])
+    return full_outputs(new_session(), MSG["cleared"])
 
 
 # ------------------------------------------------------------------ export
-def export_files(session: dict | None) -> tuple[str | None, str | None]:
+def export_files(session: Session | None) -> tuple[str | None, str | None]:
     """Write the full trace (JSON) and the race table (CSV) to fresh temporary files for download."""
-    races = (session or {}).get("races") or []
+    races = session.races if session is not None else []
     if not races:
         _notify(MSG["no_race"])
         return None, None
     folder = Path(tempfile.mkdtemp(prefix="pyramid_demo_"))
-    trace = [{"race": r["n"], "preset": r["preset"], "models": r["models"], "prompt": r["prompt"],
-              "config": r["config"], "results": {m: res.to_dict() for m, res in r["results"].items()}}
+    trace = [{"race": r.n, "preset": r.preset, "models": r.models, "prompt": r.prompt,
+              "config": r.config, "results": {m: res.to_dict() for m, res in r.results.items()}}
              for r in races]
     jpath, cpath = folder / "pyramid_trace.json", folder / "pyramid_race_results.csv"
     jpath.write_text(json.dumps(trace), encoding="utf-8")
     with cpath.open("w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
         w.writerow(["race", "preset", "prompt", *RACE_COLUMNS[1:]])
-        by_n = {r["n"]: r for r in races}
+        by_n = {r.n: r for r in races}
         for row in inspector.race_rows(races):
-            w.writerow([row[0], by_n[row[0]]["preset"], by_n[row[0]]["prompt"], *row[1:]])
+            w.writerow([row[0], by_n[row[0]].preset, by_n[row[0]].prompt, *row[1:]])
     return str(jpath), str(cpath)
 
 

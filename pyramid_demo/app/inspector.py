@@ -6,6 +6,7 @@ from ..core import noise
 from ..core.rules import leading_run
 from ..core.stats import STAGES, agreement, stage_rounds
 from ..core.trace import RunResult, StageRound, Step, TokenRec
+from .session import Race
 
 EXACT_RULES = ("sd", "greedy")
 
@@ -113,23 +114,23 @@ def _times(r: RunResult, base: RunResult | None, spread: float | None) -> float 
         else round(x, 2)
 
 
-def race_rows(races: list[dict]) -> list[list]:
+def race_rows(races: list[Race]) -> list[list]:
     """One table row per (race, method): the numbers the race summary and the CSV export show."""
     rows = []
     for race in races:
-        res: dict[str, RunResult] = race["results"]
+        res: dict[str, RunResult] = race.results
         ar, sd = res.get("ar"), res.get("sd")
-        greedy = not race.get("config", {}).get("temperature")
+        greedy = not race.config.get("temperature")
         spread = race_noise(res)
         for m, r in res.items():
             s = r.stats
             acc = ", ".join(f"{k} {v:.0%}" for k, v in s.acceptance.items()) or "—"
             # agreement with target greedy output (the bench's figure): AR is that reference at T=0 only
             same = agreement(r.token_ids, ar.token_ids) if ar is not None and greedy else None
-            rows.append([race["n"], m, s.n_new_tokens, round(s.decode_s, 2), round(s.tokens_per_s, 1),
+            rows.append([race.n, m, s.n_new_tokens, round(s.decode_s, 2), round(s.tokens_per_s, 1),
                          _times(r, ar, spread), _times(r, sd, spread),
                          acc, round(s.tokens_per_target_pass, 2), None if same is None else f"{same:.0%}",
-                         s.stopped or ("running…" if race.get("running") == m else "stopped by user")])
+                         s.stopped or ("running…" if race.running == m else "stopped by user")])
     return rows
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import html
 import re
 
-from .text import ORIGIN_NAMES, STATUS_NAMES
 from ..core.config import METHOD_LABELS
 from ..core.methods import TABLE
-from ..core.trace import RunResult, StageRound
+from ..core.trace import RunResult, StageRound, Step
+from .text import ORIGIN_NAMES, STATUS_NAMES
 
 # Okabe-Ito hues (colour-blind safe) as pale backgrounds with a strong underline: readable when projected.
 ORIGIN_COLOURS = {
@@ -81,10 +81,40 @@ def coloured_tokens(result: RunResult) -> str:
     return "".join(spans)
 
 
-def lane_html(method: str, result: RunResult | None, headline: str, running: bool = False) -> str:
-    """One method's lane: name, live figures, and the growing coloured text."""
+def coloured_tokens_of(method: str, result: RunResult) -> str:
+    """`coloured_tokens`, called as `LaneBodies` is."""
+    return coloured_tokens(result)
+
+
+class LaneBodies:
+    """Each lane's chips, each rendered once: a later snapshot of the same run (it shares the earlier one's
+    steps) only renders the tokens of its new passes. Gives what `coloured_tokens` gives."""
+
+    def __init__(self) -> None:
+        # method -> (its last step rendered, steps rendered, tokens rendered, their chips)
+        self._done: dict[str, tuple[Step | None, int, int, list[str]]] = {}
+
+    def __call__(self, method: str, result: RunResult) -> str:
+        last, n_steps, k, chips = self._done.get(method, (None, 0, 0, []))
+        steps = result.steps
+        if n_steps > len(steps) or (n_steps and steps[n_steps - 1] is not last):  # another run: start afresh
+            n_steps, k, chips = 0, 0, []
+        for s in steps[n_steps:]:
+            for _ in s.new_tokens:
+                if k < min(len(result.token_texts), len(result.origins)):
+                    o = result.origins[k]
+                    chips.append(chip(result.token_texts[k], f"o-{o}", f"{o} · target pass {s.index + 1}"))
+                k += 1
+        self._done[method] = (steps[-1] if steps else None, len(steps), k, chips)
+        return "".join(chips)
+
+
+def lane_html(method: str, result: RunResult | None, headline: str, running: bool = False,
+              body: str | None = None) -> str:
+    """One method's lane: name, live figures, and the growing coloured text (`body`: its chips, if rendered)."""
     colour = METHOD_COLOURS.get(method, "#333")
-    body = coloured_tokens(result) if result is not None else '<span style="color:#999">waiting…</span>'
+    if body is None:
+        body = coloured_tokens(result) if result is not None else '<span style="color:#999">waiting…</span>'
     cursor = '<span style="color:#999">▌</span>' if running else ""
     return (f'<div class="lane lane-{method}" style="border-left:6px solid {colour};padding:6px 10px;'
             f'margin:6px 0;background:#fff;border-radius:6px;box-shadow:0 1px 2px rgba(0,0,0,.08)">'

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 # (the status line, what the stage usually takes on 2 cores, in seconds)
 STAGES = {

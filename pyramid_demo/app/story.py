@@ -123,8 +123,8 @@ def markdown(results: dict[str, RunResult], profile: dict | None) -> str:
     if not results:
         return ""
     spread = race_noise(results)
-    lines = [("Timing noise in this race: **{:.0%}** (interquartile range ÷ median of same-size forwards); a gap "
-              "smaller than that is a tie.").format(spread) if spread is not None else
+    lines = [(f"Timing noise in this race: **{spread:.0%}** (interquartile range ÷ median of same-size forwards); "
+              "a gap smaller than that is a tie.") if spread is not None else
              "Too few same-size forwards in this race to measure its timing noise."]
     if not profile:
         lines.append("No cost profile for this family yet: it is measured before the next race.")

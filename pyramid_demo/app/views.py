@@ -1,5 +1,5 @@
 """The inspector and Statistics tabs' handlers: plain functions over a session's recorded races
-(see `handlers` for the session's shape). No model is called, so they answer instantly."""
+(see `session`). No model is called, so they answer instantly."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -7,19 +7,16 @@ from typing import Any
 
 import gradio as gr
 
-from . import charts, inspector, render, story
-from .text import DEFAULT, MSG
 from ..core.config import METHOD_LABELS
 from ..core.methods import method_spec
 from ..core.trace import RunResult
+from . import charts, inspector, render, story
+from .session import Race, Session
+from .text import DEFAULT, MSG
 
 
-def _race(session: dict | None, n: Any) -> dict | None:
-    races = (session or {}).get("races") or []
-    for r in races:
-        if str(r["n"]) == str(n):
-            return r
-    return races[-1] if races else None
+def _race(session: Session | None, n: Any) -> Race | None:
+    return session.find(n) if session is not None else None
 
 
 def _round_slider(r: RunResult | None) -> Any:
@@ -34,46 +31,46 @@ def _pos_slider(r: RunResult | None) -> Any:
     return gr.update(minimum=1, maximum=top, value=1, step=1)
 
 
-def pick_method(session: dict | None, race_n: Any, method: str | None) -> tuple:
+def pick_method(session: Session | None, race_n: Any, method: str | None) -> tuple:
     """A method was chosen: reset the round slider and start the what-if τs at the recorded values."""
     race = _race(session, race_n)
-    r = race["results"].get(method) if race and method else None
-    cfg = race["config"] if race else DEFAULT.to_dict()
+    r = race.results.get(method) if race and method else None
+    cfg = race.config if race else DEFAULT.to_dict()
     return _round_slider(r), gr.update(value=cfg["tau_q"]), gr.update(value=cfg["tau_t"]), _pos_slider(r)
 
 
-def pick_race(session: dict | None, race_n: Any = None) -> tuple:
+def pick_race(session: Session | None, race_n: Any = None) -> tuple:
     """A race was chosen (or just finished): refresh the inspector's choices and the statistics tab."""
     race = _race(session, race_n)
-    if race is None:
+    if session is None or race is None:
         none = charts.empty_figure(MSG["no_race"])
         return (gr.update(choices=[], value=None), gr.update(choices=[], value=None), _round_slider(None),
                 gr.skip(), gr.skip(), _pos_slider(None), none, none, none, "", none, "")
-    res = race["results"]
+    res = race.results
     methods = list(res)
     method = methods[-1] if methods else None  # the last raced: the fullest pyramid
-    choices = [(f"Race {r['n']}", str(r["n"])) for r in session["races"]]
-    profile = race.get("profile")
+    choices = [(f"Race {r.n}", str(r.n)) for r in session.races]
+    profile = race.profile
     story_md = story.markdown(res, profile)
     detail_md = "\n\n".join(x for x in (story.profile_markdown(profile), story.teaching_aid(res, profile),
                                          story.passes_markdown(res)) if x)
-    return (gr.update(choices=choices, value=str(race["n"])),
+    return (gr.update(choices=choices, value=str(race.n)),
             gr.update(choices=[(METHOD_LABELS[m], m) for m in methods], value=method),
-            *pick_method(session, race["n"], method),
+            *pick_method(session, race.n, method),
             charts.hist_figure(res), charts.position_figure(res), charts.throughput_figure(story.rows(res, profile)),
             story_md, charts.cost_figure(profile, res), detail_md)
 
 
-def inspect_round(session: dict | None, race_n: Any, method: str | None, round_no: float, tau_q: float,
+def inspect_round(session: Session | None, race_n: Any, method: str | None, round_no: float, tau_q: float,
                   tau_t: float, position: float) -> tuple[str, Any, Any, str]:
     """One recorded target pass: chips, divergences vs the what-if τs, and the top-5 at one position."""
     race = _race(session, race_n)
-    r = race["results"].get(method) if race and method else None
-    if r is None or not r.steps:
+    r = race.results.get(method) if race and method else None
+    if race is None or r is None or not r.steps:
         none = charts.empty_figure(MSG["no_race"])
         return render.message_html(MSG["no_race"]), none, none, ""
     step = r.steps[max(0, min(int(round_no or 1) - 1, len(r.steps) - 1))]
-    vocab = race["vocab"]
+    vocab = race.vocab
     committed = "".join(vocab.get(t, f"#{t}") for t in step.new_tokens)
     head = (f"**Target pass {step.index + 1} of {len(r.steps)}** · committed {len(step.new_tokens)} "
             f"token(s): `{committed!r}`")

@@ -100,14 +100,16 @@ def markdown(section: dict) -> str:
         return "No cost profile" + (f": {prof['error']}" if prof.get("error") else ".")
     lines = [f"Cost profile ({prof.get('dtype')}, {prof.get('backend')}, "
              f"{'cached' if prof.get('how') == 'cached' else 'measured now'}), ms per cached forward of k new tokens: "
-             + "; ".join(f"{r} " + ", ".join(f"k={k} {float(v):.1f}" for k, v in row.items()) for r, row in prof["ms"].items()),
+             + "; ".join(f"{r} " + ", ".join(f"k={k} {float(v):.1f}" for k, v in row.items())
+                         for r, row in prof["ms"].items()),
              "", "| variant | tok/s measured | tok/s predicted | error | measured α | break-even α | why |",
              "|---|---|---|---|---|---|---|"]
     for v in section["variants"]:
         a = _f(v.get("alpha"))
         if v.get("alpha_qualifier") is not None:
             a = f"α_Q {_f(v['alpha_qualifier'])} · α_T {a}"
-        be = "—" if "break_even_alpha" not in v else "never" if v["break_even_alpha"] is None else _f(v["break_even_alpha"])
+        be = ("—" if "break_even_alpha" not in v else "never" if v["break_even_alpha"] is None
+              else _f(v["break_even_alpha"]))
         err = "—" if v["prediction_error"] is None else f"{v['prediction_error']:+.0%}"
         lines.append(f"| {v['variant']} | {_f(v['measured_tokens_per_s'], 1)} | {_f(v['predicted_tokens_per_s'], 1)} "
                      f"| {err} | {a} | {be} | {v['why']} |")
@@ -140,7 +142,8 @@ def figure(section: dict):
     for role, d in pooled.items():
         ks = sorted(d)
         fig.add_trace(go.Scatter(x=ks, y=[sum(d[k]) / len(d[k]) for k in ks], mode="markers",
-                                 name=f"{role} (in the runs)", marker=dict(color=colours.get(role), size=11, symbol="x")))
+                                 name=f"{role} (in the runs)",
+                                 marker=dict(color=colours.get(role), size=11, symbol="x")))
     fig.update_layout(title="What one cached forward costs on this machine", template="plotly_white",
                       xaxis_title="new tokens in the forward (k)", yaxis_title="ms per forward")
     return fig

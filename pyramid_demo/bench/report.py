@@ -7,8 +7,8 @@ import html
 import json
 import math
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from ..core.config import METHODS
 from ..core.methods import method_spec
@@ -63,7 +63,8 @@ def summarize(rows: list[dict]) -> list[dict]:
         qs = quartiles(_vals(rs, speed_key)) or (None, None, None)
         speed = _vals(rs, speed_key)
         s = dict(variant=label, method=first["method"], kind=first["kind"], lossless=first["lossless"], runs=len(rs),
-                 **{k: first.get(k) for k in ("temperature", "gamma", "l_d", "l_q", "tau_q", "tau_t", "fallback", "stage2")},
+                 **{k: first.get(k) for k in ("temperature", "gamma", "l_d", "l_q", "tau_q", "tau_t", "fallback",
+                                              "stage2")},
                  tokens_per_s=qs[1], tokens_per_s_q25=qs[0], tokens_per_s_q75=qs[2],
                  tokens_per_s_min=min(speed) if speed else None, tokens_per_s_max=max(speed) if speed else None,
                  speed_basis="decode (prefill excluded)" if first["kind"] == "engine" else "wall incl. prefill")
@@ -164,11 +165,13 @@ def _f(x, nd: int = 2) -> str:
 
 
 TABLE = [("variant", "variant", 0), ("tok/s (IQR)", None, 1), ("tok/s incl. prefill", "tokens_per_s_incl_prefill", 1),
-         ("× AR", "speedup_vs_ar", 2), ("× SD", "speedup_vs_sd", 2), ("× AR wall", "speedup_vs_ar_wall", 2), ("× SD wall", "speedup_vs_sd_wall", 2),
+         ("× AR", "speedup_vs_ar", 2), ("× SD", "speedup_vs_sd", 2), ("× AR wall", "speedup_vs_ar_wall", 2),
+         ("× SD wall", "speedup_vs_sd_wall", 2),
          ("acc. Q", "acceptance_qualifier", 2), ("acc. T", "acceptance_target", 2),
          ("accepted/pass", "mean_accepted_per_target_pass", 2), ("fwd D/Q/T", None, 0),
          ("overhead", "engine_overhead_share", 3), ("agreement", "agreement", 3), ("logprob", "target_logprob", 3),
-         ("predicted tok/s", "predicted_tokens_per_s", 1), ("predicted, +1/round", "predicted_plus_one_tokens_per_s", 1), ("CSQA acc.", "csqa_accuracy", 3)]
+         ("predicted tok/s", "predicted_tokens_per_s", 1),
+         ("predicted, +1/round", "predicted_plus_one_tokens_per_s", 1), ("CSQA acc.", "csqa_accuracy", 3)]
 
 
 def markdown_table(summary: list[dict]) -> str:
@@ -178,7 +181,8 @@ def markdown_table(summary: list[dict]) -> str:
         cells = []
         for name, key, nd in cols:
             if name == "tok/s (IQR)":
-                cells.append(f"{_f(s['tokens_per_s'], 1)} ({_f(s['tokens_per_s_q25'], 1)}–{_f(s['tokens_per_s_q75'], 1)})"
+                cells.append(f"{_f(s['tokens_per_s'], 1)} "
+                             f"({_f(s['tokens_per_s_q25'], 1)}–{_f(s['tokens_per_s_q75'], 1)})"
                              + ("*" if s["kind"] == "peer" else ""))
             elif name == "fwd D/Q/T":
                 cells.append("/".join(_f(s.get(f"fwd_{r}"), 0) if s.get(f"fwd_{r}") is not None else "–"
@@ -262,7 +266,8 @@ def _figures(result: dict) -> list:
         sc.add_scatter(x=[s[qk] for s in pts], y=[s[sk] for s in pts], mode="markers", name=m,
                        text=[s["variant"] for s in pts], marker=dict(size=10))
     fr = result["frontier"]
-    sc.add_scatter(x=[p["quality"] for p in fr], y=[p["speed"] for p in fr], mode="lines+markers", name="Pareto frontier",
+    sc.add_scatter(x=[p["quality"] for p in fr], y=[p["speed"] for p in fr], mode="lines+markers",
+                   name="Pareto frontier",
                    text=[p["variant"] for p in fr], line=dict(dash="dash", color="black"),
                    marker=dict(symbol="circle-open", size=16, color="black"))
     sc.update_layout(title="Speed vs quality (engine methods; frontier dashed)",
@@ -322,13 +327,16 @@ def render_html(result: dict) -> str:
 td,th{{border:1px solid #ccc;padding:3px 6px;text-align:right}}td:first-child{{text-align:left}}</style></head><body>
 <h1>PyramidSD Explorer — benchmark</h1>
 <p><b>Models:</b> {html.escape(", ".join(meta.get("models", [])))} ({html.escape(str(meta.get("preset", "")))});
-<b>machine:</b> {html.escape(str(meta.get("processor", "")))}, {meta.get("cpu_count", "")} CPUs, torch {html.escape(str(meta.get("torch", "")))}
-({meta.get("torch_threads", "")} threads), {html.escape(str(meta.get("device", "")))} {html.escape(str(meta.get("dtype_backend_choice") or meta.get("dtype", "")))};
+<b>machine:</b> {html.escape(str(meta.get("processor", "")))}, {meta.get("cpu_count", "")} CPUs,
+torch {html.escape(str(meta.get("torch", "")))}
+({meta.get("torch_threads", "")} threads), {html.escape(str(meta.get("device", "")))}
+{html.escape(str(meta.get("dtype_backend_choice") or meta.get("dtype", "")))};
 {meta.get("n_prompts", "")} prompts × {meta.get("repeats", "")} repeats, {html.escape(str(meta.get("time_utc", "")))}{
 " — <b>stopped early</b>: only completed prompts are included" if meta.get("stopped_early") else ""}.</p>
 <p><b>Command:</b> <code>{html.escape(str(meta.get("command", "")))}</code></p>
 <p><b>Single-model speeds</b> (for the throughput model): {html.escape(speeds)}.
-<b>Recommended setting</b> (fastest frontier point with agreement ≥ 0.9): {html.escape(str(rec["variant"]) if rec else "none")}.</p>
+<b>Recommended setting</b> (fastest frontier point with agreement ≥ 0.9):
+{html.escape(str(rec["variant"]) if rec else "none")}.</p>
 {table}
 <h3>Speed targets</h3>{_html_table(targets_table(result.get("targets", [])), note=False)}
 <p>Engine tok/s exclude prefill; peers (Hugging Face <code>generate()</code>) are timed as the wall time of the call,

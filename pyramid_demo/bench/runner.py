@@ -14,8 +14,8 @@ import signal
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -25,22 +25,26 @@ from ..core.config import METHODS, DecodeConfig
 from ..core.lm import ModelTriplet
 from ..core.methods import lossless, method_spec
 from ..core.run import generate, prepare_prompt
-from ..core.stats import agreement as token_agreement, prefix_agreement  # one definition, shared with the app
+from ..core.stats import agreement as token_agreement  # one definition, shared with the app
+from ..core.stats import prefix_agreement
 from . import costs_report, csqa, peers, report
 from .prompts import Prompt, load_prompts
 
 ROW_COLUMNS = [
     "repeat", "prompt_index", "category", "variant", "method", "kind", "lossless",
-    "temperature", "gamma", "l_d", "l_q", "tau_q", "tau_t", "divergence", "div_support", "fallback", "stage2", "conf_stop",
+    "temperature", "gamma", "l_d", "l_q", "tau_q", "tau_t", "divergence", "div_support", "fallback", "stage2",
+    "conf_stop",
     "prompt_tokens", "n_new_tokens", "stopped", "prefill_s", "decode_s", "wall_s",
     "tokens_per_s", "tokens_per_s_incl_prefill", "tokens_per_s_wall",
     "speedup_vs_ar", "speedup_vs_sd", "speedup_vs_ar_wall", "speedup_vs_sd_wall",
     "acceptance_qualifier", "acceptance_target", "proposed_qualifier", "accepted_qualifier",
-    "proposed_target", "accepted_target", "rounds_qualifier", "rounds_target", "target_passes", "mean_accepted_per_target_pass",
+    "proposed_target", "accepted_target", "rounds_qualifier", "rounds_target", "target_passes",
+    "mean_accepted_per_target_pass",
     "tokens_per_target_pass", "fwd_draft", "fwd_qualifier", "fwd_target",
     "fwd_time_draft_s", "fwd_time_qualifier_s", "fwd_time_target_s",
     "engine_overhead_s", "engine_overhead_share", "agreement", "prefix_agreement", "target_logprob",
-    "predicted_tokens_per_s", "predicted_plus_one_tokens_per_s", "predicted_profile_tokens_per_s", "csqa_answer", "csqa_pred", "csqa_correct", "prompt", "text",
+    "predicted_tokens_per_s", "predicted_plus_one_tokens_per_s", "predicted_profile_tokens_per_s", "csqa_answer",
+    "csqa_pred", "csqa_correct", "prompt", "text",
 ]
 ALL_METHODS = METHODS + peers.PEERS
 GRID_TAUS = (0.2, 0.3, 0.4, 0.5)
@@ -118,7 +122,8 @@ def build_variants(args: argparse.Namespace) -> list[Variant]:
     methods.sort(key=lambda m: (m != "ar",))
 
     def cfg(m: str, **kw) -> DecodeConfig:
-        base = generate_cli.config_from_args(argparse.Namespace(**{**vars(args), "method": m if m in METHODS else "ar"}))
+        ns = argparse.Namespace(**{**vars(args), "method": m if m in METHODS else "ar"})
+        base = generate_cli.config_from_args(ns)
         return dataclasses.replace(base, **kw)
 
     out: list[Variant] = []
@@ -199,7 +204,8 @@ def _model_speeds(triplet: ModelTriplet, variants: list[Variant], ids: list[int]
 
 def run_bench(triplet: ModelTriplet, variants: list[Variant], prompts: list[Prompt], repeats: int = 1,
               chat: bool = True, answers: list[str] | None = None, warmup_tokens: int = 8,
-              progress: bool = True, max_minutes: float | None = None, log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> dict:
+              progress: bool = True, max_minutes: float | None = None,
+              log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> dict:
     """Warm up, time every variant on every prompt (interleaved), then derive per-prompt
     speed-ups, quality and the throughput model's prediction. Returns rows + speeds."""
     from tqdm import tqdm
@@ -259,7 +265,8 @@ def run_bench(triplet: ModelTriplet, variants: list[Variant], prompts: list[Prom
         row["predicted_tokens_per_s"] = _predicted(row, speeds)
         if row["kind"] == "engine":
             acc = {k: row[f"acceptance_{k}"] for k in ("qualifier", "target") if row[f"acceptance_{k}"] is not None}
-            row["predicted_plus_one_tokens_per_s"] = throughput.predict_plus_one(row["method"], _lengths(row), acc, speeds)
+            row["predicted_plus_one_tokens_per_s"] = throughput.predict_plus_one(row["method"], _lengths(row), acc,
+                                                                                 speeds)
     return dict(runs=rows, interrupted=interrupted, speeds=speeds, speeds_one_token=speeds_one,
                 cost_profile=costs_report.finish(rows, profile),
                 speed_sources={"target": "AR runs (forwards per second)" if ar_speeds else "one-token timing",
@@ -384,7 +391,8 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, old_term)
     result["meta"] = dict(machine_info(triplet), command=_command_line(args),
                           argv=sys.argv[1:], n_prompts=len({r["prompt_index"] for r in result["runs"]}),
-                          prompts_requested=len(prompts), stopped_early=result["interrupted"], repeats=args.repeats, grid=args.grid,
+                          prompts_requested=len(prompts), stopped_early=result["interrupted"], repeats=args.repeats,
+                          grid=args.grid,
                           dataset=args.dataset, total_s=round(time.perf_counter() - t0, 1),
                           variants=[dict(label=v.label, method=v.method, lossless=v.lossless, config=v.cfg.to_dict())
                                     for v in variants])

@@ -14,6 +14,8 @@ kernel call per extra row per layer: measured in `bench` as the verification pas
 """
 from __future__ import annotations
 
+from typing import Any, cast
+
 import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
@@ -25,8 +27,8 @@ def _repeat_kv(x: torch.Tensor, n: int) -> torch.Tensor:
     """[B, H_kv, L, D] -> [B, H_kv·n, L, D]: grouped-query heads expanded for plain SDPA."""
     if n == 1:
         return x
-    b, h, l, d = x.shape
-    return x[:, :, None].expand(b, h, n, l, d).reshape(b, h * n, l, d)
+    b, h, t, d = x.shape
+    return x[:, :, None].expand(b, h, n, t, d).reshape(b, h * n, t, d)
 
 
 def rowwise_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -59,7 +61,7 @@ def register() -> str:
 def use_rowwise(model: torch.nn.Module) -> bool:
     """Switch a loaded HF model to row-wise attention; False when the model cannot take it."""
     try:
-        model.set_attn_implementation(register())
+        cast(Any, model).set_attn_implementation(register())  # a transformers PreTrainedModel's method
     except (ValueError, AttributeError, TypeError):
         return False
     return True

@@ -11,7 +11,8 @@ records.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .methods import method_spec
 from .trace import Step
@@ -37,9 +38,9 @@ def cost_ms(profile: dict, role: str, k: int) -> float:
 
 def step_forwards(step: Step) -> dict[str, list[int]]:
     """The new-token counts of the forwards one Step made, per role: `step.fed` where the engine
-    recorded it; else (a trace without it, e.g. an older export) read from the rounds. Target: one pass of (proposal + 1) tokens (1 for AR).
-    Qualifier: one pass of (proposal + 1) per stage-1 round. Draft: its forwards, counted as one
-    token each (the first of a round may feed one more committed token)."""
+    recorded it; else (a trace without it, e.g. an older export) read from the rounds. Target: one pass of
+    (proposal + 1) tokens (1 for AR). Qualifier: one pass of (proposal + 1) per stage-1 round. Draft: its
+    forwards, counted as one token each (the first of a round may feed one more committed token)."""
     if step.fed:
         return {r: list(ks) for r, ks in step.fed.items() if ks}
     out: dict[str, list[int]] = {}
@@ -156,7 +157,7 @@ def stage_counts(steps: list[Step]) -> dict[str, dict[str, int]]:
 
 def _alpha(c: dict | None) -> float | None:
     n = c["accepted"] + c["rejected"] if c else 0
-    return round(c["accepted"] / n, 4) if n else None
+    return round(c["accepted"] / n, 4) if c and n else None
 
 
 def _length(c: dict | None, default: int) -> int:
@@ -301,7 +302,8 @@ def memory_floor_ms(model: Any, backend: str = "default", reps: int = 15) -> dic
     total, largest = linear_bytes(model)
     if largest is None:
         return {}
-    w = getattr(largest, "packed", None) if hasattr(largest, "packed") else largest.weight
+    w = getattr(largest, "packed", None)
+    w = largest.weight if w is None else w
     x = torch.randn(1, largest.in_features).to(w.dtype if w.is_floating_point() else torch.float32)  # [1, in]
     best = float("inf")
     with torch.inference_mode(), backend_flags(backend):

@@ -128,13 +128,22 @@ def supports_lean(model: torch.nn.Module) -> bool:
     return True
 
 
+def _tensor_id(m: torch.nn.Module) -> tuple:
+    """A module's own weight as (dtype, address): a cast moves it; a packed oneDNN weight has no address, so
+    the buffer's identity stands in (the module itself is in the signature, so it stays alive)."""
+    t = getattr(m, "weight", None)
+    t = getattr(m, "packed", None) if t is None else t
+    if not isinstance(t, torch.Tensor):
+        return ()
+    return (t.dtype, t.data_ptr() if t.layout == torch.strided else id(t))
+
+
 def _signature(model: torch.nn.Module) -> tuple:
-    """What the built weights depend on: a cast, a re-pack or a swapped layer builds them anew."""
+    """What the built weights depend on: a cast, a re-pack or a swapped layer builds them anew. Every module
+    with a weight of its own counts, by identity (a new `PackedLinear` has no `.weight` to tell it apart)."""
     emb = model.get_input_embeddings().weight
-    layer = model.model.layers[0]
-    mods = (layer.self_attn.q_proj, layer.mlp.down_proj, model.lm_head)
-    return (emb.data_ptr(), emb.dtype, len(model.model.layers),
-            tuple((type(m), getattr(getattr(m, "weight", None), "data_ptr", lambda: 0)()) for m in mods))
+    own = tuple((m, *_tensor_id(m)) for m in model.modules() if _tensor_id(m))
+    return (emb.data_ptr(), emb.dtype, len(model.model.layers), own)
 
 
 def _build(model: torch.nn.Module) -> LeanWeights:

@@ -9,7 +9,7 @@ Pure functions over Step records.
 """
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from .costs import step_forwards
 from .trace import Step

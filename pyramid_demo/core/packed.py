@@ -15,7 +15,8 @@ reading the weights.
 """
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import cast
 
 import torch
 
@@ -77,8 +78,8 @@ def pack_linears(models: list[torch.nn.Module], min_rows: int = 1) -> int:
 def rows_invariant(linear: torch.nn.Module, max_rows: int, seed: int = 0) -> bool:
     """Whether row i of an M-row call equals the one-row call on row i, bitwise, for M = 1 … max_rows."""
     g = torch.Generator().manual_seed(seed)
-    dtype = linear.packed.dtype if hasattr(linear, "packed") else linear.weight.dtype
-    x = torch.randn(max_rows, linear.in_features, generator=g).to(dtype)  # [max_rows, in]
+    dtype = cast(torch.Tensor, linear.packed if hasattr(linear, "packed") else linear.weight).dtype
+    x = torch.randn(max_rows, cast(int, linear.in_features), generator=g).to(dtype)  # [max_rows, in]
     with torch.inference_mode():
         ref = torch.cat([linear(x[i: i + 1]) for i in range(max_rows)])  # [max_rows, out], one row a call
         return all(torch.equal(linear(x[:m]), ref[:m]) for m in range(2, max_rows + 1))

@@ -1,15 +1,16 @@
-"""Run a method on a loaded triplet: validate, prefill, stream `RunResult` snapshots."""
+"""Run a method on a loaded triplet: validate, prefill, stream `RunResult` snapshots built pass by pass."""
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 
 from .config import DecodeConfig
 from .engine import decode, prefill, roles_for
 from .lm import ModelTriplet, encode_prompt, open_lm
-from .stats import compute_stats
-from .trace import RunResult, Step
+from .stats import STAGES, compute_stats, n_proposed
+from .trace import RunResult, StageRound, Stats, Step
 
 MAX_PROMPT_CHARS = 20_000
 
@@ -49,20 +50,133 @@ def _prompt_text(triplet: ModelTriplet, prompt: str | list[int], ids: list[int],
     return prompt if isinstance(prompt, str) else triplet.tokenizer.decode(ids)
 
 
-def _snapshot(triplet: ModelTriplet, cfg: DecodeConfig, prompt: str, ids: list[int], steps: list[Step],
-              texts: list[str], prefill_s: float, stopped: str) -> RunResult:
-    token_ids = [t for s in steps for t in s.new_tokens]
-    return RunResult(
-        method=cfg.method, config=cfg.to_dict(), models=list(triplet.names), prompt=prompt,
-        prompt_ids=ids, token_ids=token_ids, token_texts=list(texts),
-        origins=[o for s in steps for o in s.origins],
-        text=triplet.tokenizer.decode(token_ids, skip_special_tokens=True),
-        stats=compute_stats(cfg.method, steps, prefill_s, stopped), steps=list(steps),
-    )
+class _Tally:
+    """`compute_stats`'s totals kept pass by pass, so a snapshot costs the same on the last pass as on the first
+    (tests/test_run_stream.py holds every snapshot to `compute_stats` over the same steps)."""
+
+    def __init__(self) -> None:
+        self.n_new, self.passes, self.decode_s, self.target_accepted = 0, 0, 0.0, 0
+        self.proposed: dict[str, int] = {}
+        self.rounds: dict[str, int] = {}
+        self.accepted: dict[str, int] = {}
+        self.reached: dict[str, list[int]] = {}  # stage -> rounds that proposed past position i
+        self.kept: dict[str, list[int]] = {}  # stage -> rounds that accepted past position i
+        self.hist: list[int] = []
+        self.fwd: dict[str, int] = {}
+        self.ftime: dict[str, float] = {}
+
+    def _round(self, stage: str, r: StageRound) -> None:
+        n = n_proposed(r)
+        self.proposed[stage] = self.proposed.get(stage, 0) + n
+        self.rounds[stage] = self.rounds.get(stage, 0) + 1
+        self.accepted[stage] = self.accepted.get(stage, 0) + r.n_accepted
+        for counts, upto in ((self.reached.setdefault(stage, []), n), (self.kept.setdefault(stage, []), r.n_accepted)):
+            counts.extend([0] * (upto - len(counts)))
+            for i in range(upto):
+                counts[i] += 1
+
+    def add(self, step: Step) -> None:
+        self.n_new += len(step.new_tokens)
+        self.passes += 1
+        self.decode_s = step.t_end
+        for r in step.qualifier_rounds:
+            self._round("qualifier", r)
+        if step.target_round is not None:
+            t = step.target_round
+            self._round("target", t)
+            self.hist.extend([0] * (n_proposed(t) + 1 - len(self.hist)))
+            self.hist[t.n_accepted] += 1
+            self.target_accepted += t.n_accepted
+        for role, n in step.n_forward.items():
+            self.fwd[role] = self.fwd.get(role, 0) + n
+            self.ftime[role] = self.ftime.get(role, 0.0) + step.time_s.get(role, 0.0)
+
+    def stats(self, method: str, prefill_s: float, stopped: str) -> Stats:
+        stages = [s for s in STAGES if self.rounds.get(s)]
+        n, passes, decode_s = self.n_new, self.passes, self.decode_s
+        return Stats(
+            method=method, n_new_tokens=n, prefill_s=round(prefill_s, 6), decode_s=round(decode_s, 6),
+            tokens_per_s=round(n / decode_s, 3) if decode_s > 0 else 0.0, target_passes=passes,
+            acceptance={s: round(self.accepted[s] / self.proposed[s], 4) if self.proposed[s] else 0.0 for s in stages},
+            proposed={s: self.proposed[s] for s in stages}, accepted={s: self.accepted[s] for s in stages},
+            mean_accepted_per_target_pass=round(self.target_accepted / passes, 4) if passes else 0.0,
+            tokens_per_target_pass=round(n / passes, 4) if passes else 0.0,
+            accepted_hist=list(self.hist) if self.rounds.get("target") else [],
+            per_position_acceptance={s: [round(k / r, 4) if r else 0.0 for r, k in
+                                         zip(self.reached[s], self.kept[s] + [0] * len(self.reached[s]))]
+                                     for s in stages},
+            forward_passes=dict(self.fwd), forward_time_s={k: round(v, 6) for k, v in self.ftime.items()},
+            engine_overhead_s=round(max(0.0, decode_s - sum(self.ftime.values())), 6), stopped=stopped,
+            rounds={s: self.rounds[s] for s in stages},
+        )
 
 
-def _passes(triplet: ModelTriplet, ids: list[int], cfg: DecodeConfig, full_records: bool = True) -> Iterator[tuple]:
-    """Prefill, then decode; after each target pass yield (steps, token texts, prefill_s, stopped).
+class _TextTail:
+    """The decoded text of the ids so far, decoding only a short window at the end each pass (the way TGI and
+    vLLM stream): a window is taken only once it ends in whole characters. A snapshot's text is this; the
+    final snapshot decodes every id once, so the record is exactly the tokenizer's decode."""
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer, self.text, self.prefix, self.read = tokenizer, "", 0, 0
+        self.ids: list[int] = []
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def extend(self, new: list[int]) -> None:
+        self.ids.extend(new)
+        before = self._decode(self.ids[self.prefix:self.read])
+        now = self._decode(self.ids[self.prefix:])
+        if len(now) > len(before) and not now.endswith("\ufffd"):  # a partial UTF-8 character waits
+            self.text += now[len(before):]
+            self.prefix, self.read = self.read, len(self.ids)
+
+    def full(self) -> str:
+        return self._decode(self.ids)
+
+
+class _Snapshots:
+    """A run's record built pass by pass: new ids, texts and origins appended, the text decoded at its tail,
+    statistics tallied from the new step alone, so a long race costs linear time. The last snapshot (and
+    `generate`'s record) is recomputed in full once, from the steps (`compute_stats`, one decode)."""
+
+    def __init__(self, triplet: ModelTriplet, cfg: DecodeConfig, prompt: str, ids: list[int], prefill_s: float):
+        self.triplet, self.cfg, self.prompt, self.ids, self.prefill_s = triplet, cfg, prompt, ids, prefill_s
+        self.config = cfg.to_dict()
+        self.steps: list[Step] = []
+        self.token_ids: list[int] = []
+        self.texts: list[str] = []
+        self.origins: list[str] = []
+        self.tail = _TextTail(triplet.tokenizer)
+        self.tally = _Tally()
+        self.stopped = ""
+
+    def add(self, step: Step) -> None:
+        tok = self.triplet.tokenizer
+        self.steps.append(step)
+        self.token_ids.extend(step.new_tokens)
+        self.texts.extend(tok.decode([t]) for t in step.new_tokens)
+        self.origins.extend(step.origins)
+        self.tail.extend(step.new_tokens)
+        self.tally.add(step)
+        eos = bool(step.new_tokens) and step.new_tokens[-1] in self.triplet.eos_ids
+        self.stopped = "eos" if eos else "max_new_tokens" if len(self.token_ids) >= self.cfg.max_new_tokens else ""
+
+    def result(self, full: bool = False) -> RunResult:
+        """This pass's snapshot; `full` (and any snapshot that ends the run): stats and text from scratch."""
+        full = full or bool(self.stopped)
+        stats = (compute_stats(self.cfg.method, self.steps, self.prefill_s, self.stopped) if full
+                 else self.tally.stats(self.cfg.method, self.prefill_s, self.stopped))
+        return RunResult(
+            method=self.cfg.method, config=dict(self.config), models=list(self.triplet.names), prompt=self.prompt,
+            prompt_ids=self.ids, token_ids=list(self.token_ids), token_texts=list(self.texts),
+            origins=list(self.origins), text=self.tail.full() if full else self.tail.text, stats=stats,
+            steps=list(self.steps))
+
+
+def _passes(triplet: ModelTriplet, ids: list[int], cfg: DecodeConfig, prompt: str,
+            full_records: bool = True) -> Iterator[_Snapshots]:
+    """Prefill, then decode; after each target pass yield the run's record so far.
 
     Each call builds its own caches and generator, so concurrent runs never share state.
     """
@@ -73,15 +187,10 @@ def _passes(triplet: ModelTriplet, ids: list[int], cfg: DecodeConfig, full_recor
     prefill_s = prefill(lms, ids)
     for lm in lms.values():  # prefill forwards are reported separately
         lm.reset_counters()
-    steps: list[Step] = []
-    texts: list[str] = []
-    n_new = 0
+    record = _Snapshots(triplet, cfg, prompt, ids, prefill_s)
     for step in decode(lms, ids, cfg, triplet.eos_ids, gen, full_records):
-        steps.append(step)
-        texts.extend(triplet.tokenizer.decode([t]) for t in step.new_tokens)
-        n_new += len(step.new_tokens)
-        eos = step.new_tokens[-1] in triplet.eos_ids
-        yield steps, texts, prefill_s, "eos" if eos else "max_new_tokens" if n_new >= cfg.max_new_tokens else ""
+        record.add(step)
+        yield record
 
 
 def stream(triplet: ModelTriplet, prompt: str | list[int], cfg: DecodeConfig, chat: bool = True,
@@ -92,8 +201,8 @@ def stream(triplet: ModelTriplet, prompt: str | list[int], cfg: DecodeConfig, ch
     the prompt as the user wrote it, for the record (default: the ids decoded)."""
     ids = prepare_prompt(triplet, prompt, cfg, chat)
     text = _prompt_text(triplet, prompt, ids, text)
-    for steps, texts, prefill_s, stopped in _passes(triplet, ids, cfg):
-        yield _snapshot(triplet, cfg, text, ids, steps, texts, prefill_s, stopped)
+    for record in _passes(triplet, ids, cfg, text):
+        yield record.result()
 
 
 def generate(triplet: ModelTriplet, prompt: str | list[int], cfg: DecodeConfig, chat: bool = True,
@@ -102,8 +211,9 @@ def generate(triplet: ModelTriplet, prompt: str | list[int], cfg: DecodeConfig, 
     `full_records=False` (bench) keeps each token's status but no display values (top-5, divergences, p/q)."""
     ids = prepare_prompt(triplet, prompt, cfg, chat)
     text = _prompt_text(triplet, prompt, ids, text)
-    state = None
-    for state in _passes(triplet, ids, cfg, full_records):
+    record = None
+    for record in _passes(triplet, ids, cfg, text, full_records):  # noqa: B007 - the last one is the run's record
         pass
-    assert state is not None
-    return _snapshot(triplet, cfg, text, ids, *state)
+    if record is None:
+        raise RuntimeError("the decoding loop made no target pass")
+    return record.result(full=True)

@@ -24,10 +24,10 @@ def v_psd(beta_tq: float, l_q: int, v_fsd_qd: float, v_t: float) -> float:
     return beta_tq * (l_q + 1) / (l_q / v_fsd_qd + 1 / v_t)
 
 
-def lengths(cfg: dict, proposed: dict[str, int], rounds: dict[str, int]) -> dict[str, float]:
+def lengths(cfg: dict, proposed: dict[str, int], rounds: dict[str, int]) -> dict[str, float | None]:
     """γ, ℓ_D and ℓ_Q for the formulas: the configured ones, or under conf_stop (where they are
     maxima) the measured mean proposal length per round of each stage."""
-    out = {k: cfg.get(k) for k in ("gamma", "l_d", "l_q")}
+    out: dict[str, float | None] = {k: cfg.get(k) for k in ("gamma", "l_d", "l_q")}
     if cfg.get("conf_stop"):
         mean = {st: proposed[st] / rounds[st] for st in rounds if rounds[st] and st in proposed}
         if "target" in mean:

@@ -21,11 +21,11 @@ from pathlib import Path
 
 import torch
 
-from . import data as dd
-from . import vocab as dv
 from ..models import students
 from ..models.bundled import bundled_target
-from .loss import top1_match, batches, collate, loss_and_backward, per_token_ms
+from . import data as dd
+from . import vocab as dv
+from .loss import batches, collate, loss_and_backward, per_token_ms, top1_match
 
 # (layers, of which the first are the target's own, shared and frozen)
 DEPTHS = {"draft": (2, 0), "qualifier": (8, dd.X_LAYER)}

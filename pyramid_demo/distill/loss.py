@@ -9,6 +9,7 @@ import torch
 
 from ..core.rules import divergence
 
+
 def _div(zt: torch.Tensor, zs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-position KL(p_t || p_s) and the FSD-code js, both from `core.rules.divergence` (the
     engine's one implementation; its kl is KL(q‖p), so the student is passed as the verifier)."""
@@ -101,9 +102,9 @@ def loss_and_backward(student, head, ids, att, ans, h_t, kind: str, kl_frac: flo
             zt = head(h_t[j])
         zs = head(leaf[j])
         kl, js = _div(zt, zs)
-        l = kl.sum() + (js.sum() if kind == "kl+js" else 0.0)
-        (l / n).backward()
-        tot += float(l.detach())
+        part = kl.sum() + (js.sum() if kind == "kl+js" else 0.0)
+        (part / n).backward()
+        tot += float(part.detach())
         jss += float(js.detach().sum())
         match += float((zt.argmax(-1) == zs.argmax(-1)).sum())
     grad = leaf.grad

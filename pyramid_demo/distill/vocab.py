@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from ..models.reduced_head import load_subset, save_subset  # noqa: F401 - the file format lives with the head
+
 NS = (1024, 2048, 4096, 8192, 16384, 32768)
 
 

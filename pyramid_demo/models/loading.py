@@ -12,31 +12,32 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
+from ..core.attention import use_rowwise
+from ..core.config import LONGEST_PASS
+from ..core.lm import ModelTriplet
+from ..core.packed import available as packed_available
+from ..core.packed import bf16_linears, invariant_pad, pack_linears
 from .bundled import bundled_target, bundled_tokenizer
 from .compat import check_compatible, check_tokenizers, eos_ids
 from .errors import LoadError
 from .finish import finish
+from .hub import PROBE_TIMEOUT_S, hub_error, hub_offline, hub_reachable, offline_error, user_error
 from .memory import DEFAULT_MAX_LEN, Estimate, check_fits, estimate_family
 from .placement import Placement, make_placement, pretrained_kwargs
-from ..core.attention import use_rowwise
-from ..core.lm import ModelTriplet
-from ..core.packed import available as packed_available
-from ..core.config import LONGEST_PASS
-from ..core.packed import bf16_linears, invariant_pad, pack_linears
-from .hub import PROBE_TIMEOUT_S, hub_error, hub_offline, hub_reachable, offline_error, user_error
 from .presets import BUNDLED_TARGET, PRESETS, Preset
 
 log = logging.getLogger(__name__)
 
 _LOCK = threading.Lock()
 _CACHE: dict[tuple[str, ...], ModelTriplet] = {}
-_VIEWS: dict[tuple, ModelTriplet] = {}  # (loaded triplet, backend, choice note) -> the triplet handed out
+_VIEWS: dict[tuple, ModelTriplet] = {}  # (loaded triplet, the choice's identity) -> the triplet handed out
 _KEY_LOCKS: dict[tuple[str, ...], threading.Lock] = {}
 
 _DTYPES = {
@@ -121,10 +122,12 @@ def load_triplet(spec: str, device: str | None = None, dtype: str | None = None,
                         "use --backend auto")
     pad = choice.pad_rows if choice.record else 0  # 0: measured when packing
     base = _load_base(spec, dev, dt, place, max_len, packed=choice.backend == "packed", pad_rows=pad)
-    vkey = (id(base), choice.backend, choice.path, choice.note)
+    # the forward that will run: the lean one only where it covers the model (`probe.forward_for`)
+    choice = probe.forward_for(choice, {r: base.model(r) for r in ("draft", "qualifier", "target")})
+    vkey = (id(base), choice.identity)  # typed fields only: no display text in a key
     with _LOCK:
         if vkey not in _VIEWS:  # the same weights, with the backend, how it was chosen, and whether it is exact
-            _VIEWS[vkey] = replace(base, backend=choice.backend, path=choice.path, choice_note=choice.note,
+            _VIEWS[vkey] = replace(base, backend=choice.backend, path=choice.path, choice_note=choice.summary,
                                    exact=choice.exact, exact_note=choice.exact_note)
         return _VIEWS[vkey]
 

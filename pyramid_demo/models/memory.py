@@ -13,9 +13,10 @@ import importlib.util
 import json
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -101,7 +102,8 @@ class Estimate:
         if not self.models:
             return "unknown until its configs can be read"
         text = (f"≈ {fmt_bytes(self.total_bytes)} in {str(self.dtype).removeprefix('torch.')} for "
-                f"{self.max_len:,} tokens (weights {fmt_bytes(self.weight_bytes)}, KV cache {fmt_bytes(self.kv_bytes)})")
+                f"{self.max_len:,} tokens (weights {fmt_bytes(self.weight_bytes)}, "
+                f"KV cache {fmt_bytes(self.kv_bytes)})")
         return text + (" — some configs unavailable" if self.unknown else "")
 
 
@@ -199,7 +201,8 @@ def _sizes(role: str, ref: str, cfg: Any, dt: torch.dtype, quantize: str | None,
         per_layer = (params - embed - cfg.hidden_size) // cfg.num_hidden_layers  # minus the final norm
         params, embed = own_layers * per_layer, 0
     n = layers if layers is not None else cfg.num_hidden_layers
-    return ModelSize(role, ref, params, weight_bytes(params, embed, dt, quantize), kv_per_token(cfg, dtype_bytes(dt), n), n)
+    kv = kv_per_token(cfg, dtype_bytes(dt), n)
+    return ModelSize(role, ref, params, weight_bytes(params, embed, dt, quantize), kv, n)
 
 
 def _student_layers(role: str) -> tuple[int, int] | None:
@@ -265,7 +268,8 @@ def _meminfo_available() -> int | None:
 def _cgroup_available() -> int | None:
     """A container's own limit (a Space's RAM), which /proc/meminfo does not show."""
     for limit_f, used_f in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-                            ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+                            ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                             "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
         try:
             limit = Path(limit_f).read_text().strip()
             if limit == "max" or int(limit) > 1 << 60:

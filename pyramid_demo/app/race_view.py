@@ -1,0 +1,102 @@
+"""The race tab's outputs (status, lanes, chart, table, earlier races): in full, or while a race runs only what
+changed since the page last got it.
+
+Why: the page runs on the machine that races. Every update a browser renders (HTML re-parsed, a Plotly chart
+re-drawn) takes CPU from the models, so an AR lane watched in a browser on two cores used to report half the
+tok/s an API caller saw. While a race runs, the page gets the running lane's text at most every
+LANES_INTERVAL_S, the chart at most every CHART_INTERVAL_S (and when a method ends), the table when a method
+ends, the earlier races once, and the status line only when it changes; everything else is `gr.skip()`.
+Finished lanes are rendered once; the running lane appends the chips of its new passes."""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import gradio as gr
+
+from ..core.trace import RunResult
+from . import charts, inspector, render
+from .session import Race, Session
+from .text import MSG, RACE_METHODS
+
+LANES_INTERVAL_S = 0.3  # the running lane's text, at most this often
+CHART_INTERVAL_S = 1.5  # the live chart, at most this often (and whenever a method ends)
+
+
+def headline(m: str, r: RunResult | None, race: Race) -> str:
+    """A lane's figures: live while it runs, then its time, speed, speed-ups and acceptance."""
+    if r is None:
+        return "waiting…"
+    s = r.stats
+    if race.running == m:
+        return f"{s.n_new_tokens} tokens · {s.tokens_per_s:.1f} tok/s so far"
+    parts = [f"{s.n_new_tokens} tokens in {s.decode_s:.2f} s (prefill {s.prefill_s:.2f} s apart)",
+             f"{s.tokens_per_s:.1f} tok/s",
+             *inspector.speedups(m, race.results)]
+    if s.acceptance:
+        parts.append("accepted " + ", ".join(f"{'→Q' if k == 'qualifier' else '→T'} {v:.0%}"
+                                             for k, v in s.acceptance.items()))
+    if not s.stopped:
+        parts.append("stopped")
+    return " · ".join(parts)
+
+
+def race_lanes(race: Race | None, bodies: render.LaneBodies | None = None) -> str:
+    """Every method's lane of one race (`bodies`: the lanes' chips rendered so far, reused)."""
+    if race is None:
+        return render.legend_html() + render.message_html(MSG["idle"])
+    res, body = race.results, bodies or render.coloured_tokens_of
+    lanes = [render.lane_html(m, res.get(m), headline(m, res.get(m), race), race.running == m,
+                              body(m, res[m]) if m in res else None)
+             for m in RACE_METHODS]
+    return render.legend_html() + render.lanes_html(lanes, f"Race {race.n} · {race.preset} · "
+                                                           f"prompt: {race.prompt[:80]}", race.note)
+
+
+def earlier_lanes(session: Session) -> str:
+    """Every finished race before the latest, newest first, for comparison."""
+    races = session.races[:-1][::-1]
+    if not races:
+        return render.message_html("Earlier races appear here until you clear them.")
+    return "".join(race_lanes(r) for r in races)
+
+
+def full_outputs(session: Session, status: str) -> tuple:
+    """Every output, computed afresh: before and after a race."""
+    race = session.latest
+    fig = charts.race_figure(race.results if race else {}, race.running if race else None)
+    return status, race_lanes(race), fig, inspector.race_rows(session.races), earlier_lanes(session), session
+
+
+def status_only(status: str, session: Session) -> tuple:
+    return status, gr.skip(), gr.skip(), gr.skip(), gr.skip(), session
+
+
+class LiveView:
+    """What the page gets after each target pass of a running race: None (nothing due yet) or the outputs
+    with `gr.skip()` for each one that is unchanged or not yet due."""
+
+    def __init__(self, session: Session, race: Race, clock: Any = time.monotonic):
+        self.session, self.race, self.clock = session, race, clock
+        self.bodies = render.LaneBodies()
+        self.status = ""
+        self.lanes_at = self.chart_at = float("-inf")
+        self.earlier_sent = False
+
+    def update(self, status: str, ended: bool) -> tuple | None:
+        """`ended`: this pass ends the running method (its last snapshot)."""
+        now = self.clock()
+        new_status = status != self.status
+        if not (ended or new_status or now - self.lanes_at >= LANES_INTERVAL_S):
+            return None
+        self.lanes_at, self.status = now, status
+        chart = ended or now - self.chart_at >= CHART_INTERVAL_S
+        if chart:
+            self.chart_at = now
+        race, skip = self.race, gr.skip()
+        out = (status if new_status else skip, race_lanes(race, self.bodies),
+               charts.race_figure(race.results, race.running, live=True) if chart else skip,
+               inspector.race_rows(self.session.races) if ended else skip,
+               skip if self.earlier_sent else earlier_lanes(self.session), self.session)
+        self.earlier_sent = True
+        return out

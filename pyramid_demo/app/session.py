@@ -1,0 +1,52 @@
+"""A visitor's races as typed records (the page's gr.State), so every handler reads named fields.
+
+Gradio hands every event of a visitor the same `Session` object, mutated in place: Stop sets `stop` and the
+running race sees it after its current target pass, keeping its partial results; Clear empties it in place,
+so a running race holding the same object cannot bring the cleared results back."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..core.trace import RunResult
+
+
+@dataclass
+class Race:
+    """One race: every method on one prompt with one family and one configuration."""
+
+    n: int
+    preset: str
+    models: list[str]
+    prompt: str
+    config: dict[str, Any]
+    results: dict[str, RunResult] = field(default_factory=dict)  # method -> its latest snapshot
+    vocab: dict[int, str] = field(default_factory=dict)  # token id -> text, for the inspector (no tokenizer)
+    running: str | None = None  # the method racing now
+    stopped: bool = False  # stopped by the user before every method ran
+    note: str = ""  # shown above the lanes (family, budget cut, exactness)
+    profile: dict | None = None  # the cost profile taken before the clocks started
+    setup: str = ""  # the one-time costs, for the final status line
+
+
+@dataclass
+class Session:
+    """A visitor's races, oldest first, and the flags of the race that runs now."""
+
+    races: list[Race] = field(default_factory=list)
+    next: int = 1  # the next race's number
+    busy: bool = False  # a race is running
+    stop: bool = False  # Stop (or Clear) was asked for the running race
+    budget_note: str = ""  # a ZeroGPU cut of max_new_tokens, shown with the next race
+
+    @property
+    def latest(self) -> Race | None:
+        return self.races[-1] if self.races else None
+
+    def find(self, n: Any) -> Race | None:
+        """The race numbered `n` (as the dropdown sends it), else the latest."""
+        return next((r for r in self.races if str(r.n) == str(n)), self.latest)
+
+    def clear(self) -> None:
+        """Forget every race, in place (the flags of a running race stay: it is being stopped)."""
+        self.races, self.next = [], 1
