@@ -223,3 +223,59 @@ def test_packed_qkv_and_gate_up_are_fused_into_one_call_with_the_same_rows():
         x = torch.randn(rows, 64, generator=g).to(torch.bfloat16)
         assert torch.equal(fused(x), torch.cat([m(x) for m in mods], -1))
     assert _fuse_packed(lins) is None  # plain linears are fused by concatenating weights instead
+
+
+# --- padded attention: one SDPA call per layer, still exact --------------------------------
+
+@pytest.mark.parametrize("name", ["llama3", "qwen2", "mistral"])
+def test_padded_attention_matches_hf_on_each_family(name, one_thread):
+    """`padded=True` is the same attention, only batched and masked: fp32 logits within 1e-4 of HF's on
+    every covered family (Mistral's window as a mask), with a cache grown from 8 to the padded key length."""
+    model = family(name, init=0.5)
+    want = _passes(CachedLM(model, V, "t"))
+    got = _passes(LeanLM(model, V, "t", capacity=8, padded=True))
+    assert (got - want).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("name", ["llama3", "mistral"])
+def test_padded_pass_equals_steps_of_another_lm_bitwise(name, one_thread):
+    """bf16, oneDNN off, padded attention: k-token passes (k = 5, 9, some straddling the 64- and 128-key
+    bucket edges) give the logits of one-token steps bitwise, also when the steps run in another LM whose
+    cache had another capacity (as AR's and SD's do in a race)."""
+    model = family(name).to(torch.bfloat16)
+    for n0, k in ((20, 5), (60, 5), (58, 9), (123, 9), (126, 5)):
+        a = LeanLM(model, V, "t", "no-onednn", padded=True, capacity=8)
+        b = LeanLM(model, V, "t", "no-onednn", padded=True, capacity=100)
+        a.logits(IDS[:n0], 1)
+        b.logits(IDS[:n0], 1)
+        steps = torch.cat([a.logits(IDS[: n0 + 1 + i], 1) for i in range(k)])
+        assert torch.equal(b.logits(IDS[: n0 + k], k), steps), (n0, k)
+
+
+def test_padded_attention_is_one_sdpa_call_per_layer(monkeypatch, one_thread):
+    """Why padded attention exists: a 5-token pass makes one SDPA call per layer (row-wise: five), and two
+    only where its rows straddle a bucket edge."""
+    import torch.nn.functional as F
+
+    model = family("qwen2")
+    calls = []
+    sdpa = F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **kw: calls.append(1) or sdpa(*a, **kw))
+    for padded, n0, want in ((True, 30, 2), (True, 62, 4), (False, 30, 10)):
+        lm = LeanLM(model, V, "t", padded=padded)
+        lm.logits(IDS[:n0], 1)
+        calls.clear()
+        lm.logits(IDS[: n0 + 5], 5)
+        assert len(calls) == want, (padded, n0)
+
+
+def test_offline_target_padded_attention_is_exact(offline_target, one_thread):
+    """The real offline target in bf16 (oneDNN off) with padded attention: the exactness check finds every
+    pass of 2 … 9 tokens bitwise equal to one-token steps, at contexts whose passes cross a bucket edge."""
+    from pyramid_demo.core import exactness
+
+    _, _, bf16 = offline_target
+    vocab = bf16.config.vocab_size
+    rec = exactness.check_model(lambda: LeanLM(bf16, vocab, "t", "no-onednn", padded=True), vocab,
+                                ((60, (2, 5, 9)), (124, (3, 9))))
+    assert rec["exact"] and rec["passes"] == 5, rec

@@ -9,8 +9,12 @@ subset of the vocabulary when the model's head is a proposer's reduced head).
 
 Exactness: in every decode pass each query row attends through the same SDPA call a one-token
 step makes (its own causal slice of the cache), so with batch-invariant linears a k-token pass
-equals k one-token steps bitwise. Only a pass longer than ROWWISE_MAX (a prompt's prefill) runs
-one masked call: every method prefills the same prompt in one pass, so their caches still agree. Covered: Llama 2/3.x (llama3 rope scaling included), SmolLM2, Qwen2 (q/k/v
+equals k one-token steps bitwise. That costs one SDPA call per row per layer; `padded=True` makes
+it one per layer: every row is its own batch item over a key length padded to a multiple of
+KEY_BUCKET that its position alone fixes, masked, and a one-token step runs the same call with a
+batch of one, so each row meets the same shapes either way. Only a pass longer than ROWWISE_MAX
+(a prompt's prefill) runs one masked call: every method prefills the same prompt in one pass, so
+their caches still agree. Covered: Llama 2/3.x (llama3 rope scaling included), SmolLM2, Qwen2 (q/k/v
 biases), Mistral (its sliding window too). Anything else stays on HF's forward (`lm.open_lm`).
 """
 from __future__ import annotations
@@ -31,6 +35,7 @@ from .packed import PackedLinear, rows_invariant
 
 ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
 ROWWISE_MAX = LONGEST_PASS  # passes up to the longest verification attend row by row (only a long prefill does not)
+KEY_BUCKET = 64  # padded attention: a query at position p attends over ceil((p + 1) / 64) · 64 keys
 STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # inv_freq fixed at load (not dynamic / longrope)
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -196,14 +201,15 @@ class LeanLM(CachedModel):
     A reduced-vocabulary head (`models.reduced_head.ReducedHead` as the model's `lm_head`) is called as it is.
     `rowwise=False`
     computes every pass's attention in one masked SDPA call (faster for long passes, not bitwise
-    equal to one-token steps)."""
+    equal to one-token steps); `padded=True` (with rowwise) batches the rows of a pass into one call
+    that stays equal to one-token steps taken with `padded=True` (see the module docstring)."""
 
     def __init__(self, model: torch.nn.Module, vocab_size: int, role: str, backend: str = "default",
-                 rowwise: bool = True, capacity: int = 256):
+                 rowwise: bool = True, capacity: int = 256, padded: bool = False):
         super().__init__(role)
         self.w = lean_weights(model)
         self.model, self.vocab_size, self.backend = model, vocab_size, backend
-        self.rowwise = rowwise
+        self.rowwise, self.padded = rowwise, padded and rowwise
         w = self.w
         self.kv = torch.zeros(len(w.layers), 2, w.n_kv, capacity, w.head_dim, dtype=w.dtype)  # [L, 2, H_kv, T, D]
         self._rope(capacity)
@@ -241,12 +247,41 @@ class LeanLM(CachedModel):
         with backend_flags(self.backend):
             return self._forward(torch.tensor(tokens, dtype=torch.long), pos, keep)
 
-    def _attend(self, q: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor, pos: int) -> torch.Tensor:
+    def _key_plan(self, pos: int, n: int) -> list[tuple[int, int, int, torch.Tensor]]:
+        """For padded attention: rows pos … pos+n-1 grouped by their padded key length, one
+        (first row, end row, key length t, additive mask [rows, 1, 1, t]) per group, built once per
+        forward (every layer reuses it). A row's t and mask depend on its position only, never on
+        the pass it is in; rows of one pass share a group unless they straddle a bucket edge."""
+        w, plan, i = self.w, [], 0
+        while i < n:
+            t = -(-(pos + i + 1) // KEY_BUCKET) * KEY_BUCKET
+            j = min(n, t - pos)  # rows whose position p < t share this length
+            key = torch.arange(t)[None]  # [1, t]
+            q_pos = torch.arange(pos + i, pos + j)[:, None]  # [m, 1]
+            seen = key <= q_pos  # [m, t]
+            if w.window is not None:
+                seen &= key > q_pos - w.window
+            mask = torch.zeros(j - i, 1, 1, t, dtype=w.dtype).masked_fill_(~seen[:, None, None], float("-inf"))
+            plan.append((i, j, t, mask))
+            i = j
+        return plan
+
+    def _attend(self, q: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor, pos: int,
+                plan: list[tuple[int, int, int, torch.Tensor]] | None = None) -> torch.Tensor:
         """q [n, H, D] at positions pos … pos+n-1 over the cache k_all/v_all [H_kv, T, D] -> [n, H·D].
 
-        Query heads are grouped by their KV head ([H_kv, H/H_kv, D]), so GQA needs no repeated keys."""
+        Query heads are grouped by their KV head ([H_kv, H/H_kv, D]), so GQA needs no repeated keys.
+        With a `plan` (padded attention) each row is a batch item over its padded keys, masked."""
         w = self.w
         n, rep, scale, win = q.shape[0], w.n_heads // w.n_kv, w.head_dim ** -0.5, w.window
+        if plan is not None:
+            outs = []
+            for i, j, t, mask in plan:
+                m = j - i
+                k, v = (c[None, :, :t].expand(m, -1, -1, -1) for c in (k_all, v_all))  # [m, H_kv, t, D], no copy
+                outs.append(F.scaled_dot_product_attention(
+                    q[i:j].view(m, w.n_kv, rep, w.head_dim), k, v, attn_mask=mask, scale=scale))  # [m, H_kv, rep, D]
+            return (outs[0] if len(outs) == 1 else torch.cat(outs)).view(n, -1)  # [n, H·D]
         if n == 1 or (self.rowwise and n <= ROWWISE_MAX):
             rows = []
             for i in range(n):
@@ -270,6 +305,10 @@ class LeanLM(CachedModel):
     def _forward(self, tokens: torch.Tensor, pos: int, keep: int) -> torch.Tensor:
         """tokens [n] at positions pos … pos+n-1 -> logits of the last `keep` [keep, V] fp32."""
         w, n = self.w, tokens.shape[0]
+        plan = None
+        if self.padded and n <= ROWWISE_MAX:
+            plan = self._key_plan(pos, n)
+            self._grow(plan[-1][2])  # the padded keys must exist (masked, whatever they hold)
         h_q, h_kv, d_h = w.n_heads, w.n_kv, w.head_dim
         cos = self.cos[pos: pos + n, None]  # [n, 1, D]
         sin = self.sin[pos: pos + n, None]
@@ -283,7 +322,7 @@ class LeanLM(CachedModel):
             k_all, v_all = self.kv[li, 0], self.kv[li, 1]  # [H_kv, T, D] each
             k_all[:, pos: pos + n] = qk[:, h_q:].transpose(0, 1)
             v_all[:, pos: pos + n] = v.transpose(0, 1)
-            x = x + lay.o(self._attend(qk[:, :h_q], k_all, v_all, pos))  # [n, d]
+            x = x + lay.o(self._attend(qk[:, :h_q], k_all, v_all, pos, plan))  # [n, d]
             gate, up = lay.gate_up(rms_norm(x, lay.mlp_norm, w.eps)).chunk(2, -1)  # [n, I] each
             x = x + lay.down(F.silu(gate) * up)
         if self.publish is not None:  # a proposer reads the target's normed state at every row
