@@ -53,7 +53,7 @@ print("padded pass ÷ row-wise step (median): " + ", ".join(
     f"k={k} {statistics.median(got['padded'][k]) / base[1]:.3f}" for k in KS))
 if "--no-check" not in sys.argv:
     for mode in lms:
-        rec = exactness.check_model(lambda: LeanLM(model, vocab, "t", "packed", padded=mode == "padded"), vocab,
-                                    EXACT_PLAN, pad)
+        rec = exactness.check_model(lambda mode=mode: LeanLM(model, vocab, "t", "packed", padded=mode == "padded"),
+                                    vocab, EXACT_PLAN, pad)
         print(f"{mode}: exact {rec['exact']} ({rec['bitwise_passes']}/{rec['passes']} passes bitwise, "
               f"max diff {rec['max_abs_diff']:.2g})")

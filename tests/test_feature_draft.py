@@ -3,6 +3,7 @@ import dataclasses
 
 import pytest
 import torch
+from transformers import LlamaForCausalLM
 
 from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.engine import decode, prefill, roles_for
@@ -11,7 +12,6 @@ from pyramid_demo.core.run import generate
 from pyramid_demo.distill import feature_train as ft
 from pyramid_demo.models.feature_draft import FeatureDraft
 from pyramid_demo.models.tiny import tiny_config, tiny_random_triplet
-from transformers import LlamaForCausalLM
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from mock_lm import BigramLM, bigram_table
 
 from pyramid_demo.core import exactness, rules
 from pyramid_demo.core.config import DecodeConfig
@@ -14,8 +15,6 @@ from pyramid_demo.core.engine import decode, roles_for
 from pyramid_demo.core.methods import TABLE, lossless
 from pyramid_demo.core.stats import compute_stats
 from pyramid_demo.core.trace import StageRound, Step, TokenRec
-
-from mock_lm import BigramLM, bigram_table
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from mock_lm import BigramLM, bigram_table
 
 from pyramid_demo.core import rules
 from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.engine import decode, propose, roles_for, verify
-
-from mock_lm import BigramLM, bigram_table
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

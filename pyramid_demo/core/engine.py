@@ -10,8 +10,8 @@ Randomness comes from one `torch.Generator` per run (None at temperature 0: gree
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import torch
 
@@ -81,7 +81,7 @@ def connect(lms: dict[str, LM]) -> TargetStates | None:
     states = TargetStates()
     lms["target"].publish = states
     for lm in readers:
-        lm.states = states  # type: ignore[attr-defined]
+        lm.states = states
     return states
 
 

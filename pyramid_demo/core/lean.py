@@ -20,10 +20,10 @@ biases), Mistral (its sliding window too). Anything else stays on HF's forward (
 from __future__ import annotations
 
 import threading
-import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -42,7 +42,7 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 Linear = Callable[[torch.Tensor], torch.Tensor]  # [n, in] -> [n, out]
 
 
-def _linear(mods: list[torch.nn.Module]) -> Linear:
+def _linear(mods: list[Any]) -> Linear:
     """One callable giving cat([m(x) for m in mods], -1). Plain `nn.Linear`s are fused into one weight
     (concatenated once: one GEMV reads them all); anything else (PackedLinear, quantised layers) is
     called as is, since its weight may exist only in a packed form."""
@@ -65,7 +65,7 @@ def _linear(mods: list[torch.nn.Module]) -> Linear:
     return lambda x: torch.cat([f(x) for f in fns], -1)
 
 
-def _fuse_packed(mods: list[torch.nn.Module]) -> PackedLinear | None:
+def _fuse_packed(mods: list[Any]) -> PackedLinear | None:
     """Several packed linears over one input as one packed linear (one oneDNN call instead of several: on a CPU
     a small call costs mostly its fixed overhead). Only when the fused shape is batch-invariant with the same
     padding, so a k-token pass still equals k one-token steps; else None (called one by one)."""
@@ -108,7 +108,7 @@ class LeanWeights:
     dtype: torch.dtype
 
 
-def supports_lean(model: torch.nn.Module) -> bool:
+def supports_lean(model: Any) -> bool:
     """Whether the lean forward covers this model: a Llama/Qwen2/Mistral causal LM whole on the CPU,
     SiLU MLP, a static RoPE, full attention (Mistral's single sliding window is handled)."""
     if type(model).__name__ not in ARCHITECTURES:
@@ -143,7 +143,7 @@ def _tensor_id(m: torch.nn.Module) -> tuple:
     return (t.dtype, t.data_ptr() if t.layout == torch.strided else id(t))
 
 
-def _signature(model: torch.nn.Module) -> tuple:
+def _signature(model: Any) -> tuple:
     """What the built weights depend on: a cast, a re-pack or a swapped layer builds them anew. Every module
     with a weight of its own counts, by identity (a new `PackedLinear` has no `.weight` to tell it apart)."""
     emb = model.get_input_embeddings().weight
@@ -151,7 +151,7 @@ def _signature(model: torch.nn.Module) -> tuple:
     return (emb.data_ptr(), emb.dtype, len(model.model.layers), own)
 
 
-def _build(model: torch.nn.Module) -> LeanWeights:
+def _build(model: Any) -> LeanWeights:
     cfg, inner = model.config, model.model
     attn0 = inner.layers[0].self_attn
     layers = [LeanLayer(
@@ -173,11 +173,11 @@ def _build(model: torch.nn.Module) -> LeanWeights:
         window=window, dtype=embed.dtype)
 
 
-_WEIGHTS: "weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple, LeanWeights]]" = weakref.WeakKeyDictionary()
+_WEIGHTS: weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple, LeanWeights]] = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
 
 
-def lean_weights(model: torch.nn.Module) -> LeanWeights:
+def lean_weights(model: Any) -> LeanWeights:
     """The model's lean weights, built on first use and kept while the model lives (runs share them)."""
     sig = _signature(model)
     with _LOCK:
@@ -204,7 +204,7 @@ class LeanLM(CachedModel):
     equal to one-token steps); `padded=True` (with rowwise) batches the rows of a pass into one call
     that stays equal to one-token steps taken with `padded=True` (see the module docstring)."""
 
-    def __init__(self, model: torch.nn.Module, vocab_size: int, role: str, backend: str = "default",
+    def __init__(self, model: Any, vocab_size: int, role: str, backend: str = "default",
                  rowwise: bool = True, capacity: int = 256, padded: bool = False):
         super().__init__(role)
         self.w = lean_weights(model)

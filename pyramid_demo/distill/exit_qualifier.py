@@ -91,8 +91,9 @@ def train(target, subset: torch.Tensor, dirs: list[Path], held: list[dict], k: i
             frac = min(1.0, (time.time() - t0) / (60 * minutes))
             if frac >= 1.0:
                 break
+            cur = (lr_min + 0.5 * (lr - lr_min) * (1 + math.cos(math.pi * frac))) * min(1, (state["step"] + 1) / 30)
             for gr in opt.param_groups:
-                gr["lr"] = (lr_min + 0.5 * (lr - lr_min) * (1 + math.cos(math.pi * frac))) * min(1, (state["step"] + 1) / 30)
+                gr["lr"] = cur
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
                 loss, acc = loss_fn(model, [recs[int(i)] for i in j])
             opt.zero_grad(set_to_none=True)

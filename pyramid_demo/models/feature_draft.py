@@ -138,7 +138,7 @@ class FeatureDraft(nn.Module):
         save_file(self.trained_state(), str(path), metadata=m)
         return Path(path).stat().st_size
 
-    def load(self, path: str | Path) -> "FeatureDraft":
+    def load(self, path: str | Path) -> FeatureDraft:
         from safetensors import safe_open
         with safe_open(str(path), "pt") as fh:
             meta = fh.metadata() or {}
