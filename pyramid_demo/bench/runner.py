@@ -389,10 +389,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     finally:
         signal.signal(signal.SIGTERM, old_term)
-    result["meta"] = dict(machine_info(triplet), command=_command_line(args),
-                          argv=sys.argv[1:], n_prompts=len({r["prompt_index"] for r in result["runs"]}),
-                          prompts_requested=len(prompts), stopped_early=result["interrupted"], repeats=args.repeats,
-                          grid=args.grid,
+    result["meta"] = dict(machine_info(triplet), command=_command_line(args), argv=sys.argv[1:],
+                          n_prompts=len({r["prompt_index"] for r in result["runs"]}), prompts_requested=len(prompts),
+                          stopped_early=result["interrupted"], repeats=args.repeats, grid=args.grid,
                           dataset=args.dataset, total_s=round(time.perf_counter() - t0, 1),
                           variants=[dict(label=v.label, method=v.method, lossless=v.lossless, config=v.cfg.to_dict())
                                     for v in variants])
