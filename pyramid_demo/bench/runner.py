@@ -39,8 +39,7 @@ ROW_COLUMNS = [
     "speedup_vs_ar", "speedup_vs_sd", "speedup_vs_ar_wall", "speedup_vs_sd_wall",
     "acceptance_qualifier", "acceptance_target", "proposed_qualifier", "accepted_qualifier",
     "proposed_target", "accepted_target", "rounds_qualifier", "rounds_target", "target_passes",
-    "mean_accepted_per_target_pass",
-    "tokens_per_target_pass", "fwd_draft", "fwd_qualifier", "fwd_target",
+    "mean_accepted_per_target_pass", "tokens_per_target_pass", "fwd_draft", "fwd_qualifier", "fwd_target",
     "fwd_time_draft_s", "fwd_time_qualifier_s", "fwd_time_target_s",
     "engine_overhead_s", "engine_overhead_share", "agreement", "prefix_agreement", "target_logprob",
     "predicted_tokens_per_s", "predicted_plus_one_tokens_per_s", "predicted_profile_tokens_per_s", "csqa_answer",
@@ -332,13 +331,12 @@ def machine_info(triplet: ModelTriplet) -> dict:
     return dict(platform=platform.platform(), processor=platform.processor() or platform.machine(),
                 cpu_count=os.cpu_count(), torch=torch.__version__, torch_threads=torch.get_num_threads(),
                 python=platform.python_version(), device=str(triplet.device), dtype=str(triplet.dtype),
-                backend=triplet.backend, dtype_backend_choice=triplet.choice_note,
-                exact=triplet.exact, exact_note=triplet.exact_note,
-                models=list(triplet.names), preset=triplet.preset, note=triplet.note,
+                backend=triplet.backend, dtype_backend_choice=triplet.choice_note, exact=triplet.exact,
+                exact_note=triplet.exact_note, models=list(triplet.names), preset=triplet.preset, note=triplet.note,
                 time_utc=time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()))
 
 
-def _stop(signum, frame) -> None:
+def _stop(signum, frame) -> None:  # SIGTERM: stop like Ctrl-C
     raise KeyboardInterrupt
 
 
