@@ -126,7 +126,9 @@ def open_lm(model: torch.nn.Module, vocab_size: int, role: str, backend: str = "
         from .lean import LeanLM, supports_lean
 
         if supports_lean(model):
-            return LeanLM(model, vocab_size, role, backend)
+            # padded attention: one SDPA call per layer for a whole pass, still equal to one-token steps
+            # (the probe checks exactly this forward; scripts/pass_cost.py times it against row-wise)
+            return LeanLM(model, vocab_size, role, backend, padded=True)
     return CachedLM(model, vocab_size, role, backend)
 
 

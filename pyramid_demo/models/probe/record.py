@@ -9,7 +9,7 @@ from typing import Any
 
 from ...core import exactness
 
-FORMAT = 2  # the cache entry's layout; an entry of another format (or none: before typed records) is probed again
+FORMAT = 3  # the cache entry's layout and forwards (3: padded lean attention); another format is probed again
 HOW = {"probe": "chosen by a probe of the target's forwards just now",
        "cached": "chosen by this machine's cached probe", "flag": "as asked on the command line",
        "device": "this device's default", "off": "the probe is off: PYRAMID_DEMO_PROBE=0"}
