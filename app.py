@@ -39,7 +39,6 @@ CSS = """
 #title h1 {margin-bottom: 0;}
 #run-btn {font-size: 1.25rem; min-height: 56px;}
 #status {font-size: 1.05rem;}
-.generating {animation: none !important;}  /* a still border while a race runs: no repaint every frame */
 """
 
 
@@ -162,7 +161,8 @@ def build_demo() -> gr.Blocks:
                      [prompt, preset, draft_id, qual_id, target_id, session], race_out,
                      inputs_kwargs={k: widgets[k] for k in h.SETTING_NAMES}, api_name="race",
                      concurrency_id="models", concurrency_limit=1,
-                     show_progress_on=[status])  # one progress display: the lanes and chart stay cheap to redraw
+                     show_progress="hidden")  # the status line names each stage; a live progress display
+        # redraws every frame for the whole race and takes a browser's CPU from the models (scripts/race_speed.py)
         race.then(views.pick_race, [session], pick_out, **PRIVATE).then(views.inspect_round, insp_in, insp_out,
                                                                           **PRIVATE)
         race.then(h.preset_info, preset, [preset_md, custom_box], **PRIVATE)  # now with the probed dtype

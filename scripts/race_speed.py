@@ -72,6 +72,28 @@ def server(url: str | None, log: Path) -> Iterator[str]:
             proc.wait(timeout=20)
 
 
+def tree_cpu_s(root: int) -> float:
+    """CPU seconds (user + system) of every living descendant of process `root`: here, the browser's."""
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(d.name))
+    total, todo, tick = 0.0, list(children.get(root, [])), os.sysconf("SC_CLK_TCK")
+    while todo:
+        pid = todo.pop()
+        todo += children.get(pid, [])
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
+
+
 def api_race(url: str, prompt: str, preset: str) -> float:
     from gradio_client import Client
 
@@ -98,10 +120,15 @@ def browser_races(url: str, n: int, api_between: bool, prompt: str, preset: str)
         for i in range(n):
             if api_between:
                 api.append(api_race(url, prompt, preset))
+                print(f"round {i + 1}: API AR {api[-1]:.1f} tok/s", flush=True)
+            cpu0, t0 = tree_cpu_s(os.getpid()), time.perf_counter()
             page.locator("#run-btn").click()
             page.wait_for_function(f"document.querySelector('#status').innerText.includes('Race {i + 1} finished')",
-                                   timeout=600_000)
+                                   timeout=600_000, polling=1000)
+            cpu, wall = tree_cpu_s(os.getpid()) - cpu0, time.perf_counter() - t0
             web.append(ar_tok_s(page.locator("#lanes").inner_html()))
+            print(f"round {i + 1}: browser AR {web[-1]:.1f} tok/s (the browser used {cpu:.1f} CPU s in the "
+                  f"{wall:.0f} s race)", flush=True)
         browser.close()
     return web, api
 
@@ -120,8 +147,6 @@ def main() -> int:
             print(f"warm-up race: AR {api_race(url, prompt, preset):.1f} tok/s")
             return 0
         web, api = browser_races(url, a.rounds, True, prompt, preset)
-    for i, (x, y) in enumerate(zip(api, web)):
-        print(f"round {i + 1}: API AR {x:.1f} tok/s, browser AR {y:.1f} tok/s")
     ratio = statistics.median(web) / statistics.median(api)
     print(f"median: API {statistics.median(api):.1f}, browser {statistics.median(web):.1f} tok/s; "
           f"browser / API = {ratio:.2f}")

@@ -1,5 +1,5 @@
 """While a race runs the page gets only what changed: the running lane throttled, the chart rarely and thin,
-the table when a method ends, the earlier races once; and the lanes' chips are rendered once each."""
+the earlier races before the clocks, the table at the end; and the lanes' chips are rendered once each."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,7 +10,7 @@ import pytest
 
 from pyramid_demo.app import charts, render
 from pyramid_demo.app import handlers as h
-from pyramid_demo.app.race_view import CHART_INTERVAL_S, LANES_INTERVAL_S, LiveView, race_lanes
+from pyramid_demo.app.race_view import CHART_INTERVAL_S, LANES_INTERVAL_S, LiveView, before_race, race_lanes
 from pyramid_demo.app.session import Race, Session
 from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.run import stream
@@ -47,9 +47,9 @@ class Clock:
 
 
 def test_live_view_sends_only_what_is_due(snaps):
-    """Rule: nothing before LANES_INTERVAL_S unless the status changed or a method ended; the chart at most
-    every CHART_INTERVAL_S (and at a method's end), thinned and without markers; the table only at a method's
-    end; the earlier races once; an unchanged status is skipped."""
+    """Rule: nothing before LANES_INTERVAL_S unless the status changed or a method ended; the chart at most every
+    CHART_INTERVAL_S from the race's start (and at a method's end), thinned and without markers; the table and
+    the earlier races never while a lane runs; an unchanged status is skipped."""
     session = Session()
     race = Race(1, "tiny-random", ["d", "q", "t"], "hello", DecodeConfig().to_dict(), running="ar")
     session.races.append(race)
@@ -57,23 +57,32 @@ def test_live_view_sends_only_what_is_due(snaps):
     live = LiveView(session, race, clock)
     race.results["ar"] = snaps["ar"][0]
     first = live.update("running AR", False)
-    assert first is not None and first[0] == "running AR" and isinstance(first[2], go.Figure)
-    assert _skipped(first[3]) and isinstance(first[4], str)
+    assert first is not None and first[0] == "running AR" and "lane-ar" in first[1]
+    assert _skipped(first[2]) and _skipped(first[3]) and _skipped(first[4])  # no chart at the start of a lane
     clock.t += LANES_INTERVAL_S / 2
     assert live.update("running AR", False) is None  # not due yet
     clock.t += LANES_INTERVAL_S
     race.results["ar"] = snaps["ar"][10]
     out = live.update("running AR", False)
-    assert out is not None and _skipped(out[0]) and "lane-ar" in out[1]
-    assert _skipped(out[2]) and _skipped(out[3]) and _skipped(out[4])  # chart not due, table and earlier unchanged
+    assert out is not None and _skipped(out[0]) and "lane-ar" in out[1] and _skipped(out[2])
     clock.t += CHART_INTERVAL_S
     race.results["ar"] = snaps["ar"][-1]
     chart = live.update("running AR", False)[2]
     assert isinstance(chart, go.Figure) and chart.data[0].mode == "lines"
     clock.t += 0.01
-    ended = live.update("running AR", True)  # a method's last pass: due at once, with the chart and the table
-    assert ended is not None and isinstance(ended[2], go.Figure) and ended[3][0][1] == "ar"
-    assert _skipped(ended[4])
+    ended = live.update("running AR", True)  # a method's last pass: due at once, with the chart
+    assert ended is not None and isinstance(ended[2], go.Figure) and _skipped(ended[3]) and _skipped(ended[4])
+
+
+def test_before_the_clocks_the_page_gets_the_empty_lanes_and_the_earlier_races(snaps):
+    """Rule: what is big and fixed (the earlier races, the coming race's empty lanes, an empty chart) is sent
+    before any lane is timed."""
+    old = Race(1, "tiny-random", ["d", "q", "t"], "hello", DecodeConfig().to_dict(), results={"ar": snaps["ar"][-1]})
+    session = Session(races=[old], next=2)
+    upcoming = Race(2, "tiny-random", ["d", "q", "t"], "hi", DecodeConfig().to_dict())
+    status, lanes, fig, table, earlier, _ = before_race(session, upcoming, session.races, "loading")
+    assert "Race 2" in lanes and "waiting" in lanes and "Race 1" in earlier and "Race 2" not in earlier
+    assert isinstance(fig, go.Figure) and not fig.data and _skipped(table)
 
 
 def test_the_live_chart_is_thin():
@@ -97,9 +106,9 @@ def test_a_race_streams_fewer_charts_than_lanes_and_ends_complete(monkeypatch):
         outs = list(h.run_race("tiny-random", ("", "", ""), "hello", settings, Session()))
     live = [o for o in outs if isinstance(o[1], str) and "lane-" in o[1]][:-1]
     charts_sent = sum(isinstance(o[2], go.Figure) for o in live)
-    tables_sent = sum(isinstance(o[3], list) for o in live)
-    assert len(live) > 20 and charts_sent < len(live) / 2 and tables_sent == 5  # one table per method's end
-    assert sum(isinstance(o[4], str) for o in live) == 1  # earlier races: once
+    assert len(live) > 20 and charts_sent < len(live) / 2
+    assert not any(isinstance(o[3], list) for o in live)  # the table: once the race is over
+    assert sum(isinstance(o[4], str) for o in live) == 1  # earlier races: once, before the clocks
     status, lanes, fig, table, earlier, _ = outs[-1]
     assert "finished" in status and isinstance(fig, go.Figure) and len(table) == 5 and isinstance(earlier, str)
     assert lanes == race_lanes(outs[-1][-1].latest)

@@ -24,7 +24,9 @@ from ..core.settings import APP_SETTINGS, TUNABLE
 from ..core.trace import RunResult
 from ..models.presets import PRESETS, family_config
 from . import hosting, inspector, stages
-from .race_view import LiveView, earlier_lanes, full_outputs, race_lanes, status_only  # noqa: F401 (app.py reads them here)
+from .race_view import LiveView, before_race, full_outputs, status_only
+from .race_view import earlier_lanes as earlier_lanes  # re-exported: app.py draws the page's first state
+from .race_view import race_lanes as race_lanes
 from .session import Race, Session
 from .text import CUSTOM, DEFAULT, MSG, RACE_COLUMNS, RACE_METHODS, START
 
@@ -205,6 +207,10 @@ def _race_steps(preset: str, ids: tuple[str, str, str], prompt: str, settings: d
     try:  # the one-time stages, named as they happen (converting, probing, loading, warming)
         staged = stages.run_staged(load, lambda: stages.loading_stage(preset))
         triplet, ids, load_s = yield from _show_stages(staged, session, progress)
+        upcoming = Race(n=session.next, preset=preset, models=list(triplet.names), prompt=prompt,
+                        config=base.to_dict())
+        kept = session.races[-(MAX_RACES - 1):]
+        yield before_race(session, upcoming, kept, MSG["loading"].format(preset=preset))  # drawn as models warm
         staged = stages.run_staged(lambda: prepare(triplet, ids), lambda: "warm")
         prep = yield from _show_stages(staged, session, progress)  # warm-up and cost profile, before any clock
     except LoadError as e:
@@ -222,13 +228,12 @@ def _race_steps(preset: str, ids: tuple[str, str, str], prompt: str, settings: d
         return
     notes = (getattr(triplet, "note", ""), session.budget_note,
              "" if triplet.exact else MSG["not_exact"].format(why=triplet.exact_note))
-    race = Race(n=session.next, preset=preset, models=list(triplet.names), prompt=prompt, config=base.to_dict(),
-                note=" ".join(x for x in notes if x), profile=prep["profile"],
-                setup=MSG["setup"].format(load=load_s, warm=prep["warm_s"], profile=prep["profile_s"],
-                                          choice=triplet.choice_note))
+    race = replace(upcoming, note=" ".join(x for x in notes if x), profile=prep["profile"],
+                   setup=MSG["setup"].format(load=load_s, warm=prep["warm_s"], profile=prep["profile_s"],
+                                             choice=triplet.choice_note))
     session.budget_note = ""
     session.next += 1
-    session.races = session.races[-(MAX_RACES - 1):] + [race]
+    session.races = kept + [race]
     live = LiveView(session, race)  # only what changed goes to the page (see `race_view`)
     for i, m in enumerate(RACE_METHODS):
         race.running = m

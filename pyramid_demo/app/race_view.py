@@ -4,9 +4,10 @@ changed since the page last got it.
 Why: the page runs on the machine that races. Every update a browser renders (HTML re-parsed, a Plotly chart
 re-drawn) takes CPU from the models, so an AR lane watched in a browser on two cores used to report half the
 tok/s an API caller saw. While a race runs, the page gets the running lane's text at most every
-LANES_INTERVAL_S, the chart at most every CHART_INTERVAL_S (and when a method ends), the table when a method
-ends, the earlier races once, and the status line only when it changes; everything else is `gr.skip()`.
-Finished lanes are rendered once; the running lane appends the chips of its new passes."""
+LANES_INTERVAL_S, the chart at most every CHART_INTERVAL_S from the race's start (and when a method ends), the
+status line only when it changes; the earlier races and the empty lanes are drawn before the clocks start (while
+the models warm up), the table once the race is over; everything else is `gr.skip()`. Finished lanes are
+rendered once; the running lane appends the chips of its new passes."""
 from __future__ import annotations
 
 import time
@@ -72,6 +73,13 @@ def status_only(status: str, session: Session) -> tuple:
     return status, gr.skip(), gr.skip(), gr.skip(), gr.skip(), session
 
 
+def before_race(session: Session, upcoming: Race, kept: list[Race], status: str) -> tuple:
+    """Before the clocks start: the coming race's empty lanes, an empty chart and the races it follows (`kept`),
+    so the page draws them while the models warm up, not while a lane is timed."""
+    earlier = earlier_lanes(Session(races=[*kept, upcoming]))
+    return status, race_lanes(upcoming), charts.race_figure({}), gr.skip(), earlier, session
+
+
 class LiveView:
     """What the page gets after each target pass of a running race: None (nothing due yet) or the outputs
     with `gr.skip()` for each one that is unchanged or not yet due."""
@@ -80,8 +88,7 @@ class LiveView:
         self.session, self.race, self.clock = session, race, clock
         self.bodies = render.LaneBodies()
         self.status = ""
-        self.lanes_at = self.chart_at = float("-inf")
-        self.earlier_sent = False
+        self.lanes_at, self.chart_at = float("-inf"), clock()  # the first chart: a while in, or at a method's end
 
     def update(self, status: str, ended: bool) -> tuple | None:
         """`ended`: this pass ends the running method (its last snapshot)."""
@@ -94,9 +101,5 @@ class LiveView:
         if chart:
             self.chart_at = now
         race, skip = self.race, gr.skip()
-        out = (status if new_status else skip, race_lanes(race, self.bodies),
-               charts.race_figure(race.results, race.running, live=True) if chart else skip,
-               inspector.race_rows(self.session.races) if ended else skip,
-               skip if self.earlier_sent else earlier_lanes(self.session), self.session)
-        self.earlier_sent = True
-        return out
+        fig = charts.race_figure(race.results, race.running, live=True) if chart else skip
+        return status if new_status else skip, race_lanes(race, self.bodies), fig, skip, skip, self.session
