@@ -218,8 +218,10 @@ def test_offline_family_uses_students_when_available(offline_cache, monkeypatch,
     fake = types.SimpleNamespace(available=lambda: True, build=build)
     monkeypatch.setitem(sys.modules, "pyramid_demo.models.students", fake)
     monkeypatch.setattr(pyramid_demo.models, "students", fake, raising=False)
+    from pyramid_demo.models import feature_draft
     from pyramid_demo.models.offline import load_offline_family
 
+    monkeypatch.setattr(feature_draft, "available", lambda weights_dir=None: False)  # the students' path
     t = load_offline_family(PRESETS["smollm2-offline"], torch.device("cpu"), torch.float32)
     if works:
         assert t.names == PRESETS["smollm2-offline"].refs and "distilled" in t.note

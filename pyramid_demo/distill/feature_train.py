@@ -162,6 +162,14 @@ def train(target, subset: torch.Tensor, dirs: list[Path], held: list[dict], ckpt
                     state["best"] = ev[0]
                     save("best")
         state["epoch"] += 1
+    if not state["curve"] or state["curve"][-1]["step"] != state["step"]:  # the budget's end: measure it too
+        ev = evaluate(model, held, full_head, passes)
+        state["curve"].append({"step": state["step"], "seen": state["seen"],
+                               "unique": sum(len(v) for v in loaded.values()), "heldout_top1": ev,
+                               "minutes": round(state["elapsed"] / 60, 1)})
+        if ev[0] > state["best"]:
+            state["best"] = ev[0]
+            save("best")
     save()
     return state
 
