@@ -144,10 +144,13 @@ def train(target, work: Path, role: str, args, stop_at: float | None = None) -> 
 
 
 def load_student(target, work: Path, role: str, tag: str = "best"):
-    """A trained student from a checkpoint (falls back to the last one)."""
+    """A trained student from a checkpoint (falls back to the last one, then to the shipped student: a run
+    may train one role only, as scripts/distill_gpu.sh trains only the qualifier)."""
     p = _ckpt(work, role, tag)
     if not p.is_file():
         p = _ckpt(work, role, "last")
+    if not p.is_file() and students.weight_path(role).is_file():
+        return students.build(target, role).eval(), {"shipped": True}
     saved = torch.load(p, weights_only=False, map_location="cpu")
     student = students.init_from_target(target, list(range(saved["depth"])), saved.get("shared", 0))
     student.model.layers.load_state_dict(saved["layers"])
