@@ -67,8 +67,8 @@ class OneUlpOff(BigramLM):
     """The bigram mock whose multi-row calls round every logit up by one fp32 ulp (as a GEMM kernel picked
     by row count might): a k-token pass is within any allclose tolerance of the steps but not equal."""
 
-    def logits(self, *args, **kwargs) -> torch.Tensor:
-        z = super().logits(*args, **kwargs)  # [keep, V] fp32
+    def _run(self, tokens: list[int], pos: int, keep: int) -> torch.Tensor:
+        z = super()._run(tokens, pos, keep)  # [keep, V] fp32
         return torch.nextafter(z, torch.full_like(z, float("inf"))) if z.shape[0] > 1 else z
 
 
