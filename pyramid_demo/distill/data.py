@@ -118,6 +118,19 @@ def _filter(logits: torch.Tensor, temperature: float, top_p: float, top_k: int =
     return p, idx
 
 
+def left_padded(model, prompt_ids: list[list[int]], pad: int) -> tuple:
+    """A batch of prompts left-padded on the target's device: (L, device, ids [B, L], mask [B, L], positions)."""
+    B, L = len(prompt_ids), max(len(p) for p in prompt_ids)
+    dev = next(model.parameters()).device  # the batch runs where the target is (CPU or a GPU)
+    ids = torch.full((B, L), pad, dtype=torch.long)
+    mask = torch.zeros((B, L), dtype=torch.long)
+    for b, p in enumerate(prompt_ids):
+        ids[b, L - len(p):] = torch.tensor(p)
+        mask[b, L - len(p):] = 1
+    ids, mask = ids.to(dev), mask.to(dev)
+    return L, dev, ids, mask, (mask.cumsum(1) - 1).clamp_min(0)
+
+
 @torch.inference_mode()
 def generate_batch(model, prompt_ids: list[list[int]], max_new: int, eos: int, pad: int,
                    gen: torch.Generator, temperature: float = 0.8, top_p: float = 0.95) -> list[dict]:
@@ -129,15 +142,7 @@ def generate_batch(model, prompt_ids: list[list[int]], max_new: int, eos: int, p
     from transformers import DynamicCache
 
     B = len(prompt_ids)
-    L = max(len(p) for p in prompt_ids)
-    dev = next(model.parameters()).device  # the batch runs where the target is (CPU or a GPU)
-    ids = torch.full((B, L), pad, dtype=torch.long)
-    mask = torch.zeros((B, L), dtype=torch.long)
-    for b, p in enumerate(prompt_ids):
-        ids[b, L - len(p):] = torch.tensor(p)
-        mask[b, L - len(p):] = 1
-    ids, mask = ids.to(dev), mask.to(dev)
-    pos = (mask.cumsum(1) - 1).clamp_min(0)
+    L, dev, ids, mask, pos = left_padded(model, prompt_ids, pad)
     cache = DynamicCache(config=model.config)
     hook = _NormHook(model.model.norm)
     xhook = _NormHook(model.model.layers[X_LAYER - 1])

@@ -62,15 +62,8 @@ def answer_batch(model, prompt_ids: list[list[int]], max_new: int, eos: int, pad
     state at positions 0..n-2 (f[t] gives the target's logits for token t+1: `lm_head(f[t])`)."""
     from transformers import DynamicCache
 
-    B, L = len(prompt_ids), max(len(p) for p in prompt_ids)
-    dev = next(model.parameters()).device
-    ids = torch.full((B, L), pad, dtype=torch.long)
-    mask = torch.zeros((B, L), dtype=torch.long)
-    for b, p in enumerate(prompt_ids):
-        ids[b, L - len(p):] = torch.tensor(p)
-        mask[b, L - len(p):] = 1
-    ids, mask = ids.to(dev), mask.to(dev)
-    pos = (mask.cumsum(1) - 1).clamp_min(0)
+    B = len(prompt_ids)
+    L, dev, ids, mask, pos = dd.left_padded(model, prompt_ids, pad)
     cache = DynamicCache(config=model.config)
     hook = dd._NormHook(model.model.norm)
     try:
