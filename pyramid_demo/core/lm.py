@@ -87,6 +87,9 @@ class CachedLM(CachedModel):
         self.cache = DynamicCache(config=m.config)
         # transformers 5 renamed `past_key_values` to `cache`; accept either generation
         self.cache_kw = "cache" if "cache" in inspect.signature(m.forward).parameters else "past_key_values"
+        base = getattr(m, "base_model", None)  # its decoder, called directly when the states are handed out
+        self.base_kw = ("cache" if base is not None and "cache" in inspect.signature(base.forward).parameters
+                        else "past_key_values")
 
     @torch.inference_mode()
     def _run(self, tokens: list[int], pos: int, keep: int) -> torch.Tensor:
@@ -96,9 +99,8 @@ class CachedLM(CachedModel):
                 out = self.model(input_ids=x, use_cache=True, logits_to_keep=keep, **{self.cache_kw: self.cache})
                 z = out.logits[0, -keep:, : self.vocab_size]
             else:  # the base model's normed last state for every row (the proposer reads it), head on the kept
-                base = self.model.base_model
-                kw = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
-                h = base(input_ids=x, use_cache=True, **{kw: self.cache}).last_hidden_state  # [1, n, d]
+                h = self.model.base_model(input_ids=x, use_cache=True,
+                                          **{self.base_kw: self.cache}).last_hidden_state  # [1, n, d]
                 self.feats = h[0].detach()  # [n, d]
                 z = self.model.get_output_embeddings()(h[0, -keep:])[:, : self.vocab_size]
         z = z.float().cpu()  # [keep, V]
