@@ -8,6 +8,7 @@ from .settings import DIV_SUPPORTS, DIVERGENCES, FALLBACKS, STAGE2_RULES, TUNABL
 
 METHODS = tuple(m.key for m in TABLE)
 METHOD_LABELS = {m.key: m.label for m in TABLE}
+METHOD_SHORT = {m.key: m.short for m in TABLE}  # "AR", "SD", …: for axes and tables
 MAX_LENGTH = 64  # the longest γ, ℓ_D or ℓ_Q
 LONGEST_PASS = MAX_LENGTH + 1  # the longest verification pass: a proposal plus the verifier's own token
 

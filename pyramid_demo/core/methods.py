@@ -13,12 +13,14 @@ from dataclasses import dataclass
 class Method:
     key: str
     label: str  # what the app and reports show
+    short: str  # the label's short form (chart axes, tables): never parsed out of `label`
     roles: tuple[str, ...]  # models it runs, smallest first; the last is always the target
     lengths: tuple[str, ...]  # DecodeConfig proposal lengths it reads; the last sizes a target pass
     thresholds: tuple[str, ...]  # DecodeConfig thresholds it may read (outermost stage first)
     stage1: str | None  # draft → qualifier rule (None: no qualifier stage)
     target: str | None  # proposer → target rule (None: the target decodes alone)
     colour: str  # lane and chart colour (Okabe-Ito, colour-blind safe)
+    tree: bool = False  # the proposal is a tree of candidates (EAGLE-2), verified in one pass; else a chain
 
     @property
     def pyramid(self) -> bool:
@@ -32,13 +34,13 @@ class Method:
 
 
 TABLE = (
-    Method("ar", "AR (target only)", ("target",), (), (), None, None, "#555555"),
-    Method("sd", "SD (draft → target)", ("draft", "target"), ("gamma",), (), None, "sd", "#0072B2"),
-    Method("fsd", "FSD (fuzzy draft → target)", ("draft", "target"), ("gamma",), ("tau_t",), None, "fuzzy",
+    Method("ar", "AR (target only)", "AR", ("target",), (), (), None, None, "#555555"),
+    Method("sd", "SD (draft → target)", "SD", ("draft", "target"), ("gamma",), (), None, "sd", "#0072B2"),
+    Method("fsd", "FSD (fuzzy draft → target)", "FSD", ("draft", "target"), ("gamma",), ("tau_t",), None, "fuzzy",
            "#56B4E9"),
-    Method("psd_a", "PSD_A (assisted pyramid)", ("draft", "qualifier", "target"), ("l_d", "l_q"), ("tau_t",),
+    Method("psd_a", "PSD_A (assisted pyramid)", "PSD_A", ("draft", "qualifier", "target"), ("l_d", "l_q"), ("tau_t",),
            "sd", "config", "#E69F00"),
-    Method("psd_f", "PSD_F (fuzzy pyramid)", ("draft", "qualifier", "target"), ("l_d", "l_q"),
+    Method("psd_f", "PSD_F (fuzzy pyramid)", "PSD_F", ("draft", "qualifier", "target"), ("l_d", "l_q"),
            ("tau_t", "tau_q"), "fuzzy", "config", "#D55E00"),
 )
 _BY_KEY = {m.key: m for m in TABLE}
