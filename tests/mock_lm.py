@@ -21,6 +21,13 @@ class BigramLM(CachedModel):
     def _crop(self, pos: int) -> None:
         """Nothing to drop: the bigram keeps no keys or values."""
 
+    def _run_tree(self, rows: list[tuple[int, int, int]], base: int, pos: int) -> torch.Tensor:
+        """A tree row's logits depend on its own token only (a bigram), whatever its ancestors."""
+        return self.table[torch.tensor([r[0] for r in rows[base:]])].float()  # [n, V]
+
+    def _compact(self, pos: int, slots: list[int]) -> None:
+        """Nothing to move: the bigram keeps no keys or values."""
+
 
 def bigram_table(vocab: int, seed: int, sharpness: float = 1.0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)

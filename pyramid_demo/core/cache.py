@@ -17,6 +17,10 @@ class CacheError(RuntimeError):
     """A forward that does not start where the cache ends: the caller's bookkeeping is wrong."""
 
 
+class TreeUnsupported(RuntimeError):
+    """This model's forward cannot attend over a tree of candidates (HF's forward): use chains."""
+
+
 class TargetStates:
     """The target's final normed hidden state at every position it has scored, [n, d]: what a proposer
     that reads the target conditions on. The target's forward writes it; its truncation crops it."""
@@ -58,6 +62,10 @@ class CachedModel(abc.ABC):
         self.fed: list[int] = []  # new tokens of each forward since the counters were reset (cost profile)
         self.publish: TargetStates | None = None  # where this model hands out its states (the target)
         self.feats: torch.Tensor | None = None  # [n, d] states of the last forward's rows (when publishing)
+        # tree rows fed after the cache, not yet part of it: (token, parent row or -1, position); row j sits in
+        # cache slot len(ids) + j until `keep_path` moves the accepted ones into place or a truncation drops them
+        self.pending: list[tuple[int, int, int]] = []
+        self.pending_feats: list[torch.Tensor] = []  # [n_j, d] per tree forward (when publishing)
 
     @property
     def cache_len(self) -> int:
@@ -65,6 +73,7 @@ class CachedModel(abc.ABC):
 
     def forward(self, tokens: list[int], pos: int, keep: int) -> torch.Tensor:
         """Feed `tokens` at positions pos … pos+n-1; logits for the last `keep` of them [keep, V] fp32, CPU."""
+        self.pending, self.pending_feats = [], []  # a plain feed overwrites the tree's scratch slots
         if pos != len(self.ids):
             raise CacheError(f"{self.role}: tokens fed at position {pos}, but its cache ends at {len(self.ids)} "
                              "(a rollback was missed)")
@@ -81,8 +90,55 @@ class CachedModel(abc.ABC):
             self.publish.write(pos, self.feats)
         return z
 
+    def forward_tree(self, tokens: list[int], parents: list[int], pos: int) -> torch.Tensor:
+        """Feed tree rows after the cache: row j's parent is an earlier pending row (rows of earlier tree
+        forwards count: one forward per level) or −1, attaching it at `pos`, where the cache ends. A row sits
+        at its parent's position + 1 (−1: at `pos`) and attends to the cache, its ancestors and itself.
+        Logits of every new row [n, V] fp32, CPU. Nothing enters the cache until `keep_path`."""
+        if pos != len(self.ids):
+            raise CacheError(f"{self.role}: tree fed at position {pos}, but its cache ends at {len(self.ids)}")
+        base = len(self.pending)
+        if not tokens or len(parents) != len(tokens):
+            raise ValueError(f"{self.role}: {len(tokens)} tree tokens with {len(parents)} parents")
+        rows = list(self.pending)
+        for t, p in zip(tokens, parents):
+            if not -1 <= p < len(rows):
+                raise ValueError(f"{self.role}: tree row {len(rows)}'s parent {p} is not an earlier row")
+            rows.append((t, p, pos if p < 0 else rows[p][2] + 1))
+        t0 = time.perf_counter()
+        z = self._run_tree(rows, base, pos)
+        self.time_s += time.perf_counter() - t0
+        self.n_forward += 1
+        self.fed.append(len(tokens))
+        self.pending = rows
+        if self.publish is not None:
+            assert self.feats is not None and self.feats.shape[0] == len(tokens), f"{self.role}: no states"
+            self.pending_feats.append(self.feats)
+        return z
+
+    def keep_path(self, rows: list[int]) -> int:
+        """Move pending tree rows that form a path from the cache's end (the first one's parent is −1,
+        each next one's parent the one before) into the cache, in place, and drop the other pending rows:
+        after the decision only the accepted path stays; nothing is fed again. Returns the cache's end."""
+        prev = -1
+        for r in rows:
+            if not 0 <= r < len(self.pending) or self.pending[r][1] != prev:
+                raise CacheError(f"{self.role}: tree rows {rows} are not a path from the cache's end")
+            prev = r
+        pos = len(self.ids)
+        if rows:
+            self._compact(pos, [pos + r for r in rows])
+            self.ids.extend(self.pending[r][0] for r in rows)
+            if self.publish is not None:
+                feats = torch.cat(self.pending_feats)  # [pending, d]
+                self.publish.write(pos, feats[torch.tensor(rows)])
+        self.pending, self.pending_feats = [], []
+        return len(self.ids)
+
     def truncate(self, pos: int) -> int:
-        """Keep at most the first `pos` cached positions; returns where the cache now ends."""
+        """Keep at most the first `pos` cached positions (pending tree rows are dropped); returns where the
+        cache now ends."""
+        self.pending, self.pending_feats = [], []
         if pos < len(self.ids):
             self._crop(pos)
             del self.ids[pos:]
@@ -116,3 +172,13 @@ class CachedModel(abc.ABC):
     @abc.abstractmethod
     def _crop(self, pos: int) -> None:
         """Drop the cached keys/values at positions ≥ pos."""
+
+    def _run_tree(self, rows: list[tuple[int, int, int]], base: int, pos: int) -> torch.Tensor:
+        """Logits [n, V] of pending rows base … (rows: every pending row, (token, parent, position)); their
+        keys/values go to slots pos + j. Sets `self.feats` [n, d] when publishing."""
+        raise TreeUnsupported(f"the {self.role} model's forward ({type(self).__name__}) cannot verify a tree "
+                              "of candidates; tree methods need the lean forward (Llama, Qwen2, Mistral on a CPU)")
+
+    def _compact(self, pos: int, slots: list[int]) -> None:
+        """Move the keys/values in `slots` (ascending) to pos, pos + 1, …"""
+        raise TreeUnsupported(f"the {self.role} model keeps no tree rows")

@@ -62,6 +62,10 @@ class FeatureLM(CachedModel):
             pos = min(pos, self.true_upto)
         return super().truncate(pos)
 
+    def _compact(self, pos: int, slots: list[int]) -> None:
+        self.kv[:, :, pos: pos + len(slots)] = self.kv[:, :, slots]  # the RHS gather copies first
+        self.pred[pos: pos + len(slots)] = self.pred[slots]
+
     @torch.inference_mode()
     def _run(self, tokens: list[int], pos: int, keep: int) -> torch.Tensor:
         end = pos + len(tokens)
@@ -70,13 +74,16 @@ class FeatureLM(CachedModel):
         start = pos
         while start < end:  # rows whose inputs are all known run as one chunk; a predicted input waits its row
             stop = max(start + 1, min(end, self._known() + 1))
-            self._rows(toks[start - pos: stop - pos], start)
+            self._chain_rows(toks[start - pos: stop - pos], start)
             start = stop
-        z = self.m.logits_subset(self.pred[end - keep: end]).float().cpu()  # [keep, S]
-        out = z.new_full((keep, self.vocab_size), float("-inf"))
-        return out.index_copy_(1, self.m.subset.cpu(), z)  # [keep, V]: -inf outside the subset
+        return self._logits(self.pred[end - keep: end])
 
-    def _rows(self, toks: torch.Tensor, start: int) -> None:
+    def _logits(self, f: torch.Tensor) -> torch.Tensor:
+        z = self.m.logits_subset(f).float().cpu()  # [n, S]
+        out = z.new_full((f.shape[0], self.vocab_size), float("-inf"))
+        return out.index_copy_(1, self.m.subset.cpu(), z)  # [n, V]: -inf outside the subset
+
+    def _chain_rows(self, toks: torch.Tensor, start: int) -> None:
         """Rows start … start+c-1 (tokens toks [c]) through fc and the layer; their predicted states -> pred."""
         m, c, known = self.m, toks.shape[0], self._known()
         f_prev = torch.zeros(c, m.d, dtype=self.dtype, device=self.device)  # [c, d]: row r reads state start+r-1
@@ -90,14 +97,51 @@ class FeatureLM(CachedModel):
         n_true = max(0, min(c, b - start + 1))  # rows that read the target's own states (row 0: zeros)
         if start == self.true_upto:
             self.true_upto = start + n_true
-        x = m.inputs(f_prev, toks)[None]  # [1, c, d]
         end = start + c
-        q, k, v = m.qkv(x, self.cos[start:end], self.sin[start:end])  # [1, H, c, D], [1, H_kv, c, D] ×2
-        self.kv[0, :, start:end], self.kv[1, :, start:end] = k[0], v[0]
-        rep = m.n_heads // m.n_kv
-        keys = self.kv[0, :, :end].repeat_interleave(rep, 0)[None]  # [1, H, end, D]
-        vals = self.kv[1, :, :end].repeat_interleave(rep, 0)[None]
         ar = torch.arange(end, device=self.device)
-        mask = ar[None] <= ar[start:end, None]  # [c, end]: causal
-        att = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask)  # [1, H, c, D]
-        self.pred[start:end] = m.finish(x, att)[0]
+        self._rows(toks, f_prev, torch.arange(start, end), ar[None] <= ar[start:end, None])  # causal [c, end]
+
+    @torch.inference_mode()
+    def _run_tree(self, rows: list[tuple[int, int, int]], base: int, pos: int) -> torch.Tensor:
+        """Tree rows (the draft expanding its candidates, one forward per level): a row whose parent is −1
+        reads the state at pos − 1 (the target's where it has scored it), any other row its parent's predicted
+        state; each attends to the cache, its ancestors and itself."""
+        new, end = rows[base:], pos + len(rows)
+        self._grow(end)
+        f_prev = torch.zeros(len(new), self.m.d, dtype=self.dtype, device=self.device)  # [c, d]
+        for i, (_, par, _) in enumerate(new):
+            if par >= 0:
+                f_prev[i] = self.pred[pos + par]
+            elif pos > 0:
+                known = self._known() >= pos
+                assert not known or (self.states is not None and self.states.f is not None)
+                f_prev[i] = self.states.f[pos - 1] if known and self.states is not None and self.states.f is not None \
+                    else self.pred[pos - 1]
+        seen = torch.zeros(len(new), end, dtype=torch.bool, device=self.device)  # [c, end]
+        seen[:, :pos] = True
+        for i in range(len(new)):
+            k = base + i
+            while k >= 0:
+                seen[i, pos + k] = True
+                k = rows[k][1]
+        toks = torch.tensor([r[0] for r in new], dtype=torch.long, device=self.device)
+        slots = torch.arange(pos + base, end)
+        self._rows(toks, f_prev, slots, seen, torch.tensor([r[2] for r in new]))
+        return self._logits(self.pred[slots])
+
+    def _rows(self, toks: torch.Tensor, f_prev: torch.Tensor, slots: torch.Tensor, seen: torch.Tensor,
+              positions: torch.Tensor | None = None) -> None:
+        """Rows with tokens toks [c] and input states f_prev [c, d], written to cache slots [c] (RoPE at
+        `positions`, the slots by default), each attending over the cache's first seen.shape[1] slots where
+        `seen` [c, T] is True; their predicted states -> pred[slots]."""
+        m, c = self.m, toks.shape[0]
+        at = slots if positions is None else positions
+        x = m.inputs(f_prev, toks)[None]  # [1, c, d]
+        q, k, v = m.qkv(x, self.cos[at], self.sin[at])  # [1, H, c, D], [1, H_kv, c, D] ×2
+        self.kv[0, :, slots], self.kv[1, :, slots] = k[0], v[0]
+        rep, t = m.n_heads // m.n_kv, seen.shape[1]
+        qg = q.reshape(1, m.n_kv, rep * c, m.head_dim)  # query heads grouped by their KV head: no repeated keys
+        mask = seen[None].expand(rep, c, t).reshape(rep * c, t)  # [rep·c, T]
+        att = F.scaled_dot_product_attention(qg, self.kv[0, None, :, :t], self.kv[1, None, :, :t],
+                                             attn_mask=mask)  # [1, H_kv, rep·c, D]
+        self.pred[slots] = m.finish(x, att.view(1, m.n_heads, c, m.head_dim))[0]

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from .backend import backend_flags
-from .cache import CachedModel
+from .cache import CachedModel, TreeUnsupported
 from .config import LONGEST_PASS
 from .packed import PackedLinear, rows_invariant
 
@@ -38,6 +38,7 @@ ROWWISE_MAX = LONGEST_PASS  # passes up to the longest verification attend row b
 KEY_BUCKET = 64  # padded attention: a query at position p attends over ceil((p + 1) / 64) · 64 keys
 STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # inv_freq fixed at load (not dynamic / longrope)
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+TREE_LAYOUTS = ("gathered", "masked")  # how a tree row's keys are laid out (`LeanLM.tree_layout`)
 
 Linear = Callable[[torch.Tensor], torch.Tensor]  # [n, in] -> [n, out]
 
@@ -205,11 +206,18 @@ class LeanLM(CachedModel):
     that stays equal to one-token steps taken with `padded=True` (see the module docstring)."""
 
     def __init__(self, model: Any, vocab_size: int, role: str, backend: str = "default",
-                 rowwise: bool = True, capacity: int = 256, padded: bool = False):
+                 rowwise: bool = True, capacity: int = 256, padded: bool = False, tree_layout: str = "gathered"):
         super().__init__(role)
         self.w = lean_weights(model)
         self.model, self.vocab_size, self.backend = model, vocab_size, backend
         self.rowwise, self.padded = rowwise, padded and rowwise
+        if tree_layout not in TREE_LAYOUTS:
+            raise ValueError(f"unknown tree layout {tree_layout!r}; choose one of {', '.join(TREE_LAYOUTS)}")
+        # "gathered": each tree row attends over a copy of the cache with its ancestors moved to the slots a
+        # one-token step along its path would read (the same keys in the same lanes: exact by construction,
+        # where the padded pass is); "masked": the rows share the cache, ancestors found in place by the mask
+        # (no copy; exact only where the kernel's reductions ignore masked gaps: the probe checks)
+        self.tree_layout = tree_layout
         w = self.w
         self.kv = torch.zeros(len(w.layers), 2, w.n_kv, capacity, w.head_dim, dtype=w.dtype)  # [L, 2, H_kv, T, D]
         self._rope(capacity)
@@ -239,6 +247,63 @@ class LeanLM(CachedModel):
 
     def _crop(self, pos: int) -> None:
         """A length move: the preallocated cache keeps its rows, later feeds overwrite them."""
+
+    def _compact(self, pos: int, slots: list[int]) -> None:
+        self.kv[:, :, :, pos: pos + len(slots)] = self.kv[:, :, :, slots]  # the RHS gather copies first
+
+    @torch.inference_mode()
+    def _run_tree(self, rows: list[tuple[int, int, int]], base: int, pos: int) -> torch.Tensor:
+        new = rows[base:]
+        self._grow(pos + len(rows) + KEY_BUCKET)
+        anc = []  # per new row: its ancestors' row indices, root first, itself last
+        for j in range(base, len(rows)):
+            a, k = [], j
+            while k >= 0:
+                a.append(k)
+                k = rows[k][1]
+            anc.append(a[::-1])
+        plan = self._tree_plan([r[2] for r in new], anc, rows, pos, base)
+        with backend_flags(self.backend):
+            return self._forward(torch.tensor([r[0] for r in new], dtype=torch.long), pos + base, len(new),
+                                 plan, torch.tensor([r[2] for r in new]))
+
+    def _tree_plan(self, positions: list[int], anc: list[list[int]], rows: list[tuple[int, int, int]],
+                   pos: int, base: int) -> list[tuple]:
+        """Tree rows grouped by key length: (first row, end row, t, mask [m, 1, 1, t], gather) where gather is
+        None (masked: the shared cache) or (batch, destination, source) slot indices that lay each row's
+        ancestors out as a step along its path would find them."""
+        w, plan, i, n = self.w, [], 0, len(positions)
+        while i < n:
+            p = positions[i] if self.tree_layout == "gathered" else pos + base + i
+            t = -(-(p + 1) // KEY_BUCKET) * KEY_BUCKET
+            j = i + 1
+            while j < n and -(-((positions[j] if self.tree_layout == "gathered" else pos + base + j) + 1)
+                              // KEY_BUCKET) * KEY_BUCKET == t:
+                j += 1
+            key = torch.arange(t)[None]  # [1, t]
+            if self.tree_layout == "gathered":
+                q_pos = torch.tensor(positions[i:j])[:, None]  # [m, 1]
+                seen = key <= q_pos  # [m, t]: a step's own mask
+                if w.window is not None:
+                    seen &= key > q_pos - w.window
+                b, dst, src = [], [], []
+                for r in range(i, j):
+                    for a in anc[r]:
+                        b.append(r - i)
+                        dst.append(rows[a][2])
+                        src.append(pos + a)
+                gather = (torch.tensor(b), torch.tensor(dst), torch.tensor(src))
+            else:
+                seen = (key < pos).expand(j - i, t).clone()
+                for r in range(i, j):
+                    seen[r - i, [pos + a for a in anc[r]]] = True
+                if w.window is not None:
+                    raise TreeUnsupported("masked tree rows do not cover a sliding window; use the gathered layout")
+                gather = None
+            mask = torch.zeros(j - i, 1, 1, t, dtype=w.dtype).masked_fill_(~seen[:, None, None], float("-inf"))
+            plan.append((i, j, t, mask, gather))
+            i = j
+        return plan
 
     # ------------------------------------------------------------------ forward
     @torch.inference_mode()
@@ -276,9 +341,13 @@ class LeanLM(CachedModel):
         n, rep, scale, win = q.shape[0], w.n_heads // w.n_kv, w.head_dim ** -0.5, w.window
         if plan is not None:
             outs = []
-            for i, j, t, mask in plan:
+            for i, j, t, mask, *gather in plan:
                 m = j - i
                 k, v = (c[None, :, :t].expand(m, -1, -1, -1) for c in (k_all, v_all))  # [m, H_kv, t, D], no copy
+                if gather and gather[0] is not None:  # tree rows: each its own keys, ancestors where a step has them
+                    b, dst, src = gather[0]
+                    k, v = k.clone(), v.clone()
+                    k[b, :, dst], v[b, :, dst] = k_all[:, src].transpose(0, 1), v_all[:, src].transpose(0, 1)
                 outs.append(F.scaled_dot_product_attention(
                     q[i:j].view(m, w.n_kv, rep, w.head_dim), k, v, attn_mask=mask, scale=scale))  # [m, H_kv, rep, D]
             return (outs[0] if len(outs) == 1 else torch.cat(outs)).view(n, -1)  # [n, H·D]
@@ -302,16 +371,18 @@ class LeanLM(CachedModel):
                                              scale=scale)  # [1, H_kv, n·rep, D]
         return out.view(w.n_kv, n, rep, w.head_dim).transpose(0, 1).reshape(n, -1)  # [n, H·D]
 
-    def _forward(self, tokens: torch.Tensor, pos: int, keep: int) -> torch.Tensor:
-        """tokens [n] at positions pos … pos+n-1 -> logits of the last `keep` [keep, V] fp32."""
+    def _forward(self, tokens: torch.Tensor, pos: int, keep: int, plan: list | None = None,
+                 positions: torch.Tensor | None = None) -> torch.Tensor:
+        """tokens [n] written to cache slots pos … pos+n-1 -> logits of the last `keep` [keep, V] fp32. Their
+        positions are the slots, or `positions` [n] for tree rows (with their `plan`)."""
         w, n = self.w, tokens.shape[0]
-        plan = None
-        if self.padded and n <= ROWWISE_MAX:
+        if plan is None and self.padded and n <= ROWWISE_MAX:
             plan = self._key_plan(pos, n)
             self._grow(plan[-1][2])  # the padded keys must exist (masked, whatever they hold)
         h_q, h_kv, d_h = w.n_heads, w.n_kv, w.head_dim
-        cos = self.cos[pos: pos + n, None]  # [n, 1, D]
-        sin = self.sin[pos: pos + n, None]
+        at = slice(pos, pos + n) if positions is None else positions
+        cos = self.cos[at, None]  # [n, 1, D]
+        sin = self.sin[at, None]
         half = d_h // 2
         x = F.embedding(tokens, w.embed)  # [n, d]
         for li, lay in enumerate(w.layers):

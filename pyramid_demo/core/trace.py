@@ -8,6 +8,9 @@ Token status vocabulary:
   resampled  the verifier's own token at the first rejection
   bonus      the verifier's own token after the whole proposal was accepted (also after an empty
              proposal: the last token of the budget is a target pass that proposes nothing)
+In a tree round (`StageRound.parents` set) the statuses mean: accepted = on the accepted path, rejected =
+a candidate the verifier tried and refused, discarded = never reached; the own token is "bonus" when the
+path ends at a leaf, else "resampled".
 Token origin (what the app colours): draft | qualifier | target | bonus.
 """
 from __future__ import annotations
@@ -41,6 +44,9 @@ class StageRound:
     rule: str  # greedy | sd | fuzzy | fuzzy+sd
     tokens: list[TokenRec]  # proposed tokens, then the verifier's own token (resampled/bonus)
     n_accepted: int
+    # a tree of candidates: each proposed token's parent among the proposed tokens (−1: the root, the last
+    # committed token), breadth-first; None for a chain (parent i − 1)
+    parents: list[int] | None = None
 
 
 @dataclass
