@@ -11,7 +11,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from pyramid_demo.app import charts, render, views
+from pyramid_demo.app import charts, pass_hist, render, views
 from pyramid_demo.app import handlers as h
 from pyramid_demo.app.text import (
     BUTTONS,
@@ -29,6 +29,7 @@ from pyramid_demo.app.text import (
     START_PRESET,
     STATS_NOTE,
     TABS,
+    TREE_NOTE,
     WHATIF_LABELS,
 )
 from pyramid_demo.core.settings import BY_NAME
@@ -106,6 +107,7 @@ def build_demo() -> gr.Blocks:
             with gr.Tab(TABS["race"]):
                 lanes = gr.HTML(h.race_lanes(None), elem_id="lanes")
                 race_plot = gr.Plot(charts.race_figure({}), elem_id="race-plot", show_label=False)
+                race_hist = gr.Plot(pass_hist.accepted_figure({}), show_label=False, elem_id="race-hist")
                 table = gr.Dataframe(headers=RACE_COLUMNS, label="Race results (all races until cleared)",
                                      interactive=False, wrap=True, elem_id="race-table",
                                      column_widths=["5%", "7%", "7%", "7%", "7%", "6%", "6%", "22%", "10%", "8%",
@@ -125,6 +127,8 @@ def build_demo() -> gr.Blocks:
                     pos_sl = gr.Slider(1, 9, value=1, step=1, label="Position for the top-5 view")
                 insp_md = gr.Markdown()
                 chips = gr.HTML(render.message_html(MSG["no_race"]), elem_id="chips")
+                gr.Markdown(TREE_NOTE)
+                tree_plot = gr.Plot(show_label=False, elem_id="tree-plot")
                 div_plot = gr.Plot(show_label=False, elem_id="div-plot")
                 top5_plot = gr.Plot(show_label=False, elem_id="top5-plot")
             with gr.Tab(TABS["stats"]):
@@ -133,9 +137,8 @@ def build_demo() -> gr.Blocks:
                 tp_plot = gr.Plot(show_label=False, elem_id="speed-plot")
                 cost_plot = gr.Plot(show_label=False, elem_id="cost-plot")
                 cost_md = gr.Markdown()
-                with gr.Row():
-                    hist_plot = gr.Plot(show_label=False)
-                    posn_plot = gr.Plot(show_label=False)
+                hist_plot = gr.Plot(show_label=False, elem_id="hist-plot")  # full width: a panel per method
+                posn_plot = gr.Plot(show_label=False)
             with gr.Tab(TABS["explain"]):
                 with gr.Row():
                     gr.HTML((ASSETS / "pyramid.svg").read_text(encoding="utf-8"))
@@ -149,9 +152,9 @@ def build_demo() -> gr.Blocks:
 
         race_out = [status, lanes, race_plot, table, earlier, session]
         pick_out = [race_dd, method_dd, round_sl, wq, wt, pos_sl, hist_plot, posn_plot, tp_plot, speeds_md,
-                    cost_plot, cost_md]
+                    cost_plot, cost_md, race_hist]
         insp_in = [session, race_dd, method_dd, round_sl, wq, wt, pos_sl]
-        insp_out = [chips, div_plot, top5_plot, insp_md]
+        insp_out = [chips, div_plot, top5_plot, insp_md, tree_plot]
         tuned = [widgets[k] for k in h.TUNED_NAMES]
 
         preset.change(h.preset_info, preset, [preset_md, custom_box], **PRIVATE)

@@ -103,19 +103,20 @@ def test_tau_change_reevaluates_a_recorded_round(done) -> None:
     r = session.races[0].results["psd_f"]
     rnd = r.steps[0].target_round
     assert rnd is not None
-    chips, div_fig, top5_fig, md = views.inspect_round(session, n, "psd_f", 1, 0.4, 0.5, 1)
+    chips, div_fig, top5_fig, md, tree_fig = views.inspect_round(session, n, "psd_f", 1, 0.4, 0.5, 1)
     assert "st-" in chips and isinstance(div_fig, go.Figure) and isinstance(top5_fig, go.Figure)
+    assert isinstance(tree_fig, go.Figure) and tree_fig.data  # the pass drawn as a (one-branch) tree
     assert f"kept **{rnd.n_accepted} of" in md
-    chips0, fig0, _, md0 = views.inspect_round(session, n, "psd_f", 1, 0.0, 0.0, 1)
+    chips0, fig0, _, md0, _ = views.inspect_round(session, n, "psd_f", 1, 0.0, 0.0, 1)
     assert "would accept **0**" in md0  # nothing passes Div ≤ 0 (tiny models never agree exactly)
     red = render.STATUS_COLOURS["rejected"][1]
     assert red in list(fig0.data[-1].marker.color)  # the first target-round bar turns red
     top = max(t.div or 0 for t in rnd.tokens[:-1]) + 1
-    _, _, _, md_hi = views.inspect_round(session, n, "psd_f", 1, top, top, 1)
+    _, _, _, md_hi, _ = views.inspect_round(session, n, "psd_f", 1, top, top, 1)
     assert f"would accept **{len(rnd.tokens) - 1}**" in md_hi
-    chips_sd, _, _, md_sd = views.inspect_round(session, n, "sd", 1, 0.4, 0.5, 1)
+    chips_sd, _, _, md_sd, _ = views.inspect_round(session, n, "sd", 1, 0.4, 0.5, 1)
     assert "τ does not apply" in md_sd and "a fuzzy test at τ = 0.5" in chips_sd  # SD: what FSD would keep
-    chips_ar, _, _, _ = views.inspect_round(session, n, "ar", 1, 0.4, 0.5, 1)
+    chips_ar, _, _, _, _ = views.inspect_round(session, n, "ar", 1, 0.4, 0.5, 1)
     assert "no drafts" in chips_ar
 
 
@@ -151,6 +152,7 @@ def test_pick_race_fills_inspector_and_statistics(done) -> None:
     out = views.pick_race(session)
     assert out[1]["value"] == "psd_f"
     assert all(isinstance(f, go.Figure) for f in out[6:9])
+    assert isinstance(out[12], go.Figure) and "Race" in out[12].layout.title.text  # the race tab's histogram
     assert "Timing noise" in out[9] and "| PSD_F |" in out[9] and "idle machine" in out[9]
     assert "the profile" in out[9] and "verdict" in out[9]
     cost_fig, cost_md = out[10], out[11]

@@ -146,7 +146,8 @@ def test_charts_and_render_never_touch_models(graph, imports) -> None:
     """`app/charts.py` and `app/render.py` draw plain trace records: they never import torch or
     transformers themselves, nor reach a model loader through their imports (any `pyramid_demo.models`
     module but `presets`, the family table that the settings text shows)."""
-    for m in ("pyramid_demo.app.charts", "pyramid_demo.app.render"):
+    for m in ("pyramid_demo.app.charts", "pyramid_demo.app.render", "pyramid_demo.app.tree_view",
+              "pyramid_demo.app.pass_hist"):
         assert not imports[m] & {"torch", "transformers"}, m
         loaders = {x for x in reachable(graph, m) if x.startswith("pyramid_demo.models")}
         assert loaders <= {"pyramid_demo.models", "pyramid_demo.models.presets"}, (m, sorted(loaders))

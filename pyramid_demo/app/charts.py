@@ -126,26 +126,6 @@ def top5_figure(dists: dict[str, list[list[float]]], texts: dict[int, str], titl
     return _layout(fig, title, 320)
 
 
-def hist_figure(results: dict[str, RunResult]) -> go.Figure:
-    """How many drafted tokens each target pass accepted (bonus not counted), per method."""
-    fig = go.Figure()
-    for m, r in results.items():
-        h = r.stats.accepted_hist
-        total = sum(h)
-        if not total:
-            continue
-        fig.add_trace(go.Bar(x=list(range(len(h))), y=[v / total for v in h], name=m.upper(),
-                             marker_color=METHOD_COLOURS.get(m)))
-    if not fig.data:
-        return empty_figure("Accepted-length histograms appear after a race.")
-    _layout(fig, "Drafted tokens accepted per target pass", 460, barmode="group")
-    fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.25, x=0, xanchor="left"),
-                      margin=dict(b=150))
-    fig.update_xaxes(title="accepted drafted tokens (bonus not counted)", dtick=1)
-    fig.update_yaxes(title="share of target passes", tickformat=".0%")
-    return fig
-
-
 def position_figure(results: dict[str, RunResult]) -> go.Figure:
     """P(accepted | position reached) by draft position, per method and stage."""
     fig = go.Figure()

@@ -138,6 +138,10 @@ The more green and blue, the less work the big target had to do.
 * Times exclude the prompt's prefill; speed-ups compare methods on the same prompt in the same race.
 """
 
+TREE_NOTE = ("**The pass as a tree of candidates** (a chain is a tree with one branch): the accepted path runs "
+             "along the top, branches the verifier refused (×) or never reached (hollow) hang below, and the grey "
+             "strip shows the verifier's own top-1 at each position. Hover a node for p, q and Div.")
+
 STATS_NOTE = (
     "Each method's measured speed against AR (a gap within the race's own timing noise is a tie), and what the "
     "**cost profile** — this machine's measured cost of one forward of k tokens per model — predicts for the "

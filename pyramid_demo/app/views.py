@@ -11,8 +11,10 @@ from ..core.config import METHOD_LABELS
 from ..core.methods import method_spec
 from ..core.trace import RunResult
 from . import charts, inspector, render, story
+from .pass_hist import accepted_figure
 from .session import Race, Session
 from .text import DEFAULT, MSG
+from .tree_view import tree_figure
 
 
 def _race(session: Session | None, n: Any) -> Race | None:
@@ -40,12 +42,13 @@ def pick_method(session: Session | None, race_n: Any, method: str | None) -> tup
 
 
 def pick_race(session: Session | None, race_n: Any = None) -> tuple:
-    """A race was chosen (or just finished): refresh the inspector's choices and the statistics tab."""
+    """A race was chosen (or just finished): refresh the inspector's choices, the statistics tab and the race
+    tab's histogram (its last output)."""
     race = _race(session, race_n)
     if session is None or race is None:
         none = charts.empty_figure(MSG["no_race"])
         return (gr.update(choices=[], value=None), gr.update(choices=[], value=None), _round_slider(None),
-                gr.skip(), gr.skip(), _pos_slider(None), none, none, none, "", none, "")
+                gr.skip(), gr.skip(), _pos_slider(None), none, none, none, "", none, "", none)
     res = race.results
     methods = list(res)
     method = methods[-1] if methods else None  # the last raced: the fullest pyramid
@@ -57,18 +60,20 @@ def pick_race(session: Session | None, race_n: Any = None) -> tuple:
     return (gr.update(choices=choices, value=str(race.n)),
             gr.update(choices=[(METHOD_LABELS[m], m) for m in methods], value=method),
             *pick_method(session, race.n, method),
-            charts.hist_figure(res), charts.position_figure(res), charts.throughput_figure(story.rows(res, profile)),
-            story_md, charts.cost_figure(profile, res), detail_md)
+            accepted_figure(res), charts.position_figure(res), charts.throughput_figure(story.rows(res, profile)),
+            story_md, charts.cost_figure(profile, res), detail_md,
+            accepted_figure(res, f"Race {race.n}: drafted tokens accepted per target pass"))
 
 
 def inspect_round(session: Session | None, race_n: Any, method: str | None, round_no: float, tau_q: float,
-                  tau_t: float, position: float) -> tuple[str, Any, Any, str]:
-    """One recorded target pass: chips, divergences vs the what-if τs, and the top-5 at one position."""
+                  tau_t: float, position: float) -> tuple[str, Any, Any, str, Any]:
+    """One recorded target pass: chips, divergences vs the what-if τs, the top-5 at one position and the
+    pass's candidate tree (`tree_view`, last)."""
     race = _race(session, race_n)
     r = race.results.get(method) if race and method else None
     if race is None or r is None or not r.steps:
         none = charts.empty_figure(MSG["no_race"])
-        return render.message_html(MSG["no_race"]), none, none, ""
+        return render.message_html(MSG["no_race"]), none, none, "", none
     step = r.steps[max(0, min(int(round_no or 1) - 1, len(r.steps) - 1))]
     vocab = race.vocab
     committed = "".join(vocab.get(t, f"#{t}") for t in step.new_tokens)
@@ -76,7 +81,7 @@ def inspect_round(session: Session | None, race_n: Any, method: str | None, roun
             f"token(s): `{committed!r}`")
     if step.target_round is None:
         return render.message_html(MSG["ar_round"]), charts.empty_figure(MSG["ar_round"]), \
-            charts.empty_figure(MSG["ar_round"]), head
+            charts.empty_figure(MSG["ar_round"]), head, tree_figure(step, vocab)
     parts, lines = [], [head]
     for j, rnd in enumerate(step.qualifier_rounds + [step.target_round]):
         tau = inspector.round_tau(rnd, tau_q, tau_t)
@@ -104,4 +109,5 @@ def inspect_round(session: Session | None, race_n: Any, method: str | None, roun
     title = f"Top-5 next tokens at position {pos + 1}: {vocab.get(rec.token_id, rec.token_id)!r} ({rec.status})"
     chips = render.status_legend_html() + "".join(parts)
     return (chips, charts.divergence_figure(step, tau_q, tau_t, vocab),
-            charts.top5_figure(inspector.position_top5(step, pos), vocab, title), "  \n".join(lines))
+            charts.top5_figure(inspector.position_top5(step, pos), vocab, title), "  \n".join(lines),
+            tree_figure(step, vocab))

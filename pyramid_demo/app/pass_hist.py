@@ -1,0 +1,85 @@
+"""Accepted drafted tokens per target pass, one small histogram per method (`Stats.accepted_hist`).
+
+Why small multiples: with five chains and four trees, nine bars grouped at every k cannot be told apart; one
+panel per method can. Chains fill the top row and each tree method sits under its chain (same hue,
+hatched), so a learner reads "the tree moved the mass to the right" straight down a column. AR drafts
+nothing (every pass accepts 0), so it gets no panel.
+"""
+from __future__ import annotations
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from ..core.methods import TABLE, method_spec
+from ..core.trace import RunResult
+from .charts import FONT_SIZE, _layout, empty_figure
+from .render import METHOD_COLOURS
+
+TREE_PATTERN = "/"  # tree methods' bars are hatched: a cue that is not colour
+TREE_SUFFIX = "_tree"
+
+
+def chain_of(key: str) -> str:
+    """The chain method a tree method is drawn under ("sd_tree" → "sd"); a chain is its own."""
+    return key.removesuffix(TREE_SUFFIX)
+
+
+def _is_tree(key: str) -> bool:
+    try:
+        return method_spec(key).tree
+    except ValueError:
+        return key.endswith(TREE_SUFFIX)
+
+
+def _short(key: str) -> str:
+    try:
+        return method_spec(key).short
+    except ValueError:
+        return key.upper()
+
+
+def panels(results: dict[str, RunResult]) -> dict[str, tuple[int, int]]:
+    """method → (row, col): a column per chain method in the table's order, trees in the second row."""
+    shown = [m for m, r in results.items() if sum(r.stats.accepted_hist) and method_spec(chain_of(m)).proposer]
+    order = [m.key for m in TABLE if not m.tree and any(chain_of(s) == m.key for s in shown)]
+    order += [chain_of(m) for m in shown if chain_of(m) not in order]  # a method the table lacks: at the end
+    trees = any(_is_tree(m) for m in shown)
+    return {m: (2 if trees and _is_tree(m) else 1, order.index(chain_of(m)) + 1) for m in shown}
+
+
+def accepted_figure(results: dict[str, RunResult], title: str = "Drafted tokens accepted per target pass"
+                    ) -> go.Figure:
+    """Share of target passes that accepted k drafted tokens (bonus not counted), one panel per method; the
+    panel's title gives the mean."""
+    where = panels(results)
+    if not where:
+        return empty_figure("Accepted-length histograms appear after a race (AR drafts nothing).")
+    rows = max(r for r, _ in where.values())
+    cols = max(c for _, c in where.values())
+    slots = {rc: "" for rc in ((r, c) for r in range(1, rows + 1) for c in range(1, cols + 1))}
+    for m, rc in where.items():
+        s = results[m].stats
+        slots[rc] = f"{_short(m)} · mean {s.mean_accepted_per_target_pass:.2f}"
+    top_k = max(len(results[m].stats.accepted_hist) for m in where) - 1
+    fig = make_subplots(rows=rows, cols=cols, shared_yaxes=True, subplot_titles=list(slots.values()),
+                        horizontal_spacing=0.03, vertical_spacing=0.22 if rows > 1 else 0.0)
+    for m, (r, c) in where.items():
+        h = results[m].stats.accepted_hist
+        total = sum(h)
+        shares = [v / total for v in h]
+        fig.add_trace(go.Bar(x=list(range(len(h))), y=shares, name=_short(m), showlegend=False,
+                             marker=dict(color=METHOD_COLOURS.get(m, METHOD_COLOURS.get(chain_of(m), "#777")),
+                                         pattern_shape=TREE_PATTERN if _is_tree(m) else "",
+                                         line=dict(color="#333", width=0.5)),
+                             customdata=h, hovertemplate="%{x} accepted: %{y:.0%} of passes (%{customdata})"
+                             "<extra>" + _short(m) + "</extra>"), row=r, col=c)
+    _layout(fig, f"{title} <span style='font-size:{FONT_SIZE - 2}px;color:#666'>(the verifier's own token not "
+                 "counted)</span>", 150 + 230 * rows)
+    fig.update_layout(margin=dict(l=70, r=20, t=90, b=70), bargap=0.15)
+    fig.update_xaxes(dtick=1, range=[-0.6, top_k + 0.6], showgrid=False)
+    fig.update_yaxes(tickformat=".0%", rangemode="tozero")
+    fig.update_yaxes(title="share of passes", col=1)
+    for c in range(1, cols + 1):
+        fig.update_xaxes(title="accepted (bonus not counted)" if cols < 4 else "accepted", row=rows, col=c)
+    fig.update_annotations(font_size=FONT_SIZE - 1)
+    return fig
