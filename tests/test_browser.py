@@ -1,7 +1,8 @@
 """One real-browser check: start `python app.py` on a free port, run a race on tiny-random, look at the page.
 
 Needs Playwright for Python and a Chromium binary (Debian's `chromium`; no `playwright install`).
-Screenshots land in pytest's tmp_path (race.png, inspector.png).
+Screenshots land in pytest's tmp_path (race.png, inspector.png, tree.png: the inspector at 1280×800 with the
+pass's candidate tree in view, on a tree method when the race has one).
 """
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from pyramid_demo.app.text import SETTINGS_TITLE, TABS
+from pyramid_demo.app.text import RACE_METHODS, SETTINGS_TITLE, TABS
+from pyramid_demo.core.config import METHOD_LABELS
+from pyramid_demo.core.methods import method_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = os.environ.get("PYRAMID_CHROMIUM", "/usr/bin/chromium")
@@ -83,7 +86,9 @@ def test_race_in_browser(server: str, tmp_path: Path) -> None:
         assert page.locator("#lanes .lane-ar .tok").count() >= 1
         assert page.locator("#lanes .lane .tok.o-target, #lanes .lane .tok.o-bonus").count() >= 1
         assert page.locator("#race-plot .js-plotly-plot").count() == 1
-        assert page.locator("#race-plot .scatterlayer .trace").count() == 5  # one line per method
+        assert page.locator("#race-plot .scatterlayer .trace").count() == len(RACE_METHODS)  # a line per method
+        proposing = [m for m in RACE_METHODS if method_spec(m).proposer]
+        assert page.locator("#race-hist .barlayer .trace").count() == len(proposing)  # a panel per method
         page.wait_for_timeout(500)
         page.screenshot(path=str(tmp_path / "race.png"), full_page=True)
 
@@ -92,8 +97,29 @@ def test_race_in_browser(server: str, tmp_path: Path) -> None:
         assert page.locator("#div-plot .js-plotly-plot").count() == 1
         page.wait_for_timeout(500)
         page.screenshot(path=str(tmp_path / "inspector.png"), full_page=True)
+        _tree_at_1280(page, tmp_path)
         for tab, name in ((TABS["stats"], "stats.png"), (TABS["explain"], "explain.png")):
             page.get_by_role("tab", name=tab).click()
             page.wait_for_timeout(800)
             page.screenshot(path=str(tmp_path / name), full_page=True)
         browser.close()
+
+
+def _tree_at_1280(page, tmp_path: Path) -> None:
+    """The inspector on a tree method (the last one raced; a chain when there is none) at 1280×800: the
+    tree plot draws its nodes and legend, and a screenshot with it in view is saved as tree.png."""
+    trees = [m for m in RACE_METHODS if method_spec(m).tree]
+    method = (trees or list(RACE_METHODS))[-1]
+    page.set_viewport_size({"width": 1280, "height": 800})
+    dd = page.locator("#method-dd input")
+    dd.click()
+    page.get_by_role("option", name=METHOD_LABELS[method]).click()
+    page.wait_for_timeout(1500)
+    tree = page.locator("#tree-plot")
+    assert tree.locator(".js-plotly-plot").count() == 1
+    assert tree.locator(".scatterlayer .point").count() >= 2  # the root's child and the verifier's token at least
+    assert "accepted path" in tree.locator(".legend").text_content()
+    tree.scroll_into_view_if_needed()
+    page.wait_for_timeout(300)
+    page.screenshot(path=str(tmp_path / "tree.png"))
+    tree.screenshot(path=str(tmp_path / "tree_plot.png"))
