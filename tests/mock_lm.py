@@ -11,6 +11,8 @@ from pyramid_demo.core.cache import CachedModel
 
 
 class BigramLM(CachedModel):
+    trees = True  # its forward takes tree rows (`_run_tree`)
+
     def __init__(self, table: torch.Tensor, role: str = "target"):
         super().__init__(role)
         self.table = table  # [V, V] logits of the next token given the last one

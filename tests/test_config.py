@@ -63,6 +63,7 @@ def test_every_setting_has_one_row_and_every_method_one_spec():
     assert METHODS == tuple(m.key for m in TABLE) and set(METHOD_LABELS) == set(METHODS)
     for m in TABLE:
         assert m.roles[-1] == "target" and set(m.lengths + m.thresholds) <= {s.name for s in SETTINGS}
-    assert [m for m in METHODS if lossless(m)] == ["ar", "sd"] and lossless("psd_a", "sd")
+    assert [m for m in METHODS if lossless(m)] == ["ar", "sd", "sd_tree"] and lossless("psd_a", "sd")
+    assert lossless("psd_a_tree", "sd") and not lossless("fsd_tree")
     with pytest.raises(ValueError, match="unknown method 'beam'"):
         method_spec("beam")

@@ -24,6 +24,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 LOSSLESS = {("ar", "sd"): True, ("ar", "fuzzy"): True, ("sd", "sd"): True, ("sd", "fuzzy"): True,
             ("fsd", "sd"): False, ("fsd", "fuzzy"): False, ("psd_a", "sd"): True, ("psd_a", "fuzzy"): False,
             ("psd_f", "sd"): False, ("psd_f", "fuzzy"): False}
+LOSSLESS.update({(k + "_tree", s2): v for (k, s2), v in LOSSLESS.items() if k != "ar"})  # a tree keeps its rules
 
 
 def test_lossless_needs_an_exact_stage_1_and_an_exact_target_stage():

@@ -53,6 +53,7 @@ class CachedModel(abc.ABC):
 
     role: str
     device: torch.device = torch.device("cpu")
+    trees: bool = False  # whether its forward attends over a tree of candidates (`forward_tree`)
 
     def __init__(self, role: str) -> None:
         self.role = role
@@ -73,7 +74,7 @@ class CachedModel(abc.ABC):
 
     def forward(self, tokens: list[int], pos: int, keep: int) -> torch.Tensor:
         """Feed `tokens` at positions pos … pos+n-1; logits for the last `keep` of them [keep, V] fp32, CPU."""
-        self.pending, self.pending_feats = [], []  # a plain feed overwrites the tree's scratch slots
+        self._drop_pending()  # a plain feed overwrites the tree's scratch slots
         if pos != len(self.ids):
             raise CacheError(f"{self.role}: tokens fed at position {pos}, but its cache ends at {len(self.ids)} "
                              "(a rollback was missed)")
@@ -132,13 +133,19 @@ class CachedModel(abc.ABC):
             if self.publish is not None:
                 feats = torch.cat(self.pending_feats)  # [pending, d]
                 self.publish.write(pos, feats[torch.tensor(rows)])
-        self.pending, self.pending_feats = [], []
+        self._drop_pending()
         return len(self.ids)
+
+    def _drop_pending(self) -> None:
+        """Forget the pending tree rows (a model whose cache holds them drops them: `_crop` to the cache's end)."""
+        if self.pending:
+            self.pending, self.pending_feats = [], []
+            self._crop(len(self.ids))
 
     def truncate(self, pos: int) -> int:
         """Keep at most the first `pos` cached positions (pending tree rows are dropped); returns where the
         cache now ends."""
-        self.pending, self.pending_feats = [], []
+        self._drop_pending()
         if pos < len(self.ids):
             self._crop(pos)
             del self.ids[pos:]

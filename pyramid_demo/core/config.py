@@ -10,6 +10,7 @@ METHODS = tuple(m.key for m in TABLE)
 METHOD_LABELS = {m.key: m.label for m in TABLE}
 METHOD_SHORT = {m.key: m.short for m in TABLE}  # "AR", "SD", …: for axes and tables
 MAX_LENGTH = 64  # the longest γ, ℓ_D or ℓ_Q
+MAX_TREE_K = 16  # the most children a tree node may have
 LONGEST_PASS = MAX_LENGTH + 1  # the longest verification pass: a proposal plus the verifier's own token
 
 
@@ -34,6 +35,9 @@ class DecodeConfig:
     fallback: str = "none"  # CHOICE beyond the paper: "sd" also accepts tokens the SD rule accepts
     stage2: str = "fuzzy"  # CHOICE beyond the paper: "sd" makes PSD_A lossless (3-model cascade)
     conf_stop: float = 0.0  # beyond the papers: a proposer stops after a token it is less sure of (0: off)
+    tree_nodes: int = 16  # tree methods: candidate nodes per tree (the target pass verifies them all at once)
+    tree_depth: int = 5  # tree methods: levels grown (one proposer forward per level)
+    tree_k: int = 4  # tree methods: children per expanded node, and nodes expanded per level
 
     def __post_init__(self) -> None:
         def need(ok: bool, msg: str) -> None:
@@ -53,6 +57,9 @@ class DecodeConfig:
             v = getattr(self, name)
             need(isinstance(v, int) and 1 <= v <= MAX_LENGTH,
                  f"{name} must be an integer from 1 to {MAX_LENGTH}, got {v!r}")
+        for name, top in (("tree_nodes", MAX_LENGTH), ("tree_depth", MAX_LENGTH), ("tree_k", MAX_TREE_K)):
+            v = getattr(self, name)
+            need(isinstance(v, int) and 1 <= v <= top, f"{name} must be an integer from 1 to {top}, got {v!r}")
         need(self.l_d <= self.l_q, f"l_d ({self.l_d}) must not exceed l_q ({self.l_q})")
         for name in ("tau_q", "tau_t"):
             v = getattr(self, name)

@@ -12,6 +12,7 @@ import torch
 
 from . import rules
 from .config import DecodeConfig
+from .tree import Tree, TreeDecision
 
 
 @dataclass
@@ -32,13 +33,28 @@ class Round:
     p_w: torch.Tensor | None = None  # [n+1, V] warped verifier rows (sampled runs)
     q_w: torch.Tensor | None = None  # [n, V] warped proposer rows (sampled runs)
     eos_cut: int | None = None  # an EOS inside the accepted run at this index: the round ends after it
+    tree: Tree | None = None  # a tree round: x are its nodes, z_p and z_q have one row per context
+    path: list[int] | None = None  # a tree round: the accepted nodes, root first
+    status: list[str] | None = None  # a tree round: each node's fate (accepted / rejected / discarded)
+
+    @property
+    def accepted(self) -> list[int]:
+        """The accepted drafted tokens, in order."""
+        return [self.x[i] for i in self.path] if self.path is not None else self.x[: self.k]
+
+    @property
+    def leaf(self) -> bool:
+        """Whether the walk ended where nothing more was proposed (the verifier's token is then a bonus)."""
+        if self.tree is None:
+            return self.k == len(self.x)
+        return (self.path[-1] if self.path else -1) not in self.tree.parents  # the last context has no children
 
     def cut_at_eos(self, eos_ids: tuple[int, ...]) -> int | None:
         """Index of the first EOS in the round's new tokens (its accepted run, then its own token).
 
         When the EOS is a drafted token inside the accepted run, the round is cut after it: the drafted
         tokens behind it and the verifier's own token were never used, so no statistic counts them."""
-        new = self.x[: self.k] + [self.nxt]
+        new = self.accepted + [self.nxt]
         j = next((i for i, t in enumerate(new) if t in eos_ids), None)
         if j is not None and j < self.k:
             self.eos_cut = j
@@ -87,3 +103,10 @@ def decide(z_p: torch.Tensor, z_q: torch.Tensor, x: list[int], rule: str, tau: f
         q_next = q_w[k] if not fuzzy and k < n else None  # the residual only under the SD rule
         nxt = rules.next_token(p_w[k], q_next, gen)
     return Round(stage, proposer, verifier, rule, tau, list(x), k, nxt, z_p, z_q, d, p_w, q_w)
+
+
+def tree_round_record(dec: TreeDecision, tree: Tree, z_p: torch.Tensor, rule: str, tau: float | None, stage: str,
+               proposer: str, verifier: str) -> Round:
+    """A tree decision as a `Round` (x: the nodes; z_p [N + 1, V] and z_q: one row per context)."""
+    return Round(stage, proposer, verifier, rule, tau, list(tree.tokens), len(dec.path), dec.nxt, z_p, tree.z_q,
+                 dec.d, dec.p_w, None, tree=tree, path=list(dec.path), status=list(dec.status))

@@ -18,7 +18,8 @@ import torch
 from . import rules
 from .cache import TargetStates
 from .config import DecodeConfig
-from .decide import Round, decide
+from . import tree_round
+from .decide import Round, decide, tree_round_record
 from .lm import LM
 from .methods import method_spec, target_rule
 from .recorder import record
@@ -136,14 +137,23 @@ def pyramid_block(lanes: dict[str, Lane], seq: list[int], size: int, cfg: Decode
     rounds: list[Round] = []
     rule = method_spec(cfg.method).stage1
     assert rule is not None
+    tree = method_spec(cfg.method).tree
     while len(block) < size:
         n = min(cfg.l_d, size - len(block))
-        x, z_d = propose(lanes["draft"], seq + block, n, cfg, gen)
-        z_q = lanes["qualifier"].feed(seq + block + x, len(x) + 1)  # [len(x)+1, V]
-        rnd = decide(z_q, z_d, x, rule, cfg.tau_q if rule == "fuzzy" else None, cfg, gen,
-                     "qualifier", "draft", "qualifier")
+        tau = cfg.tau_q if rule == "fuzzy" else None
+        if tree:  # the draft's tree, verified by the qualifier in one pass; z_q: its rows along the path
+            grown = tree_round.grow(lanes["draft"], seq + block, cfg.tree_nodes, min(cfg.tree_depth, n), cfg.tree_k)
+            dec, z_ctx = tree_round.verify(lanes["qualifier"], seq + block, grown.tree, rule, tau, cfg, gen)
+            tree_round.keep_fed(lanes["draft"], grown, dec.path)
+            rnd = tree_round_record(dec, grown.tree, z_ctx, rule, tau, "qualifier", "draft", "qualifier")
+            x = rnd.accepted
+            z_q = z_ctx[[0] + [i + 1 for i in dec.path]]  # [len(path)+1, V]: the block positions' contexts
+        else:
+            x, z_d = propose(lanes["draft"], seq + block, n, cfg, gen)
+            z_q = lanes["qualifier"].feed(seq + block + x, len(x) + 1)  # [len(x)+1, V]
+            rnd = decide(z_q, z_d, x, rule, tau, cfg, gen, "qualifier", "draft", "qualifier")
         eos_at = rnd.cut_at_eos(eos_ids)
-        k = rnd.k
+        k = len(rnd.accepted)
         keep, low = (k + 1 if eos_at is None else eos_at + 1), False
         if cfg.conf_stop:  # the qualifier's confidence at the new block tokens [keep]
             conf = rules.confidence(z_q[:keep]).tolist()
@@ -159,6 +169,16 @@ def pyramid_block(lanes: dict[str, Lane], seq: list[int], size: int, cfg: Decode
             break
     z_q_block = torch.stack(z_q_rows[:size]) if z_q_rows else torch.zeros(0, 0)
     return block[:size], origins[:size], z_q_block, rounds
+
+
+def _tree_step(lanes: dict[str, Lane], seq: list[int], depth: int, cfg: DecodeConfig, gen: torch.Generator | None,
+               rule: str, prop: str) -> Round:
+    """SD/FSD over a tree: the proposer grows it, the target verifies it in one pass; each keeps the path."""
+    grown = tree_round.grow(lanes[prop], seq, cfg.tree_nodes, depth, cfg.tree_k)
+    tau = cfg.tau_t if rule == "fuzzy" else None
+    dec, z_p = tree_round.verify(lanes["target"], seq, grown.tree, rule, tau, cfg, gen)
+    tree_round.keep_fed(lanes[prop], grown, dec.path)
+    return tree_round_record(dec, grown.tree, z_p, rule, tau, "target", prop, "target")
 
 
 def prefill(lms: dict[str, LM], prompt_ids: list[int]) -> float:
@@ -213,15 +233,21 @@ def _decode(lms: dict[str, LM], prompt_ids: list[int], cfg: DecodeConfig, eos_id
             assert rule is not None
             if spec.pyramid:
                 x, from_q, z_q, qrounds = pyramid_block(lanes, seq, size, cfg, gen, eos_ids)
+            elif spec.tree and size > 0:
+                tround = _tree_step(lanes, seq, min(cfg.tree_depth, size), cfg, gen, rule, prop)
+                x = from_q = []  # decided already (the tree's nodes are in the round)
             else:
                 x, z_q = propose(lanes[prop], seq, size, cfg, gen)
                 from_q = [prop] * len(x)
-            z_p = lanes["target"].feed(seq + x, len(x) + 1)  # [n+1, V]: one target pass
-            tround = decide(z_p, z_q, x, rule, cfg.tau_t if rule == "fuzzy" else None, cfg, gen,
-                            "target", prop, "target")
-            k = tround.k
-            new = x[:k] + [tround.nxt]
-            origins = from_q[:k] + [("bonus" if k == len(x) else "target") if x else "target"]
+            if tround is None:
+                z_p = lanes["target"].feed(seq + x, len(x) + 1)  # [n+1, V]: one target pass
+                tround = decide(z_p, z_q, x, rule, cfg.tau_t if rule == "fuzzy" else None, cfg, gen,
+                                "target", prop, "target")
+                from_q = from_q[: tround.k]
+            else:
+                from_q = [prop] * tround.k
+            new = tround.accepted + [tround.nxt]
+            origins = from_q + [("bonus" if tround.leaf else "target") if tround.x else "target"]
             tround.cut_at_eos(eos_ids)
         eos_at = next((j for j, t in enumerate(new) if t in eos_ids), None)
         if eos_at is not None:

@@ -20,6 +20,8 @@ from .cache import CachedModel, TargetStates
 class FeatureLM(CachedModel):
     """One run's cache over a feature draft module (fc + a decoder layer + the target's norm and head)."""
 
+    trees = True  # its forward takes tree rows (`_run_tree`)
+
     def __init__(self, module: Any, vocab_size: int, role: str, capacity: int = 256):
         super().__init__(role)
         self.m: Any = module  # a `models.feature_draft.FeatureDraft` (duck-typed: core knows no models)
@@ -62,6 +64,7 @@ class FeatureLM(CachedModel):
             pos = min(pos, self.true_upto)
         return super().truncate(pos)
 
+    @torch.inference_mode()
     def _compact(self, pos: int, slots: list[int]) -> None:
         self.kv[:, :, pos: pos + len(slots)] = self.kv[:, :, slots]  # the RHS gather copies first
         self.pred[pos: pos + len(slots)] = self.pred[slots]

@@ -205,6 +205,8 @@ class LeanLM(CachedModel):
     equal to one-token steps); `padded=True` (with rowwise) batches the rows of a pass into one call
     that stays equal to one-token steps taken with `padded=True` (see the module docstring)."""
 
+    trees = True  # its forward takes tree rows (`_run_tree`)
+
     def __init__(self, model: Any, vocab_size: int, role: str, backend: str = "default",
                  rowwise: bool = True, capacity: int = 256, padded: bool = False, tree_layout: str = "gathered"):
         super().__init__(role)
@@ -248,6 +250,7 @@ class LeanLM(CachedModel):
     def _crop(self, pos: int) -> None:
         """A length move: the preallocated cache keeps its rows, later feeds overwrite them."""
 
+    @torch.inference_mode()
     def _compact(self, pos: int, slots: list[int]) -> None:
         self.kv[:, :, :, pos: pos + len(slots)] = self.kv[:, :, :, slots]  # the RHS gather copies first
 

@@ -108,7 +108,54 @@ class CachedLM(CachedModel):
         return z
 
     def _crop(self, pos: int) -> None:
-        self.cache.crop(pos - len(self.ids))  # a negative count: drop that many from the end
+        self.cache.crop(pos - self.cache.get_seq_length())  # a negative count: drop that many from the end
+
+    @property
+    def trees(self) -> bool:  # type: ignore[override]
+        """HF's forward takes a tree as a custom 4-D mask, except under row-wise attention (which ignores masks:
+        `core.attention`) and caches that are not plain key/value lists (sliding windows, quantised caches)."""
+        impl = getattr(self.model.config, "_attn_implementation", "sdpa")
+        return impl != "rowwise" and all(type(layer).__name__ == "DynamicLayer"
+                                         for layer in getattr(self.cache, "layers", [None]))
+
+    @torch.inference_mode()
+    def _run_tree(self, rows: list[tuple[int, int, int]], base: int, pos: int) -> torch.Tensor:
+        """Tree rows through HF's forward: position ids per row and a custom 4-D mask (the cache, each row's
+        ancestors and itself), which transformers uses as given."""
+        if not self.trees:
+            return super()._run_tree(rows, base, pos)
+        new = rows[base:]
+        n, total = len(new), pos + len(rows)
+        seen = torch.zeros(n, total, dtype=torch.bool)
+        seen[:, :pos] = True
+        for i in range(n):
+            k = base + i
+            while k >= 0:
+                seen[i, pos + k] = True
+                k = rows[k][1]
+        dtype = self.model.get_input_embeddings().weight.dtype
+        mask = torch.zeros(1, 1, n, total, dtype=dtype).masked_fill_(~seen[None, None], torch.finfo(dtype).min)
+        x = torch.tensor([[r[0] for r in new]], dtype=torch.long, device=self.device)
+        at = torch.tensor([[r[2] for r in new]], dtype=torch.long, device=self.device)
+        kw = {self.cache_kw: self.cache, "attention_mask": mask.to(self.device), "position_ids": at}
+        with backend_flags(self.backend):
+            if self.publish is None:
+                z = self.model(input_ids=x, use_cache=True, **kw).logits[0, :, : self.vocab_size]
+            else:
+                kw[self.base_kw] = kw.pop(self.cache_kw)
+                h = self.model.base_model(input_ids=x, use_cache=True, **kw).last_hidden_state  # [1, n, d]
+                self.feats = h[0].detach()
+                z = self.model.get_output_embeddings()(h[0])[:, : self.vocab_size]
+        z = z.float().cpu()  # [n, V]
+        _sync(self.device)
+        return z
+
+    @torch.inference_mode()
+    def _compact(self, pos: int, slots: list[int]) -> None:
+        idx = torch.tensor(slots, device=self.device)
+        for layer in self.cache.layers:  # transformers 5's DynamicLayer: keys/values [B, H, T, D]
+            layer.keys[:, :, pos: pos + len(slots)] = layer.keys[:, :, idx]
+            layer.values[:, :, pos: pos + len(slots)] = layer.values[:, :, idx]
 
 
 PATHS = ("hf", "lean")

@@ -21,6 +21,7 @@ class Method:
     target: str | None  # proposer → target rule (None: the target decodes alone)
     colour: str  # lane and chart colour (Okabe-Ito, colour-blind safe)
     tree: bool = False  # the proposal is a tree of candidates (EAGLE-2), verified in one pass; else a chain
+    # (in a pyramid: the draft's proposal to the qualifier; the qualified block goes to the target as a chain)
 
     @property
     def pyramid(self) -> bool:
@@ -42,6 +43,16 @@ TABLE = (
            "sd", "config", "#E69F00"),
     Method("psd_f", "PSD_F (fuzzy pyramid)", "PSD_F", ("draft", "qualifier", "target"), ("l_d", "l_q"),
            ("tau_t", "tau_q"), "fuzzy", "config", "#D55E00"),
+    # trees of candidates (EAGLE-2): the same rules over a tree the proposer grows, verified in one pass
+    Method("sd_tree", "SD tree (draft tree → target)", "SD·tree", ("draft", "target"), ("tree_nodes",), (), None,
+           "sd", "#009E73", tree=True),
+    Method("fsd_tree", "FSD tree (fuzzy draft tree → target)", "FSD·tree", ("draft", "target"), ("tree_nodes",),
+           ("tau_t",), None, "fuzzy", "#CC79A7", tree=True),
+    Method("psd_a_tree", "PSD_A tree (assisted pyramid, draft tree → qualifier)", "PSD_A·tree",
+           ("draft", "qualifier", "target"), ("tree_nodes", "l_q"), ("tau_t",), "sd", "config", "#8C6D1F", tree=True),
+    Method("psd_f_tree", "PSD_F tree (fuzzy pyramid, draft tree → qualifier)", "PSD_F·tree",
+           ("draft", "qualifier", "target"), ("tree_nodes", "l_q"), ("tau_t", "tau_q"), "fuzzy", "config", "#7F2704",
+           tree=True),
 )
 _BY_KEY = {m.key: m for m in TABLE}
 

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from .config import DecodeConfig
+from .methods import method_spec
 from .engine import decode, prefill, roles_for
 from .lm import ModelTriplet, encode_prompt, open_lm
 from .stats import STAGES, compute_stats, n_proposed
@@ -34,7 +35,7 @@ def prepare_prompt(triplet: ModelTriplet, prompt: str | list[int], cfg: DecodeCo
         ids = [int(i) for i in prompt]
     if not ids:
         raise ValueError("the prompt encodes to no tokens")
-    block = max(cfg.gamma, cfg.l_q) + 1
+    block = max(cfg.gamma, cfg.l_q, cfg.tree_nodes) + 1
     limit = context_limit(triplet)
     if len(ids) + cfg.max_new_tokens + block > limit:
         raise ValueError(
@@ -174,6 +175,19 @@ class _Snapshots:
             steps=list(self.steps))
 
 
+def refuse_tree(method: str, lms: dict) -> None:
+    """A ValueError, before any work, when a tree method's grower or verifier cannot take tree rows."""
+    spec = method_spec(method)
+    if not spec.tree:
+        return
+    bad = [r for r in spec.roles[:2] if not lms[r].trees]
+    if bad:
+        raise ValueError(f"{spec.short} needs forwards that take a tree of candidates, and the {' and '.join(bad)} "
+                         f"model{'s' if len(bad) > 1 else ''} here cannot ({type(lms[bad[0]]).__name__}: row-wise "
+                         f"attention or a sliding-window cache); run the chain method "
+                         f"{spec.key.removesuffix('_tree')} instead")
+
+
 def _passes(triplet: ModelTriplet, ids: list[int], cfg: DecodeConfig, prompt: str,
             full_records: bool = True) -> Iterator[_Snapshots]:
     """Prefill, then decode; after each target pass yield the run's record so far.
@@ -184,6 +198,7 @@ def _passes(triplet: ModelTriplet, ids: list[int], cfg: DecodeConfig, prompt: st
     backend = getattr(triplet, "backend", "default")  # the probed (or asked) CPU backend, for every forward
     path = getattr(triplet, "path", "hf")  # HF's forward or the lean one (core.lean)
     lms = {r: open_lm(triplet.model(r), triplet.vocab_size, r, backend, path) for r in roles_for(cfg.method)}
+    refuse_tree(cfg.method, lms)
     prefill_s = prefill(lms, ids)
     for lm in lms.values():  # prefill forwards are reported separately
         lm.reset_counters()

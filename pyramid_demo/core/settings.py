@@ -54,6 +54,17 @@ SETTINGS = (
                  "fixed γ, ℓ_D and ℓ_Q. Lossless methods stay exact.",
             cli="a proposer (the draft; in PSD also the qualifier's block) stops after a token whose top "
                 "probability is below this; 0: off, the papers' fixed lengths (beyond the papers)", tunable=True),
+    Setting("tree_nodes", "Tree: candidate nodes per tree", "slider", (1, 64, 1),
+            info="Tree methods (EAGLE-2): the draft grows a tree of candidates and the verifier scores all its nodes "
+                 "in one pass, which on a CPU costs about what one token does. More nodes: more chances, a longer pass.",
+            cli="tree methods: candidate nodes per tree", tunable=True),
+    Setting("tree_depth", "Tree: depth (draft forwards per tree)", "slider", (1, 16, 1),
+            info="Levels the draft grows, one batched draft forward per level.",
+            cli="tree methods: levels grown, one draft forward each", tunable=True),
+    Setting("tree_k", "Tree: children per node", "slider", (1, 10, 1),
+            info="Each expanded node's top-k draft tokens are candidates; the k best paths are expanded next. "
+                 "Nodes are ranked by the product of draft probabilities along their path.",
+            cli="tree methods: top-k children per expanded node, and nodes expanded per level", tunable=True),
     Setting("divergence", "Divergence", "radio", choices=DIVERGENCES,
             info="CHOICE: js is the FSD code's ½KL(m‖p)+½KL(m‖q) (not the textbook JSD), computed on the "
                  "raw softmax (temperature 1), whatever the sampling temperature.", cli="CHOICE", tunable=True),

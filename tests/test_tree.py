@@ -1,0 +1,260 @@
+"""Trees of candidates: the acceptance rules on hand-built logits, the joint law at T=1, exact tree passes,
+compaction of the accepted path, and tree rows in the feature draft."""
+import pytest
+import torch
+from mock_lm import BigramLM, bigram_table
+
+from pyramid_demo.core import rules
+from pyramid_demo.core.cache import CacheError
+from pyramid_demo.core.config import DecodeConfig
+from pyramid_demo.core.engine import decode, roles_for
+from pyramid_demo.core.lean import LeanLM
+from pyramid_demo.core.run import generate
+from pyramid_demo.core.tree import Tree, best_nodes, chain, check, decide_tree
+from pyramid_demo.models.tiny import tiny_random_triplet
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+NEG = -30.0
+V = 6
+
+
+def _z(*hot: int, scale: float = 10.0) -> torch.Tensor:
+    """Logits [V] peaked on `hot` (the first highest)."""
+    z = torch.zeros(V)
+    for r, t in enumerate(hot):
+        z[t] = scale - r
+    return z
+
+
+def _tree() -> Tree:
+    """root → {1 (rank 0), 2 (rank 1)}; node 0 (token 1) → {3}; node 1 (token 2) → {4}."""
+    zq = torch.stack([_z(1, 2), _z(3), _z(4)])  # contexts root, node 0, node 1
+    return Tree([1, 2, 3, 4], [-1, -1, 0, 1], zq, [0, 1, 2, -1, -1])
+
+
+def test_a_chain_is_a_tree_with_parent_i_minus_1():
+    """chain(): node i's parent is i − 1 and context i's proposer row is row i."""
+    t = chain([5, 6, 7], torch.zeros(3, V))
+    assert t.parents == [-1, 0, 1] and t.depths() == [1, 2, 3] and t.q_row == [0, 1, 2, -1]
+    check(t)
+
+
+def test_breadth_first_order_is_required():
+    """A node shallower than the one before it is refused (rows are laid out by depth)."""
+    with pytest.raises(ValueError, match="breadth-first"):
+        check(Tree([1, 2, 3], [-1, 0, -1], torch.zeros(1, V), [0, -1, -1, -1]))
+
+
+def test_best_nodes_keep_the_best_scores_and_their_ancestors():
+    """EAGLE-2's reranking: the n best path scores, never a node without its parent, breadth-first."""
+    parents = [-1, -1, 0, 0, 1, 2]
+    score = [-0.1, -2.0, -0.3, -0.5, -2.1, -0.4]
+    assert best_nodes(parents, score, 4) == [0, 2, 3, 5]
+    assert best_nodes(parents, score, 2) == [0, 2]
+
+
+def test_greedy_walks_the_child_equal_to_the_verifier_argmax():
+    """Greedy: at the root the verifier wants token 2 (the second-ranked child): it is accepted and the
+    first child rejected; below it the verifier wants 5, not the proposed 4, so the walk stops there and
+    the verifier's own token is 5 (resampled). Node 0's subtree is never reached."""
+    z_p = torch.stack([_z(2), _z(0), _z(5), _z(0), _z(0)])  # contexts root, n0, n1, n2, n3
+    dec = decide_tree(z_p, _tree(), "sd", None, "none", (0.0, 0, 1.0), None)
+    assert dec.path == [1] and dec.nxt == 5
+    assert dec.status == ["rejected", "accepted", "discarded", "rejected"]
+
+
+def test_greedy_bonus_after_a_leaf():
+    """Greedy: a path that ends at a leaf takes the verifier's argmax there as the bonus."""
+    z_p = torch.stack([_z(1), _z(3), _z(0), _z(4), _z(0)])
+    dec = decide_tree(z_p, _tree(), "sd", None, "none", (0.0, 0, 1.0), None)
+    assert dec.path == [0, 2] and dec.nxt == 4 and dec.status[:3] == ["accepted", "discarded", "accepted"]
+
+
+def test_fuzzy_passing_context_takes_its_top_ranked_child():
+    """Fuzzy (CHOICE): a context whose Div(P_verifier, P_proposer) ≤ τ accepts its top-ranked child even
+    where the verifier's argmax is another child; τ = 0 accepts nothing."""
+    tree = _tree()
+    z_p = torch.stack([_z(2, 1, scale=3.0), _z(3), _z(4), _z(0), _z(0)])  # root: p close to q, argmax 2
+    loose = decide_tree(z_p, tree, "fuzzy", 5.0, "none", (0.0, 0, 1.0), None)
+    assert loose.path[0] == 0 and loose.d is not None and float(loose.d[0]) <= 5.0
+    none = decide_tree(z_p, tree, "fuzzy", 0.0, "none", (0.0, 0, 1.0), None)
+    assert none.path == [] and none.status[:2] == ["rejected", "rejected"] and none.nxt == 2
+
+
+def test_fuzzy_with_sd_fallback_tries_the_other_children():
+    """Fuzzy + SD fallback: a context failing τ still accepts a child that passes the SD rule (greedy: the
+    child equal to the verifier's argmax)."""
+    z_p = torch.stack([_z(2), _z(0), _z(4), _z(0), _z(0)])
+    dec = decide_tree(z_p, _tree(), "fuzzy", 1e-6, "sd", (0.0, 0, 1.0), None)
+    assert dec.path[:1] == [1] and dec.status[0] == "rejected"
+
+
+def _law(rule, p: torch.Tensor, children: list[int], n: int = 20000) -> torch.Tensor:
+    """Empirical law of the first committed token at a root with the given deterministic children."""
+    tree = Tree(children, [-1] * len(children), torch.zeros(1, len(p)), [0] + [-1] * len(children))
+    z_p = torch.cat([p.log()[None], torch.zeros(len(children), len(p))])
+    gen = torch.Generator().manual_seed(7)
+    counts = torch.zeros(len(p))
+    for _ in range(n):
+        path, nxt = rule(z_p, tree, gen)
+        counts[tree.tokens[path[0]] if path else nxt] += 1
+    return counts / n
+
+
+def _right(z_p, tree, gen):
+    dec = decide_tree(z_p, tree, "sd", None, "none", (1.0, 0, 1.0), gen)
+    return dec.path, dec.nxt
+
+
+def _no_renormalise(z_p, tree, gen):
+    """A planted wrong rule: children tried with their raw p, never zeroed after a rejection."""
+    p = torch.softmax(z_p[0], -1)
+    for i, t in enumerate(tree.tokens):
+        if float(torch.rand(1, generator=gen)) < float(p[t]):
+            return [i], t
+    return [], rules.sample(p, gen)
+
+
+def test_deterministic_children_rule_samples_the_verifier_exactly():
+    """Sampled tree SD (EAGLE-2 / SpecInfer): try children in order, accept with p(c), else zero c and
+    renormalise, finally sample what is left. The first token then follows p exactly: within TV 0.02 over
+    20,000 draws; a rule that does not zero rejected children is off by more than 0.1 (the control)."""
+    p = torch.tensor([0.1, 0.4, 0.3, 0.2])
+    good = _law(_right, p, [1, 2])
+    assert 0.5 * (good - p).abs().sum() < 0.02
+    bad = _law(_no_renormalise, p, [1, 2])
+    assert 0.5 * (bad - p).abs().sum() > 0.1
+
+
+def _joint(method: str, n_trials: int, **kw) -> tuple[torch.Tensor, torch.Tensor]:
+    """Empirical joint law of the first two sampled tokens after token 0 (vocabulary 4), and the target's."""
+    Vs = 4
+    tables = {"target": bigram_table(Vs, 1), "qualifier": bigram_table(Vs, 2), "draft": bigram_table(Vs, 3)}
+    cfg = DecodeConfig(method=method, temperature=1.0, max_new_tokens=2, **kw)
+    gen = torch.Generator().manual_seed(123)
+    counts = torch.zeros(Vs, Vs)
+    for _ in range(n_trials):
+        lms = {r: BigramLM(tables[r], r) for r in roles_for(method)}
+        out = [t for s in decode(lms, [0], cfg, (), gen) for t in s.new_tokens]
+        counts[out[0], out[1]] += 1
+    p = torch.softmax(tables["target"], -1)
+    return counts / n_trials, p[0][:, None] * p
+
+
+@pytest.mark.parametrize("method,kw", [("sd_tree", {"tree_nodes": 5, "tree_depth": 2, "tree_k": 2}),
+                                       ("psd_a_tree", {"stage2": "sd", "tree_nodes": 4, "tree_depth": 2,
+                                                       "tree_k": 2, "l_d": 2, "l_q": 3})])
+def test_sampled_tree_sd_reproduces_the_target_joint_law(method, kw):
+    """Tree SD at T=1 (and the lossless pyramid over a tree) sample the target's law: over 4,000 runs the
+    first two tokens are within TV 0.05 of p_T(a|0)·p_T(b|a), the chain's bound (tests/test_engine.py)."""
+    emp, exp = _joint(method, 4000, **kw)
+    assert 0.5 * (emp - exp).abs().sum().item() < 0.05
+
+
+def test_fuzzy_tree_sampling_is_not_exact():
+    """Control: FSD over a tree with a loose τ is measurably off the target's law."""
+    emp, exp = _joint("fsd_tree", 3000, tau_t=5.0, tree_nodes=5, tree_depth=2, tree_k=2)
+    assert 0.5 * (emp - exp).abs().sum().item() > 0.05
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return tiny_random_triplet(seed=0)
+
+
+@pytest.mark.parametrize("method", ["sd_tree", "psd_a_tree"])
+def test_tree_sd_greedy_equals_target_greedy_and_accepts(tiny, method):
+    """At T=0 tree SD (and the lossless pyramid over a tree) write AR's text token for token, with more
+    than one token per target pass."""
+    cfg = dict(max_new_tokens=40, stage2="sd")
+    ar = generate(tiny, "The quick brown fox", DecodeConfig(method="ar", **cfg))
+    tr = generate(tiny, "The quick brown fox", DecodeConfig(method=method, **cfg))
+    assert tr.token_ids == ar.token_ids
+    assert tr.stats.tokens_per_target_pass > 1.0
+
+
+def _bf16_lm(tiny, capacity=8):
+    model = tiny.target.to(torch.bfloat16)
+    return model, (lambda layout="gathered": LeanLM(model, tiny.vocab_size, "t", "no-onednn", padded=True,
+                                                     capacity=capacity, tree_layout=layout))
+
+
+def test_tree_pass_equals_one_token_steps_along_each_path_bitwise(tiny):
+    """bf16, padded attention, gathered layout: every node's logits in one tree pass are bitwise those of
+    one-token steps along its path (at contexts whose tree crosses a 64-key bucket edge)."""
+    import copy
+
+    t = copy.deepcopy(tiny)
+    _, make = _bf16_lm(t)
+    ids = [(i * 37 + 5) % 300 + 3 for i in range(200)]
+    toks, parents = [11, 12, 13, 14, 15, 16], [-1, 0, 0, 1, 2, 3]  # root row 0, then a tree below it
+    for n0 in (20, 61, 126):
+        lm = make()
+        lm.logits(ids[:n0], 1)
+        z = lm.forward_tree(toks, parents, n0)  # [6, V]
+        for j in range(len(toks)):
+            path, k = [], j
+            while k >= 0:
+                path.append(toks[k])
+                k = parents[k]
+            ref = make()
+            ref.logits(ids[:n0], 1)
+            steps = [ref.logits(ids[:n0] + path[::-1][: i + 1], 1) for i in range(len(path))]
+            assert torch.equal(z[j], steps[-1][0]), (n0, j)
+
+
+def test_keep_path_leaves_the_cache_a_step_would_have_built(tiny):
+    """After keep_path only the accepted path is cached, in place: the next pass gives bitwise the logits
+    of a cache that was fed the committed tokens as a chain; a path that is not a path is refused."""
+    import copy
+
+    _, make = _bf16_lm(copy.deepcopy(tiny))
+    ids = [(i * 37 + 5) % 300 + 3 for i in range(80)]
+    lm = make()
+    lm.logits(ids[:30], 1)
+    lm.forward_tree([7, 8, 9, 10], [-1, 0, 0, 2], 30)
+    with pytest.raises(CacheError):
+        lm.keep_path([0, 1, 3])
+    lm.forward_tree([7, 8, 9, 10], [-1, 0, 0, 2], 30)
+    assert lm.keep_path([0, 2, 3]) == 33 and lm.ids[30:] == [7, 9, 10]
+    ref = make()
+    ref.logits(ids[:30] + [7, 9, 10], 1)
+    assert torch.equal(lm.logits(lm.ids + [42], 1), ref.logits(ref.ids + [42], 1))
+
+
+def test_masked_layout_gives_the_same_tokens(tiny):
+    """The masked layout (shared cache, ancestors found by the mask) attends to the same keys: its logits
+    match the gathered layout's to bf16 rounding and pick the same argmax."""
+    import copy
+
+    _, make = _bf16_lm(copy.deepcopy(tiny))
+    ids = [(i * 37 + 5) % 300 + 3 for i in range(80)]
+    out = {}
+    for layout in ("gathered", "masked"):
+        lm = make(layout)
+        lm.logits(ids[:40], 1)
+        out[layout] = lm.forward_tree([7, 8, 9, 10, 11], [-1, 0, 0, 1, 2], 40)
+    assert (out["gathered"] - out["masked"]).abs().max() < 0.1
+    assert torch.equal(out["gathered"].argmax(-1), out["masked"].argmax(-1))
+
+
+def test_tree_rows_read_their_parents_state_in_the_feature_draft():
+    """The feature draft's tree rows: a row below another reads its parent's predicted state and attends to
+    its own ancestors only, so each node's logits equal a chain fed along its path (to float rounding),
+    whatever its siblings are."""
+    from pyramid_demo.core.feature_lm import FeatureLM
+    from pyramid_demo.models.feature_draft import FeatureDraft
+
+    t = tiny_random_triplet(seed=0)
+    fd = FeatureDraft(t.target, torch.arange(t.vocab_size)).eval()
+    base = [5, 6, 7, 8]
+    tree_lm = FeatureLM(fd, t.vocab_size, "draft")
+    tree_lm.logits(base, 1)
+    z1 = tree_lm.forward_tree([20, 21], [-1, -1], 4)  # two siblings at position 4
+    z2 = tree_lm.forward_tree([30, 31], [1, 0], 4)  # a child below each, crossed
+    for tok1, row1, tok2, row2 in ((21, 1, 30, 0), (20, 0, 31, 1)):
+        ref = FeatureLM(fd, t.vocab_size, "draft")
+        want1 = ref.logits(base + [tok1], 1)[0]
+        want2 = ref.logits(base + [tok1, tok2], 1)[0]
+        assert torch.allclose(z1[row1], want1, atol=1e-4)
+        assert torch.allclose(z2[row2], want2, atol=1e-4)
