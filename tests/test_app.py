@@ -150,7 +150,7 @@ def test_a_winner_only_beyond_the_races_noise(done, monkeypatch) -> None:
 def test_pick_race_fills_inspector_and_statistics(done) -> None:
     session, _ = done
     out = views.pick_race(session)
-    assert out[1]["value"] == "psd_f"
+    assert out[1]["value"] == RACE_METHODS[-1]  # the last raced
     assert all(isinstance(f, go.Figure) for f in out[6:9])
     assert isinstance(out[12], go.Figure) and "Race" in out[12].layout.title.text  # the race tab's histogram
     assert "Timing noise" in out[9] and "| PSD_F |" in out[9] and "idle machine" in out[9]

@@ -88,6 +88,8 @@ def test_race_in_browser(server: str, tmp_path: Path) -> None:
         assert page.locator("#race-plot .js-plotly-plot").count() == 1
         assert page.locator("#race-plot .scatterlayer .trace").count() == len(RACE_METHODS)  # a line per method
         proposing = [m for m in RACE_METHODS if method_spec(m).proposer]
+        page.wait_for_selector("#race-hist .barlayer .trace", timeout=30_000)  # drawn just after the race ends
+        page.wait_for_timeout(500)
         assert page.locator("#race-hist .barlayer .trace").count() == len(proposing)  # a panel per method
         page.wait_for_timeout(500)
         page.screenshot(path=str(tmp_path / "race.png"), full_page=True)
@@ -119,7 +121,9 @@ def _tree_at_1280(page, tmp_path: Path) -> None:
     assert tree.locator(".js-plotly-plot").count() == 1
     assert tree.locator(".scatterlayer .point").count() >= 2  # the root's child and the verifier's token at least
     assert "accepted path" in tree.locator(".legend").text_content()
-    tree.scroll_into_view_if_needed()
+    tree.evaluate("e => e.scrollIntoView({block: 'start'})")  # the tree's top at the screen's top
     page.wait_for_timeout(300)
+    box = tree.bounding_box()
+    assert box is not None and box["height"] <= 800, box  # the whole tree fits the screen
     page.screenshot(path=str(tmp_path / "tree.png"))
     tree.screenshot(path=str(tmp_path / "tree_plot.png"))

@@ -188,3 +188,21 @@ def test_ar_has_no_tree() -> None:
     """Rule: a pass with no proposal draws a message, not an empty axis."""
     fig = tree_view.tree_figure(Step(0, [], None, [5], ["target"], 0.0, 0.1), TEXTS)
     assert not fig.data and "AR" in fig.layout.annotations[0].text
+
+
+def test_a_row_too_tall_folds_what_was_never_reached() -> None:
+    """Rule: when a row would need more than MAX_SLOTS branches, each branch off the path shows only its first
+    node, labelled +n, its never-reached descendants named on hover; a small tree is never folded."""
+    n = tree_view.MAX_SLOTS + 2
+    toks = [tok(2, "accepted"), tok(1, "discarded")] + [tok(3 + i % 10, "discarded") for i in range(n)]
+    rnd = StageRound("target", "draft", "target", "sd", toks + [tok(8, "bonus")], 1, parents=[-1, -1] + [1] * n)
+    fig = tree_view.tree_figure(Step(0, [], rnd, [2, 8], ["draft", "bonus"], 0.0, 0.1), TEXTS)
+    assert nodes_by_colour(fig) == colours(accepted=1, discarded=1, bonus=1)
+    labels = [t for tr in fig.data if tr.mode == "markers+text" for t in tr.text]
+    assert f"'The' +{n}" in labels
+    the = next(h for h in hovers(fig) if "'The'" in h.split("<br>")[0])
+    assert f"+{n} candidate(s) below it, never reached: 'cat', 'dog'" in the
+    assert "folded" in fig.layout.annotations[0].text
+    small = tree_view.tree_figure(sd_tree_step(), TEXTS)
+    assert "folded" not in small.layout.annotations[0].text and "+" not in "".join(
+        t for tr in small.data if tr.mode == "markers+text" for t in tr.text)

@@ -37,6 +37,8 @@ EDGE_PATH = "#009E73"  # edges along the accepted path
 EDGE_OTHER = "#b0b0b0"
 ROOT_COLOUR = "#333333"
 SLOT_PX = 46  # vertical room per branch: a marker, its label and a gap
+MAX_SLOTS = 9  # a row with more branches than this folds every never-reached subtree into its first node,
+# so a pyramid pass of several 16-node trees still fits a 1280×800 screen
 WANT_Y = -0.95  # the row of the verifier's top-1 labels, above the path (y grows downwards)
 
 
@@ -51,7 +53,8 @@ class Node:
     y: float = 0.0
     parent_xy: tuple[float, float] = (0.0, 0.0)
     on_path: bool = False
-    children: list[int] = field(default_factory=list)
+    hidden: bool = False  # folded into the off-path node it descends from
+    folded: list[TokenRec] = field(default_factory=list)  # what this node holds folded beneath it
 
 
 def round_parents(rnd: StageRound) -> list[int]:
@@ -65,11 +68,12 @@ def fate(node: Node) -> str:
     return node.rec.status if node.rec.status in FATE_NAMES else "discarded"
 
 
-def place_round(rnd: StageRound, x0: float, top: dict[int, int]) -> list[Node]:
+def place_round(rnd: StageRound, x0: float, top: dict[int, int], fold: bool = False) -> list[Node]:
     """Lay one round out from its root at x0 on the path line (y 0), the on-path child first at each node.
     Each branch off the path is packed as high as its columns allow: `top[x]` is the first free slot of
-    column x (shared by the rounds of one row, updated here). Returns the nodes: the proposed ones in record
-    order, then the own token."""
+    column x (shared by the rounds of one row, updated here). `fold`: a branch shows only its first node
+    (a sibling of the path), its descendants (never reached) folded into it. Returns the nodes: the
+    proposed ones in record order, then the own token."""
     props = rnd.tokens[:-1]
     parents = round_parents(rnd)
     depth: list[int] = []
@@ -107,6 +111,11 @@ def place_round(rnd: StageRound, x0: float, top: dict[int, int]) -> list[Node]:
                 continue
             rel: list[tuple[int, int]] = []
             branch(k, rel, 0)
+            if fold and len(rel) > 1:
+                for i, _ in rel[1:]:
+                    nodes[i].hidden = True
+                    node.folded.append(nodes[i].rec)
+                rel = rel[:1]
             low: dict[int, int] = {}
             high: dict[int, int] = {}
             for i, r in rel:
@@ -157,6 +166,9 @@ def hover(node: Node, rnd: StageRound, texts: dict[int, str], pos: int) -> str:
     want = top1(t, rnd.verifier)
     if want is not None:
         lines.append(f"{rnd.verifier}'s top-1 here: {_tok(texts, want[0])} ({want[1]:.3f})")
+    if node.folded:
+        names = ", ".join(_tok(texts, r.token_id) for r in node.folded[:8]) + (", …" if len(node.folded) > 8 else "")
+        lines.append(f"+{len(node.folded)} candidate(s) below it, never reached: {names}")
     return "<br>".join(lines)
 
 
@@ -168,6 +180,7 @@ class Row:
     rounds: list[StageRound]
     placed: list[tuple[StageRound, float, list[Node]]] = field(default_factory=list)
     slots: int = 1
+    folded: bool = False  # never-reached subtrees drawn folded (see MAX_SLOTS)
 
 
 def _rows(step: Step) -> list[Row]:
@@ -184,12 +197,18 @@ def _rows(step: Step) -> list[Row]:
     stage = "Stage 2 (■) · " if step.qualifier_rounds else ""
     rows.append(Row(f"{stage}{t.proposer} → target: {what}, accepted path of {t.n_accepted}", [t]))
     for row in rows:
-        x0, top = 0.0, {}
-        for rnd in row.rounds:
-            nodes = place_round(rnd, x0, top)
-            row.placed.append((rnd, x0, nodes))
-            x0 = nodes[-1].x  # the next round grows from this one's own token
-        row.slots = max(top.values(), default=1)
+        for fold in (False, True):
+            x0, top = 0.0, {}
+            row.placed = []
+            for rnd in row.rounds:
+                nodes = place_round(rnd, x0, top, fold)
+                row.placed.append((rnd, x0, nodes))
+                x0 = nodes[-1].x  # the next round grows from this one's own token
+            row.slots, row.folded = max(top.values(), default=1), fold
+            if row.slots <= MAX_SLOTS + 1:
+                break
+        if row.folded:
+            row.title += " · branches never reached folded (+n)"
     return rows
 
 
@@ -203,13 +222,16 @@ def _draw_row(fig: go.Figure, row: Row, k: int, texts: dict[int, str], chars: in
             roots["x"].append(x0)
             roots["hover"].append("the committed text so far (the tree's root)")
         for node in nodes:
+            if node.hidden:
+                continue
             ex, ey = edges[node.on_path]
             ex += [node.parent_xy[0], node.x, None]
             ey += [node.parent_xy[1], node.y, None]
             g = groups.setdefault((fate(node), node.own, rnd.stage), {"x": [], "y": [], "text": [], "hover": []})
             g["x"].append(node.x)
             g["y"].append(node.y)
-            g["text"].append(_short(_tok(texts, node.rec.token_id), chars))
+            label = _short(_tok(texts, node.rec.token_id), chars)
+            g["text"].append(f"{label} +{len(node.folded)}" if node.folded else label)
             g["hover"].append(hover(node, rnd, texts, int(node.x)))
             want = top1(node.rec, rnd.verifier) if node.on_path else None
             if want is not None:
@@ -257,7 +279,7 @@ def tree_figure(step: Step, texts: dict[int, str]) -> go.Figure:
     if step.target_round is None:
         return empty_figure("AR: no candidates in this pass (the target makes one token alone).")
     rows = _rows(step)
-    width = max(n.x for row in rows for _, _, nodes in row.placed for n in nodes)
+    width = max(n.x for row in rows for _, _, nodes in row.placed for n in nodes if not n.hidden)
     chars = max(4, min(12, int(110 / max(width, 1))))  # labels shorten as positions crowd (about 1,150 px)
     heights = [row.slots + 2 for row in rows]
     fig = make_subplots(rows=len(rows), cols=1, shared_xaxes=True, subplot_titles=[r.title for r in rows],
