@@ -61,3 +61,14 @@ def test_no_race_says_so() -> None:
     for res in ({}, race(("ar",))):
         fig = pass_hist.accepted_figure(res)
         assert not fig.data and "after a race" in fig.layout.annotations[0].text
+
+
+def test_every_panel_shares_one_scale() -> None:
+    """Rule: a chain and its tree are compared down a column, so every panel's y axis has the same range, and
+    the x axis stops at the longest accepted run any method had."""
+    res = race(CHAINS + TREES)
+    res["sd_tree"] = result("sd_tree", [0, 9, 0, 0, 0, 0, 0, 0])  # one tall bar; bins past k = 4 all empty
+    fig = pass_hist.accepted_figure(res)
+    ranges = {tuple(fig.layout[k].range) for k in fig.layout if k.startswith("yaxis")}
+    assert len(ranges) == 1 and next(iter(ranges))[1] >= 1.0
+    assert all(len(tr.x) == 5 for tr in fig.data) and fig.layout.xaxis.range[1] < 5

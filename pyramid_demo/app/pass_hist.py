@@ -60,11 +60,11 @@ def accepted_figure(results: dict[str, RunResult], title: str = "Drafted tokens 
     for m, rc in where.items():
         s = results[m].stats
         slots[rc] = f"{_short(m)} · mean {s.mean_accepted_per_target_pass:.2f}"
-    top_k = max(len(results[m].stats.accepted_hist) for m in where) - 1
+    top_k = max(max(k for k, v in enumerate(results[m].stats.accepted_hist) if v) for m in where)
     fig = make_subplots(rows=rows, cols=cols, shared_yaxes=True, subplot_titles=list(slots.values()),
                         horizontal_spacing=0.03, vertical_spacing=0.22 if rows > 1 else 0.0)
     for m, (r, c) in where.items():
-        h = results[m].stats.accepted_hist
+        h = results[m].stats.accepted_hist[:top_k + 1]  # the bins past every method's longest run are empty
         total = sum(h)
         shares = [v / total for v in h]
         fig.add_trace(go.Bar(x=list(range(len(h))), y=shares, name=_short(m), showlegend=False,
@@ -76,8 +76,9 @@ def accepted_figure(results: dict[str, RunResult], title: str = "Drafted tokens 
     _layout(fig, f"{title} <span style='font-size:{FONT_SIZE - 2}px;color:#666'>(the verifier's own token not "
                  "counted)</span>", 150 + 230 * rows)
     fig.update_layout(margin=dict(l=70, r=20, t=90, b=70), bargap=0.15)
-    fig.update_xaxes(dtick=1, range=[-0.6, top_k + 0.6], showgrid=False)
-    fig.update_yaxes(tickformat=".0%", rangemode="tozero")
+    fig.update_xaxes(dtick=1 if top_k <= 8 else 2, range=[-0.6, max(top_k, 2) + 0.6], showgrid=False)
+    top = max(max(tr.y) for tr in fig.data)
+    fig.update_yaxes(tickformat=".0%", range=[0, top * 1.08])  # one scale in every panel: compare down a column
     fig.update_yaxes(title="share of passes", col=1)
     for c in range(1, cols + 1):
         fig.update_xaxes(title="accepted (bonus not counted)" if cols < 4 else "accepted", row=rows, col=c)
