@@ -12,6 +12,7 @@ from pyramid_demo.app import charts, render
 from pyramid_demo.app import handlers as h
 from pyramid_demo.app.race_view import CHART_INTERVAL_S, LANES_INTERVAL_S, LiveView, before_race, race_lanes
 from pyramid_demo.app.session import Race, Session
+from pyramid_demo.app.text import RACE_METHODS
 from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.run import stream
 from pyramid_demo.models.tiny import tiny_random_triplet
@@ -110,5 +111,5 @@ def test_a_race_streams_fewer_charts_than_lanes_and_ends_complete(monkeypatch):
     assert not any(isinstance(o[3], list) for o in live)  # the table: once the race is over
     assert sum(isinstance(o[4], str) for o in live) == 1  # earlier races: once, before the clocks
     status, lanes, fig, table, earlier, _ = outs[-1]
-    assert "finished" in status and isinstance(fig, go.Figure) and len(table) == 5 and isinstance(earlier, str)
+    assert "finished" in status and isinstance(fig, go.Figure) and len(table) == len(RACE_METHODS) and isinstance(earlier, str)
     assert lanes == race_lanes(outs[-1][-1].latest)

@@ -15,10 +15,9 @@ from dataclasses import dataclass
 
 import torch
 
-from . import rules
+from . import rules, tree_round
 from .cache import TargetStates
 from .config import DecodeConfig
-from . import tree_round
 from .decide import Round, decide, tree_round_record
 from .lm import LM
 from .methods import method_spec, target_rule

@@ -36,6 +36,50 @@ def pass_vs_steps(lm: LM, ids: list[int], context: int, ks: Sequence[int]) -> li
     return out
 
 
+# tree shapes the probe checks, as parent lists under the root row (−1): a chain, a bushy tree, and the
+# 16-node tree EAGLE-2's expansion builds at k = 4 (ancestors scattered among their cousins)
+TREE_SHAPES = ((-1, 0, 1, 2), (-1, 0, 0, 0, 1, 1, 2, 4), (-1, 0, 0, 0, 0, 1, 1, 1, 2, 2, 3, 5, 5, 6, 8, 11, 14))
+
+
+def tree_vs_steps(lm: LM, ids: list[int], context: int, parents: Sequence[int]) -> dict[str, Any]:
+    """Prefill `context` tokens, feed one tree whose rows are ids[context:] (row 0 the root, under the cache),
+    then compare each row's logits with one-token steps along its path, taken on the same LM after a
+    truncation (a step at each depth of a path is shared by the rows below it)."""
+    tokens = ids[context: context + len(parents)]
+    lm.logits(ids[:context], 1)
+    z = lm.forward_tree(tokens, list(parents), context)  # [n, V]
+    worst, bitwise, top1 = 0.0, True, True
+    cache: dict[tuple[int, ...], torch.Tensor] = {}
+    for j in range(len(parents)):
+        path, k = [], j
+        while k >= 0:
+            path.append(tokens[k])
+            k = parents[k]
+        key = tuple(path[::-1])
+        if key not in cache:
+            lm.truncate(context)
+            for i in range(len(key)):
+                cache[key[: i + 1]] = lm.forward([key[i]], context + i, 1)[0]
+        ref = cache[key]
+        bitwise &= bool(torch.equal(z[j], ref))
+        top1 &= int(z[j].argmax()) == int(ref.argmax())
+        worst = max(worst, float((z[j] - ref).abs().max()))
+    return {"k": len(parents), "context": context, "bitwise": bitwise, "top1": top1, "max_abs_diff": worst,
+            "tree": True}
+
+
+def check_tree_model(open_lm: Callable[[], LM], vocab_size: int, contexts: Sequence[int] = (60, 100, 120),
+                     shapes: Sequence[Sequence[int]] = TREE_SHAPES, pad_rows: int = 1) -> dict[str, Any]:
+    """`summarise` over tree passes: every shape at every context, on a fresh LM each."""
+    checks = []
+    for n, context in enumerate(contexts):
+        for shape in shapes:
+            ids = [(7919 * (i + 131 * n) + 17 * n + 11) % max(2, vocab_size - 1) + 1
+                   for i in range(context + len(shape))]
+            checks.append(tree_vs_steps(open_lm(), ids, context, shape))
+    return summarise(checks, pad_rows)
+
+
 def summarise(checks: list[dict[str, Any]], pad_rows: int = 1) -> dict[str, Any]:
     """One record: exact only when every pass matched bitwise; top1 when every argmax matched."""
     return {"exact": all(c["bitwise"] for c in checks), "top1": all(c["top1"] for c in checks),

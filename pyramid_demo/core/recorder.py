@@ -86,7 +86,7 @@ def _record_tree(rnd: Round, cfg: DecodeConfig, full: bool) -> StageRound:
     q_of = [q_raw[tree.q_row[c]] for c in ctx]
     d = rnd.d if rnd.d is not None else torch.full((tree.n + 1,), float("nan"))
     divs = []
-    for i, c in enumerate(ctx):
+    for c in ctx:
         v = float(d[c])
         if v != v:  # not computed by the rule (an exact rule, or a context it never reached)
             qr = tree.z_q[tree.q_row[c]][None]

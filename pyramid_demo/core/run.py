@@ -7,9 +7,9 @@ from typing import Any
 import torch
 
 from .config import DecodeConfig
-from .methods import method_spec
 from .engine import decode, prefill, roles_for
 from .lm import ModelTriplet, encode_prompt, open_lm
+from .methods import method_spec
 from .stats import STAGES, compute_stats, n_proposed
 from .trace import RunResult, StageRound, Stats, Step
 

@@ -55,8 +55,9 @@ SETTINGS = (
             cli="a proposer (the draft; in PSD also the qualifier's block) stops after a token whose top "
                 "probability is below this; 0: off, the papers' fixed lengths (beyond the papers)", tunable=True),
     Setting("tree_nodes", "Tree: candidate nodes per tree", "slider", (1, 64, 1),
-            info="Tree methods (EAGLE-2): the draft grows a tree of candidates and the verifier scores all its nodes "
-                 "in one pass, which on a CPU costs about what one token does. More nodes: more chances, a longer pass.",
+            info="Tree methods (EAGLE-2): the draft grows a tree of candidates and the verifier scores all its "
+                 "nodes in one pass, which on a CPU costs about what one token does. More nodes: more chances, a "
+                 "longer pass.",
             cli="tree methods: candidate nodes per tree", tunable=True),
     Setting("tree_depth", "Tree: depth (draft forwards per tree)", "slider", (1, 16, 1),
             info="Levels the draft grows, one batched draft forward per level.",
