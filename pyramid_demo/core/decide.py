@@ -31,18 +31,20 @@ class Round:
     d: torch.Tensor | None = None  # [n] divergences, when the rule computed them
     p_w: torch.Tensor | None = None  # [n+1, V] warped verifier rows (sampled runs)
     q_w: torch.Tensor | None = None  # [n, V] warped proposer rows (sampled runs)
-    eos_cut: int | None = None  # an EOS inside the accepted run at this index: the round ends after it
+    kept: int | None = None  # only this many of the round's new tokens were used (None: all); see `keep`
+    eos_trim: bool = False  # the last token kept is an EOS: the proposals after it are left out of the record
 
-    def cut_at_eos(self, eos_ids: tuple[int, ...]) -> int | None:
-        """Index of the first EOS in the round's new tokens (its accepted run, then its own token).
+    def new_tokens(self) -> list[int]:
+        """The round's new tokens: its accepted run, then the verifier's own token."""
+        return self.x[: self.k] + [self.nxt]
 
-        When the EOS is a drafted token inside the accepted run, the round is cut after it: the drafted
-        tokens behind it and the verifier's own token were never used, so no statistic counts them."""
-        new = self.x[: self.k] + [self.nxt]
-        j = next((i for i, t in enumerate(new) if t in eos_ids), None)
-        if j is not None and j < self.k:
-            self.eos_cut = j
-        return j
+    def keep(self, n: int, eos: bool = False) -> None:
+        """Only the first n new tokens were used (a PSD block's size or confidence cut, an EOS): the record then
+        says exactly that. A cut inside the accepted run leaves the accepted tokens from n on and the verifier's
+        own token unused: `recorder.record` marks them discarded and counts n accepted. `eos`: the n-th token
+        is an EOS, so the proposals after it (never usable) are left out of the record and of every count."""
+        if n < self.k + 1:
+            self.kept, self.eos_trim = n, eos
 
 
 def raw_divergence(z_p: torch.Tensor, z_q: torch.Tensor, cfg: DecodeConfig) -> torch.Tensor:

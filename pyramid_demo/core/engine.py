@@ -126,9 +126,10 @@ def pyramid_block(lanes: dict[str, Lane], seq: list[int], size: int, cfg: Decode
     """Stage 1: draft → qualifier rounds until `size` tokens are qualified (CHOICE: cut to size).
     The block also ends at an EOS: nothing after it could be used.
 
-    Returns the block, each token's origin, the qualifier's logits at every block position
-    [size, V] (they replace the draft's in stage 2), and the qualifier rounds. With
-    cfg.conf_stop > 0 the block also ends after a token the qualifier is less sure of.
+    Returns the block (at most `size` tokens), each token's origin, the qualifier's logits at every block
+    position [len(block), V] (they replace the draft's in stage 2), and the qualifier rounds, each recording
+    exactly the tokens it put in the block. With cfg.conf_stop > 0 the block also ends after a token the
+    qualifier is less sure of.
     """
     block: list[int] = []
     origins: list[str] = []
@@ -142,23 +143,31 @@ def pyramid_block(lanes: dict[str, Lane], seq: list[int], size: int, cfg: Decode
         z_q = lanes["qualifier"].feed(seq + block + x, len(x) + 1)  # [len(x)+1, V]
         rnd = decide(z_q, z_d, x, rule, cfg.tau_q if rule == "fuzzy" else None, cfg, gen,
                      "qualifier", "draft", "qualifier")
-        eos_at = rnd.cut_at_eos(eos_ids)
-        k = rnd.k
-        keep, low = (k + 1 if eos_at is None else eos_at + 1), False
+        new = rnd.new_tokens()  # [k+1]: the accepted run, then the qualifier's own token
+        eos_at = first_eos(new, eos_ids)
+        keep = min(len(new), size - len(block), len(new) if eos_at is None else eos_at + 1)  # CHOICE: cut to size
+        low = False
         if cfg.conf_stop:  # the qualifier's confidence at the new block tokens [keep]
             conf = rules.confidence(z_q[:keep]).tolist()
             keep = rules.confident_prefix(conf, cfg.conf_stop)
             low = conf[keep - 1] < cfg.conf_stop
-        block += (x[:k] + [rnd.nxt])[:keep]
-        origins += (["draft"] * k + ["qualifier"])[:keep]
+        ends_at_eos = eos_at is not None and keep == eos_at + 1
+        rnd.keep(keep, eos=ends_at_eos)  # the record says what entered the block, nothing more
+        block += new[:keep]
+        origins += (["draft"] * rnd.k + ["qualifier"])[:keep]
         z_q_rows.extend(z_q[:keep])
         rounds.append(rnd)
         for role in ("draft", "qualifier"):
             lanes[role].cut(len(seq) + len(block))
-        if low or eos_at is not None:
+        if low or ends_at_eos:
             break
-    z_q_block = torch.stack(z_q_rows[:size]) if z_q_rows else torch.zeros(0, 0)
-    return block[:size], origins[:size], z_q_block, rounds
+    z_q_block = torch.stack(z_q_rows) if z_q_rows else torch.zeros(0, 0)  # [len(block), V]
+    return block, origins, z_q_block, rounds
+
+
+def first_eos(tokens: list[int], eos_ids: tuple[int, ...]) -> int | None:
+    """Index of the first EOS in `tokens` (None without one): the one place a step looks for it."""
+    return next((i for i, t in enumerate(tokens) if t in eos_ids), None)
 
 
 def prefill(lms: dict[str, LM], prompt_ids: list[int]) -> float:
@@ -219,13 +228,14 @@ def _decode(lms: dict[str, LM], prompt_ids: list[int], cfg: DecodeConfig, eos_id
             z_p = lanes["target"].feed(seq + x, len(x) + 1)  # [n+1, V]: one target pass
             tround = decide(z_p, z_q, x, rule, cfg.tau_t if rule == "fuzzy" else None, cfg, gen,
                             "target", prop, "target")
-            k = tround.k
-            new = x[:k] + [tround.nxt]
-            origins = from_q[:k] + [("bonus" if k == len(x) else "target") if x else "target"]
-            tround.cut_at_eos(eos_ids)
-        eos_at = next((j for j, t in enumerate(new) if t in eos_ids), None)
+            new = tround.new_tokens()
+            own = "bonus" if x and tround.k == len(x) else "target"  # an empty proposal: the target's own
+            origins = from_q[: tround.k] + [own]
+        eos_at = first_eos(new, eos_ids)
         if eos_at is not None:
             new, origins = new[: eos_at + 1], origins[: eos_at + 1]
+            if tround is not None:
+                tround.keep(eos_at + 1, eos=True)  # an EOS inside the accepted run: the round ends after it
         seq.extend(new)
         for lane in lanes.values():
             lane.cut(len(seq))

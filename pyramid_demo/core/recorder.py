@@ -53,9 +53,12 @@ def record(rnd: Round, cfg: DecodeConfig, full: bool = True) -> StageRound:
                 for i, t in enumerate(x)]
         recs.append(TokenRec(rnd.nxt, rnd.verifier, own_status, p=round(p_nxt, 6), top5={rnd.verifier: top_p[k]}))
     n_acc = k
-    if rnd.eos_cut is not None:  # an EOS inside the accepted run: the round ends after it
-        j = rnd.eos_cut
-        own = recs[-1]
-        own.status = "discarded"
-        recs, n_acc = recs[: j + 1] + [own], j + 1
+    if rnd.kept is not None:  # only the first `kept` new tokens were used (a block cut or an EOS)
+        c = rnd.kept
+        for r in recs[c:k]:
+            r.status = "discarded"
+        recs[-1].status = "discarded"  # the verifier's own token never entered the block or the output
+        n_acc = c
+        if rnd.eos_trim:  # the proposals after the EOS could never be used: no statistic counts them
+            recs = recs[:c] + recs[-1:]
     return StageRound(rnd.stage, rnd.proposer, rnd.verifier, shown_rule(rnd, cfg, greedy), recs, n_acc)
