@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from . import rules
-from .cache import TargetStates
+from .cache import CacheError, TargetStates
 from .config import DecodeConfig
 from .decide import Round, decide
 from .lm import LM
@@ -47,24 +47,37 @@ class NonFiniteLogits(ValueError):
 
 @dataclass
 class Lane:
-    """One model in a run and the position its cache ends at: every forward is fed from there."""
+    """One model in a run and the position its cache ends at: every forward is fed from there.
+
+    The position is the lane's own, advanced by what it feeds and set back by what it cuts (never read off
+    the sequence it is handed), and each feed first checks that the sequence still holds, where the lane's
+    last feed put them, the tokens that feed cached: a missed cut (a rejection the cache never heard of)
+    then raises CacheError instead of feeding from the wrong offset."""
 
     lm: LM
 
     pos: int = 0
+    last: list[int] = field(default_factory=list)  # the tokens of its last feed, at pos-len(last) … pos-1
 
     def feed(self, seq: list[int], keep: int) -> torch.Tensor:
         """Feed seq[pos:] at `pos`; logits of the last `keep` positions [keep, V], checked once: the row maxima
         catch NaN, +inf and all-−inf rows (−inf alone is a token ruled out, probability 0, and is allowed)."""
-        z = self.lm.forward(seq[self.pos:], self.pos, keep)
-        self.pos = len(seq)
+        start = self.pos - len(self.last)
+        if seq[start: self.pos] != self.last:
+            raise CacheError(f"{self.lm.role}: its cache holds tokens at {start}…{self.pos - 1} that the sequence "
+                             "no longer has there (a cut was missed)")
+        new = seq[self.pos:]
+        z = self.lm.forward(new, self.pos, keep)
+        self.pos, self.last = self.pos + len(new), new
         if not bool(torch.isfinite(z.amax(-1)).all()):
             raise NonFiniteLogits(f"the {self.lm.role} model returned NaN or infinite logits")
         return z
 
     def cut(self, committed: int) -> None:
         """After a round: keep at most the committed tokens less the last (fed next); the cache may keep less."""
+        end = self.pos
         self.pos = self.lm.truncate(min(self.pos, committed - 1))
+        self.last = self.last[: max(0, len(self.last) - (end - self.pos))]
 
 
 def roles_for(method: str) -> tuple[str, ...]:
