@@ -29,10 +29,11 @@ class Round:
     z_p: torch.Tensor  # [n+1, V] the verifier's logits
     z_q: torch.Tensor  # [n, V] the proposer's logits
     d: torch.Tensor | None = None  # [n] divergences, when the rule computed them
-    p_w: torch.Tensor | None = None  # [n+1, V] warped verifier rows (sampled runs)
-    q_w: torch.Tensor | None = None  # [n, V] warped proposer rows (sampled runs)
+    p_w: torch.Tensor | None = None  # [n+1, V] warped verifier rows, when the rule read them (sampled SD tests)
+    q_w: torch.Tensor | None = None  # [n, V] warped proposer rows, likewise (the recorder warps what is missing)
     kept: int | None = None  # only this many of the round's new tokens were used (None: all); see `keep`
     eos_trim: bool = False  # the last token kept is an EOS: the proposals after it are left out of the record
+    sampled: bool = False  # decided with a generator (temperature > 0); else greedy
 
     def new_tokens(self) -> list[int]:
         """The round's new tokens: its accepted run, then the verifier's own token."""
@@ -67,14 +68,16 @@ def decide(z_p: torch.Tensor, z_q: torch.Tensor, x: list[int], rule: str, tau: f
     with_sd = not fuzzy or cfg.fallback == "sd"
     d = raw_divergence(z_p[:n], z_q, cfg) if fuzzy and n else None
     p_w = q_w = None
+    sd: list[bool] = []
     if gen is None:
-        top = z_p.argmax(-1).tolist()  # [n+1]
-        sd = [top[i] == t for i, t in enumerate(x)] if with_sd else []
+        if with_sd:
+            sd = [a == t for a, t in zip(z_p[:n].argmax(-1).tolist(), x)]
     else:
-        p_w = rules.warp(z_p, cfg.temperature, cfg.top_k, cfg.top_p)  # [n+1, V]
-        q_w = rules.warp(z_q, cfg.temperature, cfg.top_k, cfg.top_p)  # [n, V]
         r = torch.rand(n, generator=gen)  # drawn under every rule: one random stream whatever the rule
-        sd = rules.sd_passes(p_w[:n], q_w, x, r) if with_sd else []
+        if with_sd:  # the ratio test reads every warped row; a fuzzy rule alone reads only p's at its stop
+            p_w = rules.warp(z_p, cfg.temperature, cfg.top_k, cfg.top_p)  # [n+1, V]
+            q_w = rules.warp(z_q, cfg.temperature, cfg.top_k, cfg.top_p)  # [n, V]
+            sd = rules.sd_passes(p_w[:n], q_w, x, r)
     if not fuzzy:
         passes = sd
     else:
@@ -83,9 +86,9 @@ def decide(z_p: torch.Tensor, z_q: torch.Tensor, x: list[int], rule: str, tau: f
             passes = [a or b for a, b in zip(passes, sd)]
     k = rules.leading_run(passes)
     if gen is None:
-        nxt = top[k]
+        nxt = int(z_p[k].argmax())
     else:
-        assert p_w is not None and q_w is not None
-        q_next = q_w[k] if not fuzzy and k < n else None  # the residual only under the SD rule
-        nxt = rules.next_token(p_w[k], q_next, gen)
-    return Round(stage, proposer, verifier, rule, tau, list(x), k, nxt, z_p, z_q, d, p_w, q_w)
+        p_next = p_w[k] if p_w is not None else rules.warp(z_p[k: k + 1], cfg.temperature, cfg.top_k, cfg.top_p)[0]
+        q_next = q_w[k] if not fuzzy and q_w is not None and k < n else None  # the residual only under SD
+        nxt = rules.next_token(p_next, q_next, gen)
+    return Round(stage, proposer, verifier, rule, tau, list(x), k, nxt, z_p, z_q, d, p_w, q_w, sampled=gen is not None)

@@ -22,11 +22,20 @@ def shown_rule(rnd: Round, cfg: DecodeConfig, greedy: bool) -> str:
     return "fuzzy" if cfg.fallback == "none" else "fuzzy+sd"
 
 
+def warped(rnd: Round, z_q: torch.Tensor, cfg: DecodeConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """The warped rows p [n+1, V] and q [n, V] the inspector shows: the rule's own where it read them (the SD
+    tests), else warped here, off the clock (a fuzzy rule alone warps only p's row at its stop)."""
+    def w(z: torch.Tensor) -> torch.Tensor:
+        return rules.warp(z, cfg.temperature, cfg.top_k, cfg.top_p)
+
+    return (rnd.p_w if rnd.p_w is not None else w(rnd.z_p)), (rnd.q_w if rnd.q_w is not None else w(z_q))
+
+
 def record(rnd: Round, cfg: DecodeConfig, full: bool = True) -> StageRound:
     """The round's `StageRound`: each proposed token's status (accepted / rejected / discarded), then the
     verifier's own (resampled / bonus). `full=False` keeps statuses only (bench: no display values)."""
     x, k, n = rnd.x, rnd.k, len(rnd.x)
-    greedy = rnd.p_w is None
+    greedy = not rnd.sampled
     status = ["accepted" if i < k else "rejected" if i == k else "discarded" for i in range(n)]
     own_status = "resampled" if k < n else "bonus"
     if not full:
@@ -42,10 +51,10 @@ def record(rnd: Round, cfg: DecodeConfig, full: bool = True) -> StageRound:
             q_x = [float(a == t) for a, t in zip(z_q.argmax(-1).tolist(), x)]
             p_nxt = 1.0
         else:
-            assert rnd.p_w is not None and rnd.q_w is not None
-            p_x = [float(rnd.p_w[i, t]) for i, t in enumerate(x)]
-            q_x = [float(rnd.q_w[i, t]) for i, t in enumerate(x)]
-            p_nxt = float(rnd.p_w[k, rnd.nxt])
+            p_w, q_w = warped(rnd, z_q, cfg)
+            p_x = [float(p_w[i, t]) for i, t in enumerate(x)]
+            q_x = [float(q_w[i, t]) for i, t in enumerate(x)]
+            p_nxt = float(p_w[k, rnd.nxt])
         top_p, top_q = rules.topk_pairs(p_raw), rules.topk_pairs(q_raw)
         tau = rnd.tau if rnd.rule != "sd" else None
         recs = [TokenRec(t, rnd.proposer, status[i], div=round(d[i], 6), tau=tau, p=round(p_x[i], 6),

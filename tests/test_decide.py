@@ -1,0 +1,48 @@
+"""One verification's decision (`core.decide`): what each rule reads and draws, on hand-built logits."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pyramid_demo.core import decide as decide_mod
+from pyramid_demo.core import rules
+from pyramid_demo.core.config import DecodeConfig
+from pyramid_demo.core.decide import decide
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+RULES = [("sd", "none"), ("fuzzy", "none"), ("fuzzy", "sd")]  # (rule, fallback)
+
+
+def logits(n: int, v: int, seed: int) -> torch.Tensor:
+    return 2.0 * torch.randn(n, v, generator=torch.Generator().manual_seed(seed))
+
+
+def after(rule: str, fallback: str, seed: int, cfg_kw: dict | None = None) -> torch.Tensor:
+    """The generator's next uniforms after one decision under `rule` (4 proposed tokens, vocabulary 16)."""
+    cfg = DecodeConfig(method="fsd", temperature=1.0, fallback=fallback, **(cfg_kw or {}))
+    gen = torch.Generator().manual_seed(seed)
+    decide(logits(5, 16, 1), logits(4, 16, 2), [3, 1, 4, 1], rule, 0.3, cfg, gen, "target", "draft", "target")
+    return torch.rand(8, generator=gen)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_random_stream_is_the_same_under_every_rule(seed):
+    """One random stream whatever the rule: the n uniforms of the ratio test are drawn under every rule
+    (a fuzzy rule without fallback reads none of them), so the generator stands at the same place after a
+    decision under SD, fuzzy and fuzzy+sd."""
+    ref = after("sd", "none", seed)
+    for rule, fallback in RULES[1:]:
+        assert torch.equal(after(rule, fallback, seed), ref), f"{rule}/{fallback} drew a different stream"
+
+
+def test_a_fuzzy_rule_without_fallback_warps_one_row_of_p_only(monkeypatch):
+    """Display work stays off the clock: a fuzzy rule alone reads p's warped row at its stop and no q, so
+    `decide` warps one row (with top_p < 1 each row costs a full-vocabulary sort)."""
+    rows: list[int] = []
+    real = rules.warp
+    monkeypatch.setattr(decide_mod.rules, "warp", lambda z, *a, **k: rows.append(z.shape[0]) or real(z, *a, **k))
+    cfg = DecodeConfig(method="fsd", temperature=0.8, top_p=0.9)
+    gen = torch.Generator().manual_seed(0)
+    decide(logits(5, 16, 1), logits(4, 16, 2), [3, 1, 4, 1], "fuzzy", 0.3, cfg, gen, "target", "draft", "target")
+    assert rows == [1], f"warped rows {rows}: a fuzzy rule without fallback warped rows it never reads"
