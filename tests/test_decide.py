@@ -46,3 +46,19 @@ def test_a_fuzzy_rule_without_fallback_warps_one_row_of_p_only(monkeypatch):
     gen = torch.Generator().manual_seed(0)
     decide(logits(5, 16, 1), logits(4, 16, 2), [3, 1, 4, 1], "fuzzy", 0.3, cfg, gen, "target", "draft", "target")
     assert rows == [1], f"warped rows {rows}: a fuzzy rule without fallback warped rows it never reads"
+
+
+def test_the_sd_fallback_follows_sds_law_where_tau_fails():
+    """fallback "sd" at T=1 with τ 0 (the divergence test never passes): p = (.5, .5) against a proposer sure
+    of token 0 is decided by the SD rule alone: accept 0 at p/q = .5, else resample the residual (token 1).
+    So P(token 0) = .5 = p(0); sampling the rejection from p instead would give .75."""
+    cfg = DecodeConfig(method="fsd", temperature=1.0, tau_t=0.0, fallback="sd")
+    z_p = torch.tensor([[0.5, 0.5], [0.5, 0.5]]).log()  # [2, V]: the proposed position and the bonus row
+    z_q = torch.tensor([[1.0, 0.0]]).log()  # [1, V]: sure of token 0 (−inf on token 1)
+    gen = torch.Generator().manual_seed(0)
+    out = []
+    for _ in range(4000):
+        rnd = decide(z_p, z_q, [0], "fuzzy", 0.0, cfg, gen, "target", "draft", "target")
+        out.append(0 if rnd.k == 1 else rnd.nxt)
+    share = out.count(0) / len(out)
+    assert abs(share - 0.5) < 0.04, f"P(token 0) = {share:.3f}: the fallback's rejection did not follow SD's law"

@@ -61,7 +61,9 @@ def decide(z_p: torch.Tensor, z_q: torch.Tensor, x: list[int], rule: str, tau: f
 
     SD: greedy, accept while x̃_i == argmax p_i; sampled, while r_i < p_i(x̃_i)/q_i(x̃_i), and resample from
     norm(max(0, p − q)) at the first rejection. Fuzzy: accept while Div ≤ τ, then the verifier's own token
-    from p (with cfg.fallback "sd", a token passing either test is accepted)."""
+    from p. CHOICE, cfg.fallback "sd": a token passing either test is accepted, and a rejection (both failed)
+    resamples from SD's residual. Div does not depend on the token, so where it exceeds τ the SD rule alone
+    decides, ratio test and residual: those positions follow the verifier's distribution exactly."""
     n = len(x)
     z_q = z_q if n else z_p[:0]  # nothing proposed (the budget's last token): the verifier's own only
     fuzzy = rule != "sd"
@@ -89,6 +91,6 @@ def decide(z_p: torch.Tensor, z_q: torch.Tensor, x: list[int], rule: str, tau: f
         nxt = int(z_p[k].argmax())
     else:
         p_next = p_w[k] if p_w is not None else rules.warp(z_p[k: k + 1], cfg.temperature, cfg.top_k, cfg.top_p)[0]
-        q_next = q_w[k] if not fuzzy and q_w is not None and k < n else None  # the residual only under SD
+        q_next = q_w[k] if q_w is not None and k < n else None  # a rejection by the SD test: its residual
         nxt = rules.next_token(p_next, q_next, gen)
     return Round(stage, proposer, verifier, rule, tau, list(x), k, nxt, z_p, z_q, d, p_w, q_w, sampled=gen is not None)
