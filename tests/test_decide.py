@@ -62,3 +62,36 @@ def test_the_sd_fallback_follows_sds_law_where_tau_fails():
         out.append(0 if rnd.k == 1 else rnd.nxt)
     share = out.count(0) / len(out)
     assert abs(share - 0.5) < 0.04, f"P(token 0) = {share:.3f}: the fallback's rejection did not follow SD's law"
+
+
+def old_raw_divergence(z_p: torch.Tensor, z_q: torch.Tensor, kind: str, support: str) -> torch.Tensor:
+    """The definition: both full log-softmaxes, then `rules.support_divergence`."""
+    lp, lq = torch.log_softmax(z_p, -1), torch.log_softmax(z_q, -1)
+    return rules.support_divergence(lp.exp(), lq.exp(), kind, support, lp, lq)
+
+
+@pytest.mark.parametrize("kind", ["js", "kl", "tv"])
+@pytest.mark.parametrize("support", ["subset", "full"])
+@pytest.mark.parametrize("seed", range(3))
+def test_the_divergence_from_logits_equals_the_definition(kind, support, seed):
+    """`raw_divergence` skips the verifier's full log-softmax for a reduced-head proposer (one support S)
+    but is still Div over S with −log p(S) charged: equal to the full-vocabulary definition to float
+    tolerance, for every divergence, on random logits with a shared support, a full head, differing
+    supports, and a verifier that rules out (or nearly rules out) all of S."""
+    g = torch.Generator().manual_seed(seed)
+    n, v = 5, 300
+    z_p = 3.0 * torch.randn(n, v, generator=g)
+    full = 3.0 * torch.randn(n, v, generator=g)
+    shared = full.clone()
+    shared[:, torch.randperm(v, generator=g)[:200]] = float("-inf")  # a reduced head's support (100 tokens)
+    differing = shared.clone()
+    differing[1, int(torch.isfinite(shared[1]).nonzero()[0])] = float("-inf")
+    z_p_out = z_p.clone()
+    z_p_out[0, torch.isfinite(shared[0])] = float("-inf")  # p(S) = 0 in row 0
+    z_p_out[1, torch.isfinite(shared[1])] -= 60.0  # p(S) ≈ e^-60 in row 1
+    cfg = DecodeConfig(divergence=kind, div_support=support)
+    for zp, zq in ((z_p, shared), (z_p, full), (z_p, differing), (z_p_out, shared)):
+        got, want = decide_mod.raw_divergence(zp, zq, cfg), old_raw_divergence(zp, zq, kind, support)
+        assert torch.equal(torch.isinf(got), torch.isinf(want)), "the divergence is infinite where it is not"
+        fin = torch.isfinite(want)
+        assert torch.allclose(got[fin], want[fin], rtol=1e-4, atol=1e-5), f"{kind}/{support}: {got} ≠ {want}"

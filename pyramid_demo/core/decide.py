@@ -51,8 +51,7 @@ class Round:
 def raw_divergence(z_p: torch.Tensor, z_q: torch.Tensor, cfg: DecodeConfig) -> torch.Tensor:
     """Div(P_verifier, P_proposer) per proposed position [n] on the raw distributions (CHOICE: the FSD code's
     form, temperature 1, no top-k/top-p), over the proposer's support when it has zeros (cfg.div_support)."""
-    lp, lq = torch.log_softmax(z_p, -1), torch.log_softmax(z_q, -1)  # [n, V]
-    return rules.support_divergence(lp.exp(), lq.exp(), cfg.divergence, cfg.div_support, lp, lq)
+    return rules.support_divergence_logits(z_p, z_q, cfg.divergence, cfg.div_support)
 
 
 def decide(z_p: torch.Tensor, z_q: torch.Tensor, x: list[int], rule: str, tau: float | None,
