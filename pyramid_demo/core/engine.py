@@ -85,17 +85,16 @@ def roles_for(method: str) -> tuple[str, ...]:
     return method_spec(method).roles
 
 
-def connect(lms: dict[str, LM]) -> TargetStates | None:
+def connect(lms: dict[str, LM]) -> None:
     """Give every proposer that reads the target (a `states` attribute) the target's states, which the
-    target's forward then hands out. None when no model reads them (the target computes nothing extra)."""
+    target's forward then hands out. Nothing when no model reads them (the target computes nothing extra)."""
     readers = [lm for r, lm in lms.items() if r != "target" and hasattr(lm, "states")]
     if not readers or "target" not in lms:
-        return None
+        return
     states = TargetStates()
     lms["target"].publish = states
     for lm in readers:
         lm.states = states
-    return states
 
 
 def _pick(z: torch.Tensor, cfg: DecodeConfig, gen: torch.Generator | None) -> int:

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 import torch
 from transformers import DynamicCache
 
-from .backend import BACKENDS, backend_flags, common_prefix_len  # noqa: F401 (re-exported)
+from .backend import backend_flags
 from .cache import CachedModel, TargetStates
 
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
+from ...core.backend import BACKENDS
 from ...core.lean import supports_lean
-from ...core.lm import BACKENDS
 from . import store
 from .machine import machine_key, probe_wanted
 from .record import Choice
