@@ -70,4 +70,5 @@ def record(rnd: Round, cfg: DecodeConfig, full: bool = True) -> StageRound:
         n_acc = c
         if rnd.eos_trim:  # the proposals after the EOS could never be used: no statistic counts them
             recs = recs[:c] + recs[-1:]
-    return StageRound(rnd.stage, rnd.proposer, rnd.verifier, shown_rule(rnd, cfg, greedy), recs, n_acc)
+    return StageRound(rnd.stage, rnd.proposer, rnd.verifier, shown_rule(rnd, cfg, greedy), recs, n_acc,
+                      exact=rnd.rule == "sd", sd_fallback=rnd.rule != "sd" and cfg.fallback == "sd")

@@ -6,6 +6,7 @@ papers: p is the verifier's distribution, q the proposer's, x̃ the proposed tok
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 
@@ -170,7 +171,7 @@ def sd_passes(p: torch.Tensor, q: torch.Tensor, x: list[int], r: torch.Tensor | 
     return [float(r[i]) * float(q[i, t]) < float(p[i, t]) for i, t in enumerate(x)]
 
 
-def fuzzy_passes(d: torch.Tensor, tau: float) -> list[bool]:
+def fuzzy_passes(d: torch.Tensor | Sequence[float], tau: float) -> list[bool]:
     """FSD test: Div(P_T,i, P_D,i) ≤ τ, whatever the token.
 
     CHOICE: τ = 0 accepts nothing, so the verifier produces every token itself (target-only

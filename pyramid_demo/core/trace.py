@@ -41,9 +41,11 @@ class StageRound:
     stage: str  # "qualifier" (draft → qualifier) or "target" (draft/qualifier → target)
     proposer: str
     verifier: str
-    rule: str  # greedy | sd | fuzzy | fuzzy+sd
+    rule: str  # greedy | sd | fuzzy | fuzzy+sd: what the app shows (logic reads the two fields below)
     tokens: list[TokenRec]  # proposed tokens, then the verifier's own token (resampled/bonus)
     n_accepted: int
+    exact: bool = False  # decided by the exact SD rule: τ is unused, a what-if τ changes nothing
+    sd_fallback: bool = False  # a fuzzy round under fallback "sd": a token also passed when the SD rule did
 
 
 @dataclass
