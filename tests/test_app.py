@@ -81,7 +81,8 @@ def _round(divs: list[float], n_acc: int, rule: str = "fuzzy", tau: float = 0.5)
     statuses = ["accepted"] * n_acc + ["rejected"] + ["discarded"] * len(divs)
     toks = [TokenRec(i, "draft", statuses[i], div=d, tau=tau) for i, d in enumerate(divs)]
     toks.append(TokenRec(99, "target", "resampled" if n_acc < len(divs) else "bonus"))
-    return StageRound("target", "draft", "target", rule, toks, n_acc)
+    return StageRound("target", "draft", "target", rule, toks, n_acc, exact=rule in ("sd", "greedy"),
+                      sd_fallback=rule == "fuzzy+sd")
 
 
 def test_reevaluate_is_the_leading_run_under_tau() -> None:

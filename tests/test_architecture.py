@@ -28,8 +28,10 @@ def project_files() -> dict[str, Path]:
 
 
 def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
-    """Absolute names of everything `path` imports, at any depth; `from x import y` gives x.y when y
-    is a project module (a submodule import), else x."""
+    """Absolute names of everything `path` imports, at any depth; `from x import y` gives x, and x.y too
+    when y is a project module (a submodule import). x itself always counts: `from . import store` runs
+    the package's `__init__` and reads the name from it, so a package whose `__init__` imports the module
+    that does so is a cycle (it only works while the name happens to be a submodule)."""
     is_pkg = path.name == "__init__.py"
     out: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
@@ -41,8 +43,8 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
                 mod = ".".join(base + ([node.module] if node.module else []))
             else:
                 mod = node.module or ""
-            subs = {f"{mod}.{a.name}" for a in node.names} & known
-            out.update(subs or {mod})
+            out.add(mod)
+            out.update({f"{mod}.{a.name}" for a in node.names} & known)
     return out
 
 
@@ -120,6 +122,22 @@ def test_no_import_cycles(graph) -> None:
     """No cycles between project modules, not even through lazy imports: each layer can be read,
     tested and replaced on its own."""
     assert find_cycle(graph) is None, " → ".join(find_cycle(graph))
+
+
+def test_a_cycle_through_a_packages_init_is_caught(tmp_path) -> None:
+    """Planted: a package whose `__init__` re-exports from `a`, while `a` reads a sibling through the
+    package (`from . import b`). That runs the package's `__init__` from inside it: the cycle rule must
+    see it, although every name imported is a submodule."""
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("from .a import f\n")
+    (pkg / "a.py").write_text("from . import b\n\ndef f():\n    return b.g()\n")
+    (pkg / "b.py").write_text("def g():\n    return 1\n")
+    files = {"pkg": pkg / "__init__.py", "pkg.a": pkg / "a.py", "pkg.b": pkg / "b.py"}
+    cycle = find_cycle(project_graph(files))
+    assert cycle == ["pkg", "pkg.a", "pkg"], f"a cycle through pkg/__init__ went unseen: {cycle}"
+    (pkg / "a.py").write_text("from .b import g\n\ndef f():\n    return g()\n")  # the fix: no cycle
+    assert find_cycle(project_graph(files)) is None
 
 
 def test_core_imports_only_core(graph) -> None:

@@ -220,3 +220,38 @@ def test_throughput_prediction_counts_the_verifiers_token() -> None:
     assert throughput.predict_plus_one("psd_f", cfg, {"qualifier": 0.5, "target": 0.5}, speeds) == pytest.approx(
         (0.5 * 6 + 1) / (6 / inner + 1 / 10))
     assert throughput.predict_plus_one("psd_f", cfg, {"target": 0.5}, speeds) is None
+
+
+def test_hf_assisted_on_a_draft_that_reads_the_target_is_one_clear_line(tmp_path: Path, monkeypatch, capsys) -> None:
+    """A documented peer never dies with a stack trace: on a family whose draft reads the target (the default
+    offline family's feature draft), HF's assisted generation cannot drive it, so `bench --peers hf_assisted`
+    skips that peer with one line naming why, runs the rest, and says so in its report."""
+    import dataclasses
+
+    import torch
+
+    from pyramid_demo import hardware_cli
+    from pyramid_demo.bench import peers
+    from pyramid_demo.models.feature_draft import FeatureDraft
+    from pyramid_demo.models.tiny import tiny_random_triplet
+
+    t = tiny_random_triplet(seed=0)
+    t = dataclasses.replace(t, draft=FeatureDraft(t.target, torch.arange(t.vocab_size)),
+                            names=("tiny/feature-draft", *t.names[1:]))
+    monkeypatch.setattr(hardware_cli, "load", lambda args: t)
+    out = tmp_path / "b"
+    try:
+        rc = cli_main(["bench", "--models", "tiny-random", "--methods", "ar,sd", "--peers", "hf_generate,hf_assisted",
+                       "--prompts", "builtin", "--limit", "1", "--max-new-tokens", "6", "--no-progress",
+                       "--out", str(out)])
+    except Exception as e:  # noqa: BLE001 - the rule: no stack trace
+        pytest.fail(f"bench --peers hf_assisted died with a stack trace: {e!r}")
+    assert rc == 0
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if "hf_assisted skipped" in ln]
+    assert len(lines) == 1 and "reads the target" in lines[0] and "tiny/feature-draft" in lines[0]
+    data = json.loads((out / "results.json").read_text())
+    assert {r["method"] for r in data["runs"]} == {"ar", "sd", "hf_generate"}
+    assert data["meta"]["skipped"] == [peers.unsupported(t, "hf_assisted")]
+    with pytest.raises(ValueError, match="hf_assisted skipped"):
+        peers.hf_generate(t, [1, 2, 3], bench.DecodeConfig(max_new_tokens=2), "hf_assisted")

@@ -161,3 +161,47 @@ def test_device_map_auto_loads_and_races_a_custom_family(tmp_path, one_thread, m
     assert [kw.get("device_map") for kw in seen] == ["auto"] * 3 and placement.devices_of(t.target) == ["cpu"]
     r = generate(t, "the water is", DecodeConfig(method="psd_a", max_new_tokens=6, temperature=0.0), chat=False)
     assert r.stats.n_new_tokens > 0
+
+
+def _owned(model: torch.nn.Module, target: torch.nn.Module) -> int:
+    """Elements a proposer holds itself: its parameters and floating buffers not shared with the target."""
+    shared = {t.data_ptr() for t in target.state_dict().values()}
+    mine = {t.data_ptr(): t.numel() for t in [*model.parameters(), *model.buffers()]
+            if t.is_floating_point() and t.data_ptr() not in shared}
+    return sum(mine.values())
+
+
+def test_the_offline_estimate_counts_the_proposers_that_run(offline_cache):
+    """What the memory line says is what runs: the offline draft row counts the feature draft that reads the
+    target (its fc and layer, its copy of the head rows), not the 2-layer student, and the qualifier row its
+    own layers and reduced head rows; the row's name is the feature draft's."""
+    from pyramid_demo.models import offline
+
+    if not offline.draft_reads_target():
+        pytest.skip("no feature draft shipped")
+    t = loading.load_triplet("smollm2-offline", device="cpu", dtype="fp32")
+    est = loading.estimate("smollm2-offline", torch.float32, max_len=512, online=False)
+    draft, qualifier, _ = est.models
+    assert draft.ref == t.names[0] == offline.as_run(loading.PRESETS["smollm2-offline"]).draft
+    assert draft.params == pytest.approx(_owned(t.draft, t.target), rel=0.01), "the draft row is not what runs"
+    assert qualifier.params == pytest.approx(_owned(t.qualifier, t.target), rel=0.01)
+
+
+def test_the_family_box_says_what_runs(monkeypatch):
+    """The offline family's names and description are what runs here: the feature draft that reads the target
+    when its weights are shipped, the students when only they are, the target itself when neither is; the
+    app's family box shows that (`handlers.preset_info`)."""
+    from pyramid_demo.app import handlers
+    from pyramid_demo.models import feature_draft, offline, presets, students
+
+    p = presets.PRESETS[presets.OFFLINE]
+    monkeypatch.setattr(students, "available", lambda *a: True)
+    monkeypatch.setattr(feature_draft, "available", lambda *a: True)
+    box = handlers.preset_info(presets.OFFLINE)[0]
+    assert presets.FEATURE_DRAFT in box and "reads the target" in box, box
+    assert "students as draft and qualifier" not in box
+    monkeypatch.setattr(feature_draft, "available", lambda *a: False)
+    assert offline.as_run(p) == p and "students as draft and qualifier" in handlers.preset_info(presets.OFFLINE)[0]
+    monkeypatch.setattr(students, "available", lambda *a: False)
+    run = offline.as_run(p)
+    assert run.draft == run.qualifier == presets.BUNDLED_TARGET and "the target itself" in run.description

@@ -212,7 +212,11 @@ def test_a_lax_support_rule_is_caught(monkeypatch):
         p_s = p * s / (p * s).sum(-1, keepdim=True)
         return rules.divergence(p_s, q, kind)
 
+    def lax_logits(z_p, z_q, kind="js", support="subset"):
+        return lax(torch.softmax(z_p, -1), torch.softmax(z_q, -1), kind, support)
+
     monkeypatch.setattr(rules, "support_divergence", lax)
+    monkeypatch.setattr(rules, "support_divergence_logits", lax_logits)  # the engine's form, from logits
     with pytest.raises(AssertionError):
         test_subset_js_charges_the_verifier_mass_outside_the_support()
     with pytest.raises(AssertionError):

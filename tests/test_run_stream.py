@@ -72,18 +72,18 @@ class CountingTokenizer:
 
 
 def test_a_long_stream_decodes_and_counts_in_linear_time(tiny, monkeypatch):
-    """Rule: a stream of N tokens decodes O(N) ids in all and recounts its statistics once (the last
-    snapshot), not once per pass: re-decoding the whole text every pass would decode ~N²/2 ids."""
+    """Rule: a stream of N tokens decodes O(N) ids in all and tallies each step's statistics once, never
+    recounting the steps so far per pass: re-decoding the whole text every pass would decode ~N²/2 ids."""
     tok = CountingTokenizer(tiny.tokenizer)
     t = dataclasses.replace(tiny, tokenizer=tok, eos_ids=())
-    full = []
-    real = run.compute_stats
-    monkeypatch.setattr(run, "compute_stats", lambda *a: full.append(1) or real(*a))
+    added = []
+    real = run.Tally.add
+    monkeypatch.setattr(run.Tally, "add", lambda self, step: added.append(1) or real(self, step))
     n = 300
     ids = [int(i) for i in tok.tok("the quick brown fox")["input_ids"]]
     tok.decoded = 0
     snaps = sum(1 for _ in stream(t, ids, DecodeConfig(method="ar", max_new_tokens=n)))
-    assert snaps == n and len(full) == 1
+    assert snaps == n and len(added) == n
     assert tok.decoded < 8 * n, f"{tok.decoded} ids decoded for {n} tokens"
 
 

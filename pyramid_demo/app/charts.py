@@ -4,7 +4,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ..core.config import METHOD_LABELS
+from ..core.config import METHOD_SHORT
 from ..core.costs import measured_by_k
 from ..core.methods import method_spec
 from ..core.trace import RunResult, StageRound, Step
@@ -153,7 +153,7 @@ def throughput_figure(rows: list[dict]) -> go.Figure:
     """Measured tok/s next to the cost profile's idle-machine prediction, per method (`story.rows`)."""
     if not rows:
         return empty_figure("Measured and predicted speeds appear after a race.")
-    names = [METHOD_LABELS[r["method"]].split(" ")[0] for r in rows]
+    names = [METHOD_SHORT[r["method"]] for r in rows]
     pred = [r.get("predicted") for r in rows]
     fig = go.Figure([
         go.Bar(x=names, y=[r["measured"] for r in rows], name="measured in this race", marker_color="#0072B2",

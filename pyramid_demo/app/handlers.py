@@ -54,7 +54,9 @@ def preset_info(preset: str) -> tuple[str, Any]:
         text = ("**Custom family** — three Hugging Face ids or local paths of causal LMs that share one "
                 "tokenizer, smallest first. They download on the first run.")
         return text, gr.update(visible=True)
-    p = PRESETS[preset]
+    from ..models.offline import as_run
+
+    p = as_run(PRESETS[preset])  # what runs on this install (the offline draft may read the target)
     need = f"about {p.memory_gb:g} GB at 16-bit ({2 * p.memory_gb:g} GB as fp32 on a CPU)"
     flags = " · needs the Hub" if p.hub else " · runs offline"
     flags += " · gated: needs a token" if p.gated else ""

@@ -3,30 +3,31 @@ race speeds and the race table. No model calls, so the inspector answers instant
 from __future__ import annotations
 
 from ..core import noise
-from ..core.rules import leading_run
+from ..core.rules import fuzzy_passes, leading_run
 from ..core.stats import STAGES, agreement, stage_rounds
 from ..core.trace import RunResult, StageRound, Step, TokenRec
 from .session import Race
 
-EXACT_RULES = ("sd", "greedy")
-
 
 def reevaluate(rnd: StageRound, tau: float | None) -> int:
-    """Drafted tokens the round would have accepted at threshold `tau`: the leading run of recorded Div ≤ τ.
+    """Drafted tokens the round would have accepted at threshold `tau`: the leading run of recorded Div ≤ τ,
+    by the engine's own test (`rules.fuzzy_passes`), keyed by the round's data (`exact`, `sd_fallback`).
 
     Exact-rule rounds (SD, PSD_A's stage 1, stage-2 'sd') do not use τ: their recorded count stands.
-    Under the 'fuzzy+sd' fallback a token that was accepted although Div > its recorded τ passed the
-    SD rule, which τ does not change, so it still passes.
+    Under the SD fallback a token that was accepted although Div > its recorded τ passed the SD rule,
+    which τ does not change, so it still passes. A round cut short (its own token discarded: a PSD block's
+    size or confidence cut, an EOS) keeps at most what it kept: the cut does not depend on τ.
     """
-    if rnd.rule in EXACT_RULES or tau is None:
+    if rnd.exact or tau is None:
         return rnd.n_accepted
-    passes = []
-    for t in rnd.tokens[:-1]:
-        ok = t.div is not None and tau > 0 and t.div <= tau  # τ 0 accepts none (rules.fuzzy_passes)
-        if rnd.rule == "fuzzy+sd" and t.status == "accepted" and t.tau is not None and (t.div or 0) > t.tau:
-            ok = True
-        passes.append(ok)
-    return leading_run(passes)
+    recs = rnd.tokens[:-1]
+    passes = fuzzy_passes([t.div if t.div is not None else float("inf") for t in recs], tau)
+    if rnd.sd_fallback:
+        passes = [ok or (t.status == "accepted" and t.tau is not None and (t.div or 0.0) > t.tau)
+                  for ok, t in zip(passes, recs)]
+    k = leading_run(passes)
+    cut = bool(rnd.tokens) and rnd.tokens[-1].status == "discarded"
+    return min(k, rnd.n_accepted) if cut else k
 
 
 def whatif_statuses(rnd: StageRound, tau: float | None) -> list[str]:
@@ -38,7 +39,7 @@ def whatif_statuses(rnd: StageRound, tau: float | None) -> list[str]:
 
 def round_tau(rnd: StageRound, tau_q: float, tau_t: float) -> float | None:
     """The what-if threshold that applies to a round (None under an exact rule)."""
-    if rnd.rule in EXACT_RULES:
+    if rnd.exact:
         return None
     return tau_q if rnd.stage == "qualifier" else tau_t
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from ..core.config import METHOD_LABELS, METHODS, DecodeConfig
+from ..core.config import METHOD_SHORT, METHODS, DecodeConfig
 from ..models.presets import DEFAULT_PRESET, PRESETS, family_config, tuned_settings
 
 CUSTOM = "custom"
@@ -16,7 +16,7 @@ if START_PRESET not in PRESETS:
 START = family_config(START_PRESET)  # the starting family's tuned settings: the page's first values
 PRESET_CHOICES = [*PRESETS, CUSTOM]
 RACE_METHODS = METHODS  # raced in this order, one after another
-_SHORT = [METHOD_LABELS[m].split(" ")[0] for m in RACE_METHODS]  # "AR", "SD", ...
+_SHORT = [METHOD_SHORT[m] for m in RACE_METHODS]  # "AR", "SD", ...
 _NAMES = ", ".join(_SHORT[:-1]) + " and " + _SHORT[-1]
 
 EXAMPLE_PROMPTS = [

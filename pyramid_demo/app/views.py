@@ -91,7 +91,7 @@ def inspect_round(session: Session | None, race_n: Any, method: str | None, roun
                 else f"Stage 2: {rnd.proposer} → target")
         if tau is None:  # exact rule; still show what a fuzzy test at the slider's τ would have kept
             slider = tau_q if rnd.stage == "qualifier" else tau_t
-            fuzzy_k = inspector.reevaluate(replace(rnd, rule="fuzzy"), slider)
+            fuzzy_k = inspector.reevaluate(replace(rnd, exact=False, sd_fallback=False), slider)
             what = f"exact rule (τ unused) · a fuzzy test at τ = {slider:g} would keep <b>{fuzzy_k}</b>"
         else:
             what = f"at τ = {tau:g}: <b>{k}</b>" + (" (same)" if k == rnd.n_accepted else " ← changed")

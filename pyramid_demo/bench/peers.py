@@ -46,6 +46,14 @@ def _gen_kwargs(triplet: ModelTriplet, cfg: DecodeConfig) -> dict:
     return kw
 
 
+def unsupported(triplet: ModelTriplet, peer: str) -> str | None:
+    """Why `peer` cannot run on this family (one line), or None when it can."""
+    if peer == "hf_assisted" and getattr(triplet.draft, "reads_target", False):
+        return (f"{peer} skipped: Hugging Face assisted generation cannot drive a draft that reads the target's "
+                f"hidden states ({triplet.names[0]}); the engine's SD runs that draft")
+    return None
+
+
 @torch.inference_mode()
 def hf_generate(triplet: ModelTriplet, prompt_ids: list[int], cfg: DecodeConfig, peer: str) -> PeerRun:
     """Run a peer on the target: plain `generate()` or assisted generation with the draft.
@@ -55,6 +63,9 @@ def hf_generate(triplet: ModelTriplet, prompt_ids: list[int], cfg: DecodeConfig,
     """
     if peer not in PEERS:
         raise ValueError(f"unknown peer {peer!r}; choose one of {', '.join(PEERS)}")
+    why = unsupported(triplet, peer)
+    if why:
+        raise ValueError(why)
     target = triplet.target
     dev = next(target.parameters()).device
     x = torch.tensor([prompt_ids], dtype=torch.long, device=dev)

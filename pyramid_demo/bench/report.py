@@ -216,7 +216,8 @@ def write_outputs(result: dict, out_dir: str | Path, columns: list[str]) -> list
     targets = check_targets(summary)
     result.update(summary=summary, frontier=frontier(summary), recommended=recommend(summary), targets=targets,
                   best_per_method=best_per_method(summary),
-                  markdown=markdown_table(summary) + "\n\n" + targets_table(targets))
+                  markdown=markdown_table(summary) + "\n\n" + targets_table(targets)
+                  + "".join(f"\n\nNot run: {why}." for why in result.get("meta", {}).get("skipped", [])))
     csv_path, json_path, html_path = out / "results.csv", out / "results.json", out / "report.html"
     with csv_path.open("w", newline="", encoding="utf-8") as f:
         w = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")

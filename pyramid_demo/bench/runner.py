@@ -336,6 +336,12 @@ def machine_info(triplet: ModelTriplet) -> dict:
                 time_utc=time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()))
 
 
+def runnable(triplet: ModelTriplet, variants: list[Variant]) -> tuple[list[Variant], list[str]]:
+    """The variants this family can run, and one line for each peer it cannot (`peers.unsupported`)."""
+    why = {v.method: peers.unsupported(triplet, v.method) for v in variants if v.kind == "peer"}
+    return [v for v in variants if not why.get(v.method)], [w for w in dict.fromkeys(why.values()) if w]
+
+
 def _stop(signum, frame) -> None:  # SIGTERM: stop like Ctrl-C
     raise KeyboardInterrupt
 
@@ -376,6 +382,12 @@ def run(args: argparse.Namespace) -> int:
     if triplet.note:
         print(f"note: {triplet.note}", file=sys.stderr)
     print(f"note: dtype and backend: {triplet.choice_note}", file=sys.stderr)
+    variants, skipped = runnable(triplet, variants)
+    for why in skipped:
+        print(f"note: {why}", file=sys.stderr)
+    if not variants:
+        print("error: nothing left to benchmark on this family", file=sys.stderr)
+        return 2
     t0 = time.perf_counter()
     old_term = signal.signal(signal.SIGTERM, _stop)  # `kill PID` keeps completed prompts, like Ctrl-C
     try:
@@ -390,7 +402,7 @@ def run(args: argparse.Namespace) -> int:
     result["meta"] = dict(machine_info(triplet), command=_command_line(args), argv=sys.argv[1:],
                           n_prompts=len({r["prompt_index"] for r in result["runs"]}), prompts_requested=len(prompts),
                           stopped_early=result["interrupted"], repeats=args.repeats, grid=args.grid,
-                          dataset=args.dataset, total_s=round(time.perf_counter() - t0, 1),
+                          dataset=args.dataset, total_s=round(time.perf_counter() - t0, 1), skipped=skipped,
                           variants=[dict(label=v.label, method=v.method, lossless=v.lossless, config=v.cfg.to_dict())
                                     for v in variants])
     paths = report.write_outputs(result, args.out, ROW_COLUMNS)

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from . import rules, tree_round
-from .cache import TargetStates
+from .cache import CacheError, TargetStates
 from .config import DecodeConfig
 from .decide import Round, decide, tree_round_record
 from .lm import LM
@@ -47,24 +47,42 @@ class NonFiniteLogits(ValueError):
 
 @dataclass
 class Lane:
-    """One model in a run and the position its cache ends at: every forward is fed from there."""
+    """One model in a run and the position its cache ends at: every forward is fed from there.
+
+    The position is the lane's own, advanced by what it feeds and set back by what it cuts (never read off
+    the sequence it is handed), and each feed first checks that the sequence still holds, where the lane's
+    last feed put them, the tokens that feed cached: a missed cut (a rejection the cache never heard of)
+    then raises CacheError instead of feeding from the wrong offset."""
 
     lm: LM
 
     pos: int = 0
+    last: list[int] = field(default_factory=list)  # the tokens of its last feed, at pos-len(last) … pos-1
 
     def feed(self, seq: list[int], keep: int) -> torch.Tensor:
         """Feed seq[pos:] at `pos`; logits of the last `keep` positions [keep, V], checked once: the row maxima
         catch NaN, +inf and all-−inf rows (−inf alone is a token ruled out, probability 0, and is allowed)."""
-        z = self.lm.forward(seq[self.pos:], self.pos, keep)
-        self.pos = len(seq)
+        start = self.pos - len(self.last)
+        if seq[start: self.pos] != self.last:
+            raise CacheError(f"{self.lm.role}: its cache holds tokens at {start}…{self.pos - 1} that the sequence "
+                             "no longer has there (a cut was missed)")
+        new = seq[self.pos:]
+        z = self.lm.forward(new, self.pos, keep)
+        self.pos, self.last = self.pos + len(new), new
         if not bool(torch.isfinite(z.amax(-1)).all()):
             raise NonFiniteLogits(f"the {self.lm.role} model returned NaN or infinite logits")
         return z
 
+    def kept(self, fed: list[int], pos: int, after_last: bool = False) -> None:
+        """After a tree forward: the tokens it kept, `fed`, now end the cache at `pos` (`after_last`: they follow
+        the lane's last feed, as a proposer's kept path follows its catch-up)."""
+        self.pos, self.last = pos, (self.last + fed) if after_last else list(fed)
+
     def cut(self, committed: int) -> None:
         """After a round: keep at most the committed tokens less the last (fed next); the cache may keep less."""
+        end = self.pos
         self.pos = self.lm.truncate(min(self.pos, committed - 1))
+        self.last = self.last[: max(0, len(self.last) - (end - self.pos))]
 
 
 def roles_for(method: str) -> tuple[str, ...]:
@@ -72,17 +90,16 @@ def roles_for(method: str) -> tuple[str, ...]:
     return method_spec(method).roles
 
 
-def connect(lms: dict[str, LM]) -> TargetStates | None:
+def connect(lms: dict[str, LM]) -> None:
     """Give every proposer that reads the target (a `states` attribute) the target's states, which the
-    target's forward then hands out. None when no model reads them (the target computes nothing extra)."""
+    target's forward then hands out. Nothing when no model reads them (the target computes nothing extra)."""
     readers = [lm for r, lm in lms.items() if r != "target" and hasattr(lm, "states")]
     if not readers or "target" not in lms:
-        return None
+        return
     states = TargetStates()
     lms["target"].publish = states
     for lm in readers:
         lm.states = states
-    return states
 
 
 def _pick(z: torch.Tensor, cfg: DecodeConfig, gen: torch.Generator | None) -> int:
@@ -126,9 +143,10 @@ def pyramid_block(lanes: dict[str, Lane], seq: list[int], size: int, cfg: Decode
     """Stage 1: draft → qualifier rounds until `size` tokens are qualified (CHOICE: cut to size).
     The block also ends at an EOS: nothing after it could be used.
 
-    Returns the block, each token's origin, the qualifier's logits at every block position
-    [size, V] (they replace the draft's in stage 2), and the qualifier rounds. With
-    cfg.conf_stop > 0 the block also ends after a token the qualifier is less sure of.
+    Returns the block (at most `size` tokens), each token's origin, the qualifier's logits at every block
+    position [len(block), V] (they replace the draft's in stage 2), and the qualifier rounds, each recording
+    exactly the tokens it put in the block. With cfg.conf_stop > 0 the block also ends after a token the
+    qualifier is less sure of.
     """
     block: list[int] = []
     origins: list[str] = []
@@ -144,30 +162,38 @@ def pyramid_block(lanes: dict[str, Lane], seq: list[int], size: int, cfg: Decode
             grown = tree_round.grow(lanes["draft"], seq + block, cfg.tree_nodes, min(cfg.tree_depth, n), cfg.tree_k)
             dec, z_ctx = tree_round.verify(lanes["qualifier"], seq + block, grown.tree, rule, tau, cfg, gen)
             tree_round.keep_fed(lanes["draft"], grown, dec.path)
-            rnd = tree_round_record(dec, grown.tree, z_ctx, rule, tau, "qualifier", "draft", "qualifier")
-            x = rnd.accepted
+            rnd = tree_round_record(dec, grown.tree, z_ctx, rule, tau, "qualifier", "draft", "qualifier",
+                                    gen is not None)
             z_q = z_ctx[[0] + [i + 1 for i in dec.path]]  # [len(path)+1, V]: the block positions' contexts
         else:
             x, z_d = propose(lanes["draft"], seq + block, n, cfg, gen)
             z_q = lanes["qualifier"].feed(seq + block + x, len(x) + 1)  # [len(x)+1, V]
             rnd = decide(z_q, z_d, x, rule, tau, cfg, gen, "qualifier", "draft", "qualifier")
-        eos_at = rnd.cut_at_eos(eos_ids)
-        k = len(rnd.accepted)
-        keep, low = (k + 1 if eos_at is None else eos_at + 1), False
+        new = rnd.new_tokens()  # [k+1]: the accepted run, then the qualifier's own token
+        eos_at = first_eos(new, eos_ids)
+        keep = min(len(new), size - len(block), len(new) if eos_at is None else eos_at + 1)  # CHOICE: cut to size
+        low = False
         if cfg.conf_stop:  # the qualifier's confidence at the new block tokens [keep]
             conf = rules.confidence(z_q[:keep]).tolist()
             keep = rules.confident_prefix(conf, cfg.conf_stop)
             low = conf[keep - 1] < cfg.conf_stop
-        block += (x[:k] + [rnd.nxt])[:keep]
-        origins += (["draft"] * k + ["qualifier"])[:keep]
+        ends_at_eos = eos_at is not None and keep == eos_at + 1
+        rnd.keep(keep, eos=ends_at_eos)  # the record says what entered the block, nothing more
+        block += new[:keep]
+        origins += (["draft"] * rnd.k + ["qualifier"])[:keep]
         z_q_rows.extend(z_q[:keep])
         rounds.append(rnd)
         for role in ("draft", "qualifier"):
             lanes[role].cut(len(seq) + len(block))
-        if low or eos_at is not None:
+        if low or ends_at_eos:
             break
-    z_q_block = torch.stack(z_q_rows[:size]) if z_q_rows else torch.zeros(0, 0)
-    return block[:size], origins[:size], z_q_block, rounds
+    z_q_block = torch.stack(z_q_rows) if z_q_rows else torch.zeros(0, 0)  # [len(block), V]
+    return block, origins, z_q_block, rounds
+
+
+def first_eos(tokens: list[int], eos_ids: tuple[int, ...]) -> int | None:
+    """Index of the first EOS in `tokens` (None without one): the one place a step looks for it."""
+    return next((i for i, t in enumerate(tokens) if t in eos_ids), None)
 
 
 def _tree_step(lanes: dict[str, Lane], seq: list[int], depth: int, cfg: DecodeConfig, gen: torch.Generator | None,
@@ -177,7 +203,7 @@ def _tree_step(lanes: dict[str, Lane], seq: list[int], depth: int, cfg: DecodeCo
     tau = cfg.tau_t if rule == "fuzzy" else None
     dec, z_p = tree_round.verify(lanes["target"], seq, grown.tree, rule, tau, cfg, gen)
     tree_round.keep_fed(lanes[prop], grown, dec.path)
-    return tree_round_record(dec, grown.tree, z_p, rule, tau, "target", prop, "target")
+    return tree_round_record(dec, grown.tree, z_p, rule, tau, "target", prop, "target", gen is not None)
 
 
 def prefill(lms: dict[str, LM], prompt_ids: list[int]) -> float:
@@ -234,7 +260,6 @@ def _decode(lms: dict[str, LM], prompt_ids: list[int], cfg: DecodeConfig, eos_id
                 x, from_q, z_q, qrounds = pyramid_block(lanes, seq, size, cfg, gen, eos_ids)
             elif spec.tree and size > 0:
                 tround = _tree_step(lanes, seq, min(cfg.tree_depth, size), cfg, gen, rule, prop)
-                x = from_q = []  # decided already (the tree's nodes are in the round)
             else:
                 x, z_q = propose(lanes[prop], seq, size, cfg, gen)
                 from_q = [prop] * len(x)
@@ -242,15 +267,16 @@ def _decode(lms: dict[str, LM], prompt_ids: list[int], cfg: DecodeConfig, eos_id
                 z_p = lanes["target"].feed(seq + x, len(x) + 1)  # [n+1, V]: one target pass
                 tround = decide(z_p, z_q, x, rule, cfg.tau_t if rule == "fuzzy" else None, cfg, gen,
                                 "target", prop, "target")
-                from_q = from_q[: tround.k]
             else:
                 from_q = [prop] * tround.k
-            new = tround.accepted + [tround.nxt]
-            origins = from_q + [("bonus" if tround.leaf else "target") if tround.x else "target"]
-            tround.cut_at_eos(eos_ids)
-        eos_at = next((j for j, t in enumerate(new) if t in eos_ids), None)
+            new = tround.new_tokens()
+            own = "bonus" if tround.x and tround.leaf else "target"  # an empty proposal: the target's own
+            origins = from_q[: tround.k] + [own]
+        eos_at = first_eos(new, eos_ids)
         if eos_at is not None:
             new, origins = new[: eos_at + 1], origins[: eos_at + 1]
+            if tround is not None:
+                tround.keep(eos_at + 1, eos=True)  # an EOS inside the accepted run: the round ends after it
         seq.extend(new)
         for lane in lanes.values():
             lane.cut(len(seq))

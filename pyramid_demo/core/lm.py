@@ -11,8 +11,9 @@ from typing import Any, Protocol
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
-from .backend import BACKENDS, backend_flags, common_prefix_len  # noqa: F401 (re-exported)
+from .backend import backend_flags
 from .cache import CachedModel, TargetStates
 
 
@@ -70,6 +71,18 @@ def _sync(device: torch.device) -> None:
         torch.mps.synchronize()
 
 
+def full_window_cache(config: Any) -> DynamicCache:
+    """HF's cache for `config`, but every sliding-window (or chunked) layer keeps all its positions.
+
+    Why: HF's sliding layer drops keys past the window and then cannot be cropped (DynamicCache.crop raises
+    once a sequence is past it), yet speculative decoding rolls back after every rejection. A full layer
+    crops exactly; the window itself stays in the attention mask, which the model builds from its config
+    (positions, not cache size), so the logits are the same. The cost: the cache grows with the sequence."""
+    cache = DynamicCache(config=config)
+    cache.layers = [DynamicLayer() if isinstance(layer, DynamicSlidingWindowLayer) else layer for layer in cache.layers]
+    return cache
+
+
 class CachedLM(CachedModel):
     """One model's per-run decoding state over a Hugging Face causal LM."""
 
@@ -84,7 +97,7 @@ class CachedLM(CachedModel):
         self.device = emb.weight.device if emb is not None else next(m.parameters()).device
         if self.device.type == "meta":  # an offloaded embedding: its hook moves inputs where they run
             self.device = torch.device("cpu")
-        self.cache = DynamicCache(config=m.config)
+        self.cache = full_window_cache(m.config)
         # transformers 5 renamed `past_key_values` to `cache`; accept either generation
         self.cache_kw = "cache" if "cache" in inspect.signature(m.forward).parameters else "past_key_values"
         base = getattr(m, "base_model", None)  # its decoder, called directly when the states are handed out

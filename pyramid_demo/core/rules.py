@@ -6,6 +6,7 @@ papers: p is the verifier's distribution, q the proposer's, x̃ the proposed tok
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 
@@ -86,16 +87,56 @@ def support_divergence(p: torch.Tensor, q: torch.Tensor, kind: str = "js", suppo
     else:
         lp_in, q_s, log_q_s = log_p.masked_fill(out, float("-inf")), q, log_q
     log_mass = torch.logsumexp(lp_in, -1, keepdim=True)  # [n, 1]: log p(S)
-    none = torch.isneginf(log_mass)  # the verifier rules out every token the proposer can write
-    lp_s = torch.where(none, lp_in, lp_in - log_mass)  # log p_S
+    lp_s = torch.where(torch.isneginf(log_mass), lp_in, lp_in - log_mass)  # log p_S
+    sub = _on_support(lp_s, log_mass, q_s, log_q_s, kind)
+    if cols is not None:
+        return sub
+    return torch.where(has_zeros, sub, divergence(p, q, kind, log_p, log_q))
+
+
+def _on_support(lp_s: torch.Tensor, log_mass: torch.Tensor, q_s: torch.Tensor, log_q_s: torch.Tensor,
+                kind: str) -> torch.Tensor:
+    """The "subset" divergence [n] from the verifier renormalised on S (log p_S [n, |S|]), its log mass there
+    (log p(S) [n, 1]) and the proposer on S: Div(p_S, q) − log p(S), tv: + 1 − p(S); worst where p(S) = 0."""
+    none = torch.isneginf(log_mass).squeeze(-1)  # the verifier rules out every token the proposer can write
     inside = divergence(lp_s.exp(), q_s, kind, lp_s, log_q_s)
     mass = log_mass.squeeze(-1)
     cost = -torch.expm1(mass) if kind == "tv" else -mass  # 1 − p(S), or −log p(S)
     worst = torch.ones_like(inside) if kind == "tv" else torch.full_like(inside, float("inf"))  # p(S) = 0
-    sub = torch.where(none.squeeze(-1), worst, inside + cost.clamp_min(0))  # (tv of disjoint supports is 1)
-    if cols is not None:
-        return sub
-    return torch.where(has_zeros, sub, divergence(p, q, kind, log_p, log_q))
+    return torch.where(none, worst, inside + cost.clamp_min(0))  # (tv of disjoint supports is 1)
+
+
+def shared_support(z_q: torch.Tensor) -> torch.Tensor | None:
+    """The columns [|S|] where every row of the proposer's logits z_q [n, V] is finite, when the rows share one
+    support with zeros (a reduced head: −inf outside S); None otherwise (a full head, or differing supports)."""
+    if not bool(torch.isneginf(z_q[0]).any()):
+        return None
+    out = torch.isneginf(z_q)  # [n, V]
+    if not bool((out == out[:1]).all()):
+        return None
+    return (~out[0]).nonzero().squeeze(-1)
+
+
+def support_divergence_logits(z_p: torch.Tensor, z_q: torch.Tensor, kind: str = "js",
+                              support: str = "subset") -> torch.Tensor:
+    """`support_divergence` of the raw distributions softmax(z_p), softmax(z_q) [n, V], from their logits.
+
+    Why: for a reduced-head proposer (one support S) under "subset" the verifier is needed only on S and
+    through its normaliser: log p_S = z_p,S − logsumexp(z_p,S) and log p(S) = logsumexp(z_p,S) −
+    logsumexp(z_p). One full-vocabulary reduction per row replaces a full log-softmax and its exp (the
+    fuzzy lanes' largest cost outside the forwards). Other proposers take `support_divergence` itself."""
+    cols = shared_support(z_q) if support == "subset" else None
+    if cols is None:
+        lp, lq = torch.log_softmax(z_p, -1), torch.log_softmax(z_q, -1)  # [n, V]
+        return support_divergence(lp.exp(), lq.exp(), kind, support, lp, lq)
+    if kind not in ("kl", "js", "tv"):
+        raise ValueError(f"unknown divergence {kind!r}; choose js, kl or tv")
+    zp_s, zq_s = z_p[:, cols], z_q[:, cols]  # [n, |S|]
+    lse_s = torch.logsumexp(zp_s, -1, keepdim=True)  # [n, 1]
+    log_mass = lse_s - torch.logsumexp(z_p, -1, keepdim=True)  # [n, 1]: log p(S)
+    lp_s = torch.where(torch.isneginf(lse_s), zp_s, zp_s - lse_s)  # log p_S [n, |S|]
+    log_q_s = torch.log_softmax(zq_s, -1)  # [n, |S|]: the proposer's whole distribution lives on S
+    return _on_support(lp_s, log_mass, log_q_s.exp(), log_q_s, kind)
 
 
 def confidence(z: torch.Tensor) -> torch.Tensor:
@@ -130,7 +171,7 @@ def sd_passes(p: torch.Tensor, q: torch.Tensor, x: list[int], r: torch.Tensor | 
     return [float(r[i]) * float(q[i, t]) < float(p[i, t]) for i, t in enumerate(x)]
 
 
-def fuzzy_passes(d: torch.Tensor, tau: float) -> list[bool]:
+def fuzzy_passes(d: torch.Tensor | Sequence[float], tau: float) -> list[bool]:
     """FSD test: Div(P_T,i, P_D,i) ≤ τ, whatever the token.
 
     CHOICE: τ = 0 accepts nothing, so the verifier produces every token itself (target-only

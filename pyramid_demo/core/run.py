@@ -10,8 +10,8 @@ from .config import DecodeConfig
 from .engine import decode, prefill, roles_for
 from .lm import ModelTriplet, encode_prompt, open_lm
 from .methods import method_spec
-from .stats import STAGES, compute_stats, n_proposed
-from .trace import RunResult, StageRound, Stats, Step
+from .stats import Tally
+from .trace import RunResult, Step
 
 MAX_PROMPT_CHARS = 20_000
 
@@ -51,67 +51,6 @@ def _prompt_text(triplet: ModelTriplet, prompt: str | list[int], ids: list[int],
     return prompt if isinstance(prompt, str) else triplet.tokenizer.decode(ids)
 
 
-class _Tally:
-    """`compute_stats`'s totals kept pass by pass, so a snapshot costs the same on the last pass as on the first
-    (tests/test_run_stream.py holds every snapshot to `compute_stats` over the same steps)."""
-
-    def __init__(self) -> None:
-        self.n_new, self.passes, self.decode_s, self.target_accepted = 0, 0, 0.0, 0
-        self.proposed: dict[str, int] = {}
-        self.rounds: dict[str, int] = {}
-        self.accepted: dict[str, int] = {}
-        self.reached: dict[str, list[int]] = {}  # stage -> rounds that proposed past position i
-        self.kept: dict[str, list[int]] = {}  # stage -> rounds that accepted past position i
-        self.hist: list[int] = []
-        self.fwd: dict[str, int] = {}
-        self.ftime: dict[str, float] = {}
-
-    def _round(self, stage: str, r: StageRound) -> None:
-        n = n_proposed(r)
-        self.proposed[stage] = self.proposed.get(stage, 0) + n
-        self.rounds[stage] = self.rounds.get(stage, 0) + 1
-        self.accepted[stage] = self.accepted.get(stage, 0) + r.n_accepted
-        for counts, upto in ((self.reached.setdefault(stage, []), n), (self.kept.setdefault(stage, []), r.n_accepted)):
-            counts.extend([0] * (upto - len(counts)))
-            for i in range(upto):
-                counts[i] += 1
-
-    def add(self, step: Step) -> None:
-        self.n_new += len(step.new_tokens)
-        self.passes += 1
-        self.decode_s = step.t_end
-        for r in step.qualifier_rounds:
-            self._round("qualifier", r)
-        if step.target_round is not None:
-            t = step.target_round
-            self._round("target", t)
-            self.hist.extend([0] * (n_proposed(t) + 1 - len(self.hist)))
-            self.hist[t.n_accepted] += 1
-            self.target_accepted += t.n_accepted
-        for role, n in step.n_forward.items():
-            self.fwd[role] = self.fwd.get(role, 0) + n
-            self.ftime[role] = self.ftime.get(role, 0.0) + step.time_s.get(role, 0.0)
-
-    def stats(self, method: str, prefill_s: float, stopped: str) -> Stats:
-        stages = [s for s in STAGES if self.rounds.get(s)]
-        n, passes, decode_s = self.n_new, self.passes, self.decode_s
-        return Stats(
-            method=method, n_new_tokens=n, prefill_s=round(prefill_s, 6), decode_s=round(decode_s, 6),
-            tokens_per_s=round(n / decode_s, 3) if decode_s > 0 else 0.0, target_passes=passes,
-            acceptance={s: round(self.accepted[s] / self.proposed[s], 4) if self.proposed[s] else 0.0 for s in stages},
-            proposed={s: self.proposed[s] for s in stages}, accepted={s: self.accepted[s] for s in stages},
-            mean_accepted_per_target_pass=round(self.target_accepted / passes, 4) if passes else 0.0,
-            tokens_per_target_pass=round(n / passes, 4) if passes else 0.0,
-            accepted_hist=list(self.hist) if self.rounds.get("target") else [],
-            per_position_acceptance={s: [round(k / r, 4) if r else 0.0 for r, k in
-                                         zip(self.reached[s], self.kept[s] + [0] * len(self.reached[s]))]
-                                     for s in stages},
-            forward_passes=dict(self.fwd), forward_time_s={k: round(v, 6) for k, v in self.ftime.items()},
-            engine_overhead_s=round(max(0.0, decode_s - sum(self.ftime.values())), 6), stopped=stopped,
-            rounds={s: self.rounds[s] for s in stages},
-        )
-
-
 class _TextTail:
     """The decoded text of the ids so far, decoding only a short window at the end each pass (the way TGI and
     vLLM stream): a window is taken only once it ends in whole characters. A snapshot's text is this; the
@@ -138,8 +77,8 @@ class _TextTail:
 
 class _Snapshots:
     """A run's record built pass by pass: new ids, texts and origins appended, the text decoded at its tail,
-    statistics tallied from the new step alone, so a long race costs linear time. The last snapshot (and
-    `generate`'s record) is recomputed in full once, from the steps (`compute_stats`, one decode)."""
+    statistics tallied from the new step alone (`stats.Tally`, the one implementation of the statistics), so a
+    long race costs linear time. The last snapshot's (and `generate`'s) text is decoded in full once."""
 
     def __init__(self, triplet: ModelTriplet, cfg: DecodeConfig, prompt: str, ids: list[int], prefill_s: float):
         self.triplet, self.cfg, self.prompt, self.ids, self.prefill_s = triplet, cfg, prompt, ids, prefill_s
@@ -149,7 +88,7 @@ class _Snapshots:
         self.texts: list[str] = []
         self.origins: list[str] = []
         self.tail = _TextTail(triplet.tokenizer)
-        self.tally = _Tally()
+        self.tally = Tally()
         self.stopped = ""
 
     def add(self, step: Step) -> None:
@@ -164,10 +103,9 @@ class _Snapshots:
         self.stopped = "eos" if eos else "max_new_tokens" if len(self.token_ids) >= self.cfg.max_new_tokens else ""
 
     def result(self, full: bool = False) -> RunResult:
-        """This pass's snapshot; `full` (and any snapshot that ends the run): stats and text from scratch."""
+        """This pass's snapshot; `full` (and any snapshot that ends the run): the text decoded from scratch."""
         full = full or bool(self.stopped)
-        stats = (compute_stats(self.cfg.method, self.steps, self.prefill_s, self.stopped) if full
-                 else self.tally.stats(self.cfg.method, self.prefill_s, self.stopped))
+        stats = self.tally.stats(self.cfg.method, self.prefill_s, self.stopped)
         return RunResult(
             method=self.cfg.method, config=dict(self.config), models=list(self.triplet.names), prompt=self.prompt,
             prompt_ids=self.ids, token_ids=list(self.token_ids), token_texts=list(self.texts),

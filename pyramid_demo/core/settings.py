@@ -79,8 +79,10 @@ SETTINGS = (
                 "vocabulary (js infinite)", tunable=True),
     Setting("fallback", "Fuzzy fallback", "radio", choices=FALLBACKS,
             info="CHOICE beyond the paper: 'sd' also accepts a token that fails τ but passes the exact SD rule, "
-                 "so fuzzy acceptance never falls below SD's.",
-            cli="'sd': also accept tokens the exact SD rule accepts (beyond the paper)", tunable=True),
+                 "so fuzzy acceptance never falls below SD's. Where τ fails, the SD rule alone decides: a rejection "
+                 "resamples from SD's residual, so those tokens follow the verifier's distribution exactly.",
+            cli="'sd': where a token fails τ the exact SD rule decides it (ratio test, residual resample), so "
+                "acceptance never falls below SD's (beyond the paper)", tunable=True),
     Setting("stage2", "PSD stage-2 rule", "radio", choices=STAGE2_RULES,
             info="CHOICE beyond the paper: 'sd' checks the qualifier block with the exact SD rule, which makes "
                  "PSD_A lossless (a three-model cascade).",

@@ -16,16 +16,6 @@ def n_proposed(r: StageRound) -> int:
     return len(r.tokens) - 1  # the last record is the verifier's own token
 
 
-def per_position(rounds: list[StageRound]) -> list[float]:
-    """P(position i accepted | the proposal reached position i)."""
-    width = max((n_proposed(r) for r in rounds), default=0)
-    out = []
-    for i in range(width):
-        reached = sum(1 for r in rounds if n_proposed(r) > i)
-        out.append(round(sum(1 for r in rounds if r.n_accepted > i) / reached, 4) if reached else 0.0)
-    return out
-
-
 def agreement(out: list[int], ref: list[int]) -> float | None:
     """Agreement with target greedy output: the share of the reference `ref` (target-only greedy
     tokens) that `out` reproduces at the same positions. The one definition the app and the bench
@@ -43,38 +33,74 @@ def prefix_agreement(out: list[int], ref: list[int]) -> float | None:
     return n / len(ref)
 
 
+class Tally:
+    """Every statistic's totals, kept step by step: `compute_stats` over a run's steps, and a streaming run's
+    snapshot after each pass (`run`), which then costs the same on the last pass as on the first. The one
+    implementation of the statistics."""
+
+    def __init__(self) -> None:
+        self.n_new, self.passes, self.decode_s, self.target_accepted = 0, 0, 0.0, 0
+        self.proposed: dict[str, int] = {}
+        self.rounds: dict[str, int] = {}
+        self.accepted: dict[str, int] = {}
+        self.reached: dict[str, list[int]] = {}  # stage -> rounds that proposed past position i
+        self.kept: dict[str, list[int]] = {}  # stage -> rounds that accepted past position i
+        self.hist: list[int] = []  # target rounds that accepted k drafted tokens, k = 0..max
+        self.fwd: dict[str, int] = {}
+        self.ftime: dict[str, float] = {}
+
+    def _round(self, stage: str, r: StageRound) -> None:
+        n = n_proposed(r)
+        self.proposed[stage] = self.proposed.get(stage, 0) + n
+        self.rounds[stage] = self.rounds.get(stage, 0) + 1
+        self.accepted[stage] = self.accepted.get(stage, 0) + r.n_accepted
+        for counts, upto in ((self.reached.setdefault(stage, []), n), (self.kept.setdefault(stage, []), r.n_accepted)):
+            counts.extend([0] * (upto - len(counts)))
+            for i in range(upto):
+                counts[i] += 1
+
+    def add(self, step: Step) -> None:
+        """Count one step (one target pass)."""
+        self.n_new += len(step.new_tokens)
+        self.passes += 1
+        self.decode_s = step.t_end
+        for r in step.qualifier_rounds:
+            self._round("qualifier", r)
+        if step.target_round is not None:
+            t = step.target_round
+            self._round("target", t)
+            self.hist.extend([0] * (n_proposed(t) + 1 - len(self.hist)))
+            self.hist[t.n_accepted] += 1
+            self.target_accepted += t.n_accepted
+        for role, n in step.n_forward.items():
+            self.fwd[role] = self.fwd.get(role, 0) + n
+            self.ftime[role] = self.ftime.get(role, 0.0) + step.time_s.get(role, 0.0)
+
+    def stats(self, method: str, prefill_s: float, stopped: str) -> Stats:
+        """The run's `Stats` so far. A pass that proposed nothing (the budget's last token) is a round that
+        reaches no position; per-position acceptance is P(accepted | position reached)."""
+        stages = [s for s in STAGES if self.rounds.get(s)]
+        n, passes, decode_s = self.n_new, self.passes, self.decode_s
+        return Stats(
+            method=method, n_new_tokens=n, prefill_s=round(prefill_s, 6), decode_s=round(decode_s, 6),
+            tokens_per_s=round(n / decode_s, 3) if decode_s > 0 else 0.0, target_passes=passes,
+            acceptance={s: round(self.accepted[s] / self.proposed[s], 4) if self.proposed[s] else 0.0 for s in stages},
+            proposed={s: self.proposed[s] for s in stages}, accepted={s: self.accepted[s] for s in stages},
+            mean_accepted_per_target_pass=round(self.target_accepted / passes, 4) if passes else 0.0,
+            tokens_per_target_pass=round(n / passes, 4) if passes else 0.0,
+            accepted_hist=list(self.hist) if self.rounds.get("target") else [],
+            per_position_acceptance={s: [round(k / r, 4) if r else 0.0 for r, k in
+                                         zip(self.reached[s], self.kept[s] + [0] * len(self.reached[s]))]
+                                     for s in stages},
+            forward_passes=dict(self.fwd), forward_time_s={k: round(v, 6) for k, v in self.ftime.items()},
+            engine_overhead_s=round(max(0.0, decode_s - sum(self.ftime.values())), 6), stopped=stopped,
+            rounds={s: self.rounds[s] for s in stages},
+        )
+
+
 def compute_stats(method: str, steps: list[Step], prefill_s: float, stopped: str) -> Stats:
-    n_new = sum(len(s.new_tokens) for s in steps)
-    decode_s = steps[-1].t_end if steps else 0.0
-    acceptance, proposed, accepted, positions, n_rounds = {}, {}, {}, {}, {}
-    for stage in STAGES:
-        rounds = stage_rounds(steps, stage)
-        if not rounds:
-            continue
-        proposed[stage] = sum(n_proposed(r) for r in rounds)
-        n_rounds[stage] = len(rounds)
-        accepted[stage] = sum(r.n_accepted for r in rounds)
-        acceptance[stage] = round(accepted[stage] / proposed[stage], 4) if proposed[stage] else 0.0
-        positions[stage] = per_position(rounds)
-    targets = stage_rounds(steps, "target")
-    hist = [0] * (max((n_proposed(r) for r in targets), default=0) + 1)
-    for r in targets:
-        hist[r.n_accepted] += 1
-    passes = len(steps)  # every step is exactly one target forward
-    fwd: dict[str, int] = {}
-    ftime: dict[str, float] = {}
-    for s in steps:
-        for role, n in s.n_forward.items():
-            fwd[role] = fwd.get(role, 0) + n
-            ftime[role] = ftime.get(role, 0.0) + s.time_s.get(role, 0.0)
-    return Stats(
-        method=method, n_new_tokens=n_new, prefill_s=round(prefill_s, 6), decode_s=round(decode_s, 6),
-        tokens_per_s=round(n_new / decode_s, 3) if decode_s > 0 else 0.0,
-        target_passes=passes, acceptance=acceptance, proposed=proposed, accepted=accepted,
-        mean_accepted_per_target_pass=round(sum(r.n_accepted for r in targets) / passes, 4) if passes else 0.0,
-        tokens_per_target_pass=round(n_new / passes, 4) if passes else 0.0,
-        accepted_hist=hist if targets else [], per_position_acceptance=positions,
-        forward_passes=fwd, forward_time_s={k: round(v, 6) for k, v in ftime.items()},
-        engine_overhead_s=round(max(0.0, decode_s - sum(ftime.values())), 6), stopped=stopped,
-        rounds=n_rounds,
-    )
+    """The statistics of a run's steps (charts and reports recompute them from the records alone)."""
+    tally = Tally()
+    for step in steps:
+        tally.add(step)
+    return tally.stats(method, prefill_s, stopped)

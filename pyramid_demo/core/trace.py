@@ -3,8 +3,11 @@
 Token status vocabulary:
   accepted   drafted token the verifier kept
   rejected   the first drafted token the verifier refused
-  discarded  drafted tokens after the first rejection (scored, never used); after an EOS inside an
-             accepted run the round is cut after the EOS and its own token is marked discarded
+  discarded  drafted tokens after the first rejection (scored, never used); and tokens a round's cut
+             left unused: a PSD block ends at its size or after an unsure qualifier token, so the accepted
+             tokens past the cut and the qualifier's own token never enter it (n_accepted counts only the
+             kept); after an EOS inside an accepted run the round ends after the EOS (its own token
+             discarded, the proposals after the EOS left out of the record)
   resampled  the verifier's own token at the first rejection
   bonus      the verifier's own token after the whole proposal was accepted (also after an empty
              proposal: the last token of the budget is a target pass that proposes nothing)
@@ -41,9 +44,11 @@ class StageRound:
     stage: str  # "qualifier" (draft → qualifier) or "target" (draft/qualifier → target)
     proposer: str
     verifier: str
-    rule: str  # greedy | sd | fuzzy | fuzzy+sd
+    rule: str  # greedy | sd | fuzzy | fuzzy+sd: what the app shows (logic reads the two fields below)
     tokens: list[TokenRec]  # proposed tokens, then the verifier's own token (resampled/bonus)
     n_accepted: int
+    exact: bool = False  # decided by the exact SD rule: τ is unused, a what-if τ changes nothing
+    sd_fallback: bool = False  # a fuzzy round under fallback "sd": a token also passed when the SD rule did
     # a tree of candidates: each proposed token's parent among the proposed tokens (−1: the root, the last
     # committed token), breadth-first; None for a chain (parent i − 1)
     parents: list[int] | None = None

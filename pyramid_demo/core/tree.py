@@ -99,7 +99,6 @@ class TreeDecision:
     nxt: int
     status: list[str]
     d: torch.Tensor | None = None  # [N + 1] divergence per context (fuzzy rules only; nan where not computed)
-    p_w: torch.Tensor | None = None  # [N + 1, V] warped verifier rows (sampled runs)
 
 
 def decide_tree(z_p: torch.Tensor, tree: Tree, rule: str, tau: float | None, fallback: str,
@@ -115,15 +114,16 @@ def decide_tree(z_p: torch.Tensor, tree: Tree, rule: str, tau: float | None, fal
     r = torch.rand(n, generator=gen) if gen is not None else None  # one uniform per node, whatever the rule
     fuzzy, with_sd = rule != "sd", rule == "sd" or fallback == "sd"
     d = torch.full((n + 1,), float("nan")) if fuzzy else None
-    p_w = rules.warp(z_p, *warp) if gen is not None else None  # [N + 1, V]
+    def warped(c: int) -> torch.Tensor:  # the verifier's sampling distribution at a context it reached [V]
+        return rules.warp(z_p[c:c + 1], *warp)[0]
+
     status = ["discarded"] * n
     path: list[int] = []
     c = 0
     while True:
         children = kids[c]
         if not children:
-            p = p_w[c] if p_w is not None else None
-            nxt = int(z_p[c].argmax()) if p is None else rules.sample(p, gen)
+            nxt = int(z_p[c].argmax()) if gen is None else rules.sample(warped(c), gen)
             break
         chosen = None
         if fuzzy and tree.q_row[c] >= 0 and tau:
@@ -134,7 +134,7 @@ def decide_tree(z_p: torch.Tensor, tree: Tree, rule: str, tau: float | None, fal
                                                   torch.log_softmax(zq, -1))[0])
             if rules.fuzzy_passes(d[c:c + 1], tau)[0]:
                 chosen = children[0]
-        p = p_w[c].clone() if p_w is not None else None
+        p = warped(c) if gen is not None and chosen is None else None
         if chosen is None and with_sd:
             top = int(z_p[c].argmax())
             for ch in children:
@@ -161,8 +161,8 @@ def decide_tree(z_p: torch.Tensor, tree: Tree, rule: str, tau: float | None, fal
             continue
         if p is None:
             nxt = int(z_p[c].argmax())
-        else:
-            rest = p if with_sd and float(p.sum()) > 0 else p_w[c]  # type: ignore[index]
+        else:  # what is left of p after the refused children (nothing refused: p itself)
+            rest = p if float(p.sum()) > 0 else warped(c)
             nxt = rules.sample(rest / rest.sum(), gen)
         break
-    return TreeDecision(path, nxt, status, d, p_w)
+    return TreeDecision(path, nxt, status, d)

@@ -85,15 +85,15 @@ def verify(lane, seq: list[int], tree: Tree, rule: str, tau: float | None, cfg: 
     z_p = z[m - 1:]  # [N + 1, V]: the root's context, then each node's
     dec = decide_tree(z_p, tree, rule, tau, cfg.fallback, (cfg.temperature, cfg.top_k, cfg.top_p), gen,
                       (cfg.divergence, cfg.div_support))
-    lane.pos = lane.lm.keep_path(list(range(m)) + [m + i for i in dec.path])
+    lane.kept(chain + [tree.tokens[i] for i in dec.path], lane.lm.keep_path(list(range(m)) + [m + i for i in dec.path]))
     return dec, z_p
 
 
 def keep_fed(lane, grown: Grown, path: list[int]) -> None:
     """The proposer keeps the accepted path's nodes it fed (a prefix of the path) and drops its other rows."""
-    rows = []
+    rows: list[int] = []
     for i in path:
         if grown.rows[i] < 0:
             break
         rows.append(grown.rows[i])
-    lane.pos = lane.lm.keep_path(rows)
+    lane.kept([grown.tree.tokens[i] for i in path[: len(rows)]], lane.lm.keep_path(rows), after_last=True)

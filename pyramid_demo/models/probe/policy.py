@@ -9,12 +9,12 @@ from typing import Any
 
 import torch
 
+from ...core.backend import BACKENDS
 from ...core.lean import supports_lean
-from ...core.lm import BACKENDS
-from . import store
 from .machine import machine_key, probe_wanted
 from .record import Choice
 from .search import probe_target
+from .store import CHOICE_FILE, read, write
 
 log = logging.getLogger(__name__)
 
@@ -28,12 +28,12 @@ def _key(family: str) -> str:
 
 def cached_choice(family: str) -> Choice | None:
     """This machine's cached choice for `family`, or None (none yet, or cached in an older format)."""
-    return Choice.from_entry(store.read(store.CHOICE_FILE).get(_key(family)))
+    return Choice.from_entry(read(CHOICE_FILE).get(_key(family)))
 
 
 def remember(family: str, got: Choice) -> Choice:
     """Cache a probe's choice for this machine × family (what `choose` reads next time)."""
-    store.write(store.CHOICE_FILE, _key(family), got.to_entry())
+    write(CHOICE_FILE, _key(family), got.to_entry())
     log.info("probe for %s: %s in %.1f s", family, got.note, got.probe_s)
     return got
 

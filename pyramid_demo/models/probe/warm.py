@@ -7,8 +7,9 @@ import time
 from typing import Any
 
 from ...core import costs
-from . import search, store
 from .machine import machine_key
+from .search import new_timer
+from .store import PROFILE_FILE, read, write
 
 log = logging.getLogger(__name__)
 
@@ -20,18 +21,18 @@ def cost_profile(triplet: Any, roles: tuple[str, ...] = ("draft", "qualifier", "
     dtype = str(triplet.dtype).removeprefix("torch.")
     key = (f"{machine_key()} | {','.join(triplet.names)} | {triplet.device} | {dtype} | {triplet.backend} | "
            f"{triplet.path} | k≤{max_k}")
-    hit = store.read(store.PROFILE_FILE).get(key)
+    hit = read(PROFILE_FILE).get(key)
     if hit:
         return {**hit, "how": "cached", "probe_s": 0.0}
     t0 = time.perf_counter()
     ms = costs.measure_profile({r: triplet.model(r) for r in roles}, triplet.vocab_size, triplet.backend, max_k,
-                               path=triplet.path, make_timer=lambda *a, **kw: search.make_timer(*a, **kw))
+                               path=triplet.path, make_timer=new_timer)
     floor = {r: costs.memory_floor_ms(triplet.model(r), triplet.backend) for r in roles}
     prof = {"ms": {r: {str(k): v for k, v in row.items()} for r, row in ms.items()}, "context": costs.CONTEXT,
             "floor": floor, "reps": 3, "dtype": dtype, "backend": triplet.backend, "path": triplet.path,
             "device": str(triplet.device), "machine": machine_key(), "models": list(triplet.names),
             "time_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}
-    store.write(store.PROFILE_FILE, key, prof)
+    write(PROFILE_FILE, key, prof)
     return {**prof, "how": "probe", "probe_s": round(time.perf_counter() - t0, 2)}
 
 

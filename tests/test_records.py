@@ -1,0 +1,168 @@
+"""Records that tell the truth: every round records exactly the tokens it put in the block or the output.
+
+All tests drive the engine with the bigram mock, so each round can be worked out by hand.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from mock_lm import BigramLM
+
+from pyramid_demo.core.cache import CacheError
+from pyramid_demo.core.config import DecodeConfig
+from pyramid_demo.core.engine import Lane, decode, pyramid_block, roles_for
+from pyramid_demo.core.stats import compute_stats
+from pyramid_demo.core.trace import StageRound, Step
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+V = 8
+USED = ("accepted", "resampled", "bonus")
+
+
+def chain(sure: float = 20.0) -> torch.Tensor:
+    """Bigram logits [V, V] of the chain t -> t+1 (mod V), at a confidence set by `sure`."""
+    t = torch.zeros(V, V)
+    for i in range(V):
+        t[i, (i + 1) % V] = sure
+    return t
+
+
+def run(method: str, tables: dict[str, torch.Tensor], cfg: DecodeConfig, eos: tuple[int, ...] = (),
+        gen: torch.Generator | None = None) -> list[Step]:
+    lms = {r: BigramLM(tables[r], r) for r in roles_for(method)}
+    return list(decode(lms, [0], cfg, eos, gen))
+
+
+def used(r: StageRound) -> list[int]:
+    """The tokens a round says it put in the block (or the output)."""
+    return [t.token_id for t in r.tokens if t.status in USED]
+
+
+def check_blocks(steps: list[Step]) -> None:
+    """Every step's qualifier rounds record, in order, exactly the block the target was sent, and their
+    accepted counts are the block's drafted tokens."""
+    for s in steps:
+        if s.target_round is None or not s.qualifier_rounds:
+            continue
+        block = [t.token_id for t in s.target_round.tokens[:-1]]
+        assert [t for r in s.qualifier_rounds for t in used(r)] == block, "stage-1 records ≠ the block"
+        n_draft = sum(r.n_accepted for r in s.qualifier_rounds)
+        assert n_draft == sum(1 for r in s.qualifier_rounds for t in r.tokens if t.status == "accepted"), \
+            "a round's n_accepted ≠ its accepted records"
+
+
+def unsure_qualifier() -> torch.Tensor:
+    """The chain, but unsure after token 1 (top probability e/(e+7) ≈ 0.28, still token 2) and refusing
+    the draft's 4 after 3 (it writes 6)."""
+    q = chain()
+    q[1] = 0.0
+    q[1, 2] = 1.0
+    q[3] = 0.0
+    q[3, 6] = 20.0
+    return q
+
+
+def test_a_confidence_cut_records_only_what_entered_the_block():
+    """ℓ_D 4, conf_stop 0.5: the qualifier accepts 3 drafted tokens, then the block ends after its unsure
+    second token. The round records 2 accepted, the third discarded (cut), the fourth rejected and its own
+    token discarded; acceptance["qualifier"] counts 2 of 4."""
+    tables = {"draft": chain(), "qualifier": unsure_qualifier(), "target": unsure_qualifier()}
+    cfg = DecodeConfig(method="psd_a", l_d=4, l_q=8, conf_stop=0.5, max_new_tokens=6)
+    steps = run("psd_a", tables, cfg)
+    first = steps[0].qualifier_rounds[0]
+    assert [t.status for t in first.tokens] == ["accepted", "accepted", "discarded", "rejected", "discarded"]
+    assert first.n_accepted == 2, "the confidence cut's tokens were counted as accepted"
+    assert [t.token_id for t in steps[0].target_round.tokens[:-1]] == [1, 2]
+    s = compute_stats("psd_a", steps[:1], 0.0, "max_new_tokens")
+    assert s.accepted["qualifier"] == 2 and s.proposed["qualifier"] == 4
+    check_blocks(steps)
+
+
+def test_a_size_cut_discards_the_qualifiers_bonus():
+    """ℓ_D 4, ℓ_Q 6, draft = qualifier: round 1 fills 5 (4 + bonus), round 2 drafts 1 and its bonus would be
+    the 7th token: it is cut by the block's size, so the round records it discarded, not a bonus."""
+    tables = {r: chain() for r in ("draft", "qualifier", "target")}
+    cfg = DecodeConfig(method="psd_f", l_d=4, l_q=6, max_new_tokens=14)
+    steps = run("psd_f", tables, cfg)
+    second = steps[0].qualifier_rounds[1]
+    assert [t.status for t in second.tokens] == ["accepted", "discarded"], "the cut bonus was recorded as used"
+    assert len(steps[0].target_round.tokens) - 1 == 6
+    check_blocks(steps)
+
+
+@pytest.mark.parametrize("method", ["psd_a", "psd_f"])
+@pytest.mark.parametrize("stop", [0.0, 0.4])
+def test_sampled_stage1_records_are_the_block(method, stop):
+    """At T=1, with and without conf_stop, every block equals what its qualifier rounds record as used."""
+    g = torch.Generator().manual_seed(0)
+    tables = {r: 2.0 * torch.randn(V, V, generator=g) for r in ("draft", "qualifier", "target")}
+    cfg = DecodeConfig(method=method, temperature=1.0, l_d=3, l_q=5, conf_stop=stop, tau_q=0.5, max_new_tokens=60)
+    check_blocks(run(method, tables, cfg, gen=torch.Generator().manual_seed(1)))
+
+
+# --- EOS: looked for once per step; the verifier's own EOS is not a cut ----------------------------
+
+def disagreeing_target(at: int, writes: int) -> torch.Tensor:
+    """The chain, except that after token `at` the target writes `writes`."""
+    t = chain()
+    t[at] = 0.0
+    t[at, writes] = 20.0
+    return t
+
+
+def test_an_eos_that_is_the_verifiers_own_token_is_not_a_cut():
+    """SD, γ 4: the target refuses the draft's third token (3) and resamples the EOS (7) itself. The round
+    accepted 2 and its own token is the resampled EOS, which ends the output: nothing was cut inside the
+    accepted run, so n_accepted stays 2 and 4 proposals are counted."""
+    tables = {"draft": chain(), "target": disagreeing_target(2, 7)}
+    steps = run("sd", tables, DecodeConfig(method="sd", gamma=4, max_new_tokens=10), eos=(7,))
+    rnd = steps[0].target_round
+    assert steps[0].new_tokens == [1, 2, 7] and len(steps) == 1
+    assert [t.status for t in rnd.tokens] == ["accepted", "accepted", "rejected", "discarded", "resampled"], \
+        "the verifier's own EOS was treated as a cut inside the accepted run"
+    assert rnd.n_accepted == 2
+
+
+def test_an_eos_inside_the_accepted_run_cuts_the_round():
+    """SD, γ 4, the EOS is the draft's second token, accepted: the round ends after it (2 accepted, the
+    target's own token discarded, the proposals after the EOS left out)."""
+    tables = {"draft": chain(), "target": chain()}
+    steps = run("sd", tables, DecodeConfig(method="sd", gamma=4, max_new_tokens=10), eos=(2,))
+    rnd = steps[0].target_round
+    assert steps[0].new_tokens == [1, 2]
+    assert [t.status for t in rnd.tokens] == ["accepted", "accepted", "discarded"] and rnd.n_accepted == 2
+
+
+def test_a_bonus_tokens_origin_is_bonus():
+    """A fully accepted proposal is followed by the target's bonus token, whose origin is "bonus" (the app
+    colours it apart from a target resample); the budget's last token, after an empty proposal, is "target"."""
+    for method, kw in (("sd", dict(gamma=3)), ("psd_f", dict(l_d=2, l_q=3))):
+        tables = {r: chain() for r in ("draft", "qualifier", "target")}
+        steps = run(method, tables, DecodeConfig(method=method, max_new_tokens=9, **kw))
+        assert steps[0].origins[-1] == "bonus", f"{method}: a bonus token's origin was recorded as the target's"
+        assert [len(s.new_tokens) for s in steps] == [4, 4, 1] and steps[-1].origins == ["target"]
+
+
+# --- the cache's safety net fires from the engine -------------------------------------------------
+
+def test_a_missed_qualifier_cut_raises_cache_error():
+    """A lane whose cut is missed must not feed from the wrong offset. Planted: the qualifier's cut after a
+    k < n round that ends its block (its own token 5 is unsure, conf_stop 0.5) is skipped; the target then
+    accepts the block, and the step's cut keeps the qualifier's stale position 2 (it holds the draft's 2,
+    the block has 5 there). Its next feed must raise CacheError, not feed on silently."""
+    q = chain()
+    q[1] = 0.0
+    q[1, 5] = 1.0  # after 1 the qualifier refuses the draft's 2 and writes 5, unsure (top ≈ 0.28)
+    cfg = DecodeConfig(method="psd_a", l_d=4, l_q=8, conf_stop=0.5)
+    lanes = {"draft": Lane(BigramLM(chain(), "draft")), "qualifier": Lane(BigramLM(q, "qualifier"))}
+    seq = [0]
+    lanes["qualifier"].cut = lambda committed: None  # the planted missed cut (this block only)
+    block, *_ = pyramid_block(lanes, seq, 8, cfg, None)
+    del lanes["qualifier"].cut
+    assert block == [1, 5]
+    seq = seq + block + [6]  # the target accepts the block and adds its bonus
+    for lane in lanes.values():
+        lane.cut(len(seq))
+    with pytest.raises(CacheError, match="cut was missed"):
+        pyramid_block(lanes, seq, 8, cfg, None)
