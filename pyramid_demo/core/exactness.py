@@ -30,10 +30,17 @@ def pass_vs_steps(lm: LM, ids: list[int], context: int, ks: Sequence[int]) -> li
         lm.rollback(seq[: context + 1])  # keeps the `context` prefilled tokens
         z = lm.logits(seq[: context + k], k)  # [k, V]
         ref = steps[:k]
+        diff = torch.where(z == ref, 0.0, (z - ref).abs())  # equal −inf (a reduced head's zeros) differ by 0
         out.append({"k": k, "context": context, "bitwise": bool(torch.equal(z, ref)),
                     "top1": bool(torch.equal(z.argmax(-1), ref.argmax(-1))),
-                    "max_abs_diff": float((z - ref).abs().max())})
+                    "max_abs_diff": float(diff.max())})
     return out
+
+
+PassCheck = Callable[[LM, list[int], int, Sequence[int]], list[dict[str, Any]]]
+# Every kind of multi-token pass a run makes, checked alike against one-token steps: a new kind (a tree of
+# candidates verified in one pass) is one entry here, and the probe then checks it for every role.
+PASS_CHECKS: dict[str, PassCheck] = {"chain": pass_vs_steps}
 
 
 def summarise(checks: list[dict[str, Any]], pad_rows: int = 1) -> dict[str, Any]:
@@ -41,18 +48,23 @@ def summarise(checks: list[dict[str, Any]], pad_rows: int = 1) -> dict[str, Any]
     return {"exact": all(c["bitwise"] for c in checks), "top1": all(c["top1"] for c in checks),
             "passes": len(checks), "bitwise_passes": sum(c["bitwise"] for c in checks),
             "max_abs_diff": max((c["max_abs_diff"] for c in checks), default=0.0),
-            "max_k": max((c["k"] for c in checks), default=0), "pad_rows": pad_rows}
+            "max_k": max((c["k"] for c in checks), default=0), "pad_rows": pad_rows,
+            "kinds": sorted({c.get("kind", "chain") for c in checks})}
 
 
-def check_model(open_lm: Callable[[], LM], vocab_size: int, plan: Sequence[tuple[int, Sequence[int]]],
-                pad_rows: int = 1) -> dict[str, Any]:
-    """`summarise` over several contexts: `plan` is [(context length, ks)], each on a fresh LM over
-    fixed pseudo-random token ids (a different stretch of them per context)."""
+def check_model(open_lm: Callable[..., LM], vocab_size: int, plan: Sequence[tuple[int, Sequence[int]]],
+                pad_rows: int = 1, with_ids: bool = False) -> dict[str, Any]:
+    """`summarise` over several contexts and every kind of pass (`PASS_CHECKS`): `plan` is [(context length,
+    ks)], each on a fresh LM over fixed pseudo-random token ids (a different stretch of them per context).
+    `with_ids`: `open_lm(ids)` is handed the ids it will be checked on (a proposer that reads the target
+    needs the target's states over them); else `open_lm()`."""
     checks: list[dict[str, Any]] = []
     for n, (context, ks) in enumerate(plan):
         ids = [(7919 * (i + 131 * n) + 17 * n + 11) % max(2, vocab_size - 1) + 1
                for i in range(context + max(ks))]
-        checks += pass_vs_steps(open_lm(), ids, context, ks)
+        for kind, check in PASS_CHECKS.items():
+            lm = open_lm(ids) if with_ids else open_lm()
+            checks += [{**c, "kind": kind} for c in check(lm, ids, context, ks)]
     return summarise(checks, pad_rows)
 
 
