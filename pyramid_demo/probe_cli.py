@@ -25,12 +25,19 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, LoadError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    got = probe.remember(preset.name if preset else ",".join(refs), probe.probe_target(t.target, t.vocab_size,
-                                                                                      check_all=args.all))
+    family = preset.name if preset else ",".join(refs)
+    publish = probe.reads_target({r: t.model(r) for r in ("draft", "qualifier", "target")})
+    got = probe.remember(family, probe.probe_target(t.target, t.vocab_size, check_all=args.all, publish=publish))
     print(f"machine: {probe.machine_key()}; probe {got.probe_s:.1f} s; weighted = "
           + " + ".join(f"{w:g}×(k={k})" for k, w in probe.SCORE_WEIGHTS.items()))
     print(probe.table(got))
     print(f"\nchosen: {got.summary}")
+    ran = load_triplet(args.models, device="cpu")  # under this choice: every role checked on the forward it runs
+    roles = (probe.cached_choice(family) or got).roles
+    for role, rec in roles.items():
+        print(f"{role} ({ran.path} forward): {rec['bitwise_passes']}/{rec['passes']} passes bitwise equal to its "
+              f"one-token steps, max logit difference {rec['max_abs_diff']:.2g}, top-1 "
+              f"{'always' if rec['top1'] else 'not always'} equal")
     if args.floor:
         for dt, backend in probe.candidates():
             model, _ = probe.candidate_model(t.target, dt, backend)

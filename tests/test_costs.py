@@ -118,7 +118,7 @@ def cache(tmp_path, monkeypatch):
     return tmp_path
 
 
-def _all_exact(open_lm, vocab, plan, pad_rows=1):
+def _all_exact(open_lm, vocab, plan, pad_rows=1, **kw):
     return {"exact": True, "top1": True, "passes": 1, "bitwise_passes": 1, "max_abs_diff": 0.0, "max_k": 2,
             "pad_rows": pad_rows}
 

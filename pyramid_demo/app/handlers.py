@@ -229,7 +229,8 @@ def _race_steps(preset: str, ids: tuple[str, str, str], prompt: str, settings: d
         yield full_outputs(session, MSG["stopped_early"])
         return
     notes = (getattr(triplet, "note", ""), session.budget_note,
-             "" if triplet.exact else MSG["not_exact"].format(why=triplet.exact_note))
+             "" if triplet.exact else MSG["not_exact"].format(why=triplet.exact_note),
+             MSG["trees_not_exact"] if triplet.exact and triplet.tree_exact is False else "")
     race = replace(upcoming, note=" ".join(x for x in notes if x), profile=prep["profile"],
                    setup=MSG["setup"].format(load=load_s, warm=prep["warm_s"], profile=prep["profile_s"],
                                              choice=triplet.choice_note))

@@ -63,6 +63,8 @@ MSG = {
             + " tab to see why tokens were kept.",
     "stopped": "⏹ Race {n} stopped. Partial results are kept; press " + BUTTONS["run"] + " to start again.",
     "not_exact": "⚠ SD and lossless PSD_A may differ from AR here: {why}.",
+    "trees_not_exact": "⚠ On this CPU a tree pass is not bitwise equal to one-token steps along every path (the "
+                       "probe's check): the tree lanes may differ from AR at near-ties; the chain lanes are exact.",
     "winner": "  \n🏆 Fastest: **{label}** at {figures}, a margin beyond this race's timing noise ({noise:.0%}).",
     "tie": "  \n🤝 Tie within noise: **{labels}** are within the race's timing noise ({noise:.0%}, the spread "
            "of same-size forwards) of the fastest; measured fastest {label} at {figures}.",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from ..core import costs, insertion
+from ..core import costs, insertion, throughput
 from ..core.config import METHODS
 from ..core.trace import Step
 
@@ -164,3 +164,19 @@ def html_section(result: dict, plotly_loaded: bool = True) -> str:
             + (f"<table><tr>{''.join(f'<th>{html.escape(h)}</th>' for h in head)}</tr>{body}</table>" if table else "")
             + f"<p><small>{html.escape(md[-1].strip())}</small></p>"
             + (fig.to_html(full_html=False, include_plotlyjs=not plotly_loaded, default_height=420) if fig else ""))
+
+
+def row_lengths(row: dict) -> dict:
+    """The γ / ℓ_D / ℓ_Q the throughput formulas use for a row (measured means under conf_stop)."""
+    st = ("qualifier", "target")
+    return throughput.lengths({k: row[k] for k in ("gamma", "l_d", "l_q", "conf_stop")},
+                              {k: row[f"proposed_{k}"] for k in st if row.get(f"proposed_{k}")},
+                              {k: row[f"rounds_{k}"] for k in st if row.get(f"rounds_{k}")})
+
+
+def row_prediction(row: dict, speeds: dict[str, float]) -> float | None:
+    """The paper's throughput model for one run, from its acceptance rates and `speeds`."""
+    if row["kind"] != "engine":
+        return None
+    acc = {k: row[f"acceptance_{k}"] for k in ("qualifier", "target") if row[f"acceptance_{k}"] is not None}
+    return throughput.predict_parts(row["method"], row_lengths(row), acc, speeds)

@@ -11,6 +11,7 @@ import statistics
 import time
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers.utils import logging as hf_logging
@@ -52,6 +53,12 @@ def unsupported(triplet: ModelTriplet, peer: str) -> str | None:
         return (f"{peer} skipped: Hugging Face assisted generation cannot drive a draft that reads the target's "
                 f"hidden states ({triplet.names[0]}); the engine's SD runs that draft")
     return None
+
+
+def runnable(triplet: ModelTriplet, variants: list[Any]) -> tuple[list[Any], list[str]]:
+    """The bench variants this family can run, and one line for each peer it cannot (`unsupported`)."""
+    why = {v.method: unsupported(triplet, v.method) for v in variants if v.kind == "peer"}
+    return [v for v in variants if not why.get(v.method)], [w for w in dict.fromkeys(why.values()) if w]
 
 
 @torch.inference_mode()

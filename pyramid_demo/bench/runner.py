@@ -261,11 +261,11 @@ def run_bench(triplet: ModelTriplet, variants: list[Variant], prompts: list[Prom
     if ar_speeds:
         speeds["target"] = statistics.median(ar_speeds)
     for row in rows:
-        row["predicted_tokens_per_s"] = _predicted(row, speeds)
+        row["predicted_tokens_per_s"] = costs_report.row_prediction(row, speeds)
         if row["kind"] == "engine":
             acc = {k: row[f"acceptance_{k}"] for k in ("qualifier", "target") if row[f"acceptance_{k}"] is not None}
-            row["predicted_plus_one_tokens_per_s"] = throughput.predict_plus_one(row["method"], _lengths(row), acc,
-                                                                                 speeds)
+            lens = costs_report.row_lengths(row)
+            row["predicted_plus_one_tokens_per_s"] = throughput.predict_plus_one(row["method"], lens, acc, speeds)
     return dict(runs=rows, interrupted=interrupted, speeds=speeds, speeds_one_token=speeds_one,
                 cost_profile=costs_report.finish(rows, profile),
                 speed_sources={"target": "AR runs (forwards per second)" if ar_speeds else "one-token timing",
@@ -310,22 +310,6 @@ def _per_prompt(group: list[tuple[dict, list[int]]], ref: list[int] | None) -> N
             row["agreement"], row["prefix_agreement"] = token_agreement(toks, ref), prefix_agreement(toks, ref)
 
 
-def _lengths(row: dict) -> dict:
-    """The γ / ℓ_D / ℓ_Q the throughput formulas use for a row (measured means under conf_stop)."""
-    st = ("qualifier", "target")
-    return throughput.lengths({k: row[k] for k in ("gamma", "l_d", "l_q", "conf_stop")},
-                              {k: row[f"proposed_{k}"] for k in st if row.get(f"proposed_{k}")},
-                              {k: row[f"rounds_{k}"] for k in st if row.get(f"rounds_{k}")})
-
-
-def _predicted(row: dict, speeds: dict[str, float]) -> float | None:
-    """The paper's throughput model for one run, from its acceptance rates and `speeds`."""
-    if row["kind"] != "engine":
-        return None
-    acc = {k: row[f"acceptance_{k}"] for k in ("qualifier", "target") if row[f"acceptance_{k}"] is not None}
-    return throughput.predict_parts(row["method"], _lengths(row), acc, speeds)
-
-
 # ---------------------------------------------------------------- entry point
 def machine_info(triplet: ModelTriplet) -> dict:
     return dict(platform=platform.platform(), processor=platform.processor() or platform.machine(),
@@ -334,12 +318,6 @@ def machine_info(triplet: ModelTriplet) -> dict:
                 backend=triplet.backend, dtype_backend_choice=triplet.choice_note, exact=triplet.exact,
                 exact_note=triplet.exact_note, models=list(triplet.names), preset=triplet.preset, note=triplet.note,
                 time_utc=time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()))
-
-
-def runnable(triplet: ModelTriplet, variants: list[Variant]) -> tuple[list[Variant], list[str]]:
-    """The variants this family can run, and one line for each peer it cannot (`peers.unsupported`)."""
-    why = {v.method: peers.unsupported(triplet, v.method) for v in variants if v.kind == "peer"}
-    return [v for v in variants if not why.get(v.method)], [w for w in dict.fromkeys(why.values()) if w]
 
 
 def _stop(signum, frame) -> None:  # SIGTERM: stop like Ctrl-C
@@ -382,11 +360,10 @@ def run(args: argparse.Namespace) -> int:
     if triplet.note:
         print(f"note: {triplet.note}", file=sys.stderr)
     print(f"note: dtype and backend: {triplet.choice_note}", file=sys.stderr)
-    variants, skipped = runnable(triplet, variants)
-    for why in skipped:
-        print(f"note: {why}", file=sys.stderr)
+    variants, skipped = peers.runnable(triplet, variants)  # a peer the family cannot run: one line, not run
+    print("".join(f"note: {why}\n" for why in skipped) + ("" if variants else "error: nothing left to run"),
+          end="" if variants else "\n", file=sys.stderr)
     if not variants:
-        print("error: nothing left to benchmark on this family", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
     old_term = signal.signal(signal.SIGTERM, _stop)  # `kill PID` keeps completed prompts, like Ctrl-C

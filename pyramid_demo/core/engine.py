@@ -258,6 +258,8 @@ def _decode(lms: dict[str, LM], prompt_ids: list[int], cfg: DecodeConfig, eos_id
             assert rule is not None
             if spec.pyramid:
                 x, from_q, z_q, qrounds = pyramid_block(lanes, seq, size, cfg, gen, eos_ids)
+                assert z_q.shape[0] == len(x), \
+                    f"stage 2 misaligned: {z_q.shape[0]} qualifier rows for a block of {len(x)} tokens"
             elif spec.tree and size > 0:
                 tround = _tree_step(lanes, seq, min(cfg.tree_depth, size), cfg, gen, rule, prop)
             else:

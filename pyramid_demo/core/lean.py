@@ -35,7 +35,16 @@ from .packed import PackedLinear, rows_invariant
 
 ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
 ROWWISE_MAX = LONGEST_PASS  # passes up to the longest verification attend row by row (only a long prefill does not)
-KEY_BUCKET = 64  # padded attention: a query at position p attends over ceil((p + 1) / 64) · 64 keys
+KEY_BUCKET = 64  # padded attention: a query at position p attends over key_len(p) keys, a multiple of 64
+# ... counted from p + 1 + TREE_SLACK, so that a tree row's scratch slots (at most MAX_LENGTH past the root, whose
+# position is ≤ the row's) lie inside the key length a one-token step at the row's position reads: a tree row
+# then meets the step's shapes, its ancestors found in place by the mask
+TREE_SLACK = LONGEST_PASS - 1
+
+
+def key_len(p: int) -> int:
+    """The padded key length of a query at position p: fixed by the position alone, whatever the pass."""
+    return -(-(p + 1 + TREE_SLACK) // KEY_BUCKET) * KEY_BUCKET
 STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # inv_freq fixed at load (not dynamic / longrope)
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 TREE_LAYOUTS = ("gathered", "masked")  # how a tree row's keys are laid out (`LeanLM.tree_layout`)
@@ -216,9 +225,9 @@ class LeanLM(CachedModel):
         if tree_layout not in TREE_LAYOUTS:
             raise ValueError(f"unknown tree layout {tree_layout!r}; choose one of {', '.join(TREE_LAYOUTS)}")
         # "gathered": each tree row attends over a copy of the cache with its ancestors moved to the slots a
-        # one-token step along its path would read (the same keys in the same lanes: exact by construction,
-        # where the padded pass is); "masked": the rows share the cache, ancestors found in place by the mask
-        # (no copy; exact only where the kernel's reductions ignore masked gaps: the probe checks)
+        # one-token step along its path would read (the same keys in the same lanes); "masked": the rows share
+        # the cache, ancestors found in place by the mask (no copy; masked gaps move keys to other lanes of the
+        # kernel's reductions: bitwise equal to steps only for small trees on an AMD EPYC). The probe checks both.
         self.tree_layout = tree_layout
         w = self.w
         self.kv = torch.zeros(len(w.layers), 2, w.n_kv, capacity, w.head_dim, dtype=w.dtype)  # [L, 2, H_kv, T, D]
@@ -254,10 +263,23 @@ class LeanLM(CachedModel):
     def _compact(self, pos: int, slots: list[int]) -> None:
         self.kv[:, :, :, pos: pos + len(slots)] = self.kv[:, :, :, slots]  # the RHS gather copies first
 
+    def _gathered(self, k_all: torch.Tensor, v_all: torch.Tensor, m: int, t: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """m copies of the cache's first t keys and values [m, H_kv, t, D], laid out with the cache's own strides
+        (a row every D, a head every T slots): a step's SDPA call reads its keys with those strides, and the
+        kernel's arithmetic may depend on them (a contiguous copy was not bitwise equal on an AMD EPYC)."""
+        cap = k_all.shape[1]
+        buf = getattr(self, "_gbuf", None)
+        if buf is None or buf.shape[1] < m or buf.shape[3] != cap:
+            buf = self._gbuf = k_all.new_empty(2, max(m, 17), *k_all.shape)  # [2, m, H_kv, T, D]
+        k, v = buf[0, :m, :, :t], buf[1, :m, :, :t]
+        k.copy_(k_all[None, :, :t].expand(m, -1, -1, -1))
+        v.copy_(v_all[None, :, :t].expand(m, -1, -1, -1))
+        return k, v
+
     @torch.inference_mode()
     def _run_tree(self, rows: list[tuple[int, int, int]], base: int, pos: int) -> torch.Tensor:
         new = rows[base:]
-        self._grow(pos + len(rows) + KEY_BUCKET)
+        self._grow(key_len(pos + len(rows)))
         anc = []  # per new row: its ancestors' row indices, root first, itself last
         for j in range(base, len(rows)):
             a, k = [], j
@@ -277,11 +299,9 @@ class LeanLM(CachedModel):
         ancestors out as a step along its path would find them."""
         w, plan, i, n = self.w, [], 0, len(positions)
         while i < n:
-            p = positions[i] if self.tree_layout == "gathered" else pos + base + i
-            t = -(-(p + 1) // KEY_BUCKET) * KEY_BUCKET
+            t = key_len(positions[i])
             j = i + 1
-            while j < n and -(-((positions[j] if self.tree_layout == "gathered" else pos + base + j) + 1)
-                              // KEY_BUCKET) * KEY_BUCKET == t:
+            while j < n and key_len(positions[j]) == t:
                 j += 1
             key = torch.arange(t)[None]  # [1, t]
             if self.tree_layout == "gathered":
@@ -297,11 +317,11 @@ class LeanLM(CachedModel):
                         src.append(pos + a)
                 gather = (torch.tensor(b), torch.tensor(dst), torch.tensor(src))
             else:
+                if w.window is not None:
+                    raise TreeUnsupported("masked tree rows do not cover a sliding window; use the gathered layout")
                 seen = (key < pos).expand(j - i, t).clone()
                 for r in range(i, j):
                     seen[r - i, [pos + a for a in anc[r]]] = True
-                if w.window is not None:
-                    raise TreeUnsupported("masked tree rows do not cover a sliding window; use the gathered layout")
                 gather = None
             mask = torch.zeros(j - i, 1, 1, t, dtype=w.dtype).masked_fill_(~seen[:, None, None], float("-inf"))
             plan.append((i, j, t, mask, gather))
@@ -322,8 +342,8 @@ class LeanLM(CachedModel):
         the pass it is in; rows of one pass share a group unless they straddle a bucket edge."""
         w, plan, i = self.w, [], 0
         while i < n:
-            t = -(-(pos + i + 1) // KEY_BUCKET) * KEY_BUCKET
-            j = min(n, t - pos)  # rows whose position p < t share this length
+            t = key_len(pos + i)
+            j = min(n, t - TREE_SLACK - pos)  # rows whose position p < t − TREE_SLACK share this length
             key = torch.arange(t)[None]  # [1, t]
             q_pos = torch.arange(pos + i, pos + j)[:, None]  # [m, 1]
             seen = key <= q_pos  # [m, t]
@@ -349,7 +369,7 @@ class LeanLM(CachedModel):
                 k, v = (c[None, :, :t].expand(m, -1, -1, -1) for c in (k_all, v_all))  # [m, H_kv, t, D], no copy
                 if gather and gather[0] is not None:  # tree rows: each its own keys, ancestors where a step has them
                     b, dst, src = gather[0]
-                    k, v = k.clone(), v.clone()
+                    k, v = self._gathered(k_all, v_all, m, t)
                     k[b, :, dst], v[b, :, dst] = k_all[:, src].transpose(0, 1), v_all[:, src].transpose(0, 1)
                 outs.append(F.scaled_dot_product_attention(
                     q[i:j].view(m, w.n_kv, rep, w.head_dim), k, v, attn_mask=mask, scale=scale))  # [m, H_kv, rep, D]

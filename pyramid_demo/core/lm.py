@@ -58,6 +58,7 @@ class ModelTriplet:
     choice_note: str = ""  # how dtype and backend were chosen (probe / cached / flag), shown to users
     exact: bool | None = None  # a k-token pass equals k one-token steps bitwise here (None: not checked)
     exact_note: str = ""  # what that means for the lossless methods, from the probe's record (core.exactness)
+    tree_exact: bool | None = None  # a tree pass equals one-token steps along every path here (None: not checked)
     path: str = "hf"  # the forward every run uses: "hf" (CachedLM) or "lean" (core.lean, where it applies)
 
     def model(self, role: str) -> torch.nn.Module:

@@ -104,9 +104,9 @@ def load_triplet(spec: str, device: str | None = None, dtype: str | None = None,
     place = make_placement(device_map, quantize, dev)
     norm = preset.name if preset else ",".join(refs)
 
-    def fp32() -> tuple[torch.nn.Module, int]:
+    def fp32() -> tuple[torch.nn.Module, int, bool]:
         t = _load_base(spec, dev, torch.float32, place, max_len)
-        return t.target, t.vocab_size
+        return t.target, t.vocab_size, probe.reads_target({r: t.model(r) for r in ("draft", "qualifier", "target")})
 
     try:
         choice = probe.choose(norm, dev, None if auto else pick_dtype(dev, dtype), backend, fp32,
@@ -123,12 +123,15 @@ def load_triplet(spec: str, device: str | None = None, dtype: str | None = None,
     pad = choice.pad_rows if choice.record else 0  # 0: measured when packing
     base = _load_base(spec, dev, dt, place, max_len, packed=choice.backend == "packed", pad_rows=pad)
     # the forward that will run: the lean one only where it covers the model (`probe.forward_for`)
-    choice = probe.forward_for(choice, {r: base.model(r) for r in ("draft", "qualifier", "target")})
+    models = {r: base.model(r) for r in ("draft", "qualifier", "target")}
+    choice = probe.forward_for(choice, models)
+    choice = probe.check_roles(norm, choice, models, base.vocab_size)  # every role on the forward it runs
     vkey = (id(base), choice.identity)  # typed fields only: no display text in a key
     with _LOCK:
         if vkey not in _VIEWS:  # the same weights, with the backend, how it was chosen, and whether it is exact
             _VIEWS[vkey] = replace(base, backend=choice.backend, path=choice.path, choice_note=choice.summary,
-                                   exact=choice.exact, exact_note=choice.exact_note)
+                                   exact=choice.exact, exact_note=choice.exact_note,
+                                   tree_exact=choice.tree_exact)
         return _VIEWS[vkey]
 
 

@@ -21,13 +21,27 @@ from __future__ import annotations
 
 from .build import CANDIDATES, candidate_model, candidates
 from .machine import cpu_name, machine_key, native_bf16, probe_wanted
-from .policy import MAX_PROBE_PARAMS, cached_choice, choose, device_dtype, forward_for, remember
+from .policy import MAX_PROBE_PARAMS, cached_choice, check_roles, choose, device_dtype, forward_for, remember
 from .record import FORMAT, Choice
-from .search import EXACT_PLAN, REPS, SCORE_WEIGHTS, VERIFY_K, check_triplet, pick, probe_target, score, table
+from .search import (
+                     EXACT_PLAN,
+                     REPS,
+                     SCORE_WEIGHTS,
+                     VERIFY_K,
+                     check_family,
+                     check_triplet,
+                     pick,
+                     probe_target,
+                     reads_target,
+                     role_opener,
+                     score,
+                     table,
+)
 from .store import CHOICE_FILE, PROFILE_FILE, probe_root
 from .warm import cost_profile, prepare
 
 __all__ = ["CANDIDATES", "CHOICE_FILE", "EXACT_PLAN", "FORMAT", "MAX_PROBE_PARAMS", "PROFILE_FILE", "REPS",
-           "SCORE_WEIGHTS", "VERIFY_K", "Choice", "cached_choice", "candidate_model", "candidates", "check_triplet",
+           "SCORE_WEIGHTS", "VERIFY_K", "Choice", "cached_choice", "candidate_model", "candidates", "check_family",
+           "check_roles", "check_triplet", "reads_target", "role_opener",
            "choose", "cost_profile", "cpu_name", "device_dtype", "forward_for", "machine_key", "native_bf16", "pick",
            "prepare", "probe_root", "probe_target", "probe_wanted", "remember", "score", "table"]

@@ -13,7 +13,7 @@ from ...core.backend import BACKENDS
 from ...core.lean import supports_lean
 from .machine import machine_key, probe_wanted
 from .record import Choice
-from .search import probe_target
+from .search import check_family, probe_target
 from .store import CHOICE_FILE, read, write
 
 log = logging.getLogger(__name__)
@@ -45,12 +45,27 @@ def device_dtype(device: torch.device) -> str:
     return "float32" if device.type == "cpu" else "float16"
 
 
-def _probed(family: str, load_fp32_target: Callable[[], tuple[torch.nn.Module, int]]) -> Choice:
-    """A probe of the family's fp32 target now, cached; the device default for a target too large to copy."""
-    target, vocab = load_fp32_target()
+def _probed(family: str, load_fp32_target: Callable[[], tuple]) -> Choice:
+    """A probe of the family's fp32 target now, cached; the device default for a target too large to copy.
+    `load_fp32_target` gives (target, vocabulary size[, whether a proposer reads the target]): the target is
+    then checked on the forward that hands out its states, the one the family runs."""
+    target, vocab, *rest = load_fp32_target()
     if sum(p.numel() for p in target.parameters()) > MAX_PROBE_PARAMS:
         return Choice("float32", "default", "device")
-    return remember(family, probe_target(target, vocab))
+    publish = bool(rest and rest[0])
+    return remember(family, probe_target(target, vocab, publish=True) if publish else probe_target(target, vocab))
+
+
+def check_roles(family: str, choice: Choice, models: dict[str, torch.nn.Module], vocab_size: int) -> Choice:
+    """The choice with every role's exactness on the forward it runs here (`search.check_family`), measured
+    once after a probe and cached with it; a choice that was not probed (a flag, a device default) is not."""
+    if choice.how not in ("probe", "cached") or choice.roles:
+        return choice
+    roles = check_family(models, vocab_size, choice.backend, choice.path)
+    stored = cached_choice(family)
+    if stored is not None:  # the cached choice as it was chosen, with the roles' records added
+        write(CHOICE_FILE, _key(family), replace(stored, roles=roles).to_entry())
+    return replace(choice, roles=roles)
 
 
 def choose(family: str, device: torch.device, dtype: Any, backend: str | None,

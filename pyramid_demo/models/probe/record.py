@@ -9,7 +9,9 @@ from typing import Any
 
 from ...core import exactness
 
-FORMAT = 3  # the cache entry's layout and forwards (3: padded lean attention); another format is probed again
+FORMAT = 5  # the cache entry's layout and forwards (3: padded lean attention; 4: the target checked with the
+# states it hands out when a proposer reads them, and every role's record; 5: tree passes checked too, padded
+# key lengths with room for a tree); another format is probed again
 HOW = {"probe": "chosen by a probe of the target's forwards just now",
        "cached": "chosen by this machine's cached probe", "flag": "as asked on the command line",
        "device": "this device's default", "off": "the probe is off: PYRAMID_DEMO_PROBE=0"}
@@ -30,6 +32,7 @@ class Choice:
     exactness: dict[str, dict] = field(default_factory=dict)  # candidate -> `exactness.summarise` record
     path: str = "hf"  # the forward: "hf" (transformers) or "lean" (`core.lean`, where the model is covered)
     uncovered: dict[str, str] = field(default_factory=dict)  # role -> architecture left on HF's forward
+    roles: dict[str, dict] = field(default_factory=dict)  # role -> its record on the forward it runs (this choice)
 
     @property
     def key(self) -> str:
@@ -53,12 +56,19 @@ class Choice:
     def identity(self) -> tuple:
         """Every field a loaded family's view shows, as plain values: a key that holds no display text."""
         return (self.dtype, self.backend, self.path, self.how, tuple(sorted(self.uncovered.items())),
-                json.dumps(self.record, sort_keys=True))
+                json.dumps(self.record, sort_keys=True), json.dumps(self.roles, sort_keys=True))
 
     # ---------------------------------------------------------------- derived display
     @property
     def exact_note(self) -> str:
-        return exactness.describe(self.record)
+        trees = exactness.describe_trees(self.record)
+        return exactness.describe(self.record) + (f"; {trees}" if trees else "")
+
+    @property
+    def tree_exact(self) -> bool | None:
+        """Whether tree passes are bitwise one-token steps here (None: not checked, or no tree forward)."""
+        t = (self.record or {}).get("trees")
+        return None if not t else bool(t["exact"])
 
     @property
     def forward_text(self) -> str:
@@ -70,10 +80,18 @@ class Choice:
         return shown
 
     @property
+    def roles_text(self) -> str:
+        """The proposers whose passes were measured unequal to their one-token steps (the lossless claim rests on
+        the target's alone; a proposer's differences change only which tokens it proposes near ties)."""
+        off = [r for r, rec in self.roles.items() if r != "target" and not rec.get("exact")]
+        return (f"; the {' and '.join(off)}'s passes differ from its one-token steps (its proposals may differ at "
+                "near-ties; the output's exactness rests on the target)") if off else ""
+
+    @property
     def summary(self) -> str:
         """The choice and its exactness, for the family box, the CLI and the race's status."""
         return (f"{self.dtype}, {BACKEND_TEXT[self.backend]}{self.forward_text} ({HOW[self.how]}); "
-                f"{self.exact_note}")
+                f"{self.exact_note}{self.roles_text}")
 
     @property
     def timings_text(self) -> str:
@@ -89,7 +107,8 @@ class Choice:
     def to_entry(self) -> dict[str, Any]:
         return {"format": FORMAT, "dtype": self.dtype, "backend": self.backend, "path": self.path,
                 "timings_ms": self.timings_ms, "exactness": self.exactness, "probe_s": self.probe_s,
-                "uncovered": self.uncovered, "time_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}
+                "uncovered": self.uncovered, "roles": self.roles,
+                "time_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}
 
     @classmethod
     def from_entry(cls, entry: Any) -> Choice | None:
@@ -102,6 +121,6 @@ class Choice:
         try:
             return cls(str(entry["dtype"]), str(entry["backend"]), "cached", dict(entry.get("timings_ms") or {}),
                        float(entry.get("probe_s") or 0.0), dict(entry["exactness"]), str(entry["path"]),
-                       dict(entry.get("uncovered") or {}))
+                       dict(entry.get("uncovered") or {}), dict(entry.get("roles") or {}))
         except (KeyError, TypeError, ValueError):
             return None

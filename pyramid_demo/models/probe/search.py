@@ -6,15 +6,17 @@ several contexts. The fastest exact candidate wins; if none is exact, the fastes
 from __future__ import annotations
 
 import time
-from functools import partial
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from ...core import costs, exactness
+from ...core.cache import TargetStates
 from ...core.config import LONGEST_PASS
+from ...core.engine import connect
 from ...core.lean import supports_lean
-from ...core.lm import open_lm
+from ...core.lm import LM, open_lm
 from .build import candidate_model, candidates
 from .record import Choice
 
@@ -46,16 +48,55 @@ def pick(timings: dict[str, dict[str, float]], records: dict[str, dict]) -> str:
     return min(pool, key=lambda c: score(timings[c]))
 
 
-def check_triplet(triplet: Any) -> dict:
-    """The exactness record of a loaded family's target as it runs (its device, dtype and backend)."""
-    return exactness.check_model(
-        lambda: open_lm(triplet.target, triplet.vocab_size, "probe", triplet.backend, triplet.path),
-        triplet.vocab_size, EXACT_PLAN)
+def reads_target(models: dict[str, Any]) -> bool:
+    """Whether a proposer of the family reads the target's states (its target's forward then hands them out)."""
+    return any(getattr(m, "reads_target", False) for r, m in models.items() if r != "target")
 
 
-def probe_target(target: torch.nn.Module, vocab_size: int, check_all: bool = False) -> Choice:
+def role_opener(models: dict[str, Any], role: str, vocab_size: int, backend: str, path: str,
+                publish: bool | None = None) -> Callable[[list[int]], LM]:
+    """`role`'s LM opened as a run opens it, for `exactness.check_model(..., with_ids=True)`: the forward the
+    run uses (`open_lm`); the target hands out its states when a proposer reads them (`publish`, default: when
+    one of `models` does), which changes its forward (the lean norm over every row, HF's decoder and head);
+    a proposer that reads the target gets the target's own states over the checked ids, scored first, as a
+    run's target passes do before it drafts."""
+    publish = reads_target(models) if publish is None else publish
+
+    def open_for(ids: list[int]) -> LM:
+        lm = open_lm(models[role], vocab_size, role, backend, path)
+        if role == "target":
+            lm.publish = TargetStates() if publish else None
+        elif getattr(models[role], "reads_target", False):
+            target = open_lm(models["target"], vocab_size, "target", backend, path)
+            connect({"target": target, role: lm})
+            target.forward(ids, 0, 1)  # the target's states at every checked position
+        return lm
+
+    return open_for
+
+
+def check_family(models: dict[str, Any], vocab_size: int, backend: str, path: str,
+                 plan: Any = None) -> dict[str, dict]:
+    """Every role's exactness record on the forward it runs in this family (`role_opener`), states included:
+    the target's decides the lossless claim; the proposers' say whether their passes (a feature draft's
+    re-read of the accepted prefix, the qualifier's stage-1 verification) equal their one-token steps."""
+    plan = EXACT_PLAN if plan is None else plan
+    return {role: exactness.check_model(role_opener(models, role, vocab_size, backend, path), vocab_size, plan,
+                                        with_ids=True)
+            for role in models}
+
+
+def check_triplet(triplet: Any) -> dict[str, dict]:
+    """`check_family` for a loaded family as it runs (its device, dtype, backend and forward)."""
+    models = {r: triplet.model(r) for r in ("draft", "qualifier", "target")}
+    return check_family(models, triplet.vocab_size, triplet.backend, triplet.path)
+
+
+def probe_target(target: torch.nn.Module, vocab_size: int, check_all: bool = False, publish: bool = False) -> Choice:
     """Time each candidate (dtype, backend, forward path; k=1 and k=VERIFY_K), then check exactness from
     the fastest down until one is exact (`check_all`: every candidate, for a full table), and `pick`.
+    `publish`: the family's proposer reads the target, so its exactness is checked on the forward that then
+    runs, the one that hands out its states (`role_opener`).
 
     Candidates are timed in interleaved rounds (each round: every candidate, every k), min over rounds,
     so a machine that gets busier during the probe penalises all alike."""
@@ -77,8 +118,8 @@ def probe_target(target: torch.nn.Module, vocab_size: int, check_all: bool = Fal
     records: dict[str, dict] = {}
     for c in sorted(timings, key=lambda c: score(timings[c])):
         model, pad, backend, path = runs[c]
-        records[c] = exactness.check_model(partial(open_lm, model, vocab_size, "probe", backend, path),
-                                           vocab_size, EXACT_PLAN, pad)
+        opener = role_opener({"target": model}, "target", vocab_size, backend, path, publish)
+        records[c] = exactness.check_model(opener, vocab_size, EXACT_PLAN, pad, with_ids=True)
         if records[c]["exact"] and not check_all:
             break
     dt, backend, path = pick(timings, records).split("/")
