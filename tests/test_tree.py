@@ -258,3 +258,17 @@ def test_tree_rows_read_their_parents_state_in_the_feature_draft():
         want2 = ref.logits(base + [tok1, tok2], 1)[0]
         assert torch.allclose(z1[row1], want1, atol=1e-4)
         assert torch.allclose(z2[row2], want2, atol=1e-4)
+
+
+def test_the_probe_checks_tree_passes_and_keeps_them_apart(tiny):
+    """The exactness record checks tree passes too (`exactness.PASS_CHECKS`), under "trees": here bitwise equal
+    to steps along every path (bf16, padded, gathered), and a chain's exactness is not changed by them."""
+    import copy
+
+    from pyramid_demo.core import exactness
+
+    _, make = _bf16_lm(copy.deepcopy(tiny))
+    rec = exactness.check_model(lambda: make(), tiny.vocab_size, ((100, (2, 5, 17, 43)), (60, (2, 5))))
+    assert rec["trees"] is not None and rec["trees"]["passes"] == 6 and rec["trees"]["exact"], rec["trees"]
+    assert rec["exact"] and rec["passes"] == 6
+    assert "tree passes exact" in exactness.describe_trees(rec)

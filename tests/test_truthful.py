@@ -44,7 +44,7 @@ def test_the_draft_never_reads_a_rejected_tokens_state(reader, monkeypatch):
     draft reads (for a row at position p, the target's state at p-1 where the target has scored it) is the
     target's state of the draft's own tokens up to p-1. Kept states of rejected tokens would not be."""
     t = reader
-    real = FeatureLM._rows
+    real = FeatureLM._chain_rows
 
     def spy(self, toks, start):
         seq = self.ids[:start] + toks.tolist()
@@ -55,7 +55,7 @@ def test_the_draft_never_reads_a_rejected_tokens_state(reader, monkeypatch):
                 f"the draft read states at {a}…{b - 1} that are not those of its tokens (a rejected token's?)"
         return real(self, toks, start)
 
-    monkeypatch.setattr(FeatureLM, "_rows", spy)
+    monkeypatch.setattr(FeatureLM, "_chain_rows", spy)
     lms = {r: open_lm(t.model(r), t.vocab_size, r) for r in roles_for("sd")}
     ids = [5, 9, 2, 7]
     prefill(lms, ids)
@@ -83,7 +83,8 @@ def test_rows_whose_input_state_is_not_known_wait_for_the_row_before(reader):
     rows = torch.cat([one.forward([tok], pos, 1) for pos, tok in enumerate(ids[2:], 2)])
     fin = torch.isfinite(rows)
     assert torch.equal(fin, torch.isfinite(chunk))
-    assert torch.allclose(chunk[fin], rows[fin], atol=1e-5), "a row read a predicted state not computed yet"
+    assert torch.allclose(chunk[fin], rows[fin], atol=1e-4), (  # fp32 rounding of a grouped-query call: ~3e-5
+        f"a row read a predicted state not computed yet (max diff {float((chunk[fin] - rows[fin]).abs().max()):.3g})")
 
 
 # --- the target's states ------------------------------------------------------------------------------

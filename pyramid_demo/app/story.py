@@ -198,6 +198,22 @@ def floor_line(profile: dict) -> str:
             + "; ".join(parts) + ".")
 
 
+def tree_line(profile: dict, ranks: list[float] | None = None) -> str:
+    """The tree budget this profile predicts best (`tree_costs.best_tree`), in one sentence."""
+    from ..core.tree_costs import best_tree
+
+    try:
+        b = best_tree(profile, ranks)
+    except KeyError:  # a profile without a draft row
+        return ""
+    how = "measured acceptance by rank" if ranks else "the shipped draft's acceptance by rank (a prior)"
+    return (f" *Trees*: a {b['tree_nodes']}-node tree pass costs "
+            f"{costs.cost_ms(profile, 'target', b['tree_nodes'] + 1) / costs.cost_ms(profile, 'target', 1):.2f}× "
+            f"a step here; with {how} the best budget is {b['tree_nodes']} nodes, depth {b['tree_depth']}, "
+            f"k {b['tree_k']}: {b['tokens_per_pass']:.2f} tokens per pass against {b['chain_tokens_per_pass']:.2f} "
+            f"for the best chain ({b['tokens_per_s']:.1f} vs {b['chain_tokens_per_s']:.1f} tok/s predicted).")
+
+
 def profile_markdown(profile: dict | None) -> str:
     """Where the profile comes from and what one forward costs, for the cost chart."""
     if not profile:
@@ -207,7 +223,7 @@ def profile_markdown(profile: dict | None) -> str:
             "forward of k new tokens, ms — " + "; ".join(
                 f"{role} k=1 {costs.cost_ms(profile, role, 1):.1f}, k=5 {costs.cost_ms(profile, role, 5):.1f}"
                 for role in profile["ms"])
-            + ". " + floor_line(profile)
+            + ". " + floor_line(profile) + tree_line(profile)
             + " *Idle machine*: the profile's time summed over the forwards each run made (engine time "
               "outside forwards not counted). *To match AR*: the tokens each target pass would have to commit for "
               "the run's forwards, at the profile's cost, to be as fast as AR's; more than that is a win on an "

@@ -17,7 +17,8 @@ from typing import Any
 from .methods import method_spec
 from .trace import Step
 
-MAX_K = 9  # longest forward profiled: a proposal of 8 plus the verifier's own token
+MAX_K = 9  # longest forward profiled one k at a time: a proposal of 8 plus the verifier's own token
+TREE_K = 17  # also profiled: the pass of a 16-node tree (its root row included)
 CONTEXT = 100  # tokens already in the cache when a forward is timed
 
 
@@ -135,10 +136,15 @@ def solve_alpha(speed: Callable[[float], float], goal: float) -> float | None:
     return round((lo + hi) / 2, 4)
 
 
+def rejected(r: Any) -> bool:
+    """A round that ended at a refused token (not one a block's size, a confidence floor or an EOS cut short)."""
+    return any(t.status == "rejected" for t in r.tokens[:-1])
+
+
 def per_token_alpha(rounds: list) -> float | None:
     """Measured α for the leading-run model: accepted ÷ (accepted + rejections), from StageRounds."""
     acc = sum(r.n_accepted for r in rounds)
-    rej = sum(1 for r in rounds if r.n_accepted < len(r.tokens) - 1)
+    rej = sum(1 for r in rounds if rejected(r))
     return round(acc / (acc + rej), 4) if acc + rej else None
 
 
@@ -150,8 +156,12 @@ def stage_counts(steps: list[Step]) -> dict[str, dict[str, int]]:
                           ("qualifier", [r for s in steps for r in s.qualifier_rounds])):
         if rounds:
             out[stage] = {"accepted": sum(r.n_accepted for r in rounds),
-                          "rejected": sum(1 for r in rounds if r.n_accepted < len(r.tokens) - 1),
+                          "rejected": sum(1 for r in rounds if rejected(r)),
                           "proposed": sum(len(r.tokens) - 1 for r in rounds), "rounds": len(rounds)}
+            if any(r.parents is not None for r in rounds):  # tree rounds: acceptance by rank (`tree_costs`)
+                from .tree_costs import rank_counts
+
+                out[stage]["rank_hits"], out[stage]["rank_reach"] = rank_counts(rounds)
     return out
 
 
@@ -179,6 +189,8 @@ def model_from_counts(method: str, counts: dict, config: dict, profile: dict) ->
     a_t = _alpha(counts.get("target"))
     out["alpha"] = a_t
     try:
+        if spec.tree and not spec.pyramid:
+            return _tree_model(out, counts.get("target") or {}, config, profile)
         if not spec.pyramid:
             g = _length(counts.get("target"), config.get("gamma", 4))
             f = lambda a: sd_speed(profile, g, a)  # noqa: E731
@@ -198,9 +210,36 @@ def model_from_counts(method: str, counts: dict, config: dict, profile: dict) ->
     return out
 
 
+def _tree_model(out: dict[str, Any], c: dict, config: dict, profile: dict) -> dict[str, Any]:
+    """A tree method's model: measured acceptance by rank, the expected tree's speed at this budget and the
+    budget the profile predicts best (`tree_costs`)."""
+    from .tree_costs import best_tree, tree_speed
+
+    hits, reach = c.get("rank_hits") or [], c.get("rank_reach") or []
+    ranks = [h / n for h, n in zip(hits, reach) if n] or None
+    budget = {k: int(config.get(k, d)) for k, d in (("tree_nodes", 16), ("tree_depth", 5), ("tree_k", 4))}
+    out["ranks"] = [round(r, 4) for r in ranks] if ranks else None
+    out["lengths"] = budget
+    if ranks:
+        got = tree_speed(profile, budget["tree_nodes"], budget["tree_depth"], budget["tree_k"], ranks)
+        out["expected_tokens_per_s"], out["expected_tokens_per_pass"] = got["tokens_per_s"], got["tokens_per_pass"]
+    out["best_tree"] = best_tree(profile, ranks)
+    return out
+
+
 def verdict(method: str, m: dict, measured: tuple[float, float] | None = None) -> str:
     """One line: why the method wins or loses here, on the profile; `measured` (the method's and AR's
     tok/s in the same run) adds what happened, and says so when the run did not follow the profile."""
+    if "best_tree" in m:
+        b, exp = m["best_tree"], m.get("expected_tokens_per_s")
+        ranks = ", ".join(f"{r:.2f}" for r in (m.get("ranks") or [])[:4]) or "not measured yet"
+        line = (f"a tree spends the draft's top few (acceptance by rank {ranks})"
+                + (f": expected {exp:.1f} vs AR {m['ar_tokens_per_s']:.1f} tok/s at this budget" if exp else "")
+                + f"; predicted best here {b['tree_nodes']} nodes, depth {b['tree_depth']}, k {b['tree_k']} "
+                  f"({b['tokens_per_pass']:.2f} tokens per pass, {b['tokens_per_s']:.1f} tok/s)")
+        if measured and all(measured):
+            line += f"; measured {measured[0]:.1f} vs AR {measured[1]:.1f} tok/s"
+        return line
     if "break_even_alpha" not in m:
         return "the baseline: one target forward per token" if method == "ar" else "no profile for its models"
     be, a = m["break_even_alpha"], m.get("alpha")
@@ -268,7 +307,7 @@ def measure_profile(models: dict[str, Any], vocab_size: int, backend: str = "def
     best: dict[int, dict[int, float]] = {i: {} for i in timers}
     for _ in range(reps + 1):
         for i, timer in timers.items():
-            for k in range(1, max_k + 1):
+            for k in (*range(1, max_k + 1), *((TREE_K,) if max_k >= MAX_K else ())):  # a full profile: trees too
                 best[i][k] = min(best[i].get(k, float("inf")), timer.time(k))
     return {role: {k: round(1000 * v, 4) for k, v in best[id(m)].items()} for role, m in models.items()}
 

@@ -47,7 +47,7 @@ def tree_vs_steps(lm: LM, ids: list[int], context: int, parents: Sequence[int]) 
     then compare each row's logits with one-token steps along its path, taken on the same LM after a
     truncation (a step at each depth of a path is shared by the rows below it)."""
     tokens = ids[context: context + len(parents)]
-    lm.truncate(min(lm.cache_len, context))
+    lm.rollback(ids[:context])  # an LM an earlier check used: keep what it shares with these ids
     lm.logits(ids[:context], 1)
     z = lm.forward_tree(tokens, list(parents), context)  # [n, V]
     worst, bitwise, top1 = 0.0, True, True
@@ -69,12 +69,16 @@ def tree_vs_steps(lm: LM, ids: list[int], context: int, parents: Sequence[int]) 
     return {"k": len(parents), "context": context, "bitwise": bitwise, "top1": top1, "max_abs_diff": worst}
 
 
+TREE_ROWS = max(len(s) for s in TREE_SHAPES)
+
+
 def tree_passes(lm: LM, ids: list[int], context: int, ks: Sequence[int]) -> list[dict[str, Any]]:
     """Every tree shape that fits the plan's ids, against steps along each path (none where the LM's forward
     takes no trees: tree methods are then refused before they run, `run.refuse_tree`)."""
-    if not getattr(lm, "trees", False):
+    if not getattr(lm, "trees", False) or max(ks) < TREE_ROWS:  # once per plan: its longest passes' context
         return []
-    return [tree_vs_steps(lm, ids, context, s) for s in TREE_SHAPES if context + len(s) <= len(ids)]
+    at = (context, context + 25)  # the second tree's rows cross a key-length edge (`lean.key_len`) at 100
+    return [tree_vs_steps(lm, ids, c, s) for c in at for s in TREE_SHAPES if c + len(s) <= len(ids)]
 
 
 PassCheck = Callable[[LM, list[int], int, Sequence[int]], list[dict[str, Any]]]
@@ -101,7 +105,7 @@ def _tally(checks: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def check_model(open_lm: Callable[..., LM], vocab_size: int, plan: Sequence[tuple[int, Sequence[int]]],
-                pad_rows: int = 1, with_ids: bool = False) -> dict[str, Any]:
+                pad_rows: int = 1, with_ids: bool = False, kinds: Sequence[str] = tuple(PASS_CHECKS)) -> dict[str, Any]:
     """`summarise` over several contexts and every kind of pass (`PASS_CHECKS`): `plan` is [(context length,
     ks)], each on a fresh LM over fixed pseudo-random token ids (a different stretch of them per context).
     `with_ids`: `open_lm(ids)` is handed the ids it will be checked on (a proposer that reads the target
@@ -110,7 +114,8 @@ def check_model(open_lm: Callable[..., LM], vocab_size: int, plan: Sequence[tupl
     for n, (context, ks) in enumerate(plan):
         ids = [(7919 * (i + 131 * n) + 17 * n + 11) % max(2, vocab_size - 1) + 1
                for i in range(context + max(ks))]
-        for kind, check in PASS_CHECKS.items():
+        for kind in kinds:
+            check = PASS_CHECKS[kind]
             lm = open_lm(ids) if with_ids else open_lm()
             checks += [{**c, "kind": kind} for c in check(lm, ids, context, ks)]
     return summarise(checks, pad_rows)

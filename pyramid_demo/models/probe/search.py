@@ -82,7 +82,7 @@ def check_family(models: dict[str, Any], vocab_size: int, backend: str, path: st
     re-read of the accepted prefix, the qualifier's stage-1 verification) equal their one-token steps."""
     plan = EXACT_PLAN if plan is None else plan
     return {role: exactness.check_model(role_opener(models, role, vocab_size, backend, path), vocab_size, plan,
-                                        with_ids=True)
+                                        with_ids=True, kinds=("chain",))
             for role in models}
 
 
@@ -119,10 +119,16 @@ def probe_target(target: torch.nn.Module, vocab_size: int, check_all: bool = Fal
     for c in sorted(timings, key=lambda c: score(timings[c])):
         model, pad, backend, path = runs[c]
         opener = role_opener({"target": model}, "target", vocab_size, backend, path, publish)
-        records[c] = exactness.check_model(opener, vocab_size, EXACT_PLAN, pad, with_ids=True)
+        records[c] = exactness.check_model(opener, vocab_size, EXACT_PLAN, pad, with_ids=True, kinds=("chain",))
         if records[c]["exact"] and not check_all:
             break
-    dt, backend, path = pick(timings, records).split("/")
+    chosen = pick(timings, records)
+    if chosen in records:  # tree passes, on the chosen forward only: whether the tree methods are lossless here
+        model, pad, backend, path = runs[chosen]
+        opener = role_opener({"target": model}, "target", vocab_size, backend, path, publish)
+        records[chosen]["trees"] = exactness.check_model(opener, vocab_size, EXACT_PLAN[:1], pad, with_ids=True,
+                                                         kinds=("tree",)).get("trees")
+    dt, backend, path = chosen.split("/")
     return Choice(dt, backend, "probe", timings, round(time.perf_counter() - t0, 2), records, path,
                   {} if lean else {"target": type(target).__name__})
 
