@@ -41,6 +41,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=int, default=3, help="gen: times each training prompt is answered")
     p.add_argument("--mix", type=float, default=0.0,
                    help="gen: prompts of other shapes (features.varied_prompts), as a share of templates x topics")
+    p.add_argument("--save-layers", default="",
+                   help="gen: also keep these decoder layers' outputs, e.g. 2,14 (EAGLE-3-style inputs)")
+    p.add_argument("--fused", action="store_true",
+                   help="train: the EAGLE-3-style head (distill/fused_draft.py; needs gen --save-layers), "
+                        "checkpointed apart (WORK/ckpt/fused_draft.pt), for comparison only")
     p.add_argument("--init", default=None,
                    help="train: start a new run from this feature-draft file ('shipped': the shipped weights)")
     p.add_argument("--max-new", type=int, default=128)
@@ -49,6 +54,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gen-dtype", default="bfloat16", help="gen on a CPU: bfloat16 (default) or float32")
     p.add_argument("--batch", type=int, default=16, help="train: sequences per step")
     p.add_argument("--passes", type=int, default=3, help="train: draft positions in the training-time test")
+    p.add_argument("--deep-frac", type=float, default=1.0,
+                   help="train: passes 4.. score their KL on this random share of rows (cheaper deep passes)")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--lr-min", type=float, default=3e-5)
     p.add_argument("--eval-every", type=int, default=150)
@@ -87,17 +94,20 @@ def run(args: argparse.Namespace) -> int:
                                   seed=0 if step == "heldout" else args.seed,
                                   max_batches=args.heldout_batches if step == "heldout" else args.max_batches,
                                   stop_at=None if step == "heldout" else time.time() + 60 * args.minutes,
-                                  mix=0.0 if step == "heldout" else args.mix)
+                                  mix=0.0 if step == "heldout" else args.mix,
+                                  layers=tuple(int(k) for k in args.save_layers.split(",") if k))
             print(f"{split}: {n:,} new answer tokens in {work / 'features' / split}")
             continue
         if fp32 is None:
             fp32 = bundled_target(dev, torch.float32)[1]
         held = feature_train.heldout(work)[: args.eval_seqs]
         if step == "train":
-            feature_train.train(fp32, students.subset_ids(), [work, *map(Path, args.data)], held, ckpt, args.minutes,
+            feature_train.train(fp32, students.subset_ids(), [work, *map(Path, args.data)], held,
+                                ckpt.with_name("fused_draft.pt") if args.fused else ckpt, args.minutes,
                                 lr=args.lr, lr_min=args.lr_min, batch=args.batch, passes=args.passes, seed=args.seed,
                                 eval_every=args.eval_every, autocast=True, log=lambda s: print(s, flush=True),
-                                init=feature_draft.weight_path() if args.init == "shipped" else args.init)
+                                init=feature_draft.weight_path() if args.init == "shipped" else args.init,
+                                deep_frac=args.deep_frac, fused=args.fused)
         elif step in ("eval", "export"):
             res = evaluate(fp32, held, ckpt, args.passes)
             print(json.dumps(res, indent=1))
