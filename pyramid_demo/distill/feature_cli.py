@@ -4,8 +4,10 @@ Steps (each resumable from files under --work, default feature_work/):
   heldout  the target's answers to the held-out prompts (fp32, as every proposer is measured) with its
            states at every position -> WORK/features/heldout/
   gen      the same for the training prompts (bf16 on a CPU: ~3x faster) -> WORK/features/train/
-  train    train the feature draft (EAGLE-3 training-time test over --passes draft positions) -> WORK/ckpt/
-  eval     held-out top-1 agreement per draft position: the best checkpoint and the shipped file
+  train    train the feature draft (EAGLE-3 training-time test over --passes draft positions) -> WORK/ckpt/;
+           --init shipped: a new run starts from the shipped weights (else from the target's last layer)
+  eval     held-out top-1 agreement per draft position (1..--passes) and top-1..4 at position 1: the best
+           checkpoint and the shipped file
   export   the best checkpoint -> pyramid_demo/models/weights/feature_draft.safetensors (fp16, with its
            learning curve in the metadata), only where it beats the shipped one (--force: always)
   exit     measure the second qualifier design (the target's first --exit-k layers + a trained exit layer)
@@ -37,12 +39,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--minutes", type=float, default=30.0, help="gen: wall minutes; train/exit: CPU (or GPU) minutes")
     p.add_argument("--gen-batch", type=int, default=64)
     p.add_argument("--rounds", type=int, default=3, help="gen: times each training prompt is answered")
+    p.add_argument("--mix", type=float, default=0.0,
+                   help="gen: prompts of other shapes (features.varied_prompts), as a share of templates x topics")
+    p.add_argument("--save-layers", default="",
+                   help="gen: also keep these decoder layers' outputs, e.g. 2,14 (EAGLE-3-style inputs)")
+    p.add_argument("--fused", action="store_true",
+                   help="train: the EAGLE-3-style head (distill/fused_draft.py; needs gen --save-layers), "
+                        "checkpointed apart (WORK/ckpt/fused_draft.pt), for comparison only")
+    p.add_argument("--init", default=None,
+                   help="train: start a new run from this feature-draft file ('shipped': the shipped weights)")
     p.add_argument("--max-new", type=int, default=128)
     p.add_argument("--max-batches", type=int, default=None)
     p.add_argument("--heldout-batches", type=int, default=4, help="batches of 32 held-out answers")
     p.add_argument("--gen-dtype", default="bfloat16", help="gen on a CPU: bfloat16 (default) or float32")
     p.add_argument("--batch", type=int, default=16, help="train: sequences per step")
     p.add_argument("--passes", type=int, default=3, help="train: draft positions in the training-time test")
+    p.add_argument("--deep-frac", type=float, default=1.0,
+                   help="train: passes 4.. score their KL on this random share of rows (cheaper deep passes)")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--lr-min", type=float, default=3e-5)
     p.add_argument("--eval-every", type=int, default=150)
@@ -56,8 +69,8 @@ def _dev(name: str) -> torch.device:
     return torch.device("cuda" if name == "auto" and torch.cuda.is_available() else "cpu" if name == "auto" else name)
 
 
-def _eval_checkpoint(target, held, model) -> list[float]:
-    return feature_train.evaluate(model, held, target.lm_head.weight.detach().float(), passes=3)
+def _eval_checkpoint(target, held, model, passes: int = 3) -> dict:
+    return feature_train.measure(model, held, target.lm_head.weight.detach().float(), passes=passes)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -80,18 +93,23 @@ def run(args: argparse.Namespace) -> int:
                                   max_new=args.max_new,
                                   seed=0 if step == "heldout" else args.seed,
                                   max_batches=args.heldout_batches if step == "heldout" else args.max_batches,
-                                  stop_at=None if step == "heldout" else time.time() + 60 * args.minutes)
+                                  stop_at=None if step == "heldout" else time.time() + 60 * args.minutes,
+                                  mix=0.0 if step == "heldout" else args.mix,
+                                  layers=tuple(int(k) for k in args.save_layers.split(",") if k))
             print(f"{split}: {n:,} new answer tokens in {work / 'features' / split}")
             continue
         if fp32 is None:
             fp32 = bundled_target(dev, torch.float32)[1]
         held = feature_train.heldout(work)[: args.eval_seqs]
         if step == "train":
-            feature_train.train(fp32, students.subset_ids(), [work, *map(Path, args.data)], held, ckpt, args.minutes,
+            feature_train.train(fp32, students.subset_ids(), [work, *map(Path, args.data)], held,
+                                ckpt.with_name("fused_draft.pt") if args.fused else ckpt, args.minutes,
                                 lr=args.lr, lr_min=args.lr_min, batch=args.batch, passes=args.passes, seed=args.seed,
-                                eval_every=args.eval_every, autocast=True, log=lambda s: print(s, flush=True))
+                                eval_every=args.eval_every, autocast=True, log=lambda s: print(s, flush=True),
+                                init=feature_draft.weight_path() if args.init == "shipped" else args.init,
+                                deep_frac=args.deep_frac, fused=args.fused)
         elif step in ("eval", "export"):
-            res = evaluate(fp32, held, ckpt)
+            res = evaluate(fp32, held, ckpt, args.passes)
             print(json.dumps(res, indent=1))
             (work / "eval.json").write_text(json.dumps(res, indent=1))
             if step == "export":
@@ -104,18 +122,19 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def evaluate(target, held: list[dict], ckpt: Path) -> dict:
-    """Held-out top-1 by draft position for the best checkpoint and for the shipped draft."""
+def evaluate(target, held: list[dict], ckpt: Path, passes: int = 3) -> dict:
+    """Held-out top-1 by draft position (and top-1..4 at position 1) for the best checkpoint and the shipped
+    draft."""
     out: dict = {"heldout_answers": len(held), "positions": sum(len(r["ids"]) - r["n_prompt"] for r in held)}
     best = ckpt.with_name(ckpt.stem + "_best.pt")
     if best.is_file():
         m = feature_draft.FeatureDraft(target, students.subset_ids())
         saved = torch.load(best, weights_only=False, map_location="cpu")
         m.load_state_dict(saved["model"], strict=False)
-        out["checkpoint"] = {"top1_by_position": _eval_checkpoint(target, held, m), "seen": saved["state"]["seen"],
-                             "curve": saved["state"]["curve"]}
+        out["checkpoint"] = {**_eval_checkpoint(target, held, m, passes), "seen": saved["state"]["seen"],
+                             "init": saved["state"].get("init"), "curve": saved["state"]["curve"]}
     if feature_draft.available():
-        out["shipped"] = {"top1_by_position": _eval_checkpoint(target, held, feature_draft.build(target))}
+        out["shipped"] = _eval_checkpoint(target, held, feature_draft.build(target), passes)
     return out
 
 
@@ -134,5 +153,7 @@ def export(target, ckpt: Path, res: dict, args: argparse.Namespace) -> None:
     path = feature_draft.weight_path(args.weights_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
     size = m.save(path, {"heldout_top1_by_position": json.dumps([round(a, 4) for a in new]),
+                         "heldout_topk_pos1": json.dumps([round(a, 4) for a in res["checkpoint"]["topk_pos1"]]),
+                         "init": json.dumps(res["checkpoint"].get("init")),
                          "curve": json.dumps(res["checkpoint"]["curve"])})
     print(f"export: {path} ({size / 1e6:.1f} MB), held-out top-1 by position {[round(a, 3) for a in new]}")
