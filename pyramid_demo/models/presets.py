@@ -94,7 +94,9 @@ PRESETS: dict[str, Preset] = {
             memory_gb=0.35,
             gated=False,
             hub=False,
-            tuned=(("conf_stop", 0.5), ("fallback", "sd"), ("tau_t", 0.3), ("tau_q", 0.3)),
+            # the tree budget measured best here (scripts/tree_budget.py, README "Trees on this machine")
+            tuned=(("conf_stop", 0.5), ("fallback", "sd"), ("tau_t", 0.3), ("tau_q", 0.3),
+                   ("tree_nodes", 4), ("tree_depth", 3), ("tree_k", 2)),
             reduced_heads=REDUCED_HEADS,
         ),
         Preset(
