@@ -15,7 +15,9 @@ from collections.abc import Callable
 from typing import Any
 
 from .methods import method_spec
+from .profile import ar_speed, cost_ms  # noqa: F401 - re-exported: callers read the profile through costs
 from .trace import Step
+from .tree_costs import best_tree, rank_counts, tree_speed
 
 MAX_K = 9  # longest forward profiled one k at a time: a proposal of 8 plus the verifier's own token
 TREE_K = 17  # also profiled: the pass of a 16-node tree (its root row included)
@@ -23,20 +25,6 @@ CONTEXT = 100  # tokens already in the cache when a forward is timed
 
 
 # ---------------------------------------------------------------- the profile
-def cost_ms(profile: dict, role: str, k: int) -> float:
-    """profile[role][k] in ms; beyond the profiled k, extrapolated along the last two points."""
-    row = {int(a): float(b) for a, b in profile["ms"][role].items()}
-    if k in row:
-        return row[k]
-    ks = sorted(row)
-    if k < ks[0]:
-        return row[ks[0]]
-    if len(ks) < 2:
-        return row[ks[-1]]
-    a, b = ks[-2], ks[-1]
-    return max(row[b], row[b] + (row[b] - row[a]) / (b - a) * (k - b))
-
-
 def step_forwards(step: Step) -> dict[str, list[int]]:
     """The new-token counts of the forwards one Step made, per role: `step.fed` where the engine
     recorded it; else (a trace without it, e.g. an older export) read from the rounds. Target: one pass of
@@ -103,10 +91,6 @@ def expected_len(alpha: float, n: float) -> float:
     return (1 - alpha ** (n + 1)) / (1 - alpha)
 
 
-def ar_speed(profile: dict) -> float:
-    return 1000 / cost_ms(profile, "target", 1)
-
-
 def sd_speed(profile: dict, gamma: int, alpha: float) -> float:
     """Expected tok/s of SD: E(α, γ) tokens per round of γ one-token drafts and one (γ+1)-token pass."""
     round_ms = gamma * cost_ms(profile, "draft", 1) + cost_ms(profile, "target", gamma + 1)
@@ -151,7 +135,7 @@ def per_token_alpha(rounds: list) -> float | None:
 def stage_counts(steps: list[Step]) -> dict[str, dict[str, int]]:
     """Per stage: accepted tokens, rejections, proposed tokens and rounds (what α and the lengths need;
     counts add up over runs, so pooled figures come from sums)."""
-    out = {}
+    out: dict[str, dict[str, Any]] = {}
     for stage, rounds in (("target", [s.target_round for s in steps if s.target_round is not None]),
                           ("qualifier", [r for s in steps for r in s.qualifier_rounds])):
         if rounds:
@@ -159,8 +143,6 @@ def stage_counts(steps: list[Step]) -> dict[str, dict[str, int]]:
                           "rejected": sum(1 for r in rounds if rejected(r)),
                           "proposed": sum(len(r.tokens) - 1 for r in rounds), "rounds": len(rounds)}
             if any(r.parents is not None for r in rounds):  # tree rounds: acceptance by rank (`tree_costs`)
-                from .tree_costs import rank_counts
-
                 out[stage]["rank_hits"], out[stage]["rank_reach"] = rank_counts(rounds)
     return out
 
@@ -213,8 +195,6 @@ def model_from_counts(method: str, counts: dict, config: dict, profile: dict) ->
 def _tree_model(out: dict[str, Any], c: dict, config: dict, profile: dict) -> dict[str, Any]:
     """A tree method's model: measured acceptance by rank, the expected tree's speed at this budget and the
     budget the profile predicts best (`tree_costs`)."""
-    from .tree_costs import best_tree, tree_speed
-
     hits, reach = c.get("rank_hits") or [], c.get("rank_reach") or []
     ranks = [h / n for h, n in zip(hits, reach) if n] or None
     budget = {k: int(config.get(k, d)) for k, d in (("tree_nodes", 16), ("tree_depth", 5), ("tree_k", 4))}

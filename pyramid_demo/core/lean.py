@@ -364,7 +364,9 @@ class LeanLM(CachedModel):
         n, rep, scale, win = q.shape[0], w.n_heads // w.n_kv, w.head_dim ** -0.5, w.window
         if plan is not None:
             outs = []
-            for i, j, t, mask, *gather in plan:
+            for entry in plan:
+                i, j, t, mask = entry[:4]
+                gather = entry[4:]  # tree rows: [(batch, destination, source)] or [None]; chains: []
                 m = j - i
                 k, v = (c[None, :, :t].expand(m, -1, -1, -1) for c in (k_all, v_all))  # [m, H_kv, t, D], no copy
                 if gather and gather[0] is not None:  # tree rows: each its own keys, ancestors where a step has them

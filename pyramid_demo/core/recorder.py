@@ -90,12 +90,12 @@ def _record_tree(rnd: Round, cfg: DecodeConfig, full: bool) -> StageRound:
         path, own_status = path[: rnd.kept], "discarded"
     own_ctx = rnd.path[-1] + 1 if rnd.path else 0
     shown = shown_rule(rnd, cfg, greedy)
-    flags = {"exact": rnd.rule == "sd", "sd_fallback": rnd.rule != "sd" and cfg.fallback == "sd",
-             "parents": list(tree.parents)}
+    exact, fallback = rnd.rule == "sd", rnd.rule != "sd" and cfg.fallback == "sd"
     if not full:
         recs = [TokenRec(t, rnd.proposer, st) for t, st in zip(tree.tokens, status)]
         recs.append(TokenRec(rnd.nxt, rnd.verifier, own_status))
-        return StageRound(rnd.stage, rnd.proposer, rnd.verifier, shown, recs, len(path), **flags)
+        return StageRound(rnd.stage, rnd.proposer, rnd.verifier, shown, recs, len(path), exact, fallback,
+                          list(tree.parents))
     ctx = [p + 1 for p in tree.parents]  # each node's parent context
     p_raw = torch.softmax(rnd.z_p, -1)  # [N + 1, V] raw: divergences and top-5 only
     q_raw = torch.softmax(tree.z_q, -1)  # [M, V]
@@ -118,4 +118,5 @@ def _record_tree(rnd: Round, cfg: DecodeConfig, full: bool) -> StageRound:
                              top5={rnd.verifier: top_p[c], rnd.proposer: rules.topk_pairs(q_of[i][None])[0]}))
     p_nxt = 1.0 if greedy else float(p_w[own_ctx, rnd.nxt])
     recs.append(TokenRec(rnd.nxt, rnd.verifier, own_status, p=round(p_nxt, 6), top5={rnd.verifier: top_p[own_ctx]}))
-    return StageRound(rnd.stage, rnd.proposer, rnd.verifier, shown, recs, len(path), **flags)
+    return StageRound(rnd.stage, rnd.proposer, rnd.verifier, shown, recs, len(path), exact, fallback,
+                      list(tree.parents))

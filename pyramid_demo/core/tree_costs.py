@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .costs import ar_speed, cost_ms
+from .profile import ar_speed, cost_ms
 from .trace import StageRound, Step
 from .tree import best_nodes
 
