@@ -60,7 +60,8 @@ def finish(rows: list[dict], prof: dict | None) -> dict:
         row["predicted_profile_tokens_per_s"] = row["n_new_tokens"] / t if t > 0 else None
         v = by.setdefault(row["variant"], {"method": row["method"], "tokens": 0, "decode_s": 0.0, "predicted_s": 0.0,
                                            "forwards": {}, "ms_by_k": {}, "stages": {},
-                                           "config": {k: row.get(k) for k in ("gamma", "l_d", "l_q")}})
+                                           "config": {k: row[k] for k in ("gamma", "l_d", "l_q", "tree_nodes",
+                                                                             "tree_depth", "tree_k") if row.get(k)}})
         v["tokens"] += row["n_new_tokens"]
         v["decode_s"] += row["decode_s"] or 0.0
         v["predicted_s"] += t

@@ -33,7 +33,7 @@ from .prompts import Prompt, load_prompts
 ROW_COLUMNS = [
     "repeat", "prompt_index", "category", "variant", "method", "kind", "lossless",
     "temperature", "gamma", "l_d", "l_q", "tau_q", "tau_t", "divergence", "div_support", "fallback", "stage2",
-    "conf_stop",
+    "conf_stop", "tree_nodes", "tree_depth", "tree_k",
     "prompt_tokens", "n_new_tokens", "stopped", "prefill_s", "decode_s", "wall_s",
     "tokens_per_s", "tokens_per_s_incl_prefill", "tokens_per_s_wall",
     "speedup_vs_ar", "speedup_vs_sd", "speedup_vs_ar_wall", "speedup_vs_sd_wall",
@@ -189,6 +189,8 @@ def _base_row(v: Variant, r: int, pi: int, prompt: Prompt, ids: list[int]) -> di
         spec = method_spec(v.method)
         row.update(fallback=c.fallback, conf_stop=c.conf_stop if spec.proposer else None)
         row.update({k: getattr(c, k) for k in spec.lengths + spec.thresholds})
+        if spec.tree:
+            row.update(tree_nodes=c.tree_nodes, tree_depth=c.tree_depth, tree_k=c.tree_k)
         if spec.pyramid:
             row.update(stage2=c.stage2)
     return row
