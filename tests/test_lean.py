@@ -279,3 +279,18 @@ def test_offline_target_padded_attention_is_exact(offline_target, one_thread):
     rec = exactness.check_model(lambda: LeanLM(bf16, vocab, "t", "no-onednn", padded=True), vocab,
                                 ((60, (2, 5, 9)), (124, (3, 9))))
     assert rec["exact"] and rec["passes"] == 5, rec
+
+
+def test_padded_masks_are_built_once_per_position(monkeypatch, one_thread):
+    """The padded plan (key lengths and masks) depends on the position and row count alone, so a run builds it
+    once per (position, rows): a rollback that revisits a position reuses it, with the same logits."""
+    model = family("llama3")
+    lm = LeanLM(model, V, "t", padded=True)
+    built = []
+    real = LeanLM._key_plan
+    monkeypatch.setattr(LeanLM, "_key_plan", lambda self, pos, n: built.append((pos, n)) or real(self, pos, n))
+    lm.logits(IDS[:20], 1)
+    first = lm.logits(IDS[:25], 5)
+    lm.rollback(IDS[:21])
+    again = lm.logits(IDS[:25], 5)
+    assert built.count((20, 5)) == 1 and torch.equal(first, again)

@@ -229,6 +229,7 @@ class LeanLM(CachedModel):
         # the cache, ancestors found in place by the mask (no copy; masked gaps move keys to other lanes of the
         # kernel's reductions: bitwise equal to steps only for small trees on an AMD EPYC). The probe checks both.
         self.tree_layout = tree_layout
+        self._plans: dict[tuple[int, int], list] = {}  # (pos, n) -> padded attention's key plan
         w = self.w
         self.kv = torch.zeros(len(w.layers), 2, w.n_kv, capacity, w.head_dim, dtype=w.dtype)  # [L, 2, H_kv, T, D]
         self._rope(capacity)
@@ -402,7 +403,9 @@ class LeanLM(CachedModel):
         positions are the slots, or `positions` [n] for tree rows (with their `plan`)."""
         w, n = self.w, tokens.shape[0]
         if plan is None and self.padded and n <= ROWWISE_MAX:
-            plan = self._key_plan(pos, n)
+            plan = self._plans.get((pos, n))
+            if plan is None:  # a position's masks are the same on every visit: built once per run
+                plan = self._plans[(pos, n)] = self._key_plan(pos, n)
             self._grow(plan[-1][2])  # the padded keys must exist (masked, whatever they hold)
         h_q, h_kv, d_h = w.n_heads, w.n_kv, w.head_dim
         at = slice(pos, pos + n) if positions is None else positions
