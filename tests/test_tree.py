@@ -272,3 +272,23 @@ def test_the_probe_checks_tree_passes_and_keeps_them_apart(tiny):
     assert rec["trees"] is not None and rec["trees"]["passes"] == 6 and rec["trees"]["exact"], rec["trees"]
     assert rec["exact"] and rec["passes"] == 6
     assert "tree passes exact" in exactness.describe_trees(rec)
+
+
+@pytest.mark.parametrize("fallback", ["none", "sd"])
+def test_the_inspectors_what_if_walks_a_tree_as_the_engine_did(tiny, fallback):
+    """The what-if τ over a fuzzy tree round, at the τ the run used, gives back the engine's own accepted path
+    (a node's children share its divergence; a passing node takes its top-ranked child); a looser τ never
+    accepts less, and τ = 0 accepts only what the SD fallback took."""
+    from pyramid_demo.app.inspector import reevaluate, whatif_statuses
+
+    cfg = DecodeConfig(method="fsd_tree", max_new_tokens=24, tau_t=0.6, fallback=fallback, tree_nodes=6,
+                       tree_depth=3, tree_k=2)
+    r = generate(tiny, "The quick brown fox", cfg)
+    rounds = [s.target_round for s in r.steps if s.target_round is not None and s.target_round.parents]
+    assert rounds
+    for rnd in rounds:
+        assert reevaluate(rnd, 0.6) == rnd.n_accepted
+        assert whatif_statuses(rnd, 0.6).count("accepted") == rnd.n_accepted
+        assert reevaluate(rnd, 50.0) >= rnd.n_accepted
+        if fallback == "none":
+            assert reevaluate(rnd, 0.0) == 0

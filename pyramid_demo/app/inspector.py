@@ -20,6 +20,8 @@ def reevaluate(rnd: StageRound, tau: float | None) -> int:
     """
     if rnd.exact or tau is None:
         return rnd.n_accepted
+    if rnd.parents is not None:
+        return _tree_whatif(rnd, tau)[0]
     recs = rnd.tokens[:-1]
     passes = fuzzy_passes([t.div if t.div is not None else float("inf") for t in recs], tau)
     if rnd.sd_fallback:
@@ -30,8 +32,38 @@ def reevaluate(rnd: StageRound, tau: float | None) -> int:
     return min(k, rnd.n_accepted) if cut else k
 
 
+def _tree_whatif(rnd: StageRound, tau: float) -> tuple[int, list[str]]:
+    """A fuzzy tree round under another τ, walked as the engine walks it (`core.tree.decide_tree`): a node's
+    children share its divergence (recorded on each child); a passing node takes its top-ranked child; under the
+    SD fallback a failing node still takes the child the SD rule took (the recorded accepted child whose Div was
+    above its τ). Returns the accepted path's length and each node's status under τ."""
+    recs = rnd.tokens[:-1]
+    parents = rnd.parents or []
+    kids: dict[int, list[int]] = {}
+    for i, p in enumerate(parents):
+        kids.setdefault(p, []).append(i)
+    status = ["discarded"] * len(recs)
+    c, k = -1, 0
+    while kids.get(c):
+        ch = kids[c]
+        d = recs[ch[0]].div
+        took = ch[0] if fuzzy_passes([d if d is not None else float("inf")], tau)[0] else None
+        if took is None and rnd.sd_fallback:
+            took = next((i for i in ch if recs[i].status == "accepted" and recs[i].tau is not None
+                         and (recs[i].div or 0.0) > recs[i].tau), None)
+        for i in ch:
+            status[i] = "rejected" if took is None else status[i]
+        if took is None:
+            break
+        status[took], k, c = "accepted", k + 1, took
+    cut = bool(rnd.tokens) and rnd.tokens[-1].status == "discarded"
+    return (min(k, rnd.n_accepted) if cut else k), status
+
+
 def whatif_statuses(rnd: StageRound, tau: float | None) -> list[str]:
     """accepted / rejected / discarded for each proposed token under `tau`."""
+    if rnd.parents is not None:
+        return [t.status for t in rnd.tokens[:-1]] if rnd.exact or tau is None else _tree_whatif(rnd, tau)[1]
     k = reevaluate(rnd, tau)
     n = len(rnd.tokens) - 1
     return ["accepted" if i < k else "rejected" if i == k else "discarded" for i in range(n)]
