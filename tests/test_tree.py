@@ -2,12 +2,11 @@
 compaction of the accepted path, and tree rows in the feature draft."""
 import pytest
 import torch
-from mock_lm import BigramLM, bigram_table
+from test_engine import joint_two_tokens  # the chain tests' joint law of the first two tokens
 
 from pyramid_demo.core import rules
 from pyramid_demo.core.cache import CacheError
 from pyramid_demo.core.config import DecodeConfig
-from pyramid_demo.core.engine import decode, roles_for
 from pyramid_demo.core.lean import LeanLM
 from pyramid_demo.core.run import generate
 from pyramid_demo.core.tree import Tree, best_nodes, chain, check, decide_tree
@@ -126,34 +125,19 @@ def test_deterministic_children_rule_samples_the_verifier_exactly():
     assert 0.5 * (bad - p).abs().sum() > 0.1
 
 
-def _joint(method: str, n_trials: int, **kw) -> tuple[torch.Tensor, torch.Tensor]:
-    """Empirical joint law of the first two sampled tokens after token 0 (vocabulary 4), and the target's."""
-    Vs = 4
-    tables = {"target": bigram_table(Vs, 1), "qualifier": bigram_table(Vs, 2), "draft": bigram_table(Vs, 3)}
-    cfg = DecodeConfig(method=method, temperature=1.0, max_new_tokens=2, **kw)
-    gen = torch.Generator().manual_seed(123)
-    counts = torch.zeros(Vs, Vs)
-    for _ in range(n_trials):
-        lms = {r: BigramLM(tables[r], r) for r in roles_for(method)}
-        out = [t for s in decode(lms, [0], cfg, (), gen) for t in s.new_tokens]
-        counts[out[0], out[1]] += 1
-    p = torch.softmax(tables["target"], -1)
-    return counts / n_trials, p[0][:, None] * p
-
-
 @pytest.mark.parametrize("method,kw", [("sd_tree", {"tree_nodes": 5, "tree_depth": 2, "tree_k": 2}),
                                        ("psd_a_tree", {"stage2": "sd", "tree_nodes": 4, "tree_depth": 2,
                                                        "tree_k": 2, "l_d": 2, "l_q": 3})])
 def test_sampled_tree_sd_reproduces_the_target_joint_law(method, kw):
     """Tree SD at T=1 (and the lossless pyramid over a tree) sample the target's law: over 4,000 runs the
     first two tokens are within TV 0.05 of p_T(a|0)·p_T(b|a), the chain's bound (tests/test_engine.py)."""
-    emp, exp = _joint(method, 4000, **kw)
+    emp, exp = joint_two_tokens(method, 4000, **kw)
     assert 0.5 * (emp - exp).abs().sum().item() < 0.05
 
 
 def test_fuzzy_tree_sampling_is_not_exact():
     """Control: FSD over a tree with a loose τ is measurably off the target's law."""
-    emp, exp = _joint("fsd_tree", 3000, tau_t=5.0, tree_nodes=5, tree_depth=2, tree_k=2)
+    emp, exp = joint_two_tokens("fsd_tree", 3000, tau_t=5.0, tree_nodes=5, tree_depth=2, tree_k=2)
     assert 0.5 * (emp - exp).abs().sum().item() > 0.05
 
 

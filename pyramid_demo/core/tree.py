@@ -129,9 +129,7 @@ def decide_tree(z_p: torch.Tensor, tree: Tree, rule: str, tau: float | None, fal
         if fuzzy and tree.q_row[c] >= 0 and tau:
             assert d is not None
             zq = tree.z_q[tree.q_row[c]][None]
-            d[c] = float(rules.support_divergence(torch.softmax(z_p[c:c + 1], -1), torch.softmax(zq, -1),
-                                                  div[0], div[1], torch.log_softmax(z_p[c:c + 1], -1),
-                                                  torch.log_softmax(zq, -1))[0])
+            d[c] = float(rules.support_divergence_logits(z_p[c:c + 1], zq, div[0], div[1])[0])  # as `decide`
             if rules.fuzzy_passes(d[c:c + 1], tau)[0]:
                 chosen = children[0]
         p = warped(c) if gen is not None and chosen is None else None

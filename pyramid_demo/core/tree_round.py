@@ -39,10 +39,13 @@ def grow(lane, seq: list[int], nodes: int, depth: int, k: int) -> Grown:
     fed: list[int] = []  # per node: its pending row in the proposer (−1: not fed)
 
     def add_children(z_row: torch.Tensor, parent: int, base: float) -> list[int]:
-        lp = torch.log_softmax(z_row.float(), -1)
-        v, i = torch.topk(lp, min(k, int(torch.isfinite(lp).sum())))
+        z = z_row.float()
+        v, i = torch.topk(z, k)  # the top-k logits; their log-probabilities need one logsumexp, not a log-softmax
+        v = v - torch.logsumexp(z, -1)
         out = []
         for s, t in zip(v.tolist(), i.tolist()):
+            if s == float("-inf"):  # a reduced head with fewer than k tokens: no such candidate
+                break
             toks.append(int(t))
             par.append(parent)
             score.append(base + s)
