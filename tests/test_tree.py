@@ -187,13 +187,18 @@ def test_tree_pass_equals_one_token_steps_along_each_path_bitwise(tiny):
             assert torch.equal(z[j], steps[-1][0]), (n0, j)
 
 
-def test_keep_path_leaves_the_cache_a_step_would_have_built(tiny):
-    """After keep_path only the accepted path is cached, in place: the next pass gives bitwise the logits
-    of a cache that was fed the committed tokens as a chain; a path that is not a path is refused."""
-    import copy
+def test_keep_path_leaves_the_cache_a_step_would_have_built():
+    """After keep_path only the accepted path is cached, in place: the next pass gives bitwise the logits of a
+    cache that was fed the committed tokens as a chain (a model with large weights, so that keys moved to the
+    wrong slots show in the logits); a path that is not a path is refused."""
+    from test_lean import family
 
-    _, make = _bf16_lm(copy.deepcopy(tiny))
-    ids = [(i * 37 + 5) % 300 + 3 for i in range(80)]
+    model = family("llama3", init=0.5).to(torch.bfloat16)
+
+    def make():
+        return LeanLM(model, 300, "t", "no-onednn", padded=True, capacity=8)
+
+    ids = [(i * 37 + 5) % 290 + 3 for i in range(80)]
     lm = make()
     lm.logits(ids[:30], 1)
     lm.forward_tree([7, 8, 9, 10], [-1, 0, 0, 2], 30)
@@ -201,9 +206,12 @@ def test_keep_path_leaves_the_cache_a_step_would_have_built(tiny):
         lm.keep_path([0, 1, 3])
     lm.forward_tree([7, 8, 9, 10], [-1, 0, 0, 2], 30)
     assert lm.keep_path([0, 2, 3]) == 33 and lm.ids[30:] == [7, 9, 10]
-    ref = make()
+    ref, other = make(), make()
     ref.logits(ids[:30] + [7, 9, 10], 1)
-    assert torch.equal(lm.logits(lm.ids + [42], 1), ref.logits(ref.ids + [42], 1))
+    other.logits(ids[:30] + [7, 8, 9], 1)  # the rows left in place without the move
+    got = lm.logits(lm.ids + [42], 1)
+    assert torch.equal(got, ref.logits(ref.ids + [42], 1))
+    assert not torch.equal(got, other.logits(other.ids + [42], 1))
 
 
 def test_masked_layout_gives_the_same_tokens(tiny):
