@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ..core.trace import StageRound, Step, TokenRec
+from ..core.trace import StageRound, Step, TokenRec, parents_of
 from .charts import FONT_SIZE, _layout, empty_figure
 from .render import STATUS_COLOURS
 
@@ -59,8 +59,7 @@ class Node:
 
 def round_parents(rnd: StageRound) -> list[int]:
     """Each proposed token's parent (−1: the root); a chain's parent is the previous token."""
-    n = len(rnd.tokens) - 1
-    return list(rnd.parents) if rnd.parents is not None else list(range(-1, n - 1))
+    return parents_of(rnd)
 
 
 def fate(node: Node) -> str:

@@ -21,6 +21,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
+from . import parents as parent_list
+
 STATUSES = ("accepted", "rejected", "discarded", "resampled", "bonus")
 ORIGINS = ("draft", "qualifier", "target", "bonus")
 
@@ -52,6 +54,17 @@ class StageRound:
     # a tree of candidates: each proposed token's parent among the proposed tokens (−1: the root, the last
     # committed token), breadth-first; None for a chain (parent i − 1)
     parents: list[int] | None = None
+
+
+def parents_of(rnd: StageRound) -> list[int]:
+    """Every round is a tree: its proposed tokens' parent list (a chain's when `parents` is None)."""
+    return list(rnd.parents) if rnd.parents is not None else parent_list.chain(len(rnd.tokens) - 1)
+
+
+def accepted_path(rnd: StageRound) -> list[int]:
+    """The accepted proposed nodes, root first (they lie on one path: each accepted node's parent is the root
+    or the accepted node before it)."""
+    return [i for i, t in enumerate(rnd.tokens[:-1]) if t.status == "accepted"]
 
 
 @dataclass

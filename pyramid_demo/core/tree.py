@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from . import parents as parent_list
 from . import rules
 
 
@@ -38,31 +39,21 @@ class Tree:
         return len(self.tokens)
 
     def depths(self) -> list[int]:
-        d: list[int] = []
-        for p in self.parents:
-            d.append(1 if p < 0 else d[p] + 1)
-        return d
+        return parent_list.depths(self.parents)
 
     def children(self) -> list[list[int]]:
         """Per context c (0 root, i + 1 node i): its children's node indices, in ranked order."""
-        out: list[list[int]] = [[] for _ in range(self.n + 1)]
-        for i, p in enumerate(self.parents):
-            out[p + 1].append(i)
-        return out
+        return parent_list.children(self.parents)
 
     def path(self, i: int) -> list[int]:
         """Node indices from the root's child down to node i."""
-        out = []
-        while i >= 0:
-            out.append(i)
-            i = self.parents[i]
-        return out[::-1]
+        return parent_list.path(self.parents, i)
 
 
 def chain(tokens: list[int], z_q: torch.Tensor) -> Tree:
     """A chain as a tree: node i's parent is i − 1; z_q [n, V] gives the proposer's row per context."""
     n = len(tokens)
-    return Tree(list(tokens), list(range(-1, n - 1)), z_q, list(range(n)) + [-1])
+    return Tree(list(tokens), parent_list.chain(n), z_q, list(range(n)) + [-1])
 
 
 def check(tree: Tree) -> None:
