@@ -3,22 +3,25 @@ from __future__ import annotations
 
 from pyramid_demo.app import pass_hist
 from pyramid_demo.app.render import METHOD_COLOURS
-from pyramid_demo.core.trace import RunResult, Stats
+from pyramid_demo.core.trace import RunResult, StageRound, Stats, Step, TokenRec
 
 CHAINS = ("ar", "sd", "fsd", "psd_a", "psd_f")
 TREES = ("sd_tree", "fsd_tree", "psd_a_tree", "psd_f_tree")
 
 
-def result(method: str, hist: list[int]) -> RunResult:
+def result(method: str, hist: list[int], tree: bool = False) -> RunResult:
+    """A run with these stats; a tree run's one recorded round is a tree (its shape is read from the records)."""
     passes = sum(hist)
     mean = sum(k * v for k, v in enumerate(hist)) / passes
     stats = Stats(method, 0, 0.0, 1.0, 0.0, passes, {}, {}, {}, mean, mean + 1, hist, {}, {}, {}, 0.0, "eos")
-    return RunResult(method, {}, [], "", [], [], [], [], "", stats, [])
+    toks = [TokenRec(1, "draft", "accepted"), TokenRec(2, "draft", "discarded"), TokenRec(3, "target", "bonus")]
+    rnd = StageRound("target", "draft", "target", "sd", toks, 1, parents=[-1, -1] if tree else [-1, 0])
+    return RunResult(method, {}, [], "", [], [], [], [], "", stats, [Step(0, [], rnd, [1, 3], [], 0.0, 0.1)])
 
 
 def race(methods: tuple[str, ...]) -> dict[str, RunResult]:
     """AR accepts nothing; every other method a histogram of its own shape (method i peaks at k = i % 4)."""
-    return {m: result(m, [9] if m == "ar" else [1 + 3 * (k == i % 4) for k in range(5)]) for i, m in
+    return {m: result(m, [9] if m == "ar" else [1 + 3 * (k == i % 4) for k in range(5)], m in TREES) for i, m in
             enumerate(methods)}
 
 
@@ -67,7 +70,7 @@ def test_every_panel_shares_one_scale() -> None:
     """Rule: a chain and its tree are compared down a column, so every panel's y axis has the same range, and
     the x axis stops at the longest accepted run any method had."""
     res = race(CHAINS + TREES)
-    res["sd_tree"] = result("sd_tree", [0, 9, 0, 0, 0, 0, 0, 0])  # one tall bar; bins past k = 4 all empty
+    res["sd_tree"] = result("sd_tree", [0, 9, 0, 0, 0, 0, 0, 0], tree=True)  # one tall bar; bins past k = 4 all empty
     fig = pass_hist.accepted_figure(res)
     ranges = {tuple(fig.layout[k].range) for k in fig.layout if k.startswith("yaxis")}
     assert len(ranges) == 1 and next(iter(ranges))[1] >= 1.0

@@ -6,9 +6,9 @@ from plotly.subplots import make_subplots
 
 from ..core.config import METHOD_SHORT
 from ..core.costs import measured_by_k
-from ..core.methods import method_spec
+from ..core.stats import stage_rounds
 from ..core.trace import RunResult, StageRound, Step
-from .inspector import round_tau, speedups, stage_names, whatif_statuses
+from .inspector import positions, round_tau, speedups, stage_names, whatif_statuses
 from .render import METHOD_COLOURS, STATUS_COLOURS
 
 FONT_SIZE = 15  # large enough to read on a projector
@@ -71,24 +71,46 @@ def race_figure(results: dict[str, RunResult], running: str | None = None, live:
 
 def _bars(fig: go.Figure, rnds: list[StageRound], tau: float | None, texts: dict[int, str], row: int,
           label: str) -> None:
-    xs, ys, colours, hover = [], [], [], []
+    """One bar per position of each round, along its line (`inspector.positions`: the accepted path, then the
+    top-ranked candidate): the divergence at that position's context, its parent's (recorded on each child there),
+    coloured by the token's fate at this τ; a tree's other candidates at the position are named on hover and
+    counted on the bar (they share the context, so its divergence)."""
+    xs, ys, colours, hover, marks = [], [], [], [], []
     for j, rnd in enumerate(rnds):
         what = whatif_statuses(rnd, tau)
-        for i, t in enumerate(rnd.tokens[:-1]):
-            tok = texts.get(t.token_id, f"#{t.token_id}")
-            xs.append(f"{label}{j + 1}·{i + 1} {tok!r}" if len(rnds) > 1 else f"{i + 1} {tok!r}")
+        ids = [t.token_id for t in rnd.tokens]
+
+        def name(i: int, ids: list[int] = ids) -> str:
+            return repr(texts.get(ids[i], f"#{ids[i]}"))
+
+        for at in positions(rnd):
+            if at.node is None:
+                continue
+            t, tok = rnd.tokens[at.node], name(at.node)
+            xs.append(f"{label}{j + 1}·{at.depth} {tok}" if len(rnds) > 1 else f"{at.depth} {tok}")
             ys.append(t.div or 0.0)
-            colours.append(STATUS_COLOURS[what[i]][1])
-            hover.append(f"{tok!r}: Div {t.div:.3f}<br>recorded: {t.status}<br>at this τ: {what[i]}")
-    fig.add_trace(go.Bar(x=xs, y=ys, marker_color=colours, hovertext=hover, hoverinfo="text", showlegend=False),
-                  row=row, col=1)
+            colours.append(STATUS_COLOURS[what[at.node]][1])
+            tip = (f"{tok} at position {at.depth}: Div {_num(t.div)}<br>recorded: {t.status}"
+                   f"<br>at this τ: {what[at.node]}")
+            if at.siblings:
+                tip += "<br>other candidates here (same context, same Div): " + ", ".join(
+                    f"{name(i)} ({what[i]})" for i in at.siblings)
+            hover.append(tip)
+            marks.append(f"+{len(at.siblings)}" if at.siblings else "")
+    fig.add_trace(go.Bar(x=xs, y=ys, marker_color=colours, hovertext=hover, hoverinfo="text", showlegend=False,
+                         text=marks, textposition="outside"), row=row, col=1)
     if tau is not None:
         fig.add_hline(y=tau, line=dict(color="#D55E00", dash="dash", width=2), row=row, col=1,
                       annotation_text=f"τ = {tau:g}", annotation_position="top left")
 
 
+def _num(v: float | None) -> str:
+    return "—" if v is None else f"{v:.3f}"
+
+
 def divergence_figure(step: Step, tau_q: float, tau_t: float, texts: dict[int, str]) -> go.Figure:
-    """Each drafted token's divergence against the threshold; bar colour = outcome at the chosen τ."""
+    """The divergence at each position of each round against the threshold (`_bars`); bar colour = the token's
+    outcome at the chosen τ."""
     if step.target_round is None:
         return empty_figure("AR: no drafted tokens in this pass.")
     rows = [("qualifier", step.qualifier_rounds)] if step.qualifier_rounds else []
@@ -127,7 +149,8 @@ def top5_figure(dists: dict[str, list[list[float]]], texts: dict[int, str], titl
 
 
 def position_figure(results: dict[str, RunResult]) -> go.Figure:
-    """P(accepted | position reached) by draft position, per method and stage."""
+    """Per stage, by position (a depth: a tree's 12 nodes over 4 positions give 4 points), the share of rounds that
+    proposed a token there whose accepted path reached it (`core.stats`), per method."""
     fig = go.Figure()
     for m, r in results.items():
         for stage in stage_names(r):
@@ -135,15 +158,16 @@ def position_figure(results: dict[str, RunResult]) -> go.Figure:
             if not ys:
                 continue
             dash = "dot" if stage == "qualifier" else "solid"
-            pair = "draft→qualifier" if stage == "qualifier" else f"{method_spec(m).proposer}→target"
+            first = stage_rounds(r.steps, stage)[0]
+            pair = f"{first.proposer}→{first.verifier}"
             fig.add_trace(go.Scatter(x=list(range(1, len(ys) + 1)), y=ys, mode="lines+markers",
                                      name=f"{m.upper()} · {pair}",
                                      line=dict(color=METHOD_COLOURS.get(m), dash=dash, width=3)))
     if not fig.data:
         return empty_figure("Per-position acceptance appears after a race.")
     _layout(fig, "Acceptance by position in the proposal", 460)
-    fig.update_xaxes(title="position in the proposal", dtick=1)
-    fig.update_yaxes(title="P(accepted | reached)", range=[0, 1.05], tickformat=".0%")
+    fig.update_xaxes(title="position in the proposal (a tree's depth)", dtick=1)
+    fig.update_yaxes(title="P(accepted | proposed there)", range=[0, 1.05], tickformat=".0%")
     fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.25, x=0, xanchor="left"),
                       margin=dict(b=150))
     return fig

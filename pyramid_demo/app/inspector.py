@@ -2,71 +2,73 @@
 race speeds and the race table. No model calls, so the inspector answers instantly."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..core import noise
-from ..core.rules import fuzzy_passes, leading_run
+from ..core import parents as parent_list
+from ..core.rules import fuzzy_passes
 from ..core.stats import STAGES, agreement, stage_rounds
-from ..core.trace import RunResult, StageRound, Step, TokenRec
+from ..core.trace import RunResult, StageRound, Step, TokenRec, accepted_path, parents_of
 from .session import Race
 
 
-def reevaluate(rnd: StageRound, tau: float | None) -> int:
-    """Drafted tokens the round would have accepted at threshold `tau`: the leading run of recorded Div ≤ τ,
-    by the engine's own test (`rules.fuzzy_passes`), keyed by the round's data (`exact`, `sd_fallback`).
+def sd_took(rec: TokenRec) -> bool:
+    """Whether the SD fallback's own test accepted this proposed token: the stored decision, read in this one place
+    (today an accepted token whose recorded Div was above its τ: only the SD rule can have passed it)."""
+    return rec.status == "accepted" and rec.tau is not None and (rec.div or 0.0) > rec.tau
 
-    Exact-rule rounds (SD, PSD_A's stage 1, stage-2 'sd') do not use τ: their recorded count stands.
-    Under the SD fallback a token that was accepted although Div > its recorded τ passed the SD rule,
-    which τ does not change, so it still passes. A round cut short (its own token discarded: a PSD block's
-    size or confidence cut, an EOS) keeps at most what it kept: the cut does not depend on τ.
-    """
-    if rnd.exact or tau is None:
-        return rnd.n_accepted
-    if rnd.parents is not None:
-        return _tree_whatif(rnd, tau)[0]
+
+def cut(rnd: StageRound) -> bool:
+    """A round cut short (a PSD block's size or confidence cut, an EOS): its own token never entered the output."""
+    return bool(rnd.tokens) and rnd.tokens[-1].status == "discarded"
+
+
+def walk(rnd: StageRound, tau: float) -> list[str]:
+    """Each proposed token's status under the fuzzy rule at `tau`, for a chain or a tree (a chain is a tree): the
+    one walker of the rule, as the engine walks it. From the root, a context's divergence (recorded on each of its
+    children) ≤ τ (`rules.fuzzy_passes`) takes its top-ranked child; under the SD fallback a failing context takes
+    the child the SD rule took (`sd_took`), its siblings tried before it rejected; a context that takes none
+    rejects every child and ends the walk. A cut does not depend on τ: a cut round keeps at most what it kept,
+    the path past it discarded (as the recorder marks it)."""
     recs = rnd.tokens[:-1]
-    passes = fuzzy_passes([t.div if t.div is not None else float("inf") for t in recs], tau)
-    if rnd.sd_fallback:
-        passes = [ok or (t.status == "accepted" and t.tau is not None and (t.div or 0.0) > t.tau)
-                  for ok, t in zip(passes, recs)]
-    k = leading_run(passes)
-    cut = bool(rnd.tokens) and rnd.tokens[-1].status == "discarded"
-    return min(k, rnd.n_accepted) if cut else k
-
-
-def _tree_whatif(rnd: StageRound, tau: float) -> tuple[int, list[str]]:
-    """A fuzzy tree round under another τ, walked as the engine walks it (`core.tree.decide_tree`): a node's
-    children share its divergence (recorded on each child); a passing node takes its top-ranked child; under the
-    SD fallback a failing node still takes the child the SD rule took (the recorded accepted child whose Div was
-    above its τ). Returns the accepted path's length and each node's status under τ."""
-    recs = rnd.tokens[:-1]
-    parents = rnd.parents or []
-    kids: dict[int, list[int]] = {}
-    for i, p in enumerate(parents):
-        kids.setdefault(p, []).append(i)
+    kids = parent_list.children(parents_of(rnd))
     status = ["discarded"] * len(recs)
-    c, k = -1, 0
-    while kids.get(c):
+    path: list[int] = []
+    c = 0
+    while kids[c]:
         ch = kids[c]
         d = recs[ch[0]].div
-        took = ch[0] if fuzzy_passes([d if d is not None else float("inf")], tau)[0] else None
+        took = ch[0] if fuzzy_passes([float("inf") if d is None else d], tau)[0] else None
         if took is None and rnd.sd_fallback:
-            took = next((i for i in ch if recs[i].status == "accepted" and recs[i].tau is not None
-                         and (recs[i].div or 0.0) > recs[i].tau), None)
-        for i in ch:
-            status[i] = "rejected" if took is None else status[i]
+            took = next((i for i in ch if sd_took(recs[i])), None)
+        for i in ch[: ch.index(took) if took is not None else len(ch)]:
+            status[i] = "rejected"
         if took is None:
             break
-        status[took], k, c = "accepted", k + 1, took
-    cut = bool(rnd.tokens) and rnd.tokens[-1].status == "discarded"
-    return (min(k, rnd.n_accepted) if cut else k), status
+        status[took] = "accepted"
+        path.append(took)
+        c = took + 1
+    if cut(rnd):
+        for i in path[rnd.n_accepted:]:
+            status[i] = "discarded"
+    return status
 
 
 def whatif_statuses(rnd: StageRound, tau: float | None) -> list[str]:
-    """accepted / rejected / discarded for each proposed token under `tau`."""
-    if rnd.parents is not None:
-        return [t.status for t in rnd.tokens[:-1]] if rnd.exact or tau is None else _tree_whatif(rnd, tau)[1]
-    k = reevaluate(rnd, tau)
-    n = len(rnd.tokens) - 1
-    return ["accepted" if i < k else "rejected" if i == k else "discarded" for i in range(n)]
+    """accepted / rejected / discarded for each proposed token under `tau` (an exact-rule round, or no τ: as
+    recorded, since τ does not change the exact rule)."""
+    if rnd.exact or tau is None:
+        return [t.status for t in rnd.tokens[:-1]]
+    return walk(rnd, tau)
+
+
+def reevaluate(rnd: StageRound, tau: float | None) -> int:
+    """Drafted tokens the round would have accepted at threshold `tau`: the accepted path's length under `walk`,
+    keyed by the round's data (`exact`, `sd_fallback`), never by its displayed rule name. Exact-rule rounds (SD,
+    PSD_A's stage 1, stage-2 'sd') do not use τ: their recorded count stands."""
+    if rnd.exact or tau is None:
+        return rnd.n_accepted
+    return walk(rnd, tau).count("accepted")
 
 
 def round_tau(rnd: StageRound, tau_q: float, tau_t: float) -> float | None:
@@ -76,32 +78,87 @@ def round_tau(rnd: StageRound, tau_q: float, tau_t: float) -> float | None:
     return tau_q if rnd.stage == "qualifier" else tau_t
 
 
-def block_sources(step: Step) -> list[TokenRec | None]:
-    """For each position of the target round, the stage-1 record that saw the draft's proposal there.
-
-    A position the qualifier filled itself maps to the draft's rejected token (it holds the draft's
-    distribution), or to None after a fully accepted round (the draft made no proposal there).
-    """
-    out: list[TokenRec | None] = []
-    for rnd in step.qualifier_rounds:
-        k, n = rnd.n_accepted, len(rnd.tokens) - 1
-        out += rnd.tokens[:k]
-        out.append(rnd.tokens[k] if k < n else None)
+def line(rnd: StageRound) -> list[int]:
+    """The nodes the inspector lays along positions 1, 2, …, one per depth: the accepted path, then from its end
+    each context's top-ranked child (a chain's rejected token and the discarded ones after it: all of a chain)."""
+    kids = parent_list.children(parents_of(rnd))
+    out = accepted_path(rnd)
+    c = out[-1] + 1 if out else 0
+    while kids[c]:
+        out.append(kids[c][0])
+        c = kids[c][0] + 1
     return out
 
 
-def position_top5(step: Step, pos: int) -> dict[str, list[list[float]]]:
-    """Each model's top-5 next tokens at position `pos` of this step's target round (role → [[id, p]])."""
+@dataclass
+class Position:
+    """One position (a depth, 1 the first after the committed text) of a round: the node the inspector shows there
+    (None: only the verifier's own token is there, after a path that ended at a leaf), the other candidates at
+    the same context (its siblings, ranked) and whether the verifier's own token sits here too."""
+
+    depth: int
+    node: int | None
+    siblings: list[int]
+    own: bool
+
+    def record(self, rnd: StageRound) -> TokenRec:
+        """The record whose top-5 are the distributions at this position's context (its parent's)."""
+        return rnd.tokens[-1] if self.node is None else rnd.tokens[self.node]
+
+
+def positions(rnd: StageRound) -> list[Position]:
+    """Every position of a round along its line (`line`): a chain of n that stopped at k has n (the own token
+    beside the rejected one at k + 1), one fully accepted has n + 1 (the bonus after the last)."""
+    ps = parents_of(rnd)
+    kids = parent_list.children(ps)
+    nodes, k = line(rnd), len(accepted_path(rnd))
+    out = [Position(d, i, [j for j in kids[parent_list.context_of(ps, i)] if j != i], d == k + 1)
+           for d, i in enumerate(nodes, start=1)]
+    if k + 1 > len(nodes):
+        out.append(Position(k + 1, None, [], True))
+    return out
+
+
+def block_sources(step: Step) -> list[TokenRec | None]:
+    """For each position of the target round's block, the stage-1 record that saw the draft's proposal there: the
+    accepted path of each stage-1 round (a tree's, not its first nodes), then a record at the context where the
+    qualifier filled the position itself (a child there holds the draft's distribution), or None after a path
+    that ended at a leaf (the draft made no proposal there)."""
+    out: list[TokenRec | None] = []
+    for rnd in step.qualifier_rounds:
+        path = accepted_path(rnd)
+        out += [rnd.tokens[i] for i in path]
+        end = parent_list.children(parents_of(rnd))[path[-1] + 1 if path else 0]
+        out.append(rnd.tokens[end[0]] if end else None)
+    return out
+
+
+def position_top5(step: Step, depth: int) -> dict[str, list[list[float]]]:
+    """Each model's top-5 next tokens at position `depth` (1-based, clamped) of this step's target round, read at
+    that position's context (role → [[id, p]])."""
     rnd = step.target_round
     if rnd is None or not rnd.tokens:
         return {}
-    pos = max(0, min(pos, len(rnd.tokens) - 1))
+    pos = positions(rnd)
+    at = pos[max(0, min(depth, len(pos)) - 1)]
     merged: dict[str, list[list[float]]] = {}
     srcs = block_sources(step)
-    if pos < len(srcs) and srcs[pos] is not None:
-        merged.update(srcs[pos].top5)
-    merged.update(rnd.tokens[pos].top5)
+    if at.depth - 1 < len(srcs) and (src := srcs[at.depth - 1]) is not None:
+        merged.update(src.top5)
+    merged.update(at.record(rnd).top5)
     return {r: merged[r] for r in ("draft", "qualifier", "target") if r in merged}
+
+
+def result_export(r: RunResult) -> dict:
+    """A run as the export writes it: its records, each round with its parent list (a chain's too) and its
+    accepted path (node indices, root first), so a reader of the file needs no rule to walk a tree."""
+    d = r.to_dict()
+    for step, out in zip(r.steps, d["steps"]):
+        rounds = step.qualifier_rounds + ([step.target_round] if step.target_round is not None else [])
+        outs = out["qualifier_rounds"] + ([out["target_round"]] if out["target_round"] is not None else [])
+        for rnd, o in zip(rounds, outs):
+            o.update(parents=parents_of(rnd), accepted_path=accepted_path(rnd))
+    return d
 
 
 def ratio(a: float, b: float | None) -> float | None:

@@ -1,8 +1,9 @@
 """Accepted drafted tokens per target pass, one small histogram per method (`Stats.accepted_hist`).
 
 Why small multiples: with five chains and four trees, nine bars grouped at every k cannot be told apart; one
-panel per method can. Chains fill the top row and each tree method sits under its chain (same hue,
-hatched), so a learner reads "the tree moved the mass to the right" straight down a column. AR drafts
+panel per run can. Chains fill the top row and each tree run sits under its chain (same hue,
+hatched; a run's shape is read from its rounds' parent lists, its column from its method's cascade), so a
+learner reads "the tree moved the mass to the right" straight down a column. AR drafts
 nothing (every pass accepts 0), so it gets no panel.
 """
 from __future__ import annotations
@@ -10,41 +11,52 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from ..core import parents as parent_list
 from ..core.methods import TABLE, method_spec
-from ..core.trace import RunResult
+from ..core.trace import RunResult, parents_of
 from .charts import FONT_SIZE, _layout, empty_figure
 from .render import METHOD_COLOURS
 
-TREE_PATTERN = "/"  # tree methods' bars are hatched: a cue that is not colour
-TREE_SUFFIX = "_tree"
+TREE_PATTERN = "/"  # tree runs' bars are hatched: a cue that is not colour
 
 
-def chain_of(key: str) -> str:
-    """The chain method a tree method is drawn under ("sd_tree" → "sd"); a chain is its own."""
-    return key.removesuffix(TREE_SUFFIX)
+def is_tree(r: RunResult) -> bool:
+    """Whether a run proposed trees: some round's parent list is not a chain (read from the records, never from a
+    method key)."""
+    return any(not parent_list.is_chain(parents_of(rnd)) for s in r.steps
+               for rnd in s.qualifier_rounds + ([s.target_round] if s.target_round is not None else []))
 
 
-def _is_tree(key: str) -> bool:
-    try:
-        return method_spec(key).tree
-    except ValueError:
-        return key.endswith(TREE_SUFFIX)
+def family(r: RunResult) -> tuple:
+    """What a run's column is: its method's cascade (roles and rules), the same for a method's chain and tree."""
+    m = method_spec(r.method)
+    return m.roles, m.stage1, m.target
 
 
-def _short(key: str) -> str:
+def _short(key: str, r: RunResult) -> str:
     try:
         return method_spec(key).short
-    except ValueError:
-        return key.upper()
+    except ValueError:  # a lane named otherwise: its method's short name, and its shape
+        return method_spec(r.method).short + (" tree" if is_tree(r) else "")
 
 
 def panels(results: dict[str, RunResult]) -> dict[str, tuple[int, int]]:
-    """method → (row, col): a column per chain method in the table's order, trees in the second row."""
-    shown = [m for m, r in results.items() if sum(r.stats.accepted_hist) and method_spec(chain_of(m)).proposer]
-    order = [m.key for m in TABLE if not m.tree and any(chain_of(s) == m.key for s in shown)]
-    order += [chain_of(m) for m in shown if chain_of(m) not in order]  # a method the table lacks: at the end
-    trees = any(_is_tree(m) for m in shown)
-    return {m: (2 if trees and _is_tree(m) else 1, order.index(chain_of(m)) + 1) for m in shown}
+    """lane → (row, col): a column per method family in the table's order, chains on the top row and each tree
+    run below its chain; a second run of one shape in a column takes the row left free."""
+    shown = [m for m, r in results.items() if sum(r.stats.accepted_hist) and method_spec(r.method).proposer]
+    order: list[tuple] = []
+    for f in [(m.roles, m.stage1, m.target) for m in TABLE] + [family(results[m]) for m in shown]:
+        if f not in order and any(family(results[m]) == f for m in shown):
+            order.append(f)
+    two = any(is_tree(results[m]) for m in shown)
+    where: dict[str, tuple[int, int]] = {}
+    for m in shown:
+        col = order.index(family(results[m])) + 1
+        row = 2 if two and is_tree(results[m]) else 1
+        if (row, col) in where.values():
+            row = 3 - row
+        where[m] = (row, col)
+    return where
 
 
 def accepted_figure(results: dict[str, RunResult], title: str = "Drafted tokens accepted per target pass"
@@ -59,7 +71,7 @@ def accepted_figure(results: dict[str, RunResult], title: str = "Drafted tokens 
     slots = {rc: "" for rc in ((r, c) for r in range(1, rows + 1) for c in range(1, cols + 1))}
     for m, rc in where.items():
         s = results[m].stats
-        slots[rc] = f"{_short(m)} · mean {s.mean_accepted_per_target_pass:.2f}"
+        slots[rc] = f"{_short(m, results[m])} · mean {s.mean_accepted_per_target_pass:.2f}"
     top_k = max(max(k for k, v in enumerate(results[m].stats.accepted_hist) if v) for m in where)
     fig = make_subplots(rows=rows, cols=cols, shared_yaxes=True, subplot_titles=list(slots.values()),
                         horizontal_spacing=0.03, vertical_spacing=0.22 if rows > 1 else 0.0)
@@ -67,12 +79,13 @@ def accepted_figure(results: dict[str, RunResult], title: str = "Drafted tokens 
         h = results[m].stats.accepted_hist[:top_k + 1]  # the bins past every method's longest run are empty
         total = sum(h)
         shares = [v / total for v in h]
-        fig.add_trace(go.Bar(x=list(range(len(h))), y=shares, name=_short(m), showlegend=False,
-                             marker=dict(color=METHOD_COLOURS.get(m, METHOD_COLOURS.get(chain_of(m), "#777")),
-                                         pattern_shape=TREE_PATTERN if _is_tree(m) else "",
+        name = _short(m, results[m])
+        fig.add_trace(go.Bar(x=list(range(len(h))), y=shares, name=name, showlegend=False,
+                             marker=dict(color=METHOD_COLOURS.get(m, METHOD_COLOURS.get(results[m].method, "#777")),
+                                         pattern_shape=TREE_PATTERN if is_tree(results[m]) else "",
                                          line=dict(color="#333", width=0.5)),
                              customdata=h, hovertemplate="%{x} accepted: %{y:.0%} of passes (%{customdata})"
-                             "<extra>" + _short(m) + "</extra>"), row=r, col=c)
+                             "<extra>" + name + "</extra>"), row=r, col=c)
     _layout(fig, f"{title} <span style='font-size:{FONT_SIZE - 2}px;color:#666'>(the verifier's own token not "
                  "counted)</span>", 150 + 230 * rows)
     fig.update_layout(margin=dict(l=70, r=20, t=90, b=70), bargap=0.15)

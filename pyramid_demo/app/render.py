@@ -5,9 +5,11 @@ from __future__ import annotations
 import html
 import re
 
+from ..core import parents as parent_list
 from ..core.config import METHOD_LABELS
 from ..core.methods import TABLE
-from ..core.trace import RunResult, StageRound, Step
+from ..core.trace import RunResult, StageRound, Step, accepted_path, parents_of
+from .inspector import positions
 from .text import ORIGIN_NAMES, STATUS_NAMES
 
 # Okabe-Ito hues (colour-blind safe) as pale backgrounds with a strong underline: readable when projected.
@@ -66,7 +68,9 @@ def status_legend_html() -> str:
     items = "".join(f'<span style="margin-right:12px">{chip(s, "st-" + s, STATUS_NAMES[s], s == "discarded")}'
                     f' {html.escape(STATUS_NAMES[s])}</span>'
                     for s in ("accepted", "rejected", "discarded", "resampled", "bonus"))
-    marks = '<span style="color:#555">· ✓ / ✗ under a token: kept / first failure at the what-if τ</span>'
+    marks = ('<span style="color:#555">· ✓ / ✗ / · under a token: kept / tried and refused / never reached at the '
+             'what-if τ · numbers: positions after the committed text; in a tree, the other candidates at a position '
+             'stand below it (dashed)</span>')
     return f'{STYLE}<div class="legend" style="font-size:.95rem;line-height:2">{items}{marks}</div>'
 
 
@@ -132,29 +136,59 @@ def lanes_html(lanes: list[str], title: str = "", note: str = "") -> str:
     return f'<div class="lanes">{head}{"".join(lanes)}</div>'
 
 
-def round_chips_html(rnd: StageRound, texts: dict[int, str], title: str, whatif: int | None = None,
-                     note: str = "") -> str:
-    """One verification round: proposed tokens with their recorded status, then the verifier's own token.
+MARKS = {"accepted": ("✓", "#009E73"), "rejected": ("✗", "#D55E00"), "discarded": ("·", "#9e9e9e")}
 
-    `whatif` (accepted count under another τ) adds a ✓/✗ mark under each proposed token; `note` is trusted HTML.
+
+def _token_chip(rnd: StageRound, i: int, texts: dict[int, str], whatif: list[str] | None, extra: str = "") -> str:
+    """One proposed token's chip with its what-if mark (✓ accepted, ✗ rejected, · discarded at the what-if τ)."""
+    t = rnd.tokens[i]
+    tip = STATUS_NAMES.get(t.status, t.status)
+    if t.div is not None:
+        tip += f" · Div {t.div:.3f}" + (f" vs τ {t.tau:g}" if t.tau is not None else "")
+    c = chip(texts.get(t.token_id, f"#{t.token_id}"), f"st-{t.status}", tip + extra,
+             strike=t.status in ("rejected", "discarded"))
+    if whatif is None or i >= len(whatif):
+        return c
+    sym, colour = MARKS.get(whatif[i], ("·", "#9e9e9e"))
+    return c + f'<div style="font-size:.8rem;text-align:center;color:{colour}">{sym}</div>'
+
+
+def round_chips_html(rnd: StageRound, texts: dict[int, str], title: str, whatif: list[str] | None = None,
+                     note: str = "") -> str:
+    """One verification round, laid along its positions (`inspector.positions`): at each position the node on the
+    accepted path (past it, the top-ranked candidate), a tree's other candidates at that position below it (its
+    siblings, marked as such; what hangs under a sibling, never reached, counted on it), then the verifier's own
+    token. A chain is the tree with one candidate per position.
+
+    `whatif` (each proposed token's status under another τ, `inspector.whatif_statuses`) adds a ✓/✗/· mark under
+    each proposed token; `note` is trusted HTML.
     """
-    chips = []
-    for i, t in enumerate(rnd.tokens):
-        label = texts.get(t.token_id, f"#{t.token_id}")
-        tip = f"{STATUS_NAMES.get(t.status, t.status)}"
-        if t.div is not None:
-            tip += f" · Div {t.div:.3f}" + (f" vs τ {t.tau:g}" if t.tau is not None else "")
-        c = chip(label, f"st-{t.status}", tip, strike=t.status in ("rejected", "discarded"))
-        mark = ""
-        if whatif is not None and i < len(rnd.tokens) - 1:
-            ok = i < whatif
-            mark = (f'<div style="font-size:.8rem;text-align:center;color:{"#009E73" if ok else "#D55E00"}">'
-                    f'{"✓" if ok else "✗" if i == whatif else "·"}</div>')
-        chips.append(f'<span style="display:inline-block;vertical-align:top;margin:2px">{c}{mark}</span>')
+    ps = parents_of(rnd)
+    cols = []
+    for at in positions(rnd):
+        if at.node is None:
+            continue
+        cells = [_token_chip(rnd, at.node, texts, whatif)]
+        line = repr(texts.get(rnd.tokens[at.node].token_id, f"#{rnd.tokens[at.node].token_id}"))
+        for j in at.siblings:
+            below = [k for k in range(len(ps)) if k != j and j in parent_list.path(ps, k)]
+            extra = f" · another candidate at position {at.depth} (a sibling of {line})" + (
+                f"; {len(below)} more below it, never reached" if below else "")
+            badge = f'<span style="font-size:.75rem;color:#777">+{len(below)}</span>' if below else ""
+            cells.append(f'<div class="sibling" style="margin-top:4px;padding-left:3px;border-left:2px dashed #bbb;'
+                         f'font-size:.9rem">{_token_chip(rnd, j, texts, whatif, extra)}{badge}</div>')
+        cols.append(f'<span class="pos" style="display:inline-block;vertical-align:top;margin:2px;text-align:center">'
+                    f'<div style="font-size:.7rem;color:#888">{at.depth}</div>{"".join(cells)}</span>')
+    own = rnd.tokens[-1]
+    k = len(accepted_path(rnd))
+    tip = f"{STATUS_NAMES.get(own.status, own.status)} · the verifier's own token, at position {k + 1}"
+    c = chip(texts.get(own.token_id, f"#{own.token_id}"), f"st-{own.status}", tip, strike=own.status == "discarded")
+    cols.append(f'<span class="pos own" style="display:inline-block;vertical-align:top;margin:2px 2px 2px 10px;'
+                f'text-align:center"><div style="font-size:.7rem;color:#888">{k + 1}</div>{c}</span>')
     return (f'<div class="round" style="display:flex;align-items:flex-start;gap:12px;margin:4px 0;'
             f'border-bottom:1px solid #eee;padding:4px 0"><div style="flex:0 0 300px;font-weight:600;color:#333">'
             f'{html.escape(title)}<div style="font-weight:400;font-size:.9rem;color:#555">{note}</div></div>'
-            f'<div style="{FONT}font-size:1.05rem">{"".join(chips)}</div></div>')
+            f'<div style="{FONT}font-size:1.05rem">{"".join(cols)}</div></div>')
 
 
 def message_html(text: str) -> str:

@@ -43,7 +43,8 @@ ORIGIN_NAMES = {
     "bonus": "target's bonus token (whole proposal accepted)",
 }
 STATUS_NAMES = {
-    "accepted": "accepted", "rejected": "rejected (first failure)", "discarded": "discarded (after a rejection)",
+    "accepted": "accepted", "rejected": "rejected (tried and refused)",
+    "discarded": "discarded (never reached, or cut)",
     "resampled": "verifier's replacement", "bonus": "verifier's bonus",
 }
 

@@ -7,9 +7,9 @@ from typing import Any
 
 import gradio as gr
 
+from ..core import parents as parent_list
 from ..core.config import METHOD_LABELS
-from ..core.methods import method_spec
-from ..core.trace import RunResult
+from ..core.trace import RunResult, StageRound, parents_of
 from . import charts, inspector, render, story
 from .pass_hist import accepted_figure
 from .session import Race, Session
@@ -27,10 +27,47 @@ def _round_slider(r: RunResult | None) -> Any:
 
 
 def _pos_slider(r: RunResult | None) -> Any:
-    cfg = r.config if r else DEFAULT.to_dict()
-    lengths = method_spec(r.method).lengths if r is not None else ()
-    top = cfg[lengths[-1] if lengths else "l_q"] + 1  # the longest target pass: its proposal + 1
-    return gr.update(minimum=1, maximum=top, value=1, step=1)
+    """Positions along a target pass's accepted path (depths, `inspector.positions`): as many as the run's
+    deepest pass has, whatever its shape or settings."""
+    top = max((len(inspector.positions(s.target_round)) for s in r.steps if s.target_round is not None), default=1) \
+        if r is not None else 1
+    return gr.update(minimum=1, maximum=max(top, 2), value=1, step=1)  # max > min
+
+
+def shape_words(rnd: StageRound) -> str:
+    """"a chain of 4" or "a tree of 7 candidates, depth 3": what a round proposed, read from its parent list."""
+    ps = parents_of(rnd)
+    if parent_list.is_chain(ps):
+        return f"a chain of {len(ps)}"
+    return f"a tree of {len(ps)} candidates, depth {max(parent_list.depths(ps))}"
+
+
+def kept_words(rnd: StageRound) -> str:
+    """What the verifier kept, in the round's own shape: "**2 of 4** proposed tokens" for a chain, "**2** (a path)
+    of a tree of 7 candidates, depth 3" for a tree (a path's length is not a share of the nodes)."""
+    ps = parents_of(rnd)
+    if parent_list.is_chain(ps):
+        return f"**{rnd.n_accepted} of {len(ps)}** proposed tokens"
+    return f"**{rnd.n_accepted}** (a path) of {shape_words(rnd)}"
+
+
+def position_title(rnd: StageRound, depth: int, texts: dict[int, str]) -> tuple[int, str]:
+    """The top-5 chart's title at a position (a depth along the accepted path, clamped): the token there and the
+    other candidates at the same context (a tree's siblings), and the verifier's own token when it is there."""
+    pos = inspector.positions(rnd)
+    at = pos[max(0, min(depth, len(pos)) - 1)]
+
+    def name(i: int) -> str:
+        t = rnd.tokens[i]
+        return f"{texts.get(t.token_id, f'#{t.token_id}')!r} ({t.status})"
+
+    title = f"Top-5 next tokens at position {at.depth}: " + (
+        name(at.node) if at.node is not None else f"{rnd.verifier}'s own {name(len(rnd.tokens) - 1)}")
+    if at.siblings:
+        title += " · other candidates here: " + ", ".join(name(i) for i in at.siblings)
+    if at.own and at.node is not None:
+        title += f" · {rnd.verifier}'s own: {name(len(rnd.tokens) - 1)}"
+    return at.depth, title
 
 
 def pick_method(session: Session | None, race_n: Any, method: str | None) -> tuple:
@@ -85,8 +122,9 @@ def inspect_round(session: Session | None, race_n: Any, method: str | None, roun
     parts, lines = [], [head]
     for j, rnd in enumerate(step.qualifier_rounds + [step.target_round]):
         tau = inspector.round_tau(rnd, tau_q, tau_t)
-        k = inspector.reevaluate(rnd, tau)
-        n = len(rnd.tokens) - 1
+        what_if = inspector.whatif_statuses(rnd, tau)
+        k = what_if.count("accepted") if tau is not None else rnd.n_accepted
+        shape = shape_words(rnd)
         name = (f"Stage 1 · round {j + 1}: draft → qualifier" if rnd.stage == "qualifier"
                 else f"Stage 2: {rnd.proposer} → target")
         if tau is None:  # exact rule; still show what a fuzzy test at the slider's τ would have kept
@@ -95,19 +133,15 @@ def inspect_round(session: Session | None, race_n: Any, method: str | None, roun
             what = f"exact rule (τ unused) · a fuzzy test at τ = {slider:g} would keep <b>{fuzzy_k}</b>"
         else:
             what = f"at τ = {tau:g}: <b>{k}</b>" + (" (same)" if k == rnd.n_accepted else " ← changed")
-        note = f"rule {rnd.rule} · recorded <b>{rnd.n_accepted} of {n}</b> accepted<br>{what}"
-        parts.append(render.round_chips_html(rnd, vocab, name, None if tau is None else k, note))
+        note = f"rule {rnd.rule} · {shape} · recorded: <b>{rnd.n_accepted}</b> accepted<br>{what}"
+        parts.append(render.round_chips_html(rnd, vocab, name, None if tau is None else what_if, note))
         if rnd.stage == "target":
-            lines.append(f"The target kept **{rnd.n_accepted} of {n}** proposed tokens; " + (
+            lines.append(f"The target kept {kept_words(rnd)}; " + (
                 "τ does not apply (exact rule)." if tau is None else f"at τ_T = {tau:g} it would accept **{k}**."))
     if step.qualifier_rounds:
         lines.append("A different τ_Q would change the block itself; the what-if re-checks each recorded round only.")
-    pos = int(position or 1) - 1
-    tokens = step.target_round.tokens
-    pos = max(0, min(pos, len(tokens) - 1))
-    rec = tokens[pos]
-    title = f"Top-5 next tokens at position {pos + 1}: {vocab.get(rec.token_id, rec.token_id)!r} ({rec.status})"
+    depth, title = position_title(step.target_round, int(position or 1), vocab)
     chips = render.status_legend_html() + "".join(parts)
     return (chips, charts.divergence_figure(step, tau_q, tau_t, vocab),
-            charts.top5_figure(inspector.position_top5(step, pos), vocab, title), "  \n".join(lines),
+            charts.top5_figure(inspector.position_top5(step, depth), vocab, title), "  \n".join(lines),
             tree_figure(step, vocab))

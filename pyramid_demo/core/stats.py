@@ -1,7 +1,8 @@
 """Statistics computed from step records alone (so charts and reports can recompute them)."""
 from __future__ import annotations
 
-from .trace import StageRound, Stats, Step
+from . import parents as parent_list
+from .trace import StageRound, Stats, Step, parents_of
 
 STAGES = ("qualifier", "target")
 
@@ -14,6 +15,12 @@ def stage_rounds(steps: list[Step], stage: str) -> list[StageRound]:
 
 def n_proposed(r: StageRound) -> int:
     return len(r.tokens) - 1  # the last record is the verifier's own token
+
+
+def n_positions(r: StageRound) -> int:
+    """The positions a round offers: its deepest proposed node's depth (a chain's length, a tree's depth), so
+    the most it can accept. Positions are depths: a tree of 12 nodes and depth 4 offers 4, not 12."""
+    return max(parent_list.depths(parents_of(r)), default=0)
 
 
 def agreement(out: list[int], ref: list[int]) -> float | None:
@@ -40,18 +47,20 @@ class Tally:
 
     def __init__(self) -> None:
         self.n_new, self.passes, self.decode_s, self.target_accepted = 0, 0, 0.0, 0
-        self.proposed: dict[str, int] = {}
+        self.proposed: dict[str, int] = {}  # stage -> proposed tokens (nodes: the work)
+        self.offered: dict[str, int] = {}  # stage -> positions offered (`n_positions`: the acceptance's denominator)
         self.rounds: dict[str, int] = {}
         self.accepted: dict[str, int] = {}
-        self.reached: dict[str, list[int]] = {}  # stage -> rounds that proposed past position i
-        self.kept: dict[str, list[int]] = {}  # stage -> rounds that accepted past position i
-        self.hist: list[int] = []  # target rounds that accepted k drafted tokens, k = 0..max
+        self.reached: dict[str, list[int]] = {}  # stage -> rounds that proposed a node at depth i + 1
+        self.kept: dict[str, list[int]] = {}  # stage -> rounds whose accepted path reached depth i + 1
+        self.hist: list[int] = []  # target rounds that accepted k drafted tokens, k = 0..the deepest proposal
         self.fwd: dict[str, int] = {}
         self.ftime: dict[str, float] = {}
 
     def _round(self, stage: str, r: StageRound) -> None:
-        n = n_proposed(r)
-        self.proposed[stage] = self.proposed.get(stage, 0) + n
+        n = n_positions(r)
+        self.proposed[stage] = self.proposed.get(stage, 0) + n_proposed(r)
+        self.offered[stage] = self.offered.get(stage, 0) + n
         self.rounds[stage] = self.rounds.get(stage, 0) + 1
         self.accepted[stage] = self.accepted.get(stage, 0) + r.n_accepted
         for counts, upto in ((self.reached.setdefault(stage, []), n), (self.kept.setdefault(stage, []), r.n_accepted)):
@@ -69,7 +78,7 @@ class Tally:
         if step.target_round is not None:
             t = step.target_round
             self._round("target", t)
-            self.hist.extend([0] * (n_proposed(t) + 1 - len(self.hist)))
+            self.hist.extend([0] * (n_positions(t) + 1 - len(self.hist)))
             self.hist[t.n_accepted] += 1
             self.target_accepted += t.n_accepted
         for role, n in step.n_forward.items():
@@ -77,14 +86,18 @@ class Tally:
             self.ftime[role] = self.ftime.get(role, 0.0) + step.time_s.get(role, 0.0)
 
     def stats(self, method: str, prefill_s: float, stopped: str) -> Stats:
-        """The run's `Stats` so far. A pass that proposed nothing (the budget's last token) is a round that
-        reaches no position; per-position acceptance is P(accepted | position reached)."""
+        """The run's `Stats` so far, every round read as a tree (a chain is one). Positions are depths (1: the
+        first after the committed text). Per-position acceptance at depth d: the rounds whose accepted path
+        reached d ÷ the rounds that proposed a node at depth d; a pass that proposed nothing (the budget's last
+        token) reaches no position. Acceptance: accepted ÷ positions offered (each round's `n_positions`): for a
+        chain, accepted ÷ proposed; for a tree, path length ÷ depth, never ÷ its node count (`proposed` still
+        counts every node: the work the verifier did)."""
         stages = [s for s in STAGES if self.rounds.get(s)]
         n, passes, decode_s = self.n_new, self.passes, self.decode_s
         return Stats(
             method=method, n_new_tokens=n, prefill_s=round(prefill_s, 6), decode_s=round(decode_s, 6),
             tokens_per_s=round(n / decode_s, 3) if decode_s > 0 else 0.0, target_passes=passes,
-            acceptance={s: round(self.accepted[s] / self.proposed[s], 4) if self.proposed[s] else 0.0 for s in stages},
+            acceptance={s: round(self.accepted[s] / self.offered[s], 4) if self.offered[s] else 0.0 for s in stages},
             proposed={s: self.proposed[s] for s in stages}, accepted={s: self.accepted[s] for s in stages},
             mean_accepted_per_target_pass=round(self.target_accepted / passes, 4) if passes else 0.0,
             tokens_per_target_pass=round(n / passes, 4) if passes else 0.0,
