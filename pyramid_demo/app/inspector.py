@@ -149,6 +149,26 @@ def position_top5(step: Step, depth: int) -> dict[str, list[list[float]]]:
     return {r: merged[r] for r in ("draft", "qualifier", "target") if r in merged}
 
 
+def rounds_of(r: RunResult) -> list[StageRound]:
+    """Every verification round of a run, in order (stage-1 rounds before their target round)."""
+    return [x for s in r.steps for x in s.qualifier_rounds + ([s.target_round] if s.target_round is not None else [])]
+
+
+def proposes_trees(r: RunResult) -> bool:
+    """Whether a run proposed trees: some round's parent list is not a chain (read from the records, never from a
+    method key or a setting's name)."""
+    return any(not parent_list.is_chain(parents_of(x)) for x in rounds_of(r))
+
+
+def shape_summary(r: RunResult) -> str:
+    """"chain", or "tree (≤ 7 nodes, depth ≤ 3)": what a run's rounds proposed, from their parent lists."""
+    if not proposes_trees(r):
+        return "chain"
+    ps = [parents_of(x) for x in rounds_of(r)]
+    return (f"tree (≤ {max(len(p) for p in ps)} nodes, depth ≤ "
+            f"{max(max(parent_list.depths(p), default=0) for p in ps)})")
+
+
 def result_export(r: RunResult) -> dict:
     """A run as the export writes it: its records, each round with its parent list (a chain's too) and its
     accepted path (node indices, root first), so a reader of the file needs no rule to walk a tree."""

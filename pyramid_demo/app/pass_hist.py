@@ -11,20 +11,13 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ..core import parents as parent_list
 from ..core.methods import TABLE, method_spec
-from ..core.trace import RunResult, parents_of
+from ..core.trace import RunResult
 from .charts import FONT_SIZE, _layout, empty_figure
+from .inspector import proposes_trees
 from .render import METHOD_COLOURS
 
 TREE_PATTERN = "/"  # tree runs' bars are hatched: a cue that is not colour
-
-
-def is_tree(r: RunResult) -> bool:
-    """Whether a run proposed trees: some round's parent list is not a chain (read from the records, never from a
-    method key)."""
-    return any(not parent_list.is_chain(parents_of(rnd)) for s in r.steps
-               for rnd in s.qualifier_rounds + ([s.target_round] if s.target_round is not None else []))
 
 
 def family(r: RunResult) -> tuple:
@@ -37,7 +30,7 @@ def _short(key: str, r: RunResult) -> str:
     try:
         return method_spec(key).short
     except ValueError:  # a lane named otherwise: its method's short name, and its shape
-        return method_spec(r.method).short + (" tree" if is_tree(r) else "")
+        return method_spec(r.method).short + (" tree" if proposes_trees(r) else "")
 
 
 def panels(results: dict[str, RunResult]) -> dict[str, tuple[int, int]]:
@@ -48,11 +41,11 @@ def panels(results: dict[str, RunResult]) -> dict[str, tuple[int, int]]:
     for f in [(m.roles, m.stage1, m.target) for m in TABLE] + [family(results[m]) for m in shown]:
         if f not in order and any(family(results[m]) == f for m in shown):
             order.append(f)
-    two = any(is_tree(results[m]) for m in shown)
+    two = any(proposes_trees(results[m]) for m in shown)
     where: dict[str, tuple[int, int]] = {}
     for m in shown:
         col = order.index(family(results[m])) + 1
-        row = 2 if two and is_tree(results[m]) else 1
+        row = 2 if two and proposes_trees(results[m]) else 1
         if (row, col) in where.values():
             row = 3 - row
         where[m] = (row, col)
@@ -82,7 +75,7 @@ def accepted_figure(results: dict[str, RunResult], title: str = "Drafted tokens 
         name = _short(m, results[m])
         fig.add_trace(go.Bar(x=list(range(len(h))), y=shares, name=name, showlegend=False,
                              marker=dict(color=METHOD_COLOURS.get(m, METHOD_COLOURS.get(results[m].method, "#777")),
-                                         pattern_shape=TREE_PATTERN if is_tree(results[m]) else "",
+                                         pattern_shape=TREE_PATTERN if proposes_trees(results[m]) else "",
                                          line=dict(color="#333", width=0.5)),
                              customdata=h, hovertemplate="%{x} accepted: %{y:.0%} of passes (%{customdata})"
                              "<extra>" + name + "</extra>"), row=r, col=c)

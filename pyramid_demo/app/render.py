@@ -155,40 +155,53 @@ def _token_chip(rnd: StageRound, i: int, texts: dict[int, str], whatif: list[str
 
 def round_chips_html(rnd: StageRound, texts: dict[int, str], title: str, whatif: list[str] | None = None,
                      note: str = "") -> str:
-    """One verification round, laid along its positions (`inspector.positions`): at each position the node on the
-    accepted path (past it, the top-ranked candidate), a tree's other candidates at that position below it (its
-    siblings, marked as such; what hangs under a sibling, never reached, counted on it), then the verifier's own
-    token. A chain is the tree with one candidate per position.
+    """One verification round on a grid of positions (columns: 1 the first after the committed text). The top row
+    is its line (`inspector.positions`): the accepted path, then the top-ranked candidate at each position. Each
+    other candidate of a tree (a sibling of a node on the line) starts a row below, dashed, in its position's
+    column, what hangs under it (never reached) to its right; then the verifier's own token, numbered with its
+    position. A chain is the tree with one candidate per position: one row.
 
     `whatif` (each proposed token's status under another τ, `inspector.whatif_statuses`) adds a ✓/✗/· mark under
     each proposed token; `note` is trusted HTML.
     """
     ps = parents_of(rnd)
-    cols = []
-    for at in positions(rnd):
-        if at.node is None:
-            continue
-        cells = [_token_chip(rnd, at.node, texts, whatif)]
-        line = repr(texts.get(rnd.tokens[at.node].token_id, f"#{rnd.tokens[at.node].token_id}"))
-        for j in at.siblings:
-            below = [k for k in range(len(ps)) if k != j and j in parent_list.path(ps, k)]
-            extra = f" · another candidate at position {at.depth} (a sibling of {line})" + (
-                f"; {len(below)} more below it, never reached" if below else "")
-            badge = f'<span style="font-size:.75rem;color:#777">+{len(below)}</span>' if below else ""
-            cells.append(f'<div class="sibling" style="margin-top:4px;padding-left:3px;border-left:2px dashed #bbb;'
-                         f'font-size:.9rem">{_token_chip(rnd, j, texts, whatif, extra)}{badge}</div>')
-        cols.append(f'<span class="pos" style="display:inline-block;vertical-align:top;margin:2px;text-align:center">'
-                    f'<div style="font-size:.7rem;color:#888">{at.depth}</div>{"".join(cells)}</span>')
+    kids, depth = parent_list.children(ps), parent_list.depths(ps)
+    pos = positions(rnd)
+    cells: list[tuple[int, int, str]] = []  # (row, column, html); row 1 the header
+
+    def branch(k: int, row: int, rows: list[int]) -> None:
+        extra = f" · position {depth[k]}, off the path" if row > 2 else ""
+        cells.append((row, depth[k], _token_chip(rnd, k, texts, whatif, extra)))
+        for j, c in enumerate(kids[k + 1]):
+            if j:
+                rows.append(rows[-1] + 1)
+            branch(c, row if not j else rows[-1], rows)
+
+    rows = [2]
+    for at in pos:
+        if at.node is not None:
+            cells.append((2, at.depth, _token_chip(rnd, at.node, texts, whatif)))
+            for j in at.siblings:
+                rows.append(rows[-1] + 1)
+                branch(j, rows[-1], rows)
+    n_cols = max([d for _, d, _ in cells] + [0])
     own = rnd.tokens[-1]
     k = len(accepted_path(rnd))
     tip = f"{STATUS_NAMES.get(own.status, own.status)} · the verifier's own token, at position {k + 1}"
-    c = chip(texts.get(own.token_id, f"#{own.token_id}"), f"st-{own.status}", tip, strike=own.status == "discarded")
-    cols.append(f'<span class="pos own" style="display:inline-block;vertical-align:top;margin:2px 2px 2px 10px;'
-                f'text-align:center"><div style="font-size:.7rem;color:#888">{k + 1}</div>{c}</span>')
+    cells.append((2, n_cols + 1, chip(texts.get(own.token_id, f"#{own.token_id}"), f"st-{own.status}", tip,
+                                      strike=own.status == "discarded")))
+    heads = [(1, d, str(d)) for d in range(1, n_cols + 1)] + [(1, n_cols + 1, f"{k + 1} (own)")]
+    grid = "".join(f'<div style="grid-row:{r};grid-column:{c};font-size:.7rem;color:#888;text-align:center">{h}</div>'
+                   for r, c, h in heads)
+    for r, c, h in cells:
+        side = "border-left:2px dashed #bbb;padding-left:3px;font-size:.9rem;" if r > 2 else ""
+        gap = "margin-left:10px;" if c == n_cols + 1 else ""
+        grid += (f'<div class="{"sibling" if r > 2 else "line"}" style="grid-row:{r};grid-column:{c};'
+                 f'text-align:center;{side}{gap}">{h}</div>')
     return (f'<div class="round" style="display:flex;align-items:flex-start;gap:12px;margin:4px 0;'
             f'border-bottom:1px solid #eee;padding:4px 0"><div style="flex:0 0 300px;font-weight:600;color:#333">'
             f'{html.escape(title)}<div style="font-weight:400;font-size:.9rem;color:#555">{note}</div></div>'
-            f'<div style="{FONT}font-size:1.05rem">{"".join(cols)}</div></div>')
+            f'<div style="{FONT}font-size:1.05rem;display:grid;gap:2px 3px;align-items:start">{grid}</div></div>')
 
 
 def message_html(text: str) -> str:

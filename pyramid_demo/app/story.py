@@ -12,7 +12,7 @@ from __future__ import annotations
 from ..core import costs, insertion, noise
 from ..core.throughput import predict
 from ..core.trace import RunResult
-from .inspector import race_noise
+from .inspector import proposes_trees, race_noise, shape_summary
 
 BUSY = 1.25  # forwards this much slower than the profile: the machine was busy during the race
 ROLES = ("draft", "qualifier", "target")
@@ -156,16 +156,23 @@ def insertion_line(results: dict[str, RunResult], profile: dict | None) -> str:
 
 
 def passes_markdown(results: dict[str, RunResult]) -> str:
-    """Forward passes per model and acceptance per stage, one row per method (counts, no predictions)."""
-    head = ("| method | draft passes | qualifier passes | target passes | accepted D→Q | accepted →T "
-            "| tokens / target pass |\n|---|---|---|---|---|---|---|")
+    """Forward passes per model and acceptance per stage, one row per method (counts, no predictions); the
+    proposal's shape read from the rounds' parent lists, since a tree's acceptance counts positions (depths)."""
+    head = ("| method | proposal | draft passes | qualifier passes | target passes | accepted D→Q | accepted →T "
+            "| tokens / target pass |\n|---|---|---|---|---|---|---|---|")
     out = []
     for m, r in results.items():
         s = r.stats
         f = [str(s.forward_passes.get(k, "—")) for k in ROLES]
         acc = [f"{s.acceptance[k]:.0%}" if k in s.acceptance else "—" for k in ("qualifier", "target")]
-        out.append(f"| {m.upper()} | {' | '.join(f)} | {' | '.join(acc)} | {s.tokens_per_target_pass:.2f} |")
-    return "\n".join([head, *out])
+        shape = shape_summary(r) if s.rounds else "—"
+        out.append(f"| {m.upper()} | {shape} | {' | '.join(f)} | {' | '.join(acc)} | {s.tokens_per_target_pass:.2f} |")
+    lines = [head, *out]
+    if any(proposes_trees(r) for r in results.values()):
+        lines += ["", "*Accepted* is the accepted tokens ÷ the positions proposed: for a tree, its accepted path's "
+                      "length ÷ its depth (a tree of 7 candidates over 3 positions whose path is 2 counts 2 of 3, "
+                      "not 2 of 7); for a chain, ÷ its length."]
+    return "\n".join(lines)
 
 
 def teaching_aid(results: dict[str, RunResult], profile: dict | None) -> str:
