@@ -299,7 +299,7 @@ def export_files(session: Session | None) -> tuple[str | None, str | None]:
         return None, None
     folder = Path(tempfile.mkdtemp(prefix="pyramid_demo_"))
     trace = [{"race": r.n, "preset": r.preset, "models": r.models, "prompt": r.prompt,
-              "config": r.config, "results": {m: res.to_dict() for m, res in r.results.items()}}
+              "config": r.config, "results": {m: inspector.result_export(res) for m, res in r.results.items()}}
              for r in races]
     jpath, cpath = folder / "pyramid_trace.json", folder / "pyramid_race_results.csv"
     jpath.write_text(json.dumps(trace), encoding="utf-8")
