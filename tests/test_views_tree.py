@@ -133,19 +133,19 @@ def test_the_marks_follow_the_accepted_path_not_the_node_index() -> None:
 
 
 def test_the_chips_lay_the_path_first_and_siblings_below() -> None:
-    """Rule: the top row is the accepted path then the top-ranked candidate (A, dog, sat, then the own token),
-    each sibling of it starts a dashed row below in its position's column (The at 1 with cat, ran to its right;
-    big at 2)."""
+    """Rule: the top row is what the round kept, the accepted path (A, dog) then the verifier's own token at the
+    next position; each other candidate at a context on the path starts a dashed row below, in its position's
+    column (The at 1, big at 2, sat at 3), what hangs under it to its right (cat, ran under The)."""
     html = views.inspect_round(session(run([step()])), 1, "fsd_tree", 1, 0.5, 0.5, 1)[0]
-    cells = re.findall(r'<div class="(line|sibling)" style="grid-row:(\d+);grid-column:(\d+);.*?>([A-Za-z]+)</span>',
+    cells = re.findall(r'<div class="([a-z ]+)" style="grid-row:(\d+);grid-column:(\d+);.*?>([A-Za-z]+)</span>',
                        html)
     where = {w: (cls, int(r), int(c)) for cls, r, c, w in cells}
     assert set(where) == {"The", "A", "cat", "dog", "big", "sat", "ran", "ate"}, "every token in one cell"
-    assert {w: where[w][0] for w in ("A", "dog", "sat", "ate")} == dict.fromkeys(("A", "dog", "sat", "ate"), "line")
-    assert [where[w][2] for w in ("A", "dog", "sat", "ate")] == [1, 2, 3, 4]
-    assert where["The"][0] == "sibling" and where["The"][2] == 1 and where["big"][2] == 2
-    assert where["cat"][1:] == (where["The"][1], 2) and where["ran"][1:] == (where["The"][1], 3)
-    assert len({where[w][1] for w in ("The", "big")}) == 2  # each sibling its own row
+    assert {w: where[w] for w in ("A", "dog", "ate")} == {"A": ("line", 2, 1), "dog": ("line", 2, 2),
+                                                         "ate": ("line own", 2, 3)}
+    assert [where[w][::2] for w in ("The", "big", "sat")] == [("sibling", 1), ("sibling", 2), ("sibling", 3)]
+    assert where["cat"] == ("below", where["The"][1], 2) and where["ran"] == ("below", where["The"][1], 3)
+    assert 2 < where["The"][1] < where["big"][1] < where["sat"][1]  # a row each, in the path's order
 
 
 def test_the_position_slider_is_a_depth_along_the_path_with_the_siblings_named() -> None:

@@ -96,7 +96,7 @@ def _bars(fig: go.Figure, rnds: list[StageRound], tau: float | None, texts: dict
                 tip += "<br>other candidates here (same context, same Div): " + ", ".join(
                     f"{name(i)} ({what[i]})" for i in at.siblings)
             hover.append(tip)
-            marks.append(f"+{len(at.siblings)}" if at.siblings else "")
+            marks.append(f"+{len(at.siblings)} other(s)" if at.siblings else "")
     fig.add_trace(go.Bar(x=xs, y=ys, marker_color=colours, hovertext=hover, hoverinfo="text", showlegend=False,
                          text=marks, textposition="outside"), row=row, col=1)
     if tau is not None:
@@ -145,7 +145,10 @@ def top5_figure(dists: dict[str, list[list[float]]], texts: dict[int, str], titl
                              hovertemplate="%{y}: %{x:.3f}<extra>" + role + "</extra>"), row=1, col=c)
         fig.update_xaxes(range=[0, 1], row=1, col=c)
         fig.update_yaxes(type="category", row=1, col=c)
-    return _layout(fig, title, 320)
+    _layout(fig, title, 320)
+    if "<br>" in title:  # a second line (a tree's other candidates at this position): room above the panels
+        fig.update_layout(height=360, margin=dict(t=104))
+    return fig
 
 
 def position_figure(results: dict[str, RunResult]) -> go.Figure:

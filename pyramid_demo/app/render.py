@@ -9,7 +9,6 @@ from ..core import parents as parent_list
 from ..core.config import METHOD_LABELS
 from ..core.methods import TABLE
 from ..core.trace import RunResult, StageRound, Step, accepted_path, parents_of
-from .inspector import positions
 from .text import ORIGIN_NAMES, STATUS_NAMES
 
 # Okabe-Ito hues (colour-blind safe) as pale backgrounds with a strong underline: readable when projected.
@@ -69,8 +68,8 @@ def status_legend_html() -> str:
                     f' {html.escape(STATUS_NAMES[s])}</span>'
                     for s in ("accepted", "rejected", "discarded", "resampled", "bonus"))
     marks = ('<span style="color:#555">· ✓ / ✗ / · under a token: kept / tried and refused / never reached at the '
-             'what-if τ · numbers: positions after the committed text; in a tree, the other candidates at a position '
-             'stand below it (dashed)</span>')
+             'what-if τ · numbers: positions after the committed text; the top row is what the round kept, the '
+             'other candidates at a position stand below it (dashed), what hangs under them after →</span>')
     return f'{STYLE}<div class="legend" style="font-size:.95rem;line-height:2">{items}{marks}</div>'
 
 
@@ -155,49 +154,49 @@ def _token_chip(rnd: StageRound, i: int, texts: dict[int, str], whatif: list[str
 
 def round_chips_html(rnd: StageRound, texts: dict[int, str], title: str, whatif: list[str] | None = None,
                      note: str = "") -> str:
-    """One verification round on a grid of positions (columns: 1 the first after the committed text). The top row
-    is its line (`inspector.positions`): the accepted path, then the top-ranked candidate at each position. Each
-    other candidate of a tree (a sibling of a node on the line) starts a row below, dashed, in its position's
-    column, what hangs under it (never reached) to its right; then the verifier's own token, numbered with its
-    position. A chain is the tree with one candidate per position: one row.
+    """One verification round on a grid of positions (columns: 1 the first after the committed text), drawn as
+    the tree view draws it. The top row is what the round committed: the accepted path, then the verifier's own
+    token at the next position. Each other candidate the round proposed at a context on that path (a tree's
+    siblings; a chain's rejected token) starts a dashed row below, in its position's column, what hangs under it
+    (never reached) to its right after an arrow. A chain is the tree with one candidate per position.
 
     `whatif` (each proposed token's status under another τ, `inspector.whatif_statuses`) adds a ✓/✗/· mark under
     each proposed token; `note` is trusted HTML.
     """
     ps = parents_of(rnd)
     kids, depth = parent_list.children(ps), parent_list.depths(ps)
-    pos = positions(rnd)
-    cells: list[tuple[int, int, str]] = []  # (row, column, html); row 1 the header
+    path = accepted_path(rnd)
+    cells: list[tuple[int, int, str, str]] = []  # (row, column, class, html); row 1 the header, 2 the path
 
-    def branch(k: int, row: int, rows: list[int]) -> None:
-        extra = f" · position {depth[k]}, off the path" if row > 2 else ""
-        cells.append((row, depth[k], _token_chip(rnd, k, texts, whatif, extra)))
+    def branch(k: int, row: int, rows: list[int], first: bool) -> None:
+        extra = f" · another candidate at position {depth[k]}" if first else " · never reached, below a candidate"
+        cells.append((row, depth[k], "sibling" if first else "below", _token_chip(rnd, k, texts, whatif, extra)))
         for j, c in enumerate(kids[k + 1]):
             if j:
                 rows.append(rows[-1] + 1)
-            branch(c, row if not j else rows[-1], rows)
+            branch(c, row if not j else rows[-1], rows, False)
 
-    rows = [2]
-    for at in pos:
-        if at.node is not None:
-            cells.append((2, at.depth, _token_chip(rnd, at.node, texts, whatif)))
-            for j in at.siblings:
-                rows.append(rows[-1] + 1)
-                branch(j, rows[-1], rows)
-    n_cols = max([d for _, d, _ in cells] + [0])
+    for d, i in enumerate(path, start=1):
+        cells.append((2, d, "line", _token_chip(rnd, i, texts, whatif)))
     own = rnd.tokens[-1]
-    k = len(accepted_path(rnd))
-    tip = f"{STATUS_NAMES.get(own.status, own.status)} · the verifier's own token, at position {k + 1}"
-    cells.append((2, n_cols + 1, chip(texts.get(own.token_id, f"#{own.token_id}"), f"st-{own.status}", tip,
-                                      strike=own.status == "discarded")))
-    heads = [(1, d, str(d)) for d in range(1, n_cols + 1)] + [(1, n_cols + 1, f"{k + 1} (own)")]
-    grid = "".join(f'<div style="grid-row:{r};grid-column:{c};font-size:.7rem;color:#888;text-align:center">{h}</div>'
-                   for r, c, h in heads)
-    for r, c, h in cells:
-        side = "border-left:2px dashed #bbb;padding-left:3px;font-size:.9rem;" if r > 2 else ""
-        gap = "margin-left:10px;" if c == n_cols + 1 else ""
-        grid += (f'<div class="{"sibling" if r > 2 else "line"}" style="grid-row:{r};grid-column:{c};'
-                 f'text-align:center;{side}{gap}">{h}</div>')
+    tip = f"{STATUS_NAMES.get(own.status, own.status)} · the verifier's own token, at position {len(path) + 1}"
+    cells.append((2, len(path) + 1, "line own", chip(texts.get(own.token_id, f"#{own.token_id}"), f"st-{own.status}",
+                                                     tip, strike=own.status == "discarded")))
+    rows = [2]
+    for c in [0] + [i + 1 for i in path]:  # the contexts on the path, root first
+        for j in kids[c]:
+            if j not in path:
+                rows.append(rows[-1] + 1)
+                branch(j, rows[-1], rows, True)
+    n_cols = max(col for _, col, _, _ in cells)
+    grid = "".join(f'<div style="grid-row:1;grid-column:{d};font-size:.7rem;color:#888;text-align:center">{d}</div>'
+                   for d in range(1, n_cols + 1))
+    for r, col, cls, h in cells:
+        style = {"sibling": "border-left:2px dashed #bbb;padding-left:3px;font-size:.9rem;",
+                 "below": "font-size:.9rem;"}.get(cls, "")
+        arrow = '<span style="color:#aaa;font-size:.8rem">→</span>' if cls == "below" else ""
+        grid += (f'<div class="{cls}" style="grid-row:{r};grid-column:{col};text-align:center;{style}">'
+                 f'{arrow}{h}</div>')
     return (f'<div class="round" style="display:flex;align-items:flex-start;gap:12px;margin:4px 0;'
             f'border-bottom:1px solid #eee;padding:4px 0"><div style="flex:0 0 300px;font-weight:600;color:#333">'
             f'{html.escape(title)}<div style="font-weight:400;font-size:.9rem;color:#555">{note}</div></div>'

@@ -105,6 +105,14 @@ EXPLANATION = f"""
   has already scored, which each verification pass computes anyway, and where it drafts ahead it reads the
   state it predicted itself. The acceptance rules are the same, so SD with it is still lossless.
 
+* **Trees of candidates** — instead of one guess per position the proposer offers a few (a tree: each
+  candidate's parent is the token before it). The verifier checks the whole tree in **one** pass and keeps
+  one path through it: at each position it takes a candidate (the rule's test) or, when none passes, writes
+  its own token there. A chain is the tree with one candidate per position. The inspector lays every round
+  along its positions: the kept path on top, the other candidates at each position below it; the position
+  slider walks that path. *Acceptance* counts positions: a tree of 7 candidates over 3 positions whose path
+  is 2 long accepted 2 of 3 (not 2 of 7).
+
 ### Reading the colours
 <span style="background:#cdeedd;padding:2px 6px;border-radius:4px">green</span> {ORIGIN_NAMES['draft']} ·
 <span style="background:#d3e6f8;padding:2px 6px;border-radius:4px">blue</span> {ORIGIN_NAMES['qualifier']} ·

@@ -2,6 +2,7 @@
 (see `session`). No model is called, so they answer instantly."""
 from __future__ import annotations
 
+import html
 from dataclasses import replace
 from typing import Any
 
@@ -59,12 +60,12 @@ def position_title(rnd: StageRound, depth: int, texts: dict[int, str]) -> tuple[
 
     def name(i: int) -> str:
         t = rnd.tokens[i]
-        return f"{texts.get(t.token_id, f'#{t.token_id}')!r} ({t.status})"
+        return html.escape(f"{texts.get(t.token_id, f'#{t.token_id}')!r} ({t.status})", quote=False)
 
     title = f"Top-5 next tokens at position {at.depth}: " + (
         name(at.node) if at.node is not None else f"{rnd.verifier}'s own {name(len(rnd.tokens) - 1)}")
     if at.siblings:
-        title += " · other candidates here: " + ", ".join(name(i) for i in at.siblings)
+        title += "<br>other candidates at this position: " + ", ".join(name(i) for i in at.siblings)
     if at.own and at.node is not None:
         title += f" · {rnd.verifier}'s own: {name(len(rnd.tokens) - 1)}"
     return at.depth, title
