@@ -13,8 +13,12 @@ from .session import Race
 
 
 def sd_took(rec: TokenRec) -> bool:
-    """Whether the SD fallback's own test accepted this proposed token: the stored decision, read in this one place
-    (today an accepted token whose recorded Div was above its τ: only the SD rule can have passed it)."""
+    """Whether the SD fallback's own test accepted this proposed token: the stored decision, read in this one place.
+    A record that stores the verdict (`sd_passed`: True, False, None for not tried) is read as it says; one without
+    it only tells that an accepted token whose Div was above its τ passed the SD rule (nothing else can have)."""
+    stored = getattr(rec, "sd_passed", None)
+    if stored is not None:
+        return bool(stored)
     return rec.status == "accepted" and rec.tau is not None and (rec.div or 0.0) > rec.tau
 
 

@@ -26,11 +26,17 @@ def family(r: RunResult) -> tuple:
     return m.roles, m.stage1, m.target
 
 
+def tree_lane(r: RunResult) -> bool:
+    """Whether a lane is drawn as a tree: it ran the tree shape (its config) or its rounds proposed trees (its
+    records), never what its key says."""
+    return r.config.get("shape") == "tree" or proposes_trees(r)
+
+
 def _short(key: str, r: RunResult) -> str:
     try:
         return method_spec(key).short
     except ValueError:  # a lane named otherwise: its method's short name, and its shape
-        return method_spec(r.method).short + (" tree" if proposes_trees(r) else "")
+        return method_spec(r.method).short + (" tree" if tree_lane(r) else "")
 
 
 def panels(results: dict[str, RunResult]) -> dict[str, tuple[int, int]]:
@@ -41,11 +47,11 @@ def panels(results: dict[str, RunResult]) -> dict[str, tuple[int, int]]:
     for f in [(m.roles, m.stage1, m.target) for m in TABLE] + [family(results[m]) for m in shown]:
         if f not in order and any(family(results[m]) == f for m in shown):
             order.append(f)
-    two = any(proposes_trees(results[m]) for m in shown)
+    two = len({tree_lane(results[m]) for m in shown}) == 2  # chains and trees: trees in the second row
     where: dict[str, tuple[int, int]] = {}
     for m in shown:
         col = order.index(family(results[m])) + 1
-        row = 2 if two and proposes_trees(results[m]) else 1
+        row = 2 if two and tree_lane(results[m]) else 1
         if (row, col) in where.values():
             row = 3 - row
         where[m] = (row, col)
@@ -75,7 +81,7 @@ def accepted_figure(results: dict[str, RunResult], title: str = "Drafted tokens 
         name = _short(m, results[m])
         fig.add_trace(go.Bar(x=list(range(len(h))), y=shares, name=name, showlegend=False,
                              marker=dict(color=METHOD_COLOURS.get(m, METHOD_COLOURS.get(results[m].method, "#777")),
-                                         pattern_shape=TREE_PATTERN if proposes_trees(results[m]) else "",
+                                         pattern_shape=TREE_PATTERN if tree_lane(results[m]) else "",
                                          line=dict(color="#333", width=0.5)),
                              customdata=h, hovertemplate="%{x} accepted: %{y:.0%} of passes (%{customdata})"
                              "<extra>" + name + "</extra>"), row=r, col=c)
