@@ -123,8 +123,10 @@ def divergence_figure(step: Step, tau_q: float, tau_t: float, texts: dict[int, s
         titles.append(f"{rnd.proposer} → {rnd.verifier}: Div({rnd.verifier}, {rnd.proposer}) · {rule}")
     fig = make_subplots(rows=len(rows), cols=1, subplot_titles=titles, vertical_spacing=0.25)
     for k, (_, rnds) in enumerate(rows, start=1):
-        _bars(fig, rnds, round_tau(rnds[0], tau_q, tau_t), texts, k, "r")
-        fig.update_yaxes(title="Div", rangemode="tozero", row=k, col=1)
+        tau = round_tau(rnds[0], tau_q, tau_t)
+        _bars(fig, rnds, tau, texts, k, "r")
+        top = max([y for y in fig.data[-1].y if y is not None and y < float("inf")] + [tau or 0.0, 0.1])
+        fig.update_yaxes(title="Div", range=[0, top * 1.25], row=k, col=1)  # room for the "+n other(s)" labels
     _layout(fig, "", 250 + 210 * (len(rows) - 1))
     fig.update_layout(margin=dict(t=40))
     fig.update_annotations(font_size=FONT_SIZE - 1)
