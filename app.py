@@ -124,7 +124,7 @@ def build_demo() -> gr.Blocks:
                 with gr.Row():
                     wq = _whatif("tau_q")
                     wt = _whatif("tau_t")
-                    pos_sl = gr.Slider(1, 9, value=1, step=1, label="Position for the top-5 view")
+                    pos_sl = gr.Slider(1, 9, value=1, step=1, label="Position along the accepted path (top-5 view)")
                 insp_md = gr.Markdown()
                 chips = gr.HTML(render.message_html(MSG["no_race"]), elem_id="chips")
                 gr.Markdown(TREE_NOTE)
