@@ -91,14 +91,14 @@ class Stats:
     decode_s: float  # wall time after prefill
     tokens_per_s: float  # n_new_tokens / decode_s (prefill excluded)
     target_passes: int
-    acceptance: dict[str, float]  # stage -> accepted / proposed drafted tokens
+    acceptance: dict[str, float]  # stage -> accepted / positions proposed (a chain's length, a tree's depth)
     proposed: dict[str, int]
     accepted: dict[str, int]
     mean_accepted_per_target_pass: float  # drafted tokens the target accepted (bonus NOT counted)
     tokens_per_target_pass: float  # committed tokens per target pass (target's own token counted)
     accepted_hist: list[int]  # count of target passes that accepted k drafted tokens, k = 0..max (every pass)
-    per_position_acceptance: dict[str, list[float]]  # stage -> P(accepted | position reached); a pass
-    # that proposed nothing (the budget's last token) is a round that reaches no position
+    per_position_acceptance: dict[str, list[float]]  # stage -> per depth d: rounds whose accepted path reached d
+    # ÷ rounds that proposed at d (core.stats); a pass that proposed nothing (the budget's last token) reaches none
     forward_passes: dict[str, int]
     forward_time_s: dict[str, float]  # decode forwards per model (prefill excluded)
     engine_overhead_s: float  # decode wall time outside model forwards
