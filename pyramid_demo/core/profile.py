@@ -18,4 +18,6 @@ def cost_ms(profile: dict, role: str, k: int) -> float:
 
 
 def ar_speed(profile: dict) -> float:
-    return 1000 / cost_ms(profile, "target", 1)
+    """AR's tok/s on this profile: one target step per token, and the engine's check and pick of it
+    (`engine_ms.feed`, where the profile has the engine's prices): what every speed-up is stated against."""
+    return 1000 / (cost_ms(profile, "target", 1) + float((profile.get("engine_ms") or {}).get("feed", 0.0)))
