@@ -21,6 +21,7 @@ from . import engine_costs, expected, walk_stats
 from .measure import (  # noqa: F401 - re-exported
     CONTEXT,
     MAX_K,
+    PROFILE_VERSION,
     TREE_K,
     ForwardTimer,
     linear_bytes,

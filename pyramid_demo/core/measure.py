@@ -15,6 +15,7 @@ from typing import Any
 MAX_K = 9  # longest forward profiled one k at a time: a proposal of 8 plus the verifier's own token
 TREE_K = 17  # also profiled: the pass of a 16-node tree (its root row included)
 CONTEXT = 100  # tokens already in the cache when a forward is timed
+PROFILE_VERSION = "engine-1"  # what a cached profile holds: a profile without the engine's prices is re-measured
 
 
 class ForwardTimer:
