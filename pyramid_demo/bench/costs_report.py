@@ -12,17 +12,21 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from ..core import costs, insertion, throughput
+from ..core import costs, engine_costs, expected, insertion, throughput
 from ..core.config import METHODS
+from ..core.shape import shape_of
 from ..core.trace import Step
 
 
-def row_record(steps: list[Step]) -> dict:
-    """What one run adds to its row: {"cost_record": {...}} (see the module's doc)."""
+def row_record(steps: list[Step], method: str | None = None, config: dict | None = None) -> dict:
+    """What one run adds to its row: {"cost_record": {...}} (see the module's doc); with the method, the
+    engine's work it did (`engine_costs.census`)."""
     ms = {role: {k: [round(sum(ts), 4), len(ts)] for k, ts in by_k.items()}
           for role, by_k in costs.measured_by_k(steps).items()}
-    return {"cost_record": {"forwards": costs.forward_counts(steps), "ms_by_k": ms,
-                            "stages": costs.stage_counts(steps)}}
+    rec = {"forwards": costs.forward_counts(steps), "ms_by_k": ms, "stages": costs.stage_counts(steps)}
+    if method is not None:
+        rec["engine"] = engine_costs.census(steps, method, config)
+    return {"cost_record": rec}
 
 
 def profile(triplet: Any) -> dict | None:
@@ -47,47 +51,110 @@ def _add(into: dict, more: dict, depth: int) -> None:
             into[str(k)] = into.get(str(k), 0) + v
 
 
+def _row_times(row: dict, prof: dict) -> tuple[dict[str, float], float, dict[str, float]]:
+    """A row's forwards per role on the profile (s), its engine work on the profile (s), and its measured
+    forward seconds per role."""
+    rec = row["cost_record"]
+    fwd = costs.predict_counts(rec["forwards"], prof)
+    eng = engine_costs.price(rec.get("engine") or {}, prof) / 1000
+    measured = {r: float(row.get(f"fwd_time_{r}_s") or 0.0) for r in fwd}
+    return fwd, eng, measured
+
+
+def busy_factors(rows: list[dict], prof: dict) -> dict[str, float]:
+    """Per role, the run's measured forward time ÷ the profile's for the same forwards, pooled over every
+    engine row of the bench ("all": every role together): how much busier this run's machine was."""
+    num: dict[str, float] = {}
+    den: dict[str, float] = {}
+    for row in rows:
+        if row.get("kind") != "engine" or not row.get("cost_record"):
+            continue
+        fwd, _, measured = _row_times(row, prof)
+        for r, t in fwd.items():
+            if measured.get(r):
+                num[r], den[r] = num.get(r, 0.0) + measured[r], den.get(r, 0.0) + t
+    out = {r: num[r] / den[r] for r in den if den[r] > 0}
+    if den:
+        out["all"] = sum(num.values()) / sum(den.values())
+    return out
+
+
+def _rescaled_s(fwd: dict[str, float], eng: float, busy: dict[str, float]) -> float:
+    return sum(t * busy.get(r, busy.get("all", 1.0)) for r, t in fwd.items()) + eng * busy.get("all", 1.0)
+
+
 def finish(rows: list[dict], prof: dict | None) -> dict:
-    """Predicted tok/s per row and the per-variant summary; returns results.json's "cost_profile"."""
+    """Predicted tok/s and speed-up over AR per row and the per-variant summary; returns results.json's
+    "cost_profile". Every prediction is the profile's time for the forwards a run made plus its engine work;
+    "profile" speed-ups divide AR's profile time for the same tokens by it; "rescaled" ones first scale each
+    role's forwards by the bench's own busy factor for that role (`busy_factors`), so a machine busier than
+    its profile moves the absolute figures, not the comparison."""
     if not prof or "ms" not in prof:
         return {"profile": prof, "variants": []}
+    busy = busy_factors(rows, prof)
+    ar_step = expected.ar_ms(prof) / 1000
     by: dict[str, dict] = {}
     for row in rows:
         rec = row.get("cost_record")
         if row.get("kind") != "engine" or not rec:
             continue
-        t = sum(costs.predict_counts(rec["forwards"], prof).values())
-        row["predicted_profile_tokens_per_s"] = row["n_new_tokens"] / t if t > 0 else None
+        fwd, eng, _ = _row_times(row, prof)
+        t, n = sum(fwd.values()) + eng, row["n_new_tokens"]
+        scaled = _rescaled_s(fwd, eng, busy)
+        ar_scaled = n * ar_step * busy.get("target", busy.get("all", 1.0))
+        row["predicted_profile_tokens_per_s"] = n / t if t > 0 else None
+        row["predicted_profile_speedup_vs_ar"] = n * ar_step / t if t > 0 else None
+        row["predicted_speedup_vs_ar"] = ar_scaled / scaled if scaled > 0 else None
         v = by.setdefault(row["variant"], {"method": row["method"], "tokens": 0, "decode_s": 0.0, "predicted_s": 0.0,
+                                           "engine_s": 0.0, "scaled_s": 0.0, "ar_scaled_s": 0.0, "speedups": [],
                                            "forwards": {}, "ms_by_k": {}, "stages": {},
                                            "config": {k: row[k] for k in ("gamma", "l_d", "l_q", "tree_nodes",
-                                                                             "tree_depth", "tree_k") if row.get(k)}})
-        v["tokens"] += row["n_new_tokens"]
+                                                                             "tree_depth", "tree_k", "stage2", "shape")
+                                                      if row.get(k)}})
+        v["tokens"] += n
         v["decode_s"] += row["decode_s"] or 0.0
         v["predicted_s"] += t
+        v["engine_s"] += eng
+        v["scaled_s"] += scaled
+        v["ar_scaled_s"] += ar_scaled
+        if row.get("speedup_vs_ar") is not None:
+            v["speedups"].append(row["speedup_vs_ar"])
         _add(v["forwards"], rec["forwards"], 2)
         _add(v["ms_by_k"], rec["ms_by_k"], 2)
         _add(v["stages"], rec["stages"], 2)
-    out = []
-    for label, v in by.items():
-        cfg = {k: x for k, x in v["config"].items() if x is not None}
-        model = costs.model_from_counts(v["method"], v["stages"], cfg, prof)
-        measured = v["tokens"] / v["decode_s"] if v["decode_s"] else None
-        predicted = v["tokens"] / v["predicted_s"] if v["predicted_s"] else None
-        out.append(dict(variant=label, method=v["method"], measured_tokens_per_s=measured,
-                        predicted_tokens_per_s=predicted,
-                        prediction_error=predicted / measured - 1 if measured and predicted else None,
-                        ms_per_forward_by_k={r: {k: s / n for k, (s, n) in sorted(d.items(), key=lambda kv: int(kv[0]))
-                                                 if n} for r, d in v["ms_by_k"].items()},
-                        forwards_by_k=v["forwards"], **model))
+    out = [_variant(label, v, prof, by) for label, v in by.items()]
     ar = next((d["measured_tokens_per_s"] for d in out if d["method"] == "ar"), None)
     for d in out:
         d["why"] = costs.verdict(d["method"], d, (d["measured_tokens_per_s"], ar) if ar else None)
     out.sort(key=lambda d: (METHODS.index(d["method"]) if d["method"] in METHODS else 99, d["variant"]))
-    sd = next((d for d in out if d["method"] == "sd"), {})
+    sd = next((d for d in out if d["method"] == "sd" and shape_of("sd", d.get("config")) == "chain"), {})
     pyr = next((d for k in ("psd_a", "psd_f") for d in out if d["method"] == k), {})
     ins = insertion.insertion(prof, sd.get("alpha"), pyr.get("alpha_qualifier"), pyr.get("alpha"))
-    return {"profile": prof, "variants": out, "insertion": ins}
+    worst = max((abs(d["speedup_error"]) for d in out if d.get("speedup_error") is not None), default=None)
+    return {"profile": prof, "variants": out, "insertion": ins, "busy": busy, "worst_speedup_error": worst,
+            "engine_priced": engine_costs.priced(prof)}
+
+
+def _variant(label: str, v: dict, prof: dict, by: dict[str, dict]) -> dict:
+    """One variant's summary: measured and predicted tok/s and speed-ups over AR, and its model."""
+    cfg = {k: x for k, x in v["config"].items() if x is not None}
+    model = costs.model_from_counts(v["method"], v["stages"], cfg, prof)
+    measured = v["tokens"] / v["decode_s"] if v["decode_s"] else None
+    predicted = v["tokens"] / v["predicted_s"] if v["predicted_s"] else None
+    ar_v = next((a for a in by.values() if a["method"] == "ar" and a["decode_s"]), None)
+    x_meas = measured / (ar_v["tokens"] / ar_v["decode_s"]) if measured and ar_v else None
+    x_pred = v["ar_scaled_s"] / v["scaled_s"] if v["scaled_s"] else None
+    x_prof = v["tokens"] * expected.ar_ms(prof) / 1000 / v["predicted_s"] if v["predicted_s"] else None
+    return dict(variant=label, method=v["method"], config=cfg, measured_tokens_per_s=measured,
+                predicted_tokens_per_s=predicted,
+                predicted_rescaled_tokens_per_s=v["tokens"] / v["scaled_s"] if v["scaled_s"] else None,
+                prediction_error=predicted / measured - 1 if measured and predicted else None,
+                measured_speedup_vs_ar=x_meas, predicted_speedup_vs_ar=x_pred, predicted_profile_speedup_vs_ar=x_prof,
+                speedup_error=x_pred / x_meas - 1 if x_pred and x_meas else None,
+                engine_share_predicted=v["engine_s"] / v["predicted_s"] if v["predicted_s"] else None,
+                ms_per_forward_by_k={r: {k: s / n for k, (s, n) in sorted(d.items(), key=lambda kv: int(kv[0]))
+                                         if n} for r, d in v["ms_by_k"].items()},
+                forwards_by_k=v["forwards"], **model)
 
 
 def _f(x, nd: int = 2) -> str:
@@ -103,23 +170,46 @@ def markdown(section: dict) -> str:
              f"{'cached' if prof.get('how') == 'cached' else 'measured now'}), ms per cached forward of k new tokens: "
              + "; ".join(f"{r} " + ", ".join(f"k={k} {float(v):.1f}" for k, v in row.items())
                          for r, row in prof["ms"].items()),
-             "", "| variant | tok/s measured | tok/s predicted | error | measured α | break-even α | why |",
-             "|---|---|---|---|---|---|---|"]
+             "", _busy_line(section),
+             "", "| variant | × AR measured | × AR predicted | error | × AR, profile only | × AR from acceptance "
+                 "| tok/s measured | tok/s predicted, rescaled | engine share predicted | measured α | break-even α "
+                 "| why |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for v in section["variants"]:
         a = _f(v.get("alpha"))
         if v.get("alpha_qualifier") is not None:
             a = f"α_Q {_f(v['alpha_qualifier'])} · α_T {a}"
         be = ("—" if "break_even_alpha" not in v else "never" if v["break_even_alpha"] is None
               else _f(v["break_even_alpha"]))
-        err = "—" if v["prediction_error"] is None else f"{v['prediction_error']:+.0%}"
-        lines.append(f"| {v['variant']} | {_f(v['measured_tokens_per_s'], 1)} | {_f(v['predicted_tokens_per_s'], 1)} "
-                     f"| {err} | {a} | {be} | {v['why']} |")
-    lines.append("\nMeasured tok/s exclude prefill; predicted: the profile's time summed over the forwards each run "
-                 "made. Break-even α: the per-token acceptance at which the method's expected speed equals AR's "
-                 "on this profile (PSD: the target stage's, at the measured stage-1 α_Q).")
+        err = "—" if v.get("speedup_error") is None else f"{v['speedup_error']:+.1%}"
+        lines.append(f"| {v['variant']} | {_f(v.get('measured_speedup_vs_ar'), 3)} "
+                     f"| {_f(v.get('predicted_speedup_vs_ar'), 3)} | {err} "
+                     f"| {_f(v.get('predicted_profile_speedup_vs_ar'), 3)} | {_f(v.get('expected_speedup_vs_ar'), 3)} "
+                     f"| {_f(v['measured_tokens_per_s'], 1)} | {_f(v.get('predicted_rescaled_tokens_per_s'), 1)} "
+                     f"| {_f(v.get('engine_share_predicted'), 3)} | {a} | {be} | {v['why']} |")
+    worst = section.get("worst_speedup_error")
+    lines.append("\nSpeed-ups over AR are pooled over the prompts (Σ tokens ÷ Σ decode time, prefill excluded). "
+                 "Predicted: the profile's time for the forwards each run made plus the engine's work it did "
+                 "(divergences, rounds, a tree's growth and compaction), each role's forwards rescaled by this "
+                 "bench's busy factor for that role; 'profile only' without the rescaling; 'from acceptance': the "
+                 "expected chain, tree or pyramid at the measured acceptance (by rank for a tree) on the profile. "
+                 "Break-even α: the acceptance at which the expected speed equals AR's on this profile (PSD: the "
+                 "target stage's). Worst |error| of the predicted speed-up: "
+                 + ("—" if worst is None else f"{worst:.1%}") + " (target ≤ 10%).")
     if section.get("insertion"):
         lines += ["", insertion.markdown(section["insertion"])]
     return "\n".join(lines)
+
+
+def _busy_line(section: dict) -> str:
+    busy = section.get("busy") or {}
+    if not busy:
+        return "No forward time measured in the runs: nothing to rescale by."
+    roles = ", ".join(f"{r} {x:.2f}×" for r, x in busy.items() if r != "all")
+    return (f"This bench's forwards took {busy.get('all', 1.0):.2f}× the profile's time for the same forwards "
+            f"({roles}); " + ("the engine's own work is priced from the profile's engine prices."
+                              if section.get("engine_priced") else
+                              "this profile has no engine prices (measured before they were): the engine's work is "
+                              "priced at 0, re-probe to price it."))
 
 
 def figure(section: dict):
@@ -161,18 +251,22 @@ def html_section(result: dict, plotly_loaded: bool = True) -> str:
     body = "".join("<tr>" + "".join(f"<td>{html.escape(c.strip())}</td>" for c in line.strip("|").split("|")) + "</tr>"
                    for line in table[2:])
     fig = figure(section)
+    notes = [line.strip() for line in md[1:] if line.strip() and not line.startswith("|")]
     return (f"<h3>Why each method wins or loses here: the cost profile</h3><p>{html.escape(first)}</p>"
+            + (f"<p>{html.escape(notes[0])}</p>" if notes else "")
             + (f"<table><tr>{''.join(f'<th>{html.escape(h)}</th>' for h in head)}</tr>{body}</table>" if table else "")
-            + f"<p><small>{html.escape(md[-1].strip())}</small></p>"
+            + "".join(f"<p><small>{html.escape(n)}</small></p>" for n in notes[1:])
             + (fig.to_html(full_html=False, include_plotlyjs=not plotly_loaded, default_height=420) if fig else ""))
 
 
 def row_lengths(row: dict) -> dict:
     """The γ / ℓ_D / ℓ_Q the throughput formulas use for a row (measured means under conf_stop)."""
     st = ("qualifier", "target")
-    return throughput.lengths({k: row[k] for k in ("gamma", "l_d", "l_q", "conf_stop")},
-                              {k: row[f"proposed_{k}"] for k in st if row.get(f"proposed_{k}")},
-                              {k: row[f"rounds_{k}"] for k in st if row.get(f"rounds_{k}")})
+    cfg = {k: row.get(k) for k in ("gamma", "l_d", "l_q", "conf_stop", "tree_nodes", "tree_depth", "tree_k", "shape")}
+    return throughput.lengths(cfg, {k: row[f"proposed_{k}"] for k in st if row.get(f"proposed_{k}")},
+                              {k: row[f"rounds_{k}"] for k in st if row.get(f"rounds_{k}")},
+                              {k: row[f"accepted_{k}"] for k in st if row.get(f"accepted_{k}") is not None},
+                              row["method"] if row.get("kind") == "engine" else None)
 
 
 def row_prediction(row: dict, speeds: dict[str, float]) -> float | None:
