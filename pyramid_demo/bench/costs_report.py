@@ -16,6 +16,7 @@ from ..core import costs, engine_costs, expected, insertion, throughput
 from ..core.config import METHODS
 from ..core.shape import shape_of
 from ..core.trace import Step
+from . import costs_fit
 
 
 def row_record(steps: list[Step], method: str | None = None, config: dict | None = None) -> dict:
@@ -26,6 +27,7 @@ def row_record(steps: list[Step], method: str | None = None, config: dict | None
     rec = {"forwards": costs.forward_counts(steps), "ms_by_k": ms, "stages": costs.stage_counts(steps)}
     if method is not None:
         rec["engine"] = engine_costs.census(steps, method, config)
+        rec["tree_forwards"] = costs.tree_forward_counts(steps, method, config)
     return {"cost_record": rec}
 
 
@@ -51,77 +53,35 @@ def _add(into: dict, more: dict, depth: int) -> None:
             into[str(k)] = into.get(str(k), 0) + v
 
 
-def _row_times(row: dict, prof: dict) -> tuple[dict[str, float], float, dict[str, float]]:
-    """A row's forwards per role on the profile (s), its engine work on the profile (s), and its measured
-    forward seconds per role."""
-    rec = row["cost_record"]
-    fwd = costs.predict_counts(rec["forwards"], prof)
-    eng = engine_costs.price(rec.get("engine") or {}, prof) / 1000
-    measured = {r: float(row.get(f"fwd_time_{r}_s") or 0.0) for r in fwd}
-    return fwd, eng, measured
-
-
-def busy_factors(rows: list[dict], prof: dict) -> dict[str, float]:
-    """Per role, the run's measured forward time ÷ the profile's for the same forwards, pooled over every
-    engine row of the bench ("all": every role together): how much busier this run's machine was."""
-    num: dict[str, float] = {}
-    den: dict[str, float] = {}
-    for row in rows:
-        if row.get("kind") != "engine" or not row.get("cost_record"):
-            continue
-        fwd, _, measured = _row_times(row, prof)
-        for r, t in fwd.items():
-            if measured.get(r):
-                num[r], den[r] = num.get(r, 0.0) + measured[r], den.get(r, 0.0) + t
-    out = {r: num[r] / den[r] for r in den if den[r] > 0}
-    if den:
-        out["all"] = sum(num.values()) / sum(den.values())
-    return out
-
-
-def _rescaled_s(fwd: dict[str, float], eng: float, busy: dict[str, float]) -> float:
-    return sum(t * busy.get(r, busy.get("all", 1.0)) for r, t in fwd.items()) + eng * busy.get("all", 1.0)
-
-
 def finish(rows: list[dict], prof: dict | None) -> dict:
-    """Predicted tok/s and speed-up over AR per row and the per-variant summary; returns results.json's
-    "cost_profile". Every prediction is the profile's time for the forwards a run made plus its engine work;
-    "profile" speed-ups divide AR's profile time for the same tokens by it; "rescaled" ones first scale each
-    role's forwards by the bench's own busy factor for that role (`busy_factors`), so a machine busier than
-    its profile moves the absolute figures, not the comparison."""
+    """Predicted tok/s and speed-up over AR per row (`costs_fit.predict_rows`) and the per-variant summary;
+    returns results.json's "cost_profile". A prediction is the profile's time for the forwards a run made
+    plus its engine work; "profile only" prices the engine from the profile's engine prices; the prediction
+    proper rescales each role's forwards by the other variants' measured ÷ profiled time and prices the
+    engine's units from the other variants' runs, so a machine busier than its profile moves the absolute
+    figures, not the comparison, and no variant's prediction reads its own measured time."""
     if not prof or "ms" not in prof:
         return {"profile": prof, "variants": []}
-    busy = busy_factors(rows, prof)
-    ar_step = expected.ar_ms(prof) / 1000
+    busy = costs_fit.predict_rows(rows, prof)
     by: dict[str, dict] = {}
     for row in rows:
         rec = row.get("cost_record")
         if row.get("kind") != "engine" or not rec:
             continue
-        fwd, eng, _ = _row_times(row, prof)
-        t, n = sum(fwd.values()) + eng, row["n_new_tokens"]
-        scaled = _rescaled_s(fwd, eng, busy)
-        ar_scaled = n * ar_step * busy.get("target", busy.get("all", 1.0))
-        row["predicted_profile_tokens_per_s"] = n / t if t > 0 else None
-        row["predicted_profile_speedup_vs_ar"] = n * ar_step / t if t > 0 else None
-        row["predicted_speedup_vs_ar"] = ar_scaled / scaled if scaled > 0 else None
-        v = by.setdefault(row["variant"], {"method": row["method"], "tokens": 0, "decode_s": 0.0, "predicted_s": 0.0,
-                                           "engine_s": 0.0, "scaled_s": 0.0, "ar_scaled_s": 0.0, "speedups": [],
-                                           "forwards": {}, "ms_by_k": {}, "stages": {},
+        v = by.setdefault(row["variant"], {"method": row["method"], "tokens": 0, "decode_s": 0.0, "profile_s": 0.0,
+                                           "predicted_s": 0.0, "forwards": {}, "ms_by_k": {}, "stages": {},
+                                           "engine": {},
                                            "config": {k: row[k] for k in ("gamma", "l_d", "l_q", "tree_nodes",
                                                                              "tree_depth", "tree_k", "stage2", "shape")
                                                       if row.get(k)}})
-        v["tokens"] += n
+        v["tokens"] += row["n_new_tokens"]
         v["decode_s"] += row["decode_s"] or 0.0
-        v["predicted_s"] += t
-        v["engine_s"] += eng
-        v["scaled_s"] += scaled
-        v["ar_scaled_s"] += ar_scaled
-        if row.get("speedup_vs_ar") is not None:
-            v["speedups"].append(row["speedup_vs_ar"])
+        v["profile_s"] += row["predicted_profile_s"]
+        v["predicted_s"] += row["predicted_s"]
         _add(v["forwards"], rec["forwards"], 2)
         _add(v["ms_by_k"], rec["ms_by_k"], 2)
         _add(v["stages"], rec["stages"], 2)
+        engine_costs.add(v["engine"], rec.get("engine") or {})
     out = [_variant(label, v, prof, by) for label, v in by.items()]
     ar = next((d["measured_tokens_per_s"] for d in out if d["method"] == "ar"), None)
     for d in out:
@@ -130,28 +90,31 @@ def finish(rows: list[dict], prof: dict | None) -> dict:
     sd = next((d for d in out if d["method"] == "sd" and shape_of("sd", d.get("config")) == "chain"), {})
     pyr = next((d for k in ("psd_a", "psd_f") for d in out if d["method"] == k), {})
     ins = insertion.insertion(prof, sd.get("alpha"), pyr.get("alpha_qualifier"), pyr.get("alpha"))
-    worst = max((abs(d["speedup_error"]) for d in out if d.get("speedup_error") is not None), default=None)
+    worst = max((abs(d["speedup_error"]) for d in out if d.get("speedup_error") is not None and d["method"] != "ar"),
+                default=None)
     return {"profile": prof, "variants": out, "insertion": ins, "busy": busy, "worst_speedup_error": worst,
             "engine_priced": engine_costs.priced(prof)}
 
 
 def _variant(label: str, v: dict, prof: dict, by: dict[str, dict]) -> dict:
-    """One variant's summary: measured and predicted tok/s and speed-ups over AR, and its model."""
+    """One variant's summary: measured and predicted tok/s and speed-ups over AR (pooled), and its model."""
     cfg = {k: x for k, x in v["config"].items() if x is not None}
     model = costs.model_from_counts(v["method"], v["stages"], cfg, prof)
-    measured = v["tokens"] / v["decode_s"] if v["decode_s"] else None
-    predicted = v["tokens"] / v["predicted_s"] if v["predicted_s"] else None
-    ar_v = next((a for a in by.values() if a["method"] == "ar" and a["decode_s"]), None)
+    tok = v["tokens"]
+    measured = tok / v["decode_s"] if v["decode_s"] else None
+    predicted = tok / v["predicted_s"] if v["predicted_s"] else None
+    ar_v = next((a for a in by.values() if a["method"] == "ar" and a["decode_s"] and a["tokens"]), None)
     x_meas = measured / (ar_v["tokens"] / ar_v["decode_s"]) if measured and ar_v else None
-    x_pred = v["ar_scaled_s"] / v["scaled_s"] if v["scaled_s"] else None
-    x_prof = v["tokens"] * expected.ar_ms(prof) / 1000 / v["predicted_s"] if v["predicted_s"] else None
+    ar_per = ar_v["predicted_s"] / ar_v["tokens"] if ar_v else None
+    x_pred = ar_per * tok / v["predicted_s"] if ar_per and v["predicted_s"] else None
+    x_prof = tok * expected.ar_ms(prof) / 1000 / v["profile_s"] if v["profile_s"] else None
+    micro = engine_costs.price(v["engine"], prof) / 1000
     return dict(variant=label, method=v["method"], config=cfg, measured_tokens_per_s=measured,
                 predicted_tokens_per_s=predicted,
-                predicted_rescaled_tokens_per_s=v["tokens"] / v["scaled_s"] if v["scaled_s"] else None,
                 prediction_error=predicted / measured - 1 if measured and predicted else None,
                 measured_speedup_vs_ar=x_meas, predicted_speedup_vs_ar=x_pred, predicted_profile_speedup_vs_ar=x_prof,
                 speedup_error=x_pred / x_meas - 1 if x_pred and x_meas else None,
-                engine_share_predicted=v["engine_s"] / v["predicted_s"] if v["predicted_s"] else None,
+                engine_share_predicted=micro / v["profile_s"] if v["profile_s"] else None,
                 ms_per_forward_by_k={r: {k: s / n for k, (s, n) in sorted(d.items(), key=lambda kv: int(kv[0]))
                                          if n} for r, d in v["ms_by_k"].items()},
                 forwards_by_k=v["forwards"], **model)
@@ -172,7 +135,7 @@ def markdown(section: dict) -> str:
                          for r, row in prof["ms"].items()),
              "", _busy_line(section),
              "", "| variant | × AR measured | × AR predicted | error | × AR, profile only | × AR from acceptance "
-                 "| tok/s measured | tok/s predicted, rescaled | engine share predicted | measured α | break-even α "
+                 "| tok/s measured | tok/s predicted | engine share, profile | measured α | break-even α "
                  "| why |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for v in section["variants"]:
         a = _f(v.get("alpha"))
@@ -184,13 +147,14 @@ def markdown(section: dict) -> str:
         lines.append(f"| {v['variant']} | {_f(v.get('measured_speedup_vs_ar'), 3)} "
                      f"| {_f(v.get('predicted_speedup_vs_ar'), 3)} | {err} "
                      f"| {_f(v.get('predicted_profile_speedup_vs_ar'), 3)} | {_f(v.get('expected_speedup_vs_ar'), 3)} "
-                     f"| {_f(v['measured_tokens_per_s'], 1)} | {_f(v.get('predicted_rescaled_tokens_per_s'), 1)} "
+                     f"| {_f(v['measured_tokens_per_s'], 1)} | {_f(v.get('predicted_tokens_per_s'), 1)} "
                      f"| {_f(v.get('engine_share_predicted'), 3)} | {a} | {be} | {v['why']} |")
     worst = section.get("worst_speedup_error")
     lines.append("\nSpeed-ups over AR are pooled over the prompts (Σ tokens ÷ Σ decode time, prefill excluded). "
-                 "Predicted: the profile's time for the forwards each run made plus the engine's work it did "
-                 "(divergences, rounds, a tree's growth and compaction), each role's forwards rescaled by this "
-                 "bench's busy factor for that role; 'profile only' without the rescaling; 'from acceptance': the "
+                 "Predicted: the profile's time for the forwards each run made, each role's rescaled by the other "
+                 "variants' measured ÷ profiled time, plus the engine's work the run did (steps, feeds, rounds, "
+                 "divergences, a tree's growth and compaction) priced per unit from the other variants' runs; "
+                 "'profile only': the profile alone (engine at its timed prices); 'from acceptance': the "
                  "expected chain, tree or pyramid at the measured acceptance (by rank for a tree) on the profile. "
                  "Break-even α: the acceptance at which the expected speed equals AR's on this profile (PSD: the "
                  "target stage's). Worst |error| of the predicted speed-up: "

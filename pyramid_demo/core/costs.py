@@ -32,7 +32,7 @@ from .measure import (  # noqa: F401 - re-exported
     warm_up,
 )
 from .methods import method_spec, target_rule
-from .profile import ar_speed, cost_ms  # noqa: F401 - re-exported: callers read the profile through costs
+from .profile import ar_speed, cost_ms, cost_tree_ms  # noqa: F401 - re-exported: callers read the profile here
 from .shape import shape_of
 from .trace import Step
 from .tree_costs import RANK_PRIOR, best_tree, rank_counts, tree_speed
@@ -68,17 +68,45 @@ def forward_counts(steps: list[Step]) -> dict[str, dict[int, int]]:
     return out
 
 
-def predict_counts(counts: dict[str, dict], profile: dict) -> dict[str, float]:
-    """Predicted forward seconds per role: Σ n × profile[role][k] (roles the profile lacks are left out)."""
-    return {role: sum(int(n) * cost_ms(profile, role, int(k)) for k, n in by_k.items()) / 1000
-            for role, by_k in counts.items() if role in profile["ms"]}
+def tree_forward_counts(steps: list[Step], method: str, config: dict | None = None) -> dict[str, dict[int, int]]:
+    """Of `forward_counts`, the forwards that fed tree rows, {role: {k: n}}: in a tree run, the tree stage's
+    verifier passes, and the proposer's forwards after its first in each step (the first feeds the root
+    as a chain; the others are the tree's levels)."""
+    out: dict[str, dict[int, int]] = {}
+    if not method or shape_of(method, config) != "tree":
+        return out
+    stage = engine_costs.tree_stage(method)
+    for s in steps:
+        rounds = s.qualifier_rounds if stage == "qualifier" else [s.target_round] if s.target_round else []
+        if not rounds:
+            continue
+        fed = step_forwards(s)
+        for role, ks in ((rounds[0].verifier, fed.get(rounds[0].verifier, [])),
+                         (rounds[0].proposer, fed.get(rounds[0].proposer, [])[1:])):
+            for k in ks:
+                out.setdefault(role, {})[k] = out.get(role, {}).get(k, 0) + 1
+    return out
+
+
+def predict_counts(counts: dict[str, dict], profile: dict, trees: dict[str, dict] | None = None) -> dict[str, float]:
+    """Predicted forward seconds per role: Σ n × profile[role][k] (roles the profile lacks are left out); the
+    forwards in `trees` (a part of `counts`) at the profile's tree forward of k rows instead."""
+    out = {}
+    for role, by_k in counts.items():
+        if role not in profile["ms"]:
+            continue
+        tree = {int(k): int(n) for k, n in ((trees or {}).get(role) or {}).items()}
+        ms = sum((int(n) - tree.get(int(k), 0)) * cost_ms(profile, role, int(k)) for k, n in by_k.items())
+        out[role] = (ms + sum(n * cost_tree_ms(profile, role, k) for k, n in tree.items())) / 1000
+    return out
 
 
 def predict_run(steps: list[Step], profile: dict, method: str | None = None, config: dict | None = None
                 ) -> dict[str, Any]:
     """Predicted seconds for a recorded run: its forwards per role on the profile, plus (given the method) the
     engine's work it did, priced from the profile's engine prices (`engine_costs`); and tokens/s."""
-    per_role = predict_counts(forward_counts(steps), profile)
+    per_role = predict_counts(forward_counts(steps), profile,
+                              tree_forward_counts(steps, method, config) if method else None)
     n = sum(len(s.new_tokens) for s in steps)
     engine = engine_costs.price(engine_costs.census(steps, method, config), profile) / 1000 if method else 0.0
     total = sum(per_role.values()) + engine

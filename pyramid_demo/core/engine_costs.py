@@ -14,7 +14,7 @@ from .shape import shape_of
 from .trace import StageRound, Step
 from .walk_stats import cut_short, trials
 
-UNITS = ("feed", "round", "div", "div1", "expand")
+UNITS = ("step", "feed", "round", "div", "div1", "expand")
 
 
 def engine_ms(profile: dict, unit: str, role: str | None = None) -> float:
@@ -48,14 +48,16 @@ def _round_units(rnd: StageRound, tree: bool, out: dict[str, Any]) -> None:
 
 
 def census(steps: list[Step], method: str, config: dict | None = None) -> dict[str, Any]:
-    """Units of engine work a recorded run did: forwards fed ("feed"), rounds decided ("round"), divergence rows
-    ("div" batched, "div1" one per tree context), tree rows expanded by the proposer ("expand"), tree
-    compactions per role ("keep"). Adds up over runs (`add`)."""
+    """Units of engine work a recorded run did: target passes ("step": the step's bookkeeping, every lane's
+    cut), forwards fed ("feed"), rounds decided ("round"), divergence rows ("div" batched, "div1" one per tree
+    context), tree rows expanded by the proposer ("expand"), tree compactions per role ("keep"). Adds up over
+    runs (`add`)."""
     out: dict[str, Any] = {u: 0 for u in UNITS}
     out["keep"] = {}
     tree = shape_of(method, config) == "tree"
     stage = tree_stage(method)
     for s in steps:
+        out["step"] += 1
         out["feed"] += sum(s.n_forward.values()) if s.n_forward else len(s.fed.get("target", [])) or 1
         rounds = [("qualifier", r) for r in s.qualifier_rounds]
         rounds += [("target", s.target_round)] if s.target_round is not None else []

@@ -2,7 +2,8 @@
 
 One round's price is its forwards (the profile's ms per forward of k new tokens) plus the engine's work
 around them (`engine_costs`): a chain round of n proposals is n proposer steps and one (n+1)-row pass; a tree
-round is the proposer's root step, one forward of k rows per further level, and one (nodes+1)-row pass, plus
+round is the proposer's root step, one tree forward of k rows per further level, and one (nodes+1)-row tree
+pass (the profile's tree forwards where it has them), plus
 the rows it expands and the compaction of the accepted path in both caches. A fuzzy rule adds its
 divergences: a chain's decision scores every proposed row, a tree's one per context its walk stands on.
 
@@ -20,7 +21,7 @@ from functools import cache
 
 from .engine_costs import engine_ms
 from .parents import depths
-from .profile import cost_ms
+from .profile import cost_ms, cost_tree_ms
 from .tree import best_nodes
 
 
@@ -94,8 +95,8 @@ def tree_round_ms(profile: dict, proposer: str, verifier: str, nodes: int, level
                   contexts: float) -> float:
     """The proposer's root step and one k-row forward per further level, the (nodes+1)-row pass, the rows it
     expands, both caches' compaction, the decision, and one divergence per context reached (`contexts`)."""
-    fwd = cost_ms(profile, proposer, 1) + (levels - 1) * cost_ms(profile, proposer, k) \
-        + cost_ms(profile, verifier, nodes + 1)
+    fwd = cost_ms(profile, proposer, 1) + (levels - 1) * cost_tree_ms(profile, proposer, k) \
+        + cost_tree_ms(profile, verifier, nodes + 1)
     eng = (2 * engine_ms(profile, "feed") + engine_ms(profile, "round")
            + (1 + (levels - 1) * k) * engine_ms(profile, "expand")
            + engine_ms(profile, "keep", proposer) + engine_ms(profile, "keep", verifier))

@@ -14,8 +14,9 @@ from typing import Any
 
 MAX_K = 9  # longest forward profiled one k at a time: a proposal of 8 plus the verifier's own token
 TREE_K = 17  # also profiled: the pass of a 16-node tree (its root row included)
+TREE_ROWS = (1, 2, 3, 4, 5, 7, 9, 13, 17)  # tree forwards profiled: a level of k rows, a pass of nodes + 1
 CONTEXT = 100  # tokens already in the cache when a forward is timed
-PROFILE_VERSION = "engine-1"  # what a cached profile holds: a profile without the engine's prices is re-measured
+PROFILE_VERSION = "engine-2"  # what a cached profile holds: a profile without the engine's prices is re-measured
 
 
 class ForwardTimer:
@@ -37,6 +38,20 @@ class ForwardTimer:
         self.lm.logits(self.ids[: self.context + k], k)
         t = self.lm.time_s - t0
         self.lm.rollback(self.ids[: self.context + 1])  # keeps `context` tokens
+        return t
+
+    def time_tree(self, n: int) -> float | None:
+        """Seconds for one tree forward of n rows after the context (a root row and its n − 1 children, as a
+        verifier's pass or a proposer's level feeds them); None where the model takes no trees."""
+        lm = self.lm
+        if not getattr(lm, "trees", False):
+            return None
+        pos = lm.cache_len
+        t0 = lm.time_s
+        lm.forward_tree(self.ids[pos: pos + n], [-1] + [0] * (n - 1), pos)
+        t = lm.time_s - t0
+        lm.keep_path([])
+        lm.rollback(self.ids[: self.context + 1])
         return t
 
     def time_keep(self, n: int = 2) -> float | None:
@@ -66,11 +81,12 @@ def time_forward(model: Any, vocab_size: int, k: int, backend: str = "default", 
 
 def measure_profile(models: dict[str, Any], vocab_size: int, backend: str = "default", max_k: int = MAX_K,
                     reps: int = 3, make_timer: Callable[..., Any] | None = None,
-                    path: str = "hf", engine_out: dict | None = None) -> dict[str, dict[int, float]]:
+                    path: str = "hf", extras_out: dict | None = None) -> dict[str, dict[int, float]]:
     """{role: {k: ms}} for every distinct model (a role that shares another's model shares its row):
     one prefilled cache per model, k = 1 … max_k timed in interleaved rounds, min over rounds (the first
-    round warms up). `engine_out`, where given, receives the engine's own prices (`measure_engine`, a
-    tree's compaction timed on these caches)."""
+    round warms up). `extras_out`, where given, receives "tree_ms" ({role: {n: ms}}: a tree forward of n rows,
+    `ForwardTimer.time_tree`, where the model takes trees) and "engine_ms" (the engine's own prices,
+    `measure_engine`, a tree's compaction timed on these caches)."""
     make_timer = make_timer or ForwardTimer
     timers: dict[int, Any] = {}
     for model in models.values():
@@ -81,8 +97,17 @@ def measure_profile(models: dict[str, Any], vocab_size: int, backend: str = "def
         for i, timer in timers.items():
             for k in (*range(1, max_k + 1), *((TREE_K,) if max_k >= MAX_K else ())):  # a full profile: trees too
                 best[i][k] = min(best[i].get(k, float("inf")), timer.time(k))
-    if engine_out is not None:
-        engine_out.update(measure_engine(vocab_size, {role: timers[id(m)] for role, m in models.items()}))
+    if extras_out is not None:
+        trees: dict[int, dict[int, float]] = {i: {} for i in timers}
+        for _ in range(reps + 1):
+            for i, timer in timers.items():
+                for n in TREE_ROWS:
+                    t = getattr(timer, "time_tree", lambda n: None)(n)
+                    if t is not None:
+                        trees[i][n] = min(trees[i].get(n, float("inf")), t)
+        extras_out["tree_ms"] = {role: {str(n): round(1000 * v, 4) for n, v in trees[id(m)].items()}
+                                 for role, m in models.items() if trees[id(m)]}
+        extras_out["engine_ms"] = measure_engine(vocab_size, {role: timers[id(m)] for role, m in models.items()})
     return {role: {k: round(1000 * v, 4) for k, v in best[id(m)].items()} for role, m in models.items()}
 
 
