@@ -25,11 +25,11 @@ def cost_profile(triplet: Any, roles: tuple[str, ...] = ("draft", "qualifier", "
     if hit:
         return {**hit, "how": "cached", "probe_s": 0.0}
     t0 = time.perf_counter()
-    engine: dict = {}
+    extras: dict = {}
     ms = costs.measure_profile({r: triplet.model(r) for r in roles}, triplet.vocab_size, triplet.backend, max_k,
-                               path=triplet.path, make_timer=new_timer, engine_out=engine)
+                               path=triplet.path, make_timer=new_timer, extras_out=extras)
     floor = {r: costs.memory_floor_ms(triplet.model(r), triplet.backend) for r in roles}
-    prof = {"ms": {r: {str(k): v for k, v in row.items()} for r, row in ms.items()}, "engine_ms": engine,
+    prof = {"ms": {r: {str(k): v for k, v in row.items()} for r, row in ms.items()}, **extras,
             "context": costs.CONTEXT,
             "floor": floor, "reps": 3, "dtype": dtype, "backend": triplet.backend, "path": triplet.path,
             "device": str(triplet.device), "machine": machine_key(), "models": list(triplet.names),
