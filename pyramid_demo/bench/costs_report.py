@@ -1,11 +1,13 @@
 """The cost profile in `bench`: per-run forward records, the profile's prediction per run, and a
 section of results.json / report.html that says why each method wins or loses on this machine.
 
-Each engine row gets `cost_record` (JSON only): forwards per role by k new tokens, the forward time
-measured in the run by k (sum of ms and count, where a step pins a forward's time down) and the
-acceptance counts per stage. After the runs, `finish` adds the profile's predicted tok/s to every
-row and a per-variant summary: measured vs predicted tok/s, time per forward by k (measured in the
-runs and in the probe), measured α and the break-even α.
+Each engine row gets `cost_record` (JSON only): forwards per role by k new tokens (and which of them fed
+tree rows), the forward time measured in the run by k (sum of ms and count, where a step pins a forward's
+time down), the acceptance counts per stage and the engine's work by unit (`engine_costs.census`). After
+the runs, `finish` adds to every row its predicted time and speed-up over AR (`costs_fit.predict_rows`),
+and a per-variant summary: measured and predicted speed-up over AR side by side with the error, the
+profile-only and the acceptance-only predictions, time per forward by k (measured in the runs and in the
+probe), measured α and the break-even α.
 """
 from __future__ import annotations
 
