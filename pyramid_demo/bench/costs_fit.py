@@ -134,3 +134,19 @@ def predict_rows(rows: list[dict], profile: dict) -> dict[str, float]:
                                                   if row["predicted_profile_s"] > 0 else None)
         row["predicted_profile_tokens_per_s"] = n / row["predicted_profile_s"] if row["predicted_profile_s"] else None
     return pooled
+
+
+def fitted_prices(rows: list[dict]) -> dict[str, float]:
+    """The engine's per-unit prices in ms fitted on every engine row (for display beside the profile's timed
+    ones: how much more a unit costs inside a run than in a tight loop)."""
+    eng = [r for r in rows if r.get("kind") == "engine" and (r.get("cost_record") or {}).get("engine")
+           and r.get("engine_overhead_s") is not None]
+    if not eng:
+        return {}
+    a = np.array([features(r["cost_record"]["engine"]) for r in eng])  # [n, m]
+    b = np.array([float(r["engine_overhead_s"]) for r in eng])  # [n]
+    seen = a.sum(0) > 0
+    x = np.zeros(a.shape[1])
+    if seen.any():
+        x[seen] = nnls(a[:, seen], b)
+    return {f: round(1000 * float(v), 5) for f, v, s in zip(FEATURES, x, seen) if s}

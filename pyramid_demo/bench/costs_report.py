@@ -95,7 +95,7 @@ def finish(rows: list[dict], prof: dict | None) -> dict:
     worst = max((abs(d["speedup_error"]) for d in out if d.get("speedup_error") is not None and d["method"] != "ar"),
                 default=None)
     return {"profile": prof, "variants": out, "insertion": ins, "busy": busy, "worst_speedup_error": worst,
-            "engine_priced": engine_costs.priced(prof)}
+            "engine_priced": engine_costs.priced(prof), "engine_fit_ms": costs_fit.fitted_prices(rows)}
 
 
 def _variant(label: str, v: dict, prof: dict, by: dict[str, dict]) -> dict:
@@ -171,11 +171,14 @@ def _busy_line(section: dict) -> str:
     if not busy:
         return "No forward time measured in the runs: nothing to rescale by."
     roles = ", ".join(f"{r} {x:.2f}×" for r, x in busy.items() if r != "all")
+    timed = (section.get("profile") or {}).get("engine_ms") or {}
+    fit = ", ".join(f"{u} {ms:.3f}" + (f" (timed {float(timed[u]):.3f})" if isinstance(timed.get(u), (int, float))
+                                       else "") for u, ms in (section.get("engine_fit_ms") or {}).items())
     return (f"This bench's forwards took {busy.get('all', 1.0):.2f}× the profile's time for the same forwards "
-            f"({roles}); " + ("the engine's own work is priced from the profile's engine prices."
+            f"({roles}). " + ("The profile times the engine's own work per unit; "
                               if section.get("engine_priced") else
-                              "this profile has no engine prices (measured before they were): the engine's work is "
-                              "priced at 0, re-probe to price it."))
+                              "This profile has no engine prices (measured before they were: re-probe); ")
+            + (f"fitted on this bench's runs, ms per unit: {fit}." if fit else "no engine work was counted."))
 
 
 def figure(section: dict):
