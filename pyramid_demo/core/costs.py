@@ -4,13 +4,14 @@ that predicts for every method on this machine.
 A profile is a plain dict, JSON as is: {"ms": {role: {k: ms}}, ...}: the time of one cached forward
 of k new tokens (k = 1 … longest proposal + 1) over a ~100-token context, the minimum of a few reps.
 From it and a run's trace (`predict_run`) the method's time is the sum of profile[model][k] over the
-forwards the run actually made, plus the engine's work it did, priced from the profile's "engine_ms"
-(`engine_costs`); `speedup` states it against AR on the same profile, `busy_factor` rescales absolute
-figures to the run's machine. `model_from_counts` predicts from acceptance alone (`expected`: chains, trees,
-a pyramid's rounds); `break_even` is the acceptance α at which a method would be exactly as fast as AR. α
-is counted per context a round's walk reached (`walk_stats`), for a chain and a tree alike. This sits beside
-`throughput` (the paper's formulas from one-token speeds); the timers live in `measure` (re-exported here);
-everything else is pure math over records.
+forwards the run actually made (a tree run's tree forwards at the profile's tree rows), plus the engine's
+work it did, priced from the profile's "engine_ms" (`engine_costs`); `speedup` states it against AR on
+the same profile (the bench rescales it by its runs' forward times: `bench.costs_fit`).
+`model_from_counts` predicts from acceptance alone (`expected`: chains, trees, a pyramid's rounds);
+`break_even` is the acceptance α at which a method would be exactly as fast as AR. α is counted per
+context a round's walk reached (`walk_stats`), for a chain and a tree alike. This sits beside
+`throughput` (the paper's formulas from one-token speeds); the timers live in `measure` (re-exported
+here); everything else is pure math over records.
 """
 from __future__ import annotations
 
@@ -118,14 +119,6 @@ def speedup(predicted_s: float, n_tokens: int, profile: dict) -> float | None:
     """A predicted time stated as a speed-up over AR on the same profile (AR: n tokens of one target step
     each, `ar_speed`): what stays true on a machine busier than its profile, which slows both alike."""
     return n_tokens / ar_speed(profile) / predicted_s if predicted_s > 0 and n_tokens else None
-
-
-def busy_factor(measured_s: dict[str, float], predicted_s: dict[str, float]) -> float | None:
-    """How much slower the run's forwards were than the profile says for the same forwards (pooled over
-    roles): the factor that rescales the profile's absolute figures to this run's machine."""
-    roles = [r for r in predicted_s if measured_s.get(r) and predicted_s[r] > 0]
-    p = sum(predicted_s[r] for r in roles)
-    return sum(measured_s[r] for r in roles) / p if p > 0 else None
 
 
 def measured_by_k(steps: list[Step]) -> dict[str, dict[int, list[float]]]:

@@ -60,18 +60,3 @@ def rank_counts(rounds: list[StageRound]) -> tuple[list[int], list[int]]:
             if took is not None:
                 hits[took] += 1
     return hits, reach
-
-
-def accepted_per_round(rnd: StageRound) -> int:
-    """Drafted tokens the round put to use (its accepted path, after any cut)."""
-    return len(accepted_path(rnd))
-
-
-def depth_reach(tree_parents: list[int], p_node: list[float]) -> list[float]:
-    """From each node's probability of being accepted, the probability that a round's accepted path reaches
-    depth d = 1, 2, …: the sum over the nodes at that depth (one path is accepted, so they are exclusive)."""
-    d = parent_list.depths(tree_parents)
-    out = [0.0] * (max(d) if d else 0)
-    for depth, p in zip(d, p_node):
-        out[depth - 1] += p
-    return out
