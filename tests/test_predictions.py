@@ -168,3 +168,19 @@ def test_the_profile_times_the_engine_and_tree_forwards_on_real_caches(one_threa
     assert set(extras["tree_ms"]["target"]) == {str(n) for n in TREE_ROWS}
     timer = costs.ForwardTimer(t.target, t.vocab_size, context=20)
     assert timer.time_tree(5) > 0 and timer.time_keep() > 0 and timer.lm.cache_len == 20
+
+
+def test_a_variants_shape_comes_from_its_runs_not_from_its_method_key():
+    """Two SD variants, one run over a chain and one over a tree (the run's config says so): the tree one is
+    modelled as a tree (acceptance by rank, the best budget), the chain one as a chain (a break-even α)."""
+    rows = [_bench_row("ar", "ar", 0, 8, {"target": {"1": 8}}, 1.0, 0.0)]
+    for label, shape in (("sd chain", "chain"), ("sd tree", "tree")):
+        r = _bench_row(label, "sd", 0, 8, {"draft": {"1": 8}, "target": {"3": 4}}, 1.0, 0.0)
+        r["cost_record"] = costs_report.row_record([], "sd", {"shape": shape})["cost_record"] | {
+            "forwards": r["cost_record"]["forwards"],
+            "stages": {"target": {"accepted": 4, "rejected": 4, "proposed": 8, "rounds": 4, "rank_hits": [3, 1],
+                                  "rank_reach": [4, 3]}}}
+        rows.append(r)
+    by = {v["variant"]: v for v in costs_report.finish(rows, {"ms": PROF["ms"]})["variants"]}
+    assert "best_tree" in by["sd tree"] and by["sd tree"]["ranks"] == [0.75, pytest.approx(1 / 3, abs=1e-4)]
+    assert "best_tree" not in by["sd chain"] and "break_even_alpha" in by["sd chain"]

@@ -30,6 +30,7 @@ def row_record(steps: list[Step], method: str | None = None, config: dict | None
     if method is not None:
         rec["engine"] = engine_costs.census(steps, method, config)
         rec["tree_forwards"] = costs.tree_forward_counts(steps, method, config)
+        rec["shape"] = shape_of(method, config)  # the run's own, whether or not the row has a column for it
     return {"cost_record": rec}
 
 
@@ -76,6 +77,8 @@ def finish(rows: list[dict], prof: dict | None) -> dict:
                                            "config": {k: row[k] for k in ("gamma", "l_d", "l_q", "tree_nodes",
                                                                              "tree_depth", "tree_k", "stage2", "shape")
                                                       if row.get(k)}})
+        if rec.get("shape"):
+            v["config"]["shape"] = rec["shape"]
         v["tokens"] += row["n_new_tokens"]
         v["decode_s"] += row["decode_s"] or 0.0
         v["profile_s"] += row["predicted_profile_s"]
