@@ -164,7 +164,8 @@ def test_the_profile_times_the_engine_and_tree_forwards_on_real_caches(one_threa
                                extras_out=extras)
     assert set(ms) == {"draft", "target"}
     e = extras["engine_ms"]
-    assert all(e[u] > 0 for u in ("feed", "round", "div", "div1", "expand")) and set(e["keep"]) == {"draft", "target"}
+    assert all(e[u] > 0 for u in ("feed", "step", "round", "div", "div1", "expand"))
+    assert set(e["keep"]) == {"draft", "target"}
     assert set(extras["tree_ms"]["target"]) == {str(n) for n in TREE_ROWS}
     timer = costs.ForwardTimer(t.target, t.vocab_size, context=20)
     assert timer.time_tree(5) > 0 and timer.time_keep() > 0 and timer.lm.cache_len == 20

@@ -16,7 +16,7 @@ MAX_K = 9  # longest forward profiled one k at a time: a proposal of 8 plus the 
 TREE_K = 17  # also profiled: the pass of a 16-node tree (its root row included)
 TREE_ROWS = (1, 2, 3, 4, 5, 7, 9, 13, 17)  # tree forwards profiled: a level of k rows, a pass of nodes + 1
 CONTEXT = 100  # tokens already in the cache when a forward is timed
-PROFILE_VERSION = "engine-2"  # what a cached profile holds: a profile without the engine's prices is re-measured
+PROFILE_VERSION = "engine-3"  # what a cached profile holds: a profile without the engine's prices is re-measured
 
 
 class ForwardTimer:
@@ -53,6 +53,24 @@ class ForwardTimer:
         lm.keep_path([])
         lm.rollback(self.ids[: self.context + 1])
         return t
+
+    def time_feed(self) -> tuple[float, float]:
+        """Seconds of a one-token feed through the engine's own path (its lane's checks, the model's bookkeeping
+        outside the forward's clock, the pick) beyond the forward itself; and seconds to cut the cache back
+        (every lane's cut after a step). The cache ends at `context` after."""
+        import time
+
+        from .engine import Lane
+
+        lm = self.lm
+        lane = Lane(lm, lm.cache_len)
+        seq = self.ids[: self.context + 1]
+        t0, m0 = time.perf_counter(), lm.time_s
+        int(lane.feed(seq, 1)[0].argmax())  # the greedy pick
+        extra = time.perf_counter() - t0 - (lm.time_s - m0)
+        t1 = time.perf_counter()
+        lm.truncate(self.context)
+        return max(0.0, extra), time.perf_counter() - t1
 
     def time_keep(self, n: int = 2) -> float | None:
         """Seconds to compact a tree's accepted path into the cache (`keep_path`, outside the forward's clock):
@@ -124,7 +142,9 @@ def _best_ms(f: Callable[[], Any], reps: int) -> float:
 
 def measure_engine(vocab_size: int, timers: dict[str, Any] | None = None, reps: int = 20) -> dict[str, Any]:
     """The engine's own work per unit, in ms, each the real function on logits [n, V] of this family's width:
-    "feed" one forward's finiteness check and pick; "round" one greedy decision of 4 proposals and its record;
+    "feed" one forward's finiteness check and pick (through the engine's own feed of the target's timer,
+    beyond its forward, where `timers` has one); "step" the target cache's cut after a step (likewise);
+    "round" one greedy decision of 4 proposals and its record;
     "div" one divergence row in a chain's batched call, "div1" one row alone (a tree's, per context); "expand"
     one tree row's top-k and normaliser; "keep" {role: one tree compaction} where `timers` (role → a timer
     with `time_keep`) can tell. What `engine_costs.price` multiplies by a run's census of that work."""
@@ -160,6 +180,14 @@ def measure_engine(vocab_size: int, timers: dict[str, Any] | None = None, reps: 
         "div": round(_best_ms(lambda: rules.support_divergence_logits(z_p[:4], z_q, "js", "subset"), reps) / 4, 5),
         "div1": _best_ms(lambda: rules.support_divergence_logits(z_p[:1], z_q[:1], "js", "subset"), reps),
         "expand": _best_ms(expand, reps)}
+    target: Any = (timers or {}).get("target")
+    if hasattr(target, "time_feed"):
+        try:
+            fed = [target.time_feed() for _ in range(reps)]
+            out["feed"] = round(1000 * min(f for f, _ in fed), 5)
+            out["step"] = round(1000 * min(c for _, c in fed), 5)
+        except (ImportError, TypeError, AttributeError):  # an engine whose lane reads otherwise: the loop's prices
+            pass
     keep: dict[str, float] = {}
     for role, timer in (timers or {}).items():
         ts = [getattr(timer, "time_keep", lambda: None)() for _ in range(4)]
