@@ -12,7 +12,7 @@ from pyramid_demo.core import costs, engine_costs, expected, tree_costs
 from pyramid_demo.core.measure import TREE_ROWS
 from pyramid_demo.core.trace import StageRound, Step, TokenRec
 
-ENGINE = {"feed": 0.1, "round": 0.2, "div": 0.3, "div1": 0.5, "expand": 0.05,
+ENGINE = {"step": 0.07, "feed": 0.1, "round": 0.2, "div": 0.3, "div1": 0.5, "expand": 0.05,
           "keep": {"draft": 0.01, "qualifier": 0.02, "target": 0.04}}
 PROF = {"ms": {"draft": {"1": 1.0, "2": 1.2, "3": 1.4}, "qualifier": {"1": 3.0, "2": 3.5, "3": 4.0, "5": 5.0},
                "target": {"1": 10.0, "2": 11.0, "3": 12.0, "4": 13.0, "5": 14.0}},
@@ -36,24 +36,24 @@ def test_a_pyramid_block_pays_for_each_round_it_takes_and_the_last_drafts_what_i
 
 def test_the_fuzzy_lanes_pay_for_their_divergences_and_every_round_for_its_engine_work():
     """A chain of γ 2 at α 0.5: 2 draft steps + a 3-row pass + 3 feeds + the decision (+ 2 divergence rows for
-    FSD); E = 1 + 0.5 + 0.25 tokens. AR: a step and its feed."""
-    sd = 2 * 1.0 + 12.0 + 3 * 0.1 + 0.2
+    FSD) and the step's cut; E = 1 + 0.5 + 0.25 tokens. AR: a step, its feed and its cut."""
+    sd = 2 * 1.0 + 12.0 + 3 * 0.1 + 0.2 + 0.07
     assert costs.sd_speed(PROF, 2, 0.5) == pytest.approx(1000 * 1.75 / sd)
     assert costs.sd_speed(PROF, 2, 0.5, fuzzy=True) == pytest.approx(1000 * 1.75 / (sd + 2 * 0.3))
-    assert costs.ar_speed(PROF) == pytest.approx(1000 / 10.1)
+    assert costs.ar_speed(PROF) == pytest.approx(1000 / 10.17)
 
 
 def test_a_tree_round_is_priced_as_a_tree():
     """2 siblings at one level (ranks 0.5 and 0.3): the draft's root step, no level forward, a 3-row *tree* pass
-    (13 ms, not the chain's 12), 2 feeds, the decision, 1 expanded row, both compactions; 1.8 tokens a pass.
+    (13 ms, not the chain's 12), 2 feeds, the decision, the cut, 1 expanded row, both compactions; 1.8 tokens.
     Fuzzy: one divergence per context reached (1 + 0.8 on average)."""
-    base = 1.0 + 13.0 + 2 * 0.1 + 0.2 + 1 * 0.05 + 0.01 + 0.04
+    base = 1.0 + 13.0 + 2 * 0.1 + 0.2 + 0.07 + 1 * 0.05 + 0.01 + 0.04
     got = tree_costs.tree_speed(PROF, 2, 1, 2, (0.5, 0.3))
     assert got["tokens_per_pass"] == pytest.approx(1.8) and got["pass_ms"] == pytest.approx(base)
     fz = tree_costs.tree_speed(PROF, 2, 1, 2, (0.5, 0.3), fuzzy=True)
     assert fz["pass_ms"] == pytest.approx(base + 1.8 * 0.5)
     deep = expected.tree_round_ms(PROF, "draft", "target", 4, 2, 2, False, 1.0)  # a level of 2 rows: 1.5 ms
-    assert deep == pytest.approx(1.0 + 1.5 + 16.0 + 2 * 0.1 + 0.2 + 3 * 0.05 + 0.01 + 0.04)
+    assert deep == pytest.approx(1.0 + 1.5 + 16.0 + 2 * 0.1 + 0.2 + 0.07 + 3 * 0.05 + 0.01 + 0.04)
 
 
 def test_best_tree_keeps_its_keys_and_prices_the_chain_as_a_chain():
@@ -86,7 +86,7 @@ def test_a_runs_engine_work_is_counted_from_its_records():
     c = engine_costs.census([Step(0, [], chain, [10, 99], ["draft", "target"], 0, 0, {}, {"draft": 3, "target": 1},
                                   {"draft": [1, 1, 1], "target": [4]})], "fsd")
     assert (c["div"], c["div1"], c["expand"], c["keep"]) == (3, 0, 0, {})
-    assert engine_costs.price(g, PROF) == pytest.approx(3 * 0.1 + 0.2 + 3 * 0.05 + 0.01 + 0.04)  # no price per step
+    assert engine_costs.price(g, PROF) == pytest.approx(0.07 + 3 * 0.1 + 0.2 + 3 * 0.05 + 0.01 + 0.04)
 
 
 def test_a_tree_runs_forwards_are_priced_as_tree_forwards():
@@ -98,7 +98,7 @@ def test_a_tree_runs_forwards_are_priced_as_tree_forwards():
     got = costs.predict_run([s], PROF, "sd_tree")
     assert got["per_role_s"] == {"draft": pytest.approx(0.0025), "target": pytest.approx(0.0145)}
     assert got["engine_s"] == pytest.approx(engine_costs.price(engine_costs.census([s], "sd_tree"), PROF) / 1000)
-    assert costs.speedup(got["time_s"], 2, PROF) == pytest.approx(2 * 10.1 / 1000 / got["time_s"])
+    assert costs.speedup(got["time_s"], 2, PROF) == pytest.approx(2 * 10.17 / 1000 / got["time_s"])
 
 
 def test_nnls_recovers_prices_and_a_variant_is_priced_from_the_others_only():

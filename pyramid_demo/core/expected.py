@@ -12,7 +12,7 @@ What a round commits follows from the probability that its accepted path reaches
 expected EAGLE-2 tree, Sequoia's assumption that acceptance depends on rank, not depth). A pyramid fills a
 block of ℓ_Q qualified tokens with stage-1 rounds, each proposing min(ℓ_D, what is left) and cut to size, so
 the expected cost of a block is a small recursion over what is left (`block_ms`), then one stage-2 chain.
-Every figure here is also stated against AR's (`ar_ms`: a target step and its feed). Pure math.
+Every figure here is also stated against AR's (`ar_ms`: a target step, its feed and its cut). Pure math.
 """
 from __future__ import annotations
 
@@ -80,14 +80,15 @@ def commits(reach: list[float]) -> list[float]:
 
 # ---------------------------------------------------------------- what a round costs
 def ar_ms(profile: dict) -> float:
-    """AR's time per token: one target step and the engine's check and pick of it."""
-    return cost_ms(profile, "target", 1) + engine_ms(profile, "feed")
+    """AR's time per token: one target step, the engine's check and pick of it, and its cut."""
+    return cost_ms(profile, "target", 1) + engine_ms(profile, "feed") + engine_ms(profile, "step")
 
 
 def chain_round_ms(profile: dict, proposer: str, verifier: str, n: int, fuzzy: bool) -> float:
-    """n one-token proposer steps, one (n+1)-row verifier pass, their feeds, the decision (and n divergences)."""
+    """n one-token proposer steps, one (n+1)-row verifier pass, their feeds, the decision and the cut (and n
+    divergences)."""
     fwd = n * cost_ms(profile, proposer, 1) + cost_ms(profile, verifier, n + 1)
-    eng = (n + 1) * engine_ms(profile, "feed") + engine_ms(profile, "round")
+    eng = (n + 1) * engine_ms(profile, "feed") + engine_ms(profile, "round") + engine_ms(profile, "step")
     return fwd + eng + (n * engine_ms(profile, "div") if fuzzy else 0.0)
 
 
@@ -97,7 +98,7 @@ def tree_round_ms(profile: dict, proposer: str, verifier: str, nodes: int, level
     expands, both caches' compaction, the decision, and one divergence per context reached (`contexts`)."""
     fwd = cost_ms(profile, proposer, 1) + (levels - 1) * cost_tree_ms(profile, proposer, k) \
         + cost_tree_ms(profile, verifier, nodes + 1)
-    eng = (2 * engine_ms(profile, "feed") + engine_ms(profile, "round")
+    eng = (2 * engine_ms(profile, "feed") + engine_ms(profile, "round") + engine_ms(profile, "step")
            + (1 + (levels - 1) * k) * engine_ms(profile, "expand")
            + engine_ms(profile, "keep", proposer) + engine_ms(profile, "keep", verifier))
     return fwd + eng + (contexts * engine_ms(profile, "div1") if fuzzy else 0.0)
@@ -159,5 +160,6 @@ def pyramid_speed(profile: dict, l_d: int, l_q: int, alpha_q: float, alpha_t: fl
     pass that commits E(α_T, ℓ_Q)."""
     stage1, _ = block_ms(profile, l_d, l_q, alpha_q, fuzzy_q, tree)
     stage2 = (cost_ms(profile, "target", l_q + 1) + engine_ms(profile, "feed") + engine_ms(profile, "round")
+              + engine_ms(profile, "step")
               + (l_q * engine_ms(profile, "div") if fuzzy_t else 0.0))  # the block's qualifier rows are reused
     return 1000 * (sum(chain_reach(alpha_t, l_q)) + 1) / (stage1 + stage2)

@@ -34,6 +34,7 @@ def cost_tree_ms(profile: dict, role: str, n: int) -> float:
 
 
 def ar_speed(profile: dict) -> float:
-    """AR's tok/s on this profile: one target step per token, and the engine's check and pick of it
-    (`engine_ms.feed`, where the profile has the engine's prices): what every speed-up is stated against."""
-    return 1000 / (cost_ms(profile, "target", 1) + float((profile.get("engine_ms") or {}).get("feed", 0.0)))
+    """AR's tok/s on this profile: one target step per token, the engine's check and pick of it and its cut
+    (`engine_ms` feed and step, where the profile has the engine's prices): what speed-ups are stated against."""
+    e = profile.get("engine_ms") or {}
+    return 1000 / (cost_ms(profile, "target", 1) + float(e.get("feed", 0.0)) + float(e.get("step", 0.0)))
