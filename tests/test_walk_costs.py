@@ -133,3 +133,11 @@ def test_a_pyramid_over_a_tree_is_priced_as_its_tree():
     assert m["alpha"] == 1.0 and m["lengths"]["l_d"] == 2
     assert m["expected_tokens_per_s"] == pytest.approx(1000 * 3 / (1.0 + 5.0 + 11.0), rel=1e-3)
     assert m["expected_speedup_vs_ar"] == pytest.approx(3 / (1.0 + 5.0 + 11.0) * 10.0, rel=1e-3)
+
+
+def test_the_shape_is_the_runs_setting_first_then_the_methods_row():
+    from pyramid_demo.core.shape import shape_of
+
+    assert shape_of("sd", {"shape": "tree"}) == "tree" and shape_of("sd_tree", {"shape": "chain"}) == "chain"
+    assert shape_of("sd", {}) == "chain" and shape_of("sd_tree", None) == "tree"
+    assert shape_of("sd", {"shape": "auto"}) == "chain"  # not a shape a run ends up with: the row decides

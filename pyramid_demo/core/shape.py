@@ -18,4 +18,4 @@ def shape_of(method: str, config: Mapping[str, Any] | None = None) -> str:
     got = (config or {}).get("shape")
     if got in SHAPES:
         return str(got)
-    return "tree" if method_spec(method).tree else "chain"
+    return "tree" if getattr(method_spec(method), "tree", False) else "chain"  # a row without the flag: a chain
