@@ -185,3 +185,16 @@ def test_a_variants_shape_comes_from_its_runs_not_from_its_method_key():
     by = {v["variant"]: v for v in costs_report.finish(rows, {"ms": PROF["ms"]})["variants"]}
     assert "best_tree" in by["sd tree"] and by["sd tree"]["ranks"] == [0.75, pytest.approx(1 / 3, abs=1e-4)]
     assert "best_tree" not in by["sd chain"] and "break_even_alpha" in by["sd chain"]
+
+
+def test_best_tree_prices_the_stage_it_is_asked_for():
+    """A pyramid's stage 1 (draft → qualifier) is priced at the qualifier's forwards and compaction: its best
+    chain of γ commits 1 + Σ 0.5^d tokens for γ draft steps, a (γ+1)-row qualifier pass and the engine's work."""
+    q = tree_costs.best_tree(PROF, [0.5, 0.3], proposer="draft", verifier="qualifier")
+    assert q["chain_tokens_per_s"] > tree_costs.best_tree(PROF, [0.5, 0.3])["chain_tokens_per_s"]
+    g = q["chain_gamma"]
+    ms = g * 1.0 + costs.cost_ms(PROF, "qualifier", g + 1) + (g + 1) * 0.1 + 0.2 + 0.07
+    assert q["chain_tokens_per_s"] == pytest.approx(1000 * (1 + sum(0.5 ** d for d in range(1, g + 1))) / ms, rel=1e-3)
+    n, d, k = q["tree_nodes"], q["tree_depth"], q["tree_k"]
+    assert q["tokens_per_s"] == pytest.approx(tree_costs.tree_speed(PROF, n, d, k, [0.5, 0.3], "draft",
+                                                                    "qualifier")["tokens_per_s"])

@@ -39,20 +39,24 @@ def expected_accepted(parents: list[int], ranks: list[int], a: list[float] | tup
     return sum(node_probs(parents, ranks, a))
 
 
-def chain_speed(profile: dict, gamma: int, alpha: float, fuzzy: bool = False) -> dict[str, float]:
+def chain_speed(profile: dict, gamma: int, alpha: float, fuzzy: bool = False, proposer: str = "draft",
+                verifier: str = "target") -> dict[str, float]:
     """The chain of γ at α on this profile, in `tree_speed`'s terms (priced as the engine runs a chain)."""
     per = 1 + sum(chain_reach(alpha, gamma))
-    ms = chain_round_ms(profile, "draft", "target", gamma, fuzzy)
+    ms = chain_round_ms(profile, proposer, verifier, gamma, fuzzy)
     return {"tokens_per_pass": round(per, 3), "tokens_per_s": round(1000 * per / ms, 3), "pass_ms": round(ms, 3)}
 
 
-def best_tree(profile: dict, a: list[float] | tuple[float, ...] | None = None, fuzzy: bool = False) -> dict[str, Any]:
+def best_tree(profile: dict, a: list[float] | tuple[float, ...] | None = None, fuzzy: bool = False,
+              proposer: str = "draft", verifier: str = "target") -> dict[str, Any]:
     """The tree budget (nodes, depth, k) with the best predicted tok/s here, beside the best chain's (γ at
-    α = a_0), each also as a speed-up over AR on the same profile."""
+    α = a_0), each also as a speed-up over AR on the same profile; for the stage `proposer` → `verifier` (a
+    pyramid's stage 1: "draft" → "qualifier", every price read at those roles, its chain and tree forwards,
+    its compactions)."""
     a = a or RANK_PRIOR
-    scored = [(tree_speed(profile, n, d, k, a, fuzzy=fuzzy), n, d, k) for n, d, k in BUDGETS]
+    scored = [(tree_speed(profile, n, d, k, a, proposer, verifier, fuzzy), n, d, k) for n, d, k in BUDGETS]
     best, n, d, k = max(scored, key=lambda s: s[0]["tokens_per_s"])
-    chains = [(chain_speed(profile, g, a[0], fuzzy), g) for g in GAMMAS]
+    chains = [(chain_speed(profile, g, a[0], fuzzy, proposer, verifier), g) for g in GAMMAS]
     chain, gamma = max(chains, key=lambda s: s[0]["tokens_per_s"])
     ar = 1000 / ar_ms(profile)
     return {"tree_nodes": n, "tree_depth": d, "tree_k": k, **best, "ar_tokens_per_s": round(ar, 3),
