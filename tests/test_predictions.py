@@ -17,6 +17,7 @@ ENGINE = {"step": 0.07, "feed": 0.1, "round": 0.2, "div": 0.3, "div1": 0.5, "exp
 PROF = {"ms": {"draft": {"1": 1.0, "2": 1.2, "3": 1.4}, "qualifier": {"1": 3.0, "2": 3.5, "3": 4.0, "5": 5.0},
                "target": {"1": 10.0, "2": 11.0, "3": 12.0, "4": 13.0, "5": 14.0}},
         "tree_ms": {"draft": {"2": 1.5}, "target": {"3": 13.0, "5": 16.0}}, "engine_ms": ENGINE}
+TREE = {"shape": "tree"}  # a run's config: the shape is its setting, not its method key
 
 
 def _toks(statuses: list[str], own: str) -> list[TokenRec]:
@@ -77,10 +78,10 @@ def _tree_step(rule: str) -> Step:
 def test_a_runs_engine_work_is_counted_from_its_records():
     """Greedy tree: 1 step, 3 forwards, 1 round, 3 expanded draft rows, one compaction per model. Fuzzy: plus
     one divergence per context the walk stood on (the root and node 0). A fuzzy chain of 3: 3 rows at once."""
-    g = engine_costs.census([_tree_step("greedy")], "sd_tree")
+    g = engine_costs.census([_tree_step("greedy")], "sd", TREE)
     assert {u: g[u] for u in engine_costs.UNITS} == {"step": 1, "feed": 3, "round": 1, "div": 0, "div1": 0, "expand": 3}
     assert g["keep"] == {"draft": 1, "target": 1}
-    assert engine_costs.census([_tree_step("fuzzy")], "fsd_tree")["div1"] == 2
+    assert engine_costs.census([_tree_step("fuzzy")], "fsd", TREE)["div1"] == 2
     chain = StageRound("target", "draft", "target", "fuzzy", _toks(["accepted", "rejected", "discarded"], "resampled"),
                        1)
     c = engine_costs.census([Step(0, [], chain, [10, 99], ["draft", "target"], 0, 0, {}, {"draft": 3, "target": 1},
@@ -93,11 +94,11 @@ def test_a_tree_runs_forwards_are_priced_as_tree_forwards():
     """The tree step above: the draft's root feed is a chain (1 ms), its level a 2-row tree forward (1.5 ms), the
     target's pass a 4-row tree forward (between the profiled 3 and 5 rows: 14.5 ms), plus the engine's work."""
     s = _tree_step("greedy")
-    assert costs.tree_forward_counts([s], "sd_tree") == {"target": {4: 1}, "draft": {2: 1}}
-    assert costs.tree_forward_counts([s], "sd") == {}
-    got = costs.predict_run([s], PROF, "sd_tree")
+    assert costs.tree_forward_counts([s], "sd", TREE) == {"target": {4: 1}, "draft": {2: 1}}
+    assert costs.tree_forward_counts([s], "sd", {"shape": "chain"}) == {}
+    got = costs.predict_run([s], PROF, "sd", TREE)
     assert got["per_role_s"] == {"draft": pytest.approx(0.0025), "target": pytest.approx(0.0145)}
-    assert got["engine_s"] == pytest.approx(engine_costs.price(engine_costs.census([s], "sd_tree"), PROF) / 1000)
+    assert got["engine_s"] == pytest.approx(engine_costs.price(engine_costs.census([s], "sd", TREE), PROF) / 1000)
     assert costs.speedup(got["time_s"], 2, PROF) == pytest.approx(2 * 10.17 / 1000 / got["time_s"])
 
 
