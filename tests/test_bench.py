@@ -102,6 +102,14 @@ def test_cli_writes_all_outputs_with_every_column(tmp_path: Path) -> None:
     assert all(r["predicted_profile_tokens_per_s"] for r in rows if r["kind"] == "engine")
     assert data["meta"]["backend"] in ("default", "onednn", "no-onednn") and data["meta"]["dtype_backend_choice"]
     assert "Why each method wins or loses here" in page and "break-even" in page
+    # every prediction as a speed-up over AR beside the measured one, with the engine's prices in the profile
+    assert {"feed", "round", "div", "div1", "expand"} <= set(cp["profile"]["engine_ms"]) and cp["profile"]["tree_ms"]
+    for v in by.values():
+        assert v["measured_speedup_vs_ar"] > 0 and v["predicted_speedup_vs_ar"] > 0, v["variant"]
+        assert v["speedup_error"] == pytest.approx(v["predicted_speedup_vs_ar"] / v["measured_speedup_vs_ar"] - 1)
+    assert by["ar"]["measured_speedup_vs_ar"] == pytest.approx(1.0) and "× AR predicted" in page
+    assert all(s["predicted_speedup_vs_ar"] > 0 for s in data["summary"] if s["kind"] == "engine")
+    assert any("speed-up over AR" in t["target"] for t in data["targets"])
 
 
 def test_lossless_methods_match_target_greedy(triplet) -> None:

@@ -132,10 +132,11 @@ PROFILE = {"ms": {"draft": {"1": 1.0}, "qualifier": {str(k): 2.0 for k in range(
 
 
 def test_the_predicted_block_pays_for_every_stage_1_round():
-    """A block of ℓ_Q qualified tokens costs ℓ_Q / E(α_Q, ℓ_D) stage-1 rounds: at α_Q = 0 each round yields
-    one token, so ℓ_D 2, ℓ_Q 6 is 6 rounds of (2 drafts + a qualifier pass) = 24 ms, then a 10 ms target pass
-    for one token (α_T 0); at α_Q = 1 two rounds (3 tokens each). One round per block would predict 1000/14."""
-    assert costs.psd_speed(PROFILE, 2, 6, 0.0, 0.0) == pytest.approx(1000 / (6 * 4 + 10)), "rounds per block"
+    """A block of ℓ_Q qualified tokens pays for every stage-1 round it takes: at α_Q = 0 each round yields
+    one token, so ℓ_D 2, ℓ_Q 6 is 5 rounds of (2 drafts + a qualifier pass) = 20 ms and, with one token left, a
+    last round that drafts one (3 ms), as the engine does; then a 10 ms target pass for one token (α_T 0); at
+    α_Q = 1 two rounds (3 tokens each). One round per block would predict 1000/14."""
+    assert costs.psd_speed(PROFILE, 2, 6, 0.0, 0.0) == pytest.approx(1000 / (5 * 4 + 3 + 10)), "rounds per block"
     assert costs.psd_speed(PROFILE, 2, 6, 1.0, 0.0) == pytest.approx(1000 / (2 * 4 + 10))
 
 

@@ -1,28 +1,37 @@
 """The cost profile in `bench`: per-run forward records, the profile's prediction per run, and a
 section of results.json / report.html that says why each method wins or loses on this machine.
 
-Each engine row gets `cost_record` (JSON only): forwards per role by k new tokens, the forward time
-measured in the run by k (sum of ms and count, where a step pins a forward's time down) and the
-acceptance counts per stage. After the runs, `finish` adds the profile's predicted tok/s to every
-row and a per-variant summary: measured vs predicted tok/s, time per forward by k (measured in the
-runs and in the probe), measured α and the break-even α.
+Each engine row gets `cost_record` (JSON only): forwards per role by k new tokens (and which of them fed
+tree rows), the forward time measured in the run by k (sum of ms and count, where a step pins a forward's
+time down), the acceptance counts per stage and the engine's work by unit (`engine_costs.census`). After
+the runs, `finish` adds to every row its predicted time and speed-up over AR (`costs_fit.predict_rows`),
+and a per-variant summary: measured and predicted speed-up over AR side by side with the error, the
+profile-only and the acceptance-only predictions, time per forward by k (measured in the runs and in the
+probe), measured α and the break-even α.
 """
 from __future__ import annotations
 
 import html
 from typing import Any
 
-from ..core import costs, insertion, throughput
+from ..core import costs, engine_costs, expected, insertion, throughput
 from ..core.config import METHODS
+from ..core.shape import shape_of
 from ..core.trace import Step
+from . import costs_fit
 
 
-def row_record(steps: list[Step]) -> dict:
-    """What one run adds to its row: {"cost_record": {...}} (see the module's doc)."""
+def row_record(steps: list[Step], method: str | None = None, config: dict | None = None) -> dict:
+    """What one run adds to its row: {"cost_record": {...}} (see the module's doc); with the method, the
+    engine's work it did (`engine_costs.census`)."""
     ms = {role: {k: [round(sum(ts), 4), len(ts)] for k, ts in by_k.items()}
           for role, by_k in costs.measured_by_k(steps).items()}
-    return {"cost_record": {"forwards": costs.forward_counts(steps), "ms_by_k": ms,
-                            "stages": costs.stage_counts(steps)}}
+    rec = {"forwards": costs.forward_counts(steps), "ms_by_k": ms, "stages": costs.stage_counts(steps)}
+    if method is not None:
+        rec["engine"] = engine_costs.census(steps, method, config)
+        rec["tree_forwards"] = costs.tree_forward_counts(steps, method, config)
+        rec["shape"] = shape_of(method, config)  # the run's own, whether or not the row has a column for it
+    return {"cost_record": rec}
 
 
 def profile(triplet: Any) -> dict | None:
@@ -48,46 +57,72 @@ def _add(into: dict, more: dict, depth: int) -> None:
 
 
 def finish(rows: list[dict], prof: dict | None) -> dict:
-    """Predicted tok/s per row and the per-variant summary; returns results.json's "cost_profile"."""
+    """Predicted tok/s and speed-up over AR per row (`costs_fit.predict_rows`) and the per-variant summary;
+    returns results.json's "cost_profile". A prediction is the profile's time for the forwards a run made
+    plus its engine work; "profile only" prices the engine from the profile's engine prices; the prediction
+    proper rescales each role's forwards by the other variants' measured ÷ profiled time and prices the
+    engine's units from the other variants' runs, so a machine busier than its profile moves the absolute
+    figures, not the comparison, and no variant's prediction reads its own measured time."""
     if not prof or "ms" not in prof:
         return {"profile": prof, "variants": []}
+    busy = costs_fit.predict_rows(rows, prof)
     by: dict[str, dict] = {}
     for row in rows:
         rec = row.get("cost_record")
         if row.get("kind") != "engine" or not rec:
             continue
-        t = sum(costs.predict_counts(rec["forwards"], prof).values())
-        row["predicted_profile_tokens_per_s"] = row["n_new_tokens"] / t if t > 0 else None
-        v = by.setdefault(row["variant"], {"method": row["method"], "tokens": 0, "decode_s": 0.0, "predicted_s": 0.0,
-                                           "forwards": {}, "ms_by_k": {}, "stages": {},
+        v = by.setdefault(row["variant"], {"method": row["method"], "tokens": 0, "decode_s": 0.0, "profile_s": 0.0,
+                                           "predicted_s": 0.0, "forwards": {}, "ms_by_k": {}, "stages": {},
+                                           "engine": {},
                                            "config": {k: row[k] for k in ("gamma", "l_d", "l_q", "tree_nodes",
-                                                                             "tree_depth", "tree_k") if row.get(k)}})
+                                                                             "tree_depth", "tree_k", "stage2", "shape")
+                                                      if row.get(k)}})
+        if rec.get("shape"):
+            v["config"]["shape"] = rec["shape"]
         v["tokens"] += row["n_new_tokens"]
         v["decode_s"] += row["decode_s"] or 0.0
-        v["predicted_s"] += t
+        v["profile_s"] += row["predicted_profile_s"]
+        v["predicted_s"] += row["predicted_s"]
         _add(v["forwards"], rec["forwards"], 2)
         _add(v["ms_by_k"], rec["ms_by_k"], 2)
         _add(v["stages"], rec["stages"], 2)
-    out = []
-    for label, v in by.items():
-        cfg = {k: x for k, x in v["config"].items() if x is not None}
-        model = costs.model_from_counts(v["method"], v["stages"], cfg, prof)
-        measured = v["tokens"] / v["decode_s"] if v["decode_s"] else None
-        predicted = v["tokens"] / v["predicted_s"] if v["predicted_s"] else None
-        out.append(dict(variant=label, method=v["method"], measured_tokens_per_s=measured,
-                        predicted_tokens_per_s=predicted,
-                        prediction_error=predicted / measured - 1 if measured and predicted else None,
-                        ms_per_forward_by_k={r: {k: s / n for k, (s, n) in sorted(d.items(), key=lambda kv: int(kv[0]))
-                                                 if n} for r, d in v["ms_by_k"].items()},
-                        forwards_by_k=v["forwards"], **model))
+        engine_costs.add(v["engine"], rec.get("engine") or {})
+    out = [_variant(label, v, prof, by) for label, v in by.items()]
     ar = next((d["measured_tokens_per_s"] for d in out if d["method"] == "ar"), None)
     for d in out:
         d["why"] = costs.verdict(d["method"], d, (d["measured_tokens_per_s"], ar) if ar else None)
     out.sort(key=lambda d: (METHODS.index(d["method"]) if d["method"] in METHODS else 99, d["variant"]))
-    sd = next((d for d in out if d["method"] == "sd"), {})
+    sd = next((d for d in out if d["method"] == "sd" and shape_of("sd", d.get("config")) == "chain"), {})
     pyr = next((d for k in ("psd_a", "psd_f") for d in out if d["method"] == k), {})
     ins = insertion.insertion(prof, sd.get("alpha"), pyr.get("alpha_qualifier"), pyr.get("alpha"))
-    return {"profile": prof, "variants": out, "insertion": ins}
+    worst = max((abs(d["speedup_error"]) for d in out if d.get("speedup_error") is not None and d["method"] != "ar"),
+                default=None)
+    return {"profile": prof, "variants": out, "insertion": ins, "busy": busy, "worst_speedup_error": worst,
+            "engine_priced": engine_costs.priced(prof), "engine_fit_ms": costs_fit.fitted_prices(rows)}
+
+
+def _variant(label: str, v: dict, prof: dict, by: dict[str, dict]) -> dict:
+    """One variant's summary: measured and predicted tok/s and speed-ups over AR (pooled), and its model."""
+    cfg = {k: x for k, x in v["config"].items() if x is not None}
+    model = costs.model_from_counts(v["method"], v["stages"], cfg, prof)
+    tok = v["tokens"]
+    measured = tok / v["decode_s"] if v["decode_s"] else None
+    predicted = tok / v["predicted_s"] if v["predicted_s"] else None
+    ar_v = next((a for a in by.values() if a["method"] == "ar" and a["decode_s"] and a["tokens"]), None)
+    x_meas = measured / (ar_v["tokens"] / ar_v["decode_s"]) if measured and ar_v else None
+    ar_per = ar_v["predicted_s"] / ar_v["tokens"] if ar_v else None
+    x_pred = ar_per * tok / v["predicted_s"] if ar_per and v["predicted_s"] else None
+    x_prof = tok * expected.ar_ms(prof) / 1000 / v["profile_s"] if v["profile_s"] else None
+    micro = engine_costs.price(v["engine"], prof) / 1000
+    return dict(variant=label, method=v["method"], config=cfg, measured_tokens_per_s=measured,
+                predicted_tokens_per_s=predicted,
+                prediction_error=predicted / measured - 1 if measured and predicted else None,
+                measured_speedup_vs_ar=x_meas, predicted_speedup_vs_ar=x_pred, predicted_profile_speedup_vs_ar=x_prof,
+                speedup_error=x_pred / x_meas - 1 if x_pred and x_meas else None,
+                engine_share_predicted=micro / v["profile_s"] if v["profile_s"] else None,
+                ms_per_forward_by_k={r: {k: s / n for k, (s, n) in sorted(d.items(), key=lambda kv: int(kv[0]))
+                                         if n} for r, d in v["ms_by_k"].items()},
+                forwards_by_k=v["forwards"], **model)
 
 
 def _f(x, nd: int = 2) -> str:
@@ -103,23 +138,50 @@ def markdown(section: dict) -> str:
              f"{'cached' if prof.get('how') == 'cached' else 'measured now'}), ms per cached forward of k new tokens: "
              + "; ".join(f"{r} " + ", ".join(f"k={k} {float(v):.1f}" for k, v in row.items())
                          for r, row in prof["ms"].items()),
-             "", "| variant | tok/s measured | tok/s predicted | error | measured α | break-even α | why |",
-             "|---|---|---|---|---|---|---|"]
+             "", _busy_line(section),
+             "", "| variant | × AR measured | × AR predicted | error | × AR, profile only | × AR from acceptance "
+                 "| tok/s measured | tok/s predicted | engine share, profile | measured α | break-even α "
+                 "| why |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for v in section["variants"]:
         a = _f(v.get("alpha"))
         if v.get("alpha_qualifier") is not None:
             a = f"α_Q {_f(v['alpha_qualifier'])} · α_T {a}"
         be = ("—" if "break_even_alpha" not in v else "never" if v["break_even_alpha"] is None
               else _f(v["break_even_alpha"]))
-        err = "—" if v["prediction_error"] is None else f"{v['prediction_error']:+.0%}"
-        lines.append(f"| {v['variant']} | {_f(v['measured_tokens_per_s'], 1)} | {_f(v['predicted_tokens_per_s'], 1)} "
-                     f"| {err} | {a} | {be} | {v['why']} |")
-    lines.append("\nMeasured tok/s exclude prefill; predicted: the profile's time summed over the forwards each run "
-                 "made. Break-even α: the per-token acceptance at which the method's expected speed equals AR's "
-                 "on this profile (PSD: the target stage's, at the measured stage-1 α_Q).")
+        err = "—" if v.get("speedup_error") is None else f"{v['speedup_error']:+.1%}"
+        lines.append(f"| {v['variant']} | {_f(v.get('measured_speedup_vs_ar'), 3)} "
+                     f"| {_f(v.get('predicted_speedup_vs_ar'), 3)} | {err} "
+                     f"| {_f(v.get('predicted_profile_speedup_vs_ar'), 3)} | {_f(v.get('expected_speedup_vs_ar'), 3)} "
+                     f"| {_f(v['measured_tokens_per_s'], 1)} | {_f(v.get('predicted_tokens_per_s'), 1)} "
+                     f"| {_f(v.get('engine_share_predicted'), 3)} | {a} | {be} | {v['why']} |")
+    worst = section.get("worst_speedup_error")
+    lines.append("\nSpeed-ups over AR are pooled over the prompts (Σ tokens ÷ Σ decode time, prefill excluded). "
+                 "Predicted: the profile's time for the forwards each run made, each role's rescaled by the other "
+                 "variants' measured ÷ profiled time, plus the engine's work the run did (steps, feeds, rounds, "
+                 "divergences, a tree's growth and compaction) priced per unit from the other variants' runs; "
+                 "'profile only': the profile alone (engine at its timed prices); 'from acceptance': the "
+                 "expected chain, tree or pyramid at the measured acceptance (by rank for a tree) on the profile. "
+                 "Break-even α: the acceptance at which the expected speed equals AR's on this profile (PSD: the "
+                 "target stage's). Worst |error| of the predicted speed-up: "
+                 + ("—" if worst is None else f"{worst:.1%}") + " (target ≤ 10%).")
     if section.get("insertion"):
         lines += ["", insertion.markdown(section["insertion"])]
     return "\n".join(lines)
+
+
+def _busy_line(section: dict) -> str:
+    busy = section.get("busy") or {}
+    if not busy:
+        return "No forward time measured in the runs: nothing to rescale by."
+    roles = ", ".join(f"{r} {x:.2f}×" for r, x in busy.items() if r != "all")
+    timed = (section.get("profile") or {}).get("engine_ms") or {}
+    fit = ", ".join(f"{u} {ms:.3f}" + (f" (timed {float(timed[u]):.3f})" if isinstance(timed.get(u), (int, float))
+                                       else "") for u, ms in (section.get("engine_fit_ms") or {}).items())
+    return (f"This bench's forwards took {busy.get('all', 1.0):.2f}× the profile's time for the same forwards "
+            f"({roles}). " + ("The profile times the engine's own work per unit; "
+                              if section.get("engine_priced") else
+                              "This profile has no engine prices (measured before they were: re-probe); ")
+            + (f"fitted on this bench's runs, ms per unit: {fit}." if fit else "no engine work was counted."))
 
 
 def figure(section: dict):
@@ -161,18 +223,22 @@ def html_section(result: dict, plotly_loaded: bool = True) -> str:
     body = "".join("<tr>" + "".join(f"<td>{html.escape(c.strip())}</td>" for c in line.strip("|").split("|")) + "</tr>"
                    for line in table[2:])
     fig = figure(section)
+    notes = [line.strip() for line in md[1:] if line.strip() and not line.startswith("|")]
     return (f"<h3>Why each method wins or loses here: the cost profile</h3><p>{html.escape(first)}</p>"
+            + (f"<p>{html.escape(notes[0])}</p>" if notes else "")
             + (f"<table><tr>{''.join(f'<th>{html.escape(h)}</th>' for h in head)}</tr>{body}</table>" if table else "")
-            + f"<p><small>{html.escape(md[-1].strip())}</small></p>"
+            + "".join(f"<p><small>{html.escape(n)}</small></p>" for n in notes[1:])
             + (fig.to_html(full_html=False, include_plotlyjs=not plotly_loaded, default_height=420) if fig else ""))
 
 
 def row_lengths(row: dict) -> dict:
     """The γ / ℓ_D / ℓ_Q the throughput formulas use for a row (measured means under conf_stop)."""
     st = ("qualifier", "target")
-    return throughput.lengths({k: row[k] for k in ("gamma", "l_d", "l_q", "conf_stop")},
-                              {k: row[f"proposed_{k}"] for k in st if row.get(f"proposed_{k}")},
-                              {k: row[f"rounds_{k}"] for k in st if row.get(f"rounds_{k}")})
+    cfg = {k: row.get(k) for k in ("gamma", "l_d", "l_q", "conf_stop", "tree_nodes", "tree_depth", "tree_k", "shape")}
+    return throughput.lengths(cfg, {k: row[f"proposed_{k}"] for k in st if row.get(f"proposed_{k}")},
+                              {k: row[f"rounds_{k}"] for k in st if row.get(f"rounds_{k}")},
+                              {k: row[f"accepted_{k}"] for k in st if row.get(f"accepted_{k}") is not None},
+                              row["method"] if row.get("kind") == "engine" else None)
 
 
 def row_prediction(row: dict, speeds: dict[str, float]) -> float | None:

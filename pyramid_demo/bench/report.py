@@ -71,7 +71,7 @@ def summarize(rows: list[dict]) -> list[dict]:
         for k in ("tokens_per_s_incl_prefill", "tokens_per_s_wall", "speedup_vs_ar", "speedup_vs_sd",
                   "speedup_vs_ar_wall", "speedup_vs_sd_wall", "engine_overhead_share", "agreement",
                   "prefix_agreement", "target_logprob", "predicted_tokens_per_s", "predicted_plus_one_tokens_per_s",
-                  "n_new_tokens",
+                  "predicted_speedup_vs_ar", "predicted_profile_speedup_vs_ar", "n_new_tokens",
                   "fwd_draft", "fwd_qualifier", "fwd_target"):
             s[k] = _med(rs, k)
         s["acceptance_qualifier"] = _pooled(rs, "accepted_qualifier", "proposed_qualifier")
@@ -141,7 +141,19 @@ def check_targets(summary: list[dict], min_agreement: float = 0.9) -> list[dict]
     shares = [s["engine_overhead_share"] for s in summary if s.get("engine_overhead_share") is not None]
     if shares:
         add("engine time outside forwards ÷ decode time (worst method's median)", max(shares), 0.10, at_most=True)
+    errs = speedup_errors(summary)
+    if errs:
+        add("|predicted ÷ measured speed-up over AR − 1| (worst variant, medians per prompt)",
+            max(abs(e) for e in errs.values()), 0.10, at_most=True)
     return out
+
+
+def speedup_errors(summary: list[dict]) -> dict[str, float]:
+    """Per engine variant but AR: the predicted speed-up over AR (the cost profile's, rescaled by the bench's
+    own forward times) ÷ the measured one − 1, both medians per prompt."""
+    return {s["variant"]: s["predicted_speedup_vs_ar"] / s["speedup_vs_ar"] - 1 for s in summary
+            if s["kind"] == "engine" and s["method"] != "ar" and s.get("speedup_vs_ar")
+            and s.get("predicted_speedup_vs_ar")}
 
 
 def best_per_method(summary: list[dict], min_agreement: float = 0.9) -> dict[str, str]:
@@ -165,7 +177,8 @@ def _f(x, nd: int = 2) -> str:
 
 
 TABLE = [("variant", "variant", 0), ("tok/s (IQR)", None, 1), ("tok/s incl. prefill", "tokens_per_s_incl_prefill", 1),
-         ("× AR", "speedup_vs_ar", 2), ("× SD", "speedup_vs_sd", 2), ("× AR wall", "speedup_vs_ar_wall", 2),
+         ("× AR", "speedup_vs_ar", 2), ("× AR predicted", "predicted_speedup_vs_ar", 2),
+         ("× SD", "speedup_vs_sd", 2), ("× AR wall", "speedup_vs_ar_wall", 2),
          ("× SD wall", "speedup_vs_sd_wall", 2),
          ("acc. Q", "acceptance_qualifier", 2), ("acc. T", "acceptance_target", 2),
          ("accepted/pass", "mean_accepted_per_target_pass", 2), ("fwd D/Q/T", None, 0),
@@ -193,7 +206,8 @@ def markdown_table(summary: list[dict]) -> str:
     lines.append("\n*peers: wall time of the `generate()` call, prefill included. Engine tok/s exclude prefill; "
                  "'incl. prefill' and '× AR wall' include it. acc./accepted per pass pooled over runs (bonus token "
                  "not counted); fwd: median decode forward passes per run; overhead: engine time outside model "
-                 "forwards ÷ decode time.")
+                 "forwards ÷ decode time; × AR predicted: the cost profile's time for each run's forwards and engine "
+                 "work, rescaled by this bench's forward times, against AR's for the same tokens (median per prompt).")
     return "\n".join(lines)
 
 

@@ -174,7 +174,7 @@ def run_variant(triplet: ModelTriplet, v: Variant, ids: list[int], chat: bool) -
         if role in s.forward_passes:
             row[f"fwd_{role}"] = s.forward_passes[role]
             row[f"fwd_time_{role}_s"] = s.forward_time_s.get(role)
-    row.update(costs_report.row_record(res.steps))  # forwards by k, their measured times, acceptance counts
+    row.update(costs_report.row_record(res.steps, res.method, res.config))  # forwards, times, acceptance, engine work
     return row, res.token_ids
 
 

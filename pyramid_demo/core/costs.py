@@ -4,24 +4,39 @@ that predicts for every method on this machine.
 A profile is a plain dict, JSON as is: {"ms": {role: {k: ms}}, ...}: the time of one cached forward
 of k new tokens (k = 1 … longest proposal + 1) over a ~100-token context, the minimum of a few reps.
 From it and a run's trace (`predict_run`) the method's time is the sum of profile[model][k] over the
-forwards the run actually made; `break_even` is the per-token acceptance α at which SD or PSD
-would be exactly as fast as AR. This sits beside `throughput` (the paper's formulas from one-token
-speeds); everything here but the timers (`ForwardTimer`, `time_forward`, `warm_up`) is pure math over
-records.
+forwards the run actually made (a tree run's tree forwards at the profile's tree rows), plus the engine's
+work it did, priced from the profile's "engine_ms" (`engine_costs`); `speedup` states it against AR on
+the same profile (the bench rescales it by its runs' forward times: `bench.costs_fit`).
+`model_from_counts` predicts from acceptance alone (`expected`: chains, trees, a pyramid's rounds);
+`break_even` is the acceptance α at which a method would be exactly as fast as AR. α is counted per
+context a round's walk reached (`walk_stats`), for a chain and a tree alike. This sits beside
+`throughput` (the paper's formulas from one-token speeds); the timers live in `measure` (re-exported
+here); everything else is pure math over records.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
-from .methods import method_spec
-from .profile import ar_speed, cost_ms  # noqa: F401 - re-exported: callers read the profile through costs
+from . import engine_costs, expected, walk_stats
+from .measure import (  # noqa: F401 - re-exported
+    CONTEXT,
+    MAX_K,
+    PROFILE_VERSION,
+    TREE_K,
+    ForwardTimer,
+    linear_bytes,
+    measure_engine,
+    measure_profile,
+    memory_floor_ms,
+    time_forward,
+    warm_up,
+)
+from .methods import method_spec, target_rule
+from .profile import ar_speed, cost_ms, cost_tree_ms  # noqa: F401 - re-exported: callers read the profile here
+from .shape import shape_of
 from .trace import Step
-from .tree_costs import best_tree, rank_counts, tree_speed
-
-MAX_K = 9  # longest forward profiled one k at a time: a proposal of 8 plus the verifier's own token
-TREE_K = 17  # also profiled: the pass of a 16-node tree (its root row included)
-CONTEXT = 100  # tokens already in the cache when a forward is timed
+from .tree_costs import RANK_PRIOR, best_tree, rank_counts, tree_speed
 
 
 # ---------------------------------------------------------------- the profile
@@ -54,19 +69,56 @@ def forward_counts(steps: list[Step]) -> dict[str, dict[int, int]]:
     return out
 
 
-def predict_counts(counts: dict[str, dict], profile: dict) -> dict[str, float]:
-    """Predicted forward seconds per role: Σ n × profile[role][k] (roles the profile lacks are left out)."""
-    return {role: sum(int(n) * cost_ms(profile, role, int(k)) for k, n in by_k.items()) / 1000
-            for role, by_k in counts.items() if role in profile["ms"]}
+def tree_forward_counts(steps: list[Step], method: str, config: dict | None = None) -> dict[str, dict[int, int]]:
+    """Of `forward_counts`, the forwards that fed tree rows, {role: {k: n}}: in a tree run, the tree stage's
+    verifier passes, and the proposer's forwards after its first in each step (the first feeds the root
+    as a chain; the others are the tree's levels)."""
+    out: dict[str, dict[int, int]] = {}
+    if not method or shape_of(method, config) != "tree":
+        return out
+    stage = engine_costs.tree_stage(method)
+    for s in steps:
+        rounds = s.qualifier_rounds if stage == "qualifier" else [s.target_round] if s.target_round else []
+        if not rounds:
+            continue
+        fed = step_forwards(s)
+        for role, ks in ((rounds[0].verifier, fed.get(rounds[0].verifier, [])),
+                         (rounds[0].proposer, fed.get(rounds[0].proposer, [])[1:])):
+            for k in ks:
+                out.setdefault(role, {})[k] = out.get(role, {}).get(k, 0) + 1
+    return out
 
 
-def predict_run(steps: list[Step], profile: dict) -> dict[str, Any]:
-    """Predicted forward seconds per role and tokens/s for a recorded run, from the profile."""
-    per_role = predict_counts(forward_counts(steps), profile)
+def predict_counts(counts: dict[str, dict], profile: dict, trees: dict[str, dict] | None = None) -> dict[str, float]:
+    """Predicted forward seconds per role: Σ n × profile[role][k] (roles the profile lacks are left out); the
+    forwards in `trees` (a part of `counts`) at the profile's tree forward of k rows instead."""
+    out = {}
+    for role, by_k in counts.items():
+        if role not in profile["ms"]:
+            continue
+        tree = {int(k): int(n) for k, n in ((trees or {}).get(role) or {}).items()}
+        ms = sum((int(n) - tree.get(int(k), 0)) * cost_ms(profile, role, int(k)) for k, n in by_k.items())
+        out[role] = (ms + sum(n * cost_tree_ms(profile, role, k) for k, n in tree.items())) / 1000
+    return out
+
+
+def predict_run(steps: list[Step], profile: dict, method: str | None = None, config: dict | None = None
+                ) -> dict[str, Any]:
+    """Predicted seconds for a recorded run: its forwards per role on the profile, plus (given the method) the
+    engine's work it did, priced from the profile's engine prices (`engine_costs`); and tokens/s."""
+    per_role = predict_counts(forward_counts(steps), profile,
+                              tree_forward_counts(steps, method, config) if method else None)
     n = sum(len(s.new_tokens) for s in steps)
-    total = sum(per_role.values())
+    engine = engine_costs.price(engine_costs.census(steps, method, config), profile) / 1000 if method else 0.0
+    total = sum(per_role.values()) + engine
     return {"time_s": round(total, 6), "per_role_s": {k: round(v, 6) for k, v in per_role.items()},
-            "tokens_per_s": round(n / total, 3) if total > 0 else None}
+            "engine_s": round(engine, 6), "tokens_per_s": round(n / total, 3) if total > 0 else None}
+
+
+def speedup(predicted_s: float, n_tokens: int, profile: dict) -> float | None:
+    """A predicted time stated as a speed-up over AR on the same profile (AR: n tokens of one target step
+    each, `ar_speed`): what stays true on a machine busier than its profile, which slows both alike."""
+    return n_tokens / ar_speed(profile) / predicted_s if predicted_s > 0 and n_tokens else None
 
 
 def measured_by_k(steps: list[Step]) -> dict[str, dict[int, list[float]]]:
@@ -91,19 +143,16 @@ def expected_len(alpha: float, n: float) -> float:
     return (1 - alpha ** (n + 1)) / (1 - alpha)
 
 
-def sd_speed(profile: dict, gamma: int, alpha: float) -> float:
-    """Expected tok/s of SD: E(α, γ) tokens per round of γ one-token drafts and one (γ+1)-token pass."""
-    round_ms = gamma * cost_ms(profile, "draft", 1) + cost_ms(profile, "target", gamma + 1)
-    return 1000 * expected_len(alpha, gamma) / round_ms
+def sd_speed(profile: dict, gamma: int, alpha: float, fuzzy: bool = False) -> float:
+    """Expected tok/s of SD (FSD: `fuzzy`) over a chain of γ: `expected.chain_speed`."""
+    return expected.chain_speed(profile, gamma, alpha, fuzzy)
 
 
-def psd_speed(profile: dict, l_d: int, l_q: int, alpha_q: float, alpha_t: float) -> float:
-    """Expected tok/s of the pyramid: stage 1 yields E(α_Q, ℓ_D) qualified tokens per round of ℓ_D
-    drafts and one (ℓ_D+1)-token qualifier pass; a block of ℓ_Q such tokens costs ℓ_Q / E1 rounds,
-    then one (ℓ_Q+1)-token target pass commits E(α_T, ℓ_Q)."""
-    stage1_ms = l_d * cost_ms(profile, "draft", 1) + cost_ms(profile, "qualifier", l_d + 1)
-    block_ms = l_q / expected_len(alpha_q, l_d) * stage1_ms + cost_ms(profile, "target", l_q + 1)
-    return 1000 * expected_len(alpha_t, l_q) / block_ms
+def psd_speed(profile: dict, l_d: int, l_q: int, alpha_q: float, alpha_t: float, fuzzy_q: bool = False,
+              fuzzy_t: bool = True) -> float:
+    """Expected tok/s of the pyramid over chains: `expected.pyramid_speed` (a block's stage-1 rounds, cut to
+    size, then one stage-2 pass)."""
+    return expected.pyramid_speed(profile, l_d, l_q, alpha_q, alpha_t, fuzzy_q, fuzzy_t)
 
 
 def solve_alpha(speed: Callable[[float], float], goal: float) -> float | None:
@@ -121,29 +170,31 @@ def solve_alpha(speed: Callable[[float], float], goal: float) -> float | None:
 
 
 def rejected(r: Any) -> bool:
-    """A round that ended at a refused token (not one a block's size, a confidence floor or an EOS cut short)."""
-    return any(t.status == "rejected" for t in r.tokens[:-1])
+    """The round's one rejection event, per context its walk reached (`walk_stats.rejected`): a tree's refused
+    siblings on the way down are none, nor is a round a block's size, a confidence floor or an EOS cut short."""
+    return walk_stats.rejected(r)
 
 
 def per_token_alpha(rounds: list) -> float | None:
-    """Measured α for the leading-run model: accepted ÷ (accepted + rejections), from StageRounds."""
+    """Measured α: accepted ÷ (accepted + rejections), i.e. P(a child is taken | a context reached with
+    candidates), from StageRounds; for a chain SD's per-token α, for a tree its per-context analogue."""
     acc = sum(r.n_accepted for r in rounds)
     rej = sum(1 for r in rounds if rejected(r))
     return round(acc / (acc + rej), 4) if acc + rej else None
 
 
-def stage_counts(steps: list[Step]) -> dict[str, dict[str, int]]:
-    """Per stage: accepted tokens, rejections, proposed tokens and rounds (what α and the lengths need;
-    counts add up over runs, so pooled figures come from sums)."""
+def stage_counts(steps: list[Step]) -> dict[str, dict[str, Any]]:
+    """Per stage: accepted tokens, rejections, proposed tokens, rounds and acceptance by rank (what α, the
+    lengths and a tree's model need; counts add up over runs, so pooled figures come from sums)."""
     out: dict[str, dict[str, Any]] = {}
     for stage, rounds in (("target", [s.target_round for s in steps if s.target_round is not None]),
                           ("qualifier", [r for s in steps for r in s.qualifier_rounds])):
         if rounds:
+            hits, reach = rank_counts(rounds)
             out[stage] = {"accepted": sum(r.n_accepted for r in rounds),
                           "rejected": sum(1 for r in rounds if rejected(r)),
-                          "proposed": sum(len(r.tokens) - 1 for r in rounds), "rounds": len(rounds)}
-            if any(r.parents is not None for r in rounds):  # tree rounds: acceptance by rank (`tree_costs`)
-                out[stage]["rank_hits"], out[stage]["rank_reach"] = rank_counts(rounds)
+                          "proposed": sum(len(r.tokens) - 1 for r in rounds), "rounds": len(rounds),
+                          "rank_hits": hits, "rank_reach": reach}
     return out
 
 
@@ -156,54 +207,84 @@ def _length(c: dict | None, default: int) -> int:
     return max(1, round(c["proposed"] / c["rounds"])) if c and c["rounds"] else default
 
 
+def _ranks(c: dict | None) -> list[float] | None:
+    hits, reach = (c or {}).get("rank_hits") or [], (c or {}).get("rank_reach") or []
+    return [round(h / n, 4) for h, n in zip(hits, reach) if n] or None
+
+
 def method_model(method: str, steps: list[Step], config: dict, profile: dict) -> dict[str, Any]:
     """For one recorded run: see `model_from_counts`."""
     return model_from_counts(method, stage_counts(steps), config, profile)
 
 
 def model_from_counts(method: str, counts: dict, config: dict, profile: dict) -> dict[str, Any]:
-    """Lengths (measured means), measured α per stage (accepted ÷ (accepted + rejections)), the expected
-    tok/s at that α on this profile, and the break-even α at which it equals AR's tok/s (None for AR)."""
+    """Lengths, measured α per stage (per context reached: accepted ÷ (accepted + rejections)), the expected
+    tok/s at that α on this profile (forwards and engine work, `expected`), the same as a speed-up over AR,
+    and the break-even α at which it equals AR (None for AR). A tree stage is priced as the expected tree on
+    its measured acceptance by rank; a pyramid's block as its stage-1 rounds, cut to size."""
     spec = method_spec(method)
-    out: dict[str, Any] = {"ar_tokens_per_s": round(ar_speed(profile), 3)}
+    ar = ar_speed(profile)
+    out: dict[str, Any] = {"ar_tokens_per_s": round(ar, 3)}
     if spec.proposer is None:
         return out
-    a_t = _alpha(counts.get("target"))
-    out["alpha"] = a_t
+    tree = shape_of(method, config) == "tree"
+    fuzzy_t = target_rule(method, str(config.get("stage2", "fuzzy"))) == "fuzzy"
+    out["alpha"] = a_t = _alpha(counts.get("target"))
     try:
-        if spec.tree and not spec.pyramid:
-            return _tree_model(out, counts.get("target") or {}, config, profile)
+        if tree and not spec.pyramid:
+            return _tree_model(out, counts.get("target") or {}, config, profile, fuzzy_t)
         if not spec.pyramid:
             g = _length(counts.get("target"), config.get("gamma", 4))
-            f = lambda a: sd_speed(profile, g, a)  # noqa: E731
+            f = lambda a: sd_speed(profile, g, a, fuzzy_t)  # noqa: E731
             out["lengths"] = {"gamma": g}
         else:
-            ld = _length(counts.get("qualifier"), config.get("l_d", 4))
-            lq = _length(counts.get("target"), config.get("l_q", 8))
-            a_q = _alpha(counts.get("qualifier"))
-            out["alpha_qualifier"] = a_q
-            f = lambda a: psd_speed(profile, ld, lq, a_q if a_q is not None else 0.0, a)  # noqa: E731
-            out["lengths"] = {"l_d": ld, "l_q": lq}
-        out["break_even_alpha"] = solve_alpha(f, ar_speed(profile))
+            f = _pyramid_model(out, method, counts, config, profile, tree, fuzzy_t)
+        out["break_even_alpha"] = solve_alpha(f, ar)
         out["expected_tokens_per_s"] = round(f(a_t), 3) if a_t is not None else None
         out["ceiling_tokens_per_s"] = round(f(1.0), 3)
+        out["expected_speedup_vs_ar"] = round(f(a_t) / ar, 4) if a_t is not None else None
     except KeyError:  # a role the profile lacks
         pass
     return out
 
 
-def _tree_model(out: dict[str, Any], c: dict, config: dict, profile: dict) -> dict[str, Any]:
+def _pyramid_model(out: dict[str, Any], method: str, counts: dict, config: dict, profile: dict, tree: bool,
+                   fuzzy_t: bool) -> Callable[[float], float]:
+    """The pyramid's expected tok/s as a function of α_T: stage 1 a chain at α_Q, or the expected tree on the
+    qualifier's acceptance by rank grown at most ℓ_D deep."""
+    fuzzy_q = method_spec(method).stage1 == "fuzzy"
+    lq = _length(counts.get("target"), config.get("l_q", 8))
+    q = counts.get("qualifier")
+    out["alpha_qualifier"] = a_q = _alpha(q)
+    if not tree:
+        ld = _length(q, config.get("l_d", 4))
+        out["lengths"] = {"l_d": ld, "l_q": lq}
+        return lambda a: psd_speed(profile, ld, lq, a_q if a_q is not None else 0.0, a, fuzzy_q, fuzzy_t)
+    ld = int(config.get("l_d", 4))
+    budget = _budget(config)
+    ranks = tuple(_ranks(q) or ([a_q] if a_q is not None else list(RANK_PRIOR)))
+    out["ranks_qualifier"] = list(ranks)
+    out["lengths"] = {"l_d": ld, "l_q": lq, **budget}
+    shape = (budget["tree_nodes"], budget["tree_depth"], budget["tree_k"], ranks)
+    return lambda a: expected.pyramid_speed(profile, ld, lq, 0.0, a, fuzzy_q, fuzzy_t, shape)
+
+
+def _budget(config: dict) -> dict[str, int]:
+    return {k: int(config.get(k, d)) for k, d in (("tree_nodes", 16), ("tree_depth", 5), ("tree_k", 4))}
+
+
+def _tree_model(out: dict[str, Any], c: dict, config: dict, profile: dict, fuzzy: bool) -> dict[str, Any]:
     """A tree method's model: measured acceptance by rank, the expected tree's speed at this budget and the
     budget the profile predicts best (`tree_costs`)."""
-    hits, reach = c.get("rank_hits") or [], c.get("rank_reach") or []
-    ranks = [h / n for h, n in zip(hits, reach) if n] or None
-    budget = {k: int(config.get(k, d)) for k, d in (("tree_nodes", 16), ("tree_depth", 5), ("tree_k", 4))}
-    out["ranks"] = [round(r, 4) for r in ranks] if ranks else None
+    ranks = _ranks(c)
+    budget = _budget(config)
+    out["ranks"] = ranks
     out["lengths"] = budget
     if ranks:
-        got = tree_speed(profile, budget["tree_nodes"], budget["tree_depth"], budget["tree_k"], ranks)
+        got = tree_speed(profile, budget["tree_nodes"], budget["tree_depth"], budget["tree_k"], ranks, fuzzy=fuzzy)
         out["expected_tokens_per_s"], out["expected_tokens_per_pass"] = got["tokens_per_s"], got["tokens_per_pass"]
-    out["best_tree"] = best_tree(profile, ranks)
+        out["expected_speedup_vs_ar"] = round(got["tokens_per_s"] / ar_speed(profile), 4)
+    out["best_tree"] = best_tree(profile, ranks, fuzzy)
     return out
 
 
@@ -241,116 +322,3 @@ def verdict(method: str, m: dict, measured: tuple[float, float] | None = None) -
             line += (" — not what the profile expects: these forwards cost more in the run than in the "
                      "profile, or its proposals were shorter/longer than the formula's γ")
     return line
-
-
-# ---------------------------------------------------------------- measuring (the only torch code here)
-class ForwardTimer:
-    """Times cached forwards of k new tokens after `context` tokens, over one prefilled cache, under
-    `backend`. Token ids are fixed, so every call times the same work."""
-
-    def __init__(self, model: Any, vocab_size: int, backend: str = "default", context: int = CONTEXT,
-                 path: str = "hf"):
-        from .lm import open_lm
-
-        self.lm = open_lm(model, vocab_size, "probe", backend, path)
-        self.context = context
-        self.ids = [(7919 * i + 11) % max(2, vocab_size - 1) + 1 for i in range(context + MAX_K + 64)]
-        self.lm.logits(self.ids[:context], 1)
-
-    def time(self, k: int) -> float:
-        """Seconds for one forward of k new tokens; the cache is cropped back to `context` after."""
-        t0 = self.lm.time_s
-        self.lm.logits(self.ids[: self.context + k], k)
-        t = self.lm.time_s - t0
-        self.lm.rollback(self.ids[: self.context + 1])  # keeps `context` tokens
-        return t
-
-
-def time_forward(model: Any, vocab_size: int, k: int, backend: str = "default", reps: int = 3,
-                 context: int = CONTEXT, path: str = "hf") -> float:
-    """Seconds for one cached forward of k new tokens after `context` tokens: min of `reps` after a warm-up."""
-    timer = ForwardTimer(model, vocab_size, backend, context, path)
-    return min(timer.time(k) for _ in range(reps + 1))
-
-
-def measure_profile(models: dict[str, Any], vocab_size: int, backend: str = "default", max_k: int = MAX_K,
-                    reps: int = 3, make_timer: Callable[..., Any] | None = None,
-                    path: str = "hf") -> dict[str, dict[int, float]]:
-    """{role: {k: ms}} for every distinct model (a role that shares another's model shares its row):
-    one prefilled cache per model, k = 1 … max_k timed in interleaved rounds, min over rounds (the first
-    round warms up)."""
-    make_timer = make_timer or ForwardTimer
-    timers: dict[int, Any] = {}
-    for model in models.values():
-        if id(model) not in timers:
-            timers[id(model)] = make_timer(model, vocab_size, backend, path=path)  # the path the runs will use
-    best: dict[int, dict[int, float]] = {i: {} for i in timers}
-    for _ in range(reps + 1):
-        for i, timer in timers.items():
-            for k in (*range(1, max_k + 1), *((TREE_K,) if max_k >= MAX_K else ())):  # a full profile: trees too
-                best[i][k] = min(best[i].get(k, float("inf")), timer.time(k))
-    return {role: {k: round(1000 * v, 4) for k, v in best[id(m)].items()} for role, m in models.items()}
-
-
-def linear_bytes(model: Any) -> tuple[int, Any]:
-    """Bytes of every weight matrix a decode step streams (linear layers, packed or not, counted once), and
-    the largest such layer. An embedding is read one row per token, so a tied head counts once, as a linear."""
-    total, largest, best = 0, None, -1
-    seen: set[int] = set()
-    for m in model.modules():
-        w = getattr(m, "packed", None) if hasattr(m, "packed") else getattr(m, "weight", None)
-        if id(m) in seen or w is None or not hasattr(m, "in_features") or not hasattr(m, "out_features"):
-            continue
-        seen.add(id(m))
-        n = m.in_features * m.out_features * w.element_size()
-        total += n
-        if n > best:
-            largest, best = m, n
-    return total, largest
-
-
-def memory_floor_ms(model: Any, backend: str = "default", reps: int = 15) -> dict[str, float]:
-    """The step's floor on this machine: the largest matrix's one-row product time (min of `reps`), scaled
-    to every weight byte a step reads. Returns {"floor_ms", "gemv_ms", "gb_per_s", "mb"}."""
-    import time
-
-    import torch
-
-    from .lm import backend_flags
-
-    total, largest = linear_bytes(model)
-    if largest is None:
-        return {}
-    w = getattr(largest, "packed", None)
-    w = largest.weight if w is None else w
-    x = torch.randn(1, largest.in_features).to(w.dtype if w.is_floating_point() else torch.float32)  # [1, in]
-    best = float("inf")
-    with torch.inference_mode(), backend_flags(backend):
-        for _ in range(reps + 1):
-            t0 = time.perf_counter()
-            largest(x)
-            best = min(best, time.perf_counter() - t0)
-    mine = largest.in_features * largest.out_features * w.element_size()
-    return {"floor_ms": round(1000 * best * total / mine, 3), "gemv_ms": round(1000 * best, 3),
-            "gb_per_s": round(mine / best / 1e9, 2), "mb": round(total / 1e6, 1)}
-
-
-def warm_up(models: dict[str, Any], vocab_size: int, backend: str, prompt_ids: list[int], path: str = "hf") -> float:
-    """One short run through every distinct model before any clock starts (first-call allocations,
-    kernel selection): the prompt, then a one-token and a few-token cached forward. Returns seconds."""
-    import time
-
-    from .lm import open_lm
-
-    t0 = time.perf_counter()
-    seen: set[int] = set()
-    ids = list(prompt_ids[-32:]) or [1]
-    for role, model in models.items():
-        if id(model) in seen:
-            continue
-        seen.add(id(model))
-        lm = open_lm(model, vocab_size, role, backend, path)
-        seq = ids + [int(lm.logits(ids, 1)[0].argmax())]
-        seq.append(int(lm.logits(seq, 1)[0].argmax()))
-        lm.logits(seq + seq[-3:], 3)
-    return time.perf_counter() - t0

@@ -1,11 +1,12 @@
 """A cost profile's lookups, apart so that `costs` and `tree_costs` share them without importing each other:
-{"ms": {role: {k: ms}}}, one cached forward of k new tokens per model (`costs.measure_profile`)."""
+{"ms": {role: {k: ms}}}, one cached forward of k new tokens per model (`costs.measure_profile`), and where
+measured {"tree_ms": {role: {n: ms}}}, one tree forward of n rows (a verifier's pass, a proposer's level)."""
 from __future__ import annotations
 
 
-def cost_ms(profile: dict, role: str, k: int) -> float:
-    """profile[role][k] in ms; beyond the profiled k, extrapolated along the last two points."""
-    row = {int(a): float(b) for a, b in profile["ms"][role].items()}
+def _lookup(row_in: dict, k: int) -> float:
+    """row[k]; beyond the profiled k, extrapolated along the last two points (below the first: the first)."""
+    row = {int(a): float(b) for a, b in row_in.items()}
     if k in row:
         return row[k]
     ks = sorted(row)
@@ -13,9 +14,27 @@ def cost_ms(profile: dict, role: str, k: int) -> float:
         return row[ks[0]]
     if len(ks) < 2:
         return row[ks[-1]]
+    lo = max(a for a in ks if a < k)
+    hi = min((a for a in ks if a > k), default=None)
+    if hi is not None:  # between two profiled points: on the line through them
+        return row[lo] + (row[hi] - row[lo]) * (k - lo) / (hi - lo)
     a, b = ks[-2], ks[-1]
     return max(row[b], row[b] + (row[b] - row[a]) / (b - a) * (k - b))
 
 
+def cost_ms(profile: dict, role: str, k: int) -> float:
+    """profile[role][k] in ms: a chain forward of k new tokens."""
+    return _lookup(profile["ms"][role], k)
+
+
+def cost_tree_ms(profile: dict, role: str, n: int) -> float:
+    """A tree forward of n rows in ms: the profile's tree row where it has one, else the chain forward's."""
+    row = (profile.get("tree_ms") or {}).get(role)
+    return _lookup(row, n) if row else cost_ms(profile, role, n)
+
+
 def ar_speed(profile: dict) -> float:
-    return 1000 / cost_ms(profile, "target", 1)
+    """AR's tok/s on this profile: one target step per token, the engine's check and pick of it and its cut
+    (`engine_ms` feed and step, where the profile has the engine's prices): what speed-ups are stated against."""
+    e = profile.get("engine_ms") or {}
+    return 1000 / (cost_ms(profile, "target", 1) + float(e.get("feed", 0.0)) + float(e.get("step", 0.0)))

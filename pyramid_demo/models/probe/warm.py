@@ -20,15 +20,17 @@ def cost_profile(triplet: Any, roles: tuple[str, ...] = ("draft", "qualifier", "
     now (a few seconds). A plain dict (see `core.costs`); "how" says cached or probe, "probe_s" its time."""
     dtype = str(triplet.dtype).removeprefix("torch.")
     key = (f"{machine_key()} | {','.join(triplet.names)} | {triplet.device} | {dtype} | {triplet.backend} | "
-           f"{triplet.path} | k≤{max_k}")
+           f"{triplet.path} | k≤{max_k} | {costs.PROFILE_VERSION}")
     hit = read(PROFILE_FILE).get(key)
     if hit:
         return {**hit, "how": "cached", "probe_s": 0.0}
     t0 = time.perf_counter()
+    extras: dict = {}
     ms = costs.measure_profile({r: triplet.model(r) for r in roles}, triplet.vocab_size, triplet.backend, max_k,
-                               path=triplet.path, make_timer=new_timer)
+                               path=triplet.path, make_timer=new_timer, extras_out=extras)
     floor = {r: costs.memory_floor_ms(triplet.model(r), triplet.backend) for r in roles}
-    prof = {"ms": {r: {str(k): v for k, v in row.items()} for r, row in ms.items()}, "context": costs.CONTEXT,
+    prof = {"ms": {r: {str(k): v for k, v in row.items()} for r, row in ms.items()}, **extras,
+            "context": costs.CONTEXT,
             "floor": floor, "reps": 3, "dtype": dtype, "backend": triplet.backend, "path": triplet.path,
             "device": str(triplet.device), "machine": machine_key(), "models": list(triplet.names),
             "time_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}

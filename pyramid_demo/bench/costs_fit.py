@@ -1,0 +1,152 @@
+"""The engine's per-unit prices fitted on a bench's own runs, each variant priced from the others only.
+
+Why: the profile's engine prices are the engine's functions timed in a tight loop (warm caches, no
+allocator churn); inside a run the same work costs more, and some of it (a cache's crop, the hand-off of
+the target's states, a confidence floor's softmax) rides along with the units counted. A bench run measures
+every run's time outside forwards and counts its units (`engine_costs.census`), so non-negative least
+squares over those runs gives what one unit of each kind costs here. To keep it a prediction, a variant's
+engine time is priced from the other variants' runs only (leave one variant out); a unit no other variant
+did keeps the profile's price.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..core import engine_costs
+
+FEATURES = (*engine_costs.UNITS, "keep")
+
+
+def features(units: dict) -> list[float]:
+    """A census as one row of counts (compactions summed over roles)."""
+    return [float(units.get(u, 0)) for u in engine_costs.UNITS] + [float(sum((units.get("keep") or {}).values()))]
+
+
+def nnls(a: np.ndarray, b: np.ndarray, iters: int = 200) -> np.ndarray:
+    """min ‖a x − b‖ over x ≥ 0 (Lawson–Hanson active set): a [n, m], b [n] → x [m]."""
+    m = a.shape[1]
+    x = np.zeros(m)
+    passive = np.zeros(m, dtype=bool)
+    for _ in range(iters):
+        w = a.T @ (b - a @ x)  # [m]: the gradient of the residual
+        if passive.all() or (w[~passive] <= 1e-12).all():
+            break
+        passive[np.argmax(np.where(passive, -np.inf, w))] = True
+        while True:
+            z = np.zeros(m)
+            z[passive] = np.linalg.lstsq(a[:, passive], b, rcond=None)[0]
+            if (z[passive] > 0).all():
+                x = z
+                break
+            neg = passive & (z <= 0)
+            step = np.min(x[neg] / (x[neg] - z[neg] + 1e-300))
+            x = x + step * (z - x)
+            passive &= x > 1e-12
+    return x
+
+
+def loo_engine_s(rows: list[dict], profile: dict) -> dict[str, list[float]]:
+    """Per variant, its rows' engine seconds priced from the other variants' rows (in row order)."""
+    eng = [r for r in rows if r.get("kind") == "engine" and (r.get("cost_record") or {}).get("engine")
+           and r.get("engine_overhead_s") is not None]
+    micro = [engine_costs.engine_ms(profile, u) / 1000 for u in engine_costs.UNITS] + [
+        float(np.mean(list(((profile.get("engine_ms") or {}).get("keep") or {"": 0.0}).values()))) / 1000]
+    out: dict[str, list[float]] = {}
+    for label in dict.fromkeys(r["variant"] for r in eng):
+        others = [r for r in eng if r["variant"] != label]
+        prices = np.array(micro)
+        if others:
+            a = np.array([features(r["cost_record"]["engine"]) for r in others])  # [n, m]
+            b = np.array([float(r["engine_overhead_s"]) for r in others])  # [n]
+            seen = a.sum(0) > 0
+            if seen.any():
+                fit = nnls(a[:, seen], b)
+                prices[seen] = fit
+        out[label] = [float(np.dot(features(r["cost_record"]["engine"]), prices)) for r in eng
+                      if r["variant"] == label]
+    return out
+
+
+def _by_role(row: dict, profile: dict) -> tuple[dict[str, float], dict[str, float]]:
+    """A row's forwards per role on the profile (s) and as measured in the run (s)."""
+    from ..core import costs
+
+    rec = row["cost_record"]
+    fwd = costs.predict_counts(rec["forwards"], profile, rec.get("tree_forwards"))
+    return fwd, {r: float(row.get(f"fwd_time_{r}_s") or 0.0) for r in fwd}
+
+
+def loo_busy(rows: list[dict], profile: dict) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
+    """Per variant, each role's measured ÷ profiled forward time over the other variants' rows (its own
+    where no other variant ran the role); and the same pooled over every row, for display."""
+    num: dict[str, dict[str, float]] = {}
+    den: dict[str, dict[str, float]] = {}
+    for row in rows:
+        fwd, got = _by_role(row, profile)
+        for r, t in fwd.items():
+            if got.get(r):
+                num.setdefault(row["variant"], {})[r] = num.get(row["variant"], {}).get(r, 0.0) + got[r]
+                den.setdefault(row["variant"], {})[r] = den.get(row["variant"], {}).get(r, 0.0) + t
+    roles = {r for d in den.values() for r in d}
+    tot_n = {r: sum(d.get(r, 0.0) for d in num.values()) for r in roles}
+    tot_d = {r: sum(d.get(r, 0.0) for d in den.values()) for r in roles}
+    pooled = {r: tot_n[r] / tot_d[r] for r in roles if tot_d[r] > 0}
+    if tot_d and sum(tot_d.values()) > 0:
+        pooled["all"] = sum(tot_n.values()) / sum(tot_d.values())
+    out: dict[str, dict[str, float]] = {}
+    for label in dict.fromkeys(r["variant"] for r in rows):
+        mine_n, mine_d = num.get(label, {}), den.get(label, {})
+        out[label] = {}
+        for r in roles:
+            d = tot_d[r] - mine_d.get(r, 0.0)
+            out[label][r] = (tot_n[r] - mine_n.get(r, 0.0)) / d if d > 1e-12 else pooled.get(r, 1.0)
+    return out, pooled
+
+
+def predict_rows(rows: list[dict], profile: dict) -> dict[str, float]:
+    """Sets on every engine row with a cost record: `predicted_profile_s` (the profile's forwards and engine
+    prices), `predicted_s` (each role's forwards × the other variants' busy factor, plus the engine time
+    priced from the other variants' runs), and the speed-ups over AR of both: against AR's prediction for
+    the same prompt and repeat where AR ran, else n target steps of the profile. Returns the pooled busy
+    factors."""
+    from ..core import expected
+
+    eng_rows = [r for r in rows if r.get("kind") == "engine" and r.get("cost_record")]
+    busy, pooled = loo_busy(eng_rows, profile)
+    fitted = loo_engine_s(eng_rows, profile)
+    seen: dict[str, int] = {}
+    for row in eng_rows:
+        fwd, _ = _by_role(row, profile)
+        micro = engine_costs.price(row["cost_record"].get("engine") or {}, profile) / 1000
+        row["predicted_profile_s"] = sum(fwd.values()) + micro
+        i = seen[row["variant"]] = seen.get(row["variant"], -1) + 1
+        eng = fitted[row["variant"]][i] if i < len(fitted.get(row["variant"], [])) else micro
+        b = busy.get(row["variant"], pooled)
+        row["predicted_s"] = sum(t * b.get(r, pooled.get("all", 1.0)) for r, t in fwd.items()) + eng
+    ar = {(r["repeat"], r["prompt_index"]): r for r in eng_rows if r["method"] == "ar"}
+    step = expected.ar_ms(profile) / 1000
+    for row in eng_rows:
+        n, ref = row["n_new_tokens"], ar.get((row.get("repeat"), row.get("prompt_index")))
+        per_ar = ref["predicted_s"] / ref["n_new_tokens"] if ref and ref["n_new_tokens"] else \
+            step * busy.get(row["variant"], pooled).get("target", pooled.get("all", 1.0))
+        row["predicted_speedup_vs_ar"] = per_ar * n / row["predicted_s"] if row["predicted_s"] > 0 else None
+        row["predicted_profile_speedup_vs_ar"] = (step * n / row["predicted_profile_s"]
+                                                  if row["predicted_profile_s"] > 0 else None)
+        row["predicted_profile_tokens_per_s"] = n / row["predicted_profile_s"] if row["predicted_profile_s"] else None
+    return pooled
+
+
+def fitted_prices(rows: list[dict]) -> dict[str, float]:
+    """The engine's per-unit prices in ms fitted on every engine row (for display beside the profile's timed
+    ones: how much more a unit costs inside a run than in a tight loop)."""
+    eng = [r for r in rows if r.get("kind") == "engine" and (r.get("cost_record") or {}).get("engine")
+           and r.get("engine_overhead_s") is not None]
+    if not eng:
+        return {}
+    a = np.array([features(r["cost_record"]["engine"]) for r in eng])  # [n, m]
+    b = np.array([float(r["engine_overhead_s"]) for r in eng])  # [n]
+    seen = a.sum(0) > 0
+    x = np.zeros(a.shape[1])
+    if seen.any():
+        x[seen] = nnls(a[:, seen], b)
+    return {f: round(1000 * float(v), 5) for f, v, s in zip(FEATURES, x, seen) if s}

@@ -1,0 +1,262 @@
+"""Measuring a cost profile: what one cached forward of k new tokens costs each model, and what the engine's
+own work around the forwards costs on this machine (the only torch code of the cost model).
+
+Why the engine's work too: a run's decode time is its forwards plus what the engine does between them (the
+checks and picks of each feed, each round's decision, a fuzzy rule's divergences, a tree's growth and the
+compaction of its accepted path). A prediction that prices only forwards is high by that share, and the
+share differs by method (a fuzzy pyramid over a tree does most of it). Each price is the real function timed
+on logits of the family's width, min over a few reps (`measure_engine`).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+MAX_K = 9  # longest forward profiled one k at a time: a proposal of 8 plus the verifier's own token
+TREE_K = 17  # also profiled: the pass of a 16-node tree (its root row included)
+TREE_ROWS = (1, 2, 3, 4, 5, 7, 9, 13, 17)  # tree forwards profiled: a level of k rows, a pass of nodes + 1
+CONTEXT = 100  # tokens already in the cache when a forward is timed
+PROFILE_VERSION = "engine-3"  # what a cached profile holds: a profile without the engine's prices is re-measured
+
+
+class ForwardTimer:
+    """Times cached forwards of k new tokens after `context` tokens, over one prefilled cache, under
+    `backend`. Token ids are fixed, so every call times the same work."""
+
+    def __init__(self, model: Any, vocab_size: int, backend: str = "default", context: int = CONTEXT,
+                 path: str = "hf"):
+        from .lm import open_lm
+
+        self.lm = open_lm(model, vocab_size, "probe", backend, path)
+        self.context = context
+        self.ids = [(7919 * i + 11) % max(2, vocab_size - 1) + 1 for i in range(context + MAX_K + 64)]
+        self.lm.logits(self.ids[:context], 1)
+
+    def time(self, k: int) -> float:
+        """Seconds for one forward of k new tokens; the cache is cropped back to `context` after."""
+        t0 = self.lm.time_s
+        self.lm.logits(self.ids[: self.context + k], k)
+        t = self.lm.time_s - t0
+        self.lm.rollback(self.ids[: self.context + 1])  # keeps `context` tokens
+        return t
+
+    def time_tree(self, n: int) -> float | None:
+        """Seconds for one tree forward of n rows after the context (a root row and its n − 1 children, as a
+        verifier's pass or a proposer's level feeds them); None where the model takes no trees."""
+        lm = self.lm
+        if not getattr(lm, "trees", False):
+            return None
+        pos = lm.cache_len
+        t0 = lm.time_s
+        lm.forward_tree(self.ids[pos: pos + n], [-1] + [0] * (n - 1), pos)
+        t = lm.time_s - t0
+        lm.keep_path([])
+        lm.rollback(self.ids[: self.context + 1])
+        return t
+
+    def time_feed(self) -> tuple[float, float]:
+        """Seconds of a one-token feed through the engine's own path (its lane's checks, the model's bookkeeping
+        outside the forward's clock, the pick) beyond the forward itself; and seconds to cut the cache back
+        (every lane's cut after a step). The cache ends at `context` after."""
+        import time
+
+        from .engine import Lane
+
+        lm = self.lm
+        lane = Lane(lm, lm.cache_len)
+        seq = self.ids[: self.context + 1]
+        t0, m0 = time.perf_counter(), lm.time_s
+        int(lane.feed(seq, 1)[0].argmax())  # the greedy pick
+        extra = time.perf_counter() - t0 - (lm.time_s - m0)
+        t1 = time.perf_counter()
+        lm.truncate(self.context)
+        return max(0.0, extra), time.perf_counter() - t1
+
+    def time_keep(self, n: int = 2) -> float | None:
+        """Seconds to compact a tree's accepted path into the cache (`keep_path`, outside the forward's clock):
+        n sibling rows are fed as a tree after the context, then one is kept. None where the model takes no
+        trees."""
+        import time
+
+        lm = self.lm
+        if not getattr(lm, "trees", False):
+            return None
+        pos = lm.cache_len
+        lm.forward_tree(self.ids[pos: pos + n], [-1] * n, pos)
+        t0 = time.perf_counter()
+        lm.keep_path([0])
+        t = time.perf_counter() - t0
+        lm.rollback(self.ids[: self.context + 1])
+        return t
+
+
+def time_forward(model: Any, vocab_size: int, k: int, backend: str = "default", reps: int = 3,
+                 context: int = CONTEXT, path: str = "hf") -> float:
+    """Seconds for one cached forward of k new tokens after `context` tokens: min of `reps` after a warm-up."""
+    timer = ForwardTimer(model, vocab_size, backend, context, path)
+    return min(timer.time(k) for _ in range(reps + 1))
+
+
+def measure_profile(models: dict[str, Any], vocab_size: int, backend: str = "default", max_k: int = MAX_K,
+                    reps: int = 3, make_timer: Callable[..., Any] | None = None,
+                    path: str = "hf", extras_out: dict | None = None) -> dict[str, dict[int, float]]:
+    """{role: {k: ms}} for every distinct model (a role that shares another's model shares its row):
+    one prefilled cache per model, k = 1 … max_k timed in interleaved rounds, min over rounds (the first
+    round warms up). `extras_out`, where given, receives "tree_ms" ({role: {n: ms}}: a tree forward of n rows,
+    `ForwardTimer.time_tree`, where the model takes trees) and "engine_ms" (the engine's own prices,
+    `measure_engine`, a tree's compaction timed on these caches)."""
+    make_timer = make_timer or ForwardTimer
+    timers: dict[int, Any] = {}
+    for model in models.values():
+        if id(model) not in timers:
+            timers[id(model)] = make_timer(model, vocab_size, backend, path=path)  # the path the runs will use
+    best: dict[int, dict[int, float]] = {i: {} for i in timers}
+    for _ in range(reps + 1):
+        for i, timer in timers.items():
+            for k in (*range(1, max_k + 1), *((TREE_K,) if max_k >= MAX_K else ())):  # a full profile: trees too
+                best[i][k] = min(best[i].get(k, float("inf")), timer.time(k))
+    if extras_out is not None:
+        trees: dict[int, dict[int, float]] = {i: {} for i in timers}
+        for _ in range(reps + 1):
+            for i, timer in timers.items():
+                for n in TREE_ROWS:
+                    t = getattr(timer, "time_tree", lambda n: None)(n)
+                    if t is not None:
+                        trees[i][n] = min(trees[i].get(n, float("inf")), t)
+        extras_out["tree_ms"] = {role: {str(n): round(1000 * v, 4) for n, v in trees[id(m)].items()}
+                                 for role, m in models.items() if trees[id(m)]}
+        extras_out["engine_ms"] = measure_engine(vocab_size, {role: timers[id(m)] for role, m in models.items()})
+    return {role: {k: round(1000 * v, 4) for k, v in best[id(m)].items()} for role, m in models.items()}
+
+
+def _best_ms(f: Callable[[], Any], reps: int) -> float:
+    import time
+
+    best = float("inf")
+    for _ in range(reps + 1):
+        t0 = time.perf_counter()
+        f()
+        best = min(best, time.perf_counter() - t0)
+    return round(1000 * best, 5)
+
+
+def measure_engine(vocab_size: int, timers: dict[str, Any] | None = None, reps: int = 20) -> dict[str, Any]:
+    """The engine's own work per unit, in ms, each the real function on logits [n, V] of this family's width:
+    "feed" one forward's finiteness check and pick (through the engine's own feed of the target's timer,
+    beyond its forward, where `timers` has one); "step" the target cache's cut after a step (likewise);
+    "round" one greedy decision of 4 proposals and its record;
+    "div" one divergence row in a chain's batched call, "div1" one row alone (a tree's, per context); "expand"
+    one tree row's top-k and normaliser; "keep" {role: one tree compaction} where `timers` (role → a timer
+    with `time_keep`) can tell. What `engine_costs.price` multiplies by a run's census of that work."""
+    import torch
+
+    from . import rules
+    from .config import DecodeConfig
+    from .decide import decide
+    from .recorder import record
+
+    g = torch.Generator().manual_seed(0)
+    z_p = torch.randn(5, vocab_size, generator=g)  # [5, V]: a verifier's rows for 4 proposals
+    z_q = torch.randn(4, vocab_size, generator=g)  # [4, V]
+    z_q[:, torch.randperm(vocab_size, generator=g)[: vocab_size * 5 // 6]] = float("-inf")  # a reduced head
+    x = [int(t) for t in z_q.argmax(-1)]
+    cfg = DecodeConfig(method="sd", div_support="subset")
+
+    def feed() -> None:
+        z = z_p[:1]
+        bool(torch.isfinite(z.amax(-1)).all())
+        int(z[0].argmax())
+
+    def one_round() -> None:
+        record(decide(z_p, z_q, x, "sd", None, cfg, None, "target", "draft", "target"), cfg, False)
+
+    def expand() -> None:
+        z = z_p[0].float()
+        torch.topk(z, 4)
+        torch.logsumexp(z, -1)
+
+    out: dict[str, Any] = {
+        "feed": _best_ms(feed, reps), "round": _best_ms(one_round, reps),
+        "div": round(_best_ms(lambda: rules.support_divergence_logits(z_p[:4], z_q, "js", "subset"), reps) / 4, 5),
+        "div1": _best_ms(lambda: rules.support_divergence_logits(z_p[:1], z_q[:1], "js", "subset"), reps),
+        "expand": _best_ms(expand, reps)}
+    target: Any = (timers or {}).get("target")
+    if hasattr(target, "time_feed"):
+        try:
+            fed = [target.time_feed() for _ in range(reps)]
+            out["feed"] = round(1000 * min(f for f, _ in fed), 5)
+            out["step"] = round(1000 * min(c for _, c in fed), 5)
+        except (ImportError, TypeError, AttributeError):  # an engine whose lane reads otherwise: the loop's prices
+            pass
+    keep: dict[str, float] = {}
+    for role, timer in (timers or {}).items():
+        ts = [getattr(timer, "time_keep", lambda: None)() for _ in range(4)]
+        if all(t is not None for t in ts):
+            keep[role] = round(1000 * min(t for t in ts if t is not None), 5)
+    if keep:
+        out["keep"] = keep
+    return out
+
+
+def linear_bytes(model: Any) -> tuple[int, Any]:
+    """Bytes of every weight matrix a decode step streams (linear layers, packed or not, counted once), and
+    the largest such layer. An embedding is read one row per token, so a tied head counts once, as a linear."""
+    total, largest, best = 0, None, -1
+    seen: set[int] = set()
+    for m in model.modules():
+        w = getattr(m, "packed", None) if hasattr(m, "packed") else getattr(m, "weight", None)
+        if id(m) in seen or w is None or not hasattr(m, "in_features") or not hasattr(m, "out_features"):
+            continue
+        seen.add(id(m))
+        n = m.in_features * m.out_features * w.element_size()
+        total += n
+        if n > best:
+            largest, best = m, n
+    return total, largest
+
+
+def memory_floor_ms(model: Any, backend: str = "default", reps: int = 15) -> dict[str, float]:
+    """The step's floor on this machine: the largest matrix's one-row product time (min of `reps`), scaled
+    to every weight byte a step reads. Returns {"floor_ms", "gemv_ms", "gb_per_s", "mb"}."""
+    import time
+
+    import torch
+
+    from .lm import backend_flags
+
+    total, largest = linear_bytes(model)
+    if largest is None:
+        return {}
+    w = getattr(largest, "packed", None)
+    w = largest.weight if w is None else w
+    x = torch.randn(1, largest.in_features).to(w.dtype if w.is_floating_point() else torch.float32)  # [1, in]
+    best = float("inf")
+    with torch.inference_mode(), backend_flags(backend):
+        for _ in range(reps + 1):
+            t0 = time.perf_counter()
+            largest(x)
+            best = min(best, time.perf_counter() - t0)
+    mine = largest.in_features * largest.out_features * w.element_size()
+    return {"floor_ms": round(1000 * best * total / mine, 3), "gemv_ms": round(1000 * best, 3),
+            "gb_per_s": round(mine / best / 1e9, 2), "mb": round(total / 1e6, 1)}
+
+
+def warm_up(models: dict[str, Any], vocab_size: int, backend: str, prompt_ids: list[int], path: str = "hf") -> float:
+    """One short run through every distinct model before any clock starts (first-call allocations,
+    kernel selection): the prompt, then a one-token and a few-token cached forward. Returns seconds."""
+    import time
+
+    from .lm import open_lm
+
+    t0 = time.perf_counter()
+    seen: set[int] = set()
+    ids = list(prompt_ids[-32:]) or [1]
+    for role, model in models.items():
+        if id(model) in seen:
+            continue
+        seen.add(id(model))
+        lm = open_lm(model, vocab_size, role, backend, path)
+        seq = ids + [int(lm.logits(ids, 1)[0].argmax())]
+        seq.append(int(lm.logits(seq, 1)[0].argmax()))
+        lm.logits(seq + seq[-3:], 3)
+    return time.perf_counter() - t0
