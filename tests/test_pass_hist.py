@@ -6,18 +6,20 @@ from pyramid_demo.app.render import METHOD_COLOURS
 from pyramid_demo.core.trace import RunResult, Stats
 
 CHAINS = ("ar", "sd", "fsd", "psd_a", "psd_f")
-TREES = ("sd_tree", "fsd_tree", "psd_a_tree", "psd_f_tree")
+TREES = ("sd+tree", "fsd+tree", "psd_a+tree", "psd_f+tree")  # lane keys: what the lane runs is in its record
+LANES = {**{m: (m, "chain") for m in CHAINS}, **{t: (m, "tree") for t, m in zip(TREES, CHAINS[1:])}}
 
 
-def result(method: str, hist: list[int]) -> RunResult:
+def result(lane: str, hist: list[int]) -> RunResult:
+    method, shape = LANES[lane]
     passes = sum(hist)
     mean = sum(k * v for k, v in enumerate(hist)) / passes
     stats = Stats(method, 0, 0.0, 1.0, 0.0, passes, {}, {}, {}, mean, mean + 1, hist, {}, {}, {}, 0.0, "eos")
-    return RunResult(method, {}, [], "", [], [], [], [], "", stats, [])
+    return RunResult(method, {"shape": shape}, [], "", [], [], [], [], "", stats, [])
 
 
 def race(methods: tuple[str, ...]) -> dict[str, RunResult]:
-    """AR accepts nothing; every other method a histogram of its own shape (method i peaks at k = i % 4)."""
+    """AR accepts nothing; every other lane a histogram of its own shape (lane i peaks at k = i % 4)."""
     return {m: result(m, [9] if m == "ar" else [1 + 3 * (k == i % 4) for k in range(5)]) for i, m in
             enumerate(methods)}
 
@@ -27,8 +29,8 @@ def test_nine_methods_a_panel_each_trees_under_their_chains() -> None:
     order, each tree in the row below, in its chain's column."""
     res = race(CHAINS + TREES)
     where = pass_hist.panels(res)
-    assert where == {"sd": (1, 1), "fsd": (1, 2), "psd_a": (1, 3), "psd_f": (1, 4), "sd_tree": (2, 1),
-                     "fsd_tree": (2, 2), "psd_a_tree": (2, 3), "psd_f_tree": (2, 4)}
+    assert where == {"sd": (1, 1), "fsd": (1, 2), "psd_a": (1, 3), "psd_f": (1, 4), "sd+tree": (2, 1),
+                     "fsd+tree": (2, 2), "psd_a+tree": (2, 3), "psd_f+tree": (2, 4)}
     fig = pass_hist.accepted_figure(res)
     assert len(fig.data) == 8
     xaxes = {tr.xaxis for tr in fig.data}
@@ -67,7 +69,7 @@ def test_every_panel_shares_one_scale() -> None:
     """Rule: a chain and its tree are compared down a column, so every panel's y axis has the same range, and
     the x axis stops at the longest accepted run any method had."""
     res = race(CHAINS + TREES)
-    res["sd_tree"] = result("sd_tree", [0, 9, 0, 0, 0, 0, 0, 0])  # one tall bar; bins past k = 4 all empty
+    res["sd+tree"] = result("sd+tree", [0, 9, 0, 0, 0, 0, 0, 0])  # one tall bar; bins past k = 4 all empty
     fig = pass_hist.accepted_figure(res)
     ranges = {tuple(fig.layout[k].range) for k in fig.layout if k.startswith("yaxis")}
     assert len(ranges) == 1 and next(iter(ranges))[1] >= 1.0

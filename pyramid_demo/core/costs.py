@@ -171,7 +171,7 @@ def model_from_counts(method: str, counts: dict, config: dict, profile: dict) ->
     a_t = _alpha(counts.get("target"))
     out["alpha"] = a_t
     try:
-        if spec.tree and not spec.pyramid:
+        if config.get("shape") == "tree" and not spec.pyramid:
             return _tree_model(out, counts.get("target") or {}, config, profile)
         if not spec.pyramid:
             g = _length(counts.get("target"), config.get("gamma", 4))
