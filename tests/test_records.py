@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from mock_lm import BigramLM
+from mock_lm import BigramLM, as_run
 
 from pyramid_demo.core.cache import CacheError
 from pyramid_demo.core.config import DecodeConfig
@@ -31,7 +31,7 @@ def chain(sure: float = 20.0) -> torch.Tensor:
 def run(method: str, tables: dict[str, torch.Tensor], cfg: DecodeConfig, eos: tuple[int, ...] = (),
         gen: torch.Generator | None = None) -> list[Step]:
     lms = {r: BigramLM(tables[r], r) for r in roles_for(method)}
-    return list(decode(lms, [0], cfg, eos, gen))
+    return list(decode(lms, [0], as_run(cfg), eos, gen))
 
 
 def used(r: StageRound) -> list[int]:

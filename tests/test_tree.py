@@ -125,19 +125,19 @@ def test_deterministic_children_rule_samples_the_verifier_exactly():
     assert 0.5 * (bad - p).abs().sum() > 0.1
 
 
-@pytest.mark.parametrize("method,kw", [("sd_tree", {"tree_nodes": 5, "tree_depth": 2, "tree_k": 2}),
-                                       ("psd_a_tree", {"stage2": "sd", "tree_nodes": 4, "tree_depth": 2,
+@pytest.mark.parametrize("method,kw", [("sd", {"tree_nodes": 5, "tree_depth": 2, "tree_k": 2}),
+                                       ("psd_a", {"stage2": "sd", "tree_nodes": 4, "tree_depth": 2,
                                                        "tree_k": 2, "l_d": 2, "l_q": 3})])
 def test_sampled_tree_sd_reproduces_the_target_joint_law(method, kw):
     """Tree SD at T=1 (and the lossless pyramid over a tree) sample the target's law: over 4,000 runs the
     first two tokens are within TV 0.05 of p_T(a|0)·p_T(b|a), the chain's bound (tests/test_engine.py)."""
-    emp, exp = joint_two_tokens(method, 4000, **kw)
+    emp, exp = joint_two_tokens(method, 4000, shape="tree", **kw)
     assert 0.5 * (emp - exp).abs().sum().item() < 0.05
 
 
 def test_fuzzy_tree_sampling_is_not_exact():
     """Control: FSD over a tree with a loose τ is measurably off the target's law."""
-    emp, exp = joint_two_tokens("fsd_tree", 3000, tau_t=5.0, tree_nodes=5, tree_depth=2, tree_k=2)
+    emp, exp = joint_two_tokens("fsd", 3000, shape="tree", tau_t=5.0, tree_nodes=5, tree_depth=2, tree_k=2)
     assert 0.5 * (emp - exp).abs().sum().item() > 0.05
 
 
@@ -146,13 +146,14 @@ def tiny():
     return tiny_random_triplet(seed=0)
 
 
-@pytest.mark.parametrize("method", ["sd_tree", "psd_a_tree"])
+@pytest.mark.parametrize("method", ["sd", "psd_a"])
 def test_tree_sd_greedy_equals_target_greedy_and_accepts(tiny, method):
     """At T=0 tree SD (and the lossless pyramid over a tree) write AR's text token for token, with more
     than one token per target pass."""
     cfg = dict(max_new_tokens=40, stage2="sd")
     ar = generate(tiny, "The quick brown fox", DecodeConfig(method="ar", **cfg))
-    tr = generate(tiny, "The quick brown fox", DecodeConfig(method=method, **cfg))
+    tr = generate(tiny, "The quick brown fox", DecodeConfig(method=method, shape="tree", **cfg))
+    assert tr.config["shape"] == "tree" and all(s.target_round.parents for s in tr.steps if method == "sd")
     assert tr.token_ids == ar.token_ids
     assert tr.stats.tokens_per_target_pass > 1.0
 
@@ -273,7 +274,7 @@ def test_the_inspectors_what_if_walks_a_tree_as_the_engine_did(tiny, fallback):
     accepts less, and τ = 0 accepts only what the SD fallback took."""
     from pyramid_demo.app.inspector import reevaluate, whatif_statuses
 
-    cfg = DecodeConfig(method="fsd_tree", max_new_tokens=24, tau_t=0.6, fallback=fallback, tree_nodes=6,
+    cfg = DecodeConfig(method="fsd", shape="tree", max_new_tokens=24, tau_t=0.6, fallback=fallback, tree_nodes=6,
                        tree_depth=3, tree_k=2)
     r = generate(tiny, "The quick brown fox", cfg)
     rounds = [s.target_round for s in r.steps if s.target_round is not None and s.target_round.parents]

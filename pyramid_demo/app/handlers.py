@@ -243,7 +243,7 @@ def _race_steps(preset: str, ids: tuple[str, str, str], prompt: str, settings: d
         status = MSG["running"].format(n=race.n, label=METHOD_LABELS[m], i=i + 1, total=len(RACE_METHODS))
         progress(i / len(RACE_METHODS), desc=status)
         try:
-            for snap in stream(triplet, ids, replace(base, method=m), text=prompt):
+            for snap in stream(triplet, ids, replace(base, method=m), text=prompt, profile=race.profile):
                 race.results[m] = snap
                 _learn_vocab(race, triplet.tokenizer, snap)
                 if session.stop:

@@ -154,7 +154,7 @@ def pyramid_block(lanes: dict[str, Lane], seq: list[int], size: int, cfg: Decode
     rounds: list[Round] = []
     rule = method_spec(cfg.method).stage1
     assert rule is not None
-    tree = method_spec(cfg.method).tree
+    tree = cfg.shape == "tree"
     while len(block) < size:
         n = min(cfg.l_d, size - len(block))
         tau = cfg.tau_q if rule == "fuzzy" else None
@@ -237,9 +237,12 @@ def decode(lms: dict[str, LM], prompt_ids: list[int], cfg: DecodeConfig, eos_ids
 
 def _decode(lms: dict[str, LM], prompt_ids: list[int], cfg: DecodeConfig, eos_ids: tuple[int, ...],
             gen: torch.Generator | None, full_records: bool) -> Iterator[Step]:
+    spec = method_spec(cfg.method)
+    if spec.shaped and cfg.shape not in ("chain", "tree"):
+        raise ValueError(f"shape {cfg.shape!r} must be resolved to 'chain' or 'tree' before decoding "
+                         "(run.resolve_shape)")
     seq, n0, clock = list(prompt_ids), len(prompt_ids), _Clock()
     lanes = {r: Lane(lm, lm.cache_len) for r, lm in lms.items()}  # after the prefill
-    spec = method_spec(cfg.method)
     for i in range(cfg.max_new_tokens):
         room = cfg.max_new_tokens - (len(seq) - n0)
         if room <= 0:
@@ -253,14 +256,15 @@ def _decode(lms: dict[str, LM], prompt_ids: list[int], cfg: DecodeConfig, eos_id
         if spec.proposer is None:
             new, origins = [_pick(lanes["target"].feed(seq, 1), cfg, gen)], ["target"]
         else:
-            prop, size = spec.proposer, min(getattr(cfg, spec.lengths[-1]), room - 1)
+            length = "tree_nodes" if cfg.shape == "tree" and not spec.pyramid else spec.lengths[-1]
+            prop, size = spec.proposer, min(getattr(cfg, length), room - 1)
             rule = target_rule(cfg.method, cfg.stage2)
             assert rule is not None
             if spec.pyramid:
                 x, from_q, z_q, qrounds = pyramid_block(lanes, seq, size, cfg, gen, eos_ids)
                 assert z_q.shape[0] == len(x), \
                     f"stage 2 misaligned: {z_q.shape[0]} qualifier rows for a block of {len(x)} tokens"
-            elif spec.tree and size > 0:
+            elif cfg.shape == "tree" and size > 0:
                 tround = _tree_step(lanes, seq, min(cfg.tree_depth, size), cfg, gen, rule, prop)
             else:
                 x, z_q = propose(lanes[prop], seq, size, cfg, gen)
