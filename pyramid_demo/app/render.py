@@ -6,7 +6,7 @@ import html
 import re
 
 from ..core.config import METHOD_LABELS
-from ..core.methods import TABLE
+from ..core.methods import LANES, method_spec
 from ..core.trace import RunResult, StageRound, Step
 from .text import ORIGIN_NAMES, STATUS_NAMES
 
@@ -24,7 +24,7 @@ STATUS_COLOURS = {
     "resampled": ("#fde3c0", "#E69F00"),
     "bonus": ("#f2d6ec", "#CC79A7"),
 }
-METHOD_COLOURS = {m.key: m.colour for m in TABLE}
+METHOD_COLOURS = {lane.key: method_spec(lane.method).colour for lane in LANES.values()}  # a lane: its method's
 
 FONT = "font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;"
 
