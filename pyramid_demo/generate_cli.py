@@ -14,17 +14,9 @@ COLOURS = {"draft": "\033[32m", "qualifier": "\033[34m", "target": "\033[33m", "
 RESET = "\033[0m"
 
 
-def method_key(key: str) -> str:
-    """argparse's type for --method: a key of the method table, else the one-line refusal (a retired key's
-    names the new setting)."""
-    try:
-        return method_spec(key).key
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--method", type=method_key, default=DecodeConfig().method, metavar="{" + ",".join(METHODS) + "}")
+    # checked by DecodeConfig, so that a bad or retired key is refused in one `error:` line (not argparse's usage)
+    p.add_argument("--method", default=DecodeConfig().method, metavar="{" + ",".join(METHODS) + "}")
     p.add_argument("--prompt", required=True)
     add_decoding_arguments(p)
     p.add_argument("--json", action="store_true", help="print one JSON object with text, token_ids, stats, steps")

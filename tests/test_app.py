@@ -71,6 +71,27 @@ def test_race_streams_coloured_tokens_and_a_chart(done) -> None:
     assert any(isinstance(o[2], go.Figure) and "running" in " ".join(t.name for t in o[2].data) for o in outs[1:-1])
 
 
+def test_chain_vs_tree_side_by_side_adds_a_lane_per_shape() -> None:
+    """Rule: the switch races every proposing method twice, once held to a chain and once to a tree, AR once; each
+    lane's record runs the shape its lane names (keys name lanes; `methods.LANES` says what each runs), and the
+    lossless tree lane still writes AR's text at T=0."""
+    from pyramid_demo.core.methods import LANES, lanes
+
+    session = h.new_session()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        outs = list(h.run_race("tiny-random", ("", "", ""), "hello", {**FAST, "max_new_tokens": 6.0}, session,
+                                side_by_side=True))
+    race = session.races[0]
+    keys = [lane.key for lane in lanes(True)]
+    assert list(race.lanes) == keys and set(race.results) == set(keys) and len(keys) == 9
+    for k in keys:
+        want = LANES[k].shape or "chain"
+        assert race.results[k].method == LANES[k].method and race.results[k].config["shape"] == want
+        assert f"lane-{k}" in outs[-1][1]
+    assert race.results["sd+tree"].token_ids == race.results["ar"].token_ids
+
+
 def test_greedy_lossless_methods_match_ar(done) -> None:
     session, _ = done
     res = session.races[0].results

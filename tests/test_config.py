@@ -60,7 +60,7 @@ def test_every_setting_has_one_row_and_every_method_one_spec():
     for s in SETTINGS:
         assert s.widget in ("slider", "number", "radio", "") and (s.widget != "slider" or len(s.range) == 3)
         assert not s.choices or getattr(d, s.name) in s.choices
-    assert METHODS == tuple(m.key for m in TABLE) and set(METHOD_LABELS) == set(METHODS)
+    assert METHODS == tuple(m.key for m in TABLE) and set(METHODS) <= set(METHOD_LABELS)
     for m in TABLE:
         assert m.roles[-1] == "target" and set(m.lengths + m.thresholds) <= {s.name for s in SETTINGS}
     assert [m for m in METHODS if lossless(m)] == ["ar", "sd"] and lossless("psd_a", "sd")
@@ -112,3 +112,17 @@ def test_every_method_row_has_a_cost_model_and_lists_what_it_reads():
         assert "l_d" in method_spec(key).reads and "tree_depth" in method_spec(key).reads
     assert method_spec("sd").reads.count("gamma") == 1 and "tau_t" not in method_spec("sd").reads
     assert "shape" not in method_spec("ar").reads
+
+
+def test_a_race_lane_says_what_it_runs():
+    """Rule: a race's lanes are rows, not parsed keys: each method once, or side by side each proposing method as
+    a chain and as a tree (AR once); every lane key has a label and names its method and shape in `LANES`."""
+    from pyramid_demo.core.config import METHOD_LABELS, METHODS
+    from pyramid_demo.core.methods import LANES, lanes
+
+    assert [lane.key for lane in lanes()] == list(METHODS) and all(lane.shape is None for lane in lanes())
+    side = lanes(True)
+    assert [(lane.method, lane.shape) for lane in side] == [("ar", None)] + [
+        (m, s) for m in METHODS[1:] for s in ("chain", "tree")]
+    assert len({lane.key for lane in side}) == len(side) and set(LANES) >= {lane.key for lane in side}
+    assert all(LANES[lane.key] == lane and lane.key in METHOD_LABELS for lane in side)

@@ -15,7 +15,8 @@ def profile(target_per_row: float) -> dict:
     """A cost profile: a draft forward costs 2 ms whatever its rows; a target pass 40 ms plus `target_per_row` per
     extra row (0: a tree pass costs a step, as on a CPU; 40: every row costs a step, so only a chain pays)."""
     ks = [1, 2, 3, 4, 5, 9, 17, 33]
-    return {"ms": {"draft": {str(k): 2.0 for k in ks}, "target": {str(k): 40.0 + target_per_row * (k - 1) for k in ks}}}
+    verifier = {str(k): 40.0 + target_per_row * (k - 1) for k in ks}
+    return {"ms": {"draft": {str(k): 2.0 for k in ks}, "qualifier": dict(verifier), "target": verifier}}
 
 
 def test_auto_takes_the_tree_the_profile_prices_best_with_its_budget():
@@ -36,6 +37,16 @@ def test_auto_takes_the_chain_when_the_profile_says_a_tree_does_not_pay():
     assert b["tokens_per_s"] <= b["chain_tokens_per_s"]
     cfg, why = resolve_shape(DecodeConfig(method="psd_f", shape="auto", tree_nodes=9), prof)
     assert cfg.shape == "chain" and cfg.tree_nodes == 9 and why.startswith("auto: the chain, predicted")
+    assert why.endswith("(the draft → qualifier stage)")  # a pyramid's tree is stage 1's: priced there
+
+
+def test_a_pyramid_prices_its_tree_against_the_qualifiers_pass():
+    """Rule: stage 1's tree is verified by the qualifier, so "auto" prices it on the qualifier's costs: a flat
+    qualifier pass makes the tree pay even where the target's pass (never given a tree) is steep."""
+    prof = profile(40.0)
+    prof["ms"]["qualifier"] = profile(0.0)["ms"]["qualifier"]
+    assert resolve_shape(DecodeConfig(method="psd_a"), prof)[0].shape == "tree"
+    assert resolve_shape(DecodeConfig(method="sd"), prof)[0].shape == "chain"
 
 
 @pytest.mark.parametrize("prof", [None, {}, {"ms": {"target": {"1": 40.0}}}, {"error": "boom"}])

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from .methods import TABLE, method_spec
+from .methods import LANES, TABLE, method_spec
 from .settings import DIV_SUPPORTS, DIVERGENCES, FALLBACKS, SHAPES, STAGE2_RULES, TUNABLE  # noqa: F401 - TUNABLE re-exported
 
 METHODS = tuple(m.key for m in TABLE)
-METHOD_LABELS = {m.key: m.label for m in TABLE}
-METHOD_SHORT = {m.key: m.short for m in TABLE}  # "AR", "SD", …: for axes and tables
+METHOD_LABELS = {lane.key: lane.label for lane in LANES.values()}  # by method key, and by a race's lane key
+METHOD_SHORT = {lane.key: lane.short for lane in LANES.values()}  # "AR", "SD", "SD·tree", …: for axes and tables
 MAX_LENGTH = 64  # the longest γ, ℓ_D or ℓ_Q
 MAX_TREE_K = 16  # the most children a tree node may have
 LONGEST_PASS = MAX_LENGTH + 1  # the longest verification pass: a proposal plus the verifier's own token

@@ -116,6 +116,36 @@ TABLE = (
 _BY_KEY = {m.key: m for m in TABLE}
 
 
+@dataclass(frozen=True)
+class Lane:
+    """One run of a race or a bench: a method and, side by side, the shape it is held to. The key names it in a
+    race's results and nothing is read out of it: `LANES` says what each key runs."""
+
+    key: str
+    method: str
+    shape: str | None  # None: the run's shape setting
+    label: str
+    short: str
+
+
+SHAPES_SIDE_BY_SIDE = ("chain", "tree")
+
+
+def lanes(side_by_side: bool = False) -> tuple[Lane, ...]:
+    """A race's lanes in the table's order: each method once, or (side by side) each method that proposes as a
+    chain and as a tree, one lane each."""
+    out = []
+    for m in TABLE:
+        if side_by_side and m.shaped:
+            out += [Lane(f"{m.key}+{s}", m.key, s, f"{m.label} · {s}", f"{m.short}·{s}") for s in SHAPES_SIDE_BY_SIDE]
+        else:
+            out.append(Lane(m.key, m.key, None, m.label, m.short))
+    return tuple(out)
+
+
+LANES = {lane.key: lane for lane in lanes(False) + lanes(True)}  # every lane key a race can have
+
+
 def retired(key: str) -> str | None:
     """The one-line refusal of a retired method key (None for any other key)."""
     if key not in RETIRED:

@@ -133,13 +133,15 @@ def resolve_shape(cfg: DecodeConfig, profile: dict | None, trees: bool = True) -
     if not trees:
         return replace(cfg, shape="chain"), ("auto: the chain, because these models' forwards cannot take a tree "
                                              "(row-wise attention or a sliding-window cache)")
-    if not profile or "ms" not in profile or not {"draft", "target"} <= set(profile["ms"]):
+    st = next(s for s in spec.stages if s.shaped)  # the stage whose proposal takes the shape
+    if not profile or "ms" not in profile or not {st.proposer, st.verifier} <= set(profile["ms"]):
         return replace(cfg, shape="chain"), "auto: the chain, because no cost profile of this machine is available"
     from .tree_costs import best_tree
 
-    b = best_tree(profile, None)
+    # the predictor prices a proposer → verifier stage by the roles "draft" and "target": hand it this stage's
+    b = best_tree({**profile, "ms": {"draft": profile["ms"][st.proposer], "target": profile["ms"][st.verifier]}}, None)
     tree_s, chain_s = float(b["tokens_per_s"]), float(b["chain_tokens_per_s"])
-    where = " (priced as draft → target)" if spec.pyramid else ""
+    where = f" (the {st.proposer} → {st.verifier} stage)" if spec.pyramid else ""
     if tree_s > chain_s:
         budget = {k: int(b[k]) for k in ("tree_nodes", "tree_depth", "tree_k")}
         ran = replace(cfg, shape="tree", tree_nodes=budget["tree_nodes"], tree_depth=budget["tree_depth"],
