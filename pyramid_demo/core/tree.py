@@ -110,6 +110,13 @@ def spine(tree: Tree) -> list[int]:
     return out
 
 
+def take(z: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """z's rows [len(rows), V]: a view when they are consecutive (a chain's always are), else a gathered copy."""
+    if rows and rows == list(range(rows[0], rows[0] + len(rows))):
+        return z[rows[0]: rows[0] + len(rows)]
+    return z[rows]
+
+
 def sd_at(tree: Tree, kids: list[int], top: int | None, p: torch.Tensor | None, q: torch.Tensor | None,
           r: torch.Tensor | None) -> tuple[int | None, list[bool | None], torch.Tensor | None]:
     """The SD rule at one context over its children `kids` (ranked): greedy (`top`, the verifier's argmax) the
@@ -155,14 +162,15 @@ def decide_tree(z_p: torch.Tensor, tree: Tree, rule: str, tau: float | None, fal
     if fuzzy and tau and n:  # the divergences a walk that accepts reads, in one batch (a chain: all of them)
         ctx = [c for c in line if tree.q_row[c] >= 0]
         assert dec.d is not None
-        dec.d[ctx] = rules.support_divergence_logits(z_p[ctx], tree.z_q[[tree.q_row[c] for c in ctx]], *div)
+        dec.d[ctx] = rules.support_divergence_logits(take(z_p, ctx), take(tree.z_q, [tree.q_row[c] for c in ctx]),
+                                                     *div)
     top = z_p.argmax(-1).tolist() if gen is None else None  # greedy reads only argmaxes [N + 1]
 
     def rows(cs: list[int], proposer: bool) -> None:  # the warped rows the SD rule reads, batched
         cache = dec.q_w if proposer else dec.p_w
         want = [c for c in cs if c not in cache and (not proposer or tree.q_row[c] >= 0)]
         if want:
-            z = tree.z_q[[tree.q_row[c] for c in want]] if proposer else z_p[want]
+            z = take(tree.z_q, [tree.q_row[c] for c in want]) if proposer else take(z_p, want)
             for c, w in zip(want, rules.warp(z, *warp)):
                 cache[c] = w
 
