@@ -154,10 +154,12 @@ def test_stats_are_consistent(tiny):
 # --- statistical exactness with a mock bigram model --------------------------------------
 
 def joint_two_tokens(method, n_trials, **kw):
-    """Empirical distribution of the first two sampled tokens after token 0 (vocabulary 4)."""
+    """Empirical distribution of the first two sampled tokens after token 0 (vocabulary 4). Three new tokens,
+    so that the first pass proposes two (a pyramid's first block holds two): both counted tokens can be drafts
+    accepted in one round, the case a one-token block never tests."""
     V = 4
     tables = {"target": bigram_table(V, 1), "qualifier": bigram_table(V, 2), "draft": bigram_table(V, 3)}
-    cfg = DecodeConfig(method=method, temperature=1.0, max_new_tokens=2, **kw)
+    cfg = DecodeConfig(method=method, temperature=1.0, max_new_tokens=3, **kw)
     gen = torch.Generator().manual_seed(123)
     counts = torch.zeros(V, V)
     for _ in range(n_trials):
