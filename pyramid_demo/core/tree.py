@@ -156,15 +156,15 @@ def decide_tree(z_p: torch.Tensor, tree: Tree, rule: str, tau: float | None, fal
     n, kids = tree.n, tree.children()
     r = torch.rand(n, generator=gen) if gen is not None else None
     fuzzy, with_sd = rule != "sd", rule == "sd" or fallback == "sd"
-    dec = TreeDecision([], -1, ["discarded"] * n, torch.full((n + 1,), float("nan")) if fuzzy else None, r,
-                       [None] * n)
+    dec = TreeDecision([], -1, ["discarded"] * n, None, r, [None] * n)
     line = spine(tree)
+    d = [float("nan")] * (n + 1)  # the divergence per context, as plain floats while the walk reads them
     if fuzzy and tau and n:  # the divergences a walk that accepts reads, in one batch (a chain: all of them)
         ctx = [c for c in line if tree.q_row[c] >= 0]
-        assert dec.d is not None
-        dec.d[ctx] = rules.support_divergence_logits(take(z_p, ctx), take(tree.z_q, [tree.q_row[c] for c in ctx]),
-                                                     *div)
-    top = z_p.argmax(-1).tolist() if gen is None else None  # greedy reads only argmaxes [N + 1]
+        got = rules.support_divergence_logits(take(z_p, ctx), take(tree.z_q, [tree.q_row[c] for c in ctx]), *div)
+        for c, v in zip(ctx, got.tolist()):
+            d[c] = v
+    top = z_p.argmax(-1).tolist() if gen is None and with_sd else None  # greedy SD reads only argmaxes [N + 1]
 
     def rows(cs: list[int], proposer: bool) -> None:  # the warped rows the SD rule reads, batched
         cache = dec.q_w if proposer else dec.p_w
@@ -174,6 +174,14 @@ def decide_tree(z_p: torch.Tensor, tree: Tree, rule: str, tau: float | None, fal
             for c, w in zip(want, rules.warp(z, *warp)):
                 cache[c] = w
 
+    def own(c: int, rest: torch.Tensor | None) -> int:  # the verifier's token at context c
+        if gen is None:
+            return int(top[c]) if top is not None else int(z_p[c].argmax())
+        if rest is None:  # at a leaf, or after a fuzzy refusal alone: from p itself (no residual)
+            rows([c], False)
+            rest = dec.p_w[c]
+        return rules.sample(rest, gen)
+
     if gen is not None and with_sd:
         rows(line, False)
         rows(line[:-1], True)
@@ -181,17 +189,13 @@ def decide_tree(z_p: torch.Tensor, tree: Tree, rule: str, tau: float | None, fal
     while True:
         children = kids[c]
         if not children:
-            dec.leaf = True
-            if gen is not None:
-                rows([c], False)
-            dec.nxt = int(top[c]) if top is not None else rules.sample(dec.p_w[c], gen)
+            dec.leaf, dec.nxt = True, own(c, None)
             break
         chosen, rest = None, None
         if fuzzy and tau and tree.q_row[c] >= 0:
-            assert dec.d is not None
-            if dec.d[c] != dec.d[c]:  # off the spine: computed where the walk stands (as `decide` would)
-                dec.d[c] = float(rules.support_divergence_logits(z_p[c:c + 1], tree.z_q[tree.q_row[c]][None], *div)[0])
-            if rules.fuzzy_passes(dec.d[c:c + 1], tau)[0]:
+            if d[c] != d[c]:  # off the spine: computed where the walk stands (as `decide` would)
+                d[c] = float(rules.support_divergence_logits(z_p[c:c + 1], tree.z_q[tree.q_row[c]][None], *div)[0])
+            if rules.fuzzy_passes([d[c]], tau)[0]:
                 chosen = children[0]
         if chosen is None and with_sd:
             if gen is not None:
@@ -210,12 +214,8 @@ def decide_tree(z_p: torch.Tensor, tree: Tree, rule: str, tau: float | None, fal
             dec.path.append(chosen)
             c = chosen + 1
             continue
-        if top is not None:
-            dec.nxt = int(top[c])
-        else:
-            if rest is None:  # fuzzy alone: the verifier's own token from p (no residual)
-                rows([c], False)
-                rest = dec.p_w[c]
-            dec.nxt = rules.sample(rest, gen)
+        dec.nxt = own(c, rest)
         break
+    if fuzzy:
+        dec.d = torch.tensor(d)  # [N + 1]
     return dec
