@@ -135,7 +135,7 @@ def position_figure(results: dict[str, RunResult]) -> go.Figure:
             if not ys:
                 continue
             dash = "dot" if stage == "qualifier" else "solid"
-            pair = "draft→qualifier" if stage == "qualifier" else f"{method_spec(m).proposer}→target"
+            pair = "draft→qualifier" if stage == "qualifier" else f"{method_spec(r.method).proposer}→target"
             fig.add_trace(go.Scatter(x=list(range(1, len(ys) + 1)), y=ys, mode="lines+markers",
                                      name=f"{m.upper()} · {pair}",
                                      line=dict(color=METHOD_COLOURS.get(m), dash=dash, width=3)))
