@@ -90,6 +90,13 @@ def test_chain_vs_tree_side_by_side_adds_a_lane_per_shape() -> None:
         assert race.results[k].method == LANES[k].method and race.results[k].config["shape"] == want
         assert f"lane-{k}" in outs[-1][1]
     assert race.results["sd+tree"].token_ids == race.results["ar"].token_ids
+    from pyramid_demo.app import views
+
+    picked = views.pick_race(session)  # the inspector's choices and the statistics tab, for every lane
+    assert [v for _, v in picked[1]["choices"]] == keys
+    for k in ("sd+tree", "psd_f+tree", "fsd+chain"):
+        chips, *_ = views.inspect_round(session, race.n, k, 1, 0.4, 0.5, 1)
+        assert "tok" in chips
 
 
 def test_greedy_lossless_methods_match_ar(done) -> None:
