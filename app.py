@@ -88,6 +88,8 @@ def build_demo() -> gr.Blocks:
                     run_btn = gr.Button(BUTTONS["run"], variant="primary", elem_id="run-btn", scale=3)
                     stop_btn = gr.Button(BUTTONS["stop"], variant="stop", elem_id="stop-btn", scale=1)
                     clear_btn = gr.Button(BUTTONS["clear"], elem_id="clear-btn", scale=1)
+                side_by_side = gr.Checkbox(False, label=LABELS["side_by_side"], info=INFO["side_by_side"],
+                                           elem_id="side-by-side")
             with gr.Column(scale=2):
                 preset = gr.Dropdown(PRESET_CHOICES, value=START_PRESET, label=LABELS["preset"], elem_id="preset")
                 preset_md = gr.Markdown(h.preset_info(START_PRESET)[0])
@@ -162,7 +164,8 @@ def build_demo() -> gr.Blocks:
         # the public API: /race (named, defaulted settings), /stop, /export; /clear is callable, unlisted
         race = gr.on([run_btn.click, prompt.submit], _gpu(h.race_event),
                      [prompt, preset, draft_id, qual_id, target_id, session], race_out,
-                     inputs_kwargs={k: widgets[k] for k in h.SETTING_NAMES}, api_name="race",
+                     inputs_kwargs={**{k: widgets[k] for k in h.SETTING_NAMES}, "side_by_side": side_by_side},
+                     api_name="race",
                      concurrency_id="models", concurrency_limit=1,
                      show_progress="hidden")  # the status line names each stage; a live progress display
         # redraws every frame for the whole race and takes a browser's CPU from the models (scripts/race_speed.py)

@@ -6,6 +6,7 @@ import json
 import sys
 
 from .core.config import METHODS, DecodeConfig
+from .core.methods import method_spec
 from .core.settings import SETTINGS, TUNABLE
 from .models.presets import DEFAULT_PRESET, family_config
 
@@ -14,7 +15,8 @@ RESET = "\033[0m"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--method", choices=METHODS, default=DecodeConfig().method)
+    # checked by DecodeConfig, so that a bad or retired key is refused in one `error:` line (not argparse's usage)
+    p.add_argument("--method", default=DecodeConfig().method, metavar="{" + ",".join(METHODS) + "}")
     p.add_argument("--prompt", required=True)
     add_decoding_arguments(p)
     p.add_argument("--json", action="store_true", help="print one JSON object with text, token_ids, stats, steps")
@@ -61,7 +63,7 @@ def summary(result) -> str:
     legend = "  ".join(COLOURS[o] + o + RESET for o in COLOURS)
     acc = ", ".join(f"{k} {v:.0%}" for k, v in s.acceptance.items()) or "n/a"
     lines = [
-        f"{result.method} on {', '.join(result.models)}",
+        f"{result.method} on {', '.join(result.models)}; {result.shape_why}",
         coloured, "", f"colours: {legend}",
         f"{s.n_new_tokens} tokens in {s.decode_s:.2f} s = {s.tokens_per_s:.1f} tok/s "
         f"(prefill {s.prefill_s:.2f} s, stopped: {s.stopped})",
@@ -83,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         triplet = hardware_cli.load(args)
         if triplet is None:  # --estimate-only
             return 0
-        result = generate(triplet, args.prompt, cfg, chat=not args.no_chat)
+        result = generate(triplet, args.prompt, cfg, chat=not args.no_chat, profile=shape_profile(triplet, cfg))
     except (ValueError, LoadError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -93,6 +95,20 @@ def run(args: argparse.Namespace) -> int:
         print(f"note: dtype and backend: {triplet.choice_note}", file=sys.stderr)
     print(json.dumps(json_record(result, triplet)) if args.json else summary(result))
     return 0
+
+
+def shape_profile(triplet, cfg: DecodeConfig) -> dict | None:
+    """The cost profile shape "auto" is resolved from (cached for this machine, else measured now: a few
+    seconds); None when nothing is to be resolved, or when it cannot be had (the chain is then taken)."""
+    if cfg.shape != "auto" or not method_spec(cfg.method).shaped:
+        return None
+    from .models.probe import cost_profile
+
+    try:
+        return cost_profile(triplet)
+    except Exception as e:  # noqa: BLE001 - without a profile "auto" takes the chain and says so
+        print(f"note: no cost profile ({e!r}): shape auto takes the chain", file=sys.stderr)
+        return None
 
 
 def json_record(result, triplet) -> dict:

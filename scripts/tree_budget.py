@@ -18,8 +18,9 @@ torch.set_num_threads(int(sys.argv[1]) if len(sys.argv) > 1 else 1)
 t = load_triplet("smollm2-offline")
 print(f"{torch.get_num_threads()} threads; exact: {t.exact}, tree passes exact: {t.tree_exact}", flush=True)
 prompts = load_prompts("assets/unseen_prompts.jsonl")
-variants = [("ar", {}), ("sd", {})] + [("sd_tree", dict(tree_nodes=n, tree_depth=d, tree_k=k)) for n, d, k in
-            [(4, 3, 2), (8, 4, 3), (8, 5, 2), (12, 5, 3), (16, 5, 4), (16, 6, 3)]]
+variants = [("ar", {}), ("sd", dict(shape="chain"))] + [
+    ("sd", dict(shape="tree", tree_nodes=n, tree_depth=d, tree_k=k))
+    for n, d, k in [(4, 3, 2), (8, 4, 3), (8, 5, 2), (12, 5, 3), (16, 5, 4), (16, 6, 3)]]
 res = {i: [] for i in range(len(variants))}
 for p in prompts:
     ref: list[int] = []

@@ -5,6 +5,8 @@ caches and compute exact target distributions by hand.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from pyramid_demo.core.cache import CachedModel
@@ -34,3 +36,9 @@ class BigramLM(CachedModel):
 def bigram_table(vocab: int, seed: int, sharpness: float = 1.0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return sharpness * torch.randn(vocab, vocab, generator=g)
+
+
+def as_run(cfg):
+    """A config as the run layer hands it to the engine: shape "auto" resolved (here: to the chain), as
+    `run.resolve_shape` does without a cost profile."""
+    return dataclasses.replace(cfg, shape="chain") if cfg.shape == "auto" else cfg

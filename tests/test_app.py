@@ -18,7 +18,7 @@ from pyramid_demo.core.trace import StageRound, TokenRec
 
 FAST = dict(max_new_tokens=8.0, temperature=0.0, seed=0.0, gamma=3.0, l_d=2.0, l_q=4.0, tau_q=0.4, tau_t=0.5,
             divergence="js", div_support="subset", fallback="none", stage2="fuzzy",
-            conf_stop=0.0, tree_nodes=8.0, tree_depth=3.0, tree_k=2.0)
+            conf_stop=0.0, shape="auto", tree_nodes=8.0, tree_depth=3.0, tree_k=2.0)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -69,6 +69,34 @@ def test_race_streams_coloured_tokens_and_a_chart(done) -> None:
     assert all(res[m].stats.stopped == "max_new_tokens" for m in RACE_METHODS)
     # intermediate snapshots carry a live figure too
     assert any(isinstance(o[2], go.Figure) and "running" in " ".join(t.name for t in o[2].data) for o in outs[1:-1])
+
+
+def test_chain_vs_tree_side_by_side_adds_a_lane_per_shape() -> None:
+    """Rule: the switch races every proposing method twice, once held to a chain and once to a tree, AR once; each
+    lane's record runs the shape its lane names (keys name lanes; `methods.LANES` says what each runs), and the
+    lossless tree lane still writes AR's text at T=0."""
+    from pyramid_demo.core.methods import LANES, lanes
+
+    session = h.new_session()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        outs = list(h.run_race("tiny-random", ("", "", ""), "hello", {**FAST, "max_new_tokens": 6.0}, session,
+                                side_by_side=True))
+    race = session.races[0]
+    keys = [lane.key for lane in lanes(True)]
+    assert list(race.lanes) == keys and set(race.results) == set(keys) and len(keys) == 9
+    for k in keys:
+        want = LANES[k].shape or "chain"
+        assert race.results[k].method == LANES[k].method and race.results[k].config["shape"] == want
+        assert f"lane-{k}" in outs[-1][1]
+    assert race.results["sd+tree"].token_ids == race.results["ar"].token_ids
+    from pyramid_demo.app import views
+
+    picked = views.pick_race(session)  # the inspector's choices and the statistics tab, for every lane
+    assert [v for _, v in picked[1]["choices"]] == keys
+    for k in ("sd+tree", "psd_f+tree", "fsd+chain"):
+        chips, *_ = views.inspect_round(session, race.n, k, 1, 0.4, 0.5, 1)
+        assert "tok" in chips
 
 
 def test_greedy_lossless_methods_match_ar(done) -> None:

@@ -9,7 +9,7 @@ import math
 
 import pytest
 import torch
-from mock_lm import BigramLM, bigram_table
+from mock_lm import BigramLM, as_run, bigram_table
 
 from pyramid_demo.core import engine, rules
 from pyramid_demo.core.config import DecodeConfig
@@ -77,7 +77,7 @@ def _chain(table: torch.Tensor, start: int, n: int) -> list[int]:
 
 def _run(method: str, tables: dict, eos: tuple[int, ...], cfg: DecodeConfig, gen=None) -> list:
     lms = {r: BigramLM(tables[r], r) for r in roles_for(method)}
-    return list(decode(lms, [0], cfg, eos, gen))
+    return list(decode(lms, [0], as_run(cfg), eos, gen))
 
 
 V = 12

@@ -67,7 +67,7 @@ def test_jsonl_prompts(tmp_path: Path) -> None:
 
 def test_cli_writes_all_outputs_with_every_column(tmp_path: Path) -> None:
     out = tmp_path / "b"
-    rc = cli_main(["bench", "--models", "tiny-random", "--methods", "ar,sd,fsd,psd_a,psd_f",
+    rc = cli_main(["bench", "--models", "tiny-random", "--methods", "ar,sd,fsd,psd_a,psd_f", "--shape", "chain",
                    "--peers", "hf_generate,hf_assisted", "--prompts", "builtin", "--limit", "2",
                    "--max-new-tokens", "8", "--repeats", "1", "--no-progress", "--out", str(out)])
     assert rc == 0
@@ -216,6 +216,29 @@ def test_csqa_without_file_fails_clearly_offline(monkeypatch) -> None:
 def test_bad_options_are_clear_errors(capsys) -> None:
     assert cli_main(["bench", "--models", "tiny-random", "--methods", "ar,warp", "--no-progress"]) == 2
     assert "unknown method" in capsys.readouterr().err
+    assert cli_main(["bench", "--models", "tiny-random", "--methods", "ar,sd_tree", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: method 'sd_tree' is now method 'sd' with shape 'tree' (--method sd --shape tree)"]
+    assert cli_main(["bench", "--models", "tiny-random", "--shapes", "chain,bush", "--no-progress"]) == 2
+    assert "unknown shape(s) bush" in capsys.readouterr().err
+
+
+def test_shapes_run_side_by_side_and_each_row_says_what_ran(triplet) -> None:
+    """Rule: --shapes runs every proposing method once per shape (AR once), each row naming the shape that ran and
+    why (auto resolved from the cost profile: chain or tree, with the reason), a tree row its budget."""
+    args = _args("--methods", "ar,sd", "--peers", "none", "--shapes", "chain,tree,auto", "--max-new-tokens", "6",
+                 "--tree-nodes", "4", "--tree-depth", "2", "--tree-k", "2")
+    vs = bench.build_variants(args)
+    assert [(v.label, v.cfg.shape) for v in vs] == [("ar", "auto"), ("sd chain", "chain"), ("sd tree", "tree"),
+                                                    ("sd auto", "auto")]
+    rows = bench.run_bench(triplet, vs, load_prompts("builtin", limit=1), progress=False)["runs"]
+    by = {r["variant"]: r for r in rows}
+    assert by["ar"]["shape"] is None and by["sd chain"]["shape"] == "chain" and by["sd tree"]["shape"] == "tree"
+    assert by["sd tree"]["tree_nodes"] == 4 and by["sd chain"]["tree_nodes"] is None
+    assert by["sd auto"]["shape"] in ("chain", "tree")
+    assert by["sd auto"]["shape_why"].startswith(("auto: the chain", "auto: a tree"))
+    assert by["sd chain"]["shape_why"] == "shape chain, as asked"
+    assert by["sd tree"]["speedup_vs_sd"] is not None and by["sd chain"]["speedup_vs_sd"] == 1.0
 
 
 def test_throughput_prediction_counts_the_verifiers_token() -> None:

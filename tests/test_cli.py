@@ -42,12 +42,17 @@ def test_generate_summary_is_coloured(capsys):
     (["--prompt", ""], "the prompt is empty"),
     (["--prompt", "hi", "--tau-t", "-1"], "tau_t must be a number ≥ 0"),
     (["--prompt", "hi", "--models", "no-such-preset"], "error:"),
+    (["--prompt", "hi", "--method", "sd_tree"],
+     "error: method 'sd_tree' is now method 'sd' with shape 'tree' (--method sd --shape tree)"),
+    (["--prompt", "hi", "--method", "beam"], "error: unknown method 'beam'"),
 ])
 def test_generate_errors_are_one_line(args, message, capsys):
     """Bad input exits with status 2 and an `error:` line, never a traceback."""
     assert main(["generate", "--models", "tiny-random", *args]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+    if "method" in message:  # a bad or retired key: one line (the retired one names the new setting)
+        assert len(err.strip().splitlines()) == 1, err
 
 
 def _parsed(*argv):

@@ -3,7 +3,7 @@ import math
 
 import pytest
 import torch
-from mock_lm import BigramLM
+from mock_lm import BigramLM, as_run
 from test_engine import check_caches, greedy_ar, joint_two_tokens
 
 from pyramid_demo.core import rules
@@ -81,7 +81,7 @@ def test_cache_lengths_with_conf_stop(tiny, method):
     lms = {r: CachedLM(tiny.model(r), tiny.vocab_size, r) for r in roles_for(method)}
     prefill(lms, ids)
     seq = list(ids)
-    for step in decode(lms, ids, cfg, (), torch.Generator().manual_seed(2)):
+    for step in decode(lms, ids, as_run(cfg), (), torch.Generator().manual_seed(2)):
         seq += step.new_tokens
         check_caches(lms, seq)
         assert len(lms["target"].ids) == len(seq) - 1

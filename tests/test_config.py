@@ -60,10 +60,69 @@ def test_every_setting_has_one_row_and_every_method_one_spec():
     for s in SETTINGS:
         assert s.widget in ("slider", "number", "radio", "") and (s.widget != "slider" or len(s.range) == 3)
         assert not s.choices or getattr(d, s.name) in s.choices
-    assert METHODS == tuple(m.key for m in TABLE) and set(METHOD_LABELS) == set(METHODS)
+    assert METHODS == tuple(m.key for m in TABLE) and set(METHODS) <= set(METHOD_LABELS)
     for m in TABLE:
         assert m.roles[-1] == "target" and set(m.lengths + m.thresholds) <= {s.name for s in SETTINGS}
-    assert [m for m in METHODS if lossless(m)] == ["ar", "sd", "sd_tree"] and lossless("psd_a", "sd")
-    assert lossless("psd_a_tree", "sd") and not lossless("fsd_tree")
+    assert [m for m in METHODS if lossless(m)] == ["ar", "sd"] and lossless("psd_a", "sd")
+    assert not lossless("fsd") and not lossless("psd_f", "sd")
     with pytest.raises(ValueError, match="unknown method 'beam'"):
         method_spec("beam")
+
+
+@pytest.mark.parametrize("old,new", [("sd_tree", "sd"), ("fsd_tree", "fsd"), ("psd_a_tree", "psd_a"),
+                                     ("psd_f_tree", "psd_f")])
+def test_retired_tree_keys_are_refused_naming_the_shape_setting(old, new):
+    """Rule: the retired tree keys are refused in one line that names the new setting, wherever a key enters
+    (the table, DecodeConfig: the app and the API build one)."""
+    from pyramid_demo.core.methods import method_spec
+
+    want = f"method '{old}' is now method '{new}' with shape 'tree' (--method {new} --shape tree)"
+    for make in (lambda: method_spec(old), lambda: DecodeConfig(method=old)):
+        with pytest.raises(ValueError) as e:
+            make()
+        assert str(e.value) == want and "\n" not in str(e.value)
+
+
+def test_shape_is_validated():
+    """Rule: a shape is chain, tree or auto (the default), and nothing else."""
+    assert DecodeConfig().shape == "auto"
+    for ok in ("chain", "tree", "auto"):
+        assert DecodeConfig(shape=ok).shape == ok
+    with pytest.raises(ValueError, match="unknown shape 'bush'"):
+        DecodeConfig(shape="bush")
+
+
+def test_every_method_row_has_a_cost_model_and_lists_what_it_reads():
+    """Rule: a method is its row: every row names a cost model `core.costs` prices, its stages chain from the
+    draft to the target (each stage's verifier proposes to the next), and every setting it reads is a
+    DecodeConfig field with a row in `core.settings` (the pyramids read ℓ_D, which also caps a tree's depth)."""
+    from dataclasses import fields
+
+    from pyramid_demo.core.methods import COST_MODELS, TABLE, method_spec
+    from pyramid_demo.core.settings import BY_NAME
+
+    names = {f.name for f in fields(DecodeConfig)}
+    for m in TABLE:
+        assert m.cost_model in COST_MODELS, m.key
+        assert set(m.reads) <= names and set(m.reads) <= set(BY_NAME), (m.key, set(m.reads) - set(BY_NAME))
+        for a, b in zip(m.stages, m.stages[1:]):
+            assert a.verifier == b.proposer, m.key
+        assert m.roles[-1] == "target" and (not m.stages or m.roles[0] == "draft")
+    for key in ("psd_a", "psd_f"):
+        assert "l_d" in method_spec(key).reads and "tree_depth" in method_spec(key).reads
+    assert method_spec("sd").reads.count("gamma") == 1 and "tau_t" not in method_spec("sd").reads
+    assert "shape" not in method_spec("ar").reads
+
+
+def test_a_race_lane_says_what_it_runs():
+    """Rule: a race's lanes are rows, not parsed keys: each method once, or side by side each proposing method as
+    a chain and as a tree (AR once); every lane key has a label and names its method and shape in `LANES`."""
+    from pyramid_demo.core.config import METHOD_LABELS, METHODS
+    from pyramid_demo.core.methods import LANES, lanes
+
+    assert [lane.key for lane in lanes()] == list(METHODS) and all(lane.shape is None for lane in lanes())
+    side = lanes(True)
+    assert [(lane.method, lane.shape) for lane in side] == [("ar", None)] + [
+        (m, s) for m in METHODS[1:] for s in ("chain", "tree")]
+    assert len({lane.key for lane in side}) == len(side) and set(LANES) >= {lane.key for lane in side}
+    assert all(LANES[lane.key] == lane and lane.key in METHOD_LABELS for lane in side)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from mock_lm import BigramLM, bigram_table
+from mock_lm import BigramLM, as_run, bigram_table
 
 from pyramid_demo.core import costs
 from pyramid_demo.core.config import DecodeConfig
@@ -98,7 +98,7 @@ def test_step_forwards_match_what_the_engine_fed(method):
         lm.logits(prompt[:-1], 1)
         fed[lm.role].clear()
     cfg = DecodeConfig(method=method, max_new_tokens=24, gamma=3, l_d=2, l_q=4)
-    steps = list(decode(lms, prompt, cfg, (), None))
+    steps = list(decode(lms, prompt, as_run(cfg), (), None))
     got = {r: [k for s in steps for k in costs.step_forwards(s).get(r, [])] for r in fed}
     assert got["target"] == fed["target"]
     assert got["qualifier"] == fed["qualifier"]

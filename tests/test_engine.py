@@ -4,7 +4,7 @@ import json
 
 import pytest
 import torch
-from mock_lm import BigramLM, bigram_table
+from mock_lm import BigramLM, as_run, bigram_table
 
 from pyramid_demo.core.config import METHODS, DecodeConfig
 from pyramid_demo.core.engine import decode, prefill, roles_for
@@ -91,7 +91,7 @@ def test_cache_lengths_after_every_rollback(tiny, method, temperature):
     assert all(len(lm.ids) == len(ids) - 1 for lm in lms.values())
     seq = list(ids)
     gen = None if temperature == 0 else torch.Generator().manual_seed(1)
-    for step in decode(lms, ids, cfg, (), gen):
+    for step in decode(lms, ids, as_run(cfg), (), gen):
         seq += step.new_tokens
         check_caches(lms, seq)
         assert len(lms["target"].ids) == len(seq) - 1
@@ -154,15 +154,17 @@ def test_stats_are_consistent(tiny):
 # --- statistical exactness with a mock bigram model --------------------------------------
 
 def joint_two_tokens(method, n_trials, **kw):
-    """Empirical distribution of the first two sampled tokens after token 0 (vocabulary 4)."""
+    """Empirical distribution of the first two sampled tokens after token 0 (vocabulary 4). Three new tokens,
+    so that the first pass proposes two (a pyramid's first block holds two): both counted tokens can be drafts
+    accepted in one round, the case a one-token block never tests."""
     V = 4
     tables = {"target": bigram_table(V, 1), "qualifier": bigram_table(V, 2), "draft": bigram_table(V, 3)}
-    cfg = DecodeConfig(method=method, temperature=1.0, max_new_tokens=2, **kw)
+    cfg = DecodeConfig(method=method, temperature=1.0, max_new_tokens=3, **kw)
     gen = torch.Generator().manual_seed(123)
     counts = torch.zeros(V, V)
     for _ in range(n_trials):
         lms = {r: BigramLM(tables[r], r) for r in roles_for(method)}
-        out = [t for s in decode(lms, [0], cfg, (), gen) for t in s.new_tokens]
+        out = [t for s in decode(lms, [0], as_run(cfg), (), gen) for t in s.new_tokens]
         counts[out[0], out[1]] += 1
     p = torch.softmax(tables["target"], -1)
     expected = p[0][:, None] * p  # p(a | 0) · p(b | a)

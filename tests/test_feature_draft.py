@@ -3,6 +3,7 @@ import dataclasses
 
 import pytest
 import torch
+from mock_lm import as_run
 from transformers import LlamaForCausalLM
 
 from pyramid_demo.core.config import DecodeConfig
@@ -131,7 +132,7 @@ def test_sampled_sd_with_a_feature_draft_follows_the_target():
     for _ in range(2500):
         lms = {r: open_lm(target if r == "target" else fd, 4, r) for r in roles_for("sd")}
         prefill(lms, prompt)
-        steps = list(decode(lms, prompt, cfg, (), gen))
+        steps = list(decode(lms, prompt, as_run(cfg), (), gen))
         out = [x for s in steps for x in s.new_tokens]
         accepted += sum(s.target_round.n_accepted for s in steps)
         counts[out[0], out[1]] += 1

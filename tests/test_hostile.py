@@ -32,7 +32,7 @@ from pyramid_demo.models.loading import load_triplet  # noqa: E402
 
 FAST = dict(max_new_tokens=8.0, temperature=0.0, seed=0, gamma=3.0, l_d=2.0, l_q=4.0, tau_q=0.4, tau_t=0.5,
             divergence="js", div_support="subset", fallback="none", stage2="fuzzy",
-            conf_stop=0.0, tree_nodes=8.0, tree_depth=3.0, tree_k=2.0)
+            conf_stop=0.0, shape="auto", tree_nodes=8.0, tree_depth=3.0, tree_k=2.0)
 ROWS: list[dict] = []  # the measured table
 
 
@@ -64,7 +64,8 @@ def _client(url: str):
 
 def _args(prompt="hello", preset="tiny-random", ids=("", "", ""), **over) -> list:
     s = {**FAST, **over}
-    return [prompt, preset, *ids, *(s[k] for k in h.SETTING_NAMES)]  # /race's parameters, in order
+    return [prompt, preset, *ids, *(s[k] for k in h.SETTING_NAMES), False]  # /race's parameters, in order (the
+    # last: side_by_side)
 
 
 def _race(client, *a, **kw) -> str:
@@ -113,7 +114,10 @@ def _solo(prompt="hello", **over) -> dict:
         s = {**FAST, **over}
         cfg = h.make_config(**{k: s[k] for k in h.SETTING_NAMES})
         tiny = load_triplet("tiny-random")
-        _SOLO[key] = {m: generate(tiny, prompt, DecodeConfig(**{**cfg.to_dict(), "method": m})).token_ids
+        from pyramid_demo.models.probe import cost_profile
+
+        prof = cost_profile(tiny)  # the race resolves shape "auto" from the family's (cached) profile: so does this
+        _SOLO[key] = {m: generate(tiny, prompt, DecodeConfig(**{**cfg.to_dict(), "method": m}), profile=prof).token_ids
                       for m in RACE_METHODS}
     return _SOLO[key]
 

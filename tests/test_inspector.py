@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 import torch
-from mock_lm import BigramLM
+from mock_lm import BigramLM, as_run
 
 from pyramid_demo.app import inspector
 from pyramid_demo.core import rules
@@ -23,7 +23,7 @@ def rounds(method: str, temperature: float, fallback: str, stop: float) -> list[
                        tau_t=0.5, gamma=4, l_d=3, l_q=6, max_new_tokens=60)
     lms = {r: BigramLM(tables[r], r) for r in roles_for(method)}
     gen = torch.Generator().manual_seed(1) if temperature else None
-    steps = list(decode(lms, [0], cfg, (), gen))
+    steps = list(decode(lms, [0], as_run(cfg), (), gen))
     return [r for s in steps for r in s.qualifier_rounds + [s.target_round] if r is not None]
 
 
@@ -71,7 +71,7 @@ def test_a_confidence_cut_round_keeps_what_it_kept_under_any_tau():
     tables = {"draft": chain(), "qualifier": unsure_qualifier(), "target": chain()}
     cfg = DecodeConfig(method="psd_f", l_d=4, l_q=8, conf_stop=0.5, tau_q=100.0, max_new_tokens=4)
     lms = {r: BigramLM(tables[r], r) for r in roles_for("psd_f")}
-    rnd = next(iter(decode(lms, [0], cfg, (), None))).qualifier_rounds[0]
+    rnd = next(iter(decode(lms, [0], as_run(cfg), (), None))).qualifier_rounds[0]
     assert rnd.n_accepted == 2 and [t.status for t in rnd.tokens][:2] == ["accepted", "accepted"]
     for tau in (100.0, 0.5):
         assert inspector.reevaluate(rnd, tau) <= 2, "the what-if counted tokens the block's cut dropped"

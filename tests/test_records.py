@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from mock_lm import BigramLM
+from mock_lm import BigramLM, as_run
 
 from pyramid_demo.core.cache import CacheError
 from pyramid_demo.core.config import DecodeConfig
@@ -31,7 +31,7 @@ def chain(sure: float = 20.0) -> torch.Tensor:
 def run(method: str, tables: dict[str, torch.Tensor], cfg: DecodeConfig, eos: tuple[int, ...] = (),
         gen: torch.Generator | None = None) -> list[Step]:
     lms = {r: BigramLM(tables[r], r) for r in roles_for(method)}
-    return list(decode(lms, [0], cfg, eos, gen))
+    return list(decode(lms, [0], as_run(cfg), eos, gen))
 
 
 def used(r: StageRound) -> list[int]:
@@ -136,12 +136,14 @@ def test_an_eos_inside_the_accepted_run_cuts_the_round():
 
 def test_a_bonus_tokens_origin_is_bonus():
     """A fully accepted proposal is followed by the target's bonus token, whose origin is "bonus" (the app
-    colours it apart from a target resample); the budget's last token, after an empty proposal, is "target"."""
+    colours it apart from a target resample); the budget's last token, after an empty proposal, is a bonus too,
+    in its status and its origin alike (one rule: the walk ended where nothing was proposed)."""
     for method, kw in (("sd", dict(gamma=3)), ("psd_f", dict(l_d=2, l_q=3))):
         tables = {r: chain() for r in ("draft", "qualifier", "target")}
         steps = run(method, tables, DecodeConfig(method=method, max_new_tokens=9, **kw))
         assert steps[0].origins[-1] == "bonus", f"{method}: a bonus token's origin was recorded as the target's"
-        assert [len(s.new_tokens) for s in steps] == [4, 4, 1] and steps[-1].origins == ["target"]
+        assert [len(s.new_tokens) for s in steps] == [4, 4, 1] and steps[-1].origins == ["bonus"]
+        assert steps[-1].target_round.tokens[-1].status == "bonus"
 
 
 # --- the cache's safety net fires from the engine -------------------------------------------------

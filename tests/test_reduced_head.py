@@ -9,7 +9,7 @@ import math
 
 import pytest
 import torch
-from mock_lm import BigramLM, bigram_table
+from mock_lm import BigramLM, as_run, bigram_table
 from torch import nn
 
 from pyramid_demo.core import packed, rules
@@ -119,7 +119,7 @@ def _joint_two_tokens(method: str, n_trials: int, subset: list[int], **kw) -> tu
     counts = torch.zeros(V, V)
     for _ in range(n_trials):
         lms = {r: BigramLM(tables[r], r) for r in roles_for(method)}
-        toks = [t for s in decode(lms, [0], cfg, (), gen) for t in s.new_tokens]
+        toks = [t for s in decode(lms, [0], as_run(cfg), (), gen) for t in s.new_tokens]
         counts[toks[0], toks[1]] += 1
     p = torch.softmax(tables["target"], -1)
     return counts / n_trials, p[0][:, None] * p

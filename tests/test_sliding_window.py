@@ -5,6 +5,7 @@ import copy
 
 import pytest
 import torch
+from mock_lm import as_run
 from transformers import MistralConfig, MistralForCausalLM
 
 from pyramid_demo.core.config import DecodeConfig
@@ -71,7 +72,7 @@ def test_lossless_methods_run_past_the_window_and_stay_exact(method):
     lms = {r: CachedLM(models[r], V, r) for r in roles_for(method)}
     prefill(lms, ids)
     try:
-        steps = list(decode(lms, ids, cfg, (), None))
+        steps = list(decode(lms, ids, as_run(cfg), (), None))
     except RuntimeError as e:
         pytest.fail(f"{method} died rolling back a sliding-window cache: {e}")
     out = [t for s in steps for t in s.new_tokens]

@@ -10,7 +10,7 @@ import dataclasses
 
 import pytest
 import torch
-from mock_lm import BigramLM, bigram_table
+from mock_lm import BigramLM, as_run, bigram_table
 
 from pyramid_demo.core import costs, rules, throughput
 from pyramid_demo.core.cache import CacheError, TargetStates
@@ -59,7 +59,7 @@ def test_the_draft_never_reads_a_rejected_tokens_state(reader, monkeypatch):
     lms = {r: open_lm(t.model(r), t.vocab_size, r) for r in roles_for("sd")}
     ids = [5, 9, 2, 7]
     prefill(lms, ids)
-    steps = list(decode(lms, ids, DecodeConfig(method="sd", gamma=4, max_new_tokens=30), (), None))
+    steps = list(decode(lms, ids, DecodeConfig(method="sd", shape="chain", gamma=4, max_new_tokens=30), (), None))
     assert any(s.target_round.n_accepted < len(s.target_round.tokens) - 1 for s in steps), "no rejection: vacuous"
 
 
@@ -113,7 +113,7 @@ def test_stage_2_compares_the_target_and_the_qualifier_at_the_same_position(meth
     lms = {r: BigramLM(tables[r], r) for r in roles_for(method)}
     seq = [0]
     checked = 0
-    for step in decode(lms, seq, cfg, (), None):
+    for step in decode(lms, seq, as_run(cfg), (), None):
         block = [tok.token_id for tok in step.target_round.tokens[:-1]]
         for i, tok in enumerate(step.target_round.tokens[:-1]):
             prev = (seq + block)[len(seq) - 1 + i]
@@ -162,7 +162,7 @@ def test_measured_stage_1_rounds_per_block_are_what_the_prediction_counts():
     qual[:, 2] = 20.0  # the qualifier always writes 2
     lms = {"draft": BigramLM(draft, "draft"), "qualifier": BigramLM(qual, "qualifier"), "target": BigramLM(qual)}
     cfg = DecodeConfig(method="psd_a", l_d=2, l_q=5, max_new_tokens=18)
-    steps = list(decode(lms, [0], cfg, (), None))
+    steps = list(decode(lms, [0], as_run(cfg), (), None))
     for s in steps[:-1]:
         block = len(s.target_round.tokens) - 1
         assert len(s.qualifier_rounds) == block / costs.expected_len(0.0, cfg.l_d) == cfg.l_q

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from mock_lm import BigramLM, bigram_table
+from mock_lm import BigramLM, as_run, bigram_table
 
 from pyramid_demo.core import rules
 from pyramid_demo.core.config import DecodeConfig
@@ -34,7 +34,7 @@ def _stage1(tau_q: float, temperature: float) -> tuple[int, int]:
                        max_new_tokens=30)
     lms = {r: BigramLM(tables[r], r) for r in roles_for("psd_f")}
     gen = None if temperature == 0 else torch.Generator().manual_seed(3)
-    rounds = [r for s in decode(lms, [0], cfg, (), gen) for r in s.qualifier_rounds]
+    rounds = [r for s in decode(lms, [0], as_run(cfg), (), gen) for r in s.qualifier_rounds]
     return sum(r.n_accepted for r in rounds), sum(len(r.tokens) - 1 for r in rounds)
 
 
@@ -106,7 +106,7 @@ def test_fallback_sd_sampled_never_accepts_less_than_fuzzy():
             cfg = DecodeConfig(method="fsd", temperature=1.0, tau_t=0.05, gamma=4, max_new_tokens=5,
                                fallback=fallback)
             lms = {r: BigramLM(tables[r], r) for r in roles_for("fsd")}
-            step = next(iter(decode(lms, [0], cfg, (), torch.Generator().manual_seed(seed))))
+            step = next(iter(decode(lms, [0], as_run(cfg), (), torch.Generator().manual_seed(seed))))
             counts.append(step.target_round.n_accepted)
         assert counts[1] >= counts[0]
         more += counts[1] > counts[0]
@@ -146,7 +146,7 @@ def _joint(method: str, n: int, **kw) -> tuple[torch.Tensor, torch.Tensor]:
     counts = torch.zeros(V, V)
     for _ in range(n):
         lms = {r: BigramLM(tables[r], r) for r in roles_for(method)}
-        out = [t for s in decode(lms, [0], cfg, (), gen) for t in s.new_tokens]
+        out = [t for s in decode(lms, [0], as_run(cfg), (), gen) for t in s.new_tokens]
         counts[out[0], out[1]] += 1
     p = rules.warp(tables["target"], cfg.temperature, cfg.top_k, cfg.top_p)
     return counts / n, p[0][:, None] * p
@@ -206,7 +206,7 @@ def test_acceptance_is_accepted_over_proposed():
     base = bigram_table(V, 43, 2.0)  # the proposers are noisy copies of the target: partial acceptance
     tables = {"target": base, "qualifier": base + bigram_table(V, 42, 0.5), "draft": base + bigram_table(V, 41, 1.0)}
     cfg = DecodeConfig(method="psd_f", tau_q=0.3, tau_t=0.3, l_d=2, l_q=4, max_new_tokens=24)
-    steps = list(decode({r: BigramLM(tables[r], r) for r in roles_for("psd_f")}, [0], cfg, (), None))
+    steps = list(decode({r: BigramLM(tables[r], r) for r in roles_for("psd_f")}, [0], as_run(cfg), (), None))
     st = compute_stats("psd_f", steps, 0.0, "")
     for stage, rounds in (("target", [s.target_round for s in steps]),
                           ("qualifier", [r for s in steps for r in s.qualifier_rounds])):

@@ -18,7 +18,8 @@ from typing import Any
 
 import gradio as gr
 
-from ..core.config import METHOD_LABELS, DecodeConfig
+from ..core.config import METHOD_LABELS, METHOD_SHORT, DecodeConfig
+from ..core.methods import Lane, lanes
 from ..core.noise import leaders
 from ..core.settings import APP_SETTINGS, TUNABLE
 from ..core.trace import RunResult
@@ -28,7 +29,7 @@ from .race_view import LiveView, before_race, full_outputs, status_only
 from .race_view import earlier_lanes as earlier_lanes  # re-exported: app.py draws the page's first state
 from .race_view import race_lanes as race_lanes
 from .session import Race, Session
-from .text import CUSTOM, DEFAULT, MSG, RACE_COLUMNS, RACE_METHODS, START
+from .text import CUSTOM, DEFAULT, MSG, RACE_COLUMNS, START
 
 log = logging.getLogger(__name__)
 MAX_RACES = 20  # per user; older races are dropped to bound a hosted app's memory
@@ -112,7 +113,7 @@ def _winner(res: dict[str, RunResult]) -> str:
     if spread is None:
         return MSG["winner_unsure"].format(label=METHOD_LABELS[m], figures=figures)
     if len(top) > 1:
-        return MSG["tie"].format(labels=", ".join(x.upper() for x in top), noise=spread, label=METHOD_LABELS[m],
+        return MSG["tie"].format(labels=", ".join(METHOD_SHORT[x] for x in top), noise=spread, label=METHOD_LABELS[m],
                                  figures=figures)
     return MSG["winner"].format(label=METHOD_LABELS[m], figures=figures, noise=spread)
 
@@ -136,35 +137,38 @@ def _learn_vocab(race: Race, tokenizer: Any, r: RunResult) -> None:
 
 def race_event(prompt: str, preset: str, draft: str | None = None, qualifier: str | None = None,
                target: str | None = None, session: Session | None = None, progress: gr.Progress = gr.Progress(),
-               **settings: Any) -> Iterator[tuple]:
+               side_by_side: bool = False, **settings: Any) -> Iterator[tuple]:
     """Run every method on the prompt, one after another, with the chosen family and settings.
 
     The public `/race` endpoint and the Run button. `preset` names a model family (or "custom" with
     the draft, qualifier and target ids); `settings` are DecodeConfig fields by name (core.settings);
-    any left out take the values the page starts with. Yields (status, lanes, chart, table, earlier
+    any left out take the values the page starts with. `side_by_side`: every method that proposes runs
+    twice, as a chain and as a tree (`methods.lanes`). Yields (status, lanes, chart, table, earlier
     races, session); the status line reports a bad value in words."""
     yield from run_race(preset, (draft, qualifier, target), prompt, {**START_SETTINGS, **settings}, session,
-                        progress)
+                        progress, bool(side_by_side))
 
 
 def run_race(preset: str, models: tuple[str, str, str], prompt: str, settings: dict[str, Any],
-             session: Session | None, progress: gr.Progress = gr.Progress()) -> Iterator[tuple]:
-    """Run every method on the prompt, one after another, yielding (status, lanes, chart, table, earlier, session).
+             session: Session | None, progress: gr.Progress = gr.Progress(),
+             side_by_side: bool = False) -> Iterator[tuple]:
+    """Run every lane on the prompt, one after another, yielding (status, lanes, chart, table, earlier, session).
 
     `models` are the custom draft, qualifier and target ids; `settings` maps DecodeConfig fields to widget
     values. Stop is cooperative: `stop_race` sets `session.stop`, seen after every target pass, so the race
     ends cleanly with its partial results (cancelling the event instead would race a late snapshot).
     """
     session = session if session is not None else new_session()
+    race_lanes_ = lanes(side_by_side)
     try:  # on ZeroGPU the whole race must fit one allocation: cut the tokens, say so
         settings = dict(settings)
-        settings["max_new_tokens"], cut = hosting.fit_race(preset, len(RACE_METHODS), int(settings["max_new_tokens"]))
+        settings["max_new_tokens"], cut = hosting.fit_race(preset, len(race_lanes_), int(settings["max_new_tokens"]))
     except (KeyError, TypeError, ValueError):
         cut = ""  # make_config reports the bad value
     session.budget_note = _notify(cut) if cut else ""
     session.stop, session.busy = False, True
     try:
-        yield from _race_steps(preset, models, prompt, settings, session, progress)
+        yield from _race_steps(preset, models, prompt, settings, session, progress, race_lanes_)
     finally:
         session.busy = False
         for old in session.races:
@@ -183,7 +187,7 @@ def _show_stages(staged: Iterator, session: Session, progress: gr.Progress) -> A
 
 
 def _race_steps(preset: str, ids: tuple[str, str, str], prompt: str, settings: dict, session: Session,
-          progress: gr.Progress) -> Iterator[tuple]:
+                progress: gr.Progress, race_lanes_: tuple[Lane, ...] = lanes()) -> Iterator[tuple]:
     from ..core.run import prepare_prompt, stream
     from ..models.loading import LoadError, load_triplet
     from ..models.probe import prepare
@@ -210,7 +214,7 @@ def _race_steps(preset: str, ids: tuple[str, str, str], prompt: str, settings: d
         staged = stages.run_staged(load, lambda: stages.loading_stage(preset))
         triplet, ids, load_s = yield from _show_stages(staged, session, progress)
         upcoming = Race(n=session.next, preset=preset, models=list(triplet.names), prompt=prompt,
-                        config=base.to_dict())
+                        config=base.to_dict(), lanes=tuple(lane.key for lane in race_lanes_))
         kept = session.races[-(MAX_RACES - 1):]
         yield before_race(session, upcoming, kept, MSG["loading"].format(preset=preset))  # drawn as models warm
         staged = stages.run_staged(lambda: prepare(triplet, ids), lambda: "warm")
@@ -238,12 +242,14 @@ def _race_steps(preset: str, ids: tuple[str, str, str], prompt: str, settings: d
     session.next += 1
     session.races = kept + [race]
     live = LiveView(session, race)  # only what changed goes to the page (see `race_view`)
-    for i, m in enumerate(RACE_METHODS):
+    for i, lane in enumerate(race_lanes_):
+        m = lane.key
         race.running = m
-        status = MSG["running"].format(n=race.n, label=METHOD_LABELS[m], i=i + 1, total=len(RACE_METHODS))
-        progress(i / len(RACE_METHODS), desc=status)
+        status = MSG["running"].format(n=race.n, label=lane.label, i=i + 1, total=len(race_lanes_))
+        progress(i / len(race_lanes_), desc=status)
+        cfg = replace(base, method=lane.method, shape=lane.shape or base.shape)
         try:
-            for snap in stream(triplet, ids, replace(base, method=m), text=prompt):
+            for snap in stream(triplet, ids, cfg, text=prompt, profile=race.profile):
                 race.results[m] = snap
                 _learn_vocab(race, triplet.tokenizer, snap)
                 if session.stop:

@@ -18,7 +18,7 @@ import gradio as gr
 from ..core.trace import RunResult
 from . import charts, inspector, render
 from .session import Race, Session
-from .text import MSG, RACE_METHODS
+from .text import MSG
 
 LANES_INTERVAL_S = 0.3  # the running lane's text, at most this often
 CHART_INTERVAL_S = 1.5  # the live chart, at most this often (and whenever a method ends)
@@ -37,19 +37,21 @@ def headline(m: str, r: RunResult | None, race: Race) -> str:
     if s.acceptance:
         parts.append("accepted " + ", ".join(f"{'→Q' if k == 'qualifier' else '→T'} {v:.0%}"
                                              for k, v in s.acceptance.items()))
+    if r.shape_why and r.config.get("shape") and s.target_passes and r.method != "ar":
+        parts.append(f"{r.config['shape']} ({r.shape_why})")  # the shape that ran and why ("auto" chose it)
     if not s.stopped:
         parts.append("stopped")
     return " · ".join(parts)
 
 
 def race_lanes(race: Race | None, bodies: render.LaneBodies | None = None) -> str:
-    """Every method's lane of one race (`bodies`: the lanes' chips rendered so far, reused)."""
+    """Every lane of one race, in its order (`bodies`: the lanes' chips rendered so far, reused)."""
     if race is None:
         return render.legend_html() + render.message_html(MSG["idle"])
     res, body = race.results, bodies or render.coloured_tokens_of
     lanes = [render.lane_html(m, res.get(m), headline(m, res.get(m), race), race.running == m,
                               body(m, res[m]) if m in res else None)
-             for m in RACE_METHODS]
+             for m in race.lanes]
     return render.legend_html() + render.lanes_html(lanes, f"Race {race.n} · {race.preset} · "
                                                            f"prompt: {race.prompt[:80]}", race.note)
 

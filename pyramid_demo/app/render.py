@@ -7,7 +7,7 @@ import re
 
 from ..core import parents as parent_list
 from ..core.config import METHOD_LABELS
-from ..core.methods import TABLE
+from ..core.methods import LANES, method_spec
 from ..core.trace import RunResult, StageRound, Step, accepted_path, parents_of
 from .text import ORIGIN_NAMES, STATUS_NAMES
 
@@ -25,7 +25,7 @@ STATUS_COLOURS = {
     "resampled": ("#fde3c0", "#E69F00"),
     "bonus": ("#f2d6ec", "#CC79A7"),
 }
-METHOD_COLOURS = {m.key: m.colour for m in TABLE}
+METHOD_COLOURS = {lane.key: method_spec(lane.method).colour for lane in LANES.values()}  # a lane: its method's
 
 FONT = "font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;"
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..core.methods import lanes
 from ..core.trace import RunResult
 
 
@@ -20,7 +21,8 @@ class Race:
     models: list[str]
     prompt: str
     config: dict[str, Any]
-    results: dict[str, RunResult] = field(default_factory=dict)  # method -> its latest snapshot
+    lanes: tuple[str, ...] = tuple(lane.key for lane in lanes())  # its lanes' keys (`methods.LANES`), in order
+    results: dict[str, RunResult] = field(default_factory=dict)  # lane key -> its latest snapshot
     vocab: dict[int, str] = field(default_factory=dict)  # token id -> text, for the inspector (no tokenizer)
     running: str | None = None  # the method racing now
     stopped: bool = False  # stopped by the user before every method ran

@@ -62,7 +62,7 @@ def rows(results: dict[str, RunResult], profile: dict | None) -> list[dict]:
             pred = costs.predict_run(r.steps, profile)
             row["predicted"] = pred["tokens_per_s"]
             row["factor"] = run_factor(r, profile)
-            model = costs.method_model(m, r.steps, r.config, profile)
+            model = costs.method_model(r.method, r.steps, r.config, profile)  # a lane runs its method
             row.update({k: model[k] for k in ("alpha", "alpha_qualifier") if k in model})
             if ar_pred and row["predicted"]:
                 row["x_ar_predicted"] = row["predicted"] / ar_pred
@@ -149,7 +149,7 @@ def insertion_line(results: dict[str, RunResult], profile: dict | None) -> str:
     """The insertion test (core.insertion) from this race's SD and pyramid lanes."""
     if not profile:
         return ""
-    m = {k: costs.method_model(k, r.steps, r.config, profile) for k, r in results.items() if k != "ar"}
+    m = {k: costs.method_model(r.method, r.steps, r.config, profile) for k, r in results.items() if k != "ar"}
     pyr = m.get("psd_a") or m.get("psd_f") or {}
     return insertion.markdown(insertion.insertion(profile, m.get("sd", {}).get("alpha"),
                                                   pyr.get("alpha_qualifier"), pyr.get("alpha")))

@@ -30,11 +30,15 @@ LABELS = {
     "preset": "Model family (draft → qualifier → target)",
     "draft": "Draft model id", "qualifier": "Qualifier model id", "target": "Target model id",
     "prompt": "Prompt",
+    "side_by_side": "Chain vs tree side by side",
 }
 
 WHATIF_LABELS = {"tau_q": "what-if τ_Q (stage 1 rounds)", "tau_t": "what-if τ_T (target round)"}
 
-INFO = {"tuned": "Changing the family resets these settings to the ones it is tuned for (see the README)."}
+INFO = {"tuned": "Changing the family resets these settings to the ones it is tuned for (see the README).",
+        "side_by_side": "Race SD, FSD, PSD_A and PSD_F twice: once proposing a chain, once a tree of candidates "
+                        "(the tree settings below), so you see which shape pays on this machine. Off: one lane "
+                        "per method, its shape as the Proposal shape setting says."}
 
 ORIGIN_NAMES = {
     "draft": "draft token, accepted at every stage",

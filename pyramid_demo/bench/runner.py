@@ -15,7 +15,6 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
@@ -23,17 +22,19 @@ from .. import generate_cli
 from ..core import throughput
 from ..core.config import METHODS, DecodeConfig
 from ..core.lm import ModelTriplet
-from ..core.methods import lossless, method_spec
+from ..core.methods import TREE_BUDGET, method_spec
 from ..core.run import generate, prepare_prompt
+from ..core.settings import SHAPES
 from ..core.stats import agreement as token_agreement  # one definition, shared with the app
 from ..core.stats import prefix_agreement
 from . import costs_report, csqa, peers, report
 from .prompts import Prompt, load_prompts
+from .variants import GRID_TAUS, Variant, build_variants, parse_methods, parse_shapes  # noqa: F401 - re-exported
 
 ROW_COLUMNS = [
     "repeat", "prompt_index", "category", "variant", "method", "kind", "lossless",
     "temperature", "gamma", "l_d", "l_q", "tau_q", "tau_t", "divergence", "div_support", "fallback", "stage2",
-    "conf_stop", "tree_nodes", "tree_depth", "tree_k",
+    "conf_stop", "shape", "shape_why", "tree_nodes", "tree_depth", "tree_k",
     "prompt_tokens", "n_new_tokens", "stopped", "prefill_s", "decode_s", "wall_s",
     "tokens_per_s", "tokens_per_s_incl_prefill", "tokens_per_s_wall",
     "speedup_vs_ar", "speedup_vs_sd", "speedup_vs_ar_wall", "speedup_vs_sd_wall",
@@ -45,34 +46,14 @@ ROW_COLUMNS = [
     "predicted_tokens_per_s", "predicted_plus_one_tokens_per_s", "predicted_profile_tokens_per_s", "csqa_answer",
     "csqa_pred", "csqa_correct", "prompt", "text",
 ]
-ALL_METHODS = METHODS + peers.PEERS
-GRID_TAUS = (0.2, 0.3, 0.4, 0.5)
-GRID_NAMES = {"tau_t": "tauT", "tau_q": "tauQ", "l_d": "lD", "l_q": "lQ"}  # in variant labels
-
-
-@dataclass(frozen=True)
-class Variant:
-    """One benchmarked setting: an engine method with its config, or an HF peer."""
-
-    label: str
-    method: str
-    cfg: DecodeConfig
-
-    @property
-    def kind(self) -> str:
-        return "peer" if self.method in peers.PEERS else "engine"
-
-    @property
-    def lossless(self) -> bool:
-        """Output distribution equals the target's (at T=0: the same tokens, up to numerics)."""
-        return self.kind == "peer" or lossless(self.method, self.cfg.stage2)
-
-
 # ---------------------------------------------------------------- command line
 def add_arguments(p: argparse.ArgumentParser) -> None:
     generate_cli.add_decoding_arguments(p)  # generate's decoding options, not a copy of them
     p.add_argument("--methods", default=",".join(METHODS),
                    help=f"comma-separated, from {', '.join(METHODS)}")
+    p.add_argument("--shapes", default=None,
+                   help=f"comma-separated proposal shapes, from {', '.join(SHAPES)}: each method that proposes runs "
+                        "once per shape, side by side (default: --shape's one)")
     p.add_argument("--peers", default="hf_generate,hf_assisted",
                    help="Hugging Face baselines on the same models ('none' to skip): " + ", ".join(peers.PEERS))
     p.add_argument("--prompts", default="builtin", help="'builtin' (20 varied prompts) or a JSONL file of "
@@ -96,70 +77,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def _floats(s: str) -> list[float]:
-    return [float(x) for x in s.split(",") if x.strip()]
-
-
-def _ints(s: str) -> list[int]:
-    return [int(x) for x in s.split(",") if x.strip()]
-
-
-def parse_methods(methods: str, peer_list: str) -> list[str]:
-    ms = [m.strip().lower() for m in methods.split(",") if m.strip()]
-    ps = [] if peer_list.strip().lower() in ("", "none") else [m.strip().lower() for m in peer_list.split(",")]
-    bad = [m for m in ms if m not in METHODS] + [m for m in ps if m not in peers.PEERS]
-    if bad:
-        raise ValueError(f"unknown method(s) {', '.join(bad)}; choose from {', '.join(ALL_METHODS)}")
-    if not ms and not ps:
-        raise ValueError("no methods to benchmark")
-    return list(dict.fromkeys(ms + ps))
-
-
-def build_variants(args: argparse.Namespace) -> list[Variant]:
-    """The settings to run, AR first and the peers last; with --grid the paper-style sweep."""
-    methods = parse_methods(args.methods, args.peers)
-    methods.sort(key=lambda m: (m != "ar",))
-
-    def cfg(m: str, **kw) -> DecodeConfig:
-        ns = argparse.Namespace(**{**vars(args), "method": m if m in METHODS else "ar"})
-        base = generate_cli.config_from_args(ns)
-        return dataclasses.replace(base, **kw)
-
-    out: list[Variant] = []
-    taus, lds, lqs = _floats(args.grid_taus), _ints(args.grid_l_d), _ints(args.grid_l_q)
-    pairs = [(d, q) for q in lqs for d in lds if d <= q]
-    for m in methods:
-        spec = method_spec(m) if m in METHODS else None
-        if not args.grid or spec is None or not spec.thresholds:  # nothing to sweep
-            out.append(Variant(m, m, cfg(m)))
-            continue
-        for t in taus:  # τ_T, then τ_Q ≤ τ_T (stage 1 fuzzy), then ℓ_D ≤ ℓ_Q (pyramids)
-            for u in [u for u in taus if u <= t] if "tau_q" in spec.thresholds else [None]:
-                for d, q in pairs if spec.pyramid else [(None, None)]:
-                    kw = {k: v for k, v in (("tau_t", t), ("tau_q", u), ("l_d", d), ("l_q", q)) if v is not None}
-                    out.append(Variant(" ".join([m] + [f"{GRID_NAMES[k]}={v:g}" for k, v in kw.items()]), m,
-                                       cfg(m, **kw)))
-    return out
-
-
 # ---------------------------------------------------------------- measuring
 def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
-def run_variant(triplet: ModelTriplet, v: Variant, ids: list[int], chat: bool) -> tuple[dict, list[int]]:
-    """One timed run; the row's measured columns and the produced token ids."""
+def run_variant(triplet: ModelTriplet, v: Variant, ids: list[int], chat: bool,
+                profile: dict | None = None) -> tuple[dict, list[int]]:
+    """One timed run (shape "auto" resolved from `profile`); the row's measured columns and the produced ids."""
     if v.kind == "peer":
         pr = peers.hf_generate(triplet, ids, v.cfg, v.method)
         n = len(pr.token_ids)
         return dict(n_new_tokens=n, stopped=pr.stopped, wall_s=pr.wall_s, tokens_per_s_incl_prefill=pr.tokens_per_s,
                     tokens_per_s_wall=pr.tokens_per_s), pr.token_ids
     t0 = time.perf_counter()
-    res = generate(triplet, ids, v.cfg, chat=chat, full_records=False)  # statuses only: nothing for display
+    res = generate(triplet, ids, v.cfg, chat=chat, full_records=False, profile=profile)  # statuses only
     wall = time.perf_counter() - t0
     s = res.stats
     n = s.n_new_tokens
-    row = dict(n_new_tokens=n, stopped=s.stopped, prefill_s=s.prefill_s, decode_s=s.decode_s, wall_s=wall,
+    ran = res.config  # the shape (and a tree's budget) that ran: "auto" resolved
+    row = dict(shape=ran["shape"] if method_spec(v.method).shaped else None, shape_why=res.shape_why,
+               **({k: ran[k] for k in TREE_BUDGET} if ran["shape"] == "tree" else {}),
+               n_new_tokens=n, stopped=s.stopped, prefill_s=s.prefill_s, decode_s=s.decode_s, wall_s=wall,
                tokens_per_s=s.tokens_per_s,
                tokens_per_s_incl_prefill=n / (s.prefill_s + s.decode_s) if s.prefill_s + s.decode_s > 0 else None,
                tokens_per_s_wall=n / wall if wall > 0 else None, target_passes=s.target_passes,
@@ -189,8 +128,8 @@ def _base_row(v: Variant, r: int, pi: int, prompt: Prompt, ids: list[int]) -> di
         spec = method_spec(v.method)
         row.update(fallback=c.fallback, conf_stop=c.conf_stop if spec.proposer else None)
         row.update({k: getattr(c, k) for k in spec.lengths + spec.thresholds})
-        if spec.tree:
-            row.update(tree_nodes=c.tree_nodes, tree_depth=c.tree_depth, tree_k=c.tree_k)
+        if spec.shaped and c.shape == "tree":
+            row.update({k: getattr(c, k) for k in TREE_BUDGET})
         if spec.pyramid:
             row.update(stage2=c.stage2)
     return row
@@ -222,16 +161,17 @@ def run_bench(triplet: ModelTriplet, variants: list[Variant], prompts: list[Prom
     if not prepared:
         raise ValueError("no usable prompts")
     greedy = all(v.cfg.greedy for v in variants)
-    warm = {v.method: v for v in reversed(variants)}  # one per method
+    profile = costs_report.profile(triplet)  # cached per machine × family × dtype × backend; "auto" reads it
+    usable = profile if profile and "ms" in profile else None
+    warm = {v.label: v for v in reversed(variants)}  # one per method and shape
     bar = tqdm(total=len(warm) + repeats * len(prepared) * len(variants), disable=not progress,
                desc="bench", unit="run", file=sys.stderr, dynamic_ncols=True)
     for v in warm.values():
-        bar.set_postfix_str(f"warm-up {v.method}")
+        bar.set_postfix_str(f"warm-up {v.label}")
         run_variant(triplet, dataclasses.replace(v, cfg=dataclasses.replace(
-            v.cfg, max_new_tokens=min(warmup_tokens, v.cfg.max_new_tokens))), prepared[0][2], chat)
+            v.cfg, max_new_tokens=min(warmup_tokens, v.cfg.max_new_tokens))), prepared[0][2], chat, usable)
         bar.update()
     speeds_one = _model_speeds(triplet, variants, prepared[0][2])
-    profile = costs_report.profile(triplet)  # warm models; cached per machine × family × dtype × backend
     rows: list[dict] = []
     refs: dict[int, list[int]] = {}
     interrupted, t_start = False, time.perf_counter()
@@ -242,13 +182,13 @@ def run_bench(triplet: ModelTriplet, variants: list[Variant], prompts: list[Prom
                 log(f"time budget of {max_minutes:g} min reached: stopping after {len(rows)} runs")
                 interrupted = True
                 break
-            group = _run_prompt(triplet, variants, r, pi, p, ids, chat, answers, bar)
+            group = _run_prompt(triplet, variants, r, pi, p, ids, chat, answers, bar, usable)
             if greedy and pi not in refs:
                 ar = next((t for row, t in group if row["method"] == "ar"), None)
                 if ar is None:  # no AR variant: one untimed target-only greedy reference
                     ar = generate(triplet, ids, dataclasses.replace(variants[0].cfg, method="ar"), chat).token_ids
                 refs[pi] = ar
-            _per_prompt(group, refs.get(pi))
+            _per_prompt(group, refs.get(pi), [_baseline(v, variants) for v in variants])
             rows.extend(row for row, _ in group)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: keep whole prompts only, so comparisons stay paired
         interrupted = True
@@ -275,14 +215,15 @@ def run_bench(triplet: ModelTriplet, variants: list[Variant], prompts: list[Prom
 
 
 def _run_prompt(triplet: ModelTriplet, variants: list[Variant], r: int, pi: int, p: Prompt, ids: list[int],
-                chat: bool, answers: list[str] | None, bar) -> list[tuple[dict, list[int]]]:
+                chat: bool, answers: list[str] | None, bar,
+                profile: dict | None = None) -> list[tuple[dict, list[int]]]:
     """Every variant once on one prompt, in order: rows (without per-prompt ratios) and tokens."""
     group: list[tuple[dict, list[int]]] = []
     scored: dict[tuple[int, ...], float | None] = {}
     for v in variants:
         bar.set_postfix_str(f"prompt {pi} {v.label}")
         cfg = v.cfg if v.cfg.greedy else dataclasses.replace(v.cfg, seed=v.cfg.seed + r)
-        measured, toks = run_variant(triplet, dataclasses.replace(v, cfg=cfg), ids, chat)
+        measured, toks = run_variant(triplet, dataclasses.replace(v, cfg=cfg), ids, chat, profile)
         row = _base_row(v, r, pi, p, ids)
         row.update(measured)
         row["text"] = triplet.tokenizer.decode(toks, skip_special_tokens=True)
@@ -298,9 +239,17 @@ def _run_prompt(triplet: ModelTriplet, variants: list[Variant], r: int, pi: int,
     return group
 
 
-def _per_prompt(group: list[tuple[dict, list[int]]], ref: list[int] | None) -> None:
-    """Speed-ups against AR and SD on the same prompt and repeat, and agreement with `ref`."""
-    by = {row["method"]: row for row, _ in group if row["kind"] == "engine" and row["variant"] == row["method"]}
+def _baseline(v: Variant, variants: list[Variant]) -> bool:
+    """Whether `v` is its method's reference for the speed-ups: the method's first variant (its first shape;
+    AR and SD are never swept by --grid)."""
+    return v.kind == "engine" and v is next(w for w in variants if w.method == v.method)
+
+
+def _per_prompt(group: list[tuple[dict, list[int]]], ref: list[int] | None, base: list[bool] | None = None) -> None:
+    """Speed-ups against AR and SD (each method's baseline variant, `base`) on the same prompt and repeat, and
+    agreement with `ref`."""
+    base = base if base is not None else [row["variant"] == row["method"] for row, _ in group]
+    by = {row["method"]: row for (row, _), b in zip(group, base) if row["kind"] == "engine" and b}
     ar, sd = by.get("ar"), by.get("sd")
     for row, toks in group:
         if row["kind"] == "engine":

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from .methods import TABLE
-from .settings import DIV_SUPPORTS, DIVERGENCES, FALLBACKS, STAGE2_RULES, TUNABLE  # noqa: F401 - TUNABLE re-exported
+from .methods import LANES, TABLE, method_spec
+from .settings import DIV_SUPPORTS, DIVERGENCES, FALLBACKS, SHAPES, STAGE2_RULES, TUNABLE  # noqa: F401 - TUNABLE re-exported
 
 METHODS = tuple(m.key for m in TABLE)
-METHOD_LABELS = {m.key: m.label for m in TABLE}
-METHOD_SHORT = {m.key: m.short for m in TABLE}  # "AR", "SD", …: for axes and tables
+METHOD_LABELS = {lane.key: lane.label for lane in LANES.values()}  # by method key, and by a race's lane key
+METHOD_SHORT = {lane.key: lane.short for lane in LANES.values()}  # "AR", "SD", "SD·tree", …: for axes and tables
 MAX_LENGTH = 64  # the longest γ, ℓ_D or ℓ_Q
 MAX_TREE_K = 16  # the most children a tree node may have
 LONGEST_PASS = MAX_LENGTH + 1  # the longest verification pass: a proposal plus the verifier's own token
@@ -35,16 +35,18 @@ class DecodeConfig:
     fallback: str = "none"  # CHOICE beyond the paper: "sd" also accepts tokens the SD rule accepts
     stage2: str = "fuzzy"  # CHOICE beyond the paper: "sd" makes PSD_A lossless (3-model cascade)
     conf_stop: float = 0.0  # beyond the papers: a proposer stops after a token it is less sure of (0: off)
-    tree_nodes: int = 16  # tree methods: candidate nodes per tree (the target pass verifies them all at once)
-    tree_depth: int = 5  # tree methods: levels grown (one proposer forward per level)
-    tree_k: int = 4  # tree methods: children per expanded node, and nodes expanded per level
+    shape: str = "auto"  # a proposal's shape: "chain", "tree", or "auto" (`run.resolve_shape` picks one first)
+    tree_nodes: int = 16  # shape "tree": candidate nodes per tree (the verifier's pass scores them all at once)
+    tree_depth: int = 5  # shape "tree": levels grown (one proposer forward per level)
+    tree_k: int = 4  # shape "tree": children per expanded node, and nodes expanded per level
 
     def __post_init__(self) -> None:
         def need(ok: bool, msg: str) -> None:
             if not ok:
                 raise ValueError(msg)
 
-        need(self.method in METHODS, f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
+        method_spec(self.method)  # a ValueError naming the choices (and the new setting for a retired key)
+        need(self.shape in SHAPES, f"unknown shape {self.shape!r}; choose one of {', '.join(SHAPES)}")
         need(self.divergence in DIVERGENCES,
              f"unknown divergence {self.divergence!r}; choose one of {', '.join(DIVERGENCES)}")
         need(self.div_support in DIV_SUPPORTS,

@@ -1,28 +1,35 @@
-"""The decoding loops: AR, SD, FSD and the two-stage pyramid (PSD_A, PSD_F).
+"""The decoding loop: AR, and every speculative method as the stages its row in `methods.TABLE` lists.
 
 `decode` is one generator with explicit state: the committed sequence `seq` and one `Lane` per model
 (its model and the position its cache ends at, passed into every forward). Each target pass yields one
-`Step`. The timed path only decides (`rules_apply.decide`: the greedy or ratio test, a divergence only
-for a fuzzy rule); the per-token records that explain a step (top-5 lists, display divergences, p and q)
-are built from the logits already computed, after the engine clock has stopped (`recorder.record`).
-Randomness comes from one `torch.Generator` per run (None at temperature 0: greedy everywhere).
+`Step`. A stage's round is one code path whatever the proposal's shape (`stage_round`): the model layer
+(`tree_round`) proposes a chain or a tree and scores it with a plain or a tree pass; the timed path only
+decides (`decide.decide_round`, the one walk); the per-token records that explain a step (top-5 lists,
+display divergences, p and q) are built from the logits already computed, after the engine clock has
+stopped (`recorder.record`). Randomness comes from one `torch.Generator` per run (None at temperature 0).
 """
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 import torch
 
 from . import rules, tree_round
-from .cache import CacheError, TargetStates
+from .cache import TargetStates
 from .config import DecodeConfig
-from .decide import Round, decide, tree_round_record
+from .decide import Round, decide, decide_round
 from .lm import LM
-from .methods import method_spec, target_rule
+from .methods import Stage, method_spec, stage_rule
 from .recorder import record
 from .trace import StageRound, Step
+from .tree import chain
+from .tree_round import Lane, NonFiniteLogits, Proposal
+from .tree_round import pick as _pick
+from .tree_round import propose_chain as propose
+
+__all__ = ["Lane", "NonFiniteLogits", "connect", "decode", "prefill", "propose", "pyramid_block", "roles_for",
+           "verify"]
 
 
 class _Clock:
@@ -39,50 +46,6 @@ class _Clock:
 
     def resume(self) -> None:
         self.paused += time.perf_counter() - self.pause_at
-
-
-class NonFiniteLogits(ValueError):
-    """A model returned NaN or +inf logits (or a row with no finite logit): it is broken."""
-
-
-@dataclass
-class Lane:
-    """One model in a run and the position its cache ends at: every forward is fed from there.
-
-    The position is the lane's own, advanced by what it feeds and set back by what it cuts (never read off
-    the sequence it is handed), and each feed first checks that the sequence still holds, where the lane's
-    last feed put them, the tokens that feed cached: a missed cut (a rejection the cache never heard of)
-    then raises CacheError instead of feeding from the wrong offset."""
-
-    lm: LM
-
-    pos: int = 0
-    last: list[int] = field(default_factory=list)  # the tokens of its last feed, at pos-len(last) … pos-1
-
-    def feed(self, seq: list[int], keep: int) -> torch.Tensor:
-        """Feed seq[pos:] at `pos`; logits of the last `keep` positions [keep, V], checked once: the row maxima
-        catch NaN, +inf and all-−inf rows (−inf alone is a token ruled out, probability 0, and is allowed)."""
-        start = self.pos - len(self.last)
-        if seq[start: self.pos] != self.last:
-            raise CacheError(f"{self.lm.role}: its cache holds tokens at {start}…{self.pos - 1} that the sequence "
-                             "no longer has there (a cut was missed)")
-        new = seq[self.pos:]
-        z = self.lm.forward(new, self.pos, keep)
-        self.pos, self.last = self.pos + len(new), new
-        if not bool(torch.isfinite(z.amax(-1)).all()):
-            raise NonFiniteLogits(f"the {self.lm.role} model returned NaN or infinite logits")
-        return z
-
-    def kept(self, fed: list[int], pos: int, after_last: bool = False) -> None:
-        """After a tree forward: the tokens it kept, `fed`, now end the cache at `pos` (`after_last`: they follow
-        the lane's last feed, as a proposer's kept path follows its catch-up)."""
-        self.pos, self.last = pos, (self.last + fed) if after_last else list(fed)
-
-    def cut(self, committed: int) -> None:
-        """After a round: keep at most the committed tokens less the last (fed next); the cache may keep less."""
-        end = self.pos
-        self.pos = self.lm.truncate(min(self.pos, committed - 1))
-        self.last = self.last[: max(0, len(self.last) - (end - self.pos))]
 
 
 def roles_for(method: str) -> tuple[str, ...]:
@@ -102,39 +65,24 @@ def connect(lms: dict[str, LM]) -> None:
         lm.states = states
 
 
-def _pick(z: torch.Tensor, cfg: DecodeConfig, gen: torch.Generator | None) -> int:
-    """Greedy argmax, or a sample from the warped distribution of logits z [1, V]."""
-    if gen is None:
-        return int(z[0].argmax())
-    return rules.sample(rules.warp(z, cfg.temperature, cfg.top_k, cfg.top_p)[0], gen)
-
-
-def propose(lane: Lane | LM, seq: list[int], n: int, cfg: DecodeConfig,
-            gen: torch.Generator | None) -> tuple[list[int], torch.Tensor]:
-    """The proposer drafts up to n tokens one at a time: ids and their logits [n, V].
-    n may be 0 (the last token of the budget): a target pass that proposes nothing.
-
-    With cfg.conf_stop > 0 it stops after a token drafted at a confidence (its largest raw
-    probability) below that floor, like HF assisted generation's confidence threshold."""
-    if not isinstance(lane, Lane):  # a bare model (tests): its cache must end where seq's prefix does
-        lane = Lane(lane, lane.cache_len)
-    x: list[int] = []
-    rows = []
-    for _ in range(n):
-        z = lane.feed(seq + x, 1)  # [1, V]
-        rows.append(z[0])
-        x.append(_pick(z, cfg, gen))
-        if cfg.conf_stop and float(rules.confidence(z)[0]) < cfg.conf_stop:
-            break
-    return x, torch.stack(rows) if rows else torch.zeros(0, 0)
-
-
 def verify(z_p: torch.Tensor, z_q: torch.Tensor, x: list[int], rule: str, tau: float | None,
            cfg: DecodeConfig, gen: torch.Generator | None, stage: str, proposer: str,
            verifier: str) -> tuple[StageRound, int]:
-    """Decide and record one round at once (tests and tools): the round record and the verifier's token."""
+    """Decide and record one chain round at once (tests and tools): the round record and the verifier's token."""
     rnd = decide(z_p, z_q, x, rule, tau, cfg, gen, stage, proposer, verifier)
     return record(rnd, cfg), rnd.nxt
+
+
+def stage_round(lanes: dict[str, Lane], seq: list[int], st: Stage, prop: Proposal, cfg: DecodeConfig,
+                gen: torch.Generator | None) -> Round:
+    """One verification of `st`: the verifier scores the proposal after `seq` in one pass, the stage's rule
+    decides it, and only the accepted path stays in the caches. The same for every shape and every stage."""
+    rule = stage_rule(st, cfg.stage2)
+    tau = getattr(cfg, st.tau) if rule == "fuzzy" and st.tau else None
+    z_p = tree_round.score(lanes[st.verifier], seq, prop.tree)  # [N + 1, V]
+    rnd = decide_round(z_p, prop.tree, rule, tau, cfg, gen, st.verifier, st.proposer, st.verifier)
+    tree_round.settle(lanes[st.proposer], lanes[st.verifier], seq, prop, rnd.path)
+    return rnd
 
 
 def pyramid_block(lanes: dict[str, Lane], seq: list[int], size: int, cfg: DecodeConfig,
@@ -148,28 +96,17 @@ def pyramid_block(lanes: dict[str, Lane], seq: list[int], size: int, cfg: Decode
     exactly the tokens it put in the block. With cfg.conf_stop > 0 the block also ends after a token the
     qualifier is less sure of.
     """
+    st = method_spec(cfg.method).stages[0]
     block: list[int] = []
     origins: list[str] = []
     z_q_rows: list[torch.Tensor] = []
     rounds: list[Round] = []
-    rule = method_spec(cfg.method).stage1
-    assert rule is not None
-    tree = method_spec(cfg.method).tree
     while len(block) < size:
-        n = min(cfg.l_d, size - len(block))
-        tau = cfg.tau_q if rule == "fuzzy" else None
-        if tree:  # the draft's tree, verified by the qualifier in one pass; z_q: its rows along the path
-            grown = tree_round.grow(lanes["draft"], seq + block, cfg.tree_nodes, min(cfg.tree_depth, n), cfg.tree_k)
-            dec, z_ctx = tree_round.verify(lanes["qualifier"], seq + block, grown.tree, rule, tau, cfg, gen)
-            tree_round.keep_fed(lanes["draft"], grown, dec.path)
-            rnd = tree_round_record(dec, grown.tree, z_ctx, rule, tau, "qualifier", "draft", "qualifier",
-                                    gen is not None)
-            z_q = z_ctx[[0] + [i + 1 for i in dec.path]]  # [len(path)+1, V]: the block positions' contexts
-        else:
-            x, z_d = propose(lanes["draft"], seq + block, n, cfg, gen)
-            z_q = lanes["qualifier"].feed(seq + block + x, len(x) + 1)  # [len(x)+1, V]
-            rnd = decide(z_q, z_d, x, rule, tau, cfg, gen, "qualifier", "draft", "qualifier")
-        new = rnd.new_tokens()  # [k+1]: the accepted run, then the qualifier's own token
+        here = seq + block
+        prop = tree_round.propose(lanes[st.proposer], here, size - len(block), getattr(cfg, st.length), cfg, gen)
+        rnd = stage_round(lanes, here, st, prop, cfg, gen)
+        z_q = rnd.z_p[[0] + [i + 1 for i in rnd.path]]  # [k+1, V]: the qualifier at the new tokens' contexts
+        new = rnd.new_tokens()  # [k+1]: the accepted path, then the qualifier's own token
         eos_at = first_eos(new, eos_ids)
         keep = min(len(new), size - len(block), len(new) if eos_at is None else eos_at + 1)  # CHOICE: cut to size
         low = False
@@ -178,12 +115,12 @@ def pyramid_block(lanes: dict[str, Lane], seq: list[int], size: int, cfg: Decode
             keep = rules.confident_prefix(conf, cfg.conf_stop)
             low = conf[keep - 1] < cfg.conf_stop
         ends_at_eos = eos_at is not None and keep == eos_at + 1
-        rnd.keep(keep, eos=ends_at_eos)  # the record says what entered the block, nothing more
+        rnd = rnd.cut(keep, eos=ends_at_eos)  # the record says what entered the block, nothing more
         block += new[:keep]
-        origins += (["draft"] * rnd.k + ["qualifier"])[:keep]
+        origins += ([st.proposer] * rnd.k + [rnd.own_origin])[:keep]
         z_q_rows.extend(z_q[:keep])
         rounds.append(rnd)
-        for role in ("draft", "qualifier"):
+        for role in (st.proposer, st.verifier):
             lanes[role].cut(len(seq) + len(block))
         if low or ends_at_eos:
             break
@@ -194,16 +131,6 @@ def pyramid_block(lanes: dict[str, Lane], seq: list[int], size: int, cfg: Decode
 def first_eos(tokens: list[int], eos_ids: tuple[int, ...]) -> int | None:
     """Index of the first EOS in `tokens` (None without one): the one place a step looks for it."""
     return next((i for i, t in enumerate(tokens) if t in eos_ids), None)
-
-
-def _tree_step(lanes: dict[str, Lane], seq: list[int], depth: int, cfg: DecodeConfig, gen: torch.Generator | None,
-               rule: str, prop: str) -> Round:
-    """SD/FSD over a tree: the proposer grows it, the target verifies it in one pass; each keeps the path."""
-    grown = tree_round.grow(lanes[prop], seq, cfg.tree_nodes, depth, cfg.tree_k)
-    tau = cfg.tau_t if rule == "fuzzy" else None
-    dec, z_p = tree_round.verify(lanes["target"], seq, grown.tree, rule, tau, cfg, gen)
-    tree_round.keep_fed(lanes[prop], grown, dec.path)
-    return tree_round_record(dec, grown.tree, z_p, rule, tau, "target", prop, "target", gen is not None)
 
 
 def prefill(lms: dict[str, LM], prompt_ids: list[int]) -> float:
@@ -222,9 +149,12 @@ def decode(lms: dict[str, LM], prompt_ids: list[int], cfg: DecodeConfig, eos_ids
            gen: torch.Generator | None, full_records: bool = True) -> Iterator[Step]:
     """Generate after a prefilled prompt, one `Step` per target pass, until EOS or the budget.
 
-    `full_records=False` (bench) keeps each token's status only: no top-5 lists, divergences or p/q.
-    A model that returns NaN or +inf logits stops the run with NonFiniteLogits naming the model's
-    role and the target pass."""
+    `cfg.shape` must be "chain" or "tree" (`run.resolve_shape` resolves "auto" first). `full_records=False`
+    (bench) keeps each token's status only: no top-5 lists, divergences or p/q. A model that returns NaN or
+    +inf logits stops the run with NonFiniteLogits naming the model's role and the target pass."""
+    if method_spec(cfg.method).shaped and cfg.shape not in ("chain", "tree"):
+        raise ValueError(f"shape {cfg.shape!r} must be resolved to 'chain' or 'tree' before decoding "
+                         "(run.resolve_shape)")
     n_pass = n_new = 0
     try:
         for step in _decode(lms, prompt_ids, cfg, eos_ids, gen, full_records):
@@ -235,11 +165,29 @@ def decode(lms: dict[str, LM], prompt_ids: list[int], cfg: DecodeConfig, eos_ids
                               f"broken, or overflows in its dtype (try float32)") from None
 
 
+def _target_round(lanes: dict[str, Lane], seq: list[int], room: int, cfg: DecodeConfig, gen: torch.Generator | None,
+                  eos_ids: tuple[int, ...]) -> tuple[list[Round], Round, list[str]]:
+    """The stages before the target (a pyramid's block, built by stage-1 rounds), then the target's round:
+    the qualifier rounds, the target round and the origins of the proposal's tokens."""
+    stages = method_spec(cfg.method).stages
+    st = stages[-1]
+    if len(stages) > 1:
+        x, from_q, z_q, qrounds = pyramid_block(lanes, seq, min(getattr(cfg, st.length), room), cfg, gen, eos_ids)
+        assert z_q.shape[0] == len(x), f"stage 2 misaligned: {z_q.shape[0]} qualifier rows for a block of {len(x)}"
+        prop = Proposal(chain(x, z_q))  # the qualified block goes on as a chain
+    else:
+        qrounds = []
+        prop = tree_round.propose(lanes[st.proposer], seq, room, getattr(cfg, st.length), cfg, gen)
+        from_q = [st.proposer] * prop.tree.n
+    rnd = stage_round(lanes, seq, st, prop, cfg, gen)
+    return qrounds, rnd, [from_q[i] for i in rnd.path]
+
+
 def _decode(lms: dict[str, LM], prompt_ids: list[int], cfg: DecodeConfig, eos_ids: tuple[int, ...],
             gen: torch.Generator | None, full_records: bool) -> Iterator[Step]:
     seq, n0, clock = list(prompt_ids), len(prompt_ids), _Clock()
     lanes = {r: Lane(lm, lm.cache_len) for r, lm in lms.items()}  # after the prefill
-    spec = method_spec(cfg.method)
+    speculative = bool(method_spec(cfg.method).stages)
     for i in range(cfg.max_new_tokens):
         room = cfg.max_new_tokens - (len(seq) - n0)
         if room <= 0:
@@ -250,35 +198,16 @@ def _decode(lms: dict[str, LM], prompt_ids: list[int], cfg: DecodeConfig, eos_id
         fed0 = {r: len(lm.fed) for r, lm in lms.items()}
         qrounds: list[Round] = []
         tround = None
-        if spec.proposer is None:
+        if not speculative:
             new, origins = [_pick(lanes["target"].feed(seq, 1), cfg, gen)], ["target"]
         else:
-            prop, size = spec.proposer, min(getattr(cfg, spec.lengths[-1]), room - 1)
-            rule = target_rule(cfg.method, cfg.stage2)
-            assert rule is not None
-            if spec.pyramid:
-                x, from_q, z_q, qrounds = pyramid_block(lanes, seq, size, cfg, gen, eos_ids)
-                assert z_q.shape[0] == len(x), \
-                    f"stage 2 misaligned: {z_q.shape[0]} qualifier rows for a block of {len(x)} tokens"
-            elif spec.tree and size > 0:
-                tround = _tree_step(lanes, seq, min(cfg.tree_depth, size), cfg, gen, rule, prop)
-            else:
-                x, z_q = propose(lanes[prop], seq, size, cfg, gen)
-                from_q = [prop] * len(x)
-            if tround is None:
-                z_p = lanes["target"].feed(seq + x, len(x) + 1)  # [n+1, V]: one target pass
-                tround = decide(z_p, z_q, x, rule, cfg.tau_t if rule == "fuzzy" else None, cfg, gen,
-                                "target", prop, "target")
-            else:
-                from_q = [prop] * tround.k
-            new = tround.new_tokens()
-            own = "bonus" if tround.x and tround.leaf else "target"  # an empty proposal: the target's own
-            origins = from_q[: tround.k] + [own]
+            qrounds, tround, from_q = _target_round(lanes, seq, room - 1, cfg, gen, eos_ids)
+            new, origins = tround.new_tokens(), from_q + [tround.own_origin]
         eos_at = first_eos(new, eos_ids)
         if eos_at is not None:
             new, origins = new[: eos_at + 1], origins[: eos_at + 1]
             if tround is not None:
-                tround.keep(eos_at + 1, eos=True)  # an EOS inside the accepted run: the round ends after it
+                tround = tround.cut(eos_at + 1, eos=True)  # an EOS inside the accepted path: the round ends there
         seq.extend(new)
         for lane in lanes.values():
             lane.cut(len(seq))

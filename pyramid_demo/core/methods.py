@@ -1,12 +1,32 @@
 """What each decoding method is, in one table: the engine, bench, throughput model and app read it.
 
-A method is a cascade of roles, smallest first. Each verification stage has a rule: "sd" (exact:
-lossless), "fuzzy" (divergence ≤ τ: lossy) or "config" (the target stage of a pyramid follows
-`DecodeConfig.stage2`). Adding a method: one row here, plus engine code only if its shape is new.
+A method is a list of verification stages, smallest proposer first: who proposes to whom, with which rule,
+sized by which setting. A rule is "sd" (exact: lossless), "fuzzy" (divergence ≤ τ: lossy) or "config" (the
+target stage of a pyramid follows `DecodeConfig.stage2`). A stage that is `shaped` proposes a chain or a
+tree, as `DecodeConfig.shape` says; the others always pass a chain (a pyramid's qualified block). Adding a
+method or a stage is a row here (and a pricing for its `cost_model` in `core.costs`), never a key suffix.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+COMMON = ("max_new_tokens", "temperature", "top_k", "top_p", "seed")  # every method reads these
+TREE_BUDGET = ("tree_nodes", "tree_depth", "tree_k")  # a shaped stage's tree, when it proposes one
+COST_MODELS = ("target_only", "speculative", "pyramid")  # the pricings `core.costs` implements
+# method keys retired by `DecodeConfig.shape`: each is refused in one line naming the new setting
+RETIRED = {"sd_tree": "sd", "fsd_tree": "fsd", "psd_a_tree": "psd_a", "psd_f_tree": "psd_f"}
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One verification: `proposer`'s tokens scored by `verifier` in one pass, decided by `rule`."""
+
+    proposer: str
+    verifier: str
+    rule: str  # "sd" | "fuzzy" | "config" (DecodeConfig.stage2)
+    length: str  # the DecodeConfig setting that sizes a proposal here (a tree's depth is capped by it too)
+    tau: str | None = None  # the threshold a fuzzy (or config) rule reads
+    shaped: bool = False  # proposes a chain or a tree, as DecodeConfig.shape says; else always a chain
 
 
 @dataclass(frozen=True)
@@ -14,64 +34,145 @@ class Method:
     key: str
     label: str  # what the app and reports show
     short: str  # the label's short form (chart axes, tables): never parsed out of `label`
-    roles: tuple[str, ...]  # models it runs, smallest first; the last is always the target
-    lengths: tuple[str, ...]  # DecodeConfig proposal lengths it reads; the last sizes a target pass
-    thresholds: tuple[str, ...]  # DecodeConfig thresholds it may read (outermost stage first)
-    stage1: str | None  # draft → qualifier rule (None: no qualifier stage)
-    target: str | None  # proposer → target rule (None: the target decodes alone)
+    stages: tuple[Stage, ...]  # draft → … → target; empty: the target decodes alone
+    cost_model: str  # one of COST_MODELS: how `core.costs` prices a run of it
     colour: str  # lane and chart colour (Okabe-Ito, colour-blind safe)
-    tree: bool = False  # the proposal is a tree of candidates (EAGLE-2), verified in one pass; else a chain
-    # (in a pyramid: the draft's proposal to the qualifier; the qualified block goes to the target as a chain)
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        """The models it runs, smallest first; the last is always the target."""
+        if not self.stages:
+            return ("target",)
+        return tuple(s.proposer for s in self.stages) + (self.stages[-1].verifier,)
 
     @property
     def pyramid(self) -> bool:
         """Two verification stages: draft → qualifier, then qualifier block → target."""
-        return self.stage1 is not None
+        return len(self.stages) > 1
+
+    @property
+    def stage1(self) -> str | None:
+        """The draft → qualifier rule (None: no qualifier stage)."""
+        return self.stages[0].rule if self.pyramid else None
+
+    @property
+    def target(self) -> str | None:
+        """The proposer → target rule (None: the target decodes alone)."""
+        return self.stages[-1].rule if self.stages else None
 
     @property
     def proposer(self) -> str | None:
         """The role whose tokens the target verifies (None for target-only decoding)."""
-        return self.roles[-2] if len(self.roles) > 1 else None
+        return self.stages[-1].proposer if self.stages else None
+
+    @property
+    def lengths(self) -> tuple[str, ...]:
+        """The proposal lengths it reads, innermost first; the last sizes a target pass."""
+        return tuple(s.length for s in self.stages)
+
+    @property
+    def thresholds(self) -> tuple[str, ...]:
+        """The thresholds it may read, outermost stage first."""
+        return tuple(s.tau for s in reversed(self.stages) if s.tau)
+
+    @property
+    def shaped(self) -> bool:
+        """Whether a stage proposes a chain or a tree (DecodeConfig.shape and the tree budget apply)."""
+        return any(s.shaped for s in self.stages)
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        """Every DecodeConfig setting a run of it reads (tests hold each to a row of `settings.SETTINGS`)."""
+        out = list(COMMON) + list(self.lengths) + list(self.thresholds)
+        rules = {s.rule for s in self.stages}
+        if self.stages:
+            out.append("conf_stop")
+        if self.shaped:
+            out += ["shape", *TREE_BUDGET]
+        if rules - {"sd"}:
+            out += ["divergence", "div_support", "fallback"]
+        if "config" in rules:
+            out.append("stage2")
+        return tuple(dict.fromkeys(out))
+
+
+def _sd(length: str) -> Stage:
+    return Stage("draft", "target", "sd", length, shaped=True)
 
 
 TABLE = (
-    Method("ar", "AR (target only)", "AR", ("target",), (), (), None, None, "#555555"),
-    Method("sd", "SD (draft → target)", "SD", ("draft", "target"), ("gamma",), (), None, "sd", "#0072B2"),
-    Method("fsd", "FSD (fuzzy draft → target)", "FSD", ("draft", "target"), ("gamma",), ("tau_t",), None, "fuzzy",
-           "#56B4E9"),
-    Method("psd_a", "PSD_A (assisted pyramid)", "PSD_A", ("draft", "qualifier", "target"), ("l_d", "l_q"), ("tau_t",),
-           "sd", "config", "#E69F00"),
-    Method("psd_f", "PSD_F (fuzzy pyramid)", "PSD_F", ("draft", "qualifier", "target"), ("l_d", "l_q"),
-           ("tau_t", "tau_q"), "fuzzy", "config", "#D55E00"),
-    # trees of candidates (EAGLE-2): the same rules over a tree the proposer grows, verified in one pass
-    Method("sd_tree", "SD tree (draft tree → target)", "SD·tree", ("draft", "target"), ("tree_nodes",), (), None,
-           "sd", "#009E73", tree=True),
-    Method("fsd_tree", "FSD tree (fuzzy draft tree → target)", "FSD·tree", ("draft", "target"), ("tree_nodes",),
-           ("tau_t",), None, "fuzzy", "#CC79A7", tree=True),
-    Method("psd_a_tree", "PSD_A tree (assisted pyramid, draft tree → qualifier)", "PSD_A·tree",
-           ("draft", "qualifier", "target"), ("tree_nodes", "l_q"), ("tau_t",), "sd", "config", "#8C6D1F", tree=True),
-    Method("psd_f_tree", "PSD_F tree (fuzzy pyramid, draft tree → qualifier)", "PSD_F·tree",
-           ("draft", "qualifier", "target"), ("tree_nodes", "l_q"), ("tau_t", "tau_q"), "fuzzy", "config", "#7F2704",
-           tree=True),
+    Method("ar", "AR (target only)", "AR", (), "target_only", "#555555"),
+    Method("sd", "SD (draft → target)", "SD", (_sd("gamma"),), "speculative", "#0072B2"),
+    Method("fsd", "FSD (fuzzy draft → target)", "FSD", (Stage("draft", "target", "fuzzy", "gamma", "tau_t", True),),
+           "speculative", "#56B4E9"),
+    Method("psd_a", "PSD_A (assisted pyramid)", "PSD_A",
+           (Stage("draft", "qualifier", "sd", "l_d", shaped=True),
+            Stage("qualifier", "target", "config", "l_q", "tau_t")),
+           "pyramid", "#E69F00"),
+    Method("psd_f", "PSD_F (fuzzy pyramid)", "PSD_F",
+           (Stage("draft", "qualifier", "fuzzy", "l_d", "tau_q", True),
+            Stage("qualifier", "target", "config", "l_q", "tau_t")), "pyramid", "#D55E00"),
 )
 _BY_KEY = {m.key: m for m in TABLE}
 
 
+@dataclass(frozen=True)
+class Lane:
+    """One run of a race or a bench: a method and, side by side, the shape it is held to. The key names it in a
+    race's results and nothing is read out of it: `LANES` says what each key runs."""
+
+    key: str
+    method: str
+    shape: str | None  # None: the run's shape setting
+    label: str
+    short: str
+
+
+SHAPES_SIDE_BY_SIDE = ("chain", "tree")
+
+
+def lanes(side_by_side: bool = False) -> tuple[Lane, ...]:
+    """A race's lanes in the table's order: each method once, or (side by side) each method that proposes as a
+    chain and as a tree, one lane each."""
+    out = []
+    for m in TABLE:
+        if side_by_side and m.shaped:
+            out += [Lane(f"{m.key}+{s}", m.key, s, f"{m.label} · {s}", f"{m.short}·{s}") for s in SHAPES_SIDE_BY_SIDE]
+        else:
+            out.append(Lane(m.key, m.key, None, m.label, m.short))
+    return tuple(out)
+
+
+LANES = {lane.key: lane for lane in lanes(False) + lanes(True)}  # every lane key a race can have
+
+
+def retired(key: str) -> str | None:
+    """The one-line refusal of a retired method key (None for any other key)."""
+    if key not in RETIRED:
+        return None
+    return f"method {key!r} is now method {RETIRED[key]!r} with shape 'tree' (--method {RETIRED[key]} --shape tree)"
+
+
 def method_spec(key: str) -> Method:
-    """The row for `key`; a ValueError naming the choices for an unknown one."""
+    """The row for `key`; a ValueError naming the choices for an unknown one (the new setting for a retired one)."""
     try:
         return _BY_KEY[key]
     except KeyError:
-        raise ValueError(f"unknown method {key!r}; choose one of {', '.join(_BY_KEY)}") from None
+        raise ValueError(retired(key) or f"unknown method {key!r}; choose one of {', '.join(_BY_KEY)}") from None
+
+
+def stage_rule(stage: Stage, stage2: str) -> str:
+    """The rule a stage applies, given the run's `stage2` setting."""
+    return stage2 if stage.rule == "config" else stage.rule
 
 
 def target_rule(key: str, stage2: str) -> str | None:
     """The rule the target applies, given the run's `stage2` setting."""
-    rule = method_spec(key).target
-    return stage2 if rule == "config" else rule
+    spec = method_spec(key)
+    return stage_rule(spec.stages[-1], stage2) if spec.stages else None
 
 
 def lossless(key: str, stage2: str = "fuzzy") -> bool:
     """True when every stage is exact, so the output follows the target's distribution
     (at temperature 0: the target's own text). PSD_A is lossless only with stage2 = "sd"."""
-    return method_spec(key).stage1 in (None, "sd") and target_rule(key, stage2) in (None, "sd")
+    return all(stage_rule(s, stage2) == "sd" for s in method_spec(key).stages)

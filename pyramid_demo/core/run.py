@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -80,8 +81,10 @@ class _Snapshots:
     statistics tallied from the new step alone (`stats.Tally`, the one implementation of the statistics), so a
     long race costs linear time. The last snapshot's (and `generate`'s) text is decoded in full once."""
 
-    def __init__(self, triplet: ModelTriplet, cfg: DecodeConfig, prompt: str, ids: list[int], prefill_s: float):
+    def __init__(self, triplet: ModelTriplet, cfg: DecodeConfig, prompt: str, ids: list[int], prefill_s: float,
+                 shape_why: str = ""):
         self.triplet, self.cfg, self.prompt, self.ids, self.prefill_s = triplet, cfg, prompt, ids, prefill_s
+        self.shape_why = shape_why
         self.config = cfg.to_dict()
         self.steps: list[Step] = []
         self.token_ids: list[int] = []
@@ -110,25 +113,50 @@ class _Snapshots:
             method=self.cfg.method, config=dict(self.config), models=list(self.triplet.names), prompt=self.prompt,
             prompt_ids=self.ids, token_ids=list(self.token_ids), token_texts=list(self.texts),
             origins=list(self.origins), text=self.tail.full() if full else self.tail.text, stats=stats,
-            steps=list(self.steps))
+            steps=list(self.steps), shape_why=self.shape_why)
 
 
-def refuse_tree(method: str, lms: dict) -> None:
-    """A ValueError, before any work, when a tree method's grower or verifier cannot take tree rows."""
-    spec = method_spec(method)
-    if not spec.tree:
-        return
-    bad = [r for r in spec.roles[:2] if not lms[r].trees]
-    if bad:
-        raise ValueError(f"{spec.short} needs forwards that take a tree of candidates, and the {' and '.join(bad)} "
-                         f"model{'s' if len(bad) > 1 else ''} here cannot ({type(lms[bad[0]]).__name__}: row-wise "
-                         f"attention or a sliding-window cache); run the chain method "
-                         f"{spec.key.removesuffix('_tree')} instead")
+def resolve_shape(cfg: DecodeConfig, profile: dict | None, trees: bool = True) -> tuple[DecodeConfig, str]:
+    """The config the engine runs (shape "chain" or "tree", never "auto") and why, in one sentence.
+
+    "auto": the cost profile's predictor (`tree_costs.best_tree`) prices the best tree budget against the best
+    chain on this machine and the faster wins, with its budget; without a profile (or models whose forwards
+    cannot take a tree: `trees` False) the chain. An explicit tree on such models is refused, naming the chain."""
+    spec = method_spec(cfg.method)
+    if not spec.shaped:
+        return replace(cfg, shape="chain"), f"{spec.short} proposes nothing: no shape to choose"
+    if cfg.shape == "tree" and not trees:
+        raise ValueError(f"{spec.short} over a tree needs forwards that take a tree of candidates, and the models "
+                         "here cannot (row-wise attention or a sliding-window cache); run it with --shape chain")
+    if cfg.shape != "auto":
+        return cfg, f"shape {cfg.shape}, as asked"
+    if not trees:
+        return replace(cfg, shape="chain"), ("auto: the chain, because these models' forwards cannot take a tree "
+                                             "(row-wise attention or a sliding-window cache)")
+    st = next(s for s in spec.stages if s.shaped)  # the stage whose proposal takes the shape
+    if not profile or "ms" not in profile or not {st.proposer, st.verifier} <= set(profile["ms"]):
+        return replace(cfg, shape="chain"), "auto: the chain, because no cost profile of this machine is available"
+    from .tree_costs import best_tree
+
+    # the predictor prices a proposer → verifier stage by the roles "draft" and "target": hand it this stage's
+    b = best_tree({**profile, "ms": {"draft": profile["ms"][st.proposer], "target": profile["ms"][st.verifier]}}, None)
+    tree_s, chain_s = float(b["tokens_per_s"]), float(b["chain_tokens_per_s"])
+    where = f" (the {st.proposer} → {st.verifier} stage)" if spec.pyramid else ""
+    if tree_s > chain_s:
+        budget = {k: int(b[k]) for k in ("tree_nodes", "tree_depth", "tree_k")}
+        ran = replace(cfg, shape="tree", tree_nodes=budget["tree_nodes"], tree_depth=budget["tree_depth"],
+                      tree_k=budget["tree_k"])
+        return ran, (
+            f"auto: a tree of {budget['tree_nodes']} nodes (depth {budget['tree_depth']}, {budget['tree_k']} "
+            f"children), predicted {tree_s:.1f} tok/s against the best chain's {chain_s:.1f} on this machine's "
+            f"profile{where}")
+    return replace(cfg, shape="chain"), (f"auto: the chain, predicted {chain_s:.1f} tok/s against the best tree's "
+                                         f"{tree_s:.1f} on this machine's profile{where}")
 
 
 def _passes(triplet: ModelTriplet, ids: list[int], cfg: DecodeConfig, prompt: str,
-            full_records: bool = True) -> Iterator[_Snapshots]:
-    """Prefill, then decode; after each target pass yield the run's record so far.
+            full_records: bool = True, profile: dict | None = None) -> Iterator[_Snapshots]:
+    """Resolve the shape, prefill, then decode; after each target pass yield the run's record so far.
 
     Each call builds its own caches and generator, so concurrent runs never share state.
     """
@@ -136,36 +164,38 @@ def _passes(triplet: ModelTriplet, ids: list[int], cfg: DecodeConfig, prompt: st
     backend = getattr(triplet, "backend", "default")  # the probed (or asked) CPU backend, for every forward
     path = getattr(triplet, "path", "hf")  # HF's forward or the lean one (core.lean)
     lms = {r: open_lm(triplet.model(r), triplet.vocab_size, r, backend, path) for r in roles_for(cfg.method)}
-    refuse_tree(cfg.method, lms)
+    shaped = {r for st in method_spec(cfg.method).stages if st.shaped for r in (st.proposer, st.verifier)}
+    cfg, why = resolve_shape(cfg, profile, all(lms[r].trees for r in shaped))  # a tree's grower and verifier
     prefill_s = prefill(lms, ids)
     for lm in lms.values():  # prefill forwards are reported separately
         lm.reset_counters()
-    record = _Snapshots(triplet, cfg, prompt, ids, prefill_s)
+    record = _Snapshots(triplet, cfg, prompt, ids, prefill_s, why)
     for step in decode(lms, ids, cfg, triplet.eos_ids, gen, full_records):
         record.add(step)
         yield record
 
 
 def stream(triplet: ModelTriplet, prompt: str | list[int], cfg: DecodeConfig, chat: bool = True,
-           text: str | None = None) -> Iterator[RunResult]:
+           text: str | None = None, profile: dict | None = None) -> Iterator[RunResult]:
     """Yield a snapshot after every target pass; the last one has stats.stopped set.
 
     `prompt` is text, or ids from `prepare_prompt` so that several runs encode it once; `text` is then
-    the prompt as the user wrote it, for the record (default: the ids decoded)."""
+    the prompt as the user wrote it, for the record (default: the ids decoded). `profile`: this machine's
+    cost profile, from which shape "auto" is resolved (`resolve_shape`)."""
     ids = prepare_prompt(triplet, prompt, cfg, chat)
     text = _prompt_text(triplet, prompt, ids, text)
-    for record in _passes(triplet, ids, cfg, text):
+    for record in _passes(triplet, ids, cfg, text, profile=profile):
         yield record.result()
 
 
 def generate(triplet: ModelTriplet, prompt: str | list[int], cfg: DecodeConfig, chat: bool = True,
-             text: str | None = None, full_records: bool = True) -> RunResult:
+             text: str | None = None, full_records: bool = True, profile: dict | None = None) -> RunResult:
     """Run to the end and return the final record (one snapshot, not one per pass); arguments as `stream`.
     `full_records=False` (bench) keeps each token's status but no display values (top-5, divergences, p/q)."""
     ids = prepare_prompt(triplet, prompt, cfg, chat)
     text = _prompt_text(triplet, prompt, ids, text)
     record = None
-    for record in _passes(triplet, ids, cfg, text, full_records):  # noqa: B007 - the last one is the run's record
+    for record in _passes(triplet, ids, cfg, text, full_records, profile):  # noqa: B007 - the last one is the run's record
         pass
     if record is None:
         raise RuntimeError("the decoding loop made no target pass")

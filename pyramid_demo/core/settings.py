@@ -12,6 +12,7 @@ DIVERGENCES = ("js", "kl", "tv")
 FALLBACKS = ("none", "sd")
 STAGE2_RULES = ("fuzzy", "sd")
 DIV_SUPPORTS = ("subset", "full")
+SHAPES = ("auto", "chain", "tree")
 
 
 @dataclass(frozen=True)
@@ -54,18 +55,24 @@ SETTINGS = (
                  "fixed γ, ℓ_D and ℓ_Q. Lossless methods stay exact.",
             cli="a proposer (the draft; in PSD also the qualifier's block) stops after a token whose top "
                 "probability is below this; 0: off, the papers' fixed lengths (beyond the papers)", tunable=True),
+    Setting("shape", "Proposal shape", "radio", choices=SHAPES,
+            info="What the draft proposes: a chain of tokens, or a tree of candidates (EAGLE-2, SpecInfer) that "
+                 "the verifier scores in one pass. 'auto' lets this machine's cost profile pick the shape and the "
+                 "tree's budget that pay, and says why; without a profile it takes the chain.",
+            cli="the draft's proposal: 'chain', 'tree' (--tree-nodes, --tree-depth, --tree-k) or 'auto' (the cost "
+                "profile picks the shape that pays here, and the run says why; the chain without a profile)"),
     Setting("tree_nodes", "Tree: candidate nodes per tree", "slider", (1, 64, 1),
-            info="Tree methods (EAGLE-2): the draft grows a tree of candidates and the verifier scores all its "
-                 "nodes in one pass, which on a CPU costs about what one token does. More nodes: more chances, a "
-                 "longer pass.",
-            cli="tree methods: candidate nodes per tree", tunable=True),
+            info="Shape tree: the draft grows a tree of candidates and the verifier scores all its nodes in one "
+                 "pass, which on a CPU costs about what one token does. More nodes: more chances, a longer pass.",
+            cli="shape tree: candidate nodes per tree", tunable=True),
     Setting("tree_depth", "Tree: depth (draft forwards per tree)", "slider", (1, 16, 1),
-            info="Levels the draft grows, one batched draft forward per level.",
-            cli="tree methods: levels grown, one draft forward each", tunable=True),
+            info="Levels the draft grows, one batched draft forward per level (in a pyramid also at most ℓ_D).",
+            cli="shape tree: levels grown, one draft forward each (in a pyramid at most l_d)", tunable=True),
     Setting("tree_k", "Tree: children per node", "slider", (1, 10, 1),
-            info="Each expanded node's top-k draft tokens are candidates; the k best paths are expanded next. "
-                 "Nodes are ranked by the product of draft probabilities along their path.",
-            cli="tree methods: top-k children per expanded node, and nodes expanded per level", tunable=True),
+            info="Each expanded node's k children are candidates: at temperature 0 its top-k draft tokens, the "
+                 "k best paths expanded next; above 0, k tokens sampled from the draft (the lossless rule needs "
+                 "sampled children).",
+            cli="shape tree: children per expanded node, and nodes expanded per level", tunable=True),
     Setting("divergence", "Divergence", "radio", choices=DIVERGENCES,
             info="CHOICE: js is the FSD code's ½KL(m‖p)+½KL(m‖q) (not the textbook JSD), computed on the "
                  "raw softmax (temperature 1), whatever the sampling temperature.", cli="CHOICE", tunable=True),

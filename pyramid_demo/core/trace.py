@@ -9,11 +9,11 @@ Token status vocabulary:
              kept); after an EOS inside an accepted run the round ends after the EOS (its own token
              discarded, the proposals after the EOS left out of the record)
   resampled  the verifier's own token at the first rejection
-  bonus      the verifier's own token after the whole proposal was accepted (also after an empty
-             proposal: the last token of the budget is a target pass that proposes nothing)
-In a tree round (`StageRound.parents` set) the statuses mean: accepted = on the accepted path, rejected =
-a candidate the verifier tried and refused, discarded = never reached; the own token is "bonus" when the
-path ends at a leaf, else "resampled".
+  bonus      the verifier's own token when the walk ended where nothing more was proposed: after a fully
+             accepted chain, at a tree's leaf, and after an empty proposal (the last token of the budget is a
+             target pass that proposes nothing); its origin is then "bonus" too (`decide.Round.own_status`)
+Every round is a tree (`StageRound.parents`; a chain's is [−1, 0, 1, …]): accepted = on the accepted path,
+rejected = a candidate the verifier tried and refused, discarded = never reached.
 Token origin (what the app colours): draft | qualifier | target | bonus.
 """
 from __future__ import annotations
@@ -37,6 +37,10 @@ class TokenRec:
     p: float | None = None  # verifier's warped probability of the token
     q: float | None = None  # proposer's warped probability of the token
     top5: dict[str, list[list[float]]] = field(default_factory=dict)  # role -> [[id, prob], ...] raw
+    # the exact SD rule's verdict on this proposed token, had the walk stood at its context with τ failed:
+    # True accepted, False tried and refused, None not tried (an earlier sibling won) or not an SD-reading rule
+    # (a fuzzy rule without the SD fallback); the inspector's what-if τ reads it instead of guessing
+    sd_passed: bool | None = None
 
 
 @dataclass
@@ -51,13 +55,13 @@ class StageRound:
     n_accepted: int
     exact: bool = False  # decided by the exact SD rule: τ is unused, a what-if τ changes nothing
     sd_fallback: bool = False  # a fuzzy round under fallback "sd": a token also passed when the SD rule did
-    # a tree of candidates: each proposed token's parent among the proposed tokens (−1: the root, the last
-    # committed token), breadth-first; None for a chain (parent i − 1)
+    # each proposed token's parent among the proposed tokens (−1: the root, the last committed token),
+    # breadth-first; the engine sets it on every round (a chain's: [−1, 0, 1, …]); None only in old records
     parents: list[int] | None = None
 
 
 def parents_of(rnd: StageRound) -> list[int]:
-    """Every round is a tree: its proposed tokens' parent list (a chain's when `parents` is None)."""
+    """Every round is a tree: its proposed tokens' parent list (a chain's for an old record without one)."""
     return list(rnd.parents) if rnd.parents is not None else parent_list.chain(len(rnd.tokens) - 1)
 
 
@@ -119,6 +123,7 @@ class RunResult:
     text: str
     stats: Stats
     steps: list[Step]
+    shape_why: str = ""  # why the proposal had the shape it had (config["shape"]): as asked, or what "auto" chose
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -1,0 +1,101 @@
+"""The bench's variants: every method (each proposing one once per shape) with its config, HF peers last, and
+--grid's paper-style sweep. Parsing of the --methods / --shapes lists lives here, refusing a retired key in the
+one line that names the new setting."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass
+
+from .. import generate_cli
+from ..core.config import METHODS, DecodeConfig
+from ..core.methods import lossless, method_spec, retired
+from ..core.settings import SHAPES
+from . import peers
+
+ALL_METHODS = METHODS + peers.PEERS
+GRID_TAUS = (0.2, 0.3, 0.4, 0.5)
+GRID_NAMES = {"tau_t": "tauT", "tau_q": "tauQ", "l_d": "lD", "l_q": "lQ"}  # in variant labels
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One benchmarked setting: an engine method with its config, or an HF peer."""
+
+    label: str
+    method: str
+    cfg: DecodeConfig
+
+    @property
+    def kind(self) -> str:
+        return "peer" if self.method in peers.PEERS else "engine"
+
+    @property
+    def lossless(self) -> bool:
+        """Output distribution equals the target's (at T=0: the same tokens, up to numerics)."""
+        return self.kind == "peer" or lossless(self.method, self.cfg.stage2)
+
+
+def _floats(s: str) -> list[float]:
+    return [float(x) for x in s.split(",") if x.strip()]
+
+
+def _ints(s: str) -> list[int]:
+    return [int(x) for x in s.split(",") if x.strip()]
+
+
+def parse_methods(methods: str, peer_list: str) -> list[str]:
+    ms = [m.strip().lower() for m in methods.split(",") if m.strip()]
+    ps = [] if peer_list.strip().lower() in ("", "none") else [m.strip().lower() for m in peer_list.split(",")]
+    for m in ms:
+        if retired(m):
+            raise ValueError(retired(m))
+    bad = [m for m in ms if m not in METHODS] + [m for m in ps if m not in peers.PEERS]
+    if bad:
+        raise ValueError(f"unknown method(s) {', '.join(bad)}; choose from {', '.join(ALL_METHODS)}")
+    if not ms and not ps:
+        raise ValueError("no methods to benchmark")
+    return list(dict.fromkeys(ms + ps))
+
+
+def parse_shapes(shapes: str | None, default: str) -> list[str]:
+    """--shapes as a list (default: the one --shape names); a ValueError naming the choices."""
+    out = [x.strip().lower() for x in (shapes or default).split(",") if x.strip()]
+    bad = [x for x in out if x not in SHAPES]
+    if bad or not out:
+        raise ValueError(f"unknown shape(s) {', '.join(bad) or '(none)'}; choose from {', '.join(SHAPES)}")
+    return list(dict.fromkeys(out))
+
+
+def build_variants(args: argparse.Namespace) -> list[Variant]:
+    """The settings to run, AR first and the peers last, each proposing method once per shape (--shapes);
+    with --grid the paper-style sweep."""
+    methods = parse_methods(args.methods, args.peers)
+    methods.sort(key=lambda m: (m != "ar",))
+    shapes = parse_shapes(getattr(args, "shapes", None), getattr(args, "shape", None) or "auto")
+
+    def cfg(m: str, **kw) -> DecodeConfig:
+        ns = argparse.Namespace(**{**vars(args), "method": m if m in METHODS else "ar"})
+        base = generate_cli.config_from_args(ns)
+        return dataclasses.replace(base, **kw)
+
+    out: list[Variant] = []
+    taus, lds, lqs = _floats(args.grid_taus), _ints(args.grid_l_d), _ints(args.grid_l_q)
+    pairs = [(d, q) for q in lqs for d in lds if d <= q]
+    for m in methods:
+        spec = method_spec(m) if m in METHODS else None
+        for shape in shapes if spec is not None and spec.shaped else [None]:
+            sk = {"shape": shape} if shape else {}
+            tag = [shape] if shape and len(shapes) > 1 else []  # the label names the shape when several run
+            if not args.grid or spec is None or not spec.thresholds:  # nothing to sweep
+                out.append(Variant(" ".join([m, *tag]), m, cfg(m, **sk)))
+                continue
+            for t in taus:  # τ_T, then τ_Q ≤ τ_T (stage 1 fuzzy), then ℓ_D ≤ ℓ_Q (pyramids)
+                for u in [u for u in taus if u <= t] if "tau_q" in spec.thresholds else [None]:
+                    for d, q in pairs if spec.pyramid else [(None, None)]:
+                        kw = {k: v for k, v in (("tau_t", t), ("tau_q", u), ("l_d", d), ("l_q", q)) if v is not None}
+                        out.append(Variant(" ".join([m, *tag] + [f"{GRID_NAMES[k]}={v:g}" for k, v in kw.items()]), m,
+                                           cfg(m, **kw, **sk)))
+    return out
+
+
