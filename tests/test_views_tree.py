@@ -55,14 +55,14 @@ def step(rnd: StageRound | None = None) -> Step:
     return Step(0, [], rnd or tree_round(RECORDED), [2, 4, 8], ["draft", "draft", "target"], 0.0, 0.1)
 
 
-def run(steps: list[Step], method: str = "fsd_tree") -> RunResult:
+def run(steps: list[Step], method: str = "fsd") -> RunResult:
     stats = compute_stats(method, steps, 0.0, "eos")
     return RunResult(method, {"tree_nodes": 7, "tau_t": 0.5, "tau_q": 0.5}, [], "", [], [], [], [], "", stats,
                      steps)
 
 
-def session(r: RunResult, method: str = "fsd_tree", texts: dict[int, str] | None = None) -> Session:
-    return Session([Race(1, "tiny", [], "", dict(r.config), {method: r}, dict(texts or TEXTS))])
+def session(r: RunResult, method: str = "fsd", texts: dict[int, str] | None = None) -> Session:
+    return Session([Race(1, "tiny", [], "", dict(r.config), results={method: r}, vocab=dict(texts or TEXTS))])
 
 
 def top1s(fig) -> dict[str, str]:
@@ -126,9 +126,9 @@ def test_the_marks_follow_the_accepted_path_not_the_node_index() -> None:
     """Rule: the ✓/✗/· under each chip is that token's own fate at the what-if τ (at τ_T 0.1: A kept, The and
     A's children refused, the rest never reached; at 0.7 the walk takes The → cat → ran)."""
     s = session(run([step()]))
-    chips = views.inspect_round(s, 1, "fsd_tree", 1, 0.5, 0.1, 1)[0]
+    chips = views.inspect_round(s, 1, "fsd", 1, 0.5, 0.1, 1)[0]
     assert marks(chips) == {"A": "✓", "The": "✗", "dog": "✗", "big": "✗", "sat": "·", "cat": "·", "ran": "·"}
-    chips = views.inspect_round(s, 1, "fsd_tree", 1, 0.5, 0.7, 1)[0]
+    chips = views.inspect_round(s, 1, "fsd", 1, 0.5, 0.7, 1)[0]
     assert marks(chips) == {"The": "✓", "cat": "✓", "ran": "✓", "A": "·", "dog": "·", "big": "·", "sat": "·"}
 
 
@@ -136,7 +136,7 @@ def test_the_chips_lay_the_path_first_and_siblings_below() -> None:
     """Rule: the top row is what the round kept, the accepted path (A, dog) then the verifier's own token at the
     next position; each other candidate at a context on the path starts a dashed row below, in its position's
     column (The at 1, big at 2, sat at 3), what hangs under it to its right (cat, ran under The)."""
-    html = views.inspect_round(session(run([step()])), 1, "fsd_tree", 1, 0.5, 0.5, 1)[0]
+    html = views.inspect_round(session(run([step()])), 1, "fsd", 1, 0.5, 0.5, 1)[0]
     cells = re.findall(r'<div class="([a-z ]+)" style="grid-row:(\d+);grid-column:(\d+);.*?>([A-Za-z]+)</span>',
                        html)
     where = {w: (cls, int(r), int(c)) for cls, r, c, w in cells}
@@ -152,15 +152,15 @@ def test_the_position_slider_is_a_depth_along_the_path_with_the_siblings_named()
     """Rule: position 2 is dog (the path's second token), its sibling big named; its top-5 are read at dog's
     context, A's (T2, D2), not a child's nor node 2's; the slider runs to the deepest pass's last position."""
     s = session(run([step()]))
-    out = views.inspect_round(s, 1, "fsd_tree", 1, 0.5, 0.5, 2)
+    out = views.inspect_round(s, 1, "fsd", 1, 0.5, 0.5, 2)
     fig = out[2]
     title = fig.layout.title.text
     assert "position 2: 'dog' (accepted)" in title and "'big' (discarded)" in title
     assert top1s(fig) == {"draft": "1. 'D2'", "target": "1. 'T2'"}
-    at3 = views.inspect_round(s, 1, "fsd_tree", 1, 0.5, 0.5, 3)[2]
+    at3 = views.inspect_round(s, 1, "fsd", 1, 0.5, 0.5, 3)[2]
     assert "position 3: 'sat' (rejected)" in at3.layout.title.text and "target's own: 'ate'" in at3.layout.title.text
     assert top1s(at3) == {"draft": "1. 'D4'", "target": "1. 'T4'"}
-    assert views._pos_slider(s.races[0].results["fsd_tree"])["maximum"] == 3
+    assert views._pos_slider(s.races[0].results["fsd"])["maximum"] == 3
 
 
 def test_a_pyramid_blocks_draft_top5_follow_the_stage1_path() -> None:
@@ -183,15 +183,15 @@ def test_a_pyramid_blocks_draft_top5_follow_the_stage1_path() -> None:
         assert inspector.position_top5(st, d)["draft"][0][0] == want, f"position {d}"
     assert "draft" not in inspector.position_top5(st, 3)  # the qualifier's own token: no draft proposal there
     texts = TEXTS | {110 + i: f"X{i}" for i in range(4)} | {120 + i: f"Q{i}" for i in range(4)}
-    r = run([st], "psd_f_tree")
-    fig = views.inspect_round(session(r, "psd_f_tree", texts), 1, "psd_f_tree", 1, 0.5, 0.5, 2)[2]
+    r = run([st], "psd_f")
+    fig = views.inspect_round(session(r, "psd_f", texts), 1, "psd_f", 1, 0.5, 0.5, 2)[2]
     assert top1s(fig) == {"draft": "1. 'D2'", "qualifier": "1. 'Q1'", "target": "1. 'X1'"}
 
 
 def test_the_text_names_the_shape_from_the_parent_list() -> None:
     """Rule: a tree round is told as a path of k from a tree of n candidates (its depth), a round whose parent
     list is a chain as a chain, wherever the parent list came from."""
-    md = views.inspect_round(session(run([step()])), 1, "fsd_tree", 1, 0.5, 0.5, 1)[3]
+    md = views.inspect_round(session(run([step()])), 1, "fsd", 1, 0.5, 0.5, 1)[3]
     assert "kept **2** (a path) of a tree of 7 candidates, depth 3" in md
     chain = StageRound("target", "draft", "target", "sd", [TokenRec(1, "draft", "accepted"),
                                                           TokenRec(2, "draft", "rejected"),
@@ -200,7 +200,7 @@ def test_the_text_names_the_shape_from_the_parent_list() -> None:
                        parents=[-1, 0, 1])
     fig = tree_view.tree_figure(Step(0, [], chain, [1, 8], ["draft", "target"], 0.0, 0.1), TEXTS)
     assert "a chain of 3" in fig.layout.annotations[0].text
-    md = views.inspect_round(session(run([Step(0, [], chain, [1, 8], [], 0.0, 0.1)])), 1, "fsd_tree", 1, .5, .5,
+    md = views.inspect_round(session(run([Step(0, [], chain, [1, 8], [], 0.0, 0.1)])), 1, "fsd", 1, .5, .5,
                              1)[3]
     assert "kept **1 of 3** proposed tokens" in md
 
@@ -228,7 +228,7 @@ def test_statistics_count_depths_not_node_indices() -> None:
     (it proposed at every depth and its path reached 2), acceptance 2 ÷ 3 (not 2 ÷ 7), its pass in the
     histogram's bin 2 of bins 0..3 (the deepest proposal); a last pass that proposed nothing falls in bin 0."""
     last = StageRound("target", "draft", "target", "fuzzy", [TokenRec(5, "target", "bonus")], 0)
-    s = compute_stats("fsd_tree", [step(), Step(1, [], last, [5], ["target"], 0.1, 0.2)], 0.0, "max_new_tokens")
+    s = compute_stats("fsd", [step(), Step(1, [], last, [5], ["target"], 0.1, 0.2)], 0.0, "max_new_tokens")
     assert s.per_position_acceptance["target"] == [1.0, 1.0, 0.0]
     assert s.acceptance["target"] == pytest.approx(2 / 3, abs=1e-4)
     assert s.proposed["target"] == 7 and s.accepted["target"] == 2
@@ -252,8 +252,8 @@ def test_the_histogram_places_a_tree_run_by_its_records_not_its_key() -> None:
 
 def test_the_story_tells_a_tree_runs_acceptance_over_positions() -> None:
     """Rule: the passes table says which runs proposed trees and gives their acceptance over positions."""
-    md = story.passes_markdown({"fsd_tree": run([step()])})
-    row = next(line for line in md.splitlines() if line.startswith("| FSD_TREE"))
+    md = story.passes_markdown({"fsd": run([step()])})
+    row = next(line for line in md.splitlines() if line.startswith("| FSD |"))
     assert "67%" in row and "tree" in row
 
 
@@ -267,6 +267,6 @@ def test_the_export_carries_each_rounds_parent_list_and_accepted_path(tmp_path) 
                                                           TokenRec(8, "target", "bonus")], 1, exact=True)
     r = run([step(), Step(1, [], chain, [1, 8], [], 0.1, 0.2)])
     jpath, _ = handlers.export_files(session(r))
-    rounds = [s["target_round"] for s in json.loads(open(jpath).read())[0]["results"]["fsd_tree"]["steps"]]
+    rounds = [s["target_round"] for s in json.loads(open(jpath).read())[0]["results"]["fsd"]["steps"]]
     assert [(x.get("parents"), x.get("accepted_path")) for x in rounds] == [(PARENTS, [1, 3]), ([-1], [0])]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ..core.config import METHOD_SHORT
+from ..core.config import METHOD_SHORT, short_name
 from ..core.costs import measured_by_k
 from ..core.stats import stage_rounds
 from ..core.trace import RunResult, StageRound, Step
@@ -54,11 +54,11 @@ def race_figure(results: dict[str, RunResult], running: str | None = None, live:
     fig = go.Figure()
     for m, r in results.items():
         xs, ys = _curve(r, LIVE_POINTS if live else None)
-        name = " · ".join([f"{m.upper()}: {r.stats.tokens_per_s:.1f} tok/s",
+        name = " · ".join([f"{short_name(m)}: {r.stats.tokens_per_s:.1f} tok/s",
                            *(["running"] if m == running else speedups(m, results))])
         fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines" if live else "lines+markers", line_shape="hv", name=name,
                                  line=dict(color=METHOD_COLOURS.get(m), width=3), marker=dict(size=5),
-                                 hovertemplate="%{y} tokens at %{x:.2f} s<extra>" + m.upper() + "</extra>"))
+                                 hovertemplate="%{y} tokens at %{x:.2f} s<extra>" + short_name(m) + "</extra>"))
     if not results:
         return empty_figure("The race chart appears here: tokens generated vs time for each method.")
     _layout(fig, "Tokens generated vs time (steeper is faster)", 440)
@@ -166,7 +166,7 @@ def position_figure(results: dict[str, RunResult]) -> go.Figure:
             first = stage_rounds(r.steps, stage)[0]
             pair = f"{first.proposer}→{first.verifier}"
             fig.add_trace(go.Scatter(x=list(range(1, len(ys) + 1)), y=ys, mode="lines+markers",
-                                     name=f"{m.upper()} · {pair}",
+                                     name=f"{short_name(m)} · {pair}",
                                      line=dict(color=METHOD_COLOURS.get(m), dash=dash, width=3)))
     if not fig.data:
         return empty_figure("Per-position acceptance appears after a race.")

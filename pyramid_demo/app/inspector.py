@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 from ..core import noise
 from ..core import parents as parent_list
+from ..core.config import short_name
+from ..core.methods import LANES
 from ..core.rules import fuzzy_passes
 from ..core.stats import STAGES, agreement, stage_rounds
 from ..core.trace import RunResult, StageRound, Step, TokenRec, accepted_path, parents_of
@@ -203,18 +205,28 @@ def within_noise(a: float, b: float | None, spread: float | None) -> bool:
     return bool(b) and spread is not None and noise.compare(a, b, spread) == 0
 
 
+def baseline_lane(method: str, results: dict[str, RunResult]) -> str | None:
+    """The lane a speed-up is measured against: the method's own lane, or side by side its chain's (read from
+    `LANES`, never out of the key)."""
+    if method in results:
+        return method
+    return next((k for k in results if k in LANES and LANES[k].method == method and LANES[k].shape == "chain"), None)
+
+
 def speedups(m: str, results: dict[str, RunResult]) -> list[str]:
     """["×1.80 vs AR", "×1.05 vs SD (tie within noise)"] for method m: what the lanes, legend and status show."""
     out = []
     spread = race_noise(results)
     for base in ("ar", "sd"):
-        b = results.get(base)
-        if b is None or m == base or (base == "sd" and m == "ar"):
+        key = baseline_lane(base, results)
+        b = results.get(key) if key else None
+        if b is None or m == key or (base == "sd" and results[m].method == "ar"):
             continue
         a, bs = results[m].stats.tokens_per_s, b.stats.tokens_per_s
         x = ratio(a, bs)
         if x is not None:
-            out.append(f"×{x:.2f} vs {base.upper()}" + (" (tie within noise)" if within_noise(a, bs, spread) else ""))
+            out.append(f"×{x:.2f} vs {short_name(key)}"
+                       + (" (tie within noise)" if within_noise(a, bs, spread) else ""))
     return out
 
 

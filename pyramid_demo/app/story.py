@@ -10,6 +10,7 @@ Pure: records in, rows and Markdown out (charts draw the rows).
 from __future__ import annotations
 
 from ..core import costs, insertion, noise
+from ..core.config import short_name
 from ..core.throughput import predict
 from ..core.trace import RunResult
 from .inspector import proposes_trees, race_noise, shape_summary
@@ -138,7 +139,7 @@ def markdown(results: dict[str, RunResult], profile: dict | None) -> str:
         if row.get("alpha_qualifier") is not None:
             alpha = f"α_Q {_fmt(row['alpha_qualifier'])} · α_T {alpha}"
         need = "—" if row.get("per_pass_needed") is None else f"{row['per_pass']:.2f} ({row['per_pass_needed']:.2f})"
-        lines.append(f"| {row['method'].upper()} | {row['measured']:.1f} | {_fmt(row.get('x_ar'))} "
+        lines.append(f"| {short_name(row['method'])} | {row['measured']:.1f} | {_fmt(row.get('x_ar'))} "
                      f"| {_fmt(row['predicted'], 1)} | {_fmt(row.get('x_ar_predicted'))} | {_fmt(row['factor'], 1)} "
                      f"| {alpha} | {need} | {row['verdict']} |")
     lines += ["", insertion_line(results, profile)]
@@ -166,7 +167,8 @@ def passes_markdown(results: dict[str, RunResult]) -> str:
         f = [str(s.forward_passes.get(k, "—")) for k in ROLES]
         acc = [f"{s.acceptance[k]:.0%}" if k in s.acceptance else "—" for k in ("qualifier", "target")]
         shape = shape_summary(r) if s.rounds else "—"
-        out.append(f"| {m.upper()} | {shape} | {' | '.join(f)} | {' | '.join(acc)} | {s.tokens_per_target_pass:.2f} |")
+        cells = [short_name(m), shape, *f, *acc, f"{s.tokens_per_target_pass:.2f}"]
+        out.append("| " + " | ".join(cells) + " |")
     lines = [head, *out]
     if any(proposes_trees(r) for r in results.values()):
         lines += ["", "*Accepted* is the accepted tokens ÷ the positions proposed: for a tree, its accepted path's "
@@ -181,7 +183,7 @@ def teaching_aid(results: dict[str, RunResult], profile: dict | None) -> str:
         return ""
     speeds = {role: 1000 / costs.cost_ms(profile, role, 1) for role in ROLES if role in profile["ms"]}
     got = [(m, predict(r, speeds)) for m, r in results.items() if m != "ar"]
-    vals = ", ".join(f"{m.upper()} {_fmt(p, 1)}" for m, p in got)
+    vals = ", ".join(f"{short_name(m)} {_fmt(p, 1)}" for m, p in got)
     return ("**Teaching aid, not this machine's prediction** — the PyramidSD §3 throughput formula "
             "(V_SD = β·(ℓ+1) / (ℓ/V_D + 1/V_T), V_PSD likewise through the qualifier), fed with the profile's "
             "one-token speeds (" + ", ".join(f"V_{r[0].upper()} {v:.0f}/s" for r, v in speeds.items())

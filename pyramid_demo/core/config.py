@@ -9,6 +9,11 @@ from .settings import DIV_SUPPORTS, DIVERGENCES, FALLBACKS, SHAPES, STAGE2_RULES
 METHODS = tuple(m.key for m in TABLE)
 METHOD_LABELS = {lane.key: lane.label for lane in LANES.values()}  # by method key, and by a race's lane key
 METHOD_SHORT = {lane.key: lane.short for lane in LANES.values()}  # "AR", "SD", "SD·tree", …: for axes and tables
+
+
+def short_name(key: str) -> str:
+    """A method's or a lane's short name for charts and tables (an unknown key as it is, upper-cased)."""
+    return METHOD_SHORT.get(key, key.upper())
 MAX_LENGTH = 64  # the longest γ, ℓ_D or ℓ_Q
 MAX_TREE_K = 16  # the most children a tree node may have
 LONGEST_PASS = MAX_LENGTH + 1  # the longest verification pass: a proposal plus the verifier's own token
