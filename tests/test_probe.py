@@ -197,3 +197,14 @@ def test_the_numerics_name_the_instruction_sets_and_an_older_format_is_probed_ag
     assert probe.Choice.from_entry(entry) is None
     assert probe.Choice.from_entry({**entry, "format": probe.FORMAT}) is not None
     assert probe.Choice.from_entry({**entry, "format": probe.FORMAT, "attention": "batched?"}) is None
+
+
+def test_the_lean_attention_is_part_of_the_choice(cache):
+    """Rule: the lean attention the records were measured on ("rows" where the batched one failed its check) is
+    cached with the choice, kept by a --dtype flag that reuses the record, and part of a view's identity."""
+    rows = probe.remember("fam", _choice(attention="rows"))
+    back = probe.cached_choice("fam")
+    assert back is not None and back.attention == "rows" and back.identity != _choice().identity
+    t = tiny_random_triplet()
+    flagged = probe.choose("fam", torch.device("cpu"), torch.bfloat16, None, lambda: (t.target, t.vocab_size))
+    assert flagged.how == "flag" and flagged.attention == rows.attention
