@@ -208,3 +208,14 @@ def test_the_lean_attention_is_part_of_the_choice(cache):
     t = tiny_random_triplet()
     flagged = probe.choose("fam", torch.device("cpu"), torch.bfloat16, None, lambda: (t.target, t.vocab_size))
     assert flagged.how == "flag" and flagged.attention == rows.attention
+
+
+def test_a_compiled_forward_is_not_a_probe_candidate_yet(cache):
+    """Pinned refusal (README, "A compiled forward"): inductor's compiled forward rounds unlike the eager one (bf16
+    logits up to 0.38 apart), so it may run only as its own probed candidate, which does not exist yet; a cache
+    entry naming any forward but HF's or the lean one is not trusted and the family is probed again."""
+    entry = _choice().to_entry()
+    assert probe.Choice.from_entry(entry) is not None
+    for path in ("compiled", "aot", "inductor"):
+        assert probe.Choice.from_entry({**entry, "path": path}) is None, path
+    assert all(b in ("default", "packed", "onednn", "no-onednn") for _, b in probe.CANDIDATES)
