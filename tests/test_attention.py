@@ -202,3 +202,46 @@ def test_the_probe_refuses_a_batch_variant_attention(monkeypatch):
         rec = exactness.check_model(lambda: lean.LeanLM(model, 64, "t", padded=True), 64, ((100, (5,)),),
                                     kinds=("attention",))
         assert rec["exact"] and rec["attention"]["passes"] == len(exactness.ATTENTION_AT)
+
+
+class _PaddedLinear(torch.nn.Module):
+    """A linear whose calls of fewer than `min_rows` rows are padded with zero rows, as `core.packed` pads: from
+    some padding on, fp32 BLAS rows no longer depend on the call's row count (here: 4 rows at 1 thread, 16 at 2)."""
+
+    def __init__(self, linear: torch.nn.Linear, min_rows: int = 1):
+        super().__init__()
+        self.weight, self.bias, self.min_rows = linear.weight, linear.bias, min_rows
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features)  # [rows, in]
+        rows = flat.shape[0]
+        if rows < self.min_rows:
+            flat = torch.cat([flat, flat.new_zeros(self.min_rows - rows, self.in_features)])
+        return torch.nn.functional.linear(flat, self.weight, self.bias)[:rows].reshape(*x.shape[:-1], -1)
+
+
+def test_lean_passes_and_trees_equal_steps_at_two_threads():
+    """End to end at 2 threads: a model with the offline target's attention shapes (fp32, its linears padded to the
+    row count from which BLAS rows are batch-invariant here) gives bitwise the logits of one-token steps on chain
+    passes of up to 17 tokens and on tree passes, near the start of the cache and past the attention kernel's key
+    split. fp32 is where the unaligned batched attention of before differed on most rows."""
+    from pyramid_demo.core import exactness
+    from pyramid_demo.core.lean import LeanLM
+    from pyramid_demo.core.packed import invariant_pad
+
+    model = _offline_heads(torch.float32)
+    with _threads(2):
+        linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
+        pad = invariant_pad(linears, 17, (1, 2, 4, 8, 16, 32), pack=_PaddedLinear)
+        if pad is None:
+            pytest.skip("this CPU's fp32 linears are batch-variant at every padding tried")
+        for parent in list(model.modules()):
+            for name, child in list(parent.named_children()):
+                if type(child) is torch.nn.Linear:
+                    setattr(parent, name, _PaddedLinear(child, pad))
+        rec = exactness.check_model(lambda: LeanLM(model, 64, "t", padded=True), 64,
+                                    ((100, (2, 5, 9, 17)), (450, (5, 17))), kinds=("attention", "chain", "tree"))
+    assert rec["threads"] == 2 and rec["attention"]["exact"], rec
+    assert rec["exact"] and rec["passes"] == 6, rec
+    assert rec["trees"] and rec["trees"]["exact"] and rec["trees"]["passes"] >= 6, rec["trees"]
