@@ -14,7 +14,7 @@ from pyramid_demo.core import exactness
 from pyramid_demo.core.costs import CONTEXT
 from pyramid_demo.core.lean import LeanLM
 from pyramid_demo.models.bundled import bundled_target
-from pyramid_demo.models.probe import candidate_model
+from pyramid_demo.models.probe import TREE_PLAN, candidate_model
 
 nums = [int(a) for a in sys.argv[1:] if a.isdigit()]
 reps = nums[0] if nums else 30
@@ -55,7 +55,8 @@ for (kind, n), v in got.items():
           f"{statistics.median(v) / step:.3f} |")
 if "--no-check" not in sys.argv:
     for lay in lms:
-        rec = exactness.check_tree_model(lambda lay=lay: LeanLM(model, vocab, "t", "packed", padded=True,
-                                                                tree_layout=lay), vocab, pad_rows=pad)
+        rec = exactness.check_model(lambda lay=lay: LeanLM(model, vocab, "t", "packed", padded=True,
+                                                           tree_layout=lay), vocab, TREE_PLAN, pad,
+                                    kinds=("tree",))["trees"]
         print(f"{lay}: exact {rec['exact']} ({rec['bitwise_passes']}/{rec['passes']} tree passes bitwise, "
               f"max diff {rec['max_abs_diff']:.2g}, top-1 {rec['top1']})")

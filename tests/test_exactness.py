@@ -188,3 +188,41 @@ def test_real_packed_linears_are_invariant_with_the_padding_found():
     pad = invariant_pad(lins, 40)
     assert pad is not None
     assert all(rows_invariant(PackedLinear(lin, pad), 40) for lin in lins)
+
+
+def test_a_check_given_values_that_are_only_close_fails():
+    """Rule: exactness is bitwise (`torch.equal`), never a tolerance: a pass whose last row is one ulp from the
+    step's (allclose by any standard) is not exact, for chain passes, tree passes and the attention check alike."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from mock_lm import BigramLM, bigram_table
+
+    class OneUlpOff(BigramLM):
+        def _run(self, tokens, pos, keep):
+            z = super()._run(tokens, pos, keep)  # [keep, V]
+            if keep > 1:  # a multi-row pass: its last row one ulp up
+                z[-1] = torch.nextafter(z[-1], torch.full_like(z[-1], float("inf")))
+            return z
+
+        def _run_tree(self, rows, base, pos):
+            z = super()._run_tree(rows, base, pos)  # [n, V]
+            z[-1] = torch.nextafter(z[-1], torch.full_like(z[-1], float("inf")))
+            return z
+
+    table = bigram_table(40, seed=3)
+    ids = [(5 * i + 1) % 40 for i in range(60)]
+    exact = exactness.summarise(exactness.pass_vs_steps(BigramLM(table), ids, 10, (2, 5)))
+    assert exact["exact"], "the bigram is exact as it is (else this test is vacuous)"
+    checks = exactness.pass_vs_steps(OneUlpOff(table), ids, 10, (2, 5))
+    assert all(c["top1"] and 0 < c["max_abs_diff"] < 1e-5 for c in checks), "the rows are only close"
+    assert not any(c["bitwise"] for c in checks) and not exactness.summarise(checks)["exact"]
+    trees = [{**c, "kind": "tree"} for c in exactness.tree_passes(OneUlpOff(table), ids, 10, (17,))]
+    assert trees and not exactness.summarise(trees)["trees"]["exact"]
+    assert exactness.summarise([{**c, "kind": "tree"} for c in exactness.tree_passes(BigramLM(table), ids, 10,
+                                                                                    (17,))])["trees"]["exact"]
+    close = {"k": 5, "context": 10, "bitwise": False, "top1": True, "max_abs_diff": 1e-7, "kind": "attention"}
+    rec = exactness.summarise([{**c, "kind": "chain"} for c in exactness.pass_vs_steps(BigramLM(table), ids, 10,
+                                                                                      (2,))] + [close])
+    assert not rec["exact"] and not rec["attention"]["exact"] and "attention kernel" in exactness.describe(rec)

@@ -147,3 +147,75 @@ def test_a_probe_of_an_uncovered_target_names_it(cache, monkeypatch):
     assert got.path == "hf" and got.uncovered == {"target": "GPT2LMHeadModel"}
     shown = probe.cached_choice("fam")
     assert shown is not None and "the lean forward does not cover" in shown.summary
+
+
+def test_a_choice_made_at_one_thread_is_not_reused_at_two(cache):
+    """Rule: the cache is keyed by everything that changes the numerics, the thread count included (torch's CPU
+    attention and MKL split work by threads and round by each thread's scratch), and every entry carries what it
+    was measured under: a choice probed at 1 thread is neither found nor trusted at 2, even filed under the
+    2-thread key (a shared cache folder, an older writer), and the probe runs again."""
+    before = torch.get_num_threads()
+    probed: list[int] = []
+
+    def fake_probe(target, vocab, check_all=False):
+        probed.append(torch.get_num_threads())
+        return _choice()
+
+    t = tiny_random_triplet()
+    mp = pytest.MonkeyPatch()
+    mp.setattr(probe.policy, "probe_target", fake_probe)
+    try:
+        torch.set_num_threads(1)
+        one = probe.choose("fam", torch.device("cpu"), None, None, lambda: (t.target, t.vocab_size))
+        key_one = probe.machine_key()
+        assert probe.cached_choice("fam") is not None
+        torch.set_num_threads(2)
+        key_two = probe.machine_key()
+        assert key_two != key_one and "2 threads" in key_two
+        assert probe.cached_choice("fam") is None, "a 1-thread choice was found at 2 threads"
+        entries = json.loads((cache / probe.CHOICE_FILE).read_text())
+        (cache / probe.CHOICE_FILE).write_text(json.dumps({**entries, f"{key_two} | fam": entries[f"{key_one} | fam"]}))
+        assert probe.cached_choice("fam") is None, "an entry measured at 1 thread was trusted at 2"
+        two = probe.choose("fam", torch.device("cpu"), None, None, lambda: (t.target, t.vocab_size))
+        assert probed == [1, 2] and two.how == "probe"
+        assert (one.numerics["threads"], two.numerics["threads"]) == (1, 2)
+        assert two.identity != one.identity, "a loaded view of the 1-thread choice would be reused at 2 threads"
+        back = probe.cached_choice("fam")
+        assert back is not None and back.numerics == probe.numerics()
+    finally:
+        mp.undo()
+        torch.set_num_threads(before)
+
+
+def test_the_numerics_name_the_instruction_sets_and_an_older_format_is_probed_again(cache):
+    """Rule: the key names the CPU's instruction sets (a VM of the same model name may hide AVX-512) and the
+    kernels torch dispatches to; an entry of format 5 (before the numerics were kept) is not trusted."""
+    n = probe.numerics()
+    assert set(n) == {"cpu", "isa", "capability", "torch", "threads"}
+    assert all(str(v) in probe.machine_key() for k, v in n.items() if k != "threads")
+    entry = {**_choice().to_entry(), "format": 5}
+    assert probe.Choice.from_entry(entry) is None
+    assert probe.Choice.from_entry({**entry, "format": probe.FORMAT}) is not None
+    assert probe.Choice.from_entry({**entry, "format": probe.FORMAT, "attention": "batched?"}) is None
+
+
+def test_the_lean_attention_is_part_of_the_choice(cache):
+    """Rule: the lean attention the records were measured on ("rows" where the batched one failed its check) is
+    cached with the choice, kept by a --dtype flag that reuses the record, and part of a view's identity."""
+    rows = probe.remember("fam", _choice(attention="rows"))
+    back = probe.cached_choice("fam")
+    assert back is not None and back.attention == "rows" and back.identity != _choice().identity
+    t = tiny_random_triplet()
+    flagged = probe.choose("fam", torch.device("cpu"), torch.bfloat16, None, lambda: (t.target, t.vocab_size))
+    assert flagged.how == "flag" and flagged.attention == rows.attention
+
+
+def test_a_compiled_forward_is_not_a_probe_candidate_yet(cache):
+    """Pinned refusal (README, "A compiled forward"): inductor's compiled forward rounds unlike the eager one (bf16
+    logits up to 0.38 apart), so it may run only as its own probed candidate, which does not exist yet; a cache
+    entry naming any forward but HF's or the lean one is not trusted and the family is probed again."""
+    entry = _choice().to_entry()
+    assert probe.Choice.from_entry(entry) is not None
+    for path in ("compiled", "aot", "inductor"):
+        assert probe.Choice.from_entry({**entry, "path": path}) is None, path
+    assert all(b in ("default", "packed", "onednn", "no-onednn") for _, b in probe.CANDIDATES)

@@ -81,20 +81,42 @@ def tree_passes(lm: LM, ids: list[int], context: int, ks: Sequence[int]) -> list
     return [tree_vs_steps(lm, ids, c, s) for c in at for s in TREE_SHAPES if c + len(s) <= len(ids)]
 
 
+# where the attention check puts a pass, relative to the plan's context: inside a key bucket, across its edge, and
+# past the attention kernel's key split (`lean.KV_SPLIT`), where a batched call's scratch can no longer be aligned
+ATTENTION_AT = (0, 13, 47, 111, 300, 460)
+
+
+def attention_passes(lm: LM, ids: list[int], context: int, ks: Sequence[int]) -> list[dict[str, Any]]:
+    """The LM's attention alone (`LeanLM.check_attention`: random queries, keys and values through one layer's
+    attention, a pass's call against one-token steps' calls), at many more positions and pass lengths than full
+    forwards could afford: the batched shapes where a thread's scratch alignment once changed one row in 17.
+    None where the LM's forward has no such check (HF's row-wise attention is a step's own call for every row)."""
+    check = getattr(lm, "check_attention", None)
+    if check is None:
+        return []
+    return [check(context + d, k, seed=context + d + 1000 * k) for d in ATTENTION_AT for k in ks]
+
+
 PassCheck = Callable[[LM, list[int], int, Sequence[int]], list[dict[str, Any]]]
-# Every kind of multi-token pass a run makes, checked alike against one-token steps: a chain of k tokens, and a
-# tree of candidates verified in one pass. `summarise` keeps the kinds apart: a chain's exactness decides the
-# family's forward, a tree's whether the tree methods are lossless here too.
-PASS_CHECKS: dict[str, PassCheck] = {"chain": pass_vs_steps, "tree": tree_passes}
+# Every kind of multi-token pass a run makes, checked alike against one-token steps: a chain of k tokens, a tree of
+# candidates verified in one pass, and the attention kernel alone over the batched shapes. `summarise` keeps the
+# kinds apart: a chain's exactness (with its attention's) decides the family's forward, a tree's whether the tree
+# methods are lossless here too. Every comparison is bitwise (`torch.equal`), never a tolerance.
+PASS_CHECKS: dict[str, PassCheck] = {"chain": pass_vs_steps, "tree": tree_passes, "attention": attention_passes}
 
 
 def summarise(checks: list[dict[str, Any]], pad_rows: int = 1) -> dict[str, Any]:
-    """One record: exact only when every chain pass matched bitwise; top1 when every argmax matched. Tree passes
-    are summarised apart, under "trees" (None when none was checked)."""
+    """One record: exact only when every chain pass and every attention check matched bitwise; top1 when every
+    argmax matched. Tree passes and attention checks are summarised apart, under "trees" and "attention" (None
+    when none was checked); a failed attention check makes the record inexact, whatever its chain passes said."""
     trees = [c for c in checks if c.get("kind") == "tree"]
-    checks = [c for c in checks if c.get("kind") != "tree"]
-    return {"trees": _tally(trees) if trees else None, **_tally(checks), "pad_rows": pad_rows,
-            "kinds": sorted({c.get("kind", "chain") for c in checks + trees})}
+    att = [c for c in checks if c.get("kind") == "attention"]
+    chain = [c for c in checks if c.get("kind") not in ("tree", "attention")]
+    record = {"trees": _tally(trees) if trees else None, "attention": _tally(att) if att else None,
+              **_tally(chain), "pad_rows": pad_rows, "kinds": sorted({c.get("kind", "chain") for c in checks}),
+              "threads": torch.get_num_threads()}
+    record["exact"] = record["exact"] and all(c["bitwise"] for c in att)
+    return record
 
 
 def _tally(checks: list[dict[str, Any]]) -> dict[str, Any]:
@@ -139,6 +161,11 @@ def describe(record: dict[str, Any] | None) -> str:
     if not record:
         return ("exactness not checked for this choice: lossless methods (SD, lossless PSD_A) may differ from AR "
                 "at near-ties")
+    att = record.get("attention")
+    if att and not att["exact"]:
+        return (f"not bitwise exact at {record.get('threads', '?')} threads: the attention kernel gave a batched "
+                f"pass's rows unlike one-token steps ({att['bitwise_passes']}/{att['passes']} checks equal): "
+                "lossless methods may differ from AR at near-ties")
     if record["exact"]:
         return (f"exact: a verification pass of up to {record['max_k']} tokens gives bitwise the logits of "
                 f"one-token steps ({record['bitwise_passes']}/{record['passes']} passes checked), so SD and "

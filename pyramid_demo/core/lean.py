@@ -12,7 +12,12 @@ step makes (its own causal slice of the cache), so with batch-invariant linears 
 equals k one-token steps bitwise. That costs one SDPA call per row per layer; `padded=True` makes
 it one per layer: every row is its own batch item over a key length padded to a multiple of
 KEY_BUCKET that its position alone fixes, masked, and a one-token step runs the same call with a
-batch of one, so each row meets the same shapes either way. Only a pass longer than ROWWISE_MAX
+batch of one, so each row meets the same shapes either way. At more than one thread that is not enough: torch's
+CPU attention kernel hands each (batch item, head) to a thread, and each thread computes in its own scratch
+buffer, whose alignment changes the kernel's rounding (measured: 2 threads, fp32, 900 of 990 rows of a batched
+call unequal to its batch-of-one call). The key length is therefore also padded so that every thread's scratch
+is 64-byte aligned (`scratch_pad`), and where that cannot hold (more than KV_SPLIT keys) each row gets its own
+call, a step's call exactly (`batched`). Only a pass longer than ROWWISE_MAX
 (a prompt's prefill) runs one masked call: every method prefills the same prompt in one pass, so
 their caches still agree. Covered: Llama 2/3.x (llama3 rope scaling included), SmolLM2, Qwen2 (q/k/v
 biases), Mistral (its sliding window too). Anything else stays on HF's forward (`lm.open_lm`).
@@ -40,11 +45,51 @@ KEY_BUCKET = 64  # padded attention: a query at position p attends over key_len(
 # position is ≤ the row's) lie inside the key length a one-token step at the row's position reads: a tree row
 # then meets the step's shapes, its ancestors found in place by the mask
 TREE_SLACK = LONGEST_PASS - 1
+KV_SPLIT = 512  # torch's CPU flash attention takes keys in blocks of at most 512 (its kv_split_size)
+SCRATCH_ALIGN = 16  # fp32 elements in 64 bytes: the alignment each thread's scratch needs (`scratch_pad`)
+ATTENTIONS = ("auto", "rows")  # `set_attention`: batched where invariant (auto), or one call per row always
+_ATTENTION_ATTR = "_pyramid_lean_attention"
 
 
-def key_len(p: int) -> int:
-    """The padded key length of a query at position p: fixed by the position alone, whatever the pass."""
+def bucket(p: int) -> int:
+    """The multiple of KEY_BUCKET a query at position p attends up to (room for a tree's slots included)."""
     return -(-(p + 1 + TREE_SLACK) // KEY_BUCKET) * KEY_BUCKET
+
+
+def key_len(p: int, pad: int = 0) -> int:
+    """The padded key length of a query at position p: fixed by the position (and the model's `scratch_pad`)
+    alone, whatever the pass."""
+    return bucket(p) + pad
+
+
+def scratch_pad(q_rows: int, head_dim: int) -> int:
+    """Extra keys that make torch's CPU flash attention scratch 64-byte aligned in every thread.
+
+    The kernel gives each thread q_rows·(t + 2 + head_dim) fp32 values for t ≤ KV_SPLIT keys (the scores, the
+    running max and sum, the output), one thread's after another's; with that a multiple of SCRATCH_ALIGN every
+    thread computes at the same alignment, so a row's result no longer depends on which thread, hence on which
+    batch, computed it. q_rows: the query rows of one (batch item, KV head), the GQA group (at most 32)."""
+    q = min(q_rows, 32)
+    return next(d for d in range(SCRATCH_ALIGN) if q * (KEY_BUCKET + d + 2 + head_dim) % SCRATCH_ALIGN == 0)
+
+
+def scratch_aligned(t: int, q_rows: int, head_dim: int) -> bool:
+    """Whether a batched attention call over t keys computes every (item, head) at one scratch alignment."""
+    return t <= KV_SPLIT and min(q_rows, 32) * (t + 2 + head_dim) % SCRATCH_ALIGN == 0
+
+
+def set_attention(model: torch.nn.Module, kind: str) -> None:
+    """How the lean forward attends for this model (`ATTENTIONS`), chosen by the probe: "auto" batches a pass's
+    rows where that is batch-invariant, "rows" gives every row a step's own call (batch-invariant at any
+    thread count by construction: each row's call is a one-token step's)."""
+    if kind not in ATTENTIONS:
+        raise ValueError(f"unknown lean attention {kind!r}; choose one of {', '.join(ATTENTIONS)}")
+    setattr(model, _ATTENTION_ATTR, kind)
+
+
+def attention_of(model: Any) -> str:
+    """The lean attention set for `model` (`set_attention`; "auto" when none was)."""
+    return getattr(model, _ATTENTION_ATTR, "auto")
 STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # inv_freq fixed at load (not dynamic / longrope)
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 TREE_LAYOUTS = ("gathered", "masked")  # how a tree row's keys are laid out (`LeanLM.tree_layout`)
@@ -231,6 +276,8 @@ class LeanLM(CachedModel):
         self.tree_layout = tree_layout
         self._plans: dict[tuple[int, int], list] = {}  # (pos, n) -> padded attention's key plan
         w = self.w
+        self.attention = attention_of(model)  # "auto" | "rows" (`set_attention`)
+        self.key_pad = scratch_pad(w.n_heads // w.n_kv, w.head_dim)  # keys past the bucket: aligned scratch
         self.kv = torch.zeros(len(w.layers), 2, w.n_kv, capacity, w.head_dim, dtype=w.dtype)  # [L, 2, H_kv, T, D]
         self._rope(capacity)
 
@@ -280,7 +327,7 @@ class LeanLM(CachedModel):
     @torch.inference_mode()
     def _run_tree(self, rows: list[tuple[int, int, int]], base: int, pos: int) -> torch.Tensor:
         new = rows[base:]
-        self._grow(key_len(pos + len(rows)))
+        self._grow(key_len(pos + len(rows), self.key_pad))
         anc = []  # per new row: its ancestors' row indices, root first, itself last
         for j in range(base, len(rows)):
             a, k = [], j
@@ -300,9 +347,9 @@ class LeanLM(CachedModel):
         ancestors out as a step along its path would find them."""
         w, plan, i, n = self.w, [], 0, len(positions)
         while i < n:
-            t = key_len(positions[i])
+            t = key_len(positions[i], self.key_pad)
             j = i + 1
-            while j < n and key_len(positions[j]) == t:
+            while j < n and key_len(positions[j], self.key_pad) == t:
                 j += 1
             key = torch.arange(t)[None]  # [1, t]
             if self.tree_layout == "gathered":
@@ -343,8 +390,9 @@ class LeanLM(CachedModel):
         the pass it is in; rows of one pass share a group unless they straddle a bucket edge."""
         w, plan, i = self.w, [], 0
         while i < n:
-            t = key_len(pos + i)
-            j = min(n, t - TREE_SLACK - pos)  # rows whose position p < t − TREE_SLACK share this length
+            edge = bucket(pos + i)
+            t = edge + self.key_pad
+            j = min(n, edge - TREE_SLACK - pos)  # rows whose position p < edge − TREE_SLACK share this length
             key = torch.arange(t)[None]  # [1, t]
             q_pos = torch.arange(pos + i, pos + j)[:, None]  # [m, 1]
             seen = key <= q_pos  # [m, t]
@@ -354,6 +402,15 @@ class LeanLM(CachedModel):
             plan.append((i, j, t, mask))
             i = j
         return plan
+
+    def batched(self, t: int) -> bool:
+        """Whether the rows of a pass over t padded keys share one attention call: only where that call computes
+        each row as a batch of one does. At one thread the kernel runs every item inline, in one scratch buffer;
+        at more, only where every thread's scratch has one alignment (`scratch_aligned`). Elsewhere each row gets
+        a one-token step's own call."""
+        if self.attention == "rows":
+            return False
+        return torch.get_num_threads() == 1 or scratch_aligned(t, self.w.n_heads // self.w.n_kv, self.w.head_dim)
 
     def _attend(self, q: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor, pos: int,
                 plan: list[tuple[int, int, int, torch.Tensor]] | None = None) -> torch.Tensor:
@@ -374,8 +431,12 @@ class LeanLM(CachedModel):
                     b, dst, src = gather[0]
                     k, v = self._gathered(k_all, v_all, m, t)
                     k[b, :, dst], v[b, :, dst] = k_all[:, src].transpose(0, 1), v_all[:, src].transpose(0, 1)
-                outs.append(F.scaled_dot_product_attention(
-                    q[i:j].view(m, w.n_kv, rep, w.head_dim), k, v, attn_mask=mask, scale=scale))  # [m, H_kv, rep, D]
+                qg = q[i:j].view(m, w.n_kv, rep, w.head_dim)  # [m, H_kv, rep, D]
+                if m == 1 or self.batched(t):
+                    outs.append(F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=scale))
+                else:  # each row a step's call: a batch of one over its own keys and mask
+                    outs += [F.scaled_dot_product_attention(qg[r: r + 1], k[r: r + 1], v[r: r + 1],
+                                                            attn_mask=mask[r: r + 1], scale=scale) for r in range(m)]
             return (outs[0] if len(outs) == 1 else torch.cat(outs)).view(n, -1)  # [n, H·D]
         if n == 1 or (self.rowwise and n <= ROWWISE_MAX):
             rows = []
@@ -396,6 +457,25 @@ class LeanLM(CachedModel):
         out = F.scaled_dot_product_attention(qg, k_all[None, :, :end], v_all[None, :, :end], attn_mask=mask,
                                              scale=scale)  # [1, H_kv, n·rep, D]
         return out.view(w.n_kv, n, rep, w.head_dim).transpose(0, 1).reshape(n, -1)  # [n, H·D]
+
+    @torch.inference_mode()
+    def check_attention(self, pos: int, k: int, seed: int = 0) -> dict[str, Any]:
+        """This forward's attention alone, bitwise: a k-row pass at positions pos … pos+k-1 against k one-token
+        steps, with random queries over random keys and values laid out in this LM's own cache (layer 0, which
+        it overwrites: a scratch LM). One record as `exactness.pass_vs_steps` gives."""
+        w, g = self.w, torch.Generator().manual_seed(seed)
+        self._grow(key_len(pos + k, self.key_pad) + 1)
+        k_all, v_all = self.kv[0, 0], self.kv[0, 1]  # [H_kv, T, D] each
+        k_all.copy_(torch.randn(k_all.shape, generator=g))
+        v_all.copy_(torch.randn(v_all.shape, generator=g))
+        q = torch.randn(k, w.n_heads, w.head_dim, generator=g).to(w.dtype)  # [k, H, D]
+        plans = [self._key_plan(pos, k) if self.padded else None] + [
+            self._key_plan(pos + i, 1) if self.padded else None for i in range(k)]
+        z = self._attend(q, k_all, v_all, pos, plans[0])  # [k, H·D]
+        ref = torch.cat([self._attend(q[i: i + 1], k_all, v_all, pos + i, plans[i + 1]) for i in range(k)])
+        diff = (z.float() - ref.float()).abs()
+        return {"k": k, "context": pos, "bitwise": bool(torch.equal(z, ref)), "top1": bool(torch.equal(
+            z.argmax(-1), ref.argmax(-1))), "max_abs_diff": float(diff.max())}
 
     def _forward(self, tokens: torch.Tensor, pos: int, keep: int, plan: list | None = None,
                  positions: torch.Tensor | None = None) -> torch.Tensor:

@@ -21,6 +21,7 @@ import torch
 
 from ..core.attention import use_rowwise
 from ..core.config import LONGEST_PASS
+from ..core.lean import set_attention
 from ..core.lm import ModelTriplet
 from ..core.packed import available as packed_available
 from ..core.packed import bf16_linears, invariant_pad, pack_linears
@@ -125,6 +126,8 @@ def load_triplet(spec: str, device: str | None = None, dtype: str | None = None,
     # the forward that will run: the lean one only where it covers the model (`probe.forward_for`)
     models = {r: base.model(r) for r in ("draft", "qualifier", "target")}
     choice = probe.forward_for(choice, models)
+    for m in models.values():  # the lean attention the probe checked at this thread count (`lean.set_attention`)
+        set_attention(m, choice.attention)
     choice = probe.check_roles(norm, choice, models, base.vocab_size)  # every role on the forward it runs
     vkey = (id(base), choice.identity)  # typed fields only: no display text in a key
     with _LOCK:

@@ -1,5 +1,5 @@
-"""Which machine a cached probe belongs to: a choice measured on one CPU, torch or thread count says
-nothing about another, so the cache is keyed by all three."""
+"""Which machine a cached probe belongs to: a choice measured on one CPU, instruction set, torch or thread count
+says nothing about another, so the cache is keyed by all of them (`numerics`), and each entry carries them too."""
 from __future__ import annotations
 
 import os
@@ -30,9 +30,34 @@ def native_bf16() -> bool:
     return any(f in flags.split() for f in ("avx512_bf16", "amx_bf16", "bf16"))
 
 
+ISA_FLAGS = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
+             "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8", "neon", "asimd", "bf16", "sve")  # kernels pick by these
+
+
+def cpu_flags() -> str:
+    """The CPU's instruction-set flags that torch's and oneDNN's kernels choose by, sorted (a VM of the same
+    model name may hide some of them, and then rounds differently)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        text = ""
+    have = {f for line in text.splitlines() if line.lower().startswith(("flags", "features")) for f in
+            line.split(":", 1)[-1].split()}
+    return ",".join(f for f in ISA_FLAGS if f in have) or platform.machine()
+
+
+def numerics() -> dict[str, str | int]:
+    """Everything besides the model and the forward that changes a forward's rounding here: the CPU and its
+    instruction sets, the kernels torch dispatches to, torch's version and its intra-op thread count (torch's CPU
+    attention and MKL split work by threads, and each thread's scratch changes the rounding)."""
+    return {"cpu": cpu_name(), "isa": cpu_flags(), "capability": str(torch.backends.cpu.get_cpu_capability()),
+            "torch": torch.__version__, "threads": torch.get_num_threads()}
+
+
 def machine_key() -> str:
-    """This machine as the cache names it: CPU, torch version, threads."""
-    return f"{cpu_name()} | torch {torch.__version__} | {torch.get_num_threads()} threads"
+    """This machine as the cache names it: every field of `numerics`, threads included."""
+    n = numerics()
+    return (f"{n['cpu']} | {n['isa']} | {n['capability']} | torch {n['torch']} | {n['threads']} threads")
 
 
 def probe_wanted(device: torch.device) -> bool:

@@ -80,7 +80,7 @@ def choose(family: str, device: torch.device, dtype: Any, backend: str | None,
     if dtype not in (None, "", "auto"):  # exactness from this machine's probe record, if it measured this candidate
         known = cached_choice(family) if on_cpu else None
         got = Choice(str(dtype).removeprefix("torch."), "default", "flag", exactness=known.exactness if known else {},
-                     path="lean" if on_cpu else "hf")
+                     path="lean" if on_cpu else "hf", attention=known.attention if known else "auto")
     elif not on_cpu:
         got = Choice(device_dtype(device), "default", "device")
     elif not probe_wanted(device):

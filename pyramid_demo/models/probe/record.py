@@ -8,10 +8,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...core import exactness
+from ...core.lean import ATTENTIONS
+from .machine import numerics as current_numerics
 
-FORMAT = 5  # the cache entry's layout and forwards (3: padded lean attention; 4: the target checked with the
+FORMAT = 6  # the cache entry's layout and forwards (3: padded lean attention; 4: the target checked with the
 # states it hands out when a proposer reads them, and every role's record; 5: tree passes checked too, padded
-# key lengths with room for a tree); another format is probed again
+# key lengths with room for a tree; 6: the numerics it was measured under (threads, instruction sets) in the
+# entry, scratch-aligned key lengths, the lean attention's kind, attention checks); another format is probed again
 HOW = {"probe": "chosen by a probe of the target's forwards just now",
        "cached": "chosen by this machine's cached probe", "flag": "as asked on the command line",
        "device": "this device's default", "off": "the probe is off: PYRAMID_DEMO_PROBE=0"}
@@ -33,6 +36,8 @@ class Choice:
     path: str = "hf"  # the forward: "hf" (transformers) or "lean" (`core.lean`, where the model is covered)
     uncovered: dict[str, str] = field(default_factory=dict)  # role -> architecture left on HF's forward
     roles: dict[str, dict] = field(default_factory=dict)  # role -> its record on the forward it runs (this choice)
+    numerics: dict[str, Any] = field(default_factory=current_numerics)  # what it was measured under (threads...)
+    attention: str = "auto"  # the lean forward's attention (`core.lean.ATTENTIONS`) the records were measured on
 
     @property
     def key(self) -> str:
@@ -56,7 +61,8 @@ class Choice:
     def identity(self) -> tuple:
         """Every field a loaded family's view shows, as plain values: a key that holds no display text."""
         return (self.dtype, self.backend, self.path, self.how, tuple(sorted(self.uncovered.items())),
-                json.dumps(self.record, sort_keys=True), json.dumps(self.roles, sort_keys=True))
+                json.dumps(self.record, sort_keys=True), json.dumps(self.roles, sort_keys=True),
+                json.dumps(self.numerics, sort_keys=True), self.attention)
 
     # ---------------------------------------------------------------- derived display
     @property
@@ -107,20 +113,25 @@ class Choice:
     def to_entry(self) -> dict[str, Any]:
         return {"format": FORMAT, "dtype": self.dtype, "backend": self.backend, "path": self.path,
                 "timings_ms": self.timings_ms, "exactness": self.exactness, "probe_s": self.probe_s,
-                "uncovered": self.uncovered, "roles": self.roles,
+                "uncovered": self.uncovered, "roles": self.roles, "numerics": self.numerics,
+                "attention": self.attention,
                 "time_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}
 
     @classmethod
     def from_entry(cls, entry: Any) -> Choice | None:
-        """A cached choice, or None where the entry is of an older format or lacks its exactness record
-        (then the family is probed again)."""
+        """A cached choice, or None where the entry is of an older format, lacks its exactness record, or was
+        measured under other numerics than this process runs (another thread count, instruction set or torch:
+        its records say nothing here); then the family is probed again."""
         if not isinstance(entry, dict) or entry.get("format") != FORMAT or not entry.get("exactness"):
             return None
         if entry.get("backend") not in BACKEND_TEXT or entry.get("path") not in ("hf", "lean"):
             return None
+        if entry.get("numerics") != current_numerics() or entry.get("attention") not in ATTENTIONS:
+            return None
         try:
             return cls(str(entry["dtype"]), str(entry["backend"]), "cached", dict(entry.get("timings_ms") or {}),
                        float(entry.get("probe_s") or 0.0), dict(entry["exactness"]), str(entry["path"]),
-                       dict(entry.get("uncovered") or {}), dict(entry.get("roles") or {}))
+                       dict(entry.get("uncovered") or {}), dict(entry.get("roles") or {}), dict(entry["numerics"]),
+                       str(entry["attention"]))
         except (KeyError, TypeError, ValueError):
             return None

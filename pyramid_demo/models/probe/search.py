@@ -15,7 +15,7 @@ from ...core import costs, exactness
 from ...core.cache import TargetStates
 from ...core.config import LONGEST_PASS
 from ...core.engine import connect
-from ...core.lean import supports_lean
+from ...core.lean import attention_of, set_attention, supports_lean
 from ...core.lm import LM, open_lm
 from .build import candidate_model, candidates
 from .record import Choice
@@ -25,8 +25,12 @@ REPS = 4
 # A race's target forwards: AR's N one-token steps, and four speculative methods that each verify
 # about once per 1.4 tokens (the offline family's acceptance, α ≈ 0.3 at γ 4: E = 1.43), ≈ 2.8N passes
 SCORE_WEIGHTS = {1: 1.0, VERIFY_K: 3.0}
-# exactness plan: (context length, pass lengths k); the first context's steps reach the longest pass
-EXACT_PLAN = ((100, (*range(2, 10), 17, 33, LONGEST_PASS)), (60, tuple(range(2, 10))), (140, tuple(range(2, 10))))
+# exactness plan: (context length, pass lengths k); the first context's steps reach the longest pass; the last two
+# put 17-token passes (the batched shape where 2 threads once changed one row in 17) deep into the cache, the last
+# past the attention kernel's key split (`lean.KV_SPLIT`)
+EXACT_PLAN = ((100, (*range(2, 10), 17, 33, LONGEST_PASS)), (60, tuple(range(2, 10))), (140, tuple(range(2, 10))),
+              (300, (5, 17)), (450, (9, 17)))
+TREE_PLAN = (EXACT_PLAN[0], EXACT_PLAN[-1])  # tree passes: near the start, and past the key split
 make_timer = costs.ForwardTimer  # tests replace this timer (the cost profile's too: `warm`)
 
 
@@ -119,19 +123,38 @@ def probe_target(target: torch.nn.Module, vocab_size: int, check_all: bool = Fal
     records: dict[str, dict] = {}
     for c in sorted(timings, key=lambda c: score(timings[c])):
         model, pad, backend, path = runs[c]
+        if path == "lean":
+            choose_attention(model, vocab_size, backend, publish)
         opener = role_opener({"target": model}, "target", vocab_size, backend, path, publish)
-        records[c] = exactness.check_model(opener, vocab_size, EXACT_PLAN, pad, with_ids=True, kinds=("chain",))
+        records[c] = exactness.check_model(opener, vocab_size, EXACT_PLAN, pad, with_ids=True,
+                                           kinds=("attention", "chain"))
+        records[c]["lean_attention"] = attention_of(model) if path == "lean" else None
         if records[c]["exact"] and not check_all:
             break
     chosen = pick(timings, records)
+    attention = "auto"
     if chosen in records:  # tree passes, on the chosen forward only: whether the tree methods are lossless here
         model, pad, backend, path = runs[chosen]
+        if path == "lean":
+            attention = records[chosen]["lean_attention"]
+            set_attention(model, attention)  # as it was checked (a candidate sharing the model may have changed it)
         opener = role_opener({"target": model}, "target", vocab_size, backend, path, publish)
-        records[chosen]["trees"] = exactness.check_model(opener, vocab_size, EXACT_PLAN[:1], pad, with_ids=True,
+        records[chosen]["trees"] = exactness.check_model(opener, vocab_size, TREE_PLAN, pad, with_ids=True,
                                                          kinds=("tree",)).get("trees")
     dt, backend, path = chosen.split("/")
     return Choice(dt, backend, "probe", timings, round(time.perf_counter() - t0, 2), records, path,
-                  {} if lean else {"target": type(target).__name__})
+                  {} if lean else {"target": type(target).__name__}, attention=attention)
+
+
+def choose_attention(model: torch.nn.Module, vocab_size: int, backend: str, publish: bool = False) -> str:
+    """The lean attention for `model` at this thread count, set on it: "auto" (a pass's rows batched where that is
+    batch-invariant) when its attention check over the plan's batched shapes is bitwise, else "rows" (every row a
+    one-token step's own call: batch-invariant by construction). The probe refuses what it has not seen exact."""
+    set_attention(model, "auto")
+    opener = role_opener({"target": model}, "target", vocab_size, backend, "lean", publish)
+    if not exactness.check_model(opener, vocab_size, EXACT_PLAN, with_ids=True, kinds=("attention",))["exact"]:
+        set_attention(model, "rows")
+    return attention_of(model)
 
 
 def table(got: Choice) -> str:
