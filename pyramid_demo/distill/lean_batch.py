@@ -1,0 +1,125 @@
+"""A batched lean forward of the target for data generation: B sequences in one preallocated KV cache.
+
+Why: the engine's `core.lean.LeanLM` decodes one sequence (its exactness rules are about one-token steps
+against k-token passes); a corpus is made fastest by many sequences at once, since a one-row step on a CPU
+pays per-call cost and reads every weight for one token. Here every row has its own position (no left
+padding: row b's tokens sit in cache slots 0 … n_b − 1), a finished row is refilled with the next prompt
+(continuous batching: no step is spent on rows that are done), and the same weights (`core.lean.lean_weights`:
+fused QKV and gate/up) are read once per step for all rows. Exactness across batch sizes is not needed here:
+the data is the target's own samples, and the draft's training states are recomputed by `states` anyway.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..core.lean import lean_weights, rms_norm
+
+
+class BatchedLean:
+    """`rows` sequences of at most `capacity` tokens each over one target (a Llama-family model on the CPU)."""
+
+    def __init__(self, model: Any, rows: int, capacity: int):
+        self.w = w = lean_weights(model)
+        self.rows, self.capacity = rows, capacity
+        self.kv = torch.zeros(len(w.layers), 2, rows, w.n_kv, capacity, w.head_dim, dtype=w.dtype)  # [L,2,B,Hkv,T,D]
+        freqs = torch.arange(capacity, dtype=torch.float32)[:, None] * w.inv_freq[None]  # [T, D/2]
+        emb = torch.cat((freqs, freqs), -1)  # [T, D]
+        self.cos = (emb.cos() * w.rope_scale).to(w.dtype)  # [T, D], as HF computes them
+        sin = (emb.sin() * w.rope_scale).to(w.dtype)
+        half = w.head_dim // 2
+        self.sin = torch.cat((-sin[:, :half], sin[:, half:]), -1)  # rotate_half's sign folded in
+        self.pos = torch.zeros(rows, dtype=torch.long)  # [B] the next free slot of each row
+
+    def _rope(self, qk: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+        """qk [..., n, H, D] rotated at positions `at` (broadcast to [..., n, 1, D])."""
+        half = self.w.head_dim // 2
+        cos, sin = self.cos[at].unsqueeze(-2), self.sin[at].unsqueeze(-2)
+        return qk * cos + torch.cat((qk[..., half:], qk[..., :half]), -1) * sin
+
+    @torch.inference_mode()
+    def prefill(self, slots: list[int], prompts: list[list[int]], states: bool = False) -> torch.Tensor:
+        """Write each prompt into its row's cache from slot 0 (right padded, causal) -> the logits after each
+        prompt's last token [len(slots), V] fp32, or with `states` the normed final state at every position
+        [len(slots), P, d] (row b valid for its first len(prompts[b]) positions)."""
+        w = self.w
+        n, P = len(slots), max(len(p) for p in prompts)
+        if P > self.capacity:
+            raise ValueError(f"a prompt of {P} tokens does not fit a cache of {self.capacity}")
+        ids = torch.zeros(n, P, dtype=torch.long)
+        for b, p in enumerate(prompts):
+            ids[b, : len(p)] = torch.tensor(p)
+        rows = torch.tensor(slots)
+        x = F.embedding(ids, w.embed)  # [n, P, d]
+        hq, hk, dh = w.n_heads, w.n_kv, w.head_dim
+        at = torch.arange(P)
+        for li, lay in enumerate(w.layers):
+            qkv = lay.qkv(rms_norm(x, lay.attn_norm, w.eps).view(n * P, -1)).view(n, P, -1)
+            qk = self._rope(qkv[..., : (hq + hk) * dh].view(n, P, hq + hk, dh), at)  # [n, P, H+Hkv, D]
+            k = qk[:, :, hq:].transpose(1, 2)  # [n, Hkv, P, D]
+            v = qkv[..., (hq + hk) * dh:].view(n, P, hk, dh).transpose(1, 2)  # [n, Hkv, P, D]
+            self.kv[li, 0, rows, :, :P] = k
+            self.kv[li, 1, rows, :, :P] = v
+            q = qk[:, :, :hq].transpose(1, 2)  # [n, H, P, D]
+            rep = hq // hk
+            att = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1),
+                                                 is_causal=True)  # [n, H, P, D]
+            x = x + lay.o(att.transpose(1, 2).reshape(n * P, -1)).view(n, P, -1)
+            gate, up = lay.gate_up(rms_norm(x, lay.mlp_norm, w.eps).view(n * P, -1)).chunk(2, -1)
+            x = x + lay.down(F.silu(gate) * up).view(n, P, -1)
+        self.pos[rows] = torch.tensor([len(p) for p in prompts])
+        if states:
+            return rms_norm(x, w.norm, w.eps)  # [n, P, d]
+        last = x[torch.arange(n), torch.tensor([len(p) - 1 for p in prompts])]  # [n, d]
+        return w.head(rms_norm(last, w.norm, w.eps)).float()  # [n, V]
+
+    @torch.inference_mode()
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """One token per row (tokens [B]) at each row's next slot -> logits [B, V] fp32."""
+        w = self.w
+        B, pos = self.rows, self.pos
+        if int(pos.max()) >= self.capacity:
+            raise ValueError("a row has filled its cache")
+        hq, hk, dh = w.n_heads, w.n_kv, w.head_dim
+        rep, t = hq // hk, int(pos.max()) + 1
+        mask = torch.arange(t)[None] <= pos[:, None]  # [B, t]: each row's own keys
+        mask = mask[:, None, None]  # [B, 1, 1, t]
+        rows = torch.arange(B)
+        x = F.embedding(tokens, w.embed)  # [B, d]
+        for li, lay in enumerate(w.layers):
+            qkv = lay.qkv(rms_norm(x, lay.attn_norm, w.eps))  # [B, (H + 2·Hkv)·D]
+            qk = self._rope(qkv[:, : (hq + hk) * dh].view(B, hq + hk, dh), pos)  # [B, H+Hkv, D]
+            kc, vc = self.kv[li, 0], self.kv[li, 1]  # [B, Hkv, T, D]
+            kc[rows, :, pos] = qk[:, hq:]
+            vc[rows, :, pos] = qkv[:, (hq + hk) * dh:].view(B, hk, dh)
+            q = qk[:, :hq].view(B, hk, rep, dh)  # [B, Hkv, rep, D]: the rep query heads of a KV head as rows
+            att = F.scaled_dot_product_attention(q, kc[:, :, :t], vc[:, :, :t], attn_mask=mask)  # [B, Hkv, rep, D]
+            x = x + lay.o(att.reshape(B, -1))
+            gate, up = lay.gate_up(rms_norm(x, lay.mlp_norm, w.eps)).chunk(2, -1)
+            x = x + lay.down(F.silu(gate) * up)
+        self.pos = pos + 1
+        return w.head(rms_norm(x, w.norm, w.eps)).float()  # [B, V]
+
+
+@torch.inference_mode()
+def states(model: Any, seqs: list[list[int]], max_tokens: int = 16384) -> list[torch.Tensor]:
+    """The target's normed final state at every position of each sequence ([len(s), d] each, the model's
+    dtype), by one teacher-forced pass per sequence, batched by length so each pass holds ≤ max_tokens."""
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
+    out: list[torch.Tensor | None] = [None] * len(seqs)
+    i = 0
+    while i < len(order):
+        P = len(seqs[order[i]])
+        j = i + 1
+        while j < len(order) and (j - i + 1) * len(seqs[order[j]]) <= max_tokens:
+            j += 1
+        group = [seqs[k] for k in order[i:j]]
+        P = max(len(s) for s in group)
+        lm = BatchedLean(model, len(group), P)
+        f = lm.prefill(list(range(len(group))), group, states=True)  # [n, P, d]
+        for b, k in enumerate(order[i:j]):
+            out[k] = f[b, : len(seqs[k])].clone()
+        i = j
+    return [o for o in out if o is not None]

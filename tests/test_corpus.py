@@ -1,0 +1,204 @@
+"""The token-id corpus: shards round-trip, the manifest matches them, the batched lean forward is the target's
+own forward, generation writes correct shards, and training reads every shard with recomputed states."""
+import json
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+import torch
+from transformers import LlamaForCausalLM
+
+from pyramid_demo.distill import corpus, corpus_cli, corpus_gen, feature_train
+from pyramid_demo.distill.lean_batch import BatchedLean, states
+from pyramid_demo.models import background
+from pyramid_demo.models.tiny import tiny_random_triplet
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+CHAT = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}assistant:{% endif %}")
+
+
+def _seqs(n: int, seed: int = 0) -> tuple[list[list[int]], list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    seqs = [torch.randint(0, 49152, (int(torch.randint(3, 40, (1,), generator=g)),), generator=g).tolist()
+            for _ in range(n)]
+    return seqs, [int(torch.randint(1, len(s), (1,), generator=g)) for s in seqs]
+
+
+def test_ids_round_trip_through_a_shard_and_the_manifest_counts_them(tmp_path):
+    seqs, npr = _seqs(20)
+    seqs[0][0] = 65535  # the largest id uint16 holds
+    entry = corpus.write_shard(tmp_path, "a", seqs, npr, {"source": "on-policy", "seed": 3})
+    got, got_p, meta = corpus.read_shard(tmp_path / "a.npz")
+    assert got == seqs and got_p == npr
+    assert meta == entry and meta["seed"] == 3
+    assert entry["answer_tokens"] == sum(len(s) - p for s, p in zip(seqs, npr))
+    assert entry["prompt_tokens"] == sum(npr) and entry["sequences"] == 20
+    s2, p2 = _seqs(5, seed=1)
+    corpus.write_shard(tmp_path, "b", s2, p2, {"source": "text:x", "seed": 0})
+    man = corpus.check(tmp_path)
+    assert [e["file"] for e in man["shards"]] == ["a.npz", "b.npz"]
+    assert man["total"]["sequences"] == 25
+    assert man["answer_tokens_by_source"]["text:x"] == sum(len(s) - p for s, p in zip(s2, p2))
+    with np.load(tmp_path / "a.npz") as z:
+        assert z["ids"].dtype == np.uint16
+
+
+def test_a_manifest_that_disagrees_with_its_shards_is_refused(tmp_path):
+    seqs, npr = _seqs(4)
+    corpus.write_shard(tmp_path, "a", seqs, npr, {"source": "on-policy", "seed": 0})
+    path = tmp_path / corpus.MANIFEST
+    good = path.read_text()
+    man = json.loads(good)
+    man["shards"][0]["answer_tokens"] += 1
+    path.write_text(json.dumps(man))
+    with pytest.raises(ValueError):
+        corpus.check(tmp_path)
+    path.write_text(good)
+    corpus.check(tmp_path)
+    (tmp_path / "stray.npz").write_bytes((tmp_path / "a.npz").read_bytes())  # a shard the manifest lacks
+    with pytest.raises(ValueError):
+        corpus.check(tmp_path)
+
+
+def test_ids_that_do_not_fit_and_overwrites_are_refused(tmp_path):
+    with pytest.raises(ValueError):
+        corpus.pack([[65536]], [1])
+    with pytest.raises(ValueError):
+        corpus.pack([[1, 2]], [0])  # no prompt
+    corpus.write_shard(tmp_path, "a", [[1, 2]], [1], {"source": "on-policy", "seed": 0})
+    with pytest.raises(FileExistsError):
+        corpus.write_shard(tmp_path, "a", [[1, 2]], [1], {"source": "on-policy", "seed": 0})
+
+
+def test_a_restart_takes_a_seed_no_shard_used(tmp_path):
+    assert corpus_gen.next_seed(tmp_path, 10) == 10
+    for s in (10, 11, 13):
+        corpus.write_shard(tmp_path, f"s{s}", [[1, 2]], [1], {"source": corpus_gen.SOURCE, "seed": s})
+    corpus.write_shard(tmp_path, "t", [[1, 2]], [1], {"source": "text:x", "seed": 12})
+    assert corpus_gen.next_seed(tmp_path, 10) == 12
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    fam = tiny_random_triplet(0)
+    fam.tokenizer.chat_template = CHAT
+    return fam.target, fam.tokenizer
+
+
+@torch.inference_mode()
+def test_the_batched_forward_is_the_target_forward_across_refills(tiny):
+    target, _ = tiny
+    g = torch.Generator().manual_seed(0)
+    V = target.config.vocab_size
+    ps = [torch.randint(3, V, (n,), generator=g).tolist() for n in (3, 9, 5)]
+    lm = BatchedLean(target, 3, 32)
+    seqs = [p[:] for p in ps]
+
+    def ref(s: list[int]) -> torch.Tensor:
+        with torch.no_grad():
+            return target(torch.tensor([s])).logits[0, -1]
+    lg = lm.prefill([0, 1, 2], ps)
+    for b in range(3):
+        assert torch.allclose(lg[b], ref(seqs[b]), atol=1e-4)
+    for step in range(4):
+        nxt = lg.argmax(-1)
+        for b in range(3):
+            seqs[b].append(int(nxt[b]))
+        lg = lm.step(nxt)
+        if step == 1:  # row 1 is refilled with a new prompt mid-way (continuous batching)
+            seqs[1] = torch.randint(3, V, (7,), generator=g).tolist()
+            lg[1] = lm.prefill([1], [seqs[1]])[0]
+        for b in range(3):
+            assert torch.allclose(lg[b], ref(seqs[b]), atol=1e-4), (step, b)
+    got = states(target, seqs, max_tokens=12)  # several groups
+    for s, f in zip(seqs, got):
+        with torch.no_grad():
+            want = target(torch.tensor([s]), output_hidden_states=True).hidden_states[-1][0]
+        assert f.shape == want.shape and torch.allclose(f, want, atol=1e-4)
+
+
+def test_grow_writes_the_target_s_own_answers_as_shards(tiny, tmp_path):
+    target, tok = tiny
+    out = corpus_gen.grow(target, tok, tmp_path, seed=4, rows=4, max_new=6, temperature=1e-4, shard_seqs=5,
+                          max_shards=2, capacity=96, target={"name": "tiny"}, log=lambda s: None)
+    assert out["shards"] == 2
+    man = corpus.check(tmp_path)
+    assert man["total"]["sequences"] == out["sequences"] >= 10
+    for entry in man["shards"]:
+        assert entry["seed"] == 4 and entry["sampling"]["max_new_tokens"] == 6 and entry["target"] == {"name": "tiny"}
+        assert sum(entry["prompts"]["kinds"].values()) == entry["sequences"]
+    for p in corpus.shards(tmp_path):
+        seqs, npr, _ = corpus.read_shard(p)
+        for s, n in zip(seqs, npr):
+            assert len(s) - n == 6  # the tiny target never says EOS: max_new tokens each
+            cur = s[:n]
+            for t in s[n:]:  # near-zero temperature: each answer token is the target's argmax
+                with torch.no_grad():
+                    assert t == int(target(torch.tensor([cur])).logits[0, -1].argmax())
+                cur = cur + [t]
+
+
+def test_training_reads_every_shard_with_recomputed_states(tiny, tmp_path):
+    target, _ = tiny
+    folder = tmp_path / "corpus"
+    for k in range(3):
+        seqs, npr = _seqs(4, seed=k)
+        seqs = [[t % target.config.vocab_size for t in s] for s in seqs]
+        corpus.write_shard(folder, f"s{k}", seqs, npr, {"source": "on-policy", "seed": k})
+    work = corpus_cli.materialize(target, folder, tmp_path / "work", log=lambda s: None)
+    found = feature_train._shards([work])
+    assert len(found) == 3  # one training shard per corpus shard
+    recs = [r for p in found for r in torch.load(p, weights_only=False)]
+    want = {tuple(s) for p in corpus.shards(folder) for s in corpus.read_shard(p)[0]}
+    assert {tuple(r["ids"].tolist()) for r in recs} == want
+    r = recs[0]
+    with torch.no_grad():
+        f = target(r["ids"][None].long(), output_hidden_states=True).hidden_states[-1][0, :-1]
+    assert r["f"].shape == f.shape and torch.allclose(r["f"].float(), f, atol=1e-2)
+    b = feature_train.collate(recs)
+    assert int(b["mask"].sum()) == sum(len(x["ids"]) - x["n_prompt"] for x in recs)
+    mtime = found[0].stat().st_mtime
+    corpus_cli.materialize(target, folder, tmp_path / "work", log=lambda s: None)  # cached: not recomputed
+    assert found[0].stat().st_mtime == mtime
+
+
+def test_paused_stops_a_registered_job_and_continues_it(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+    monkeypatch.setenv("PYRAMID_DEMO_CACHE", str(tmp_path))
+    code = ("import time;"
+            "from pyramid_demo.models import background as b; b.register('job');"
+            "[time.sleep(0.05) for _ in range(400)]")
+    proc = subprocess.Popen([sys.executable, "-c", code, "pyramid_demo"], cwd=os.getcwd(),
+                            env={**os.environ, "PYTHONPATH": os.getcwd()})
+    try:
+        for _ in range(200):
+            if background.live_pids():
+                break
+            time.sleep(0.05)
+        assert background.live_pids() == [proc.pid]
+
+        def state() -> str:
+            return open(f"/proc/{proc.pid}/stat").read().split(")")[1].split()[0]
+        with background.paused() as pids:
+            assert pids == [proc.pid]
+            time.sleep(0.1)
+            assert state() == "T"  # stopped while the block runs
+        time.sleep(0.1)
+        assert state() in ("S", "R")
+        (tmp_path / "background" / "gone.pid").write_text("999999999")  # a stale file is ignored
+        assert background.live_pids() == [proc.pid]
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+
+def test_target_identity_changes_with_any_weight():
+    a = LlamaForCausalLM(tiny_random_triplet(0).target.config).eval()
+    h = corpus.target_identity(a)["weights_sha256"]
+    with torch.no_grad():
+        a.model.norm.weight[0] += 1e-3
+    assert corpus.target_identity(a)["weights_sha256"] != h
