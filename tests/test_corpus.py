@@ -202,3 +202,78 @@ def test_target_identity_changes_with_any_weight():
     with torch.no_grad():
         a.model.norm.weight[0] += 1e-3
     assert corpus.target_identity(a)["weights_sha256"] != h
+
+
+def test_licences_are_read_from_a_distribution_s_metadata():
+    from email.message import Message
+
+    from pyramid_demo.distill import text_corpus as tc
+    m = Message()
+    m["License-Expression"] = "MIT"
+    assert tc.licence(m) == "MIT"
+    m = Message()
+    m["Classifier"] = "License :: OSI Approved :: BSD License"
+    m["Classifier"] = "Programming Language :: Python"
+    assert tc.licence(m) == "BSD License"
+    assert tc.licence(Message()) == ""
+
+    class Dist:
+        def __init__(self, name, lic):
+            self.metadata = Message()
+            self.metadata["Name"], self.metadata["Version"] = name, "1.0"
+            if lic:
+                self.metadata["License-Expression"] = lic
+            self.metadata.set_payload("word " * 60)
+    fake = [Dist("b", "Apache-2.0"), Dist("nolicence", ""), Dist("a", "MIT"), Dist("A", "MIT")]
+    import importlib.metadata as im
+    orig = im.distributions
+    im.distributions = lambda: fake
+    try:
+        got = tc.package_pieces()
+    finally:
+        im.distributions = orig
+    assert [(p["name"], p["licence"]) for p in got] == [("a", "MIT"), ("b", "Apache-2.0")]  # unlicensed, twins out
+
+
+def test_stdlib_docstrings_are_read_without_importing_and_private_names_skipped(tmp_path):
+    from pyramid_demo.distill import text_corpus as tc
+    long = "x " * 80
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "mod.py").write_text(
+        f'"""{long}module"""\nraise SystemExit("imported")\n'
+        f'def f():\n    """{long}f"""\n'
+        f'def _g():\n    """{long}g"""\n'
+        f'class C:\n    """{long}C"""\n    def m(self):\n        """{long}m"""\n'
+        f'def short():\n    """too short"""\n')
+    (tmp_path / "_private.py").write_text(f'"""{long}"""\n')
+    got = {p["name"]: p["text"] for p in tc.stdlib_pieces(tmp_path)}
+    assert set(got) == {"pkg.mod", "pkg.mod.f", "pkg.mod.C", "pkg.mod.C.m"}
+    assert got["pkg.mod.C.m"].endswith("m")
+
+
+def test_text_chunks_keep_every_paragraph_in_order_within_the_budget():
+    from pyramid_demo.distill import text_corpus as tc
+
+    def count(s):
+        return len(s.split())
+    paras = [" ".join(f"w{i}_{j}" for j in range(n)) for i, n in enumerate([3, 5, 2, 7, 1, 4, 6])]
+    out = tc.chunks("\n\n".join(paras), count, max_tokens=8)
+    assert all(count(c) <= 8 for c in out)
+    assert "\n\n".join(out).split("\n\n") == paras
+
+
+def test_text_shards_hold_the_text_as_the_answer_and_list_their_pieces(tiny, tmp_path, monkeypatch):
+    from pyramid_demo.distill import text_corpus as tc
+    _, tok = tiny
+    pieces = [{"source": tc.PKG, "name": "alpha", "version": "1", "licence": "MIT",
+               "text": "the sun is hot.\n\nthe sea is blue.\n\nthe moon is cold."},
+              {"source": tc.PKG, "name": "beta", "version": "2", "licence": "BSD-3-Clause", "text": "a dog can run."}]
+    monkeypatch.setattr(tc, "package_pieces", lambda: pieces)
+    entries = tc.build(tok, tmp_path, tc.PKG, max_tokens=5, shard_seqs=3, log=lambda s: None)
+    assert [e["sequences"] for e in entries] == [3, 1]
+    assert entries[0]["pieces"] == [{"name": "alpha", "version": "1", "licence": "MIT", "sequences": 3}]
+    assert entries[1]["pieces"][0]["licence"] == "BSD-3-Clause"
+    seqs, npr, _ = corpus.read_shard(tmp_path / entries[0]["file"])
+    assert seqs[1][npr[1]:] == tok("the sea is blue.", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    assert tc.build(tok, tmp_path, tc.PKG, log=lambda s: None) == []  # a source is added once
+    corpus.check(tmp_path)

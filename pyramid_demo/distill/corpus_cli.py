@@ -35,6 +35,15 @@ def run_step(step: str, args: argparse.Namespace, dev: torch.device) -> None:
         print(json.dumps({"folder": str(folder), "shards": len(man["shards"]), **man["total"],
                           "answer_tokens_by_source": man["answer_tokens_by_source"]}, indent=1))
         return
+    if step == "text":
+        from ..models.bundled import bundled_tokenizer
+        from . import text_corpus
+        tok = bundled_tokenizer()
+        for src in args.text_source.split(","):
+            text_corpus.build(tok, folder, f"text:{src}", seed=args.seed, target=bundled_identity(),
+                              log=lambda s: print(s, flush=True))
+        corpus.rebuild_manifest(folder)  # again: a generator writing beside it may have listed the folder earlier
+        return
     from ..models import background
     print(f"grow: pid file {background.register('corpus_grow')}", flush=True)
     dt = gen_dtype(args.gen_dtype)

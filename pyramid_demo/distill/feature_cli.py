@@ -14,6 +14,8 @@ Steps (each resumable from files under --work, default feature_work/):
   grow     on-policy answers into the committed corpus (token ids, `distill.corpus`), --gen-batch rows at a time
            with rows refilled as they finish, until --minutes (wall) or SIGTERM; a fresh seed per run
   corpus   check the corpus's manifest against its shards and print its totals
+  text     existing text (installed packages' READMEs, the standard library's docstrings; `distill.text_corpus`)
+           into the corpus as separate sources, each piece with its licence (--text-source)
 --data adds more work folders' training shards (several generators can run side by side).
 """
 from __future__ import annotations
@@ -30,7 +32,7 @@ from ..models.bundled import bundled_target
 from . import corpus, corpus_cli, exit_qualifier, feature_train, features
 from .corpus_cli import gen_dtype
 
-STEPS = ("heldout", "gen", "train", "eval", "export", "exit", "grow", "corpus")
+STEPS = ("heldout", "gen", "train", "eval", "export", "exit", "grow", "corpus", "text")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -72,6 +74,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--corpus", default=None,
                    help="grow/corpus/train: the token-id corpus folder (default: the committed one); train reads "
                         "every shard of it (states recomputed once, cached under WORK/corpus_states); 'none': off")
+    p.add_argument("--text-source", default="python-package-docs,python-stdlib-docstrings",
+                   help="text: which sources (comma-separated, without the 'text:' prefix)")
     p.add_argument("--shard-seqs", type=int, default=256, help="grow: answers per corpus shard")
     p.add_argument("--max-shards", type=int, default=None, help="grow: stop after this many shards")
 
@@ -95,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     ckpt = work / "ckpt" / "feature_draft.pt"
     fp32 = None  # the fp32 target (held-out answers, training, evaluation)
     for step in args.steps:
-        if step in ("grow", "corpus"):
+        if step in ("grow", "corpus", "text"):
             corpus_cli.run_step(step, args, dev)
             continue
         if step in ("heldout", "gen"):
