@@ -55,6 +55,7 @@ def run_step(step: str, args: argparse.Namespace, dev: torch.device) -> None:
     print(f"grow: seed {seed}, {args.gen_batch} rows, {dt}, into {folder}", flush=True)
     corpus_gen.grow(model, tok, folder, seed, stop_at=time.time() + 60 * args.minutes, rows=args.gen_batch,
                     max_new=args.max_new, mix=args.mix, shard_seqs=args.shard_seqs, max_shards=args.max_shards,
+                    shard_minutes=args.shard_minutes,
                     target=bundled_identity(), log=lambda s: print(s, flush=True))
 
 

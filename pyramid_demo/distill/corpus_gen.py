@@ -60,9 +60,11 @@ def _commit() -> str:
 @torch.inference_mode()
 def grow(model: Any, tokenizer: Any, folder: Path, seed: int, stop_at: float | None = None, rows: int = 64,
          max_new: int = 128, mix: float = 1.0, temperature: float = 0.8, top_p: float = 0.95,
-         shard_seqs: int = 256, max_shards: int | None = None, capacity: int = 640,
+         shard_seqs: int = 256, max_shards: int | None = None, capacity: int = 640, shard_minutes: float = 20.0,
          target: dict | None = None, log: Callable[[str], None] = print) -> dict:
-    """Generate until `stop_at` (wall clock), `max_shards` shards or SIGTERM; returns totals and speed."""
+    """Generate until `stop_at` (wall clock), `max_shards` shards or SIGTERM; returns totals and speed. A shard is
+    written at `shard_seqs` answers, or after `shard_minutes` of wall time with at least 16 (a checkpoint on a
+    busy machine)."""
     templates = {t.format(t=x) for x in dd.TOPICS for t in dd.TEMPLATES + features.EXTRA_TEMPLATES}
     eos = tokenizer.eos_token_id
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
@@ -134,6 +136,7 @@ def grow(model: Any, tokenizer: Any, folder: Path, seed: int, stop_at: float | N
             f"{meta['speed']['answer_tok_per_wall_s']} tok/s wall, {meta['speed']['answer_tok_per_cpu_s']} tok/s CPU")
         done, t_shard, c_shard, tok_shard = [], now, cnow, 0
 
+    steps = 0
     try:
         logits = refill(list(range(rows)))
         while True:
@@ -151,8 +154,12 @@ def grow(model: Any, tokenizer: Any, folder: Path, seed: int, stop_at: float | N
                 recent.append({"ids": rec["prompt_ids"] + rec["ans"], "n_prompt": len(rec["prompt_ids"]),
                                "prompt": rec["prompt"]})
                 del recent[:-64]
-            if len(done) >= shard_seqs:
+            steps += 1
+            if len(done) >= shard_seqs or (len(done) >= 16 and time.time() - t_shard > 60 * shard_minutes):
                 flush()
+            if steps % 200 == 0:
+                log(f"step {steps}: {len(done)} answers waiting, {written['shards']} shards written, "
+                    f"{time.process_time() - c0:.0f} CPU-s, load {os.getloadavg()[0]:.1f}")
             if stop["now"] or (stop_at is not None and time.time() > stop_at) or (
                     max_shards is not None and written["shards"] >= max_shards):
                 break

@@ -77,6 +77,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--text-source", default="python-package-docs,python-stdlib-docstrings",
                    help="text: which sources (comma-separated, without the 'text:' prefix)")
     p.add_argument("--shard-seqs", type=int, default=256, help="grow: answers per corpus shard")
+    p.add_argument("--shard-minutes", type=float, default=20.0,
+                   help="grow: also write a shard after this many wall minutes (with at least 16 answers)")
     p.add_argument("--max-shards", type=int, default=None, help="grow: stop after this many shards")
 
 
