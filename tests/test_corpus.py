@@ -89,12 +89,13 @@ def tiny():
 
 
 @torch.inference_mode()
-def test_the_batched_forward_is_the_target_forward_across_refills(tiny):
+@pytest.mark.parametrize("rowwise", [False, True])
+def test_the_batched_forward_is_the_target_forward_across_refills(tiny, rowwise):
     target, _ = tiny
     g = torch.Generator().manual_seed(0)
     V = target.config.vocab_size
     ps = [torch.randint(3, V, (n,), generator=g).tolist() for n in (3, 9, 5)]
-    lm = BatchedLean(target, 3, 32)
+    lm = BatchedLean(target, 3, 32, rowwise=rowwise)
     seqs = [p[:] for p in ps]
 
     def ref(s: list[int]) -> torch.Tensor:

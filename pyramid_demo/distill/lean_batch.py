@@ -21,8 +21,9 @@ from ..core.lean import lean_weights, rms_norm
 class BatchedLean:
     """`rows` sequences of at most `capacity` tokens each over one target (a Llama-family model on the CPU)."""
 
-    def __init__(self, model: Any, rows: int, capacity: int):
+    def __init__(self, model: Any, rows: int, capacity: int, rowwise: bool | None = None):
         self.w = w = lean_weights(model)
+        self.rowwise = rowwise  # decode attention row by row (None: when it reads fewer keys, see `step`)
         self.rows, self.capacity = rows, capacity
         self.kv = torch.zeros(len(w.layers), 2, rows, w.n_kv, capacity, w.head_dim, dtype=w.dtype)  # [L,2,B,Hkv,T,D]
         freqs = torch.arange(capacity, dtype=torch.float32)[:, None] * w.inv_freq[None]  # [T, D/2]
@@ -84,8 +85,11 @@ class BatchedLean:
             raise ValueError("a row has filled its cache")
         hq, hk, dh = w.n_heads, w.n_kv, w.head_dim
         rep, t = hq // hk, int(pos.max()) + 1
-        mask = torch.arange(t)[None] <= pos[:, None]  # [B, t]: each row's own keys
-        mask = mask[:, None, None]  # [B, 1, 1, t]
+        lens = (pos + 1).tolist()
+        # one masked call reads every row's keys up to the longest row; row by row reads each row's own only
+        # (one SDPA call per row and layer): that pays once the lengths differ widely (a long prompt in the batch)
+        by_row = self.rowwise if self.rowwise is not None else B * t > 2 * sum(lens)
+        mask = (torch.arange(t)[None] <= pos[:, None])[:, None, None]  # [B, 1, 1, t]: each row's own keys
         rows = torch.arange(B)
         x = F.embedding(tokens, w.embed)  # [B, d]
         for li, lay in enumerate(w.layers):
@@ -95,7 +99,11 @@ class BatchedLean:
             kc[rows, :, pos] = qk[:, hq:]
             vc[rows, :, pos] = qkv[:, (hq + hk) * dh:].view(B, hk, dh)
             q = qk[:, :hq].view(B, hk, rep, dh)  # [B, Hkv, rep, D]: the rep query heads of a KV head as rows
-            att = F.scaled_dot_product_attention(q, kc[:, :, :t], vc[:, :, :t], attn_mask=mask)  # [B, Hkv, rep, D]
+            if by_row:
+                att = torch.cat([F.scaled_dot_product_attention(q[b: b + 1], kc[b: b + 1, :, :n], vc[b: b + 1, :, :n])
+                                 for b, n in enumerate(lens)])  # [B, Hkv, rep, D]
+            else:
+                att = F.scaled_dot_product_attention(q, kc[:, :, :t], vc[:, :, :t], attn_mask=mask)
             x = x + lay.o(att.reshape(B, -1))
             gate, up = lay.gate_up(rms_norm(x, lay.mlp_norm, w.eps)).chunk(2, -1)
             x = x + lay.down(F.silu(gate) * up)
