@@ -2,7 +2,8 @@
 # Grow the committed token-id corpus (pyramid_demo/models/weights/corpus/) in the background, and train on it.
 #   scripts/corpus_grow.sh start [MINUTES] [more draft-feature args]   on-policy generation (nice 19, one thread)
 #   scripts/corpus_grow.sh train [MINUTES] [more draft-feature args]   train the feature draft on every shard,
-#                                                                      from the shipped weights (CPU-minutes)
+#                                                                      from the shipped weights (CPU-minutes);
+#                                     the held-out set (128 fp32 answers) is made first where feature_work lacks it
 #   scripts/corpus_grow.sh pause | resume | stop | status
 # Each job writes its pid file under ~/.cache/pyramid_demo/background/ (PYRAMID_DEMO_CACHE moves it) and removes
 # it at exit; a benchmark (`models.background.paused`) stops every live job with SIGSTOP while it times.
@@ -24,7 +25,8 @@ case "$cmd" in
     echo "generator started (log $LOGS/corpus_grow.log, pid file $DIR/corpus_grow.pid)";;
   train)
     min=${1:-60}; shift || true
-    OMP_NUM_THREADS=1 nohup nice -n 19 "$PY" -m pyramid_demo draft-feature train --threads 1 --init shipped \
+    OMP_NUM_THREADS=1 nohup nice -n 19 "$PY" -m pyramid_demo draft-feature heldout train --threads 1 --init shipped \
+      --passes 6 --deep-frac 0.25 --batch 16 --lr 5e-4 --lr-min 2e-5 --eval-every 100 \
       --minutes "$min" "$@" >> "$LOGS/corpus_train.log" 2>&1 &
     echo "training started (log $LOGS/corpus_train.log, pid file $DIR/corpus_train.pid)";;
   pause) for p in $(pids); do kill -STOP "$p" && echo "paused $p"; done;;
