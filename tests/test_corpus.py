@@ -161,6 +161,10 @@ def test_training_reads_every_shard_with_recomputed_states(tiny, tmp_path):
     assert r["f"].shape == f.shape and torch.allclose(r["f"].float(), f, atol=1e-2)
     b = feature_train.collate(recs)
     assert int(b["mask"].sum()) == sum(len(x["ids"]) - x["n_prompt"] for x in recs)
+    st = feature_train.train(target, torch.arange(target.config.vocab_size), [work], recs[:2],
+                             tmp_path / "ckpt" / "fd.pt", minutes=0.002, batch=4, passes=2, eval_every=10_000,
+                             log=lambda s: None)
+    assert st["curve"][-1]["unique"] == len(want) == 12  # the run loaded every sequence of every shard
     mtime = found[0].stat().st_mtime
     corpus_cli.materialize(target, folder, tmp_path / "work", log=lambda s: None)  # cached: not recomputed
     assert found[0].stat().st_mtime == mtime
