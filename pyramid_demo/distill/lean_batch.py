@@ -44,7 +44,29 @@ class BatchedLean:
     def prefill(self, slots: list[int], prompts: list[list[int]], states: bool = False) -> torch.Tensor:
         """Write each prompt into its row's cache from slot 0 (right padded, causal) -> the logits after each
         prompt's last token [len(slots), V] fp32, or with `states` the normed final state at every position
-        [len(slots), P, d] (row b valid for its first len(prompts[b]) positions)."""
+        [len(slots), P, d] (row b valid for its first len(prompts[b]) positions). For logits the prompts run in
+        groups of similar length (sorted; a group's padding stays under a quarter of its tokens), since every
+        padded position costs a full forward."""
+        if states or len(slots) == 1:
+            return self._prefill(slots, prompts, states)
+        order = sorted(range(len(slots)), key=lambda i: len(prompts[i]))
+        out: torch.Tensor | None = None
+        i = 0
+        while i < len(order):
+            j, tot = i + 1, len(prompts[order[i]])
+            while j < len(order) and len(prompts[order[j]]) * (j - i + 1) <= 1.25 * (tot + len(prompts[order[j]])):
+                tot += len(prompts[order[j]])
+                j += 1
+            part = order[i:j]
+            lg = self._prefill([slots[k] for k in part], [prompts[k] for k in part], False)  # [j-i, V]
+            if out is None:
+                out = lg.new_empty(len(slots), lg.shape[1])
+            out[torch.tensor(part)] = lg
+            i = j
+        assert out is not None
+        return out
+
+    def _prefill(self, slots: list[int], prompts: list[list[int]], states: bool) -> torch.Tensor:
         w = self.w
         n, P = len(slots), max(len(p) for p in prompts)
         if P > self.capacity:
