@@ -282,3 +282,15 @@ def test_text_shards_hold_the_text_as_the_answer_and_list_their_pieces(tiny, tmp
     assert seqs[1][npr[1]:] == tok("the sea is blue.", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
     assert tc.build(tok, tmp_path, tc.PKG, log=lambda s: None) == []  # a source is added once
     corpus.check(tmp_path)
+
+
+def test_reference_topics_are_read_as_literals(tmp_path):
+    from pyramid_demo.distill import text_corpus as tc
+    (tmp_path / "pydoc_data").mkdir()
+    long = "word " * 40
+    (tmp_path / "pydoc_data" / "topics.py").write_text(
+        f"# header\ntopics = {{'for': {long!r}, 'with-stmt': {(long + 'w')!r}, 'tiny': 'short'}}\n")
+    got = tc.reference_pieces(tmp_path)
+    assert [(p["name"], p["licence"], p["source"]) for p in got] == [
+        ("for", "PSF-2.0", tc.REF), ("with stmt", "PSF-2.0", tc.REF)]
+    assert got[1]["text"].endswith("w")

@@ -11,6 +11,8 @@ Sources, each piece with its licence (pieces under no stated licence are left ou
                                file), licence from License-Expression, License or its licence classifiers
   text:python-stdlib-docstrings the docstrings of the Python standard library's modules, classes and functions,
                                read from the source with `ast` (nothing imported), licence PSF-2.0
+  text:python-reference-topics the language reference's sections that `help()` shows (the stdlib's
+                               pydoc_data/topics.py, read with `ast.literal_eval`), licence PSF-2.0
 Each chunk (paragraphs up to `max_tokens`) becomes a user turn asking for it and the text as the assistant's turn.
 """
 from __future__ import annotations
@@ -27,10 +29,13 @@ from typing import Any
 from . import corpus
 from .features import prompt_ids
 
-PKG, STDLIB = "text:python-package-docs", "text:python-stdlib-docstrings"
+PKG, STDLIB, REF = "text:python-package-docs", "text:python-stdlib-docstrings", "text:python-reference-topics"
 PKG_ASKS = ["Describe the Python package {name}.", "What is {name} and how do I use it?",
             "Write the README for the Python package {name}.", "Tell me about the {name} library."]
 PKG_MORE = ["Continue the documentation of {name}.", "Tell me more about {name}.", "What else does {name} offer?"]
+REF_ASKS = ["Explain {name} in Python.", "How does {name} work in Python?",
+            "What does the Python reference say about {name}?"]
+REF_MORE = ["Continue the explanation of {name} in Python.", "Tell me more about {name} in Python."]
 DOC_ASKS = ["What does `{name}` do in Python?", "Explain `{name}` from Python's standard library.",
             "Write the docstring for `{name}`.", "How do I use `{name}`?"]
 
@@ -95,6 +100,19 @@ def stdlib_pieces(root: Path | None = None) -> list[dict]:
     return out
 
 
+def reference_pieces(root: Path | None = None) -> list[dict]:
+    """The Python language reference's topics as `help()` shows them (pydoc_data/topics.py), one per topic."""
+    path = (root or Path(sysconfig.get_paths()["stdlib"])) / "pydoc_data" / "topics.py"
+    ver = ".".join(map(str, sys.version_info[:3]))
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    topics: dict = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "topics" for t in node.targets):
+            topics = ast.literal_eval(node.value)
+    return [{"source": REF, "name": k.replace("-", " "), "version": ver, "licence": "PSF-2.0", "text": v}
+            for k, v in sorted(topics.items()) if len(v) >= 120]
+
+
 def chunks(text: str, count: Callable[[str], int], max_tokens: int) -> list[str]:
     """Paragraphs joined while they fit in max_tokens; a longer paragraph is cut by lines."""
     out, cur = [], ""
@@ -124,7 +142,10 @@ def conversations(pieces: list[dict], tokenizer: Any, seed: int, max_tokens: int
     out = []
     for p in pieces:
         for k, ch in enumerate(chunks(p["text"], count, max_tokens)[:max_chunks]):
-            asks = (PKG_ASKS if k == 0 else PKG_MORE) if p["source"] == PKG else DOC_ASKS
+            if p["source"] == PKG:
+                asks = PKG_ASKS if k == 0 else PKG_MORE
+            else:
+                asks = (REF_ASKS if k == 0 else REF_MORE) if p["source"] == REF else DOC_ASKS
             msgs = [{"role": "user", "content": r.choice(asks).format(name=p["name"])}]
             ans = tokenizer(ch, add_special_tokens=False)["input_ids"] + [eos]
             out.append({"prompt": prompt_ids(tokenizer, msgs), "answer": [int(t) for t in ans], "piece": p})
@@ -139,8 +160,8 @@ def build(tokenizer: Any, folder: Path, source: str, seed: int = 0, shard_seqs: 
     if any(p.name.startswith(tag) for p in corpus.shards(folder)):
         log(f"{source}: already in {folder}")
         return []
-    pieces = package_pieces() if source == PKG else stdlib_pieces()
-    convs = conversations(pieces, tokenizer, seed, max_tokens)
+    pieces = {PKG: package_pieces, STDLIB: stdlib_pieces, REF: reference_pieces}[source]()
+    convs = conversations(pieces, tokenizer, seed, max_tokens, max_chunks=24 if source == REF else 8)
     entries = []
     for i in range(0, len(convs), shard_seqs):
         part = convs[i:i + shard_seqs]
@@ -151,7 +172,8 @@ def build(tokenizer: Any, folder: Path, source: str, seed: int = 0, shard_seqs: 
                                             "sequences": 0})
             u["sequences"] += 1
         meta = {"source": source, "seed": seed, "sampling": None, "teacher_forced_text": True,
-                "prompts": {"asks": PKG_ASKS + PKG_MORE if source == PKG else DOC_ASKS, "max_chunk_tokens": max_tokens},
+                "prompts": {"asks": {PKG: PKG_ASKS + PKG_MORE, REF: REF_ASKS + REF_MORE}.get(source, DOC_ASKS),
+                            "max_chunk_tokens": max_tokens},
                 "pieces": list(used.values()), "target": target or {}, "machine": corpus.machine()}
         seqs = [c["prompt"] + c["answer"] for c in part]
         entries.append(corpus.write_shard(folder, f"{tag}_{i // shard_seqs:04d}", seqs,
