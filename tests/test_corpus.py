@@ -294,3 +294,25 @@ def test_reference_topics_are_read_as_literals(tmp_path):
     assert [(p["name"], p["licence"], p["source"]) for p in got] == [
         ("for", "PSF-2.0", tc.REF), ("with stmt", "PSF-2.0", tc.REF)]
     assert got[1]["text"].endswith("w")
+
+
+def test_the_held_out_set_travels_as_ids_and_training_never_reads_it(tiny, tmp_path, monkeypatch):
+    target, _ = tiny
+    monkeypatch.setattr(corpus_cli, "bundled_identity", lambda: {"name": "tiny"})
+    work, folder = tmp_path / "work", tmp_path / "corpus"
+    (work / "features" / "heldout").mkdir(parents=True)
+    seqs, npr = _seqs(3, seed=5)
+    seqs = [[t % target.config.vocab_size for t in s] for s in seqs]
+    recs = [{"ids": torch.tensor(s, dtype=torch.int32), "n_prompt": n, "f": torch.zeros(len(s) - 1, 64)}
+            for s, n in zip(seqs, npr)]
+    torch.save(recs, work / "features" / "heldout" / "shard_00000.pt")
+    corpus.write_shard(folder, "train", [[1, 2, 3]], [1], {"source": "on-policy", "seed": 0})
+    assert corpus_cli.save_heldout(work, folder)["sequences"] == 3
+    assert corpus_cli.save_heldout(work, folder) is None  # saved once
+    assert [p.name for p in corpus.shards(folder)] == ["train.npz"]  # training's shards: not the held-out set
+    got = corpus_cli.heldout(target, tmp_path / "elsewhere", folder)  # a machine without WORK's held-out set
+    assert [r["ids"].tolist() for r in got] == seqs and [r["n_prompt"] for r in got] == npr
+    with torch.no_grad():
+        f = target(torch.tensor([seqs[0]]), output_hidden_states=True).hidden_states[-1][0, :-1]
+    assert torch.allclose(got[0]["f"].float(), f, atol=1e-2)
+    assert corpus_cli.heldout(target, work, folder)[0]["f"].abs().sum() == 0  # WORK's own set comes first

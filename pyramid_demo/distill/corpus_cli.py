@@ -90,3 +90,38 @@ def materialize(model: Any, folder: Path, work: Path, log=print) -> Path:
         log(f"corpus states: {p.name} ({len(seqs)} sequences, {sum(len(s) for s in seqs):,} positions) in "
             f"{time.process_time() - t0:.0f} CPU-s")
     return out
+
+
+HELDOUT = "heldout"  # corpus/heldout/: the held-out answers as ids (training never reads this subfolder)
+
+
+def save_heldout(work: Path, folder: Path) -> dict | None:
+    """WORK's held-out answers (`draft-feature heldout`) as ids in corpus/heldout/, once: another machine then
+    measures on the very same answers (recomputing their states) instead of sampling them anew, which on
+    another CPU's rounding could give other answers."""
+    from . import features
+    dest = folder / HELDOUT
+    recs = features.load(work / "features", "heldout")
+    if not recs or corpus.shards(dest):
+        return None
+    return corpus.write_shard(dest, "heldout_seed0", [r["ids"].tolist() for r in recs],
+                              [int(r["n_prompt"]) for r in recs],
+                              {"source": "on-policy-heldout", "seed": 0, "dtype": "float32",
+                               "sampling": {"temperature": 0.8, "top_p": 0.95, "top_k": 200, "max_new_tokens": 128},
+                               "prompts": {"generator": "distill.data.prompts('heldout', 0)"},
+                               "target": bundled_identity(), "machine": corpus.machine()})
+
+
+def heldout(model, work: Path, folder: Path | None) -> list[dict]:
+    """The held-out records: WORK's own, else the committed ids with their states recomputed (fp32 `model`)."""
+    from . import feature_train
+    held = feature_train.heldout(work)
+    if held or folder is None or not corpus.shards(folder / HELDOUT):
+        return held
+    out: list[dict] = []
+    for p in corpus.shards(folder / HELDOUT):
+        seqs, npr, _ = corpus.read_shard(p)
+        fs = states(model, [s[:-1] for s in seqs])
+        out += [{"ids": torch.tensor(s, dtype=torch.int32), "n_prompt": n, "f": f.to(torch.float16)}
+                for s, n, f in zip(seqs, npr, fs)]
+    return out

@@ -117,10 +117,15 @@ def run(args: argparse.Namespace) -> int:
                                   mix=0.0 if step == "heldout" else args.mix,
                                   layers=tuple(int(k) for k in args.save_layers.split(",") if k))
             print(f"{split}: {n:,} new answer tokens in {work / 'features' / split}")
+            cdir = corpus_cli.corpus_dir(args)
+            if step == "heldout" and cdir is not None and args.heldout_batches == 4:  # the full set only
+                saved = corpus_cli.save_heldout(work, cdir)
+                if saved:
+                    print(f"heldout: {saved['sequences']} answers saved as ids in {cdir / corpus_cli.HELDOUT}")
             continue
         if fp32 is None:
             fp32 = bundled_target(dev, torch.float32)[1]
-        held = feature_train.heldout(work)[: args.eval_seqs]
+        held = corpus_cli.heldout(fp32, work, corpus_cli.corpus_dir(args))[: args.eval_seqs]
         if step == "train":
             dirs = [work, *map(Path, args.data)]
             cdir = corpus_cli.corpus_dir(args)
