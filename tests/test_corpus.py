@@ -316,3 +316,28 @@ def test_the_held_out_set_travels_as_ids_and_training_never_reads_it(tiny, tmp_p
         f = target(torch.tensor([seqs[0]]), output_hidden_states=True).hidden_states[-1][0, :-1]
     assert torch.allclose(got[0]["f"].float(), f, atol=1e-2)
     assert corpus_cli.heldout(target, work, folder)[0]["f"].abs().sum() == 0  # WORK's own set comes first
+
+
+def test_the_bench_runs_inside_the_background_pause(tmp_path, monkeypatch):
+    """`bench` times with every registered background job stopped: its run happens inside `paused()`."""
+    from contextlib import contextmanager
+
+    from pyramid_demo.bench import runner
+    from pyramid_demo.cli import main as cli_main
+    seen = {"inside": False, "ran_inside": False}
+
+    @contextmanager
+    def fake_paused(folder=None):
+        seen["inside"] = True
+        yield []
+        seen["inside"] = False
+    real = runner.run_bench
+
+    def spy(*a, **k):
+        seen["ran_inside"] = seen["inside"]
+        return real(*a, **k)
+    monkeypatch.setattr(background, "paused", fake_paused)
+    monkeypatch.setattr(runner, "run_bench", spy)
+    rc = cli_main(["bench", "--models", "tiny-random", "--methods", "ar", "--prompts", "builtin", "--limit", "1",
+                   "--max-new-tokens", "4", "--repeats", "1", "--no-progress", "--out", str(tmp_path / "b")])
+    assert rc == 0 and seen["ran_inside"]
