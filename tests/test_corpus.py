@@ -341,3 +341,25 @@ def test_the_bench_runs_inside_the_background_pause(tmp_path, monkeypatch):
     rc = cli_main(["bench", "--models", "tiny-random", "--methods", "ar", "--prompts", "builtin", "--limit", "1",
                    "--max-new-tokens", "4", "--repeats", "1", "--no-progress", "--out", str(tmp_path / "b")])
     assert rc == 0 and seen["ran_inside"]
+
+
+def test_debian_docs_keep_permissive_packages_only_with_their_licence(tmp_path):
+    import gzip
+
+    from pyramid_demo.distill import text_corpus as tc
+    prose = "This tool does one thing well. " * 20
+
+    def pkg(name, copyright_text, files):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "copyright").write_text(copyright_text)
+        for fn, text in files.items():
+            (d / fn).write_bytes(gzip.compress(text.encode()) if fn.endswith(".gz") else text.encode())
+    dep5 = "Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/\n\n"
+    pkg("mitpkg", dep5 + "Files: *\nCopyright: someone\nLicense: MIT\n\nFiles: debian/*\nLicense: GPL-2+\n",
+        {"README.gz": prose, "README.Debian": prose, "changelog": prose, "table.txt": "| 1 | 2 |\n" * 100})
+    pkg("gplpkg", dep5 + "Files: *\nLicense: GPL-2+\n", {"README": prose})
+    pkg("oldstyle", "This package was debianized by someone.\nLicense: MIT\n", {"README": prose})
+    got = tc.debian_pieces(tmp_path)
+    assert [(p["name"], p["licence"]) for p in got] == [("mitpkg README", "MIT")]
+    assert got[0]["text"] == prose.strip()

@@ -74,7 +74,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--corpus", default=None,
                    help="grow/corpus/train: the token-id corpus folder (default: the committed one); train reads "
                         "every shard of it (states recomputed once, cached under WORK/corpus_states); 'none': off")
-    p.add_argument("--text-source", default="python-package-docs,python-stdlib-docstrings,python-reference-topics",
+    p.add_argument("--text-source",
+                   default="python-package-docs,python-stdlib-docstrings,python-reference-topics,debian-doc",
                    help="text: which sources (comma-separated, without the 'text:' prefix)")
     p.add_argument("--shard-seqs", type=int, default=256, help="grow: answers per corpus shard")
     p.add_argument("--shard-minutes", type=float, default=20.0,

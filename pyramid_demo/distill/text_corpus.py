@@ -13,6 +13,9 @@ Sources, each piece with its licence (pieces under no stated licence are left ou
                                read from the source with `ast` (nothing imported), licence PSF-2.0
   text:python-reference-topics the language reference's sections that `help()` shows (the stdlib's
                                pydoc_data/topics.py, read with `ast.literal_eval`), licence PSF-2.0
+  text:debian-doc              READMEs and text manuals under /usr/share/doc/<package>/ (no changelogs), licence
+                               from the package's machine-readable copyright file (its `Files: *` stanza);
+                               permissive licences only (no GPL, LGPL, GFDL or share-alike text)
 Each chunk (paragraphs up to `max_tokens`) becomes a user turn asking for it and the text as the assistant's turn.
 """
 from __future__ import annotations
@@ -30,12 +33,17 @@ from . import corpus
 from .features import prompt_ids
 
 PKG, STDLIB, REF = "text:python-package-docs", "text:python-stdlib-docstrings", "text:python-reference-topics"
+DEB = "text:debian-doc"
+COPYLEFT = ("GPL", "GFDL", "FDL", "CC-BY-SA", "SHARE")
 PKG_ASKS = ["Describe the Python package {name}.", "What is {name} and how do I use it?",
             "Write the README for the Python package {name}.", "Tell me about the {name} library."]
 PKG_MORE = ["Continue the documentation of {name}.", "Tell me more about {name}.", "What else does {name} offer?"]
 REF_ASKS = ["Explain {name} in Python.", "How does {name} work in Python?",
             "What does the Python reference say about {name}?"]
 REF_MORE = ["Continue the explanation of {name} in Python.", "Tell me more about {name} in Python."]
+DEB_ASKS = ["What does the documentation of {name} say?", "Show me the {name} documentation.",
+            "Explain {name} to me.", "Give me an overview of {name}."]
+DEB_MORE = ["Continue the {name} documentation.", "What else does the {name} documentation cover?"]
 DOC_ASKS = ["What does `{name}` do in Python?", "Explain `{name}` from Python's standard library.",
             "Write the docstring for `{name}`.", "How do I use `{name}`?"]
 
@@ -113,6 +121,47 @@ def reference_pieces(root: Path | None = None) -> list[dict]:
             for k, v in sorted(topics.items()) if len(v) >= 120]
 
 
+def debian_licence(copyright_file: Path) -> str:
+    """The `License:` of a DEP-5 copyright file's `Files: *` stanza ('' if the file is not machine-readable)."""
+    try:
+        text = copyright_file.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+    if not text.startswith("Format:"):
+        return ""
+    for stanza in text.split("\n\n"):
+        fields = dict(line.split(":", 1) for line in stanza.splitlines() if ":" in line and not line.startswith(" "))
+        if fields.get("Files", "").strip() == "*" and fields.get("License", "").strip():
+            return fields["License"].strip()
+    return ""
+
+
+def debian_pieces(root: Path = Path("/usr/share/doc"), max_chars: int = 400_000) -> list[dict]:
+    """READMEs and .txt manuals of each package with a machine-readable licence (prose only: mostly letters)."""
+    import gzip
+    out = []
+    for pkg in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
+        lic = debian_licence(pkg / "copyright")
+        if not lic or any(c in lic.upper() for c in COPYLEFT):  # permissive only: no share-alike text in the repo
+            continue
+        for f in sorted(pkg.iterdir()):
+            name = f.name.removesuffix(".gz")
+            if not f.is_file() or not (name.startswith("README") or name.endswith(".txt")):
+                continue
+            if ".Debian" in name or name in ("README.source", "requirements.txt"):  # Debian's own notes: the
+                continue  # packaging's licence (`Files: debian/*`), not the package's; a requirements list: no prose
+            try:
+                raw = gzip.decompress(f.read_bytes()) if f.name.endswith(".gz") else f.read_bytes()
+                text = raw.decode("utf-8")
+            except (OSError, UnicodeDecodeError, EOFError, gzip.BadGzipFile):
+                continue
+            letters = sum(c.isalpha() or c.isspace() for c in text[:20000]) / max(1, len(text[:20000]))
+            if 200 <= len(text) <= max_chars and letters > 0.85:
+                out.append({"source": DEB, "name": f"{pkg.name} {name}", "version": "", "licence": lic,
+                            "text": text.strip()})
+    return out
+
+
 def chunks(text: str, count: Callable[[str], int], max_tokens: int) -> list[str]:
     """Paragraphs joined while they fit in max_tokens; a longer paragraph is cut by lines."""
     out, cur = [], ""
@@ -144,8 +193,11 @@ def conversations(pieces: list[dict], tokenizer: Any, seed: int, max_tokens: int
         for k, ch in enumerate(chunks(p["text"], count, max_tokens)[:max_chunks]):
             if p["source"] == PKG:
                 asks = PKG_ASKS if k == 0 else PKG_MORE
+            elif p["source"] in (REF, DEB):
+                first, more = (REF_ASKS, REF_MORE) if p["source"] == REF else (DEB_ASKS, DEB_MORE)
+                asks = first if k == 0 else more
             else:
-                asks = (REF_ASKS if k == 0 else REF_MORE) if p["source"] == REF else DOC_ASKS
+                asks = DOC_ASKS
             msgs = [{"role": "user", "content": r.choice(asks).format(name=p["name"])}]
             ans = tokenizer(ch, add_special_tokens=False)["input_ids"] + [eos]
             out.append({"prompt": prompt_ids(tokenizer, msgs), "answer": [int(t) for t in ans], "piece": p})
@@ -160,7 +212,7 @@ def build(tokenizer: Any, folder: Path, source: str, seed: int = 0, shard_seqs: 
     if any(p.name.startswith(tag) for p in corpus.shards(folder)):
         log(f"{source}: already in {folder}")
         return []
-    pieces = {PKG: package_pieces, STDLIB: stdlib_pieces, REF: reference_pieces}[source]()
+    pieces = {PKG: package_pieces, STDLIB: stdlib_pieces, REF: reference_pieces, DEB: debian_pieces}[source]()
     convs = conversations(pieces, tokenizer, seed, max_tokens, max_chunks=24 if source == REF else 8)
     entries = []
     for i in range(0, len(convs), shard_seqs):
@@ -172,7 +224,8 @@ def build(tokenizer: Any, folder: Path, source: str, seed: int = 0, shard_seqs: 
                                             "sequences": 0})
             u["sequences"] += 1
         meta = {"source": source, "seed": seed, "sampling": None, "teacher_forced_text": True,
-                "prompts": {"asks": {PKG: PKG_ASKS + PKG_MORE, REF: REF_ASKS + REF_MORE}.get(source, DOC_ASKS),
+                "prompts": {"asks": {PKG: PKG_ASKS + PKG_MORE, REF: REF_ASKS + REF_MORE,
+                                      DEB: DEB_ASKS + DEB_MORE}.get(source, DOC_ASKS),
                             "max_chunk_tokens": max_tokens},
                 "pieces": list(used.values()), "target": target or {}, "machine": corpus.machine()}
         seqs = [c["prompt"] + c["answer"] for c in part]
