@@ -89,13 +89,17 @@ def tiny():
 
 
 @torch.inference_mode()
-@pytest.mark.parametrize("rowwise", [False, True])
-def test_the_batched_forward_is_the_target_forward_across_refills(tiny, rowwise):
+@pytest.mark.parametrize("rowwise,prefix", [(False, False), (True, False), (False, True)])
+def test_the_batched_forward_is_the_target_forward_across_refills(tiny, rowwise, prefix):
     target, _ = tiny
     g = torch.Generator().manual_seed(0)
     V = target.config.vocab_size
     ps = [torch.randint(3, V, (n,), generator=g).tolist() for n in (3, 9, 5)]
     lm = BatchedLean(target, 3, 32, rowwise=rowwise)
+    if prefix:  # rows 1 and 2 start with it (their keys copied), row 0 is as long as it (computed)
+        lm.set_prefix(ps[1][:3])
+        ps[2][:3] = ps[1][:3]
+        ps[0] = ps[1][:3]
     seqs = [p[:] for p in ps]
 
     def ref(s: list[int]) -> torch.Tensor:
@@ -111,6 +115,8 @@ def test_the_batched_forward_is_the_target_forward_across_refills(tiny, rowwise)
         lg = lm.step(nxt)
         if step == 1:  # row 1 is refilled with a new prompt mid-way (continuous batching)
             seqs[1] = torch.randint(3, V, (7,), generator=g).tolist()
+            if prefix:  # a refill that starts with the prefix: its keys are copied over the row's old ones
+                seqs[1][:3] = ps[1][:3]
             lg[1] = lm.prefill([1], [seqs[1]])[0]
         for b in range(3):
             assert torch.allclose(lg[b], ref(seqs[b]), atol=1e-4), (step, b)

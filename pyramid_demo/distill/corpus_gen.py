@@ -69,6 +69,10 @@ def grow(model: Any, tokenizer: Any, folder: Path, seed: int, stop_at: float | N
     eos = tokenizer.eos_token_id
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     lm = BatchedLean(model, rows, capacity)
+    a, b = (features.prompt_ids(tokenizer, [{"role": "user", "content": c}]) for c in ("a", "b"))
+    shared = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    if shared >= 4:  # the chat template's default system turn: computed once, copied into every row using it
+        lm.set_prefix(a[:shared])
     gen = torch.Generator().manual_seed(seed)
     rr = random.Random(seed * 31 + 7)
     stop = {"now": False}

@@ -41,61 +41,83 @@ class BatchedLean:
         return qk * cos + torch.cat((qk[..., half:], qk[..., :half]), -1) * sin
 
     @torch.inference_mode()
+    def set_prefix(self, ids: list[int]) -> None:
+        """Keep the keys and values of a prefix most prompts share (the chat template's system turn): a prompt
+        that starts with it, and is longer, gets them copied instead of computed (`prefill`)."""
+        one = BatchedLean.__new__(BatchedLean)
+        one.w, one.rows, one.capacity, one.rowwise = self.w, 1, len(ids), None
+        one.kv = self.kv.new_zeros(*self.kv.shape[:2], 1, self.kv.shape[3], len(ids), self.kv.shape[5])
+        one.cos, one.sin, one.pos = self.cos, self.sin, torch.zeros(1, dtype=torch.long)
+        one._prefill([0], [ids], False)
+        self.prefix, self.prefix_kv = list(ids), one.kv[:, :, 0].clone()  # [L, 2, Hkv, P0, D]
+
+    @torch.inference_mode()
     def prefill(self, slots: list[int], prompts: list[list[int]], states: bool = False) -> torch.Tensor:
         """Write each prompt into its row's cache from slot 0 (right padded, causal) -> the logits after each
         prompt's last token [len(slots), V] fp32, or with `states` the normed final state at every position
         [len(slots), P, d] (row b valid for its first len(prompts[b]) positions). For logits the prompts run in
         groups of similar length (sorted; a group's padding stays under a quarter of its tokens), since every
-        padded position costs a full forward."""
-        if states or len(slots) == 1:
+        padded position costs a full forward, and a prompt starting with the `set_prefix` prefix runs only its
+        tokens past it."""
+        if states:
             return self._prefill(slots, prompts, states)
-        order = sorted(range(len(slots)), key=lambda i: len(prompts[i]))
+        p0 = len(getattr(self, "prefix", ()))
+        pre = {i for i, p in enumerate(prompts) if p0 and len(p) > p0 and p[:p0] == self.prefix}
         out: torch.Tensor | None = None
-        i = 0
-        while i < len(order):
-            j, tot = i + 1, len(prompts[order[i]])
-            while j < len(order) and len(prompts[order[j]]) * (j - i + 1) <= 1.25 * (tot + len(prompts[order[j]])):
-                tot += len(prompts[order[j]])
-                j += 1
-            part = order[i:j]
-            lg = self._prefill([slots[k] for k in part], [prompts[k] for k in part], False)  # [j-i, V]
-            if out is None:
-                out = lg.new_empty(len(slots), lg.shape[1])
-            out[torch.tensor(part)] = lg
-            i = j
+        for start, idx in ((p0, sorted(pre)), (0, [i for i in range(len(prompts)) if i not in pre])):
+            order = sorted(idx, key=lambda i: len(prompts[i]))
+            i = 0
+            while i < len(order):
+                j, tot = i + 1, len(prompts[order[i]])
+                while j < len(order) and len(prompts[order[j]]) * (j - i + 1) <= 1.25 * (tot + len(prompts[order[j]])):
+                    tot += len(prompts[order[j]])
+                    j += 1
+                part = order[i:j]
+                lg = self._prefill([slots[k] for k in part], [prompts[k] for k in part], False, start)  # [j-i, V]
+                if out is None:
+                    out = lg.new_empty(len(slots), lg.shape[1])
+                out[torch.tensor(part)] = lg
+                i = j
         assert out is not None
         return out
 
-    def _prefill(self, slots: list[int], prompts: list[list[int]], states: bool) -> torch.Tensor:
+    def _prefill(self, slots: list[int], prompts: list[list[int]], states: bool, start: int = 0) -> torch.Tensor:
+        """Positions start … of each prompt (slots < start: the prefix, copied from `prefix_kv`)."""
         w = self.w
         n, P = len(slots), max(len(p) for p in prompts)
         if P > self.capacity:
             raise ValueError(f"a prompt of {P} tokens does not fit a cache of {self.capacity}")
-        ids = torch.zeros(n, P, dtype=torch.long)
+        m = P - start  # positions run
+        ids = torch.zeros(n, m, dtype=torch.long)
         for b, p in enumerate(prompts):
-            ids[b, : len(p)] = torch.tensor(p)
+            ids[b, : len(p) - start] = torch.tensor(p[start:])
         rows = torch.tensor(slots)
-        x = F.embedding(ids, w.embed)  # [n, P, d]
+        if start:
+            self.kv[:, :, rows, :, :start] = self.prefix_kv.unsqueeze(2)  # [L, 2, n, Hkv, start, D]
+        x = F.embedding(ids, w.embed)  # [n, m, d]
         hq, hk, dh = w.n_heads, w.n_kv, w.head_dim
-        at = torch.arange(P)
+        at = torch.arange(start, P)
+        mask = torch.arange(P)[None] <= at[:, None] if start else None  # [m, P]: the prefix and causal
+        rep = hq // hk
         for li, lay in enumerate(w.layers):
-            qkv = lay.qkv(rms_norm(x, lay.attn_norm, w.eps).view(n * P, -1)).view(n, P, -1)
-            qk = self._rope(qkv[..., : (hq + hk) * dh].view(n, P, hq + hk, dh), at)  # [n, P, H+Hkv, D]
-            k = qk[:, :, hq:].transpose(1, 2)  # [n, Hkv, P, D]
-            v = qkv[..., (hq + hk) * dh:].view(n, P, hk, dh).transpose(1, 2)  # [n, Hkv, P, D]
-            self.kv[li, 0, rows, :, :P] = k
-            self.kv[li, 1, rows, :, :P] = v
-            q = qk[:, :, :hq].transpose(1, 2)  # [n, H, P, D]
-            rep = hq // hk
+            qkv = lay.qkv(rms_norm(x, lay.attn_norm, w.eps).view(n * m, -1)).view(n, m, -1)
+            qk = self._rope(qkv[..., : (hq + hk) * dh].view(n, m, hq + hk, dh), at)  # [n, m, H+Hkv, D]
+            k = qk[:, :, hq:].transpose(1, 2)  # [n, Hkv, m, D]
+            v = qkv[..., (hq + hk) * dh:].view(n, m, hk, dh).transpose(1, 2)  # [n, Hkv, m, D]
+            self.kv[li, 0, rows, :, start:P] = k
+            self.kv[li, 1, rows, :, start:P] = v
+            if start:
+                k, v = self.kv[li, 0, rows, :, :P], self.kv[li, 1, rows, :, :P]  # [n, Hkv, P, D] prefix included
+            q = qk[:, :, :hq].transpose(1, 2)  # [n, H, m, D]
             att = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1),
-                                                 is_causal=True)  # [n, H, P, D]
-            x = x + lay.o(att.transpose(1, 2).reshape(n * P, -1)).view(n, P, -1)
-            gate, up = lay.gate_up(rms_norm(x, lay.mlp_norm, w.eps).view(n * P, -1)).chunk(2, -1)
-            x = x + lay.down(F.silu(gate) * up).view(n, P, -1)
+                                                 attn_mask=mask, is_causal=mask is None)  # [n, H, m, D]
+            x = x + lay.o(att.transpose(1, 2).reshape(n * m, -1)).view(n, m, -1)
+            gate, up = lay.gate_up(rms_norm(x, lay.mlp_norm, w.eps).view(n * m, -1)).chunk(2, -1)
+            x = x + lay.down(F.silu(gate) * up).view(n, m, -1)
         self.pos[rows] = torch.tensor([len(p) for p in prompts])
         if states:
-            return rms_norm(x, w.norm, w.eps)  # [n, P, d]
-        last = x[torch.arange(n), torch.tensor([len(p) - 1 for p in prompts])]  # [n, d]
+            return rms_norm(x, w.norm, w.eps)  # [n, P, d] (start is 0 here)
+        last = x[torch.arange(n), torch.tensor([len(p) - 1 - start for p in prompts])]  # [n, d]
         return w.head(rms_norm(last, w.norm, w.eps)).float()  # [n, V]
 
     @torch.inference_mode()
