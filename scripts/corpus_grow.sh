@@ -22,13 +22,13 @@ case "$cmd" in
     min=${1:-600}; shift || true
     OMP_NUM_THREADS=1 nohup nice -n 19 "$PY" -m pyramid_demo draft-feature grow --threads 1 --gen-batch 64 \
       --mix 1.0 --minutes "$min" "$@" >> "$LOGS/corpus_grow.log" 2>&1 &
-    echo "generator started (log $LOGS/corpus_grow.log, pid file $DIR/corpus_grow.pid)";;
+    echo "generator started (log $LOGS/corpus_grow.log, pid file $DIR/corpus_grow-PID.pid)";;
   train)
     min=${1:-60}; shift || true
     OMP_NUM_THREADS=1 nohup nice -n 19 "$PY" -m pyramid_demo draft-feature heldout train --threads 1 --init shipped \
       --passes 6 --deep-frac 0.25 --batch 16 --lr 5e-4 --lr-min 2e-5 --eval-every 100 \
       --minutes "$min" "$@" >> "$LOGS/corpus_train.log" 2>&1 &
-    echo "training started (log $LOGS/corpus_train.log, pid file $DIR/corpus_train.pid)";;
+    echo "training started (log $LOGS/corpus_train.log, pid file $DIR/corpus_train-PID.pid)";;
   pause) for p in $(pids); do kill -STOP "$p" && echo "paused $p"; done;;
   resume) for p in $(pids); do kill -CONT "$p" && echo "resumed $p"; done;;
   stop) for p in $(pids); do kill -CONT "$p"; kill -TERM "$p" && echo "stopping $p"; done;;

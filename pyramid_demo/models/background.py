@@ -21,8 +21,9 @@ def pid_dir() -> Path:
 
 
 def register(name: str) -> Path:
-    """Write this process's pid file `name.pid` (removed at exit); returns its path."""
-    path = pid_dir() / f"{name}.pid"
+    """Write this process's pid file `name-PID.pid` (removed at exit; one per process, so two jobs of one kind
+    never hide each other); returns its path."""
+    path = pid_dir() / f"{name}-{os.getpid()}.pid"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp-{os.getpid()}")
     tmp.write_text(str(os.getpid()))
