@@ -117,7 +117,9 @@ def rebuild_manifest(folder: Path) -> dict:
         by_source[e["source"]] = by_source.get(e["source"], 0) + e["answer_tokens"]
     man = {"format": FORMAT, "shards": entries, "total": total, "answer_tokens_by_source": by_source}
     tmp = Path(folder) / f".{MANIFEST}.tmp-{os.getpid()}"
-    tmp.write_text(json.dumps(man, indent=1) + "\n")
+    body = ",\n".join(json.dumps(e, separators=(",", ":")) for e in entries)  # one line per shard: short diffs
+    head = {k: v for k, v in man.items() if k != "shards"}
+    tmp.write_text(json.dumps(head, indent=1)[:-2] + ',\n "shards": [\n' + body + "\n ]\n}\n")
     os.replace(tmp, Path(folder) / MANIFEST)
     return man
 
