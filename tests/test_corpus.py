@@ -369,3 +369,34 @@ def test_debian_docs_keep_permissive_packages_only_with_their_licence(tmp_path):
     got = tc.debian_pieces(tmp_path)
     assert [(p["name"], p["licence"]) for p in got] == [("mitpkg README", "MIT")]
     assert got[0]["text"] == prose.strip()
+
+
+def test_sigterm_writes_the_finished_answers_as_a_shard(tmp_path):
+    import subprocess
+    import sys
+    code = f"""
+import torch
+torch.set_num_threads(1)
+from pathlib import Path
+from pyramid_demo.distill import corpus_gen
+from pyramid_demo.models.tiny import tiny_random_triplet
+fam = tiny_random_triplet(0)
+fam.tokenizer.chat_template = {CHAT!r}
+corpus_gen.grow(fam.target, fam.tokenizer, Path({str(tmp_path)!r}), seed=3, rows=2, max_new=3, shard_seqs=10**6,
+                shard_minutes=1e6, capacity=96, log=lambda s: print(s, flush=True))
+print("done", flush=True)
+"""
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=os.getcwd(),
+                            env={**os.environ, "PYTHONPATH": os.getcwd(), "OMP_NUM_THREADS": "1"})
+    try:
+        for line in proc.stdout:
+            if line.startswith("step 200"):  # running, nothing written yet (no shard is due)
+                assert not corpus.shards(tmp_path)
+                proc.send_signal(signal.SIGTERM)
+                break
+        rest = proc.stdout.read()
+        assert proc.wait(timeout=120) == 0 and "done" in rest
+    finally:
+        proc.kill()
+    man = corpus.check(tmp_path)
+    assert len(man["shards"]) == 1 and man["total"]["sequences"] >= 100  # 200 steps of 2 rows, 3 tokens each
