@@ -138,3 +138,26 @@ def test_sampled_sd_with_a_feature_draft_follows_the_target():
         counts[out[0], out[1]] += 1
     assert accepted > 0
     assert 0.5 * (counts / 2500 - expected).abs().sum().item() < 0.06
+
+
+def test_fused_inference_weights_compute_the_training_layers_and_follow_a_weight_change():
+    torch.manual_seed(0)
+    target = LlamaForCausalLM(tiny_config(32)).eval()
+    fd = FeatureDraft(target, torch.arange(32))
+    x = torch.randn(2, 5, 64)
+    cos, sin = fd.rope_tables(5, torch.float32)
+
+    def both():
+        with torch.enable_grad():
+            a = fd.qkv(x, cos, sin)
+            fa = fd.finish(x, a[0])
+        with torch.no_grad():
+            b = fd.qkv(x, cos, sin)
+            fb = fd.finish(x, b[0])
+        for u, w in zip((*a, fa), (*b, fb)):
+            assert torch.allclose(u, w, atol=1e-5)
+    both()
+    with torch.no_grad():
+        fd.k.mul_(2.0)  # an in-place change (as an optimizer step or a load makes) rebuilds the fused weights
+        fd.up.add_(0.5)
+    both()

@@ -318,10 +318,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     t0 = time.perf_counter()
     old_term = signal.signal(signal.SIGTERM, _stop)  # `kill PID` keeps completed prompts, like Ctrl-C
+    from ..models import background
     try:
-        result = run_bench(triplet, variants, prompts, args.repeats, chat=not args.no_chat, answers=answers,
-                           warmup_tokens=args.warmup_tokens, progress=not args.no_progress,
-                           max_minutes=args.max_minutes)
+        with background.paused():  # registered background jobs (corpus growth, training) stop while it times
+            result = run_bench(triplet, variants, prompts, args.repeats, chat=not args.no_chat, answers=answers,
+                               warmup_tokens=args.warmup_tokens, progress=not args.no_progress,
+                               max_minutes=args.max_minutes)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

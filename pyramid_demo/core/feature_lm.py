@@ -101,6 +101,9 @@ class FeatureLM(CachedModel):
         if start == self.true_upto:
             self.true_upto = start + n_true
         end = start + c
+        if c == 1:  # one row sees every slot before it and itself: no mask to build or apply
+            self._rows(toks, f_prev, torch.arange(start, end), None, t=end)
+            return
         ar = torch.arange(end, device=self.device)
         self._rows(toks, f_prev, torch.arange(start, end), ar[None] <= ar[start:end, None])  # causal [c, end]
 
@@ -132,19 +135,19 @@ class FeatureLM(CachedModel):
         self._rows(toks, f_prev, slots, seen, torch.tensor([r[2] for r in new]))
         return self._logits(self.pred[slots])
 
-    def _rows(self, toks: torch.Tensor, f_prev: torch.Tensor, slots: torch.Tensor, seen: torch.Tensor,
-              positions: torch.Tensor | None = None) -> None:
+    def _rows(self, toks: torch.Tensor, f_prev: torch.Tensor, slots: torch.Tensor, seen: torch.Tensor | None,
+              positions: torch.Tensor | None = None, t: int = 0) -> None:
         """Rows with tokens toks [c] and input states f_prev [c, d], written to cache slots [c] (RoPE at
         `positions`, the slots by default), each attending over the cache's first seen.shape[1] slots where
-        `seen` [c, T] is True; their predicted states -> pred[slots]."""
+        `seen` [c, T] is True (None: every row sees all of the first `t`); their predicted states -> pred[slots]."""
         m, c = self.m, toks.shape[0]
         at = slots if positions is None else positions
         x = m.inputs(f_prev, toks)[None]  # [1, c, d]
         q, k, v = m.qkv(x, self.cos[at], self.sin[at])  # [1, H, c, D], [1, H_kv, c, D] ×2
         self.kv[0, :, slots], self.kv[1, :, slots] = k[0], v[0]
-        rep, t = m.n_heads // m.n_kv, seen.shape[1]
+        rep, t = m.n_heads // m.n_kv, (t if seen is None else seen.shape[1])
         qg = q.reshape(1, m.n_kv, rep * c, m.head_dim)  # query heads grouped by their KV head: no repeated keys
-        mask = seen[None].expand(rep, c, t).reshape(rep * c, t)  # [rep·c, T]
+        mask = None if seen is None else seen[None].expand(rep, c, t).reshape(rep * c, t)  # [rep·c, T]
         att = F.scaled_dot_product_attention(qg, self.kv[0, None, :, :t], self.kv[1, None, :, :t],
                                              attn_mask=mask)  # [1, H_kv, rep·c, D]
         self.pred[slots] = m.finish(x, att.view(1, m.n_heads, c, m.head_dim))[0]

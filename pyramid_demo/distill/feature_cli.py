@@ -11,6 +11,11 @@ Steps (each resumable from files under --work, default feature_work/):
   export   the best checkpoint -> pyramid_demo/models/weights/feature_draft.safetensors (fp16, with its
            learning curve in the metadata), only where it beats the shipped one (--force: always)
   exit     measure the second qualifier design (the target's first --exit-k layers + a trained exit layer)
+  grow     on-policy answers into the committed corpus (token ids, `distill.corpus`), --gen-batch rows at a time
+           with rows refilled as they finish, until --minutes (wall) or SIGTERM; a fresh seed per run
+  corpus   check the corpus's manifest against its shards and print its totals
+  text     existing text (installed packages' READMEs, the standard library's docstrings; `distill.text_corpus`)
+           into the corpus as separate sources, each piece with its licence (--text-source)
 --data adds more work folders' training shards (several generators can run side by side).
 """
 from __future__ import annotations
@@ -22,11 +27,12 @@ from pathlib import Path
 
 import torch
 
-from ..models import feature_draft, students
+from ..models import background, feature_draft, students
 from ..models.bundled import bundled_target
-from . import exit_qualifier, feature_train, features
+from . import corpus, corpus_cli, exit_qualifier, feature_train, features
+from .corpus_cli import gen_dtype
 
-STEPS = ("heldout", "gen", "train", "eval", "export", "exit")
+STEPS = ("heldout", "gen", "train", "eval", "export", "exit", "grow", "corpus", "text")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -51,7 +57,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new", type=int, default=128)
     p.add_argument("--max-batches", type=int, default=None)
     p.add_argument("--heldout-batches", type=int, default=4, help="batches of 32 held-out answers")
-    p.add_argument("--gen-dtype", default="bfloat16", help="gen on a CPU: bfloat16 (default) or float32")
+    p.add_argument("--gen-dtype", default="auto",
+                   help="gen/grow on a CPU: auto (bfloat16 where oneDNN runs it natively, else float32), bfloat16 "
+                        "or float32 (without AVX-512 BF16 a bf16 matmul is ~3x slower than fp32)")
     p.add_argument("--batch", type=int, default=16, help="train: sequences per step")
     p.add_argument("--passes", type=int, default=3, help="train: draft positions in the training-time test")
     p.add_argument("--deep-frac", type=float, default=1.0,
@@ -63,6 +71,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--exit-k", type=int, default=8)
     p.add_argument("--weights-dir", default=None, help="export into this folder instead of the shipped one")
     p.add_argument("--force", action="store_true", help="export even when the shipped draft is better")
+    p.add_argument("--corpus", default=None,
+                   help="grow/corpus/train: the token-id corpus folder (default: the committed one); train reads "
+                        "every shard of it (states recomputed once, cached under WORK/corpus_states); 'none': off")
+    p.add_argument("--text-source",
+                   default="python-package-docs,python-stdlib-docstrings,python-reference-topics,debian-doc",
+                   help="text: which sources (comma-separated, without the 'text:' prefix)")
+    p.add_argument("--shard-seqs", type=int, default=256, help="grow: answers per corpus shard")
+    p.add_argument("--shard-minutes", type=float, default=20.0,
+                   help="grow: also write a shard after this many wall minutes (with at least 16 answers)")
+    p.add_argument("--max-shards", type=int, default=None, help="grow: stop after this many shards")
 
 
 def _dev(name: str) -> torch.device:
@@ -84,8 +102,11 @@ def run(args: argparse.Namespace) -> int:
     ckpt = work / "ckpt" / "feature_draft.pt"
     fp32 = None  # the fp32 target (held-out answers, training, evaluation)
     for step in args.steps:
+        if step in ("grow", "corpus", "text"):
+            corpus_cli.run_step(step, args, dev)
+            continue
         if step in ("heldout", "gen"):
-            dt = torch.float32 if step == "heldout" or dev.type != "cpu" else getattr(torch, args.gen_dtype)
+            dt = torch.float32 if step == "heldout" or dev.type != "cpu" else gen_dtype(args.gen_dtype)
             tok, model = bundled_target(dev, dt)
             split = "heldout" if step == "heldout" else "train"
             n = features.generate(model, tok, work / "features", split, rounds=1 if step == "heldout" else args.rounds,
@@ -97,12 +118,22 @@ def run(args: argparse.Namespace) -> int:
                                   mix=0.0 if step == "heldout" else args.mix,
                                   layers=tuple(int(k) for k in args.save_layers.split(",") if k))
             print(f"{split}: {n:,} new answer tokens in {work / 'features' / split}")
+            cdir = corpus_cli.corpus_dir(args)
+            if step == "heldout" and cdir is not None and args.heldout_batches == 4:  # the full set only
+                saved = corpus_cli.save_heldout(work, cdir)
+                if saved:
+                    print(f"heldout: {saved['sequences']} answers saved as ids in {cdir / corpus_cli.HELDOUT}")
             continue
         if fp32 is None:
             fp32 = bundled_target(dev, torch.float32)[1]
-        held = feature_train.heldout(work)[: args.eval_seqs]
+        held = corpus_cli.heldout(fp32, work, corpus_cli.corpus_dir(args))[: args.eval_seqs]
         if step == "train":
-            feature_train.train(fp32, students.subset_ids(), [work, *map(Path, args.data)], held,
+            dirs = [work, *map(Path, args.data)]
+            cdir = corpus_cli.corpus_dir(args)
+            background.register("corpus_train")  # so a benchmark pauses it (`models.background.paused`)
+            if cdir is not None and cdir.is_dir() and corpus.shards(cdir):
+                dirs.append(corpus_cli.materialize(fp32, cdir, work, log=lambda s: print(s, flush=True)))
+            feature_train.train(fp32, students.subset_ids(), dirs, held,
                                 ckpt.with_name("fused_draft.pt") if args.fused else ckpt, args.minutes,
                                 lr=args.lr, lr_min=args.lr_min, batch=args.batch, passes=args.passes, seed=args.seed,
                                 eval_every=args.eval_every, autocast=True, log=lambda s: print(s, flush=True),

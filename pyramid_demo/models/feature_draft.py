@@ -80,13 +80,30 @@ class FeatureDraft(nn.Module):
         """[.., d] states at i-1 and tokens [..] at i -> layer inputs [.., d]."""
         return F.linear(torch.cat((f_prev, F.embedding(tokens, self.embed)), -1), self.fc_w, self.fc_b)
 
+    def joint_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """[q; k; v] and [gate; up] as one weight each, for calls without gradients (one matmul where there were
+        three and two: on a CPU a one-token step pays per call). Rebuilt whenever a weight changed (a load or
+        an optimizer step bumps its version)."""
+        parts = (self.q, self.k, self.v, self.gate, self.up)
+        key = tuple((p.data_ptr(), p._version) for p in parts)
+        if getattr(self, "_fused_key", None) != key:
+            with torch.no_grad():
+                self._fused_w = (torch.cat((self.q, self.k, self.v)), torch.cat((self.gate, self.up)))
+            self._fused_key = key
+        return self._fused_w
+
     def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """x [B, T, d] -> q [B, H, T, D], k and v [B, H_kv, T, D] (RoPE applied)."""
         B, T, _ = x.shape
         h = _rms(x, self.in_norm, self.eps)
-        q = F.linear(h, self.q).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
-        k = F.linear(h, self.k).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
-        v = F.linear(h, self.v).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
+        if torch.is_grad_enabled():
+            q, k, v = F.linear(h, self.q), F.linear(h, self.k), F.linear(h, self.v)
+        else:
+            sizes = [self.q.shape[0], self.k.shape[0], self.v.shape[0]]
+            q, k, v = F.linear(h, self.joint_weights()[0]).split(sizes, -1)
+        q = q.reshape(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+        k = k.reshape(B, T, self.n_kv, self.head_dim).transpose(1, 2)
+        v = v.reshape(B, T, self.n_kv, self.head_dim).transpose(1, 2)
         return _rope(q, cos, sin), _rope(k, cos, sin), v
 
     def finish(self, x: torch.Tensor, att: torch.Tensor) -> torch.Tensor:
@@ -94,7 +111,11 @@ class FeatureDraft(nn.Module):
         B, T, _ = x.shape
         x = x + F.linear(att.transpose(1, 2).reshape(B, T, -1), self.o)
         h = _rms(x, self.post_norm, self.eps)
-        x = x + F.linear(F.silu(F.linear(h, self.gate)) * F.linear(h, self.up), self.down)
+        if torch.is_grad_enabled():
+            gate, up = F.linear(h, self.gate), F.linear(h, self.up)
+        else:
+            gate, up = F.linear(h, self.joint_weights()[1]).chunk(2, -1)
+        x = x + F.linear(F.silu(gate) * up, self.down)
         return _rms(x, self.norm, self.eps)
 
     def logits_subset(self, f: torch.Tensor) -> torch.Tensor:
