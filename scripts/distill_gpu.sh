@@ -22,7 +22,7 @@ if [ "${1:-}" = "--dry-run" ]; then
   GEN=(--max-batches 1 --gen-batch 2 --max-new 8 --minutes 1)
   TRAIN=(--batch 2 --minutes 0.1 --eval-every 2 --ckpt-every 2 --warmup 1)
   EVAL=(--eval-seqs 2)
-  FEAT=(--gen-batch 2 --heldout-batches 1 --max-batches 1 --max-new 8 --batch 2 --eval-every 2)
+  FEAT=(--gen-batch 2 --heldout-batches 1 --max-batches 1 --max-new 8 --batch 2 --eval-every 2 --corpus none)  # not the committed corpus: its states take CPU-hours
   FMIN=0.05
 else
   DEV=cuda; OUT=pyramid_demo/models/weights
