@@ -54,13 +54,15 @@ def roles_for(method: str) -> tuple[str, ...]:
 
 
 def connect(lms: dict[str, LM]) -> None:
-    """Give every proposer that reads the target (a `states` attribute) the target's states, which the
-    target's forward then hands out. Nothing when no model reads them (the target computes nothing extra)."""
-    readers = [lm for r, lm in lms.items() if r != "target" and hasattr(lm, "states")]
-    if not readers or "target" not in lms:
+    """Give every proposer that reads its verifier's states (a `states` attribute) those states, which the
+    verifier's forward then hands out. The draft's verifier is the qualifier when the run has one (a pyramid:
+    the draft proposes to it), else the target. Nothing when no model reads them (nothing extra computed)."""
+    readers = [lm for r, lm in lms.items() if r == "draft" and hasattr(lm, "states")]
+    source = "qualifier" if "qualifier" in lms else "target"
+    if not readers or source not in lms:
         return
     states = TargetStates()
-    lms["target"].publish = states
+    lms[source].publish = states
     for lm in readers:
         lm.states = states
 
@@ -134,12 +136,12 @@ def first_eos(tokens: list[int], eos_ids: tuple[int, ...]) -> int | None:
 
 
 def prefill(lms: dict[str, LM], prompt_ids: list[int]) -> float:
-    """Feed all but the last prompt token to every model (the target first: a proposer that reads it needs
-    its states, linked here by `connect`); returns the seconds it took."""
+    """Feed all but the last prompt token to every model (the draft last: a proposer that reads its verifier
+    needs the verifier's states, linked here by `connect`); returns the seconds it took."""
     connect(lms)
     t0 = time.perf_counter()
     if len(prompt_ids) > 1:
-        for role in sorted(lms, key=lambda r: r != "target"):
+        for role in sorted(lms, key=lambda r: r == "draft"):
             lm = lms[role]
             lm.forward(prompt_ids[lm.cache_len: -1], lm.cache_len, 1)
     return time.perf_counter() - t0

@@ -112,6 +112,9 @@ def _linear(mods: list[Any]) -> Linear:
                            for m in mods]) if has_b else None
         return lambda x: F.linear(x, w, b)
     fused = _fuse_packed(mods)
+    fuse = getattr(type(mods[0]), "fuse", None)  # a quantized layer that knows how to join its kind (`models.quant`)
+    if fused is None and fuse is not None and all(type(m) is type(mods[0]) for m in mods):
+        fused = fuse(mods)
     if fused is not None:
         return fused.forward
     fns = [m.forward for m in mods]  # .forward: skip nn.Module's hook dispatch

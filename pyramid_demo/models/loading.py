@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -33,6 +34,7 @@ from .hub import PROBE_TIMEOUT_S, hub_error, hub_offline, hub_reachable, offline
 from .memory import DEFAULT_MAX_LEN, Estimate, check_fits, estimate_family
 from .placement import Placement, make_placement, pretrained_kwargs
 from .presets import BUNDLED_TARGET, PRESETS, Preset
+from .quant import int4_copy, parse_quant, quant_name
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +42,7 @@ _LOCK = threading.Lock()
 _CACHE: dict[tuple[str, ...], ModelTriplet] = {}
 _VIEWS: dict[tuple, ModelTriplet] = {}  # (loaded triplet, the choice's identity) -> the triplet handed out
 _KEY_LOCKS: dict[tuple[str, ...], threading.Lock] = {}
+_COPIES: weakref.WeakKeyDictionary[torch.nn.Module, dict[int, torch.nn.Module]] = weakref.WeakKeyDictionary()
 
 _DTYPES = {
     "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
@@ -210,11 +213,20 @@ def parse_spec(spec: str) -> tuple[Preset | None, tuple[str, str, str]]:
             "models separated by commas, draft,qualifier,target, each a Hugging Face Hub id, a "
             "local model folder or a .gguf file."
         )
-    refs = tuple(_normalise_ref(r) for r in parts)
+    if parse_quant(parts[2])[1] is not None:
+        raise LoadError(f"The target '{parts[2]}' must be the model itself: the target keeps its reference "
+                        "precision; put a quantized copy in the draft or qualifier slot (e.g. 'target@int4').")
+    target = _normalise_ref(parts[2])
+    refs = tuple(_normalise_ref(target if p == "target" else p, target) for p in parts[:2]) + (target,)
     return None, refs  # type: ignore[return-value]
 
 
-def _normalise_ref(ref: str) -> str:
+def _normalise_ref(ref: str, target: str | None = None) -> str:
+    """A reference as the loader keys it: a path resolved; 'X@int4' with X normalised and 'target@int4'
+    naming the family's target (`quant.parse_quant`)."""
+    base, group = parse_quant(ref)
+    if group is not None:
+        return quant_name(target if base == "target" and target else _normalise_ref(base), group)
     if ref == BUNDLED_TARGET:
         return ref
     path = Path(ref).expanduser()
@@ -244,10 +256,13 @@ def _load_refs(preset: Preset | None, refs: tuple[str, str, str], dev: torch.dev
                place: Placement = Placement()) -> ModelTriplet:
     """Tokenizers first (cheap, and where an offline or wrong id fails fast), the
     tokenizer checks, then the weights, each distinct reference loaded once."""
-    unique = list(dict.fromkeys(refs))
-    toks = {r: _load_tokenizer(r) for r in unique}
+    bases = {r: parse_quant(r)[0] for r in refs}  # a quantized copy loads its source, then quantizes it
+    unique = list(dict.fromkeys(bases.values()))
+    tok_of = {r: _load_tokenizer(r) for r in unique}
+    toks = {r: tok_of[bases[r]] for r in refs}
     check_tokenizers(refs, [toks[r] for r in refs])
-    models = {r: _load_model(r, dev, dt, preset, place) for r in unique}
+    loaded = {r: _load_model(r, dev, dt, preset, place) for r in unique}
+    models = {r: quantized(loaded[bases[r]], r) for r in dict.fromkeys(refs)}
     check_compatible(refs, [toks[r] for r in refs], [models[r] for r in refs])
     tok, target = toks[refs[2]], models[refs[2]]
     same = [f"{a} is the {b}" for a, b, x, y in (("draft", "target", 0, 2), ("qualifier", "target", 1, 2),
@@ -258,6 +273,20 @@ def _load_refs(preset: Preset | None, refs: tuple[str, str, str], dev: torch.dev
         preset=preset.name if preset else "custom",
         note=("the " + same[0] + " (same model): acceptance is trivially high") if same else "",
     )
+
+
+def quantized(model: torch.nn.Module, ref: str) -> torch.nn.Module:
+    """`model` itself for a plain reference; its int4 copy (built once per loaded model) for 'X@int4'."""
+    group = parse_quant(ref)[1]
+    if group is None:
+        return model
+    with _LOCK:
+        copies = _COPIES.setdefault(model, {})
+    if group not in copies:
+        t0 = time.perf_counter()
+        copies[group] = int4_copy(model, group)
+        log.info("built %s in %.1f s", ref, time.perf_counter() - t0)
+    return copies[group]
 
 
 def _kind(ref: str) -> str:

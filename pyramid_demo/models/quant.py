@@ -1,0 +1,181 @@
+"""A quantized copy of a model as a family member: int4 weight-only linears through torch's own kernel.
+
+Why: a proposer that IS the target, in 4-bit weights, agrees with the target far more often than any small
+model, and on a CPU it reads a quarter of the bytes. The copy shares the tokenizer by construction, is built
+at load time from the loaded weights (seconds), never downloaded. As in gpt-fast, every `nn.Linear` becomes
+an `Int4Linear`: codes in [0, 15] per group of `group` input columns, one bf16 scale and zero per group,
+computed by `aten._weight_int4pack_mm_for_cpu` (CPU) or `aten._weight_int4pack_mm` (CUDA), bf16 activations.
+Min/max group quantization recovers a Q4_1 GGUF's own 4-bit codes wherever a block spans its full range, so
+a copy of the bundled target holds the file's weights and differs from it only in arithmetic.
+"""
+from __future__ import annotations
+
+import copy
+import re
+from typing import Any
+
+import torch
+
+from .errors import LoadError
+
+GROUPS = (32, 64, 128, 256)  # group sizes torch's int4 kernels take
+DEFAULT_GROUP = 32
+_SUFFIX = re.compile(r"^(?P<ref>.+)@int4(?:g(?P<group>\d+))?$")
+
+
+def parse_quant(ref: str) -> tuple[str, int | None]:
+    """'owner/model@int4' -> ('owner/model', 32); '…@int4g128' -> (…, 128); a plain ref -> (ref, None)."""
+    m = _SUFFIX.match(ref.strip())
+    if m is None:
+        if "@" in ref:
+            raise LoadError(f"'{ref}': the only model suffix is @int4 (or @int4g32/g64/g128/g256: the group size), "
+                            "e.g. 'HuggingFaceTB/SmolLM2-1.7B-Instruct@int4'.")
+        return ref, None
+    group = int(m["group"]) if m["group"] else DEFAULT_GROUP
+    if group not in GROUPS:
+        raise LoadError(f"'{ref}': group {group} is not one torch's int4 kernel takes; use one of "
+                        f"{', '.join(f'@int4g{g}' for g in GROUPS)}.")
+    return m["ref"], group
+
+
+def quant_name(ref: str, group: int) -> str:
+    """The reference of `ref`'s int4 copy (the inverse of `parse_quant`)."""
+    return f"{ref}@int4" + ("" if group == DEFAULT_GROUP else f"g{group}")
+
+
+def quantize_groups(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Min/max quantization per row and group: codes [N, K] int32 in [0, 15], scales and zeros [N, K/group]
+    fp32, such that w ≈ (code − 8)·scale + zero (gpt-fast's convention, which torch's kernels read)."""
+    n, k = w.shape
+    g = w.float().reshape(-1, group)  # [N·K/group, group]
+    lo, hi = g.amin(1, keepdim=True), g.amax(1, keepdim=True)
+    scale = (hi - lo).clamp(min=1e-6) / 15
+    codes = ((g - lo) / scale).round().clamp(0, 15).to(torch.int32).reshape(n, k)
+    zero = lo + scale * 8
+    return codes, scale.reshape(n, -1), zero.reshape(n, -1)
+
+
+def _pack(codes: torch.Tensor) -> torch.Tensor:
+    """Codes [N, K] int32 in torch's int4 layout for their device."""
+    if codes.device.type == "cpu":
+        return torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)  # [N, K/2] uint8
+    pairs = (codes[:, ::2] << 4 | codes[:, 1::2]).to(torch.uint8)  # [N, K/2]: two codes a byte
+    return torch.ops.aten._convert_weight_to_int4pack(pairs, 8)  # CUDA tiles (gpt-fast's inner_k_tiles)
+
+
+class Int4Linear(torch.nn.Module):
+    """y = x·Wᵀ + b with W in 4-bit groups; any input dtype in, the same dtype out (bf16 inside the kernel)."""
+
+    def __init__(self, packed: torch.Tensor, scales_zeros: torch.Tensor, in_features: int, out_features: int,
+                 group: int, bias: torch.Tensor | None = None):
+        super().__init__()
+        self.in_features, self.out_features, self.group = in_features, out_features, group
+        self.register_buffer("packed", packed, persistent=False)  # the device's int4 layout
+        self.register_buffer("scales_zeros", scales_zeros, persistent=False)  # [K/group, N, 2] bf16
+        self.register_buffer("bias", bias, persistent=False)  # [N] or None
+
+    @classmethod
+    def from_linear(cls, linear: torch.nn.Linear, group: int) -> Int4Linear:
+        w = linear.weight.detach()  # [N, K]
+        codes, scale, zero = quantize_groups(w, group)
+        sz = torch.stack([scale, zero], 2).transpose(0, 1).contiguous().to(torch.bfloat16)  # [K/group, N, 2]
+        bias = None if linear.bias is None else linear.bias.detach().clone()
+        return cls(_pack(codes.to(w.device)), sz.to(w.device), w.shape[1], w.shape[0], group, bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features).to(torch.bfloat16)  # [rows, K]
+        if flat.device.type == "cpu":
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, self.group, self.scales_zeros)
+        else:
+            y = torch.ops.aten._weight_int4pack_mm(flat, self.packed, self.group, self.scales_zeros)
+        y = y.to(x.dtype)  # [rows, N]
+        if self.bias is not None:
+            y = y + self.bias.to(x.dtype)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, group={self.group}"
+
+    @staticmethod
+    def fuse(mods: list[Int4Linear]) -> Int4Linear | None:
+        """Several int4 linears over one input as one (one kernel call instead of several: on a CPU a small call
+        costs mostly its fixed overhead). The packed rows are concatenated as they are, which holds where every
+        part's output width is a multiple of the layout's row block (64 on the CPU); else None."""
+        groups = {m.group for m in mods}
+        if len(mods) < 2 or len(groups) > 1 or any(m.out_features % 64 for m in mods) \
+                or mods[0].packed.device.type != "cpu":
+            return None
+        bias = None
+        if any(m.bias is not None for m in mods):
+            bias = torch.cat([m.bias if m.bias is not None else m.scales_zeros.new_zeros(m.out_features).float()
+                              for m in mods])
+        return Int4Linear(torch.cat([m.packed for m in mods]), torch.cat([m.scales_zeros for m in mods], 1),
+                          mods[0].in_features, sum(m.out_features for m in mods), groups.pop(), bias)
+
+
+class Fp16Linear(torch.nn.Module):
+    """y = x·Wᵀ + b with W in fp16 through fbgemm (CPU): a quarter of fp32's bytes at near-fp32 agreement,
+    for a copy's LM head, where 4-bit codes cost most of the agreement a quantized copy loses."""
+
+    def __init__(self, linear: torch.nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        w = linear.weight.detach().float()
+        b = None if linear.bias is None else linear.bias.detach().float()
+        self.packed = torch.ops.quantized.linear_prepack_fp16(w, b)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.ops.quantized.linear_dynamic_fp16(x.reshape(-1, self.in_features).float(), self.packed)
+        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+
+def fp16_available() -> bool:
+    """fbgemm's fp16 linear is built into this torch (x86 CPU builds)."""
+    return "fbgemm" in torch.backends.quantized.supported_engines
+
+
+def refusal(model: torch.nn.Module, group: int) -> str | None:
+    """Why `model` cannot have an int4 copy here (one line naming what would work), or None."""
+    dev = next(model.parameters()).device
+    if dev.type not in ("cpu", "cuda"):
+        return (f"an int4 copy runs on the CPU or CUDA (torch's int4 kernels), not on {dev.type}: "
+                "load the family with --device cpu, or name the model without @int4")
+    for name, m in model.named_modules():
+        if type(m) is torch.nn.Linear and m.in_features % group:
+            fits = [g for g in GROUPS if m.in_features % g == 0]
+            hint = f"use @int4g{fits[-1]}" if fits else "name the model without @int4"
+            return f"an int4 copy needs every linear's input width divisible by the group: {name} has " \
+                   f"{m.in_features}, not a multiple of {group}; {hint}"
+        if type(m) is torch.nn.Linear and dev.type == "cuda" and (m.in_features % 128 or m.out_features % 8):
+            return f"CUDA's int4 kernel needs input widths divisible by 128 and outputs by 8 ({name}: " \
+                   f"{m.in_features}→{m.out_features}); run the copy on the CPU, or name the model without @int4"
+    if not any(type(m) is torch.nn.Linear for m in model.modules()):
+        return f"{type(model).__name__} has no plain linear layers to quantize; name the model without @int4"
+    return None
+
+
+def int4_copy(model: Any, group: int = DEFAULT_GROUP) -> Any:
+    """A copy of `model` whose every `nn.Linear` is an `Int4Linear`, but the LM head: fp16 weights on a CPU with
+    fbgemm (the 4-bit head alone drops top-1 agreement with the target by several points), else int4; embeddings
+    and norms are the model's own tensors, shared. Raises LoadError with `refusal`'s line."""
+    why = refusal(model, group)
+    if why:
+        raise LoadError(why)
+    head = model.get_output_embeddings()
+    tied = head is not None and head.weight is model.get_input_embeddings().weight
+    out = copy.deepcopy(model, memo={id(t): t for t in (*model.parameters(), *model.buffers())})  # shares them
+    cpu = next(model.parameters()).device.type == "cpu"
+    head_out = out.get_output_embeddings()
+    done: dict[int, torch.nn.Module] = {}
+    for parent in list(out.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is torch.nn.Linear:
+                if id(child) not in done:
+                    keep_head = child is head_out and cpu and fp16_available()
+                    done[id(child)] = Fp16Linear(child) if keep_head else Int4Linear.from_linear(child, group)
+                setattr(parent, name, done[id(child)])
+    if tied:  # the embedding stays full precision: only the head (a linear) is quantized
+        out.config.tie_word_embeddings = False
+    out.int4_group = group  # what the app and the memory estimate say about it
+    out.eval()
+    return out
