@@ -86,6 +86,9 @@ MSG = {
     "ar_round": "AR has no drafts: each target pass makes exactly one token, so there is nothing to accept.",
     "cleared": "Results cleared.",
     "idle": f"Press **{BUTTONS['run']}** to run {_NAMES} on the same prompt, one after another.",
+    "play_none": "Run a race first: then ▶ Play replays any target pass of it, step by step.",
+    "play_lane": "Race {race} has no such lane: pick one of {lanes}.",
+    "play_range": "Target pass {n} is out of range: this run made {total} target pass(es), numbered 1 to {total}.",
 }
 
 RACE_COLUMNS = ["race", "method", "tokens", "time (s)", "tok/s", "× AR", "× SD", "acceptance",
