@@ -46,7 +46,8 @@ def exact_line(choice: Any) -> str:
     if choice.exact is None:
         return "Not checked on this machine: SD may differ from AR's text at near-ties."
     if not choice.exact:
-        return "⚠ On this machine SD may differ from AR's text at near-ties (its passes are not bitwise exact)."
+        return ("⚠ On this machine SD may differ from AR's text at near-ties (checking many tokens at once rounds "
+                "differently).")
     trees = " (tree lanes may differ at near-ties)" if choice.tree_exact is False else ""
     return f"✓ On this machine SD writes exactly AR's text at temperature 0{trees}."
 
