@@ -297,6 +297,7 @@ def test_step_controls_clamp_and_play_stops_at_the_last_beat():
     n = len(ps.beats)
     assert n == 16 and ps.i == 0 and "beat 1 / 16" in page and timer.active is False
     assert play_view.step_back(ps)[0].i == 0
+    assert play_view.play(ps)[0].playing and not ps.playing  # a new state each time: nothing shared or mutated
     for _ in range(n + 3):
         ps = play_view.step_forward(ps)[0]
     assert ps.i == n - 1 and not ps.playing
@@ -337,3 +338,16 @@ def test_a_tree_beat_lights_its_nodes_in_the_indented_list():
     page = play_view.beat_html(ps)
     assert page.count(play_view.LIT) == 1 and page.index(play_view.LIT) > page.index("The")
     assert "beat 4 / 6" in page and "the exact SD test keeps it" in page
+
+
+def test_the_race_tabs_player_starts_on_the_last_lanes_busiest_pass():
+    """Rule: after a race the race tab's player offers its lanes, picks the last raced and its pass that committed
+    the most tokens, loaded at beat 1; an unknown lane or no race is a message."""
+    quiet = step(rnd("target", "fuzzy", [(" The", "rejected", 0.9)], (" A", "resampled")), [" A"], ["target"])
+    session = session_with(quiet)
+    session.latest.results["psd_f"].steps.append(psd_f_chain())  # pass 2 commits 3 tokens
+    lanes, slider, ps, page, timer = play_view.race_choices(session)
+    assert lanes["value"] == "psd_f" and slider["value"] == 2 and slider["maximum"] == 2
+    assert ps.label.endswith("target pass 2 of 2") and "beat 1 / 16" in page and timer.active is False
+    assert "no such lane" in play_view.pick_lane(session, "sd")[2]
+    assert "Run a race first" in play_view.race_choices(None)[3]

@@ -124,6 +124,10 @@ EXPLANATION = f"""
   slider walks that path. *Acceptance* counts positions: a tree of 7 candidates over 3 positions whose path
   is 2 long accepted 2 of 3 (not 2 of 7).
 
+* **▶ Play a pass** — below the race's lanes and in the inspector, one recorded target pass is replayed step by
+  step: the guesses appear, each check marks them ✓ or ✗ and says why (the divergence against τ, or the exact
+  rule), the verifier's own token lands and the committed text grows. It replays the record: no model runs.
+
 ### Reading the colours
 <span style="background:#cdeedd;padding:2px 6px;border-radius:4px">green</span> {ORIGIN_NAMES['draft']} ·
 <span style="background:#d3e6f8;padding:2px 6px;border-radius:4px">blue</span> {ORIGIN_NAMES['qualifier']} ·
