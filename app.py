@@ -11,7 +11,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from pyramid_demo.app import charts, pass_hist, render, views
+from pyramid_demo.app import charts, family, pass_hist, play_view, render, views
 from pyramid_demo.app import handlers as h
 from pyramid_demo.app.text import (
     BUTTONS,
@@ -22,6 +22,7 @@ from pyramid_demo.app.text import (
     INTRO,
     LABELS,
     MSG,
+    PLAY_NOTE,
     PRESET_CHOICES,
     RACE_COLUMNS,
     SETTINGS_TITLE,
@@ -55,6 +56,7 @@ def _gpu(fn: Callable) -> Callable:
 
 
 PRIVATE = dict(api_visibility="private")  # chained page updates: not part of the API (see README "API")
+QUICK = dict(PRIVATE, concurrency_limit=None, show_progress="hidden")  # the player: pure, instant, per visitor
 
 
 def _setting(name: str) -> gr.components.Component:
@@ -75,6 +77,24 @@ def _whatif(name: str) -> gr.Slider:
     return gr.Slider(lo, hi, value=getattr(DEFAULT, name), step=step, label=WHATIF_LABELS[name])
 
 
+def _player(name: str) -> list:
+    """A ▶ Play panel: its state (one per visitor), the controls over one beat view, and the timer that advances it
+    while playing. Returns the handlers' outputs: [state, view, timer]."""
+    state = gr.State(play_view.PlayState())
+    with gr.Row():
+        controls = (("play", play_view.play), ("pause", play_view.pause), ("back", play_view.step_back),
+                    ("forward", play_view.step_forward))
+        buttons = {fn: gr.Button(BUTTONS[key], elem_id=f"{name}-{key}", size="sm",
+                                 variant="primary" if key == "play" else "secondary") for key, fn in controls}
+    view = gr.HTML(play_view.beat_html(play_view.PlayState()), elem_id=f"{name}-beat")
+    timer = gr.Timer(play_view.PACE_S, active=False)
+    out = [state, view, timer]
+    for fn, btn in buttons.items():
+        btn.click(fn, state, out, **QUICK)
+    timer.tick(play_view.tick, state, out, **QUICK)
+    return out
+
+
 def build_demo() -> gr.Blocks:
     """The whole page; every user gets their own `session` state."""
     with gr.Blocks(title="PyramidSD Explorer") as demo:
@@ -92,7 +112,10 @@ def build_demo() -> gr.Blocks:
                                            elem_id="side-by-side")
             with gr.Column(scale=2):
                 preset = gr.Dropdown(PRESET_CHOICES, value=START_PRESET, label=LABELS["preset"], elem_id="preset")
-                preset_md = gr.Markdown(h.preset_info(START_PRESET)[0])
+                box, fold, _ = h.preset_info(START_PRESET)
+                preset_md = gr.Markdown(box, elem_id="family-box")
+                with gr.Accordion(family.FOLD_TITLE, open=False):
+                    fold_md = gr.Markdown(fold, elem_id="family-fold")
                 with gr.Group(visible=False) as custom_box:
                     draft_id = gr.Textbox(label=LABELS["draft"], placeholder="HuggingFaceTB/SmolLM2-135M-Instruct")
                     qual_id = gr.Textbox(label=LABELS["qualifier"], placeholder="HuggingFaceTB/SmolLM2-360M-Instruct")
@@ -108,6 +131,12 @@ def build_demo() -> gr.Blocks:
         with gr.Tabs():
             with gr.Tab(TABS["race"]):
                 lanes = gr.HTML(h.race_lanes(None), elem_id="lanes")
+                with gr.Group(elem_id="race-player"):
+                    gr.Markdown(PLAY_NOTE)
+                    with gr.Row():
+                        play_lane = gr.Dropdown([], label="Lane", scale=2, elem_id="play-lane")
+                        play_pass = gr.Slider(1, 2, value=1, step=1, label="Target pass", scale=3, interactive=False)
+                    race_player = _player("race-play")
                 race_plot = gr.Plot(charts.race_figure({}), elem_id="race-plot", show_label=False)
                 race_hist = gr.Plot(pass_hist.accepted_figure({}), show_label=False, elem_id="race-hist")
                 table = gr.Dataframe(headers=RACE_COLUMNS, label="Race results (all races until cleared)",
@@ -128,6 +157,8 @@ def build_demo() -> gr.Blocks:
                     wt = _whatif("tau_t")
                     pos_sl = gr.Slider(1, 9, value=1, step=1, label="Position along the accepted path (top-5 view)")
                 insp_md = gr.Markdown()
+                gr.Markdown(PLAY_NOTE)
+                insp_player = _player("inspect-play")
                 chips = gr.HTML(render.message_html(MSG["no_race"]), elem_id="chips")
                 gr.Markdown(TREE_NOTE)
                 tree_plot = gr.Plot(show_label=False, elem_id="tree-plot")
@@ -159,7 +190,15 @@ def build_demo() -> gr.Blocks:
         insp_out = [chips, div_plot, top5_plot, insp_md, tree_plot]
         tuned = [widgets[k] for k in h.TUNED_NAMES]
 
-        preset.change(h.preset_info, preset, [preset_md, custom_box], **PRIVATE)
+        play_in = [session, race_dd, method_dd, round_sl]
+        family_out = [preset_md, fold_md, custom_box]
+
+        def inspected(event: gr.events.Dependency) -> gr.events.Dependency:
+            """After a round is chosen: the inspector's views, then its player loaded at the first beat."""
+            return event.then(views.inspect_round, insp_in, insp_out, **PRIVATE).then(
+                play_view.show, play_in, insp_player, **QUICK)
+
+        preset.change(h.preset_info, preset, family_out, **PRIVATE)
         preset.change(h.preset_settings, preset, tuned, **PRIVATE)
         # the public API: /race (named, defaulted settings), /stop, /export; /clear is callable, unlisted
         race = gr.on([run_btn.click, prompt.submit], _gpu(h.race_event),
@@ -169,19 +208,23 @@ def build_demo() -> gr.Blocks:
                      concurrency_id="models", concurrency_limit=1,
                      show_progress="hidden")  # the status line names each stage; a live progress display
         # redraws every frame for the whole race and takes a browser's CPU from the models (scripts/race_speed.py)
-        race.then(views.pick_race, [session], pick_out, **PRIVATE).then(views.inspect_round, insp_in, insp_out,
-                                                                          **PRIVATE)
-        race.then(h.preset_info, preset, [preset_md, custom_box], **PRIVATE)  # now with the probed dtype
+        inspected(race.then(views.pick_race, [session], pick_out, **PRIVATE))
+        race.then(play_view.race_choices, [session], [play_lane, play_pass, *race_player], **QUICK)
+        race.then(h.preset_info, preset, family_out, **PRIVATE)  # now with the probed dtype
         stop_btn.click(h.stop_race, session, race_out, api_name="stop", concurrency_id="stop",
                        concurrency_limit=None)
-        clear_btn.click(h.clear_results, session, race_out, api_name="clear", api_visibility="undocumented").then(
-            views.pick_race, [session], pick_out, **PRIVATE).then(views.inspect_round, insp_in, insp_out, **PRIVATE)
-        race_dd.input(views.pick_race, [session, race_dd], pick_out, **PRIVATE).then(
-            views.inspect_round, insp_in, insp_out, **PRIVATE)
-        method_dd.input(views.pick_method, [session, race_dd, method_dd], [round_sl, wq, wt, pos_sl],
-                        **PRIVATE).then(views.inspect_round, insp_in, insp_out, **PRIVATE)
+        cleared = clear_btn.click(h.clear_results, session, race_out, api_name="clear",
+                                  api_visibility="undocumented")
+        inspected(cleared.then(views.pick_race, [session], pick_out, **PRIVATE))
+        cleared.then(play_view.race_choices, [session], [play_lane, play_pass, *race_player], **QUICK)
+        inspected(race_dd.input(views.pick_race, [session, race_dd], pick_out, **PRIVATE))
+        inspected(method_dd.input(views.pick_method, [session, race_dd, method_dd], [round_sl, wq, wt, pos_sl],
+                                  **PRIVATE))
         for sl in (round_sl, wq, wt, pos_sl):
             sl.change(views.inspect_round, insp_in, insp_out, show_progress="hidden", **PRIVATE)
+        round_sl.change(play_view.show, play_in, insp_player, **QUICK)  # a new pass: its player, stopped
+        play_lane.input(play_view.pick_lane, [session, play_lane], [play_pass, *race_player], **QUICK)
+        play_pass.change(play_view.race_show, [session, play_lane, play_pass], race_player, **QUICK)
         export_btn.click(h.export_files, session, [json_file, csv_file], api_name="export")
     demo.queue(default_concurrency_limit=1, max_size=64)
     return demo

@@ -88,9 +88,9 @@ def test_placement_comes_from_space_variables(monkeypatch):
 
 
 def test_family_box_shows_the_estimate_without_the_network():
-    text = h.preset_info("tiny-random")[0]
+    text = h.preset_info("tiny-random")[1]  # the fold under the family box
     assert "Estimate here" in text and "MB" in text
-    assert "Estimate here" in h.preset_info("llama3")[0]  # unknown offline, but no error and no wait
+    assert "Estimate here" in h.preset_info("llama3")[1]  # unknown offline, but no error and no wait
 
 
 def test_memory_line_uses_the_dtype_the_family_loads_in(monkeypatch, tmp_path):

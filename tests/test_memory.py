@@ -190,18 +190,20 @@ def test_the_offline_estimate_counts_the_proposers_that_run(offline_cache):
 def test_the_family_box_says_what_runs(monkeypatch):
     """The offline family's names and description are what runs here: the feature draft that reads the target
     when its weights are shipped, the students when only they are, the target itself when neither is; the
-    app's family box shows that (`handlers.preset_info`)."""
+    app's family box says it in words and its fold names the ids (`handlers.preset_info`)."""
     from pyramid_demo.app import handlers
     from pyramid_demo.models import feature_draft, offline, presets, students
 
     p = presets.PRESETS[presets.OFFLINE]
     monkeypatch.setattr(students, "available", lambda *a: True)
     monkeypatch.setattr(feature_draft, "available", lambda *a: True)
-    box = handlers.preset_info(presets.OFFLINE)[0]
-    assert presets.FEATURE_DRAFT in box and "reads the target" in box, box
-    assert "students as draft and qualifier" not in box
+    box, fold, _ = handlers.preset_info(presets.OFFLINE)
+    assert "a one-layer draft that reads the target" in box, box  # the box in words, the fold with the ids
+    assert presets.FEATURE_DRAFT in fold and "the draft reads the target" in fold, fold
+    assert "students as draft and qualifier" not in fold
     monkeypatch.setattr(feature_draft, "available", lambda *a: False)
-    assert offline.as_run(p) == p and "students as draft and qualifier" in handlers.preset_info(presets.OFFLINE)[0]
+    box, fold, _ = handlers.preset_info(presets.OFFLINE)
+    assert offline.as_run(p) == p and "students as draft and qualifier" in fold and "a small distilled student" in box
     monkeypatch.setattr(students, "available", lambda *a: False)
     run = offline.as_run(p)
     assert run.draft == run.qualifier == presets.BUNDLED_TARGET and "the target itself" in run.description

@@ -21,17 +21,23 @@ def _ar_run(step_s: float, n: int = 10) -> RunResult:
     return RunResult("ar", {}, [], "", [], list(range(n)), [], ["target"] * n, "", stats, steps)
 
 
-def test_a_busy_race_says_so_with_the_factor_and_the_idle_prediction():
-    """Rule: when the race's forwards took longer than the profile, the story says the machine was busy,
-    with the target's factor, and the idle-machine column shows the profile's prediction."""
+def test_a_busy_machine_is_a_warning_only_where_it_changes_a_verdict():
+    """Rule: the race's forwards against the profile are stated per model; the "machine was busy" warning, with
+    the target's factor, appears only when some method's measured outcome is not the profile's (`disagrees`),
+    i.e. when the load changes a verdict. The idle-machine column still shows the profile's prediction."""
     res = {"ar": _ar_run(0.062)}  # 62 ms a forward against the profile's 20 ms
     assert story.load_factors(list(res.values()), PROFILE) == {"target": pytest.approx(3.1)}
-    text = story.markdown(res, PROFILE)
-    assert "This machine was busy: target forwards took 3.1× the profile" in text
+    text = story.markdown(res, PROFILE)  # AR alone: no verdict for the load to change
+    assert "busy" not in text and "Forward time ÷ the profile's in this race, per model: target 3.1×" in text
+    warned = story.load_line(res, PROFILE, changed=True)
+    assert "This machine was busy: target forwards took 3.1× the profile" in warned and "change a verdict" in warned
     row = story.rows(res, PROFILE)[0]
     assert row["predicted"] == pytest.approx(50.0) and row["measured"] == pytest.approx(1 / 0.062, rel=1e-3)
     calm = story.markdown({"ar": _ar_run(0.021)}, PROFILE)
-    assert "busy" not in calm and "about what the profile says" in calm
+    assert "busy" not in calm and "target 1.1×" in calm
+    assert story.disagrees({"method": "sd", "x_ar": 1.32, "x_ar_predicted": 0.9}, 0.1)  # faster, predicted slower
+    assert not story.disagrees({"method": "sd", "x_ar": 1.05, "x_ar_predicted": 0.9}, 0.1)  # a tie never does
+    assert not story.disagrees({"method": "sd", "x_ar": 1.32, "x_ar_predicted": 1.2}, 0.1)
 
 
 VERDICT = dict(alpha=0.33, factor=4.1, per_pass=1.2, per_pass_needed=1.3)

@@ -24,7 +24,7 @@ from ..core.noise import leaders
 from ..core.settings import APP_SETTINGS, TUNABLE
 from ..core.trace import RunResult
 from ..models.presets import PRESETS, family_config
-from . import hosting, inspector, stages
+from . import family, hosting, inspector, stages
 from .race_view import LiveView, before_race, full_outputs, status_only
 from .race_view import earlier_lanes as earlier_lanes  # re-exported: app.py draws the page's first state
 from .race_view import race_lanes as race_lanes
@@ -49,28 +49,13 @@ def _notify(msg: str) -> str:
 
 
 # ------------------------------------------------------------------ controls
-def preset_info(preset: str) -> tuple[str, Any]:
-    """The chosen family's description and memory need, and whether the custom id boxes show."""
+def preset_info(preset: str) -> tuple[str, str, Any]:
+    """The chosen family in plain words (the box beside the prompt: at most three short lines), the fold with the
+    figures (ids, memory, the probe's exactness record, tuned settings) and whether the custom id boxes show."""
     if preset == CUSTOM:
-        text = ("**Custom family** — three Hugging Face ids or local paths of causal LMs that share one "
-                "tokenizer, smallest first. They download on the first run.")
-        return text, gr.update(visible=True)
-    from ..models.offline import as_run
-
-    p = as_run(PRESETS[preset])  # what runs on this install (the offline draft may read the target)
-    need = f"about {p.memory_gb:g} GB at 16-bit ({2 * p.memory_gb:g} GB as fp32 on a CPU)"
-    flags = " · needs the Hub" if p.hub else " · runs offline"
-    flags += " · gated: needs a token" if p.gated else ""
-    text = f"**{p.draft} → {p.qualifier} → {p.target}**  \n{p.description}  \nMemory: {need}{flags}"
-    text += "  \n" + hosting.memory_line(preset)
-    from ..models.probe import cached_choice
-
-    choice = cached_choice(preset)  # the choice and its exactness; the probe's timings are in its table
-    text += "  \nOn a CPU: " + (choice.summary if choice else
-                                "dtype, backend and forward are probed on the first run (several seconds)")
-    if p.tuned:
-        text += "  \nTuned settings (measured with `bench`): " + " · ".join(f"{k} {v}" for k, v in p.tuned)
-    return text, gr.update(visible=False)
+        return family.CUSTOM_BOX, family.CUSTOM_FOLD, gr.update(visible=True)
+    box, fold = family.texts(preset)
+    return box, fold, gr.update(visible=False)
 
 
 def preset_settings(preset: str) -> tuple:
@@ -233,11 +218,11 @@ def _race_steps(preset: str, ids: tuple[str, str, str], prompt: str, settings: d
         yield full_outputs(session, MSG["stopped_early"])
         return
     notes = (getattr(triplet, "note", ""), session.budget_note,
-             "" if triplet.exact else MSG["not_exact"].format(why=triplet.exact_note),
+             "" if triplet.exact else MSG["not_exact"].format(why=MSG["why_unchecked" if triplet.exact is None
+                                                                      else "why_inexact"]),
              MSG["trees_not_exact"] if triplet.exact and triplet.tree_exact is False else "")
     race = replace(upcoming, note=" ".join(x for x in notes if x), profile=prep["profile"],
-                   setup=MSG["setup"].format(load=load_s, warm=prep["warm_s"], profile=prep["profile_s"],
-                                             choice=triplet.choice_note))
+                   setup=MSG["setup"].format(load=load_s, warm=prep["warm_s"], profile=prep["profile_s"]))
     session.budget_note = ""
     session.next += 1
     session.races = kept + [race]
@@ -269,7 +254,7 @@ def _race_steps(preset: str, ids: tuple[str, str, str], prompt: str, settings: d
             return
     race.running = None
     hosting.record(preset, race.results)  # the next race's ZeroGPU budget uses this family's speed
-    yield full_outputs(session, MSG["done"].format(n=race.n) + _winner(race.results) + "  \n" + race.setup)
+    yield full_outputs(session, MSG["done"].format(n=race.n) + _winner(race.results))  # the setup: under the lanes
 
 
 def stop_race(session: Session | None) -> tuple:

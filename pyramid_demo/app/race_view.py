@@ -15,6 +15,8 @@ from typing import Any
 
 import gradio as gr
 
+from ..core.config import METHOD_LABELS
+from ..core.methods import method_spec
 from ..core.trace import RunResult
 from . import charts, inspector, render
 from .session import Race, Session
@@ -37,23 +39,42 @@ def headline(m: str, r: RunResult | None, race: Race) -> str:
     if s.acceptance:
         parts.append("accepted " + ", ".join(f"{'→Q' if k == 'qualifier' else '→T'} {v:.0%}"
                                              for k, v in s.acceptance.items()))
-    if r.shape_why and r.config.get("shape") and s.target_passes and r.method != "ar":
-        parts.append(f"{r.config['shape']} ({r.shape_why})")  # the shape that ran and why ("auto" chose it)
     if not s.stopped:
         parts.append("stopped")
     return " · ".join(parts)
 
 
+def shape_words(r: RunResult) -> str:
+    """"tree of 8 (depth 2)" or "chain of 4": the shape a run proposed, from its resolved config ("" for a method
+    that proposes nothing). The budget is what was asked: a confidence stop may end a proposal before it."""
+    spec, cfg = method_spec(r.method), r.config
+    if not spec.shaped:
+        return ""
+    if cfg.get("shape") == "tree":
+        return f"tree of {cfg.get('tree_nodes')} (depth {cfg.get('tree_depth')})"
+    length = next(s.length for s in spec.stages if s.shaped)
+    return f"chain of {cfg.get(length)}"
+
+
+def lane_title(key: str, r: RunResult | None) -> str:
+    """A lane's title: its method and the shape it ran ("PSD_A (assisted pyramid) · tree of 8 (depth 2)"); before
+    it runs, its lane label."""
+    shape = shape_words(r) if r is not None else ""
+    return f"{method_spec(r.method).label} · {shape}" if r is not None and shape else METHOD_LABELS[key]
+
+
 def race_lanes(race: Race | None, bodies: render.LaneBodies | None = None) -> str:
-    """Every lane of one race, in its order (`bodies`: the lanes' chips rendered so far, reused)."""
+    """Every lane of one race, in its order (`bodies`: the lanes' chips rendered so far, reused); under a finished
+    race, its one-time costs (in no lane's time)."""
     if race is None:
         return render.legend_html() + render.message_html(MSG["idle"])
     res, body = race.results, bodies or render.coloured_tokens_of
     lanes = [render.lane_html(m, res.get(m), headline(m, res.get(m), race), race.running == m,
-                              body(m, res[m]) if m in res else None)
+                              body(m, res[m]) if m in res else None, lane_title(m, res.get(m)))
              for m in race.lanes]
+    foot = race.setup if race.running is None else ""
     return render.legend_html() + render.lanes_html(lanes, f"Race {race.n} · {race.preset} · "
-                                                           f"prompt: {race.prompt[:80]}", race.note)
+                                                           f"prompt: {race.prompt[:80]}", race.note, foot)
 
 
 def earlier_lanes(session: Session) -> str:

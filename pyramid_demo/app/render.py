@@ -113,26 +113,30 @@ class LaneBodies:
 
 
 def lane_html(method: str, result: RunResult | None, headline: str, running: bool = False,
-              body: str | None = None) -> str:
-    """One method's lane: name, live figures, and the growing coloured text (`body`: its chips, if rendered)."""
+              body: str | None = None, title: str | None = None) -> str:
+    """One method's lane: name (`title`, default its label), live figures, and the growing coloured text (`body`:
+    its chips, if rendered)."""
     colour = METHOD_COLOURS.get(method, "#333")
     if body is None:
         body = coloured_tokens(result) if result is not None else '<span style="color:#999">waiting…</span>'
     cursor = '<span style="color:#999">▌</span>' if running else ""
     return (f'<div class="lane lane-{method}" style="border-left:6px solid {colour};padding:6px 10px;'
             f'margin:6px 0;background:#fff;border-radius:6px;box-shadow:0 1px 2px rgba(0,0,0,.08)">'
-            f'<div style="font-weight:700;color:{colour};font-size:1.05rem">{html.escape(METHOD_LABELS[method])}'
+            f'<div style="font-weight:700;color:{colour};font-size:1.05rem">'
+            f'{html.escape(title or METHOD_LABELS[method])}'
             f'<span style="font-weight:400;color:#444;margin-left:12px;font-size:.95rem">'
             f'{html.escape(headline)}</span></div>'
             f'<div style="{FONT}font-size:1.05rem;line-height:1.9;color:#111">{body}{cursor}</div></div>')
 
 
-def lanes_html(lanes: list[str], title: str = "", note: str = "") -> str:
+def lanes_html(lanes: list[str], title: str = "", note: str = "", foot: str = "") -> str:
     head = f'<div style="font-weight:600;margin:4px 0">{html.escape(title)}</div>' if title else ""
     if note:  # e.g. the loader's "the draft and qualifier ARE the target" warning
         head += (f'<div class="note" style="background:#fff6dd;border:1px solid #f0d58a;border-radius:6px;'
                  f'padding:6px 10px;margin:4px 0;color:#5a4500">ℹ️ {html.escape(note)}</div>')
-    return f'<div class="lanes">{head}{"".join(lanes)}</div>'
+    tail = f'<div class="lanes-foot" style="color:#666;font-size:.85rem;margin:4px 0">{html.escape(foot)}</div>' \
+        if foot else ""
+    return f'<div class="lanes">{head}{"".join(lanes)}{tail}</div>'
 
 
 MARKS = {"accepted": ("✓", "#009E73"), "rejected": ("✗", "#D55E00"), "discarded": ("·", "#9e9e9e")}

@@ -28,7 +28,7 @@ class Race:
     stopped: bool = False  # stopped by the user before every method ran
     note: str = ""  # shown above the lanes (family, budget cut, exactness)
     profile: dict | None = None  # the cost profile taken before the clocks started
-    setup: str = ""  # the one-time costs, for the final status line
+    setup: str = ""  # the one-time costs (load, warm-up, profile), shown under the finished race's lanes
 
 
 @dataclass

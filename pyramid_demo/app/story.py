@@ -91,32 +91,41 @@ def verdict(method: str, row: dict, spread: float | None, ar_factor: float | Non
     xp = row.get("x_ar_predicted")
     if xp is None:
         return said
-    expect = noise.compare(xp, 1.0, 0.0)
     said += f"; on an idle machine the profile predicts {xp:.2f}× AR"
     if row.get("per_pass_needed") is not None:
         said += (f" (it commits {row['per_pass']:.2f} tokens per target pass; matching AR on the profile "
                  f"needs {row['per_pass_needed']:.2f})")
-    if outcome not in (0, expect):
+    if disagrees(row, spread):
         f, fa = row.get("factor"), ar_factor
         said += " — not what the profile predicts" + (
             f": this lane's forwards took {f:.1f}× the profile, AR's {fa:.1f}×" if f and fa else "")
     return said
 
 
-def load_line(results: dict[str, RunResult], profile: dict | None) -> str:
-    """Whether the race's forwards cost what the profile says, with the factor per model."""
+def disagrees(row: dict, spread: float | None) -> bool:
+    """Whether a method's measured outcome against AR (faster, a tie within noise, slower) is not the one the
+    profile predicts for an idle machine, a tie never counting as a disagreement."""
+    x, xp = row.get("x_ar"), row.get("x_ar_predicted")
+    if x is None or xp is None or row.get("method") == "ar":
+        return False
+    outcome = noise.compare(x, 1.0, spread or 0.0)
+    return outcome not in (0, noise.compare(xp, 1.0, 0.0))
+
+
+def load_line(results: dict[str, RunResult], profile: dict | None, changed: bool = False) -> str:
+    """The race's forward time against the profile's, per model. A busy machine is a warning only where it
+    changes a verdict (`changed`: some method's measured outcome is not the profile's, `disagrees`); otherwise
+    the factors are stated plainly."""
     if not profile or not results:
         return ""
     f = load_factors(list(results.values()), profile)
     parts = ", ".join(f"{role} {f[role]:.1f}×" for role in ROLES if role in f)
     t = f.get("target")
-    if t is not None and t >= BUSY:
-        return (f"⚠️ **This machine was busy: target forwards took {t:.1f}× the profile** (forward time ÷ the "
-                f"profile's, per model: {parts}). Measured speeds are a loaded machine's; the *idle* "
-                "column is what the profile predicts without the load.")
-    if t is not None and t <= 1 / BUSY:
-        return f"The race's forwards ran faster than the profile ({parts}): the profile is pessimistic here."
-    return f"The race's forwards cost about what the profile says ({parts}), so measured and predicted agree."
+    if t is not None and t >= BUSY and changed:
+        return (f"⚠️ **This machine was busy: target forwards took {t:.1f}× the profile**, enough to change a "
+                f"verdict below (forward time ÷ the profile's, per model: {parts}); the *idle* columns show what "
+                "the profile predicts without the load.")
+    return f"Forward time ÷ the profile's in this race, per model: {parts}."
 
 
 def markdown(results: dict[str, RunResult], profile: dict | None) -> str:
@@ -127,14 +136,15 @@ def markdown(results: dict[str, RunResult], profile: dict | None) -> str:
     lines = [(f"Timing noise in this race: **{spread:.0%}** (interquartile range ÷ median of same-size forwards); "
               "a gap smaller than that is a tie.") if spread is not None else
              "Too few same-size forwards in this race to measure its timing noise."]
+    table = rows(results, profile)
     if not profile:
         lines.append("No cost profile for this family yet: it is measured before the next race.")
     else:
-        lines.append(load_line(results, profile))
+        lines.append(load_line(results, profile, any(disagrees(row, spread) for row in table)))
     lines += ["", "| method | tok/s | × AR | idle tok/s | idle × AR | × profile | α | tokens / pass (to match AR) "
                   "| verdict |",
               "|---|---|---|---|---|---|---|---|---|"]
-    for row in rows(results, profile):
+    for row in table:
         alpha = _fmt(row.get("alpha"))
         if row.get("alpha_qualifier") is not None:
             alpha = f"α_Q {_fmt(row['alpha_qualifier'])} · α_T {alpha}"

@@ -52,7 +52,8 @@ STATUS_NAMES = {
     "resampled": "verifier's replacement", "bonus": "verifier's bonus",
 }
 
-BUTTONS = {"run": "▶ Run race", "stop": "■ Stop", "clear": "Clear all", "export": "Prepare downloads"}
+BUTTONS = {"run": "▶ Run race", "stop": "■ Stop", "clear": "Clear all", "export": "Prepare downloads",
+           "play": "▶ Play", "pause": "⏸ Pause", "back": "◀ Step back", "forward": "Step forward ▶"}
 SETTINGS_TITLE = "Decoding settings: γ, ℓ_D, ℓ_Q, τ_Q, τ_T, temperature, divergence and the CHOICE options"
 TABS = {"race": "Race", "inspect": "Step inspector", "stats": "Statistics", "explain": "How it works",
         "export": "Export"}
@@ -63,18 +64,21 @@ MSG = {
     "loading": "⏳ Loading the {preset} models (first run only; later runs reuse them)…",
     "running": "🏁 Race {n}: running {label} ({i}/{total})…",
     "setup": "One-time costs, in no lane's time: load {load:.1f} s (dtype/backend probe included) · warm-up of "
-             "every model {warm:.2f} s · cost profile {profile:.1f} s. Models run in {choice}.",
-    "done": "✅ Race {n} finished. Pick a method and a round in the " + TABS["inspect"]
+             "every model {warm:.2f} s · cost profile {profile:.1f} s.",
+    "done": "✅ Race {n} finished. ▶ Play any target pass below the lanes or in the " + TABS["inspect"]
             + " tab to see why tokens were kept.",
     "stopped": "⏹ Race {n} stopped. Partial results are kept; press " + BUTTONS["run"] + " to start again.",
-    "not_exact": "⚠ SD and lossless PSD_A may differ from AR here: {why}.",
-    "trees_not_exact": "⚠ On this CPU a tree pass is not bitwise equal to one-token steps along every path (the "
-                       "probe's check): the tree lanes may differ from AR at near-ties; the chain lanes are exact.",
-    "winner": "  \n🏆 Fastest: **{label}** at {figures}, a margin beyond this race's timing noise ({noise:.0%}).",
-    "tie": "  \n🤝 Tie within noise: **{labels}** are within the race's timing noise ({noise:.0%}, the spread "
-           "of same-size forwards) of the fastest; measured fastest {label} at {figures}.",
-    "winner_unsure": "  \n🏆 Fastest measured: **{label}** at {figures} (too few forwards to judge this race's "
-                     "timing noise).",
+    "not_exact": "⚠ SD and lossless PSD_A may differ from AR at near-ties here: {why} (figures under “"
+                 "How it works · exactness on this machine”).",
+    "why_unchecked": "exactness was not checked",
+    "why_inexact": "the target's passes are not bitwise exact on this machine",
+    "trees_not_exact": "⚠ The tree lanes may differ from AR at near-ties here (tree passes are not bitwise exact on "
+                       "this machine); the chain lanes are exact.",
+    "winner": "  \n🏆 **{label}** won: {figures}.",
+    "tie": "  \n🤝 Tie within this race's timing noise ({noise:.0%}): **{labels}**; {label} measured fastest at "
+           "{figures}.",
+    "winner_unsure": "  \n🏆 **{label}** was fastest: {figures} (too few forwards to judge the timing noise, so a "
+                     "small gap may be chance).",
     "stopping": "⏹ Stopping after the current target pass…",
     "stopped_early": "⏹ Stopped before the race began.",
     "custom_missing": "Custom models need all three ids (draft, qualifier, target) from one family.",
@@ -86,6 +90,9 @@ MSG = {
     "ar_round": "AR has no drafts: each target pass makes exactly one token, so there is nothing to accept.",
     "cleared": "Results cleared.",
     "idle": f"Press **{BUTTONS['run']}** to run {_NAMES} on the same prompt, one after another.",
+    "play_none": "Run a race first: then ▶ Play replays any target pass of it, step by step.",
+    "play_lane": "Race {race} has no such lane: pick one of {lanes}.",
+    "play_range": "Target pass {n} is out of range: this run made {total} target pass(es), numbered 1 to {total}.",
 }
 
 RACE_COLUMNS = ["race", "method", "tokens", "time (s)", "tok/s", "× AR", "× SD", "acceptance",
@@ -116,6 +123,10 @@ EXPLANATION = f"""
   along its positions: the kept path on top, the other candidates at each position below it; the position
   slider walks that path. *Acceptance* counts positions: a tree of 7 candidates over 3 positions whose path
   is 2 long accepted 2 of 3 (not 2 of 7).
+
+* **▶ Play a pass** — below the race's lanes and in the inspector, one recorded target pass is replayed step by
+  step: the guesses appear, each check marks them ✓ or ✗ and says why (the divergence against τ, or the exact
+  rule), the verifier's own token lands and the committed text grows. It replays the record: no model runs.
 
 ### Reading the colours
 <span style="background:#cdeedd;padding:2px 6px;border-radius:4px">green</span> {ORIGIN_NAMES['draft']} ·
@@ -156,6 +167,9 @@ The more green and blue, the less work the big target had to do.
 TREE_NOTE = ("**The pass as a tree of candidates** (a chain is a tree with one branch): the accepted path runs "
              "along the top, branches the verifier refused (×) or never reached (hollow) hang below, and the grey "
              "strip shows the verifier's own top-1 at each position. Hover a node for p, q and Div.")
+
+PLAY_NOTE = ("**▶ Play a pass**: one recorded target pass, step by step — the guesses, each check (✓ kept, ✗ refused) "
+             "and why, the verifier's own token, the text committed. No model runs: it replays the record.")
 
 STATS_NOTE = (
     "Each method's measured speed against AR (a gap within the race's own timing noise is a tie), and what the "

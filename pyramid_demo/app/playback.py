@@ -1,0 +1,269 @@
+"""One recorded target pass, replayed as beats: what a learner sees happen, one small step at a time.
+
+Why: the inspector shows a pass's outcome all at once; a student follows it better as a story told in order. A
+beat is one frozen record: the round's tokens as they stand now (each with its mark so far), the node(s) that
+light up and ONE plain sentence saying what happened and why. Nothing runs a model: the beats are read from the
+recorded `Step` (its qualifier rounds, then its target round; chains and trees alike, a chain being the tree
+with parent i − 1), and token text comes from the `decode` function the caller passes (the engine knows no
+tokenizer).
+
+Order. A pyramid pass (PSD_A, PSD_F): per stage-1 round, the draft's guesses appear one by one (record order:
+breadth first), the qualifier marks them ✓/✗ in the order its walk tried them, then its own token lands (or the
+block is complete and the rest of the round is cut); then the qualified block goes up to the target, the target
+marks it, its own token lands (replacing a refused guess: resampled; or for free at the end: bonus) and the
+pass commits. SD and FSD: the draft's guesses, the target's marks, its own token, the commit. AR: one beat.
+
+The walk's order is read from the recorded statuses (`visits`): at each context, the children it tried and
+refused (rejected) in rank order, then the one it took (accepted), whose children come next. A fuzzy test refuses
+every child of a context at once (one divergence per context), so such a refusal is one beat lighting them all.
+A round cut short (a PSD block's size or confidence cut, an EOS) ends where its kept path ends: what the walk did
+past the cut never entered the output and shows as not used.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from ..core import parents as parent_list
+from ..core.rules import fuzzy_passes
+from ..core.trace import StageRound, Step, accepted_path, parents_of
+
+HIDDEN, PROPOSED = "hidden", "proposed"  # a chip not out yet; out but not judged yet
+MARKS = {"accepted": "✓", "rejected": "✗", "discarded": "·"}  # under a judged proposed token
+
+
+@dataclass(frozen=True)
+class Chip:
+    """One token as a beat shows it: its text, who wrote it (draft | qualifier | target | bonus) and its state
+    (hidden | proposed | accepted | rejected | discarded | resampled | bonus)."""
+
+    text: str
+    origin: str
+    state: str
+
+
+@dataclass(frozen=True)
+class Beat:
+    """One step of the replay. `chips` are the round's tokens in record order (its proposed nodes, then the
+    verifier's own token), hidden until they are out; `parents` the round's parent list; `lit` the node indices
+    that light up (len(parents): the verifier's own token); `committed` what the pass has committed so far."""
+
+    sentence: str
+    actor: str  # the model acting in this beat: draft | qualifier | target
+    round: int  # index into `rounds(step)`; −1 for AR (no round)
+    title: str  # which round: "stage 1 · round 1: draft → qualifier"
+    chips: tuple[Chip, ...]
+    parents: tuple[int, ...]
+    lit: tuple[int, ...]
+    committed: tuple[Chip, ...]
+
+
+def rounds(step: Step) -> list[StageRound]:
+    """A pass's rounds in the order they ran: its stage-1 rounds, then its target round."""
+    return step.qualifier_rounds + ([step.target_round] if step.target_round is not None else [])
+
+
+def visits(rnd: StageRound) -> list[tuple[int, ...]]:
+    """The walk over a round's recorded statuses, one group of nodes per beat, in the order the verifier tried
+    them: at each context the refused children (rank order), then the taken one, whose children come next. A
+    fuzzy test without the SD fallback refuses a context's children together: one group."""
+    recs = rnd.tokens[:-1]
+    kids = parent_list.children(parents_of(rnd))
+    out: list[tuple[int, ...]] = []
+    c = 0
+    while kids[c]:
+        ch = kids[c]
+        took = next((i for i in ch if recs[i].status == "accepted"), None)
+        tried = [i for i in ch[: ch.index(took) if took is not None else len(ch)] if recs[i].status == "rejected"]
+        if tried and took is None and not rnd.exact and not rnd.sd_fallback:
+            out.append(tuple(tried))
+        else:
+            out += [(i,) for i in tried]
+        if took is None:
+            break
+        out.append((took,))
+        c = took + 1
+    return out
+
+
+def walk_order(rnd: StageRound) -> list[int]:
+    """Every node the verifier's walk visited, in order (`visits` flattened)."""
+    return [i for group in visits(rnd) for i in group]
+
+
+def _q(text: str) -> str:
+    return f"‘{text}’"
+
+
+def _pair(d: float, tau: float) -> tuple[str, str]:
+    """Div and τ printed with the fewest decimals (2 to 4) that keep unequal values apart."""
+    for nd in (2, 3, 4):
+        a, b = f"{d:.{nd}f}", f"{tau:.{nd}f}"
+        if a != b or d == tau:
+            break
+    return a, b
+
+
+def _versus(d: float | None, tau: float | None, name: str) -> str:
+    """"divergence 0.12 ≤ τ_Q 0.30" (passes) or "divergence 0.52 > τ_T 0.30" (fails); τ 0 accepts nothing."""
+    if d is None or tau is None:
+        return ""
+    a, b = _pair(d, tau)
+    if fuzzy_passes([d], tau)[0]:
+        return f"divergence {a} ≤ {name} {b}"
+    if d <= tau:
+        return f"divergence {a}, but {name} = 0 accepts nothing by divergence"
+    return f"divergence {a} > {name} {b}"
+
+
+class _Play:
+    """Builds the beats of one pass: the round being played and what the pass has committed so far."""
+
+    def __init__(self, step: Step, decode: Callable[[int], str]):
+        self.step, self.decode = step, decode
+        self.beats: list[Beat] = []
+        self.committed: list[Chip] = []
+
+    def text(self, tid: int) -> str:
+        return self.decode(int(tid))
+
+    def add(self, sentence: str, actor: str, j: int, title: str, chips: list[Chip], ps: list[int],
+            lit: tuple[int, ...] = ()) -> None:
+        self.beats.append(Beat(sentence, actor, j, title, tuple(chips), tuple(ps), lit, tuple(self.committed)))
+
+    def judged(self, rnd: StageRound, group: tuple[int, ...], tau_name: str) -> str:
+        """The sentence for a group of nodes the verifier just tried (`visits`)."""
+        v, recs = rnd.verifier, rnd.tokens
+        names = ", ".join(_q(self.text(recs[i].token_id)) for i in group)
+        rec = recs[group[0]]
+        ok = rec.status == "accepted"
+        head = f"{v}: {names} {'✓' if ok else '✗'}"
+        if rnd.exact:
+            if rnd.rule == "greedy":
+                if ok:
+                    return f"{head} — the {v}'s top choice too"
+                top = (rec.top5.get(v) or [[None]])[0][0]
+                return f"{head} — the {v}'s top choice here is {_q(self.text(top))}" if top is not None else \
+                    f"{head} — not the {v}'s top choice"
+            pq = f" (p {rec.p:.2f}, q {rec.q:.2f})" if rec.p is not None and rec.q is not None else ""
+            return f"{head} — the exact SD test {'keeps' if ok else 'refuses'} it{pq}"
+        why = _versus(rec.div, rec.tau, tau_name)
+        if rnd.sd_fallback and not (rec.div is not None and rec.tau is not None
+                                    and fuzzy_passes([rec.div], rec.tau)[0]):
+            sd = ", but the exact SD test keeps it" if ok else " and the exact SD test refuses it too"
+            return f"{head} — {why}{sd}" if why else f"{head} — the exact SD test {'keeps' if ok else 'refuses'} it"
+        if len(group) > 1:
+            return f"{head} — {why} here, so no guess passes" if why else f"{head} — no guess here passes"
+        return f"{head} — {why}" if why else head
+
+    def own(self, rnd: StageRound, ps: list[int]) -> str:
+        """The sentence for the verifier's own token (resampled or bonus)."""
+        v, own = rnd.verifier, rnd.tokens[-1]
+        t = _q(self.text(own.token_id))
+        if own.status == "resampled":
+            return f"{v} writes its own {t} in place of the refused guess (resampled)"
+        if not ps:
+            return f"nothing was proposed, so the {v} writes {t} itself (bonus)"
+        if parent_list.is_chain(ps):
+            return f"every guess passed, so the {v} adds {t} for free (bonus)"
+        return f"the path reached a leaf of the tree, so the {v} adds {t} for free (bonus)"
+
+    def round(self, j: int, rnd: StageRound, title: str, origins: list[str], block: bool) -> None:
+        """Play one round: its guesses appear (or, `block`, the qualified block arrives at once), the verifier's
+        walk marks them, its own token lands or the round is cut."""
+        ps, recs = parents_of(rnd), rnd.tokens
+        n = len(ps)
+        target = rnd.stage == "target"
+        own_origin = "bonus" if target and recs[-1].status == "bonus" else rnd.verifier
+        chips = [Chip(self.text(r.token_id), origins[i] if i < len(origins) else rnd.proposer, HIDDEN)
+                 for i, r in enumerate(recs[:-1])] + [Chip(self.text(recs[-1].token_id), own_origin, HIDDEN)]
+
+        def set_state(i: int, state: str) -> None:
+            chips[i] = replace(chips[i], state=state)
+
+        if block and n:
+            for i in range(n):
+                set_state(i, PROPOSED)
+            self.add(f"the qualified block of {n} token{'s' if n != 1 else ''} goes up to the target", "qualifier",
+                     j, title, chips, ps, tuple(range(n)))
+        elif not block:
+            kids = parent_list.children(ps)
+            for i in range(n):
+                set_state(i, PROPOSED)
+                t, parent = _q(chips[i].text), ps[i]
+                after = f" after {_q(chips[parent].text)}" if parent >= 0 else ""
+                first = kids[parent + 1][0] == i
+                what = f"guesses {t}" if first else f"adds {t} as another guess"
+                self.add(f"{rnd.proposer} {what}{after}", rnd.proposer, j, title, chips, ps, (i,))
+        tau_name = "τ_Q" if rnd.stage == "qualifier" else "τ_T"
+        for group in visits(rnd):
+            for i in group:
+                set_state(i, recs[i].status)
+                if target and recs[i].status == "accepted":
+                    self.committed.append(replace(chips[i], state="accepted"))
+            self.add(self.judged(rnd, group, tau_name), rnd.verifier, j, title, chips, ps, group)
+        for i in range(n):
+            if chips[i].state in (HIDDEN, PROPOSED):
+                set_state(i, "discarded")  # never reached (or past a cut)
+        own = recs[-1]
+        if own.status == "discarded":  # a cut: the round's own token never entered the block or the output
+            set_state(n, "discarded")
+            kept = accepted_path(rnd)
+            last = f" after {_q(chips[kept[-1]].text)}" if kept else ""
+            said = (f"the text ends{last}, so the rest of this pass is not used" if target else
+                    f"the block is complete{last}, so the rest of this round is not used")
+            self.add(said, rnd.verifier, j, title, chips, ps)
+            return
+        set_state(n, own.status)
+        if target:
+            self.committed.append(chips[n])
+        self.add(self.own(rnd, ps), rnd.verifier, j, title, chips, ps, (n,))
+
+    def play(self) -> list[Beat]:
+        step = self.step
+        t = step.target_round
+        if t is None:  # AR: the target alone
+            text = "".join(self.text(x) for x in step.new_tokens)
+            self.committed = [Chip(self.text(x), o, "accepted") for x, o in zip(step.new_tokens, step.origins)]
+            self.add(f"the target alone writes {_q(text)} — one token per pass", "target", -1, "AR: target alone",
+                     [], [])
+            return self.beats
+        block: list[str] = []  # the origin of each token of the qualified block
+        for j, rnd in enumerate(step.qualifier_rounds):
+            self.round(j, rnd, f"stage 1 · round {j + 1}: draft → qualifier", ["draft"] * len(rnd.tokens), False)
+            block += ["draft"] * rnd.n_accepted + ([] if rnd.tokens[-1].status == "discarded" else ["qualifier"])
+        j = len(step.qualifier_rounds)
+        pyramid = bool(step.qualifier_rounds) or t.proposer == "qualifier"
+        title = "stage 2: qualifier → target" if pyramid else f"{t.proposer} → target"
+        self.round(j, t, title, block if pyramid else [t.proposer] * len(t.tokens), pyramid)
+        chips, ps = self.beats[-1].chips, list(self.beats[-1].parents)
+        self.committed = [Chip(self.text(x), o, "accepted") for x, o in zip(step.new_tokens, step.origins)]
+        text = "".join(c.text for c in self.committed)
+        k = len(self.committed)
+        self.add(f"the pass commits {k} token{'s' if k != 1 else ''}: {_q(text)}", "target", j, title, list(chips),
+                 ps)
+        return self.beats
+
+
+def beats(step: Step, decode: Callable[[int], str]) -> list[Beat]:
+    """The beats of one recorded target pass, in order (see the module doc); `decode` gives a token id's text."""
+    return _Play(step, decode).play()
+
+
+def shown(beat: Beat) -> list[tuple[str, str]]:
+    """The round's chips out so far as (text, mark): ✓ ✗ · for judged guesses, + for the verifier's own token,
+    "" for a guess not judged yet (a compact view for tests and logs)."""
+    n = len(beat.parents)
+    out = []
+    for i, c in enumerate(beat.chips):
+        if c.state == HIDDEN:
+            continue
+        mark = "+" if i == n and c.state != "discarded" else MARKS.get(c.state, "")
+        out.append((c.text, mark))
+    return out
+
+
+def lit_tokens(beat: Beat) -> list[str]:
+    """The text of the chips that light up in a beat."""
+    return [beat.chips[i].text for i in beat.lit]
+
