@@ -77,7 +77,9 @@ class Int4Linear(torch.nn.Module):
     @classmethod
     def from_linear(cls, linear: torch.nn.Linear, group: int) -> Int4Linear:
         w = linear.weight.detach()  # [N, K]
-        codes, scale, zero = quantize_groups(w, group)
+        pad = -w.shape[0] % 16  # the CPU layout packs rows in sixteens: zero rows, sliced off after the call
+        w_full = torch.cat([w, w.new_zeros(pad, w.shape[1])]) if pad else w  # [N + pad, K]
+        codes, scale, zero = quantize_groups(w_full, group)
         sz = torch.stack([scale, zero], 2).transpose(0, 1).contiguous().to(torch.bfloat16)  # [K/group, N, 2]
         bias = None if linear.bias is None else linear.bias.detach().clone()
         return cls(_pack(codes.to(w.device)), sz.to(w.device), w.shape[1], w.shape[0], group, bias)
@@ -88,7 +90,7 @@ class Int4Linear(torch.nn.Module):
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, self.group, self.scales_zeros)
         else:
             y = torch.ops.aten._weight_int4pack_mm(flat, self.packed, self.group, self.scales_zeros)
-        y = y.to(x.dtype)  # [rows, N]
+        y = y[:, : self.out_features].to(x.dtype)  # [rows, N]: padding rows dropped
         if self.bias is not None:
             y = y + self.bias.to(x.dtype)
         return y.reshape(*x.shape[:-1], self.out_features)
