@@ -63,6 +63,7 @@ class ModelTriplet:
     exact: bool | None = None  # a k-token pass equals k one-token steps bitwise here (None: not checked)
     exact_note: str = ""  # what that means for the lossless methods, from the probe's record (core.exactness)
     tree_exact: bool | None = None  # a tree pass equals one-token steps along every path here (None: not checked)
+    kernels: str = ""  # which linear kernel each role runs, as timed on this CPU (`models.kernels`)
     path: str = "hf"  # the forward every run uses: "hf" (CachedLM) or "lean" (core.lean, where it applies)
 
     def model(self, role: str) -> torch.nn.Module:

@@ -31,6 +31,7 @@ from .compat import check_compatible, check_tokenizers, eos_ids
 from .errors import LoadError
 from .finish import finish
 from .hub import PROBE_TIMEOUT_S, hub_error, hub_offline, hub_reachable, offline_error, user_error
+from .kernels import choose_family
 from .memory import DEFAULT_MAX_LEN, Estimate, check_fits, estimate_family
 from .placement import Placement, make_placement, pretrained_kwargs
 from .presets import BUNDLED_TARGET, PRESETS, Preset
@@ -162,6 +163,8 @@ def _load_base(spec: str, dev: torch.device, dt: torch.dtype, place: Placement, 
         t0 = time.perf_counter()
         triplet = _load(preset, refs, dev, dt, place)
         triplet.device, triplet.dtype = dev, dt
+        if dev.type == "cpu" and dt == torch.float32 and not packed:  # each fp32 linear on its fastest kernel
+            triplet.kernels = choose_family({r: triplet.model(r) for r in ("draft", "qualifier", "target")})
         if dev.type == "cpu" and dt in (torch.bfloat16, torch.float16):
             triplet.attention = exact_passes(triplet)
         if packed:
