@@ -168,7 +168,7 @@ def build_demo() -> gr.Blocks:
                      api_name="race",
                      concurrency_id="models", concurrency_limit=1,
                      show_progress="hidden")  # the status line names each stage; a live progress display
-        # redraws every frame for the whole race and takes a browser's CPU from the models (scripts/race_speed.py)
+        # redraws every frame for the whole race and takes a browser's CPU from the models
         race.then(views.pick_race, [session], pick_out, **PRIVATE).then(views.inspect_round, insp_in, insp_out,
                                                                           **PRIVATE)
         race.then(h.preset_info, preset, [preset_md, custom_box], **PRIVATE)  # now with the probed dtype
