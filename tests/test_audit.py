@@ -221,7 +221,7 @@ def test_app_and_bench_report_the_same_agreement():
 def test_distillation_reuses_the_engine_divergence(monkeypatch):
     """The distillation loss's js (and kl) are computed by core.rules.divergence, and its
     teacher-forced metric is named top1_match (not 'agreement')."""
-    from pyramid_demo.distill import loss
+    from training import loss
 
     calls = []
 

@@ -6,11 +6,11 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-from pyramid_demo.distill import data as dd
-from pyramid_demo.distill import feature_train as ft
-from pyramid_demo.distill import features as fe
 from pyramid_demo.models.feature_draft import FeatureDraft
 from pyramid_demo.models.tiny import tiny_config
+from training import data as dd
+from training import feature_train as ft
+from training import features as fe
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -1,4 +1,4 @@
-"""`python -m pyramid_demo draft-feature`: the draft that reads the target (EAGLE-style), for the offline target.
+"""`python -m training draft-feature`: the draft that reads the target (EAGLE-style), for the offline target.
 
 Steps (each resumable from files under --work, default feature_work/):
   heldout  the target's answers to the held-out prompts (fp32, as every proposer is measured) with its
@@ -10,10 +10,10 @@ Steps (each resumable from files under --work, default feature_work/):
            checkpoint and the shipped file
   export   the best checkpoint -> pyramid_demo/models/weights/feature_draft.safetensors (fp16, with its
            learning curve in the metadata), only where it beats the shipped one (--force: always)
-  grow     on-policy answers into the committed corpus (token ids, `distill.corpus`), --gen-batch rows at a time
+  grow     on-policy answers into the committed corpus (token ids, `training.corpus`), --gen-batch rows at a time
            with rows refilled as they finish, until --minutes (wall) or SIGTERM; a fresh seed per run
   corpus   check the corpus's manifest against its shards and print its totals
-  text     existing text (installed packages' READMEs, the standard library's docstrings; `distill.text_corpus`)
+  text     existing text (installed packages' READMEs, the standard library's docstrings; `training.text_corpus`)
            into the corpus as separate sources, each piece with its licence (--text-source)
 --data adds more work folders' training shards (several generators can run side by side).
 """
@@ -26,8 +26,9 @@ from pathlib import Path
 
 import torch
 
-from ..models import background, feature_draft, students
-from ..models.bundled import bundled_target
+from pyramid_demo.models import background, feature_draft, students
+from pyramid_demo.models.bundled import bundled_target
+
 from . import corpus, corpus_cli, feature_train, features
 from .corpus_cli import gen_dtype
 

@@ -1,4 +1,4 @@
-"""Train the feature-conditioned draft (`models.feature_draft`) on `distill.features` shards.
+"""Train the feature-conditioned draft (`models.feature_draft`) on `training.features` shards.
 
 Loss per pass s (EAGLE-3's training-time test, weight 0.8^s): KL(target ‖ head) over the token subset (the
 target renormalised on it) plus smooth-L1 between the predicted and the true normed state, on rows whose
@@ -17,7 +17,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..models.feature_draft import FeatureDraft
+from pyramid_demo.models.feature_draft import FeatureDraft
+
 from . import features
 
 PASS_DECAY = 0.8
@@ -226,5 +227,5 @@ def train(target, subset: torch.Tensor, dirs: list[Path], held: list[dict], ckpt
 
 
 def heldout(work: Path) -> list[dict]:
-    """The held-out answers written by `scripts/feature_gen.py WORK --split heldout`."""
+    """The held-out answers written by `python -m training draft-feature heldout --work WORK`."""
     return features.load(work / "features", "heldout")
