@@ -26,7 +26,7 @@ class Preset:
     memory_gb: float
     gated: bool
     hub: bool
-    # decoding settings this family is tuned for (measured with `bench`, see the README),
+    # decoding settings this family is tuned for (found with `bench`, see docs/benchmarks.md),
     # over DecodeConfig's defaults (the papers' settings); (name, value) pairs
     tuned: tuple[tuple[str, object], ...] = ()
     # offline students whose LM head covers only the shipped token subset (`reduced_head`)
