@@ -54,7 +54,7 @@ def _gpu(fn: Callable) -> Callable:
     return spaces.GPU(duration=race_duration)(fn)  # the whole race in one allocation, sized to fit
 
 
-PRIVATE = dict(api_visibility="private")  # chained page updates: not part of the API (see README "API")
+PRIVATE = dict(api_visibility="private")  # chained page updates: not part of the API (see README "The API")
 
 
 def _setting(name: str) -> gr.components.Component:
