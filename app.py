@@ -55,7 +55,7 @@ def _gpu(fn: Callable) -> Callable:
     return spaces.GPU(duration=race_duration)(fn)  # the whole race in one allocation, sized to fit
 
 
-PRIVATE = dict(api_visibility="private")  # chained page updates: not part of the API (see README "API")
+PRIVATE = dict(api_visibility="private")  # chained page updates: not part of the API (see README "The API")
 QUICK = dict(PRIVATE, concurrency_limit=None, show_progress="hidden")  # the player: pure, instant, per visitor
 
 
@@ -207,7 +207,7 @@ def build_demo() -> gr.Blocks:
                      api_name="race",
                      concurrency_id="models", concurrency_limit=1,
                      show_progress="hidden")  # the status line names each stage; a live progress display
-        # redraws every frame for the whole race and takes a browser's CPU from the models (scripts/race_speed.py)
+        # redraws every frame for the whole race and takes a browser's CPU from the models
         inspected(race.then(views.pick_race, [session], pick_out, **PRIVATE))
         race.then(play_view.race_choices, [session], [play_lane, play_pass, *race_player], **QUICK)
         race.then(h.preset_info, preset, family_out, **PRIVATE)  # now with the probed dtype

@@ -1,5 +1,6 @@
-"""`python -m pyramid_demo {generate,bench,probe,distill,draft-feature}`: each subcommand lives in its own module
-with `add_arguments(parser)` and `run(args) -> int`; this file only dispatches."""
+"""`python -m pyramid_demo {generate,bench,probe}`: each subcommand lives in its own module with
+`add_arguments(parser)` and `run(args) -> int`; this file only dispatches. (Rebuilding the offline family's
+weights is `python -m training`, outside the product package.)"""
 from __future__ import annotations
 
 import argparse
@@ -10,9 +11,6 @@ SUBCOMMANDS = {
     "generate": ("pyramid_demo.generate_cli", "run one decoding method and print the text and its trace"),
     "bench": ("pyramid_demo.bench.runner", "benchmark methods side by side and write results.csv/json and report.html"),
     "probe": ("pyramid_demo.probe_cli", "check and time the dtype/backend/forward candidates on this machine now"),
-    "distill": ("pyramid_demo.distill.cli", "distil a draft and a qualifier for the bundled offline target"),
-    "draft-feature": ("pyramid_demo.distill.feature_cli", "train the draft that reads the target (EAGLE-style) for the "
-                      "bundled offline target, and measure the exit-layer qualifier"),
 }
 
 

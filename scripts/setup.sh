@@ -13,7 +13,7 @@ if [ "${1:-}" = "--test" ] && [ ! -x /usr/bin/chromium ] && [ "$(id -u)" = 0 ] &
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
     || echo "warning: could not install chromium; the browser test will be skipped" >&2
 fi
-if [ "${1:-}" != "--test" ]; then  # the app's first race then starts from cached work (issue: first race fast)
+if [ "${1:-}" != "--test" ]; then  # the app's first race then starts from cached work
   echo "converting the bundled model and probing this CPU once (cached in ~/.cache/pyramid_demo)…"
   HF_HUB_OFFLINE=1 .venv/bin/python -m pyramid_demo probe 2>/dev/null | tail -n 1 \
     || echo "warning: the probe did not run; the app's first race will run it" >&2

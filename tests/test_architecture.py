@@ -1,7 +1,8 @@
 """The package's dependency rules, read from the source with `ast` (imports inside functions included).
 
-core ← models ← bench / distill / app ← cli, app.py: the decoding core knows nothing of loading, the
-benchmark or the UI, and only the UI knows gradio.
+core ← models ← bench / app ← cli, app.py: the decoding core knows nothing of loading, the benchmark or
+the UI, and only the UI knows gradio. `training/` (rebuilding the shipped weights) sits outside the product:
+it may import the package, never the other way round.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "pyramid_demo"
+TRAINING = "training"
 
 
 def _module_name(path: Path) -> str:
@@ -21,8 +23,9 @@ def _module_name(path: Path) -> str:
 
 
 def project_files() -> dict[str, Path]:
-    """Every project module by dotted name: the package's modules and the root `app.py` (as "app")."""
-    files = {_module_name(p): p for p in sorted((ROOT / PACKAGE).rglob("*.py"))}
+    """Every project module by dotted name: the package's modules, the training package's and the root `app.py`
+    (as "app")."""
+    files = {_module_name(p): p for pkg in (PACKAGE, TRAINING) for p in sorted((ROOT / pkg).rglob("*.py"))}
     files["app"] = ROOT / "app.py"
     return files
 
@@ -180,3 +183,27 @@ def test_charts_compute_no_predictions(graph) -> None:
     """`app/charts.py` draws records it is given: the speed chart gets `story.rows`; charts import neither
     the paper's formula (`core.throughput`) nor the story that computes predictions."""
     assert not {"pyramid_demo.core.throughput", "pyramid_demo.app.story"} & graph["pyramid_demo.app.charts"]
+
+
+def _product(module: str) -> bool:
+    return module != TRAINING and not module.startswith(f"{TRAINING}.")
+
+
+def test_the_product_never_imports_training(imports) -> None:
+    """The app, the CLI and the engine (everything under `pyramid_demo/`, and `app.py`) run without the training
+    package: nothing of theirs imports `training`, lazily or not, nor names one of its modules for
+    `importlib` (as a subcommand table would), so it can be left out of a deployment."""
+    users = sorted(m for m, names in imports.items() if _product(m) and TRAINING in names)
+    assert not users, users
+    named = []
+    for m, path in project_files().items():
+        if _product(m):
+            tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+            named += [(m, n.value) for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+                      and (n.value == TRAINING or n.value.startswith(f"{TRAINING}."))]
+    assert not named, named
+
+
+def test_the_training_package_is_seen(graph) -> None:
+    """The rule above reads the training package too: its modules are in the graph and import the product."""
+    assert "training.feature_cli" in graph and "pyramid_demo.models.feature_draft" in graph["training.feature_train"]

@@ -142,7 +142,7 @@ def test_padded_attention_is_batch_invariant_at_one_and_two_threads():
         model = _offline_heads(dtype)
         for threads in (1, 2):
             with _threads(threads):
-                lm = LeanLM(model, 64, "t", padded=True)
+                lm = LeanLM(model, 64, "t")
                 bad = [(p, k) for p in POSITIONS for k in PASSES
                        if not lm.check_attention(p, k, seed=p + 1000 * k)["bitwise"]]
                 assert not bad, (dtype, threads, bad)
@@ -165,7 +165,7 @@ def test_a_pass_past_the_key_split_gives_each_row_a_steps_call(monkeypatch):
                                      (2, 100, "rows", 5), (1, 100, "rows", 5)):
         lean.set_attention(model, kind)
         with _threads(threads):
-            lm = lean.LeanLM(model, 64, "t", padded=True)
+            lm = lean.LeanLM(model, 64, "t")
             lm.logits([i % 60 + 1 for i in range(pos)], 1)
             calls.clear()
             lm.logits([i % 60 + 1 for i in range(pos + 5)], 5)
@@ -195,11 +195,11 @@ def test_the_probe_refuses_a_batch_variant_attention(monkeypatch):
         assert probe.choose_attention(model, 64, "default") == "auto"
         monkeypatch.setattr(lean.F, "scaled_dot_product_attention", variant)
         lean.set_attention(model, "auto")
-        rec = exactness.check_model(lambda: lean.LeanLM(model, 64, "t", padded=True), 64, ((100, (5,)),),
+        rec = exactness.check_model(lambda: lean.LeanLM(model, 64, "t"), 64, ((100, (5,)),),
                                     kinds=("attention",))
         assert not rec["exact"] and rec["attention"]["bitwise_passes"] == 0
         assert probe.choose_attention(model, 64, "default") == "rows" and lean.attention_of(model) == "rows"
-        rec = exactness.check_model(lambda: lean.LeanLM(model, 64, "t", padded=True), 64, ((100, (5,)),),
+        rec = exactness.check_model(lambda: lean.LeanLM(model, 64, "t"), 64, ((100, (5,)),),
                                     kinds=("attention",))
         assert rec["exact"] and rec["attention"]["passes"] == len(exactness.ATTENTION_AT)
 
@@ -240,7 +240,7 @@ def test_lean_passes_and_trees_equal_steps_at_two_threads():
             for name, child in list(parent.named_children()):
                 if type(child) is torch.nn.Linear:
                     setattr(parent, name, _PaddedLinear(child, pad))
-        rec = exactness.check_model(lambda: LeanLM(model, 64, "t", padded=True), 64,
+        rec = exactness.check_model(lambda: LeanLM(model, 64, "t"), 64,
                                     ((100, (2, 5, 9, 17)), (450, (5, 17))), kinds=("attention", "chain", "tree"))
     assert rec["threads"] == 2 and rec["attention"]["exact"], rec
     assert rec["exact"] and rec["passes"] == 6, rec

@@ -10,10 +10,10 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-from pyramid_demo.distill import corpus, corpus_cli, corpus_gen, feature_train
-from pyramid_demo.distill.lean_batch import BatchedLean, states
 from pyramid_demo.models import background
 from pyramid_demo.models.tiny import tiny_random_triplet
+from training import corpus, corpus_cli, corpus_gen, feature_train
+from training.lean_batch import BatchedLean, states
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 CHAT = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
@@ -218,7 +218,7 @@ def test_target_identity_changes_with_any_weight():
 def test_licences_are_read_from_a_distribution_s_metadata():
     from email.message import Message
 
-    from pyramid_demo.distill import text_corpus as tc
+    from training import text_corpus as tc
     m = Message()
     m["License-Expression"] = "MIT"
     assert tc.licence(m) == "MIT"
@@ -247,7 +247,7 @@ def test_licences_are_read_from_a_distribution_s_metadata():
 
 
 def test_stdlib_docstrings_are_read_without_importing_and_private_names_skipped(tmp_path):
-    from pyramid_demo.distill import text_corpus as tc
+    from training import text_corpus as tc
     long = "x " * 80
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "mod.py").write_text(
@@ -263,7 +263,7 @@ def test_stdlib_docstrings_are_read_without_importing_and_private_names_skipped(
 
 
 def test_text_chunks_keep_every_paragraph_in_order_within_the_budget():
-    from pyramid_demo.distill import text_corpus as tc
+    from training import text_corpus as tc
 
     def count(s):
         return len(s.split())
@@ -274,7 +274,7 @@ def test_text_chunks_keep_every_paragraph_in_order_within_the_budget():
 
 
 def test_text_shards_hold_the_text_as_the_answer_and_list_their_pieces(tiny, tmp_path, monkeypatch):
-    from pyramid_demo.distill import text_corpus as tc
+    from training import text_corpus as tc
     _, tok = tiny
     pieces = [{"source": tc.PKG, "name": "alpha", "version": "1", "licence": "MIT",
                "text": "the sun is hot.\n\nthe sea is blue.\n\nthe moon is cold."},
@@ -291,7 +291,7 @@ def test_text_shards_hold_the_text_as_the_answer_and_list_their_pieces(tiny, tmp
 
 
 def test_reference_topics_are_read_as_literals(tmp_path):
-    from pyramid_demo.distill import text_corpus as tc
+    from training import text_corpus as tc
     (tmp_path / "pydoc_data").mkdir()
     long = "word " * 40
     (tmp_path / "pydoc_data" / "topics.py").write_text(
@@ -352,7 +352,7 @@ def test_the_bench_runs_inside_the_background_pause(tmp_path, monkeypatch):
 def test_debian_docs_keep_permissive_packages_only_with_their_licence(tmp_path):
     import gzip
 
-    from pyramid_demo.distill import text_corpus as tc
+    from training import text_corpus as tc
     prose = "This tool does one thing well. " * 20
 
     def pkg(name, copyright_text, files):
@@ -378,7 +378,7 @@ def test_sigterm_writes_the_finished_answers_as_a_shard(tmp_path):
 import torch
 torch.set_num_threads(1)
 from pathlib import Path
-from pyramid_demo.distill import corpus_gen
+from training import corpus_gen
 from pyramid_demo.models.tiny import tiny_random_triplet
 fam = tiny_random_triplet(0)
 fam.tokenizer.chat_template = {CHAT!r}

@@ -1,17 +1,16 @@
-"""The feature draft's data and training additions: varied prompts, the fused (EAGLE-3-style) input, deep
-passes, top-k measurement and a run continued from a saved file."""
+"""The feature draft's data and training: varied prompts, deep passes, top-k measurement and a run continued
+from a saved file."""
 import random
 
 import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-from pyramid_demo.distill import data as dd
-from pyramid_demo.distill import feature_train as ft
-from pyramid_demo.distill import features as fe
-from pyramid_demo.distill.fused_draft import FusedDraft
 from pyramid_demo.models.feature_draft import FeatureDraft
 from pyramid_demo.models.tiny import tiny_config
+from training import data as dd
+from training import feature_train as ft
+from training import features as fe
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -48,20 +47,21 @@ def test_followups_continue_an_earlier_answer_and_fall_back_without_one():
     assert fe.resolve("hi", earlier, Tok(), r) == [{"role": "user", "content": "hi"}]
 
 
-def _recs(target, n: int, layers: int, seed: int = 0) -> list[dict]:
+def _recs(target, n: int, seed: int = 0) -> list[dict]:
     g = torch.Generator().manual_seed(seed)
     out = []
     for _ in range(n):
         ids = torch.randint(3, target.config.vocab_size, (14,), generator=g)
         with torch.no_grad():
-            hs = target.model(input_ids=ids[None], output_hidden_states=True)
+            hs = target.model(input_ids=ids[None])
         f = hs.last_hidden_state[0, :-1].clone()
-        low = torch.stack([hs.hidden_states[k + 1][0, :-1] for k in range(layers)], 1)
-        out.append({"ids": ids, "n_prompt": 5, "f": f, "f_layers": low})
+        out.append({"ids": ids, "n_prompt": 5, "f": f})
     return out
 
 
-def test_a_fused_head_starts_as_its_plain_head_and_loads_a_plain_file(tmp_path):
+def test_a_run_continued_from_a_saved_file_starts_where_its_curve_ended(tmp_path):
+    """`init_from` loads a saved feature draft and reads where its learning curve ended (positions seen,
+    minutes), so a continued run's curve reads end to end; the model then computes what the file holds."""
     torch.manual_seed(0)
     target = LlamaForCausalLM(tiny_config(32)).eval()
     plain = FeatureDraft(target, torch.arange(32))
@@ -69,16 +69,14 @@ def test_a_fused_head_starts_as_its_plain_head_and_loads_a_plain_file(tmp_path):
         plain.fc_b.normal_()
     path = tmp_path / "fd.safetensors"
     plain.save(path, {"curve": '[{"seen": 1000, "minutes": 2.5}]'})
-    fused = FusedDraft(target, torch.arange(32))
-    info = ft.init_from(fused, path)
+    model = FeatureDraft(target, torch.arange(32))
+    info = ft.init_from(model, path)
     assert info["seen"] == 1000 and info["minutes"] == 2.5
-    recs = _recs(target, 3, layers=2)
-    b = ft.collate(recs, layers=True)
-    assert b["l_prev"].shape == (3, 13, 2, 64)
-    same = FeatureDraft(target, torch.arange(32)).load(path)  # the plain head, as the fp16 file holds it
+    b = ft.collate(_recs(target, 3))
+    same = FeatureDraft(target, torch.arange(32)).load(path)  # as the fp16 file holds it
     with torch.no_grad():
         want = same.forward_train(b["f_prev"], b["tokens"], 2)
-        got = fused.forward_train(b["f_prev"], b["tokens"], 2, l_prev=b["l_prev"])
+        got = model.forward_train(b["f_prev"], b["tokens"], 2)
     for w, g in zip(want, got):
         assert torch.allclose(w, g, atol=1e-5)
 
@@ -86,16 +84,13 @@ def test_a_fused_head_starts_as_its_plain_head_and_loads_a_plain_file(tmp_path):
 def test_deep_passes_train_and_topk_is_monotone():
     torch.manual_seed(0)
     target = LlamaForCausalLM(tiny_config(32)).eval()
-    for fused in (False, True):
-        fd = (FusedDraft if fused else FeatureDraft)(target, torch.arange(32))
-        recs = _recs(target, 4, layers=2)
-        b = ft.collate(recs, layers=fused)
-        loss, accs = ft.loss_fn(fd, b, passes=5, gen=torch.Generator().manual_seed(0), deep_frac=0.5)
-        loss.backward()
-        assert len(accs) == 5 and torch.isfinite(loss)
-        if fused:
-            assert fd.fuse_w.grad is not None and fd.fuse_w.grad.abs().sum() > 0
-        res = ft.measure(fd, recs, target.lm_head.weight.detach().float(), passes=5)
-        assert len(res["top1_by_position"]) == 5 and len(res["topk_pos1"]) == 4
-        assert res["topk_pos1"][0] == pytest.approx(res["top1_by_position"][0])
-        assert all(a <= b + 1e-9 for a, b in zip(res["topk_pos1"], res["topk_pos1"][1:]))
+    fd = FeatureDraft(target, torch.arange(32))
+    recs = _recs(target, 4)
+    b = ft.collate(recs)
+    loss, accs = ft.loss_fn(fd, b, passes=5, gen=torch.Generator().manual_seed(0), deep_frac=0.5)
+    loss.backward()
+    assert len(accs) == 5 and torch.isfinite(loss)
+    res = ft.measure(fd, recs, target.lm_head.weight.detach().float(), passes=5)
+    assert len(res["top1_by_position"]) == 5 and len(res["topk_pos1"]) == 4
+    assert res["topk_pos1"][0] == pytest.approx(res["top1_by_position"][0])
+    assert all(a <= b + 1e-9 for a, b in zip(res["topk_pos1"], res["topk_pos1"][1:]))

@@ -10,9 +10,9 @@ from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.engine import decode, prefill, roles_for
 from pyramid_demo.core.lm import open_lm
 from pyramid_demo.core.run import generate
-from pyramid_demo.distill import feature_train as ft
 from pyramid_demo.models.feature_draft import FeatureDraft
 from pyramid_demo.models.tiny import tiny_config, tiny_random_triplet
+from training import feature_train as ft
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -24,7 +24,7 @@ def _states(target, ids: list[int]) -> torch.Tensor:
 
 
 def _records(target, n_seq: int, n_new: int, seed: int) -> list[dict]:
-    """The target's own greedy continuations of random prompts, with its states (distill.features' layout)."""
+    """The target's own greedy continuations of random prompts, with its states (training.features' layout)."""
     g = torch.Generator().manual_seed(seed)
     V = target.config.vocab_size
     out = []

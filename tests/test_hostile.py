@@ -2,8 +2,8 @@
 
 Every row checks three things: the user sees a clear message, the app stays up, and the next race in
 the same session is correct (its tokens equal a solo run's). No wall-clock assertion anywhere: the load
-tests count requests and compare tokens. Set PYRAMID_HOSTILE_TABLE=path.md to write the measured rows
-(the README's "Hostile input and load" table comes from that file).
+tests count requests and compare tokens. Set PYRAMID_HOSTILE_TABLE=path.md to write every row (what was sent,
+what the user saw, whether the next run was correct) as a markdown table.
 """
 from __future__ import annotations
 
@@ -345,13 +345,13 @@ def test_concurrent_sessions_get_their_own_tokens(server):
     assert finished == N_SESSIONS and same == N_SESSIONS and distinct > 1 and drained and ok
 
 
-N_RACES = int(os.environ.get("PYRAMID_LOAD_RACES", "21"))  # the README's row: 50; the suite: just past the cap
+N_RACES = int(os.environ.get("PYRAMID_LOAD_RACES", "21"))  # the suite: just past the cap; a longer run: 50
 
 
 def test_many_races_in_one_session_memory_bounded(server):
     """Races in one session keep memory bounded: past 20 races the session drops the oldest (it keeps
     20, i.e. 100 table rows) and the server's RSS grows by less than 150 MB from the first race to the
-    last (21 races in the suite, 50 for the README's table: PYRAMID_LOAD_RACES=50)."""
+    last (21 races in the suite, 50 with PYRAMID_LOAD_RACES=50)."""
     client = _client(server[0])
     assert "finished" in _race(client)
     rss = {1: _rss_mb()}

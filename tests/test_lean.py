@@ -51,7 +51,8 @@ def _passes(lm, n0: int = 20) -> torch.Tensor:
 @pytest.mark.parametrize("name", ["llama3", "qwen2", "mistral"])
 def test_logits_match_hf_on_each_family(name, one_thread):
     """fp32 logits equal HF's within 1e-4 on every covered family: llama3 rope scaling, Qwen2's q/k/v
-    biases, Mistral's sliding window, GQA, and a KV cache that grows past its first capacity."""
+    biases, Mistral's sliding window (as a mask), GQA, and a KV cache that grows past its first capacity and
+    the padded key length."""
     model = family(name, init=0.5)  # large weights: a wrong rope, bias or window shows in the logits
     assert supports_lean(model)
     want = _passes(CachedLM(model, V, "t"))
@@ -61,7 +62,7 @@ def test_logits_match_hf_on_each_family(name, one_thread):
 
 def test_k_token_pass_equals_one_token_steps_bitwise_in_bf16(one_thread):
     """bf16, oneDNN off: a 5-token pass gives the logits of five one-token steps bitwise (each query
-    row attends through the call a one-token step makes), at several cache lengths."""
+    row meets the shapes a one-token step's call has), at several cache lengths."""
     model = family("llama3").to(torch.bfloat16)
     for n0 in (10, 40, 90):
         a, b = LeanLM(model, V, "t", "no-onednn"), LeanLM(model, V, "t", "no-onednn")
@@ -227,16 +228,6 @@ def test_packed_qkv_and_gate_up_are_fused_into_one_call_with_the_same_rows():
 
 # --- padded attention: one SDPA call per layer, still exact --------------------------------
 
-@pytest.mark.parametrize("name", ["llama3", "qwen2", "mistral"])
-def test_padded_attention_matches_hf_on_each_family(name, one_thread):
-    """`padded=True` is the same attention, only batched and masked: fp32 logits within 1e-4 of HF's on
-    every covered family (Mistral's window as a mask), with a cache grown from 8 to the padded key length."""
-    model = family(name, init=0.5)
-    want = _passes(CachedLM(model, V, "t"))
-    got = _passes(LeanLM(model, V, "t", capacity=8, padded=True))
-    assert (got - want).abs().max() < 1e-4
-
-
 @pytest.mark.parametrize("name", ["llama3", "mistral"])
 def test_padded_pass_equals_steps_of_another_lm_bitwise(name, one_thread):
     """bf16, oneDNN off, padded attention: k-token passes (k = 5, 9, some straddling the 64- and 128-key
@@ -244,8 +235,8 @@ def test_padded_pass_equals_steps_of_another_lm_bitwise(name, one_thread):
     cache had another capacity (as AR's and SD's do in a race)."""
     model = family(name).to(torch.bfloat16)
     for n0, k in ((20, 5), (60, 5), (58, 9), (123, 9), (126, 5)):
-        a = LeanLM(model, V, "t", "no-onednn", padded=True, capacity=8)
-        b = LeanLM(model, V, "t", "no-onednn", padded=True, capacity=100)
+        a = LeanLM(model, V, "t", "no-onednn", capacity=8)
+        b = LeanLM(model, V, "t", "no-onednn", capacity=100)
         a.logits(IDS[:n0], 1)
         b.logits(IDS[:n0], 1)
         steps = torch.cat([a.logits(IDS[: n0 + 1 + i], 1) for i in range(k)])
@@ -253,20 +244,20 @@ def test_padded_pass_equals_steps_of_another_lm_bitwise(name, one_thread):
 
 
 def test_padded_attention_is_one_sdpa_call_per_layer(monkeypatch, one_thread):
-    """Why padded attention exists: a 5-token pass makes one SDPA call per layer (row-wise: five), and two
-    only where its rows straddle a bucket edge."""
+    """A 5-token pass makes one SDPA call per layer (not one per row), and two only where its rows straddle a
+    bucket edge."""
     import torch.nn.functional as F
 
     model = family("qwen2")
     calls = []
     sdpa = F.scaled_dot_product_attention
     monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **kw: calls.append(1) or sdpa(*a, **kw))
-    for padded, n0, want in ((True, 30, 2), (True, 62, 4), (False, 30, 10)):
-        lm = LeanLM(model, V, "t", padded=padded)
+    for n0, want in ((30, 2), (62, 4)):
+        lm = LeanLM(model, V, "t")
         lm.logits(IDS[:n0], 1)
         calls.clear()
         lm.logits(IDS[: n0 + 5], 5)
-        assert len(calls) == want, (padded, n0)
+        assert len(calls) == want, n0
 
 
 def test_offline_target_padded_attention_is_exact(offline_target, one_thread):
@@ -276,7 +267,7 @@ def test_offline_target_padded_attention_is_exact(offline_target, one_thread):
 
     _, _, bf16 = offline_target
     vocab = bf16.config.vocab_size
-    rec = exactness.check_model(lambda: LeanLM(bf16, vocab, "t", "no-onednn", padded=True), vocab,
+    rec = exactness.check_model(lambda: LeanLM(bf16, vocab, "t", "no-onednn"), vocab,
                                 ((60, (2, 5, 9)), (124, (3, 9))))
     assert rec["exact"] and rec["passes"] == 5, rec
 
@@ -285,7 +276,7 @@ def test_padded_masks_are_built_once_per_position(monkeypatch, one_thread):
     """The padded plan (key lengths and masks) depends on the position and row count alone, so a run builds it
     once per (position, rows): a rollback that revisits a position reuses it, with the same logits."""
     model = family("llama3")
-    lm = LeanLM(model, V, "t", padded=True)
+    lm = LeanLM(model, V, "t")
     built = []
     real = LeanLM._key_plan
     monkeypatch.setattr(LeanLM, "_key_plan", lambda self, pos, n: built.append((pos, n)) or real(self, pos, n))

@@ -211,9 +211,9 @@ def test_the_lean_attention_is_part_of_the_choice(cache):
 
 
 def test_a_compiled_forward_is_not_a_probe_candidate_yet(cache):
-    """Pinned refusal (README, "A compiled forward"): inductor's compiled forward rounds unlike the eager one (bf16
-    logits up to 0.38 apart), so it may run only as its own probed candidate, which does not exist yet; a cache
-    entry naming any forward but HF's or the lean one is not trusted and the family is probed again."""
+    """Pinned refusal (docs/how-it-works.md, "Exactness"): a compiled (inductor) forward rounds unlike the eager
+    one, so it may run only as its own probed candidate, which does not exist yet; a cache entry naming any
+    forward but HF's or the lean one is not trusted and the family is probed again."""
     entry = _choice().to_entry()
     assert probe.Choice.from_entry(entry) is not None
     for path in ("compiled", "aot", "inductor"):

@@ -104,7 +104,7 @@ def test_lean_forward_runs_the_copy_as_hf_does() -> None:
     """The lean forward (fused int4 layers) gives the copy's HF logits, to float rounding."""
     c = int4_copy(tiny_random_triplet().target, 32)
     ids = [5, 9, 11, 3, 7]
-    lm = LeanLM(c, c.config.vocab_size, "qualifier", padded=True)
+    lm = LeanLM(c, c.config.vocab_size, "qualifier")
     z = lm.forward(ids, 0, len(ids))
     with torch.no_grad():
         ref = c(torch.tensor([ids])).logits[0].float()

@@ -16,9 +16,9 @@ from pyramid_demo.core import packed, rules
 from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.engine import decode, roles_for, verify
 from pyramid_demo.core.run import generate
-from pyramid_demo.distill import vocab as dv
 from pyramid_demo.models.reduced_head import ReducedHead, load_subset, reduce_head, save_subset
 from pyramid_demo.models.tiny import tiny_random_triplet
+from training import vocab as dv
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 INF = float("inf")

@@ -16,8 +16,7 @@ from pyramid_demo.models import students
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # Held-out prompts (their topics are not among the training topics) and the target's own
-# greedy answers, scored teacher-forced. Measured on this prompt when shipping:
-# see pyramid_demo/models/weights/README.md. Floors sit a little below the measurement.
+# greedy answers, scored teacher-forced. Floors sit a little below what the shipped students score here.
 PROMPTS = ["Explain how octopuses change colour, in simple terms.",
            "Write a short story about a lighthouse keeper who finds a message in a bottle."]
 PROMPT = PROMPTS[0]

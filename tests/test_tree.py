@@ -135,12 +135,11 @@ def test_tree_sd_greedy_equals_target_greedy_and_accepts(tiny, method):
 
 def _bf16_lm(tiny, capacity=8):
     model = tiny.target.to(torch.bfloat16)
-    return model, (lambda layout="gathered": LeanLM(model, tiny.vocab_size, "t", "no-onednn", padded=True,
-                                                     capacity=capacity, tree_layout=layout))
+    return model, (lambda: LeanLM(model, tiny.vocab_size, "t", "no-onednn", capacity=capacity))
 
 
 def test_tree_pass_equals_one_token_steps_along_each_path_bitwise(tiny):
-    """bf16, padded attention, gathered layout: every node's logits in one tree pass are bitwise those of
+    """bf16, padded attention: every node's logits in one tree pass are bitwise those of
     one-token steps along its path (at contexts whose tree crosses a 64-key bucket edge)."""
     import copy
 
@@ -172,7 +171,7 @@ def test_keep_path_leaves_the_cache_a_step_would_have_built():
     model = family("llama3", init=0.5).to(torch.bfloat16)
 
     def make():
-        return LeanLM(model, 300, "t", "no-onednn", padded=True, capacity=8)
+        return LeanLM(model, 300, "t", "no-onednn", capacity=8)
 
     ids = [(i * 37 + 5) % 290 + 3 for i in range(80)]
     lm = make()
@@ -188,22 +187,6 @@ def test_keep_path_leaves_the_cache_a_step_would_have_built():
     got = lm.logits(lm.ids + [42], 1)
     assert torch.equal(got, ref.logits(ref.ids + [42], 1))
     assert not torch.equal(got, other.logits(other.ids + [42], 1))
-
-
-def test_masked_layout_gives_the_same_tokens(tiny):
-    """The masked layout (shared cache, ancestors found by the mask) attends to the same keys: its logits
-    match the gathered layout's to bf16 rounding and pick the same argmax."""
-    import copy
-
-    _, make = _bf16_lm(copy.deepcopy(tiny))
-    ids = [(i * 37 + 5) % 300 + 3 for i in range(80)]
-    out = {}
-    for layout in ("gathered", "masked"):
-        lm = make(layout)
-        lm.logits(ids[:40], 1)
-        out[layout] = lm.forward_tree([7, 8, 9, 10, 11], [-1, 0, 0, 1, 2], 40)
-    assert (out["gathered"] - out["masked"]).abs().max() < 0.1
-    assert torch.equal(out["gathered"].argmax(-1), out["masked"].argmax(-1))
 
 
 def test_tree_rows_read_their_parents_state_in_the_feature_draft():
@@ -230,7 +213,7 @@ def test_tree_rows_read_their_parents_state_in_the_feature_draft():
 
 def test_the_probe_checks_tree_passes_and_keeps_them_apart(tiny):
     """The exactness record checks tree passes too (`exactness.PASS_CHECKS`), under "trees": here bitwise equal
-    to steps along every path (bf16, padded, gathered), and a chain's exactness is not changed by them."""
+    to steps along every path (bf16, padded), and a chain's exactness is not changed by them."""
     import copy
 
     from pyramid_demo.core import exactness

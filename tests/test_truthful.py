@@ -1,4 +1,4 @@
-"""Rules that a planted wrong version once survived: each test names its rule and fails by an assertion.
+"""Rules a plausible wrong version would break: each test names its rule and fails by an assertion.
 
 Covered elsewhere: the random stream drawn under every rule (test_decide), a bonus token's origin and the
 verifier's own EOS (test_records). Here: what the feature draft reads and how it runs its rows, where the

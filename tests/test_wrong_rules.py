@@ -1,4 +1,4 @@
-"""Tests that catch plausible wrong rules (the audit planted each in a copy of the code).
+"""Tests that catch plausible wrong rules (each planted in a copy of the code, each caught here).
 
 Each test names the rule it protects; all use tiny vocabularies, the bigram mock or hand-built
 logits, and explicit generators.
@@ -183,7 +183,7 @@ def test_divergence_uses_raw_distributions(warp):
     assert rnd.n_accepted == (1 if raw <= tau else 0)
 
 
-# --- four wrong rules a review planted that the fast tests missed (issue 16) ----------------
+# --- kl's direction, acceptance's denominator, a round's expected length, the sampled ratio test ---
 
 def test_kl_in_verify_is_proposer_against_verifier():
     """Through the engine, kl is KL(P_proposer ‖ P_verifier): the verifier p = [.5, .5, 0⁺] and a proposer

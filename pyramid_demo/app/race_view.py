@@ -2,8 +2,8 @@
 changed since the page last got it.
 
 Why: the page runs on the machine that races. Every update a browser renders (HTML re-parsed, a Plotly chart
-re-drawn) takes CPU from the models, so an AR lane watched in a browser on two cores used to report half the
-tok/s an API caller saw. While a race runs, the page gets the running lane's text at most every
+re-drawn) takes CPU from the models, so on a small machine a lane watched in a browser would report a lower
+tok/s than an API caller sees. While a race runs, the page gets the running lane's text at most every
 LANES_INTERVAL_S, the chart at most every CHART_INTERVAL_S from the race's start (and when a method ends), the
 status line only when it changes; the earlier races and the empty lanes are drawn before the clocks start (while
 the models warm up), the table once the race is over; everything else is `gr.skip()`. Finished lanes are

@@ -119,7 +119,7 @@ def recommend(summary: list[dict], min_agreement: float = 0.9) -> dict | None:
 
 
 def check_targets(summary: list[dict], min_agreement: float = 0.9) -> list[dict]:
-    """The issue's speed goals, each with the measured value and whether it is met.
+    """The project's speed goals, each with the measured value and whether it is met.
     Peer comparisons use wall time incl. prefill on both sides, per prompt, then the median."""
     by = {s["variant"]: s for s in summary}
     out = []

@@ -7,15 +7,13 @@ math with few kernel calls: fused QKV and gate/up linears, RoPE from tables, a p
 cache where rollback only moves a length, and logits for the kept rows only (optionally for a
 subset of the vocabulary when the model's head is a proposer's reduced head).
 
-Exactness: in every decode pass each query row attends through the same SDPA call a one-token
-step makes (its own causal slice of the cache), so with batch-invariant linears a k-token pass
-equals k one-token steps bitwise. That costs one SDPA call per row per layer; `padded=True` makes
-it one per layer: every row is its own batch item over a key length padded to a multiple of
+Exactness: with batch-invariant linears a k-token pass equals k one-token steps bitwise. A decode pass
+makes one SDPA call per layer: every row is its own batch item over a key length padded to a multiple of
 KEY_BUCKET that its position alone fixes, masked, and a one-token step runs the same call with a
 batch of one, so each row meets the same shapes either way. At more than one thread that is not enough: torch's
 CPU attention kernel hands each (batch item, head) to a thread, and each thread computes in its own scratch
-buffer, whose alignment changes the kernel's rounding (measured: 2 threads, fp32, 900 of 990 rows of a batched
-call unequal to its batch-of-one call). The key length is therefore also padded so that every thread's scratch
+buffer, whose alignment changes the kernel's rounding (a batched call's rows then differ from their
+batch-of-one calls). The key length is therefore also padded so that every thread's scratch
 is 64-byte aligned (`scratch_pad`), and where that cannot hold (more than KV_SPLIT keys) each row gets its own
 call, a step's call exactly (`batched`). Only a pass longer than ROWWISE_MAX
 (a prompt's prefill) runs one masked call: every method prefills the same prompt in one pass, so
@@ -34,12 +32,12 @@ import torch
 import torch.nn.functional as F
 
 from .backend import backend_flags
-from .cache import CachedModel, TreeUnsupported
+from .cache import CachedModel
 from .config import LONGEST_PASS
 from .packed import PackedLinear, rows_invariant
 
 ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
-ROWWISE_MAX = LONGEST_PASS  # passes up to the longest verification attend row by row (only a long prefill does not)
+ROWWISE_MAX = LONGEST_PASS  # passes up to the longest verification: padded per-row attention (a long prefill: not)
 KEY_BUCKET = 64  # padded attention: a query at position p attends over key_len(p) keys, a multiple of 64
 # ... counted from p + 1 + TREE_SLACK, so that a tree row's scratch slots (at most MAX_LENGTH past the root, whose
 # position is ≤ the row's) lie inside the key length a one-token step at the row's position reads: a tree row
@@ -92,7 +90,6 @@ def attention_of(model: Any) -> str:
     return getattr(model, _ATTENTION_ATTR, "auto")
 STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # inv_freq fixed at load (not dynamic / longrope)
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-TREE_LAYOUTS = ("gathered", "masked")  # how a tree row's keys are laid out (`LeanLM.tree_layout`)
 
 Linear = Callable[[torch.Tensor], torch.Tensor]  # [n, in] -> [n, out]
 
@@ -257,26 +254,17 @@ class LeanLM(CachedModel):
     """One model's per-run decoding state over the lean forward: the engine's `LM` protocol.
 
     A reduced-vocabulary head (`models.reduced_head.ReducedHead` as the model's `lm_head`) is called as it is.
-    `rowwise=False`
-    computes every pass's attention in one masked SDPA call (faster for long passes, not bitwise
-    equal to one-token steps); `padded=True` (with rowwise) batches the rows of a pass into one call
-    that stays equal to one-token steps taken with `padded=True` (see the module docstring)."""
+    A pass batches its rows into one padded attention call per layer that stays equal to one-token steps
+    (see the module docstring); only a pass longer than ROWWISE_MAX (a prefill) runs one causal call.
+    Tree rows attend over a copy of the cache with their ancestors moved to the slots a one-token step
+    along their path would read (the same keys in the same lanes)."""
 
     trees = True  # its forward takes tree rows (`_run_tree`)
 
-    def __init__(self, model: Any, vocab_size: int, role: str, backend: str = "default",
-                 rowwise: bool = True, capacity: int = 256, padded: bool = False, tree_layout: str = "gathered"):
+    def __init__(self, model: Any, vocab_size: int, role: str, backend: str = "default", capacity: int = 256):
         super().__init__(role)
         self.w = lean_weights(model)
         self.model, self.vocab_size, self.backend = model, vocab_size, backend
-        self.rowwise, self.padded = rowwise, padded and rowwise
-        if tree_layout not in TREE_LAYOUTS:
-            raise ValueError(f"unknown tree layout {tree_layout!r}; choose one of {', '.join(TREE_LAYOUTS)}")
-        # "gathered": each tree row attends over a copy of the cache with its ancestors moved to the slots a
-        # one-token step along its path would read (the same keys in the same lanes); "masked": the rows share
-        # the cache, ancestors found in place by the mask (no copy; masked gaps move keys to other lanes of the
-        # kernel's reductions: bitwise equal to steps only for small trees on an AMD EPYC). The probe checks both.
-        self.tree_layout = tree_layout
         self._plans: dict[tuple[int, int], list] = {}  # (pos, n) -> padded attention's key plan
         w = self.w
         self.attention = attention_of(model)  # "auto" | "rows" (`set_attention`)
@@ -346,8 +334,8 @@ class LeanLM(CachedModel):
     def _tree_plan(self, positions: list[int], anc: list[list[int]], rows: list[tuple[int, int, int]],
                    pos: int, base: int) -> list[tuple]:
         """Tree rows grouped by key length: (first row, end row, t, mask [m, 1, 1, t], gather) where gather is
-        None (masked: the shared cache) or (batch, destination, source) slot indices that lay each row's
-        ancestors out as a step along its path would find them."""
+        the (batch, destination, source) slot indices that lay each row's ancestors out as a step along its
+        path would find them."""
         w, plan, i, n = self.w, [], 0, len(positions)
         while i < n:
             t = key_len(positions[i], self.key_pad)
@@ -355,25 +343,17 @@ class LeanLM(CachedModel):
             while j < n and key_len(positions[j], self.key_pad) == t:
                 j += 1
             key = torch.arange(t)[None]  # [1, t]
-            if self.tree_layout == "gathered":
-                q_pos = torch.tensor(positions[i:j])[:, None]  # [m, 1]
-                seen = key <= q_pos  # [m, t]: a step's own mask
-                if w.window is not None:
-                    seen &= key > q_pos - w.window
-                b, dst, src = [], [], []
-                for r in range(i, j):
-                    for a in anc[r]:
-                        b.append(r - i)
-                        dst.append(rows[a][2])
-                        src.append(pos + a)
-                gather = (torch.tensor(b), torch.tensor(dst), torch.tensor(src))
-            else:
-                if w.window is not None:
-                    raise TreeUnsupported("masked tree rows do not cover a sliding window; use the gathered layout")
-                seen = (key < pos).expand(j - i, t).clone()
-                for r in range(i, j):
-                    seen[r - i, [pos + a for a in anc[r]]] = True
-                gather = None
+            q_pos = torch.tensor(positions[i:j])[:, None]  # [m, 1]
+            seen = key <= q_pos  # [m, t]: a step's own mask
+            if w.window is not None:
+                seen &= key > q_pos - w.window
+            b, dst, src = [], [], []
+            for r in range(i, j):
+                for a in anc[r]:
+                    b.append(r - i)
+                    dst.append(rows[a][2])
+                    src.append(pos + a)
+            gather = (torch.tensor(b), torch.tensor(dst), torch.tensor(src))
             mask = torch.zeros(j - i, 1, 1, t, dtype=w.dtype).masked_fill_(~seen[:, None, None], float("-inf"))
             plan.append((i, j, t, mask, gather))
             i = j
@@ -387,7 +367,7 @@ class LeanLM(CachedModel):
             return self._forward(torch.tensor(tokens, dtype=torch.long), pos, keep)
 
     def _key_plan(self, pos: int, n: int) -> list[tuple[int, int, int, torch.Tensor]]:
-        """For padded attention: rows pos … pos+n-1 grouped by their padded key length, one
+        """Rows pos … pos+n-1 grouped by their padded key length, one
         (first row, end row, key length t, additive mask [rows, 1, 1, t]) per group, built once per
         forward (every layer reuses it). A row's t and mask depend on its position only, never on
         the pass it is in; rows of one pass share a group unless they straddle a bucket edge."""
@@ -420,17 +400,18 @@ class LeanLM(CachedModel):
         """q [n, H, D] at positions pos … pos+n-1 over the cache k_all/v_all [H_kv, T, D] -> [n, H·D].
 
         Query heads are grouped by their KV head ([H_kv, H/H_kv, D]), so GQA needs no repeated keys.
-        With a `plan` (padded attention) each row is a batch item over its padded keys, masked."""
+        With a `plan` (every pass up to ROWWISE_MAX rows) each row is a batch item over its padded keys, masked;
+        without one (a prefill) the rows share one causal call."""
         w = self.w
         n, rep, scale, win = q.shape[0], w.n_heads // w.n_kv, w.head_dim ** -0.5, w.window
         if plan is not None:
             outs = []
             for entry in plan:
                 i, j, t, mask = entry[:4]
-                gather = entry[4:]  # tree rows: [(batch, destination, source)] or [None]; chains: []
+                gather = entry[4:]  # tree rows: [(batch, destination, source)]; chains: []
                 m = j - i
                 k, v = (c[None, :, :t].expand(m, -1, -1, -1) for c in (k_all, v_all))  # [m, H_kv, t, D], no copy
-                if gather and gather[0] is not None:  # tree rows: each its own keys, ancestors where a step has them
+                if gather:  # tree rows: each its own keys, ancestors where a step has them
                     b, dst, src = gather[0]
                     k, v = self._gathered(k_all, v_all, m, t)
                     k[b, :, dst], v[b, :, dst] = k_all[:, src].transpose(0, 1), v_all[:, src].transpose(0, 1)
@@ -441,15 +422,6 @@ class LeanLM(CachedModel):
                     outs += [F.scaled_dot_product_attention(qg[r: r + 1], k[r: r + 1], v[r: r + 1],
                                                             attn_mask=mask[r: r + 1], scale=scale) for r in range(m)]
             return (outs[0] if len(outs) == 1 else torch.cat(outs)).view(n, -1)  # [n, H·D]
-        if n == 1 or (self.rowwise and n <= ROWWISE_MAX):
-            rows = []
-            for i in range(n):
-                end = pos + i + 1
-                start = 0 if win is None else max(0, end - win)
-                qi = q[i].view(1, w.n_kv, rep, w.head_dim)  # [1, H_kv, rep, D]
-                rows.append(F.scaled_dot_product_attention(
-                    qi, k_all[None, :, start:end], v_all[None, :, start:end], scale=scale))  # [1, H_kv, rep, D]
-            return torch.cat(rows).view(n, -1)  # [n, H·D]
         end = pos + n
         qg = q.view(n, w.n_kv, rep, w.head_dim).transpose(0, 1).reshape(1, w.n_kv, n * rep, w.head_dim)
         key_pos = torch.arange(end)  # [end]
@@ -472,8 +444,7 @@ class LeanLM(CachedModel):
         k_all.copy_(torch.randn(k_all.shape, generator=g))
         v_all.copy_(torch.randn(v_all.shape, generator=g))
         q = torch.randn(k, w.n_heads, w.head_dim, generator=g).to(w.dtype)  # [k, H, D]
-        plans = [self._key_plan(pos, k) if self.padded else None] + [
-            self._key_plan(pos + i, 1) if self.padded else None for i in range(k)]
+        plans = [self._key_plan(pos, k)] + [self._key_plan(pos + i, 1) for i in range(k)]
         z = self._attend(q, k_all, v_all, pos, plans[0])  # [k, H·D]
         ref = torch.cat([self._attend(q[i: i + 1], k_all, v_all, pos + i, plans[i + 1]) for i in range(k)])
         diff = (z.float() - ref.float()).abs()
@@ -485,7 +456,7 @@ class LeanLM(CachedModel):
         """tokens [n] written to cache slots pos … pos+n-1 -> logits of the last `keep` [keep, V] fp32. Their
         positions are the slots, or `positions` [n] for tree rows (with their `plan`)."""
         w, n = self.w, tokens.shape[0]
-        if plan is None and self.padded and n <= ROWWISE_MAX:
+        if plan is None and n <= ROWWISE_MAX:
             plan = self._plans.get((pos, n))
             if plan is None:  # a position's masks are the same on every visit: built once per run
                 plan = self._plans[(pos, n)] = self._key_plan(pos, n)

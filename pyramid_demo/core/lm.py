@@ -195,8 +195,8 @@ def open_lm(model: torch.nn.Module, vocab_size: int, role: str, backend: str = "
 
         if supports_lean(model):
             # padded attention: one SDPA call per layer for a whole pass, still equal to one-token steps
-            # (the probe checks exactly this forward; scripts/pass_cost.py times it against row-wise)
-            return LeanLM(model, vocab_size, role, backend, padded=True)
+            # (the probe checks exactly this forward)
+            return LeanLM(model, vocab_size, role, backend)
     return CachedLM(model, vocab_size, role, backend)
 
 

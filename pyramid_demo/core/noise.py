@@ -4,7 +4,7 @@ The noise is read from the trace itself: forwards of the same model over the sam
 tokens do the same work, so their spread is what the machine adds (other processes, frequency
 changes, cache misses). The spread of one forward, not of a run's mean, is the yardstick on purpose:
 load on a shared machine drifts over seconds, so it does not average out over a run's many
-forwards (two identical races on a busy 2-core CPU measured SD at 1.32× and then 0.97× AR).
+forwards (two identical races on a busy machine can put the same method on either side of AR).
 Pure functions over Step records.
 """
 from __future__ import annotations

@@ -18,7 +18,7 @@ from .walk_stats import rank_counts
 __all__ = ["RANK_PRIOR", "BUDGETS", "rank_counts", "rank_acceptance", "expected_tree", "expected_accepted",
            "tree_speed", "best_tree", "chain_speed"]
 
-# on-policy rank marginals of the shipped feature draft (../shared/notes/trees.md: greedy, 8 unseen prompts,
+# on-policy rank marginals of the shipped feature draft (greedy, the 8 prompts of assets/unseen_prompts.jsonl,
 # 352 positions: top-1 0.406, top-2 0.509, top-3 0.554, top-4 0.599, top-5 0.645): what is assumed before a
 # tree has run here
 RANK_PRIOR = (0.406, 0.103, 0.045, 0.045, 0.046)

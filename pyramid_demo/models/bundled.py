@@ -3,7 +3,7 @@
 The GGUF is dequantised once into a safetensors + tokenizer copy under `cache_root()`
 (written to a temp folder, then renamed into place, so concurrent processes never see a
 half-written copy); later starts load that copy in well under a second. `loading` and
-`distill` both load the target through `bundled_target`.
+`training` both load the target through `bundled_target`.
 """
 from __future__ import annotations
 

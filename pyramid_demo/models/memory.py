@@ -4,7 +4,7 @@ The estimate is parameters × bytes per parameter (counted on the `meta` device 
 `accelerate.init_empty_weights`, so no weight is read or downloaded) plus the KV cache of the
 three models for the chosen length, plus a margin for activations and the runtime. Configs
 come from the local cache first; a Hub family's `config.json` (a few KB) is fetched only when
-the Hub answers. It is arithmetic, not a measurement: the README's table has measured peaks.
+the Hub answers. It is arithmetic, not a measurement (a load may peak above it briefly).
 """
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ class Preset:
     memory_gb: float
     gated: bool
     hub: bool
-    # decoding settings this family is tuned for (measured with `bench`, see the README),
+    # decoding settings this family is tuned for (found with `bench`, see docs/benchmarks.md),
     # over DecodeConfig's defaults (the papers' settings); (name, value) pairs
     tuned: tuple[tuple[str, object], ...] = ()
     # offline students whose LM head covers only the shipped token subset (`reduced_head`)
@@ -125,6 +125,7 @@ PRESETS: dict[str, Preset] = {
             memory_gb=0.35,
             gated=False,
             hub=False,
+            # the smallest tree budget: on a CPU whose multi-row passes are not flat, larger trees lose to the chain
             tuned=(("conf_stop", 0.5), ("fallback", "sd"), ("tau_t", 0.3), ("tau_q", 0.3),
                    ("tree_nodes", 4), ("tree_depth", 3), ("tree_k", 2)),
         ),

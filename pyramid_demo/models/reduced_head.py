@@ -2,7 +2,7 @@
 
 A student's head is most of its time (49,152 × 576 for SmolLM2). `ReducedHead` keeps a copy of
 the N rows of the target's head for the tokens the target writes most often
-(`weights/vocab.safetensors`, made by `python -m pyramid_demo distill vocab`) and scatters their
+(`weights/vocab.safetensors`, made by `python -m training distill vocab`) and scatters their
 logits into a full-vocabulary row with −inf elsewhere, so the engine, the inspector's top-5 and
 the charts see ordinary [.., V] logits, and the proposer's distribution is 0 outside the subset.
 SD stays lossless with such a proposer (the residual norm(max(0, p − q)) covers the rest); the

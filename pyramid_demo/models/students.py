@@ -5,7 +5,7 @@ transformer layers. Its token embedding, final norm, rotary embedding and LM hea
 target's own modules (shared, never stored twice), and so may be its first few layers
 (the qualifier's bottom layers are the target's, frozen); only the trained layers ship, in
 `pyramid_demo/models/weights/{draft,qualifier}.safetensors` (int8 matrices with one fp16 scale
-per 64 weights of a row, fp16 norms). They were made by `python -m pyramid_demo distill` (see
+per 64 weights of a row, fp16 norms). They were made by `python -m training distill` (see
 `pyramid_demo/models/weights/README.md`).
 
     from pyramid_demo.models import students
@@ -180,7 +180,7 @@ def build_from_file(target: torch.nn.Module, path: str | Path) -> LlamaForCausal
 
 
 def subset_path(weights_dir: str | Path | None = None) -> Path:
-    """The ranked token subset of a reduced-vocabulary head (`python -m pyramid_demo distill vocab`)."""
+    """The ranked token subset of a reduced-vocabulary head (`python -m training distill vocab`)."""
     return Path(weights_dir or WEIGHTS_DIR) / "vocab.safetensors"
 
 
@@ -202,7 +202,7 @@ def build(target: torch.nn.Module, role: str, weights_dir: str | Path | None = N
     of those rows of the target's head; the target's head is not touched)."""
     path = weight_path(role, weights_dir)
     if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing: run `python -m pyramid_demo distill`")
+        raise FileNotFoundError(f"{path} is missing: run `python -m training distill`")
     student = build_from_file(target, path)
     if reduced_head:
         from .reduced_head import reduce_head

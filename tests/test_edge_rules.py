@@ -1,4 +1,5 @@
-"""Regression tests for the independent audit (issue 11): one test per bug it found.
+"""Rules at the edges: divergences near zero probability, tokens after an EOS, the last one-token pass,
+τ = 0, non-finite logits, and one definition per figure.
 
 Tiny vocabularies and the bigram mock keep them fast; every test states the rule it checks.
 """
@@ -28,7 +29,7 @@ def _js64(z_p: list[float], z_q: list[float]) -> float:
     return float((m * (m.log() - 0.5 * (lp + lq))).sum())
 
 
-# --- bug 1: clamped log-probabilities underestimated js and kl ----------------------------
+# --- js and kl from unclamped log-probabilities ------------------------------------------
 
 Z_P = [0.0, -45.0, -10.0]  # the verifier all but rules token 1 out
 Z_Q = [0.0, math.log(0.03 / 0.97), -10.0]  # the proposer gives token 1 about 0.03
@@ -65,7 +66,7 @@ def test_zero_probabilities_never_give_nan():
         assert torch.equal(rules.divergence(p, p.clone(), kind), torch.zeros(2)), kind
 
 
-# --- bug 2: statistics counted drafted tokens after an EOS --------------------------------
+# --- tokens after an EOS are neither kept nor counted -------------------------------------
 
 def _chain(table: torch.Tensor, start: int, n: int) -> list[int]:
     out, t = [], start
@@ -106,7 +107,7 @@ def test_tokens_after_eos_are_neither_kept_nor_counted(method, kw):
     assert [t.token_id for t in rnd.tokens[:-1]] == CHAIN[:3]
 
 
-# --- bug 3: the one-token target-only step at the end of the budget -----------------------
+# --- the one-token target-only step at the end of the budget counts ------------------------
 
 @pytest.mark.parametrize("method", ["sd", "fsd", "psd_a", "psd_f"])
 def test_last_one_token_pass_is_in_every_pass_statistic(method):
@@ -126,7 +127,7 @@ def test_last_one_token_pass_is_in_every_pass_statistic(method):
     assert [t for st in steps for t in st.new_tokens] == CHAIN[:11]
 
 
-# --- bug 4: τ = 0 accepted near-ties ------------------------------------------------------
+# --- τ = 0 accepts no near-tie -------------------------------------------------------------
 
 TIE_P = [[0.0, 0.0, -5.0]] * 2  # the target's greedy token is 0 (first of a tie)
 TIE_Q = [[-1e-7, 0.0, -5.0]]  # the proposer prefers 1 by a hair: js rounds to 0
@@ -165,7 +166,7 @@ def test_fuzzy_at_tau_zero_is_target_greedy():
         assert out.token_ids == ar and out.stats.accepted["target"] == 0, method
 
 
-# --- bug 5: NaN or inf logits ------------------------------------------------------------
+# --- NaN or inf logits ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("role", ["draft", "qualifier", "target"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -193,7 +194,7 @@ def test_minus_inf_logits_are_allowed():
     assert len(out) == 8 and 3 not in out
 
 
-# --- bug 6: one definition per figure -----------------------------------------------------
+# --- one definition per figure -------------------------------------------------------------
 
 def test_app_and_bench_report_the_same_agreement():
     """Agreement with target greedy output is one function: the app's race table shows the bench's
@@ -221,7 +222,7 @@ def test_app_and_bench_report_the_same_agreement():
 def test_distillation_reuses_the_engine_divergence(monkeypatch):
     """The distillation loss's js (and kl) are computed by core.rules.divergence, and its
     teacher-forced metric is named top1_match (not 'agreement')."""
-    from pyramid_demo.distill import loss
+    from training import loss
 
     calls = []
 

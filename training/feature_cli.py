@@ -1,4 +1,4 @@
-"""`python -m pyramid_demo draft-feature`: the draft that reads the target (EAGLE-style), for the offline target.
+"""`python -m training draft-feature`: the draft that reads the target (EAGLE-style), for the offline target.
 
 Steps (each resumable from files under --work, default feature_work/):
   heldout  the target's answers to the held-out prompts (fp32, as every proposer is measured) with its
@@ -10,11 +10,10 @@ Steps (each resumable from files under --work, default feature_work/):
            checkpoint and the shipped file
   export   the best checkpoint -> pyramid_demo/models/weights/feature_draft.safetensors (fp16, with its
            learning curve in the metadata), only where it beats the shipped one (--force: always)
-  exit     measure the second qualifier design (the target's first --exit-k layers + a trained exit layer)
-  grow     on-policy answers into the committed corpus (token ids, `distill.corpus`), --gen-batch rows at a time
+  grow     on-policy answers into the committed corpus (token ids, `training.corpus`), --gen-batch rows at a time
            with rows refilled as they finish, until --minutes (wall) or SIGTERM; a fresh seed per run
   corpus   check the corpus's manifest against its shards and print its totals
-  text     existing text (installed packages' READMEs, the standard library's docstrings; `distill.text_corpus`)
+  text     existing text (installed packages' READMEs, the standard library's docstrings; `training.text_corpus`)
            into the corpus as separate sources, each piece with its licence (--text-source)
 --data adds more work folders' training shards (several generators can run side by side).
 """
@@ -27,12 +26,13 @@ from pathlib import Path
 
 import torch
 
-from ..models import background, feature_draft, students
-from ..models.bundled import bundled_target
-from . import corpus, corpus_cli, exit_qualifier, feature_train, features
+from pyramid_demo.models import background, feature_draft, students
+from pyramid_demo.models.bundled import bundled_target
+
+from . import corpus, corpus_cli, feature_train, features
 from .corpus_cli import gen_dtype
 
-STEPS = ("heldout", "gen", "train", "eval", "export", "exit", "grow", "corpus", "text")
+STEPS = ("heldout", "gen", "train", "eval", "export", "grow", "corpus", "text")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -42,16 +42,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="cpu, cuda or auto")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--seed", type=int, default=10)
-    p.add_argument("--minutes", type=float, default=30.0, help="gen: wall minutes; train/exit: CPU (or GPU) minutes")
+    p.add_argument("--minutes", type=float, default=30.0, help="gen: wall minutes; train: CPU (or GPU) minutes")
     p.add_argument("--gen-batch", type=int, default=64)
     p.add_argument("--rounds", type=int, default=3, help="gen: times each training prompt is answered")
     p.add_argument("--mix", type=float, default=0.0,
                    help="gen: prompts of other shapes (features.varied_prompts), as a share of templates x topics")
-    p.add_argument("--save-layers", default="",
-                   help="gen: also keep these decoder layers' outputs, e.g. 2,14 (EAGLE-3-style inputs)")
-    p.add_argument("--fused", action="store_true",
-                   help="train: the EAGLE-3-style head (distill/fused_draft.py; needs gen --save-layers), "
-                        "checkpointed apart (WORK/ckpt/fused_draft.pt), for comparison only")
     p.add_argument("--init", default=None,
                    help="train: start a new run from this feature-draft file ('shipped': the shipped weights)")
     p.add_argument("--max-new", type=int, default=128)
@@ -68,7 +63,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr-min", type=float, default=3e-5)
     p.add_argument("--eval-every", type=int, default=150)
     p.add_argument("--eval-seqs", type=int, default=None, help="eval: held-out answers used (default: all)")
-    p.add_argument("--exit-k", type=int, default=8)
     p.add_argument("--weights-dir", default=None, help="export into this folder instead of the shipped one")
     p.add_argument("--force", action="store_true", help="export even when the shipped draft is better")
     p.add_argument("--corpus", default=None,
@@ -115,8 +109,7 @@ def run(args: argparse.Namespace) -> int:
                                   seed=0 if step == "heldout" else args.seed,
                                   max_batches=args.heldout_batches if step == "heldout" else args.max_batches,
                                   stop_at=None if step == "heldout" else time.time() + 60 * args.minutes,
-                                  mix=0.0 if step == "heldout" else args.mix,
-                                  layers=tuple(int(k) for k in args.save_layers.split(",") if k))
+                                  mix=0.0 if step == "heldout" else args.mix)
             print(f"{split}: {n:,} new answer tokens in {work / 'features' / split}")
             cdir = corpus_cli.corpus_dir(args)
             if step == "heldout" and cdir is not None and args.heldout_batches == 4:  # the full set only
@@ -134,22 +127,17 @@ def run(args: argparse.Namespace) -> int:
             if cdir is not None and cdir.is_dir() and corpus.shards(cdir):
                 dirs.append(corpus_cli.materialize(fp32, cdir, work, log=lambda s: print(s, flush=True)))
             feature_train.train(fp32, students.subset_ids(), dirs, held,
-                                ckpt.with_name("fused_draft.pt") if args.fused else ckpt, args.minutes,
+                                ckpt, args.minutes,
                                 lr=args.lr, lr_min=args.lr_min, batch=args.batch, passes=args.passes, seed=args.seed,
                                 eval_every=args.eval_every, autocast=True, log=lambda s: print(s, flush=True),
                                 init=feature_draft.weight_path() if args.init == "shipped" else args.init,
-                                deep_frac=args.deep_frac, fused=args.fused)
+                                deep_frac=args.deep_frac)
         elif step in ("eval", "export"):
             res = evaluate(fp32, held, ckpt, args.passes)
             print(json.dumps(res, indent=1))
             (work / "eval.json").write_text(json.dumps(res, indent=1))
             if step == "export":
                 export(fp32, ckpt, res, args)
-        elif step == "exit":
-            st = exit_qualifier.train(fp32, students.subset_ids(), [work, *map(Path, args.data)], held, args.exit_k,
-                                      args.minutes, eval_every=args.eval_every, log=lambda s: print(s, flush=True))
-            st.pop("model")
-            (work / f"exit_k{args.exit_k}.json").write_text(json.dumps({"k": args.exit_k, **st}, indent=1))
     return 0
 
 

@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from ..core.rules import divergence
+from pyramid_demo.core.rules import divergence
 
 
 def _div(zt: torch.Tensor, zs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

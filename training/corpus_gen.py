@@ -124,7 +124,7 @@ def grow(model: Any, tokenizer: Any, folder: Path, seed: int, stop_at: float | N
         n_ans = sum(len(r["ans"]) for r in done)
         meta = {"source": SOURCE, "seed": seed, "shard_index": written["shards"],
                 "sampling": {"temperature": temperature, "top_p": top_p, "top_k": 200, "max_new_tokens": max_new},
-                "prompts": {"mix": mix, "kinds": kinds, "generator": "distill.features.feature_prompts"},
+                "prompts": {"mix": mix, "kinds": kinds, "generator": "training.features.feature_prompts"},
                 "target": target or {}, "dtype": dtype, "rows": rows, "machine": corpus.machine(),
                 "speed": {"answer_tok_per_wall_s": round(n_ans / max(now - t_shard, 1e-9), 1),
                           "answer_tok_per_cpu_s": round(n_ans / max(cnow - c_shard, 1e-9), 1),

@@ -4,8 +4,8 @@
 # then the qualifier student (fresh answers, trained further from the shipped weights); each is evaluated on
 # the held-out prompts against the shipped one and exported over it only where held-out top-1 agreement
 # rose. Resumable: the work folder keeps data and checkpoints, so a second run continues.
-#   scripts/distill_gpu.sh            on a CUDA machine (exits 1 without CUDA)
-#   scripts/distill_gpu.sh --dry-run  the same steps on the CPU with a tiny budget, exporting into the work
+#   training/distill_gpu.sh            on a CUDA machine (exits 1 without CUDA)
+#   training/distill_gpu.sh --dry-run  the same steps on the CPU with a tiny budget, exporting into the work
 #                                     folder (never over the shipped files); part of the test suite
 # Env: PYTHON (default .venv/bin/python, else python3), WORK (default distill_gpu_work), SEED (default 3),
 # FMIN (the feature draft's minutes of generation, then of training; default 3),
@@ -37,11 +37,11 @@ else
   FEAT=(--gen-batch 256 --rounds 6 --batch 64 --eval-every 100)
   FMIN=${FMIN:-3}
 fi
-F=("$PY" -m pyramid_demo draft-feature --work "$WORK/feature" --device "$DEV" "${FEAT[@]}")
+F=("$PY" -m training draft-feature --work "$WORK/feature" --device "$DEV" "${FEAT[@]}")
 echo "== F. the draft that reads the target: held-out answers and states (seed 0), on-policy ones (seed $SEED,"
 echo "     $FMIN min), training over 3 draft positions ($FMIN min), evaluation, export where agreement rose"
 "${F[@]}" heldout gen train export --seed "$SEED" --minutes "$FMIN" --weights-dir "$OUT" | grep -E "^(heldout|train|export|EVAL)"
-D=("$PY" -m pyramid_demo distill --work "$WORK" --device "$DEV")
+D=("$PY" -m training distill --work "$WORK" --device "$DEV")
 echo "== 1. held-out answers (the same held-out prompts as every run: seed 0)"
 "${D[@]}" heldout --seed 0 "${HELD[@]}"
 echo "== 2. on-policy training answers (seed $SEED)"

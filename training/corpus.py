@@ -31,7 +31,7 @@ MAX_ID = np.iinfo(np.uint16).max
 
 def default_dir() -> Path:
     """The committed corpus: pyramid_demo/models/weights/corpus/."""
-    return Path(__file__).resolve().parent.parent / "models" / "weights" / "corpus"
+    return Path(__file__).resolve().parent.parent / "pyramid_demo" / "models" / "weights" / "corpus"
 
 
 def pack(seqs: list[list[int]], n_prompt: list[int]) -> dict[str, np.ndarray]:

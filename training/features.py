@@ -184,25 +184,20 @@ def prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
 
 @torch.inference_mode()
 def answer_batch(model, prompt_ids: list[list[int]], max_new: int, eos: int, pad: int,
-                 gen: torch.Generator, temperature: float = 0.8, top_p: float = 0.95,
-                 layers: tuple[int, ...] = ()) -> list[dict]:
+                 gen: torch.Generator, temperature: float = 0.8, top_p: float = 0.95) -> list[dict]:
     """Sample answers for a batch (left padding, KV cache). One record per prompt: ids [n] int32
     (prompt + answer, EOS included if produced), n_prompt, and f [n-1, D] fp16, the target's normed final
-    state at positions 0..n-2 (f[t] gives the target's logits for token t+1: `lm_head(f[t])`); with
-    `layers`, also "f_layers" [n-1, len(layers), D] fp16, the outputs of those decoder layers (EAGLE-3's
-    low and middle states, for an offline comparison of its fused input)."""
+    state at positions 0..n-2 (f[t] gives the target's logits for token t+1: `lm_head(f[t])`)."""
     from transformers import DynamicCache
 
     B = len(prompt_ids)
     L, dev, ids, mask, pos = dd.left_padded(model, prompt_ids, pad)
     cache = DynamicCache(config=model.config)
     hook = dd._NormHook(model.model.norm)
-    lhooks = [dd._NormHook(model.model.layers[k]) for k in layers]
     try:
         out = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
                     use_cache=True, logits_to_keep=1)
         fs = [hook.outs.pop()]  # [B, L, D]: the (left padded) prompt
-        ls = [torch.stack([h.outs.pop() for h in lhooks], 2)] if layers else []  # [B, L, k, D]
         toks, done, last = [], torch.zeros(B, dtype=torch.bool, device=dev), pos[:, -1]
         for step in range(max_new):
             probs, cand = dd._filter(out.logits[:, -1], temperature, top_p)
@@ -217,14 +212,9 @@ def answer_batch(model, prompt_ids: list[list[int]], max_new: int, eos: int, pad
             out = model(input_ids=nxt.unsqueeze(1), attention_mask=mask, position_ids=last.unsqueeze(1),
                         past_key_values=cache, use_cache=True, logits_to_keep=1)
             fs.append(hook.outs.pop())  # [B, 1, D]
-            if layers:
-                ls.append(torch.stack([h.outs.pop() for h in lhooks], 2))
     finally:
         hook.close()
-        for h in lhooks:
-            h.close()
     F_ = torch.cat(fs, 1).cpu()  # [B, L + fed, D]
-    FL = torch.cat(ls, 1).cpu() if layers else None  # [B, L + fed, k, D]
     T = torch.stack(toks, 1).cpu()  # [B, steps]
     recs = []
     for b, p in enumerate(prompt_ids):
@@ -233,9 +223,6 @@ def answer_batch(model, prompt_ids: list[list[int]], max_new: int, eos: int, pad
         f = F_[b, L - len(p): L + n - 1]  # positions 0 .. len(p) + n - 2
         recs.append({"ids": torch.tensor(p + ans[:n], dtype=torch.int32), "n_prompt": len(p),
                      "f": f.to(torch.float16).clone()})
-        if layers:
-            recs[-1]["f_layers"] = FL[b, L - len(p): L + n - 1].to(torch.float16).clone()
-            recs[-1]["layers"] = list(layers)
     return recs
 
 
@@ -245,7 +232,7 @@ def shard_path(out_dir: Path, split: str, i: int) -> Path:
 
 def generate(model, tokenizer, out_dir: str | Path, split: str = "train", rounds: int = 1, batch: int = 64,
              max_new: int = 128, seed: int = 0, max_batches: int | None = None,
-             stop_at: float | None = None, mix: float = 0.0, layers: tuple[int, ...] = ()) -> int:
+             stop_at: float | None = None, mix: float = 0.0) -> int:
     """Answer every prompt of `split` `rounds` times, one shard per batch, skipping shards on disk.
     Returns the number of answer tokens written by this call. Prompts built on earlier answers read the
     previous shard's (so a resumed run builds the same prompts)."""
@@ -272,8 +259,7 @@ def generate(model, tokenizer, out_dir: str | Path, split: str = "train", rounds
         earlier = torch.load(prev, weights_only=False) if wants and i and prev.exists() else []
         rr = random.Random(seed * 31 + i)
         msgs = [resolve(t, earlier, tokenizer, rr) for t in batches[i]]
-        recs = answer_batch(model, [prompt_ids(tokenizer, m) for m in msgs], max_new, eos, pad, gen,
-                            layers=layers)
+        recs = answer_batch(model, [prompt_ids(tokenizer, m) for m in msgs], max_new, eos, pad, gen)
         for r, m in zip(recs, msgs):
             r["prompt"] = m[0]["content"] if len(m) == 1 and m[0]["role"] == "user" else m
         n_tok += sum(len(r["ids"]) - r["n_prompt"] for r in recs)

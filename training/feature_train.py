@@ -1,4 +1,4 @@
-"""Train the feature-conditioned draft (`models.feature_draft`) on `distill.features` shards.
+"""Train the feature-conditioned draft (`models.feature_draft`) on `training.features` shards.
 
 Loss per pass s (EAGLE-3's training-time test, weight 0.8^s): KL(target ‖ head) over the token subset (the
 target renormalised on it) plus smooth-L1 between the predicted and the true normed state, on rows whose
@@ -17,16 +17,16 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..models.feature_draft import FeatureDraft
+from pyramid_demo.models.feature_draft import FeatureDraft
+
 from . import features
 
 PASS_DECAY = 0.8
 
 
-def collate(recs: list[dict], dtype: torch.dtype = torch.float32, layers: bool = False) -> dict[str, torch.Tensor]:
+def collate(recs: list[dict], dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
     """Right-padded batch: f_prev [B, T, d] (row i: the target's state at i-1, row 0 zeros), tokens [B, T],
-    f_true [B, T, d] (the target's state at row i), loss mask [B, T] (rows predicting an answer token);
-    `layers`: also l_prev [B, T, k, d], the lower layers' states at i-1 (`fused_draft`)."""
+    f_true [B, T, d] (the target's state at row i), loss mask [B, T] (rows predicting an answer token)."""
     T = max(len(r["ids"]) - 1 for r in recs)
     d = recs[0]["f"].shape[1]
     B = len(recs)
@@ -34,7 +34,6 @@ def collate(recs: list[dict], dtype: torch.dtype = torch.float32, layers: bool =
     f_true = torch.zeros(B, T, d, dtype=dtype)
     tokens = torch.zeros(B, T, dtype=torch.long)
     mask = torch.zeros(B, T, dtype=torch.bool)
-    l_prev = torch.zeros(B, T, recs[0]["f_layers"].shape[1], d, dtype=dtype) if layers else None
     for b, r in enumerate(recs):
         n = len(r["ids"])  # rows 0 .. n-2
         f = r["f"].to(dtype)  # [n-1, d]: states at positions 0 .. n-2
@@ -42,14 +41,7 @@ def collate(recs: list[dict], dtype: torch.dtype = torch.float32, layers: bool =
         f_prev[b, 1: n - 1] = f[: n - 2]
         tokens[b, : n - 1] = r["ids"][: n - 1].long()
         mask[b, r["n_prompt"] - 1: n - 1] = True
-        if l_prev is not None:
-            l_prev[b, 1: n - 1] = r["f_layers"][: n - 2].to(dtype)
-    out = {"f_prev": f_prev, "tokens": tokens, "f_true": f_true, "mask": mask}
-    return out if l_prev is None else {**out, "l_prev": l_prev}
-
-
-def _extra(batch: dict, dev: torch.device) -> dict:
-    return {"l_prev": batch["l_prev"].to(dev)} if "l_prev" in batch else {}
+    return {"f_prev": f_prev, "tokens": tokens, "f_true": f_true, "mask": mask}
 
 
 def loss_fn(model: FeatureDraft, batch: dict, passes: int, gen: torch.Generator | None,
@@ -63,7 +55,7 @@ def loss_fn(model: FeatureDraft, batch: dict, passes: int, gen: torch.Generator 
     if gen is not None and noise:
         std = f_true[m].std()
         f_prev = f_prev + ((torch.rand(f_prev.shape, generator=gen) * 2 - 1) * noise).to(dev) * std
-    outs = model.forward_train(f_prev, tokens, passes, **_extra(batch, dev))
+    outs = model.forward_train(f_prev, tokens, passes)
     with torch.no_grad():
         lp_t = F.log_softmax(model.logits_subset(f_true[m]).float(), -1)  # [N, S]
     total, accs = f_true.new_zeros(()), []
@@ -94,8 +86,8 @@ def measure(model: FeatureDraft, held: list[dict], full_head: torch.Tensor, pass
     model.eval()
     dev = model.norm.device
     for i in range(0, len(held), batch):
-        b = {key: v.to(dev) for key, v in collate(held[i:i + batch], layers=_fused(model)).items()}
-        outs = model.forward_train(b["f_prev"], b["tokens"], passes, **_extra(b, dev))
+        b = {key: v.to(dev) for key, v in collate(held[i:i + batch]).items()}
+        outs = model.forward_train(b["f_prev"], b["tokens"], passes)
         m = b["mask"]
         want = F.linear(b["f_true"][m], full_head).argmax(-1)  # [N] the target's own token
         for s, out in enumerate(outs):
@@ -111,10 +103,6 @@ def measure(model: FeatureDraft, held: list[dict], full_head: torch.Tensor, pass
     model.train(was)
     return {"top1_by_position": [h / max(c, 1) for h, c in zip(hit, n)],
             "topk_pos1": (top / max(n[0], 1)).tolist()}
-
-
-def _fused(model) -> bool:
-    return bool(getattr(model, "fused", False))
 
 
 def evaluate(model: FeatureDraft, held: list[dict], full_head: torch.Tensor, passes: int = 3,
@@ -143,17 +131,13 @@ def _shards(dirs: list[Path]) -> list[Path]:
 def train(target, subset: torch.Tensor, dirs: list[Path], held: list[dict], ckpt: Path, minutes: float,
           lr: float = 1e-3, lr_min: float = 5e-5, batch: int = 16, passes: int = 3, seed: int = 0,
           eval_every: int = 200, autocast: bool = False, log=print, init: str | Path | None = None,
-          deep_frac: float = 1.0, fused: bool = False) -> dict:
+          deep_frac: float = 1.0) -> dict:
     """Train (or resume from `ckpt`) for `minutes` of CPU time; the LR follows a cosine over that budget
     (`autocast`: bf16 matmuls on the CPU, about 1.7x faster on AVX-512 BF16; weights and loss stay fp32).
     New shards written by a running generation are picked up at every epoch. `init`: a new run starts from
     this feature-draft file (e.g. the shipped one) instead of the target's last layer, measured first (step
     0); its curve's positions seen and minutes are kept as `seen_before` / `minutes_before` in every entry."""
-    if fused:
-        from .fused_draft import FusedDraft
-        model: FeatureDraft = FusedDraft(target, subset)
-    else:
-        model = FeatureDraft(target, subset)
+    model = FeatureDraft(target, subset)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, betas=(0.9, 0.95),
                             weight_decay=0.0)
     state = {"step": 0, "seen": 0, "elapsed": 0.0, "epoch": 0, "curve": [], "best": -1.0, "init": None}
@@ -207,7 +191,7 @@ def train(target, subset: torch.Tensor, dirs: list[Path], held: list[dict], ckpt
             cur = lr_min + 0.5 * (lr - lr_min) * (1 + math.cos(math.pi * frac))
             for g in opt.param_groups:
                 g["lr"] = cur * min(1.0, (state["step"] + 1) / 30)
-            b = collate([recs[int(j)] for j in order[i:i + batch]], layers=fused)
+            b = collate([recs[int(j)] for j in order[i:i + batch]])
             with torch.autocast(model.norm.device.type, dtype=torch.bfloat16, enabled=autocast):  # bf16 matmuls
                 loss, accs = loss_fn(model, b, passes, gen, deep_frac=deep_frac)
             opt.zero_grad(set_to_none=True)
@@ -243,5 +227,5 @@ def train(target, subset: torch.Tensor, dirs: list[Path], held: list[dict], ckpt
 
 
 def heldout(work: Path) -> list[dict]:
-    """The held-out answers written by `scripts/feature_gen.py WORK --split heldout`."""
+    """The held-out answers written by `python -m training draft-feature heldout --work WORK`."""
     return features.load(work / "features", "heldout")

@@ -1,4 +1,4 @@
-"""`python -m pyramid_demo distill`: make the draft and qualifier for the offline SmolLM2 target.
+"""`python -m training distill`: make the draft and qualifier for the offline SmolLM2 target.
 
 Steps (each resumable from files under --work, default distill_work/):
   gen      the target answers the training prompts (on-policy, sampled) -> data/train/*.pt
@@ -21,8 +21,9 @@ from pathlib import Path
 
 import torch
 
-from ..models import students
-from ..models.bundled import bundled_target
+from pyramid_demo.models import students
+from pyramid_demo.models.bundled import bundled_target
+
 from . import data as dd
 from . import vocab as dv
 from .loss import batches, collate, loss_and_backward, per_token_ms, top1_match
@@ -145,7 +146,7 @@ def train(target, work: Path, role: str, args, stop_at: float | None = None) -> 
 
 def load_student(target, work: Path, role: str, tag: str = "best"):
     """A trained student from a checkpoint (falls back to the last one, then to the shipped student: a run
-    may train one role only, as scripts/distill_gpu.sh trains only the qualifier)."""
+    may train one role only, as training/distill_gpu.sh trains only the qualifier)."""
     p = _ckpt(work, role, tag)
     if not p.is_file():
         p = _ckpt(work, role, "last")
@@ -197,7 +198,7 @@ def make_vocab(target, tok, work: Path, args) -> dict:
         ns = tuple(sorted(set(dv.NS) | {args.vocab_n}))
         meta["agreement_heldout"] = {r: dv.agreement_by_n(students.build(target, r), target.lm_head, held, full, ns)
                                      for r in _roles(args)}
-    meta["made_by"] = (f"python -m pyramid_demo distill --work W vocab --vocab-n {args.vocab_n}"
+    meta["made_by"] = (f"python -m training distill --work W vocab --vocab-n {args.vocab_n}"
                        + (" --vocab-agreement" if args.vocab_agreement else ""))
     out = Path(args.vocab_out) if args.vocab_out else students.subset_path()
     size = dv.save_subset(out, ranked, meta)
@@ -295,13 +296,3 @@ def run(args) -> int:
             make_vocab(target, tok, work, args)
     return 0
 
-
-def main() -> int:
-    p = argparse.ArgumentParser(prog="python -m pyramid_demo.distill.cli", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
-    return run(p.parse_args())
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -6,7 +6,7 @@ The chat template's special ids (`always`) come first, so every N keeps them. Co
 share of the held-out answers' tokens that fall inside the top N: it caps a reduced-head
 proposer's acceptance, since an uncovered position is a certain rejection.
 
-    python -m pyramid_demo distill --work W vocab --vocab-n 8192
+    python -m training distill --work W vocab --vocab-n 8192
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from ..models.reduced_head import load_subset, save_subset  # noqa: F401 - the file format lives with the head
+from pyramid_demo.models.reduced_head import load_subset, save_subset  # noqa: F401 - the file format lives with the head
 
 NS = (1024, 2048, 4096, 8192, 16384, 32768)
 

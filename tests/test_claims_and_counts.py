@@ -1,4 +1,5 @@
-"""Tests that catch wrong claims and wrong counts (issue 22: four planted rules the suite missed).
+"""What may be claimed and what is counted: lossless needs every stage exact, exact means bitwise, and the
+statistics count every round.
 
 Each test names the rule it protects in its docstring and in its assertion messages. The records are
 hand-built (core.trace) or come from the bigram mock, so nothing here depends on a real model.

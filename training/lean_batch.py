@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..core.lean import lean_weights, rms_norm
+from pyramid_demo.core.lean import lean_weights, rms_norm
 
 
 class BatchedLean:
