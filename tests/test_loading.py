@@ -27,7 +27,8 @@ def offline_triplet(offline_cache):
 
 
 def test_presets_table():
-    assert set(PRESETS) == {"llama3", "qwen2.5", "smollm2", "smollm2-offline", "tiny-random"}
+    assert set(PRESETS) == {"llama3", "qwen2.5", "smollm2", "smollm2-offline", "tiny-random", "llama3-int4",
+                            "qwen2.5-int4", "smollm2-int4"}
     assert DEFAULT_PRESET == "smollm2-offline" and DEFAULT_PRESET in PRESETS
     for name, p in PRESETS.items():
         assert isinstance(p, Preset) and p.name == name and p.description and p.memory_gb > 0
