@@ -8,6 +8,8 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 from pyramid_demo.core.cache import CachedModel
 
@@ -31,6 +33,22 @@ class BigramLM(CachedModel):
 
     def _compact(self, pos: int, slots: list[int]) -> None:
         """Nothing to move: the bigram keeps no keys or values."""
+
+
+class SubsetHead(nn.Module):
+    """A head over a token subset, as the feature draft's: `lm_head`'s logits on `ids`, −inf elsewhere, at the
+    full vocabulary width (`vocab`). It holds a copy of those rows: the source head is never changed."""
+
+    def __init__(self, lm_head: nn.Module, ids: torch.Tensor):
+        super().__init__()
+        w = lm_head.weight.detach()  # [V, D]
+        self.vocab = int(w.shape[0])
+        self.register_buffer("ids", torch.as_tensor(ids, dtype=torch.long).flatten())
+        self.register_buffer("rows", w[self.ids].clone())  # [N, D]
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        out = h.new_full((*h.shape[:-1], self.vocab), float("-inf"))  # [.., V]
+        return out.index_copy_(-1, self.ids, F.linear(h, self.rows))
 
 
 def bigram_table(vocab: int, seed: int, sharpness: float = 1.0) -> torch.Tensor:

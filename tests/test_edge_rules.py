@@ -217,24 +217,3 @@ def test_app_and_bench_report_the_same_agreement():
     assert rows["fsd"][col] == f"{bench.token_agreement(early.token_ids, ar.token_ids):.0%}" == "38%"
     sampled = dataclasses.replace(race, config={**ar.config, "temperature": 1.0})
     assert inspector.race_rows([sampled])[1][col] is None  # AR is no greedy reference when sampling
-
-
-def test_distillation_reuses_the_engine_divergence(monkeypatch):
-    """The distillation loss's js (and kl) are computed by core.rules.divergence, and its
-    teacher-forced metric is named top1_match (not 'agreement')."""
-    from training import loss
-
-    calls = []
-
-    def spy(*a, **kw):
-        calls.append(a[2] if len(a) > 2 else kw.get("kind"))
-        return rules.divergence(*a, **kw)
-
-    monkeypatch.setattr(loss, "divergence", spy)
-    z_t, z_s = torch.tensor([Z_P]), torch.tensor([Z_Q])
-    kl, js = loss._div(z_t, z_s)
-    assert sorted(calls) == ["js", "kl"]
-    assert js.item() == pytest.approx(0.3009, abs=1e-3)
-    lt, ls = torch.log_softmax(z_t, -1), torch.log_softmax(z_s, -1)
-    assert kl.item() == pytest.approx(float((lt.exp() * (lt - ls)).sum()), rel=1e-4)  # KL(teacher‖student)
-    assert hasattr(loss, "top1_match") and not hasattr(loss, "agreement")

@@ -123,13 +123,13 @@ def test_greedy_ar_matches_hf_generate(one_thread):
 
 
 def test_reduced_head_is_minus_inf_outside_and_exact_inside(one_thread):
-    """A reduced head (`ReducedHead` as the model's lm_head) computes only those rows of the LM head on the
-    lean path: the same logits there as the full head, -inf everywhere else."""
-    from pyramid_demo.models.reduced_head import ReducedHead
+    """A reduced head (a subset head as the model's lm_head) is called as it is on the lean path: the same
+    logits on its subset as the full head, -inf everywhere else."""
+    from mock_lm import SubsetHead
 
     model = family("llama3")
     reduced = copy.deepcopy(model)
-    reduced.lm_head = ReducedHead(model.lm_head, torch.tensor([3, 50, 7, 299, 120]))
+    reduced.lm_head = SubsetHead(model.lm_head, torch.tensor([3, 50, 7, 299, 120]))
     full, sub = LeanLM(model, V, "t"), LeanLM(reduced, V, "t")
     want, got = full.logits(IDS[:12], 3), sub.logits(IDS[:12], 3)
     inside = torch.tensor([3, 7, 50, 120, 299])

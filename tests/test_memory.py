@@ -171,10 +171,22 @@ def _owned(model: torch.nn.Module, target: torch.nn.Module) -> int:
     return sum(mine.values())
 
 
+def _owned_bytes(model: torch.nn.Module, target: torch.nn.Module) -> int:
+    """Bytes a quantized copy holds itself: its tensors not shared with the target, plus its fp16 heads' prepacked
+    weights (an opaque object, no tensor to count)."""
+    from pyramid_demo.models.quant import Fp16Linear
+
+    shared = {t.data_ptr() for t in target.state_dict().values()}
+    mine = {t.data_ptr(): t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()]
+            if t.data_ptr() not in shared}
+    return sum(mine.values()) + sum(2 * m.in_features * m.out_features for m in model.modules()
+                                    if isinstance(m, Fp16Linear))
+
+
 def test_the_offline_estimate_counts_the_proposers_that_run(offline_cache):
     """What the memory line says is what runs: the offline draft row counts the feature draft that reads the
-    target (its fc and layer, its copy of the head rows), not the 2-layer student, and the qualifier row its
-    own layers and reduced head rows; the row's name is the feature draft's."""
+    target (its fc and layer, its copy of the head rows), and the qualifier row the int4 copy's own tensors;
+    the row's name is the feature draft's."""
     from pyramid_demo.models import offline
 
     if not offline.draft_reads_target():
@@ -184,26 +196,26 @@ def test_the_offline_estimate_counts_the_proposers_that_run(offline_cache):
     draft, qualifier, _ = est.models
     assert draft.ref == t.names[0] == offline.as_run(loading.PRESETS["smollm2-offline"]).draft
     assert draft.params == pytest.approx(_owned(t.draft, t.target), rel=0.01), "the draft row is not what runs"
-    assert qualifier.params == pytest.approx(_owned(t.qualifier, t.target), rel=0.01)
+    q_bytes = _owned_bytes(t.qualifier, t.target)  # the int4 copy: bytes, as its codes are not floats
+    assert qualifier.ref == t.names[1] and qualifier.weight_bytes == pytest.approx(q_bytes, rel=0.01)
 
 
 def test_the_family_box_says_what_runs(monkeypatch):
-    """The offline family's names and description are what runs here: the feature draft that reads the target
-    when its weights are shipped, the students when only they are, the target itself when neither is; the
+    """The offline family's names and description are what runs here: the feature draft when its weights are
+    shipped and the target's own int4 copy as qualifier, the int4 copy as the draft too when no draft is; the
     app's family box says it in words and its fold names the ids (`handlers.preset_info`)."""
     from pyramid_demo.app import handlers
-    from pyramid_demo.models import feature_draft, offline, presets, students
+    from pyramid_demo.models import feature_draft, offline, presets
 
     p = presets.PRESETS[presets.OFFLINE]
-    monkeypatch.setattr(students, "available", lambda *a: True)
+    assert p.refs == (presets.FEATURE_DRAFT, presets.BUNDLED_TARGET + "@int4", presets.BUNDLED_TARGET)
     monkeypatch.setattr(feature_draft, "available", lambda *a: True)
     box, fold, _ = handlers.preset_info(presets.OFFLINE)
-    assert "a one-layer draft that reads the target" in box, box  # the box in words, the fold with the ids
-    assert presets.FEATURE_DRAFT in fold and "the draft reads the target" in fold, fold
-    assert "students as draft and qualifier" not in fold
+    assert "a one-layer draft that reads the target" in box and "the target's own int4 copy" in box, box
+    assert presets.FEATURE_DRAFT in fold and p.qualifier in fold and "reads the qualifier's hidden state" in fold
     monkeypatch.setattr(feature_draft, "available", lambda *a: False)
-    box, fold, _ = handlers.preset_info(presets.OFFLINE)
-    assert offline.as_run(p) == p and "students as draft and qualifier" in fold and "a small distilled student" in box
-    monkeypatch.setattr(students, "available", lambda *a: False)
     run = offline.as_run(p)
-    assert run.draft == run.qualifier == presets.BUNDLED_TARGET and "the target itself" in run.description
+    assert run.draft == run.qualifier == p.qualifier and "the draft is the int4 copy too" in run.description
+    box, fold, _ = handlers.preset_info(presets.OFFLINE)
+    assert "one-layer draft" not in box and box.count("the target's own int4 copy") == 2, box
+    assert presets.FEATURE_DRAFT not in fold

@@ -1,4 +1,4 @@
-"""`python -m training {distill,draft-feature}`: each subcommand lives in its own module with
+"""`python -m training draft-feature`: each subcommand lives in its own module with
 `add_arguments(parser)` and `run(args) -> int`; this file only dispatches."""
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import importlib
 import sys
 
 SUBCOMMANDS = {
-    "distill": ("training.distill_cli", "distil a draft and a qualifier for the bundled offline target"),
     "draft-feature": ("training.feature_cli", "train the draft that reads the target (EAGLE-style) for the bundled "
                       "offline target, and grow the token-id corpus it trains on"),
 }

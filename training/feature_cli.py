@@ -15,6 +15,9 @@ Steps (each resumable from files under --work, default feature_work/):
   corpus   check the corpus's manifest against its shards and print its totals
   text     existing text (installed packages' READMEs, the standard library's docstrings; `training.text_corpus`)
            into the corpus as separate sources, each piece with its licence (--text-source)
+  vocab    rank tokens by their count in WORK/features/train's answers (special ids first) and write the first
+           --vocab-n, with their coverage of the held-out answers, as the draft's token subset (`training.vocab`)
+           -> --weights-dir or pyramid_demo/models/weights/vocab.safetensors; retrain the draft on a new subset
 --data adds more work folders' training shards (several generators can run side by side).
 """
 from __future__ import annotations
@@ -26,13 +29,15 @@ from pathlib import Path
 
 import torch
 
-from pyramid_demo.models import background, feature_draft, students
+from pyramid_demo.models import background, feature_draft
 from pyramid_demo.models.bundled import bundled_target
 
 from . import corpus, corpus_cli, feature_train, features
+from . import vocab as dv
 from .corpus_cli import gen_dtype
 
-STEPS = ("heldout", "gen", "train", "eval", "export", "grow", "corpus", "text")
+STEPS = ("heldout", "gen", "train", "eval", "export", "grow", "corpus", "text", "vocab")
+VOCAB_N = 8192  # the shipped subset's size
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -75,6 +80,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shard-minutes", type=float, default=20.0,
                    help="grow: also write a shard after this many wall minutes (with at least 16 answers)")
     p.add_argument("--max-shards", type=int, default=None, help="grow: stop after this many shards")
+    p.add_argument("--vocab-n", type=int, default=VOCAB_N, help="vocab: tokens in the subset")
 
 
 def _dev(name: str) -> torch.device:
@@ -98,6 +104,9 @@ def run(args: argparse.Namespace) -> int:
     for step in args.steps:
         if step in ("grow", "corpus", "text"):
             corpus_cli.run_step(step, args, dev)
+            continue
+        if step == "vocab":
+            make_vocab(work, args)
             continue
         if step in ("heldout", "gen"):
             dt = torch.float32 if step == "heldout" or dev.type != "cpu" else gen_dtype(args.gen_dtype)
@@ -126,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
             background.register("corpus_train")  # so a benchmark pauses it (`models.background.paused`)
             if cdir is not None and cdir.is_dir() and corpus.shards(cdir):
                 dirs.append(corpus_cli.materialize(fp32, cdir, work, log=lambda s: print(s, flush=True)))
-            feature_train.train(fp32, students.subset_ids(), dirs, held,
+            feature_train.train(fp32, feature_draft.subset_ids(), dirs, held,
                                 ckpt, args.minutes,
                                 lr=args.lr, lr_min=args.lr_min, batch=args.batch, passes=args.passes, seed=args.seed,
                                 eval_every=args.eval_every, autocast=True, log=lambda s: print(s, flush=True),
@@ -147,7 +156,7 @@ def evaluate(target, held: list[dict], ckpt: Path, passes: int = 3) -> dict:
     out: dict = {"heldout_answers": len(held), "positions": sum(len(r["ids"]) - r["n_prompt"] for r in held)}
     best = ckpt.with_name(ckpt.stem + "_best.pt")
     if best.is_file():
-        m = feature_draft.FeatureDraft(target, students.subset_ids())
+        m = feature_draft.FeatureDraft(target, feature_draft.subset_ids())
         saved = torch.load(best, weights_only=False, map_location="cpu")
         m.load_state_dict(saved["model"], strict=False)
         out["checkpoint"] = {**_eval_checkpoint(target, held, m, passes), "seen": saved["state"]["seen"],
@@ -166,7 +175,7 @@ def export(target, ckpt: Path, res: dict, args: argparse.Namespace) -> None:
     if old is not None and new[0] <= old[0] and not args.force:
         print(f"export: the shipped draft is better ({old[0]:.4f} ≥ {new[0]:.4f}); nothing written")
         return
-    m = feature_draft.FeatureDraft(target, students.subset_ids())
+    m = feature_draft.FeatureDraft(target, feature_draft.subset_ids())
     m.load_state_dict(torch.load(ckpt.with_name(ckpt.stem + "_best.pt"), weights_only=False,
                                  map_location="cpu")["model"], strict=False)
     path = feature_draft.weight_path(args.weights_dir)
@@ -176,3 +185,18 @@ def export(target, ckpt: Path, res: dict, args: argparse.Namespace) -> None:
                          "init": json.dumps(res["checkpoint"].get("init")),
                          "curve": json.dumps(res["checkpoint"]["curve"])})
     print(f"export: {path} ({size / 1e6:.1f} MB), held-out top-1 by position {[round(a, 3) for a in new]}")
+
+
+def make_vocab(work: Path, args: argparse.Namespace) -> dict:
+    """The `vocab` step: count, rank, measure, write the subset file; returns its metadata."""
+    from pyramid_demo.models.bundled import bundled_tokenizer
+
+    tok = bundled_tokenizer()
+    always = tuple([tok.eos_token_id] + [i for i in tok.all_special_ids if i != tok.eos_token_id])
+    ranked, meta = dv.build(work / "features", len(tok), always, args.vocab_n)
+    meta["made_by"] = f"python -m training draft-feature --work W vocab --vocab-n {args.vocab_n}"
+    out = feature_draft.subset_path(args.weights_dir)
+    size = dv.save_subset(out, ranked, meta)
+    print(json.dumps(meta, indent=1))
+    print(f"vocab: wrote {out} ({size / 1e3:.1f} kB, {len(ranked)} ids)")
+    return meta

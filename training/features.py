@@ -6,12 +6,12 @@ prompt), so it must train over the prompt's states too. The states come out of t
 (prefill gives the prompt's, each decode step its token's), so no second teacher pass is needed.
 One shard per batch, written atomically: resumable, and readable while generation goes on.
 
-Prompt variety: the students' templates plus `EXTRA_TEMPLATES` × the training topics, and (`mix`) as many
+Prompt variety: `training.data`'s templates plus `EXTRA_TEMPLATES` × the training topics, and (`mix`) as many
 prompts of other shapes (`varied_prompts`): system prompts, short and long prompts, topic-free tasks (arithmetic,
 word lists, code to read or fix, reviews to classify), constraints on the answer's form and length, canned
 multi-turn chats, and prompts built on the target's own earlier answers (a follow-up turn after one of them, or
-one of them as a passage to summarise, rewrite, ...). Training topics only: the held-out set stays the
-students' own, so every proposer is measured on the same answers.
+one of them as a passage to summarise, rewrite, ...). Training topics only: the held-out set stays
+`data.prompts("heldout")`, so every proposer is measured on the same answers.
 """
 from __future__ import annotations
 
@@ -49,8 +49,8 @@ EXTRA_TEMPLATES = [
 
 
 def feature_prompts(split: str, seed: int, mix: float = 0.0) -> list:
-    """Training prompts: every template (the students' and the extras) × the training topics, plus `mix` times
-    as many `varied_prompts`, shuffled; held-out: the students' held-out prompts, unchanged. An item is a
+    """Training prompts: every template (`data.TEMPLATES` and the extras) × the training topics, plus `mix` times
+    as many `varied_prompts`, shuffled; held-out: `data.prompts("heldout")`, unchanged. An item is a
     string (one user turn), a list of chat messages, or a dict that `resolve` completes with an earlier answer."""
     if split != "train":
         return dd.prompts(split, seed)

@@ -1,12 +1,12 @@
-"""The token subset of a reduced-vocabulary proposer head (FR-Spec, arXiv 2502.14856).
+"""The token subset of the feature draft's reduced head (FR-Spec, arXiv 2502.14856).
 
 Tokens are ranked by how often the target itself writes them: their count in the on-policy
-answers of the training shards (`data/train/*.pt`, answer ids only, EOS included), ties by id.
+answers of the training shards (`WORK/features/train/*.pt`, answer ids only, EOS included), ties by id.
 The chat template's special ids (`always`) come first, so every N keeps them. Coverage is the
 share of the held-out answers' tokens that fall inside the top N: it caps a reduced-head
 proposer's acceptance, since an uncovered position is a certain rejection.
 
-    python -m training distill --work W vocab --vocab-n 8192
+    python -m training draft-feature vocab --work W --vocab-n 8192
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from pyramid_demo.models.reduced_head import load_subset, save_subset  # noqa: F401 - the file format lives with the head
+from pyramid_demo.models.feature_draft import load_subset, save_subset  # noqa: F401 - the file format lives with the draft
 
 NS = (1024, 2048, 4096, 8192, 16384, 32768)
 
@@ -59,33 +59,3 @@ def build(data_dir: str | Path, vocab: int, always: tuple[int, ...], n: int,
             "coverage_heldout": cov,
             "coverage_train": round(coverage(order, train, n), 4)}
     return order[:n], meta
-
-
-@torch.inference_mode()
-def agreement_by_n(student, head, recs: list[dict], ranked: torch.Tensor, ns: tuple[int, ...],
-                   pad: int = 2, batch: int = 8) -> dict:
-    """Teacher-forced top-1 agreement of `student` with the target on the held-out answers, with the
-    full head ("full") and with a head over the first n ranked ids (each n in ns), plus the share of
-    positions whose target argmax lies in the subset (the cap on that agreement)."""
-    from .loss import _hidden, collate
-
-    V = head.weight.shape[0]
-    rank_of = torch.full((V,), V, dtype=torch.long)
-    rank_of[ranked] = torch.arange(ranked.numel())
-    hits = {str(n): 0 for n in ns} | {"full": 0}
-    cap = {str(n): 0 for n in ns}
-    total = 0
-    for i in range(0, len(recs), batch):
-        ids, att, ans, h = collate(recs, list(range(i, min(i + batch, len(recs)))), pad)
-        hs = _hidden(student, ids, att)[ans]
-        for j in range(0, hs.shape[0], 512):
-            zs, zt = head(hs[j:j + 512]).float(), head(h[j:j + 512].to(hs.dtype)).float()
-            t = zt.argmax(-1)
-            hits["full"] += int((zs.argmax(-1) == t).sum())
-            for n in ns:
-                inside = rank_of < n  # [V]
-                hits[str(n)] += int((zs.masked_fill(~inside, float("-inf")).argmax(-1) == t).sum())
-                cap[str(n)] += int(inside[t].sum())
-        total += hs.shape[0]
-    return {"positions": total, "top1": {k: round(v / total, 4) for k, v in hits.items()},
-            "target_top1_covered": {k: round(v / total, 4) for k, v in cap.items()}}

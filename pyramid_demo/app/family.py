@@ -10,15 +10,14 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ..models.presets import BUNDLED_TARGET, FEATURE_DRAFT, PRESETS, STUDENT_DRAFT, STUDENT_QUALIFIER, Preset
+from ..models.presets import BUNDLED_TARGET, FEATURE_DRAFT, PRESETS, Preset
 from . import hosting
 
 BOX_LINES, BOX_CHARS = 3, 300  # the box's budget: lines and visible characters
 FOLD_TITLE = "How it works · exactness on this machine"
 KNOWN = {  # the offline family's references, in words
-    STUDENT_DRAFT: "a small distilled student",
     FEATURE_DRAFT: "a one-layer draft that reads the target",
-    STUDENT_QUALIFIER: "a larger distilled student",
+    BUNDLED_TARGET + "@int4": "the target's own int4 copy",
     BUNDLED_TARGET: "SmolLM2-135M-Instruct (bundled)",
 }
 CUSTOM_BOX = ("**Custom family**: three Hugging Face ids or local paths of causal LMs that share one tokenizer, "
@@ -33,7 +32,7 @@ HOW = ("**How it works**: the draft guesses a few tokens; in a pyramid the quali
 
 
 def model_name(ref: str, role: str, target: str) -> str:
-    """A model in words: the offline family's students by what they are, a Hub id by its last part."""
+    """A model in words: the offline family's models by what they are, a Hub id by its last part."""
     if role != "target" and ref == target:
         return "the target itself"
     return KNOWN.get(ref, ref.rstrip("/").rsplit("/", 1)[-1])

@@ -159,7 +159,7 @@ The more green and blue, the less work the big target had to do.
   and then a note above the race says they may differ from AR at near-ties.
 * What speculation can win here is in the **Statistics** tab: the cost of one forward of k tokens for each
   model, and the acceptance each method needs to break even against AR. On the offline family, checking 5
-  tokens costs the target about what one step does, so acceptance — how well the small students match
+  tokens costs the target about what one step does, so acceptance — how well the draft and the int4 copy match
   the target — decides who wins.
 * Times exclude the prompt's prefill; speed-ups compare methods on the same prompt in the same race.
 """

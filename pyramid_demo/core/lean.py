@@ -253,7 +253,8 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 class LeanLM(CachedModel):
     """One model's per-run decoding state over the lean forward: the engine's `LM` protocol.
 
-    A reduced-vocabulary head (`models.reduced_head.ReducedHead` as the model's `lm_head`) is called as it is.
+    The model's `lm_head` is called as it is (a reduced-vocabulary head gives its full-width logits, −inf outside
+    its subset).
     A pass batches its rows into one padded attention call per layer that stays equal to one-token steps
     (see the module docstring); only a pass longer than ROWWISE_MAX (a prefill) runs one causal call.
     Tree rows attend over a copy of the cache with their ancestors moved to the slots a one-token step

@@ -1,1 +1,1 @@
-"""Model loading: presets, the bundled offline target, shipped students, tiny-random models and tokenizer checks."""
+"""Model loading: presets, the bundled offline family, tiny-random models and tokenizer checks."""

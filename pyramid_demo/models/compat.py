@@ -32,7 +32,7 @@ def logit_width(model: Any) -> int:
     head = getattr(model, "get_output_embeddings", None)
     if callable(head):
         out = head()
-        if isinstance(getattr(out, "vocab", None), int):  # a ReducedHead: full-vocabulary logits from N rows
+        if isinstance(getattr(out, "vocab", None), int):  # a reduced head: full-vocabulary logits from N rows
             return out.vocab
         weight = getattr(out, "weight", None)
         if weight is not None and weight.ndim == 2:

@@ -1,13 +1,13 @@
 """A draft that reads the target (EAGLE-1 style): one decoder layer over `fc([f_{i-1} ; E(x_i)])`.
 
-Why: a small independent student agrees with the target a third of the time; the target's own final
+Why: a small independent draft agrees with the target a third of the time; the target's own final
 normed state f already holds most of what its next token will be, so a head that reads it (and the
 token that followed) predicts the target far better at the same cost (EAGLE, arXiv 2401.15077).
 
 Indexing follows an ordinary LM: row i holds token x_i and the target's state at i-1, and predicts
 x_{i+1}. Its output is a predicted normed state f̂_i (the target's final norm applied), so the next row
 can read it where the target has not scored position i yet; the logits are the target's head rows for a
-token subset (the proposers' reduced head). Embedding, final norm and head are the target's (frozen,
+token subset (`subset_path`: a reduced head, −inf elsewhere). Embedding, final norm and head are the target's (frozen,
 shared, never saved); only fc and the layer are trained and shipped.
 
 `passes` (training only) is EAGLE-3's training-time test: pass s feeds every row the state predicted by
@@ -172,8 +172,47 @@ class FeatureDraft(nn.Module):
 
 
 # ---------------------------------------------------------------------- the shipped one (offline family)
+WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
+SUBSET_FORMAT = "pyramid-vocab-subset-v1"
+
+
 def weight_path(weights_dir: str | Path | None = None) -> Path:
-    return Path(weights_dir or Path(__file__).parent / "weights") / "feature_draft.safetensors"
+    return Path(weights_dir or WEIGHTS_DIR) / "feature_draft.safetensors"
+
+
+def subset_path(weights_dir: str | Path | None = None) -> Path:
+    """The ranked token subset the draft's head computes (FR-Spec, arXiv 2502.14856): the chat template's
+    special ids first, then the tokens the target writes most often (`python -m training draft-feature vocab`)."""
+    return Path(weights_dir or WEIGHTS_DIR) / "vocab.safetensors"
+
+
+def save_subset(path: str | Path, ids: torch.Tensor, meta: dict) -> int:
+    """Write the ranked ids (int32) with `meta` (json values); returns the file size."""
+    import json
+
+    from safetensors.torch import save_file
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    md = {"format": SUBSET_FORMAT, **{k: v if isinstance(v, str) else json.dumps(v) for k, v in meta.items()}}
+    save_file({"ids": ids.to(torch.int32).contiguous()}, str(path), metadata=md)
+    return path.stat().st_size
+
+
+def load_subset(path: str | Path) -> tuple[torch.Tensor, dict]:
+    """The ranked ids (LongTensor [N]) and their metadata."""
+    from safetensors import safe_open
+    with safe_open(str(path), framework="pt") as f:
+        meta = dict(f.metadata() or {})
+        ids = f.get_tensor("ids").long()
+    if meta.get("format") != SUBSET_FORMAT:
+        raise ValueError(f"{path}: not a {SUBSET_FORMAT} file")
+    return ids, meta
+
+
+def subset_ids(weights_dir: str | Path | None = None, n: int | None = None) -> torch.Tensor:
+    """The first n (default: all shipped) ids of the shipped ranking, most frequent first."""
+    ids = load_subset(subset_path(weights_dir))[0]
+    return ids if n is None else ids[:n]
 
 
 def available(weights_dir: str | Path | None = None) -> bool:
@@ -182,7 +221,5 @@ def available(weights_dir: str | Path | None = None) -> bool:
 
 def build(target: nn.Module, weights_dir: str | Path | None = None) -> FeatureDraft:
     """The shipped feature draft over `target` (SmolLM2-135M-Instruct), in its dtype, on the shipped subset."""
-    from .students import subset_ids
-
     fd = FeatureDraft(target, subset_ids(weights_dir))
     return fd.load(weight_path(weights_dir)).eval()

@@ -197,7 +197,7 @@ def _bundled_config() -> Any:
 
 def _sizes(role: str, ref: str, cfg: Any, dt: torch.dtype, quantize: str | None,
            own_layers: int | None = None, layers: int | None = None) -> ModelSize:
-    """A role's size; `own_layers`: only that many layers are its own (students share the rest)."""
+    """A role's size; `own_layers`: only that many layers are its own (0: a model already counted)."""
     params, embed = count_params(cfg)
     if own_layers is not None:
         per_layer = (params - embed - cfg.hidden_size) // cfg.num_hidden_layers  # minus the final norm
@@ -215,31 +215,6 @@ def int4_size(role: str, ref: str, cfg: Any, dt: torch.dtype, group: int) -> Mod
     head = cfg.vocab_size * cfg.hidden_size
     nbytes = int(body * (0.5 + 4 / group) + head * 2)
     return ModelSize(role, ref, body + head, nbytes, kv_per_token(cfg, dtype_bytes(dt)), cfg.num_hidden_layers)
-
-
-def _student_layers(role: str) -> tuple[int, int] | None:
-    from . import students
-
-    if not students.available():
-        return None
-    meta = students.info(role)
-    return int(meta["num_layers"]), int(meta.get("shared_layers", 0))
-
-
-def _subset_size() -> int:
-    """Tokens in the shipped reduced-head subset (read from its file's header, no tensor loaded)."""
-    from safetensors import safe_open
-
-    from . import students
-
-    with safe_open(str(students.subset_path()), framework="pt") as fh:
-        return int(fh.get_slice("ids").get_shape()[0])
-
-
-def _with_head_rows(size: ModelSize, cfg: Any, dt: torch.dtype, quantize: str | None) -> ModelSize:
-    """A student with a reduced head also owns its copy of the target's head rows for the subset."""
-    params = size.params + _subset_size() * cfg.hidden_size
-    return replace(size, params=params, weight_bytes=weight_bytes(params, 0, dt, quantize))
 
 
 def _feature_draft_size(cfg: Any, dt: torch.dtype, quantize: str | None) -> ModelSize:

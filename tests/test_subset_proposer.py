@@ -1,4 +1,5 @@
-"""Proposers with a reduced-vocabulary head (FR-Spec): the head, exactness, and divergences with zeros.
+"""Proposers whose head covers a token subset (FR-Spec; the feature draft's reduced head): SD's exactness with
+them, divergences with zeros, and the subset file.
 
 Tiny models, the bigram mock and hand-built logits only; explicit generators.
 """
@@ -9,14 +10,14 @@ import math
 
 import pytest
 import torch
-from mock_lm import BigramLM, as_run, bigram_table
-from torch import nn
+from mock_lm import BigramLM, SubsetHead, as_run, bigram_table
 
-from pyramid_demo.core import packed, rules
+from pyramid_demo.core import rules
 from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.engine import decode, roles_for, verify
 from pyramid_demo.core.run import generate
-from pyramid_demo.models.reduced_head import ReducedHead, load_subset, reduce_head, save_subset
+from pyramid_demo.models import feature_draft
+from pyramid_demo.models.feature_draft import FeatureDraft, load_subset, save_subset
 from pyramid_demo.models.tiny import tiny_random_triplet
 from training import vocab as dv
 
@@ -24,57 +25,23 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 INF = float("inf")
 
 
-# --- the head ------------------------------------------------------------------------------
+# --- the head and its subset ---------------------------------------------------------------
 
-def test_head_gives_full_vocabulary_logits_minus_inf_outside():
-    """Inside the subset the logits are the full head's own; outside they are −inf; the shape is [.., V]."""
-    torch.manual_seed(0)
-    lin = nn.Linear(8, 20, bias=True)
-    ids = torch.tensor([5, 0, 17, 3])
-    head = ReducedHead(lin, ids)
-    x = torch.randn(2, 3, 8)
-    z, full = head(x), lin(x)
-    assert z.shape == full.shape
-    assert torch.allclose(z[..., ids], full[..., ids], atol=1e-5)
-    outside = torch.ones(20, dtype=torch.bool)
-    outside[ids] = False
-    assert torch.isneginf(z[..., outside]).all()
-    assert head.weight.shape == (4, 8) and torch.equal(head.ids, ids)
-
-
-def test_reducing_a_student_never_touches_the_shared_target_head():
-    """A student sharing the target's lm_head gets its own ReducedHead; the target's module and weights stay."""
+def test_the_feature_drafts_head_is_a_copy_of_the_targets_rows():
+    """The feature draft's head holds the target's rows for its subset; changing them leaves the target's
+    head alone."""
     tiny = tiny_random_triplet(seed=1)
-    target_head, before = tiny.target.lm_head, tiny.target.lm_head.weight.detach().clone()
-    student = tiny.draft
-    student.lm_head = tiny.target.lm_head  # shared, as the offline students share it
-    reduce_head(student, torch.arange(10))
-    assert tiny.target.lm_head is target_head and isinstance(target_head, nn.Linear)
-    assert torch.equal(target_head.weight, before)
+    before = tiny.target.lm_head.weight.detach().clone()
+    fd = FeatureDraft(tiny.target, torch.arange(10))
+    assert torch.equal(fd.head, before[:10])
     with torch.no_grad():
-        student.lm_head.weight.mul_(2)  # a copy: changing it leaves the target's rows alone
-    assert torch.equal(target_head.weight, before)
+        fd.head.mul_(2)
+    assert torch.equal(tiny.target.lm_head.weight, before)
 
 
-def test_packed_bf16_reduced_head_is_packed_and_equal():
-    """pack_linears packs the head's N-row projection (it is an nn.Linear) and the logits do not change."""
-    if not packed.available(torch.bfloat16):
-        pytest.skip("oneDNN bf16 is not available on this CPU")
-    torch.manual_seed(0)
-    lin = nn.Linear(64, 300, bias=False).to(torch.bfloat16)
-    head = ReducedHead(lin, torch.arange(0, 300, 3))
-    x = torch.randn(3, 64).to(torch.bfloat16)
-    with torch.inference_mode():
-        ref = head(x)
-        assert packed.pack_linears([head]) == 1 and isinstance(head.proj, packed.PackedLinear)
-        z = head(x)
-    fin = torch.isfinite(ref)
-    assert torch.equal(fin, torch.isfinite(z))
-    assert torch.allclose(z[fin].float(), ref[fin].float(), atol=0.05, rtol=0.02)
-
-
-def test_subset_file_round_trip_and_ranking(tmp_path):
-    """The ranking puts the always-kept ids first, then tokens by count (ties by id); the file keeps it."""
+def test_subset_file_round_trip_and_ranking(tmp_path, monkeypatch):
+    """The ranking puts the always-kept ids first, then tokens by count (ties by id); the file keeps it;
+    `draft-feature vocab` counts the answers of WORK/features/train and measures coverage on heldout."""
     counts = torch.tensor([0, 5, 9, 5, 0, 1])
     order = dv.rank(counts, always=(4,))
     assert order.tolist() == [4, 2, 1, 3, 5, 0]
@@ -82,6 +49,30 @@ def test_subset_file_round_trip_and_ranking(tmp_path):
     save_subset(tmp_path / "v.safetensors", order[:3], {"n": 3})
     ids, meta = load_subset(tmp_path / "v.safetensors")
     assert ids.tolist() == [4, 2, 1] and meta["n"] == "3"
+
+    import types
+
+    from pyramid_demo.models import bundled
+    from training import feature_cli
+
+    monkeypatch.setattr(bundled, "bundled_tokenizer", lambda: _Tok())
+    for split, answers in (("train", [[5, 5, 3, 0], [5, 2]]), ("heldout", [[5, 7]])):
+        (tmp_path / "w" / "features" / split).mkdir(parents=True)
+        recs = [{"ids": torch.tensor([1, 9] + a, dtype=torch.int32), "n_prompt": 2} for a in answers]
+        torch.save(recs, tmp_path / "w" / "features" / split / "shard_00000.pt")
+    args = types.SimpleNamespace(vocab_n=3, weights_dir=str(tmp_path / "out"))
+    meta = feature_cli.make_vocab(tmp_path / "w", args)
+    ids, saved = load_subset(feature_draft.subset_path(tmp_path / "out"))
+    assert ids.tolist() == [0, 1, 5] and saved["n"] == "3"  # EOS, the other special id, then the most written
+    assert meta["coverage_heldout"]["3"] == pytest.approx(0.5) and "draft-feature" in saved["made_by"]
+
+
+class _Tok:
+    """A tokenizer as `make_vocab` reads one: its length, EOS and special ids."""
+    eos_token_id, all_special_ids = 0, [0, 1]
+
+    def __len__(self) -> int:
+        return 12
 
 
 # --- exactness -----------------------------------------------------------------------------
@@ -94,7 +85,7 @@ def reduced_tiny():
     seen = sorted(set(ar))
     keep = seen[::2] + [t for t in range(tiny.vocab_size) if t not in seen][:20]  # half of the target's tokens
     draft = tiny_random_triplet(seed=0).draft
-    reduce_head(draft, torch.tensor(keep))
+    draft.lm_head = SubsetHead(draft.lm_head, torch.tensor(keep))
     return dataclasses.replace(tiny, draft=draft), ar, set(keep)
 
 
@@ -235,21 +226,24 @@ def test_a_reduced_head_model_still_reports_full_vocabulary_width():
 
     draft = tiny_random_triplet(seed=2).draft
     V = logit_width(draft)
-    reduce_head(draft, torch.arange(7))
-    assert logit_width(draft) == V and draft.lm_head.n == 7
+    draft.lm_head = SubsetHead(draft.lm_head, torch.arange(7))
+    assert logit_width(draft) == V and draft.lm_head.rows.shape[0] == 7
 
 
 def test_shipped_subset_keeps_the_special_ids_and_its_record():
-    """The shipped subset: distinct ids, the chat template's EOS / specials first, coverage in its metadata."""
-    from pyramid_demo.models import presets, students
-
-    if not students.subset_path().is_file():
+    """The shipped subset: distinct ids, the chat template's EOS / specials first, coverage in its metadata, and
+    the size the shipped feature draft was exported with."""
+    if not feature_draft.subset_path().is_file():
         pytest.skip("no shipped subset")
-    ids, meta = load_subset(students.subset_path())
+    ids, meta = load_subset(feature_draft.subset_path())
     assert ids.unique().numel() == ids.numel() == int(meta["n"])
     assert ids[:3].tolist() == [2, 1, 0]  # <|im_end|> (EOS), <|im_start|>, <|endoftext|>
     assert "coverage_heldout" in meta and "made_by" in meta
-    assert set(presets.REDUCED_HEADS) <= {"draft", "qualifier"}
+    if feature_draft.available():
+        from safetensors import safe_open
+
+        with safe_open(str(feature_draft.weight_path()), framework="pt") as fh:
+            assert int(fh.metadata()["n_subset"]) == ids.numel()
 
 
 @pytest.mark.parametrize("kind", ["js", "kl", "tv"])
