@@ -110,6 +110,8 @@ def build_demo() -> gr.Blocks:
                     clear_btn = gr.Button(BUTTONS["clear"], elem_id="clear-btn", scale=1)
                 side_by_side = gr.Checkbox(False, label=LABELS["side_by_side"], info=INFO["side_by_side"],
                                            elem_id="side-by-side")
+                qualifier_alone = gr.Checkbox(False, label=LABELS["qualifier_alone"], info=INFO["qualifier_alone"],
+                                              elem_id="qualifier-alone")
             with gr.Column(scale=2):
                 preset = gr.Dropdown(PRESET_CHOICES, value=START_PRESET, label=LABELS["preset"], elem_id="preset")
                 box, fold, _ = h.preset_info(START_PRESET)
@@ -203,7 +205,8 @@ def build_demo() -> gr.Blocks:
         # the public API: /race (named, defaulted settings), /stop, /export; /clear is callable, unlisted
         race = gr.on([run_btn.click, prompt.submit], _gpu(h.race_event),
                      [prompt, preset, draft_id, qual_id, target_id, session], race_out,
-                     inputs_kwargs={**{k: widgets[k] for k in h.SETTING_NAMES}, "side_by_side": side_by_side},
+                     inputs_kwargs={**{k: widgets[k] for k in h.SETTING_NAMES}, "side_by_side": side_by_side,
+                                    "qualifier_alone": qualifier_alone},
                      api_name="race",
                      concurrency_id="models", concurrency_limit=1,
                      show_progress="hidden")  # the status line names each stage; a live progress display

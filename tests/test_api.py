@@ -44,11 +44,11 @@ def test_view_api_lists_only_the_public_endpoints(url):
 
 def test_race_takes_named_settings_with_defaults(url):
     """Rule: /race's inputs are named (prompt, preset, the custom ids, then every decoding setting by its
-    DecodeConfig name from core.settings, then the chain-vs-tree switch) and each has a default, so a caller may
-    leave any out."""
+    DecodeConfig name from core.settings, then the chain-vs-tree switch and the qualifier-alone reference lane's)
+    and each has a default, so a caller may leave any out."""
     params = _client(url).view_api(print_info=False, return_format="dict")["named_endpoints"]["/race"]["parameters"]
     assert [p["parameter_name"] for p in params] == ["prompt", "preset", "draft", "qualifier", "target",
-                                                     *h.SETTING_NAMES, "side_by_side"]
+                                                     *h.SETTING_NAMES, "side_by_side", "qualifier_alone"]
     assert all(p["parameter_has_default"] for p in params), [p["parameter_name"] for p in params
                                                               if not p["parameter_has_default"]]
     defaults = {p["parameter_name"]: p["parameter_default"] for p in params}

@@ -64,8 +64,8 @@ def _client(url: str):
 
 def _args(prompt="hello", preset="tiny-random", ids=("", "", ""), **over) -> list:
     s = {**FAST, **over}
-    return [prompt, preset, *ids, *(s[k] for k in h.SETTING_NAMES), False]  # /race's parameters, in order (the
-    # last: side_by_side)
+    return [prompt, preset, *ids, *(s[k] for k in h.SETTING_NAMES), False, False]  # /race's parameters, in order
+    # (the last two: side_by_side, qualifier_alone)
 
 
 def _race(client, *a, **kw) -> str:

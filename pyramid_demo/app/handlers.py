@@ -88,7 +88,9 @@ def make_config(**settings: Any) -> DecodeConfig:
 
 # ------------------------------------------------------------------ race
 def _winner(res: dict[str, RunResult]) -> str:
-    """One line for the projector: the fastest method, or a tie when others are within the race's noise."""
+    """One line for the projector: the fastest method, or a tie when others are within the race's noise. A
+    reference lane (a member decoding alone) is no contender: it does not write the target's text."""
+    res = {m: r for m, r in res.items() if r.solo is None}
     if not res:
         return ""
     spread = inspector.race_noise(res)
@@ -122,21 +124,22 @@ def _learn_vocab(race: Race, tokenizer: Any, r: RunResult) -> None:
 
 def race_event(prompt: str, preset: str, draft: str | None = None, qualifier: str | None = None,
                target: str | None = None, session: Session | None = None, progress: gr.Progress = gr.Progress(),
-               side_by_side: bool = False, **settings: Any) -> Iterator[tuple]:
+               side_by_side: bool = False, qualifier_alone: bool = False, **settings: Any) -> Iterator[tuple]:
     """Run every method on the prompt, one after another, with the chosen family and settings.
 
     The public `/race` endpoint and the Run button. `preset` names a model family (or "custom" with
     the draft, qualifier and target ids); `settings` are DecodeConfig fields by name (core.settings);
     any left out take the values the page starts with. `side_by_side`: every method that proposes runs
-    twice, as a chain and as a tree (`methods.lanes`). Yields (status, lanes, chart, table, earlier
-    races, session); the status line reports a bad value in words."""
+    twice, as a chain and as a tree (`methods.lanes`); `qualifier_alone`: a reference lane, the qualifier
+    decoding alone as AR does (`core.solo`). Yields (status, lanes, chart, table, earlier races, session);
+    the status line reports a bad value in words."""
     yield from run_race(preset, (draft, qualifier, target), prompt, {**START_SETTINGS, **settings}, session,
-                        progress, bool(side_by_side))
+                        progress, bool(side_by_side), bool(qualifier_alone))
 
 
 def run_race(preset: str, models: tuple[str, str, str], prompt: str, settings: dict[str, Any],
              session: Session | None, progress: gr.Progress = gr.Progress(),
-             side_by_side: bool = False) -> Iterator[tuple]:
+             side_by_side: bool = False, qualifier_alone: bool = False) -> Iterator[tuple]:
     """Run every lane on the prompt, one after another, yielding (status, lanes, chart, table, earlier, session).
 
     `models` are the custom draft, qualifier and target ids; `settings` maps DecodeConfig fields to widget
@@ -144,7 +147,7 @@ def run_race(preset: str, models: tuple[str, str, str], prompt: str, settings: d
     ends cleanly with its partial results (cancelling the event instead would race a late snapshot).
     """
     session = session if session is not None else new_session()
-    race_lanes_ = lanes(side_by_side)
+    race_lanes_ = lanes(side_by_side, qualifier_alone)
     try:  # on ZeroGPU the whole race must fit one allocation: cut the tokens, say so
         settings = dict(settings)
         settings["max_new_tokens"], cut = hosting.fit_race(preset, len(race_lanes_), int(settings["max_new_tokens"]))
@@ -234,7 +237,7 @@ def _race_steps(preset: str, ids: tuple[str, str, str], prompt: str, settings: d
         progress(i / len(race_lanes_), desc=status)
         cfg = replace(base, method=lane.method, shape=lane.shape or base.shape)
         try:
-            for snap in stream(triplet, ids, cfg, text=prompt, profile=race.profile):
+            for snap in stream(triplet, ids, cfg, text=prompt, profile=race.profile, solo=lane.solo):
                 race.results[m] = snap
                 _learn_vocab(race, triplet.tokenizer, snap)
                 if session.stop:

@@ -85,16 +85,18 @@ def plan_budget(preset: str, n_methods: int, max_new_tokens: int, per_token: flo
 
 
 def race_duration(prompt: str = "", preset: str = "", draft: str = "", qualifier: str = "", target: str = "",
-                  session: Any = None, progress: Any = None, side_by_side: bool = False, **settings: Any) -> int:
+                  session: Any = None, progress: Any = None, side_by_side: bool = False,
+                  qualifier_alone: bool = False, **settings: Any) -> int:
     """`spaces.GPU(duration=...)`: called with `handlers.race_event`'s own arguments (the settings by
-    name, as `core.settings.APP_SETTINGS` names them; `side_by_side` runs a chain and a tree lane per method)."""
+    name, as `core.settings.APP_SETTINGS` names them; `side_by_side` runs a chain and a tree lane per method,
+    `qualifier_alone` one reference lane more)."""
     from ..core.methods import lanes
 
     try:
         max_new = int(settings.get("max_new_tokens", 64))
     except (TypeError, ValueError):
         max_new = 64
-    return plan_budget(preset, len(lanes(bool(side_by_side))), max_new).duration_s
+    return plan_budget(preset, len(lanes(bool(side_by_side), bool(qualifier_alone))), max_new).duration_s
 
 
 def fit_race(preset: str, n_methods: int, max_new_tokens: int) -> tuple[int, str]:

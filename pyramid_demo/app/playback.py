@@ -222,11 +222,12 @@ class _Play:
     def play(self) -> list[Beat]:
         step = self.step
         t = step.target_round
-        if t is None:  # AR: the target alone
+        if t is None:  # AR: one model alone (the target, or a reference lane's member, as its origins say)
+            who = step.origins[0] if step.origins else "target"
             text = "".join(self.text(x) for x in step.new_tokens)
             self.committed = [Chip(self.text(x), o, "accepted") for x, o in zip(step.new_tokens, step.origins)]
-            self.add(f"the target alone writes {_q(text)} — one token per pass", "target", -1, "AR: target alone",
-                     [], [])
+            self.add(f"the {who} alone writes {_q(text)} — one token per pass", who, -1,
+                     "AR: target alone" if who == "target" else f"the {who} alone", [], [])
             return self.beats
         block: list[str] = []  # the origin of each token of the qualified block
         for j, rnd in enumerate(step.qualifier_rounds):

@@ -15,8 +15,8 @@ from typing import Any
 
 import gradio as gr
 
-from ..core.config import METHOD_LABELS
-from ..core.methods import method_spec
+from ..core.methods import LANES, lane_label, method_spec
+from ..core.stats import first_divergence
 from ..core.trace import RunResult
 from . import charts, inspector, render
 from .session import Race, Session
@@ -26,8 +26,32 @@ LANES_INTERVAL_S = 0.3  # the running lane's text, at most this often
 CHART_INTERVAL_S = 1.5  # the live chart, at most this often (and whenever a method ends)
 
 
+def divergence_words(out: list[int], ref: list[int], greedy: bool = True) -> str:
+    """Where a run's tokens `out` leave the AR lane's `ref`, in words: "leaves the target's text at token 37"
+    (1-based), "writes the target's text for all 64 tokens", or which one ends first; under sampling, `ref` is
+    AR's sampled text, not the target's one text."""
+    words = MSG["ref_greedy" if greedy else "ref_sampled"]
+    k = first_divergence(out, ref)
+    if k is None:
+        return MSG["same_text"].format(ref=words, n=len(ref))
+    if k == len(out):
+        return MSG["ends_early"].format(ref=words, n=k)
+    if k == len(ref):
+        return MSG["goes_on"].format(ref=words, n=k)
+    return MSG["leaves_text"].format(ref=words, k=k + 1)
+
+
+def _against_ar(m: str, race: Race) -> list[str]:
+    """A finished reference lane's comparison with the finished AR lane (none for another lane, or before AR)."""
+    lane, r, ar = LANES.get(m), race.results.get(m), race.results.get("ar")
+    if lane is None or lane.solo is None or r is None or ar is None or not ar.stats.stopped:
+        return []
+    return [divergence_words(r.token_ids, ar.token_ids, not race.config.get("temperature"))]
+
+
 def headline(m: str, r: RunResult | None, race: Race) -> str:
-    """A lane's figures: live while it runs, then its time, speed, speed-ups and acceptance."""
+    """A lane's figures: live while it runs, then its time, speed, speed-ups and acceptance (a reference lane:
+    where its text leaves AR's)."""
     if r is None:
         return "waiting…"
     s = r.stats
@@ -39,6 +63,7 @@ def headline(m: str, r: RunResult | None, race: Race) -> str:
     if s.acceptance:
         parts.append("accepted " + ", ".join(f"{'→Q' if k == 'qualifier' else '→T'} {v:.0%}"
                                              for k, v in s.acceptance.items()))
+    parts += _against_ar(m, race)
     if not s.stopped:
         parts.append("stopped")
     return " · ".join(parts)
@@ -56,11 +81,12 @@ def shape_words(r: RunResult) -> str:
     return f"chain of {cfg.get(length)}"
 
 
-def lane_title(key: str, r: RunResult | None) -> str:
+def lane_title(key: str, r: RunResult | None, models: list[str] | tuple[str, ...] = ()) -> str:
     """A lane's title: its method and the shape it ran ("PSD_A (assisted pyramid) · tree of 8 (depth 2)"); before
-    it runs, its lane label."""
+    it runs (and for a method that proposes nothing), its lane label, a reference lane's naming its model from the
+    family's references `models` ("the qualifier alone (int4 copy of the target)")."""
     shape = shape_words(r) if r is not None else ""
-    return f"{method_spec(r.method).label} · {shape}" if r is not None and shape else METHOD_LABELS[key]
+    return f"{method_spec(r.method).label} · {shape}" if r is not None and shape else lane_label(key, models)
 
 
 def race_lanes(race: Race | None, bodies: render.LaneBodies | None = None) -> str:
@@ -70,7 +96,7 @@ def race_lanes(race: Race | None, bodies: render.LaneBodies | None = None) -> st
         return render.legend_html() + render.message_html(MSG["idle"])
     res, body = race.results, bodies or render.coloured_tokens_of
     lanes = [render.lane_html(m, res.get(m), headline(m, res.get(m), race), race.running == m,
-                              body(m, res[m]) if m in res else None, lane_title(m, res.get(m)))
+                              body(m, res[m]) if m in res else None, lane_title(m, res.get(m), race.models))
              for m in race.lanes]
     foot = race.setup if race.running is None else ""
     return render.legend_html() + render.lanes_html(lanes, f"Race {race.n} · {race.preset} · "

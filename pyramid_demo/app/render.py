@@ -25,7 +25,8 @@ STATUS_COLOURS = {
     "resampled": ("#fde3c0", "#E69F00"),
     "bonus": ("#f2d6ec", "#CC79A7"),
 }
-METHOD_COLOURS = {lane.key: method_spec(lane.method).colour for lane in LANES.values()}  # a lane: its method's
+# a lane: its own colour (a reference lane's), else its method's
+METHOD_COLOURS = {lane.key: lane.colour or method_spec(lane.method).colour for lane in LANES.values()}
 
 FONT = "font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;"
 

@@ -67,7 +67,7 @@ def rows(results: dict[str, RunResult], profile: dict | None) -> list[dict]:
             row.update({k: model[k] for k in ("alpha", "alpha_qualifier") if k in model})
             if ar_pred and row["predicted"]:
                 row["x_ar_predicted"] = row["predicted"] / ar_pred
-            if ar_pred and r.stats.target_passes and m != "ar":  # AR's speed × the time one pass took
+            if ar_pred and r.stats.target_passes and m != "ar" and r.solo is None:  # AR's speed × a pass's time
                 row["per_pass"] = r.stats.tokens_per_target_pass
                 row["per_pass_needed"] = ar_pred * pred["time_s"] / r.stats.target_passes
         row["verdict"] = verdict(m, row, spread, ar_factor)
@@ -192,7 +192,7 @@ def teaching_aid(results: dict[str, RunResult], profile: dict | None) -> str:
     if not profile or not results:
         return ""
     speeds = {role: 1000 / costs.cost_ms(profile, role, 1) for role in ROLES if role in profile["ms"]}
-    got = [(m, predict(r, speeds)) for m, r in results.items() if m != "ar"]
+    got = [(m, predict(r, speeds)) for m, r in results.items() if m != "ar" and r.solo is None]  # the formula: methods
     vals = ", ".join(f"{short_name(m)} {_fmt(p, 1)}" for m, p in got)
     return ("**Teaching aid, not this machine's prediction** — the PyramidSD §3 throughput formula "
             "(V_SD = β·(ℓ+1) / (ℓ/V_D + 1/V_T), V_PSD likewise through the qualifier), fed with the profile's "

@@ -31,6 +31,7 @@ LABELS = {
     "draft": "Draft model id", "qualifier": "Qualifier model id", "target": "Target model id",
     "prompt": "Prompt",
     "side_by_side": "Chain vs tree side by side",
+    "qualifier_alone": "Add a reference lane: the qualifier alone",
 }
 
 WHATIF_LABELS = {"tau_q": "what-if τ_Q (stage 1 rounds)", "tau_t": "what-if τ_T (target round)"}
@@ -38,11 +39,15 @@ WHATIF_LABELS = {"tau_q": "what-if τ_Q (stage 1 rounds)", "tau_t": "what-if τ_
 INFO = {"tuned": "Changing the family resets these settings to the ones it is tuned for (see the README).",
         "side_by_side": "Race SD, FSD, PSD_A and PSD_F twice: once proposing a chain, once a tree of candidates "
                         "(the tree settings below), so you see which shape pays on this machine. Off: one lane "
-                        "per method, its shape as the Proposal shape setting says."}
+                        "per method, its shape as the Proposal shape setting says.",
+        "qualifier_alone": "Also race the qualifier decoding alone, as AR does with the target (in the offline "
+                           "family it is the target's own int4 copy): the speed a pyramid comes near, and the "
+                           "token where its text leaves the target's. A reference, not a contender: it never "
+                           "wins the race."}
 
 ORIGIN_NAMES = {
     "draft": "draft token, accepted at every stage",
-    "qualifier": "qualifier's token, accepted by the target",
+    "qualifier": "qualifier's token (in a pyramid: accepted by the target)",
     "target": "target's own token",
     "bonus": "target's bonus token (whole proposal accepted)",
 }
@@ -92,6 +97,12 @@ MSG = {
     "idle": f"Press **{BUTTONS['run']}** to run {_NAMES} on the same prompt, one after another.",
     "play_none": "Run a race first: then ▶ Play replays any target pass of it, step by step.",
     "play_lane": "Race {race} has no such lane: pick one of {lanes}.",
+    "same_text": "writes {ref} for all {n} tokens",
+    "leaves_text": "leaves {ref} at token {k}",
+    "ends_early": "writes {ref} for its {n} tokens, then ends while {ref} goes on",
+    "goes_on": "writes {ref} for all {n} tokens, then goes on past its end",
+    "ref_greedy": "the target's text",
+    "ref_sampled": "AR's sampled text",
     "play_range": "Target pass {n} is out of range: this run made {total} target pass(es), numbered 1 to {total}.",
 }
 
@@ -123,6 +134,11 @@ EXPLANATION = f"""
   along its positions: the kept path on top, the other candidates at each position below it; the position
   slider walks that path. *Acceptance* counts positions: a tree of 7 candidates over 3 positions whose path
   is 2 long accepted 2 of 3 (not 2 of 7).
+
+* **The qualifier alone** (the switch beside the Run button) — a reference lane: the qualifier decodes by
+  itself, as AR does with the target (in the offline family it is the target's own int4 copy). It shows the
+  speed a pyramid comes near, and the token where its text leaves the target's: the pyramid's target pass is
+  what keeps the pyramid on the target's text. It never wins the race.
 
 * **▶ Play a pass** — below the race's lanes and in the inspector, one recorded target pass is replayed step by
   step: the guesses appear, each check marks them ✓ or ✗ and says why (the divergence against τ, or the exact

@@ -59,7 +59,7 @@ def summarize(rows: list[dict]) -> list[dict]:
     out = []
     for label, rs in order.items():
         first = rs[0]
-        speed_key = "tokens_per_s" if first["kind"] == "engine" else "tokens_per_s_wall"
+        speed_key = "tokens_per_s" if first["kind"] != "peer" else "tokens_per_s_wall"  # peers: wall time only
         qs = quartiles(_vals(rs, speed_key)) or (None, None, None)
         speed = _vals(rs, speed_key)
         s = dict(variant=label, method=first["method"], kind=first["kind"], lossless=first["lossless"], runs=len(rs),
@@ -67,7 +67,7 @@ def summarize(rows: list[dict]) -> list[dict]:
                                               "stage2")},
                  tokens_per_s=qs[1], tokens_per_s_q25=qs[0], tokens_per_s_q75=qs[2],
                  tokens_per_s_min=min(speed) if speed else None, tokens_per_s_max=max(speed) if speed else None,
-                 speed_basis="decode (prefill excluded)" if first["kind"] == "engine" else "wall incl. prefill")
+                 speed_basis="decode (prefill excluded)" if first["kind"] != "peer" else "wall incl. prefill")
         for k in ("tokens_per_s_incl_prefill", "tokens_per_s_wall", "speedup_vs_ar", "speedup_vs_sd",
                   "speedup_vs_ar_wall", "speedup_vs_sd_wall", "engine_overhead_share", "agreement",
                   "prefix_agreement", "target_logprob", "predicted_tokens_per_s", "predicted_plus_one_tokens_per_s",
@@ -208,6 +208,10 @@ def markdown_table(summary: list[dict]) -> str:
                  "not counted); fwd: median decode forward passes per run; overhead: engine time outside model "
                  "forwards ÷ decode time; × AR predicted: the cost profile's time for each run's forwards and engine "
                  "work, rescaled by this bench's forward times, against AR's for the same tokens (median per prompt).")
+    if any(s["kind"] == "reference" for s in summary):
+        lines.append("\n*reference rows* (--solo): one member of the family decoding alone, as AR does with the "
+                     "target; its agreement says how far its text follows the target's. Not a method: no baseline, no "
+                     "frontier.")
     return "\n".join(lines)
 
 

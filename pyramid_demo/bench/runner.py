@@ -22,17 +22,17 @@ from .. import generate_cli
 from ..core import throughput
 from ..core.config import METHODS, DecodeConfig
 from ..core.lm import ModelTriplet
-from ..core.methods import TREE_BUDGET, method_spec
+from ..core.methods import SOLO_ROLES, TREE_BUDGET, method_spec
 from ..core.run import generate, prepare_prompt
 from ..core.settings import SHAPES
 from ..core.stats import agreement as token_agreement  # one definition, shared with the app
 from ..core.stats import prefix_agreement
 from . import costs_report, csqa, peers, report
 from .prompts import Prompt, load_prompts
-from .variants import GRID_TAUS, Variant, build_variants, parse_methods, parse_shapes  # noqa: F401 - re-exported
+from .variants import GRID_TAUS, Variant, build_variants, name_models, parse_methods, parse_shapes  # noqa: F401
 
 ROW_COLUMNS = [
-    "repeat", "prompt_index", "category", "variant", "method", "kind", "lossless",
+    "repeat", "prompt_index", "category", "variant", "method", "kind", "solo", "lossless",
     "temperature", "gamma", "l_d", "l_q", "tau_q", "tau_t", "divergence", "div_support", "fallback", "stage2",
     "conf_stop", "shape", "shape_why", "tree_nodes", "tree_depth", "tree_k",
     "prompt_tokens", "n_new_tokens", "stopped", "prefill_s", "decode_s", "wall_s",
@@ -54,6 +54,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shapes", default=None,
                    help=f"comma-separated proposal shapes, from {', '.join(SHAPES)}: each method that proposes runs "
                         "once per shape, side by side (default: --shape's one)")
+    p.add_argument("--solo", default=None, metavar="ROLE",
+                   help=f"add a reference row: that member decoding alone, as AR does with the target, its agreement "
+                        f"with AR's text reported like the others' (choose from {', '.join(SOLO_ROLES)}; the offline "
+                        "family's qualifier is the target's int4 copy)")
     p.add_argument("--peers", default="hf_generate,hf_assisted",
                    help="Hugging Face baselines on the same models ('none' to skip): " + ", ".join(peers.PEERS))
     p.add_argument("--prompts", default="builtin", help="'builtin' (20 varied prompts) or a JSONL file of "
@@ -91,7 +95,7 @@ def run_variant(triplet: ModelTriplet, v: Variant, ids: list[int], chat: bool,
         return dict(n_new_tokens=n, stopped=pr.stopped, wall_s=pr.wall_s, tokens_per_s_incl_prefill=pr.tokens_per_s,
                     tokens_per_s_wall=pr.tokens_per_s), pr.token_ids
     t0 = time.perf_counter()
-    res = generate(triplet, ids, v.cfg, chat=chat, full_records=False, profile=profile)  # statuses only
+    res = generate(triplet, ids, v.cfg, chat=chat, full_records=False, profile=profile, solo=v.solo)  # statuses only
     wall = time.perf_counter() - t0
     s = res.stats
     n = s.n_new_tokens
@@ -121,7 +125,7 @@ def _base_row(v: Variant, r: int, pi: int, prompt: Prompt, ids: list[int]) -> di
     c = v.cfg
     row = dict.fromkeys(ROW_COLUMNS)
     row.update(repeat=r, prompt_index=pi, category=prompt.category, variant=v.label, method=v.method, kind=v.kind,
-               lossless=v.lossless, temperature=c.temperature, divergence=c.divergence,
+               solo=v.solo, lossless=v.lossless, temperature=c.temperature, divergence=c.divergence,
                div_support=c.div_support, prompt_tokens=len(ids),
                prompt=prompt.text)
     if v.kind == "engine":
@@ -138,7 +142,8 @@ def _base_row(v: Variant, r: int, pi: int, prompt: Prompt, ids: list[int]) -> di
 def _model_speeds(triplet: ModelTriplet, variants: list[Variant], ids: list[int]) -> dict[str, float]:
     roles = {"target"}
     for v in variants:
-        roles |= set(method_spec(v.method).roles if v.kind == "engine" else peers.PEER_ROLES[v.method])
+        roles |= set((v.solo,) if v.solo else method_spec(v.method).roles if v.kind == "engine"
+                     else peers.PEER_ROLES[v.method])
     return {r: peers.one_token_speed(triplet, r, ids) for r in sorted(roles)}
 
 
@@ -184,7 +189,7 @@ def run_bench(triplet: ModelTriplet, variants: list[Variant], prompts: list[Prom
                 break
             group = _run_prompt(triplet, variants, r, pi, p, ids, chat, answers, bar, usable)
             if greedy and pi not in refs:
-                ar = next((t for row, t in group if row["method"] == "ar"), None)
+                ar = next((t for row, t in group if row["method"] == "ar" and row["kind"] == "engine"), None)
                 if ar is None:  # no AR variant: one untimed target-only greedy reference
                     ar = generate(triplet, ids, dataclasses.replace(variants[0].cfg, method="ar"), chat).token_ids
                 refs[pi] = ar
@@ -198,7 +203,7 @@ def run_bench(triplet: ModelTriplet, variants: list[Variant], prompts: list[Prom
         log(f"stopped early: keeping the {len(rows)} runs of completed prompts")
     bar.close()
     ar_speeds = [r["fwd_target"] / r["fwd_time_target_s"] for r in rows
-                 if r["method"] == "ar" and r["fwd_time_target_s"]]
+                 if r["method"] == "ar" and r["kind"] == "engine" and r["fwd_time_target_s"]]
     speeds = dict(speeds_one)
     if ar_speeds:
         speeds["target"] = statistics.median(ar_speeds)
@@ -247,12 +252,12 @@ def _baseline(v: Variant, variants: list[Variant]) -> bool:
 
 def _per_prompt(group: list[tuple[dict, list[int]]], ref: list[int] | None, base: list[bool] | None = None) -> None:
     """Speed-ups against AR and SD (each method's baseline variant, `base`) on the same prompt and repeat, and
-    agreement with `ref`."""
+    agreement with `ref`; a reference row (a member alone) gets them as the engine's rows do, and is no baseline."""
     base = base if base is not None else [row["variant"] == row["method"] for row, _ in group]
     by = {row["method"]: row for (row, _), b in zip(group, base) if row["kind"] == "engine" and b}
     ar, sd = by.get("ar"), by.get("sd")
     for row, toks in group:
-        if row["kind"] == "engine":
+        if row["kind"] != "peer":
             row["speedup_vs_ar"] = _ratio(row["tokens_per_s"], ar and ar["tokens_per_s"])
             row["speedup_vs_sd"] = _ratio(row["tokens_per_s"], sd and sd["tokens_per_s"])
         row["speedup_vs_ar_wall"] = _ratio(row["tokens_per_s_wall"], ar and ar["tokens_per_s_wall"])
@@ -311,6 +316,7 @@ def run(args: argparse.Namespace) -> int:
     if triplet.note:
         print(f"note: {triplet.note}", file=sys.stderr)
     print(f"note: dtype and backend: {triplet.choice_note}", file=sys.stderr)
+    variants = name_models(variants, triplet.names)  # a reference row names its model (an int4 copy, …)
     variants, skipped = peers.runnable(triplet, variants)  # a peer the family cannot run: one line, not run
     print("".join(f"note: {why}\n" for why in skipped) + ("" if variants else "error: nothing left to run"),
           end="" if variants else "\n", file=sys.stderr)

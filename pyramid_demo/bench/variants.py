@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .. import generate_cli
 from ..core.config import METHODS, DecodeConfig
-from ..core.methods import lossless, method_spec, retired
+from ..core.methods import SOLO_LANES, lane_label, lossless, method_spec, retired
 from ..core.settings import SHAPES
 from . import peers
 
@@ -20,20 +21,24 @@ GRID_NAMES = {"tau_t": "tauT", "tau_q": "tauQ", "l_d": "lD", "l_q": "lQ"}  # in 
 
 @dataclass(frozen=True)
 class Variant:
-    """One benchmarked setting: an engine method with its config, or an HF peer."""
+    """One benchmarked setting: an engine method with its config, an HF peer, or a reference (`solo`: that member
+    of the family decoding alone, as AR does with the target)."""
 
     label: str
     method: str
     cfg: DecodeConfig
+    solo: str | None = None
 
     @property
     def kind(self) -> str:
-        return "peer" if self.method in peers.PEERS else "engine"
+        """"peer", "reference" (a member alone: no method of the table, so never AR's baseline) or "engine"."""
+        return "peer" if self.method in peers.PEERS else "reference" if self.solo else "engine"
 
     @property
     def lossless(self) -> bool:
-        """Output distribution equals the target's (at T=0: the same tokens, up to numerics)."""
-        return self.kind == "peer" or lossless(self.method, self.cfg.stage2)
+        """Output distribution equals the target's (at T=0: the same tokens, up to numerics); a reference run's
+        never does: another model decodes."""
+        return self.kind == "peer" or (self.kind == "engine" and lossless(self.method, self.cfg.stage2))
 
 
 def _floats(s: str) -> list[float]:
@@ -68,8 +73,8 @@ def parse_shapes(shapes: str | None, default: str) -> list[str]:
 
 
 def build_variants(args: argparse.Namespace) -> list[Variant]:
-    """The settings to run, AR first and the peers last, each proposing method once per shape (--shapes);
-    with --grid the paper-style sweep."""
+    """The settings to run, AR first (then the reference rows --solo asks for) and the peers last, each proposing
+    method once per shape (--shapes); with --grid the paper-style sweep."""
     methods = parse_methods(args.methods, args.peers)
     methods.sort(key=lambda m: (m != "ar",))
     shapes = parse_shapes(getattr(args, "shapes", None), getattr(args, "shape", None) or "auto")
@@ -96,6 +101,26 @@ def build_variants(args: argparse.Namespace) -> list[Variant]:
                         kw = {k: v for k, v in (("tau_t", t), ("tau_q", u), ("l_d", d), ("l_q", q)) if v is not None}
                         out.append(Variant(" ".join([m, *tag] + [f"{GRID_NAMES[k]}={v:g}" for k, v in kw.items()]), m,
                                            cfg(m, **kw, **sk)))
+    after_ar = sum(1 for v in out if v.method == "ar")  # AR is never swept: its one variant, first
+    out[after_ar:after_ar] = solo_variants(getattr(args, "solo", None), cfg)
     return out
 
 
+
+
+def solo_variants(roles: str | None, cfg: Callable[..., DecodeConfig]) -> list[Variant]:
+    """The reference rows of --solo (comma-separated roles, e.g. "qualifier"): each role decoding alone with AR's
+    config (`cfg("ar")`), labelled as the race labels its lane; a ValueError naming the roles that can."""
+    asked = [r.strip().lower() for r in (roles or "").split(",") if r.strip()]
+    by_role = {lane.solo: lane for lane in SOLO_LANES}
+    bad = [r for r in asked if r not in by_role]
+    if bad:
+        raise ValueError(f"--solo {', '.join(bad)}: choose from {', '.join(by_role)}")
+    return [Variant(by_role[r].label, "ar", cfg("ar"), solo=r) for r in dict.fromkeys(asked)]
+
+
+def name_models(variants: list[Variant], models: tuple[str, ...]) -> list[Variant]:
+    """The variants with each reference row labelled after the loaded family (`methods.lane_label`: "the qualifier
+    alone (int4 copy of the target)" when the qualifier is the target's int4 copy)."""
+    keys = {lane.solo: lane.key for lane in SOLO_LANES}
+    return [dataclasses.replace(v, label=lane_label(keys[v.solo], models)) if v.solo in keys else v for v in variants]

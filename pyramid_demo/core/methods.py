@@ -8,6 +8,8 @@ method or a stage is a row here (and a pricing for its `cost_model` in `core.cos
 """
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 COMMON = ("max_new_tokens", "temperature", "top_k", "top_p", "seed")  # every method reads these
@@ -126,24 +128,49 @@ class Lane:
     shape: str | None  # None: the run's shape setting
     label: str
     short: str
+    solo: str | None = None  # a reference lane: this role decodes alone, as AR with it in the target's slot
+    colour: str | None = None  # None: its method's colour
 
 
 SHAPES_SIDE_BY_SIDE = ("chain", "tree")
+ROLE_ORDER = ("draft", "qualifier", "target")  # a family's references, in the order `ModelTriplet.names` holds them
+# reference lanes (the race's switch, the bench's --solo): a member of the family decoding alone, so a learner sees
+# the speed a pyramid approaches and the text it would write without the target
+SOLO_LANES = (Lane("qualifier_alone", "ar", None, "the qualifier alone", "Q alone", solo="qualifier",
+                   colour="#CC79A7"),)
+SOLO_ROLES = tuple(lane.solo for lane in SOLO_LANES if lane.solo)
 
 
-def lanes(side_by_side: bool = False) -> tuple[Lane, ...]:
+def lanes(side_by_side: bool = False, solo: bool = False) -> tuple[Lane, ...]:
     """A race's lanes in the table's order: each method once, or (side by side) each method that proposes as a
-    chain and as a tree, one lane each."""
+    chain and as a tree, one lane each; `solo` adds the reference lanes right after AR (before the pyramids,
+    so the last lane stays the fullest pyramid)."""
     out = []
     for m in TABLE:
         if side_by_side and m.shaped:
             out += [Lane(f"{m.key}+{s}", m.key, s, f"{m.label} · {s}", f"{m.short}·{s}") for s in SHAPES_SIDE_BY_SIDE]
         else:
             out.append(Lane(m.key, m.key, None, m.label, m.short))
+        if solo and m.key == "ar":
+            out += SOLO_LANES
     return tuple(out)
 
 
-LANES = {lane.key: lane for lane in lanes(False) + lanes(True)}  # every lane key a race can have
+LANES = {lane.key: lane for lane in lanes(False, True) + lanes(True, True)}  # every lane key a race can have
+_INT4 = re.compile(r"int4(?:g\d+)?")  # a quantized copy's suffix, as `models.quant` writes it
+
+
+def lane_label(key: str, models: Sequence[str] = ()) -> str:
+    """A lane's label; a reference lane's names the model that decodes, from the family's references (`models`:
+    draft, qualifier, target): "the qualifier alone (int4 copy of the target)" when that role is the target's int4
+    copy, "(int4 copy of X)" when it is another model's, else the plain label."""
+    lane = LANES[key]
+    if lane.solo is None or len(models) != len(ROLE_ORDER):
+        return lane.label
+    base, at, suffix = models[ROLE_ORDER.index(lane.solo)].rpartition("@")
+    if not at or not _INT4.fullmatch(suffix):
+        return lane.label
+    return f"{lane.label} (int4 copy of {'the target' if base == models[-1] else base})"
 
 
 def retired(key: str) -> str | None:

@@ -11,6 +11,7 @@ from .config import DecodeConfig
 from .engine import decode, prefill, roles_for
 from .lm import ModelTriplet, encode_prompt, open_lm
 from .methods import method_spec
+from .solo import relabel, solo_lms
 from .stats import Tally
 from .trace import RunResult, Step
 
@@ -82,9 +83,9 @@ class _Snapshots:
     long race costs linear time. The last snapshot's (and `generate`'s) text is decoded in full once."""
 
     def __init__(self, triplet: ModelTriplet, cfg: DecodeConfig, prompt: str, ids: list[int], prefill_s: float,
-                 shape_why: str = ""):
+                 shape_why: str = "", solo: str | None = None):
         self.triplet, self.cfg, self.prompt, self.ids, self.prefill_s = triplet, cfg, prompt, ids, prefill_s
-        self.shape_why = shape_why
+        self.shape_why, self.solo = shape_why, solo
         self.config = cfg.to_dict()
         self.steps: list[Step] = []
         self.token_ids: list[int] = []
@@ -113,7 +114,7 @@ class _Snapshots:
             method=self.cfg.method, config=dict(self.config), models=list(self.triplet.names), prompt=self.prompt,
             prompt_ids=self.ids, token_ids=list(self.token_ids), token_texts=list(self.texts),
             origins=list(self.origins), text=self.tail.full() if full else self.tail.text, stats=stats,
-            steps=list(self.steps), shape_why=self.shape_why)
+            steps=list(self.steps), shape_why=self.shape_why, solo=self.solo)
 
 
 def resolve_shape(cfg: DecodeConfig, profile: dict | None, trees: bool = True) -> tuple[DecodeConfig, str]:
@@ -155,47 +156,53 @@ def resolve_shape(cfg: DecodeConfig, profile: dict | None, trees: bool = True) -
 
 
 def _passes(triplet: ModelTriplet, ids: list[int], cfg: DecodeConfig, prompt: str,
-            full_records: bool = True, profile: dict | None = None) -> Iterator[_Snapshots]:
+            full_records: bool = True, profile: dict | None = None, solo: str | None = None) -> Iterator[_Snapshots]:
     """Resolve the shape, prefill, then decode; after each target pass yield the run's record so far.
 
-    Each call builds its own caches and generator, so concurrent runs never share state.
+    Each call builds its own caches and generator, so concurrent runs never share state. `solo`: that role
+    decodes alone as method "ar" with it in the target's slot (`core.solo`), its record naming it.
     """
+    if solo is not None and cfg.method != "ar":
+        raise ValueError(f"a member decoding alone runs as method 'ar', not {cfg.method!r}")
     gen = None if cfg.greedy else torch.Generator().manual_seed(cfg.seed)
     backend = getattr(triplet, "backend", "default")  # the probed (or asked) CPU backend, for every forward
     path = getattr(triplet, "path", "hf")  # HF's forward or the lean one (core.lean)
-    lms = {r: open_lm(triplet.model(r), triplet.vocab_size, r, backend, path) for r in roles_for(cfg.method)}
+    lms = solo_lms(triplet, solo, backend, path) if solo is not None else {
+        r: open_lm(triplet.model(r), triplet.vocab_size, r, backend, path) for r in roles_for(cfg.method)}
     shaped = {r for st in method_spec(cfg.method).stages if st.shaped for r in (st.proposer, st.verifier)}
     cfg, why = resolve_shape(cfg, profile, all(lms[r].trees for r in shaped))  # a tree's grower and verifier
     prefill_s = prefill(lms, ids)
     for lm in lms.values():  # prefill forwards are reported separately
         lm.reset_counters()
-    record = _Snapshots(triplet, cfg, prompt, ids, prefill_s, why)
+    record = _Snapshots(triplet, cfg, prompt, ids, prefill_s, why, solo)
     for step in decode(lms, ids, cfg, triplet.eos_ids, gen, full_records):
-        record.add(step)
+        record.add(relabel(step, solo) if solo is not None else step)
         yield record
 
 
 def stream(triplet: ModelTriplet, prompt: str | list[int], cfg: DecodeConfig, chat: bool = True,
-           text: str | None = None, profile: dict | None = None) -> Iterator[RunResult]:
+           text: str | None = None, profile: dict | None = None, solo: str | None = None) -> Iterator[RunResult]:
     """Yield a snapshot after every target pass; the last one has stats.stopped set.
 
     `prompt` is text, or ids from `prepare_prompt` so that several runs encode it once; `text` is then
     the prompt as the user wrote it, for the record (default: the ids decoded). `profile`: this machine's
-    cost profile, from which shape "auto" is resolved (`resolve_shape`)."""
+    cost profile, from which shape "auto" is resolved (`resolve_shape`). `solo`: a reference run, that role
+    decoding alone (`core.solo`; `cfg.method` must be "ar")."""
     ids = prepare_prompt(triplet, prompt, cfg, chat)
     text = _prompt_text(triplet, prompt, ids, text)
-    for record in _passes(triplet, ids, cfg, text, profile=profile):
+    for record in _passes(triplet, ids, cfg, text, profile=profile, solo=solo):
         yield record.result()
 
 
 def generate(triplet: ModelTriplet, prompt: str | list[int], cfg: DecodeConfig, chat: bool = True,
-             text: str | None = None, full_records: bool = True, profile: dict | None = None) -> RunResult:
+             text: str | None = None, full_records: bool = True, profile: dict | None = None,
+             solo: str | None = None) -> RunResult:
     """Run to the end and return the final record (one snapshot, not one per pass); arguments as `stream`.
     `full_records=False` (bench) keeps each token's status but no display values (top-5, divergences, p/q)."""
     ids = prepare_prompt(triplet, prompt, cfg, chat)
     text = _prompt_text(triplet, prompt, ids, text)
     record = None
-    for record in _passes(triplet, ids, cfg, text, full_records, profile):  # noqa: B007 - the last one is the run's record
+    for record in _passes(triplet, ids, cfg, text, full_records, profile, solo):  # noqa: B007 - the last one is the run's record
         pass
     if record is None:
         raise RuntimeError("the decoding loop made no target pass")

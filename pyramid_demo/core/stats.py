@@ -40,6 +40,13 @@ def prefix_agreement(out: list[int], ref: list[int]) -> float | None:
     return n / len(ref)
 
 
+def first_divergence(out: list[int], ref: list[int]) -> int | None:
+    """The first position (0-based) where `out` leaves the reference `ref`: the first differing token, or where
+    the shorter one ends when one is the other's beginning; None when they are the same tokens."""
+    n = next((i for i, (a, b) in enumerate(zip(out, ref)) if a != b), min(len(out), len(ref)))
+    return None if n == len(out) == len(ref) else n
+
+
 class Tally:
     """Every statistic's totals, kept step by step: `compute_stats` over a run's steps, and a streaming run's
     snapshot after each pass (`run`), which then costs the same on the last pass as on the first. The one

@@ -124,6 +124,7 @@ class RunResult:
     stats: Stats
     steps: list[Step]
     shape_why: str = ""  # why the proposal had the shape it had (config["shape"]): as asked, or what "auto" chose
+    solo: str | None = None  # a reference run: the role that decoded alone (method "ar", `core.solo`)
 
     def to_dict(self) -> dict:
         return asdict(self)
