@@ -1,11 +1,12 @@
-"""Every fp32 linear on its fastest CPU kernel, chosen by timing it on this machine.
+"""Each model on its fastest CPU kernels, chosen by timing whole forwards on this machine.
 
-Why: torch's default fp32 linear (MKL) is fast for one row but on some CPUs costs 2-5× more for the few rows
-of a verification pass, while oneDNN with a weight packed once, or fbgemm's fp16 weights, keep a short pass near
-a step's cost. Which wins depends on the CPU (AVX2, AVX-512, AMX) and the shape, so each distinct shape is timed
-here, once per CPU: a one-token step plus a `PASS_ROWS`-token pass, the minimum of a few repetitions.
-The target keeps fp32 arithmetic (its reference precision): it chooses between the default and oneDNN only.
-Proposers may also take fp16 weights. The choice is cached per CPU and torch build beside the probe's records.
+Why: torch's default fp32 linear (MKL) is fast for one row but on some CPUs costs 2-5× more for the few rows of
+a verification pass; oneDNN with a weight packed once, fbgemm's fp16 weights and torch's int4 kernel each win
+somewhere, depending on the CPU (AVX2, AVX-512, AMX) and the shape. Timing one linear alone misleads (its
+weight sits in the cache, which a forward's other layers evict), so each candidate configuration runs the
+model's own forward: a one-token step plus a `PASS_ROWS`-token pass after a short context, the minimum of a few.
+The target keeps fp32 arithmetic (its reference precision): default or oneDNN linears. A quantized copy takes
+int4 or fp16 weights. The choice is cached per CPU and torch build beside the probe's records (`probe.store`).
 """
 from __future__ import annotations
 
@@ -20,17 +21,17 @@ import torch
 
 from ..core.packed import PackedLinear
 from .probe import store
-from .quant import Fp16Linear, fp16_available
+from .quant import fp16_available, int4_copy
 
 log = logging.getLogger(__name__)
 
 PASS_ROWS = 5  # the rows of a typical verification pass, timed beside a one-row step
-KERNELS = ("default", "onednn", "fp16")
-REFERENCE = ("default", "onednn")  # fp32 arithmetic: what the target may use
-LABELS = {"default": "default fp32", "onednn": "oneDNN fp32", "fp16": "fp16 weights",
-          "int4": "int4 weights, fp16 head", "none": "its own layers"}
-Shape = tuple[int, int, bool]  # (in, out, has bias)
-CACHE_FILE = "kernels.json"  # beside the probe's records (`probe.store`)
+CONTEXT = 48  # tokens in the cache before the timed forwards
+CACHE_FILE = "kernels.json"  # beside the probe's records
+# fp32 configurations a target may run: which linears go to oneDNN (packed once)
+TARGET_CONFIGS = {"default": "none", "onednn-head": "head", "onednn": "all"}
+LABELS = {"default": "default fp32", "onednn-head": "oneDNN fp32 head", "onednn": "oneDNN fp32",
+          "int4": "int4 weights, fp16 head", "fp16": "fp16 weights"}
 
 
 def _cpu_key() -> str:
@@ -46,108 +47,129 @@ def _cpu_key() -> str:
     return hashlib.sha1(raw.encode()).hexdigest()[:16]
 
 
-def _build(kernel: str, lin: torch.nn.Linear) -> Callable[[torch.Tensor], torch.Tensor] | torch.nn.Module:
-    if kernel == "onednn":
-        return PackedLinear(lin)
-    if kernel == "fp16":
-        return Fp16Linear(lin)
-    return lin
-
-
-def available(role: str) -> tuple[str, ...]:
-    """The kernels `role` may run on this torch build."""
-    out = REFERENCE if role == "target" else KERNELS
-    return tuple(k for k in out if (k != "onednn" or torch.backends.mkldnn.is_available())
-                 and (k != "fp16" or fp16_available()))
-
-
 @torch.inference_mode()
-def time_kernel(kernel: str, lin: torch.nn.Linear, reps: int = 7) -> float:
-    """Seconds for a one-row call plus a PASS_ROWS-row call (each the minimum of `reps`)."""
-    f = _build(kernel, lin)
+def time_forward(model: torch.nn.Module, vocab_size: int, reps: int = 5) -> float:
+    """Seconds of a one-token step plus a PASS_ROWS-token pass through the forward runs use (each the minimum of
+    `reps`), after CONTEXT tokens."""
+    from ..core.lm import open_lm
+
+    lm = open_lm(model, vocab_size, "kernels", path="lean")
+    ids = [(7 * i + 3) % vocab_size for i in range(CONTEXT + PASS_ROWS)]
+    lm.forward(ids[:CONTEXT], 0, 1)
     total = 0.0
     for rows in (1, PASS_ROWS):
-        x = torch.randn(rows, lin.in_features)
-        f(x)
         best = float("inf")
-        for _ in range(reps):
+        for _ in range(reps + 1):  # the first warms up
+            lm.truncate(CONTEXT)
             t0 = time.perf_counter()
-            f(x)
+            lm.forward(ids[CONTEXT: CONTEXT + rows], CONTEXT, rows)
             best = min(best, time.perf_counter() - t0)
         total += best
     return total
 
 
-def _plain(model: torch.nn.Module) -> dict[Shape, torch.nn.Linear]:
-    """One CPU fp32 `nn.Linear` of each distinct shape in `model`."""
-    out: dict[Shape, torch.nn.Linear] = {}
-    for m in model.modules():
-        if type(m) is torch.nn.Linear and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu":
-            out.setdefault((m.in_features, m.out_features, m.bias is not None), m)
-    return out
-
-
-def choose(model: torch.nn.Module, role: str) -> dict[Shape, str]:
-    """The fastest kernel for each shape of `model`'s fp32 linears, as `role` may run them (cached per CPU)."""
-    shapes = _plain(model)
-    allowed = available(role)
-    if not shapes or len(allowed) < 2:
-        return {s: "default" for s in shapes}
-    key = f"{_cpu_key()}|{role}"
-    cached = dict(store.read(CACHE_FILE).get(key, {}))
-    out: dict[Shape, str] = {}
-    for shape, lin in shapes.items():
-        name = "x".join(map(str, shape[:2])) + ("+b" if shape[2] else "")
-        if cached.get(name) in allowed:
-            out[shape] = cached[name]
-            continue
-        times = {k: time_kernel(k, lin) for k in allowed}
-        out[shape] = cached[name] = min(times, key=lambda k: times[k])
-        log.info("%s %s: %s", role, name, ", ".join(f"{k} {t * 1e3:.2f} ms" for k, t in times.items()))
-    store.write(CACHE_FILE, key, cached)
-    return out
-
-
-def apply(model: torch.nn.Module, choice: dict[Shape, str]) -> int:
-    """Swap `model`'s fp32 linears for their chosen kernel (a layer shared by two parents swapped once);
-    returns how many were swapped. Inference only: the new modules hold packed copies of the weights."""
+def _swap(model: torch.nn.Module, which: str) -> list[tuple[torch.nn.Module, str, torch.nn.Module]]:
+    """Put `model`'s fp32 linears on oneDNN: "head" (the LM head only), "all", or "none"; returns what was
+    replaced (parent, name, old module) so `_restore` can undo it."""
+    if which == "none" or not torch.backends.mkldnn.is_available():
+        return []
+    head = model.get_output_embeddings()
     done: dict[int, torch.nn.Module] = {}
+    undo = []
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is not torch.nn.Linear or child.weight.dtype != torch.float32:
                 continue
-            kernel = choice.get((child.in_features, child.out_features, child.bias is not None), "default")
-            if kernel == "default":
+            if which == "head" and child is not head:
                 continue
             if id(child) not in done:
-                done[id(child)] = _build(kernel, child)  # type: ignore[assignment]
+                done[id(child)] = PackedLinear(child)
+            undo.append((parent, name, child))
             setattr(parent, name, done[id(child)])
-    return len(done)
+    return undo
 
 
-def choose_family(models: dict[str, torch.nn.Module]) -> str:
-    """Put each role's fp32 linears on their fastest kernel (a model shared by roles as the strictest of them
-    may run, the target first); one line saying what each role runs."""
-    seen: dict[int, dict[Shape, str]] = {}
-    choices: dict[str, dict[Shape, str]] = {}
-    for role in sorted(models, key=lambda r: r != "target"):
-        m = models[role]
-        if id(m) not in seen:
-            seen[id(m)] = choose(m, role)
-            apply(m, seen[id(m)])
-        choices[role] = seen[id(m)] or {(0, 0, False): _quantized(m)}
-    return summary(choices)
+def _restore(undo: list[tuple[torch.nn.Module, str, torch.nn.Module]]) -> None:
+    for parent, name, child in undo:
+        setattr(parent, name, child)
 
 
-def _quantized(model: torch.nn.Module) -> str:
-    """The kernel label of a model with no fp32 linears left (an int4 copy)."""
-    return "int4" if getattr(model, "int4_group", None) else "none"
+def _pick(key: str, options: list[str], measure: Callable[[str], float]) -> str:
+    """The cached choice for `key`, else the option whose `measure` is smallest (then cached)."""
+    cached = store.read(CACHE_FILE).get(key, {})
+    if cached.get("choice") in options:
+        return str(cached["choice"])
+    times = {o: measure(o) for o in options}
+    best = min(times, key=lambda o: times[o])
+    log.info("%s: %s → %s", key.split("|", 1)[1], ", ".join(f"{o} {t * 1e3:.1f} ms" for o, t in times.items()), best)
+    store.write(CACHE_FILE, key, {"choice": best, "ms": {o: round(t * 1e3, 2) for o, t in times.items()}})
+    return best
 
 
-def summary(choices: dict[str, dict[Shape, str]]) -> str:
-    """One line: each role's kernels, e.g. 'target: oneDNN fp32; qualifier: int4 (head fp16)'."""
+def choose_target(model: torch.nn.Module, vocab_size: int) -> str:
+    """Put an fp32 CPU target's linears on the fastest fp32 configuration; returns its name (`TARGET_CONFIGS`)."""
+    if not torch.backends.mkldnn.is_available() or not _lean(model):
+        return "default"
+
+    def measure(config: str) -> float:
+        undo = _swap(model, TARGET_CONFIGS[config])
+        try:
+            return time_forward(model, vocab_size)
+        finally:
+            _restore(undo)
+
+    best = _pick(f"{_cpu_key()}|target-{type(model).__name__}-{model.config.hidden_size}",
+                 list(TARGET_CONFIGS), measure)
+    _swap(model, TARGET_CONFIGS[best])
+    return best
+
+
+def quantized_copy(model: torch.nn.Module, group: int, vocab_size: int | None = None) -> torch.nn.Module:
+    """`model`'s quantized copy (`quant.int4_copy`) in int4 or fp16 weights, whichever runs its forward faster on
+    this CPU (timed once per CPU and cached). On CUDA, or without fbgemm: int4."""
+    if next(model.parameters()).device.type != "cpu" or not fp16_available() or not _lean(model):
+        return int4_copy(model, group)
+    vocab = vocab_size or model.config.vocab_size
+    copies: dict[str, torch.nn.Module] = {}
+
+    def build(kind: str) -> torch.nn.Module:
+        if kind not in copies:
+            choice = None if kind == "int4" else {s: "fp16" for s in _shapes(model)}
+            copies[kind] = int4_copy(model, group, choice)
+        return copies[kind]
+
+    best = _pick(f"{_cpu_key()}|copy-g{group}-{type(model).__name__}-{model.config.hidden_size}",
+                 ["int4", "fp16"], lambda kind: time_forward(build(kind), vocab))
+    return build(best)
+
+
+def _shapes(model: torch.nn.Module) -> set[tuple[int, int, bool]]:
+    return {(m.in_features, m.out_features, m.bias is not None) for m in model.modules()
+            if type(m) is torch.nn.Linear}
+
+
+def _lean(model: torch.nn.Module) -> bool:
+    """Timing needs the forward runs use: the lean one (Llama-family models on the CPU)."""
+    from ..core.lean import supports_lean
+
+    return supports_lean(model)
+
+
+def label(model: torch.nn.Module, config: str | None) -> str:
+    """A model's kernels in words: its target configuration, or what its quantized copy holds."""
+    kinds = getattr(model, "quant_kinds", None)
+    if kinds:
+        return LABELS["int4"] if "Int4Linear" in kinds else LABELS["fp16"]
+    return LABELS.get(config or "default", "as loaded")
+
+
+def choose_family(models: dict[str, torch.nn.Module], vocab_size: int) -> str:
+    """Put the target on its fastest fp32 configuration (a proposer that is the target shares it); one line
+    saying what each role runs."""
+    config = choose_target(models["target"], vocab_size)
     parts = []
-    for role, choice in choices.items():
-        kinds = sorted(set(choice.values()), key=lambda k: (KERNELS + ("int4", "none")).index(k))
-        parts.append(f"{role}: " + " + ".join(LABELS[k] for k in kinds))
+    for role in ("draft", "qualifier", "target"):
+        m = models[role]
+        own = m is models["target"] or getattr(m, "quant_kinds", None) or _lean(m)
+        parts.append(f"{role}: " + (label(m, config if m is models["target"] else None) if own else "its own layers"))
     return "; ".join(parts)

@@ -31,11 +31,11 @@ from .compat import check_compatible, check_tokenizers, eos_ids
 from .errors import LoadError
 from .finish import finish
 from .hub import PROBE_TIMEOUT_S, hub_error, hub_offline, hub_reachable, offline_error, user_error
-from .kernels import choose_family
+from .kernels import choose_family, quantized_copy
 from .memory import DEFAULT_MAX_LEN, Estimate, check_fits, estimate_family
 from .placement import Placement, make_placement, pretrained_kwargs
 from .presets import BUNDLED_TARGET, PRESETS, Preset
-from .quant import int4_copy, parse_quant, quant_name
+from .quant import parse_quant, quant_name
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +164,8 @@ def _load_base(spec: str, dev: torch.device, dt: torch.dtype, place: Placement, 
         triplet = _load(preset, refs, dev, dt, place)
         triplet.device, triplet.dtype = dev, dt
         if dev.type == "cpu" and dt == torch.float32 and not packed:  # each fp32 linear on its fastest kernel
-            triplet.kernels = choose_family({r: triplet.model(r) for r in ("draft", "qualifier", "target")})
+            triplet.kernels = choose_family({r: triplet.model(r) for r in ("draft", "qualifier", "target")},
+                                            triplet.vocab_size)
         if dev.type == "cpu" and dt in (torch.bfloat16, torch.float16):
             triplet.attention = exact_passes(triplet)
         if packed:
@@ -287,7 +288,7 @@ def quantized(model: torch.nn.Module, ref: str) -> torch.nn.Module:
         copies = _COPIES.setdefault(model, {})
     if group not in copies:
         t0 = time.perf_counter()
-        copies[group] = int4_copy(model, group)
+        copies[group] = quantized_copy(model, group)
         log.info("built %s in %.1f s", ref, time.perf_counter() - t0)
     return copies[group]
 

@@ -15,8 +15,9 @@ from .compat import check_compatible, eos_ids
 from .errors import LoadError
 from .finish import finish
 from .hub import hub_offline, hub_reachable
+from .kernels import quantized_copy
 from .presets import OFFLINE, Preset
-from .quant import DEFAULT_GROUP, int4_copy
+from .quant import DEFAULT_GROUP
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ def target_source() -> Path | None:
 def load_offline_family(preset: Preset, dev: torch.device, dt: torch.dtype,
                          source: Path | None = None) -> ModelTriplet:
     tok, target = bundled_target(dev, dt, source)
-    qualifier = int4_copy(target, DEFAULT_GROUP)  # LoadError on a device the int4 kernel cannot serve
+    qualifier = quantized_copy(target, DEFAULT_GROUP)  # LoadError on a device the int4 kernel cannot serve
     got = _draft(target, dev, dt)
     if isinstance(got, tuple):
         draft, note = got

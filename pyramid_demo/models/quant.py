@@ -126,6 +126,20 @@ class Fp16Linear(torch.nn.Module):
         b = None if linear.bias is None else linear.bias.detach().float()
         self.packed = torch.ops.quantized.linear_prepack_fp16(w, b)
 
+    @staticmethod
+    def fuse(mods: list[Fp16Linear]) -> Fp16Linear:
+        """Several fp16 linears over one input as one (one fbgemm call instead of several; the same sums)."""
+        parts = [torch.ops.quantized.linear_unpack_fp16(m.packed) for m in mods]  # (weight [N, K], bias)
+        w = torch.cat([p[0] for p in parts])
+        bias = None
+        if any(p[1] is not None for p in parts):
+            bias = torch.cat([p[1] if p[1] is not None else w.new_zeros(p[0].shape[0]) for p in parts])
+        lin = torch.nn.Linear(w.shape[1], w.shape[0], bias=bias is not None)
+        lin.weight.data = w.float()
+        if bias is not None:
+            lin.bias.data = bias.float()
+        return Fp16Linear(lin)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = torch.ops.quantized.linear_dynamic_fp16(x.reshape(-1, self.in_features).float(), self.packed)
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
@@ -156,10 +170,12 @@ def refusal(model: torch.nn.Module, group: int) -> str | None:
     return None
 
 
-def int4_copy(model: Any, group: int = DEFAULT_GROUP) -> Any:
-    """A copy of `model` whose every `nn.Linear` is an `Int4Linear`, but the LM head: fp16 weights on a CPU with
-    fbgemm (the 4-bit head alone drops top-1 agreement with the target by several points), else int4; embeddings
-    and norms are the model's own tensors, shared. Raises LoadError with `refusal`'s line."""
+def int4_copy(model: Any, group: int = DEFAULT_GROUP, choice: dict[tuple[int, int, bool], str] | None = None) -> Any:
+    """A copy of `model` whose linears hold quantized weights: int4 groups by default; `choice` maps a linear's
+    (in, out, has bias) to "int4" or "fp16" where another kernel measured faster on this CPU (`kernels`). The LM
+    head takes fp16 weights on a CPU with fbgemm whatever the choice: a 4-bit head alone drops top-1 agreement
+    with the target by several points. Embeddings and norms are the model's own tensors, shared.
+    Raises LoadError with `refusal`'s line."""
     why = refusal(model, group)
     if why:
         raise LoadError(why)
@@ -167,17 +183,20 @@ def int4_copy(model: Any, group: int = DEFAULT_GROUP) -> Any:
     tied = head is not None and head.weight is model.get_input_embeddings().weight
     out = copy.deepcopy(model, memo={id(t): t for t in (*model.parameters(), *model.buffers())})  # shares them
     cpu = next(model.parameters()).device.type == "cpu"
+    fp16 = cpu and fp16_available()
     head_out = out.get_output_embeddings()
     done: dict[int, torch.nn.Module] = {}
     for parent in list(out.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is torch.nn.Linear:
                 if id(child) not in done:
-                    keep_head = child is head_out and cpu and fp16_available()
-                    done[id(child)] = Fp16Linear(child) if keep_head else Int4Linear.from_linear(child, group)
+                    kind = (choice or {}).get((child.in_features, child.out_features, child.bias is not None), "int4")
+                    as_fp16 = fp16 and (child is head_out or kind == "fp16")
+                    done[id(child)] = Fp16Linear(child) if as_fp16 else Int4Linear.from_linear(child, group)
                 setattr(parent, name, done[id(child)])
     if tied:  # the embedding stays full precision: only the head (a linear) is quantized
         out.config.tie_word_embeddings = False
     out.int4_group = group  # what the app and the memory estimate say about it
+    out.quant_kinds = sorted({type(m).__name__ for m in done.values()})
     out.eval()
     return out

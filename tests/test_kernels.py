@@ -1,0 +1,66 @@
+"""Kernel choice: the target keeps fp32 arithmetic, a choice is timed once per CPU and cached, trials leave no
+trace, and the copy's kinds are said in words."""
+from __future__ import annotations
+
+import torch
+
+from pyramid_demo.core.packed import PackedLinear
+from pyramid_demo.models import kernels
+from pyramid_demo.models.quant import Fp16Linear, Int4Linear
+
+
+def _small_llama() -> torch.nn.Module:
+    from transformers import LlamaForCausalLM
+
+    from pyramid_demo.models.tiny import tiny_config
+
+    torch.manual_seed(0)
+    return LlamaForCausalLM(tiny_config(320)).eval()
+
+
+def test_a_choice_is_measured_once_then_read_from_the_cache(tmp_path, monkeypatch) -> None:
+    """_pick times every option the first time, keeps the fastest, and later answers from the cache alone."""
+    monkeypatch.setenv("PYRAMID_DEMO_PROBE_CACHE", str(tmp_path))
+    calls = []
+
+    def measure(o: str) -> float:
+        calls.append(o)
+        return {"a": 3.0, "b": 1.0, "c": 2.0}[o]
+
+    assert kernels._pick("cpu|k", ["a", "b", "c"], measure) == "b" and calls == ["a", "b", "c"]
+    assert kernels._pick("cpu|k", ["a", "b", "c"], measure) == "b" and calls == ["a", "b", "c"]
+
+
+def test_the_target_keeps_fp32_and_trials_are_undone(tmp_path, monkeypatch) -> None:
+    """The target's configurations are fp32 only (default or oneDNN); each trial restores the model, and only the
+    chosen configuration stays."""
+    monkeypatch.setenv("PYRAMID_DEMO_PROBE_CACHE", str(tmp_path))
+    m = _small_llama()
+    seen = []
+
+    def fake_time(model, vocab, reps=5):
+        kinds = {type(x).__name__ for x in model.modules() if isinstance(x, torch.nn.Linear | PackedLinear)}
+        seen.append(kinds)
+        assert not any(isinstance(x, Fp16Linear | Int4Linear) for x in model.modules()), "target must stay fp32"
+        return {frozenset({"Linear"}): 2.0, frozenset({"Linear", "PackedLinear"}): 3.0,
+                frozenset({"PackedLinear"}): 1.0}[frozenset(kinds)]
+
+    monkeypatch.setattr(kernels, "time_forward", fake_time)
+    assert kernels.choose_target(m, 320) == "onednn"
+    assert seen == [{"Linear"}, {"Linear", "PackedLinear"}, {"PackedLinear"}], "each trial starts from the model"
+    assert isinstance(m.lm_head, PackedLinear) and isinstance(m.model.layers[0].mlp.down_proj, PackedLinear)
+
+
+def test_the_copy_takes_the_faster_format(tmp_path, monkeypatch) -> None:
+    """quantized_copy keeps whichever of its int4 and fp16 forms ran faster, and says which in words."""
+    monkeypatch.setenv("PYRAMID_DEMO_PROBE_CACHE", str(tmp_path))
+    m = _small_llama()
+    monkeypatch.setattr(kernels, "time_forward",
+                        lambda model, vocab, reps=5: 1.0 if "Int4Linear" in model.quant_kinds else 2.0)
+    c = kernels.quantized_copy(m, 32)
+    assert isinstance(c.model.layers[0].self_attn.q_proj, Int4Linear) and kernels.label(c, None) == kernels.LABELS["int4"]
+    monkeypatch.setenv("PYRAMID_DEMO_PROBE_CACHE", str(tmp_path / "other"))
+    monkeypatch.setattr(kernels, "time_forward",
+                        lambda model, vocab, reps=5: 2.0 if "Int4Linear" in model.quant_kinds else 1.0)
+    c = kernels.quantized_copy(m, 32)
+    assert isinstance(c.model.layers[0].self_attn.q_proj, Fp16Linear) and kernels.label(c, None) == kernels.LABELS["fp16"]
