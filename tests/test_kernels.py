@@ -58,9 +58,11 @@ def test_the_copy_takes_the_faster_format(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(kernels, "time_forward",
                         lambda model, vocab, reps=5: 1.0 if "Int4Linear" in model.quant_kinds else 2.0)
     c = kernels.quantized_copy(m, 32)
-    assert isinstance(c.model.layers[0].self_attn.q_proj, Int4Linear) and kernels.label(c, None) == kernels.LABELS["int4"]
+    assert isinstance(c.model.layers[0].self_attn.q_proj, Int4Linear)
+    assert kernels.label(c, None) == kernels.LABELS["int4"]
     monkeypatch.setenv("PYRAMID_DEMO_PROBE_CACHE", str(tmp_path / "other"))
     monkeypatch.setattr(kernels, "time_forward",
                         lambda model, vocab, reps=5: 2.0 if "Int4Linear" in model.quant_kinds else 1.0)
     c = kernels.quantized_copy(m, 32)
-    assert isinstance(c.model.layers[0].self_attn.q_proj, Fp16Linear) and kernels.label(c, None) == kernels.LABELS["fp16"]
+    assert isinstance(c.model.layers[0].self_attn.q_proj, Fp16Linear)
+    assert kernels.label(c, None) == kernels.LABELS["fp16"]
