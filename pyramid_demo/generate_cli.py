@@ -93,6 +93,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"note: {triplet.note}", file=sys.stderr)
     if triplet.choice_note:
         print(f"note: dtype and backend: {triplet.choice_note}", file=sys.stderr)
+    if triplet.kernels:
+        print(f"note: kernels timed on this CPU: {triplet.kernels}", file=sys.stderr)
     print(json.dumps(json_record(result, triplet)) if args.json else summary(result))
     return 0
 
@@ -116,4 +118,4 @@ def json_record(result, triplet) -> dict:
     verification pass gives bitwise the logits of one-token steps (`exact`: None when not checked)."""
     return {**result.to_dict(), "dtype": str(triplet.dtype).removeprefix("torch."), "backend": triplet.backend,
             "exact": getattr(triplet, "exact", None), "exact_note": getattr(triplet, "exact_note", ""),
-            "choice_note": triplet.choice_note}
+            "choice_note": triplet.choice_note, "kernels": triplet.kernels}

@@ -35,7 +35,12 @@ def model_name(ref: str, role: str, target: str) -> str:
     """A model in words: the offline family's models by what they are, a Hub id by its last part."""
     if role != "target" and ref == target:
         return "the target itself"
-    return KNOWN.get(ref, ref.rstrip("/").rsplit("/", 1)[-1])
+    if ref in KNOWN:
+        return KNOWN[ref]
+    base, _, quant = ref.partition("@")
+    if quant and base == target:
+        return f"the target's own {quant[:4]} copy"
+    return ref.rstrip("/").rsplit("/", 1)[-1]
 
 
 def exact_line(choice: Any) -> str:
@@ -68,6 +73,11 @@ def fold(preset: str, p: Preset, choice: Any) -> str:
              "**Exactness on this machine** (CPU probe): " + (choice.summary if choice else
                                                               "dtype, backend and forward are probed, and their "
                                                               "exactness checked, on the first run (several seconds)")]
+    from ..models.loading import loaded_kernels
+
+    kernels = loaded_kernels(preset)
+    if kernels:
+        parts.append(f"**Kernels** (the fastest timed on this CPU): {kernels}")
     if p.tuned:
         parts.append("**Tuned settings** (measured with `bench`): " + " · ".join(f"{k} {v}" for k, v in p.tuned))
     return "\n\n".join(parts)

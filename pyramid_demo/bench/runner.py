@@ -271,7 +271,8 @@ def machine_info(triplet: ModelTriplet) -> dict:
     return dict(platform=platform.platform(), processor=platform.processor() or platform.machine(),
                 cpu_count=os.cpu_count(), torch=torch.__version__, torch_threads=torch.get_num_threads(),
                 python=platform.python_version(), device=str(triplet.device), dtype=str(triplet.dtype),
-                backend=triplet.backend, dtype_backend_choice=triplet.choice_note, exact=triplet.exact,
+                backend=triplet.backend, dtype_backend_choice=triplet.choice_note, kernels=triplet.kernels,
+                exact=triplet.exact,
                 exact_note=triplet.exact_note, models=list(triplet.names), preset=triplet.preset, note=triplet.note,
                 time_utc=time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()))
 
@@ -316,6 +317,8 @@ def run(args: argparse.Namespace) -> int:
     if triplet.note:
         print(f"note: {triplet.note}", file=sys.stderr)
     print(f"note: dtype and backend: {triplet.choice_note}", file=sys.stderr)
+    if triplet.kernels:
+        print(f"note: kernels timed on this CPU: {triplet.kernels}", file=sys.stderr)
     variants = name_models(variants, triplet.names)  # a reference row names its model (an int4 copy, …)
     variants, skipped = peers.runnable(triplet, variants)  # a peer the family cannot run: one line, not run
     print("".join(f"note: {why}\n" for why in skipped) + ("" if variants else "error: nothing left to run"),

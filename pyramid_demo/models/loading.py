@@ -197,6 +197,14 @@ def estimate(spec: str, dtype: torch.dtype = torch.float32, max_len: int | None 
         return Estimate(spec, dtype, max_len or DEFAULT_MAX_LEN, quantize, notes=(str(e),))
 
 
+def loaded_kernels(spec: str) -> str:
+    """What each role of an already loaded family runs, as timed on this CPU ("" before the first load)."""
+    preset, refs = parse_spec(spec)
+    norm = preset.name if preset else ",".join(refs)
+    with _LOCK:
+        return next((t.kernels for k, t in _CACHE.items() if k[0] == norm and t.kernels), "")
+
+
 def clear_cache() -> None:
     """Forget every loaded triplet (their memory is freed once no run holds them)."""
     with _LOCK:
