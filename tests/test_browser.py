@@ -68,6 +68,7 @@ def server(tmp_path: Path):
         log.close()
 
 
+@pytest.mark.slow
 def test_race_in_browser(server: str, tmp_path: Path) -> None:
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROME_ARGS)

@@ -51,6 +51,7 @@ def _first_two(method: str, n: int, **kw) -> tuple[torch.Tensor, torch.Tensor]:
     return counts / n, p[0][:, None] * p
 
 
+@pytest.mark.slow
 def test_psd_f_with_an_exact_stage_2_is_not_lossless_when_sampling():
     """Why the claim above matters: at T=1 PSD_F with stage2 = "sd" and τ_Q = 100 (stage 1 keeps every
     drafted token) samples a law far from the target's (total variation > 0.1 over 3,000 runs): the

@@ -65,6 +65,7 @@ def test_offline_family_on_cuda_bf16():
     assert r.stats.n_new_tokens > 0
 
 
+@pytest.mark.slow
 def test_gpu_check_dry_run_passes_on_cpu(tmp_path):
     env = dict(os.environ, PYTHON=sys.executable, OUT=str(tmp_path / "out"), OMP_NUM_THREADS="1",
                DTYPES="bfloat16", TOKENS="4")  # one dtype keeps it short; the real run does fp16 and bf16

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "pyramid_demo" / "models" / "weights"
 
@@ -18,6 +20,7 @@ def _digest() -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(SHIPPED.glob("*.safetensors"))}
 
 
+@pytest.mark.slow
 def test_gpu_distillation_dry_run_runs_every_step_on_the_cpu(tmp_path):
     """The dry run exits 0, leaves held-out and training shards, a feature-draft checkpoint and its evaluation,
     and the shipped files are untouched."""

@@ -171,7 +171,9 @@ def joint_two_tokens(method, n_trials, **kw):
     return counts / n_trials, expected
 
 
-@pytest.mark.parametrize("method,kw", [("sd", {"gamma": 3}), ("psd_a", {"stage2": "sd", "l_d": 2, "l_q": 3})])
+@pytest.mark.parametrize("method,kw", [("sd", {"gamma": 3}),
+                                       pytest.param("psd_a", {"stage2": "sd", "l_d": 2, "l_q": 3},
+                                                    marks=pytest.mark.slow)])
 def test_sampled_sd_reproduces_target_distribution(method, kw):
     """SD at T=1 (and the lossless pyramid) sample the target's distribution: over 4,000 runs the
     joint law of the first two tokens is within total variation 0.05 of p_T(a|0)·p_T(b|a)

@@ -155,6 +155,7 @@ def probed_offline(tmp_path_factory):
         mp.undo()
 
 
+@pytest.mark.slow
 def test_lossless_methods_equal_ar_on_the_real_target_under_the_probe(probed_offline):
     """On this CPU, under the dtype and backend the probe chose, SD and PSD_A with an exact stage 2 write
     AR's text at T=0, token for token (2 prompts × 32 tokens), whenever the probe says the choice is exact;

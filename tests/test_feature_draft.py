@@ -113,6 +113,7 @@ def test_feature_draft_in_a_lossless_pyramid_equals_target_greedy(trained):
     assert out.stats.accepted["qualifier"] > 0
 
 
+@pytest.mark.slow
 def test_sampled_sd_with_a_feature_draft_follows_the_target():
     """At T=1, SD with a feature draft samples the target's law: over 2,500 runs the joint law of the first
     two tokens (vocabulary 4) is within total variation 0.06 of the target's (noise alone ~0.03)."""

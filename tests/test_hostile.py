@@ -327,6 +327,7 @@ def test_clear_during_a_race(server):
 N_SESSIONS = 10
 
 
+@pytest.mark.slow
 def test_concurrent_sessions_get_their_own_tokens(server):
     """10 sessions race at T=1 with seeds 0..9 at once: every one gets exactly the tokens of a solo
     run with its seed (no cross-talk), all 10 requests finish, the queue drains, the app stays up."""
@@ -348,6 +349,7 @@ def test_concurrent_sessions_get_their_own_tokens(server):
 N_RACES = int(os.environ.get("PYRAMID_LOAD_RACES", "21"))  # the suite: just past the cap; a longer run: 50
 
 
+@pytest.mark.slow
 def test_many_races_in_one_session_memory_bounded(server):
     """Races in one session keep memory bounded: past 20 races the session drops the oldest (it keeps
     20, i.e. 100 table rows) and the server's RSS grows by less than 150 MB from the first race to the

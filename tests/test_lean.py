@@ -183,6 +183,7 @@ TEXT = ("The history of the bicycle begins in the early nineteenth century, when
         "the wheels back under her, and from then on she never forgets it.")
 
 
+@pytest.mark.slow
 def test_offline_target_matches_hf(offline_target, one_thread):
     """The real offline target (SmolLM2-135M, 30 layers, tied head): fp32 logits within 1e-4 of HF's; in
     bf16, on 200+ positions of English text, the lean top-1 is HF's top-1 (or ties with it to within one

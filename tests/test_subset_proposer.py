@@ -116,7 +116,9 @@ def _joint_two_tokens(method: str, n_trials: int, subset: list[int], **kw) -> tu
     return counts / n_trials, p[0][:, None] * p
 
 
-@pytest.mark.parametrize("method,kw", [("sd", {"gamma": 3}), ("psd_a", {"stage2": "sd", "l_d": 2, "l_q": 3})])
+@pytest.mark.parametrize("method,kw", [("sd", {"gamma": 3}),
+                                       pytest.param("psd_a", {"stage2": "sd", "l_d": 2, "l_q": 3},
+                                                    marks=pytest.mark.slow)])
 def test_sampled_sd_with_a_reduced_draft_reproduces_target_distribution(method, kw):
     """At T=1, SD with a draft that is 0 outside a subset of 2 of 4 tokens still samples the target's law:
     the joint law of the first two tokens is within total variation 0.05 of p_T(a|0)·p_T(b|a) over

@@ -88,8 +88,9 @@ def test_fuzzy_with_sd_fallback_tries_the_other_children():
 
 
 @pytest.mark.parametrize("method,kw", [("sd", {"tree_nodes": 5, "tree_depth": 2, "tree_k": 2}),
-                                       ("psd_a", {"stage2": "sd", "tree_nodes": 4, "tree_depth": 2,
-                                                       "tree_k": 2, "l_d": 2, "l_q": 3})])
+                                       pytest.param("psd_a", {"stage2": "sd", "tree_nodes": 4, "tree_depth": 2,
+                                                              "tree_k": 2, "l_d": 2, "l_q": 3},
+                                                    marks=pytest.mark.slow)])
 def test_sampled_tree_sd_reproduces_the_target_joint_law(method, kw):
     """Tree SD at T=1 (and the lossless pyramid over a tree) sample the target's law: over 4,000 runs the
     first two tokens are within TV 0.05 of p_T(a|0)·p_T(b|a), the chain's bound (tests/test_engine.py)."""

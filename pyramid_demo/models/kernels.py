@@ -138,9 +138,20 @@ def quantized_copy(model: torch.nn.Module, group: int, vocab_size: int | None = 
             copies[kind] = int4_copy(model, group, choice)
         return copies[kind]
 
-    best = _pick(f"{_cpu_key()}|copy-g{group}-{type(model).__name__}-{model.config.hidden_size}",
+    best = _pick(_copy_key(type(model).__name__, model.config.hidden_size, group),
                  ["int4", "fp16"], lambda kind: time_forward(build(kind), vocab))
     return build(best)
+
+
+def _copy_key(arch: str, hidden: int, group: int) -> str:
+    return f"{_cpu_key()}|copy-g{group}-{arch}-{hidden}"
+
+
+def copy_format(arch: str, hidden: int, group: int) -> str | None:
+    """The weight format a quantized copy of such a model takes on this CPU ("int4" or "fp16"), as cached by
+    its first load; None before it (the memory estimate then counts int4)."""
+    got = store.read(CACHE_FILE).get(_copy_key(arch, hidden, group), {}).get("choice")
+    return got if got in ("int4", "fp16") else None
 
 
 def _shapes(model: torch.nn.Module) -> set[tuple[int, int, bool]]:

@@ -208,12 +208,17 @@ def _sizes(role: str, ref: str, cfg: Any, dt: torch.dtype, quantize: str | None,
 
 
 def int4_size(role: str, ref: str, cfg: Any, dt: torch.dtype, group: int) -> ModelSize:
-    """A quantized copy (`quant.int4_copy`): its linears at 4 bits plus a bf16 scale and zero per group, its
-    head at 16 bits; the embedding and norms are its source's, counted there. Its caches are its own."""
+    """A quantized copy (`quant.int4_copy`): its linears at 4 bits plus a bf16 scale and zero per group (or at 16
+    bits where this CPU runs the copy in fp16 weights: `kernels.copy_format`), its head at 16 bits; the embedding
+    and norms are its source's, counted there. Its caches are its own."""
+    from .kernels import copy_format
+
     params, embed = count_params(cfg)
     body = params - embed  # the layers' linears (norms are a rounding error)
     head = cfg.vocab_size * cfg.hidden_size
-    nbytes = int(body * (0.5 + 4 / group) + head * 2)
+    arch = (getattr(cfg, "architectures", None) or ["?"])[0]
+    per_weight = 2.0 if copy_format(arch, cfg.hidden_size, group) == "fp16" else 0.5 + 4 / group
+    nbytes = int(body * per_weight + head * 2)
     return ModelSize(role, ref, body + head, nbytes, kv_per_token(cfg, dtype_bytes(dt)), cfg.num_hidden_layers)
 
 
