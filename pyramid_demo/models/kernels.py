@@ -143,6 +143,46 @@ def quantized_copy(model: torch.nn.Module, group: int, vocab_size: int | None = 
     return build(best)
 
 
+@torch.inference_mode()
+def time_draft(draft: torch.nn.Module, vocab_size: int, reps: int = 7) -> float:
+    """Seconds of a feature draft's one-token step plus a PASS_ROWS-token forward (each the minimum of `reps`),
+    fed states as its verifier would feed them."""
+    from ..core.cache import TargetStates
+    from ..core.feature_lm import FeatureLM
+
+    lm = FeatureLM(draft, vocab_size, "kernels")
+    lm.states = TargetStates()
+    g = torch.Generator().manual_seed(0)
+    lm.states.write(0, torch.randn(CONTEXT + PASS_ROWS, draft.d, generator=g).to(draft.norm.dtype))
+    ids = [(7 * i + 3) % vocab_size for i in range(CONTEXT + PASS_ROWS)]
+    lm.forward(ids[:CONTEXT], 0, 1)
+    total = 0.0
+    for rows in (1, PASS_ROWS):
+        best = float("inf")
+        for _ in range(reps + 1):
+            lm.truncate(CONTEXT)
+            t0 = time.perf_counter()
+            lm.forward(ids[CONTEXT: CONTEXT + rows], CONTEXT, rows)
+            best = min(best, time.perf_counter() - t0)
+        total += best
+    return total
+
+
+def choose_draft(draft: torch.nn.Module, vocab_size: int) -> str:
+    """A feature draft (`use_fp16`) in fp32 or fbgemm fp16 weights, whichever steps faster here; its name."""
+    if not (hasattr(draft, "use_fp16") and fp16_available() and draft.norm.device.type == "cpu"
+            and draft.norm.dtype == torch.float32):
+        return "default"
+
+    def measure(kind: str) -> float:
+        draft.use_fp16(kind == "fp16")
+        return time_draft(draft, vocab_size)
+
+    best = _pick(f"{_cpu_key()}|feature-draft-{draft.d}", ["default", "fp16"], measure)
+    draft.use_fp16(best == "fp16")
+    return best
+
+
 def _copy_key(arch: str, hidden: int, group: int) -> str:
     return f"{_cpu_key()}|copy-g{group}-{arch}-{hidden}"
 
@@ -181,6 +221,9 @@ def choose_family(models: dict[str, torch.nn.Module], vocab_size: int) -> str:
     parts = []
     for role in ("draft", "qualifier", "target"):
         m = models[role]
+        if hasattr(m, "use_fp16"):  # a feature draft: its own forward
+            parts.append(f"{role}: " + LABELS.get(choose_draft(m, vocab_size), "default fp32"))
+            continue
         own = m is models["target"] or getattr(m, "quant_kinds", None) or _lean(m)
         parts.append(f"{role}: " + (label(m, config if m is models["target"] else None) if own else "its own layers"))
     return "; ".join(parts)
