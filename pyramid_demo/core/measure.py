@@ -204,15 +204,24 @@ def linear_bytes(model: Any) -> tuple[int, Any]:
     total, largest, best = 0, None, -1
     seen: set[int] = set()
     for m in model.modules():
-        w = getattr(m, "packed", None) if hasattr(m, "packed") else getattr(m, "weight", None)
-        if id(m) in seen or w is None or not hasattr(m, "in_features") or not hasattr(m, "out_features"):
+        if id(m) in seen or not hasattr(m, "in_features") or not hasattr(m, "out_features"):
+            continue
+        n = _weight_bytes(m)
+        if n is None:
             continue
         seen.add(id(m))
-        n = m.in_features * m.out_features * w.element_size()
         total += n
         if n > best:
             largest, best = m, n
     return total, largest
+
+
+def _weight_bytes(m: Any) -> int | None:
+    """Bytes a linear's weight occupies as stored: a quantized layer says so itself (`weight_bytes`)."""
+    if hasattr(m, "weight_bytes"):
+        return int(m.weight_bytes)
+    w = getattr(m, "packed", None) if hasattr(m, "packed") else getattr(m, "weight", None)
+    return None if w is None else m.in_features * m.out_features * w.element_size()
 
 
 def memory_floor_ms(model: Any, backend: str = "default", reps: int = 15) -> dict[str, float]:
@@ -228,15 +237,16 @@ def memory_floor_ms(model: Any, backend: str = "default", reps: int = 15) -> dic
     if largest is None:
         return {}
     w = getattr(largest, "packed", None)
-    w = largest.weight if w is None else w
-    x = torch.randn(1, largest.in_features).to(w.dtype if w.is_floating_point() else torch.float32)  # [1, in]
+    w = getattr(largest, "weight", None) if w is None else w
+    floating = isinstance(w, torch.Tensor) and w.is_floating_point()
+    x = torch.randn(1, largest.in_features).to(w.dtype if floating and w is not None else torch.float32)  # [1, in]
     best = float("inf")
     with torch.inference_mode(), backend_flags(backend):
         for _ in range(reps + 1):
             t0 = time.perf_counter()
             largest(x)
             best = min(best, time.perf_counter() - t0)
-    mine = largest.in_features * largest.out_features * w.element_size()
+    mine = _weight_bytes(largest) or 1
     return {"floor_ms": round(1000 * best * total / mine, 3), "gemv_ms": round(1000 * best, 3),
             "gb_per_s": round(mine / best / 1e9, 2), "mb": round(total / 1e6, 1)}
 

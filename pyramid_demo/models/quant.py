@@ -98,6 +98,11 @@ class Int4Linear(torch.nn.Module):
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, group={self.group}"
 
+    @property
+    def weight_bytes(self) -> int:
+        """What a forward reads: the codes and the scales and zeros."""
+        return self.packed.numel() * self.packed.element_size() + self.scales_zeros.numel() * 2
+
     @staticmethod
     def fuse(mods: list[Int4Linear]) -> Int4Linear | None:
         """Several int4 linears over one input as one (one kernel call instead of several: on a CPU a small call
@@ -139,6 +144,11 @@ class Fp16Linear(torch.nn.Module):
         if bias is not None:
             lin.bias.data = bias.float()
         return Fp16Linear(lin)
+
+    @property
+    def weight_bytes(self) -> int:
+        """What a forward reads: two bytes a weight."""
+        return 2 * self.in_features * self.out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = torch.ops.quantized.linear_dynamic_fp16(x.reshape(-1, self.in_features).float(), self.packed)
