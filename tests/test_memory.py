@@ -211,7 +211,7 @@ def test_the_family_box_says_what_runs(monkeypatch):
     assert p.refs == (presets.FEATURE_DRAFT, presets.BUNDLED_TARGET + "@int4", presets.BUNDLED_TARGET)
     monkeypatch.setattr(feature_draft, "available", lambda *a: True)
     box, fold, _ = handlers.preset_info(presets.OFFLINE)
-    assert "a one-layer draft that reads the target" in box and "the target's own int4 copy" in box, box
+    assert "a one-layer draft that reads the qualifier" in box and "the target's own int4 copy" in box, box
     assert presets.FEATURE_DRAFT in fold and p.qualifier in fold and "reads the qualifier's hidden state" in fold
     monkeypatch.setattr(feature_draft, "available", lambda *a: False)
     run = offline.as_run(p)

@@ -16,7 +16,7 @@ from . import hosting
 BOX_LINES, BOX_CHARS = 3, 300  # the box's budget: lines and visible characters
 FOLD_TITLE = "How it works · exactness on this machine"
 KNOWN = {  # the offline family's references, in words
-    FEATURE_DRAFT: "a one-layer draft that reads the target",
+    FEATURE_DRAFT: "a one-layer draft that reads the qualifier",
     BUNDLED_TARGET + "@int4": "the target's own int4 copy",
     BUNDLED_TARGET: "SmolLM2-135M-Instruct (bundled)",
 }

@@ -197,7 +197,7 @@ def beat_html(ps: PlayState) -> str:
         return render.message_html(ps.message)
     i = max(0, min(ps.i, len(ps.beats) - 1))
     beat = ps.beats[i]
-    state = "▶ playing" if ps.playing else "⏸ paused"
+    state = "▶ playing" if ps.playing else "❚❚ paused"
     head = (f'<div style="color:#555;font-size:.9rem">{html.escape(ps.label)} · <b>beat {i + 1} / {len(ps.beats)}</b>'
             f' · {state}</div><div style="font-weight:600;margin:4px 0">{html.escape(beat.title)}</div>')
     committed = "".join(_chip(c, False, True) for c in beat.committed) or '<span style="color:#999">nothing yet</span>'

@@ -58,7 +58,7 @@ STATUS_NAMES = {
 }
 
 BUTTONS = {"run": "▶ Run race", "stop": "■ Stop", "clear": "Clear all", "export": "Prepare downloads",
-           "play": "▶ Play", "pause": "⏸ Pause", "back": "◀ Step back", "forward": "Step forward ▶"}
+           "play": "▶ Play", "pause": "❚❚ Pause", "back": "◀ Step back", "forward": "Step forward ▶"}
 SETTINGS_TITLE = "Decoding settings: γ, ℓ_D, ℓ_Q, τ_Q, τ_T, temperature, divergence and the CHOICE options"
 TABS = {"race": "Race", "inspect": "Step inspector", "stats": "Statistics", "explain": "How it works",
         "export": "Export"}
@@ -122,10 +122,15 @@ EXPLANATION = f"""
   tokens is ready. Stage 2: the target checks the block in one pass with divergence ≤ τ_T against the
   **qualifier's** distributions, keeps the leading run, and adds one token of its own.
 * **Which proposer reads what** — an independent draft or qualifier reads only the tokens, like the
-  target. A draft that **reads the target** (EAGLE-style; the offline family's, when its weights are
-  shipped — the family box says) also reads the target's final hidden state at every position the target
-  has already scored, which each verification pass computes anyway, and where it drafts ahead it reads the
-  state it predicted itself. The acceptance rules are the same, so SD with it is still lossless.
+  target. A draft that **reads its verifier** (EAGLE-style; the offline family's) also reads the final
+  hidden state of the model it proposes to — the qualifier in a pyramid, the target in SD — at every position
+  that model has already scored, which each verification pass computes anyway; where it drafts ahead it reads
+  the state it predicted itself. The acceptance rules are the same, so SD with it is still lossless.
+* **A quantized copy as the qualifier** — the offline qualifier is the target itself with quantized weights
+  (int4, or fp16 where that runs faster on this CPU), built at load. It agrees with the target almost always,
+  at about half a target step's cost, so long blocks reach the target and pass whole: the pyramid runs near the
+  copy's speed yet, with the exact stage-2 rule, writes the target's text. Tick "the qualifier alone" to race
+  the copy by itself and see where its own text leaves the target's.
 
 * **Trees of candidates** — instead of one guess per position the proposer offers a few (a tree: each
   candidate's parent is the token before it). The verifier checks the whole tree in **one** pass and keeps

