@@ -222,7 +222,7 @@ def test_offline_family_is_the_feature_draft_the_int4_copy_and_the_target(offlin
     monkeypatch.setattr(feature_draft, "build", build)
     p = PRESETS["smollm2-offline"]
     t = load_offline_family(p, torch.device("cpu"), torch.float32)
-    assert p.refs == (FEATURE_DRAFT, BUNDLED_TARGET + "@int4", BUNDLED_TARGET) and "int4 copy" in t.note
+    assert p.refs == (FEATURE_DRAFT, BUNDLED_TARGET + "@int4", BUNDLED_TARGET) and "quantized copy" in t.note
     assert t.qualifier is not t.target
     if draft == "works":
         assert t.names == p.refs and isinstance(t.draft, feature_draft.FeatureDraft) and "EAGLE-style" in t.note
@@ -281,7 +281,7 @@ def test_offline_family_takes_its_target_from_the_hub_cache_without_the_wheel(of
     loading.clear_cache()
     try:
         t = loading.load_triplet("smollm2-offline", device="cpu", dtype="float32")
-        assert "Hugging Face cache" in t.names[2] and "not measured" in t.note and "int4 copy" in t.note
+        assert "Hugging Face cache" in t.names[2] and "not measured" in t.note and "quantized copy" in t.note
         outs = [generate(t, "Name a colour.", DecodeConfig(method=m, max_new_tokens=6)).token_ids for m in ("ar", "sd")]
         assert outs[0] == outs[1] and len(outs[0]) == 6
         loading.clear_cache()
