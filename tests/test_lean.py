@@ -10,7 +10,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralFo
 from pyramid_demo.core import packed
 from pyramid_demo.core.backend import backend_flags
 from pyramid_demo.core.config import DecodeConfig
-from pyramid_demo.core.lean import LeanLM, lean_weights, supports_lean
+from pyramid_demo.core.lean import LeanLM
+from pyramid_demo.core.lean_weights import lean_weights, supports_lean
 from pyramid_demo.core.lm import CachedLM, open_lm
 from pyramid_demo.core.run import generate
 from pyramid_demo.models.tiny import tiny_random_triplet
@@ -210,7 +211,7 @@ def test_offline_target_matches_hf(offline_target, one_thread):
 def test_packed_qkv_and_gate_up_are_fused_into_one_call_with_the_same_rows():
     """Packed q/k/v (and gate/up) become one packed linear whose output equals the separate calls' outputs
     side by side, bitwise, for one row and for many (one oneDNN call instead of three)."""
-    from pyramid_demo.core.lean import _fuse_packed
+    from pyramid_demo.core.lean_weights import _fuse_packed
 
     g = torch.Generator().manual_seed(2)
     lins = []

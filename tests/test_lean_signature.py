@@ -6,7 +6,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from pyramid_demo.core import packed
-from pyramid_demo.core.lean import LeanLM, lean_weights
+from pyramid_demo.core.lean import LeanLM
+from pyramid_demo.core.lean_weights import lean_weights
 from pyramid_demo.core.lm import CachedLM
 
 V = 200

@@ -4,7 +4,7 @@ Why: the engine's `core.lean.LeanLM` decodes one sequence (its exactness rules a
 against k-token passes); a corpus is made fastest by many sequences at once, since a one-row step on a CPU
 pays per-call cost and reads every weight for one token. Here every row has its own position (no left
 padding: row b's tokens sit in cache slots 0 … n_b − 1), a finished row is refilled with the next prompt
-(continuous batching: no step is spent on rows that are done), and the same weights (`core.lean.lean_weights`:
+(continuous batching: no step is spent on rows that are done), and the same weights (`core.lean_weights.lean_weights`:
 fused QKV and gate/up) are read once per step for all rows. Exactness across batch sizes is not needed here:
 the data is the target's own samples, and the draft's training states are recomputed by `states` anyway.
 """
@@ -15,7 +15,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from pyramid_demo.core.lean import lean_weights, rms_norm
+from pyramid_demo.core.lean import rms_norm
+from pyramid_demo.core.lean_weights import lean_weights
 
 
 class BatchedLean:

@@ -183,7 +183,7 @@ PATHS = ("hf", "lean")
 def open_lm(model: torch.nn.Module, vocab_size: int, role: str, backend: str = "default",
             path: str = "hf") -> LM:
     """A fresh per-run LM over a loaded model: the lean forward where `path` asks for it and the model's
-    architecture is covered (`lean.supports_lean`), else HF's forward (`CachedLM`)."""
+    architecture is covered (`lean_weights.supports_lean`), else HF's forward (`CachedLM`)."""
     if path not in PATHS:
         raise ValueError(f"unknown forward path {path!r}; choose one of {', '.join(PATHS)}")
     if getattr(model, "reads_target", False):  # a proposer that reads the target's states (EAGLE-style)
@@ -191,7 +191,8 @@ def open_lm(model: torch.nn.Module, vocab_size: int, role: str, backend: str = "
 
         return FeatureLM(model, vocab_size, role)
     if path == "lean":
-        from .lean import LeanLM, supports_lean
+        from .lean import LeanLM
+        from .lean_weights import supports_lean
 
         if supports_lean(model):
             # padded attention: one SDPA call per layer for a whole pass, still equal to one-token steps

@@ -201,7 +201,7 @@ def _shapes(model: torch.nn.Module) -> set[tuple[int, int, bool]]:
 
 def _lean(model: torch.nn.Module) -> bool:
     """Timing needs the forward runs use: the lean one (Llama-family models on the CPU)."""
-    from ..core.lean import supports_lean
+    from ..core.lean_weights import supports_lean
 
     return supports_lean(model)
 

@@ -15,7 +15,8 @@ from ...core import costs, exactness
 from ...core.cache import TargetStates
 from ...core.config import LONGEST_PASS
 from ...core.engine import connect
-from ...core.lean import attention_of, set_attention, supports_lean
+from ...core.lean import attention_of, set_attention
+from ...core.lean_weights import supports_lean
 from ...core.lm import LM, open_lm
 from .build import candidate_model, candidates
 from .record import Choice
