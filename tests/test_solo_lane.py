@@ -93,11 +93,11 @@ def test_divergence_words() -> None:
 
 
 def test_the_label_names_the_model_that_decodes() -> None:
-    """Rule: "(int4 copy of the target)" only when the qualifier's reference is the target's int4 copy."""
+    """Rule: "(quantized copy of the target)" only when the qualifier's reference is the target's int4 copy."""
     t = "HuggingFaceTB/SmolLM2-1.7B-Instruct"
-    assert lane_label(KEY, ("d", f"{t}@int4", t)) == "the qualifier alone (int4 copy of the target)"
-    assert lane_label(KEY, ("d", f"{t}@int4g128", t)) == "the qualifier alone (int4 copy of the target)"
-    assert lane_label(KEY, ("d", "other/m@int4", t)) == "the qualifier alone (int4 copy of other/m)"
+    assert lane_label(KEY, ("d", f"{t}@int4", t)) == "the qualifier alone (quantized copy of the target)"
+    assert lane_label(KEY, ("d", f"{t}@int4g128", t)) == "the qualifier alone (quantized copy of the target)"
+    assert lane_label(KEY, ("d", "other/m@int4", t)) == "the qualifier alone (quantized copy of other/m)"
     assert lane_label(KEY, ("d", "me@work/q", t)) == lane_label(KEY, ("d", "q", t)) == "the qualifier alone"
     assert lane_label("ar", ("d", f"{t}@int4", t)) == LANES["ar"].label
     assert LANES[KEY].solo == "qualifier" and LANES[KEY].method == "ar"  # a field says who decodes, not the key
@@ -158,7 +158,7 @@ def test_bench_solo_adds_a_reference_row_with_its_agreement() -> None:
     assert [(v.method, v.kind) for v in vs] == [("ar", "engine"), ("ar", "reference"), ("sd", "engine")]
     assert not vs[1].lossless and vs[1].solo == "qualifier"
     named = name_models(vs, ("d", "t@int4", "t"))
-    assert named[1].label == "the qualifier alone (int4 copy of the target)" and named[0] == vs[0]
+    assert named[1].label == "the qualifier alone (quantized copy of the target)" and named[0] == vs[0]
     res = bench.run_bench(tiny_random_triplet(), vs, [Prompt("the quick brown fox", "test")], progress=False,
                           warmup_tokens=2)
     rows = {r["variant"]: r for r in res["runs"]}

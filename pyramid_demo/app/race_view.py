@@ -84,7 +84,7 @@ def shape_words(r: RunResult) -> str:
 def lane_title(key: str, r: RunResult | None, models: list[str] | tuple[str, ...] = ()) -> str:
     """A lane's title: its method and the shape it ran ("PSD_A (assisted pyramid) · tree of 8 (depth 2)"); before
     it runs (and for a method that proposes nothing), its lane label, a reference lane's naming its model from the
-    family's references `models` ("the qualifier alone (int4 copy of the target)")."""
+    family's references `models` ("the qualifier alone (quantized copy of the target)")."""
     shape = shape_words(r) if r is not None else ""
     return f"{method_spec(r.method).label} · {shape}" if r is not None and shape else lane_label(key, models)
 

@@ -121,6 +121,6 @@ def solo_variants(roles: str | None, cfg: Callable[..., DecodeConfig]) -> list[V
 
 def name_models(variants: list[Variant], models: tuple[str, ...]) -> list[Variant]:
     """The variants with each reference row labelled after the loaded family (`methods.lane_label`: "the qualifier
-    alone (int4 copy of the target)" when the qualifier is the target's int4 copy)."""
+    alone (quantized copy of the target)" when the qualifier is the target's int4 copy)."""
     keys = {lane.solo: lane.key for lane in SOLO_LANES}
     return [dataclasses.replace(v, label=lane_label(keys[v.solo], models)) if v.solo in keys else v for v in variants]

@@ -162,15 +162,15 @@ _INT4 = re.compile(r"int4(?:g\d+)?")  # a quantized copy's suffix, as `models.qu
 
 def lane_label(key: str, models: Sequence[str] = ()) -> str:
     """A lane's label; a reference lane's names the model that decodes, from the family's references (`models`:
-    draft, qualifier, target): "the qualifier alone (int4 copy of the target)" when that role is the target's int4
-    copy, "(int4 copy of X)" when it is another model's, else the plain label."""
+    draft, qualifier, target): "the qualifier alone (quantized copy of the target)" when that role is the target's
+    '@int4' copy, "(quantized copy of X)" when it is another model's, else the plain label."""
     lane = LANES[key]
     if lane.solo is None or len(models) != len(ROLE_ORDER):
         return lane.label
     base, at, suffix = models[ROLE_ORDER.index(lane.solo)].rpartition("@")
     if not at or not _INT4.fullmatch(suffix):
         return lane.label
-    return f"{lane.label} (int4 copy of {'the target' if base == models[-1] else base})"
+    return f"{lane.label} (quantized copy of {'the target' if base == models[-1] else base})"
 
 
 def retired(key: str) -> str | None:
