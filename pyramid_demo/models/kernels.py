@@ -16,6 +16,7 @@ import platform
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -47,6 +48,23 @@ def _cpu_key() -> str:
     return hashlib.sha1(raw.encode()).hexdigest()[:16]
 
 
+def _time_steps(lm: Any, vocab_size: int, reps: int) -> float:
+    """Seconds of a one-token step plus a PASS_ROWS-token pass after CONTEXT tokens (each the minimum of `reps`,
+    after one that warms up)."""
+    ids = [(7 * i + 3) % vocab_size for i in range(CONTEXT + PASS_ROWS)]
+    lm.forward(ids[:CONTEXT], 0, 1)
+    total = 0.0
+    for rows in (1, PASS_ROWS):
+        best = float("inf")
+        for _ in range(reps + 1):
+            lm.truncate(CONTEXT)
+            t0 = time.perf_counter()
+            lm.forward(ids[CONTEXT: CONTEXT + rows], CONTEXT, rows)
+            best = min(best, time.perf_counter() - t0)
+        total += best
+    return total
+
+
 @torch.inference_mode()
 def time_forward(model: torch.nn.Module, vocab_size: int, reps: int = 5) -> float:
     """Seconds of a one-token step plus a PASS_ROWS-token pass through the forward runs use (each the minimum of
@@ -54,18 +72,7 @@ def time_forward(model: torch.nn.Module, vocab_size: int, reps: int = 5) -> floa
     from ..core.lm import open_lm
 
     lm = open_lm(model, vocab_size, "kernels", path="lean")
-    ids = [(7 * i + 3) % vocab_size for i in range(CONTEXT + PASS_ROWS)]
-    lm.forward(ids[:CONTEXT], 0, 1)
-    total = 0.0
-    for rows in (1, PASS_ROWS):
-        best = float("inf")
-        for _ in range(reps + 1):  # the first warms up
-            lm.truncate(CONTEXT)
-            t0 = time.perf_counter()
-            lm.forward(ids[CONTEXT: CONTEXT + rows], CONTEXT, rows)
-            best = min(best, time.perf_counter() - t0)
-        total += best
-    return total
+    return _time_steps(lm, vocab_size, reps)
 
 
 def _swap(model: torch.nn.Module, which: str) -> list[tuple[torch.nn.Module, str, torch.nn.Module]]:
@@ -154,18 +161,7 @@ def time_draft(draft: torch.nn.Module, vocab_size: int, reps: int = 7) -> float:
     lm.states = TargetStates()
     g = torch.Generator().manual_seed(0)
     lm.states.write(0, torch.randn(CONTEXT + PASS_ROWS, draft.d, generator=g).to(draft.norm.dtype))
-    ids = [(7 * i + 3) % vocab_size for i in range(CONTEXT + PASS_ROWS)]
-    lm.forward(ids[:CONTEXT], 0, 1)
-    total = 0.0
-    for rows in (1, PASS_ROWS):
-        best = float("inf")
-        for _ in range(reps + 1):
-            lm.truncate(CONTEXT)
-            t0 = time.perf_counter()
-            lm.forward(ids[CONTEXT: CONTEXT + rows], CONTEXT, rows)
-            best = min(best, time.perf_counter() - t0)
-        total += best
-    return total
+    return _time_steps(lm, vocab_size, reps)
 
 
 def choose_draft(draft: torch.nn.Module, vocab_size: int) -> str:
