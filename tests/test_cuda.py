@@ -30,6 +30,23 @@ def test_every_method_runs_on_cuda(dtype):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("k", [576, 1536])  # the offline target's widths: 576 takes 4 inner k-tiles, 1536 takes 8
+def test_int4_linear_on_cuda_computes_with_its_codes(k):
+    """torch's CUDA int4 kernel (gpt-fast's path) computes x·Ŵᵀ for the dequantized Ŵ, as the CPU kernel does."""
+    from pyramid_demo.models.quant import Int4Linear, quantize_groups
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(k, 200, bias=False).cuda().bfloat16()
+    layer = Int4Linear.from_linear(lin, 32)
+    x = torch.randn(5, k, device="cuda", dtype=torch.bfloat16)
+    codes, scale, zero = quantize_groups(lin.weight.detach(), 32)
+    w = (codes.float() - 8) * scale.bfloat16().float().repeat_interleave(32, 1) \
+        + zero.bfloat16().float().repeat_interleave(32, 1)  # [200, k]
+    ref = x.float() @ w.t()
+    assert (layer(x).float() - ref).abs().max() < 0.02 * ref.abs().max()
+
+
+@pytest.mark.cuda
 def test_memory_check_reads_the_gpu():
     from pyramid_demo.models import loading, memory
 

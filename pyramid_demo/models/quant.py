@@ -60,7 +60,9 @@ def _pack(codes: torch.Tensor) -> torch.Tensor:
     if codes.device.type == "cpu":
         return torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)  # [N, K/2] uint8
     pairs = (codes[:, ::2] << 4 | codes[:, 1::2]).to(torch.uint8)  # [N, K/2]: two codes a byte
-    return torch.ops.aten._convert_weight_to_int4pack(pairs, 8)  # CUDA tiles (gpt-fast's inner_k_tiles)
+    k = codes.shape[1]
+    tiles = next(t for t in (8, 4, 2) if k % (16 * t) == 0)  # CUDA's inner k-tiles (gpt-fast's 8 where K allows)
+    return torch.ops.aten._convert_weight_to_int4pack(pairs, tiles)
 
 
 class Int4Linear(torch.nn.Module):
@@ -172,9 +174,6 @@ def refusal(model: torch.nn.Module, group: int) -> str | None:
             hint = f"use @int4g{fits[-1]}" if fits else "name the model without @int4"
             return f"an int4 copy needs every linear's input width divisible by the group: {name} has " \
                    f"{m.in_features}, not a multiple of {group}; {hint}"
-        if type(m) is torch.nn.Linear and dev.type == "cuda" and (m.in_features % 128 or m.out_features % 8):
-            return f"CUDA's int4 kernel needs input widths divisible by 128 and outputs by 8 ({name}: " \
-                   f"{m.in_features}→{m.out_features}); run the copy on the CPU, or name the model without @int4"
     if not any(type(m) is torch.nn.Linear for m in model.modules()):
         return f"{type(model).__name__} has no plain linear layers to quantize; name the model without @int4"
     return None
