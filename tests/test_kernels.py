@@ -66,3 +66,20 @@ def test_the_copy_takes_the_faster_format(tmp_path, monkeypatch) -> None:
     c = kernels.quantized_copy(m, 32)
     assert isinstance(c.model.layers[0].self_attn.q_proj, Fp16Linear)
     assert kernels.label(c, None) == kernels.LABELS["fp16"]
+
+
+def test_a_model_on_onednn_can_still_be_copied_and_cast() -> None:
+    """A target whose linears were put on oneDNN deep-copies into plain linears (the probe casts such a copy to
+    another dtype; oneDNN's packed tensor itself cannot be copied), computing the same outputs."""
+    import copy
+
+    m = _small_llama()
+    x = torch.tensor([[5, 9, 11]])
+    with torch.no_grad():
+        ref = m(x).logits
+    kernels._swap(m, "all")
+    c = copy.deepcopy(m)
+    assert type(c.lm_head) is torch.nn.Linear and isinstance(m.lm_head, PackedLinear)
+    with torch.no_grad():
+        assert torch.allclose(c(x).logits, ref, atol=1e-4)
+    assert c.to(torch.bfloat16).lm_head.weight.dtype == torch.bfloat16

@@ -34,6 +34,16 @@ class PackedLinear(torch.nn.Module):
                              persistent=False)
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach(), persistent=False)
 
+    def __deepcopy__(self, memo: dict) -> torch.nn.Linear:
+        """A copy is a plain linear over the dense weight: oneDNN's packed tensor cannot be copied, and a model is
+        copied to be cast or quantized (a probe's candidate dtype, a quantized copy), which re-packs as needed."""
+        w = cast(torch.Tensor, self.packed).to_dense()  # [out, in]
+        lin = torch.nn.Linear(self.in_features, self.out_features, bias=self.bias is not None, dtype=w.dtype)
+        lin.weight.data = w.clone()
+        if self.bias is not None:
+            lin.bias.data = cast(torch.Tensor, self.bias).clone()
+        return lin
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)  # [rows, in]
         rows = flat.shape[0]
