@@ -1,15 +1,16 @@
-"""The proposer confidence stop (`conf_stop`, beyond the papers): rules, engine and exactness."""
+"""The proposer confidence stop (`conf_stop`, beyond the papers): the stop rule, engine and exactness."""
 import math
 
 import pytest
 import torch
+from helpers import propose
 from mock_lm import BigramLM, as_run
 from test_engine import check_caches, greedy_ar, joint_two_tokens
 
-from pyramid_demo.core import rules
 from pyramid_demo.core.config import METHODS, DecodeConfig
-from pyramid_demo.core.engine import decode, prefill, propose, roles_for
+from pyramid_demo.core.engine import decode, prefill, roles_for
 from pyramid_demo.core.lm import CachedLM
+from pyramid_demo.core.round import confidence, confident_prefix
 from pyramid_demo.core.run import generate
 from pyramid_demo.models.tiny import tiny_random_triplet
 
@@ -24,16 +25,16 @@ def tiny():
 def test_confidence_is_the_largest_raw_probability():
     """Logits [0, ln 3] give probabilities [.25, .75]: confidence .75, at any logit offset."""
     z = torch.tensor([[0.0, math.log(3.0)], [100.0, 100.0]])
-    assert torch.allclose(rules.confidence(z), torch.tensor([0.75, 0.5]))
-    assert torch.allclose(rules.confidence(z + 1000.0), torch.tensor([0.75, 0.5]), atol=1e-3)
+    assert torch.allclose(confidence(z), torch.tensor([0.75, 0.5]))
+    assert torch.allclose(confidence(z + 1000.0), torch.tensor([0.75, 0.5]), atol=1e-3)
 
 
 def test_confident_prefix_keeps_the_first_unsure_token():
     """A proposer stops *after* its first token below the floor; floor 0 keeps everything."""
-    assert rules.confident_prefix([0.9, 0.3, 0.8], 0.5) == 2
-    assert rules.confident_prefix([0.2, 0.9], 0.5) == 1
-    assert rules.confident_prefix([0.9, 0.8], 0.5) == 2
-    assert rules.confident_prefix([0.1, 0.1], 0.0) == 2
+    assert confident_prefix([0.9, 0.3, 0.8], 0.5) == 2
+    assert confident_prefix([0.2, 0.9], 0.5) == 1
+    assert confident_prefix([0.9, 0.8], 0.5) == 2
+    assert confident_prefix([0.1, 0.1], 0.0) == 2
 
 
 def test_propose_stops_after_an_unsure_token():

@@ -1,13 +1,13 @@
-"""One verification's decision (`core.decide`): what each rule reads and draws, on hand-built logits."""
+"""One verification's decision (`core.round.decide`, walked by `core.rules.decide_tree`): what each rule reads
+and draws, on hand-built logits."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from pyramid_demo.core import decide as decide_mod
-from pyramid_demo.core import rules
+from pyramid_demo.core import recorder, rules
 from pyramid_demo.core.config import DecodeConfig
-from pyramid_demo.core.decide import decide
+from pyramid_demo.core.round import decide
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -41,7 +41,7 @@ def test_a_fuzzy_rule_without_fallback_warps_one_row_of_p_only(monkeypatch):
     `decide` warps one row (with top_p < 1 each row costs a full-vocabulary sort)."""
     rows: list[int] = []
     real = rules.warp
-    monkeypatch.setattr(decide_mod.rules, "warp", lambda z, *a, **k: rows.append(z.shape[0]) or real(z, *a, **k))
+    monkeypatch.setattr(rules, "warp", lambda z, *a, **k: rows.append(z.shape[0]) or real(z, *a, **k))
     cfg = DecodeConfig(method="fsd", temperature=0.8, top_p=0.9)
     gen = torch.Generator().manual_seed(0)
     decide(logits(5, 16, 1), logits(4, 16, 2), [3, 1, 4, 1], "fuzzy", 0.3, cfg, gen, "target", "draft", "target")
@@ -59,7 +59,7 @@ def test_the_sd_fallback_follows_sds_law_where_tau_fails():
     out = []
     for _ in range(4000):
         rnd = decide(z_p, z_q, [0], "fuzzy", 0.0, cfg, gen, "target", "draft", "target")
-        out.append(0 if rnd.k == 1 else rnd.nxt)
+        out.append(0 if rnd.k == 1 else rnd.dec.nxt)
     share = out.count(0) / len(out)
     assert abs(share - 0.5) < 0.04, f"P(token 0) = {share:.3f}: the fallback's rejection did not follow SD's law"
 
@@ -91,7 +91,7 @@ def test_the_divergence_from_logits_equals_the_definition(kind, support, seed):
     z_p_out[1, torch.isfinite(shared[1])] -= 60.0  # p(S) ≈ e^-60 in row 1
     cfg = DecodeConfig(divergence=kind, div_support=support)
     for zp, zq in ((z_p, shared), (z_p, full), (z_p, differing), (z_p_out, shared)):
-        got, want = decide_mod.raw_divergence(zp, zq, cfg), old_raw_divergence(zp, zq, kind, support)
+        got, want = recorder.raw_divergence(zp, zq, cfg), old_raw_divergence(zp, zq, kind, support)
         assert torch.equal(torch.isinf(got), torch.isinf(want)), "the divergence is infinite where it is not"
         fin = torch.isfinite(want)
         assert torch.allclose(got[fin], want[fin], rtol=1e-4, atol=1e-5), f"{kind}/{support}: {got} ≠ {want}"

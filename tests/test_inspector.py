@@ -5,6 +5,7 @@ import dataclasses
 
 import pytest
 import torch
+from helpers import leading_run
 from mock_lm import BigramLM, as_run
 
 from pyramid_demo.app import inspector
@@ -48,7 +49,7 @@ def test_the_what_if_is_the_engines_fuzzy_test():
         toks = [TokenRec(i, "draft", "discarded", div=d, tau=0.5) for i, d in enumerate(divs)]
         rnd = StageRound("target", "draft", "target", "fuzzy", toks + [TokenRec(9, "target", "resampled")], 0)
         for tau in (0.0, divs[0], 0.3, 0.77):
-            assert inspector.reevaluate(rnd, tau) == rules.leading_run(rules.fuzzy_passes(divs, tau))
+            assert inspector.reevaluate(rnd, tau) == leading_run(rules.fuzzy_passes(divs, tau))
 
 
 def test_the_what_if_reads_data_not_the_displayed_rule_name():

@@ -3,15 +3,16 @@
 Each rule is checked on hand-built logits, and each planted slip fails by an assertion naming the rule."""
 import pytest
 import torch
+from helpers import leading_run, next_token, sd_passes
 from mock_lm import BigramLM, bigram_table
 
-from pyramid_demo.core import rules, tree_round
+from pyramid_demo.core import rules
 from pyramid_demo.core.config import DecodeConfig
-from pyramid_demo.core.decide import decide, decide_round
 from pyramid_demo.core.engine import decode, pyramid_block, roles_for
+from pyramid_demo.core.methods import method_spec
 from pyramid_demo.core.recorder import record
-from pyramid_demo.core.tree import Tree, decide_tree
-from pyramid_demo.core.tree_round import Lane
+from pyramid_demo.core.round import Cursor, decide, decide_round, grow
+from pyramid_demo.core.rules import Tree, decide_tree
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -87,9 +88,9 @@ def test_one_child_is_sds_ratio_test_and_residual():
         gen = torch.Generator().manual_seed(seed)
         r = torch.rand(3, generator=gen)
         p, q = rules.warp(z_p, 1.0), rules.warp(z_q, 1.0)
-        k = rules.leading_run(rules.sd_passes(p[:3], q, x, r))
-        nxt = rules.next_token(p[k], q[k] if k < 3 else None, gen)
-        assert (rnd.k, rnd.nxt) == (k, nxt), f"seed {seed}: the walk on a chain is not SD's rule"
+        k = leading_run(sd_passes(p[:3], q, x, r))
+        nxt = next_token(p[k], q[k] if k < 3 else None, gen)
+        assert (rnd.k, rnd.dec.nxt) == (k, nxt), f"seed {seed}: the walk on a chain is not SD's rule"
 
 
 def _bigram_lms(method: str) -> dict:
@@ -148,10 +149,10 @@ def test_a_pyramids_tree_is_as_deep_as_tree_depth_not_l_d():
     """Finding: stage 1's tree was silently cut to ℓ_D levels. Now a qualifier round's tree grows tree_depth
     levels (capped only by the block's room), whatever ℓ_D is."""
     lms = _bigram_lms("psd_a")
-    lanes = {r: Lane(lm, 0) for r, lm in lms.items()}
+    cursors = {r: Cursor(lm, 0) for r, lm in lms.items()}
     cfg = DecodeConfig(method="psd_a", shape="tree", l_d=1, l_q=8, tree_nodes=12, tree_depth=4, tree_k=2)
-    _, _, _, rounds = pyramid_block(lanes, [0], 8, cfg, None)
-    assert max(max(r.tree.depths()) for r in rounds) == 4, "stage 1's tree depth was capped by l_d"
+    _, _, _, rounds = pyramid_block(cursors, [0], method_spec(cfg.method).stages[0], 8, cfg, None)
+    assert max(max(rules.depths(r.tree.parents)) for r in rounds) == 4, "stage 1's tree depth was capped by l_d"
 
 
 def test_a_tree_round_decides_along_its_parents_not_its_index_order():
@@ -168,7 +169,7 @@ def test_a_tree_round_decides_along_its_parents_not_its_index_order():
         z_p[c, t] = 9.0
     rnd = decide_round(z_p, tree, "sd", None, DecodeConfig(), None, "target", "draft", "target")
     rec = record(rnd, DecodeConfig())
-    assert rnd.path == [1, 3] and rnd.nxt == 3 and rnd.own_status == "bonus"
+    assert rnd.dec.path == [1, 3] and rnd.dec.nxt == 3 and rnd.own_status == "bonus"
     assert [t.status for t in rec.tokens] == ["rejected", "accepted", "discarded", "accepted", "bonus"]
     assert rec.parents == [-1, -1, 0, 1] and rec.n_accepted == 2
     # each node is read at its parent's context (the verifier's row parent + 1, the proposer's q_row there), not
@@ -202,8 +203,8 @@ def test_sampled_growth_draws_distinct_children_from_the_warped_draft():
     cfg = DecodeConfig(method="sd", shape="tree", temperature=1.0, top_k=2, tree_nodes=6, tree_depth=3, tree_k=2)
     for seed in range(20):
         lm.truncate(0)
-        prop = tree_round.grow(Lane(lm, 0), [0, 1], 6, 3, 2, cfg, torch.Generator().manual_seed(seed))
-        kids = prop.tree.children()
+        prop = grow(Cursor(lm, 0), [0, 1], 6, 3, 2, cfg, torch.Generator().manual_seed(seed))
+        kids = rules.children(prop.tree.parents)
         for c, ch in enumerate(kids):
             toks = [prop.tree.tokens[i] for i in ch]
             assert len(set(toks)) == len(toks), "siblings drawn twice"
@@ -224,7 +225,7 @@ def test_greedy_growth_expands_the_best_paths_by_their_product():
         for t, pr in pairs.items():
             probs[row, t] = pr
     lm = BigramLM(probs.log(), "draft")
-    prop = tree_round.grow(Lane(lm, 0), [0], 4, 2, 2, DecodeConfig(), None)
+    prop = grow(Cursor(lm, 0), [0], 4, 2, 2, DecodeConfig(), None)
     assert prop.tree.tokens == [1, 2, 3, 5] and prop.tree.parents == [-1, -1, 0, 1]
     assert prop.tree.q_row == [0, 1, 2, -1, -1]  # the draft's row at the root, then at each expanded node
     assert torch.equal(prop.tree.z_q[1], lm.table[1]) and torch.equal(prop.tree.z_q[2], lm.table[2])

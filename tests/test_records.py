@@ -10,7 +10,9 @@ from mock_lm import BigramLM, as_run
 
 from pyramid_demo.core.cache import CacheError
 from pyramid_demo.core.config import DecodeConfig
-from pyramid_demo.core.engine import Lane, decode, pyramid_block, roles_for
+from pyramid_demo.core.engine import decode, pyramid_block, roles_for
+from pyramid_demo.core.methods import method_spec
+from pyramid_demo.core.round import Cursor
 from pyramid_demo.core.stats import compute_stats
 from pyramid_demo.core.trace import StageRound, Step
 
@@ -149,7 +151,7 @@ def test_a_bonus_tokens_origin_is_bonus():
 # --- the cache's safety net fires from the engine -------------------------------------------------
 
 def test_a_missed_qualifier_cut_raises_cache_error():
-    """A lane whose cut is missed must not feed from the wrong offset. Planted: the qualifier's cut after a
+    """A cursor whose cut is missed must not feed from the wrong offset. Planted: the qualifier's cut after a
     k < n round that ends its block (its own token 5 is unsure, conf_stop 0.5) is skipped; the target then
     accepts the block, and the step's cut keeps the qualifier's stale position 2 (it holds the draft's 2,
     the block has 5 there). Its next feed must raise CacheError, not feed on silently."""
@@ -157,14 +159,15 @@ def test_a_missed_qualifier_cut_raises_cache_error():
     q[1] = 0.0
     q[1, 5] = 1.0  # after 1 the qualifier refuses the draft's 2 and writes 5, unsure (top ≈ 0.28)
     cfg = DecodeConfig(method="psd_a", l_d=4, l_q=8, conf_stop=0.5)
-    lanes = {"draft": Lane(BigramLM(chain(), "draft")), "qualifier": Lane(BigramLM(q, "qualifier"))}
+    cursors = {"draft": Cursor(BigramLM(chain(), "draft")), "qualifier": Cursor(BigramLM(q, "qualifier"))}
+    st = method_spec(cfg.method).stages[0]
     seq = [0]
-    lanes["qualifier"].cut = lambda committed: None  # the planted missed cut (this block only)
-    block, *_ = pyramid_block(lanes, seq, 8, cfg, None)
-    del lanes["qualifier"].cut
+    cursors["qualifier"].cut = lambda committed: None  # the planted missed cut (this block only)
+    block, *_ = pyramid_block(cursors, seq, st, 8, cfg, None)
+    del cursors["qualifier"].cut
     assert block == [1, 5]
     seq = seq + block + [6]  # the target accepts the block and adds its bonus
-    for lane in lanes.values():
-        lane.cut(len(seq))
+    for cur in cursors.values():
+        cur.cut(len(seq))
     with pytest.raises(CacheError, match="cut was missed"):
-        pyramid_block(lanes, seq, 8, cfg, None)
+        pyramid_block(cursors, seq, st, 8, cfg, None)

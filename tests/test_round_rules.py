@@ -7,14 +7,13 @@ import pytest
 import torch
 from mock_lm import BigramLM, bigram_table
 
-from pyramid_demo.core import rules, tree_round
+from pyramid_demo.core import rules
 from pyramid_demo.core.config import DecodeConfig
-from pyramid_demo.core.decide import decide_round
 from pyramid_demo.core.engine import decode
 from pyramid_demo.core.recorder import record
+from pyramid_demo.core.round import Cursor, decide_round, grow
+from pyramid_demo.core.rules import Tree, chain, decide_tree
 from pyramid_demo.core.trace import accepted_path, parents_of
-from pyramid_demo.core.tree import Tree, chain, decide_tree
-from pyramid_demo.core.tree_round import Lane
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 V = 6
@@ -31,7 +30,7 @@ def _z(*hot: int, scale: float = 10.0) -> torch.Tensor:
 def _levels(tree: Tree) -> dict[int, list[tuple[int, int]]]:
     """Per depth: (parent, token) of each node, in node order."""
     out: dict[int, list[tuple[int, int]]] = {}
-    for i, d in enumerate(tree.depths()):
+    for i, d in enumerate(rules.depths(tree.parents)):
         out.setdefault(d, []).append((tree.parents[i], tree.tokens[i]))
     return out
 
@@ -51,7 +50,7 @@ def test_tree_growth_expands_best_frontier_nodes_each_level():
     lm = BigramLM(probs.log(), "draft")
     # level 2's candidates by path product: 1→3 .30 (node 2), 2→5 .15 (node 4), 1→4 .10 (node 3), 2→6 .09
     # (node 5); the best two, nodes 2 and 4, grow; nodes 3 and 5 (the worst two) stay leaves
-    prop = tree_round.grow(Lane(lm, 0), [0], 10, 3, 2, DecodeConfig(), None)  # nodes 10: every candidate kept
+    prop = grow(Cursor(lm, 0), [0], 10, 3, 2, DecodeConfig(), None)  # nodes 10: every candidate kept
     lv = _levels(prop.tree)
     assert lv[1] == [(-1, 1), (-1, 2)], f"level 1 must be the root's top-2 children, got {lv[1]}"
     assert lv[2] == [(0, 3), (0, 4), (1, 5), (1, 6)], f"level 2 must grow both level-1 nodes, got {lv[2]}"
@@ -132,7 +131,7 @@ def test_a_round_yields_its_accepted_path_plus_exactly_one_verifier_token(case):
     """Rule: k accepted tokens give k + 1 new ones, the verifier's own last: a bonus at a leaf, else resampled."""
     tree, tops, path, nxt, own = CASES[case]
     rnd = decide_round(_argmax_rows(*tops), tree, "sd", None, DecodeConfig(), None, "target", "draft", "target")
-    assert rnd.path == path and rnd.nxt == nxt, f"{case}: the walk took {rnd.path} then {rnd.nxt}"
+    assert rnd.dec.path == path and rnd.dec.nxt == nxt, f"{case}: the walk took {rnd.dec.path} then {rnd.dec.nxt}"
     new = rnd.new_tokens()
     want = [tree.tokens[i] for i in path] + [nxt]
     assert new == want, (f"{case}: a round yields its accepted path then exactly one verifier token "

@@ -3,10 +3,10 @@ import math
 
 import pytest
 import torch
+from helpers import leading_run, sd_passes, verify
 
 from pyramid_demo.core import rules
 from pyramid_demo.core.config import DecodeConfig
-from pyramid_demo.core.engine import verify
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -66,15 +66,15 @@ def test_sd_greedy_accepts_while_tokens_match_argmax():
     """Greedy SD: x̃ = [3, 1, 0] against argmaxes [3, 1, 2] accepts 2."""
     p = rules.warp(one_hot_logits([3, 1, 2, 0]), 0.0)
     q = rules.warp(one_hot_logits([3, 1, 0]), 0.0)
-    assert rules.leading_run(rules.sd_passes(p[:3], q, [3, 1, 0], None)) == 2
+    assert leading_run(sd_passes(p[:3], q, [3, 1, 0], None)) == 2
 
 
 def test_sd_ratio_test_with_explicit_uniforms():
     """Sampled SD accepts x̃ iff r < p(x̃)/q(x̃): p=.5, q=.8 gives ratio .625."""
     p, q = torch.tensor([[0.5, 0.5]]), torch.tensor([[0.8, 0.2]])
-    assert rules.sd_passes(p, q, [0], torch.tensor([0.6])) == [True]
-    assert rules.sd_passes(p, q, [0], torch.tensor([0.7])) == [False]
-    assert rules.sd_passes(p, q, [1], torch.tensor([0.99])) == [True]  # p/q = 2.5 ≥ 1 always passes
+    assert sd_passes(p, q, [0], torch.tensor([0.6])) == [True]
+    assert sd_passes(p, q, [0], torch.tensor([0.7])) == [False]
+    assert sd_passes(p, q, [1], torch.tensor([0.99])) == [True]  # p/q = 2.5 ≥ 1 always passes
 
 
 def test_residual_is_normalised_positive_part():
@@ -85,8 +85,8 @@ def test_residual_is_normalised_positive_part():
 
 def test_fuzzy_accepts_leading_run_under_tau():
     """FSD accepts the leading run with d ≤ τ whatever the tokens: [.1,.3,.6,.1] at τ .5 → 2."""
-    assert rules.leading_run(rules.fuzzy_passes(torch.tensor([0.1, 0.3, 0.6, 0.1]), 0.5)) == 2
-    assert rules.leading_run(rules.fuzzy_passes(torch.tensor([0.5]), 0.5)) == 1  # ≤ is inclusive
+    assert leading_run(rules.fuzzy_passes(torch.tensor([0.1, 0.3, 0.6, 0.1]), 0.5)) == 2
+    assert leading_run(rules.fuzzy_passes(torch.tensor([0.5]), 0.5)) == 1  # ≤ is inclusive
 
 
 def test_warp_top_k_and_top_p():
@@ -97,7 +97,7 @@ def test_warp_top_k_and_top_p():
     assert torch.equal(rules.warp(z, 0.0), torch.tensor([[1.0, 0, 0, 0]]))
 
 
-# --- the engine's `verify`, the whole acceptance step, on hand-built logits -------------
+# --- the tests' `verify` (tests/helpers.py), the whole acceptance step, on hand-built logits -------------
 
 CLOSE = [0.6, 0.4, 0.0, 0.0]  # target rows
 NEAR = [0.4, 0.6, 0.0, 0.0]  # js(CLOSE, NEAR) ≈ 0.02: close, but its argmax differs

@@ -2,13 +2,14 @@
 compaction of the accepted path, and tree rows in the feature draft."""
 import pytest
 import torch
+from helpers import check
 from test_engine import joint_two_tokens  # the chain tests' joint law of the first two tokens
 
 from pyramid_demo.core.cache import CacheError
 from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.lean import LeanLM
+from pyramid_demo.core.rules import Tree, best_nodes, chain, decide_tree, depths
 from pyramid_demo.core.run import generate
-from pyramid_demo.core.tree import Tree, best_nodes, chain, check, decide_tree
 from pyramid_demo.models.tiny import tiny_random_triplet
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -33,7 +34,7 @@ def _tree() -> Tree:
 def test_a_chain_is_a_tree_with_parent_i_minus_1():
     """chain(): node i's parent is i − 1 and context i's proposer row is row i."""
     t = chain([5, 6, 7], torch.zeros(3, V))
-    assert t.parents == [-1, 0, 1] and t.depths() == [1, 2, 3] and t.q_row == [0, 1, 2, -1]
+    assert t.parents == [-1, 0, 1] and depths(t.parents) == [1, 2, 3] and t.q_row == [0, 1, 2, -1]
     check(t)
 
 
@@ -102,11 +103,11 @@ def test_a_tree_of_top_k_children_is_not_exact(monkeypatch):
     """Control: multi-step speculative sampling is lossless over children drawn from the draft; the same trees
     grown from the draft's top-k (deterministic children, as at T=0) put the first two tokens off the target's
     law by more than the bound above."""
-    from pyramid_demo.core import tree_round
+    from pyramid_demo.core import round as round_
 
-    real = tree_round.grow
-    monkeypatch.setattr(tree_round, "grow", lambda lane, seq, nodes, depth, k, cfg, gen:
-                        real(lane, seq, nodes, depth, k, cfg, None))
+    real = round_.grow
+    monkeypatch.setattr(round_, "grow", lambda cur, seq, nodes, depth, k, cfg, gen:
+                        real(cur, seq, nodes, depth, k, cfg, None))
     emp, exp = joint_two_tokens("sd", 3000, shape="tree", tree_nodes=5, tree_depth=2, tree_k=2)
     assert 0.5 * (emp - exp).abs().sum().item() > 0.05
 

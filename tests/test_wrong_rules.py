@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import propose, verify
 from mock_lm import BigramLM, as_run, bigram_table
 
 from pyramid_demo.core import rules
 from pyramid_demo.core.config import DecodeConfig
-from pyramid_demo.core.engine import decode, propose, roles_for, verify
+from pyramid_demo.core.engine import decode, roles_for
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

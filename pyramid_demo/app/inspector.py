@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..core import noise
-from ..core import parents as parent_list
+from ..core import noise, rules
 from ..core.config import short_name
 from ..core.methods import LANES
 from ..core.rules import fuzzy_passes
@@ -37,7 +36,7 @@ def walk(rnd: StageRound, tau: float) -> list[str]:
     rejects every child and ends the walk. A cut does not depend on τ: a cut round keeps at most what it kept,
     the path past it discarded (as the recorder marks it)."""
     recs = rnd.tokens[:-1]
-    kids = parent_list.children(parents_of(rnd))
+    kids = rules.children(parents_of(rnd))
     status = ["discarded"] * len(recs)
     path: list[int] = []
     c = 0
@@ -87,7 +86,7 @@ def round_tau(rnd: StageRound, tau_q: float, tau_t: float) -> float | None:
 def line(rnd: StageRound) -> list[int]:
     """The nodes the inspector lays along positions 1, 2, …, one per depth: the accepted path, then from its end
     each context's top-ranked child (a chain's rejected token and the discarded ones after it: all of a chain)."""
-    kids = parent_list.children(parents_of(rnd))
+    kids = rules.children(parents_of(rnd))
     out = accepted_path(rnd)
     c = out[-1] + 1 if out else 0
     while kids[c]:
@@ -116,9 +115,9 @@ def positions(rnd: StageRound) -> list[Position]:
     """Every position of a round along its line (`line`): a chain of n that stopped at k has n (the own token
     beside the rejected one at k + 1), one fully accepted has n + 1 (the bonus after the last)."""
     ps = parents_of(rnd)
-    kids = parent_list.children(ps)
+    kids = rules.children(ps)
     nodes, k = line(rnd), len(accepted_path(rnd))
-    out = [Position(d, i, [j for j in kids[parent_list.context_of(ps, i)] if j != i], d == k + 1)
+    out = [Position(d, i, [j for j in kids[rules.context_of(ps, i)] if j != i], d == k + 1)
            for d, i in enumerate(nodes, start=1)]
     if k + 1 > len(nodes):
         out.append(Position(k + 1, None, [], True))
@@ -134,7 +133,7 @@ def block_sources(step: Step) -> list[TokenRec | None]:
     for rnd in step.qualifier_rounds:
         path = accepted_path(rnd)
         out += [rnd.tokens[i] for i in path]
-        end = parent_list.children(parents_of(rnd))[path[-1] + 1 if path else 0]
+        end = rules.children(parents_of(rnd))[path[-1] + 1 if path else 0]
         out.append(rnd.tokens[end[0]] if end else None)
     return out
 
@@ -163,7 +162,7 @@ def rounds_of(r: RunResult) -> list[StageRound]:
 def proposes_trees(r: RunResult) -> bool:
     """Whether a run proposed trees: some round's parent list is not a chain (read from the records, never from a
     method key or a setting's name)."""
-    return any(not parent_list.is_chain(parents_of(x)) for x in rounds_of(r))
+    return any(not rules.is_chain(parents_of(x)) for x in rounds_of(r))
 
 
 def shape_summary(r: RunResult) -> str:
@@ -172,7 +171,7 @@ def shape_summary(r: RunResult) -> str:
         return "chain"
     ps = [parents_of(x) for x in rounds_of(r)]
     return (f"tree (≤ {max(len(p) for p in ps)} nodes, depth ≤ "
-            f"{max(max(parent_list.depths(p), default=0) for p in ps)})")
+            f"{max(max(rules.depths(p), default=0) for p in ps)})")
 
 
 def result_export(r: RunResult) -> dict:

@@ -14,7 +14,7 @@ from typing import Any
 
 import gradio as gr
 
-from ..core import parents as parent_list
+from ..core import rules
 from ..core.config import METHOD_LABELS
 from . import playback, render
 from .playback import HIDDEN, MARKS, PROPOSED, Beat, Chip
@@ -168,12 +168,12 @@ def round_html(beat: Beat) -> str:
     (each node under its parent, depth by depth), the verifier's own token last."""
     ps = list(beat.parents)
     n = len(ps)
-    if parent_list.is_chain(ps):
+    if rules.is_chain(ps):
         cells = [_cell(beat, i) for i in range(n + 1) if i < len(beat.chips) and beat.chips[i].state != HIDDEN]
         return f'<div style="{render.FONT}font-size:1.1rem;display:flex;flex-wrap:wrap;align-items:flex-start">' \
                f'{"".join(cells)}</div>'
-    kids = parent_list.children(ps)
-    depth = parent_list.depths(ps)
+    kids = rules.children(ps)
+    depth = rules.depths(ps)
     rows: list[str] = []
 
     def visit(c: int) -> None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from ..core import parents as parent_list
+from ..core import rules
 from ..core.rules import fuzzy_passes
 from ..core.trace import StageRound, Step, accepted_path, parents_of
 
@@ -68,7 +68,7 @@ def visits(rnd: StageRound) -> list[tuple[int, ...]]:
     them: at each context the refused children (rank order), then the taken one, whose children come next. A
     fuzzy test without the SD fallback refuses a context's children together: one group."""
     recs = rnd.tokens[:-1]
-    kids = parent_list.children(parents_of(rnd))
+    kids = rules.children(parents_of(rnd))
     out: list[tuple[int, ...]] = []
     c = 0
     while kids[c]:
@@ -164,7 +164,7 @@ class _Play:
             return f"{v} writes its own {t} in place of the refused guess (resampled)"
         if not ps:
             return f"nothing was proposed, so the {v} writes {t} itself (bonus)"
-        if parent_list.is_chain(ps):
+        if rules.is_chain(ps):
             return f"every guess passed, so the {v} adds {t} for free (bonus)"
         return f"the path reached a leaf of the tree, so the {v} adds {t} for free (bonus)"
 
@@ -187,7 +187,7 @@ class _Play:
             self.add(f"the qualified block of {n} token{'s' if n != 1 else ''} goes up to the target", "qualifier",
                      j, title, chips, ps, tuple(range(n)))
         elif not block:
-            kids = parent_list.children(ps)
+            kids = rules.children(ps)
             for i in range(n):
                 set_state(i, PROPOSED)
                 t, parent = _q(chips[i].text), ps[i]

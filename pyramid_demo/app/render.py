@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 import re
 
-from ..core import parents as parent_list
+from ..core import rules
 from ..core.config import METHOD_LABELS
 from ..core.methods import LANES, method_spec
 from ..core.trace import RunResult, StageRound, Step, accepted_path, parents_of
@@ -169,7 +169,7 @@ def round_chips_html(rnd: StageRound, texts: dict[int, str], title: str, whatif:
     each proposed token; `note` is trusted HTML.
     """
     ps = parents_of(rnd)
-    kids, depth = parent_list.children(ps), parent_list.depths(ps)
+    kids, depth = rules.children(ps), rules.depths(ps)
     path = accepted_path(rnd)
     cells: list[tuple[int, int, str, str]] = []  # (row, column, class, html); row 1 the header, 2 the path
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ..core import parents as parent_list
+from ..core import rules
 from ..core.trace import StageRound, Step, TokenRec, accepted_path, parents_of
 from .charts import FONT_SIZE, _layout, empty_figure
 from .render import STATUS_COLOURS
@@ -76,13 +76,13 @@ def place_round(rnd: StageRound, x0: float, top: dict[int, int], fold: bool = Fa
     proposed ones in record order, then the own token."""
     props = rnd.tokens[:-1]
     parents = round_parents(rnd)
-    depth = parent_list.depths(parents)
+    depth = rules.depths(parents)
     nodes = [Node(t, depth[i], False) for i, t in enumerate(props)]
     accepted = accepted_path(rnd)
     end = accepted[-1] if accepted else -1  # the accepted path's last node
     own = len(nodes)
     nodes.append(Node(rnd.tokens[-1], len(accepted) + 1, True))
-    kids = parent_list.children(parents) + [[]]  # context c: 0 the root, i + 1 node i (the own token's: none)
+    kids = rules.children(parents) + [[]]  # context c: 0 the root, i + 1 node i (the own token's: none)
     kids[end + 1].insert(0, own)  # the verifier's token continues the path
     for i in [*accepted, own]:
         nodes[i].on_path = True
@@ -183,13 +183,13 @@ def _rows(step: Step) -> list[Row]:
     rows = []
     if step.qualifier_rounds:
         q = step.qualifier_rounds
-        shape = "chains" if all(parent_list.is_chain(parents_of(r)) for r in q) else "trees"
+        shape = "chains" if all(rules.is_chain(parents_of(r)) for r in q) else "trees"
         rounds = f"{len(q)} rounds" if len(q) > 1 else "one round"
         rows.append(Row(f"Stage 1 (●) · draft → qualifier: {rounds} of {shape} build the block", q))
     t = step.target_round
     assert t is not None
     n = len(t.tokens) - 1
-    what = f"a chain of {n}" if parent_list.is_chain(parents_of(t)) else f"a tree of {n} candidates"
+    what = f"a chain of {n}" if rules.is_chain(parents_of(t)) else f"a tree of {n} candidates"
     stage = "Stage 2 (■) · " if step.qualifier_rounds else ""
     rows.append(Row(f"{stage}{t.proposer} → target: {what}, accepted path of {t.n_accepted}", [t]))
     for row in rows:

@@ -8,7 +8,7 @@ from typing import Any
 
 import gradio as gr
 
-from ..core import parents as parent_list
+from ..core import rules
 from ..core.config import METHOD_LABELS
 from ..core.trace import RunResult, StageRound, parents_of
 from . import charts, inspector, render, story
@@ -38,16 +38,16 @@ def _pos_slider(r: RunResult | None) -> Any:
 def shape_words(rnd: StageRound) -> str:
     """"a chain of 4" or "a tree of 7 candidates, depth 3": what a round proposed, read from its parent list."""
     ps = parents_of(rnd)
-    if parent_list.is_chain(ps):
+    if rules.is_chain(ps):
         return f"a chain of {len(ps)}"
-    return f"a tree of {len(ps)} candidates, depth {max(parent_list.depths(ps))}"
+    return f"a tree of {len(ps)} candidates, depth {max(rules.depths(ps))}"
 
 
 def kept_words(rnd: StageRound) -> str:
     """What the verifier kept, in the round's own shape: "**2 of 4** proposed tokens" for a chain, "**2** (a path)
     of a tree of 7 candidates, depth 3" for a tree (a path's length is not a share of the nodes)."""
     ps = parents_of(rnd)
-    if parent_list.is_chain(ps):
+    if rules.is_chain(ps):
         return f"**{rnd.n_accepted} of {len(ps)}** proposed tokens"
     return f"**{rnd.n_accepted}** (a path) of {shape_words(rnd)}"
 

@@ -1,12 +1,12 @@
 """The decoding loop: AR, and every speculative method as the stages its row in `methods.TABLE` lists.
 
-`decode` is one generator with explicit state: the committed sequence `seq` and one `Lane` per model
-(its model and the position its cache ends at, passed into every forward). Each target pass yields one
-`Step`. A stage's round is one code path whatever the proposal's shape (`stage_round`): the model layer
-(`tree_round`) proposes a chain or a tree and scores it with a plain or a tree pass; the timed path only
-decides (`decide.decide_round`, the one walk); the per-token records that explain a step (top-5 lists,
-display divergences, p and q) are built from the logits already computed, after the engine clock has
-stopped (`recorder.record`). Randomness comes from one `torch.Generator` per run (None at temperature 0).
+`decode` resolves the method once and is one generator with explicit state: the committed sequence `seq` and
+one `Cursor` per model (its model and the position its cache ends at, passed into every forward). Each target
+pass yields one `Step`. A stage's round is one code path whatever the proposal's shape (`stage_round`): the
+round layer (`round`) proposes a chain or a tree, scores it with a plain or a tree pass, decides it by the one
+walk (`rules.decide_tree`) and settles the caches to the accepted path; the per-token records that explain a
+step (top-5 lists, display divergences, p and q) are built from the logits already computed, after the engine
+clock has stopped (`recorder.record`). Randomness comes from one `torch.Generator` per run (None at temperature 0).
 """
 from __future__ import annotations
 
@@ -15,21 +15,167 @@ from collections.abc import Iterator
 
 import torch
 
-from . import rules, tree_round
+from . import rules
 from .cache import TargetStates
 from .config import DecodeConfig
-from .decide import Round, decide, decide_round
 from .lm import LM
 from .methods import Stage, method_spec, stage_rule
 from .recorder import record
-from .trace import StageRound, Step
-from .tree import chain
-from .tree_round import Lane, NonFiniteLogits, Proposal
-from .tree_round import pick as _pick
-from .tree_round import propose_chain as propose
+from .round import (
+    Cursor,
+    NonFiniteLogits,
+    Proposal,
+    Round,
+    confidence,
+    confident_prefix,
+    decide_round,
+    pick,
+    propose,
+    score,
+    settle,
+)
+from .trace import Step
 
-__all__ = ["Lane", "NonFiniteLogits", "connect", "decode", "prefill", "propose", "pyramid_block", "roles_for",
-           "verify"]
+__all__ = ["NonFiniteLogits", "connect", "decode", "prefill", "pyramid_block", "roles_for", "stage_round"]
+
+
+def decode(lms: dict[str, LM], prompt_ids: list[int], cfg: DecodeConfig, eos_ids: tuple[int, ...],
+           gen: torch.Generator | None, full_records: bool = True) -> Iterator[Step]:
+    """Generate after a prefilled prompt, one `Step` per target pass, until EOS or the budget.
+
+    `cfg.shape` must be "chain" or "tree" (`run.resolve_shape` resolves "auto" first). `full_records=False`
+    (bench) keeps each token's status only: no top-5 lists, divergences or p/q. A model that returns NaN or
+    +inf logits stops the run with NonFiniteLogits naming the model's role and the target pass."""
+    spec = method_spec(cfg.method)  # the one look-up: the loop below runs its stages
+    if spec.shaped and cfg.shape not in ("chain", "tree"):
+        raise ValueError(f"shape {cfg.shape!r} must be resolved to 'chain' or 'tree' before decoding "
+                         "(run.resolve_shape)")
+    n_pass = n_new = 0
+    try:
+        for step in _decode(lms, prompt_ids, spec.stages, cfg, eos_ids, gen, full_records):
+            n_pass, n_new = n_pass + 1, n_new + len(step.new_tokens)
+            yield step
+    except NonFiniteLogits as e:
+        raise NonFiniteLogits(f"{e} at target pass {n_pass + 1} (after {n_new} new tokens): the model is "
+                              f"broken, or overflows in its dtype (try float32)") from None
+
+
+def _decode(lms: dict[str, LM], prompt_ids: list[int], stages: tuple[Stage, ...], cfg: DecodeConfig,
+            eos_ids: tuple[int, ...], gen: torch.Generator | None, full_records: bool) -> Iterator[Step]:
+    seq, n0, clock = list(prompt_ids), len(prompt_ids), _Clock()
+    cursors = {r: Cursor(lm, lm.cache_len) for r, lm in lms.items()}  # after the prefill
+    for i in range(cfg.max_new_tokens):
+        room = cfg.max_new_tokens - (len(seq) - n0)
+        if room <= 0:
+            return
+        t0 = clock.now()
+        times0 = {r: lm.time_s for r, lm in lms.items()}
+        calls0 = {r: lm.n_forward for r, lm in lms.items()}
+        fed0 = {r: len(lm.fed) for r, lm in lms.items()}
+        qrounds: list[Round] = []
+        tround = None
+        if not stages:  # AR: the target alone
+            new, origins = [pick(cursors["target"].feed(seq, 1), cfg, gen)], ["target"]
+        else:
+            qrounds, tround, from_q = _target_round(cursors, seq, stages, room - 1, cfg, gen, eos_ids)
+            new, origins = tround.new_tokens(), from_q + [tround.own_origin]
+        eos_at = first_eos(new, eos_ids)
+        if eos_at is not None:
+            new, origins = new[: eos_at + 1], origins[: eos_at + 1]
+            if tround is not None:
+                tround = tround.cut(eos_at + 1, eos=True)  # an EOS inside the accepted path: the round ends there
+        seq.extend(new)
+        for cur in cursors.values():
+            cur.cut(len(seq))
+        t_end = clock.now()
+        clock.pause()  # the records explain the step; the race does not time them
+        step = Step(i, [record(r, cfg, full_records) for r in qrounds],
+                    record(tround, cfg, full_records) if tround is not None else None, new, origins, t0, t_end,
+                    {r: round(lm.time_s - times0[r], 6) for r, lm in lms.items()},
+                    {r: lm.n_forward - calls0[r] for r, lm in lms.items()},
+                    {r: lm.fed[fed0[r]:] for r, lm in lms.items()})
+        yield step
+        clock.resume()
+        if eos_at is not None:
+            return
+
+
+def _target_round(cursors: dict[str, Cursor], seq: list[int], stages: tuple[Stage, ...], room: int,
+                  cfg: DecodeConfig, gen: torch.Generator | None, eos_ids: tuple[int, ...]
+                  ) -> tuple[list[Round], Round, list[str]]:
+    """The stages before the target (a pyramid's block, built by stage-1 rounds), then the target's round:
+    the qualifier rounds, the target round and the origins of the proposal's tokens."""
+    st = stages[-1]
+    if len(stages) > 1:
+        x, from_q, z_q, qrounds = pyramid_block(cursors, seq, stages[0], min(getattr(cfg, st.length), room), cfg,
+                                                gen, eos_ids)
+        assert z_q.shape[0] == len(x), f"stage 2 misaligned: {z_q.shape[0]} qualifier rows for a block of {len(x)}"
+        prop = Proposal(rules.chain(x, z_q))  # the qualified block goes on as a chain
+    else:
+        qrounds = []
+        prop = propose(cursors[st.proposer], seq, room, getattr(cfg, st.length), cfg, gen)
+        from_q = [st.proposer] * prop.tree.n
+    rnd = stage_round(cursors, seq, st, prop, cfg, gen)
+    return qrounds, rnd, [from_q[i] for i in rnd.dec.path]
+
+
+def pyramid_block(cursors: dict[str, Cursor], seq: list[int], st: Stage, size: int, cfg: DecodeConfig,
+                  gen: torch.Generator | None, eos_ids: tuple[int, ...] = ()
+                  ) -> tuple[list[int], list[str], torch.Tensor, list[Round]]:
+    """Stage 1 (`st`): draft → qualifier rounds until `size` tokens are qualified (CHOICE: cut to size).
+    The block also ends at an EOS: nothing after it could be used.
+
+    Returns the block (at most `size` tokens), each token's origin, the qualifier's logits at every block
+    position [len(block), V] (they replace the draft's in stage 2), and the qualifier rounds, each recording
+    exactly the tokens it put in the block. With cfg.conf_stop > 0 the block also ends after a token the
+    qualifier is less sure of.
+    """
+    block: list[int] = []
+    origins: list[str] = []
+    z_q_rows: list[torch.Tensor] = []
+    rounds: list[Round] = []
+    while len(block) < size:
+        here = seq + block
+        prop = propose(cursors[st.proposer], here, size - len(block), getattr(cfg, st.length), cfg, gen)
+        rnd = stage_round(cursors, here, st, prop, cfg, gen)
+        z_q = rnd.z_p[[0] + [i + 1 for i in rnd.dec.path]]  # [k+1, V]: the qualifier at the new tokens' contexts
+        new = rnd.new_tokens()  # [k+1]: the accepted path, then the qualifier's own token
+        eos_at = first_eos(new, eos_ids)
+        keep = min(len(new), size - len(block), len(new) if eos_at is None else eos_at + 1)  # CHOICE: cut to size
+        low = False
+        if cfg.conf_stop:  # the qualifier's confidence at the new block tokens [keep]
+            conf = confidence(z_q[:keep]).tolist()
+            keep = confident_prefix(conf, cfg.conf_stop)
+            low = conf[keep - 1] < cfg.conf_stop
+        ends_at_eos = eos_at is not None and keep == eos_at + 1
+        rnd = rnd.cut(keep, eos=ends_at_eos)  # the record says what entered the block, nothing more
+        block += new[:keep]
+        origins += ([st.proposer] * rnd.k + [rnd.own_origin])[:keep]
+        z_q_rows.extend(z_q[:keep])
+        rounds.append(rnd)
+        for role in (st.proposer, st.verifier):
+            cursors[role].cut(len(seq) + len(block))
+        if low or ends_at_eos:
+            break
+    z_q_block = torch.stack(z_q_rows) if z_q_rows else torch.zeros(0, 0)  # [len(block), V]
+    return block, origins, z_q_block, rounds
+
+
+def stage_round(cursors: dict[str, Cursor], seq: list[int], st: Stage, prop: Proposal, cfg: DecodeConfig,
+                gen: torch.Generator | None) -> Round:
+    """One verification of `st`: the verifier scores the proposal after `seq` in one pass, the stage's rule
+    decides it, and only the accepted path stays in the caches. The same for every shape and every stage."""
+    rule = stage_rule(st, cfg.stage2)
+    tau = getattr(cfg, st.tau) if rule == "fuzzy" and st.tau else None
+    z_p = score(cursors[st.verifier], seq, prop.tree)  # [N + 1, V]
+    rnd = decide_round(z_p, prop.tree, rule, tau, cfg, gen, st.verifier, st.proposer, st.verifier)
+    settle(cursors[st.proposer], cursors[st.verifier], seq, prop, rnd.dec.path)
+    return rnd
+
+
+def first_eos(tokens: list[int], eos_ids: tuple[int, ...]) -> int | None:
+    """Index of the first EOS in `tokens` (None without one): the one place a step looks for it."""
+    return next((i for i, t in enumerate(tokens) if t in eos_ids), None)
 
 
 class _Clock:
@@ -48,9 +194,16 @@ class _Clock:
         self.paused += time.perf_counter() - self.pause_at
 
 
-def roles_for(method: str) -> tuple[str, ...]:
-    """The models a method runs (its row in `methods.TABLE`)."""
-    return method_spec(method).roles
+def prefill(lms: dict[str, LM], prompt_ids: list[int]) -> float:
+    """Feed all but the last prompt token to every model (the draft last: a proposer that reads its verifier
+    needs the verifier's states, linked here by `connect`); returns the seconds it took."""
+    connect(lms)
+    t0 = time.perf_counter()
+    if len(prompt_ids) > 1:
+        for role in sorted(lms, key=lambda r: r == "draft"):
+            lm = lms[role]
+            lm.forward(prompt_ids[lm.cache_len: -1], lm.cache_len, 1)
+    return time.perf_counter() - t0
 
 
 def connect(lms: dict[str, LM]) -> None:
@@ -67,160 +220,6 @@ def connect(lms: dict[str, LM]) -> None:
         lm.states = states
 
 
-def verify(z_p: torch.Tensor, z_q: torch.Tensor, x: list[int], rule: str, tau: float | None,
-           cfg: DecodeConfig, gen: torch.Generator | None, stage: str, proposer: str,
-           verifier: str) -> tuple[StageRound, int]:
-    """Decide and record one chain round at once (tests and tools): the round record and the verifier's token."""
-    rnd = decide(z_p, z_q, x, rule, tau, cfg, gen, stage, proposer, verifier)
-    return record(rnd, cfg), rnd.nxt
-
-
-def stage_round(lanes: dict[str, Lane], seq: list[int], st: Stage, prop: Proposal, cfg: DecodeConfig,
-                gen: torch.Generator | None) -> Round:
-    """One verification of `st`: the verifier scores the proposal after `seq` in one pass, the stage's rule
-    decides it, and only the accepted path stays in the caches. The same for every shape and every stage."""
-    rule = stage_rule(st, cfg.stage2)
-    tau = getattr(cfg, st.tau) if rule == "fuzzy" and st.tau else None
-    z_p = tree_round.score(lanes[st.verifier], seq, prop.tree)  # [N + 1, V]
-    rnd = decide_round(z_p, prop.tree, rule, tau, cfg, gen, st.verifier, st.proposer, st.verifier)
-    tree_round.settle(lanes[st.proposer], lanes[st.verifier], seq, prop, rnd.path)
-    return rnd
-
-
-def pyramid_block(lanes: dict[str, Lane], seq: list[int], size: int, cfg: DecodeConfig,
-                  gen: torch.Generator | None, eos_ids: tuple[int, ...] = ()
-                  ) -> tuple[list[int], list[str], torch.Tensor, list[Round]]:
-    """Stage 1: draft → qualifier rounds until `size` tokens are qualified (CHOICE: cut to size).
-    The block also ends at an EOS: nothing after it could be used.
-
-    Returns the block (at most `size` tokens), each token's origin, the qualifier's logits at every block
-    position [len(block), V] (they replace the draft's in stage 2), and the qualifier rounds, each recording
-    exactly the tokens it put in the block. With cfg.conf_stop > 0 the block also ends after a token the
-    qualifier is less sure of.
-    """
-    st = method_spec(cfg.method).stages[0]
-    block: list[int] = []
-    origins: list[str] = []
-    z_q_rows: list[torch.Tensor] = []
-    rounds: list[Round] = []
-    while len(block) < size:
-        here = seq + block
-        prop = tree_round.propose(lanes[st.proposer], here, size - len(block), getattr(cfg, st.length), cfg, gen)
-        rnd = stage_round(lanes, here, st, prop, cfg, gen)
-        z_q = rnd.z_p[[0] + [i + 1 for i in rnd.path]]  # [k+1, V]: the qualifier at the new tokens' contexts
-        new = rnd.new_tokens()  # [k+1]: the accepted path, then the qualifier's own token
-        eos_at = first_eos(new, eos_ids)
-        keep = min(len(new), size - len(block), len(new) if eos_at is None else eos_at + 1)  # CHOICE: cut to size
-        low = False
-        if cfg.conf_stop:  # the qualifier's confidence at the new block tokens [keep]
-            conf = rules.confidence(z_q[:keep]).tolist()
-            keep = rules.confident_prefix(conf, cfg.conf_stop)
-            low = conf[keep - 1] < cfg.conf_stop
-        ends_at_eos = eos_at is not None and keep == eos_at + 1
-        rnd = rnd.cut(keep, eos=ends_at_eos)  # the record says what entered the block, nothing more
-        block += new[:keep]
-        origins += ([st.proposer] * rnd.k + [rnd.own_origin])[:keep]
-        z_q_rows.extend(z_q[:keep])
-        rounds.append(rnd)
-        for role in (st.proposer, st.verifier):
-            lanes[role].cut(len(seq) + len(block))
-        if low or ends_at_eos:
-            break
-    z_q_block = torch.stack(z_q_rows) if z_q_rows else torch.zeros(0, 0)  # [len(block), V]
-    return block, origins, z_q_block, rounds
-
-
-def first_eos(tokens: list[int], eos_ids: tuple[int, ...]) -> int | None:
-    """Index of the first EOS in `tokens` (None without one): the one place a step looks for it."""
-    return next((i for i, t in enumerate(tokens) if t in eos_ids), None)
-
-
-def prefill(lms: dict[str, LM], prompt_ids: list[int]) -> float:
-    """Feed all but the last prompt token to every model (the draft last: a proposer that reads its verifier
-    needs the verifier's states, linked here by `connect`); returns the seconds it took."""
-    connect(lms)
-    t0 = time.perf_counter()
-    if len(prompt_ids) > 1:
-        for role in sorted(lms, key=lambda r: r == "draft"):
-            lm = lms[role]
-            lm.forward(prompt_ids[lm.cache_len: -1], lm.cache_len, 1)
-    return time.perf_counter() - t0
-
-
-def decode(lms: dict[str, LM], prompt_ids: list[int], cfg: DecodeConfig, eos_ids: tuple[int, ...],
-           gen: torch.Generator | None, full_records: bool = True) -> Iterator[Step]:
-    """Generate after a prefilled prompt, one `Step` per target pass, until EOS or the budget.
-
-    `cfg.shape` must be "chain" or "tree" (`run.resolve_shape` resolves "auto" first). `full_records=False`
-    (bench) keeps each token's status only: no top-5 lists, divergences or p/q. A model that returns NaN or
-    +inf logits stops the run with NonFiniteLogits naming the model's role and the target pass."""
-    if method_spec(cfg.method).shaped and cfg.shape not in ("chain", "tree"):
-        raise ValueError(f"shape {cfg.shape!r} must be resolved to 'chain' or 'tree' before decoding "
-                         "(run.resolve_shape)")
-    n_pass = n_new = 0
-    try:
-        for step in _decode(lms, prompt_ids, cfg, eos_ids, gen, full_records):
-            n_pass, n_new = n_pass + 1, n_new + len(step.new_tokens)
-            yield step
-    except NonFiniteLogits as e:
-        raise NonFiniteLogits(f"{e} at target pass {n_pass + 1} (after {n_new} new tokens): the model is "
-                              f"broken, or overflows in its dtype (try float32)") from None
-
-
-def _target_round(lanes: dict[str, Lane], seq: list[int], room: int, cfg: DecodeConfig, gen: torch.Generator | None,
-                  eos_ids: tuple[int, ...]) -> tuple[list[Round], Round, list[str]]:
-    """The stages before the target (a pyramid's block, built by stage-1 rounds), then the target's round:
-    the qualifier rounds, the target round and the origins of the proposal's tokens."""
-    stages = method_spec(cfg.method).stages
-    st = stages[-1]
-    if len(stages) > 1:
-        x, from_q, z_q, qrounds = pyramid_block(lanes, seq, min(getattr(cfg, st.length), room), cfg, gen, eos_ids)
-        assert z_q.shape[0] == len(x), f"stage 2 misaligned: {z_q.shape[0]} qualifier rows for a block of {len(x)}"
-        prop = Proposal(chain(x, z_q))  # the qualified block goes on as a chain
-    else:
-        qrounds = []
-        prop = tree_round.propose(lanes[st.proposer], seq, room, getattr(cfg, st.length), cfg, gen)
-        from_q = [st.proposer] * prop.tree.n
-    rnd = stage_round(lanes, seq, st, prop, cfg, gen)
-    return qrounds, rnd, [from_q[i] for i in rnd.path]
-
-
-def _decode(lms: dict[str, LM], prompt_ids: list[int], cfg: DecodeConfig, eos_ids: tuple[int, ...],
-            gen: torch.Generator | None, full_records: bool) -> Iterator[Step]:
-    seq, n0, clock = list(prompt_ids), len(prompt_ids), _Clock()
-    lanes = {r: Lane(lm, lm.cache_len) for r, lm in lms.items()}  # after the prefill
-    speculative = bool(method_spec(cfg.method).stages)
-    for i in range(cfg.max_new_tokens):
-        room = cfg.max_new_tokens - (len(seq) - n0)
-        if room <= 0:
-            return
-        t0 = clock.now()
-        times0 = {r: lm.time_s for r, lm in lms.items()}
-        calls0 = {r: lm.n_forward for r, lm in lms.items()}
-        fed0 = {r: len(lm.fed) for r, lm in lms.items()}
-        qrounds: list[Round] = []
-        tround = None
-        if not speculative:
-            new, origins = [_pick(lanes["target"].feed(seq, 1), cfg, gen)], ["target"]
-        else:
-            qrounds, tround, from_q = _target_round(lanes, seq, room - 1, cfg, gen, eos_ids)
-            new, origins = tround.new_tokens(), from_q + [tround.own_origin]
-        eos_at = first_eos(new, eos_ids)
-        if eos_at is not None:
-            new, origins = new[: eos_at + 1], origins[: eos_at + 1]
-            if tround is not None:
-                tround = tround.cut(eos_at + 1, eos=True)  # an EOS inside the accepted path: the round ends there
-        seq.extend(new)
-        for lane in lanes.values():
-            lane.cut(len(seq))
-        t_end = clock.now()
-        clock.pause()  # the records explain the step; the race does not time them
-        step = Step(i, [record(r, cfg, full_records) for r in qrounds],
-                    record(tround, cfg, full_records) if tround is not None else None, new, origins, t0, t_end,
-                    {r: round(lm.time_s - times0[r], 6) for r, lm in lms.items()},
-                    {r: lm.n_forward - calls0[r] for r, lm in lms.items()},
-                    {r: lm.fed[fed0[r]:] for r, lm in lms.items()})
-        yield step
-        clock.resume()
-        if eos_at is not None:
-            return
+def roles_for(method: str) -> tuple[str, ...]:
+    """The models a method runs (its row in `methods.TABLE`)."""
+    return method_spec(method).roles

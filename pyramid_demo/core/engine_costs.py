@@ -48,7 +48,7 @@ def _round_units(rnd: StageRound, tree: bool, out: dict[str, Any]) -> None:
 
 
 def census(steps: list[Step], method: str, config: dict | None = None) -> dict[str, Any]:
-    """Units of engine work a recorded run did: target passes ("step": the step's bookkeeping, every lane's
+    """Units of engine work a recorded run did: target passes ("step": the step's bookkeeping, every cursor's
     cut), forwards fed ("feed"), rounds decided ("round"), divergence rows ("div" batched, "div1" one per tree
     context), tree rows expanded by the proposer ("expand"), tree compactions per role ("keep"). Adds up over
     runs (`add`)."""

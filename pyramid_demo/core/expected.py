@@ -20,9 +20,8 @@ import math
 from functools import cache
 
 from .engine_costs import engine_ms
-from .parents import depths
 from .profile import cost_ms, cost_tree_ms
-from .tree import best_nodes
+from .rules import best_nodes, depths
 
 
 # ---------------------------------------------------------------- what a round commits

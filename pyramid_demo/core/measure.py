@@ -55,18 +55,18 @@ class ForwardTimer:
         return t
 
     def time_feed(self) -> tuple[float, float]:
-        """Seconds of a one-token feed through the engine's own path (its lane's checks, the model's bookkeeping
+        """Seconds of a one-token feed through the engine's own path (its cursor's checks, the model's bookkeeping
         outside the forward's clock, the pick) beyond the forward itself; and seconds to cut the cache back
-        (every lane's cut after a step). The cache ends at `context` after."""
+        (every cursor's cut after a step). The cache ends at `context` after."""
         import time
 
-        from .engine import Lane
+        from .round import Cursor
 
         lm = self.lm
-        lane = Lane(lm, lm.cache_len)
+        cur = Cursor(lm, lm.cache_len)
         seq = self.ids[: self.context + 1]
         t0, m0 = time.perf_counter(), lm.time_s
-        int(lane.feed(seq, 1)[0].argmax())  # the greedy pick
+        int(cur.feed(seq, 1)[0].argmax())  # the greedy pick
         extra = time.perf_counter() - t0 - (lm.time_s - m0)
         t1 = time.perf_counter()
         lm.truncate(self.context)
@@ -152,8 +152,8 @@ def measure_engine(vocab_size: int, timers: dict[str, Any] | None = None, reps: 
 
     from . import rules
     from .config import DecodeConfig
-    from .decide import decide
     from .recorder import record
+    from .round import decide
 
     g = torch.Generator().manual_seed(0)
     z_p = torch.randn(5, vocab_size, generator=g)  # [5, V]: a verifier's rows for 4 proposals
@@ -186,7 +186,7 @@ def measure_engine(vocab_size: int, timers: dict[str, Any] | None = None, reps: 
             fed = [target.time_feed() for _ in range(reps)]
             out["feed"] = round(1000 * min(f for f, _ in fed), 5)
             out["step"] = round(1000 * min(c for _, c in fed), 5)
-        except (ImportError, TypeError, AttributeError):  # an engine whose lane reads otherwise: the loop's prices
+        except (ImportError, TypeError, AttributeError):  # an engine whose cursor reads otherwise: the loop's prices
             pass
     keep: dict[str, float] = {}
     for role, timer in (timers or {}).items():

@@ -2,20 +2,30 @@
 
 Why apart from the decision: the race times methods by the work of deciding tokens; the records (top-5
 lists, display divergences, p and q, the SD rule's verdicts) are for the inspector and charts only, so AR and
-the speculative lanes must not pay for them differently. The values are the ones `decide` tested (its
-divergences and uniforms are reused), so what the inspector shows is what the rule saw. One recorder for every
-round: a chain is the tree with parent i − 1.
+the speculative lanes must not pay for them differently. The values are the ones the walk (`rules.decide_tree`)
+tested (its divergences and uniforms are reused), so what the inspector shows is what the rule saw. One recorder
+for every round: a chain is the tree with parent i − 1.
 """
 from __future__ import annotations
 
 import torch
 
-from . import parents as parent_list
 from . import rules
 from .config import DecodeConfig
-from .decide import Round, raw_divergence
+from .round import Round
 from .trace import StageRound, TokenRec
-from .tree import sd_at
+
+
+def raw_divergence(z_p: torch.Tensor, z_q: torch.Tensor, cfg: DecodeConfig) -> torch.Tensor:
+    """Div(P_verifier, P_proposer) per proposed position [n] on the raw distributions (CHOICE: the FSD code's
+    form, temperature 1, no top-k/top-p), over the proposer's support when it has zeros (cfg.div_support)."""
+    return rules.support_divergence_logits(z_p, z_q, cfg.divergence, cfg.div_support)
+
+
+def topk_pairs(probs: torch.Tensor, k: int = 5) -> list[list[list[float]]]:
+    """[[id, prob] × k] per row of probs [n, V], for the step inspector."""
+    v, i = torch.topk(probs, min(k, probs.shape[-1]), dim=-1)
+    return [[[int(a), round(float(b), 5)] for a, b in zip(ii, vv)] for ii, vv in zip(i, v)]
 
 
 def shown_rule(rnd: Round, cfg: DecodeConfig, greedy: bool) -> str:
@@ -29,7 +39,7 @@ def statuses(rnd: Round) -> tuple[list[str], str, int]:
     """Each proposed node's status, the verifier's own token's, and the accepted count, after the round's cut."""
     status, own, n_acc = list(rnd.dec.status), rnd.own_status, rnd.k
     if rnd.kept is not None:  # only the first `kept` new tokens were used (a block cut or an EOS)
-        for i in rnd.path[rnd.kept:]:
+        for i in rnd.dec.path[rnd.kept:]:
             status[i] = "discarded"
         own, n_acc = "discarded", rnd.kept  # the verifier's own token never entered the block or the output
     return status, own, n_acc
@@ -40,8 +50,8 @@ def kept_nodes(rnd: Round) -> list[int]:
     n = rnd.tree.n
     if not rnd.eos_trim or rnd.kept is None or rnd.kept < 1:
         return list(range(n))
-    eos = rnd.path[rnd.kept - 1]
-    return [i for i in range(n) if eos not in parent_list.path(rnd.tree.parents, i)[:-1]]
+    eos = rnd.dec.path[rnd.kept - 1]
+    return [i for i in range(n) if eos not in rules.path(rnd.tree.parents, i)[:-1]]
 
 
 def sd_verdicts(rnd: Round, p_w: torch.Tensor | None, q_w: torch.Tensor | None) -> list[bool | None]:
@@ -50,14 +60,14 @@ def sd_verdicts(rnd: Round, p_w: torch.Tensor | None, q_w: torch.Tensor | None) 
     tree, dec = rnd.tree, rnd.dec
     out = list(dec.sd)
     top = None if rnd.sampled else rnd.z_p.argmax(-1).tolist()
-    for c, kids in enumerate(tree.children()):
+    for c, kids in enumerate(rules.children(tree.parents)):
         if not kids or any(out[ch] is not None for ch in kids) or tree.q_row[c] < 0:
             continue
         p = q = None
         if rnd.sampled:
             assert p_w is not None and q_w is not None
             p, q = p_w[c], q_w[tree.q_row[c]]
-        _, verdicts, _ = sd_at(tree, kids, top[c] if top is not None else None, p, q, dec.r)
+        _, verdicts, _ = rules.sd_at(tree, kids, top[c] if top is not None else None, p, q, dec.r)
         for ch, v in zip(kids, verdicts):
             out[ch] = v
     return out
@@ -66,7 +76,7 @@ def sd_verdicts(rnd: Round, p_w: torch.Tensor | None, q_w: torch.Tensor | None) 
 def divergences(rnd: Round, cfg: DecodeConfig) -> list[float]:
     """Div at each context the proposer expanded [N + 1] (nan elsewhere): the rule's own values, the rest here."""
     tree = rnd.tree
-    d = rnd.d.clone() if rnd.d is not None else torch.full((tree.n + 1,), float("nan"))
+    d = rnd.dec.d.clone() if rnd.dec.d is not None else torch.full((tree.n + 1,), float("nan"))
     todo = [c for c in range(tree.n + 1) if tree.q_row[c] >= 0 and d[c] != d[c]]
     if todo:
         d[todo] = raw_divergence(rnd.z_p[todo], tree.z_q[[tree.q_row[c] for c in todo]], cfg)
@@ -81,19 +91,19 @@ def record(rnd: Round, cfg: DecodeConfig, full: bool = True) -> StageRound:
     status, own_status, n_acc = statuses(rnd)
     keep = kept_nodes(rnd)
     ctx = [p + 1 for p in tree.parents]  # each node's parent context
-    own_ctx = rnd.path[-1] + 1 if rnd.path else 0
+    own_ctx = rnd.dec.path[-1] + 1 if rnd.dec.path else 0
     recs: list[TokenRec]
     if not full:
         recs = [TokenRec(tree.tokens[i], rnd.proposer, status[i]) for i in keep]
-        recs.append(TokenRec(rnd.nxt, rnd.verifier, own_status))
+        recs.append(TokenRec(rnd.dec.nxt, rnd.verifier, own_status))
     else:
         warp = (cfg.temperature, cfg.top_k, cfg.top_p)
         p_w = None if greedy else rules.warp(rnd.z_p, *warp)  # [N + 1, V], off the clock
         q_w = None if greedy or not tree.n else rules.warp(tree.z_q, *warp)  # [M, V]
         top_v = rnd.z_p.argmax(-1).tolist()
         top_q = tree.z_q.argmax(-1).tolist() if tree.n else []
-        pairs_p = rules.topk_pairs(torch.softmax(rnd.z_p, -1))  # raw: top-5 only
-        pairs_q = rules.topk_pairs(torch.softmax(tree.z_q, -1)) if tree.n else []
+        pairs_p = topk_pairs(torch.softmax(rnd.z_p, -1))  # raw: top-5 only
+        pairs_q = topk_pairs(torch.softmax(tree.z_q, -1)) if tree.n else []
         d = divergences(rnd, cfg) if tree.n else []
         sd = sd_verdicts(rnd, p_w, q_w) if rnd.rule == "sd" or cfg.fallback == "sd" else [None] * tree.n
         tau = rnd.tau if rnd.rule != "sd" else None
@@ -105,8 +115,8 @@ def record(rnd: Round, cfg: DecodeConfig, full: bool = True) -> StageRound:
             recs.append(TokenRec(t, rnd.proposer, status[i], div=round(d[c], 6), tau=tau, p=round(p_x, 6),
                                  q=round(q_x, 6), top5={rnd.verifier: pairs_p[c], rnd.proposer: pairs_q[row]},
                                  sd_passed=sd[i]))
-        p_nxt = 1.0 if p_w is None else float(p_w[own_ctx, rnd.nxt])
-        recs.append(TokenRec(rnd.nxt, rnd.verifier, own_status, p=round(p_nxt, 6),
+        p_nxt = 1.0 if p_w is None else float(p_w[own_ctx, rnd.dec.nxt])
+        recs.append(TokenRec(rnd.dec.nxt, rnd.verifier, own_status, p=round(p_nxt, 6),
                              top5={rnd.verifier: pairs_p[own_ctx]}))
     index = {old: j for j, old in enumerate(keep)}
     parents = [index[tree.parents[i]] if tree.parents[i] >= 0 else -1 for i in keep]

@@ -1,7 +1,7 @@
 """Statistics computed from step records alone (so charts and reports can recompute them)."""
 from __future__ import annotations
 
-from . import parents as parent_list
+from . import rules
 from .trace import StageRound, Stats, Step, parents_of
 
 STAGES = ("qualifier", "target")
@@ -20,7 +20,7 @@ def n_proposed(r: StageRound) -> int:
 def n_positions(r: StageRound) -> int:
     """The positions a round offers: its deepest proposed node's depth (a chain's length, a tree's depth), so
     the most it can accept. Positions are depths: a tree of 12 nodes and depth 4 offers 4, not 12."""
-    return max(parent_list.depths(parents_of(r)), default=0)
+    return max(rules.depths(parents_of(r)), default=0)
 
 
 def agreement(out: list[int], ref: list[int]) -> float | None:

@@ -11,7 +11,7 @@ Token status vocabulary:
   resampled  the verifier's own token at the first rejection
   bonus      the verifier's own token when the walk ended where nothing more was proposed: after a fully
              accepted chain, at a tree's leaf, and after an empty proposal (the last token of the budget is a
-             target pass that proposes nothing); its origin is then "bonus" too (`decide.Round.own_status`)
+             target pass that proposes nothing); its origin is then "bonus" too (`round.Round.own_status`)
 Every round is a tree (`StageRound.parents`; a chain's is [−1, 0, 1, …]): accepted = on the accepted path,
 rejected = a candidate the verifier tried and refused, discarded = never reached.
 Token origin (what the app colours): draft | qualifier | target | bonus.
@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
-from . import parents as parent_list
+from . import rules
 
 STATUSES = ("accepted", "rejected", "discarded", "resampled", "bonus")
 ORIGINS = ("draft", "qualifier", "target", "bonus")
@@ -62,7 +62,7 @@ class StageRound:
 
 def parents_of(rnd: StageRound) -> list[int]:
     """Every round is a tree: its proposed tokens' parent list (a chain's for an old record without one)."""
-    return list(rnd.parents) if rnd.parents is not None else parent_list.chain(len(rnd.tokens) - 1)
+    return list(rnd.parents) if rnd.parents is not None else rules.chain_parents(len(rnd.tokens) - 1)
 
 
 def accepted_path(rnd: StageRound) -> list[int]:

@@ -7,11 +7,11 @@ child was accepted, a failure (the round's one rejection event) when none was. A
 contexts each have one child, so this is exactly SD's per-token α there. A tree's refused siblings on the
 way down are not rejections: the walk went on. A round cut short (a PSD block's size, a confidence floor,
 an EOS: its own token is then "discarded") is censored: its last context's outcome is not counted.
-Pure functions over `StageRound` records, walking them through `parents` and `trace` only.
+Pure functions over `StageRound` records, walking them through `rules`' parent-list helpers and `trace` only.
 """
 from __future__ import annotations
 
-from . import parents as parent_list
+from . import rules
 from .trace import StageRound, accepted_path, parents_of
 
 
@@ -25,12 +25,12 @@ def trials(rnd: StageRound) -> list[tuple[int, int | None]]:
     None for the failure that ended the walk). Contexts without children (a leaf, an empty proposal) are no
     trial; a cut round's last context is censored. Bounded by the accepted path: one entry per accepted node,
     at most one more."""
-    kids = parent_list.children(parents_of(rnd))
+    kids = rules.children(parents_of(rnd))
     path = accepted_path(rnd)
     out: list[tuple[int, int | None]] = []
     ctx = 0
     for node in path:  # each accepted node is the hit of the context it was proposed at
-        ctx = parent_list.context_of(parents_of(rnd), node)
+        ctx = rules.context_of(parents_of(rnd), node)
         out.append((ctx, kids[ctx].index(node)))
         ctx = node + 1
     if not cut_short(rnd) and kids[ctx]:
@@ -50,7 +50,7 @@ def rank_counts(rounds: list[StageRound]) -> tuple[list[int], list[int]]:
     hits: list[int] = []
     reach: list[int] = []
     for rnd in rounds:
-        kids = parent_list.children(parents_of(rnd))
+        kids = rules.children(parents_of(rnd))
         for ctx, took in trials(rnd):
             n = len(kids[ctx])
             hits.extend([0] * (n - len(hits)))

@@ -1,0 +1,68 @@
+"""The tests' own API over the decoding core: what only tests call, kept out of the product.
+
+- `verify`: decide and record one chain round at once, on hand-built logits;
+- `propose`: a chain proposal from a bare model (a cursor at the model's cache end);
+- `check`: a tree's parent list is breadth-first;
+- `leading_run`, `sd_passes`, `next_token`: SD's chain rule as the papers state it, position by position, the
+  reference the walk (`rules.decide_tree`) is held to on chains.
+"""
+from __future__ import annotations
+
+import torch
+
+from pyramid_demo.core import rules
+from pyramid_demo.core.config import DecodeConfig
+from pyramid_demo.core.lm import LM
+from pyramid_demo.core.recorder import record
+from pyramid_demo.core.round import Cursor, decide, propose_chain
+from pyramid_demo.core.rules import Tree
+from pyramid_demo.core.trace import StageRound
+
+
+def verify(z_p: torch.Tensor, z_q: torch.Tensor, x: list[int], rule: str, tau: float | None,
+           cfg: DecodeConfig, gen: torch.Generator | None, stage: str, proposer: str,
+           verifier: str) -> tuple[StageRound, int]:
+    """Decide and record one chain round at once: the round record and the verifier's token."""
+    rnd = decide(z_p, z_q, x, rule, tau, cfg, gen, stage, proposer, verifier)
+    return record(rnd, cfg), rnd.dec.nxt
+
+
+def propose(lm: LM, seq: list[int], n: int, cfg: DecodeConfig,
+            gen: torch.Generator | None) -> tuple[list[int], torch.Tensor]:
+    """`round.propose_chain` from a bare model, whose cache must end where seq's prefix does."""
+    return propose_chain(Cursor(lm, lm.cache_len), seq, n, cfg, gen)
+
+
+def check(tree: Tree) -> None:
+    """A ValueError when the parent list is not breadth-first (each parent earlier, depth non-decreasing)."""
+    depth = rules.depths(tree.parents)
+    for i, p in enumerate(tree.parents):
+        if not -1 <= p < i:
+            raise ValueError(f"node {i}'s parent {p} is not an earlier node")
+        if i and depth[i] < depth[i - 1]:
+            raise ValueError(f"node {i} is shallower than node {i - 1}: nodes must be in breadth-first order")
+
+
+def leading_run(passes: list[bool]) -> int:
+    """Length of the leading run of True: tokens are accepted until the first failure."""
+    for i, ok in enumerate(passes):
+        if not ok:
+            return i
+    return len(passes)
+
+
+def sd_passes(p: torch.Tensor, q: torch.Tensor, x: list[int], r: torch.Tensor | None) -> list[bool]:
+    """Per-token SD test. Greedy (r None): x̃_i == argmax p_i. Sampled: r_i < p_i(x̃_i)/q_i(x̃_i).
+
+    p, q: [n, V] warped (greedy: p may be raw logits, only its argmax is read); x: n proposed
+    ids; r: [n] uniforms.
+    """
+    if r is None:
+        return [a == t for a, t in zip(p.argmax(-1).tolist(), x)]
+    return [float(r[i]) * float(q[i, t]) < float(p[i, t]) for i, t in enumerate(x)]
+
+
+def next_token(p_next: torch.Tensor, q_next: torch.Tensor | None, gen: torch.Generator | None) -> int:
+    """The verifier's own token: from the residual under SD (q given), from p otherwise."""
+    dist = rules.residual(p_next, q_next) if q_next is not None else p_next
+    return rules.sample(dist, gen)
