@@ -66,3 +66,11 @@ def next_token(p_next: torch.Tensor, q_next: torch.Tensor | None, gen: torch.Gen
     """The verifier's own token: from the residual under SD (q given), from p otherwise."""
     dist = rules.residual(p_next, q_next) if q_next is not None else p_next
     return rules.sample(dist, gen)
+
+
+def peaked(*hot: int, vocab: int = 6, scale: float = 10.0) -> torch.Tensor:
+    """Logits [vocab] peaked on `hot` (the first highest): hand-built distributions for the rule tests."""
+    z = torch.zeros(vocab)
+    for r, t in enumerate(hot):
+        z[t] = scale - r
+    return z

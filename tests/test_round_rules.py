@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+from helpers import peaked
 from mock_lm import BigramLM, bigram_table
 
 from pyramid_demo.core import rules
@@ -21,10 +22,7 @@ V = 6
 
 def _z(*hot: int, scale: float = 10.0) -> torch.Tensor:
     """Logits [V] peaked on `hot` (the first highest)."""
-    z = torch.zeros(V)
-    for r, t in enumerate(hot):
-        z[t] = scale - r
-    return z
+    return peaked(*hot, vocab=V, scale=scale)
 
 
 def _levels(tree: Tree) -> dict[int, list[tuple[int, int]]]:

@@ -2,7 +2,7 @@
 compaction of the accepted path, and tree rows in the feature draft."""
 import pytest
 import torch
-from helpers import check
+from helpers import check, peaked
 from test_engine import joint_two_tokens  # the chain tests' joint law of the first two tokens
 
 from pyramid_demo.core.cache import CacheError
@@ -19,10 +19,7 @@ V = 6
 
 def _z(*hot: int, scale: float = 10.0) -> torch.Tensor:
     """Logits [V] peaked on `hot` (the first highest)."""
-    z = torch.zeros(V)
-    for r, t in enumerate(hot):
-        z[t] = scale - r
-    return z
+    return peaked(*hot, vocab=V, scale=scale)
 
 
 def _tree() -> Tree:

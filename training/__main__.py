@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import importlib
-import sys
+
+from pyramid_demo.cli import dispatch
 
 SUBCOMMANDS = {
     "draft-feature": ("training.feature_cli", "train the draft that reads the target (EAGLE-style) for the bundled "
@@ -13,19 +13,7 @@ SUBCOMMANDS = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m training", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    modules = {}
-    for name, (module, help_text) in SUBCOMMANDS.items():
-        modules[name] = importlib.import_module(module)
-        modules[name].add_arguments(sub.add_parser(name, help=help_text, description=help_text,
-                                                   formatter_class=argparse.RawDescriptionHelpFormatter))
-    args = parser.parse_args(argv)
-    try:
-        return int(modules[args.command].run(args) or 0)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    return dispatch("python -m training", __doc__, SUBCOMMANDS, argv, argparse.RawDescriptionHelpFormatter)
 
 
 if __name__ == "__main__":
