@@ -15,7 +15,7 @@ reading the weights.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import cast
 
 import torch
@@ -73,16 +73,43 @@ def bf16_linears(models: Iterable[torch.nn.Module]) -> list[torch.nn.Linear]:
     return list(seen.values())
 
 
-def pack_linears(models: list[torch.nn.Module], min_rows: int = 1) -> int:
-    """Swap every bf16 `nn.Linear` in `models` for a `PackedLinear` padding to `min_rows` (a layer
-    shared between models is packed once); returns how many were packed. Inference only."""
-    done = {id(lin): PackedLinear(lin, min_rows) for lin in bf16_linears(models)}
+Swap = tuple[torch.nn.Module, str, torch.nn.Module]  # (parent, child's name, the child replaced)
+
+
+def swap_linears(models: Iterable[torch.nn.Module],
+                 make: Callable[[torch.nn.Linear], torch.nn.Module | None]) -> list[Swap]:
+    """Replace every plain `nn.Linear` in `models` for which `make` returns a module; a layer shared between
+    models or parents is made once. Returns what was replaced, which `restore` puts back."""
+    made: dict[int, torch.nn.Module | None] = {}
+    out: list[Swap] = []
     for model in models:
         for parent in list(model.modules()):
             for name, child in list(parent.named_children()):
-                if id(child) in done:
-                    setattr(parent, name, done[id(child)])
-    return len(done)
+                if type(child) is not torch.nn.Linear:
+                    continue
+                if id(child) not in made:
+                    made[id(child)] = make(child)
+                new = made[id(child)]
+                if new is not None:
+                    out.append((parent, name, child))
+                    setattr(parent, name, new)
+    return out
+
+
+def restore(swaps: list[Swap]) -> None:
+    """Undo `swap_linears`."""
+    for parent, name, child in swaps:
+        setattr(parent, name, child)
+
+
+def pack_linears(models: list[torch.nn.Module], min_rows: int = 1) -> int:
+    """Swap every CPU bf16 `nn.Linear` in `models` for a `PackedLinear` padding to `min_rows` (a layer
+    shared between models is packed once); returns how many were packed. Inference only."""
+    def make(lin: torch.nn.Linear) -> PackedLinear | None:
+        bf16 = lin.weight.dtype == torch.bfloat16 and lin.weight.device.type == "cpu"
+        return PackedLinear(lin, min_rows) if bf16 else None
+
+    return len({id(old) for _, _, old in swap_linears(models, make)})
 
 
 def rows_invariant(linear: torch.nn.Module, max_rows: int, seed: int = 0) -> bool:

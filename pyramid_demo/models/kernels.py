@@ -10,18 +10,15 @@ int4 or fp16 weights. The choice is cached per CPU and torch build beside the pr
 """
 from __future__ import annotations
 
-import hashlib
 import logging
-import platform
-import time
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any
 
 import torch
 
-from ..core.packed import PackedLinear
+from ..core.measure import ForwardTimer
+from ..core.packed import PackedLinear, Swap, restore, swap_linears
 from .probe import store
+from .probe.machine import machine_key
 from .quant import fp16_available, int4_copy
 
 log = logging.getLogger(__name__)
@@ -35,70 +32,25 @@ LABELS = {"default": "default fp32", "onednn-head": "oneDNN fp32 head", "onednn"
           "int4": "int4 weights, fp16 head", "fp16": "fp16 weights"}
 
 
-def _cpu_key() -> str:
-    """What the timings depend on: the CPU model and flags, the torch build, the thread count."""
-    flags = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("model name", "flags")):
-                flags += line
-    except OSError:
-        flags = platform.processor()
-    raw = f"{flags}|{torch.__version__}|{torch.get_num_threads()}"
-    return hashlib.sha1(raw.encode()).hexdigest()[:16]
-
-
-def _time_steps(lm: Any, vocab_size: int, reps: int) -> float:
-    """Seconds of a one-token step plus a PASS_ROWS-token pass after CONTEXT tokens (each the minimum of `reps`,
-    after one that warms up)."""
-    ids = [(7 * i + 3) % vocab_size for i in range(CONTEXT + PASS_ROWS)]
-    lm.forward(ids[:CONTEXT], 0, 1)
-    total = 0.0
-    for rows in (1, PASS_ROWS):
-        best = float("inf")
-        for _ in range(reps + 1):
-            lm.truncate(CONTEXT)
-            t0 = time.perf_counter()
-            lm.forward(ids[CONTEXT: CONTEXT + rows], CONTEXT, rows)
-            best = min(best, time.perf_counter() - t0)
-        total += best
-    return total
-
-
 @torch.inference_mode()
 def time_forward(model: torch.nn.Module, vocab_size: int, reps: int = 5) -> float:
-    """Seconds of a one-token step plus a PASS_ROWS-token pass through the forward runs use (each the minimum of
-    `reps`), after CONTEXT tokens."""
-    from ..core.lm import open_lm
-
-    lm = open_lm(model, vocab_size, "kernels", path="lean")
-    return _time_steps(lm, vocab_size, reps)
+    """Seconds of a one-token step plus a PASS_ROWS-token pass through the forward runs use (`measure`'s timer,
+    the lean path where it covers the model), each the minimum of `reps` after a warm-up, after CONTEXT tokens."""
+    timer = ForwardTimer(model, vocab_size, context=CONTEXT, path="lean")
+    return sum(min(timer.time(k) for _ in range(reps + 1)) for k in (1, PASS_ROWS))
 
 
-def _swap(model: torch.nn.Module, which: str) -> list[tuple[torch.nn.Module, str, torch.nn.Module]]:
-    """Put `model`'s fp32 linears on oneDNN: "head" (the LM head only), "all", or "none"; returns what was
-    replaced (parent, name, old module) so `_restore` can undo it."""
+def _swap(model: torch.nn.Module, which: str) -> list[Swap]:
+    """Put `model`'s fp32 linears on oneDNN: "head" (the LM head only), "all", or "none"; `restore` undoes it."""
     if which == "none" or not torch.backends.mkldnn.is_available():
         return []
     head = model.get_output_embeddings()
-    done: dict[int, torch.nn.Module] = {}
-    undo = []
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) is not torch.nn.Linear or child.weight.dtype != torch.float32:
-                continue
-            if which == "head" and child is not head:
-                continue
-            if id(child) not in done:
-                done[id(child)] = PackedLinear(child)
-            undo.append((parent, name, child))
-            setattr(parent, name, done[id(child)])
-    return undo
 
+    def make(lin: torch.nn.Linear) -> PackedLinear | None:
+        fp32 = lin.weight.dtype == torch.float32 and lin.weight.device.type == "cpu"
+        return PackedLinear(lin) if fp32 and (which == "all" or lin is head) else None
 
-def _restore(undo: list[tuple[torch.nn.Module, str, torch.nn.Module]]) -> None:
-    for parent, name, child in undo:
-        setattr(parent, name, child)
+    return swap_linears([model], make)
 
 
 def _pick(key: str, options: list[str], measure: Callable[[str], float]) -> str:
@@ -108,7 +60,7 @@ def _pick(key: str, options: list[str], measure: Callable[[str], float]) -> str:
         return str(cached["choice"])
     times = {o: measure(o) for o in options}
     best = min(times, key=lambda o: times[o])
-    log.info("%s: %s → %s", key.split("|", 1)[1], ", ".join(f"{o} {t * 1e3:.1f} ms" for o, t in times.items()), best)
+    log.info("%s: %s → %s", key.rsplit("|", 1)[-1], ", ".join(f"{o} {t * 1e3:.1f} ms" for o, t in times.items()), best)
     store.write(CACHE_FILE, key, {"choice": best, "ms": {o: round(t * 1e3, 2) for o, t in times.items()}})
     return best
 
@@ -123,9 +75,9 @@ def choose_target(model: torch.nn.Module, vocab_size: int) -> str:
         try:
             return time_forward(model, vocab_size)
         finally:
-            _restore(undo)
+            restore(undo)
 
-    best = _pick(f"{_cpu_key()}|target-{type(model).__name__}-{model.config.hidden_size}",
+    best = _pick(f"{machine_key()}|target-{type(model).__name__}-{model.config.hidden_size}",
                  list(TARGET_CONFIGS), measure)
     _swap(model, TARGET_CONFIGS[best])
     return best
@@ -141,27 +93,12 @@ def quantized_copy(model: torch.nn.Module, group: int, vocab_size: int | None = 
 
     def build(kind: str) -> torch.nn.Module:
         if kind not in copies:
-            choice = None if kind == "int4" else {s: "fp16" for s in _shapes(model)}
-            copies[kind] = int4_copy(model, group, choice)
+            copies[kind] = int4_copy(model, group, kind)
         return copies[kind]
 
     best = _pick(_copy_key(type(model).__name__, model.config.hidden_size, group),
                  ["int4", "fp16"], lambda kind: time_forward(build(kind), vocab))
     return build(best)
-
-
-@torch.inference_mode()
-def time_draft(draft: torch.nn.Module, vocab_size: int, reps: int = 7) -> float:
-    """Seconds of a feature draft's one-token step plus a PASS_ROWS-token forward (each the minimum of `reps`),
-    fed states as its verifier would feed them."""
-    from ..core.cache import TargetStates
-    from ..core.feature_lm import FeatureLM
-
-    lm = FeatureLM(draft, vocab_size, "kernels")
-    lm.states = TargetStates()
-    g = torch.Generator().manual_seed(0)
-    lm.states.write(0, torch.randn(CONTEXT + PASS_ROWS, draft.d, generator=g).to(draft.norm.dtype))
-    return _time_steps(lm, vocab_size, reps)
 
 
 def choose_draft(draft: torch.nn.Module, vocab_size: int) -> str:
@@ -172,15 +109,15 @@ def choose_draft(draft: torch.nn.Module, vocab_size: int) -> str:
 
     def measure(kind: str) -> float:
         draft.use_fp16(kind == "fp16")
-        return time_draft(draft, vocab_size)
+        return time_forward(draft, vocab_size)
 
-    best = _pick(f"{_cpu_key()}|feature-draft-{draft.d}", ["default", "fp16"], measure)
+    best = _pick(f"{machine_key()}|feature-draft-{draft.d}", ["default", "fp16"], measure)
     draft.use_fp16(best == "fp16")
     return best
 
 
 def _copy_key(arch: str, hidden: int, group: int) -> str:
-    return f"{_cpu_key()}|copy-g{group}-{arch}-{hidden}"
+    return f"{machine_key()}|copy-g{group}-{arch}-{hidden}"
 
 
 def copy_format(arch: str, hidden: int, group: int) -> str | None:
@@ -188,11 +125,6 @@ def copy_format(arch: str, hidden: int, group: int) -> str | None:
     its first load; None before it (the memory estimate then counts int4)."""
     got = store.read(CACHE_FILE).get(_copy_key(arch, hidden, group), {}).get("choice")
     return got if got in ("int4", "fp16") else None
-
-
-def _shapes(model: torch.nn.Module) -> set[tuple[int, int, bool]]:
-    return {(m.in_features, m.out_features, m.bias is not None) for m in model.modules()
-            if type(m) is torch.nn.Linear}
 
 
 def _lean(model: torch.nn.Module) -> bool:

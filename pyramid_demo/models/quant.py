@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from ..core.packed import swap_linears
 from .errors import LoadError
 
 GROUPS = (32, 64, 128, 256)  # group sizes torch's int4 kernels take
@@ -179,33 +180,27 @@ def refusal(model: torch.nn.Module, group: int) -> str | None:
     return None
 
 
-def int4_copy(model: Any, group: int = DEFAULT_GROUP, choice: dict[tuple[int, int, bool], str] | None = None) -> Any:
-    """A copy of `model` whose linears hold quantized weights: int4 groups by default; `choice` maps a linear's
-    (in, out, has bias) to "int4" or "fp16" where another kernel measured faster on this CPU (`kernels`). The LM
-    head takes fp16 weights on a CPU with fbgemm whatever the choice: a 4-bit head alone drops top-1 agreement
-    with the target by several points. Embeddings and norms are the model's own tensors, shared.
-    Raises LoadError with `refusal`'s line."""
+def int4_copy(model: Any, group: int = DEFAULT_GROUP, fmt: str = "int4") -> Any:
+    """A copy of `model` whose linears hold quantized weights: int4 groups, or fp16 weights (`fmt`) where those run
+    its forward faster on this CPU (`kernels.quantized_copy`). The LM head takes fp16 weights on a CPU with fbgemm
+    either way: a 4-bit head alone drops top-1 agreement with the target by several points. Embeddings and norms
+    are the model's own tensors, shared. Raises LoadError with `refusal`'s line."""
     why = refusal(model, group)
     if why:
         raise LoadError(why)
-    head = model.get_output_embeddings()
-    tied = head is not None and head.weight is model.get_input_embeddings().weight
+    src_head = model.get_output_embeddings()
+    tied = src_head is not None and src_head.weight is model.get_input_embeddings().weight
     out = copy.deepcopy(model, memo={id(t): t for t in (*model.parameters(), *model.buffers())})  # shares them
-    cpu = next(model.parameters()).device.type == "cpu"
-    fp16 = cpu and fp16_available()
-    head_out = out.get_output_embeddings()
-    done: dict[int, torch.nn.Module] = {}
-    for parent in list(out.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) is torch.nn.Linear:
-                if id(child) not in done:
-                    kind = (choice or {}).get((child.in_features, child.out_features, child.bias is not None), "int4")
-                    as_fp16 = fp16 and (child is head_out or kind == "fp16")
-                    done[id(child)] = Fp16Linear(child) if as_fp16 else Int4Linear.from_linear(child, group)
-                setattr(parent, name, done[id(child)])
+    fp16 = next(model.parameters()).device.type == "cpu" and fp16_available()
+    head = out.get_output_embeddings()
+
+    def make(lin: torch.nn.Linear) -> torch.nn.Module:
+        return Fp16Linear(lin) if fp16 and (lin is head or fmt == "fp16") else Int4Linear.from_linear(lin, group)
+
+    swaps = swap_linears([out], make)
     if tied:  # the embedding stays full precision: only the head (a linear) is quantized
         out.config.tie_word_embeddings = False
     out.int4_group = group  # what the app and the memory estimate say about it
-    out.quant_kinds = sorted({type(m).__name__ for m in done.values()})
+    out.quant_kinds = sorted({type(getattr(parent, name)).__name__ for parent, name, _ in swaps})
     out.eval()
     return out
