@@ -14,10 +14,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .core import costs
     from .models import probe
     from .models.errors import LoadError
     from .models.loading import load_triplet, parse_spec
+    from .predict import measure
 
     try:
         preset, refs = parse_spec(args.models)
@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     if args.floor:
         for dt, backend in probe.candidates():
             model, _ = probe.candidate_model(t.target, dt, backend)
-            f = costs.memory_floor_ms(model, backend)
+            f = measure.memory_floor_ms(model, backend)
             print(f"memory floor, {dt}/{backend}: {f['floor_ms']:.1f} ms ({f['mb']:.0f} MB of weights at "
                   f"{f['gb_per_s']:.1f} GB/s, the largest matrix's one-row product {f['gemv_ms']:.2f} ms)")
     return 0

@@ -12,11 +12,11 @@ import torch
 
 from pyramid_demo.core import rules
 from pyramid_demo.core.config import DecodeConfig
-from pyramid_demo.core.lm import LM
 from pyramid_demo.core.recorder import record
 from pyramid_demo.core.round import Cursor, decide, propose_chain
 from pyramid_demo.core.rules import Tree
 from pyramid_demo.core.trace import StageRound
+from pyramid_demo.forward.lm import LM
 
 
 def verify(z_p: torch.Tensor, z_q: torch.Tensor, x: list[int], rule: str, tau: float | None,

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pyramid_demo.core.cache import CachedModel
+from pyramid_demo.forward.cache import CachedModel
 
 
 class BigramLM(CachedModel):

@@ -196,11 +196,12 @@ def test_models_are_warmed_before_the_clocks_and_one_time_costs_shown_apart(monk
     """Every model is warmed (and the cost profile taken) before the first lane's clock starts; the
     load, warm-up and profile times are shown under the finished race's lanes, in no lane's time (the status line
     says who won)."""
-    from pyramid_demo.core import costs, run
+    from pyramid_demo.core import run
+    from pyramid_demo.predict import measure
 
     events = []
-    real_warm, real_stream = costs.warm_up, run.stream
-    monkeypatch.setattr(costs, "warm_up", lambda m, *a: events.append(("warm", sorted(m))) or real_warm(m, *a))
+    real_warm, real_stream = measure.warm_up, run.stream
+    monkeypatch.setattr(measure, "warm_up", lambda m, *a: events.append(("warm", sorted(m))) or real_warm(m, *a))
     monkeypatch.setattr(run, "stream", lambda *a, **k: events.append(("stream", a[2].method)) or real_stream(*a, **k))
     session = h.new_session()
     status, lanes = race(session)[-1][:2]

@@ -143,12 +143,27 @@ def test_a_cycle_through_a_packages_init_is_caught(tmp_path) -> None:
     assert find_cycle(project_graph(files)) is None
 
 
-def test_core_imports_only_core(graph) -> None:
-    """`pyramid_demo.core` (config, rules, engine, lm, trace, stats, throughput, run, methods, settings)
-    imports nothing of the project outside `core`: the decoding core knows no loader, benchmark or UI."""
-    bad = {m: sorted(i for i in deps if not i.startswith("pyramid_demo.core"))
+def test_core_imports_only_core_and_the_forwards(graph) -> None:
+    """`pyramid_demo.core` (the loop and its records) imports nothing of the project but itself and the forwards it
+    drives (`pyramid_demo.forward`): it knows no loader, benchmark, UI, nor any cost model (`pyramid_demo.predict`)."""
+    bad = {m: sorted(i for i in deps if not i.startswith(("pyramid_demo.core", "pyramid_demo.forward")))
            for m, deps in graph.items() if m.startswith("pyramid_demo.core.")}
     assert not {m: d for m, d in bad.items() if d}
+
+
+def test_the_forwards_know_no_decoding_rule(graph) -> None:
+    """`pyramid_demo.forward` (caches, HF's forward, the lean forward, the weights they read) imports nothing of the
+    project outside itself: a forward is the same whatever loop or predictor drives it."""
+    bad = {m: sorted(i for i in deps if not i.startswith("pyramid_demo.forward"))
+           for m, deps in graph.items() if m.startswith("pyramid_demo.forward")}
+    assert not {m: d for m, d in bad.items() if d}
+
+
+def test_the_rooms_stay_small(graph) -> None:
+    """The loop's room holds the loop and its records only: at most 15 modules, none a cost model."""
+    core = [m for m in graph if m.startswith("pyramid_demo.core.")]
+    assert len(core) <= 14, sorted(core)  # + its __init__: 15 files
+    assert not [m for m in core if m.rsplit(".", 1)[1] in {"costs", "expected", "tree_costs", "measure", "throughput"}]
 
 
 def test_rules_import_nothing_of_the_project(graph) -> None:
@@ -182,7 +197,7 @@ def test_nothing_imports_app_py(graph) -> None:
 def test_charts_compute_no_predictions(graph) -> None:
     """`app/charts.py` draws records it is given: the speed chart gets `story.rows`; charts import neither
     the paper's formula (`core.throughput`) nor the story that computes predictions."""
-    assert not {"pyramid_demo.core.throughput", "pyramid_demo.app.story"} & graph["pyramid_demo.app.charts"]
+    assert not {"pyramid_demo.predict.throughput", "pyramid_demo.app.story"} & graph["pyramid_demo.app.charts"]
 
 
 def _product(module: str) -> bool:

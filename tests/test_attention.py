@@ -5,10 +5,10 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-from pyramid_demo.core.attention import rowwise_attention, use_rowwise
 from pyramid_demo.core.config import DecodeConfig
-from pyramid_demo.core.lm import CachedLM
 from pyramid_demo.core.run import generate
+from pyramid_demo.forward.attention import rowwise_attention, use_rowwise
+from pyramid_demo.forward.lm import CachedLM
 from pyramid_demo.models.tiny import tiny_config, tiny_random_triplet
 
 
@@ -81,7 +81,7 @@ def test_packed_linears_are_batch_invariant_and_match_the_model():
     and a k-token pass equals k one-token steps bitwise, as SD at T=0 needs."""
     import pytest
 
-    from pyramid_demo.core.packed import available, pack_linears
+    from pyramid_demo.forward.packed import available, pack_linears
     if not available(torch.bfloat16):
         pytest.skip("this CPU's oneDNN does not run bf16")
     t = _small_init_triplet()
@@ -135,7 +135,7 @@ def test_padded_attention_is_batch_invariant_at_one_and_two_threads():
     At 2 threads torch's CPU attention computes each (row, head) in one thread's scratch, and a scratch of
     another alignment rounds otherwise: without the aligned key length (`key_pad` 0, every pass batched) fp32 rows
     differ here."""
-    from pyramid_demo.core.lean import LeanLM, scratch_pad
+    from pyramid_demo.forward.lean import LeanLM, scratch_pad
 
     assert scratch_pad(3, 64) == 14
     for dtype in (torch.float32, torch.bfloat16):
@@ -155,7 +155,7 @@ def test_a_pass_past_the_key_split_gives_each_row_a_steps_call(monkeypatch):
     step's own call."""
     import torch.nn.functional as F
 
-    from pyramid_demo.core import lean
+    from pyramid_demo.forward import lean
 
     model = _offline_heads(torch.float32)
     calls: list[int] = []
@@ -180,8 +180,9 @@ def test_the_probe_refuses_a_batch_variant_attention(monkeypatch):
     then attends row by row, which the same check finds exact."""
     import torch.nn.functional as F
 
-    from pyramid_demo.core import exactness, lean
+    from pyramid_demo.forward import lean
     from pyramid_demo.models import probe
+    from pyramid_demo.models.probe import exactness
 
     model = _offline_heads(torch.float32)
     monkeypatch.setattr(probe.search, "EXACT_PLAN", ((100, (2, 5, 17)),))
@@ -226,9 +227,9 @@ def test_lean_passes_and_trees_equal_steps_at_two_threads():
     row count from which BLAS rows are batch-invariant here) gives bitwise the logits of one-token steps on chain
     passes of up to 17 tokens and on tree passes, near the start of the cache and past the attention kernel's key
     split. fp32 is where the unaligned batched attention of before differed on most rows."""
-    from pyramid_demo.core import exactness
-    from pyramid_demo.core.lean import LeanLM
-    from pyramid_demo.core.packed import invariant_pad
+    from pyramid_demo.forward.lean import LeanLM
+    from pyramid_demo.forward.packed import invariant_pad
+    from pyramid_demo.models.probe import exactness
 
     model = _offline_heads(torch.float32)
     with _threads(2):

@@ -12,7 +12,7 @@ from pyramid_demo.bench import csqa, report
 from pyramid_demo.bench import runner as bench
 from pyramid_demo.bench.prompts import Prompt, builtin_prompts, load_prompts, read_jsonl
 from pyramid_demo.cli import main as cli_main
-from pyramid_demo.core import throughput
+from pyramid_demo.predict import throughput
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

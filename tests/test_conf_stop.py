@@ -9,9 +9,9 @@ from test_engine import check_caches, greedy_ar, joint_two_tokens
 
 from pyramid_demo.core.config import METHODS, DecodeConfig
 from pyramid_demo.core.engine import decode, prefill, roles_for
-from pyramid_demo.core.lm import CachedLM
 from pyramid_demo.core.round import confidence, confident_prefix
 from pyramid_demo.core.run import generate
+from pyramid_demo.forward.lm import CachedLM
 from pyramid_demo.models.tiny import tiny_random_triplet
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -91,7 +91,7 @@ def test_cache_lengths_with_conf_stop(tiny, method):
 
 def test_throughput_model_uses_measured_lengths_under_conf_stop():
     """With conf_stop γ/ℓ are maxima: the formulas get the mean proposal length per round."""
-    from pyramid_demo.core.throughput import lengths
+    from pyramid_demo.predict.throughput import lengths
 
     cfg = {"gamma": 4, "l_d": 4, "l_q": 8}
     assert lengths(cfg, {"target": 30}, {"target": 20}) == cfg

@@ -8,10 +8,10 @@ import pytest
 import torch
 from mock_lm import BigramLM, as_run, bigram_table
 
-from pyramid_demo.core import costs
 from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.engine import decode
 from pyramid_demo.core.trace import StageRound, Step, TokenRec
+from pyramid_demo.predict import costs, measure
 
 PROFILE = {"ms": {"draft": {str(k): 2.0 + 0.1 * k for k in range(1, 10)},
                   "qualifier": {str(k): 6.0 + 0.5 * k for k in range(1, 10)},
@@ -184,8 +184,8 @@ def test_flags_override_and_no_bf16_without_native_support(cache, monkeypatch):
 
 
 def test_load_triplet_applies_the_choice_and_cachedlm_runs_under_it(cache, monkeypatch):
-    from pyramid_demo.core.lm import CachedLM
     from pyramid_demo.core.run import generate
+    from pyramid_demo.forward.lm import CachedLM
     from pyramid_demo.models import loading, probe
 
     monkeypatch.setattr(probe.build, "native_bf16", lambda: True)
@@ -239,9 +239,9 @@ def test_forward_timer_times_a_real_cached_forward(one_thread):
     from pyramid_demo.models.tiny import tiny_random_triplet
 
     t = tiny_random_triplet()
-    timer = costs.ForwardTimer(t.target, t.vocab_size, "no-onednn", context=20)
+    timer = measure.ForwardTimer(t.target, t.vocab_size, "no-onednn", context=20)
     assert timer.time(1) > 0 and timer.time(5) > 0 and timer.lm.cache_len == 20
-    assert costs.time_forward(t.target, t.vocab_size, 3, reps=1, context=20) > 0
+    assert measure.time_forward(t.target, t.vocab_size, 3, reps=1, context=20) > 0
 
 
 @pytest.mark.parametrize("method", ["sd", "psd_f"])

@@ -8,8 +8,8 @@ from mock_lm import BigramLM, as_run, bigram_table
 
 from pyramid_demo.core.config import METHODS, DecodeConfig
 from pyramid_demo.core.engine import decode, prefill, roles_for
-from pyramid_demo.core.lm import CachedLM
 from pyramid_demo.core.run import generate, stream
+from pyramid_demo.forward.lm import CachedLM
 from pyramid_demo.models.tiny import tiny_random_triplet
 
 PROMPTS = ["hello", "The quick brown fox"]

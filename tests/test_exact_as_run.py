@@ -7,11 +7,11 @@ import dataclasses
 import pytest
 import torch
 
-from pyramid_demo.core import exactness
-from pyramid_demo.core.attention import use_rowwise
-from pyramid_demo.core.lm import CachedLM
+from pyramid_demo.forward.attention import use_rowwise
+from pyramid_demo.forward.lm import CachedLM
 from pyramid_demo.models import probe
 from pyramid_demo.models.feature_draft import FeatureDraft
+from pyramid_demo.models.probe import exactness
 from pyramid_demo.models.tiny import tiny_random_triplet
 
 pytestmark = pytest.mark.usefixtures("one_thread")

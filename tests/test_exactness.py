@@ -7,12 +7,12 @@ import json
 import pytest
 import torch
 
-from pyramid_demo.core import exactness
-from pyramid_demo.core.attention import use_rowwise
 from pyramid_demo.core.config import DecodeConfig
-from pyramid_demo.core.lm import CachedLM
-from pyramid_demo.core.packed import available as packed_available
-from pyramid_demo.core.packed import invariant_pad, rows_invariant
+from pyramid_demo.forward.attention import use_rowwise
+from pyramid_demo.forward.lm import CachedLM
+from pyramid_demo.forward.packed import available as packed_available
+from pyramid_demo.forward.packed import invariant_pad, rows_invariant
+from pyramid_demo.models.probe import exactness
 from pyramid_demo.models.tiny import tiny_random_triplet
 
 PLAN = ((12, (2, 3, 5, 9)), (20, (2, 4)))
@@ -180,7 +180,7 @@ def test_lossless_methods_equal_ar_on_the_real_target_under_the_probe(probed_off
 def test_real_packed_linears_are_invariant_with_the_padding_found():
     """On this CPU, packed bf16 linears of the offline target's shapes (the MLP down projection among
     them) padded to the row count `invariant_pad` finds give every row as a one-row call does."""
-    from pyramid_demo.core.packed import PackedLinear
+    from pyramid_demo.forward.packed import PackedLinear
 
     g = torch.Generator().manual_seed(0)
     lins = [torch.nn.Linear(i, o, bias=False).to(torch.bfloat16) for i, o in ((576, 576), (576, 1536), (1536, 576))]

@@ -8,8 +8,8 @@ from transformers import LlamaForCausalLM
 
 from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.engine import decode, prefill, roles_for
-from pyramid_demo.core.lm import open_lm
 from pyramid_demo.core.run import generate
+from pyramid_demo.forward.lm import open_lm
 from pyramid_demo.models.feature_draft import FeatureDraft
 from pyramid_demo.models.tiny import tiny_config, tiny_random_triplet
 from training import feature_train as ft

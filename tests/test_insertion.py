@@ -1,7 +1,7 @@
 """The insertion test: a qualifier earns its place only when the pyramid beats the best SD on the profile."""
 import pytest
 
-from pyramid_demo.core import insertion
+from pyramid_demo.predict import insertion
 
 # a profile where a step of k tokens costs the target 10 + k ms, the draft 1 ms and the qualifier 3 ms per token
 PROFILE = {"ms": {"target": {k: 10.0 + k for k in range(1, 18)}, "draft": {k: 1.0 * k for k in range(1, 18)},

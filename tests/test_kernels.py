@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from pyramid_demo.core.packed import PackedLinear
+from pyramid_demo.forward.packed import PackedLinear
 from pyramid_demo.models import kernels
 from pyramid_demo.models.quant import Fp16Linear, Int4Linear
 

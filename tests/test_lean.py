@@ -7,13 +7,13 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from pyramid_demo.core import packed
-from pyramid_demo.core.backend import backend_flags
 from pyramid_demo.core.config import DecodeConfig
-from pyramid_demo.core.lean import LeanLM
-from pyramid_demo.core.lean_weights import lean_weights, supports_lean
-from pyramid_demo.core.lm import CachedLM, open_lm
 from pyramid_demo.core.run import generate
+from pyramid_demo.forward import packed
+from pyramid_demo.forward.backend import backend_flags
+from pyramid_demo.forward.lean import LeanLM
+from pyramid_demo.forward.lean_weights import lean_weights, supports_lean
+from pyramid_demo.forward.lm import CachedLM, open_lm
 from pyramid_demo.models.tiny import tiny_random_triplet
 
 V = 300
@@ -211,7 +211,7 @@ def test_offline_target_matches_hf(offline_target, one_thread):
 def test_packed_qkv_and_gate_up_are_fused_into_one_call_with_the_same_rows():
     """Packed q/k/v (and gate/up) become one packed linear whose output equals the separate calls' outputs
     side by side, bitwise, for one row and for many (one oneDNN call instead of three)."""
-    from pyramid_demo.core.lean_weights import _fuse_packed
+    from pyramid_demo.forward.lean_weights import _fuse_packed
 
     g = torch.Generator().manual_seed(2)
     lins = []
@@ -265,7 +265,7 @@ def test_padded_attention_is_one_sdpa_call_per_layer(monkeypatch, one_thread):
 def test_offline_target_padded_attention_is_exact(offline_target, one_thread):
     """The real offline target in bf16 (oneDNN off) with padded attention: the exactness check finds every
     pass of 2 … 9 tokens bitwise equal to one-token steps, at contexts whose passes cross a bucket edge."""
-    from pyramid_demo.core import exactness
+    from pyramid_demo.models.probe import exactness
 
     _, _, bf16 = offline_target
     vocab = bf16.config.vocab_size

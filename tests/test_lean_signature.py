@@ -5,10 +5,10 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from pyramid_demo.core import packed
-from pyramid_demo.core.lean import LeanLM
-from pyramid_demo.core.lean_weights import lean_weights
-from pyramid_demo.core.lm import CachedLM
+from pyramid_demo.forward import packed
+from pyramid_demo.forward.lean import LeanLM
+from pyramid_demo.forward.lean_weights import lean_weights
+from pyramid_demo.forward.lm import CachedLM
 
 V = 200
 IDS = [(i * 37 + 5) % (V - 10) + 3 for i in range(24)]

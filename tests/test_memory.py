@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from pyramid_demo.core.config import DecodeConfig
-from pyramid_demo.core.lm import CachedLM
 from pyramid_demo.core.run import generate
+from pyramid_demo.forward.lm import CachedLM
 from pyramid_demo.models import loading, memory, placement
 from pyramid_demo.models.errors import LoadError
 from pyramid_demo.models.finish import is_placed

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from pyramid_demo.core import noise
 from pyramid_demo.core.trace import Step
+from pyramid_demo.predict import noise
 
 
 def test_spread_is_the_interquartile_range_over_the_median():

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from pyramid_demo.bench import costs_fit, costs_report, report
-from pyramid_demo.core import costs, engine_costs, expected, tree_costs
-from pyramid_demo.core.measure import TREE_ROWS
 from pyramid_demo.core.trace import StageRound, Step, TokenRec
+from pyramid_demo.predict import costs, engine_costs, expected, measure, tree_costs
+from pyramid_demo.predict.measure import TREE_ROWS
 
 ENGINE = {"step": 0.07, "feed": 0.1, "round": 0.2, "div": 0.3, "div1": 0.5, "expand": 0.05,
           "keep": {"draft": 0.01, "qualifier": 0.02, "target": 0.04}}
@@ -161,14 +161,14 @@ def test_the_profile_times_the_engine_and_tree_forwards_on_real_caches(one_threa
 
     t = tiny_random_triplet()
     extras: dict = {}
-    ms = costs.measure_profile({"draft": t.draft, "target": t.target}, t.vocab_size, "default", 3, reps=1,
+    ms = measure.measure_profile({"draft": t.draft, "target": t.target}, t.vocab_size, "default", 3, reps=1,
                                extras_out=extras)
     assert set(ms) == {"draft", "target"}
     e = extras["engine_ms"]
     assert all(e[u] > 0 for u in ("feed", "step", "round", "div", "div1", "expand"))
     assert set(e["keep"]) == {"draft", "target"}
     assert set(extras["tree_ms"]["target"]) == {str(n) for n in TREE_ROWS}
-    timer = costs.ForwardTimer(t.target, t.vocab_size, context=20)
+    timer = measure.ForwardTimer(t.target, t.vocab_size, context=20)
     assert timer.time_tree(5) > 0 and timer.time_keep() > 0 and timer.lm.cache_len == 20
 
 

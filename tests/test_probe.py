@@ -105,7 +105,7 @@ def test_a_lean_forward_that_does_not_apply_is_shown_not_claimed(cache, monkeypa
     """Rule: where the lean forward does not cover a model, the loaded family's path says what runs (HF's
     forward where it covers none) and its choice note, shown in the family box, the CLI and the race, names
     the role and architecture; where it covers every model, nothing is said."""
-    from pyramid_demo.core.lm import CachedLM, open_lm
+    from pyramid_demo.forward.lm import CachedLM, open_lm
 
     tiny = tiny_random_triplet()
     gpt = _gpt2(tiny.vocab_size)

@@ -6,7 +6,7 @@ import torch
 from mock_lm import BigramLM, bigram_table
 
 from pyramid_demo.core.engine import connect
-from pyramid_demo.core.lean import LeanLM
+from pyramid_demo.forward.lean import LeanLM
 from pyramid_demo.models import loading, memory, presets
 from pyramid_demo.models.errors import LoadError
 from pyramid_demo.models.quant import Fp16Linear, Int4Linear, int4_copy, parse_quant, quantize_groups, refusal

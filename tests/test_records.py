@@ -8,13 +8,13 @@ import pytest
 import torch
 from mock_lm import BigramLM, as_run
 
-from pyramid_demo.core.cache import CacheError
 from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.engine import decode, pyramid_block, roles_for
 from pyramid_demo.core.methods import method_spec
 from pyramid_demo.core.round import Cursor
 from pyramid_demo.core.stats import compute_stats
 from pyramid_demo.core.trace import StageRound, Step
+from pyramid_demo.forward.cache import CacheError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

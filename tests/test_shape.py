@@ -5,8 +5,8 @@ from mock_lm import BigramLM, bigram_table
 from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.engine import decode, roles_for
 from pyramid_demo.core.run import generate, resolve_shape
-from pyramid_demo.core.tree_costs import best_tree
 from pyramid_demo.models.tiny import tiny_random_triplet
+from pyramid_demo.predict.tree_costs import best_tree
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

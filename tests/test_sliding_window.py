@@ -10,7 +10,7 @@ from transformers import MistralConfig, MistralForCausalLM
 
 from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.engine import decode, prefill, roles_for
-from pyramid_demo.core.lm import CachedLM
+from pyramid_demo.forward.lm import CachedLM
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 V, WINDOW = 64, 4

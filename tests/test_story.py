@@ -6,9 +6,9 @@ import itertools
 import pytest
 
 from pyramid_demo.app import charts, story
-from pyramid_demo.core import noise
 from pyramid_demo.core.stats import compute_stats
 from pyramid_demo.core.trace import RunResult, Step
+from pyramid_demo.predict import noise
 
 PROFILE = {"ms": {"target": {"1": 20.0}}, "dtype": "bfloat16", "backend": "no-onednn", "how": "cached"}
 

@@ -5,11 +5,11 @@ import torch
 from helpers import check, peaked
 from test_engine import joint_two_tokens  # the chain tests' joint law of the first two tokens
 
-from pyramid_demo.core.cache import CacheError
 from pyramid_demo.core.config import DecodeConfig
-from pyramid_demo.core.lean import LeanLM
 from pyramid_demo.core.rules import Tree, best_nodes, chain, decide_tree, depths
 from pyramid_demo.core.run import generate
+from pyramid_demo.forward.cache import CacheError
+from pyramid_demo.forward.lean import LeanLM
 from pyramid_demo.models.tiny import tiny_random_triplet
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -192,7 +192,7 @@ def test_tree_rows_read_their_parents_state_in_the_feature_draft():
     """The feature draft's tree rows: a row below another reads its parent's predicted state and attends to
     its own ancestors only, so each node's logits equal a chain fed along its path (to float rounding),
     whatever its siblings are."""
-    from pyramid_demo.core.feature_lm import FeatureLM
+    from pyramid_demo.forward.feature_lm import FeatureLM
     from pyramid_demo.models.feature_draft import FeatureDraft
 
     t = tiny_random_triplet(seed=0)
@@ -215,7 +215,7 @@ def test_the_probe_checks_tree_passes_and_keeps_them_apart(tiny):
     to steps along every path (bf16, padded), and a chain's exactness is not changed by them."""
     import copy
 
-    from pyramid_demo.core import exactness
+    from pyramid_demo.models.probe import exactness
 
     _, make = _bf16_lm(copy.deepcopy(tiny))
     rec = exactness.check_model(lambda: make(), tiny.vocab_size, ((100, (2, 5, 17, 43)), (60, (2, 5))))

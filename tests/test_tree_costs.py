@@ -1,9 +1,9 @@
 """What a tree should buy: acceptance by rank read off tree records, the expected tree, the best budget."""
 import pytest
 
-from pyramid_demo.core import costs
 from pyramid_demo.core.trace import StageRound, TokenRec
-from pyramid_demo.core.tree_costs import best_tree, expected_accepted, expected_tree, rank_counts, tree_speed
+from pyramid_demo.predict import costs
+from pyramid_demo.predict.tree_costs import best_tree, expected_accepted, expected_tree, rank_counts, tree_speed
 
 A = (0.41, 0.17, 0.06, 0.04)  # rank marginals: how often the target's token is the draft's 1st, 2nd, 3rd, 4th
 

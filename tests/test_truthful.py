@@ -12,14 +12,15 @@ import pytest
 import torch
 from mock_lm import BigramLM, as_run, bigram_table
 
-from pyramid_demo.core import costs, rules, throughput
-from pyramid_demo.core.cache import CacheError, TargetStates
+from pyramid_demo.core import rules
 from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.engine import connect, decode, prefill, roles_for
-from pyramid_demo.core.feature_lm import FeatureLM
-from pyramid_demo.core.lm import open_lm
+from pyramid_demo.forward.cache import CacheError, TargetStates
+from pyramid_demo.forward.feature_lm import FeatureLM
+from pyramid_demo.forward.lm import open_lm
 from pyramid_demo.models.feature_draft import FeatureDraft
 from pyramid_demo.models.tiny import tiny_random_triplet
+from pyramid_demo.predict import costs, throughput
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -7,9 +7,9 @@ import threading
 
 import pytest
 
-from pyramid_demo.core import costs, throughput
 from pyramid_demo.core.config import METHODS
 from pyramid_demo.core.trace import RunResult, StageRound, Stats, Step, TokenRec
+from pyramid_demo.predict import costs, throughput
 
 
 def _tree(statuses: list[str], parents: list[int], own: str = "resampled", stage: str = "target",
@@ -140,7 +140,7 @@ def test_a_pyramid_over_a_tree_is_priced_as_its_tree():
 
 
 def test_the_shape_is_the_runs_setting_first_then_the_methods_row():
-    from pyramid_demo.core.shape import shape_of
+    from pyramid_demo.predict.shape import shape_of
 
     assert shape_of("sd", {"shape": "tree"}) == "tree" and shape_of(TREE_KEY["sd"], {"shape": "chain"}) == "chain"
     assert shape_of("sd", {}) == "chain" and shape_of("psd_a", None) == "chain"

@@ -219,7 +219,7 @@ def test_acceptance_is_accepted_over_proposed():
 def test_expected_length_of_a_round():
     """A round of n proposals accepted with probability α each commits (1 − α^(n+1)) / (1 − α) tokens,
     the verifier's own included: 1 at α = 0, n + 1 at α = 1, 1.9375 at α = ½ and n = 4."""
-    from pyramid_demo.core.costs import expected_len
+    from pyramid_demo.predict.costs import expected_len
 
     assert expected_len(0.0, 4) == 1.0 and expected_len(0.0, 1) == 1.0
     assert expected_len(0.5, 4) == pytest.approx(1.9375)

@@ -17,7 +17,7 @@ from .lean_batch import states
 
 def gen_dtype(name: str) -> torch.dtype:
     """The generation dtype: `auto` is bf16 only where oneDNN runs bf16 natively (AVX-512 BF16 or AMX)."""
-    from pyramid_demo.core.packed import available
+    from pyramid_demo.forward.packed import available
     if name == "auto":
         return torch.bfloat16 if available(torch.bfloat16) else torch.float32
     return getattr(torch, name)
@@ -51,7 +51,7 @@ def run_step(step: str, args: argparse.Namespace, dev: torch.device) -> None:
     dt = gen_dtype(args.gen_dtype)
     tok, model = bundled_target(dev, dt)
     if dt == torch.bfloat16:  # packed once for oneDNN: a bf16 linear would re-pack its weight every call
-        from pyramid_demo.core.packed import pack_linears
+        from pyramid_demo.forward.packed import pack_linears
         pack_linears([model], 1)
     seed = corpus_gen.next_seed(folder, args.seed)
     print(f"grow: seed {seed}, {args.gen_batch} rows, {dt}, into {folder}", flush=True)

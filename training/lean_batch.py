@@ -15,8 +15,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from pyramid_demo.core.lean import rms_norm
-from pyramid_demo.core.lean_weights import lean_weights
+from pyramid_demo.forward.lean import rms_norm
+from pyramid_demo.forward.lean_weights import lean_weights
 
 
 class BatchedLean:

@@ -5,9 +5,9 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ..core.config import METHOD_SHORT, short_name
-from ..core.costs import measured_by_k
 from ..core.stats import stage_rounds
 from ..core.trace import RunResult, StageRound, Step
+from ..predict.costs import measured_by_k
 from .inspector import positions, round_tau, speedups, stage_names, whatif_statuses
 from .render import METHOD_COLOURS, STATUS_COLOURS
 

@@ -20,10 +20,10 @@ import gradio as gr
 
 from ..core.config import METHOD_LABELS, METHOD_SHORT, DecodeConfig
 from ..core.methods import Lane, lanes
-from ..core.noise import leaders
 from ..core.settings import APP_SETTINGS, TUNABLE
 from ..core.trace import RunResult
 from ..models.presets import PRESETS, family_config
+from ..predict.noise import leaders
 from . import family, hosting, inspector, stages
 from .race_view import LiveView, before_race, full_outputs, status_only
 from .race_view import earlier_lanes as earlier_lanes  # re-exported: app.py draws the page's first state

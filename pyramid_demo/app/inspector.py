@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..core import noise, rules
+from ..core import rules
 from ..core.config import short_name
 from ..core.methods import LANES
 from ..core.rules import fuzzy_passes
 from ..core.stats import STAGES, agreement, stage_rounds
 from ..core.trace import RunResult, StageRound, Step, TokenRec, accepted_path, parents_of
+from ..predict import noise
 from .session import Race
 
 

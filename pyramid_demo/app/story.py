@@ -9,10 +9,10 @@ Pure: records in, rows and Markdown out (charts draw the rows).
 """
 from __future__ import annotations
 
-from ..core import costs, insertion, noise
 from ..core.config import short_name
-from ..core.throughput import predict
 from ..core.trace import RunResult
+from ..predict import costs, insertion, noise
+from ..predict.throughput import predict
 from .inspector import proposes_trees, race_noise, shape_summary
 
 BUSY = 1.25  # forwards this much slower than the profile: the machine was busy during the race
@@ -219,7 +219,7 @@ def floor_line(profile: dict) -> str:
 
 def tree_line(profile: dict, ranks: list[float] | None = None) -> str:
     """The tree budget this profile predicts best (`tree_costs.best_tree`), in one sentence."""
-    from ..core.tree_costs import best_tree
+    from ..predict.tree_costs import best_tree
 
     try:
         b = best_tree(profile, ranks)

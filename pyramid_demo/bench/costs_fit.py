@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core import engine_costs
+from ..predict import engine_costs
 
 FEATURES = (*engine_costs.UNITS, "keep")
 
@@ -69,7 +69,7 @@ def loo_engine_s(rows: list[dict], profile: dict) -> dict[str, list[float]]:
 
 def _by_role(row: dict, profile: dict) -> tuple[dict[str, float], dict[str, float]]:
     """A row's forwards per role on the profile (s) and as measured in the run (s)."""
-    from ..core import costs
+    from ..predict import costs
 
     rec = row["cost_record"]
     fwd = costs.predict_counts(rec["forwards"], profile, rec.get("tree_forwards"))
@@ -109,7 +109,7 @@ def predict_rows(rows: list[dict], profile: dict) -> dict[str, float]:
     priced from the other variants' runs), and the speed-ups over AR of both: against AR's prediction for
     the same prompt and repeat where AR ran, else n target steps of the profile. Returns the pooled busy
     factors."""
-    from ..core import expected
+    from ..predict import expected
 
     eng_rows = [r for r in rows if r.get("kind") == "engine" and r.get("cost_record")]
     busy, pooled = loo_busy(eng_rows, profile)

@@ -14,10 +14,10 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from ..core import costs, engine_costs, expected, insertion, throughput
 from ..core.config import METHODS
-from ..core.shape import shape_of
 from ..core.trace import Step
+from ..predict import costs, engine_costs, expected, insertion, throughput
+from ..predict.shape import shape_of
 from . import costs_fit
 
 

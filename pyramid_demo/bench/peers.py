@@ -17,7 +17,7 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from ..core.config import DecodeConfig
-from ..core.lm import ModelTriplet, backend_flags, open_lm
+from ..forward.lm import ModelTriplet, backend_flags, open_lm
 
 PEERS = ("hf_generate", "hf_assisted")
 PEER_ROLES = {"hf_generate": ("target",), "hf_assisted": ("draft", "target")}  # the models each runs

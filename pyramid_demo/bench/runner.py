@@ -19,14 +19,14 @@ from collections.abc import Callable
 import torch
 
 from .. import generate_cli
-from ..core import throughput
 from ..core.config import METHODS, DecodeConfig
-from ..core.lm import ModelTriplet
 from ..core.methods import SOLO_ROLES, TREE_BUDGET, method_spec
 from ..core.run import generate, prepare_prompt
 from ..core.settings import SHAPES
 from ..core.stats import agreement as token_agreement  # one definition, shared with the app
 from ..core.stats import prefix_agreement
+from ..forward.lm import ModelTriplet
+from ..predict import throughput
 from . import costs_report, csqa, peers, report
 from .prompts import Prompt, load_prompts
 from .variants import GRID_TAUS, Variant, build_variants, name_models, parse_methods, parse_shapes  # noqa: F401

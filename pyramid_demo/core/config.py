@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from ..forward.cache import LONGEST_PASS
 from .methods import LANES, TABLE, method_spec
 from .settings import DIV_SUPPORTS, DIVERGENCES, FALLBACKS, SHAPES, STAGE2_RULES, TUNABLE  # noqa: F401 - TUNABLE re-exported
 
@@ -14,9 +15,8 @@ METHOD_SHORT = {lane.key: lane.short for lane in LANES.values()}  # "AR", "SD", 
 def short_name(key: str) -> str:
     """A method's or a lane's short name for charts and tables (an unknown key as it is, upper-cased)."""
     return METHOD_SHORT.get(key, key.upper())
-MAX_LENGTH = 64  # the longest γ, ℓ_D or ℓ_Q
 MAX_TREE_K = 16  # the most children a tree node may have
-LONGEST_PASS = MAX_LENGTH + 1  # the longest verification pass: a proposal plus the verifier's own token
+MAX_LENGTH = LONGEST_PASS - 1  # the longest γ, ℓ_D or ℓ_Q
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,10 @@ from collections.abc import Iterator
 
 import torch
 
+from ..forward.cache import TargetStates
+from ..forward.lm import LM
 from . import rules
-from .cache import TargetStates
 from .config import DecodeConfig
-from .lm import LM
 from .methods import Stage, method_spec, stage_rule
 from .recorder import record
 from .round import (

@@ -21,10 +21,10 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from ..forward.cache import CacheError
+from ..forward.lm import LM
 from . import rules
-from .cache import CacheError
 from .config import DecodeConfig
-from .lm import LM
 from .rules import Tree, TreeDecision, chain
 
 
@@ -140,7 +140,7 @@ def grow(cur: Cursor, seq: list[int], nodes: int, depth: int, k: int, cfg: Decod
     warp = (cfg.temperature, cfg.top_k, cfg.top_p)
     shape = None
     if gen is not None:  # sampled: a shape fixed before any draw (lossless), filled in draw order
-        from .tree_costs import RANK_PRIOR, expected_tree
+        from ..predict.tree_costs import RANK_PRIOR, expected_tree
 
         shape = rules.children(expected_tree(nodes, depth, k, RANK_PRIOR)[0])
     ctx_rows, toks, par, score_, ctx, fed, slot = [z_root[0]], [], [], [], [], [], []

@@ -7,9 +7,9 @@ from typing import Any
 
 import torch
 
+from ..forward.lm import ModelTriplet, encode_prompt, open_lm
 from .config import DecodeConfig
 from .engine import decode, prefill, roles_for
-from .lm import ModelTriplet, encode_prompt, open_lm
 from .methods import method_spec
 from .solo import relabel, solo_lms
 from .stats import Tally
@@ -137,7 +137,7 @@ def resolve_shape(cfg: DecodeConfig, profile: dict | None, trees: bool = True) -
     st = next(s for s in spec.stages if s.shaped)  # the stage whose proposal takes the shape
     if not profile or "ms" not in profile or not {st.proposer, st.verifier} <= set(profile["ms"]):
         return replace(cfg, shape="chain"), "auto: the chain, because no cost profile of this machine is available"
-    from .tree_costs import best_tree
+    from ..predict.tree_costs import best_tree
 
     # the predictor prices a proposer → verifier stage by the roles "draft" and "target": hand it this stage's
     b = best_tree({**profile, "ms": {"draft": profile["ms"][st.proposer], "target": profile["ms"][st.verifier]}}, None)

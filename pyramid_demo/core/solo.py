@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .lm import LM, ModelTriplet, open_lm
+from ..forward.lm import LM, ModelTriplet, open_lm
 from .methods import ROLE_ORDER
 from .trace import Step
 

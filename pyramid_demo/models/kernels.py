@@ -15,8 +15,8 @@ from collections.abc import Callable
 
 import torch
 
-from ..core.measure import ForwardTimer
-from ..core.packed import PackedLinear, Swap, restore, swap_linears
+from ..forward.packed import PackedLinear, Swap, restore, swap_linears
+from ..predict.measure import ForwardTimer
 from .probe import store
 from .probe.machine import machine_key
 from .quant import fp16_available, int4_copy
@@ -129,7 +129,7 @@ def copy_format(arch: str, hidden: int, group: int) -> str | None:
 
 def _lean(model: torch.nn.Module) -> bool:
     """Timing needs the forward runs use: the lean one (Llama-family models on the CPU)."""
-    from ..core.lean_weights import supports_lean
+    from ..forward.lean_weights import supports_lean
 
     return supports_lean(model)
 

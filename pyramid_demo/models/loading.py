@@ -20,12 +20,12 @@ from typing import Any
 
 import torch
 
-from ..core.attention import use_rowwise
 from ..core.config import LONGEST_PASS
-from ..core.lean import set_attention
-from ..core.lm import ModelTriplet
-from ..core.packed import available as packed_available
-from ..core.packed import bf16_linears, invariant_pad, pack_linears
+from ..forward.attention import use_rowwise
+from ..forward.lean import set_attention
+from ..forward.lm import ModelTriplet
+from ..forward.packed import available as packed_available
+from ..forward.packed import bf16_linears, invariant_pad, pack_linears
 from .bundled import bundled_target, bundled_tokenizer
 from .compat import check_compatible, check_tokenizers, eos_ids
 from .errors import LoadError

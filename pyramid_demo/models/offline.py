@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ..core.lm import ModelTriplet
+from ..forward.lm import ModelTriplet
 from .bundled import HUB_ID, WHEEL, bundled_target
 from .compat import check_compatible, eos_ids
 from .errors import LoadError

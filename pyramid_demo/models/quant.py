@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ..core.packed import swap_linears
+from ..forward.packed import swap_linears
 from .errors import LoadError
 
 GROUPS = (32, 64, 128, 256)  # group sizes torch's int4 kernels take

@@ -10,7 +10,7 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from ..core.lm import ModelTriplet
+from ..forward.lm import ModelTriplet
 
 NOISE = {"draft": 0.05, "qualifier": 0.02}  # weight noise relative to each tensor's std
 SPECIALS = ["<s>", "</s>", "<unk>"]

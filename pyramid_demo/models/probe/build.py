@@ -10,10 +10,10 @@ import copy
 
 import torch
 
-from ...core.attention import use_rowwise
 from ...core.config import LONGEST_PASS
-from ...core.packed import available as packed_available
-from ...core.packed import bf16_linears, invariant_pad, pack_linears
+from ...forward.attention import use_rowwise
+from ...forward.packed import available as packed_available
+from ...forward.packed import bf16_linears, invariant_pad, pack_linears
 from .machine import native_bf16
 
 CANDIDATES = (("float32", "default"), ("bfloat16", "packed"), ("bfloat16", "onednn"), ("bfloat16", "no-onednn"))

@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from ...core.backend import BACKENDS
-from ...core.lean_weights import supports_lean
+from ...forward.backend import BACKENDS
+from ...forward.lean_weights import supports_lean
 from .machine import machine_key, probe_wanted
 from .record import Choice
 from .search import check_family, probe_target

@@ -7,8 +7,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...core import exactness
-from ...core.lean import ATTENTIONS
+from ...forward.lean import ATTENTIONS
+from .exactness import describe, describe_trees
 from .machine import numerics as current_numerics
 
 FORMAT = 6  # the cache entry's layout and forwards (3: padded lean attention; 4: the target checked with the
@@ -32,7 +32,7 @@ class Choice:
     how: str  # probe | cached | flag | device | off
     timings_ms: dict[str, dict[str, float]] = field(default_factory=dict)  # candidate -> {k: ms}
     probe_s: float = 0.0
-    exactness: dict[str, dict] = field(default_factory=dict)  # candidate -> `exactness.summarise` record
+    exactness: dict[str, dict] = field(default_factory=dict)  # candidate -> `summarise` record
     path: str = "hf"  # the forward: "hf" (transformers) or "lean" (`core.lean`, where the model is covered)
     uncovered: dict[str, str] = field(default_factory=dict)  # role -> architecture left on HF's forward
     roles: dict[str, dict] = field(default_factory=dict)  # role -> its record on the forward it runs (this choice)
@@ -67,8 +67,8 @@ class Choice:
     # ---------------------------------------------------------------- derived display
     @property
     def exact_note(self) -> str:
-        trees = exactness.describe_trees(self.record)
-        return exactness.describe(self.record) + (f"; {trees}" if trees else "")
+        trees = describe_trees(self.record)
+        return describe(self.record) + (f"; {trees}" if trees else "")
 
     @property
     def tree_exact(self) -> bool | None:

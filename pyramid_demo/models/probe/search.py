@@ -11,14 +11,15 @@ from typing import Any
 
 import torch
 
-from ...core import costs, exactness
-from ...core.cache import TargetStates
 from ...core.config import LONGEST_PASS
 from ...core.engine import connect
-from ...core.lean import attention_of, set_attention
-from ...core.lean_weights import supports_lean
-from ...core.lm import LM, open_lm
+from ...forward.cache import TargetStates
+from ...forward.lean import attention_of, set_attention
+from ...forward.lean_weights import supports_lean
+from ...forward.lm import LM, open_lm
+from ...predict import measure
 from .build import candidate_model, candidates
+from .exactness import PASS_CHECKS, check_model
 from .record import Choice
 
 VERIFY_K = 5  # a verification pass: a proposal of 4 plus the verifier's own token
@@ -32,7 +33,7 @@ SCORE_WEIGHTS = {1: 1.0, VERIFY_K: 3.0}
 EXACT_PLAN = ((100, (*range(2, 10), 17, 33, LONGEST_PASS)), (60, tuple(range(2, 10))), (140, tuple(range(2, 10))),
               (300, (5, 17)), (450, (9, 17)))
 TREE_PLAN = (EXACT_PLAN[0], EXACT_PLAN[-1])  # tree passes: near the start, and past the key split
-make_timer = costs.ForwardTimer  # tests replace this timer (the cost profile's too: `warm`)
+make_timer = measure.ForwardTimer  # tests replace this timer (the cost profile's too: `warm`)
 
 
 def new_timer(*args: Any, **kw: Any) -> Any:
@@ -60,7 +61,7 @@ def reads_target(models: dict[str, Any]) -> bool:
 
 def role_opener(models: dict[str, Any], role: str, vocab_size: int, backend: str, path: str,
                 publish: bool | None = None) -> Callable[[list[int]], LM]:
-    """`role`'s LM opened as a run opens it, for `exactness.check_model(..., with_ids=True)`: the forward the
+    """`role`'s LM opened as a run opens it, for `check_model(..., with_ids=True)`: the forward the
     run uses (`open_lm`); the target hands out its states when a proposer reads them (`publish`, default: when
     one of `models` does), which changes its forward (the lean norm over every row, HF's decoder and head);
     a proposer that reads the target gets the target's own states over the checked ids, scored first, as a
@@ -86,8 +87,8 @@ def check_family(models: dict[str, Any], vocab_size: int, backend: str, path: st
     the target's decides the lossless claim; the proposers' say whether their passes (a feature draft's
     re-read of the accepted prefix, the qualifier's stage-1 verification) equal their one-token steps."""
     plan = EXACT_PLAN if plan is None else plan
-    kinds = tuple(k for k in exactness.PASS_CHECKS if k != "tree")  # trees: on the target's chosen forward
-    return {role: exactness.check_model(role_opener(models, role, vocab_size, backend, path), vocab_size, plan,
+    kinds = tuple(k for k in PASS_CHECKS if k != "tree")  # trees: on the target's chosen forward
+    return {role: check_model(role_opener(models, role, vocab_size, backend, path), vocab_size, plan,
                                         with_ids=True, kinds=kinds)
             for role in models}
 
@@ -127,7 +128,7 @@ def probe_target(target: torch.nn.Module, vocab_size: int, check_all: bool = Fal
         if path == "lean":
             choose_attention(model, vocab_size, backend, publish)
         opener = role_opener({"target": model}, "target", vocab_size, backend, path, publish)
-        records[c] = exactness.check_model(opener, vocab_size, EXACT_PLAN, pad, with_ids=True,
+        records[c] = check_model(opener, vocab_size, EXACT_PLAN, pad, with_ids=True,
                                            kinds=("attention", "chain"))
         records[c]["lean_attention"] = attention_of(model) if path == "lean" else None
         if records[c]["exact"] and not check_all:
@@ -140,7 +141,7 @@ def probe_target(target: torch.nn.Module, vocab_size: int, check_all: bool = Fal
             attention = records[chosen]["lean_attention"]
             set_attention(model, attention)  # as it was checked (a candidate sharing the model may have changed it)
         opener = role_opener({"target": model}, "target", vocab_size, backend, path, publish)
-        records[chosen]["trees"] = exactness.check_model(opener, vocab_size, TREE_PLAN, pad, with_ids=True,
+        records[chosen]["trees"] = check_model(opener, vocab_size, TREE_PLAN, pad, with_ids=True,
                                                          kinds=("tree",)).get("trees")
     dt, backend, path = chosen.split("/")
     return Choice(dt, backend, "probe", timings, round(time.perf_counter() - t0, 2), records, path,
@@ -153,7 +154,7 @@ def choose_attention(model: torch.nn.Module, vocab_size: int, backend: str, publ
     one-token step's own call: batch-invariant by construction). The probe refuses what it has not seen exact."""
     set_attention(model, "auto")
     opener = role_opener({"target": model}, "target", vocab_size, backend, "lean", publish)
-    if not exactness.check_model(opener, vocab_size, EXACT_PLAN, with_ids=True, kinds=("attention",))["exact"]:
+    if not check_model(opener, vocab_size, EXACT_PLAN, with_ids=True, kinds=("attention",))["exact"]:
         set_attention(model, "rows")
     return attention_of(model)
 

@@ -6,7 +6,7 @@ import logging
 import time
 from typing import Any
 
-from ...core import costs
+from ...predict import measure
 from .machine import machine_key
 from .search import new_timer
 from .store import PROFILE_FILE, read, write
@@ -15,22 +15,22 @@ log = logging.getLogger(__name__)
 
 
 def cost_profile(triplet: Any, roles: tuple[str, ...] = ("draft", "qualifier", "target"),
-                 max_k: int = costs.MAX_K) -> dict:
+                 max_k: int = measure.MAX_K) -> dict:
     """The family's cost profile on this machine, dtype and backend: from the cache, else measured
     now (a few seconds). A plain dict (see `core.costs`); "how" says cached or probe, "probe_s" its time."""
     dtype = str(triplet.dtype).removeprefix("torch.")
     key = (f"{machine_key()} | {','.join(triplet.names)} | {triplet.device} | {dtype} | {triplet.backend} | "
-           f"{triplet.path} | k≤{max_k} | {costs.PROFILE_VERSION}")
+           f"{triplet.path} | k≤{max_k} | {measure.PROFILE_VERSION}")
     hit = read(PROFILE_FILE).get(key)
     if hit:
         return {**hit, "how": "cached", "probe_s": 0.0}
     t0 = time.perf_counter()
     extras: dict = {}
-    ms = costs.measure_profile({r: triplet.model(r) for r in roles}, triplet.vocab_size, triplet.backend, max_k,
+    ms = measure.measure_profile({r: triplet.model(r) for r in roles}, triplet.vocab_size, triplet.backend, max_k,
                                path=triplet.path, make_timer=new_timer, extras_out=extras)
-    floor = {r: costs.memory_floor_ms(triplet.model(r), triplet.backend) for r in roles}
+    floor = {r: measure.memory_floor_ms(triplet.model(r), triplet.backend) for r in roles}
     prof = {"ms": {r: {str(k): v for k, v in row.items()} for r, row in ms.items()}, **extras,
-            "context": costs.CONTEXT,
+            "context": measure.CONTEXT,
             "floor": floor, "reps": 3, "dtype": dtype, "backend": triplet.backend, "path": triplet.path,
             "device": str(triplet.device), "machine": machine_key(), "models": list(triplet.names),
             "time_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}
@@ -42,7 +42,7 @@ def prepare(triplet: Any, prompt_ids: list[int]) -> dict:
     """Before a race's clocks start: warm every model, then the cost profile (cached, else measured).
     Returns {"profile", "warm_s", "profile_s"}: one-time costs the app reports apart from the lanes."""
     models = {r: triplet.model(r) for r in ("draft", "qualifier", "target")}
-    warm_s = costs.warm_up(models, triplet.vocab_size, triplet.backend, prompt_ids, triplet.path)
+    warm_s = measure.warm_up(models, triplet.vocab_size, triplet.backend, prompt_ids, triplet.path)
     try:
         profile = cost_profile(triplet)
     except Exception as e:  # noqa: BLE001 - a failed profile must not stop a race

@@ -25,7 +25,7 @@ class ForwardTimer:
 
     def __init__(self, model: Any, vocab_size: int, backend: str = "default", context: int = CONTEXT,
                  path: str = "hf"):
-        from .lm import open_lm
+        from ..forward.lm import open_lm
 
         self.lm = open_lm(model, vocab_size, "probe", backend, path)
         self.context = context
@@ -60,7 +60,7 @@ class ForwardTimer:
         (every cursor's cut after a step). The cache ends at `context` after."""
         import time
 
-        from .round import Cursor
+        from ..core.round import Cursor
 
         lm = self.lm
         cur = Cursor(lm, lm.cache_len)
@@ -150,10 +150,10 @@ def measure_engine(vocab_size: int, timers: dict[str, Any] | None = None, reps: 
     with `time_keep`) can tell. What `engine_costs.price` multiplies by a run's census of that work."""
     import torch
 
-    from . import rules
-    from .config import DecodeConfig
-    from .recorder import record
-    from .round import decide
+    from ..core import rules
+    from ..core.config import DecodeConfig
+    from ..core.recorder import record
+    from ..core.round import decide
 
     g = torch.Generator().manual_seed(0)
     z_p = torch.randn(5, vocab_size, generator=g)  # [5, V]: a verifier's rows for 4 proposals
@@ -231,7 +231,7 @@ def memory_floor_ms(model: Any, backend: str = "default", reps: int = 15) -> dic
 
     import torch
 
-    from .lm import backend_flags
+    from ..forward.lm import backend_flags
 
     total, largest = linear_bytes(model)
     if largest is None:
@@ -256,7 +256,7 @@ def warm_up(models: dict[str, Any], vocab_size: int, backend: str, prompt_ids: l
     kernel selection): the prompt, then a one-token and a few-token cached forward. Returns seconds."""
     import time
 
-    from .lm import open_lm
+    from ..forward.lm import open_lm
 
     t0 = time.perf_counter()
     seen: set[int] = set()

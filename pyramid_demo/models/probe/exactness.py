@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .lm import LM
+from ...forward.lm import LM
 
 
 def pass_vs_steps(lm: LM, ids: list[int], context: int, ks: Sequence[int]) -> list[dict[str, Any]]:

@@ -10,9 +10,9 @@ pyramid's stage 1 is then V_FSD(Q,D) = E_Q / (levels/V_D + 1/V_Q); its stage 2 s
 """
 from __future__ import annotations
 
-from .methods import method_spec
+from ..core.methods import method_spec
+from ..core.trace import RunResult
 from .shape import shape_of
-from .trace import RunResult
 
 
 def v_sd(beta_td: float, l_d: int, v_d: float, v_t: float) -> float:

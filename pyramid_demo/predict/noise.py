@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from ..core.trace import Step
 from .costs import step_forwards
-from .trace import Step
 
 MIN_GROUP = 5  # same-k forwards needed before a group's spread counts
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .methods import method_spec
+from ..core.methods import method_spec
+from ..core.trace import StageRound, Step
 from .shape import shape_of
-from .trace import StageRound, Step
 from .walk_stats import cut_short, trials
 
 UNITS = ("step", "feed", "round", "div", "div1", "expand")

@@ -29,8 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from .backend import backend_flags
-from .cache import CachedModel
-from .config import LONGEST_PASS
+from .cache import LONGEST_PASS, CachedModel
 from .lean_weights import lean_weights
 
 ROWWISE_MAX = LONGEST_PASS  # passes up to the longest verification: padded per-row attention (a long prefill: not)

@@ -18,24 +18,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ..core.methods import method_spec, target_rule
+from ..core.trace import Step
 from . import engine_costs, expected, walk_stats
-from .measure import (  # noqa: F401 - re-exported
-    CONTEXT,
-    MAX_K,
-    PROFILE_VERSION,
-    TREE_K,
-    ForwardTimer,
-    linear_bytes,
-    measure_engine,
-    measure_profile,
-    memory_floor_ms,
-    time_forward,
-    warm_up,
-)
-from .methods import method_spec, target_rule
 from .profile import ar_speed, cost_ms, cost_tree_ms  # noqa: F401 - re-exported: callers read the profile here
 from .shape import shape_of
-from .trace import Step
 from .tree_costs import RANK_PRIOR, best_tree, rank_counts, tree_speed
 
 

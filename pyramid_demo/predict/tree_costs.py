@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..core.trace import Step
 from .expected import ar_ms, chain_reach, chain_round_ms, expected_tree, node_probs, tree_speed
-from .trace import Step
 from .walk_stats import rank_counts
 
 __all__ = ["RANK_PRIOR", "BUDGETS", "rank_counts", "rank_acceptance", "expected_tree", "expected_accepted",

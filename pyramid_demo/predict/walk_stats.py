@@ -11,8 +11,8 @@ Pure functions over `StageRound` records, walking them through `rules`' parent-l
 """
 from __future__ import annotations
 
-from . import rules
-from .trace import StageRound, accepted_path, parents_of
+from ..core import rules
+from ..core.trace import StageRound, accepted_path, parents_of
 
 
 def cut_short(rnd: StageRound) -> bool:

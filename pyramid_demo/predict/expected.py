@@ -19,9 +19,9 @@ from __future__ import annotations
 import math
 from functools import cache
 
+from ..core.rules import best_nodes, depths
 from .engine_costs import engine_ms
 from .profile import cost_ms, cost_tree_ms
-from .rules import best_nodes, depths
 
 
 # ---------------------------------------------------------------- what a round commits

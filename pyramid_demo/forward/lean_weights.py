@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .config import LONGEST_PASS
+from .cache import LONGEST_PASS
 from .packed import PackedLinear, rows_invariant
 
 ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")

@@ -12,6 +12,8 @@ import time
 
 import torch
 
+LONGEST_PASS = 65  # the longest pass a verifier runs (a proposal of at most 64 plus its own token)
+
 
 class CacheError(RuntimeError):
     """A forward that does not start where the cache ends: the caller's bookkeeping is wrong."""
