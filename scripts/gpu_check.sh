@@ -35,7 +35,7 @@ echo "+ $PY -m pytest -q -m cuda $TESTS"
 echo "== 2. exactness: each role's k-token passes against one-token steps (k = 2 … 65), on the forward it runs, per device and dtype"
 "$PY" - "$MODELS" "$DEVICE" $DTYPES <<'PY' | tee "$OUT/exactness.md"
 import sys, torch
-from pyramid_demo.core.exactness import describe
+from pyramid_demo.models.probe.exactness import describe
 from pyramid_demo.models import probe
 from pyramid_demo.models.loading import load_triplet
 models, device, dtypes = sys.argv[1], sys.argv[2], sys.argv[3:]

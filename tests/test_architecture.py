@@ -196,7 +196,7 @@ def test_nothing_imports_app_py(graph) -> None:
 
 def test_charts_compute_no_predictions(graph) -> None:
     """`app/charts.py` draws records it is given: the speed chart gets `story.rows`; charts import neither
-    the paper's formula (`core.throughput`) nor the story that computes predictions."""
+    the paper's formula (`predict.throughput`) nor the story that computes predictions."""
     assert not {"pyramid_demo.predict.throughput", "pyramid_demo.app.story"} & graph["pyramid_demo.app.charts"]
 
 

@@ -1,4 +1,4 @@
-"""Row-wise attention (core.attention): a verification pass equals one-token steps."""
+"""Row-wise attention (forward.attention): a verification pass equals one-token steps."""
 import dataclasses
 
 import pytest
@@ -77,7 +77,7 @@ def test_bf16_passes_equal_steps_and_sd_equals_ar():
 
 
 def test_packed_linears_are_batch_invariant_and_match_the_model():
-    """Packing a bf16 model's linears for oneDNN (core.packed) keeps its logits (to bf16 rounding)
+    """Packing a bf16 model's linears for oneDNN (forward.packed) keeps its logits (to bf16 rounding)
     and a k-token pass equals k one-token steps bitwise, as SD at T=0 needs."""
     import pytest
 
@@ -206,7 +206,7 @@ def test_the_probe_refuses_a_batch_variant_attention(monkeypatch):
 
 
 class _PaddedLinear(torch.nn.Module):
-    """A linear whose calls of fewer than `min_rows` rows are padded with zero rows, as `core.packed` pads: from
+    """A linear whose calls of fewer than `min_rows` rows are padded with zero rows, as `forward.packed` pads: from
     some padding on, fp32 BLAS rows no longer depend on the call's row count (here: 4 rows at 1 thread, 16 at 2)."""
 
     def __init__(self, linear: torch.nn.Linear, min_rows: int = 1):

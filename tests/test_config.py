@@ -93,7 +93,7 @@ def test_shape_is_validated():
 
 
 def test_every_method_row_has_a_cost_model_and_lists_what_it_reads():
-    """Rule: a method is its row: every row names a cost model `core.costs` prices, its stages chain from the
+    """Rule: a method is its row: every row names a cost model `predict.costs` prices, its stages chain from the
     draft to the target (each stage's verifier proposes to the next), and every setting it reads is a
     DecodeConfig field with a row in `core.settings` (the pyramids read ℓ_D, which also caps a tree's depth)."""
     from dataclasses import fields

@@ -1,4 +1,4 @@
-"""The cost profile (core/costs.py) and the dtype/backend probe (models/probe.py)."""
+"""The cost profile (predict/costs.py) and the dtype/backend probe (models/probe.py)."""
 from __future__ import annotations
 
 import dataclasses
@@ -149,7 +149,7 @@ def test_probe_picks_what_the_timer_says_is_fastest(cache, monkeypatch, fastest,
     monkeypatch.setattr(probe.build, "packed_available", lambda dt: packed)
     monkeypatch.setattr(probe.build, "pack_linears", lambda models, pad=1: 0)  # the timer is fake: nothing to pack
     monkeypatch.setattr(probe.build, "invariant_pad", lambda linears, rows: 1)
-    monkeypatch.setattr(probe.search.exactness, "check_model", _all_exact)  # every candidate exact: speed decides
+    monkeypatch.setattr(probe.search, "check_model", _all_exact)  # every candidate exact: speed decides
     timer, calls = _fake_timer(fastest)
     monkeypatch.setattr(probe.search, "make_timer", timer)
     t = tiny_random_triplet()
@@ -190,7 +190,7 @@ def test_load_triplet_applies_the_choice_and_cachedlm_runs_under_it(cache, monke
 
     monkeypatch.setattr(probe.build, "native_bf16", lambda: True)
     monkeypatch.setattr(probe.search, "make_timer", _fake_timer("bfloat16/no-onednn")[0])
-    monkeypatch.setattr(probe.search.exactness, "check_model", _all_exact)
+    monkeypatch.setattr(probe.search, "check_model", _all_exact)
     loading.clear_cache()
     t = loading.load_triplet("tiny-random", device="cpu")
     assert t.dtype == torch.bfloat16 and t.backend == "no-onednn" and "probe" in t.choice_note

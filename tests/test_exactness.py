@@ -20,7 +20,7 @@ PLAN = ((12, (2, 3, 5, 9)), (20, (2, 4)))
 
 class BatchVariant(torch.nn.Module):
     """A fake kernel: a one-row call rounds its result up by one ulp, as a GEMV path might, while calls
-    of two or more rows do not; `min_rows` pads calls as `core.packed.PackedLinear` does."""
+    of two or more rows do not; `min_rows` pads calls as `forward.packed.PackedLinear` does."""
 
     def __init__(self, linear: torch.nn.Linear, min_rows: int = 1):
         super().__init__()

@@ -1,4 +1,4 @@
-"""The lean forward (core.lean): HF's numbers with fewer kernels, exact per row, cheap rollback."""
+"""The lean forward (forward.lean): HF's numbers with fewer kernels, exact per row, cheap rollback."""
 import copy
 import dataclasses
 import importlib.util
@@ -75,7 +75,7 @@ def test_k_token_pass_equals_one_token_steps_bitwise_in_bf16(one_thread):
 
 
 def test_k_token_pass_equals_steps_with_packed_linears(one_thread):
-    """With the model's linears packed for oneDNN (core.packed), the lean forward calls the packed
+    """With the model's linears packed for oneDNN (forward.packed), the lean forward calls the packed
     layers, stays near the plain model, and a 5-token pass still equals five one-token steps bitwise."""
     if not packed.available(torch.bfloat16):
         pytest.skip("this CPU's oneDNN does not run bf16")

@@ -1,4 +1,4 @@
-"""`core/noise.py`: a method is called faster only beyond the run's own timing noise (hand-built numbers)."""
+"""`predict/noise.py`: a method is called faster only beyond the run's own timing noise (hand-built numbers)."""
 from __future__ import annotations
 
 import pytest

@@ -45,7 +45,7 @@ VERDICT = dict(alpha=0.33, factor=4.1, per_pass=1.2, per_pass_needed=1.3)
 
 def test_the_verdict_never_contradicts_the_measured_outcome():
     """Rule: the verdict starts from the measured outcome against AR (faster / a tie within noise /
-    slower, core.noise.compare) whatever the profile predicts; where the profile disagrees it says so."""
+    slower, predict.noise.compare) whatever the profile predicts; where the profile disagrees it says so."""
     for x, xp, spread in itertools.product((0.8, 0.97, 1.15, 1.32), (0.9, 1.2), (0.05, 0.2)):
         v = story.verdict("sd", {**VERDICT, "x_ar": x, "x_ar_predicted": xp}, spread, 6.0)
         want = {1: "**faster**", 0: "**a tie with AR** within noise", -1: "**slower**"}[noise.compare(x, 1, spread)]

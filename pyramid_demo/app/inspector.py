@@ -192,7 +192,7 @@ def ratio(a: float, b: float | None) -> float | None:
 
 
 def race_noise(results: dict[str, RunResult]) -> float | None:
-    """The race's relative timing noise: the spread of same-size forwards over all its lanes (core.noise)."""
+    """The race's relative timing noise: the spread of same-size forwards over all its lanes (predict.noise)."""
     groups: dict = {}
     for r in results.values():
         for key, ts in noise.same_k_forwards(r.steps).items():

@@ -1,8 +1,8 @@
 """The Statistics tab's one story of a race, from its trace and the family's cost profile.
 
-One prediction: the profile's, summed over the forwards each run made (`core.costs.predict_run`),
+One prediction: the profile's, summed over the forwards each run made (`predict.costs.predict_run`),
 which is what the machine gives when idle. The verdict starts from what was measured (faster than
-AR, slower, or a tie within the race's timing noise, `core.noise`) and then says whether the profile
+AR, slower, or a tie within the race's timing noise, `predict.noise`) and then says whether the profile
 agrees; when the race's forwards ran slower than the profile, the load factor says by how much.
 The PyramidSD §3 formula stays as a labelled teaching aid, fed with the profile's one-token speeds.
 Pure: records in, rows and Markdown out (charts draw the rows).
@@ -157,7 +157,7 @@ def markdown(results: dict[str, RunResult], profile: dict | None) -> str:
 
 
 def insertion_line(results: dict[str, RunResult], profile: dict | None) -> str:
-    """The insertion test (core.insertion) from this race's SD and pyramid lanes."""
+    """The insertion test (predict.insertion) from this race's SD and pyramid lanes."""
     if not profile:
         return ""
     m = {k: costs.method_model(r.method, r.steps, r.config, profile) for k, r in results.items() if k != "ar"}

@@ -9,7 +9,7 @@ import contextlib
 
 import torch
 
-BACKENDS = ("default", "onednn", "no-onednn", "packed")  # packed: linears packed at load (core.packed)
+BACKENDS = ("default", "onednn", "no-onednn", "packed")  # packed: linears packed at load (forward.packed)
 
 
 @contextlib.contextmanager

@@ -1,4 +1,4 @@
-"""A loaded model's weights as the lean forward (`core.lean`) reads them: fused linears, built once per model.
+"""A loaded model's weights as the lean forward (`forward.lean`) reads them: fused linears, built once per model.
 
 Why its own module: preparing the weights is apart from running them. Here: which models the lean forward
 covers (`supports_lean`), q/k/v and gate/up joined into one linear each (`_linear`: plain linears concatenated,

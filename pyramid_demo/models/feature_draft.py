@@ -38,7 +38,7 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
 class FeatureDraft(nn.Module):
     """fc + one Llama decoder layer + the target's final norm and (reduced) head."""
 
-    reads_target = True  # core.lm.open_lm gives it a FeatureLM, fed the target's states
+    reads_target = True  # forward.lm.open_lm gives it a FeatureLM, fed the target's states
 
     def __init__(self, target: nn.Module, subset: torch.Tensor, init_layer: int = -1):
         super().__init__()

@@ -144,7 +144,7 @@ def load_triplet(spec: str, device: str | None = None, dtype: str | None = None,
 
 def _load_base(spec: str, dev: torch.device, dt: torch.dtype, place: Placement, max_len: int | None,
                packed: bool = False, pad_rows: int = 0) -> ModelTriplet:
-    """Load once per key; `packed`: a separate copy whose linear layers are packed for oneDNN (`core.packed`),
+    """Load once per key; `packed`: a separate copy whose linear layers are packed for oneDNN (`forward.packed`),
     every call padded to `pad_rows` rows (0: the padding this CPU needs, measured now)."""
     preset, refs = parse_spec(spec)
     if preset is not None and not preset.hub and place.quantize:
@@ -178,7 +178,7 @@ def _load_base(spec: str, dev: torch.device, dt: torch.dtype, place: Placement, 
 
 
 def exact_passes(triplet: ModelTriplet) -> str:
-    """Row-wise attention for every model (see `core.attention`): in 16-bit on a CPU it makes a
+    """Row-wise attention for every model (see `forward.attention`): in 16-bit on a CPU it makes a
     verification pass compute each position as a one-token step does, so SD at T=0 stays AR's text."""
     models = {id(m): m for m in (triplet.draft, triplet.qualifier, triplet.target)}.values()
     return "rowwise" if all([use_rowwise(m) for m in models]) else "sdpa"

@@ -1,11 +1,11 @@
 """The dtype, CPU backend and forward for this machine, chosen by a probe of several seconds, and the family's
-measured cost profile (see `core.costs`); both cached as JSON under `bundled.cache_root()`.
+measured cost profile (see `predict.costs`); both cached as JSON under `bundled.cache_root()`.
 
 On a CPU each candidate — fp32; bf16 with packed oneDNN linears (or plain oneDNN where packing is not
 offered); bf16 with oneDNN off (bf16 only where the CPU has native bf16 instructions) — under each forward
 the target's architecture allows (lean, HF's) is timed and checked for exactness on the real target; packed
 linears are first padded to the smallest row count that makes them batch-invariant on this CPU
-(`core.packed.invariant_pad`). The fastest exact candidate wins; if none is exact, the fastest whose top-1
+(`forward.packed.invariant_pad`). The fastest exact candidate wins; if none is exact, the fastest whose top-1
 always matched, and every place that reports the choice says that lossless methods may then differ from AR
 at near-ties. The choice (a typed `Choice`) is cached per machine (CPU model and instruction sets, torch, threads) ×
 family; a cached choice of an older format, or without an exactness record, is probed again. On CUDA:

@@ -1,6 +1,6 @@
 """The candidates a CPU probe compares, each built as the loader would run it.
 
-bf16 through oneDNN comes as "packed" (weights packed once: fast and batch-invariant, see `core.packed`)
+bf16 through oneDNN comes as "packed" (weights packed once: fast and batch-invariant, see `forward.packed`)
 where this torch and CPU offer it, else as plain oneDNN (re-packs every call and rounds a k-token pass
 differently from one-token steps); "no-onednn" is batch-invariant too. bf16 only where the CPU has native
 bf16 instructions."""
@@ -31,7 +31,7 @@ def candidate_model(target: torch.nn.Module, dt: str, backend: str) -> tuple[tor
     if dt == "float32":
         return target, 1
     model = copy.deepcopy(target).to(getattr(torch, dt))
-    use_rowwise(model)  # as the loader runs 16-bit CPU models (see `core.attention`)
+    use_rowwise(model)  # as the loader runs 16-bit CPU models (see `forward.attention`)
     pad = 1
     if backend == "packed":
         pad = invariant_pad(bf16_linears([model]), LONGEST_PASS) or 1

@@ -2,7 +2,7 @@
 
 SD at temperature 0 promises AR's text token for token. It keeps that promise only if the target's
 logits at a position do not depend on how many positions share the forward. Whether they do depends
-on the CPU's kernels (see `core.packed`, `core.attention`), so the probe measures it on the machine
+on the CPU's kernels (see `forward.packed`, `forward.attention`), so the probe measures it on the machine
 at hand with `pass_vs_steps`, and every "exact" claim the app, the CLI and bench make comes from the
 record `summarise` builds.
 """

@@ -94,9 +94,9 @@ def choose(family: str, device: torch.device, dtype: Any, backend: str | None,
 
 def forward_for(choice: Choice, models: dict[str, torch.nn.Module]) -> Choice:
     """The choice with the forward that will actually run on these models: the lean forward covers only some
-    architectures (`core.lean_weights.supports_lean`), the others run HF's. Where it covers none, the path is "hf";
+    architectures (`forward.lean_weights.supports_lean`), the others run HF's. Where it covers none, the path is "hf";
     every role left on HF's forward is named in `uncovered`, which the choice's summary shows. A proposer that
-    reads the target runs its own forward (`core.feature_lm`), HF's never, so it is not "uncovered"."""
+    reads the target runs its own forward (`forward.feature_lm`), HF's never, so it is not "uncovered"."""
     if choice.path != "lean":
         return choice
     seen: dict[int, bool] = {}

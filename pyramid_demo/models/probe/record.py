@@ -33,11 +33,11 @@ class Choice:
     timings_ms: dict[str, dict[str, float]] = field(default_factory=dict)  # candidate -> {k: ms}
     probe_s: float = 0.0
     exactness: dict[str, dict] = field(default_factory=dict)  # candidate -> `summarise` record
-    path: str = "hf"  # the forward: "hf" (transformers) or "lean" (`core.lean`, where the model is covered)
+    path: str = "hf"  # the forward: "hf" (transformers) or "lean" (`forward.lean`, where the model is covered)
     uncovered: dict[str, str] = field(default_factory=dict)  # role -> architecture left on HF's forward
     roles: dict[str, dict] = field(default_factory=dict)  # role -> its record on the forward it runs (this choice)
     numerics: dict[str, Any] = field(default_factory=current_numerics)  # what it was measured under (threads...)
-    attention: str = "auto"  # the lean forward's attention (`core.lean.ATTENTIONS`) the records were measured on
+    attention: str = "auto"  # the lean forward's attention (`forward.lean.ATTENTIONS`) the records were measured on
 
     @property
     def key(self) -> str:

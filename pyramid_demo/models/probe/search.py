@@ -1,7 +1,7 @@
 """Time every candidate on the real target and check its exactness: the measurements a choice rests on.
 
 Speed: cached forwards of k = 1 and k = VERIFY_K new tokens, weighted as a race spends them. Exactness
-(`core.exactness`): k-token passes against one-token steps, k = 2 … the longest pass the settings allow, over
+(`models.probe.exactness`): k-token passes against one-token steps, k = 2 … the longest pass the settings allow, over
 several contexts. The fastest exact candidate wins; if none is exact, the fastest whose top-1 always matched."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Before a race: warm every model, and the family's cost profile on this machine (`core.costs`), cached
+"""Before a race: warm every model, and the family's cost profile on this machine (`predict.costs`), cached
 like the choice, so that no lane's clock pays for a first call or a measurement."""
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 def cost_profile(triplet: Any, roles: tuple[str, ...] = ("draft", "qualifier", "target"),
                  max_k: int = measure.MAX_K) -> dict:
     """The family's cost profile on this machine, dtype and backend: from the cache, else measured
-    now (a few seconds). A plain dict (see `core.costs`); "how" says cached or probe, "probe_s" its time."""
+    now (a few seconds). A plain dict (see `predict.costs`); "how" says cached or probe, "probe_s" its time."""
     dtype = str(triplet.dtype).removeprefix("torch.")
     key = (f"{machine_key()} | {','.join(triplet.names)} | {triplet.device} | {dtype} | {triplet.backend} | "
            f"{triplet.path} | k≤{max_k} | {measure.PROFILE_VERSION}")
