@@ -11,14 +11,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--all", action="store_true",
                    help="check every candidate's exactness (default: from the fastest until one is exact)")
     p.add_argument("--floor", action="store_true", help="also print the target's memory floor per candidate dtype")
+    p.add_argument("--compile", action="store_true",
+                   help="also build each model's compiled forward where missing (minutes; cached, loaded by every run)")
 
 
 def run(args: argparse.Namespace) -> int:
-    from .models import probe
+    from .models import kernels, probe
     from .models.errors import LoadError
     from .models.loading import load_triplet, parse_spec
     from .predict import measure
 
+    kernels.BUILD["on"] = args.compile
     try:
         preset, refs = parse_spec(args.models)
         t = load_triplet(args.models, device="cpu", dtype="float32", backend="default")
@@ -32,12 +35,15 @@ def run(args: argparse.Namespace) -> int:
           + " + ".join(f"{w:g}×(k={k})" for k, w in probe.SCORE_WEIGHTS.items()))
     print(probe.table(got))
     print(f"\nchosen: {got.summary}")
+    print(f"kernels: {t.kernels}")
     ran = load_triplet(args.models, device="cpu")  # under this choice: every role checked on the forward it runs
     roles = (probe.cached_choice(family) or got).roles
     for role, rec in roles.items():
         print(f"{role} ({ran.path} forward): {rec['bitwise_passes']}/{rec['passes']} passes bitwise equal to its "
               f"one-token steps, max logit difference {rec['max_abs_diff']:.2g}, top-1 "
               f"{'always' if rec['top1'] else 'not always'} equal")
+    prof = probe.cost_profile(ran)  # measured now, so that the first race does not pay for it
+    print(f"cost profile: {prof['how']} ({prof['probe_s']:.1f} s), target step {prof['ms']['target']['1']:.1f} ms")
     if args.floor:
         for dt, backend in probe.candidates():
             model, _ = probe.candidate_model(t.target, dt, backend)

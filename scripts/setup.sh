@@ -14,8 +14,8 @@ if [ "${1:-}" = "--test" ] && [ ! -x /usr/bin/chromium ] && [ "$(id -u)" = 0 ] &
     || echo "warning: could not install chromium; the browser test will be skipped" >&2
 fi
 if [ "${1:-}" != "--test" ]; then  # the app's first race then starts from cached work
-  echo "converting the bundled model and probing this CPU once (cached in ~/.cache/pyramid_demo)…"
-  HF_HUB_OFFLINE=1 .venv/bin/python -m pyramid_demo probe 2>/dev/null | tail -n 1 \
+  echo "converting the bundled model, probing this CPU and compiling each model once (a few minutes; cached in ~/.cache/pyramid_demo)…"
+  HF_HUB_OFFLINE=1 .venv/bin/python -m pyramid_demo probe --compile 2>/dev/null | grep -E "^(chosen|kernels|cost profile):" \
     || echo "warning: the probe did not run; the app's first race will run it" >&2
 fi
 echo "setup done: .venv is ready"

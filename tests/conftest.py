@@ -10,6 +10,7 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))  # the tests' own helpers (mock_lm)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network
 os.environ.setdefault("PYRAMID_DEMO_PROBE", "0")  # fp32 on CPU unless a test probes (tests/test_costs.py)
+os.environ.setdefault("PYRAMID_DEMO_COMPILED", "0")  # eager forwards unless a test compiles (tests/test_compiled.py)
 # probe choices and cost profiles of test families go to a scratch folder, never the user's cache
 os.environ.setdefault("PYRAMID_DEMO_PROBE_CACHE", tempfile.mkdtemp(prefix="pyramid_probe_"))
 

@@ -4,7 +4,8 @@ Why: the engine's `forward.lean.LeanLM` decodes one sequence (its exactness rule
 against k-token passes); a corpus is made fastest by many sequences at once, since a one-row step on a CPU
 pays per-call cost and reads every weight for one token. Here every row has its own position (no left
 padding: row b's tokens sit in cache slots 0 … n_b − 1), a finished row is refilled with the next prompt
-(continuous batching: no step is spent on rows that are done), and the same weights (`forward.lean_weights.lean_weights`:
+(continuous batching: no step is spent on rows that are done), and the same weights
+(`forward.lean_weights.lean_weights`:
 fused QKV and gate/up) are read once per step for all rows. Exactness across batch sizes is not needed here:
 the data is the target's own samples, and the draft's training states are recomputed by `states` anyway.
 """

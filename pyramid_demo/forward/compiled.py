@@ -1,19 +1,22 @@
-"""A compiled forward over a static cache, in gpt-fast's shape: positions, cache slots and a mask passed into
-every call, a preallocated KV cache where rollback moves a length, one graph per padded pass length.
+"""A compiled forward over a static cache, in gpt-fast's shape: positions, cache slots and a mask passed into every
+call, a preallocated KV cache where rollback moves a length.
 
-Why: on a CPU the eager forwards of a small model run well above the time it takes to read its weights
-(many small kernels, Python between them); inductor fuses the pointwise work and, with freezing, prepacks
-the weights for oneDNN. Rows of a pass are padded up to a bucket (`K_BUCKETS`) so that a handful of graphs
-serve every pass; padded rows write scratch slots past the cache's end, which no real row's mask reads.
-A k-row pass is not bitwise k one-token steps here (one attention call over the whole cache, GEMMs that
-depend on the row count): the probe measures agreement, and "lossless" means the target's distribution.
-Compile is paid once, off the race's clock (`warm`), and cached on disk by inductor (`cache_dir`).
+Why: on a CPU the eager forwards of a small model run well above the time it takes to read its weights (many
+small kernels, Python between them). Inductor fuses the pointwise work and, with freezing, packs the weights for
+oneDNN. Freezing's packed weights cannot go through inductor's on-disk cache, so the pass is compiled ahead of
+time (AOTInductor) into one package per model, with the pass length and the cache length dynamic: compiled once
+(minutes on two cores, `scripts/setup.sh` does it), loaded in a second by every later process.
+A k-row pass is not bitwise k one-token steps here (one attention call over the whole cache, GEMMs that depend on
+the row count): the probe measures agreement, and "lossless" means the target's distribution.
 """
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 import os
 import threading
-from collections.abc import Callable
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,46 +27,22 @@ from .cache import LONGEST_PASS, CachedModel
 from .lean import rms_norm
 from .lean_weights import LeanWeights, lean_weights
 
-K_BUCKETS = (1, 2, 4, 8, 17)  # pass lengths a graph is compiled for; a pass pads up to the next (longer: eager)
-T_BUCKETS = (512, 1024, 2048, 4096)  # cache capacities (keys a row attends over, masked)
-_COMPILED_ATTR = "_pyramid_compiled"
+FORMAT = 2  # bump when the pass below changes: older packages are then stale
+MIN_CAPACITY = 256  # cache slots a run starts with; doubled when outgrown
+_ATTR = "_pyramid_compiled"  # the loaded package on the model object
 _LOCK = threading.Lock()
+log = logging.getLogger(__name__)
 
 
-def k_bucket(k: int) -> int:
-    """The padded length of a k-row pass (a prefill longer than every bucket runs eagerly)."""
-    return next((b for b in K_BUCKETS if b >= k), k)  # past the last bucket: unpadded, eager
-
-
-def capacity_for(n: int) -> int:
-    """The static cache capacity for a run whose sequence may reach n positions (plus a pass's scratch)."""
-    need = n + LONGEST_PASS
-    return next((t for t in T_BUCKETS if t >= need), -(-need // 1024) * 1024)
-
-
-def cache_dir() -> Path:
-    """Where inductor keeps compiled code: beside the project's other per-machine caches."""
-    root = Path(os.environ.get("PYRAMID_DEMO_CACHE", Path.home() / ".cache" / "pyramid_demo"))
-    return root / "inductor"
-
-
-def use_disk_cache() -> None:
-    """Point inductor's caches at `cache_dir` (FX graph and autograd caches on), once, before any compile."""
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir()))
-    import torch._inductor.config as ic
-
-    ic.fx_graph_cache = True
-    ic.freezing = True  # weights become constants: prepacked for oneDNN, folded into the graph
-    ic.cpp_wrapper = True  # the C++ wrapper: no Python between kernels
-
-
-def static_pass(w: LeanWeights, kv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, tokens: torch.Tensor,
-                positions: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """One pass: tokens [k] at `positions` [k] (RoPE) written to cache `slots` [k] of kv [L, 2, H_kv, T, D];
-    each row attends over all T slots through mask [k, T] (additive). Logits [k, V] of every row."""
+def static_pass(w: LeanWeights, tokens: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
+                mask: torch.Tensor, kv: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """One pass: tokens [k] with their RoPE rows cos/sin [k, D] written to cache `slots` [k] of kv (per layer:
+    keys, values [H_kv, T, D], separate tensors so that a write stays in place); each row attends over all T
+    slots through mask [k, T] (additive). Logits [k, V] of every row, and its normed last state [k, d] (what a
+    proposer that reads this model conditions on)."""
     k_rows = tokens.shape[0]
     h_q, h_kv, d_h = w.n_heads, w.n_kv, w.head_dim
-    c, s = cos[positions][:, None], sin[positions][:, None]  # [k, 1, D]
+    c, s = cos[:, None], sin[:, None]  # [k, 1, D]
     half = d_h // 2
     am = mask[None, None]  # [1, 1, k, T]
     x = F.embedding(tokens, w.embed)  # [k, d]
@@ -72,131 +51,236 @@ def static_pass(w: LeanWeights, kv: torch.Tensor, cos: torch.Tensor, sin: torch.
         qk = qkv[:, : (h_q + h_kv) * d_h].view(k_rows, h_q + h_kv, d_h)
         qk = qk * c + torch.cat((qk[..., half:], qk[..., :half]), -1) * s  # RoPE on q and k at once
         v = qkv[:, (h_q + h_kv) * d_h:].view(k_rows, h_kv, d_h)
-        kv[li, 0, :, slots] = qk[:, h_q:].transpose(0, 1)  # [H_kv, k, D]
-        kv[li, 1, :, slots] = v.transpose(0, 1)
+        k_all, v_all = kv[2 * li], kv[2 * li + 1]  # [H_kv, T, D]
+        k_all.index_copy_(1, slots, qk[:, h_q:].transpose(0, 1))  # [H_kv, k, D] into the slots
+        v_all.index_copy_(1, slots, v.transpose(0, 1))
         q = qk[:, :h_q].transpose(0, 1)[None]  # [1, H, k, D]
-        a = F.scaled_dot_product_attention(q, kv[li, 0][None], kv[li, 1][None], attn_mask=am,
-                                           scale=d_h ** -0.5, enable_gqa=True)  # [1, H, k, D]
+        a = F.scaled_dot_product_attention(q, k_all[None], v_all[None], attn_mask=am, scale=d_h ** -0.5,
+                                           enable_gqa=True)  # [1, H, k, D]
         x = x + lay.o(a[0].transpose(0, 1).reshape(k_rows, h_q * d_h))  # [k, d]
         gate, up = lay.gate_up(rms_norm(x, lay.mlp_norm, w.eps)).chunk(2, -1)
         x = x + lay.down(F.silu(gate) * up)
-    return w.head(rms_norm(x, w.norm, w.eps)).float()  # [k, V]
+    h = rms_norm(x, w.norm, w.eps)  # [k, d]
+    return w.head(h).float(), h  # [k, V], [k, d]
 
 
-class Graphs:
-    """One model's compiled passes, one per (padded rows, capacity), shared by every run over that model.
-    A failed compile is remembered and the eager pass serves instead (said once, in `note`)."""
+class _Pass(torch.nn.Module):
+    """The pass as a module for torch.export (the weights ride along as constants)."""
 
     def __init__(self, w: LeanWeights) -> None:
+        super().__init__()
         self.w = w
-        self.fns: dict[tuple[int, int], Callable] = {}
-        self.note = ""
-        self.failed = False
 
-    def get(self, k: int, t: int) -> Callable:
-        fn = self.fns.get((k, t))
-        if fn is not None:
-            return fn
-        with _LOCK:
-            if self.failed:
-                return self._eager
-            use_disk_cache()
-            w = self.w
-
-            def run(kv, cos, sin, tokens, positions, slots, mask):
-                return static_pass(w, kv, cos, sin, tokens, positions, slots, mask)
-
-            fn = self.fns[(k, t)] = torch.compile(run, dynamic=False, fullgraph=True)
-            return fn
-
-    def _eager(self, kv, cos, sin, tokens, positions, slots, mask):
-        return static_pass(self.w, kv, cos, sin, tokens, positions, slots, mask)
+    def forward(self, tokens, cos, sin, slots, mask, kv):  # type: ignore[no-untyped-def]
+        return static_pass(self.w, tokens, cos, sin, slots, mask, kv)
 
 
-def graphs_of(model: Any) -> Graphs:
-    """The model's compiled passes (built over its lean weights on first use; rebuilt when those are)."""
+def wanted() -> bool:
+    """Whether compiled packages are used at all ($PYRAMID_DEMO_COMPILED=0 keeps every model eager: the tests'
+    default, so that a developer's cache does not change what they check)."""
+    return os.environ.get("PYRAMID_DEMO_COMPILED", "1") != "0"
+
+
+def cache_dir() -> Path:
+    """Where compiled packages live: beside the project's other per-machine caches."""
+    root = os.environ.get("PYRAMID_DEMO_CACHE")
+    return (Path(root) if root else Path.home() / ".cache" / "pyramid_demo") / "compiled"
+
+
+def fingerprint(model: Any) -> str:
+    """What a package was built from: this pass's format, torch's build, the CPU, the model's config, its layers'
+    kinds and a sample of every weight (a changed weight, dtype, format or machine gives another name: a stale
+    package is never loaded)."""
+    from platform import machine
+
+    h = hashlib.sha256()
+    info = Path("/proc/cpuinfo")
+    cpu = info.read_text().split("flags", 1)[-1].split("\n", 1)[0] if info.exists() else machine()
+    cfg = model.config.to_dict() if hasattr(model, "config") else {}
+    kinds = [type(m).__name__ for m in model.modules()]
+    h.update(json.dumps([FORMAT, torch.__version__, cpu, cfg, kinds], sort_keys=True, default=str).encode())
+    with torch.inference_mode():
+        for name, t in [*model.named_parameters(), *model.named_buffers()]:
+            t = t if t.layout == torch.strided else t.to_dense()
+            flat = t.reshape(-1)
+            h.update(f"{name}{tuple(t.shape)}{t.dtype}".encode())
+            h.update(flat[:: max(1, flat.numel() // 4096)].float().numpy().tobytes())
+    return h.hexdigest()[:20]
+
+
+def package_path(model: Any) -> Path:
+    return cache_dir() / f"{type(model).__name__}-{fingerprint(model)}.pt2"
+
+
+def _exportable(model: Any) -> list[tuple[Any, str, Any]]:
+    """Swap every layer that cannot be exported (oneDNN's packed weights, fbgemm's fp16) for its `exportable()`
+    equivalent, in place; returns the swaps, which the caller undoes."""
+    swaps = []
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if hasattr(child, "exportable"):
+                swaps.append((parent, name, child))
+                setattr(parent, name, child.exportable())
+    return swaps
+
+
+def build(model: Any, path: Path | None = None) -> Path:
+    """Compile `model`'s pass into a package (minutes on two cores); returns its path. Written under a temporary
+    name and moved into place, so a half-written package is never found."""
+    path = path or package_path(model)
+    swaps = _exportable(model)
+    try:
+        return _build(model, path)
+    finally:
+        for parent, name, child in swaps:
+            setattr(parent, name, child)
+
+
+def _build(model: Any, path: Path) -> Path:
     w = lean_weights(model)
-    g = getattr(model, _COMPILED_ATTR, None)
-    if g is None or g.w is not w:
-        g = Graphs(w)
-        setattr(model, _COMPILED_ATTR, g)
-    return g
+    t, k = 96, 4
+    ex = (torch.zeros(k, dtype=torch.long), torch.ones(k, w.head_dim, dtype=w.dtype),
+          torch.zeros(k, w.head_dim, dtype=w.dtype), torch.arange(k), torch.zeros(k, t, dtype=w.dtype),
+          [torch.zeros(w.n_kv, t, w.head_dim, dtype=w.dtype) for _ in range(2 * len(w.layers))])
+    kd, td = torch.export.Dim("k", min=1, max=LONGEST_PASS), torch.export.Dim("t", min=LONGEST_PASS + 1, max=1 << 16)
+    dyn = ({0: kd}, {0: kd}, {0: kd}, {0: kd}, {0: kd, 1: td}, [{1: td}] * len(ex[5]))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}.pt2")
+    with torch.inference_mode(False), torch.no_grad():
+        ep = torch.export.export(_Pass(w), ex, dynamic_shapes=dyn, strict=False)
+        torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp), inductor_configs={"freezing": True})
+    os.replace(tmp, path)
+    return path
+
+
+def load(model: Any) -> bool:
+    """Load `model`'s compiled package if one was built for exactly this model here; False (and a one-line log)
+    where none is, or it does not load (then it is removed, to be rebuilt)."""
+    if getattr(model, _ATTR, None) is not None:
+        return True
+    path = package_path(model)
+    if not path.exists():
+        return False
+    try:
+        runner = torch._inductor.aoti_load_package(str(path))
+    except Exception as e:  # a corrupt or foreign file: drop it, run eager
+        log.warning("compiled forward %s did not load (%s); removed, the eager forward runs", path.name, e)
+        path.unlink(missing_ok=True)
+        return False
+    setattr(model, _ATTR, runner)
+    return True
+
+
+def ensure(model: Any) -> tuple[bool, str]:
+    """Load `model`'s package, building it first where missing; (ready, a one-line note). A failed compile leaves
+    the eager forward in place and says so."""
+    with _LOCK:
+        if load(model):
+            return True, "compiled forward"
+        t0 = time.perf_counter()
+        try:
+            build(model)
+        except Exception as e:
+            return False, f"compile failed ({type(e).__name__}: {str(e)[:120]}); the eager forward runs"
+        return load(model), f"compiled in {time.perf_counter() - t0:.0f} s"
+
+
+def runner_of(model: Any) -> Any | None:
+    """The loaded package of `model`, if any (`load`)."""
+    return getattr(model, _ATTR, None)
+
+
+def attach(model: Any, runner: Any | None) -> None:
+    """Run `model` on `runner` (its loaded package), or on its eager forward with None (the package is dropped)."""
+    if runner is None:
+        if hasattr(model, _ATTR):
+            delattr(model, _ATTR)
+    else:
+        setattr(model, _ATTR, runner)
 
 
 class CompiledLM(CachedModel):
-    """One model's per-run state over the compiled forward: a static cache of `capacity` slots (grown to the next
-    bucket if a run outgrows it, which costs a compile there), the engine's `LM` protocol. Trees are rows with
-    their own positions and a mask over the cache, their ancestors and themselves."""
+    """One model's per-run state over its compiled pass (`load` first): its own static cache, the engine's `LM`
+    protocol. Trees are rows with their own positions and a mask over the cache, their ancestors and themselves."""
 
     trees = True
 
-    def __init__(self, model: Any, vocab_size: int, role: str, capacity: int = T_BUCKETS[0]) -> None:
+    def __init__(self, model: Any, vocab_size: int, role: str, capacity: int = MIN_CAPACITY) -> None:
         super().__init__(role)
-        self.model, self.vocab_size = model, vocab_size
-        self.graphs = graphs_of(model)
-        w = self.graphs.w
-        self.kv = torch.zeros(len(w.layers), 2, w.n_kv, capacity, w.head_dim, dtype=w.dtype)  # [L, 2, H_kv, T, D]
-        freqs = torch.arange(capacity, dtype=torch.float32)[:, None] * w.inv_freq[None]  # [T, D/2]
-        emb = torch.cat((freqs, freqs), -1)
-        self.cos = (emb.cos() * w.rope_scale).to(w.dtype)  # [T, D]
-        sin = (emb.sin() * w.rope_scale).to(w.dtype)
-        half = w.head_dim // 2
-        self.sin = torch.cat((-sin[:, :half], sin[:, half:]), -1)  # rotate_half's sign folded in
-        self.key = torch.arange(capacity)  # [T]
+        runner = runner_of(model)
+        if runner is None:
+            raise RuntimeError(f"{role}: no compiled forward is loaded for this model")
+        self.run, self.vocab_size = runner, vocab_size
+        w = self.w = lean_weights(model)
+        self.kv = self._cache(capacity)
+        self.inv_freq = w.inv_freq
+
+    def _cache(self, capacity: int) -> list[torch.Tensor]:
+        w = self.w
+        return [torch.zeros(w.n_kv, capacity, w.head_dim, dtype=w.dtype) for _ in range(2 * len(w.layers))]
 
     @property
     def capacity(self) -> int:
-        return self.kv.shape[3]
+        return self.kv[0].shape[1]
 
     def _grow(self, need: int) -> None:
-        if need <= self.capacity:
+        cap = self.capacity
+        if need <= cap:
             return
-        old, n = self, len(self.ids) + len(self.pending)
-        kv, cos, sin = old.kv, old.cos, old.sin
-        self.__init__(self.model, self.vocab_size, self.role, capacity_for(need))  # type: ignore[misc]
-        self.kv[:, :, :, :n] = kv[:, :, :, :n]
-        del cos, sin
+        while cap < need:
+            cap *= 2
+        n = len(self.ids) + len(self.pending)
+        new = self._cache(cap)
+        for a, b in zip(new, self.kv):
+            a[:, :n] = b[:, :n]
+        self.kv = new
 
-    def _pass(self, tokens: list[int], positions: list[int], slots: list[int], seen: torch.Tensor) -> torch.Tensor:
-        """Rows padded to their bucket; seen [k, T] bool: which slots each real row attends to."""
-        k = len(tokens)
-        kb = k_bucket(k)
-        self._grow(max(slots) + 1 + (kb - k))
-        t = self.capacity
-        if kb != k:  # padding rows: token 0 written to the scratch slots after the last real one, seeing slot 0
-            last = max(slots)
-            tokens = tokens + [0] * (kb - k)
-            positions = positions + [0] * (kb - k)
-            slots = slots + list(range(last + 1, last + 1 + kb - k))
-            pad = torch.zeros(kb - k, t, dtype=torch.bool)
-            pad[:, 0] = True
-            seen = torch.cat([seen, pad])
-        mask = torch.zeros(kb, t, dtype=self.graphs.w.dtype).masked_fill_(~seen, float("-inf"))
-        fn = self.graphs.get(kb, t) if kb <= K_BUCKETS[-1] else self.graphs._eager
-        z = fn(self.kv, self.cos, self.sin, torch.tensor(tokens), torch.tensor(positions), torch.tensor(slots),
-               mask)
-        return z[:k, : self.vocab_size]  # [k, V]
+    def _rope(self, positions: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [k, D] at `positions`, as HF computes them (rotate_half's sign folded into sin)."""
+        w = self.w
+        freqs = torch.tensor(positions, dtype=torch.float32)[:, None] * w.inv_freq[None]  # [k, D/2]
+        emb = torch.cat((freqs, freqs), -1)
+        cos, sin = (emb.cos() * w.rope_scale).to(w.dtype), (emb.sin() * w.rope_scale).to(w.dtype)
+        half = w.head_dim // 2
+        return cos, torch.cat((-sin[:, :half], sin[:, half:]), -1)
+
+    def _pass(self, tokens: list[int], positions: list[int], slots: list[int],
+              seen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """seen [k, T] bool: the slots each row attends to. Logits [k, V] and normed states [k, d]."""
+        mask = torch.zeros(seen.shape, dtype=self.w.dtype).masked_fill_(~seen, float("-inf"))
+        cos, sin = self._rope(positions)
+        z, h = self.run(torch.tensor(tokens), cos, sin, torch.tensor(slots), mask, self.kv)
+        return z[:, : self.vocab_size], h
 
     @torch.inference_mode()
     def _run(self, tokens: list[int], pos: int, keep: int) -> torch.Tensor:
         n = len(tokens)
-        self._grow(pos + n + LONGEST_PASS)
-        at = list(range(pos, pos + n))
-        seen = self.key[None, :] <= torch.tensor(at)[:, None]  # [n, T] causal
-        return self._pass(tokens, at, at, seen)[n - keep:].clone()
+        self._grow(max(pos + n, LONGEST_PASS + 1))
+        key = torch.arange(self.capacity)
+        zs, hs = [], []
+        for i in range(0, n, LONGEST_PASS):  # a prefill longer than a package's passes runs in chunks
+            at = list(range(pos + i, pos + min(n, i + LONGEST_PASS)))
+            z, h = self._pass(tokens[i: i + len(at)], at, at, key[None, :] <= torch.tensor(at)[:, None])
+            zs.append(z)
+            hs.append(h)
+        if self.publish is not None:
+            self.feats = torch.cat(hs)  # [n, d]
+        return torch.cat(zs)[n - keep:]
 
     def _crop(self, pos: int) -> None:
         """A length move: later feeds overwrite the slots."""
 
     @torch.inference_mode()
     def _compact(self, pos: int, slots: list[int]) -> None:
-        self.kv[:, :, :, pos: pos + len(slots)] = self.kv[:, :, :, slots]
+        idx = torch.tensor(slots)
+        for c in self.kv:
+            c[:, pos: pos + len(slots)] = c[:, idx]  # the gather copies first
 
     @torch.inference_mode()
     def _run_tree(self, rows: list[tuple[int, int, int]], base: int, pos: int) -> torch.Tensor:
         new = rows[base:]
         n = len(new)
-        self._grow(pos + len(rows) + LONGEST_PASS)
+        self._grow(max(pos + len(rows), LONGEST_PASS + 1))
         seen = torch.zeros(n, self.capacity, dtype=torch.bool)
         seen[:, :pos] = True
         for i in range(n):
@@ -204,17 +288,7 @@ class CompiledLM(CachedModel):
             while j >= 0:
                 seen[i, pos + j] = True
                 j = rows[j][1]
-        slots = list(range(pos + base, pos + base + n))
-        return self._pass([r[0] for r in new], [r[2] for r in new], slots, seen).clone()
-
-
-def warm(model: Any, ks: tuple[int, ...] = K_BUCKETS, capacity: int = T_BUCKETS[0]) -> float:
-    """Compile (or load from inductor's disk cache) the passes a run will take; seconds spent."""
-    import time
-
-    t0 = time.perf_counter()
-    lm = CompiledLM(model, 1, "warm", capacity)
-    with torch.inference_mode():
-        for k in ks:
-            lm._pass([0] * k, list(range(k)), list(range(k)), torch.ones(k, capacity, dtype=torch.bool))
-    return time.perf_counter() - t0
+        z, h = self._pass([r[0] for r in new], [r[2] for r in new], list(range(pos + base, pos + base + n)), seen)
+        if self.publish is not None:
+            self.feats = h  # [n, d]
+        return z

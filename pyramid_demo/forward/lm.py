@@ -65,6 +65,7 @@ class ModelTriplet:
     tree_exact: bool | None = None  # a tree pass equals one-token steps along every path here (None: not checked)
     kernels: str = ""  # which linear kernel each role runs, as timed on this CPU (`models.kernels`)
     path: str = "hf"  # the forward every run uses: "hf" (CachedLM) or "lean" (forward.lean, where it applies)
+    compiled: tuple[str, ...] = ()  # roles whose lean forward runs their compiled package (`forward.compiled`)
 
     def model(self, role: str) -> torch.nn.Module:
         return {"draft": self.draft, "qualifier": self.qualifier, "target": self.target}[role]
@@ -191,9 +192,12 @@ def open_lm(model: torch.nn.Module, vocab_size: int, role: str, backend: str = "
 
         return FeatureLM(model, vocab_size, role)
     if path == "lean":
+        from .compiled import CompiledLM, runner_of
         from .lean import LeanLM
         from .lean_weights import supports_lean
 
+        if runner_of(model) is not None:  # its compiled pass is loaded (`models.kernels.choose_compiled`)
+            return CompiledLM(model, vocab_size, role)
         if supports_lean(model):
             # padded attention: one SDPA call per layer for a whole pass, still equal to one-token steps
             # (the probe checks exactly this forward)

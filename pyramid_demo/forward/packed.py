@@ -44,6 +44,10 @@ class PackedLinear(torch.nn.Module):
             lin.bias.data = cast(torch.Tensor, self.bias).clone()
         return lin
 
+    def exportable(self) -> torch.nn.Linear:
+        """The plain linear a compiled pass is built from (inductor packs its own weights)."""
+        return self.__deepcopy__({})
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)  # [rows, in]
         rows = flat.shape[0]

@@ -28,6 +28,7 @@ CONTEXT = 48  # tokens in the cache before the timed forwards
 CACHE_FILE = "kernels.json"  # beside the probe's records
 # fp32 configurations a target may run: which linears go to oneDNN (packed once)
 TARGET_CONFIGS = {"default": "none", "onednn-head": "head", "onednn": "all"}
+BUILD = {"on": False}  # `probe --compile` (scripts/setup.sh) builds missing compiled packages; a run only loads them
 LABELS = {"default": "default fp32", "onednn-head": "oneDNN fp32 head", "onednn": "oneDNN fp32",
           "int4": "int4 weights, fp16 head", "fp16": "fp16 weights"}
 
@@ -142,16 +143,50 @@ def label(model: torch.nn.Module, config: str | None) -> str:
     return LABELS.get(config or "default", "as loaded")
 
 
-def choose_family(models: dict[str, torch.nn.Module], vocab_size: int) -> str:
-    """Put the target on its fastest fp32 configuration (a proposer that is the target shares it); one line
-    saying what each role runs."""
+def choose_compiled(model: torch.nn.Module, vocab_size: int) -> str:
+    """Run `model` on its compiled pass (`forward.compiled`) where one is built for exactly this model here and it
+    times faster than the eager lean forward (a step plus a pass, cached per CPU); never compiles during a run
+    unless BUILD is on. Returns "compiled", "eager", or why there is none (one line, shown once)."""
+    from ..forward import compiled
+
+    if not _lean(model) or next(model.parameters()).device.type != "cpu" or not compiled.wanted():
+        return "eager"
+    if not compiled.load(model):
+        if not BUILD["on"]:
+            return "eager (no compiled forward built on this machine yet: bash scripts/setup.sh builds it)"
+        ok, note = compiled.ensure(model)
+        if not ok:
+            log.warning("%s", note)
+            return f"eager ({note})"
+    runner = compiled.runner_of(model)
+
+    def measure(kind: str) -> float:
+        compiled.attach(model, runner if kind == "compiled" else None)
+        return time_forward(model, vocab_size)
+
+    best = _pick(f"{machine_key()}|compiled|{compiled.package_path(model).stem}", ["compiled", "eager"], measure)
+    compiled.attach(model, runner if best == "compiled" else None)
+    return best
+
+
+def choose_family(models: dict[str, torch.nn.Module], vocab_size: int) -> tuple[str, tuple[str, ...]]:
+    """Put the target on its fastest fp32 configuration (a proposer that is the target shares it), and every
+    model on its compiled pass where that is faster; one line saying what each role runs, and the roles that run
+    compiled."""
     config = choose_target(models["target"], vocab_size)
-    parts = []
+    parts, fast, ran = [], [], {}
     for role in ("draft", "qualifier", "target"):
         m = models[role]
         if hasattr(m, "use_fp16"):  # a feature draft: its own forward
             parts.append(f"{role}: " + LABELS.get(choose_draft(m, vocab_size), "default fp32"))
             continue
         own = m is models["target"] or getattr(m, "quant_kinds", None) or _lean(m)
-        parts.append(f"{role}: " + (label(m, config if m is models["target"] else None) if own else "its own layers"))
-    return "; ".join(parts)
+        if id(m) not in ran:
+            ran[id(m)] = choose_compiled(m, vocab_size) if own else "eager"
+        how = ran[id(m)]
+        text = label(m, config if m is models["target"] else None) if own else "its own layers"
+        parts.append(f"{role}: {text}" + (", compiled" if how == "compiled" else ""))
+        if how == "compiled":
+            fast.append(role)
+    notes = sorted({h.removeprefix("eager (").rstrip(")") for h in ran.values() if h.startswith("eager (")})
+    return "; ".join(parts + notes), tuple(fast)

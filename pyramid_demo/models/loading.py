@@ -164,8 +164,8 @@ def _load_base(spec: str, dev: torch.device, dt: torch.dtype, place: Placement, 
         triplet = _load(preset, refs, dev, dt, place)
         triplet.device, triplet.dtype = dev, dt
         if dev.type == "cpu" and dt == torch.float32 and not packed:  # each fp32 linear on its fastest kernel
-            triplet.kernels = choose_family({r: triplet.model(r) for r in ("draft", "qualifier", "target")},
-                                            triplet.vocab_size)
+            triplet.kernels, triplet.compiled = choose_family(
+                {r: triplet.model(r) for r in ("draft", "qualifier", "target")}, triplet.vocab_size)
         if dev.type == "cpu" and dt in (torch.bfloat16, torch.float16):
             triplet.attention = exact_passes(triplet)
         if packed:

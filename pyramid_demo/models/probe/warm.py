@@ -20,7 +20,8 @@ def cost_profile(triplet: Any, roles: tuple[str, ...] = ("draft", "qualifier", "
     now (a few seconds). A plain dict (see `predict.costs`); "how" says cached or probe, "probe_s" its time."""
     dtype = str(triplet.dtype).removeprefix("torch.")
     key = (f"{machine_key()} | {','.join(triplet.names)} | {triplet.device} | {dtype} | {triplet.backend} | "
-           f"{triplet.path} | k≤{max_k} | {measure.PROFILE_VERSION}")
+           f"{triplet.path} | compiled {','.join(getattr(triplet, 'compiled', ()))} | k≤{max_k} | "
+           f"{measure.PROFILE_VERSION}")
     hit = read(PROFILE_FILE).get(key)
     if hit:
         return {**hit, "how": "cached", "probe_s": 0.0}

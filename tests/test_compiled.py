@@ -1,0 +1,108 @@
+"""The compiled forward (`forward.compiled`): what it computes, how a stale or broken package is handled, and that a
+run never compiles unless asked. Compiling takes a while even for a tiny model: those tests are in the slow tier."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pyramid_demo.forward import compiled
+from pyramid_demo.forward.cache import TargetStates
+from pyramid_demo.forward.lean import LeanLM
+from pyramid_demo.models import kernels
+from pyramid_demo.models.tiny import tiny_random_triplet
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYRAMID_DEMO_CACHE", str(tmp_path))
+    monkeypatch.setenv("PYRAMID_DEMO_COMPILED", "1")
+    return tmp_path
+
+
+def test_a_package_is_named_by_what_it_was_built_from(cache) -> None:
+    """The package's name changes with any weight the pass reads and with the pass's format: a stale package (another
+    model, a changed weight, an older pass) is never found under a model's name."""
+    t = tiny_random_triplet()
+    a = compiled.package_path(t.target)
+    assert a == compiled.package_path(t.target) and a.parent == cache / "compiled"
+    assert compiled.package_path(t.draft) != a
+    with torch.no_grad():
+        t.target.model.layers[1].mlp.up_proj.weight[3, 5] += 1e-3
+    b = compiled.package_path(t.target)
+    assert b != a
+    old = compiled.FORMAT
+    try:
+        compiled.FORMAT = old + 1
+        assert compiled.package_path(t.target) != b
+    finally:
+        compiled.FORMAT = old
+
+
+def test_a_corrupt_package_is_removed_and_the_model_stays_eager(cache) -> None:
+    """A package that does not load (truncated, another torch's) is removed, to be rebuilt, and the model keeps its
+    eager forward: nothing half-built serves a run."""
+    t = tiny_random_triplet()
+    path = compiled.package_path(t.target)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"not a package")
+    assert compiled.load(t.target) is False
+    assert not path.exists() and compiled.runner_of(t.target) is None
+
+
+def test_a_run_never_compiles_unless_asked(cache, monkeypatch) -> None:
+    """Without a package, loading a model only says how to build one (setup's `probe --compile`); it never
+    compiles in the middle of a run."""
+    t = tiny_random_triplet()
+    monkeypatch.setattr(compiled, "build", lambda *a, **k: pytest.fail("compiled during a run"))
+    got = kernels.choose_compiled(t.target, t.vocab_size)
+    assert got.startswith("eager") and "setup.sh" in got
+    assert compiled.runner_of(t.target) is None
+
+
+def test_a_failed_compile_falls_back_to_eager_and_says_so(cache, monkeypatch) -> None:
+    """When asked to build and the compile fails, the model runs eager and the note says why, once."""
+    t = tiny_random_triplet()
+
+    def broken(*a, **k):
+        raise RuntimeError("no C++ compiler")
+
+    monkeypatch.setattr(compiled, "build", broken)
+    monkeypatch.setitem(kernels.BUILD, "on", True)
+    got = kernels.choose_compiled(t.target, t.vocab_size)
+    assert got.startswith("eager (compile failed") and "no C++ compiler" in got
+    assert compiled.runner_of(t.target) is None
+
+
+def test_tests_run_eager_by_default() -> None:
+    """The default test run keeps every model eager (conftest): a developer's compiled cache cannot change what the
+    other tests check."""
+    import os
+
+    assert os.environ.get("PYRAMID_DEMO_COMPILED") == "0" and not compiled.wanted()
+
+
+@pytest.mark.slow
+def test_the_compiled_pass_computes_what_the_eager_one_does(cache) -> None:
+    """Built once for a tiny Llama: a chain pass, one-token steps after a rollback, tree rows and the published states
+    all match the eager lean forward (within float rounding; top-1 equal), and a second load reads the package."""
+    t = tiny_random_triplet()
+    m, v = t.target, t.vocab_size
+    ok, note = compiled.ensure(m)
+    assert ok, note
+    ids = [(7 * i + 3) % (v - 1) + 1 for i in range(120)]
+    c, e = compiled.CompiledLM(m, v, "target"), LeanLM(m, v, "target")
+    c.publish, e.publish = TargetStates(), TargetStates()
+    zc, ze = c.forward(ids[:100], 0, 100), e.forward(ids[:100], 0, 100)  # a prefill longer than one chunk
+    assert torch.allclose(zc, ze, atol=1e-4) and torch.equal(zc.argmax(-1), ze.argmax(-1))
+    assert torch.allclose(c.publish.f[:100], e.publish.f[:100], atol=1e-4)
+    assert c.truncate(90) == 90 and e.truncate(90) == 90  # rollback moves a length: slots 90… are fed again
+    zc = torch.cat([c.forward(ids[90 + i: 91 + i], 90 + i, 1) for i in range(5)])
+    ze = e.forward(ids[90:95], 90, 5)
+    assert torch.allclose(zc, ze, atol=1e-4)
+    tc = c.forward_tree(ids[95:99], [-1, 0, 0, 1], 95)  # rows: root, two children, a grandchild
+    te = e.forward_tree(ids[95:99], [-1, 0, 0, 1], 95)
+    assert torch.allclose(tc, te, atol=1e-4)
+    assert c.keep_path([0, 2]) == 97 and e.keep_path([0, 2]) == 97
+    assert torch.allclose(c.forward(ids[99:100], 97, 1), e.forward(ids[99:100], 97, 1), atol=1e-4)
+    compiled.attach(m, None)
+    assert compiled.load(m) and compiled.runner_of(m) is not None  # from the package on disk, no compile
