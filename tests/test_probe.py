@@ -141,7 +141,7 @@ def test_a_probe_of_an_uncovered_target_names_it(cache, monkeypatch):
 
     monkeypatch.setattr(probe.search, "make_timer", Timer)
     monkeypatch.setattr(probe.search, "candidates", lambda: [("float32", "default")])
-    monkeypatch.setattr(probe.search.exactness, "check_model", lambda *a, **k: RECORD)
+    monkeypatch.setattr(probe.search, "check_model", lambda *a, **k: RECORD)
     gpt = _gpt2(64)
     got = probe.remember("fam", probe.probe_target(gpt, 64))
     assert got.path == "hf" and got.uncovered == {"target": "GPT2LMHeadModel"}

@@ -18,6 +18,7 @@ from ..core.config import METHODS
 from ..core.trace import Step
 from ..predict import costs, engine_costs, expected, insertion, throughput
 from ..predict.shape import shape_of
+from ..predict.walk_stats import stage_counts
 from . import costs_fit
 
 
@@ -26,7 +27,7 @@ def row_record(steps: list[Step], method: str | None = None, config: dict | None
     engine's work it did (`engine_costs.census`)."""
     ms = {role: {k: [round(sum(ts), 4), len(ts)] for k, ts in by_k.items()}
           for role, by_k in costs.measured_by_k(steps).items()}
-    rec = {"forwards": costs.forward_counts(steps), "ms_by_k": ms, "stages": costs.stage_counts(steps)}
+    rec = {"forwards": costs.forward_counts(steps), "ms_by_k": ms, "stages": stage_counts(steps)}
     if method is not None:
         rec["engine"] = engine_costs.census(steps, method, config)
         rec["tree_forwards"] = costs.tree_forward_counts(steps, method, config)
