@@ -246,7 +246,7 @@ def test_forward_timer_times_a_real_cached_forward(one_thread):
     t = tiny_random_triplet()
     timer = measure.ForwardTimer(t.target, t.vocab_size, "no-onednn", context=20)
     assert timer.time(1) > 0 and timer.time(5) > 0 and timer.lm.cache_len == 20
-    assert measure.time_forward(t.target, t.vocab_size, 3, reps=1, context=20) > 0
+    assert measure.time_forward(t.target, t.vocab_size, (1, 3), reps=1, context=20) > 0
 
 
 @pytest.mark.parametrize("method", ["sd", "psd_f"])

@@ -90,11 +90,12 @@ class ForwardTimer:
         return t
 
 
-def time_forward(model: Any, vocab_size: int, k: int, backend: str = "default", reps: int = 3,
+def time_forward(model: Any, vocab_size: int, ks: tuple[int, ...] = (1,), reps: int = 3, backend: str = "default",
                  context: int = CONTEXT, path: str = "hf") -> float:
-    """Seconds for one cached forward of k new tokens after `context` tokens: min of `reps` after a warm-up."""
+    """Seconds of one cached forward of each k in `ks` new tokens after `context` tokens, each the minimum of
+    `reps` after a warm-up, summed: the kernel choice compares whole forwards this way."""
     timer = ForwardTimer(model, vocab_size, backend, context, path)
-    return min(timer.time(k) for _ in range(reps + 1))
+    return sum(min(timer.time(k) for _ in range(reps + 1)) for k in ks)
 
 
 def measure_profile(models: dict[str, Any], vocab_size: int, backend: str = "default", max_k: int = MAX_K,
