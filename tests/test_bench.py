@@ -10,7 +10,7 @@ import pytest
 
 from pyramid_demo.bench import csqa, report
 from pyramid_demo.bench import runner as bench
-from pyramid_demo.bench.prompts import Prompt, builtin_prompts, load_prompts, read_jsonl
+from pyramid_demo.bench.prompts import Prompt, load_prompts, read_jsonl
 from pyramid_demo.cli import main as cli_main
 from pyramid_demo.predict import throughput
 
@@ -50,7 +50,7 @@ def triplet():
 
 
 def test_builtin_prompts_are_varied() -> None:
-    ps = builtin_prompts()
+    ps = load_prompts("builtin")
     assert len(ps) >= 20 and len({p.text for p in ps}) == len(ps)
     assert {"explanation", "code", "story", "list", "qa"} <= {p.category for p in ps}
     assert len({p.category for p in load_prompts("builtin", limit=5)}) == 5  # round-robin across kinds
@@ -189,8 +189,6 @@ def test_csqa_extraction_and_accuracy_on_fixture(triplet) -> None:
             "Sweaters keep you warm. So the answer is D"]
     preds = [csqa.extract_answer(t) for t in outs]
     assert preds == ["B", "A", "D"] and csqa.extract_answer("no idea") is None
-    assert csqa.accuracy(preds, [q.answer for q in qs]) == pytest.approx(2 / 3)
-    assert csqa.accuracy([None, "C", None], ["B", "C", "D"]) == pytest.approx(1 / 3)
     # the harness carries answers through to per-row correctness and per-method accuracy
     args = _args("--methods", "ar,psd_f", "--peers", "none", "--max-new-tokens", "6")
     res = bench.run_bench(triplet, bench.build_variants(args), [Prompt(q.stem, "csqa") for q in qs],

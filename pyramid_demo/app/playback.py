@@ -86,11 +86,6 @@ def visits(rnd: StageRound) -> list[tuple[int, ...]]:
     return out
 
 
-def walk_order(rnd: StageRound) -> list[int]:
-    """Every node the verifier's walk visited, in order (`visits` flattened)."""
-    return [i for group in visits(rnd) for i in group]
-
-
 def _q(text: str) -> str:
     return f"‘{text}’"
 
@@ -262,9 +257,4 @@ def shown(beat: Beat) -> list[tuple[str, str]]:
         mark = "+" if i == n and c.state != "discarded" else MARKS.get(c.state, "")
         out.append((c.text, mark))
     return out
-
-
-def lit_tokens(beat: Beat) -> list[str]:
-    """The text of the chips that light up in a beat."""
-    return [beat.chips[i].text for i in beat.lit]
 

@@ -81,13 +81,6 @@ def extract_answer(text: str) -> str | None:
     return found[-1] if found else None
 
 
-def accuracy(predictions: list[str | None], answers: list[str]) -> float:
-    """Share of questions whose extracted letter equals the key (unparsed counts as wrong)."""
-    if not answers:
-        return 0.0
-    return sum(1 for p, a in zip(predictions, answers) if p is not None and p == a) / len(answers)
-
-
 def parse_row(obj: dict) -> Question:
     """One CSQA row in either layout (original release or Hugging Face)."""
     q = obj.get("question")
