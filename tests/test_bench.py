@@ -242,14 +242,14 @@ def test_shapes_run_side_by_side_and_each_row_says_what_ran(triplet) -> None:
 def test_throughput_prediction_counts_the_verifiers_token() -> None:
     speeds = {"draft": 50.0, "qualifier": 25.0, "target": 10.0}
     cfg = {"gamma": 4, "l_d": 2, "l_q": 6}
-    assert throughput.predict_plus_one("ar", cfg, {}, speeds) == 10.0
+    assert throughput.predict_parts("ar", cfg, {}, speeds, plus_one=True) == 10.0
     # nothing accepted: one token per round of 4 drafts + 1 target pass (0.08 s + 0.1 s)
-    assert throughput.predict_plus_one("sd", cfg, {"target": 0.0}, speeds) == pytest.approx(1 / 0.18)
-    assert throughput.predict_plus_one("sd", cfg, {"target": 1.0}, speeds) == pytest.approx(5 / 0.18)
+    assert throughput.predict_parts("sd", cfg, {"target": 0.0}, speeds, plus_one=True) == pytest.approx(1 / 0.18)
+    assert throughput.predict_parts("sd", cfg, {"target": 1.0}, speeds, plus_one=True) == pytest.approx(5 / 0.18)
     inner = (0.5 * 2 + 1) / (2 / 50 + 1 / 25)
-    assert throughput.predict_plus_one("psd_f", cfg, {"qualifier": 0.5, "target": 0.5}, speeds) == pytest.approx(
-        (0.5 * 6 + 1) / (6 / inner + 1 / 10))
-    assert throughput.predict_plus_one("psd_f", cfg, {"target": 0.5}, speeds) is None
+    got = throughput.predict_parts("psd_f", cfg, {"qualifier": 0.5, "target": 0.5}, speeds, plus_one=True)
+    assert got == pytest.approx((0.5 * 6 + 1) / (6 / inner + 1 / 10))
+    assert throughput.predict_parts("psd_f", cfg, {"target": 0.5}, speeds, plus_one=True) is None
 
 
 def test_hf_assisted_on_a_draft_that_reads_the_target_is_one_clear_line(tmp_path: Path, monkeypatch, capsys) -> None:

@@ -144,9 +144,9 @@ def test_the_predicted_block_pays_for_every_stage_1_round():
 def test_the_papers_pyramid_formula_spends_l_q_stage_1_tokens_per_block():
     """V_PSD = β_TQ(ℓ_Q+1) / (ℓ_Q/V_FSD + 1/V_T): the block's ℓ_Q tokens take ℓ_Q / V_FSD seconds of stage 1
     (however many rounds that is), plus one target pass; and V_FSD = β_QD(ℓ_D+1) / (ℓ_D/V_D + 1/V_Q)."""
-    v_fsd = throughput.v_fsd(0.5, 2, 100.0, 50.0)
+    v_fsd = throughput.stage_speed(0.5, 2, 100.0, 50.0)
     assert v_fsd == pytest.approx(0.5 * 3 / (2 / 100 + 1 / 50))
-    assert throughput.v_psd(0.5, 6, v_fsd, 20.0) == pytest.approx(0.5 * 7 / (6 / v_fsd + 1 / 20))
+    assert throughput.stage_speed(0.5, 6, v_fsd, 20.0) == pytest.approx(0.5 * 7 / (6 / v_fsd + 1 / 20))
     spec = {"gamma": 4, "l_d": 2, "l_q": 6}
     got = throughput.predict_parts("psd_f", spec, {"qualifier": 0.5, "target": 0.5},
                                    {"draft": 100.0, "qualifier": 50.0, "target": 20.0})

@@ -120,7 +120,7 @@ def test_the_papers_formula_for_a_pyramid_over_a_tree():
     r = _run(TREE_KEY["psd_f"], cfg, {"qualifier": 15, "target": 30}, {"qualifier": 10, "target": 10},
              {"qualifier": 80, "target": 60}, {"qualifier": 15 / 80, "target": 0.5})
     inner = 2.5 / (2 / 100 + 1 / 40)
-    assert throughput.predict(r, SPEEDS) == pytest.approx(throughput.v_psd(0.5, 6, inner, 10.0))
+    assert throughput.predict(r, SPEEDS) == pytest.approx(throughput.stage_speed(0.5, 6, inner, 10.0))
 
 
 def test_a_pyramid_over_a_tree_is_priced_as_its_tree():
