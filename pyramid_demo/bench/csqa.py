@@ -1,11 +1,6 @@
-"""CommonsenseQA as in the FSD and PyramidSD papers: a 5-shot chain-of-thought prompt that
-asks the model to end with "Therefore, the answer is X.", and accuracy from that sentence.
-
-Questions come from a local JSONL file in either CSQA layout — the original release
-({"id", "question": {"stem", "choices": [{"label", "text"}, ...]}, "answerKey"}) or the
-Hugging Face `tau/commonsense_qa` rows ({"id", "question", "choices": {"label": [...],
-"text": [...]}, "answerKey"}). Only without a file does `load_questions` try the Hub
-`datasets` library, and it says clearly when that is not possible offline.
+"""CommonsenseQA as in the FSD and PyramidSD papers: a 5-shot chain-of-thought prompt that asks the model to end
+with "Therefore, the answer is X.", and the answer read from that sentence. Questions come from a local JSONL in
+either CSQA layout (the original release or Hugging Face's); only without one is the Hub tried.
 """
 from __future__ import annotations
 

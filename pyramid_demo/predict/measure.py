@@ -1,11 +1,8 @@
-"""Measuring a cost profile: what one cached forward of k new tokens costs each model, and what the engine's
-own work around the forwards costs on this machine (the only torch code of the cost model).
+"""Measuring a cost profile: one cached forward of k new tokens per model, and the engine's own work around
+the forwards, on this machine (the only torch code of the cost model).
 
-Why the engine's work too: a run's decode time is its forwards plus what the engine does between them (the
-checks and picks of each feed, each round's decision, a fuzzy rule's divergences, a tree's growth and the
-compaction of its accepted path). A prediction that prices only forwards is high by that share, and the
-share differs by method (a fuzzy pyramid over a tree does most of it). Each price is the real function timed
-on logits of the family's width, min over a few reps (`measure_engine`).
+Why the engine's work too: a prediction that prices only forwards is high by that share, and the share differs
+by method (a fuzzy pyramid over a tree does most of it).
 """
 from __future__ import annotations
 
