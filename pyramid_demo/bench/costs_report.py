@@ -53,12 +53,8 @@ def _add(into: dict, more: dict, depth: int) -> None:
 
 
 def finish(rows: list[dict], prof: dict | None) -> dict:
-    """Predicted tok/s and speed-up over AR per row (`costs_fit.predict_rows`) and the per-variant summary;
-    returns results.json's "cost_profile". A prediction is the profile's time for the forwards a run made
-    plus its engine work; "profile only" prices the engine from the profile's engine prices; the prediction
-    proper rescales each role's forwards by the other variants' measured ÷ profiled time and prices the
-    engine's units from the other variants' runs, so a machine busier than its profile moves the absolute
-    figures, not the comparison, and no variant's prediction reads its own measured time."""
+    """Predicted tok/s and speed-up over AR per row (`costs_fit.predict_rows`: no variant's prediction reads its
+    own measured time) and the per-variant summary; returns results.json's "cost_profile"."""
     if not prof or "ms" not in prof:
         return {"profile": prof, "variants": []}
     busy = costs_fit.predict_rows(rows, prof)

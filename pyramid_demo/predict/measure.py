@@ -139,13 +139,9 @@ def _best_ms(f: Callable[[], Any], reps: int) -> float:
 
 
 def measure_engine(vocab_size: int, timers: dict[str, Any] | None = None, reps: int = 20) -> dict[str, Any]:
-    """The engine's own work per unit, in ms, each the real function on logits [n, V] of this family's width:
-    "feed" one forward's finiteness check and pick (through the engine's own feed of the target's timer,
-    beyond its forward, where `timers` has one); "step" the target cache's cut after a step (likewise);
-    "round" one greedy decision of 4 proposals and its record;
-    "div" one divergence row in a chain's batched call, "div1" one row alone (a tree's, per context); "expand"
-    one tree row's top-k and normaliser; "keep" {role: one tree compaction} where `timers` (role → a timer
-    with `time_keep`) can tell. What `engine_costs.price` multiplies by a run's census of that work."""
+    """The engine's own work per unit (`engine_costs.UNITS`, and "keep" per role where `timers` can time a tree
+    compaction), in ms, each the real function on logits [n, V] of this family's width; "feed" and "step" through
+    the target timer's own cursor where it has one."""
     import torch
 
     from ..core import rules
