@@ -10,7 +10,7 @@ import pytest
 
 from pyramid_demo.bench import csqa, report
 from pyramid_demo.bench import runner as bench
-from pyramid_demo.bench.prompts import Prompt, builtin_prompts, load_prompts, read_jsonl
+from pyramid_demo.bench.prompts import Prompt, load_prompts, read_jsonl
 from pyramid_demo.cli import main as cli_main
 from pyramid_demo.predict import throughput
 
@@ -50,7 +50,7 @@ def triplet():
 
 
 def test_builtin_prompts_are_varied() -> None:
-    ps = builtin_prompts()
+    ps = load_prompts("builtin")
     assert len(ps) >= 20 and len({p.text for p in ps}) == len(ps)
     assert {"explanation", "code", "story", "list", "qa"} <= {p.category for p in ps}
     assert len({p.category for p in load_prompts("builtin", limit=5)}) == 5  # round-robin across kinds
@@ -189,8 +189,6 @@ def test_csqa_extraction_and_accuracy_on_fixture(triplet) -> None:
             "Sweaters keep you warm. So the answer is D"]
     preds = [csqa.extract_answer(t) for t in outs]
     assert preds == ["B", "A", "D"] and csqa.extract_answer("no idea") is None
-    assert csqa.accuracy(preds, [q.answer for q in qs]) == pytest.approx(2 / 3)
-    assert csqa.accuracy([None, "C", None], ["B", "C", "D"]) == pytest.approx(1 / 3)
     # the harness carries answers through to per-row correctness and per-method accuracy
     args = _args("--methods", "ar,psd_f", "--peers", "none", "--max-new-tokens", "6")
     res = bench.run_bench(triplet, bench.build_variants(args), [Prompt(q.stem, "csqa") for q in qs],
@@ -244,14 +242,14 @@ def test_shapes_run_side_by_side_and_each_row_says_what_ran(triplet) -> None:
 def test_throughput_prediction_counts_the_verifiers_token() -> None:
     speeds = {"draft": 50.0, "qualifier": 25.0, "target": 10.0}
     cfg = {"gamma": 4, "l_d": 2, "l_q": 6}
-    assert throughput.predict_plus_one("ar", cfg, {}, speeds) == 10.0
+    assert throughput.predict_parts("ar", cfg, {}, speeds, plus_one=True) == 10.0
     # nothing accepted: one token per round of 4 drafts + 1 target pass (0.08 s + 0.1 s)
-    assert throughput.predict_plus_one("sd", cfg, {"target": 0.0}, speeds) == pytest.approx(1 / 0.18)
-    assert throughput.predict_plus_one("sd", cfg, {"target": 1.0}, speeds) == pytest.approx(5 / 0.18)
+    assert throughput.predict_parts("sd", cfg, {"target": 0.0}, speeds, plus_one=True) == pytest.approx(1 / 0.18)
+    assert throughput.predict_parts("sd", cfg, {"target": 1.0}, speeds, plus_one=True) == pytest.approx(5 / 0.18)
     inner = (0.5 * 2 + 1) / (2 / 50 + 1 / 25)
-    assert throughput.predict_plus_one("psd_f", cfg, {"qualifier": 0.5, "target": 0.5}, speeds) == pytest.approx(
-        (0.5 * 6 + 1) / (6 / inner + 1 / 10))
-    assert throughput.predict_plus_one("psd_f", cfg, {"target": 0.5}, speeds) is None
+    got = throughput.predict_parts("psd_f", cfg, {"qualifier": 0.5, "target": 0.5}, speeds, plus_one=True)
+    assert got == pytest.approx((0.5 * 6 + 1) / (6 / inner + 1 / 10))
+    assert throughput.predict_parts("psd_f", cfg, {"target": 0.5}, speeds, plus_one=True) is None
 
 
 def test_hf_assisted_on_a_draft_that_reads_the_target_is_one_clear_line(tmp_path: Path, monkeypatch, capsys) -> None:

@@ -1,4 +1,4 @@
-"""The cost profile (predict/costs.py) and the dtype/backend probe (models/probe.py)."""
+"""The cost profile (predict/costs.py) and the dtype/backend probe (models/probe)."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,7 +11,8 @@ from mock_lm import BigramLM, as_run, bigram_table
 from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.engine import decode
 from pyramid_demo.core.trace import StageRound, Step, TokenRec
-from pyramid_demo.predict import costs, measure
+from pyramid_demo.predict import costs, expected, measure, walk_stats
+from pyramid_demo.predict.profile import ar_speed, cost_ms
 
 PROFILE = {"ms": {"draft": {str(k): 2.0 + 0.1 * k for k in range(1, 10)},
                   "qualifier": {str(k): 6.0 + 0.5 * k for k in range(1, 10)},
@@ -32,8 +33,8 @@ def _step(i: int, n: int, k: int, draft_fwd: int) -> Step:
 def test_summing_the_profile_over_a_known_trace():
     steps = [_step(0, 4, 4, 4), _step(1, 4, 1, 4), _step(2, 2, 0, 2)]
     p = costs.predict_run(steps, PROFILE)
-    draft = 10 * costs.cost_ms(PROFILE, "draft", 1)
-    target = 2 * costs.cost_ms(PROFILE, "target", 5) + costs.cost_ms(PROFILE, "target", 3)
+    draft = 10 * cost_ms(PROFILE, "draft", 1)
+    target = 2 * cost_ms(PROFILE, "target", 5) + cost_ms(PROFILE, "target", 3)
     assert p["per_role_s"]["draft"] == pytest.approx(draft / 1000)
     assert p["time_s"] == pytest.approx((draft + target) / 1000)
     assert p["tokens_per_s"] == pytest.approx(8 / ((draft + target) / 1000), rel=1e-3)
@@ -43,29 +44,33 @@ def test_summing_the_profile_over_a_known_trace():
 
 def test_extrapolation_beyond_the_profile():
     prof = {"ms": {"target": {"1": 10.0, "2": 12.0}}}
-    assert costs.cost_ms(prof, "target", 4) == pytest.approx(16.0)
-    assert costs.cost_ms(prof, "target", 2) == 12.0
+    assert cost_ms(prof, "target", 4) == pytest.approx(16.0)
+    assert cost_ms(prof, "target", 2) == 12.0
+
+
+def _sd(profile: dict, gamma: int, alpha: float) -> float:
+    return expected.round_speed(profile, gamma, (alpha,))["tokens_per_s"]
 
 
 def test_break_even_is_where_the_predicted_speeds_cross():
-    ar = costs.ar_speed(PROFILE)
-    be = costs.solve_alpha(lambda a: costs.sd_speed(PROFILE, 4, a), ar)
+    ar = ar_speed(PROFILE)
+    be = costs.solve_alpha(lambda a: _sd(PROFILE, 4, a), ar)
     assert 0 < be < 1
-    assert costs.sd_speed(PROFILE, 4, be) == pytest.approx(ar, rel=1e-3)
-    assert costs.sd_speed(PROFILE, 4, be - 0.05) < ar < costs.sd_speed(PROFILE, 4, be + 0.05)
+    assert _sd(PROFILE, 4, be) == pytest.approx(ar, rel=1e-3)
+    assert _sd(PROFILE, 4, be - 0.05) < ar < _sd(PROFILE, 4, be + 0.05)
     # by hand: E(α) = (4·2.1 + 28) / 20 = 1.82 tokens a round
-    assert costs.expected_len(be, 4) == pytest.approx((4 * 2.1 + 28) / 20, rel=1e-3)
-    psd = costs.solve_alpha(lambda a: costs.psd_speed(PROFILE, 2, 8, 0.8, a), ar)
-    assert costs.psd_speed(PROFILE, 2, 8, 0.8, psd) == pytest.approx(ar, rel=1e-3)
+    assert expected.round_speed(PROFILE, 4, (be,))["tokens_per_pass"] == pytest.approx((4 * 2.1 + 28) / 20, rel=1e-3)
+    psd = costs.solve_alpha(lambda a: expected.pyramid_speed(PROFILE, 2, 8, 0.8, a), ar)
+    assert expected.pyramid_speed(PROFILE, 2, 8, 0.8, psd) == pytest.approx(ar, rel=1e-3)
     slow = {"ms": {"draft": {"1": 30.0}, "target": {"1": 20.0, "5": 60.0}}}  # cannot pay
-    assert costs.solve_alpha(lambda a: costs.sd_speed(slow, 4, a), costs.ar_speed(slow)) is None
+    assert costs.solve_alpha(lambda a: _sd(slow, 4, a), ar_speed(slow)) is None
     free = {"ms": {"draft": {"1": 0.0}, "target": {"1": 20.0, "5": 19.0}}}  # pays at any α
-    assert costs.solve_alpha(lambda a: costs.sd_speed(free, 4, a), costs.ar_speed(free)) == 0.0
+    assert costs.solve_alpha(lambda a: _sd(free, 4, a), ar_speed(free)) == 0.0
 
 
 def test_method_model_and_verdict_from_a_trace():
     steps = [_step(0, 4, 4, 4), _step(1, 4, 1, 4), _step(2, 4, 0, 4)]
-    m = costs.method_model("sd", steps, {"gamma": 4}, PROFILE)
+    m = costs.model_from_counts("sd", walk_stats.stage_counts(steps), {"gamma": 4}, PROFILE)
     assert m["alpha"] == pytest.approx(5 / 7, abs=1e-4)  # 5 accepted, 2 rejections
     assert m["lengths"] == {"gamma": 4} and 0 < m["break_even_alpha"] < 1
     assert costs.verdict("sd", m).startswith("wins" if m["alpha"] >= m["break_even_alpha"] else "loses")
@@ -73,8 +78,8 @@ def test_method_model_and_verdict_from_a_trace():
     agree, disagree = ((12.0, 10.0), (8.0, 10.0)) if wins else ((8.0, 10.0), (12.0, 10.0))
     assert "measured" in costs.verdict("sd", m, agree) and "not what the profile" not in costs.verdict("sd", m, agree)
     assert "not what the profile expects" in costs.verdict("sd", m, disagree)  # the run says otherwise
-    assert "break_even_alpha" not in costs.method_model("ar", steps, {}, PROFILE)
-    assert costs.per_token_alpha([]) is None
+    assert "break_even_alpha" not in costs.model_from_counts("ar", walk_stats.stage_counts(steps), {}, PROFILE)
+    assert walk_stats.alpha(walk_stats.counts([])) is None
 
 
 def _counting(lm: BigramLM, log: list[int]) -> BigramLM:
@@ -241,7 +246,7 @@ def test_forward_timer_times_a_real_cached_forward(one_thread):
     t = tiny_random_triplet()
     timer = measure.ForwardTimer(t.target, t.vocab_size, "no-onednn", context=20)
     assert timer.time(1) > 0 and timer.time(5) > 0 and timer.lm.cache_len == 20
-    assert measure.time_forward(t.target, t.vocab_size, 3, reps=1, context=20) > 0
+    assert measure.time_forward(t.target, t.vocab_size, (1, 3), reps=1, context=20) > 0
 
 
 @pytest.mark.parametrize("method", ["sd", "psd_f"])

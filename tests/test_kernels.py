@@ -38,7 +38,7 @@ def test_the_target_keeps_fp32_and_trials_are_undone(tmp_path, monkeypatch) -> N
     m = _small_llama()
     seen = []
 
-    def fake_time(model, vocab, reps=5):
+    def fake_time(model, vocab, *_, **__):
         kinds = {type(x).__name__ for x in model.modules() if isinstance(x, torch.nn.Linear | PackedLinear)}
         seen.append(kinds)
         assert not any(isinstance(x, Fp16Linear | Int4Linear) for x in model.modules()), "target must stay fp32"
@@ -56,13 +56,13 @@ def test_the_copy_takes_the_faster_format(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("PYRAMID_DEMO_PROBE_CACHE", str(tmp_path))
     m = _small_llama()
     monkeypatch.setattr(kernels, "time_forward",
-                        lambda model, vocab, reps=5: 1.0 if "Int4Linear" in model.quant_kinds else 2.0)
+                        lambda model, vocab, *_, **__: 1.0 if "Int4Linear" in model.quant_kinds else 2.0)
     c = kernels.quantized_copy(m, 32)
     assert isinstance(c.model.layers[0].self_attn.q_proj, Int4Linear)
     assert kernels.label(c, None) == kernels.LABELS["int4"]
     monkeypatch.setenv("PYRAMID_DEMO_PROBE_CACHE", str(tmp_path / "other"))
     monkeypatch.setattr(kernels, "time_forward",
-                        lambda model, vocab, reps=5: 2.0 if "Int4Linear" in model.quant_kinds else 1.0)
+                        lambda model, vocab, *_, **__: 2.0 if "Int4Linear" in model.quant_kinds else 1.0)
     c = kernels.quantized_copy(m, 32)
     assert isinstance(c.model.layers[0].self_attn.q_proj, Fp16Linear)
     assert kernels.label(c, None) == kernels.LABELS["fp16"]

@@ -11,6 +11,7 @@ from pyramid_demo.bench import costs_fit, costs_report, report
 from pyramid_demo.core.trace import StageRound, Step, TokenRec
 from pyramid_demo.predict import costs, engine_costs, expected, measure, tree_costs
 from pyramid_demo.predict.measure import TREE_ROWS
+from pyramid_demo.predict.profile import ar_speed, cost_ms
 
 ENGINE = {"step": 0.07, "feed": 0.1, "round": 0.2, "div": 0.3, "div1": 0.5, "expand": 0.05,
           "keep": {"draft": 0.01, "qualifier": 0.02, "target": 0.04}}
@@ -30,7 +31,7 @@ def test_a_pyramid_block_pays_for_each_round_it_takes_and_the_last_drafts_what_i
     of the full length (the old formula) is 4/3 of the first round."""
     flat = {"ms": PROF["ms"]}
     block = (2 * 1.0 + 4.0) + (1.0 + 3.5)
-    assert costs.psd_speed(flat, 2, 4, 1.0, 0.0) == pytest.approx(1000 / (block + 14.0))
+    assert expected.pyramid_speed(flat, 2, 4, 1.0, 0.0) == pytest.approx(1000 / (block + 14.0))
     ms, rounds = expected.block_ms(flat, 2, 4, 1.0, False)
     assert (ms, rounds) == (pytest.approx(block), pytest.approx(2.0))
 
@@ -39,9 +40,9 @@ def test_the_fuzzy_lanes_pay_for_their_divergences_and_every_round_for_its_engin
     """A chain of γ 2 at α 0.5: 2 draft steps + a 3-row pass + 3 feeds + the decision (+ 2 divergence rows for
     FSD) and the step's cut; E = 1 + 0.5 + 0.25 tokens. AR: a step, its feed and its cut."""
     sd = 2 * 1.0 + 12.0 + 3 * 0.1 + 0.2 + 0.07
-    assert costs.sd_speed(PROF, 2, 0.5) == pytest.approx(1000 * 1.75 / sd)
-    assert costs.sd_speed(PROF, 2, 0.5, fuzzy=True) == pytest.approx(1000 * 1.75 / (sd + 2 * 0.3))
-    assert costs.ar_speed(PROF) == pytest.approx(1000 / 10.17)
+    assert expected.round_speed(PROF, 2, (0.5,))["tokens_per_s"] == pytest.approx(1000 * 1.75 / sd)
+    assert expected.round_speed(PROF, 2, (0.5,), True)["tokens_per_s"] == pytest.approx(1000 * 1.75 / (sd + 2 * 0.3))
+    assert ar_speed(PROF) == pytest.approx(1000 / 10.17)
 
 
 def test_a_tree_round_is_priced_as_a_tree():
@@ -49,9 +50,9 @@ def test_a_tree_round_is_priced_as_a_tree():
     (13 ms, not the chain's 12), 2 feeds, the decision, the cut, 1 expanded row, both compactions; 1.8 tokens.
     Fuzzy: one divergence per context reached (1 + 0.8 on average)."""
     base = 1.0 + 13.0 + 2 * 0.1 + 0.2 + 0.07 + 1 * 0.05 + 0.01 + 0.04
-    got = tree_costs.tree_speed(PROF, 2, 1, 2, (0.5, 0.3))
+    got = expected.round_speed(PROF, 1, (0.5, 0.3), tree=(2, 1, 2))
     assert got["tokens_per_pass"] == pytest.approx(1.8) and got["pass_ms"] == pytest.approx(base)
-    fz = tree_costs.tree_speed(PROF, 2, 1, 2, (0.5, 0.3), fuzzy=True)
+    fz = expected.round_speed(PROF, 1, (0.5, 0.3), True, tree=(2, 1, 2))
     assert fz["pass_ms"] == pytest.approx(base + 1.8 * 0.5)
     deep = expected.tree_round_ms(PROF, "draft", "target", 4, 2, 2, False, 1.0)  # a level of 2 rows: 1.5 ms
     assert deep == pytest.approx(1.0 + 1.5 + 16.0 + 2 * 0.1 + 0.2 + 0.07 + 3 * 0.05 + 0.01 + 0.04)
@@ -62,8 +63,8 @@ def test_best_tree_keeps_its_keys_and_prices_the_chain_as_a_chain():
     assert {"tree_nodes", "tree_depth", "tree_k", "tokens_per_pass", "tokens_per_s", "pass_ms", "ar_tokens_per_s",
             "chain_tokens_per_s", "chain_tokens_per_pass", "ranks"} <= set(b)
     g = b["chain_gamma"]
-    assert b["chain_tokens_per_s"] == pytest.approx(costs.sd_speed(PROF, g, 0.5), rel=1e-3)
-    assert b["speedup_vs_ar"] == pytest.approx(b["tokens_per_s"] / costs.ar_speed(PROF), rel=1e-3)
+    assert b["chain_tokens_per_s"] == pytest.approx(expected.round_speed(PROF, g, (0.5,))["tokens_per_s"], rel=1e-3)
+    assert b["speedup_vs_ar"] == pytest.approx(b["tokens_per_s"] / ar_speed(PROF), rel=1e-3)
 
 
 def _tree_step(rule: str) -> Step:
@@ -99,7 +100,6 @@ def test_a_tree_runs_forwards_are_priced_as_tree_forwards():
     got = costs.predict_run([s], PROF, "sd", TREE)
     assert got["per_role_s"] == {"draft": pytest.approx(0.0025), "target": pytest.approx(0.0145)}
     assert got["engine_s"] == pytest.approx(engine_costs.price(engine_costs.census([s], "sd", TREE), PROF) / 1000)
-    assert costs.speedup(got["time_s"], 2, PROF) == pytest.approx(2 * 10.17 / 1000 / got["time_s"])
 
 
 def test_nnls_recovers_prices_and_a_variant_is_priced_from_the_others_only():
@@ -124,7 +124,7 @@ def _bench_row(variant: str, method: str, prompt: int, n: int, fwd: dict, busy: 
     """A bench row whose forwards took `busy` × the profile's time, plus `overhead` s outside them."""
     rec = costs_report.row_record([], method, {})
     rec["cost_record"]["forwards"] = fwd
-    t = {r: busy * sum(int(c) * costs.cost_ms(PROF, r, int(k)) for k, c in d.items()) / 1000 for r, d in fwd.items()}
+    t = {r: busy * sum(int(c) * cost_ms(PROF, r, int(k)) for k, c in d.items()) / 1000 for r, d in fwd.items()}
     return {"variant": variant, "method": method, "kind": "engine", "repeat": 0, "prompt_index": prompt,
             "n_new_tokens": n, "decode_s": sum(t.values()) + overhead, "engine_overhead_s": overhead,
             **{f"fwd_time_{r}_s": v for r, v in t.items()}, **rec}
@@ -194,8 +194,8 @@ def test_best_tree_prices_the_stage_it_is_asked_for():
     q = tree_costs.best_tree(PROF, [0.5, 0.3], proposer="draft", verifier="qualifier")
     assert q["chain_tokens_per_s"] > tree_costs.best_tree(PROF, [0.5, 0.3])["chain_tokens_per_s"]
     g = q["chain_gamma"]
-    ms = g * 1.0 + costs.cost_ms(PROF, "qualifier", g + 1) + (g + 1) * 0.1 + 0.2 + 0.07
+    ms = g * 1.0 + cost_ms(PROF, "qualifier", g + 1) + (g + 1) * 0.1 + 0.2 + 0.07
     assert q["chain_tokens_per_s"] == pytest.approx(1000 * (1 + sum(0.5 ** d for d in range(1, g + 1))) / ms, rel=1e-3)
     n, d, k = q["tree_nodes"], q["tree_depth"], q["tree_k"]
-    assert q["tokens_per_s"] == pytest.approx(tree_costs.tree_speed(PROF, n, d, k, [0.5, 0.3], "draft",
-                                                                    "qualifier")["tokens_per_s"])
+    assert q["tokens_per_s"] == pytest.approx(expected.round_speed(PROF, d, [0.5, 0.3], False, "draft", "qualifier",
+                                                                   (n, d, k))["tokens_per_s"], abs=1e-3)

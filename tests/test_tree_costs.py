@@ -2,8 +2,10 @@
 import pytest
 
 from pyramid_demo.core.trace import StageRound, TokenRec
-from pyramid_demo.predict import costs
-from pyramid_demo.predict.tree_costs import best_tree, expected_accepted, expected_tree, rank_counts, tree_speed
+from pyramid_demo.predict.expected import round_speed
+from pyramid_demo.predict.profile import ar_speed
+from pyramid_demo.predict.tree_costs import best_tree
+from pyramid_demo.predict.walk_stats import rank_counts
 
 A = (0.41, 0.17, 0.06, 0.04)  # rank marginals: how often the target's token is the draft's 1st, 2nd, 3rd, 4th
 
@@ -25,8 +27,7 @@ def test_the_expected_tree_reproduces_sequoias_figures():
     """On these rank marginals the expected EAGLE-2 tree commits 2.06 tokens per pass with 8 nodes and
     2.25 with 15, against 1.69 for the best chain."""
     def per_pass(n, d, k):
-        p, r = expected_tree(n, d, k, A)
-        return 1 + expected_accepted(p, r, A)
+        return round_speed({"ms": {"draft": {1: 1.0}, "target": {1: 1.0}}}, d, A, tree=(n, d, k))["tokens_per_pass"]
 
     assert per_pass(8, 5, 4) == pytest.approx(2.06, abs=0.01)
     assert per_pass(15, 5, 4) == pytest.approx(2.25, abs=0.01)
@@ -40,5 +41,5 @@ def test_the_best_budget_follows_the_cost_of_a_pass():
     steep = {"ms": {"target": {1: 10.0, 5: 50.0, 9: 90.0, 17: 170.0}, "draft": {1: 0.5, 4: 0.6}}}
     assert best_tree(flat, list(A))["tree_nodes"] >= 12
     assert best_tree(steep, list(A))["tree_nodes"] <= 4
-    fast = tree_speed(flat, 16, 5, 4, list(A))
-    assert fast["tokens_per_s"] > costs.ar_speed(flat) * 1.5
+    fast = round_speed(flat, 5, list(A), tree=(16, 5, 4))
+    assert fast["tokens_per_s"] > ar_speed(flat) * 1.5

@@ -20,7 +20,7 @@ from pyramid_demo.forward.feature_lm import FeatureLM
 from pyramid_demo.forward.lm import open_lm
 from pyramid_demo.models.feature_draft import FeatureDraft
 from pyramid_demo.models.tiny import tiny_random_triplet
-from pyramid_demo.predict import costs, throughput
+from pyramid_demo.predict import expected, throughput
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -137,16 +137,16 @@ def test_the_predicted_block_pays_for_every_stage_1_round():
     one token, so ℓ_D 2, ℓ_Q 6 is 5 rounds of (2 drafts + a qualifier pass) = 20 ms and, with one token left, a
     last round that drafts one (3 ms), as the engine does; then a 10 ms target pass for one token (α_T 0); at
     α_Q = 1 two rounds (3 tokens each). One round per block would predict 1000/14."""
-    assert costs.psd_speed(PROFILE, 2, 6, 0.0, 0.0) == pytest.approx(1000 / (5 * 4 + 3 + 10)), "rounds per block"
-    assert costs.psd_speed(PROFILE, 2, 6, 1.0, 0.0) == pytest.approx(1000 / (2 * 4 + 10))
+    assert expected.pyramid_speed(PROFILE, 2, 6, 0.0, 0.0) == pytest.approx(1000 / (5 * 4 + 3 + 10)), "rounds per block"
+    assert expected.pyramid_speed(PROFILE, 2, 6, 1.0, 0.0) == pytest.approx(1000 / (2 * 4 + 10))
 
 
 def test_the_papers_pyramid_formula_spends_l_q_stage_1_tokens_per_block():
     """V_PSD = β_TQ(ℓ_Q+1) / (ℓ_Q/V_FSD + 1/V_T): the block's ℓ_Q tokens take ℓ_Q / V_FSD seconds of stage 1
     (however many rounds that is), plus one target pass; and V_FSD = β_QD(ℓ_D+1) / (ℓ_D/V_D + 1/V_Q)."""
-    v_fsd = throughput.v_fsd(0.5, 2, 100.0, 50.0)
+    v_fsd = throughput.stage_speed(0.5, 2, 100.0, 50.0)
     assert v_fsd == pytest.approx(0.5 * 3 / (2 / 100 + 1 / 50))
-    assert throughput.v_psd(0.5, 6, v_fsd, 20.0) == pytest.approx(0.5 * 7 / (6 / v_fsd + 1 / 20))
+    assert throughput.stage_speed(0.5, 6, v_fsd, 20.0) == pytest.approx(0.5 * 7 / (6 / v_fsd + 1 / 20))
     spec = {"gamma": 4, "l_d": 2, "l_q": 6}
     got = throughput.predict_parts("psd_f", spec, {"qualifier": 0.5, "target": 0.5},
                                    {"draft": 100.0, "qualifier": 50.0, "target": 20.0})
@@ -166,4 +166,4 @@ def test_measured_stage_1_rounds_per_block_are_what_the_prediction_counts():
     steps = list(decode(lms, [0], as_run(cfg), (), None))
     for s in steps[:-1]:
         block = len(s.target_round.tokens) - 1
-        assert len(s.qualifier_rounds) == block / costs.expected_len(0.0, cfg.l_d) == cfg.l_q
+        assert len(s.qualifier_rounds) == block == cfg.l_q  # one token a round at α_Q 0

@@ -10,6 +10,7 @@ import pytest
 from pyramid_demo.core.config import METHODS
 from pyramid_demo.core.trace import RunResult, StageRound, Stats, Step, TokenRec
 from pyramid_demo.predict import costs, throughput
+from pyramid_demo.predict.walk_stats import alpha, counts, rank_counts, rejected, stage_counts
 
 
 def _tree(statuses: list[str], parents: list[int], own: str = "resampled", stage: str = "target",
@@ -44,24 +45,24 @@ def test_a_refused_sibling_on_the_way_down_is_no_rejection():
     node 4 (rank 0), a leaf: the verifier's token is a bonus. Three contexts reached, three taken: α = 1, not
     3/4 (the old reading counted the refused siblings' round as a rejection)."""
     r = _tree(["rejected", "accepted", "rejected", "accepted", "accepted", "discarded"], PARENTS, own="bonus")
-    assert not costs.rejected(r)
-    assert costs.per_token_alpha([r]) == 1.0
-    assert costs.stage_counts([Step(0, [], r, [], [], 0, 0)])["target"]["rejected"] == 0
+    assert not rejected(r)
+    assert alpha(counts([r])) == 1.0
+    assert stage_counts([Step(0, [], r, [], [], 0, 0)])["target"]["rejected"] == 0
 
 
 def test_a_walk_that_stops_where_candidates_were_offered_is_one_rejection():
     """The walk takes node 1, then refuses both of node 1's children: one rejection, however many siblings."""
     r = _tree(["discarded", "accepted", "rejected", "rejected", "discarded", "discarded"], PARENTS)
-    assert costs.rejected(r) and costs.per_token_alpha([r]) == 0.5
+    assert rejected(r) and alpha(counts([r])) == 0.5
 
 
 def test_a_round_cut_short_is_censored_not_rejected():
     """A PSD block cut after the first accepted token (the own token discarded): the rejection past the cut
     was never used, so the round is no rejection; a chain's alike."""
     cut = _chain(["accepted", "discarded", "rejected", "discarded"], own="discarded")
-    assert not costs.rejected(cut) and costs.per_token_alpha([cut]) == 1.0
+    assert not rejected(cut) and alpha(counts([cut])) == 1.0
     plain = _chain(["accepted", "accepted", "rejected", "discarded"], own="resampled")
-    assert costs.rejected(plain) and costs.per_token_alpha([plain]) == pytest.approx(2 / 3, abs=1e-4)
+    assert rejected(plain) and alpha(counts([plain])) == pytest.approx(2 / 3, abs=1e-4)
 
 
 def test_rank_counts_below_the_root():
@@ -69,10 +70,10 @@ def test_rank_counts_below_the_root():
     node 1's hit rank 1, node 3's rank 0. A slip in how the walk moves down (a child's index for its
     context, the root's children read at every level) changes these counts, or loops: within 5 s."""
     r = _tree(["rejected", "accepted", "rejected", "accepted", "accepted", "discarded"], PARENTS, own="bonus")
-    hits, reach = _within(5.0, costs.rank_counts, [r])
+    hits, reach = _within(5.0, rank_counts, [r])
     assert (hits, reach) == ([1, 2], [3, 3])
     stopped = _tree(["discarded", "accepted", "rejected", "rejected", "discarded", "discarded"], PARENTS)
-    assert _within(5.0, costs.rank_counts, [stopped]) == ([0, 1], [2, 2])  # node 1's context: a miss at both ranks
+    assert _within(5.0, rank_counts, [stopped]) == ([0, 1], [2, 2])  # node 1's context: a miss at both ranks
 
 
 def test_a_pass_is_counted_whether_or_not_it_has_a_target_round():
@@ -119,7 +120,7 @@ def test_the_papers_formula_for_a_pyramid_over_a_tree():
     r = _run(TREE_KEY["psd_f"], cfg, {"qualifier": 15, "target": 30}, {"qualifier": 10, "target": 10},
              {"qualifier": 80, "target": 60}, {"qualifier": 15 / 80, "target": 0.5})
     inner = 2.5 / (2 / 100 + 1 / 40)
-    assert throughput.predict(r, SPEEDS) == pytest.approx(throughput.v_psd(0.5, 6, inner, 10.0))
+    assert throughput.predict(r, SPEEDS) == pytest.approx(throughput.stage_speed(0.5, 6, inner, 10.0))
 
 
 def test_a_pyramid_over_a_tree_is_priced_as_its_tree():

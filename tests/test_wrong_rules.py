@@ -219,7 +219,10 @@ def test_acceptance_is_accepted_over_proposed():
 def test_expected_length_of_a_round():
     """A round of n proposals accepted with probability α each commits (1 − α^(n+1)) / (1 − α) tokens,
     the verifier's own included: 1 at α = 0, n + 1 at α = 1, 1.9375 at α = ½ and n = 4."""
-    from pyramid_demo.predict.costs import expected_len
+    from pyramid_demo.predict.expected import round_speed
+
+    def expected_len(alpha: float, n: int) -> float:
+        return round_speed({"ms": {"draft": {1: 1.0}, "target": {1: 1.0}}}, n, (alpha,))["tokens_per_pass"]
 
     assert expected_len(0.0, 4) == 1.0 and expected_len(0.0, 1) == 1.0
     assert expected_len(0.5, 4) == pytest.approx(1.9375)

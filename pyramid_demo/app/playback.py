@@ -1,23 +1,8 @@
 """One recorded target pass, replayed as beats: what a learner sees happen, one small step at a time.
 
-Why: the inspector shows a pass's outcome all at once; a student follows it better as a story told in order. A
-beat is one frozen record: the round's tokens as they stand now (each with its mark so far), the node(s) that
-light up and ONE plain sentence saying what happened and why. Nothing runs a model: the beats are read from the
-recorded `Step` (its qualifier rounds, then its target round; chains and trees alike, a chain being the tree
-with parent i − 1), and token text comes from the `decode` function the caller passes (the engine knows no
-tokenizer).
-
-Order. A pyramid pass (PSD_A, PSD_F): per stage-1 round, the draft's guesses appear one by one (record order:
-breadth first), the qualifier marks them ✓/✗ in the order its walk tried them, then its own token lands (or the
-block is complete and the rest of the round is cut); then the qualified block goes up to the target, the target
-marks it, its own token lands (replacing a refused guess: resampled; or for free at the end: bonus) and the
-pass commits. SD and FSD: the draft's guesses, the target's marks, its own token, the commit. AR: one beat.
-
-The walk's order is read from the recorded statuses (`visits`): at each context, the children it tried and
-refused (rejected) in rank order, then the one it took (accepted), whose children come next. A fuzzy test refuses
-every child of a context at once (one divergence per context), so such a refusal is one beat lighting them all.
-A round cut short (a PSD block's size or confidence cut, an EOS) ends where its kept path ends: what the walk did
-past the cut never entered the output and shows as not used.
+Why: the inspector shows a pass's outcome all at once; a student follows it better as a story told in order
+(one frozen beat per mark, one plain sentence each), read from the recorded `Step` alone, chains and trees
+alike. The order of the beats and how the walk's visits are read: docs/how-it-works.md.
 """
 from __future__ import annotations
 
@@ -84,11 +69,6 @@ def visits(rnd: StageRound) -> list[tuple[int, ...]]:
         out.append((took,))
         c = took + 1
     return out
-
-
-def walk_order(rnd: StageRound) -> list[int]:
-    """Every node the verifier's walk visited, in order (`visits` flattened)."""
-    return [i for group in visits(rnd) for i in group]
 
 
 def _q(text: str) -> str:
@@ -262,9 +242,4 @@ def shown(beat: Beat) -> list[tuple[str, str]]:
         mark = "+" if i == n and c.state != "discarded" else MARKS.get(c.state, "")
         out.append((c.text, mark))
     return out
-
-
-def lit_tokens(beat: Beat) -> list[str]:
-    """The text of the chips that light up in a beat."""
-    return [beat.chips[i].text for i in beat.lit]
 

@@ -1,18 +1,17 @@
 """The Statistics tab's one story of a race, from its trace and the family's cost profile.
 
-One prediction: the profile's, summed over the forwards each run made (`predict.costs.predict_run`),
-which is what the machine gives when idle. The verdict starts from what was measured (faster than
-AR, slower, or a tie within the race's timing noise, `predict.noise`) and then says whether the profile
-agrees; when the race's forwards ran slower than the profile, the load factor says by how much.
-The PyramidSD §3 formula stays as a labelled teaching aid, fed with the profile's one-token speeds.
-Pure: records in, rows and Markdown out (charts draw the rows).
+Why start from what was measured: a race on a busy machine can disagree with the idle-machine prediction
+(`costs.predict_run`), so the verdict states the measured outcome against AR (or a tie within the race's own
+timing noise) first, then whether the profile agrees, and the lanes' load factors when it does not.
 """
 from __future__ import annotations
 
 from ..core.config import short_name
 from ..core.trace import RunResult
 from ..predict import costs, insertion, noise
+from ..predict.profile import cost_ms
 from ..predict.throughput import predict
+from ..predict.walk_stats import stage_counts
 from .inspector import proposes_trees, race_noise, shape_summary
 
 BUSY = 1.25  # forwards this much slower than the profile: the machine was busy during the race
@@ -63,7 +62,7 @@ def rows(results: dict[str, RunResult], profile: dict | None) -> list[dict]:
             pred = costs.predict_run(r.steps, profile)
             row["predicted"] = pred["tokens_per_s"]
             row["factor"] = run_factor(r, profile)
-            model = costs.method_model(r.method, r.steps, r.config, profile)  # a lane runs its method
+            model = costs.model_from_counts(r.method, stage_counts(r.steps), r.config, profile)
             row.update({k: model[k] for k in ("alpha", "alpha_qualifier") if k in model})
             if ar_pred and row["predicted"]:
                 row["x_ar_predicted"] = row["predicted"] / ar_pred
@@ -157,10 +156,11 @@ def markdown(results: dict[str, RunResult], profile: dict | None) -> str:
 
 
 def insertion_line(results: dict[str, RunResult], profile: dict | None) -> str:
-    """The insertion test (predict.insertion) from this race's SD and pyramid lanes."""
+    """The insertion test (core.insertion) from this race's SD and pyramid lanes."""
     if not profile:
         return ""
-    m = {k: costs.method_model(r.method, r.steps, r.config, profile) for k, r in results.items() if k != "ar"}
+    m = {k: costs.model_from_counts(r.method, stage_counts(r.steps), r.config, profile)
+         for k, r in results.items() if k != "ar"}
     pyr = m.get("psd_a") or m.get("psd_f") or {}
     return insertion.markdown(insertion.insertion(profile, m.get("sd", {}).get("alpha"),
                                                   pyr.get("alpha_qualifier"), pyr.get("alpha")))
@@ -191,7 +191,7 @@ def teaching_aid(results: dict[str, RunResult], profile: dict | None) -> str:
     """The PyramidSD §3 formula, fed with the profile's one-token speeds, labelled as what it is."""
     if not profile or not results:
         return ""
-    speeds = {role: 1000 / costs.cost_ms(profile, role, 1) for role in ROLES if role in profile["ms"]}
+    speeds = {role: 1000 / cost_ms(profile, role, 1) for role in ROLES if role in profile["ms"]}
     got = [(m, predict(r, speeds)) for m, r in results.items() if m != "ar" and r.solo is None]  # the formula: methods
     vals = ", ".join(f"{short_name(m)} {_fmt(p, 1)}" for m, p in got)
     return ("**Teaching aid, not this machine's prediction** — the PyramidSD §3 throughput formula "
@@ -207,7 +207,7 @@ def floor_line(profile: dict) -> str:
     parts = []
     for role, f in (profile.get("floor") or {}).items():
         if f and role in profile["ms"]:
-            step, five = costs.cost_ms(profile, role, 1), costs.cost_ms(profile, role, 5)
+            step, five = cost_ms(profile, role, 1), cost_ms(profile, role, 5)
             parts.append(f"{role} {f['floor_ms']:.1f} ms ({f['mb']:.0f} MB at {f['gb_per_s']:.0f} GB/s): a step is "
                          f"{step / f['floor_ms']:.1f}× it, a 5-token pass {five / step:.2f}× a step")
     if not parts:
@@ -227,7 +227,7 @@ def tree_line(profile: dict, ranks: list[float] | None = None) -> str:
         return ""
     how = "measured acceptance by rank" if ranks else "the shipped draft's acceptance by rank (a prior)"
     return (f" *Trees*: a {b['tree_nodes']}-node tree pass costs "
-            f"{costs.cost_ms(profile, 'target', b['tree_nodes'] + 1) / costs.cost_ms(profile, 'target', 1):.2f}× "
+            f"{cost_ms(profile, 'target', b['tree_nodes'] + 1) / cost_ms(profile, 'target', 1):.2f}× "
             f"a step here; with {how} the best budget is {b['tree_nodes']} nodes, depth {b['tree_depth']}, "
             f"k {b['tree_k']}: {b['tokens_per_pass']:.2f} tokens per pass against {b['chain_tokens_per_pass']:.2f} "
             f"for the best chain ({b['tokens_per_s']:.1f} vs {b['chain_tokens_per_s']:.1f} tok/s predicted).")
@@ -240,7 +240,7 @@ def profile_markdown(profile: dict | None) -> str:
     how = "measured before this race" if profile.get("how") == "probe" else "cached for this machine"
     return (f"**Cost profile** ({profile.get('dtype', '?')}, {profile.get('backend', '?')}, {how}): one cached "
             "forward of k new tokens, ms — " + "; ".join(
-                f"{role} k=1 {costs.cost_ms(profile, role, 1):.1f}, k=5 {costs.cost_ms(profile, role, 5):.1f}"
+                f"{role} k=1 {cost_ms(profile, role, 1):.1f}, k=5 {cost_ms(profile, role, 5):.1f}"
                 for role in profile["ms"])
             + ". " + floor_line(profile) + tree_line(profile)
             + " *Idle machine*: the profile's time summed over the forwards each run made (engine time "

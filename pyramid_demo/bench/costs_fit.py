@@ -1,12 +1,8 @@
 """The engine's per-unit prices fitted on a bench's own runs, each variant priced from the others only.
 
-Why: the profile's engine prices are the engine's functions timed in a tight loop (warm caches, no
-allocator churn); inside a run the same work costs more, and some of it (a cache's crop, the hand-off of
-the target's states, a confidence floor's softmax) rides along with the units counted. A bench run measures
-every run's time outside forwards and counts its units (`engine_costs.census`), so non-negative least
-squares over those runs gives what one unit of each kind costs here. To keep it a prediction, a variant's
-engine time is priced from the other variants' runs only (leave one variant out); a unit no other variant
-did keeps the profile's price.
+Why: inside a run the engine's work costs more than the profile's tight-loop timings (allocator churn, cache
+crops riding along), so non-negative least squares over the runs' counted units prices it; leaving the
+variant's own runs out keeps it a prediction.
 """
 from __future__ import annotations
 

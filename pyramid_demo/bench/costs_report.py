@@ -1,13 +1,8 @@
-"""The cost profile in `bench`: per-run forward records, the profile's prediction per run, and a
-section of results.json / report.html that says why each method wins or loses on this machine.
+"""The cost profile in `bench`: per-run forward records, the profile's prediction per run, and the section of
+results.json / report.html that says why each method wins or loses on this machine.
 
-Each engine row gets `cost_record` (JSON only): forwards per role by k new tokens (and which of them fed
-tree rows), the forward time measured in the run by k (sum of ms and count, where a step pins a forward's
-time down), the acceptance counts per stage and the engine's work by unit (`engine_costs.census`). After
-the runs, `finish` adds to every row its predicted time and speed-up over AR (`costs_fit.predict_rows`),
-and a per-variant summary: measured and predicted speed-up over AR side by side with the error, the
-profile-only and the acceptance-only predictions, time per forward by k (measured in the runs and in the
-probe), measured α and the break-even α.
+Why per run: every prediction is the profile's price for the forwards and engine work that run made
+(`costs_fit` rescales it by the other variants' runs), so a busy machine moves the figures, not the comparison.
 """
 from __future__ import annotations
 
@@ -18,6 +13,7 @@ from ..core.config import METHODS
 from ..core.trace import Step
 from ..predict import costs, engine_costs, expected, insertion, throughput
 from ..predict.shape import shape_of
+from ..predict.walk_stats import stage_counts
 from . import costs_fit
 
 
@@ -26,7 +22,7 @@ def row_record(steps: list[Step], method: str | None = None, config: dict | None
     engine's work it did (`engine_costs.census`)."""
     ms = {role: {k: [round(sum(ts), 4), len(ts)] for k, ts in by_k.items()}
           for role, by_k in costs.measured_by_k(steps).items()}
-    rec = {"forwards": costs.forward_counts(steps), "ms_by_k": ms, "stages": costs.stage_counts(steps)}
+    rec = {"forwards": costs.forward_counts(steps), "ms_by_k": ms, "stages": stage_counts(steps)}
     if method is not None:
         rec["engine"] = engine_costs.census(steps, method, config)
         rec["tree_forwards"] = costs.tree_forward_counts(steps, method, config)
@@ -57,12 +53,8 @@ def _add(into: dict, more: dict, depth: int) -> None:
 
 
 def finish(rows: list[dict], prof: dict | None) -> dict:
-    """Predicted tok/s and speed-up over AR per row (`costs_fit.predict_rows`) and the per-variant summary;
-    returns results.json's "cost_profile". A prediction is the profile's time for the forwards a run made
-    plus its engine work; "profile only" prices the engine from the profile's engine prices; the prediction
-    proper rescales each role's forwards by the other variants' measured ÷ profiled time and prices the
-    engine's units from the other variants' runs, so a machine busier than its profile moves the absolute
-    figures, not the comparison, and no variant's prediction reads its own measured time."""
+    """Predicted tok/s and speed-up over AR per row (`costs_fit.predict_rows`: no variant's prediction reads its
+    own measured time) and the per-variant summary; returns results.json's "cost_profile"."""
     if not prof or "ms" not in prof:
         return {"profile": prof, "variants": []}
     busy = costs_fit.predict_rows(rows, prof)
@@ -218,17 +210,25 @@ def html_section(result: dict, plotly_loaded: bool = True) -> str:
     if not section:
         return ""
     md = markdown(section).split("\n")
-    first, table = md[0], [line for line in md if line.startswith("|")]
-    head = [c.strip() for c in table[0].strip("|").split("|")] if table else []
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(c.strip())}</td>" for c in line.strip("|").split("|")) + "</tr>"
-                   for line in table[2:])
+    table = [line for line in md if line.startswith("|")]
     fig = figure(section)
     notes = [line.strip() for line in md[1:] if line.strip() and not line.startswith("|")]
-    return (f"<h3>Why each method wins or loses here: the cost profile</h3><p>{html.escape(first)}</p>"
+    return (f"<h3>Why each method wins or loses here: the cost profile</h3><p>{html.escape(md[0])}</p>"
             + (f"<p>{html.escape(notes[0])}</p>" if notes else "")
-            + (f"<table><tr>{''.join(f'<th>{html.escape(h)}</th>' for h in head)}</tr>{body}</table>" if table else "")
+            + (html_table("\n".join(table), note=False) if table else "")
             + "".join(f"<p><small>{html.escape(n)}</small></p>" for n in notes[1:])
             + (fig.to_html(full_html=False, include_plotlyjs=not plotly_loaded, default_height=420) if fig else ""))
+
+
+def html_table(markdown: str, note: bool = True) -> str:
+    """A markdown table as HTML; `note`: its last line (a footnote) below it."""
+    md = markdown.split("\n")
+    head = [c.strip() for c in md[0].strip("|").split("|")]
+    body = [[c.strip() for c in line.strip("|").split("|")] for line in md[2:] if line.startswith("|")]
+    th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+    trs = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in body)
+    foot = f"<p><small>{html.escape(md[-1].strip())}</small></p>" if note else ""
+    return f"<table><tr>{th}</tr>{trs}</table>{foot}"
 
 
 def row_lengths(row: dict) -> dict:

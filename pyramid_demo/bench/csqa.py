@@ -1,11 +1,6 @@
-"""CommonsenseQA as in the FSD and PyramidSD papers: a 5-shot chain-of-thought prompt that
-asks the model to end with "Therefore, the answer is X.", and accuracy from that sentence.
-
-Questions come from a local JSONL file in either CSQA layout — the original release
-({"id", "question": {"stem", "choices": [{"label", "text"}, ...]}, "answerKey"}) or the
-Hugging Face `tau/commonsense_qa` rows ({"id", "question", "choices": {"label": [...],
-"text": [...]}, "answerKey"}). Only without a file does `load_questions` try the Hub
-`datasets` library, and it says clearly when that is not possible offline.
+"""CommonsenseQA as in the FSD and PyramidSD papers: a 5-shot chain-of-thought prompt that asks the model to end
+with "Therefore, the answer is X.", and the answer read from that sentence. Questions come from a local JSONL in
+either CSQA layout (the original release or Hugging Face's); only without one is the Hub tried.
 """
 from __future__ import annotations
 
@@ -79,13 +74,6 @@ def extract_answer(text: str) -> str | None:
     """The letter in the last "the answer is X" of a generated text, or None."""
     found = _ANSWER.findall(text)
     return found[-1] if found else None
-
-
-def accuracy(predictions: list[str | None], answers: list[str]) -> float:
-    """Share of questions whose extracted letter equals the key (unparsed counts as wrong)."""
-    if not answers:
-        return 0.0
-    return sum(1 for p, a in zip(predictions, answers) if p is not None and p == a) / len(answers)
 
 
 def parse_row(obj: dict) -> Question:

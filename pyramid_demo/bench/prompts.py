@@ -49,14 +49,6 @@ _BUILTIN: dict[str, list[str]] = {
     ],
 }
 
-BUILTIN: tuple[Prompt, ...] = tuple(Prompt(t, c) for c, texts in _BUILTIN.items() for t in texts)
-
-
-def builtin_prompts() -> list[Prompt]:
-    """The built-in set: 20 prompts, four each of explanation, code, story, list and QA."""
-    return list(BUILTIN)
-
-
 def read_jsonl(path: str | Path) -> list[Prompt]:
     """Prompts from a JSONL file ({"prompt": ...} per line); a clear ValueError if malformed."""
     p = Path(path)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..core.config import METHODS
 from ..core.methods import method_spec
+from ..predict.noise import quantile
 from . import costs_report
 
 Point = tuple[float, float]
@@ -24,19 +25,6 @@ def _vals(rows: list[dict], key: str) -> list[float]:
 
 def _nan(x) -> bool:
     return isinstance(x, float) and math.isnan(x)
-
-
-def quartiles(xs: Sequence[float]) -> tuple[float, float, float] | None:
-    """(q25, median, q75) with linear interpolation; None for no data."""
-    if not xs:
-        return None
-    s = sorted(xs)
-    def q(f: float) -> float:
-        i = f * (len(s) - 1)
-        lo = int(math.floor(i))
-        hi = min(lo + 1, len(s) - 1)
-        return s[lo] + (s[hi] - s[lo]) * (i - lo)
-    return q(0.25), q(0.5), q(0.75)
 
 
 def _med(rows: list[dict], key: str) -> float | None:
@@ -60,8 +48,8 @@ def summarize(rows: list[dict]) -> list[dict]:
     for label, rs in order.items():
         first = rs[0]
         speed_key = "tokens_per_s" if first["kind"] != "peer" else "tokens_per_s_wall"  # peers: wall time only
-        qs = quartiles(_vals(rs, speed_key)) or (None, None, None)
         speed = _vals(rs, speed_key)
+        qs = [quantile(speed, q) if speed else None for q in (0.25, 0.5, 0.75)]
         s = dict(variant=label, method=first["method"], kind=first["kind"], lossless=first["lossless"], runs=len(rs),
                  **{k: first.get(k) for k in ("temperature", "gamma", "l_d", "l_q", "tau_q", "tau_t", "fallback",
                                               "stage2")},
@@ -339,7 +327,7 @@ def render_html(result: dict) -> str:
     parts = [f.to_html(full_html=False, include_plotlyjs=(i == 0), default_height=460) for i, f in enumerate(figs)]
     meta = result.get("meta", {})
     rec = result.get("recommended")
-    table = _html_table(markdown_table(result["summary"]))
+    table = costs_report.html_table(markdown_table(result["summary"]))
     speeds = ", ".join(f"V_{k[0].upper()} {v:.1f} tok/s" for k, v in result.get("speeds", {}).items())
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>PyramidSD bench</title>
 <style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1300px}}table{{border-collapse:collapse;font-size:13px}}
@@ -357,7 +345,7 @@ torch {html.escape(str(meta.get("torch", "")))}
 <b>Recommended setting</b> (fastest frontier point with agreement ≥ 0.9):
 {html.escape(str(rec["variant"]) if rec else "none")}.</p>
 {table}
-<h3>Speed targets</h3>{_html_table(targets_table(result.get("targets", [])), note=False)}
+<h3>Speed targets</h3>{costs_report.html_table(targets_table(result.get("targets", [])), note=False)}
 <p>Engine tok/s exclude prefill; peers (Hugging Face <code>generate()</code>) are timed as the wall time of the call,
 prefill included — compare them with the "wall" columns. Speed-ups are computed per prompt, then the median is shown.
 Acceptance and accepted tokens per target pass are pooled over runs (bonus token not counted). Agreement: position-wise
@@ -367,12 +355,3 @@ produced text (one teacher-forced pass).</p>
 {costs_report.html_section(result, plotly_loaded=bool(parts))}
 </body></html>"""
 
-
-def _html_table(markdown: str, note: bool = True) -> str:
-    md = markdown.split("\n")
-    head = [c.strip() for c in md[0].strip("|").split("|")]
-    body = [[c.strip() for c in line.strip("|").split("|")] for line in md[2:] if line.startswith("|")]
-    th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
-    trs = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in body)
-    foot = f"<p><small>{html.escape(md[-1].strip())}</small></p>" if note else ""
-    return f"<table><tr>{th}</tr>{trs}</table>{foot}"

@@ -212,7 +212,7 @@ def run_bench(triplet: ModelTriplet, variants: list[Variant], prompts: list[Prom
         if row["kind"] == "engine":
             acc = {k: row[f"acceptance_{k}"] for k in ("qualifier", "target") if row[f"acceptance_{k}"] is not None}
             lens = costs_report.row_lengths(row)
-            row["predicted_plus_one_tokens_per_s"] = throughput.predict_plus_one(row["method"], lens, acc, speeds)
+            row["predicted_plus_one_tokens_per_s"] = throughput.predict_parts(row["method"], lens, acc, speeds, True)
     return dict(runs=rows, interrupted=interrupted, speeds=speeds, speeds_one_token=speeds_one,
                 cost_profile=costs_report.finish(rows, profile),
                 speed_sources={"target": "AR runs (forwards per second)" if ar_speeds else "one-token timing",

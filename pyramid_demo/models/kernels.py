@@ -4,7 +4,7 @@ Why: torch's default fp32 linear (MKL) is fast for one row but on some CPUs cost
 a verification pass; oneDNN with a weight packed once, fbgemm's fp16 weights and torch's int4 kernel each win
 somewhere, depending on the CPU (AVX2, AVX-512, AMX) and the shape. Timing one linear alone misleads (its
 weight sits in the cache, which a forward's other layers evict), so each candidate configuration runs the
-model's own forward: a one-token step plus a `PASS_ROWS`-token pass after a short context, the minimum of a few.
+model's own forward (`measure.time_forward`): a one-token step plus a verification pass, the minimum of a few.
 The target keeps fp32 arithmetic (its reference precision): default or oneDNN linears. A quantized copy takes
 int4 or fp16 weights. The choice is cached per CPU and torch build beside the probe's records (`probe.store`).
 """
@@ -16,29 +16,20 @@ from collections.abc import Callable
 import torch
 
 from ..forward.packed import PackedLinear, Swap, restore, swap_linears
-from ..predict.measure import ForwardTimer
+from ..predict.measure import time_forward
 from .probe import store
 from .probe.machine import machine_key
 from .quant import fp16_available, int4_copy
 
 log = logging.getLogger(__name__)
 
-PASS_ROWS = 5  # the rows of a typical verification pass, timed beside a one-row step
-CONTEXT = 48  # tokens in the cache before the timed forwards
+TIMED = (1, 5)  # a one-row step and the rows of a typical verification pass, timed as whole forwards
 CACHE_FILE = "kernels.json"  # beside the probe's records
 # fp32 configurations a target may run: which linears go to oneDNN (packed once)
 TARGET_CONFIGS = {"default": "none", "onednn-head": "head", "onednn": "all"}
 BUILD = {"on": False}  # `probe --compile` (scripts/setup.sh) builds missing compiled packages; a run only loads them
 LABELS = {"default": "default fp32", "onednn-head": "oneDNN fp32 head", "onednn": "oneDNN fp32",
           "int4": "int4 weights, fp16 head", "fp16": "fp16 weights"}
-
-
-@torch.inference_mode()
-def time_forward(model: torch.nn.Module, vocab_size: int, reps: int = 5) -> float:
-    """Seconds of a one-token step plus a PASS_ROWS-token pass through the forward runs use (`measure`'s timer,
-    the lean path where it covers the model), each the minimum of `reps` after a warm-up, after CONTEXT tokens."""
-    timer = ForwardTimer(model, vocab_size, context=CONTEXT, path="lean")
-    return sum(min(timer.time(k) for _ in range(reps + 1)) for k in (1, PASS_ROWS))
 
 
 def _swap(model: torch.nn.Module, which: str) -> list[Swap]:
@@ -74,7 +65,7 @@ def choose_target(model: torch.nn.Module, vocab_size: int) -> str:
     def measure(config: str) -> float:
         undo = _swap(model, TARGET_CONFIGS[config])
         try:
-            return time_forward(model, vocab_size)
+            return time_forward(model, vocab_size, TIMED, 5, path="lean")
         finally:
             restore(undo)
 
@@ -98,7 +89,7 @@ def quantized_copy(model: torch.nn.Module, group: int, vocab_size: int | None = 
         return copies[kind]
 
     best = _pick(_copy_key(type(model).__name__, model.config.hidden_size, group),
-                 ["int4", "fp16"], lambda kind: time_forward(build(kind), vocab))
+                 ["int4", "fp16"], lambda kind: time_forward(build(kind), vocab, TIMED, 5, path="lean"))
     return build(best)
 
 
@@ -110,7 +101,7 @@ def choose_draft(draft: torch.nn.Module, vocab_size: int) -> str:
 
     def measure(kind: str) -> float:
         draft.use_fp16(kind == "fp16")
-        return time_forward(draft, vocab_size)
+        return time_forward(draft, vocab_size, TIMED, 5, path="lean")
 
     best = _pick(f"{machine_key()}|feature-draft-{draft.d}", ["default", "fp16"], measure)
     draft.use_fp16(best == "fp16")

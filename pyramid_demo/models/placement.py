@@ -83,14 +83,6 @@ def pretrained_kwargs(p: Placement, dev: torch.device, dt: torch.dtype) -> dict[
     return kw
 
 
-def input_device(model: torch.nn.Module) -> torch.device:
-    """Where a model's input ids must go: its token embedding's device."""
-    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    if emb is not None and getattr(emb, "weight", None) is not None:
-        return emb.weight.device
-    return next(model.parameters()).device
-
-
 def devices_of(model: torch.nn.Module) -> list[str]:
     """The devices a model's parameters sit on, in order of first appearance."""
     return list(dict.fromkeys(str(p.device) for p in model.parameters()))

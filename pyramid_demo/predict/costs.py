@@ -1,17 +1,9 @@
-"""A measured cost profile: what one cached forward of k new tokens costs each model, and what
-that predicts for every method on this machine.
+"""A run's predicted time on a measured cost profile, and why a method wins or loses there.
 
-A profile is a plain dict, JSON as is: {"ms": {role: {k: ms}}, ...}: the time of one cached forward
-of k new tokens (k = 1 … longest proposal + 1) over a ~100-token context, the minimum of a few reps.
-From it and a run's trace (`predict_run`) the method's time is the sum of profile[model][k] over the
-forwards the run actually made (a tree run's tree forwards at the profile's tree rows), plus the engine's
-work it did, priced from the profile's "engine_ms" (`engine_costs`); `speedup` states it against AR on
-the same profile (the bench rescales it by its runs' forward times: `bench.costs_fit`).
-`model_from_counts` predicts from acceptance alone (`expected`: chains, trees, a pyramid's rounds);
-`break_even` is the acceptance α at which a method would be exactly as fast as AR. α is counted per
-context a round's walk reached (`walk_stats`), for a chain and a tree alike. This sits beside
-`throughput` (the paper's formulas from one-token speeds); the timers live in `measure` (re-exported
-here); everything else is pure math over records.
+Why from the run's own forwards: the profile prices one cached forward of k new tokens per model (and the
+engine's units, `engine_costs`), so the sum over the forwards a run made is what that run would take on an
+idle machine; `model_from_counts` predicts from acceptance alone (`expected`), and `break_even_alpha` is
+where a method would exactly match AR. How: docs/how-it-works.md.
 """
 from __future__ import annotations
 
@@ -20,10 +12,11 @@ from typing import Any
 
 from ..core.methods import method_spec, target_rule
 from ..core.trace import Step
-from . import engine_costs, expected, walk_stats
-from .profile import ar_speed, cost_ms, cost_tree_ms  # noqa: F401 - re-exported: callers read the profile here
+from . import engine_costs, expected
+from .profile import ar_speed, cost_ms, cost_tree_ms
 from .shape import shape_of
-from .tree_costs import RANK_PRIOR, best_tree, rank_counts, tree_speed
+from .tree_costs import RANK_PRIOR, best_tree
+from .walk_stats import alpha, ranks
 
 
 # ---------------------------------------------------------------- the profile
@@ -102,12 +95,6 @@ def predict_run(steps: list[Step], profile: dict, method: str | None = None, con
             "engine_s": round(engine, 6), "tokens_per_s": round(n / total, 3) if total > 0 else None}
 
 
-def speedup(predicted_s: float, n_tokens: int, profile: dict) -> float | None:
-    """A predicted time stated as a speed-up over AR on the same profile (AR: n tokens of one target step
-    each, `ar_speed`): what stays true on a machine busier than its profile, which slows both alike."""
-    return n_tokens / ar_speed(profile) / predicted_s if predicted_s > 0 and n_tokens else None
-
-
 def measured_by_k(steps: list[Step]) -> dict[str, dict[int, list[float]]]:
     """Per-forward times measured inside a run, in ms, by role and k, where a step pins them down:
     the target's one pass per step, a qualifier's single round, a draft's one-token forwards."""
@@ -122,26 +109,6 @@ def measured_by_k(steps: list[Step]) -> dict[str, dict[int, list[float]]]:
 
 
 # ---------------------------------------------------------------- expected speed and break-even
-def expected_len(alpha: float, n: float) -> float:
-    """Tokens a round of n proposals commits when each is accepted with probability α until the first
-    rejection, the verifier's own token included: (1 − α^(n+1)) / (1 − α)."""
-    if alpha >= 1.0:
-        return n + 1.0
-    return (1 - alpha ** (n + 1)) / (1 - alpha)
-
-
-def sd_speed(profile: dict, gamma: int, alpha: float, fuzzy: bool = False) -> float:
-    """Expected tok/s of SD (FSD: `fuzzy`) over a chain of γ: `expected.chain_speed`."""
-    return expected.chain_speed(profile, gamma, alpha, fuzzy)
-
-
-def psd_speed(profile: dict, l_d: int, l_q: int, alpha_q: float, alpha_t: float, fuzzy_q: bool = False,
-              fuzzy_t: bool = True) -> float:
-    """Expected tok/s of the pyramid over chains: `expected.pyramid_speed` (a block's stage-1 rounds, cut to
-    size, then one stage-2 pass)."""
-    return expected.pyramid_speed(profile, l_d, l_q, alpha_q, alpha_t, fuzzy_q, fuzzy_t)
-
-
 def solve_alpha(speed: Callable[[float], float], goal: float) -> float | None:
     """The α in [0, 1] where speed(α) = goal (speed rises with α); 0.0 if it beats goal even at α = 0,
     None if it cannot reach goal even at α = 1."""
@@ -156,52 +123,8 @@ def solve_alpha(speed: Callable[[float], float], goal: float) -> float | None:
     return round((lo + hi) / 2, 4)
 
 
-def rejected(r: Any) -> bool:
-    """The round's one rejection event, per context its walk reached (`walk_stats.rejected`): a tree's refused
-    siblings on the way down are none, nor is a round a block's size, a confidence floor or an EOS cut short."""
-    return walk_stats.rejected(r)
-
-
-def per_token_alpha(rounds: list) -> float | None:
-    """Measured α: accepted ÷ (accepted + rejections), i.e. P(a child is taken | a context reached with
-    candidates), from StageRounds; for a chain SD's per-token α, for a tree its per-context analogue."""
-    acc = sum(r.n_accepted for r in rounds)
-    rej = sum(1 for r in rounds if rejected(r))
-    return round(acc / (acc + rej), 4) if acc + rej else None
-
-
-def stage_counts(steps: list[Step]) -> dict[str, dict[str, Any]]:
-    """Per stage: accepted tokens, rejections, proposed tokens, rounds and acceptance by rank (what α, the
-    lengths and a tree's model need; counts add up over runs, so pooled figures come from sums)."""
-    out: dict[str, dict[str, Any]] = {}
-    for stage, rounds in (("target", [s.target_round for s in steps if s.target_round is not None]),
-                          ("qualifier", [r for s in steps for r in s.qualifier_rounds])):
-        if rounds:
-            hits, reach = rank_counts(rounds)
-            out[stage] = {"accepted": sum(r.n_accepted for r in rounds),
-                          "rejected": sum(1 for r in rounds if rejected(r)),
-                          "proposed": sum(len(r.tokens) - 1 for r in rounds), "rounds": len(rounds),
-                          "rank_hits": hits, "rank_reach": reach}
-    return out
-
-
-def _alpha(c: dict | None) -> float | None:
-    n = c["accepted"] + c["rejected"] if c else 0
-    return round(c["accepted"] / n, 4) if c and n else None
-
-
 def _length(c: dict | None, default: int) -> int:
     return max(1, round(c["proposed"] / c["rounds"])) if c and c["rounds"] else default
-
-
-def _ranks(c: dict | None) -> list[float] | None:
-    hits, reach = (c or {}).get("rank_hits") or [], (c or {}).get("rank_reach") or []
-    return [round(h / n, 4) for h, n in zip(hits, reach) if n] or None
-
-
-def method_model(method: str, steps: list[Step], config: dict, profile: dict) -> dict[str, Any]:
-    """For one recorded run: see `model_from_counts`."""
-    return model_from_counts(method, stage_counts(steps), config, profile)
 
 
 def model_from_counts(method: str, counts: dict, config: dict, profile: dict) -> dict[str, Any]:
@@ -216,13 +139,13 @@ def model_from_counts(method: str, counts: dict, config: dict, profile: dict) ->
         return out
     tree = shape_of(method, config) == "tree"
     fuzzy_t = target_rule(method, str(config.get("stage2", "fuzzy"))) == "fuzzy"
-    out["alpha"] = a_t = _alpha(counts.get("target"))
+    out["alpha"] = a_t = alpha(counts.get("target"))
     try:
         if tree and not spec.pyramid:
             return _tree_model(out, counts.get("target") or {}, config, profile, fuzzy_t)
         if not spec.pyramid:
             g = _length(counts.get("target"), config.get("gamma", 4))
-            f = lambda a: sd_speed(profile, g, a, fuzzy_t)  # noqa: E731
+            f = lambda a: expected.round_speed(profile, g, (a,), fuzzy_t)["tokens_per_s"]  # noqa: E731
             out["lengths"] = {"gamma": g}
         else:
             f = _pyramid_model(out, method, counts, config, profile, tree, fuzzy_t)
@@ -242,17 +165,17 @@ def _pyramid_model(out: dict[str, Any], method: str, counts: dict, config: dict,
     fuzzy_q = method_spec(method).stage1 == "fuzzy"
     lq = _length(counts.get("target"), config.get("l_q", 8))
     q = counts.get("qualifier")
-    out["alpha_qualifier"] = a_q = _alpha(q)
+    out["alpha_qualifier"] = a_q = alpha(q)
     if not tree:
         ld = _length(q, config.get("l_d", 4))
         out["lengths"] = {"l_d": ld, "l_q": lq}
-        return lambda a: psd_speed(profile, ld, lq, a_q if a_q is not None else 0.0, a, fuzzy_q, fuzzy_t)
+        return lambda a: expected.pyramid_speed(profile, ld, lq, a_q if a_q is not None else 0.0, a, fuzzy_q, fuzzy_t)
     ld = int(config.get("l_d", 4))
     budget = _budget(config)
-    ranks = tuple(_ranks(q) or ([a_q] if a_q is not None else list(RANK_PRIOR)))
-    out["ranks_qualifier"] = list(ranks)
+    by_rank = tuple(ranks(q) or ([a_q] if a_q is not None else list(RANK_PRIOR)))
+    out["ranks_qualifier"] = list(by_rank)
     out["lengths"] = {"l_d": ld, "l_q": lq, **budget}
-    shape = (budget["tree_nodes"], budget["tree_depth"], budget["tree_k"], ranks)
+    shape = (budget["tree_nodes"], budget["tree_depth"], budget["tree_k"], by_rank)
     return lambda a: expected.pyramid_speed(profile, ld, lq, 0.0, a, fuzzy_q, fuzzy_t, shape)
 
 
@@ -263,15 +186,17 @@ def _budget(config: dict) -> dict[str, int]:
 def _tree_model(out: dict[str, Any], c: dict, config: dict, profile: dict, fuzzy: bool) -> dict[str, Any]:
     """A tree method's model: measured acceptance by rank, the expected tree's speed at this budget and the
     budget the profile predicts best (`tree_costs`)."""
-    ranks = _ranks(c)
+    by_rank = ranks(c)
     budget = _budget(config)
-    out["ranks"] = ranks
+    out["ranks"] = by_rank
     out["lengths"] = budget
-    if ranks:
-        got = tree_speed(profile, budget["tree_nodes"], budget["tree_depth"], budget["tree_k"], ranks, fuzzy=fuzzy)
-        out["expected_tokens_per_s"], out["expected_tokens_per_pass"] = got["tokens_per_s"], got["tokens_per_pass"]
+    if by_rank:
+        got = expected.round_speed(profile, budget["tree_depth"], by_rank, fuzzy,
+                                   tree=(budget["tree_nodes"], budget["tree_depth"], budget["tree_k"]))
+        out["expected_tokens_per_s"] = round(got["tokens_per_s"], 3)
+        out["expected_tokens_per_pass"] = round(got["tokens_per_pass"], 3)
         out["expected_speedup_vs_ar"] = round(got["tokens_per_s"] / ar_speed(profile), 4)
-    out["best_tree"] = best_tree(profile, ranks, fuzzy)
+    out["best_tree"] = best_tree(profile, by_rank, fuzzy)
     return out
 
 

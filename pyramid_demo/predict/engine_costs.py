@@ -1,9 +1,7 @@
-"""The engine's own work in a run, counted from its records and priced from the profile's engine prices.
+"""The engine's own work in a run, counted from its records (`census`) and priced from the profile (`price`).
 
-Why: a decode's time is its forwards plus the engine's work between them, and that work differs by method
-(a fuzzy rule's divergences, a tree's growth and compaction, a pyramid's extra rounds). `census` counts the
-units a recorded run did; `price` turns units into ms with the profile's "engine_ms" (`measure.measure_engine`;
-a profile measured before it has none: the engine is then priced at 0, and `priced` says so).
+Why: a decode's time is its forwards plus the engine's work between them, which differs by method (a fuzzy
+rule's divergences, a tree's growth and compaction); a profile without engine prices prices it at 0 (`priced`).
 """
 from __future__ import annotations
 

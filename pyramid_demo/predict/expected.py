@@ -1,18 +1,8 @@
 """Expected speed of every method and shape on a cost profile, from acceptance alone.
 
-One round's price is its forwards (the profile's ms per forward of k new tokens) plus the engine's work
-around them (`engine_costs`): a chain round of n proposals is n proposer steps and one (n+1)-row pass; a tree
-round is the proposer's root step, one tree forward of k rows per further level, and one (nodes+1)-row tree
-pass (the profile's tree forwards where it has them), plus
-the rows it expands and the compaction of the accepted path in both caches. A fuzzy rule adds its
-divergences: a chain's decision scores every proposed row, a tree's one per context its walk stands on.
-
-What a round commits follows from the probability that its accepted path reaches depth d (`reach`): a chain's
-α^d; a tree's the sum over its nodes at depth d of the product of acceptance by rank along their path (the
-expected EAGLE-2 tree, Sequoia's assumption that acceptance depends on rank, not depth). A pyramid fills a
-block of ℓ_Q qualified tokens with stage-1 rounds, each proposing min(ℓ_D, what is left) and cut to size, so
-the expected cost of a block is a small recursion over what is left (`block_ms`), then one stage-2 chain.
-Every figure here is also stated against AR's (`ar_ms`: a target step, its feed and its cut). Pure math.
+Why one model: a chain is the tree with one child per node, so what a round commits is read off the expected
+tree for both (`expected_round`); only its price follows how the engine runs each shape. How the rounds, a
+pyramid's block and the prices are derived: docs/how-it-works.md.
 """
 from __future__ import annotations
 
@@ -25,11 +15,6 @@ from .profile import cost_ms, cost_tree_ms
 
 
 # ---------------------------------------------------------------- what a round commits
-def chain_reach(alpha: float, n: int) -> list[float]:
-    """P(the accepted run reaches position d), d = 1 … n: α^d."""
-    return [alpha ** d for d in range(1, n + 1)]
-
-
 def expected_tree(nodes: int, depth: int, k: int, a: list[float] | tuple[float, ...]) -> tuple[list[int], list[int]]:
     """EAGLE-2's expansion on expected scores (log of a product of a_rank along a path): (parents, ranks)."""
     def lp(r: int) -> float:
@@ -108,20 +93,36 @@ def tree_levels(parents: list[int]) -> int:
 
 
 # ---------------------------------------------------------------- speeds
-def chain_speed(profile: dict, n: int, alpha: float, fuzzy: bool = False) -> float:
-    """Expected tok/s of SD/FSD over a chain of n: E(α, n) tokens per round."""
-    e = sum(chain_reach(alpha, n)) + 1
-    return 1000 * e / chain_round_ms(profile, "draft", "target", n, fuzzy)
+Tree = tuple[int, int, int]  # a tree budget: (nodes, depth, k)
 
 
-def tree_speed(profile: dict, nodes: int, depth: int, k: int, a: list[float] | tuple[float, ...],
-               proposer: str = "draft", verifier: str = "target", fuzzy: bool = False) -> dict[str, float]:
-    """Expected tokens per pass, tok/s and round ms of SD/FSD over the expected EAGLE-2 tree."""
-    parents, ranks = expected_tree(nodes, depth, k, a)
-    acc = sum(node_probs(parents, ranks, a))
-    ms = tree_round_ms(profile, proposer, verifier, len(parents), tree_levels(parents), k, fuzzy, 1 + acc)
-    return {"tokens_per_pass": round(1 + acc, 3), "tokens_per_s": round(1000 * (1 + acc) / ms, 3),
-            "pass_ms": round(ms, 3)}
+def expected_round(n: int, a: list[float] | tuple[float, ...], tree: Tree | None = None
+                   ) -> tuple[list[int], list[float]]:
+    """A round's expected proposal (its parents) and P(its accepted path reaches depth d), d = 1 …: a chain of
+    n (the tree of one child per node, each taken at a[0]: α^d), or `tree` on acceptance by rank `a`, grown
+    at most n deep."""
+    nodes, depth, k = tree or (n, n, 1)
+    parents, ranks = expected_tree(nodes, min(depth, n), k, a)
+    return parents, tree_reach(parents, ranks, a)
+
+
+def round_cost(profile: dict, n: int, a: list[float] | tuple[float, ...], proposer: str, verifier: str,
+               fuzzy: bool, tree: Tree | None = None) -> tuple[list[float], float]:
+    """(reach by depth, ms) of one expected round (`expected_round`), priced as the engine runs its shape."""
+    parents, reach = expected_round(n, a, tree)
+    if tree is None:
+        return reach, chain_round_ms(profile, proposer, verifier, len(parents), fuzzy)
+    return reach, tree_round_ms(profile, proposer, verifier, len(parents), tree_levels(parents), tree[2], fuzzy,
+                                1 + sum(reach))
+
+
+def round_speed(profile: dict, n: int, a: list[float] | tuple[float, ...], fuzzy: bool = False,
+                proposer: str = "draft", verifier: str = "target", tree: Tree | None = None) -> dict[str, float]:
+    """Expected tokens per pass, tok/s and round ms of SD/FSD over one stage: a chain of n at α = a[0], or the
+    expected EAGLE-2 tree `tree` on acceptance by rank `a` (the one speed model: `round_cost`)."""
+    reach, ms = round_cost(profile, n, a, proposer, verifier, fuzzy, tree)
+    per = 1 + sum(reach)
+    return {"tokens_per_pass": per, "tokens_per_s": 1000 * per / ms, "pass_ms": ms}
 
 
 def block_ms(profile: dict, l_d: int, l_q: int, alpha_q: float, fuzzy_q: bool,
@@ -131,12 +132,8 @@ def block_ms(profile: dict, l_d: int, l_q: int, alpha_q: float, fuzzy_q: bool,
     commits its accepted run and the qualifier's own token, cut to what is left."""
     @cache
     def rounds(n: int) -> tuple[list[float], float]:
-        if tree is None:
-            return commits(chain_reach(alpha_q, n)), chain_round_ms(profile, "draft", "qualifier", n, fuzzy_q)
-        nodes, depth, k, a = tree
-        par, rk = expected_tree(nodes, min(depth, n), k, a)
-        reach = tree_reach(par, rk, a)
-        ms = tree_round_ms(profile, "draft", "qualifier", len(par), tree_levels(par), k, fuzzy_q, 1 + sum(reach))
+        a, budget = ((alpha_q,), None) if tree is None else (tree[3], tree[:3])
+        reach, ms = round_cost(profile, n, a, "draft", "qualifier", fuzzy_q, budget)
         return commits(reach), ms
 
     @cache
@@ -156,9 +153,8 @@ def block_ms(profile: dict, l_d: int, l_q: int, alpha_q: float, fuzzy_q: bool,
 def pyramid_speed(profile: dict, l_d: int, l_q: int, alpha_q: float, alpha_t: float, fuzzy_q: bool = False,
                   fuzzy_t: bool = True, tree: tuple[int, int, int, tuple[float, ...]] | None = None) -> float:
     """Expected tok/s of the pyramid: a block's stage-1 rounds (`block_ms`), then one (ℓ_Q+1)-row target
-    pass that commits E(α_T, ℓ_Q)."""
+    pass that commits the chain of ℓ_Q's expected tokens at α_T (the block's qualifier rows are reused)."""
     stage1, _ = block_ms(profile, l_d, l_q, alpha_q, fuzzy_q, tree)
     stage2 = (cost_ms(profile, "target", l_q + 1) + engine_ms(profile, "feed") + engine_ms(profile, "round")
-              + engine_ms(profile, "step")
-              + (l_q * engine_ms(profile, "div") if fuzzy_t else 0.0))  # the block's qualifier rows are reused
-    return 1000 * (sum(chain_reach(alpha_t, l_q)) + 1) / (stage1 + stage2)
+              + engine_ms(profile, "step") + (l_q * engine_ms(profile, "div") if fuzzy_t else 0.0))
+    return 1000 * (sum(expected_round(l_q, (alpha_t,))[1]) + 1) / (stage1 + stage2)

@@ -1,18 +1,17 @@
 """Does the qualifier earn its place? The insertion test, from measured acceptance and the cost profile.
 
-Why: a middle model helps only when it agrees with the target clearly better than the draft at a modest
-cost (Polybasic SD: a W4A16 copy of the target raised 2.61× to 3.48×, a 1B model dropped it to 1.08×).
-So it is measured, not assumed: the draft's and the qualifier's per-token acceptance by the target and
-their step costs, and the best speed the profile predicts without the qualifier (SD over γ) and with it
-(the pyramid over ℓ_D ≤ ℓ_Q), at the measured acceptances.
+Why measured, not assumed: a middle model helps only when it agrees with the target clearly better than the
+draft at a modest cost (Polybasic SD: a W4A16 copy of the target raised 2.61× to 3.48×, a 1B model dropped it
+to 1.08×).
 """
 from __future__ import annotations
 
 from typing import Any
 
-from .costs import ar_speed, cost_ms, psd_speed, sd_speed
+from .expected import pyramid_speed, round_speed
+from .profile import ar_speed, cost_ms
+from .tree_costs import GAMMAS
 
-GAMMAS = range(1, 9)
 BLOCKS = [(ld, lq) for lq in range(1, 17) for ld in range(1, lq + 1)]
 
 
@@ -27,11 +26,12 @@ def insertion(profile: dict, alpha_td: float | None, alpha_qd: float | None, alp
         out["cost_qualifier"] = cost_ms(profile, "qualifier", 1) / step
         out["ar_tokens_per_s"] = ar_speed(profile)
         if alpha_td is not None:
-            g = max(GAMMAS, key=lambda g: sd_speed(profile, g, alpha_td))
-            out["without"] = {"tokens_per_s": sd_speed(profile, g, alpha_td), "gamma": g}
+            sd = {g: round_speed(profile, g, (alpha_td,))["tokens_per_s"] for g in GAMMAS}
+            g = max(sd, key=lambda g: sd[g])
+            out["without"] = {"tokens_per_s": sd[g], "gamma": g}
         if alpha_qd is not None and alpha_tq is not None:
-            ld, lq = max(BLOCKS, key=lambda b: psd_speed(profile, b[0], b[1], alpha_qd, alpha_tq))
-            out["with"] = {"tokens_per_s": psd_speed(profile, ld, lq, alpha_qd, alpha_tq), "l_d": ld, "l_q": lq}
+            ld, lq = max(BLOCKS, key=lambda b: pyramid_speed(profile, b[0], b[1], alpha_qd, alpha_tq))
+            out["with"] = {"tokens_per_s": pyramid_speed(profile, ld, lq, alpha_qd, alpha_tq), "l_d": ld, "l_q": lq}
     except KeyError:  # a role the profile lacks (a family without a qualifier row)
         return out
     w, wo = out.get("with"), out.get("without")

@@ -1,11 +1,8 @@
-"""Measuring a cost profile: what one cached forward of k new tokens costs each model, and what the engine's
-own work around the forwards costs on this machine (the only torch code of the cost model).
+"""Measuring a cost profile: one cached forward of k new tokens per model, and the engine's own work around
+the forwards, on this machine (the only torch code of the cost model).
 
-Why the engine's work too: a run's decode time is its forwards plus what the engine does between them (the
-checks and picks of each feed, each round's decision, a fuzzy rule's divergences, a tree's growth and the
-compaction of its accepted path). A prediction that prices only forwards is high by that share, and the
-share differs by method (a fuzzy pyramid over a tree does most of it). Each price is the real function timed
-on logits of the family's width, min over a few reps (`measure_engine`).
+Why the engine's work too: a prediction that prices only forwards is high by that share, and the share differs
+by method (a fuzzy pyramid over a tree does most of it).
 """
 from __future__ import annotations
 
@@ -90,11 +87,12 @@ class ForwardTimer:
         return t
 
 
-def time_forward(model: Any, vocab_size: int, k: int, backend: str = "default", reps: int = 3,
+def time_forward(model: Any, vocab_size: int, ks: tuple[int, ...] = (1,), reps: int = 3, backend: str = "default",
                  context: int = CONTEXT, path: str = "hf") -> float:
-    """Seconds for one cached forward of k new tokens after `context` tokens: min of `reps` after a warm-up."""
+    """Seconds of one cached forward of each k in `ks` new tokens after `context` tokens, each the minimum of
+    `reps` after a warm-up, summed: the kernel choice compares whole forwards this way."""
     timer = ForwardTimer(model, vocab_size, backend, context, path)
-    return min(timer.time(k) for _ in range(reps + 1))
+    return sum(min(timer.time(k) for _ in range(reps + 1)) for k in ks)
 
 
 def measure_profile(models: dict[str, Any], vocab_size: int, backend: str = "default", max_k: int = MAX_K,
@@ -141,13 +139,9 @@ def _best_ms(f: Callable[[], Any], reps: int) -> float:
 
 
 def measure_engine(vocab_size: int, timers: dict[str, Any] | None = None, reps: int = 20) -> dict[str, Any]:
-    """The engine's own work per unit, in ms, each the real function on logits [n, V] of this family's width:
-    "feed" one forward's finiteness check and pick (through the engine's own feed of the target's timer,
-    beyond its forward, where `timers` has one); "step" the target cache's cut after a step (likewise);
-    "round" one greedy decision of 4 proposals and its record;
-    "div" one divergence row in a chain's batched call, "div1" one row alone (a tree's, per context); "expand"
-    one tree row's top-k and normaliser; "keep" {role: one tree compaction} where `timers` (role → a timer
-    with `time_keep`) can tell. What `engine_costs.price` multiplies by a run's census of that work."""
+    """The engine's own work per unit (`engine_costs.UNITS`, and "keep" per role where `timers` can time a tree
+    compaction), in ms, each the real function on logits [n, V] of this family's width; "feed" and "step" through
+    the target timer's own cursor where it has one."""
     import torch
 
     from ..core import rules

@@ -1,11 +1,7 @@
 """Is one method faster than another, or is the gap within the run's own timing noise?
 
-The noise is read from the trace itself: forwards of the same model over the same number of new
-tokens do the same work, so their spread is what the machine adds (other processes, frequency
-changes, cache misses). The spread of one forward, not of a run's mean, is the yardstick on purpose:
-load on a shared machine drifts over seconds, so it does not average out over a run's many
-forwards (two identical races on a busy machine can put the same method on either side of AR).
-Pure functions over Step records.
+Why one forward's spread: same-size forwards of one model do the same work, so their spread is what the machine
+adds, and load on a shared machine drifts over seconds, so it does not average out over a run's forwards.
 """
 from __future__ import annotations
 

@@ -1,18 +1,17 @@
-"""What one verification round says about acceptance, read the same way for a chain and a tree.
+"""Acceptance as the cost models read it: per context a round's walk reached, the same for a chain and a tree.
 
-Why per context: a round's walk stands on a context (the root, then each accepted node), tries that
-context's children, and either accepts one and moves down, or stops. Each context it stood on that had
-children is one trial of "does the verifier take one of the proposer's candidates here": a success when a
-child was accepted, a failure (the round's one rejection event) when none was. A chain is the tree whose
-contexts each have one child, so this is exactly SD's per-token α there. A tree's refused siblings on the
-way down are not rejections: the walk went on. A round cut short (a PSD block's size, a confidence floor,
-an EOS: its own token is then "discarded") is censored: its last context's outcome is not counted.
-Pure functions over `StageRound` records, walking them through `rules`' parent-list helpers and `trace` only.
+Why per context: a chain is the tree whose contexts each have one child, so a trial per context reached is
+exactly SD's per-token α there, and a tree's refused siblings on the way down are no rejection (the walk went
+on). The displayed acceptance (accepted ÷ positions offered) is `core.stats.Tally`'s; this is the geometric
+model's α. The trial, rejection and censoring rules: docs/how-it-works.md.
 """
 from __future__ import annotations
 
+from typing import Any
+
 from ..core import rules
-from ..core.trace import StageRound, accepted_path, parents_of
+from ..core.stats import STAGES, n_proposed, stage_rounds
+from ..core.trace import StageRound, Step, accepted_path, parents_of
 
 
 def cut_short(rnd: StageRound) -> bool:
@@ -60,3 +59,29 @@ def rank_counts(rounds: list[StageRound]) -> tuple[list[int], list[int]]:
             if took is not None:
                 hits[took] += 1
     return hits, reach
+
+
+def counts(rounds: list[StageRound]) -> dict[str, Any]:
+    """One stage's counts: accepted tokens, rejections, proposed tokens, rounds and acceptance by rank (what α,
+    the lengths and a tree's model need; they add up over runs, so pooled figures come from sums)."""
+    hits, reach = rank_counts(rounds)
+    return {"accepted": sum(r.n_accepted for r in rounds), "rejected": sum(1 for r in rounds if rejected(r)),
+            "proposed": sum(n_proposed(r) for r in rounds), "rounds": len(rounds), "rank_hits": hits,
+            "rank_reach": reach}
+
+
+def stage_counts(steps: list[Step]) -> dict[str, dict[str, Any]]:
+    """`counts` per stage that ran a round."""
+    return {st: counts(stage_rounds(steps, st)) for st in STAGES if stage_rounds(steps, st)}
+
+
+def alpha(c: dict | None) -> float | None:
+    """Measured α = accepted ÷ (accepted + rejections): P(a child is taken | a context reached with candidates)."""
+    n = c["accepted"] + c["rejected"] if c else 0
+    return round(c["accepted"] / n, 4) if c and n else None
+
+
+def ranks(c: dict | None) -> list[float] | None:
+    """Measured a_r = P(the verifier's token is the rank-r candidate | a context with > r candidates)."""
+    hits, reach = (c or {}).get("rank_hits") or [], (c or {}).get("rank_reach") or []
+    return [round(h / n, 4) for h, n in zip(hits, reach) if n] or None

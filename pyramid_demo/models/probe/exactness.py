@@ -69,13 +69,10 @@ def tree_vs_steps(lm: LM, ids: list[int], context: int, parents: Sequence[int]) 
     return {"k": len(parents), "context": context, "bitwise": bitwise, "top1": top1, "max_abs_diff": worst}
 
 
-TREE_ROWS = max(len(s) for s in TREE_SHAPES)
-
-
 def tree_passes(lm: LM, ids: list[int], context: int, ks: Sequence[int]) -> list[dict[str, Any]]:
     """Every tree shape that fits the plan's ids, against steps along each path (none where the LM's forward
     takes no trees: a tree shape is then refused, and "auto" takes the chain, before any run: `run.resolve_shape`)."""
-    if not getattr(lm, "trees", False) or max(ks) < TREE_ROWS:  # once per plan: its longest passes' context
+    if not getattr(lm, "trees", False) or max(ks) < max(map(len, TREE_SHAPES)):  # once per plan: its longest pass
         return []
     at = (context, context + 25)  # the second tree's rows cross a key-length edge (`lean.key_len`) at 100
     return [tree_vs_steps(lm, ids, c, s) for c in at for s in TREE_SHAPES if c + len(s) <= len(ids)]
