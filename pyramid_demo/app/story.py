@@ -156,7 +156,7 @@ def markdown(results: dict[str, RunResult], profile: dict | None) -> str:
 
 
 def insertion_line(results: dict[str, RunResult], profile: dict | None) -> str:
-    """The insertion test (core.insertion) from this race's SD and pyramid lanes."""
+    """The insertion test (predict.insertion) from this race's SD and pyramid lanes."""
     if not profile:
         return ""
     m = {k: costs.model_from_counts(r.method, stage_counts(r.steps), r.config, profile)
