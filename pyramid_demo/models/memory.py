@@ -216,8 +216,7 @@ def int4_size(role: str, ref: str, cfg: Any, dt: torch.dtype, group: int) -> Mod
     params, embed = count_params(cfg)
     body = params - embed  # the layers' linears (norms are a rounding error)
     head = cfg.vocab_size * cfg.hidden_size
-    arch = (getattr(cfg, "architectures", None) or ["?"])[0]
-    per_weight = 2.0 if copy_format(arch, cfg.hidden_size, group) == "fp16" else 0.5 + 4 / group
+    per_weight = 2.0 if copy_format(cfg, dt, group) == "fp16" else 0.5 + 4 / group
     nbytes = int(body * per_weight + head * 2)
     return ModelSize(role, ref, body + head, nbytes, kv_per_token(cfg, dtype_bytes(dt)), cfg.num_hidden_layers)
 
