@@ -61,6 +61,13 @@ def _rows(t: torch.Tensor) -> list[bytes]:
     return [r.tobytes() for r in raw if r.any()]
 
 
+def key_of(o: Any) -> Any:
+    """The key `held` files a tensor or an fbgemm fp16 weight under (its storage, or its identity)."""
+    if isinstance(o, torch.ScriptObject):
+        return ("fp16", id(o))
+    return ("mkldnn", id(o)) if o.is_mkldnn else o.untyped_storage().data_ptr()
+
+
 def held(roots: list[Any]) -> Held:
     """What `roots` hold: bytes of every storage once, and weight rows held in two storages."""
     tensors, opaque = _reachable(roots)
@@ -79,11 +86,10 @@ def held(roots: list[Any]) -> Held:
         if t.device.type == "meta":
             continue
         if t.is_mkldnn:
-            note(("mkldnn", id(t)), t.numel() * t.element_size(), _rows(t.to_dense()))
+            note(key_of(t), t.numel() * t.element_size(), _rows(t.to_dense()))
         else:
-            st = t.untyped_storage()
-            note(st.data_ptr(), st.nbytes(), _rows(t))
+            note(key_of(t), t.untyped_storage().nbytes(), _rows(t))
     for o in opaque:
         w, _ = torch.ops.quantized.linear_unpack_fp16(o)  # [out, in]: fp16 values as fp32
-        note(("fp16", id(o)), 2 * w.numel(), _rows(w.half()))
+        note(key_of(o), 2 * w.numel(), _rows(w.half()))
     return Held(sum(sizes.values()), twice)

@@ -112,8 +112,7 @@ def choose_draft(draft: torch.nn.Module, vocab_size: int) -> str:
         draft.use_fp16(kind == "fp16")
         return time_forward(draft, vocab_size)
 
-    shape = f"feature-d{draft.d}-V{len(draft.subset)}-L1-{_dtype_name(draft.norm.dtype)}"  # its head: the subset
-    best = _pick(_key("draft", shape), ["default", "fp16"], measure)
+    best = _pick(_draft_key(draft.d, len(draft.subset), draft.norm.dtype), ["default", "fp16"], measure)
     draft.use_fp16(best == "fp16")
     return best
 
@@ -139,6 +138,24 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 def _copy_key(config: Any, dtype: torch.dtype, group: int) -> str:
     return _key(f"copy-g{group}", shape_key(config, dtype))
+
+
+def _draft_key(hidden: int, n_subset: int, dtype: torch.dtype) -> str:
+    return _key("draft", f"feature-d{hidden}-V{n_subset}-L1-{_dtype_name(dtype)}")  # its head: the token subset
+
+
+def draft_config(hidden: int, n_subset: int, dtype: torch.dtype) -> str | None:
+    """The weights ("default" or "fp16") a feature draft of this width and head, over a target in `dtype`, runs on
+    this CPU, as cached by its first load; None before it."""
+    got = store.read(CACHE_FILE).get(_draft_key(hidden, n_subset, dtype), {}).get("choice")
+    return got if got in ("default", "fp16") else None
+
+
+def target_config(config: Any, dtype: torch.dtype) -> str | None:
+    """The configuration (`TARGET_CONFIGS`) a target with this config, loaded in `dtype`, takes on this CPU, as cached
+    by its first load; None before it."""
+    got = store.read(CACHE_FILE).get(_key("target", shape_key(config, dtype)), {}).get("choice")
+    return got if got in TARGET_CONFIGS else None
 
 
 def copy_format(config: Any, dtype: torch.dtype, group: int) -> str | None:
