@@ -28,7 +28,7 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 Linear = Callable[[torch.Tensor], torch.Tensor]  # [n, in] -> [n, out]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Dense:
     """x·Wᵀ + b over plain weights; a fused one is the tensor its parts' `nn.Linear.weight`s are views of."""
 
@@ -39,7 +39,7 @@ class Dense:
         return F.linear(x, self.weight, self.bias)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Concat:
     """Parts that cannot be fused, called one by one: cat([f(x) for f in parts], -1)."""
 
