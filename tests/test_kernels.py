@@ -83,3 +83,29 @@ def test_a_model_on_onednn_can_still_be_copied_and_cast() -> None:
     with torch.no_grad():
         assert torch.allclose(c(x).logits, ref, atol=1e-4)
     assert c.to(torch.bfloat16).lm_head.weight.dtype == torch.bfloat16
+
+
+def test_a_cache_key_names_depth_vocabulary_dtype_and_version(tmp_path, monkeypatch) -> None:
+    """Two models alike but for their number of layers, vocabulary or source dtype get different kernel-choice keys
+    (target and copy alike), and a choice cached under an older key version is not reused: it is timed anew."""
+    from pyramid_demo.models.tiny import tiny_config
+
+    monkeypatch.setenv("PYRAMID_DEMO_PROBE_CACHE", str(tmp_path))
+    base = tiny_config(320)
+    deeper, wider_vocab = tiny_config(320), tiny_config(640)
+    deeper.num_hidden_layers = 3
+    f32 = torch.float32
+    keys = {kernels.shape_key(base, f32), kernels.shape_key(deeper, f32), kernels.shape_key(wider_vocab, f32),
+            kernels.shape_key(base, torch.bfloat16)}
+    assert len(keys) == 4, "configs differing in layers, vocabulary or dtype share a key"
+    assert kernels._copy_key(base, f32, 32) != kernels._copy_key(deeper, f32, 32)
+    calls = []
+    monkeypatch.setattr(kernels, "KEY_VERSION", kernels.KEY_VERSION - 1)
+    kernels._pick(kernels._copy_key(base, f32, 32), ["int4", "fp16"], lambda o: calls.append(o) or 1.0)
+    assert kernels.copy_format(base, f32, 32) == "int4"
+    monkeypatch.undo()
+    monkeypatch.setenv("PYRAMID_DEMO_PROBE_CACHE", str(tmp_path))
+    assert kernels.copy_format(base, f32, 32) is None, "an entry under an old key version was read"
+    got = kernels._pick(kernels._copy_key(base, f32, 32), ["int4", "fp16"],
+                        lambda o: calls.append(o) or {"int4": 2.0, "fp16": 1.0}[o])
+    assert got == "fp16" and calls == ["int4", "fp16", "int4", "fp16"], "an old version's choice was reused"

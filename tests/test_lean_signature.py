@@ -63,6 +63,6 @@ def test_a_new_packed_linear_with_other_padding_rebuilds_the_lean_weights(one_th
     old = lean_weights(model)
     lay = model.model.layers[0].self_attn
     dense = torch.nn.Linear(lay.q_proj.in_features, lay.q_proj.out_features, bias=False, dtype=torch.bfloat16)
-    dense.weight.data = lay.q_proj.packed.to_dense()
+    dense.weight.data = lay.q_proj.dense()  # a joined part reads its columns of the fused weight
     lay.q_proj = packed.PackedLinear(dense, min_rows=8)
     assert lean_weights(model) is not old, "a new PackedLinear kept the stale fused weights"

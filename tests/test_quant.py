@@ -16,8 +16,12 @@ from pyramid_demo.models.tiny import tiny_random_triplet
 def _dequantized(lin: torch.nn.Linear, group: int) -> torch.Tensor:
     """The weight the int4 layer computes with: (code − 8)·scale + zero, scales and zeros in bf16."""
     codes, scale, zero = quantize_groups(lin.weight.detach(), group)
-    s = scale.bfloat16().float().repeat_interleave(group, 1)
-    z = zero.bfloat16().float().repeat_interleave(group, 1)
+    return _dequant(codes, scale, zero, group)
+
+
+def _dequant(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group: int) -> torch.Tensor:
+    s = scale.float().repeat_interleave(group, 1)
+    z = zero.float().repeat_interleave(group, 1)
     return (codes.float() - 8) * s + z  # [N, K]
 
 
@@ -55,6 +59,104 @@ def test_group_quantization_recovers_4bit_codes_of_a_q4_1_block() -> None:
     m = torch.randn(8, 2, generator=g).repeat_interleave(32, 1) * 0.01
     codes, _, _ = quantize_groups(d * q + m, 32)
     assert torch.equal(codes, q.to(torch.int32)), "min/max group quantization must recover a Q4_1 block's codes"
+
+
+def test_codes_are_the_nearest_under_the_bf16_scales_the_kernel_reads() -> None:
+    """Each code is the nearest one under the bf16 scale and zero the kernel reads (rounded before quantizing, as
+    gpt-fast does), and the layer holds exactly those scales and zeros: codes from fp32 qparams shift groups."""
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(96, 256, generator=g) * 0.02 + torch.randn(96, 1, generator=g) * 0.05  # [N, K]
+    codes, scale, zero = quantize_groups(w, 32)
+    assert scale.dtype == zero.dtype == torch.bfloat16
+    lo, hi = w.reshape(-1, 32).amin(1), w.reshape(-1, 32).amax(1)
+    assert torch.equal(scale.flatten(), ((hi - lo) / 15).bfloat16())
+    s = scale.float().repeat_interleave(32, 1)
+    err = (_dequant(codes, scale, zero, 32) - w).abs()
+    for step in (-1, 1):
+        other = codes + step
+        ok = (other >= 0) & (other <= 15)
+        err_other = (_dequant(other, scale, zero, 32) - w).abs()
+        assert (err <= err_other + 1e-6 * s)[ok].all(), "a code is not the nearest under the kernel's qparams"
+    layer = Int4Linear.from_linear(_linear_of(w), 32)
+    assert torch.equal(layer.scales_zeros, torch.stack([scale, zero], 2).transpose(0, 1))  # [K/32, N, 2]
+
+
+def _linear_of(w: torch.Tensor) -> torch.nn.Linear:
+    lin = torch.nn.Linear(w.shape[1], w.shape[0], bias=False, device="meta")
+    lin.weight = torch.nn.Parameter(w, requires_grad=False)
+    return lin
+
+
+def test_a_q4_1_weight_comes_back_through_the_kernel() -> None:
+    """A weight from Q4_1 blocks (w = d·q + m per group, codes 0..15 spanning each block, d and m in bf16) is
+    quantized back to its own codes and scales, and the kernel's dequantized weight (its output for the identity)
+    is the source's weight exactly wherever the block's zero m + 8d is a bf16 number, within half its step
+    elsewhere."""
+    g = torch.Generator().manual_seed(0)
+    n, k, group = 64, 128, 32
+    q = torch.randint(0, 16, (n, k), generator=g)
+    q[:, ::group], q[:, 1::group] = 0, 15
+    d = torch.randint(16, 256, (n, k // group), generator=g).float() / 1024  # 8 significant bits: bf16 numbers
+    m = torch.randint(-255, 256, (n, k // group), generator=g).float() / 1024
+    w = d.repeat_interleave(group, 1) * q + m.repeat_interleave(group, 1)  # exact in fp32
+    codes, scale, zero = quantize_groups(w, group)
+    assert torch.equal(codes, q.to(torch.int32)) and torch.equal(scale.float(), d)
+    z = m + 8 * d
+    exact = (z.bfloat16().float() == z).repeat_interleave(group, 1)  # [N, K]
+    assert 0 < exact.float().mean() < 1
+    layer = Int4Linear.from_linear(_linear_of(w), group)
+    kernel = layer(torch.eye(k)).t()  # [N, K]: the kernel's dequantized weight, in bf16
+    assert torch.equal(kernel, _dequant(codes, scale, zero, group).bfloat16().float())
+    assert torch.equal(kernel[exact], w.bfloat16().float()[exact]), "an exact block did not come back"
+    half_step = (z.abs() * 2.0 ** -8).repeat_interleave(group, 1)  # half a bf16 step of the zero, at most
+    assert ((_dequant(codes, scale, zero, group) - w).abs() <= half_step)[~exact].all()
+
+
+@pytest.mark.parametrize("fmt", ["int4", "fp16"])
+def test_each_layer_of_a_copy_runs_its_format_and_fused_parts_hold_nothing(fmt) -> None:
+    """In an int4 copy every body linear is int4 and the head fp16 (where fbgemm runs); in an fp16 copy all are
+    fp16; embeddings and norms are the source's. Once the lean weights are built, layers fused for it (gate/up; q/k/v
+    where the int4 row block allows) are columns of the fused layer, holding no bytes of their own, and the head is
+    called as it is, not re-packed."""
+    from pyramid_demo.forward.lean_weights import lean_weights
+    from pyramid_demo.models.quant import fp16_available
+
+    if not fp16_available():
+        pytest.skip("no fbgemm: the copy is int4 throughout")
+    t = _small_llama()
+    c = int4_copy(t, 32, fmt)
+    body = Int4Linear if fmt == "int4" else Fp16Linear
+    lay = c.model.layers[0]
+    linears = [lay.self_attn.q_proj, lay.self_attn.k_proj, lay.self_attn.v_proj, lay.self_attn.o_proj,
+               lay.mlp.gate_proj, lay.mlp.up_proj, lay.mlp.down_proj]
+    assert all(type(m) is body for m in linears) and type(c.lm_head) is Fp16Linear
+    assert c.quant_kinds == sorted({body.__name__, "Fp16Linear"})
+    assert c.model.layers[0].input_layernorm.weight is t.model.layers[0].input_layernorm.weight
+    w = lean_weights(c)
+    assert w.head.__self__ is c.lm_head, "the head must be called as it is, not re-packed"
+    gate, up = lay.mlp.gate_proj, lay.mlp.up_proj
+    assert gate.part_of is up.part_of is w.layers[0].gate_up.__self__ and gate.weight_bytes == 0
+    qkv_fused = fmt == "fp16"  # int4: k/v are 32 wide, not a multiple of the CPU layout's 64-row block
+    assert (lay.self_attn.q_proj.part_of is not None) == qkv_fused
+    x = torch.randn(2, 64)
+    assert torch.equal(gate(x), w.layers[0].gate_up(x)[:, :128])
+
+
+def test_fusing_fp16_or_packed_layers_builds_no_throwaway_linear(monkeypatch) -> None:
+    """Fusing fp16 (or oneDNN-packed) layers goes from their weights to the fused layer: no full-size `nn.Linear`
+    is built and randomly initialized on the way; a single fp16 layer is not fused (no second copy)."""
+    from pyramid_demo.forward import packed
+    from pyramid_demo.forward.lean_weights import _fuse_packed
+
+    parts = [Fp16Linear(torch.nn.Linear(64, n)) for n in (64, 32)]
+    monkeypatch.setattr(torch.nn.Linear, "reset_parameters", lambda self: pytest.fail("a throwaway nn.Linear"))
+    fused = Fp16Linear.fuse(parts)
+    assert fused is not None and fused.out_features == 96 and Fp16Linear.fuse(parts[:1]) is None
+    x = torch.randn(3, 64)
+    assert torch.allclose(fused(x), torch.cat([p(x) for p in parts], -1), atol=1e-6)
+    if packed.available(torch.bfloat16):
+        w = [torch.randn(n, 64).to(torch.bfloat16) for n in (64, 32)]
+        assert _fuse_packed([packed.PackedLinear(x) for x in w]) is not None
 
 
 def test_int4_linear_computes_with_the_dequantized_weight() -> None:

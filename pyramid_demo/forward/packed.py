@@ -23,25 +23,104 @@ import torch
 PADS = (1, 2, 4, 8)  # row counts `invariant_pad` tries, smallest first
 
 
-class PackedLinear(torch.nn.Module):
+class Fusable(torch.nn.Module):
+    """A linear whose weight only its own kernel reads (oneDNN-packed, int4 groups, fbgemm fp16), so it cannot be a
+    view of a fused weight. Fused with its siblings over one input (the lean forward's q/k/v, gate/up), it becomes
+    columns of the fused layer (`join`): it drops its own weight, registers the fused layer as its child `whole` (so
+    the model's modules and buffers show every resident byte once) and computes through it. HF's forward still
+    calls it as before; the lean forward calls the whole once."""
+
+    in_features: int
+    out_features: int
+    cols: tuple[int, int] = (0, 0)  # its columns of the whole's output, once joined
+
+    @property
+    def part_of(self) -> torch.nn.Module | None:
+        """The fused layer this one is columns of, or None."""
+        return self._modules.get("whole")
+
+    def _through_whole(self, x: torch.Tensor) -> torch.Tensor | None:
+        """This layer's output computed by its whole ([…, out]), or None when it is not joined."""
+        whole = self._modules.get("whole")
+        if whole is None:
+            return None
+        a, b = self.cols
+        return whole.forward(x)[..., a:b].contiguous()
+
+    def _release(self, whole: torch.nn.Module, a: int, b: int) -> None:
+        """Drop (or re-point at views of `whole`) what this layer held itself; each kind says how."""
+        raise NotImplementedError
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of its weight that it holds itself: none once joined (its whole holds them)."""
+        return 0 if self.part_of is not None else self._own_bytes()
+
+    def _own_bytes(self) -> int:
+        raise NotImplementedError
+
+
+def join(parts: Sequence[Fusable], whole: torch.nn.Module) -> None:
+    """Make `parts` (layers over one input, in order) the columns of `whole`, their fused layer: one resident copy."""
+    a = 0
+    for p in parts:
+        b = a + p.out_features
+        p._release(whole, a, b)
+        p.add_module("whole", whole)
+        p.cols = (a, b)
+        a = b
+
+
+def joined_whole(parts: Sequence[torch.nn.Module]) -> torch.nn.Module | None:
+    """The fused layer `parts` already are, in order and covering it, or None (then they must be fused anew)."""
+    whole = getattr(parts[0], "part_of", None)
+    a = 0
+    for p in parts:
+        if getattr(p, "part_of", None) is not whole or whole is None or p.cols != (a, a + p.out_features):
+            return None
+        a += p.out_features
+    return whole if a == whole.out_features else None
+
+
+class PackedLinear(Fusable):
     """y = x·Wᵀ + b through oneDNN with W packed once; calls of fewer than `min_rows` rows are
     padded with zero rows (and the padding dropped), so every call runs a kernel for ≥ min_rows."""
 
-    def __init__(self, linear: torch.nn.Linear, min_rows: int = 1):
+    def __init__(self, linear: torch.nn.Linear | torch.Tensor, min_rows: int = 1, bias: torch.Tensor | None = None):
+        """From a linear, or from its weight [out, in] and bias [out] (no throwaway `nn.Linear` to build)."""
         super().__init__()
-        self.in_features, self.out_features, self.min_rows = linear.in_features, linear.out_features, min_rows
-        self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), 1),
-                             persistent=False)
-        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach(), persistent=False)
+        if isinstance(linear, torch.nn.Linear):
+            w, bias = linear.weight.detach(), None if linear.bias is None else linear.bias.detach()
+        else:
+            w = linear.detach()
+        self.out_features, self.in_features = w.shape
+        self.min_rows = min_rows
+        self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(w, 1), persistent=False)
+        self.register_buffer("bias", bias, persistent=False)
+
+    def dense(self) -> torch.Tensor:
+        """Its weight as a plain tensor [out, in] (a new one: oneDNN's packed form has no views)."""
+        whole = self.part_of
+        if whole is not None:
+            return cast(PackedLinear, whole).dense()[self.cols[0]: self.cols[1]]
+        return cast(torch.Tensor, self.packed).to_dense()
+
+    def _release(self, whole: torch.nn.Module, a: int, b: int) -> None:
+        self.packed = None
+        self.bias = None if self.bias is None else cast(torch.Tensor, whole.bias)[a:b]  # a view: no copy
+
+    def _own_bytes(self) -> int:
+        return self.in_features * self.out_features * cast(torch.Tensor, self.packed).element_size()
 
     def __deepcopy__(self, memo: dict) -> torch.nn.Linear:
         """A copy is a plain linear over the dense weight: oneDNN's packed tensor cannot be copied, and a model is
         copied to be cast or quantized (a probe's candidate dtype, a quantized copy), which re-packs as needed."""
-        w = cast(torch.Tensor, self.packed).to_dense()  # [out, in]
-        lin = torch.nn.Linear(self.in_features, self.out_features, bias=self.bias is not None, dtype=w.dtype)
-        lin.weight.data = w.clone()
+        w = self.dense()  # [out, in]
+        lin = torch.nn.Linear(self.in_features, self.out_features, bias=self.bias is not None, dtype=w.dtype,
+                              device="meta")  # no init: the weight is set next
+        lin.weight = torch.nn.Parameter(w.clone())
         if self.bias is not None:
-            lin.bias.data = cast(torch.Tensor, self.bias).clone()
+            lin.bias = torch.nn.Parameter(cast(torch.Tensor, self.bias).clone())
         return lin
 
     def exportable(self) -> torch.nn.Linear:
@@ -49,6 +128,9 @@ class PackedLinear(torch.nn.Module):
         return self.__deepcopy__({})
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        part = self._through_whole(x)
+        if part is not None:
+            return part
         flat = x.reshape(-1, self.in_features)  # [rows, in]
         rows = flat.shape[0]
         if rows < self.min_rows:

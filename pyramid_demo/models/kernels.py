@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -25,6 +26,7 @@ log = logging.getLogger(__name__)
 
 TIMED = (1, 5)  # a one-row step and the rows of a typical verification pass, timed as whole forwards
 CACHE_FILE = "kernels.json"  # beside the probe's records
+KEY_VERSION = 2  # raise when what a choice depends on, or what its entry holds, changes: older entries are not read
 # fp32 configurations a target may run: which linears go to oneDNN (packed once)
 TARGET_CONFIGS = {"default": "none", "onednn-head": "head", "onednn": "all"}
 BUILD = {"on": False}  # `probe --compile` (scripts/setup.sh) builds missing compiled packages; a run only loads them
@@ -69,8 +71,7 @@ def choose_target(model: torch.nn.Module, vocab_size: int) -> str:
         finally:
             restore(undo)
 
-    best = _pick(f"{machine_key()}|target-{type(model).__name__}-{model.config.hidden_size}",
-                 list(TARGET_CONFIGS), measure)
+    best = _pick(_key("target", shape_key(model.config, _dtype(model))), list(TARGET_CONFIGS), measure)
     _swap(model, TARGET_CONFIGS[best])
     return best
 
@@ -88,8 +89,8 @@ def quantized_copy(model: torch.nn.Module, group: int, vocab_size: int | None = 
             copies[kind] = int4_copy(model, group, kind)
         return copies[kind]
 
-    best = _pick(_copy_key(type(model).__name__, model.config.hidden_size, group),
-                 ["int4", "fp16"], lambda kind: time_forward(build(kind), vocab, TIMED, 5, path="lean"))
+    best = _pick(_copy_key(model.config, _dtype(model), group), ["int4", "fp16"],
+                 lambda kind: time_forward(build(kind), vocab, TIMED, 5, path="lean"))
     return build(best)
 
 
@@ -103,19 +104,56 @@ def choose_draft(draft: torch.nn.Module, vocab_size: int) -> str:
         draft.use_fp16(kind == "fp16")
         return time_forward(draft, vocab_size, TIMED, 5, path="lean")
 
-    best = _pick(f"{machine_key()}|feature-draft-{draft.d}", ["default", "fp16"], measure)
+    best = _pick(_draft_key(draft.d, len(draft.subset), draft.norm.dtype), ["default", "fp16"], measure)
     draft.use_fp16(best == "fp16")
     return best
 
 
-def _copy_key(arch: str, hidden: int, group: int) -> str:
-    return f"{machine_key()}|copy-g{group}-{arch}-{hidden}"
+def shape_key(config: Any, dtype: torch.dtype) -> str:
+    """What a timing depends on besides the machine: the architecture, width, vocabulary (the head), depth and the
+    source's dtype; two models alike in all of these run alike."""
+    c = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return (f"{c.model_type}-d{c.hidden_size}-V{c.vocab_size}-L{c.num_hidden_layers}-{_dtype_name(dtype)}")
 
 
-def copy_format(arch: str, hidden: int, group: int) -> str | None:
-    """The weight format a quantized copy of such a model takes on this CPU ("int4" or "fp16"), as cached by
-    its first load; None before it (the memory estimate then counts int4)."""
-    got = store.read(CACHE_FILE).get(_copy_key(arch, hidden, group), {}).get("choice")
+def _key(kind: str, shape: str) -> str:
+    return f"{machine_key()}|v{KEY_VERSION}|{kind}-{shape}"
+
+
+def _dtype(model: torch.nn.Module) -> torch.dtype:
+    return model.get_input_embeddings().weight.dtype
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _copy_key(config: Any, dtype: torch.dtype, group: int) -> str:
+    return _key(f"copy-g{group}", shape_key(config, dtype))
+
+
+def _draft_key(hidden: int, n_subset: int, dtype: torch.dtype) -> str:
+    return _key("draft", f"feature-d{hidden}-V{n_subset}-L1-{_dtype_name(dtype)}")  # its head: the token subset
+
+
+def draft_config(hidden: int, n_subset: int, dtype: torch.dtype) -> str | None:
+    """The weights ("default" or "fp16") a feature draft of this width and head, over a target in `dtype`, runs on
+    this CPU, as cached by its first load; None before it."""
+    got = store.read(CACHE_FILE).get(_draft_key(hidden, n_subset, dtype), {}).get("choice")
+    return got if got in ("default", "fp16") else None
+
+
+def target_config(config: Any, dtype: torch.dtype) -> str | None:
+    """The configuration (`TARGET_CONFIGS`) a target with this config, loaded in `dtype`, takes on this CPU, as cached
+    by its first load; None before it."""
+    got = store.read(CACHE_FILE).get(_key("target", shape_key(config, dtype)), {}).get("choice")
+    return got if got in TARGET_CONFIGS else None
+
+
+def copy_format(config: Any, dtype: torch.dtype, group: int) -> str | None:
+    """The weight format a quantized copy of a model with this config, loaded in `dtype`, takes on this CPU ("int4"
+    or "fp16"), as cached by its first load; None before it (the memory estimate then counts int4)."""
+    got = store.read(CACHE_FILE).get(_copy_key(config, dtype, group), {}).get("choice")
     return got if got in ("int4", "fp16") else None
 
 
@@ -153,9 +191,9 @@ def choose_compiled(model: torch.nn.Module, vocab_size: int) -> str:
 
     def measure(kind: str) -> float:
         compiled.attach(model, runner if kind == "compiled" else None)
-        return time_forward(model, vocab_size)
+        return time_forward(model, vocab_size, TIMED, 5, path="lean")
 
-    best = _pick(f"{machine_key()}|compiled|{compiled.package_path(model).stem}", ["compiled", "eager"], measure)
+    best = _pick(_key("compiled", compiled.package_path(model).stem), ["compiled", "eager"], measure)
     compiled.attach(model, runner if best == "compiled" else None)
     return best
 

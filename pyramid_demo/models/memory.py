@@ -204,7 +204,20 @@ def _sizes(role: str, ref: str, cfg: Any, dt: torch.dtype, quantize: str | None,
         params, embed = own_layers * per_layer, 0
     n = layers if layers is not None else cfg.num_hidden_layers
     kv = kv_per_token(cfg, dtype_bytes(dt), n)
-    return ModelSize(role, ref, params, weight_bytes(params, embed, dt, quantize), kv, n)
+    nbytes = weight_bytes(params, embed, dt, quantize)
+    if role == "target" and own_layers is None and quantize is None:
+        nbytes += _packed_head_bytes(cfg, dt)
+    return ModelSize(role, ref, params, nbytes, kv, n)
+
+
+def _packed_head_bytes(cfg: Any, dt: torch.dtype) -> int:
+    """A tied head the target's kernel choice put on oneDNN (`kernels.choose_target`) is packed beside the embedding,
+    which a lookup still reads: those bytes are resident twice, where this CPU's cached choice says so."""
+    from .kernels import target_config
+
+    if not getattr(cfg, "tie_word_embeddings", False) or target_config(cfg, dt) not in ("onednn-head", "onednn"):
+        return 0
+    return cfg.vocab_size * cfg.hidden_size * dtype_bytes(dt)
 
 
 def int4_size(role: str, ref: str, cfg: Any, dt: torch.dtype, group: int) -> ModelSize:
@@ -216,27 +229,34 @@ def int4_size(role: str, ref: str, cfg: Any, dt: torch.dtype, group: int) -> Mod
     params, embed = count_params(cfg)
     body = params - embed  # the layers' linears (norms are a rounding error)
     head = cfg.vocab_size * cfg.hidden_size
-    arch = (getattr(cfg, "architectures", None) or ["?"])[0]
-    per_weight = 2.0 if copy_format(arch, cfg.hidden_size, group) == "fp16" else 0.5 + 4 / group
+    per_weight = 2.0 if copy_format(cfg, dt, group) == "fp16" else 0.5 + 4 / group
     nbytes = int(body * per_weight + head * 2)
     return ModelSize(role, ref, body + head, nbytes, kv_per_token(cfg, dtype_bytes(dt)), cfg.num_hidden_layers)
 
 
 def _feature_draft_size(cfg: Any, dt: torch.dtype, quantize: str | None) -> ModelSize:
     """The feature draft that runs as the offline draft: its own trained tensors (fc and one decoder layer,
-    counted from the shipped file's header) plus its copy of the head rows for its token subset; per token it
-    caches one layer's keys and values, the state it predicted and the target's state it reads."""
+    counted from the shipped file's header) plus its copy of the head rows for its token subset, the joined
+    [q; k; v] and [gate; up] copies it steps with, and the fp16 forms of its linears where this CPU runs those
+    (`kernels.draft_config`); per token it caches one layer's keys and values, the state it predicted and the
+    target's state it reads."""
     from safetensors import safe_open
 
     from . import feature_draft
+    from .kernels import draft_config
 
     with safe_open(str(feature_draft.weight_path()), framework="pt") as fh:
-        own = sum(math.prod(fh.get_slice(k).get_shape()) for k in fh.keys())
+        sizes = {k: math.prod(fh.get_slice(k).get_shape()) for k in fh.keys()}
         n_subset = int((fh.metadata() or {}).get("n_subset", 0))
-    params = own + n_subset * cfg.hidden_size
+    own, head = sum(sizes.values()), n_subset * cfg.hidden_size
+    params = own + head
     nbytes = dtype_bytes(dt)
     kv = kv_per_token(cfg, nbytes, 1) + 2 * cfg.hidden_size * nbytes
-    return ModelSize("draft", FEATURE_DRAFT, params, weight_bytes(params, 0, dt, quantize), kv, 1)
+    joint = sum(sizes.get(k, 0) for k in ("q", "k", "v", "gate", "up"))  # `joint_weights`: copies beside its own
+    linears = sum(n for k, n in sizes.items() if k in ("fc_w", "q", "k", "v", "o", "gate", "up", "down")) + head
+    fp16 = 2 * linears if draft_config(cfg.hidden_size, n_subset, dt) == "fp16" else 0
+    return ModelSize("draft", FEATURE_DRAFT, params, weight_bytes(params, 0, dt, quantize) + joint * nbytes + fp16,
+                     kv, 1)
 
 
 def estimate_family(preset: Preset | None, refs: tuple[str, str, str], dtype: torch.dtype = torch.float32,

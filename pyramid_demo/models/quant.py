@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ..forward.packed import swap_linears
+from ..forward.packed import Fusable, swap_linears
 from .errors import LoadError
 
 GROUPS = (32, 64, 128, 256)  # group sizes torch's int4 kernels take
@@ -45,14 +45,16 @@ def quant_name(ref: str, group: int) -> str:
 
 
 def quantize_groups(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Min/max quantization per row and group: codes [N, K] int32 in [0, 15], scales and zeros [N, K/group]
-    fp32, such that w ≈ (code − 8)·scale + zero (gpt-fast's convention, which torch's kernels read)."""
+    """Min/max quantization per row and group: codes [N, K] int32 in [0, 15], scales and zeros [N, K/group] bf16,
+    such that w ≈ (code − 8)·scale + zero (gpt-fast's convention, which torch's kernels read). The scales and zeros
+    are rounded to bf16 first, as the kernel reads them, and each code is the nearest under those: codes computed
+    against fp32 qparams and then paired with rounded ones would shift every group."""
     n, k = w.shape
     g = w.float().reshape(-1, group)  # [N·K/group, group]
     lo, hi = g.amin(1, keepdim=True), g.amax(1, keepdim=True)
-    scale = (hi - lo).clamp(min=1e-6) / 15
-    codes = ((g - lo) / scale).round().clamp(0, 15).to(torch.int32).reshape(n, k)
-    zero = lo + scale * 8
+    scale = ((hi - lo).clamp(min=1e-6) / 15).to(torch.bfloat16)  # [N·K/group, 1]
+    zero = (lo + scale.float() * 8).to(torch.bfloat16)
+    codes = ((g - zero.float()) / scale.float() + 8).round().clamp(0, 15).to(torch.int32).reshape(n, k)
     return codes, scale.reshape(n, -1), zero.reshape(n, -1)
 
 
@@ -66,7 +68,7 @@ def _pack(codes: torch.Tensor) -> torch.Tensor:
     return torch.ops.aten._convert_weight_to_int4pack(pairs, tiles)
 
 
-class Int4Linear(torch.nn.Module):
+class Int4Linear(Fusable):
     """y = x·Wᵀ + b with W in 4-bit groups; any input dtype in, the same dtype out (bf16 inside the kernel)."""
 
     def __init__(self, packed: torch.Tensor, scales_zeros: torch.Tensor, in_features: int, out_features: int,
@@ -88,6 +90,9 @@ class Int4Linear(torch.nn.Module):
         return cls(_pack(codes.to(w.device)), sz.to(w.device), w.shape[1], w.shape[0], group, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        part = self._through_whole(x)
+        if part is not None:
+            return part
         flat = x.reshape(-1, self.in_features).to(torch.bfloat16)  # [rows, K]
         if flat.device.type == "cpu":
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, self.group, self.scales_zeros)
@@ -101,16 +106,22 @@ class Int4Linear(torch.nn.Module):
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, group={self.group}"
 
-    @property
-    def weight_bytes(self) -> int:
+    def _own_bytes(self) -> int:
         """What a forward reads: the codes and the scales and zeros."""
         return self.packed.numel() * self.packed.element_size() + self.scales_zeros.numel() * 2
+
+    def _release(self, whole: torch.nn.Module, a: int, b: int) -> None:
+        """Joined: its codes, scales and bias become views of the whole's (its rows a:b; the kernel cannot read the
+        strided scales, so it computes through the whole)."""
+        self.packed, self.scales_zeros = whole.packed[a:b], whole.scales_zeros[:, a:b]
+        self.bias = None if self.bias is None else whole.bias[a:b]
 
     @staticmethod
     def fuse(mods: list[Int4Linear]) -> Int4Linear | None:
         """Several int4 linears over one input as one (one kernel call instead of several: on a CPU a small call
         costs mostly its fixed overhead). The packed rows are concatenated as they are, which holds where every
-        part's output width is a multiple of the layout's row block (64 on the CPU); else None."""
+        part's output width is a multiple of the layout's row block (64 on the CPU); else None. The parts are left
+        as they are (the lean forward joins them: `packed.join`)."""
         groups = {m.group for m in mods}
         if len(mods) < 2 or len(groups) > 1 or any(m.out_features % 64 for m in mods) \
                 or mods[0].packed.device.type != "cpu":
@@ -123,42 +134,57 @@ class Int4Linear(torch.nn.Module):
                           mods[0].in_features, sum(m.out_features for m in mods), groups.pop(), bias)
 
 
-class Fp16Linear(torch.nn.Module):
+class Fp16Linear(Fusable):
     """y = x·Wᵀ + b with W in fp16 through fbgemm (CPU): a quarter of fp32's bytes at near-fp32 agreement,
     for a copy's LM head, where 4-bit codes cost most of the agreement a quantized copy loses."""
 
-    def __init__(self, linear: torch.nn.Linear):
+    def __init__(self, linear: torch.nn.Linear | torch.Tensor, bias: torch.Tensor | None = None):
+        """From a linear, or from its weight [out, in] and bias [out] (no throwaway `nn.Linear` to build)."""
         super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        w = linear.weight.detach().float()
-        b = None if linear.bias is None else linear.bias.detach().float()
-        self.packed = torch.ops.quantized.linear_prepack_fp16(w, b)
+        w = linear.weight if isinstance(linear, torch.nn.Linear) else linear
+        bias = linear.bias if isinstance(linear, torch.nn.Linear) else bias
+        self.out_features, self.in_features = w.shape
+        self.packed = torch.ops.quantized.linear_prepack_fp16(
+            w.detach().float(), None if bias is None else bias.detach().float())
 
-    @staticmethod
-    def fuse(mods: list[Fp16Linear]) -> Fp16Linear:
-        """Several fp16 linears over one input as one (one fbgemm call instead of several; the same sums)."""
-        parts = [torch.ops.quantized.linear_unpack_fp16(m.packed) for m in mods]  # (weight [N, K], bias)
-        w = torch.cat([p[0] for p in parts])
-        bias = None
-        if any(p[1] is not None for p in parts):
-            bias = torch.cat([p[1] if p[1] is not None else w.new_zeros(p[0].shape[0]) for p in parts])
-        lin = torch.nn.Linear(w.shape[1], w.shape[0], bias=bias is not None)
-        lin.weight.data = w.float()
-        if bias is not None:
-            lin.bias.data = bias.float()
-        return Fp16Linear(lin)
+    def unpacked(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Its weight [out, in] (fp16 values, as fp32) and bias [out], unpacked anew."""
+        whole = self.part_of
+        if whole is not None:
+            w, b = whole.unpacked()
+            a, z = self.cols
+            return w[a:z], None if b is None else b[a:z]
+        return torch.ops.quantized.linear_unpack_fp16(self.packed)
 
-    @property
-    def weight_bytes(self) -> int:
+    def _release(self, whole: torch.nn.Module, a: int, b: int) -> None:
+        self.packed = None
+
+    def _own_bytes(self) -> int:
         """What a forward reads: two bytes a weight."""
         return 2 * self.in_features * self.out_features
 
+    @staticmethod
+    def fuse(mods: list[Fp16Linear]) -> Fp16Linear | None:
+        """Several fp16 linears over one input as one (one fbgemm call instead of several; the same sums); None
+        for a single layer (it is called as it is: no second copy). The parts are left as they are."""
+        if len(mods) < 2:
+            return None
+        parts = [m.unpacked() for m in mods]  # (weight [N, K], bias)
+        w = torch.cat([p[0] for p in parts])  # [sum N, K]
+        bias = None
+        if any(p[1] is not None for p in parts):
+            bias = torch.cat([p[1] if p[1] is not None else w.new_zeros(p[0].shape[0]) for p in parts])
+        return Fp16Linear(w, bias)
+
     def exportable(self) -> Int8Linear:
         """fbgemm's op does not export: a compiled pass reads this layer in int8 weights (per output row) instead."""
-        w, b = torch.ops.quantized.linear_unpack_fp16(self.packed)
+        w, b = self.unpacked()
         return Int8Linear(w.float(), b)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        part = self._through_whole(x)
+        if part is not None:
+            return part
         y = torch.ops.quantized.linear_dynamic_fp16(x.reshape(-1, self.in_features).float(), self.packed)
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
