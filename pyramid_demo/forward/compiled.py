@@ -99,12 +99,14 @@ def fingerprint(model: Any) -> str:
     cfg = model.config.to_dict() if hasattr(model, "config") else {}
     kinds = [type(m).__name__ for m in model.modules()]
     h.update(json.dumps([FORMAT, torch.__version__, cpu, cfg, kinds], sort_keys=True, default=str).encode())
+    g = torch.Generator().manual_seed(0)
     with torch.inference_mode():
         for name, t in [*model.named_parameters(), *model.named_buffers()]:
             t = t if t.layout == torch.strided else t.to_dense()
-            flat = t.reshape(-1)
+            flat = t.reshape(-1).double()
             h.update(f"{name}{tuple(t.shape)}{t.dtype}".encode())
-            h.update(flat[:: max(1, flat.numel() // 4096)].float().numpy().tobytes())
+            h.update(torch.stack([flat.sum(), flat.square().sum(), (flat * torch.rand(flat.shape, generator=g,
+                                  dtype=torch.float64)).sum()]).numpy().tobytes())  # any changed value shows
     return h.hexdigest()[:20]
 
 
