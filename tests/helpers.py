@@ -1,7 +1,6 @@
 """The tests' own API over the decoding core: what only tests call, kept out of the product.
 
 - `verify`: decide and record one chain round at once, on hand-built logits;
-- `propose`: a chain proposal from a bare model (a cursor at the model's cache end);
 - `check`: a tree's parent list is breadth-first;
 - `leading_run`, `sd_passes`, `next_token`: SD's chain rule as the papers state it, position by position, the
   reference the walk (`rules.decide_tree`) is held to on chains.
@@ -13,10 +12,9 @@ import torch
 from pyramid_demo.core import rules
 from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.recorder import record
-from pyramid_demo.core.round import Cursor, decide, propose_chain
+from pyramid_demo.core.round import decide
 from pyramid_demo.core.rules import Tree
 from pyramid_demo.core.trace import StageRound
-from pyramid_demo.forward.lm import LM
 
 
 def verify(z_p: torch.Tensor, z_q: torch.Tensor, x: list[int], rule: str, tau: float | None,
@@ -25,12 +23,6 @@ def verify(z_p: torch.Tensor, z_q: torch.Tensor, x: list[int], rule: str, tau: f
     """Decide and record one chain round at once: the round record and the verifier's token."""
     rnd = decide(z_p, z_q, x, rule, tau, cfg, gen, stage, proposer, verifier)
     return record(rnd, cfg), rnd.dec.nxt
-
-
-def propose(lm: LM, seq: list[int], n: int, cfg: DecodeConfig,
-            gen: torch.Generator | None) -> tuple[list[int], torch.Tensor]:
-    """`round.propose_chain` from a bare model, whose cache must end where seq's prefix does."""
-    return propose_chain(Cursor(lm, lm.cache_len), seq, n, cfg, gen)
 
 
 def check(tree: Tree) -> None:
