@@ -202,7 +202,7 @@ def test_kl_in_verify_is_proposer_against_verifier():
 def test_acceptance_is_accepted_over_proposed():
     """stats.acceptance[stage] is accepted ÷ proposed drafted tokens (the verifier's own token is not a
     proposal); the throughput model and the cost verdict read this figure."""
-    from pyramid_demo.core.stats import compute_stats
+    from helpers import compute_stats
 
     V = 6
     base = bigram_table(V, 43, 2.0)  # the proposers are noisy copies of the target: partial acceptance

@@ -12,7 +12,6 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-COMMON = ("max_new_tokens", "temperature", "top_k", "top_p", "seed")  # every method reads these
 TREE_BUDGET = ("tree_nodes", "tree_depth", "tree_k")  # a shaped stage's tree, when it proposes one
 COST_MODELS = ("target_only", "speculative", "pyramid")  # the pricings `core.costs` implements
 # method keys retired by `DecodeConfig.shape`: each is refused in one line naming the new setting
@@ -81,21 +80,6 @@ class Method:
     def shaped(self) -> bool:
         """Whether a stage proposes a chain or a tree (DecodeConfig.shape and the tree budget apply)."""
         return any(s.shaped for s in self.stages)
-
-    @property
-    def reads(self) -> tuple[str, ...]:
-        """Every DecodeConfig setting a run of it reads (tests hold each to a row of `settings.SETTINGS`)."""
-        out = list(COMMON) + list(self.lengths) + list(self.thresholds)
-        rules = {s.rule for s in self.stages}
-        if self.stages:
-            out.append("conf_stop")
-        if self.shaped:
-            out += ["shape", *TREE_BUDGET]
-        if rules - {"sd"}:
-            out += ["divergence", "div_support", "fallback"]
-        if "config" in rules:
-            out.append("stage2")
-        return tuple(dict.fromkeys(out))
 
 
 def _sd(length: str) -> Stage:

@@ -18,7 +18,6 @@ Token origin (what the app colours): draft | qualifier | target | bonus.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 
 from . import rules
@@ -128,6 +127,3 @@ class RunResult:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-    def to_json(self, **kw) -> str:
-        return json.dumps(self.to_dict(), **kw)

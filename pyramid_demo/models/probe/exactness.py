@@ -74,7 +74,7 @@ TREE_ROWS = max(len(s) for s in TREE_SHAPES)
 
 def tree_passes(lm: LM, ids: list[int], context: int, ks: Sequence[int]) -> list[dict[str, Any]]:
     """Every tree shape that fits the plan's ids, against steps along each path (none where the LM's forward
-    takes no trees: a tree shape is then refused, and "auto" takes the chain, before any run: `run.resolve_shape`)."""
+    takes no trees: a tree shape is then refused, and "auto" takes the chain, before any run: `run.takes_trees`)."""
     if not getattr(lm, "trees", False) or max(ks) < TREE_ROWS:  # once per plan: its longest passes' context
         return []
     at = (context, context + 25)  # the second tree's rows cross a key-length edge (`lean.key_len`) at 100
