@@ -3,9 +3,11 @@ compaction of the accepted path, and tree rows in the feature draft."""
 import pytest
 import torch
 from helpers import check, peaked
+from mock_lm import BigramLM, bigram_table
 from test_engine import joint_two_tokens  # the chain tests' joint law of the first two tokens
 
 from pyramid_demo.core.config import DecodeConfig
+from pyramid_demo.core.engine import decode, roles_for
 from pyramid_demo.core.rules import Tree, best_nodes, chain, decide_tree, depths
 from pyramid_demo.core.run import generate
 from pyramid_demo.forward.cache import CacheError
@@ -186,6 +188,34 @@ def test_keep_path_leaves_the_cache_a_step_would_have_built():
     got = lm.feed(lm.ids + [42], 1)
     assert torch.equal(got, ref.feed(ref.ids + [42], 1))
     assert not torch.equal(got, other.feed(other.ids + [42], 1))
+
+
+def test_keep_along_keeps_the_fed_rows_that_spell_the_sequence():
+    """Rule: after a tree forward a cache keeps the pending rows that spell the sequence past its end, along
+    parents (a sibling with the same token elsewhere is not on the path), and stops at the first token no row
+    holds (an accepted leaf was never fed)."""
+    lm = BigramLM(bigram_table(V, 1), "draft")
+    lm.feed([0, 1], 1)
+    lm.forward_tree([3, 4], [-1, -1], 2)  # two roots' children
+    lm.forward_tree([4, 5], [0, 1], 2)  # below 3: 4; below 4: 5
+    assert lm.keep_along([0, 1, 3, 4, 2]) == 4 and lm.ids == [0, 1, 3, 4] and not lm.pending
+
+
+def test_a_tree_round_leaves_its_accepted_path_in_both_caches():
+    """Rule: after a tree round the accepted path stays in the verifier's cache and, where the proposer fed its
+    nodes, in the proposer's (moved in place, never fed again): after each step the target caches every committed
+    token but the last, the draft all but at most the last accepted node (a leaf it never fed) too."""
+    table = bigram_table(8, 2, 4.0)  # the draft is the target: every round accepts a whole path
+    lms = {r: BigramLM(table, r) for r in roles_for("sd")}
+    cfg = DecodeConfig(method="sd", shape="tree", max_new_tokens=20, tree_nodes=6, tree_depth=3, tree_k=2)
+    seq, longest = [0], 0
+    for step in decode(lms, seq, cfg, (), None):
+        seq += step.new_tokens
+        longest = max(longest, step.target_round.n_accepted)
+        assert lms["target"].ids == seq[:-1], f"the verifier lost its accepted path at pass {step.index}"
+        assert lms["draft"].ids == seq[: len(lms["draft"].ids)] and len(lms["draft"].ids) >= len(seq) - 2, (
+            f"the draft lost the accepted nodes it fed at pass {step.index}")
+    assert longest == 3  # the premise: whole paths accepted, so a lost path shows
 
 
 def test_tree_rows_read_their_parents_state_in_the_feature_draft():

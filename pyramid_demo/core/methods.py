@@ -1,10 +1,9 @@
 """What each decoding method is, in one table: the engine, bench, throughput model and app read it.
 
-A method is a list of verification stages, smallest proposer first: who proposes to whom, with which rule,
-sized by which setting. A rule is "sd" (exact: lossless), "fuzzy" (divergence ≤ τ: lossy) or "config" (the
-target stage of a pyramid follows `DecodeConfig.stage2`). A stage that is `shaped` proposes a chain or a
-tree, as `DecodeConfig.shape` says; the others always pass a chain (a pyramid's qualified block). Adding a
-method or a stage is a row here (and a pricing for its `cost_model` in `core.costs`), never a key suffix.
+Why a table: adding a method or a stage is a row here (and a pricing for its `cost_model` in `predict.costs`),
+never a key suffix. A method is its verification stages, smallest proposer first; a rule is "sd" (exact), "fuzzy"
+(divergence ≤ τ) or "config" (a pyramid's target stage follows `DecodeConfig.stage2`); a `shaped` stage proposes
+a chain or a tree as `DecodeConfig.shape` says, the others always a chain (a pyramid's qualified block).
 """
 from __future__ import annotations
 
@@ -13,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 TREE_BUDGET = ("tree_nodes", "tree_depth", "tree_k")  # a shaped stage's tree, when it proposes one
-COST_MODELS = ("target_only", "speculative", "pyramid")  # the pricings `core.costs` implements
+COST_MODELS = ("target_only", "speculative", "pyramid")  # the pricings `predict.costs` implements
 # method keys retired by `DecodeConfig.shape`: each is refused in one line naming the new setting
 RETIRED = {"sd_tree": "sd", "fsd_tree": "fsd", "psd_a_tree": "psd_a", "psd_f_tree": "psd_f"}
 
@@ -36,7 +35,7 @@ class Method:
     label: str  # what the app and reports show
     short: str  # the label's short form (chart axes, tables): never parsed out of `label`
     stages: tuple[Stage, ...]  # draft → … → target; empty: the target decodes alone
-    cost_model: str  # one of COST_MODELS: how `core.costs` prices a run of it
+    cost_model: str  # one of COST_MODELS: how `predict.costs` prices a run of it
     colour: str  # lane and chart colour (Okabe-Ito, colour-blind safe)
 
     @property

@@ -155,7 +155,7 @@ def _passes(triplet: ModelTriplet, ids: list[int], cfg: DecodeConfig, prompt: st
     cfg, why = shape_to_run(cfg, takes_trees(triplet, cfg.method), shape_why)  # a tree refused before any work
     gen = None if cfg.greedy else torch.Generator().manual_seed(cfg.seed)
     backend = getattr(triplet, "backend", "default")  # the probed (or asked) CPU backend, for every forward
-    path = getattr(triplet, "path", "hf")  # HF's forward or the lean one (core.lean)
+    path = getattr(triplet, "path", "hf")  # HF's forward or the lean one (forward.lean)
     lms = solo_lms(triplet, solo, backend, path) if solo is not None else {
         r: open_lm(triplet.model(r), triplet.vocab_size, r, backend, path) for r in roles_for(cfg.method)}
     prefill_s = prefill(lms, ids)

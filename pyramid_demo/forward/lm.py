@@ -59,15 +59,15 @@ class ModelTriplet:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     dtype: torch.dtype = torch.float32
     preset: str = "custom"
-    attention: str = "sdpa"  # "rowwise": passes compute each position as a one-token step (core.attention)
+    attention: str = "sdpa"  # "rowwise": passes compute each position as a one-token step (forward.attention)
     note: str = ""  # shown to users, e.g. "draft and qualifier are the target itself"
     backend: str = "default"  # CPU matmul backend for every forward: one of BACKENDS
     choice_note: str = ""  # how dtype and backend were chosen (probe / cached / flag), shown to users
     exact: bool | None = None  # a k-token pass equals k one-token steps bitwise here (None: not checked)
-    exact_note: str = ""  # what that means for the lossless methods, from the probe's record (core.exactness)
+    exact_note: str = ""  # what that means for the lossless methods, from the probe's record (models.probe.exactness)
     tree_exact: bool | None = None  # a tree pass equals one-token steps along every path here (None: not checked)
     kernels: str = ""  # which linear kernel each role runs, as timed on this CPU (`models.kernels`)
-    path: str = "hf"  # the forward every run uses: "hf" (CachedLM) or "lean" (core.lean, where it applies)
+    path: str = "hf"  # the forward every run uses: "hf" (CachedLM) or "lean" (forward.lean, where it applies)
 
     def model(self, role: str) -> torch.nn.Module:
         return {"draft": self.draft, "qualifier": self.qualifier, "target": self.target}[role]
