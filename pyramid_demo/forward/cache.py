@@ -50,8 +50,11 @@ class TargetStates:
 
 
 class CachedModel(abc.ABC):
-    """Bookkeeping for one model's per-run cache. Subclasses implement `_run` (compute logits of the last
-    `keep` fed rows, and `self.feats` when `publish` is set) and `_crop` (drop cached positions ≥ pos)."""
+    """Bookkeeping for one model's per-run cache: the tokens it holds (`ids`), so it alone knows where it ends.
+    The loop feeds it sequences (`feed`, `unfed`, `keep_along`, `truncate`); probes and tests may feed tokens at
+    a position they state (`forward`, `forward_tree`, `keep_path`), which must be where the cache ends.
+    Subclasses implement `_run` (compute logits of the last `keep` fed rows, and `self.feats` when `publish` is
+    set) and `_crop` (drop cached positions ≥ pos)."""
 
     role: str
     device: torch.device = torch.device("cpu")
