@@ -77,15 +77,17 @@ def summary(result) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from . import hardware_cli
-    from .core.run import generate
+    from .core.run import generate, takes_trees
     from .models.loading import LoadError
+    from .predict.auto_shape import resolve_shape
 
     try:
         cfg = config_from_args(args)
         triplet = hardware_cli.load(args)
         if triplet is None:  # --estimate-only
             return 0
-        result = generate(triplet, args.prompt, cfg, chat=not args.no_chat, profile=shape_profile(triplet, cfg))
+        cfg, why = resolve_shape(cfg, shape_profile(triplet, cfg), takes_trees(triplet, cfg.method))
+        result = generate(triplet, args.prompt, cfg, chat=not args.no_chat, shape_why=why)
     except (ValueError, LoadError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

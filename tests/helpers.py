@@ -1,8 +1,9 @@
 """The tests' own API over the decoding core: what only tests call, kept out of the product.
 
 - `verify`: decide and record one chain round at once, on hand-built logits;
-- `propose`: a chain proposal from a bare model (a cursor at the model's cache end);
 - `check`: a tree's parent list is breadth-first;
+- `compute_stats`: a run's statistics recomputed from its steps alone;
+- `reads`: every DecodeConfig setting a method's run reads;
 - `leading_run`, `sd_passes`, `next_token`: SD's chain rule as the papers state it, position by position, the
   reference the walk (`rules.decide_tree`) is held to on chains.
 """
@@ -12,11 +13,12 @@ import torch
 
 from pyramid_demo.core import rules
 from pyramid_demo.core.config import DecodeConfig
+from pyramid_demo.core.methods import TREE_BUDGET, Method
 from pyramid_demo.core.recorder import record
-from pyramid_demo.core.round import Cursor, decide, propose_chain
+from pyramid_demo.core.round import decide
 from pyramid_demo.core.rules import Tree
-from pyramid_demo.core.trace import StageRound
-from pyramid_demo.forward.lm import LM
+from pyramid_demo.core.stats import Tally
+from pyramid_demo.core.trace import StageRound, Stats, Step
 
 
 def verify(z_p: torch.Tensor, z_q: torch.Tensor, x: list[int], rule: str, tau: float | None,
@@ -25,12 +27,6 @@ def verify(z_p: torch.Tensor, z_q: torch.Tensor, x: list[int], rule: str, tau: f
     """Decide and record one chain round at once: the round record and the verifier's token."""
     rnd = decide(z_p, z_q, x, rule, tau, cfg, gen, stage, proposer, verifier)
     return record(rnd, cfg), rnd.dec.nxt
-
-
-def propose(lm: LM, seq: list[int], n: int, cfg: DecodeConfig,
-            gen: torch.Generator | None) -> tuple[list[int], torch.Tensor]:
-    """`round.propose_chain` from a bare model, whose cache must end where seq's prefix does."""
-    return propose_chain(Cursor(lm, lm.cache_len), seq, n, cfg, gen)
 
 
 def check(tree: Tree) -> None:
@@ -74,3 +70,26 @@ def peaked(*hot: int, vocab: int = 6, scale: float = 10.0) -> torch.Tensor:
     for r, t in enumerate(hot):
         z[t] = scale - r
     return z
+
+
+def compute_stats(method: str, steps: list[Step], prefill_s: float, stopped: str) -> Stats:
+    """The statistics of a run's steps, recomputed from the records alone (`stats.Tally`, as a run keeps them)."""
+    tally = Tally()
+    for step in steps:
+        tally.add(step)
+    return tally.stats(method, prefill_s, stopped)
+
+
+def reads(m: Method) -> tuple[str, ...]:
+    """Every DecodeConfig setting a run of `m` reads (the tests hold each to a row of `settings.SETTINGS`)."""
+    out = ["max_new_tokens", "temperature", "top_k", "top_p", "seed", *m.lengths, *m.thresholds]
+    rules_ = {s.rule for s in m.stages}
+    if m.stages:
+        out.append("conf_stop")
+    if m.shaped:
+        out += ["shape", *TREE_BUDGET]
+    if rules_ - {"sd"}:
+        out += ["divergence", "div_support", "fallback"]
+    if "config" in rules_:
+        out.append("stage2")
+    return tuple(dict.fromkeys(out))

@@ -57,6 +57,6 @@ def bigram_table(vocab: int, seed: int, sharpness: float = 1.0) -> torch.Tensor:
 
 
 def as_run(cfg):
-    """A config as the run layer hands it to the engine: shape "auto" resolved (here: to the chain), as
-    `run.resolve_shape` does without a cost profile."""
+    """A config as the run layer hands it to the engine: shape "auto" settled (here: to the chain), as
+    `run.shape_to_run` does when nobody priced it."""
     return dataclasses.replace(cfg, shape="chain") if cfg.shape == "auto" else cfg

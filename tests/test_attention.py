@@ -33,12 +33,12 @@ def test_rowwise_model_matches_sdpa_model():
     t = tiny_random_triplet(seed=3)
     ids = list(range(5, 30))
     ref = CachedLM(t.target, t.vocab_size, "target")
-    ref.logits(ids[:20], 1)
-    want = ref.logits(ids, 5)
+    ref.feed(ids[:20], 1)
+    want = ref.feed(ids, 5)
     assert use_rowwise(t.target)
     got_lm = CachedLM(t.target, t.vocab_size, "target")
-    got_lm.logits(ids[:20], 1)
-    got = got_lm.logits(ids, 5)
+    got_lm.feed(ids[:20], 1)
+    got = got_lm.feed(ids, 5)
     assert torch.allclose(got, want, atol=1e-5)
 
 
@@ -65,11 +65,11 @@ def test_bf16_passes_equal_steps_and_sd_equals_ar():
     with torch.backends.mkldnn.flags(enabled=False):
         for n0 in (20, 60, 120, 190):
             a = CachedLM(t.target, t.vocab_size, "target")
-            a.logits(ids[:n0], 1)
-            pass_z = a.logits(ids[: n0 + 5], 5)
+            a.feed(ids[:n0], 1)
+            pass_z = a.feed(ids[: n0 + 5], 5)
             b = CachedLM(t.target, t.vocab_size, "target")
-            b.logits(ids[:n0], 1)
-            step_z = torch.cat([b.logits(ids[: n0 + 1 + i], 1) for i in range(5)])
+            b.feed(ids[:n0], 1)
+            step_z = torch.cat([b.feed(ids[: n0 + 1 + i], 1) for i in range(5)])
             assert torch.equal(pass_z, step_z)
         ar = generate(t, ids[:20], DecodeConfig(method="ar", max_new_tokens=24))
         sd = generate(t, ids[:20], DecodeConfig(method="sd", max_new_tokens=24, gamma=4))
@@ -87,16 +87,16 @@ def test_packed_linears_are_batch_invariant_and_match_the_model():
     t = _small_init_triplet()
     ids = [7 + (i * 37) % (t.vocab_size - 10) for i in range(220)]
     plain = CachedLM(t.target, t.vocab_size, "target")
-    plain.logits(ids[:60], 1)
-    want = plain.logits(ids[:65], 5)
+    plain.feed(ids[:60], 1)
+    want = plain.feed(ids[:65], 5)
     assert use_rowwise(t.target) and pack_linears([t.target]) > 0
     a = CachedLM(t.target, t.vocab_size, "target")
-    a.logits(ids[:60], 1)
-    got = a.logits(ids[:65], 5)
+    a.feed(ids[:60], 1)
+    got = a.feed(ids[:65], 5)
     assert (got - want).abs().max() < 0.05 * want.abs().max()
     b = CachedLM(t.target, t.vocab_size, "target")
-    b.logits(ids[:60], 1)
-    assert torch.equal(got, torch.cat([b.logits(ids[: 61 + i], 1) for i in range(5)]))
+    b.feed(ids[:60], 1)
+    assert torch.equal(got, torch.cat([b.feed(ids[: 61 + i], 1) for i in range(5)]))
 
 
 # ---------------------------------------------------------------- the lean forward's padded attention, any threads
@@ -166,9 +166,9 @@ def test_a_pass_past_the_key_split_gives_each_row_a_steps_call(monkeypatch):
         lean.set_attention(model, kind)
         with _threads(threads):
             lm = lean.LeanLM(model, 64, "t")
-            lm.logits([i % 60 + 1 for i in range(pos)], 1)
+            lm.feed([i % 60 + 1 for i in range(pos)], 1)
             calls.clear()
-            lm.logits([i % 60 + 1 for i in range(pos + 5)], 5)
+            lm.feed([i % 60 + 1 for i in range(pos + 5)], 5)
         assert len(calls) == want, (threads, pos, kind, len(calls))
     with pytest.raises(ValueError):
         lean.set_attention(model, "batched")

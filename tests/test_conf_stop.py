@@ -3,13 +3,12 @@ import math
 
 import pytest
 import torch
-from helpers import propose
 from mock_lm import BigramLM, as_run
 from test_engine import check_caches, greedy_ar, joint_two_tokens
 
 from pyramid_demo.core.config import METHODS, DecodeConfig
 from pyramid_demo.core.engine import decode, prefill, roles_for
-from pyramid_demo.core.round import confidence, confident_prefix
+from pyramid_demo.core.round import confidence, confident_prefix, propose_chain
 from pyramid_demo.core.run import generate
 from pyramid_demo.forward.lm import CachedLM
 from pyramid_demo.models.tiny import tiny_random_triplet
@@ -44,7 +43,7 @@ def test_propose_stops_after_an_unsure_token():
     table[0, 1] = 20.0
     for stop, n in ((0.0, 4), (0.5, 2)):
         lm = BigramLM(table, "draft")
-        x, z = propose(lm, [0], 4, DecodeConfig(method="sd", conf_stop=stop), None)
+        x, z = propose_chain(lm, [0], 4, DecodeConfig(method="sd", conf_stop=stop), None)
         assert len(x) == n and z.shape == (n, 4) and x[0] == 1
 
 

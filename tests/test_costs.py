@@ -100,7 +100,7 @@ def test_step_forwards_match_what_the_engine_fed(method):
     lms = {r: _counting(BigramLM(bigram_table(12, s, 3.0), r), fed[r]) for s, r in enumerate(fed)}
     prompt = [1, 2, 3]
     for lm in lms.values():
-        lm.logits(prompt[:-1], 1)
+        lm.feed(prompt[:-1], 1)
         fed[lm.role].clear()
     cfg = DecodeConfig(method=method, max_new_tokens=24, gamma=3, l_d=2, l_q=4)
     steps = list(decode(lms, prompt, as_run(cfg), (), None))
@@ -208,7 +208,7 @@ def test_load_triplet_applies_the_choice_and_cachedlm_runs_under_it(cache, monke
     hook = t.target.register_forward_pre_hook(lambda *a: seen.append(torch.backends.mkldnn.enabled))
     try:
         generate(t, [1, 2, 3], DecodeConfig(method="ar", max_new_tokens=2), chat=False)
-        CachedLM(t.target, t.vocab_size, "target", "onednn").logits([1, 2], 1)
+        CachedLM(t.target, t.vocab_size, "target", "onednn").feed([1, 2], 1)
     finally:
         hook.remove()
         loading.clear_cache()

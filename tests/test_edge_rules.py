@@ -99,7 +99,7 @@ def test_tokens_after_eos_are_neither_kept_nor_counted(method, kw):
     steps = _run(method, tables, (eos,), cfg)
     out = [t for s in steps for t in s.new_tokens]
     assert out == CHAIN[:3]
-    from pyramid_demo.core.stats import compute_stats
+    from helpers import compute_stats
     s = compute_stats(method, steps, 0.0, "eos")
     for stage in s.proposed:
         assert s.accepted[stage] == 3 and s.proposed[stage] == 3, stage
@@ -117,7 +117,7 @@ def test_last_one_token_pass_is_in_every_pass_statistic(method):
     tables = {r: SAME for r in ("draft", "qualifier", "target")}
     cfg = DecodeConfig(method=method, max_new_tokens=11, gamma=4, l_d=2, l_q=4)  # 5 + 5 + 1 tokens
     steps = _run(method, tables, (), cfg)
-    from pyramid_demo.core.stats import compute_stats
+    from helpers import compute_stats
     s = compute_stats(method, steps, 0.0, "max_new_tokens")
     assert [len(st.new_tokens) for st in steps] == [5, 5, 1]
     assert s.target_passes == 3 == sum(s.accepted_hist) == s.rounds["target"]

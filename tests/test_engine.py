@@ -134,7 +134,7 @@ def test_stream_snapshots_grow_and_serialise(tiny):
     snaps = list(stream(dataclasses.replace(tiny, eos_ids=()), "hello", cfg))
     lengths = [len(s.token_ids) for s in snaps]
     assert lengths == sorted(lengths) and lengths[-1] == 24
-    d = json.loads(snaps[-1].to_json())
+    d = json.loads(json.dumps(snaps[-1].to_dict()))
     assert {"text", "token_ids", "stats", "steps"} <= d.keys()
     assert d["stats"]["n_new_tokens"] == 24 and len(d["steps"]) == d["stats"]["target_passes"]
 

@@ -72,7 +72,7 @@ def test_a_lanes_title_names_the_shape_it_ran_not_the_predictor():
     assert race_view.lane_title("ar", _run("ar", shape="chain")) == "AR (target only)"
     assert race_view.lane_title("fsd+tree", None) == "FSD (fuzzy draft → target) · tree"  # before it runs
     race = Race(n=1, preset="tiny-random", models=[], prompt="hi", config={}, lanes=("psd_a",))
-    from pyramid_demo.core.stats import compute_stats
+    from helpers import compute_stats
 
     tree.stats = compute_stats("psd_a", [], 0.0, "max_new_tokens")
     tree.shape_why = "auto: a tree of 8 nodes (depth 2, 2 children), predicted 9.0 tok/s against the best chain's"

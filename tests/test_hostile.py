@@ -114,11 +114,14 @@ def _solo(prompt="hello", **over) -> dict:
         s = {**FAST, **over}
         cfg = h.make_config(**{k: s[k] for k in h.SETTING_NAMES})
         tiny = load_triplet("tiny-random")
+        from pyramid_demo.core.run import takes_trees
         from pyramid_demo.models.probe import cost_profile
+        from pyramid_demo.predict.auto_shape import resolve_shape
 
         prof = cost_profile(tiny)  # the race resolves shape "auto" from the family's (cached) profile: so does this
-        _SOLO[key] = {m: generate(tiny, prompt, DecodeConfig(**{**cfg.to_dict(), "method": m}), profile=prof).token_ids
-                      for m in RACE_METHODS}
+        ran = {m: resolve_shape(DecodeConfig(**{**cfg.to_dict(), "method": m}), prof, takes_trees(tiny, m))
+               for m in RACE_METHODS}
+        _SOLO[key] = {m: generate(tiny, prompt, c, shape_why=why).token_ids for m, (c, why) in ran.items()}
     return _SOLO[key]
 
 

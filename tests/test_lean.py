@@ -46,7 +46,7 @@ IDS = [(i * 37 + 5) % (V - 10) + 3 for i in range(240)]
 
 def _passes(lm, n0: int = 20) -> torch.Tensor:
     """Prefill n0 tokens (all logits kept), then a 3-token and a 1-token pass: [n0 + 4, V]."""
-    return torch.cat([lm.logits(IDS[:n0], n0), lm.logits(IDS[: n0 + 3], 3), lm.logits(IDS[: n0 + 4], 1)])
+    return torch.cat([lm.feed(IDS[:n0], n0), lm.feed(IDS[: n0 + 3], 3), lm.feed(IDS[: n0 + 4], 1)])
 
 
 @pytest.mark.parametrize("name", ["llama3", "qwen2", "mistral"])
@@ -67,10 +67,10 @@ def test_k_token_pass_equals_one_token_steps_bitwise_in_bf16(one_thread):
     model = family("llama3").to(torch.bfloat16)
     for n0 in (10, 40, 90):
         a, b = LeanLM(model, V, "t", "no-onednn"), LeanLM(model, V, "t", "no-onednn")
-        a.logits(IDS[:n0], 1)
-        b.logits(IDS[:n0], 1)
-        pass_z = a.logits(IDS[: n0 + 5], 5)
-        steps = torch.cat([b.logits(IDS[: n0 + 1 + i], 1) for i in range(5)])
+        a.feed(IDS[:n0], 1)
+        b.feed(IDS[:n0], 1)
+        pass_z = a.feed(IDS[: n0 + 5], 5)
+        steps = torch.cat([b.feed(IDS[: n0 + 1 + i], 1) for i in range(5)])
         assert torch.equal(pass_z, steps), n0
 
 
@@ -83,14 +83,14 @@ def test_k_token_pass_equals_steps_with_packed_linears(one_thread):
     model = copy.deepcopy(plain)
     assert packed.pack_linears([model]) > 0
     want = LeanLM(plain, V, "t", "no-onednn")
-    want.logits(IDS[:30], 1)
-    want_z = want.logits(IDS[:35], 5)
+    want.feed(IDS[:30], 1)
+    want_z = want.feed(IDS[:35], 5)
     a, b = LeanLM(model, V, "t", "packed"), LeanLM(model, V, "t", "packed")
-    a.logits(IDS[:30], 1)
-    b.logits(IDS[:30], 1)
-    got = a.logits(IDS[:35], 5)
+    a.feed(IDS[:30], 1)
+    b.feed(IDS[:30], 1)
+    got = a.feed(IDS[:35], 5)
     assert (got - want_z).abs().max() < 0.05 * want_z.abs().max()
-    assert torch.equal(got, torch.cat([b.logits(IDS[: 31 + i], 1) for i in range(5)]))
+    assert torch.equal(got, torch.cat([b.feed(IDS[: 31 + i], 1) for i in range(5)]))
 
 
 def test_rollback_equals_recomputation(one_thread):
@@ -99,14 +99,14 @@ def test_rollback_equals_recomputation(one_thread):
     model = family("mistral").to(torch.bfloat16)
     with backend_flags("no-onednn"):
         lm = LeanLM(model, V, "t", "no-onednn", capacity=8)
-        lm.logits(IDS[:15], 1)
-        lm.logits(IDS[:21], 6)  # a draft of 6, to be partly rejected
+        lm.feed(IDS[:15], 1)
+        lm.feed(IDS[:21], 6)  # a draft of 6, to be partly rejected
         seq = IDS[:17] + IDS[100:108]  # 2 accepted, then another continuation
         lm.rollback(seq)
         assert lm.cache_len == 17 and lm.ids == seq[:17]
-        got = lm.logits(seq, 8)
+        got = lm.feed(seq, 8)
         fresh = LeanLM(model, V, "t", "no-onednn")
-        assert torch.equal(got, fresh.logits(seq, 8))
+        assert torch.equal(got, fresh.feed(seq, 8))
         assert lm.fed == [15, 6, 8] and lm.n_forward == 3
 
 
@@ -132,7 +132,7 @@ def test_reduced_head_is_minus_inf_outside_and_exact_inside(one_thread):
     reduced = copy.deepcopy(model)
     reduced.lm_head = SubsetHead(model.lm_head, torch.tensor([3, 50, 7, 299, 120]))
     full, sub = LeanLM(model, V, "t"), LeanLM(reduced, V, "t")
-    want, got = full.logits(IDS[:12], 3), sub.logits(IDS[:12], 3)
+    want, got = full.feed(IDS[:12], 3), sub.feed(IDS[:12], 3)
     inside = torch.tensor([3, 7, 50, 120, 299])
     outside = torch.ones(V, dtype=torch.bool)
     outside[inside] = False
@@ -195,12 +195,12 @@ def test_offline_target_matches_hf(offline_target, one_thread):
     assert len(ids) > 200
     with torch.inference_mode():
         hf, lean = CachedLM(model, vocab, "t"), LeanLM(model, vocab, "t")
-        hf.logits(ids[:40], 1)
-        lean.logits(ids[:40], 1)
-        want, got = hf.logits(ids[:44], 4), lean.logits(ids[:44], 4)
+        hf.feed(ids[:40], 1)
+        lean.feed(ids[:40], 1)
+        want, got = hf.feed(ids[:44], 4), lean.feed(ids[:44], 4)
         assert (got - want).abs().max() < 1e-4
-        hf_z = CachedLM(bf16, vocab, "t").logits(ids, len(ids) - 1)  # [n, V]
-        lean_z = LeanLM(bf16, vocab, "t").logits(ids, len(ids) - 1)
+        hf_z = CachedLM(bf16, vocab, "t").feed(ids, len(ids) - 1)  # [n, V]
+        lean_z = LeanLM(bf16, vocab, "t").feed(ids, len(ids) - 1)
     top, lean_top = hf_z.max(-1).values, lean_z.argmax(-1)
     ulp = 2.0 ** (torch.floor(torch.log2(top.abs())) - 7)  # bf16's step at the top logit
     assert (hf_z.gather(1, lean_top[:, None])[:, 0] >= top - ulp).all()
@@ -239,10 +239,10 @@ def test_padded_pass_equals_steps_of_another_lm_bitwise(name, one_thread):
     for n0, k in ((20, 5), (60, 5), (58, 9), (123, 9), (126, 5)):
         a = LeanLM(model, V, "t", "no-onednn", capacity=8)
         b = LeanLM(model, V, "t", "no-onednn", capacity=100)
-        a.logits(IDS[:n0], 1)
-        b.logits(IDS[:n0], 1)
-        steps = torch.cat([a.logits(IDS[: n0 + 1 + i], 1) for i in range(k)])
-        assert torch.equal(b.logits(IDS[: n0 + k], k), steps), (n0, k)
+        a.feed(IDS[:n0], 1)
+        b.feed(IDS[:n0], 1)
+        steps = torch.cat([a.feed(IDS[: n0 + 1 + i], 1) for i in range(k)])
+        assert torch.equal(b.feed(IDS[: n0 + k], k), steps), (n0, k)
 
 
 def test_padded_attention_is_one_sdpa_call_per_layer(monkeypatch, one_thread):
@@ -256,9 +256,9 @@ def test_padded_attention_is_one_sdpa_call_per_layer(monkeypatch, one_thread):
     monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **kw: calls.append(1) or sdpa(*a, **kw))
     for n0, want in ((30, 2), (62, 4)):
         lm = LeanLM(model, V, "t")
-        lm.logits(IDS[:n0], 1)
+        lm.feed(IDS[:n0], 1)
         calls.clear()
-        lm.logits(IDS[: n0 + 5], 5)
+        lm.feed(IDS[: n0 + 5], 5)
         assert len(calls) == want, n0
 
 
@@ -282,8 +282,8 @@ def test_padded_masks_are_built_once_per_position(monkeypatch, one_thread):
     built = []
     real = LeanLM._key_plan
     monkeypatch.setattr(LeanLM, "_key_plan", lambda self, pos, n: built.append((pos, n)) or real(self, pos, n))
-    lm.logits(IDS[:20], 1)
-    first = lm.logits(IDS[:25], 5)
+    lm.feed(IDS[:20], 1)
+    first = lm.feed(IDS[:25], 5)
     lm.rollback(IDS[:21])
-    again = lm.logits(IDS[:25], 5)
+    again = lm.feed(IDS[:25], 5)
     assert built.count((20, 5)) == 1 and torch.equal(first, again)

@@ -50,8 +50,8 @@ def test_a_swapped_layer_without_a_weight_rebuilds_the_lean_weights(one_thread):
     old = lean_weights(model)
     model.model.layers[1].self_attn.q_proj = Wrapped(_fresh(model.model.layers[1].self_attn.q_proj.inner, 1))
     assert lean_weights(model) is not old, "a swapped q_proj kept the stale lean weights"
-    want = CachedLM(model, V, "t").logits(IDS, 4)
-    got = LeanLM(model, V, "t").logits(IDS, 4)
+    want = CachedLM(model, V, "t").feed(IDS, 4)
+    got = LeanLM(model, V, "t").feed(IDS, 4)
     assert (got - want).abs().max() < 1e-4
 
 

@@ -58,7 +58,7 @@ def test_gguf_target_answers_in_english(offline_triplet):
     seq = encode_prompt(t.tokenizer, "Why is the sky blue?")
     n0 = len(seq)
     for _ in range(16):  # greedy, through the engine's own cached-forward interface
-        seq.append(int(lm.logits(seq, keep=1)[-1].argmax()))
+        seq.append(int(lm.feed(seq, keep=1)[-1].argmax()))
         if seq[-1] in t.eos_ids:
             break
     text = t.tokenizer.decode(seq[n0:], skip_special_tokens=True).lower()

@@ -134,7 +134,7 @@ def test_a_family_split_across_places_races_like_one_on_a_single_device(tmp_path
                     qualifier=copy.deepcopy(t.qualifier).to(torch.bfloat16))  # another dtype: logits still meet as fp32
     assert is_placed(split.target) and "meta" in placement.devices_of(split.target)
     lm = CachedLM(split.target, split.vocab_size, "target")
-    z = lm.logits([1, 2, 3, 4], keep=2)
+    z = lm.feed([1, 2, 3, 4], keep=2)
     assert z.device.type == "cpu" and z.dtype == torch.float32 and lm.cache_len == 4
     lm.rollback([1, 2, 9])
     assert lm.cache_len == 2

@@ -11,7 +11,7 @@ from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.engine import decode, pyramid_block, roles_for
 from pyramid_demo.core.methods import method_spec
 from pyramid_demo.core.recorder import record
-from pyramid_demo.core.round import Cursor, decide, decide_round, grow
+from pyramid_demo.core.round import decide, decide_round, grow
 from pyramid_demo.core.rules import Tree, decide_tree
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -149,9 +149,8 @@ def test_a_pyramids_tree_is_as_deep_as_tree_depth_not_l_d():
     """Finding: stage 1's tree was silently cut to ℓ_D levels. Now a qualifier round's tree grows tree_depth
     levels (capped only by the block's room), whatever ℓ_D is."""
     lms = _bigram_lms("psd_a")
-    cursors = {r: Cursor(lm, 0) for r, lm in lms.items()}
     cfg = DecodeConfig(method="psd_a", shape="tree", l_d=1, l_q=8, tree_nodes=12, tree_depth=4, tree_k=2)
-    _, _, _, rounds = pyramid_block(cursors, [0], method_spec(cfg.method).stages[0], 8, cfg, None)
+    _, _, _, rounds = pyramid_block(lms, [0], method_spec(cfg.method).stages[0], 8, cfg, None)
     assert max(max(rules.depths(r.tree.parents)) for r in rounds) == 4, "stage 1's tree depth was capped by l_d"
 
 
@@ -203,13 +202,13 @@ def test_sampled_growth_draws_distinct_children_from_the_warped_draft():
     cfg = DecodeConfig(method="sd", shape="tree", temperature=1.0, top_k=2, tree_nodes=6, tree_depth=3, tree_k=2)
     for seed in range(20):
         lm.truncate(0)
-        prop = grow(Cursor(lm, 0), [0, 1], 6, 3, 2, cfg, torch.Generator().manual_seed(seed))
-        kids = rules.children(prop.tree.parents)
+        tree = grow(lm, [0, 1], 6, 3, 2, cfg, torch.Generator().manual_seed(seed))
+        kids = rules.children(tree.parents)
         for c, ch in enumerate(kids):
-            toks = [prop.tree.tokens[i] for i in ch]
+            toks = [tree.tokens[i] for i in ch]
             assert len(set(toks)) == len(toks), "siblings drawn twice"
             if ch:
-                allowed = set(torch.topk(prop.tree.z_q[prop.tree.q_row[c]], 2).indices.tolist())
+                allowed = set(torch.topk(tree.z_q[tree.q_row[c]], 2).indices.tolist())
                 assert set(toks) <= allowed, "a child outside the warped draft's support"
 
 
@@ -225,7 +224,7 @@ def test_greedy_growth_expands_the_best_paths_by_their_product():
         for t, pr in pairs.items():
             probs[row, t] = pr
     lm = BigramLM(probs.log(), "draft")
-    prop = grow(Cursor(lm, 0), [0], 4, 2, 2, DecodeConfig(), None)
-    assert prop.tree.tokens == [1, 2, 3, 5] and prop.tree.parents == [-1, -1, 0, 1]
-    assert prop.tree.q_row == [0, 1, 2, -1, -1]  # the draft's row at the root, then at each expanded node
-    assert torch.equal(prop.tree.z_q[1], lm.table[1]) and torch.equal(prop.tree.z_q[2], lm.table[2])
+    tree = grow(lm, [0], 4, 2, 2, DecodeConfig(), None)
+    assert tree.tokens == [1, 2, 3, 5] and tree.parents == [-1, -1, 0, 1]
+    assert tree.q_row == [0, 1, 2, -1, -1]  # the draft's row at the root, then at each expanded node
+    assert torch.equal(tree.z_q[1], lm.table[1]) and torch.equal(tree.z_q[2], lm.table[2])

@@ -4,15 +4,16 @@ All tests drive the engine with the bigram mock, so each round can be worked out
 """
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
+from helpers import compute_stats
 from mock_lm import BigramLM, as_run
 
 from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.engine import decode, pyramid_block, roles_for
 from pyramid_demo.core.methods import method_spec
-from pyramid_demo.core.round import Cursor
-from pyramid_demo.core.stats import compute_stats
 from pyramid_demo.core.trace import StageRound, Step
 from pyramid_demo.forward.cache import CacheError
 
@@ -151,23 +152,46 @@ def test_a_bonus_tokens_origin_is_bonus():
 # --- the cache's safety net fires from the engine -------------------------------------------------
 
 def test_a_missed_qualifier_cut_raises_cache_error():
-    """A cursor whose cut is missed must not feed from the wrong offset. Planted: the qualifier's cut after a
+    """A cache whose cut is missed must not be fed after stale tokens. Planted: the qualifier's cut after a
     k < n round that ends its block (its own token 5 is unsure, conf_stop 0.5) is skipped; the target then
-    accepts the block, and the step's cut keeps the qualifier's stale position 2 (it holds the draft's 2,
-    the block has 5 there). Its next feed must raise CacheError, not feed on silently."""
+    accepts the block, and the step's cut keeps the qualifier's stale 2 at position 2 (the draft's; the block
+    has 5 there). Its next feed must raise CacheError, not feed on silently."""
     q = chain()
     q[1] = 0.0
     q[1, 5] = 1.0  # after 1 the qualifier refuses the draft's 2 and writes 5, unsure (top ≈ 0.28)
     cfg = DecodeConfig(method="psd_a", l_d=4, l_q=8, conf_stop=0.5)
-    cursors = {"draft": Cursor(BigramLM(chain(), "draft")), "qualifier": Cursor(BigramLM(q, "qualifier"))}
+    lms = {"draft": BigramLM(chain(), "draft"), "qualifier": BigramLM(q, "qualifier")}
     st = method_spec(cfg.method).stages[0]
     seq = [0]
-    cursors["qualifier"].cut = lambda committed: None  # the planted missed cut (this block only)
-    block, *_ = pyramid_block(cursors, seq, st, 8, cfg, None)
-    del cursors["qualifier"].cut
+    lms["qualifier"].truncate = lambda pos: lms["qualifier"].cache_len  # the planted missed cut (this block only)
+    block, *_ = pyramid_block(lms, seq, st, 8, cfg, None)
+    del lms["qualifier"].truncate
     assert block == [1, 5]
     seq = seq + block + [6]  # the target accepts the block and adds its bonus
-    for cur in cursors.values():
-        cur.cut(len(seq))
-    with pytest.raises(CacheError, match="cut was missed"):
-        pyramid_block(cursors, seq, st, 8, cfg, None)
+    for lm in lms.values():
+        lm.truncate(len(seq) - 1)
+    assert lms["qualifier"].ids == [0, 1, 2], "the premise: the qualifier still caches the refused 2"
+    assert "cut was missed" in _refusal(lambda: pyramid_block(lms, seq, st, 8, cfg, None)), (
+        "the qualifier was fed after its stale 2: a missed cut went unnoticed")
+
+
+def _refusal(call) -> str:
+    """The CacheError message `call` raises ("" when it raises none)."""
+    try:
+        call()
+    except CacheError as e:
+        return str(e)
+    return ""
+
+
+def test_a_feed_checks_every_cached_token_against_the_sequence():
+    """Rule: a model fed a sequence whose start no longer matches its cached tokens raises CacheError (any
+    position, not only the last feed's), and a cut back to the shared prefix lets it feed again."""
+    lm = BigramLM(chain(), "draft")
+    lm.feed([0, 1, 2], 1)
+    lm.feed([0, 1, 2, 3, 4], 2)
+    for stale in ([0, 9, 2, 3, 4, 5], [7, 1, 2, 3, 4, 5], [0, 1, 2]):
+        assert "cut was missed" in _refusal(partial(lm.feed, stale, 1)), f"fed {stale} over other cached tokens"
+    assert lm.ids == [0, 1, 2, 3, 4], "a refused feed changed the cache"
+    lm.truncate(1)
+    assert torch.equal(lm.feed([0, 9, 2], 1), chain()[[2]]) and lm.ids == [0, 9, 2]

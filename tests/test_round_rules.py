@@ -12,7 +12,7 @@ from pyramid_demo.core import rules
 from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.engine import decode
 from pyramid_demo.core.recorder import record
-from pyramid_demo.core.round import Cursor, decide_round, grow
+from pyramid_demo.core.round import decide_round, grow
 from pyramid_demo.core.rules import Tree, chain, decide_tree
 from pyramid_demo.core.trace import accepted_path, parents_of
 
@@ -48,15 +48,15 @@ def test_tree_growth_expands_best_frontier_nodes_each_level():
     lm = BigramLM(probs.log(), "draft")
     # level 2's candidates by path product: 1→3 .30 (node 2), 2→5 .15 (node 4), 1→4 .10 (node 3), 2→6 .09
     # (node 5); the best two, nodes 2 and 4, grow; nodes 3 and 5 (the worst two) stay leaves
-    prop = grow(Cursor(lm, 0), [0], 10, 3, 2, DecodeConfig(), None)  # nodes 10: every candidate kept
-    lv = _levels(prop.tree)
+    tree = grow(lm, [0], 10, 3, 2, DecodeConfig(), None)  # nodes 10: every candidate kept
+    lv = _levels(tree)
     assert lv[1] == [(-1, 1), (-1, 2)], f"level 1 must be the root's top-2 children, got {lv[1]}"
     assert lv[2] == [(0, 3), (0, 4), (1, 5), (1, 6)], f"level 2 must grow both level-1 nodes, got {lv[2]}"
     assert lv[3] == [(2, 7), (2, 8), (4, 11), (4, 7)], (
         f"growth must expand the k best frontier nodes by path product (nodes 2: 1→3 and 4: 2→5) at level 2; "
         f"level 3 grew (parent, token) {lv[3]}")
-    assert prop.tree.q_row == [0, 1, 2, 3, -1, 4, -1, -1, -1, -1, -1], "a context's draft row is misplaced"
-    assert [round(math.exp(s), 4) for s in prop.tree.score] == [.5, .3, .3, .1, .15, .09, .21, .06, .09, .045]
+    assert tree.q_row == [0, 1, 2, 3, -1, 4, -1, -1, -1, -1, -1], "a context's draft row is misplaced"
+    assert [round(math.exp(s), 4) for s in tree.score] == [.5, .3, .3, .1, .15, .09, .21, .06, .09, .045]
 
 
 # ------------------------------------------------------------------------------------------------ fuzzy walk

@@ -1,11 +1,17 @@
-"""The proposal's shape is a setting: "auto" is resolved before the engine runs, from the cost profile, and says why."""
+"""The proposal's shape is a setting: "auto" is priced before the run (`predict.auto_shape`), from the cost
+profile, and the run's record says why; the loop itself runs only a chain or a tree."""
+import dataclasses
+
 import pytest
 from mock_lm import BigramLM, bigram_table
 
 from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.engine import decode, roles_for
-from pyramid_demo.core.run import generate, resolve_shape
+from pyramid_demo.core.run import generate, takes_trees
+from pyramid_demo.forward.attention import use_rowwise
+from pyramid_demo.forward.lm import model_takes_trees, open_lm
 from pyramid_demo.models.tiny import tiny_random_triplet
+from pyramid_demo.predict.auto_shape import resolve_shape
 from pyramid_demo.predict.tree_costs import best_tree
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -73,17 +79,37 @@ def test_models_without_tree_forwards():
 
 
 def test_the_engine_never_sees_auto():
-    """Rule: the engine runs a chain or a tree; "auto" reaching it is an error naming the resolver."""
+    """Rule: the engine runs a chain or a tree; "auto" reaching it is an error naming where it is settled."""
     lms = {r: BigramLM(bigram_table(4, 1), r) for r in roles_for("sd")}
-    with pytest.raises(ValueError, match="resolve_shape"):
+    with pytest.raises(ValueError, match="shape_to_run"):
         next(iter(decode(lms, [0], DecodeConfig(method="sd", shape="auto"), (), None)))
 
 
 def test_the_record_says_which_shape_ran_and_why():
-    """Rule: a run's record carries the shape that ran (its config) and why (`shape_why`)."""
+    """Rule: a run's record carries the shape that ran (its config) and why (`shape_why`, as the caller priced
+    it); an "auto" nobody priced runs the chain and says so."""
     t = tiny_random_triplet(seed=0)
-    r = generate(t, "hello", DecodeConfig(method="sd", max_new_tokens=6), profile=profile(0.0))
-    assert r.config["shape"] == "tree" and r.shape_why.startswith("auto: a tree of")
+    cfg, why = resolve_shape(DecodeConfig(method="sd", max_new_tokens=6), profile(0.0), takes_trees(t, "sd"))
+    r = generate(t, "hello", cfg, shape_why=why)
+    assert r.config["shape"] == "tree" and r.shape_why == why and why.startswith("auto: a tree of")
     assert all(s.target_round.parents is not None for s in r.steps)
     r = generate(t, "hello", DecodeConfig(method="sd", max_new_tokens=6))
     assert r.config["shape"] == "chain" and "no cost profile" in r.shape_why
+    r = generate(t, "hello", DecodeConfig(method="sd", shape="tree", max_new_tokens=6))
+    assert r.config["shape"] == "tree" and r.shape_why == "shape tree, as asked"
+
+
+@pytest.mark.parametrize("path", ["hf", "lean"])
+def test_whether_models_take_trees_is_known_before_the_run(path):
+    """Rule: `model_takes_trees` says, without building an LM, what the LM a run builds says (`trees`): HF's
+    forward takes a tree, not under row-wise attention; and `run.takes_trees` asks it of a method's shaped stage."""
+    t = dataclasses.replace(tiny_random_triplet(seed=0), path=path)
+    for m in (t.draft, t.target):
+        assert model_takes_trees(m, path) == open_lm(m, t.vocab_size, "x", path=path).trees is True
+    assert takes_trees(t, "psd_a") and takes_trees(t, "ar")
+    rowwise = tiny_random_triplet(seed=0)
+    use_rowwise(rowwise.target)
+    assert model_takes_trees(rowwise.target) == open_lm(rowwise.target, t.vocab_size, "x").trees is False
+    assert not takes_trees(rowwise, "sd") and takes_trees(rowwise, "ar")  # AR grows no tree
+    with pytest.raises(ValueError, match="--shape chain"):
+        generate(rowwise, "hello", DecodeConfig(method="sd", shape="tree", max_new_tokens=2))

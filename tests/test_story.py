@@ -4,9 +4,9 @@ from __future__ import annotations
 import itertools
 
 import pytest
+from helpers import compute_stats
 
 from pyramid_demo.app import charts, story
-from pyramid_demo.core.stats import compute_stats
 from pyramid_demo.core.trace import RunResult, Step
 from pyramid_demo.predict import noise
 

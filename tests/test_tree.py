@@ -3,9 +3,11 @@ compaction of the accepted path, and tree rows in the feature draft."""
 import pytest
 import torch
 from helpers import check, peaked
+from mock_lm import BigramLM, bigram_table
 from test_engine import joint_two_tokens  # the chain tests' joint law of the first two tokens
 
 from pyramid_demo.core.config import DecodeConfig
+from pyramid_demo.core.engine import decode, roles_for
 from pyramid_demo.core.rules import Tree, best_nodes, chain, decide_tree, depths
 from pyramid_demo.core.run import generate
 from pyramid_demo.forward.cache import CacheError
@@ -148,7 +150,7 @@ def test_tree_pass_equals_one_token_steps_along_each_path_bitwise(tiny):
     toks, parents = [11, 12, 13, 14, 15, 16], [-1, 0, 0, 1, 2, 3]  # root row 0, then a tree below it
     for n0 in (20, 61, 126):
         lm = make()
-        lm.logits(ids[:n0], 1)
+        lm.feed(ids[:n0], 1)
         z = lm.forward_tree(toks, parents, n0)  # [6, V]
         for j in range(len(toks)):
             path, k = [], j
@@ -156,8 +158,8 @@ def test_tree_pass_equals_one_token_steps_along_each_path_bitwise(tiny):
                 path.append(toks[k])
                 k = parents[k]
             ref = make()
-            ref.logits(ids[:n0], 1)
-            steps = [ref.logits(ids[:n0] + path[::-1][: i + 1], 1) for i in range(len(path))]
+            ref.feed(ids[:n0], 1)
+            steps = [ref.feed(ids[:n0] + path[::-1][: i + 1], 1) for i in range(len(path))]
             assert torch.equal(z[j], steps[-1][0]), (n0, j)
 
 
@@ -174,18 +176,46 @@ def test_keep_path_leaves_the_cache_a_step_would_have_built():
 
     ids = [(i * 37 + 5) % 290 + 3 for i in range(80)]
     lm = make()
-    lm.logits(ids[:30], 1)
+    lm.feed(ids[:30], 1)
     lm.forward_tree([7, 8, 9, 10], [-1, 0, 0, 2], 30)
     with pytest.raises(CacheError):
         lm.keep_path([0, 1, 3])
     lm.forward_tree([7, 8, 9, 10], [-1, 0, 0, 2], 30)
     assert lm.keep_path([0, 2, 3]) == 33 and lm.ids[30:] == [7, 9, 10]
     ref, other = make(), make()
-    ref.logits(ids[:30] + [7, 9, 10], 1)
-    other.logits(ids[:30] + [7, 8, 9], 1)  # the rows left in place without the move
-    got = lm.logits(lm.ids + [42], 1)
-    assert torch.equal(got, ref.logits(ref.ids + [42], 1))
-    assert not torch.equal(got, other.logits(other.ids + [42], 1))
+    ref.feed(ids[:30] + [7, 9, 10], 1)
+    other.feed(ids[:30] + [7, 8, 9], 1)  # the rows left in place without the move
+    got = lm.feed(lm.ids + [42], 1)
+    assert torch.equal(got, ref.feed(ref.ids + [42], 1))
+    assert not torch.equal(got, other.feed(other.ids + [42], 1))
+
+
+def test_keep_along_keeps_the_fed_rows_that_spell_the_sequence():
+    """Rule: after a tree forward a cache keeps the pending rows that spell the sequence past its end, along
+    parents (a sibling with the same token elsewhere is not on the path), and stops at the first token no row
+    holds (an accepted leaf was never fed)."""
+    lm = BigramLM(bigram_table(V, 1), "draft")
+    lm.feed([0, 1], 1)
+    lm.forward_tree([3, 4], [-1, -1], 2)  # two roots' children
+    lm.forward_tree([4, 5], [0, 1], 2)  # below 3: 4; below 4: 5
+    assert lm.keep_along([0, 1, 3, 4, 2]) == 4 and lm.ids == [0, 1, 3, 4] and not lm.pending
+
+
+def test_a_tree_round_leaves_its_accepted_path_in_both_caches():
+    """Rule: after a tree round the accepted path stays in the verifier's cache and, where the proposer fed its
+    nodes, in the proposer's (moved in place, never fed again): after each step the target caches every committed
+    token but the last, the draft all but at most the last accepted node (a leaf it never fed) too."""
+    table = bigram_table(8, 2, 4.0)  # the draft is the target: every round accepts a whole path
+    lms = {r: BigramLM(table, r) for r in roles_for("sd")}
+    cfg = DecodeConfig(method="sd", shape="tree", max_new_tokens=20, tree_nodes=6, tree_depth=3, tree_k=2)
+    seq, longest = [0], 0
+    for step in decode(lms, seq, cfg, (), None):
+        seq += step.new_tokens
+        longest = max(longest, step.target_round.n_accepted)
+        assert lms["target"].ids == seq[:-1], f"the verifier lost its accepted path at pass {step.index}"
+        assert lms["draft"].ids == seq[: len(lms["draft"].ids)] and len(lms["draft"].ids) >= len(seq) - 2, (
+            f"the draft lost the accepted nodes it fed at pass {step.index}")
+    assert longest == 3  # the premise: whole paths accepted, so a lost path shows
 
 
 def test_tree_rows_read_their_parents_state_in_the_feature_draft():
@@ -199,13 +229,13 @@ def test_tree_rows_read_their_parents_state_in_the_feature_draft():
     fd = FeatureDraft(t.target, torch.arange(t.vocab_size)).eval()
     base = [5, 6, 7, 8]
     tree_lm = FeatureLM(fd, t.vocab_size, "draft")
-    tree_lm.logits(base, 1)
+    tree_lm.feed(base, 1)
     z1 = tree_lm.forward_tree([20, 21], [-1, -1], 4)  # two siblings at position 4
     z2 = tree_lm.forward_tree([30, 31], [1, 0], 4)  # a child below each, crossed
     for tok1, row1, tok2, row2 in ((21, 1, 30, 0), (20, 0, 31, 1)):
         ref = FeatureLM(fd, t.vocab_size, "draft")
-        want1 = ref.logits(base + [tok1], 1)[0]
-        want2 = ref.logits(base + [tok1, tok2], 1)[0]
+        want1 = ref.feed(base + [tok1], 1)[0]
+        want2 = ref.feed(base + [tok1, tok2], 1)[0]
         assert torch.allclose(z1[row1], want1, atol=1e-4)
         assert torch.allclose(z2[row2], want2, atol=1e-4)
 

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import propose, verify
+from helpers import verify
 from mock_lm import BigramLM, as_run, bigram_table
 
 from pyramid_demo.core import rules
 from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.engine import decode, roles_for
+from pyramid_demo.core.round import propose_chain
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -132,7 +133,7 @@ def test_draft_samples_from_the_warped_distribution(warp):
     counts = torch.zeros(V)
     for _ in range(3000):
         lm = BigramLM(table, "draft")
-        x, _ = propose(lm, [0], 1, cfg, gen)
+        x, _ = propose_chain(lm, [0], 1, cfg, gen)
         counts[x[0]] += 1
     emp = counts / counts.sum()
     assert tv(emp, expected) < 0.04
@@ -201,7 +202,7 @@ def test_kl_in_verify_is_proposer_against_verifier():
 def test_acceptance_is_accepted_over_proposed():
     """stats.acceptance[stage] is accepted ÷ proposed drafted tokens (the verifier's own token is not a
     proposal); the throughput model and the cost verdict read this figure."""
-    from pyramid_demo.core.stats import compute_stats
+    from helpers import compute_stats
 
     V = 6
     base = bigram_table(V, 43, 2.0)  # the proposers are noisy copies of the target: partial acceptance

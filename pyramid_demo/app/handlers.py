@@ -176,9 +176,10 @@ def _show_stages(staged: Iterator, session: Session, progress: gr.Progress) -> A
 
 def _race_steps(preset: str, ids: tuple[str, str, str], prompt: str, settings: dict, session: Session,
                 progress: gr.Progress, race_lanes_: tuple[Lane, ...] = lanes()) -> Iterator[tuple]:
-    from ..core.run import prepare_prompt, stream
+    from ..core.run import prepare_prompt, stream, takes_trees
     from ..models.loading import LoadError, load_triplet
     from ..models.probe import prepare
+    from ..predict.auto_shape import resolve_shape
 
     try:
         spec = model_spec(preset, *ids)
@@ -235,9 +236,10 @@ def _race_steps(preset: str, ids: tuple[str, str, str], prompt: str, settings: d
         race.running = m
         status = MSG["running"].format(n=race.n, label=lane.label, i=i + 1, total=len(race_lanes_))
         progress(i / len(race_lanes_), desc=status)
-        cfg = replace(base, method=lane.method, shape=lane.shape or base.shape)
         try:
-            for snap in stream(triplet, ids, cfg, text=prompt, profile=race.profile, solo=lane.solo):
+            cfg, why = resolve_shape(replace(base, method=lane.method, shape=lane.shape or base.shape), race.profile,
+                                     takes_trees(triplet, lane.method))
+            for snap in stream(triplet, ids, cfg, text=prompt, shape_why=why, solo=lane.solo):
                 race.results[m] = snap
                 _learn_vocab(race, triplet.tokenizer, snap)
                 if session.stop:

@@ -125,11 +125,11 @@ def one_token_speed(triplet: ModelTriplet, role: str, prompt_ids: list[int], n: 
     lm = open_lm(triplet.model(role), triplet.vocab_size, role, triplet.backend, getattr(triplet, "path", "hf"))
     seq = list(prompt_ids)
     if len(seq) > 1:
-        lm.logits(seq[:-1], 1)
+        lm.feed(seq[:-1], 1)
     times = []
     for _ in range(n):
         t0 = lm.time_s
-        z = lm.logits(seq, 1)
+        z = lm.feed(seq, 1)
         times.append(lm.time_s - t0)
         seq.append(int(z[0].argmax()))
     med = statistics.median(times)

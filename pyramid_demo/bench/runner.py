@@ -21,12 +21,13 @@ import torch
 from .. import generate_cli
 from ..core.config import METHODS, DecodeConfig
 from ..core.methods import SOLO_ROLES, TREE_BUDGET, method_spec
-from ..core.run import generate, prepare_prompt
+from ..core.run import generate, prepare_prompt, takes_trees
 from ..core.settings import SHAPES
 from ..core.stats import agreement as token_agreement  # one definition, shared with the app
 from ..core.stats import prefix_agreement
 from ..forward.lm import ModelTriplet
 from ..predict import throughput
+from ..predict.auto_shape import resolve_shape
 from . import costs_report, csqa, peers, report
 from .prompts import Prompt, load_prompts
 from .variants import GRID_TAUS, Variant, build_variants, name_models, parse_methods, parse_shapes  # noqa: F401
@@ -94,8 +95,9 @@ def run_variant(triplet: ModelTriplet, v: Variant, ids: list[int], chat: bool,
         n = len(pr.token_ids)
         return dict(n_new_tokens=n, stopped=pr.stopped, wall_s=pr.wall_s, tokens_per_s_incl_prefill=pr.tokens_per_s,
                     tokens_per_s_wall=pr.tokens_per_s), pr.token_ids
+    cfg, why = resolve_shape(v.cfg, profile, takes_trees(triplet, v.cfg.method))  # before the clock
     t0 = time.perf_counter()
-    res = generate(triplet, ids, v.cfg, chat=chat, full_records=False, profile=profile, solo=v.solo)  # statuses only
+    res = generate(triplet, ids, cfg, chat=chat, full_records=False, shape_why=why, solo=v.solo)  # statuses only
     wall = time.perf_counter() - t0
     s = res.stats
     n = s.n_new_tokens

@@ -1,12 +1,10 @@
 """The decoding loop: AR, and every speculative method as the stages its row in `methods.TABLE` lists.
 
-`decode` resolves the method once and is one generator with explicit state: the committed sequence `seq` and
-one `Cursor` per model (its model and the position its cache ends at, passed into every forward). Each target
-pass yields one `Step`. A stage's round is one code path whatever the proposal's shape (`stage_round`): the
-round layer (`round`) proposes a chain or a tree, scores it with a plain or a tree pass, decides it by the one
-walk (`rules.decide_tree`) and settles the caches to the accepted path; the per-token records that explain a
-step (top-5 lists, display divergences, p and q) are built from the logits already computed, after the engine
-clock has stopped (`recorder.record`). Randomness comes from one `torch.Generator` per run (None at temperature 0).
+Why one loop: every method is stages of proposer → verifier rounds, and every round is one code path whatever the
+proposal's shape (`stage_round`, the steps in `round`). The state is explicit: the committed sequence `seq` and one
+cached model per role, each knowing where its cache ends. Each target pass yields one `Step`, its records built
+after the engine clock has stopped (`recorder.record`). Randomness comes from one `torch.Generator` per run (None
+at temperature 0).
 """
 from __future__ import annotations
 
@@ -21,19 +19,7 @@ from . import rules
 from .config import DecodeConfig
 from .methods import Stage, method_spec, stage_rule
 from .recorder import record
-from .round import (
-    Cursor,
-    NonFiniteLogits,
-    Proposal,
-    Round,
-    confidence,
-    confident_prefix,
-    decide_round,
-    pick,
-    propose,
-    score,
-    settle,
-)
+from .round import NonFiniteLogits, Round, confidence, confident_prefix, decide_round, feed, pick, propose, score
 from .trace import Step
 
 __all__ = ["NonFiniteLogits", "connect", "decode", "prefill", "pyramid_block", "roles_for", "stage_round"]
@@ -43,27 +29,14 @@ def decode(lms: dict[str, LM], prompt_ids: list[int], cfg: DecodeConfig, eos_ids
            gen: torch.Generator | None, full_records: bool = True) -> Iterator[Step]:
     """Generate after a prefilled prompt, one `Step` per target pass, until EOS or the budget.
 
-    `cfg.shape` must be "chain" or "tree" (`run.resolve_shape` resolves "auto" first). `full_records=False`
-    (bench) keeps each token's status only: no top-5 lists, divergences or p/q. A model that returns NaN or
-    +inf logits stops the run with NonFiniteLogits naming the model's role and the target pass."""
-    spec = method_spec(cfg.method)  # the one look-up: the loop below runs its stages
-    if spec.shaped and cfg.shape not in ("chain", "tree"):
-        raise ValueError(f"shape {cfg.shape!r} must be resolved to 'chain' or 'tree' before decoding "
-                         "(run.resolve_shape)")
-    n_pass = n_new = 0
-    try:
-        for step in _decode(lms, prompt_ids, spec.stages, cfg, eos_ids, gen, full_records):
-            n_pass, n_new = n_pass + 1, n_new + len(step.new_tokens)
-            yield step
-    except NonFiniteLogits as e:
-        raise NonFiniteLogits(f"{e} at target pass {n_pass + 1} (after {n_new} new tokens): the model is "
-                              f"broken, or overflows in its dtype (try float32)") from None
-
-
-def _decode(lms: dict[str, LM], prompt_ids: list[int], stages: tuple[Stage, ...], cfg: DecodeConfig,
-            eos_ids: tuple[int, ...], gen: torch.Generator | None, full_records: bool) -> Iterator[Step]:
+    `cfg.shape` must be "chain" or "tree" (`run.shape_to_run` settles it first). `full_records=False` (bench)
+    keeps each token's status only: no top-5 lists, divergences or p/q. A model that returns NaN or +inf logits
+    stops the run with NonFiniteLogits naming the model's role and the target pass."""
+    stages = method_spec(cfg.method).stages  # the one look-up: the loop below runs them
+    if any(st.shaped for st in stages) and cfg.shape not in ("chain", "tree"):
+        raise ValueError(f"shape {cfg.shape!r} must be settled to 'chain' or 'tree' before decoding "
+                         "(run.shape_to_run)")
     seq, n0, clock = list(prompt_ids), len(prompt_ids), _Clock()
-    cursors = {r: Cursor(lm, lm.cache_len) for r, lm in lms.items()}  # after the prefill
     for i in range(cfg.max_new_tokens):
         room = cfg.max_new_tokens - (len(seq) - n0)
         if room <= 0:
@@ -74,19 +47,23 @@ def _decode(lms: dict[str, LM], prompt_ids: list[int], stages: tuple[Stage, ...]
         fed0 = {r: len(lm.fed) for r, lm in lms.items()}
         qrounds: list[Round] = []
         tround = None
-        if not stages:  # AR: the target alone
-            new, origins = [pick(cursors["target"].feed(seq, 1), cfg, gen)], ["target"]
-        else:
-            qrounds, tround, from_q = _target_round(cursors, seq, stages, room - 1, cfg, gen, eos_ids)
-            new, origins = tround.new_tokens(), from_q + [tround.own_origin]
+        try:
+            if not stages:  # AR: the target alone
+                new, origins = [pick(feed(lms["target"], seq, 1), cfg, gen)], ["target"]
+            else:
+                qrounds, tround, from_q = _target_round(lms, seq, stages, room - 1, cfg, gen, eos_ids)
+                new, origins = tround.new_tokens(), from_q + [tround.own_origin]
+        except NonFiniteLogits as e:
+            raise NonFiniteLogits(f"{e} at target pass {i + 1} (after {len(seq) - n0} new tokens): the model is "
+                                  f"broken, or overflows in its dtype (try float32)") from None
         eos_at = first_eos(new, eos_ids)
         if eos_at is not None:
             new, origins = new[: eos_at + 1], origins[: eos_at + 1]
             if tround is not None:
                 tround = tround.cut(eos_at + 1, eos=True)  # an EOS inside the accepted path: the round ends there
         seq.extend(new)
-        for cur in cursors.values():
-            cur.cut(len(seq))
+        for lm in lms.values():
+            lm.truncate(len(seq) - 1)  # the committed tokens less the last, which is fed next
         t_end = clock.now()
         clock.pause()  # the records explain the step; the race does not time them
         step = Step(i, [record(r, cfg, full_records) for r in qrounds],
@@ -100,26 +77,26 @@ def _decode(lms: dict[str, LM], prompt_ids: list[int], stages: tuple[Stage, ...]
             return
 
 
-def _target_round(cursors: dict[str, Cursor], seq: list[int], stages: tuple[Stage, ...], room: int,
+def _target_round(lms: dict[str, LM], seq: list[int], stages: tuple[Stage, ...], room: int,
                   cfg: DecodeConfig, gen: torch.Generator | None, eos_ids: tuple[int, ...]
                   ) -> tuple[list[Round], Round, list[str]]:
     """The stages before the target (a pyramid's block, built by stage-1 rounds), then the target's round:
     the qualifier rounds, the target round and the origins of the proposal's tokens."""
     st = stages[-1]
     if len(stages) > 1:
-        x, from_q, z_q, qrounds = pyramid_block(cursors, seq, stages[0], min(getattr(cfg, st.length), room), cfg,
+        x, from_q, z_q, qrounds = pyramid_block(lms, seq, stages[0], min(getattr(cfg, st.length), room), cfg,
                                                 gen, eos_ids)
         assert z_q.shape[0] == len(x), f"stage 2 misaligned: {z_q.shape[0]} qualifier rows for a block of {len(x)}"
-        prop = Proposal(rules.chain(x, z_q))  # the qualified block goes on as a chain
+        tree = rules.chain(x, z_q)  # the qualified block goes on as a chain
     else:
         qrounds = []
-        prop = propose(cursors[st.proposer], seq, room, getattr(cfg, st.length), cfg, gen)
-        from_q = [st.proposer] * prop.tree.n
-    rnd = stage_round(cursors, seq, st, prop, cfg, gen)
+        tree = propose(lms[st.proposer], seq, room, getattr(cfg, st.length), cfg, gen)
+        from_q = [st.proposer] * tree.n
+    rnd = stage_round(lms, seq, st, tree, cfg, gen)
     return qrounds, rnd, [from_q[i] for i in rnd.dec.path]
 
 
-def pyramid_block(cursors: dict[str, Cursor], seq: list[int], st: Stage, size: int, cfg: DecodeConfig,
+def pyramid_block(lms: dict[str, LM], seq: list[int], st: Stage, size: int, cfg: DecodeConfig,
                   gen: torch.Generator | None, eos_ids: tuple[int, ...] = ()
                   ) -> tuple[list[int], list[str], torch.Tensor, list[Round]]:
     """Stage 1 (`st`): draft → qualifier rounds until `size` tokens are qualified (CHOICE: cut to size).
@@ -136,8 +113,8 @@ def pyramid_block(cursors: dict[str, Cursor], seq: list[int], st: Stage, size: i
     rounds: list[Round] = []
     while len(block) < size:
         here = seq + block
-        prop = propose(cursors[st.proposer], here, size - len(block), getattr(cfg, st.length), cfg, gen)
-        rnd = stage_round(cursors, here, st, prop, cfg, gen)
+        tree = propose(lms[st.proposer], here, size - len(block), getattr(cfg, st.length), cfg, gen)
+        rnd = stage_round(lms, here, st, tree, cfg, gen)
         z_q = rnd.z_p[[0] + [i + 1 for i in rnd.dec.path]]  # [k+1, V]: the qualifier at the new tokens' contexts
         new = rnd.new_tokens()  # [k+1]: the accepted path, then the qualifier's own token
         eos_at = first_eos(new, eos_ids)
@@ -154,22 +131,24 @@ def pyramid_block(cursors: dict[str, Cursor], seq: list[int], st: Stage, size: i
         z_q_rows.extend(z_q[:keep])
         rounds.append(rnd)
         for role in (st.proposer, st.verifier):
-            cursors[role].cut(len(seq) + len(block))
+            lms[role].truncate(len(seq) + len(block) - 1)  # the block less its last token, fed next
         if low or ends_at_eos:
             break
     z_q_block = torch.stack(z_q_rows) if z_q_rows else torch.zeros(0, 0)  # [len(block), V]
     return block, origins, z_q_block, rounds
 
 
-def stage_round(cursors: dict[str, Cursor], seq: list[int], st: Stage, prop: Proposal, cfg: DecodeConfig,
+def stage_round(lms: dict[str, LM], seq: list[int], st: Stage, tree: rules.Tree, cfg: DecodeConfig,
                 gen: torch.Generator | None) -> Round:
     """One verification of `st`: the verifier scores the proposal after `seq` in one pass, the stage's rule
-    decides it, and only the accepted path stays in the caches. The same for every shape and every stage."""
+    decides it, and a cache fed tree rows keeps only the accepted path (a plain pass's is cut by the loop). The
+    same for every shape and every stage."""
     rule = stage_rule(st, cfg.stage2)
     tau = getattr(cfg, st.tau) if rule == "fuzzy" and st.tau else None
-    z_p = score(cursors[st.verifier], seq, prop.tree)  # [N + 1, V]
-    rnd = decide_round(z_p, prop.tree, rule, tau, cfg, gen, st.verifier, st.proposer, st.verifier)
-    settle(cursors[st.proposer], cursors[st.verifier], seq, prop, rnd.dec.path)
+    z_p = score(lms[st.verifier], seq, tree)  # [N + 1, V]
+    rnd = decide_round(z_p, tree, rule, tau, cfg, gen, st.verifier, st.proposer, st.verifier)
+    for role in (st.proposer, st.verifier):
+        lms[role].keep_along(seq + rnd.accepted)
     return rnd
 
 
@@ -201,8 +180,7 @@ def prefill(lms: dict[str, LM], prompt_ids: list[int]) -> float:
     t0 = time.perf_counter()
     if len(prompt_ids) > 1:
         for role in sorted(lms, key=lambda r: r == "draft"):
-            lm = lms[role]
-            lm.forward(prompt_ids[lm.cache_len: -1], lm.cache_len, 1)
+            lms[role].feed(prompt_ids[:-1], 1)
     return time.perf_counter() - t0
 
 

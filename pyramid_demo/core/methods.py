@@ -1,10 +1,9 @@
 """What each decoding method is, in one table: the engine, bench, throughput model and app read it.
 
-A method is a list of verification stages, smallest proposer first: who proposes to whom, with which rule,
-sized by which setting. A rule is "sd" (exact: lossless), "fuzzy" (divergence ≤ τ: lossy) or "config" (the
-target stage of a pyramid follows `DecodeConfig.stage2`). A stage that is `shaped` proposes a chain or a
-tree, as `DecodeConfig.shape` says; the others always pass a chain (a pyramid's qualified block). Adding a
-method or a stage is a row here (and a pricing for its `cost_model` in `predict.costs`), never a key suffix.
+Why a table: adding a method or a stage is a row here (and a pricing for its `cost_model` in `predict.costs`),
+never a key suffix. A method is its verification stages, smallest proposer first; a rule is "sd" (exact), "fuzzy"
+(divergence ≤ τ) or "config" (a pyramid's target stage follows `DecodeConfig.stage2`); a `shaped` stage proposes
+a chain or a tree as `DecodeConfig.shape` says, the others always a chain (a pyramid's qualified block).
 """
 from __future__ import annotations
 
@@ -12,7 +11,6 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-COMMON = ("max_new_tokens", "temperature", "top_k", "top_p", "seed")  # every method reads these
 TREE_BUDGET = ("tree_nodes", "tree_depth", "tree_k")  # a shaped stage's tree, when it proposes one
 COST_MODELS = ("target_only", "speculative", "pyramid")  # the pricings `predict.costs` implements
 # method keys retired by `DecodeConfig.shape`: each is refused in one line naming the new setting
@@ -81,21 +79,6 @@ class Method:
     def shaped(self) -> bool:
         """Whether a stage proposes a chain or a tree (DecodeConfig.shape and the tree budget apply)."""
         return any(s.shaped for s in self.stages)
-
-    @property
-    def reads(self) -> tuple[str, ...]:
-        """Every DecodeConfig setting a run of it reads (tests hold each to a row of `settings.SETTINGS`)."""
-        out = list(COMMON) + list(self.lengths) + list(self.thresholds)
-        rules = {s.rule for s in self.stages}
-        if self.stages:
-            out.append("conf_stop")
-        if self.shaped:
-            out += ["shape", *TREE_BUDGET]
-        if rules - {"sd"}:
-            out += ["divergence", "div_support", "fallback"]
-        if "config" in rules:
-            out.append("stage2")
-        return tuple(dict.fromkeys(out))
 
 
 def _sd(length: str) -> Stage:

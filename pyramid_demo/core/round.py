@@ -1,31 +1,29 @@
-"""One verification round below the loop (`engine.stage_round`): each model's cursor into its cache, the proposal
-(a chain or a tree), the one pass that scores it, the decision, and the caches settled to the accepted path.
+"""One verification round below the loop (`engine.stage_round`): the proposal (a chain or a tree), the one pass
+that scores it, the decision, and the caches left holding the accepted path.
 
-Why apart from the loop: the loop runs one round for every shape and every stage; only the models differ in how a
-shape is fed. A chain is drafted one token at a time through the plain cached forward and scored by one plain
-pass (no tree layout to pay for); a tree is grown with one batched tree forward per level (EAGLE-2) and scored
-by one tree pass, after which only the accepted path stays in each cache (`settle`). Between the two the round
-only decides, by the one walk (`rules.decide_tree`): greedy SD reads argmaxes, sampled SD the warped rows of the
-contexts it reaches, a fuzzy rule the divergences it tests. Nothing here is for display: `recorder.record`
-explains the round later from the same logits, reusing what was computed here (divergences, warped rows, uniforms).
-
-Growing a tree: at temperature 0 each expanded node's top-k tokens are its children, ranked by the product of
-the proposer's probabilities along their path; the best k are expanded next and the best `nodes` kept
-(`rules.best_nodes`). Above 0 the lossless rule needs children drawn from the proposer's warped q without
-replacement, and a tree whose shape does not depend on the drawn tokens: the shape is the expected tree on
-the rank prior (`tree_costs.expected_tree`, what the predictor prices), filled by draws in order.
+Why apart from the loop: the loop runs one round for every shape and every stage; only how a shape is fed
+differs (a chain through the plain cached forward, a tree through one tree forward per level and one tree pass).
+Nothing here is for display: `recorder.record` explains a round later from the logits computed here.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+import math
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
 
-from ..forward.cache import CacheError
-from ..forward.lm import LM
 from . import rules
 from .config import DecodeConfig
 from .rules import Tree, TreeDecision, chain
+
+if TYPE_CHECKING:
+    from ..forward.lm import LM
+
+# on-policy rank marginals of the shipped feature draft (greedy, the 8 prompts of assets/unseen_prompts.jsonl,
+# 352 positions: top-1 0.406, top-2 0.509, top-3 0.554, top-4 0.599, top-5 0.645): the acceptance by rank assumed
+# before a tree has run here, which fixes a sampled tree's shape (and what the predictor prices before measuring)
+RANK_PRIOR = (0.406, 0.103, 0.045, 0.045, 0.046)
 
 
 class NonFiniteLogits(ValueError):
@@ -40,52 +38,13 @@ def _finite(z: torch.Tensor, role: str) -> torch.Tensor:
     return z
 
 
-@dataclass
-class Cursor:
-    """One model in a run and the position its cache ends at: every forward is fed from there.
-
-    The position is the cursor's own, advanced by what it feeds and set back by what it cuts (never read off
-    the sequence it is handed), and each feed first checks that the sequence still holds, where the cursor's
-    last feed put them, the tokens that feed cached: a missed cut (a rejection the cache never heard of)
-    then raises CacheError instead of feeding from the wrong offset."""
-
-    lm: LM
-
-    pos: int = 0
-    last: list[int] = field(default_factory=list)  # the tokens of its last feed, at pos-len(last) … pos-1
-
-    def feed(self, seq: list[int], keep: int) -> torch.Tensor:
-        """Feed seq[pos:] at `pos`; logits of the last `keep` positions [keep, V], checked for NaN and +inf."""
-        start = self.pos - len(self.last)
-        if seq[start: self.pos] != self.last:
-            raise CacheError(f"{self.lm.role}: its cache holds tokens at {start}…{self.pos - 1} that the sequence "
-                             "no longer has there (a cut was missed)")
-        new = seq[self.pos:]
-        z = self.lm.forward(new, self.pos, keep)
-        self.pos, self.last = self.pos + len(new), new
-        return _finite(z, self.lm.role)
-
-    def kept(self, fed: list[int], pos: int, after_last: bool = False) -> None:
-        """After a tree forward: the tokens it kept, `fed`, now end the cache at `pos` (`after_last`: they follow
-        the cursor's last feed, as a proposer's kept path follows its catch-up)."""
-        self.pos, self.last = pos, (self.last + fed) if after_last else list(fed)
-
-    def cut(self, committed: int) -> None:
-        """After a round: keep at most the committed tokens less the last (fed next); the cache may keep less."""
-        end = self.pos
-        self.pos = self.lm.truncate(min(self.pos, committed - 1))
-        self.last = self.last[: max(0, len(self.last) - (end - self.pos))]
+def feed(lm: LM, seq: list[int], keep: int) -> torch.Tensor:
+    """`lm.feed` (seq past its cache, the cached tokens checked), its logits [keep, V] checked for NaN and +inf:
+    every plain feed of the loop goes through here."""
+    return _finite(lm.feed(seq, keep), lm.role)
 
 
 # ---------------------------------------------------------------- propose
-@dataclass
-class Proposal:
-    """A proposal and, for a grown tree, the proposer's pending row holding each node (−1: never fed)."""
-
-    tree: Tree
-    rows: list[int] | None = None  # None: a chain drafted through the plain cached forward
-
-
 def confidence(z: torch.Tensor) -> torch.Tensor:
     """A proposer's confidence at each position: its largest raw probability, from logits z [n, V] -> [n]."""
     z = z.float()
@@ -106,17 +65,16 @@ def pick(z: torch.Tensor, cfg: DecodeConfig, gen: torch.Generator | None) -> int
     return rules.sample(rules.warp(z, cfg.temperature, cfg.top_k, cfg.top_p)[0], gen)
 
 
-def propose(cur: Cursor, seq: list[int], room: int, length: int, cfg: DecodeConfig,
-            gen: torch.Generator | None) -> Proposal:
+def propose(lm: LM, seq: list[int], room: int, length: int, cfg: DecodeConfig,
+            gen: torch.Generator | None) -> Tree:
     """The proposal after `seq`, as cfg.shape says: a chain of min(length, room) tokens, or a tree grown
     min(tree_depth, room) levels deep (`room`: the most tokens a path may still hold)."""
     if cfg.shape == "tree" and room > 0:
-        return grow(cur, seq, cfg.tree_nodes, min(cfg.tree_depth, room), cfg.tree_k, cfg, gen)
-    x, z = propose_chain(cur, seq, min(length, room), cfg, gen)
-    return Proposal(chain(x, z))
+        return grow(lm, seq, cfg.tree_nodes, min(cfg.tree_depth, room), cfg.tree_k, cfg, gen)
+    return chain(*propose_chain(lm, seq, min(length, room), cfg, gen))
 
 
-def propose_chain(cur: Cursor, seq: list[int], n: int, cfg: DecodeConfig,
+def propose_chain(lm: LM, seq: list[int], n: int, cfg: DecodeConfig,
                   gen: torch.Generator | None) -> tuple[list[int], torch.Tensor]:
     """The proposer drafts up to n tokens one at a time: ids and their logits [n, V]. n may be 0 (the last
     token of the budget): a pass that proposes nothing. With cfg.conf_stop > 0 it stops after a token drafted
@@ -124,7 +82,7 @@ def propose_chain(cur: Cursor, seq: list[int], n: int, cfg: DecodeConfig,
     x: list[int] = []
     rows = []
     for _ in range(n):
-        z = cur.feed(seq + x, 1)  # [1, V]
+        z = feed(lm, seq + x, 1)  # [1, V]
         rows.append(z[0])
         x.append(pick(z, cfg, gen))
         if cfg.conf_stop and float(confidence(z)[0]) < cfg.conf_stop:
@@ -132,19 +90,20 @@ def propose_chain(cur: Cursor, seq: list[int], n: int, cfg: DecodeConfig,
     return x, torch.stack(rows) if rows else torch.zeros(0, 0)
 
 
-def grow(cur: Cursor, seq: list[int], nodes: int, depth: int, k: int, cfg: DecodeConfig,
-         gen: torch.Generator | None) -> Proposal:
+def grow(lm: LM, seq: list[int], nodes: int, depth: int, k: int, cfg: DecodeConfig,
+         gen: torch.Generator | None) -> Tree:
     """The proposer's tree after `seq` (its cache catches up on seq first, as a chain proposal does), one
-    batched tree forward per level below the root."""
-    z_root = cur.feed(seq, 1)  # [1, V]: the root's context
+    batched tree forward per level below the root (EAGLE-2). Greedy: each expanded node's top-k children, the k
+    best paths expanded next, the best `nodes` kept. Sampled: children drawn from the warped q without
+    replacement into a shape fixed before any draw (`expected_tree` on the rank prior): the lossless rule needs
+    both."""
+    z_root = feed(lm, seq, 1)  # [1, V]: the root's context
     warp = (cfg.temperature, cfg.top_k, cfg.top_p)
     shape = None
     if gen is not None:  # sampled: a shape fixed before any draw (lossless), filled in draw order
-        from ..predict.tree_costs import RANK_PRIOR, expected_tree
-
         shape = rules.children(expected_tree(nodes, depth, k, RANK_PRIOR)[0])
     ctx_rows, toks, par, score_, ctx, fed, slot = [z_root[0]], [], [], [], [], [], []
-    # per node: token, parent, path score, its row in ctx_rows (−1: not expanded), pending proposer row, shape slot
+    # per node: token, parent, path score, its row in ctx_rows (−1: not expanded), its pending row, shape slot
 
     def add_children(z_row: torch.Tensor, parent: int, base: float, at: int) -> list[int]:
         if shape is None:  # the top-k: their log-probabilities need one logsumexp, not a log-softmax
@@ -177,8 +136,8 @@ def grow(cur: Cursor, seq: list[int], nodes: int, depth: int, k: int, cfg: Decod
             frontier = [f for f in frontier if shape[slot[f] + 1]]
         if not frontier:
             break
-        z = cur.lm.forward_tree([toks[f] for f in frontier], [fed[par[f]] if par[f] >= 0 else -1 for f in frontier],
-                                cur.pos)  # [len(frontier), V]
+        z = lm.forward_tree([toks[f] for f in frontier], [fed[par[f]] if par[f] >= 0 else -1 for f in frontier],
+                            lm.cache_len)  # [len(frontier), V]
         nxt = []
         for j, f in enumerate(frontier):
             fed[f], ctx[f] = n_rows + j, len(ctx_rows)
@@ -188,22 +147,21 @@ def grow(cur: Cursor, seq: list[int], nodes: int, depth: int, k: int, cfg: Decod
         frontier = nxt if shape is not None else sorted(nxt, key=lambda i: -score_[i])[:k]
     keep = rules.best_nodes(par, score_, nodes) if shape is None else list(range(len(toks)))
     new = {old: i for i, old in enumerate(keep)}
-    tree = Tree([toks[i] for i in keep], [new[par[i]] if par[i] >= 0 else -1 for i in keep],
+    return Tree([toks[i] for i in keep], [new[par[i]] if par[i] >= 0 else -1 for i in keep],
                 torch.stack(ctx_rows), [0] + [ctx[i] for i in keep], [score_[i] for i in keep])
-    return Proposal(tree, [fed[i] for i in keep])
 
 
 # ---------------------------------------------------------------- score
-def score(cur: Cursor, seq: list[int], tree: Tree) -> torch.Tensor:
+def score(lm: LM, seq: list[int], tree: Tree) -> torch.Tensor:
     """The verifier's logits per context [N + 1, V] after `seq` in one pass: a chain through the plain pass, a
     tree through a tree pass (its unfed committed tokens as a chain, then the tree on the last of them)."""
     if rules.is_chain(tree.parents):
-        return cur.feed(seq + tree.tokens, tree.n + 1)
-    new = seq[cur.pos:]  # the committed tokens it has not fed, the root last
+        return feed(lm, seq + tree.tokens, tree.n + 1)
+    new = lm.unfed(seq)  # the committed tokens it has not fed, the root last
     m = len(new)
     parents = rules.chain_parents(m) + [p + m if p >= 0 else m - 1 for p in tree.parents]
-    z = cur.lm.forward_tree(new + tree.tokens, parents, cur.pos)  # [m + N, V]
-    return _finite(z[m - 1:], cur.lm.role)  # the root's context, then each node's
+    z = lm.forward_tree(new + tree.tokens, parents, lm.cache_len)  # [m + N, V]
+    return _finite(z[m - 1:], lm.role)  # the root's context, then each node's
 
 
 # ---------------------------------------------------------------- decide
@@ -277,20 +235,27 @@ def decide(z_p: torch.Tensor, z_q: torch.Tensor, x: list[int], rule: str, tau: f
     return decide_round(z_p, chain(x, z_q if x else z_p[:0]), rule, tau, cfg, gen, stage, proposer, verifier)
 
 
-# ---------------------------------------------------------------- settle
-def settle(proposer: Cursor, verifier: Cursor, seq: list[int], prop: Proposal, path: list[int]) -> None:
-    """After the decision only the accepted path stays: in the verifier's cache where it scored a tree (a chain's
-    plain pass is cut by the loop), and in the proposer's where it fed the path's nodes (a prefix of it)."""
-    tree = prop.tree
-    if not rules.is_chain(tree.parents):
-        new = seq[verifier.pos:]
-        m = len(new)
-        end = verifier.lm.keep_path(list(range(m)) + [m + i for i in path])
-        verifier.kept(new + [tree.tokens[i] for i in path], end)
-    if prop.rows is not None:
-        rows: list[int] = []
-        for i in path:
-            if prop.rows[i] < 0:
-                break
-            rows.append(prop.rows[i])
-        proposer.kept([tree.tokens[i] for i in path[: len(rows)]], proposer.lm.keep_path(rows), after_last=True)
+# ---------------------------------------------------------------- the sampled tree's shape
+def expected_tree(nodes: int, depth: int, k: int, a: list[float] | tuple[float, ...]) -> tuple[list[int], list[int]]:
+    """EAGLE-2's expansion on expected scores (log of a product of a_rank along a path): (parents, ranks). A
+    sampled tree takes this shape on `RANK_PRIOR`; the predictor prices trees by it."""
+    def lp(r: int) -> float:
+        return math.log(max(a[r] if r < len(a) else a[-1] * 0.5, 1e-9))
+
+    par: list[int] = []
+    rank: list[int] = []
+    score: list[float] = []
+    frontier, base = [-1], {-1: 0.0}
+    for _ in range(depth):
+        new = []
+        for f in frontier:
+            for r in range(k):
+                par.append(f)
+                rank.append(r)
+                score.append(base[f] + lp(r))
+                base[len(par) - 1] = score[-1]
+                new.append(len(par) - 1)
+        frontier = sorted(new, key=lambda i: -score[i])[:k]
+    keep = rules.best_nodes(par, score, nodes)
+    idx = {old: i for i, old in enumerate(keep)}
+    return [idx[par[i]] if par[i] >= 0 else -1 for i in keep], [rank[i] for i in keep]

@@ -1,22 +1,11 @@
-"""Pure math of speculative decoding: warps, divergences, the acceptance rules and the one walk that applies
-them to a proposal. No model calls here; every function is tested with hand-built logits. Names follow the
-papers: p is the verifier's distribution, q the proposer's, x̃ the proposed tokens.
+"""Pure math of speculative decoding: warps, divergences, the acceptance rules and the one walk that applies them
+to a proposal (`decide_tree`; the rules and the walk are told in docs/how-it-works.md).
 
-A proposal is a tree of candidates (EAGLE-2, SpecInfer, Sequoia); a chain is the tree with parent i − 1. Node i
-has token `tokens[i]` and parent `parents[i]` (−1: the root, the last committed token), in breadth-first order
-(a parent before its children, depth non-decreasing), so a node at depth d sits at position root + d and attends
-to the prefix, its ancestors and itself. Context c is where a distribution is read: c = 0 the root, c = i + 1
-node i; the verifier's pass gives one row of logits per context.
-
-The walk (`decide_tree`; docs/how-it-works.md, "Trees of candidates"):
-- greedy: from the root, move to the child equal to the verifier's argmax while one exists;
-- sampled, lossless: SpecInfer's multi-step speculative sampling over a context's children, which the
-  proposer drew from its warped q without replacement: child c_i is accepted with min(1, p_i(c_i)/q_i(c_i));
-  on a refusal p_{i+1} = norm(max(0, p_i − q_i)) and q_{i+1} = q_i with c_i removed, renormalised; with no child
-  accepted the verifier's token is drawn from what is left. With one child this is SD's ratio test and residual;
-- fuzzy: Div(P_verifier, P_proposer) is one number per context (its children share it); a passing context
-  accepts its first child (CHOICE: the proposer's own first choice, as a chain's); with the SD fallback a
-  failing context is decided by the rule above.
+Why pure: every rule is tested on hand-built logits, with no model in the way. Names follow the papers: p is the
+verifier's distribution, q the proposer's, x̃ the proposed tokens. A proposal is a tree of candidates in
+breadth-first order (node i: `tokens[i]`, `parents[i]`, −1 the root, the last committed token; a chain's parent is
+i − 1). Context c is where a distribution is read: c = 0 the root, c = i + 1 node i; the verifier's pass gives one
+row of logits per context.
 """
 from __future__ import annotations
 
@@ -321,7 +310,7 @@ def sd_at(tree: Tree, kids: list[int], top: int | None, p: torch.Tensor | None, 
 def decide_tree(z_p: torch.Tensor, tree: Tree, rule: str, tau: float | None, fallback: str,
                 warp_args: tuple[float, int, float], gen: torch.Generator | None,
                 div: tuple[str, str] = ("js", "subset")) -> TreeDecision:
-    """Walk the tree against the verifier's logits z_p [N + 1, V] (row c = context c); see the module doc.
+    """Walk the tree against the verifier's logits z_p [N + 1, V] (row c = context c); docs/how-it-works.md.
 
     rule "sd": greedy at gen None, else multi-step speculative sampling (lossless when each context's children
     were drawn from the warped proposer without replacement); "fuzzy": a context whose divergence ≤ τ accepts

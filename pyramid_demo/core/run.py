@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from ..forward.lm import ModelTriplet, encode_prompt, open_lm
+from ..forward.lm import ModelTriplet, encode_prompt, model_takes_trees, open_lm
 from .config import DecodeConfig
 from .engine import decode, prefill, roles_for
 from .methods import method_spec
@@ -117,60 +117,47 @@ class _Snapshots:
             steps=list(self.steps), shape_why=self.shape_why, solo=self.solo)
 
 
-def resolve_shape(cfg: DecodeConfig, profile: dict | None, trees: bool = True) -> tuple[DecodeConfig, str]:
-    """The config the engine runs (shape "chain" or "tree", never "auto") and why, in one sentence.
+def takes_trees(triplet: ModelTriplet, method: str) -> bool:
+    """Whether the models that would grow and verify `method`'s tree (its shaped stage's proposer and verifier)
+    take a tree of candidates: known before the run, so that "auto" can be priced and a tree refused first."""
+    path = getattr(triplet, "path", "hf")  # HF's forward or the lean one, as `_passes` opens them
+    return all(model_takes_trees(triplet.model(r), path)
+               for st in method_spec(method).stages if st.shaped for r in (st.proposer, st.verifier))
 
-    "auto": the cost profile's predictor (`tree_costs.best_tree`) prices the best tree budget against the best
-    chain on this machine and the faster wins, with its budget; without a profile (or models whose forwards
-    cannot take a tree: `trees` False) the chain. An explicit tree on such models is refused, naming the chain."""
+
+def shape_to_run(cfg: DecodeConfig, trees: bool, why: str = "") -> tuple[DecodeConfig, str]:
+    """The config the loop runs (shape "chain" or "tree") and why, in one sentence: `why` as the caller settled
+    it (`predict.auto_shape.resolve_shape` prices "auto" before the run), else what needs no cost model. A method
+    that proposes nothing has no shape; a tree on models whose forwards cannot take one (`trees` False) is refused,
+    naming the chain; an "auto" nobody priced runs the chain and says so."""
     spec = method_spec(cfg.method)
     if not spec.shaped:
         return replace(cfg, shape="chain"), f"{spec.short} proposes nothing: no shape to choose"
     if cfg.shape == "tree" and not trees:
         raise ValueError(f"{spec.short} over a tree needs forwards that take a tree of candidates, and the models "
                          "here cannot (row-wise attention or a sliding-window cache); run it with --shape chain")
-    if cfg.shape != "auto":
-        return cfg, f"shape {cfg.shape}, as asked"
-    if not trees:
-        return replace(cfg, shape="chain"), ("auto: the chain, because these models' forwards cannot take a tree "
-                                             "(row-wise attention or a sliding-window cache)")
-    st = next(s for s in spec.stages if s.shaped)  # the stage whose proposal takes the shape
-    if not profile or "ms" not in profile or not {st.proposer, st.verifier} <= set(profile["ms"]):
-        return replace(cfg, shape="chain"), "auto: the chain, because no cost profile of this machine is available"
-    from ..predict.tree_costs import best_tree
-
-    # the predictor prices a proposer → verifier stage by the roles "draft" and "target": hand it this stage's
-    b = best_tree({**profile, "ms": {"draft": profile["ms"][st.proposer], "target": profile["ms"][st.verifier]}}, None)
-    tree_s, chain_s = float(b["tokens_per_s"]), float(b["chain_tokens_per_s"])
-    where = f" (the {st.proposer} → {st.verifier} stage)" if spec.pyramid else ""
-    if tree_s > chain_s:
-        budget = {k: int(b[k]) for k in ("tree_nodes", "tree_depth", "tree_k")}
-        ran = replace(cfg, shape="tree", tree_nodes=budget["tree_nodes"], tree_depth=budget["tree_depth"],
-                      tree_k=budget["tree_k"])
-        return ran, (
-            f"auto: a tree of {budget['tree_nodes']} nodes (depth {budget['tree_depth']}, {budget['tree_k']} "
-            f"children), predicted {tree_s:.1f} tok/s against the best chain's {chain_s:.1f} on this machine's "
-            f"profile{where}")
-    return replace(cfg, shape="chain"), (f"auto: the chain, predicted {chain_s:.1f} tok/s against the best tree's "
-                                         f"{tree_s:.1f} on this machine's profile{where}")
+    if cfg.shape == "auto":
+        because = ("these models' forwards cannot take a tree (row-wise attention or a sliding-window cache)"
+                   if not trees else "no cost profile of this machine is available")
+        return replace(cfg, shape="chain"), f"auto: the chain, because {because}"
+    return cfg, why or f"shape {cfg.shape}, as asked"
 
 
-def _passes(triplet: ModelTriplet, ids: list[int], cfg: DecodeConfig, prompt: str,
-            full_records: bool = True, profile: dict | None = None, solo: str | None = None) -> Iterator[_Snapshots]:
-    """Resolve the shape, prefill, then decode; after each target pass yield the run's record so far.
+def _passes(triplet: ModelTriplet, ids: list[int], cfg: DecodeConfig, prompt: str, full_records: bool = True,
+            shape_why: str = "", solo: str | None = None) -> Iterator[_Snapshots]:
+    """Settle the shape, prefill, then decode; after each target pass yield the run's record so far.
 
     Each call builds its own caches and generator, so concurrent runs never share state. `solo`: that role
     decodes alone as method "ar" with it in the target's slot (`core.solo`), its record naming it.
     """
     if solo is not None and cfg.method != "ar":
         raise ValueError(f"a member decoding alone runs as method 'ar', not {cfg.method!r}")
+    cfg, why = shape_to_run(cfg, takes_trees(triplet, cfg.method), shape_why)  # a tree refused before any work
     gen = None if cfg.greedy else torch.Generator().manual_seed(cfg.seed)
     backend = getattr(triplet, "backend", "default")  # the probed (or asked) CPU backend, for every forward
     path = getattr(triplet, "path", "hf")  # HF's forward or the lean one (forward.lean)
     lms = solo_lms(triplet, solo, backend, path) if solo is not None else {
         r: open_lm(triplet.model(r), triplet.vocab_size, r, backend, path) for r in roles_for(cfg.method)}
-    shaped = {r for st in method_spec(cfg.method).stages if st.shaped for r in (st.proposer, st.verifier)}
-    cfg, why = resolve_shape(cfg, profile, all(lms[r].trees for r in shaped))  # a tree's grower and verifier
     prefill_s = prefill(lms, ids)
     for lm in lms.values():  # prefill forwards are reported separately
         lm.reset_counters()
@@ -181,28 +168,28 @@ def _passes(triplet: ModelTriplet, ids: list[int], cfg: DecodeConfig, prompt: st
 
 
 def stream(triplet: ModelTriplet, prompt: str | list[int], cfg: DecodeConfig, chat: bool = True,
-           text: str | None = None, profile: dict | None = None, solo: str | None = None) -> Iterator[RunResult]:
+           text: str | None = None, shape_why: str = "", solo: str | None = None) -> Iterator[RunResult]:
     """Yield a snapshot after every target pass; the last one has stats.stopped set.
 
     `prompt` is text, or ids from `prepare_prompt` so that several runs encode it once; `text` is then
-    the prompt as the user wrote it, for the record (default: the ids decoded). `profile`: this machine's
-    cost profile, from which shape "auto" is resolved (`resolve_shape`). `solo`: a reference run, that role
-    decoding alone (`core.solo`; `cfg.method` must be "ar")."""
+    the prompt as the user wrote it, for the record (default: the ids decoded). `cfg.shape` is the shape to run;
+    `shape_why` why, as the caller resolved it (`predict.auto_shape.resolve_shape` prices "auto"; see
+    `shape_to_run`). `solo`: a reference run, that role decoding alone (`core.solo`; `cfg.method` must be "ar")."""
     ids = prepare_prompt(triplet, prompt, cfg, chat)
     text = _prompt_text(triplet, prompt, ids, text)
-    for record in _passes(triplet, ids, cfg, text, profile=profile, solo=solo):
+    for record in _passes(triplet, ids, cfg, text, shape_why=shape_why, solo=solo):
         yield record.result()
 
 
 def generate(triplet: ModelTriplet, prompt: str | list[int], cfg: DecodeConfig, chat: bool = True,
-             text: str | None = None, full_records: bool = True, profile: dict | None = None,
+             text: str | None = None, full_records: bool = True, shape_why: str = "",
              solo: str | None = None) -> RunResult:
     """Run to the end and return the final record (one snapshot, not one per pass); arguments as `stream`.
     `full_records=False` (bench) keeps each token's status but no display values (top-5, divergences, p/q)."""
     ids = prepare_prompt(triplet, prompt, cfg, chat)
     text = _prompt_text(triplet, prompt, ids, text)
     record = None
-    for record in _passes(triplet, ids, cfg, text, full_records, profile, solo):  # noqa: B007 - the last one is the run's record
+    for record in _passes(triplet, ids, cfg, text, full_records, shape_why, solo):  # noqa: B007 - the last one is the run's record
         pass
     if record is None:
         raise RuntimeError("the decoding loop made no target pass")

@@ -48,9 +48,8 @@ def first_divergence(out: list[int], ref: list[int]) -> int | None:
 
 
 class Tally:
-    """Every statistic's totals, kept step by step: `compute_stats` over a run's steps, and a streaming run's
-    snapshot after each pass (`run`), which then costs the same on the last pass as on the first. The one
-    implementation of the statistics."""
+    """Every statistic's totals, kept step by step: a streaming run's snapshot after each pass (`run`) then
+    costs the same on the last pass as on the first. The one implementation of the statistics."""
 
     def __init__(self) -> None:
         self.n_new, self.passes, self.decode_s, self.target_accepted = 0, 0, 0.0, 0
@@ -116,11 +115,3 @@ class Tally:
             engine_overhead_s=round(max(0.0, decode_s - sum(self.ftime.values())), 6), stopped=stopped,
             rounds={s: self.rounds[s] for s in stages},
         )
-
-
-def compute_stats(method: str, steps: list[Step], prefill_s: float, stopped: str) -> Stats:
-    """The statistics of a run's steps (charts and reports recompute them from the records alone)."""
-    tally = Tally()
-    for step in steps:
-        tally.add(step)
-    return tally.stats(method, prefill_s, stopped)

@@ -1,30 +1,26 @@
 """Plain, JSON-serialisable records of a run: the app, charts and benchmark read only these.
 
-Token status vocabulary:
-  accepted   drafted token the verifier kept
-  rejected   the first drafted token the verifier refused
-  discarded  drafted tokens after the first rejection (scored, never used); and tokens a round's cut
-             left unused: a PSD block ends at its size or after an unsure qualifier token, so the accepted
-             tokens past the cut and the qualifier's own token never enter it (n_accepted counts only the
-             kept); after an EOS inside an accepted run the round ends after the EOS (its own token
-             discarded, the proposals after the EOS left out of the record)
-  resampled  the verifier's own token at the first rejection
-  bonus      the verifier's own token when the walk ended where nothing more was proposed: after a fully
-             accepted chain, at a tree's leaf, and after an empty proposal (the last token of the budget is a
-             target pass that proposes nothing); its origin is then "bonus" too (`round.Round.own_status`)
-Every round is a tree (`StageRound.parents`; a chain's is [−1, 0, 1, …]): accepted = on the accepted path,
-rejected = a candidate the verifier tried and refused, discarded = never reached.
-Token origin (what the app colours): draft | qualifier | target | bonus.
+Why plain: the UI, the bench and the statistics recompute everything from the records alone, never from a model.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 
 from . import rules
 
+# A token's status. Every round is a tree (`StageRound.parents`; a chain's is [−1, 0, 1, …]):
+#   accepted   a proposed token on the accepted path
+#   rejected   a candidate the verifier tried and refused
+#   discarded  a candidate never reached; and tokens a round's cut left unused (a PSD block ends at its size or
+#              after an unsure qualifier token: the accepted tokens past the cut and the qualifier's own token
+#              never enter it, n_accepted counts only the kept; an EOS inside an accepted run ends the round after
+#              it, its own token discarded and the proposals below the EOS left out of the record)
+#   resampled  the verifier's own token after a refusal
+#   bonus      the verifier's own token where the walk ended with nothing more proposed (a fully accepted chain, a
+#              tree's leaf, an empty proposal: the budget's last token); its origin is then "bonus" too
+#              (`round.Round.own_status`)
 STATUSES = ("accepted", "rejected", "discarded", "resampled", "bonus")
-ORIGINS = ("draft", "qualifier", "target", "bonus")
+ORIGINS = ("draft", "qualifier", "target", "bonus")  # a token's origin: what the app colours
 
 
 @dataclass
@@ -128,6 +124,3 @@ class RunResult:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-    def to_json(self, **kw) -> str:
-        return json.dumps(self.to_dict(), **kw)

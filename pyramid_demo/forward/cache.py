@@ -1,9 +1,9 @@
 """The one cache bookkeeping every model shares (HF's forward, the lean forward, the feature draft, the
-tests' mock): positions are explicit, and a feed that does not extend the cached prefix raises.
+tests' mock): each knows where its cache ends, and a feed that does not extend the cached tokens raises.
 
-Why one: three copies of "what is cached, what to feed, where to crop" drifted apart before, and a
-missed rollback then read a stale cache silently. Here the caller says where its tokens start; the
-cache checks it and keeps the counters the cost profile reads.
+Why one: copies of "what is cached, what to feed, where to crop" drifted apart before, and a missed rollback
+then read a stale cache silently. Here the model holds its cached tokens; `feed` checks the sequence it is
+handed against them and keeps the counters the cost profile reads.
 """
 from __future__ import annotations
 
@@ -50,8 +50,11 @@ class TargetStates:
 
 
 class CachedModel(abc.ABC):
-    """Bookkeeping for one model's per-run cache. Subclasses implement `_run` (compute logits of the last
-    `keep` fed rows, and `self.feats` when `publish` is set) and `_crop` (drop cached positions ≥ pos)."""
+    """Bookkeeping for one model's per-run cache: the tokens it holds (`ids`), so it alone knows where it ends.
+    The loop feeds it sequences (`feed`, `unfed`, `keep_along`, `truncate`); probes and tests may feed tokens at
+    a position they state (`forward`, `forward_tree`, `keep_path`), which must be where the cache ends.
+    Subclasses implement `_run` (compute logits of the last `keep` fed rows, and `self.feats` when `publish` is
+    set) and `_crop` (drop cached positions ≥ pos)."""
 
     role: str
     device: torch.device = torch.device("cpu")
@@ -155,13 +158,34 @@ class CachedModel(abc.ABC):
             self.publish.truncate(len(self.ids))
         return len(self.ids)
 
-    # ---------------------------------------------------------------- whole-sequence conveniences
-    def logits(self, seq: list[int], keep: int) -> torch.Tensor:
-        """Logits for the last `keep` positions of `seq`, which must extend the cached tokens."""
+    # ---------------------------------------------------------------- the loop's side: sequences, not positions
+    def feed(self, seq: list[int], keep: int) -> torch.Tensor:
+        """Feed what `seq` holds past the cache; logits of its last `keep` positions [keep, V] fp32, CPU."""
+        n = len(self.ids)
+        return self.forward(self.unfed(seq), n, keep)
+
+    def unfed(self, seq: list[int]) -> list[int]:
+        """seq's tokens past the cache, once the cached ones are checked to be seq's first: a missed cut (a
+        rejection the cache never heard of) raises CacheError instead of feeding after stale tokens."""
         n = len(self.ids)
         if seq[:n] != self.ids:
-            raise CacheError(f"{self.role}: the sequence does not extend its cached prefix")
-        return self.forward(seq[n:], n, keep)
+            bad = next((i for i, (a, b) in enumerate(zip(seq, self.ids)) if a != b), min(n, len(seq)))
+            raise CacheError(f"{self.role}: its cache holds {n} tokens, but the sequence differs from them at "
+                             f"position {bad} (a cut was missed)")
+        return seq[n:]
+
+    def keep_along(self, seq: list[int]) -> int:
+        """After a tree forward: keep the pending rows that spell the longest prefix of seq past the cache's end
+        (`keep_path`), drop the others. Siblings fed one token hold the same keys, so the first match serves.
+        Returns where the cache now ends."""
+        rows: list[int] = []
+        for t in seq[len(self.ids):] if self.pending else ():
+            r = next((j for j, (tok, par, _) in enumerate(self.pending)
+                      if tok == t and par == (rows[-1] if rows else -1)), None)
+            if r is None:
+                break
+            rows.append(r)
+        return self.keep_path(rows)
 
     def rollback(self, seq: list[int]) -> None:
         """Crop to the longest prefix shared with `seq`, less its last token (fed next)."""

@@ -207,8 +207,9 @@ class CompiledLM(CachedModel):
 
     trees = True
 
-    def __init__(self, model: Any, vocab_size: int, role: str, capacity: int = MIN_CAPACITY) -> None:
-        super().__init__(role)
+    def __init__(self, model: Any, vocab_size: int, role: str, backend: str = "default",
+                 capacity: int = MIN_CAPACITY) -> None:
+        super().__init__(role)  # `backend`: open_lm's signature; the package's kernels were chosen when it was built
         runner = runner_of(model)
         if runner is None:
             raise RuntimeError(f"{role}: no compiled forward is loaded for this model")

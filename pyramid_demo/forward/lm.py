@@ -18,8 +18,9 @@ from .cache import CachedModel, TargetStates
 
 
 class LM(Protocol):
-    """What the engine needs from a model: a cached forward at an explicit position, and truncation.
-    Every implementation is a `cache.CachedModel` (one bookkeeping); the type check holds them to this."""
+    """What the engine needs from a model: a cache that knows where it ends, fed from a sequence it checks, cut
+    back after a rejection, and a tree's accepted path kept. Every implementation is a `cache.CachedModel` (one
+    bookkeeping); the type check holds them to this."""
 
     role: str
     ids: list[int]  # tokens whose keys/values are in the cache, in order
@@ -31,13 +32,15 @@ class LM(Protocol):
 
     @property
     def cache_len(self) -> int: ...
-    def forward(self, tokens: list[int], pos: int, keep: int) -> torch.Tensor: ...  # [keep, V] fp32, CPU
+    def feed(self, seq: list[int], keep: int) -> torch.Tensor: ...  # seq past the cache; [keep, V] fp32, CPU
+    def unfed(self, seq: list[int]) -> list[int]: ...  # seq past the cache, the cached tokens checked
     def truncate(self, pos: int) -> int: ...  # returns where the cache now ends
     @property
     def trees(self) -> bool: ...  # whether its forward takes tree rows
     def forward_tree(self, tokens: list[int], parents: list[int], pos: int) -> torch.Tensor: ...  # [n, V]
-    def keep_path(self, rows: list[int]) -> int: ...  # the accepted tree rows join the cache
-    def logits(self, seq: list[int], keep: int) -> torch.Tensor: ...
+    def keep_along(self, seq: list[int]) -> int: ...  # the tree rows that spell seq join the cache
+    def forward(self, tokens: list[int], pos: int, keep: int) -> torch.Tensor: ...  # [keep, V] at pos
+    def keep_path(self, rows: list[int]) -> int: ...  # these tree rows join the cache
     def rollback(self, seq: list[int]) -> None: ...
     def reset_counters(self) -> None: ...
 
@@ -90,6 +93,14 @@ def full_window_cache(config: Any) -> DynamicCache:
     return cache
 
 
+def _hf_takes_trees(config: Any, cache: Any) -> bool:
+    """HF's forward takes a tree as a custom 4-D mask, except under row-wise attention (which ignores masks:
+    `forward.attention`) and caches that are not plain key/value lists (sliding windows, quantised caches)."""
+    impl = getattr(config, "_attn_implementation", "sdpa")
+    return impl != "rowwise" and all(type(layer).__name__ == "DynamicLayer"
+                                     for layer in getattr(cache, "layers", [None]))
+
+
 class CachedLM(CachedModel):
     """One model's per-run decoding state over a Hugging Face causal LM."""
 
@@ -132,11 +143,7 @@ class CachedLM(CachedModel):
 
     @property
     def trees(self) -> bool:  # type: ignore[override]
-        """HF's forward takes a tree as a custom 4-D mask, except under row-wise attention (which ignores masks:
-        `forward.attention`) and caches that are not plain key/value lists (sliding windows, quantised caches)."""
-        impl = getattr(self.model.config, "_attn_implementation", "sdpa")
-        return impl != "rowwise" and all(type(layer).__name__ == "DynamicLayer"
-                                         for layer in getattr(self.cache, "layers", [None]))
+        return _hf_takes_trees(self.model.config, self.cache)
 
     @torch.inference_mode()
     def _run_tree(self, rows: list[tuple[int, int, int]], base: int, pos: int) -> torch.Tensor:
@@ -181,28 +188,45 @@ class CachedLM(CachedModel):
 PATHS = ("hf", "lean")
 
 
-def open_lm(model: torch.nn.Module, vocab_size: int, role: str, backend: str = "default",
-            path: str = "hf") -> LM:
-    """A fresh per-run LM over a loaded model: the lean forward where `path` asks for it and the model's
-    architecture is covered (`lean_weights.supports_lean`), else HF's forward (`CachedLM`)."""
+def _lm_class(model: torch.nn.Module, path: str) -> type[CachedModel]:
+    """Which forward a run uses over `model`: the feature draft's own, the lean one where `path` asks for it and
+    the architecture is covered (`lean_weights.supports_lean`), else HF's (`CachedLM`)."""
     if path not in PATHS:
         raise ValueError(f"unknown forward path {path!r}; choose one of {', '.join(PATHS)}")
     if getattr(model, "reads_target", False):  # a proposer that reads the target's states (EAGLE-style)
         from .feature_lm import FeatureLM
 
-        return FeatureLM(model, vocab_size, role)
+        return FeatureLM
     if path == "lean":
         from .compiled import CompiledLM, runner_of
         from .lean import LeanLM
         from .lean_weights import supports_lean
 
         if runner_of(model) is not None:  # its compiled pass is loaded (`models.kernels.choose_compiled`)
-            return CompiledLM(model, vocab_size, role)
+            return CompiledLM
         if supports_lean(model):
             # padded attention: one SDPA call per layer for a whole pass, still equal to one-token steps
             # (the probe checks exactly this forward)
-            return LeanLM(model, vocab_size, role, backend)
-    return CachedLM(model, vocab_size, role, backend)
+            return LeanLM
+    return CachedLM
+
+
+def open_lm(model: torch.nn.Module, vocab_size: int, role: str, backend: str = "default",
+            path: str = "hf") -> LM:
+    """A fresh per-run LM over a loaded model (`_lm_class` says which forward)."""
+    cls: Any = _lm_class(model, path)
+    if getattr(model, "reads_target", False):
+        return cls(model, vocab_size, role)
+    return cls(model, vocab_size, role, backend)
+
+
+def model_takes_trees(model: torch.nn.Module, path: str = "hf") -> bool:
+    """Whether the LM `open_lm` would build over `model` takes a tree of candidates: known before a run, without
+    building one (the shape is chosen, or a tree refused, before any work)."""
+    cls = _lm_class(model, path)
+    if cls is CachedLM:
+        return _hf_takes_trees(model.config, full_window_cache(model.config))
+    return bool(cls.trees)
 
 
 def encode_prompt(tokenizer: Any, text: str, chat: bool = True) -> list[int]:

@@ -6,37 +6,14 @@ pyramid's block and the prices are derived: docs/how-it-works.md.
 """
 from __future__ import annotations
 
-import math
 from functools import cache
 
-from ..core.rules import best_nodes, depths
+from ..core.round import expected_tree
+from ..core.rules import depths
 from .engine_costs import engine_ms
 from .profile import cost_ms, cost_tree_ms
 
-
 # ---------------------------------------------------------------- what a round commits
-def expected_tree(nodes: int, depth: int, k: int, a: list[float] | tuple[float, ...]) -> tuple[list[int], list[int]]:
-    """EAGLE-2's expansion on expected scores (log of a product of a_rank along a path): (parents, ranks)."""
-    def lp(r: int) -> float:
-        return math.log(max(a[r] if r < len(a) else a[-1] * 0.5, 1e-9))
-
-    par: list[int] = []
-    rank: list[int] = []
-    score: list[float] = []
-    frontier, base = [-1], {-1: 0.0}
-    for _ in range(depth):
-        new = []
-        for f in frontier:
-            for r in range(k):
-                par.append(f)
-                rank.append(r)
-                score.append(base[f] + lp(r))
-                base[len(par) - 1] = score[-1]
-                new.append(len(par) - 1)
-        frontier = sorted(new, key=lambda i: -score[i])[:k]
-    keep = best_nodes(par, score, nodes)
-    idx = {old: i for i, old in enumerate(keep)}
-    return [idx[par[i]] if par[i] >= 0 else -1 for i in keep], [rank[i] for i in keep]
 
 
 def node_probs(parents: list[int], ranks: list[int], a: list[float] | tuple[float, ...]) -> list[float]:

@@ -27,12 +27,12 @@ class ForwardTimer:
         self.lm = open_lm(model, vocab_size, "probe", backend, path)
         self.context = context
         self.ids = [(7919 * i + 11) % max(2, vocab_size - 1) + 1 for i in range(context + MAX_K + 64)]
-        self.lm.logits(self.ids[:context], 1)
+        self.lm.feed(self.ids[:context], 1)
 
     def time(self, k: int) -> float:
         """Seconds for one forward of k new tokens; the cache is cropped back to `context` after."""
         t0 = self.lm.time_s
-        self.lm.logits(self.ids[: self.context + k], k)
+        self.lm.feed(self.ids[: self.context + k], k)
         t = self.lm.time_s - t0
         self.lm.rollback(self.ids[: self.context + 1])  # keeps `context` tokens
         return t
@@ -52,18 +52,17 @@ class ForwardTimer:
         return t
 
     def time_feed(self) -> tuple[float, float]:
-        """Seconds of a one-token feed through the engine's own path (its cursor's checks, the model's bookkeeping
-        outside the forward's clock, the pick) beyond the forward itself; and seconds to cut the cache back
-        (every cursor's cut after a step). The cache ends at `context` after."""
+        """Seconds of a one-token feed through the engine's own path (the sequence check, the model's bookkeeping
+        outside the forward's clock, the finiteness check, the pick) beyond the forward itself; and seconds to
+        cut the cache back (every model's cut after a step). The cache ends at `context` after."""
         import time
 
-        from ..core.round import Cursor
+        from ..core.round import feed
 
         lm = self.lm
-        cur = Cursor(lm, lm.cache_len)
         seq = self.ids[: self.context + 1]
         t0, m0 = time.perf_counter(), lm.time_s
-        int(cur.feed(seq, 1)[0].argmax())  # the greedy pick
+        int(feed(lm, seq, 1)[0].argmax())  # the greedy pick
         extra = time.perf_counter() - t0 - (lm.time_s - m0)
         t1 = time.perf_counter()
         lm.truncate(self.context)
@@ -180,7 +179,7 @@ def measure_engine(vocab_size: int, timers: dict[str, Any] | None = None, reps: 
             fed = [target.time_feed() for _ in range(reps)]
             out["feed"] = round(1000 * min(f for f, _ in fed), 5)
             out["step"] = round(1000 * min(c for _, c in fed), 5)
-        except (ImportError, TypeError, AttributeError):  # an engine whose cursor reads otherwise: the loop's prices
+        except (ImportError, TypeError, AttributeError):  # an engine that feeds otherwise: the loop's prices
             pass
     keep: dict[str, float] = {}
     for role, timer in (timers or {}).items():
@@ -260,7 +259,7 @@ def warm_up(models: dict[str, Any], vocab_size: int, backend: str, prompt_ids: l
             continue
         seen.add(id(model))
         lm = open_lm(model, vocab_size, role, backend, path)
-        seq = ids + [int(lm.logits(ids, 1)[0].argmax())]
-        seq.append(int(lm.logits(seq, 1)[0].argmax()))
-        lm.logits(seq + seq[-3:], 3)
+        seq = ids + [int(lm.feed(ids, 1)[0].argmax())]
+        seq.append(int(lm.feed(seq, 1)[0].argmax()))
+        lm.feed(seq + seq[-3:], 3)
     return time.perf_counter() - t0

@@ -8,12 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .expected import ar_ms, expected_tree, round_speed  # noqa: F401 - expected_tree: the sampled tree's shape
+from ..core.round import RANK_PRIOR, expected_tree  # noqa: F401 - the sampled tree's shape, read here too
+from .expected import ar_ms, round_speed
 
-# on-policy rank marginals of the shipped feature draft (greedy, the 8 prompts of assets/unseen_prompts.jsonl,
-# 352 positions: top-1 0.406, top-2 0.509, top-3 0.554, top-4 0.599, top-5 0.645): what is assumed before a
-# tree has run here
-RANK_PRIOR = (0.406, 0.103, 0.045, 0.045, 0.046)
 BUDGETS = [(n, d, k) for n in (4, 6, 8, 12, 16, 24, 32) for d in (2, 3, 4, 5, 6) for k in (2, 3, 4) if d <= n]
 GAMMAS = range(1, 9)
 

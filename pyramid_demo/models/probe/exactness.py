@@ -23,12 +23,12 @@ def pass_vs_steps(lm: LM, ids: list[int], context: int, ks: Sequence[int]) -> li
     seq = ids[: context + kmax]
     if len(seq) < context + kmax:
         raise ValueError(f"need {context + kmax} ids, got {len(ids)}")
-    lm.logits(seq[:context], 1)
-    steps = torch.cat([lm.logits(seq[: context + i + 1], 1) for i in range(kmax)])  # [kmax, V]
+    lm.feed(seq[:context], 1)
+    steps = torch.cat([lm.feed(seq[: context + i + 1], 1) for i in range(kmax)])  # [kmax, V]
     out = []
     for k in ks:
         lm.rollback(seq[: context + 1])  # keeps the `context` prefilled tokens
-        z = lm.logits(seq[: context + k], k)  # [k, V]
+        z = lm.feed(seq[: context + k], k)  # [k, V]
         ref = steps[:k]
         diff = torch.where(z == ref, 0.0, (z - ref).abs())  # equal −inf (a reduced head's zeros) differ by 0
         out.append({"k": k, "context": context, "bitwise": bool(torch.equal(z, ref)),
@@ -48,7 +48,7 @@ def tree_vs_steps(lm: LM, ids: list[int], context: int, parents: Sequence[int]) 
     truncation (a step at each depth of a path is shared by the rows below it)."""
     tokens = ids[context: context + len(parents)]
     lm.rollback(ids[:context])  # an LM an earlier check used: keep what it shares with these ids
-    lm.logits(ids[:context], 1)
+    lm.feed(ids[:context], 1)
     z = lm.forward_tree(tokens, list(parents), context)  # [n, V]
     worst, bitwise, top1 = 0.0, True, True
     cache: dict[tuple[int, ...], torch.Tensor] = {}
@@ -71,7 +71,7 @@ def tree_vs_steps(lm: LM, ids: list[int], context: int, parents: Sequence[int]) 
 
 def tree_passes(lm: LM, ids: list[int], context: int, ks: Sequence[int]) -> list[dict[str, Any]]:
     """Every tree shape that fits the plan's ids, against steps along each path (none where the LM's forward
-    takes no trees: a tree shape is then refused, and "auto" takes the chain, before any run: `run.resolve_shape`)."""
+    takes no trees: a tree shape is then refused, and "auto" takes the chain, before any run: `run.takes_trees`)."""
     if not getattr(lm, "trees", False) or max(ks) < max(map(len, TREE_SHAPES)):  # once per plan: its longest pass
         return []
     at = (context, context + 25)  # the second tree's rows cross a key-length edge (`lean.key_len`) at 100
