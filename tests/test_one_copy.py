@@ -40,7 +40,7 @@ def test_fused_weights_are_the_layers_own_storage_through_cast_rebuild_and_copy(
     are, and a deep copy's are its own; HF's forward and the lean one still agree."""
     model = family("qwen2", init=0.5)
     assert _shares(model), "a fused weight is a copy beside the layers' own"
-    assert (LeanLM(model, V, "t").logits(IDS[:12], 4) - CachedLM(model, V, "t").logits(IDS[:12], 4)).abs().max() < 1e-4
+    assert (LeanLM(model, V, "t").feed(IDS[:12], 4) - CachedLM(model, V, "t").feed(IDS[:12], 4)).abs().max() < 1e-4
     fused = lean_weights(model).layers[0].qkv.weight.data_ptr()
     model.model.layers[1].self_attn.o_proj = torch.nn.Linear(64, 64, bias=False)  # another layer swapped: a rebuild
     assert lean_weights(model).layers[0].qkv.weight.data_ptr() == fused, "a rebuild copied the fused weight anew"
@@ -63,8 +63,8 @@ def test_a_training_step_moves_the_fused_weights_with_the_layers(one_thread):
     opt.step()
     assert lean_weights(model) is built
     with torch.no_grad():
-        want = CachedLM(model, V, "t").logits(IDS[:12], 4)
-    assert (LeanLM(model, V, "t").logits(IDS[:12], 4) - want).abs().max() < 1e-4
+        want = CachedLM(model, V, "t").feed(IDS[:12], 4)
+    assert (LeanLM(model, V, "t").feed(IDS[:12], 4) - want).abs().max() < 1e-4
 
 
 @pytest.mark.skipif(not packed.available(torch.bfloat16), reason="this CPU's oneDNN does not run bf16")

@@ -3,8 +3,9 @@ tokens, the bonus not counted; a tree's path length, not its nodes; a pyramid's 
 how many bins a run has, and where the figure's bars and x axis start and stop. No model runs."""
 from __future__ import annotations
 
+from helpers import compute_stats
+
 from pyramid_demo.app import pass_hist
-from pyramid_demo.core.stats import compute_stats
 from pyramid_demo.core.trace import RunResult, StageRound, Step, TokenRec
 
 

@@ -3,7 +3,7 @@ where the taken child's own children are all refused. Each beat's sentence, lit 
 the child the walk took, never its first sibling. Hand-built records (`test_playback`'s), no model runs."""
 from __future__ import annotations
 
-from test_playback import decode, rnd, sentences, step
+from test_playback import _walk_order, decode, rnd, sentences, step
 
 from pyramid_demo.app import playback
 
@@ -29,7 +29,7 @@ def test_a_walk_takes_the_second_child_below_the_root() -> None:
     sentence names the target's top choice, the sibling it then takes), the second taken, then the taken child's
     child; the refused child's subtree and the root's second child are never visited."""
     t, s = deep_tree()
-    assert playback.walk_order(t) == [0, 2, 3, 6]
+    assert _walk_order(t) == [0, 2, 3, 6]
     assert sentences(s) == [
         "draft guesses ‘ The’",
         "draft adds ‘ A’ as another guess",
@@ -53,7 +53,7 @@ def test_the_committed_text_grows_with_the_child_taken() -> None:
     t, s = deep_tree()
     beats = playback.beats(s, decode)
     judged = beats[7:11]
-    assert [playback.lit_tokens(b) for b in judged] == [[" The"], [" cat"], [" dog"], [" ran"]]
+    assert [[b.chips[i].text for i in b.lit] for b in judged] == [[" The"], [" cat"], [" dog"], [" ran"]]
     assert committed(beats)[6:12] == ["", " The", " The", " The dog", " The dog ran", " The dog ran on"]
     assert playback.shown(beats[11]) == [(" The", "✓"), (" A", "·"), (" cat", "✗"), (" dog", "✓"), (" big", "·"),
                                          (" sat", "·"), (" ran", "✓"), (" on", "+")]
