@@ -176,36 +176,21 @@ class Fp16Linear(Fusable):
             bias = torch.cat([p[1] if p[1] is not None else w.new_zeros(p[0].shape[0]) for p in parts])
         return Fp16Linear(w, bias)
 
-    def exportable(self) -> Int8Linear:
-        """fbgemm's op does not export: a compiled pass reads this layer in int8 weights (per output row) instead."""
+    def exportable(self) -> torch.nn.Linear:
+        """fbgemm's op does not export: a compiled pass reads this layer's fp16 values as an fp32 linear, which
+        inductor packs for oneDNN (torch's int8 weight-only kernel measured slower on a few rows here)."""
         w, b = self.unpacked()
-        return Int8Linear(w.float(), b)
+        lin = torch.nn.Linear(w.shape[1], w.shape[0], bias=b is not None, device="meta")
+        lin.weight = torch.nn.Parameter(w.float(), requires_grad=False)
+        if b is not None:
+            lin.bias = torch.nn.Parameter(b.float(), requires_grad=False)
+        return lin
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         part = self._through_whole(x)
         if part is not None:
             return part
         y = torch.ops.quantized.linear_dynamic_fp16(x.reshape(-1, self.in_features).float(), self.packed)
-        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
-
-
-class Int8Linear(torch.nn.Module):
-    """y = x·Wᵀ + b with W in int8, one scale per output row, through torch's own weight-only kernel (gpt-fast's
-    int8): what a compiled pass runs where fbgemm's fp16 op cannot be compiled."""
-
-    def __init__(self, w: torch.Tensor, b: torch.Tensor | None = None) -> None:
-        super().__init__()
-        self.in_features, self.out_features = w.shape[1], w.shape[0]
-        scale = w.abs().amax(1).clamp(min=1e-12) / 127  # [N]
-        self.register_buffer("q", torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8))  # [N, K]
-        self.register_buffer("scale", scale.float())
-        self.register_buffer("bias", None if b is None else b.detach().float())
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, self.in_features).float()  # [rows, K]
-        y = torch._weight_int8pack_mm(flat, self.q, self.scale)  # [rows, N]
-        if self.bias is not None:
-            y = y + self.bias
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
 
