@@ -27,7 +27,7 @@ from .cache import LONGEST_PASS, CachedModel
 from .lean import rms_norm
 from .lean_weights import LeanWeights, lean_weights
 
-FORMAT = 2  # bump when the pass below changes: older packages are then stale
+FORMAT = 3  # bump when the pass below changes: older packages are then stale
 MIN_CAPACITY = 256  # cache slots a run starts with; doubled when outgrown
 _ATTR = "_pyramid_compiled"  # the loaded package on the model object
 _LOCK = threading.Lock()

@@ -89,9 +89,13 @@ def quantized_copy(model: torch.nn.Module, group: int, vocab_size: int | None = 
             copies[kind] = int4_copy(model, group, kind)
         return copies[kind]
 
-    best = _pick(_copy_key(model.config, _dtype(model), group), ["int4", "fp16"],
-                 lambda kind: time_forward(build(kind), vocab, TIMED, 5, path="lean"))
-    return build(best)
+    def measure(kind: str) -> float:
+        copy = build(kind)
+        if kind == "int4":  # on the forward it would run: compiled where that is faster (fp16 weights do not compile)
+            choose_compiled(copy, vocab)
+        return time_forward(copy, vocab, TIMED, 5, path="lean")
+
+    return build(_pick(_copy_key(model.config, _dtype(model), group), ["int4", "fp16"], measure))
 
 
 def choose_draft(draft: torch.nn.Module, vocab_size: int) -> str:
@@ -129,7 +133,10 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 def _copy_key(config: Any, dtype: torch.dtype, group: int) -> str:
-    return _key(f"copy-g{group}", shape_key(config, dtype))
+    """The copy's format is timed on the forward it would run: with compiled packages or without."""
+    from ..forward.compiled import wanted
+
+    return _key(f"copy-g{group}" + ("-compiled" if wanted() else ""), shape_key(config, dtype))
 
 
 def _draft_key(hidden: int, n_subset: int, dtype: torch.dtype) -> str:
@@ -178,6 +185,9 @@ def choose_compiled(model: torch.nn.Module, vocab_size: int) -> str:
     unless BUILD is on. Returns "compiled", "eager", or why there is none (one line, shown once)."""
     from ..forward import compiled
 
+    kinds = getattr(model, "quant_kinds", None) or ()
+    if "Fp16Linear" in kinds and "Int4Linear" not in kinds:  # fp16 weights would compile as fp32: nothing to gain
+        return "eager"
     if not _lean(model) or next(model.parameters()).device.type != "cpu" or not compiled.wanted():
         return "eager"
     if not compiled.load(model):
