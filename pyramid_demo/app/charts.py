@@ -71,10 +71,8 @@ def race_figure(results: dict[str, RunResult], running: str | None = None, live:
 
 def _bars(fig: go.Figure, rnds: list[StageRound], tau: float | None, texts: dict[int, str], row: int,
           label: str) -> None:
-    """One bar per position of each round, along its line (`inspector.positions`: the accepted path, then the
-    top-ranked candidate): the divergence at that position's context, its parent's (recorded on each child there),
-    coloured by the token's fate at this τ; a tree's other candidates at the position are named on hover and
-    counted on the bar (they share the context, so its divergence)."""
+    """One bar per position along each round's line (`inspector.positions`): its context's divergence, coloured
+    by the token's fate at τ; a tree's other candidates there are named on hover and counted on the bar."""
     xs, ys, colours, hover, marks = [], [], [], [], []
     for j, rnd in enumerate(rnds):
         what = whatif_statuses(rnd, tau)

@@ -1,9 +1,6 @@
 """The cost profile in `bench`: per-run forward records, the profile's prediction per run, and the section of
-results.json / report.html that says why each method wins or loses on this machine.
-
-Why per run: every prediction is the profile's price for the forwards and engine work that run made
-(`costs_fit` rescales it by the other variants' runs), so a busy machine moves the figures, not the comparison.
-"""
+results.json / report.html that says why each method wins or loses here (a busy machine moves the figures,
+not the comparison)."""
 from __future__ import annotations
 
 import html

@@ -1,9 +1,5 @@
-"""Reference measurements beside the engine: Hugging Face `generate()` peers, single-model
-speeds and the target's teacher-forced log-probability of a produced text.
-
-Peers are timed as the wall time of the `generate()` call, prefill included, nothing
-subtracted; compare them with the engine's tokens/s *including* prefill.
-"""
+"""Reference measurements beside the engine: Hugging Face `generate()` peers (wall time, prefill included),
+single-model speeds and the target's teacher-forced log-probability of a produced text."""
 from __future__ import annotations
 
 import copy
@@ -63,11 +59,8 @@ def runnable(triplet: ModelTriplet, variants: list[Any]) -> tuple[list[Any], lis
 
 @torch.inference_mode()
 def hf_generate(triplet: ModelTriplet, prompt_ids: list[int], cfg: DecodeConfig, peer: str) -> PeerRun:
-    """Run a peer on the target: plain `generate()` or assisted generation with the draft.
-
-    Assisted generation keeps Hugging Face's own defaults for the number of drafted tokens
-    (its adaptive schedule), as a user calling `assistant_model=` would get.
-    """
+    """Run a peer on the target: plain `generate()`, or assisted generation with the draft on Hugging Face's
+    own drafting defaults, as a user calling `assistant_model=` would get."""
     if peer not in PEERS:
         raise ValueError(f"unknown peer {peer!r}; choose one of {', '.join(PEERS)}")
     why = unsupported(triplet, peer)

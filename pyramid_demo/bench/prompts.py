@@ -1,8 +1,5 @@
-"""The benchmark's prompts: a built-in, varied set written for this project, or a user's JSONL.
-
-A JSONL prompt file holds one object per line with a "prompt" string (an optional
-"category" is kept for the report); blank lines and lines starting with '#' are skipped.
-"""
+"""The benchmark's prompts: a built-in, varied set, or a user's JSONL ({"prompt", optional "category"} per line;
+blank lines and '#' lines skipped)."""
 from __future__ import annotations
 
 import json

@@ -38,9 +38,7 @@ def _pooled(rows: list[dict], num: str, den: str) -> float | None:
 
 
 def summarize(rows: list[dict]) -> list[dict]:
-    """One record per variant, in first-seen order. Speeds, speed-ups, overhead share and
-    quality are medians over runs (speed-ups computed per prompt first); acceptance and
-    accepted length are pooled over all runs (sum accepted / sum proposed or passes)."""
+    """One record per variant: speeds, speed-ups and quality as medians over runs, acceptance pooled over runs."""
     order: dict[str, list[dict]] = {}
     for r in rows:
         order.setdefault(r["variant"], []).append(r)

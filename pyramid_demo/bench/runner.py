@@ -1,9 +1,7 @@
 """`bench`: every method side by side on the same models and prompts, with HF peers.
 
-One warm-up run per method, then the methods interleaved per prompt (A B C … A B C …) so
-machine drift hits all alike. Writes results.csv (one row per method × prompt × repeat),
-results.json (rows + summary + machine) and report.html (self-contained plotly charts).
-"""
+Methods run interleaved per prompt (A B C … A B C …) after one warm-up each, so machine drift hits all alike;
+writes results.csv, results.json and a self-contained report.html."""
 from __future__ import annotations
 
 import argparse
