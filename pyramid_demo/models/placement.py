@@ -1,9 +1,5 @@
-"""Where a family's weights go: one device (the default), `auto` (accelerate spreads each model
-over every visible GPU and offloads the rest to CPU RAM), and optional 8-/4-bit weights via
-bitsandbytes. The engine copes with any placement: `CachedLM` feeds a model on its input
-embedding's device and brings logits back to the CPU as fp32, and each model's KV cache stays
-(and is cropped) on the devices its layers live on.
-"""
+"""Where a family's weights go: one device (the default), `auto` (accelerate spreads each model over the
+GPUs and CPU RAM) and optional 8-/4-bit weights via bitsandbytes."""
 from __future__ import annotations
 
 import importlib.util

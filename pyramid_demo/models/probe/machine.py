@@ -47,9 +47,8 @@ def cpu_flags() -> str:
 
 
 def numerics() -> dict[str, str | int]:
-    """Everything besides the model and the forward that changes a forward's rounding here: the CPU and its
-    instruction sets, the kernels torch dispatches to, torch's version and its intra-op thread count (torch's CPU
-    attention and MKL split work by threads, and each thread's scratch changes the rounding)."""
+    """Everything besides the model and the forward that changes a forward's rounding here: CPU, instruction
+    sets, kernels, torch's version and intra-op thread count."""
     return {"cpu": cpu_name(), "isa": cpu_flags(), "capability": str(torch.backends.cpu.get_cpu_capability()),
             "torch": torch.__version__, "threads": torch.get_num_threads()}
 

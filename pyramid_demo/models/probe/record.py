@@ -120,8 +120,7 @@ class Choice:
     @classmethod
     def from_entry(cls, entry: Any) -> Choice | None:
         """A cached choice, or None where the entry is of an older format, lacks its exactness record, or was
-        measured under other numerics than this process runs (another thread count, instruction set or torch:
-        its records say nothing here); then the family is probed again."""
+        measured under other numerics than this process runs; then the family is probed again."""
         if not isinstance(entry, dict) or entry.get("format") != FORMAT or not entry.get("exactness"):
             return None
         if entry.get("backend") not in BACKEND_TEXT or entry.get("path") not in ("hf", "lean"):
