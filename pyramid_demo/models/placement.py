@@ -79,11 +79,6 @@ def pretrained_kwargs(p: Placement, dev: torch.device, dt: torch.dtype) -> dict[
     return kw
 
 
-def devices_of(model: torch.nn.Module) -> list[str]:
-    """The devices a model's parameters sit on, in order of first appearance."""
-    return list(dict.fromkeys(str(p.device) for p in model.parameters()))
-
-
 def plan(config: Any, max_memory: dict[int | str, int | str], dtype: torch.dtype = torch.float16) -> dict[str, Any]:
     """The device map accelerate would choose for `config` under `max_memory`, sized on `meta`
     (no weights, no GPU needed): e.g. {"model.layers.0": 0, ..., "lm_head": "cpu"}."""
