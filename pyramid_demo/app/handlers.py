@@ -22,6 +22,7 @@ from ..core.trace import RunResult
 from ..models.presets import PRESETS, family_config
 from ..predict.noise import leaders
 from . import family, hosting, inspector, stages
+from .playback import rounds
 from .race_view import LiveView, before_race, full_outputs, status_only
 from .race_view import earlier_lanes as earlier_lanes  # re-exported: app.py draws the page's first state
 from .race_view import race_lanes as race_lanes
@@ -107,9 +108,8 @@ def _learn_vocab(race: Race, tokenizer: Any, r: RunResult) -> None:
     if not r.steps:
         return
     step = r.steps[-1]
-    rounds = step.qualifier_rounds + ([step.target_round] if step.target_round else [])
     ids = set(step.new_tokens)
-    for rnd in rounds:
+    for rnd in rounds(step):
         for t in rnd.tokens:
             ids.add(t.token_id)
             for pairs in t.top5.values():

@@ -11,6 +11,7 @@ from ..core.rules import fuzzy_passes
 from ..core.stats import STAGES, agreement, stage_rounds
 from ..core.trace import RunResult, StageRound, Step, TokenRec, accepted_path, parents_of
 from ..predict import noise
+from .playback import rounds
 from .session import Race
 
 
@@ -149,7 +150,7 @@ def position_top5(step: Step, depth: int) -> dict[str, list[list[float]]]:
 
 def rounds_of(r: RunResult) -> list[StageRound]:
     """Every verification round of a run, in order (stage-1 rounds before their target round)."""
-    return [x for s in r.steps for x in s.qualifier_rounds + ([s.target_round] if s.target_round is not None else [])]
+    return [x for s in r.steps for x in rounds(s)]
 
 
 def proposes_trees(r: RunResult) -> bool:
@@ -172,9 +173,8 @@ def result_export(r: RunResult) -> dict:
     accepted path (node indices, root first), so a reader of the file needs no rule to walk a tree."""
     d = r.to_dict()
     for step, out in zip(r.steps, d["steps"]):
-        rounds = step.qualifier_rounds + ([step.target_round] if step.target_round is not None else [])
         outs = out["qualifier_rounds"] + ([out["target_round"]] if out["target_round"] is not None else [])
-        for rnd, o in zip(rounds, outs):
+        for rnd, o in zip(rounds(step), outs):
             o.update(parents=parents_of(rnd), accepted_path=accepted_path(rnd))
     return d
 

@@ -86,7 +86,7 @@ def race_lanes(race: Race | None, bodies: render.LaneBodies | None = None) -> st
     race, its one-time costs (in no lane's time)."""
     if race is None:
         return render.legend_html() + render.message_html(MSG["idle"])
-    res, body = race.results, bodies or render.coloured_tokens_of
+    res, body = race.results, bodies or (lambda m, r: render.coloured_tokens(r))
     lanes = [render.lane_html(m, res.get(m), headline(m, res.get(m), race), race.running == m,
                               body(m, res[m]) if m in res else None, lane_title(m, res.get(m), race.models))
              for m in race.lanes]

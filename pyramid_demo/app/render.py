@@ -85,11 +85,6 @@ def coloured_tokens(result: RunResult) -> str:
     return "".join(spans)
 
 
-def coloured_tokens_of(method: str, result: RunResult) -> str:
-    """`coloured_tokens`, called as `LaneBodies` is."""
-    return coloured_tokens(result)
-
-
 class LaneBodies:
     """Each lane's chips, each rendered once: a later snapshot of the same run (it shares the earlier one's
     steps) only renders the tokens of its new passes. Gives what `coloured_tokens` gives."""

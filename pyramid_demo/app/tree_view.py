@@ -12,7 +12,7 @@ from plotly.subplots import make_subplots
 
 from ..core import rules
 from ..core.trace import StageRound, Step, TokenRec, accepted_path, parents_of
-from .charts import FONT_SIZE, _layout, empty_figure
+from .charts import FONT_SIZE, _layout, _num, empty_figure
 from .render import STATUS_COLOURS
 
 FATE_NAMES = {  # legend entries, in legend order
@@ -51,11 +51,6 @@ class Node:
     folded: list[TokenRec] = field(default_factory=list)  # what this node holds folded beneath it
 
 
-def round_parents(rnd: StageRound) -> list[int]:
-    """Each proposed token's parent (−1: the root); a chain's parent is the previous token."""
-    return parents_of(rnd)
-
-
 def fate(node: Node) -> str:
     """The colour key: the recorded status (the own token's is bonus, resampled or, after an EOS, discarded)."""
     return node.rec.status if node.rec.status in FATE_NAMES else "discarded"
@@ -66,7 +61,7 @@ def place_round(rnd: StageRound, x0: float, top: dict[int, int], fold: bool = Fa
     slots `top[x]` allow (shared by a row's rounds); `fold` folds a branch's descendants into its first node.
     Returns the proposed nodes in record order, then the own token."""
     props = rnd.tokens[:-1]
-    parents = round_parents(rnd)
+    parents = parents_of(rnd)
     depth = rules.depths(parents)
     nodes = [Node(t, depth[i], False) for i, t in enumerate(props)]
     accepted = accepted_path(rnd)
@@ -134,10 +129,6 @@ def top1(rec: TokenRec, role: str) -> tuple[int, float] | None:
     """The verifier's most likely token at this token's context (its parent's), from the top-5 record."""
     pairs = rec.top5.get(role) or []
     return (int(pairs[0][0]), float(pairs[0][1])) if pairs else None
-
-
-def _num(v: float | None) -> str:
-    return "—" if v is None else f"{v:.3f}"
 
 
 def hover(node: Node, rnd: StageRound, texts: dict[int, str], pos: int) -> str:

@@ -86,10 +86,7 @@ def attention_passes(lm: LM, ids: list[int], context: int, ks: Sequence[int]) ->
 
 
 PassCheck = Callable[[LM, list[int], int, Sequence[int]], list[dict[str, Any]]]
-# Every kind of multi-token pass a run makes, checked alike against one-token steps: a chain of k tokens, a tree of
-# candidates verified in one pass, and the attention kernel alone over the batched shapes. `summarise` keeps the
-# kinds apart: a chain's exactness (with its attention's) decides the family's forward, a tree's whether the tree
-# methods are lossless here too. Every comparison is bitwise (`torch.equal`), never a tolerance.
+# every kind of multi-token pass a run makes, each compared bitwise with one-token steps (`summarise` keeps them apart)
 PASS_CHECKS: dict[str, PassCheck] = {"chain": pass_vs_steps, "tree": tree_passes, "attention": attention_passes}
 
 

@@ -11,10 +11,7 @@ from ...forward.lean import ATTENTIONS
 from .exactness import describe, describe_trees
 from .machine import numerics as current_numerics
 
-FORMAT = 6  # the cache entry's layout and forwards (3: padded lean attention; 4: the target checked with the
-# states it hands out when a proposer reads them, and every role's record; 5: tree passes checked too, padded
-# key lengths with room for a tree; 6: the numerics it was measured under (threads, instruction sets) in the
-# entry, scratch-aligned key lengths, the lean attention's kind, attention checks); another format is probed again
+FORMAT = 6  # the cache entry's layout and what it checked (6: numerics, attention checks); others are probed again
 HOW = {"probe": "chosen by a probe of the target's forwards just now",
        "cached": "chosen by this machine's cached probe", "flag": "as asked on the command line",
        "device": "this device's default", "off": "the probe is off: PYRAMID_DEMO_PROBE=0"}

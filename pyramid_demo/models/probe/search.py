@@ -21,12 +21,10 @@ from .record import Choice
 
 VERIFY_K = 5  # a verification pass: a proposal of 4 plus the verifier's own token
 REPS = 4
-# A race's target forwards: AR's N one-token steps, and four speculative methods that each verify
-# about once per 1.4 tokens (the offline family's acceptance, α ≈ 0.3 at γ 4: E = 1.43), ≈ 2.8N passes
+# a race's target forwards: AR's N one-token steps, and ≈ 2.8N passes from four methods verifying every ~1.4 tokens
 SCORE_WEIGHTS = {1: 1.0, VERIFY_K: 3.0}
-# exactness plan: (context length, pass lengths k); the first context's steps reach the longest pass; the last two
-# put 17-token passes (the batched shape where 2 threads once changed one row in 17) deep into the cache, the last
-# past the attention kernel's key split (`lean.KV_SPLIT`)
+# exactness plan: (context length, pass lengths k), up to the longest pass; the last two put 17-token passes deep
+# into the cache, the last past the attention kernel's key split (`lean.KV_SPLIT`)
 EXACT_PLAN = ((100, (*range(2, 10), 17, 33, LONGEST_PASS)), (60, tuple(range(2, 10))), (140, tuple(range(2, 10))),
               (300, (5, 17)), (450, (9, 17)))
 TREE_PLAN = (EXACT_PLAN[0], EXACT_PLAN[-1])  # tree passes: near the start, and past the key split
