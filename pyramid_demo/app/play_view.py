@@ -23,8 +23,7 @@ LIT = "outline:3px solid #111;outline-offset:2px;border-radius:4px"
 
 @dataclass(frozen=True)
 class PlayState:
-    """A visitor's player: the pass's beats, the beat shown, whether the timer plays, what is loaded (or the
-    message to show instead)."""
+    """A visitor's player: the pass's beats, the beat shown, whether it plays, and a label or a message."""
 
     beats: tuple[Beat, ...] = ()
     i: int = 0

@@ -227,8 +227,7 @@ def beats(step: Step, decode: Callable[[int], str]) -> list[Beat]:
 
 
 def shown(beat: Beat) -> list[tuple[str, str]]:
-    """The round's chips out so far as (text, mark): ✓ ✗ · for judged guesses, + for the verifier's own token,
-    "" for a guess not judged yet (a compact view for tests and logs)."""
+    """The round's chips out so far as (text, mark), a compact view for tests and logs."""
     n = len(beat.parents)
     out = []
     for i, c in enumerate(beat.chips):

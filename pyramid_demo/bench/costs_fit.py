@@ -127,8 +127,7 @@ def predict_rows(rows: list[dict], profile: dict) -> dict[str, float]:
 
 
 def fitted_prices(rows: list[dict]) -> dict[str, float]:
-    """The engine's per-unit prices in ms fitted on every engine row (for display beside the profile's timed
-    ones: how much more a unit costs inside a run than in a tight loop)."""
+    """The engine's per-unit prices in ms fitted on every engine row, for display beside the timed ones."""
     eng = [r for r in rows if r.get("kind") == "engine" and (r.get("cost_record") or {}).get("engine")
            and r.get("engine_overhead_s") is not None]
     if not eng:

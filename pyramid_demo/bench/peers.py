@@ -98,8 +98,7 @@ def hf_generate(triplet: ModelTriplet, prompt_ids: list[int], cfg: DecodeConfig,
 
 @torch.inference_mode()
 def target_logprob(triplet: ModelTriplet, prompt_ids: list[int], out_ids: list[int]) -> float | None:
-    """The target's mean log-probability (raw softmax, temperature 1) of `out_ids` after the
-    prompt: one teacher-forced forward over prompt + output."""
+    """The target's mean log-probability of `out_ids` after the prompt, in one teacher-forced forward."""
     if not out_ids:
         return None
     target = triplet.target
@@ -113,8 +112,7 @@ def target_logprob(triplet: ModelTriplet, prompt_ids: list[int], out_ids: list[i
 
 
 def one_token_speed(triplet: ModelTriplet, role: str, prompt_ids: list[int], n: int = 8) -> float:
-    """Single-model speed V_X in tokens/s: the median time of `n` cached one-token greedy
-    forwards after the prompt (what the paper's throughput model assumes)."""
+    """Single-model speed in tokens/s: the median of `n` cached one-token greedy forwards after the prompt."""
     lm = open_lm(triplet.model(role), triplet.vocab_size, role, triplet.backend, getattr(triplet, "path", "hf"))
     seq = list(prompt_ids)
     if len(seq) > 1:

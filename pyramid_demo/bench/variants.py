@@ -35,8 +35,7 @@ class Variant:
 
     @property
     def lossless(self) -> bool:
-        """Output distribution equals the target's (at T=0: the same tokens, up to numerics); a reference run's
-        never does: another model decodes."""
+        """Output distribution equals the target's; a reference run's never does (another model decodes)."""
         return self.kind == "peer" or (self.kind == "engine" and lossless(self.method, self.cfg.stage2))
 
 

@@ -114,8 +114,7 @@ def check_widths(names: Sequence[str], tokenizers: Sequence[Any], models: Sequen
 
 
 def check_compatible(names: Sequence[str], tokenizers: Sequence[Any], models: Sequence[Any]) -> None:
-    """Raise `IncompatibleModels` (a `LoadError`) unless draft, qualifier and target can share one tokenizer;
-    the shared vocabulary size is then `len(tokenizers[-1])`."""
+    """Raise `IncompatibleModels` (a `LoadError`) unless draft, qualifier and target share one tokenizer."""
     if not len(names) == len(tokenizers) == len(models):
         raise ValueError("names, tokenizers and models must have the same length")
     check_tokenizers(names, tokenizers)

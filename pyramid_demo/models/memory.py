@@ -37,8 +37,7 @@ def dtype_bytes(dtype: torch.dtype) -> int:
 
 @dataclass(frozen=True)
 class ModelSize:
-    """One role's share: parameters it owns (shared ones counted once, in the target's row)
-    and the KV-cache bytes per token it writes at the estimate's dtype."""
+    """One role's share: parameters it owns (shared ones in the target's row) and KV bytes per token."""
 
     role: str
     ref: str
@@ -152,8 +151,7 @@ def weight_bytes(params: int, embed: int, dtype: torch.dtype, quantize: str | No
 
 # ---------------------------------------------------------------- configs, without weights
 def _config_for(ref: str, can_fetch: Callable[[], bool] | None = None) -> Any:
-    """A config for a Hub id, folder or .gguf, or None when it cannot be had without weights;
-    a Hub config.json is fetched only when `can_fetch()` says the Hub may be asked."""
+    """A config for a Hub id, folder or .gguf without weights (None if not); the Hub only if `can_fetch()`."""
     from transformers import AutoConfig
 
     path = Path(ref)
@@ -249,8 +247,7 @@ def _feature_draft_size(cfg: Any, dt: torch.dtype, quantize: str | None) -> Mode
 def estimate_family(preset: Preset | None, refs: tuple[str, str, str], dtype: torch.dtype = torch.float32,
                     max_len: int = DEFAULT_MAX_LEN, quantize: str | None = None,
                     can_fetch: Callable[[], bool] | None = None) -> Estimate:
-    """The memory a parsed family needs, from configs only (`loading.estimate` takes a spec);
-    `can_fetch`: whether a Hub model's config.json (a few KB) may be downloaded now."""
+    """The memory a parsed family needs, from configs only; `can_fetch`: whether the Hub may be asked."""
     name = preset.name if preset else "custom family"
     if preset is not None and preset.name == "tiny-random":
         from .tiny import tiny_config, tiny_tokenizer

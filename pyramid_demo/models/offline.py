@@ -33,8 +33,7 @@ def draft_reads_target() -> bool:
 
 
 def as_run(preset: Preset) -> Preset:
-    """The preset as it runs on this install, for what the app and CLI say about it: without the shipped
-    feature draft, the draft is the int4 copy too."""
+    """The preset as it runs on this install: without the shipped feature draft, the draft is the int4 copy."""
     if preset.name != OFFLINE or draft_reads_target():
         return preset
     return replace(preset, draft=preset.qualifier, description=NO_DRAFT_DESCRIPTION)

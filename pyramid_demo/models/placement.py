@@ -1,5 +1,4 @@
-"""Where a family's weights go: one device (the default), `auto` (accelerate spreads each model over the
-GPUs and CPU RAM) and optional 8-/4-bit weights via bitsandbytes."""
+"""Where a family's weights go: one device, `auto` (accelerate over GPUs and CPU RAM), optional 8-/4-bit."""
 from __future__ import annotations
 
 import importlib.util
@@ -93,8 +92,7 @@ def plan(config: Any, max_memory: dict[int | str, int | str], dtype: torch.dtype
 
 
 def dispatch(model: torch.nn.Module, device_map: dict[str, Any], offload_dir: str | None = None) -> torch.nn.Module:
-    """Put an in-memory model's modules where `device_map` says (accelerate hooks move the
-    activations between devices; "disk" entries are offloaded to `offload_dir`)."""
+    """Put an in-memory model's modules where `device_map` says ("disk" entries offloaded to `offload_dir`)."""
     from accelerate import dispatch_model
 
     if len(set(map(str, device_map.values()))) == 1 and "disk" not in device_map.values():

@@ -1,5 +1,4 @@
-"""Named model families (draft → qualifier → target) that the CLI and app offer by name; each shares one
-tokenizer and is instruct only, so token ids and end-of-turn agree (see `compat`)."""
+"""Named model families (draft → qualifier → target), each sharing one tokenizer (see `compat`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

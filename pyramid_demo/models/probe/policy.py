@@ -46,8 +46,7 @@ def device_dtype(device: torch.device) -> str:
 
 
 def _probed(family: str, load_fp32_target: Callable[[], tuple]) -> Choice:
-    """A probe of the family's fp32 target now, cached; `load_fp32_target` gives (target, vocabulary size[,
-    whether a proposer reads the target])."""
+    """A probe of the family's fp32 target now, cached; `load_fp32_target` gives (target, vocab[, reads_target])."""
     target, vocab, *rest = load_fp32_target()
     if sum(p.numel() for p in target.parameters()) > MAX_PROBE_PARAMS:
         return Choice("float32", "default", "device")

@@ -1,5 +1,4 @@
-"""The probe's choice as a typed record: what was chosen (dtype, backend, forward), how, what it measured.
-Display strings are derived from the fields and never read back, so no key or handler depends on wording."""
+"""The probe's choice as a typed record; display strings derive from its fields and are never read back."""
 from __future__ import annotations
 
 import json

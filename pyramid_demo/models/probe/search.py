@@ -1,5 +1,5 @@
-"""Time every candidate on the real target and check its exactness (k-token passes against one-token steps);
-the fastest exact candidate wins, else the fastest whose top-1 always matched."""
+"""Time every candidate on the real target and check its exactness: the fastest exact one wins, else the
+fastest whose top-1 always matched."""
 from __future__ import annotations
 
 import time
