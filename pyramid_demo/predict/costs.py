@@ -16,20 +16,8 @@ from .walk_stats import alpha, ranks
 
 # ---------------------------------------------------------------- the profile
 def step_forwards(step: Step) -> dict[str, list[int]]:
-    """The new-token counts of the forwards one Step made, per role (`step.fed`; a trace without it, e.g. an
-    older export, is read from its rounds)."""
-    if step.fed:
-        return {r: list(ks) for r, ks in step.fed.items() if ks}
-    out: dict[str, list[int]] = {}
-    t = step.target_round
-    out["target"] = [len(t.tokens) if t is not None else 1] * max(1, step.n_forward.get("target", 1))
-    if step.qualifier_rounds or step.n_forward.get("qualifier"):
-        q = [len(r.tokens) for r in step.qualifier_rounds]
-        n = step.n_forward.get("qualifier", len(q))
-        out["qualifier"] = (q + [q[-1] if q else 1] * n)[:n] if n else []
-    if step.n_forward.get("draft"):
-        out["draft"] = [1] * step.n_forward["draft"]
-    return {r: ks for r, ks in out.items() if ks}
+    """The new-token counts of the forwards one Step made, per role, as the engine recorded them (`step.fed`)."""
+    return {r: list(ks) for r, ks in step.fed.items() if ks}
 
 
 def forward_counts(steps: list[Step]) -> dict[str, dict[int, int]]:
