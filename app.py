@@ -1,8 +1,6 @@
-"""PyramidSD Explorer: the Gradio page (layout and wiring only; logic lives in pyramid_demo.app.handlers).
+"""PyramidSD Explorer: the Gradio page, layout and wiring only (logic: pyramid_demo.app.handlers).
 
-`python app.py` serves on GRADIO_SERVER_NAME:GRADIO_SERVER_PORT (default 127.0.0.1:7860). Models load
-lazily on the first race, never at import. On a Hugging Face ZeroGPU Space, `spaces.GPU` wraps the race.
-"""
+Serves on GRADIO_SERVER_NAME:GRADIO_SERVER_PORT; models load on the first race; `spaces.GPU` wraps it on ZeroGPU."""
 from __future__ import annotations
 
 import os

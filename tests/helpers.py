@@ -4,6 +4,7 @@
 - `check`: a tree's parent list is breadth-first;
 - `compute_stats`: a run's statistics recomputed from its steps alone;
 - `reads`: every DecodeConfig setting a method's run reads;
+- `devices_of`: the devices a model's parameters sit on;
 - `leading_run`, `sd_passes`, `next_token`: SD's chain rule as the papers state it, position by position, the
   reference the walk (`rules.decide_tree`) is held to on chains.
 """
@@ -93,3 +94,8 @@ def reads(m: Method) -> tuple[str, ...]:
     if "config" in rules_:
         out.append("stage2")
     return tuple(dict.fromkeys(out))
+
+
+def devices_of(model: torch.nn.Module) -> list[str]:
+    """The devices a model's parameters sit on, in order of first appearance."""
+    return list(dict.fromkeys(str(p.device) for p in model.parameters()))

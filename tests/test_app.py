@@ -286,7 +286,6 @@ def test_clear_and_presets() -> None:
     text, fold, vis = h.preset_info("smollm2-offline")
     assert "GB" in text and "GB" in fold and vis["visible"] is False
     assert h.make_config(**{k: FAST[k] for k in h.SETTING_NAMES}).l_q == 4
-    assert h.DEFAULT_SETTINGS["gamma"] == DEFAULT.gamma
 
 
 def test_app_builds_without_loading_models(monkeypatch) -> None:

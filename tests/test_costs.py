@@ -27,7 +27,8 @@ def _round(stage: str, n: int, k: int) -> StageRound:
 
 def _step(i: int, n: int, k: int, draft_fwd: int) -> Step:
     return Step(i, [], _round("target", n, k), [1] * (k + 1), ["draft"] * k + ["target"], 0.0, 0.0,
-                {"draft": draft_fwd * 0.002, "target": 0.02}, {"draft": draft_fwd, "target": 1})
+                {"draft": draft_fwd * 0.002, "target": 0.02}, {"draft": draft_fwd, "target": 1},
+                {"draft": [1] * draft_fwd, "target": [n + 1]})
 
 
 def test_summing_the_profile_over_a_known_trace():
@@ -38,7 +39,7 @@ def test_summing_the_profile_over_a_known_trace():
     assert p["per_role_s"]["draft"] == pytest.approx(draft / 1000)
     assert p["time_s"] == pytest.approx((draft + target) / 1000)
     assert p["tokens_per_s"] == pytest.approx(8 / ((draft + target) / 1000), rel=1e-3)
-    ar = [Step(i, [], None, [1], ["target"], 0, 0, {"target": 0.02}, {"target": 1}) for i in range(5)]
+    ar = [Step(i, [], None, [1], ["target"], 0, 0, {"target": 0.02}, {"target": 1}, {"target": [1]}) for i in range(5)]
     assert costs.predict_run(ar, PROFILE)["tokens_per_s"] == pytest.approx(50.0)
 
 

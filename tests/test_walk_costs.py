@@ -78,13 +78,11 @@ def test_rank_counts_below_the_root():
 
 def test_a_pass_is_counted_whether_or_not_it_has_a_target_round():
     """AR steps have no target round; the budget's last SD step proposes nothing. Every step is one target
-    pass: the forwards and the prediction count each of them (with and without the engine's `fed` record,
-    as an older export lacks it)."""
+    pass: the forwards and the prediction count each of them."""
     prof = {"ms": {"target": {"1": 10.0, "2": 12.0}, "draft": {"1": 1.0}}}
-    for fed in ({"target": [1]}, {}):
-        ar = [Step(i, [], None, [1], ["target"], 0, 0, {}, {"target": 1}, dict(fed)) for i in range(3)]
-        assert costs.forward_counts(ar) == {"target": {1: 3}}
-        assert costs.predict_run(ar, prof)["time_s"] == pytest.approx(3 * 10.0 / 1000)
+    ar = [Step(i, [], None, [1], ["target"], 0, 0, {}, {"target": 1}, {"target": [1]}) for i in range(3)]
+    assert costs.forward_counts(ar) == {"target": {1: 3}}
+    assert costs.predict_run(ar, prof)["time_s"] == pytest.approx(3 * 10.0 / 1000)
     empty = Step(3, [], _chain([], own="target"), [1], ["target"], 0, 0, {}, {"target": 1}, {"target": [1]})
     full = Step(4, [], _chain(["accepted"], own="bonus"), [1, 2], ["draft", "bonus"], 0, 0, {},
                 {"draft": 1, "target": 1}, {"draft": [1], "target": [2]})

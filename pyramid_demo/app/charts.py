@@ -35,8 +35,7 @@ LIVE_POINTS = 40  # points per line while a race runs: a cheap chart to send and
 
 
 def _curve(r: RunResult, max_points: int | None = None) -> tuple[list[float], list[int]]:
-    """Cumulative tokens at the end of each target pass (engine time, prefill excluded); with `max_points`,
-    evenly thinned to about that many (the first and last kept)."""
+    """Cumulative tokens at the end of each target pass; with `max_points`, evenly thinned to about that many."""
     xs, ys, n = [0.0], [0], 0
     for s in r.steps:
         n += len(s.new_tokens)
@@ -71,10 +70,8 @@ def race_figure(results: dict[str, RunResult], running: str | None = None, live:
 
 def _bars(fig: go.Figure, rnds: list[StageRound], tau: float | None, texts: dict[int, str], row: int,
           label: str) -> None:
-    """One bar per position of each round, along its line (`inspector.positions`: the accepted path, then the
-    top-ranked candidate): the divergence at that position's context, its parent's (recorded on each child there),
-    coloured by the token's fate at this τ; a tree's other candidates at the position are named on hover and
-    counted on the bar (they share the context, so its divergence)."""
+    """One bar per position along each round's line (`inspector.positions`): its context's divergence, coloured
+    by the token's fate at τ; a tree's other candidates there are named on hover and counted on the bar."""
     xs, ys, colours, hover, marks = [], [], [], [], []
     for j, rnd in enumerate(rnds):
         what = whatif_statuses(rnd, tau)
@@ -109,8 +106,7 @@ def _num(v: float | None) -> str:
 
 
 def divergence_figure(step: Step, tau_q: float, tau_t: float, texts: dict[int, str]) -> go.Figure:
-    """The divergence at each position of each round against the threshold (`_bars`); bar colour = the token's
-    outcome at the chosen τ."""
+    """The divergence at each position of each round against the threshold, coloured by the outcome at τ."""
     if step.target_round is None:
         return empty_figure("AR: no drafted tokens in this pass.")
     rows = [("qualifier", step.qualifier_rounds)] if step.qualifier_rounds else []
@@ -197,8 +193,7 @@ def throughput_figure(rows: list[dict]) -> go.Figure:
 
 
 def cost_figure(profile: dict | None, results: dict[str, RunResult]) -> go.Figure:
-    """ms per cached forward vs k new tokens, per model: the profile's line and, as points, the
-    forwards measured in this race (median per k)."""
+    """ms per cached forward vs k, per model: the profile's line and this race's measured forwards."""
     if not profile:
         return empty_figure("The cost profile appears after a race.")
     fig = go.Figure()

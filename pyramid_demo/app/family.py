@@ -1,10 +1,5 @@
-"""The family box beside the prompt, in plain words, and the fold under it with the figures.
-
-Why: the first screen is read by students and teachers. The box says in at most three short lines what each
-model is, whether SD writes exactly AR's text on this machine, and where the family runs; the probe's figures
-(bitwise counts, max logit difference, tree exactness), the full model ids, the memory estimate and the tuned
-settings sit in a closed fold ("How it works · exactness on this machine") for whoever wants them.
-"""
+"""The family box beside the prompt (at most three plain lines for students: the models, SD's exactness here,
+where it runs) and the closed fold under it with the probe's figures, ids, memory and tuned settings."""
 from __future__ import annotations
 
 import re

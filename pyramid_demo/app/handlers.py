@@ -1,9 +1,6 @@
 """The app's event handlers: plain functions over plain values, testable without a browser.
 
-Per-user data lives in one typed `Session` (a gr.State, see `session`): its races, each a `Race` with the
-results of every method; it is mutated in place (Gradio hands every event of a session the same object),
-so Stop keeps partial results.
-"""
+Per-user data is one `Session` (a gr.State) mutated in place, so Stop keeps partial results."""
 from __future__ import annotations
 
 import csv
@@ -25,6 +22,7 @@ from ..core.trace import RunResult
 from ..models.presets import PRESETS, family_config
 from ..predict.noise import leaders
 from . import family, hosting, inspector, stages
+from .playback import rounds
 from .race_view import LiveView, before_race, full_outputs, status_only
 from .race_view import earlier_lanes as earlier_lanes  # re-exported: app.py draws the page's first state
 from .race_view import race_lanes as race_lanes
@@ -110,9 +108,8 @@ def _learn_vocab(race: Race, tokenizer: Any, r: RunResult) -> None:
     if not r.steps:
         return
     step = r.steps[-1]
-    rounds = step.qualifier_rounds + ([step.target_round] if step.target_round else [])
     ids = set(step.new_tokens)
-    for rnd in rounds:
+    for rnd in rounds(step):
         for t in rnd.tokens:
             ids.add(t.token_id)
             for pairs in t.top5.values():
@@ -125,14 +122,10 @@ def _learn_vocab(race: Race, tokenizer: Any, r: RunResult) -> None:
 def race_event(prompt: str, preset: str, draft: str | None = None, qualifier: str | None = None,
                target: str | None = None, session: Session | None = None, progress: gr.Progress = gr.Progress(),
                side_by_side: bool = False, qualifier_alone: bool = False, **settings: Any) -> Iterator[tuple]:
-    """Run every method on the prompt, one after another, with the chosen family and settings.
+    """The public `/race` endpoint and the Run button: every lane on the prompt with the chosen family.
 
-    The public `/race` endpoint and the Run button. `preset` names a model family (or "custom" with
-    the draft, qualifier and target ids); `settings` are DecodeConfig fields by name (core.settings);
-    any left out take the values the page starts with. `side_by_side`: every method that proposes runs
-    twice, as a chain and as a tree (`methods.lanes`); `qualifier_alone`: a reference lane, the qualifier
-    decoding alone as AR does (`core.solo`). Yields (status, lanes, chart, table, earlier races, session);
-    the status line reports a bad value in words."""
+    `settings` are DecodeConfig fields by name (left out: the page's first values); bad values are reported
+    in the status line. Yields (status, lanes, chart, table, earlier races, session)."""
     yield from run_race(preset, (draft, qualifier, target), prompt, {**START_SETTINGS, **settings}, session,
                         progress, bool(side_by_side), bool(qualifier_alone))
 
@@ -141,11 +134,8 @@ def run_race(preset: str, models: tuple[str, str, str], prompt: str, settings: d
              session: Session | None, progress: gr.Progress = gr.Progress(),
              side_by_side: bool = False, qualifier_alone: bool = False) -> Iterator[tuple]:
     """Run every lane on the prompt, one after another, yielding (status, lanes, chart, table, earlier, session).
-
-    `models` are the custom draft, qualifier and target ids; `settings` maps DecodeConfig fields to widget
-    values. Stop is cooperative: `stop_race` sets `session.stop`, seen after every target pass, so the race
-    ends cleanly with its partial results (cancelling the event instead would race a late snapshot).
-    """
+    Stop is cooperative (`session.stop`, seen after every target pass): cancelling the event would race a late
+    snapshot."""
     session = session if session is not None else new_session()
     race_lanes_ = lanes(side_by_side, qualifier_alone)
     try:  # on ZeroGPU the whole race must fit one allocation: cut the tokens, say so
@@ -275,10 +265,8 @@ def stop_race(session: Session | None) -> tuple:
 
 
 def clear_results(session: Session | None) -> tuple:
-    """Forget this user's races (other users are untouched: each has their own state).
-
-    During a race Clear also stops it, and empties the session in place: the running race holds the
-    same object, so its later updates cannot bring the cleared results back."""
+    """Forget this user's races. During a race Clear also stops it and empties the session in place, so the
+    running race's later updates cannot bring the cleared results back."""
     if session is not None and session.busy:
         session.stop = True
         session.clear()
@@ -308,5 +296,4 @@ def export_files(session: Session | None) -> tuple[str | None, str | None]:
     return str(jpath), str(cpath)
 
 
-DEFAULT_SETTINGS = {k: getattr(DEFAULT, k) for k in SETTING_NAMES}
 START_SETTINGS = {k: getattr(START, k) for k in SETTING_NAMES}  # the page's first values, the API's defaults

@@ -1,10 +1,7 @@
-"""Hosting hooks for the app: ZeroGPU time budgets, placement chosen by Space variables, and the
-memory estimate shown in the family box. Pure functions, testable without a GPU or `spaces`.
+"""Hosting hooks: ZeroGPU time budgets, placement from Space variables, the family box's memory estimate.
 
-On a ZeroGPU Space, `spaces.GPU(duration=race_duration)` asks for just enough GPU time for the
-whole race (every method runs inside that one allocation: `handlers.run_race` is the decorated
-function), capped by the platform's limit; a race that cannot fit is cut to fewer new tokens.
-"""
+`spaces.GPU(duration=race_duration)` asks for just enough GPU time for the whole race (capped by the platform);
+a race that cannot fit is cut to fewer new tokens."""
 from __future__ import annotations
 
 import math
@@ -87,9 +84,7 @@ def plan_budget(preset: str, n_methods: int, max_new_tokens: int, per_token: flo
 def race_duration(prompt: str = "", preset: str = "", draft: str = "", qualifier: str = "", target: str = "",
                   session: Any = None, progress: Any = None, side_by_side: bool = False,
                   qualifier_alone: bool = False, **settings: Any) -> int:
-    """`spaces.GPU(duration=...)`: called with `handlers.race_event`'s own arguments (the settings by
-    name, as `core.settings.APP_SETTINGS` names them; `side_by_side` runs a chain and a tree lane per method,
-    `qualifier_alone` one reference lane more)."""
+    """`spaces.GPU(duration=...)`: called with `handlers.race_event`'s own arguments."""
     from ..core.methods import lanes
 
     try:
@@ -120,9 +115,8 @@ class _NotProbed(Exception):
 
 
 def load_dtype(preset: str) -> tuple[tuple[Any, Any], bool]:
-    """(device, dtype) the next load of `preset` uses here, and whether the dtype is known: on a CPU
-    the cached probe's choice; False when the first load's probe has yet to choose (then float32,
-    the fallback). Never loads a model."""
+    """(device, dtype) the next load of `preset` uses here, and whether the dtype is known (False: the first
+    load's probe has yet to choose). Never loads a model."""
     from ..models import probe
     from ..models.loading import pick_device, pick_dtype
 

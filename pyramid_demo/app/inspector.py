@@ -11,13 +11,13 @@ from ..core.rules import fuzzy_passes
 from ..core.stats import STAGES, agreement, stage_rounds
 from ..core.trace import RunResult, StageRound, Step, TokenRec, accepted_path, parents_of
 from ..predict import noise
+from .playback import rounds
 from .session import Race
 
 
 def sd_took(rec: TokenRec) -> bool:
-    """Whether the SD fallback's own test accepted this proposed token: the stored decision, read in this one place.
-    A record that stores the verdict (`sd_passed`: True, False, None for not tried) is read as it says; one without
-    it only tells that an accepted token whose Div was above its τ passed the SD rule (nothing else can have)."""
+    """Whether the SD fallback's own test accepted this token: the stored `sd_passed` where recorded, else an
+    accepted token whose Div was above its τ (nothing else can have passed)."""
     stored = getattr(rec, "sd_passed", None)
     if stored is not None:
         return bool(stored)
@@ -30,12 +30,9 @@ def cut(rnd: StageRound) -> bool:
 
 
 def walk(rnd: StageRound, tau: float) -> list[str]:
-    """Each proposed token's status under the fuzzy rule at `tau`, for a chain or a tree (a chain is a tree): the
-    one walker of the rule, as the engine walks it. From the root, a context's divergence (recorded on each of its
-    children) ≤ τ (`rules.fuzzy_passes`) takes its top-ranked child; under the SD fallback a failing context takes
-    the child the SD rule took (`sd_took`), its siblings tried before it rejected; a context that takes none
-    rejects every child and ends the walk. A cut does not depend on τ: a cut round keeps at most what it kept,
-    the path past it discarded (as the recorder marks it)."""
+    """Each proposed token's status under the fuzzy rule at `tau`, walked as the engine walks it (a chain is a
+    tree); under the SD fallback a failing context takes the child the SD rule took. A cut does not depend on τ.
+    The rule: docs/how-it-works.md."""
     recs = rnd.tokens[:-1]
     kids = rules.children(parents_of(rnd))
     status = ["discarded"] * len(recs)
@@ -69,9 +66,8 @@ def whatif_statuses(rnd: StageRound, tau: float | None) -> list[str]:
 
 
 def reevaluate(rnd: StageRound, tau: float | None) -> int:
-    """Drafted tokens the round would have accepted at threshold `tau`: the accepted path's length under `walk`,
-    keyed by the round's data (`exact`, `sd_fallback`), never by its displayed rule name. Exact-rule rounds (SD,
-    PSD_A's stage 1, stage-2 'sd') do not use τ: their recorded count stands."""
+    """Drafted tokens the round would have accepted at `tau` (the path's length under `walk`); exact-rule
+    rounds do not use τ, so their recorded count stands."""
     if rnd.exact or tau is None:
         return rnd.n_accepted
     return walk(rnd, tau).count("accepted")
@@ -98,9 +94,8 @@ def line(rnd: StageRound) -> list[int]:
 
 @dataclass
 class Position:
-    """One position (a depth, 1 the first after the committed text) of a round: the node the inspector shows there
-    (None: only the verifier's own token is there, after a path that ended at a leaf), the other candidates at
-    the same context (its siblings, ranked) and whether the verifier's own token sits here too."""
+    """One position (depth, 1-based) of a round: the node shown there (None: only the verifier's own token),
+    the other candidates at that context, and whether the verifier's own token sits here too."""
 
     depth: int
     node: int | None
@@ -126,10 +121,8 @@ def positions(rnd: StageRound) -> list[Position]:
 
 
 def block_sources(step: Step) -> list[TokenRec | None]:
-    """For each position of the target round's block, the stage-1 record that saw the draft's proposal there: the
-    accepted path of each stage-1 round (a tree's, not its first nodes), then a record at the context where the
-    qualifier filled the position itself (a child there holds the draft's distribution), or None after a path
-    that ended at a leaf (the draft made no proposal there)."""
+    """For each position of the target round's block, the stage-1 record that saw the draft's proposal there
+    (the accepted paths, then the context where the qualifier filled in), or None where the draft proposed none."""
     out: list[TokenRec | None] = []
     for rnd in step.qualifier_rounds:
         path = accepted_path(rnd)
@@ -157,7 +150,7 @@ def position_top5(step: Step, depth: int) -> dict[str, list[list[float]]]:
 
 def rounds_of(r: RunResult) -> list[StageRound]:
     """Every verification round of a run, in order (stage-1 rounds before their target round)."""
-    return [x for s in r.steps for x in s.qualifier_rounds + ([s.target_round] if s.target_round is not None else [])]
+    return [x for s in r.steps for x in rounds(s)]
 
 
 def proposes_trees(r: RunResult) -> bool:
@@ -180,9 +173,8 @@ def result_export(r: RunResult) -> dict:
     accepted path (node indices, root first), so a reader of the file needs no rule to walk a tree."""
     d = r.to_dict()
     for step, out in zip(r.steps, d["steps"]):
-        rounds = step.qualifier_rounds + ([step.target_round] if step.target_round is not None else [])
         outs = out["qualifier_rounds"] + ([out["target_round"]] if out["target_round"] is not None else [])
-        for rnd, o in zip(rounds, outs):
+        for rnd, o in zip(rounds(step), outs):
             o.update(parents=parents_of(rnd), accepted_path=accepted_path(rnd))
     return d
 

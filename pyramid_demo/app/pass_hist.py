@@ -1,11 +1,7 @@
-"""Accepted drafted tokens per target pass, one small histogram per method (`Stats.accepted_hist`).
+"""Accepted drafted tokens per target pass, one small histogram per run (`Stats.accepted_hist`).
 
-Why small multiples: with five chains and four trees, nine bars grouped at every k cannot be told apart; one
-panel per run can. Chains fill the top row and each tree run sits under its chain (same hue,
-hatched; a run's shape is read from its rounds' parent lists, its column from its method's cascade), so a
-learner reads "the tree moved the mass to the right" straight down a column. AR drafts
-nothing (every pass accepts 0), so it gets no panel.
-"""
+Small multiples: nine grouped bars per k cannot be told apart. Chains fill the top row, each tree run sits
+hatched under its chain, so "the tree moved the mass right" reads down a column. AR drafts nothing: no panel."""
 from __future__ import annotations
 
 import plotly.graph_objects as go

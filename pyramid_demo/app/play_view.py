@@ -1,11 +1,7 @@
 """The ▶ Play panel: one recorded target pass replayed beat by beat (`playback`), its handlers and its HTML.
 
-State is a frozen `PlayState` held in a gr.State, so every visitor has their own player and every handler returns
-a new one (nothing is shared or mutated). While playing, a gr.Timer ticks every PACE_S and each tick shows the
-next beat; the timer is switched on by ▶ Play and off by Pause, a step, a new pass, or the last beat. Every
-handler returns (state, the beat's HTML, the timer's update), in that order. Bad input (no race yet, a lane the
-race has not, a pass out of range) gives a message in the panel, never a traceback.
-"""
+State is a frozen `PlayState` per visitor; a gr.Timer ticks every PACE_S while playing. Every handler returns
+(state, the beat's HTML, the timer's update); bad input gives a message in the panel, never a traceback."""
 from __future__ import annotations
 
 import html
@@ -27,8 +23,7 @@ LIT = "outline:3px solid #111;outline-offset:2px;border-radius:4px"
 
 @dataclass(frozen=True)
 class PlayState:
-    """A visitor's player: the pass's beats, the beat shown, whether the timer plays, what is loaded (or the
-    message to show instead)."""
+    """A visitor's player: the pass's beats, the beat shown, whether it plays, and a label or a message."""
 
     beats: tuple[Beat, ...] = ()
     i: int = 0

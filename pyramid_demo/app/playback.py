@@ -1,9 +1,6 @@
-"""One recorded target pass, replayed as beats: what a learner sees happen, one small step at a time.
+"""One recorded target pass replayed as beats, one plain sentence each, read from the `Step` alone.
 
-Why: the inspector shows a pass's outcome all at once; a student follows it better as a story told in order
-(one frozen beat per mark, one plain sentence each), read from the recorded `Step` alone, chains and trees
-alike. The order of the beats and how the walk's visits are read: docs/how-it-works.md.
-"""
+A student follows a pass better told in order than all at once; the beats' order: docs/how-it-works.md."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -29,9 +26,8 @@ class Chip:
 
 @dataclass(frozen=True)
 class Beat:
-    """One step of the replay. `chips` are the round's tokens in record order (its proposed nodes, then the
-    verifier's own token), hidden until they are out; `parents` the round's parent list; `lit` the node indices
-    that light up (len(parents): the verifier's own token); `committed` what the pass has committed so far."""
+    """One step of the replay: the round's chips in record order (hidden until out), its parent list, the nodes
+    lit (len(parents): the verifier's own token) and what the pass has committed so far."""
 
     sentence: str
     actor: str  # the model acting in this beat: draft | qualifier | target
@@ -49,9 +45,8 @@ def rounds(step: Step) -> list[StageRound]:
 
 
 def visits(rnd: StageRound) -> list[tuple[int, ...]]:
-    """The walk over a round's recorded statuses, one group of nodes per beat, in the order the verifier tried
-    them: at each context the refused children (rank order), then the taken one, whose children come next. A
-    fuzzy test without the SD fallback refuses a context's children together: one group."""
+    """A round's nodes in the order the verifier tried them, one group per beat: at each context the refused
+    children, then the taken one. A fuzzy test without the SD fallback refuses a context's children together."""
     recs = rnd.tokens[:-1]
     kids = rules.children(parents_of(rnd))
     out: list[tuple[int, ...]] = []
@@ -232,8 +227,7 @@ def beats(step: Step, decode: Callable[[int], str]) -> list[Beat]:
 
 
 def shown(beat: Beat) -> list[tuple[str, str]]:
-    """The round's chips out so far as (text, mark): ✓ ✗ · for judged guesses, + for the verifier's own token,
-    "" for a guess not judged yet (a compact view for tests and logs)."""
+    """The round's chips out so far as (text, mark), a compact view for tests and logs."""
     n = len(beat.parents)
     out = []
     for i, c in enumerate(beat.chips):

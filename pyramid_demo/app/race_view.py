@@ -1,13 +1,7 @@
-"""The race tab's outputs (status, lanes, chart, table, earlier races): in full, or while a race runs only what
-changed since the page last got it.
+"""The race tab's outputs: in full, or while a race runs only what changed (the rest `gr.skip()`).
 
-Why: the page runs on the machine that races. Every update a browser renders (HTML re-parsed, a Plotly chart
-re-drawn) takes CPU from the models, so on a small machine a lane watched in a browser would report a lower
-tok/s than an API caller sees. While a race runs, the page gets the running lane's text at most every
-LANES_INTERVAL_S, the chart at most every CHART_INTERVAL_S from the race's start (and when a method ends), the
-status line only when it changes; the earlier races and the empty lanes are drawn before the clocks start (while
-the models warm up), the table once the race is over; everything else is `gr.skip()`. Finished lanes are
-rendered once; the running lane appends the chips of its new passes."""
+Every browser update takes CPU from the models on the same machine, so the running lane's text goes at most every
+LANES_INTERVAL_S, the chart every CHART_INTERVAL_S, the table once at the end, and each lane's chips render once."""
 from __future__ import annotations
 
 import time
@@ -27,9 +21,8 @@ CHART_INTERVAL_S = 1.5  # the live chart, at most this often (and whenever a met
 
 
 def divergence_words(out: list[int], ref: list[int], greedy: bool = True) -> str:
-    """Where a run's tokens `out` leave the AR lane's `ref`, in words: "leaves the target's text at token 37"
-    (1-based), "writes the target's text for all 64 tokens", or which one ends first; under sampling, `ref` is
-    AR's sampled text, not the target's one text."""
+    """Where a run's tokens `out` leave the AR lane's `ref`, in words (1-based), or which one ends first;
+    under sampling `ref` is AR's sampled text."""
     words = MSG["ref_greedy" if greedy else "ref_sampled"]
     k = first_divergence(out, ref)
     if k is None:
@@ -82,9 +75,8 @@ def shape_words(r: RunResult) -> str:
 
 
 def lane_title(key: str, r: RunResult | None, models: list[str] | tuple[str, ...] = ()) -> str:
-    """A lane's title: its method and the shape it ran ("PSD_A (assisted pyramid) · tree of 8 (depth 2)"); before
-    it runs (and for a method that proposes nothing), its lane label, a reference lane's naming its model from the
-    family's references `models` ("the qualifier alone (quantized copy of the target)")."""
+    """A lane's title: its method and the shape it ran, else its lane label (a reference lane names its
+    model from `models`)."""
     shape = shape_words(r) if r is not None else ""
     return f"{method_spec(r.method).label} · {shape}" if r is not None and shape else lane_label(key, models)
 
@@ -94,7 +86,7 @@ def race_lanes(race: Race | None, bodies: render.LaneBodies | None = None) -> st
     race, its one-time costs (in no lane's time)."""
     if race is None:
         return render.legend_html() + render.message_html(MSG["idle"])
-    res, body = race.results, bodies or render.coloured_tokens_of
+    res, body = race.results, bodies or (lambda m, r: render.coloured_tokens(r))
     lanes = [render.lane_html(m, res.get(m), headline(m, res.get(m), race), race.running == m,
                               body(m, res[m]) if m in res else None, lane_title(m, res.get(m), race.models))
              for m in race.lanes]

@@ -85,11 +85,6 @@ def coloured_tokens(result: RunResult) -> str:
     return "".join(spans)
 
 
-def coloured_tokens_of(method: str, result: RunResult) -> str:
-    """`coloured_tokens`, called as `LaneBodies` is."""
-    return coloured_tokens(result)
-
-
 class LaneBodies:
     """Each lane's chips, each rendered once: a later snapshot of the same run (it shares the earlier one's
     steps) only renders the tokens of its new passes. Gives what `coloured_tokens` gives."""
@@ -159,15 +154,9 @@ def _token_chip(rnd: StageRound, i: int, texts: dict[int, str], whatif: list[str
 
 def round_chips_html(rnd: StageRound, texts: dict[int, str], title: str, whatif: list[str] | None = None,
                      note: str = "") -> str:
-    """One verification round on a grid of positions (columns: 1 the first after the committed text), drawn as
-    the tree view draws it. The top row is what the round committed: the accepted path, then the verifier's own
-    token at the next position. Each other candidate the round proposed at a context on that path (a tree's
-    siblings; a chain's rejected token) starts a dashed row below, in its position's column, what hangs under it
-    (never reached) to its right after an arrow. A chain is the tree with one candidate per position.
-
-    `whatif` (each proposed token's status under another τ, `inspector.whatif_statuses`) adds a ✓/✗/· mark under
-    each proposed token; `note` is trusted HTML.
-    """
+    """One verification round on a grid of positions, as the tree view draws it: the top row the accepted path
+    and the verifier's own token, each other candidate on a dashed row below with what hangs under it.
+    `whatif` adds a ✓/✗/· mark under each proposed token; `note` is trusted HTML."""
     ps = parents_of(rnd)
     kids, depth = rules.children(ps), rules.depths(ps)
     path = accepted_path(rnd)

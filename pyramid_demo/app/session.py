@@ -1,8 +1,5 @@
-"""A visitor's races as typed records (the page's gr.State), so every handler reads named fields.
-
-Gradio hands every event of a visitor the same `Session` object, mutated in place: Stop sets `stop` and the
-running race sees it after its current target pass, keeping its partial results; Clear empties it in place,
-so a running race holding the same object cannot bring the cleared results back."""
+"""A visitor's races as typed records (the page's gr.State), mutated in place: Stop and Clear reach the
+running race, which holds the same object."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -1,6 +1,5 @@
-"""The first race's one-time stages, named as they happen: converting the bundled GGUF, probing this CPU,
-loading, warming up. A stage is read from what is already cached (not guessed from the clock), and its
-progress is its elapsed time against what it usually takes, so the page never sits at 0.0 % in silence."""
+"""The first race's one-time stages (convert, probe, load, warm), read from what is cached, with progress as
+elapsed time against what the stage usually takes, so the page never sits at 0 % in silence."""
 from __future__ import annotations
 
 import threading

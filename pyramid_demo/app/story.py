@@ -1,9 +1,7 @@
-"""The Statistics tab's one story of a race, from its trace and the family's cost profile.
+"""The Statistics tab's story of a race, from its trace and the family's cost profile.
 
-Why start from what was measured: a race on a busy machine can disagree with the idle-machine prediction
-(`costs.predict_run`), so the verdict states the measured outcome against AR (or a tie within the race's own
-timing noise) first, then whether the profile agrees, and the lanes' load factors when it does not.
-"""
+A busy machine can disagree with the idle-machine prediction, so the measured outcome comes first, then whether
+the profile agrees, and the lanes' load factors when it does not."""
 from __future__ import annotations
 
 from ..core.config import short_name
@@ -46,9 +44,8 @@ def run_factor(r: RunResult, profile: dict) -> float | None:
 
 
 def rows(results: dict[str, RunResult], profile: dict | None) -> list[dict]:
-    """Per method: measured tok/s and × AR, the profile's idle-machine tok/s and × AR, the lane's load
-    factor, the measured acceptance, tokens per target pass against the number that would match AR on
-    the profile (the same sums as the prediction, so the two always agree), and the verdict."""
+    """Per method: measured and predicted tok/s and × AR, load factor, acceptance, tokens per pass against the
+    break-even count (the same sums as the prediction, so they agree) and the verdict."""
     spread = race_noise(results)
     ar = results.get("ar")
     ar_pred = costs.predict_run(ar.steps, profile)["tokens_per_s"] if ar and profile else None
@@ -112,9 +109,8 @@ def disagrees(row: dict, spread: float | None) -> bool:
 
 
 def load_line(results: dict[str, RunResult], profile: dict | None, changed: bool = False) -> str:
-    """The race's forward time against the profile's, per model. A busy machine is a warning only where it
-    changes a verdict (`changed`: some method's measured outcome is not the profile's, `disagrees`); otherwise
-    the factors are stated plainly."""
+    """The race's forward time against the profile's, per model; a warning only where a busy machine changes
+    a verdict (`changed`)."""
     if not profile or not results:
         return ""
     f = load_factors(list(results.values()), profile)

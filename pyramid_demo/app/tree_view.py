@@ -1,15 +1,8 @@
-"""One target pass's candidate trees as a Plotly figure, read from trace records only (no model calls).
+"""One target pass's candidate trees as a Plotly figure, from trace records only.
 
-Why: a learner should see what a tree buys. x is the position after the committed text, so every stage of
-the pass lines up: the accepted path runs along the top line, each branch the verifier refused (rejected)
-or never reached (discarded) hangs below it, and above the path sits what the verifier itself wanted at each
-position (its top-1 there). A chain is drawn as a one-branch tree, so the inspector works for every method.
-
-Encoding (colour-blind safe, never colour alone): the fill is the fate (Okabe-Ito, the chips' colours); the
-shape says stage and kind (● stage 1 proposal, ■ target-round proposal, ◆ the verifier's own token); a
-rejected node carries an ×, a node never reached is hollow. Pyramid passes get two rows: the stage-1 rounds
-(draft → qualifier) side by side as they built the block, then the target's round over that block.
-"""
+x is the position after the committed text: the accepted path runs along the top, refused or unreached branches
+hang below, the verifier's own top-1 sits above. Fill is the fate, shape the stage (● stage 1, ■ target round,
+◆ own token), × rejected, hollow never reached; a pyramid gets a stage-1 row and a target row."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -19,7 +12,7 @@ from plotly.subplots import make_subplots
 
 from ..core import rules
 from ..core.trace import StageRound, Step, TokenRec, accepted_path, parents_of
-from .charts import FONT_SIZE, _layout, empty_figure
+from .charts import FONT_SIZE, _layout, _num, empty_figure
 from .render import STATUS_COLOURS
 
 FATE_NAMES = {  # legend entries, in legend order
@@ -58,24 +51,17 @@ class Node:
     folded: list[TokenRec] = field(default_factory=list)  # what this node holds folded beneath it
 
 
-def round_parents(rnd: StageRound) -> list[int]:
-    """Each proposed token's parent (−1: the root); a chain's parent is the previous token."""
-    return parents_of(rnd)
-
-
 def fate(node: Node) -> str:
     """The colour key: the recorded status (the own token's is bonus, resampled or, after an EOS, discarded)."""
     return node.rec.status if node.rec.status in FATE_NAMES else "discarded"
 
 
 def place_round(rnd: StageRound, x0: float, top: dict[int, int], fold: bool = False) -> list[Node]:
-    """Lay one round out from its root at x0 on the path line (y 0), the on-path child first at each node.
-    Each branch off the path is packed as high as its columns allow: `top[x]` is the first free slot of
-    column x (shared by the rounds of one row, updated here). `fold`: a branch shows only its first node
-    (a sibling of the path), its descendants (never reached) folded into it. Returns the nodes: the
-    proposed ones in record order, then the own token."""
+    """Lay one round out from its root at x0 on the path line (y 0): each branch packed as high as column
+    slots `top[x]` allow (shared by a row's rounds); `fold` folds a branch's descendants into its first node.
+    Returns the proposed nodes in record order, then the own token."""
     props = rnd.tokens[:-1]
-    parents = round_parents(rnd)
+    parents = parents_of(rnd)
     depth = rules.depths(parents)
     nodes = [Node(t, depth[i], False) for i, t in enumerate(props)]
     accepted = accepted_path(rnd)
@@ -143,10 +129,6 @@ def top1(rec: TokenRec, role: str) -> tuple[int, float] | None:
     """The verifier's most likely token at this token's context (its parent's), from the top-5 record."""
     pairs = rec.top5.get(role) or []
     return (int(pairs[0][0]), float(pairs[0][1])) if pairs else None
-
-
-def _num(v: float | None) -> str:
-    return "—" if v is None else f"{v:.3f}"
 
 
 def hover(node: Node, rnd: StageRound, texts: dict[int, str], pos: int) -> str:

@@ -1,9 +1,5 @@
-"""The engine's per-unit prices fitted on a bench's own runs, each variant priced from the others only.
-
-Why: inside a run the engine's work costs more than the profile's tight-loop timings (allocator churn, cache
-crops riding along), so non-negative least squares over the runs' counted units prices it; leaving the
-variant's own runs out keeps it a prediction.
-"""
+"""The engine's per-unit prices fitted on a bench's own runs (non-negative least squares), each variant priced
+from the others only: in a run the engine's work costs more than the profile's tight-loop timings."""
 from __future__ import annotations
 
 import numpy as np
@@ -100,11 +96,9 @@ def loo_busy(rows: list[dict], profile: dict) -> tuple[dict[str, dict[str, float
 
 
 def predict_rows(rows: list[dict], profile: dict) -> dict[str, float]:
-    """Sets on every engine row with a cost record: `predicted_profile_s` (the profile's forwards and engine
-    prices), `predicted_s` (each role's forwards × the other variants' busy factor, plus the engine time
-    priced from the other variants' runs), and the speed-ups over AR of both: against AR's prediction for
-    the same prompt and repeat where AR ran, else n target steps of the profile. Returns the pooled busy
-    factors."""
+    """Sets `predicted_profile_s` and `predicted_s` (forwards × the other variants' busy factor, plus engine time
+    priced from their runs) on every engine row with a cost record, and both speed-ups over AR. Returns the
+    pooled busy factors."""
     from ..predict import expected
 
     eng_rows = [r for r in rows if r.get("kind") == "engine" and r.get("cost_record")]
@@ -133,8 +127,7 @@ def predict_rows(rows: list[dict], profile: dict) -> dict[str, float]:
 
 
 def fitted_prices(rows: list[dict]) -> dict[str, float]:
-    """The engine's per-unit prices in ms fitted on every engine row (for display beside the profile's timed
-    ones: how much more a unit costs inside a run than in a tight loop)."""
+    """The engine's per-unit prices in ms fitted on every engine row, for display beside the timed ones."""
     eng = [r for r in rows if r.get("kind") == "engine" and (r.get("cost_record") or {}).get("engine")
            and r.get("engine_overhead_s") is not None]
     if not eng:

@@ -1,9 +1,6 @@
 """The cost profile in `bench`: per-run forward records, the profile's prediction per run, and the section of
-results.json / report.html that says why each method wins or loses on this machine.
-
-Why per run: every prediction is the profile's price for the forwards and engine work that run made
-(`costs_fit` rescales it by the other variants' runs), so a busy machine moves the figures, not the comparison.
-"""
+results.json / report.html that says why each method wins or loses here (a busy machine moves the figures,
+not the comparison)."""
 from __future__ import annotations
 
 import html
@@ -18,8 +15,7 @@ from . import costs_fit
 
 
 def row_record(steps: list[Step], method: str | None = None, config: dict | None = None) -> dict:
-    """What one run adds to its row: {"cost_record": {...}} (see the module's doc); with the method, the
-    engine's work it did (`engine_costs.census`)."""
+    """What one run adds to its row: {"cost_record": {...}}, with the engine's work where `method` is given."""
     ms = {role: {k: [round(sum(ts), 4), len(ts)] for k, ts in by_k.items()}
           for role, by_k in costs.measured_by_k(steps).items()}
     rec = {"forwards": costs.forward_counts(steps), "ms_by_k": ms, "stages": stage_counts(steps)}

@@ -1,7 +1,5 @@
-"""CommonsenseQA as in the FSD and PyramidSD papers: a 5-shot chain-of-thought prompt that asks the model to end
-with "Therefore, the answer is X.", and the answer read from that sentence. Questions come from a local JSONL in
-either CSQA layout (the original release or Hugging Face's); only without one is the Hub tried.
-"""
+"""CommonsenseQA as in the FSD and PyramidSD papers: a 5-shot chain-of-thought prompt ending in "Therefore, the
+answer is X.", read back from that sentence; questions from a local JSONL (either layout), else the Hub."""
 from __future__ import annotations
 
 import json

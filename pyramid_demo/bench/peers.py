@@ -1,9 +1,5 @@
-"""Reference measurements beside the engine: Hugging Face `generate()` peers, single-model
-speeds and the target's teacher-forced log-probability of a produced text.
-
-Peers are timed as the wall time of the `generate()` call, prefill included, nothing
-subtracted; compare them with the engine's tokens/s *including* prefill.
-"""
+"""Reference measurements beside the engine: Hugging Face `generate()` peers (wall time, prefill included),
+single-model speeds and the target's teacher-forced log-probability of a produced text."""
 from __future__ import annotations
 
 import copy
@@ -63,11 +59,8 @@ def runnable(triplet: ModelTriplet, variants: list[Any]) -> tuple[list[Any], lis
 
 @torch.inference_mode()
 def hf_generate(triplet: ModelTriplet, prompt_ids: list[int], cfg: DecodeConfig, peer: str) -> PeerRun:
-    """Run a peer on the target: plain `generate()` or assisted generation with the draft.
-
-    Assisted generation keeps Hugging Face's own defaults for the number of drafted tokens
-    (its adaptive schedule), as a user calling `assistant_model=` would get.
-    """
+    """Run a peer on the target: plain `generate()`, or assisted generation with the draft on Hugging Face's
+    own drafting defaults, as a user calling `assistant_model=` would get."""
     if peer not in PEERS:
         raise ValueError(f"unknown peer {peer!r}; choose one of {', '.join(PEERS)}")
     why = unsupported(triplet, peer)
@@ -105,8 +98,7 @@ def hf_generate(triplet: ModelTriplet, prompt_ids: list[int], cfg: DecodeConfig,
 
 @torch.inference_mode()
 def target_logprob(triplet: ModelTriplet, prompt_ids: list[int], out_ids: list[int]) -> float | None:
-    """The target's mean log-probability (raw softmax, temperature 1) of `out_ids` after the
-    prompt: one teacher-forced forward over prompt + output."""
+    """The target's mean log-probability of `out_ids` after the prompt, in one teacher-forced forward."""
     if not out_ids:
         return None
     target = triplet.target
@@ -120,8 +112,7 @@ def target_logprob(triplet: ModelTriplet, prompt_ids: list[int], out_ids: list[i
 
 
 def one_token_speed(triplet: ModelTriplet, role: str, prompt_ids: list[int], n: int = 8) -> float:
-    """Single-model speed V_X in tokens/s: the median time of `n` cached one-token greedy
-    forwards after the prompt (what the paper's throughput model assumes)."""
+    """Single-model speed in tokens/s: the median of `n` cached one-token greedy forwards after the prompt."""
     lm = open_lm(triplet.model(role), triplet.vocab_size, role, triplet.backend, getattr(triplet, "path", "hf"))
     seq = list(prompt_ids)
     if len(seq) > 1:

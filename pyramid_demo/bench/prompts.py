@@ -1,8 +1,4 @@
-"""The benchmark's prompts: a built-in, varied set written for this project, or a user's JSONL.
-
-A JSONL prompt file holds one object per line with a "prompt" string (an optional
-"category" is kept for the report); blank lines and lines starting with '#' are skipped.
-"""
+"""The benchmark's prompts: a built-in, varied set, or a user's JSONL ({"prompt", optional "category"} lines)."""
 from __future__ import annotations
 
 import json
@@ -73,8 +69,7 @@ def read_jsonl(path: str | Path) -> list[Prompt]:
 
 
 def load_prompts(spec: str, limit: int | None = None) -> list[Prompt]:
-    """`builtin` or a JSONL path; keep the first `limit` (the built-in set is taken
-    round-robin across categories so a short run still sees every kind of prompt)."""
+    """`builtin` (round-robin over categories) or a JSONL path; the first `limit` prompts."""
     if spec == "builtin":
         by_cat = [[Prompt(t, c) for t in texts] for c, texts in _BUILTIN.items()]
         prompts = [row[i] for i in range(max(map(len, by_cat))) for row in by_cat if i < len(row)]

@@ -1,5 +1,4 @@
-"""Benchmark summaries (medians with spread, pooled acceptance, Pareto frontier) and the
-outputs: results.csv, results.json and a self-contained report.html with plotly charts."""
+"""Benchmark summaries (medians, pooled acceptance, Pareto frontier) and results.csv/.json and report.html."""
 from __future__ import annotations
 
 import csv
@@ -38,9 +37,7 @@ def _pooled(rows: list[dict], num: str, den: str) -> float | None:
 
 
 def summarize(rows: list[dict]) -> list[dict]:
-    """One record per variant, in first-seen order. Speeds, speed-ups, overhead share and
-    quality are medians over runs (speed-ups computed per prompt first); acceptance and
-    accepted length are pooled over all runs (sum accepted / sum proposed or passes)."""
+    """One record per variant: speeds, speed-ups and quality as medians over runs, acceptance pooled over runs."""
     order: dict[str, list[dict]] = {}
     for r in rows:
         order.setdefault(r["variant"], []).append(r)
@@ -72,8 +69,7 @@ def summarize(rows: list[dict]) -> list[dict]:
 
 
 def pareto_frontier(points: Sequence[Point]) -> list[int]:
-    """Indices of points not dominated when both coordinates are maximised (NaN/None skipped),
-    sorted by the first coordinate. Equal points are all kept."""
+    """Indices of points not dominated when both coordinates are maximised (NaN/None skipped), by x."""
     ok = [i for i, p in enumerate(points) if p[0] is not None and p[1] is not None
           and not (_nan(p[0]) or _nan(p[1]))]
     front = []
@@ -107,8 +103,7 @@ def recommend(summary: list[dict], min_agreement: float = 0.9) -> dict | None:
 
 
 def check_targets(summary: list[dict], min_agreement: float = 0.9) -> list[dict]:
-    """The project's speed goals, each with the measured value and whether it is met.
-    Peer comparisons use wall time incl. prefill on both sides, per prompt, then the median."""
+    """The project's speed goals with the measured value and whether each is met (peers: wall time both sides)."""
     by = {s["variant"]: s for s in summary}
     out = []
 
@@ -145,8 +140,7 @@ def speedup_errors(summary: list[dict]) -> dict[str, float]:
 
 
 def best_per_method(summary: list[dict], min_agreement: float = 0.9) -> dict[str, str]:
-    """Per engine method, the fastest variant with agreement ≥ min_agreement (else the most
-    faithful one): the candidate default for that method in the app."""
+    """Per engine method, the fastest variant with agreement ≥ min_agreement (else the most faithful one)."""
     out = {}
     qk, eng = quality_key(summary), [s for s in summary if s["kind"] == "engine" and s.get("speedup_vs_ar") is not None]
     for m in dict.fromkeys(s["method"] for s in eng):

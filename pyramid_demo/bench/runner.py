@@ -1,9 +1,7 @@
 """`bench`: every method side by side on the same models and prompts, with HF peers.
 
-One warm-up run per method, then the methods interleaved per prompt (A B C … A B C …) so
-machine drift hits all alike. Writes results.csv (one row per method × prompt × repeat),
-results.json (rows + summary + machine) and report.html (self-contained plotly charts).
-"""
+Methods run interleaved per prompt (A B C … A B C …) after one warm-up each, so machine drift hits all alike;
+writes results.csv, results.json and a self-contained report.html."""
 from __future__ import annotations
 
 import argparse
@@ -153,8 +151,7 @@ def run_bench(triplet: ModelTriplet, variants: list[Variant], prompts: list[Prom
               chat: bool = True, answers: list[str] | None = None, warmup_tokens: int = 8,
               progress: bool = True, max_minutes: float | None = None,
               log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> dict:
-    """Warm up, time every variant on every prompt (interleaved), then derive per-prompt
-    speed-ups, quality and the throughput model's prediction. Returns rows + speeds."""
+    """Warm up, time every variant on every prompt (interleaved), then per-prompt speed-ups and quality."""
     from tqdm import tqdm
 
     biggest = DecodeConfig(max_new_tokens=max(v.cfg.max_new_tokens for v in variants), l_d=1,
@@ -247,8 +244,7 @@ def _run_prompt(triplet: ModelTriplet, variants: list[Variant], r: int, pi: int,
 
 
 def _baseline(v: Variant, variants: list[Variant]) -> bool:
-    """Whether `v` is its method's reference for the speed-ups: the method's first variant (its first shape;
-    AR and SD are never swept by --grid)."""
+    """Whether `v` is its method's reference for the speed-ups: the method's first variant."""
     return v.kind == "engine" and v is next(w for w in variants if w.method == v.method)
 
 

@@ -1,6 +1,5 @@
-"""The bench's variants: every method (each proposing one once per shape) with its config, HF peers last, and
---grid's paper-style sweep. Parsing of the --methods / --shapes lists lives here, refusing a retired key in the
-one line that names the new setting."""
+"""The bench's variants: every method (once per shape), HF peers last, and --grid's sweep; parses --methods
+and --shapes, naming the new setting for a retired key."""
 from __future__ import annotations
 
 import argparse
@@ -36,8 +35,7 @@ class Variant:
 
     @property
     def lossless(self) -> bool:
-        """Output distribution equals the target's (at T=0: the same tokens, up to numerics); a reference run's
-        never does: another model decodes."""
+        """Output distribution equals the target's; a reference run's never does (another model decodes)."""
         return self.kind == "peer" or (self.kind == "engine" and lossless(self.method, self.cfg.stage2))
 
 

@@ -1,9 +1,5 @@
-"""Background jobs (corpus generation, training) that a benchmark pauses while it times.
-
-A job registers itself with a pid file under `cache_root()/background/` (`register`); `paused()` sends every live
-registered job SIGSTOP for the duration of a `with` block and SIGCONT after, so a timing never shares the CPU
-with them. A pid file whose process is gone, or whose pid now belongs to another program, is ignored.
-"""
+"""Background jobs (corpus generation, training) that a benchmark pauses while it times: registered by pid
+file, sent SIGSTOP inside `paused()` and SIGCONT after; a stale pid file is ignored."""
 from __future__ import annotations
 
 import atexit

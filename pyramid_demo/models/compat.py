@@ -1,11 +1,5 @@
-"""Tokenizer compatibility checks for a draft / qualifier / target family.
-
-Speculative decoding passes token ids from one model to the next and compares their
-distributions position by position, so the three models must share one tokenizer:
-the same ids for the same text, the same special tokens, and logits at least as wide
-as the tokenizer (rows beyond it are padding that the engine slices away). Mixing a
-base with an instruct checkpoint is caught by their differing end-of-sequence ids.
-"""
+"""Tokenizer compatibility checks for a family: speculative decoding passes token ids between the models, so
+they must share one tokenizer (ids, special tokens, logits at least as wide); a base/instruct mix shows in eos."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -62,10 +56,8 @@ def _first_diff(a: list[int], b: list[int]) -> int:
 
 
 def check_tokenizers(names: Sequence[str], tokenizers: Sequence[Any]) -> None:
-    """Raise `IncompatibleModels` unless every tokenizer matches the last one (the target's).
-
-    Checked: tokenizer length, ids of a probe text, and the eos/bos/pad tokens. A pad
-    token set on one side only is tolerated (single-sequence decoding never pads)."""
+    """Raise `IncompatibleModels` unless every tokenizer matches the target's (length, ids of a probe text,
+    eos/bos/pad; a pad set on one side only is tolerated)."""
     if len(names) != len(tokenizers):
         raise ValueError("names and tokenizers must have the same length")
     ref_name, ref = names[-1], tokenizers[-1]
@@ -122,9 +114,7 @@ def check_widths(names: Sequence[str], tokenizers: Sequence[Any], models: Sequen
 
 
 def check_compatible(names: Sequence[str], tokenizers: Sequence[Any], models: Sequence[Any]) -> None:
-    """Raise `IncompatibleModels` (a `LoadError`) unless the three models can share one
-    tokenizer. Order is draft, qualifier, target; each is compared with the target.
-    The shared vocabulary size is then `len(tokenizers[-1])`."""
+    """Raise `IncompatibleModels` (a `LoadError`) unless draft, qualifier and target share one tokenizer."""
     if not len(names) == len(tokenizers) == len(models):
         raise ValueError("names, tokenizers and models must have the same length")
     check_tokenizers(names, tokenizers)

@@ -1,5 +1,4 @@
-"""The loader's user-facing error, in a module of its own so that `loading` and `bundled`
-(and `compat`) can all raise it without importing each other."""
+"""The loader's user-facing error, apart so that `loading`, `bundled` and `compat` raise it without a cycle."""
 
 
 class LoadError(Exception):

@@ -1,18 +1,10 @@
 """A draft that reads the target (EAGLE-1 style): one decoder layer over `fc([f_{i-1} ; E(x_i)])`.
 
-Why: a small independent draft agrees with the target a third of the time; the target's own final
-normed state f already holds most of what its next token will be, so a head that reads it (and the
-token that followed) predicts the target far better at the same cost (EAGLE, arXiv 2401.15077).
-
-Indexing follows an ordinary LM: row i holds token x_i and the target's state at i-1, and predicts
-x_{i+1}. Its output is a predicted normed state f̂_i (the target's final norm applied), so the next row
-can read it where the target has not scored position i yet; the logits are the target's head rows for a
-token subset (`subset_path`: a reduced head, −inf elsewhere). Embedding, final norm and head are the target's (frozen,
-shared, never saved); only fc and the layer are trained and shipped.
-
-`passes` (training only) is EAGLE-3's training-time test: pass s feeds every row the state predicted by
-pass s-1 and attends to the true-state keys of earlier rows, exactly as drafting s tokens ahead does.
-"""
+The target's final normed state already holds most of its next token, so a head reading it predicts the target
+far better than a small independent draft at the same cost (arXiv 2401.15077). Row i holds x_i and the target's
+state at i-1 and predicts a normed state f̂_i; logits are the target's head rows for a token subset (−inf
+elsewhere). Embedding, norm and head are the target's (never saved); only fc and the layer are trained.
+`passes` (training only) is EAGLE-3's training-time test. Details: docs/how-it-works.md."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -104,9 +96,8 @@ class FeatureDraft(nn.Module):
         return self._lin("fc", torch.cat((f_prev, F.embedding(tokens, self.embed)), -1), self.fc_w, self.fc_b)
 
     def joint_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """[q; k; v] and [gate; up] as one weight each, for calls without gradients (one matmul where there were
-        three and two: on a CPU a one-token step pays per call). Rebuilt whenever a weight changed (a load or
-        an optimizer step bumps its version)."""
+        """[q; k; v] and [gate; up] as one weight each, for calls without gradients (on a CPU a one-token step
+        pays per call); rebuilt whenever a weight's version changed."""
         parts = (self.q, self.k, self.v, self.gate, self.up)
         key = tuple((p.data_ptr(), p._version) for p in parts)
         if getattr(self, "_fused_key", None) != key:

@@ -42,9 +42,8 @@ def hub_offline() -> bool:
 
 
 def hub_reachable(endpoint: str | None = None, timeout: float = PROBE_TIMEOUT_S) -> bool:
-    """Whether a TCP connection to the Hub (or the HTTPS proxy) opens within `timeout` s.
-
-    Runs in a daemon thread so a slow DNS lookup cannot stall the caller either."""
+    """Whether a TCP connection to the Hub (or the HTTPS proxy) opens within `timeout` s, in a daemon thread
+    so a slow DNS lookup cannot stall the caller."""
     from huggingface_hub import constants
 
     proxy = next((os.environ[v] for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")

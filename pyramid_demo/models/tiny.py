@@ -1,9 +1,5 @@
-"""`tiny-random`: three tiny Llama models built from configs, offline and seeded.
-
-The qualifier and draft are the target with seeded noise added to every weight (less
-for the qualifier), so acceptance is partial and the qualifier sits closer to the
-target than the draft, as in a real family. Runs every method in seconds on a CPU.
-"""
+"""`tiny-random`: three tiny seeded Llama models built offline from configs; the draft and qualifier are the
+target plus noise (less for the qualifier), so acceptance is partial as in a real family."""
 from __future__ import annotations
 
 import torch

@@ -1,9 +1,5 @@
-"""Shape "auto", settled before a run: this machine's cost profile prices the best tree budget against the best
-chain (`tree_costs.best_tree`) and the faster runs, with one sentence saying why.
-
-Why here and not in the loop: choosing a shape is a prediction; the loop only runs the chain or the tree it is
-handed (`core.run.shape_to_run` settles what needs no cost model, and refuses a tree the models cannot take).
-"""
+"""Shape "auto", settled before a run: the cost profile prices the best tree against the best chain and the
+faster runs. A prediction, so it lives here; the loop only runs the shape it is handed."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -15,9 +11,8 @@ from .tree_costs import best_tree
 
 
 def resolve_shape(cfg: DecodeConfig, profile: dict | None, trees: bool = True) -> tuple[DecodeConfig, str]:
-    """The config to run (shape "chain" or "tree", never "auto") and why, in one sentence. `trees`: whether the
-    models take a tree (`core.run.takes_trees`); without them, or without a usable profile, `shape_to_run`
-    decides (the chain for "auto"; an asked tree refused)."""
+    """The config to run (shape "chain" or "tree", never "auto") and why, in one sentence; without trees or a
+    usable profile `shape_to_run` decides."""
     spec = method_spec(cfg.method)
     st = next((s for s in spec.stages if s.shaped), None)  # the stage whose proposal takes the shape
     usable = bool(profile) and "ms" in profile and st is not None and {st.proposer, st.verifier} <= set(profile["ms"])

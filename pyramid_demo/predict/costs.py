@@ -1,10 +1,5 @@
-"""A run's predicted time on a measured cost profile, and why a method wins or loses there.
-
-Why from the run's own forwards: the profile prices one cached forward of k new tokens per model (and the
-engine's units, `engine_costs`), so the sum over the forwards a run made is what that run would take on an
-idle machine; `model_from_counts` predicts from acceptance alone (`expected`), and `break_even_alpha` is
-where a method would exactly match AR. How: docs/how-it-works.md.
-"""
+"""A run's predicted time on a measured cost profile (the price of the forwards and engine work it made), and
+why a method wins or loses there (`model_from_counts`, the break-even α). How: docs/how-it-works.md."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -21,22 +16,8 @@ from .walk_stats import alpha, ranks
 
 # ---------------------------------------------------------------- the profile
 def step_forwards(step: Step) -> dict[str, list[int]]:
-    """The new-token counts of the forwards one Step made, per role: `step.fed` where the engine
-    recorded it; else (a trace without it, e.g. an older export) read from the rounds. Target: one pass of
-    (proposal + 1) tokens (1 for AR). Qualifier: one pass of (proposal + 1) per stage-1 round. Draft: its
-    forwards, counted as one token each (the first of a round may feed one more committed token)."""
-    if step.fed:
-        return {r: list(ks) for r, ks in step.fed.items() if ks}
-    out: dict[str, list[int]] = {}
-    t = step.target_round
-    out["target"] = [len(t.tokens) if t is not None else 1] * max(1, step.n_forward.get("target", 1))
-    if step.qualifier_rounds or step.n_forward.get("qualifier"):
-        q = [len(r.tokens) for r in step.qualifier_rounds]
-        n = step.n_forward.get("qualifier", len(q))
-        out["qualifier"] = (q + [q[-1] if q else 1] * n)[:n] if n else []
-    if step.n_forward.get("draft"):
-        out["draft"] = [1] * step.n_forward["draft"]
-    return {r: ks for r, ks in out.items() if ks}
+    """The new-token counts of the forwards one Step made, per role, as the engine recorded them (`step.fed`)."""
+    return {r: list(ks) for r, ks in step.fed.items() if ks}
 
 
 def forward_counts(steps: list[Step]) -> dict[str, dict[int, int]]:
@@ -50,9 +31,8 @@ def forward_counts(steps: list[Step]) -> dict[str, dict[int, int]]:
 
 
 def tree_forward_counts(steps: list[Step], method: str, config: dict | None = None) -> dict[str, dict[int, int]]:
-    """Of `forward_counts`, the forwards that fed tree rows, {role: {k: n}}: in a tree run, the tree stage's
-    verifier passes, and the proposer's forwards after its first in each step (the first feeds the root
-    as a chain; the others are the tree's levels)."""
+    """Of `forward_counts`, the forwards that fed tree rows: the tree stage's verifier passes and the proposer's
+    forwards after its first in each step (the first feeds the root as a chain)."""
     out: dict[str, dict[int, int]] = {}
     if not method or shape_of(method, config) != "tree":
         return out
@@ -128,10 +108,8 @@ def _length(c: dict | None, default: int) -> int:
 
 
 def model_from_counts(method: str, counts: dict, config: dict, profile: dict) -> dict[str, Any]:
-    """Lengths, measured α per stage (per context reached: accepted ÷ (accepted + rejections)), the expected
-    tok/s at that α on this profile (forwards and engine work, `expected`), the same as a speed-up over AR,
-    and the break-even α at which it equals AR (None for AR). A tree stage is priced as the expected tree on
-    its measured acceptance by rank; a pyramid's block as its stage-1 rounds, cut to size."""
+    """Lengths, measured α per stage, the expected tok/s and speed-up over AR at that α on this profile, and
+    the break-even α at which a method equals AR (None for AR). Trees are priced on acceptance by rank."""
     spec = method_spec(method)
     ar = ar_speed(profile)
     out: dict[str, Any] = {"ar_tokens_per_s": round(ar, 3)}

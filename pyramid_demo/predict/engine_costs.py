@@ -1,8 +1,5 @@
-"""The engine's own work in a run, counted from its records (`census`) and priced from the profile (`price`).
-
-Why: a decode's time is its forwards plus the engine's work between them, which differs by method (a fuzzy
-rule's divergences, a tree's growth and compaction); a profile without engine prices prices it at 0 (`priced`).
-"""
+"""The engine's own work in a run, counted from its records (`census`) and priced from the profile (`price`):
+it differs by method (divergences, tree growth and compaction); a profile without engine prices prices it at 0."""
 from __future__ import annotations
 
 from typing import Any
@@ -46,10 +43,8 @@ def _round_units(rnd: StageRound, tree: bool, out: dict[str, Any]) -> None:
 
 
 def census(steps: list[Step], method: str, config: dict | None = None) -> dict[str, Any]:
-    """Units of engine work a recorded run did: target passes ("step": the step's bookkeeping, every cursor's
-    cut), forwards fed ("feed"), rounds decided ("round"), divergence rows ("div" batched, "div1" one per tree
-    context), tree rows expanded by the proposer ("expand"), tree compactions per role ("keep"). Adds up over
-    runs (`add`)."""
+    """Units of engine work a recorded run did (`UNITS`: steps, feeds, rounds, divergence rows, tree expansions
+    and compactions per role); adds up over runs (`add`)."""
     out: dict[str, Any] = {u: 0 for u in UNITS}
     out["keep"] = {}
     tree = shape_of(method, config) == "tree"

@@ -1,9 +1,5 @@
-"""Expected speed of every method and shape on a cost profile, from acceptance alone.
-
-Why one model: a chain is the tree with one child per node, so what a round commits is read off the expected
-tree for both (`expected_round`); only its price follows how the engine runs each shape. How the rounds, a
-pyramid's block and the prices are derived: docs/how-it-works.md.
-"""
+"""Expected speed of every method and shape on a cost profile, from acceptance alone: a chain is the tree with
+one child per node, so one model serves both. Derivations: docs/how-it-works.md."""
 from __future__ import annotations
 
 from functools import cache
@@ -75,9 +71,8 @@ Tree = tuple[int, int, int]  # a tree budget: (nodes, depth, k)
 
 def expected_round(n: int, a: list[float] | tuple[float, ...], tree: Tree | None = None
                    ) -> tuple[list[int], list[float]]:
-    """A round's expected proposal (its parents) and P(its accepted path reaches depth d), d = 1 …: a chain of
-    n (the tree of one child per node, each taken at a[0]: α^d), or `tree` on acceptance by rank `a`, grown
-    at most n deep."""
+    """A round's expected proposal (its parents) and P(its accepted path reaches depth d): a chain of n (α^d),
+    or `tree` on acceptance by rank `a`, grown at most n deep."""
     nodes, depth, k = tree or (n, n, 1)
     parents, ranks = expected_tree(nodes, min(depth, n), k, a)
     return parents, tree_reach(parents, ranks, a)
@@ -104,9 +99,8 @@ def round_speed(profile: dict, n: int, a: list[float] | tuple[float, ...], fuzzy
 
 def block_ms(profile: dict, l_d: int, l_q: int, alpha_q: float, fuzzy_q: bool,
              tree: tuple[int, int, int, tuple[float, ...]] | None = None) -> tuple[float, float]:
-    """Expected (ms, stage-1 rounds) to qualify a block of l_q tokens: each round proposes min(l_d, what is
-    left) (a chain at α_Q, or `tree` = (nodes, depth, k, acceptance by rank) grown min(depth, that) deep),
-    commits its accepted run and the qualifier's own token, cut to what is left."""
+    """Expected (ms, stage-1 rounds) to qualify a block of l_q tokens, each round proposing min(l_d, what is
+    left) as a chain at α_Q or as `tree` = (nodes, depth, k, acceptance by rank)."""
     @cache
     def rounds(n: int) -> tuple[list[float], float]:
         a, budget = ((alpha_q,), None) if tree is None else (tree[3], tree[:3])

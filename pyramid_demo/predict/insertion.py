@@ -1,9 +1,5 @@
-"""Does the qualifier earn its place? The insertion test, from measured acceptance and the cost profile.
-
-Why measured, not assumed: a middle model helps only when it agrees with the target clearly better than the
-draft at a modest cost (Polybasic SD: a W4A16 copy of the target raised 2.61× to 3.48×, a 1B model dropped it
-to 1.08×).
-"""
+"""Does the qualifier earn its place? A middle model helps only when it agrees with the target clearly better
+than the draft at a modest cost, so this is tested on measured acceptance and the cost profile."""
 from __future__ import annotations
 
 from typing import Any
@@ -16,9 +12,8 @@ BLOCKS = [(ld, lq) for lq in range(1, 17) for ld in range(1, lq + 1)]
 
 
 def insertion(profile: dict, alpha_td: float | None, alpha_qd: float | None, alpha_tq: float | None) -> dict[str, Any]:
-    """alpha_td: the target's per-token acceptance of the draft (SD); alpha_qd: the qualifier's of the draft and
-    alpha_tq: the target's of the qualified block (a pyramid). Returns costs (× a target step), the best
-    predicted tok/s without and with the qualifier and their settings, and `earns` (True / False / None)."""
+    """From the target's acceptance of the draft (SD) and the pyramid's two stages: costs (× a target step), the
+    best predicted tok/s without and with the qualifier, their settings, and `earns` (True / False / None)."""
     out: dict[str, Any] = {"alpha_draft": alpha_td, "alpha_qualifier": alpha_tq, "alpha_stage1": alpha_qd}
     try:
         step = cost_ms(profile, "target", 1)

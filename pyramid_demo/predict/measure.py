@@ -1,9 +1,5 @@
-"""Measuring a cost profile: one cached forward of k new tokens per model, and the engine's own work around
-the forwards, on this machine (the only torch code of the cost model).
-
-Why the engine's work too: a prediction that prices only forwards is high by that share, and the share differs
-by method (a fuzzy pyramid over a tree does most of it).
-"""
+"""Measuring a cost profile on this machine: one cached forward of k new tokens per model, and the engine's own
+work around the forwards (its share differs by method, so a forwards-only price would be off)."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -52,9 +48,8 @@ class ForwardTimer:
         return t
 
     def time_feed(self) -> tuple[float, float]:
-        """Seconds of a one-token feed through the engine's own path (the sequence check, the model's bookkeeping
-        outside the forward's clock, the finiteness check, the pick) beyond the forward itself; and seconds to
-        cut the cache back (every model's cut after a step). The cache ends at `context` after."""
+        """Seconds of a one-token feed through the engine's path beyond the forward itself, and seconds to cut the
+        cache back. The cache ends at `context` after."""
         import time
 
         from ..core.round import feed
@@ -69,8 +64,7 @@ class ForwardTimer:
         return max(0.0, extra), time.perf_counter() - t1
 
     def time_keep(self, n: int = 2) -> float | None:
-        """Seconds to compact a tree's accepted path into the cache (`keep_path`, outside the forward's clock):
-        n sibling rows are fed as a tree after the context, then one is kept. None where the model takes no
+        """Seconds to compact a tree's accepted path into the cache (`keep_path`); None where the model takes no
         trees."""
         import time
 
@@ -97,11 +91,8 @@ def time_forward(model: Any, vocab_size: int, ks: tuple[int, ...] = (1,), reps: 
 def measure_profile(models: dict[str, Any], vocab_size: int, backend: str = "default", max_k: int = MAX_K,
                     reps: int = 3, make_timer: Callable[..., Any] | None = None,
                     path: str = "hf", extras_out: dict | None = None) -> dict[str, dict[int, float]]:
-    """{role: {k: ms}} for every distinct model (a role that shares another's model shares its row):
-    one prefilled cache per model, k = 1 … max_k timed in interleaved rounds, min over rounds (the first
-    round warms up). `extras_out`, where given, receives "tree_ms" ({role: {n: ms}}: a tree forward of n rows,
-    `ForwardTimer.time_tree`, where the model takes trees) and "engine_ms" (the engine's own prices,
-    `measure_engine`, a tree's compaction timed on these caches)."""
+    """{role: {k: ms}} per distinct model, k = 1 … max_k timed in interleaved rounds, min over rounds (the first
+    warms up). `extras_out` receives "tree_ms" ({role: {n: ms}}, where the model takes trees) and "engine_ms"."""
     make_timer = make_timer or ForwardTimer
     timers: dict[int, Any] = {}
     for model in models.values():
@@ -138,9 +129,8 @@ def _best_ms(f: Callable[[], Any], reps: int) -> float:
 
 
 def measure_engine(vocab_size: int, timers: dict[str, Any] | None = None, reps: int = 20) -> dict[str, Any]:
-    """The engine's own work per unit (`engine_costs.UNITS`, and "keep" per role where `timers` can time a tree
-    compaction), in ms, each the real function on logits [n, V] of this family's width; "feed" and "step" through
-    the target timer's own cursor where it has one."""
+    """The engine's own work per unit (`engine_costs.UNITS`, "keep" per role where a timer can compact a tree), in
+    ms, each the real function on logits of this family's width."""
     import torch
 
     from ..core import rules

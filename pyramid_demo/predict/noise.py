@@ -1,8 +1,5 @@
-"""Is one method faster than another, or is the gap within the run's own timing noise?
-
-Why one forward's spread: same-size forwards of one model do the same work, so their spread is what the machine
-adds, and load on a shared machine drifts over seconds, so it does not average out over a run's forwards.
-"""
+"""Is one method faster than another, or within the run's own timing noise? Same-size forwards of one model do
+the same work, so their spread is what the machine adds."""
 from __future__ import annotations
 
 from collections.abc import Iterable

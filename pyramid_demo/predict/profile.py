@@ -1,6 +1,5 @@
-"""A cost profile's lookups, apart so that `costs` and `tree_costs` share them without importing each other:
-{"ms": {role: {k: ms}}}, one cached forward of k new tokens per model (`costs.measure_profile`), and where
-measured {"tree_ms": {role: {n: ms}}}, one tree forward of n rows (a verifier's pass, a proposer's level)."""
+"""A cost profile's lookups, shared by `costs` and `tree_costs`: {"ms": {role: {k: ms}}} and, where measured,
+{"tree_ms": {role: {n: ms}}}."""
 from __future__ import annotations
 
 

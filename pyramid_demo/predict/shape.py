@@ -1,8 +1,5 @@
-"""A run's proposal shape, "chain" or "tree", read in one place by everything that prices a run.
-
-Why one function: the shape is a setting (`config["shape"]`, resolved from "auto" before the engine runs); a
-config without it (an older record) ran a chain.
-"""
+"""A run's proposal shape, "chain" or "tree", read in one place (a config without it, an older record, ran a
+chain)."""
 from __future__ import annotations
 
 from collections.abc import Mapping

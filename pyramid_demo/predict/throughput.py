@@ -1,9 +1,5 @@
 """The paper's throughput model (PyramidSD §3): predicted tokens/s from single-model speeds, a teaching aid
-shown beside the measured speed.
-
-Why kept beside the cost profile's prediction: it is the paper's own account (checking k tokens costs one
-step); over a tree its ℓ is the proposer's levels and β·(ℓ+1) the measured tokens a round commits.
-"""
+shown beside the measured speed and the cost profile's prediction."""
 from __future__ import annotations
 
 from ..core.methods import method_spec
@@ -12,18 +8,15 @@ from .shape import shape_of
 
 
 def stage_speed(beta: float, length: float, v_p: float, v_v: float, plus_one: bool = False) -> float:
-    """V = β·(ℓ+1) / (ℓ/V_P + 1/V_V): one proposer → verifier stage as one model (V_SD; V_FSD(Q,D); V_PSD with
-    V_FSD(Q,D) as its proposer). `plus_one`: β·ℓ + 1 tokens per round (with β = accepted ÷ proposed, a round
-    commits β·ℓ drafted tokens plus the verifier's own, which stays right when acceptance is low)."""
+    """V = β·(ℓ+1) / (ℓ/V_P + 1/V_V): one proposer → verifier stage as one model. `plus_one`: β·ℓ + 1 tokens
+    per round, which stays right when acceptance is low."""
     return (beta * length + 1 if plus_one else beta * (length + 1)) / (length / v_p + 1 / v_v)
 
 
 def lengths(cfg: dict, proposed: dict[str, int], rounds: dict[str, int], accepted: dict[str, int] | None = None,
             method: str | None = None) -> dict:
-    """γ, ℓ_D and ℓ_Q for the formulas: the configured ones, or under conf_stop (where they are
-    maxima) the measured mean proposal length per round of each stage. A tree run (`method` given) adds
-    "levels" (proposer forwards per tree round) and "per_round" (tokens committed per round of each stage:
-    accepted ÷ rounds + the verifier's own), which replace γ / ℓ_D and β·(ℓ+1) there."""
+    """γ, ℓ_D and ℓ_Q for the formulas: configured, or under conf_stop the measured mean per round. A tree run
+    adds "levels" and "per_round" (tokens committed per round), which replace γ / ℓ_D and β·(ℓ+1) there."""
     out: dict = {k: cfg.get(k) for k in ("gamma", "l_d", "l_q")}
     if cfg.get("conf_stop"):
         mean = {st: proposed[st] / rounds[st] for st in rounds if rounds[st] and st in proposed}
@@ -41,9 +34,8 @@ def lengths(cfg: dict, proposed: dict[str, int], rounds: dict[str, int], accepte
 
 def predict_parts(method: str, lens: dict, acc: dict[str, float], speeds: dict[str, float],
                   plus_one: bool = False) -> float | None:
-    """The paper's formulas for one method (`stage_speed`), from lengths (`lengths`), acceptance per stage and
-    single-model speeds (role → tok/s); AR's prediction is V_T itself. A tree's first stage commits its
-    measured tokens per round over `levels` proposer forwards; a pyramid's second stage is a chain of ℓ_Q."""
+    """The paper's formulas for one method from lengths, acceptance per stage and single-model speeds (role →
+    tok/s); AR's prediction is V_T itself."""
     m = method_spec(method)
     try:
         if m.proposer is None:

@@ -1,9 +1,5 @@
-"""What a tree of candidates should buy on this machine: the best tree budget against the best chain.
-
-Why by rank: a tree spends the proposer's top few, so what matters is how often the verifier's token is the
-proposer's rank-r candidate (a_r), not only its top-1 (a chain's α); Sequoia's assumption, kept here: a_r does
-not depend on depth.
-"""
+"""What a tree should buy here: the best tree budget against the best chain, priced by acceptance per rank a_r
+(a tree spends the proposer's top few), assumed independent of depth as in Sequoia."""
 from __future__ import annotations
 
 from typing import Any
@@ -17,10 +13,8 @@ GAMMAS = range(1, 9)
 
 def best_tree(profile: dict, a: list[float] | tuple[float, ...] | None = None, fuzzy: bool = False,
               proposer: str = "draft", verifier: str = "target") -> dict[str, Any]:
-    """The tree budget (nodes, depth, k) with the best predicted tok/s here, beside the best chain's (γ at
-    α = a_0), each also as a speed-up over AR on the same profile; for the stage `proposer` → `verifier` (a
-    pyramid's stage 1: "draft" → "qualifier", every price read at those roles, its chain and tree forwards,
-    its compactions)."""
+    """The tree budget (nodes, depth, k) with the best predicted tok/s here beside the best chain's, each also
+    as a speed-up over AR, for the stage `proposer` → `verifier`."""
     a = a or RANK_PRIOR
     scored = [(round_speed(profile, d, a, fuzzy, proposer, verifier, (n, d, k)), n, d, k) for n, d, k in BUDGETS]
     best, n, d, k = max(scored, key=lambda s: s[0]["tokens_per_s"])

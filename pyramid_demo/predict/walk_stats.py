@@ -1,10 +1,5 @@
-"""Acceptance as the cost models read it: per context a round's walk reached, the same for a chain and a tree.
-
-Why per context: a chain is the tree whose contexts each have one child, so a trial per context reached is
-exactly SD's per-token α there, and a tree's refused siblings on the way down are no rejection (the walk went
-on). The displayed acceptance (accepted ÷ positions offered) is `core.stats.Tally`'s; this is the geometric
-model's α. The trial, rejection and censoring rules: docs/how-it-works.md.
-"""
+"""Acceptance as the cost models read it: one trial per context a round's walk reached, chain or tree (a tree's
+refused siblings on the way down are no rejection). The rules: docs/how-it-works.md."""
 from __future__ import annotations
 
 from typing import Any
@@ -20,10 +15,8 @@ def cut_short(rnd: StageRound) -> bool:
 
 
 def trials(rnd: StageRound) -> list[tuple[int, int | None]]:
-    """The contexts whose outcome the round observed, in walk order: (context, rank of the accepted child or
-    None for the failure that ended the walk). Contexts without children (a leaf, an empty proposal) are no
-    trial; a cut round's last context is censored. Bounded by the accepted path: one entry per accepted node,
-    at most one more."""
+    """The contexts whose outcome the round observed, in walk order: (context, rank of the accepted child or None
+    for the failure that ended the walk); leaves are no trial and a cut round's last context is censored."""
     kids = rules.children(parents_of(rnd))
     path = accepted_path(rnd)
     out: list[tuple[int, int | None]] = []

@@ -1,11 +1,8 @@
 """The dtype, CPU backend and forward for this machine, chosen by a probe of several seconds, and the family's
-measured cost profile; both cached as JSON under `bundled.cache_root()`.
+cost profile, both cached as JSON: speed and exactness depend on the CPU, torch and the model.
 
-Why probe: which candidate is fastest, and whether it is exact (a k-token pass bitwise a run of one-token steps),
-depends on the CPU, torch and the model; the candidates and the pick: docs/how-it-works.md. One concern a module:
-`machine`, `store`, `record` (the `Choice`), `build` (the candidates), `search` (timing, exactness, the pick),
-`policy` (which choice a load gets), `warm` (the cost profile and the race warm-up).
-"""
+Modules: `machine`, `store`, `record` (the `Choice`), `build` (candidates), `search` (timing, exactness, pick),
+`policy` (which choice a load gets), `warm` (cost profile, warm-up). The pick: docs/how-it-works.md."""
 from __future__ import annotations
 
 from .build import CANDIDATES, candidate_model, candidates

@@ -1,9 +1,5 @@
-"""The candidates a CPU probe compares, each built as the loader would run it.
-
-bf16 through oneDNN comes as "packed" (weights packed once: fast and batch-invariant, see `forward.packed`)
-where this torch and CPU offer it, else as plain oneDNN (re-packs every call and rounds a k-token pass
-differently from one-token steps); "no-onednn" is batch-invariant too. bf16 only where the CPU has native
-bf16 instructions."""
+"""The candidates a CPU probe compares, each built as the loader would run it: bf16 through oneDNN "packed"
+(batch-invariant) where offered, else plain oneDNN, and "no-onednn"; bf16 only on native bf16 CPUs."""
 from __future__ import annotations
 
 import copy

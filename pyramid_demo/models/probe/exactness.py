@@ -1,11 +1,5 @@
-"""Does a k-token pass give the logits of k one-token steps? Measured, never assumed.
-
-SD at temperature 0 promises AR's text token for token. It keeps that promise only if the target's
-logits at a position do not depend on how many positions share the forward. Whether they do depends
-on the CPU's kernels (see `forward.packed`, `forward.attention`), so the probe measures it on the machine
-at hand with `pass_vs_steps`, and every "exact" claim the app, the CLI and bench make comes from the
-record `summarise` builds.
-"""
+"""Does a k-token pass give the logits of k one-token steps? Measured on the machine at hand, never assumed:
+SD's "AR's text token for token" depends on it, and every "exact" claim comes from the record `summarise` builds."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -43,9 +37,8 @@ TREE_SHAPES = ((-1, 0, 1, 2), (-1, 0, 0, 0, 1, 1, 2, 4), (-1, 0, 0, 0, 0, 1, 1, 
 
 
 def tree_vs_steps(lm: LM, ids: list[int], context: int, parents: Sequence[int]) -> dict[str, Any]:
-    """Prefill `context` tokens, feed one tree whose rows are ids[context:] (row 0 the root, under the cache),
-    then compare each row's logits with one-token steps along its path, taken on the same LM after a
-    truncation (a step at each depth of a path is shared by the rows below it)."""
+    """Prefill `context` tokens, feed one tree whose rows are ids[context:], and compare each row's logits with
+    one-token steps along its path (after a truncation, on the same LM)."""
     tokens = ids[context: context + len(parents)]
     lm.rollback(ids[:context])  # an LM an earlier check used: keep what it shares with these ids
     lm.feed(ids[:context], 1)
@@ -84,10 +77,8 @@ ATTENTION_AT = (0, 13, 47, 111, 300, 460)
 
 
 def attention_passes(lm: LM, ids: list[int], context: int, ks: Sequence[int]) -> list[dict[str, Any]]:
-    """The LM's attention alone (`LeanLM.check_attention`: random queries, keys and values through one layer's
-    attention, a pass's call against one-token steps' calls), at many more positions and pass lengths than full
-    forwards could afford: the batched shapes where a thread's scratch alignment once changed one row in 17.
-    None where the LM's forward has no such check (HF's row-wise attention is a step's own call for every row)."""
+    """The LM's attention alone (`LeanLM.check_attention`), a pass's call against one-token steps' calls, at far
+    more positions and lengths than full forwards could afford; None where the LM has no such check."""
     check = getattr(lm, "check_attention", None)
     if check is None:
         return []
@@ -95,17 +86,13 @@ def attention_passes(lm: LM, ids: list[int], context: int, ks: Sequence[int]) ->
 
 
 PassCheck = Callable[[LM, list[int], int, Sequence[int]], list[dict[str, Any]]]
-# Every kind of multi-token pass a run makes, checked alike against one-token steps: a chain of k tokens, a tree of
-# candidates verified in one pass, and the attention kernel alone over the batched shapes. `summarise` keeps the
-# kinds apart: a chain's exactness (with its attention's) decides the family's forward, a tree's whether the tree
-# methods are lossless here too. Every comparison is bitwise (`torch.equal`), never a tolerance.
+# every kind of multi-token pass a run makes, each compared bitwise with one-token steps (`summarise` keeps them apart)
 PASS_CHECKS: dict[str, PassCheck] = {"chain": pass_vs_steps, "tree": tree_passes, "attention": attention_passes}
 
 
 def summarise(checks: list[dict[str, Any]], pad_rows: int = 1) -> dict[str, Any]:
     """One record: exact only when every chain pass and every attention check matched bitwise; top1 when every
-    argmax matched. Tree passes and attention checks are summarised apart, under "trees" and "attention" (None
-    when none was checked); a failed attention check makes the record inexact, whatever its chain passes said."""
+    argmax matched. Tree passes and attention checks are summarised apart ("trees", "attention")."""
     trees = [c for c in checks if c.get("kind") == "tree"]
     att = [c for c in checks if c.get("kind") == "attention"]
     chain = [c for c in checks if c.get("kind") not in ("tree", "attention")]
@@ -125,10 +112,8 @@ def _tally(checks: list[dict[str, Any]]) -> dict[str, Any]:
 
 def check_model(open_lm: Callable[..., LM], vocab_size: int, plan: Sequence[tuple[int, Sequence[int]]],
                 pad_rows: int = 1, with_ids: bool = False, kinds: Sequence[str] = tuple(PASS_CHECKS)) -> dict[str, Any]:
-    """`summarise` over several contexts and every kind of pass (`PASS_CHECKS`): `plan` is [(context length,
-    ks)], each on a fresh LM over fixed pseudo-random token ids (a different stretch of them per context).
-    `with_ids`: `open_lm(ids)` is handed the ids it will be checked on (a proposer that reads the target
-    needs the target's states over them); else `open_lm()`."""
+    """`summarise` over several contexts and every kind of pass: `plan` is [(context length, ks)], each on a
+    fresh LM over fixed pseudo-random ids. `with_ids`: `open_lm(ids)` gets the ids it will be checked on."""
     checks: list[dict[str, Any]] = []
     for n, (context, ks) in enumerate(plan):
         ids = [(7919 * (i + 131 * n) + 17 * n + 11) % max(2, vocab_size - 1) + 1

@@ -21,8 +21,7 @@ def cpu_name() -> str:
 
 
 def native_bf16() -> bool:
-    """Whether this CPU has bf16 instructions (x86 AVX-512 BF16 / AMX, or Arm bf16): without them bf16 is
-    emulated and never worth probing."""
+    """Whether this CPU has bf16 instructions: without them bf16 is emulated and never worth probing."""
     try:
         flags = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
     except OSError:
@@ -47,9 +46,7 @@ def cpu_flags() -> str:
 
 
 def numerics() -> dict[str, str | int]:
-    """Everything besides the model and the forward that changes a forward's rounding here: the CPU and its
-    instruction sets, the kernels torch dispatches to, torch's version and its intra-op thread count (torch's CPU
-    attention and MKL split work by threads, and each thread's scratch changes the rounding)."""
+    """Everything besides the model and forward that changes a forward's rounding here (CPU, kernels, threads)."""
     return {"cpu": cpu_name(), "isa": cpu_flags(), "capability": str(torch.backends.cpu.get_cpu_capability()),
             "torch": torch.__version__, "threads": torch.get_num_threads()}
 

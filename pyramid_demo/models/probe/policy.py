@@ -46,9 +46,7 @@ def device_dtype(device: torch.device) -> str:
 
 
 def _probed(family: str, load_fp32_target: Callable[[], tuple]) -> Choice:
-    """A probe of the family's fp32 target now, cached; the device default for a target too large to copy.
-    `load_fp32_target` gives (target, vocabulary size[, whether a proposer reads the target]): the target is
-    then checked on the forward that hands out its states, the one the family runs."""
+    """A probe of the family's fp32 target now, cached; `load_fp32_target` gives (target, vocab[, reads_target])."""
     target, vocab, *rest = load_fp32_target()
     if sum(p.numel() for p in target.parameters()) > MAX_PROBE_PARAMS:
         return Choice("float32", "default", "device")
@@ -70,9 +68,8 @@ def check_roles(family: str, choice: Choice, models: dict[str, torch.nn.Module],
 
 def choose(family: str, device: torch.device, dtype: Any, backend: str | None,
            load_fp32_target: Callable[[], tuple[torch.nn.Module, int]], placed: bool = False) -> Choice:
-    """The (dtype, backend, forward) to load `family` in. `dtype` (a torch.dtype, or None/"auto") and `backend`
-    (None/"auto" or one of BACKENDS) given override; `load_fp32_target` gives the family's target in fp32
-    and the vocabulary size, for the probe; `placed`: spread or quantised by accelerate (no probe)."""
+    """The (dtype, backend, forward) to load `family` in: a given `dtype` or `backend` overrides; else the probe's
+    cached choice or a probe now (`placed`: spread or quantised by accelerate, no probe)."""
     auto_be = backend in (None, "", "auto")
     if not auto_be and backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose auto, {', '.join(BACKENDS)}")
@@ -93,10 +90,8 @@ def choose(family: str, device: torch.device, dtype: Any, backend: str | None,
 
 
 def forward_for(choice: Choice, models: dict[str, torch.nn.Module]) -> Choice:
-    """The choice with the forward that will actually run on these models: the lean forward covers only some
-    architectures (`forward.lean_weights.supports_lean`), the others run HF's. Where it covers none, the path is "hf";
-    every role left on HF's forward is named in `uncovered`, which the choice's summary shows. A proposer that
-    reads the target runs its own forward (`forward.feature_lm`), HF's never, so it is not "uncovered"."""
+    """The choice with the forward that will actually run on these models: roles the lean forward does not
+    cover run HF's and are named in `uncovered` (a proposer reading the target runs its own forward)."""
     if choice.path != "lean":
         return choice
     seen: dict[int, bool] = {}

@@ -1,5 +1,4 @@
-"""The probe's choice as a typed record: what was chosen (dtype, backend, forward), how, what it measured.
-Display strings are derived from the fields and never read back, so no key or handler depends on wording."""
+"""The probe's choice as a typed record; display strings derive from its fields and are never read back."""
 from __future__ import annotations
 
 import json
@@ -11,10 +10,7 @@ from ...forward.lean import ATTENTIONS
 from .exactness import describe, describe_trees
 from .machine import numerics as current_numerics
 
-FORMAT = 6  # the cache entry's layout and forwards (3: padded lean attention; 4: the target checked with the
-# states it hands out when a proposer reads them, and every role's record; 5: tree passes checked too, padded
-# key lengths with room for a tree; 6: the numerics it was measured under (threads, instruction sets) in the
-# entry, scratch-aligned key lengths, the lean attention's kind, attention checks); another format is probed again
+FORMAT = 6  # the cache entry's layout and what it checked (6: numerics, attention checks); others are probed again
 HOW = {"probe": "chosen by a probe of the target's forwards just now",
        "cached": "chosen by this machine's cached probe", "flag": "as asked on the command line",
        "device": "this device's default", "off": "the probe is off: PYRAMID_DEMO_PROBE=0"}
@@ -120,8 +116,7 @@ class Choice:
     @classmethod
     def from_entry(cls, entry: Any) -> Choice | None:
         """A cached choice, or None where the entry is of an older format, lacks its exactness record, or was
-        measured under other numerics than this process runs (another thread count, instruction set or torch:
-        its records say nothing here); then the family is probed again."""
+        measured under other numerics than this process runs; then the family is probed again."""
         if not isinstance(entry, dict) or entry.get("format") != FORMAT or not entry.get("exactness"):
             return None
         if entry.get("backend") not in BACKEND_TEXT or entry.get("path") not in ("hf", "lean"):

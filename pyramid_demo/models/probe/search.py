@@ -1,8 +1,5 @@
-"""Time every candidate on the real target and check its exactness: the measurements a choice rests on.
-
-Speed: cached forwards of k = 1 and k = VERIFY_K new tokens, weighted as a race spends them. Exactness
-(`models.probe.exactness`): k-token passes against one-token steps, k = 2 … the longest pass the settings allow, over
-several contexts. The fastest exact candidate wins; if none is exact, the fastest whose top-1 always matched."""
+"""Time every candidate on the real target and check its exactness: the fastest exact one wins, else the
+fastest whose top-1 always matched."""
 from __future__ import annotations
 
 import time
@@ -24,12 +21,10 @@ from .record import Choice
 
 VERIFY_K = 5  # a verification pass: a proposal of 4 plus the verifier's own token
 REPS = 4
-# A race's target forwards: AR's N one-token steps, and four speculative methods that each verify
-# about once per 1.4 tokens (the offline family's acceptance, α ≈ 0.3 at γ 4: E = 1.43), ≈ 2.8N passes
+# a race's target forwards: AR's N one-token steps, and ≈ 2.8N passes from four methods verifying every ~1.4 tokens
 SCORE_WEIGHTS = {1: 1.0, VERIFY_K: 3.0}
-# exactness plan: (context length, pass lengths k); the first context's steps reach the longest pass; the last two
-# put 17-token passes (the batched shape where 2 threads once changed one row in 17) deep into the cache, the last
-# past the attention kernel's key split (`lean.KV_SPLIT`)
+# exactness plan: (context length, pass lengths k), up to the longest pass; the last two put 17-token passes deep
+# into the cache, the last past the attention kernel's key split (`lean.KV_SPLIT`)
 EXACT_PLAN = ((100, (*range(2, 10), 17, 33, LONGEST_PASS)), (60, tuple(range(2, 10))), (140, tuple(range(2, 10))),
               (300, (5, 17)), (450, (9, 17)))
 TREE_PLAN = (EXACT_PLAN[0], EXACT_PLAN[-1])  # tree passes: near the start, and past the key split
@@ -61,11 +56,9 @@ def reads_target(models: dict[str, Any]) -> bool:
 
 def role_opener(models: dict[str, Any], role: str, vocab_size: int, backend: str, path: str,
                 publish: bool | None = None) -> Callable[[list[int]], LM]:
-    """`role`'s LM opened as a run opens it, for `check_model(..., with_ids=True)`: the forward the
-    run uses (`open_lm`); the target hands out its states when a proposer reads them (`publish`, default: when
-    one of `models` does), which changes its forward (the lean norm over every row, HF's decoder and head);
-    a proposer that reads the target gets the target's own states over the checked ids, scored first, as a
-    run's target passes do before it drafts."""
+    """`role`'s LM opened as a run opens it, for `check_model(..., with_ids=True)`: the target hands out its
+    states when a proposer reads them (`publish`), which changes its forward; such a proposer gets the target's
+    states over the checked ids, as a run's target passes give them before it drafts."""
     publish = reads_target(models) if publish is None else publish
 
     def open_for(ids: list[int]) -> LM:
@@ -83,9 +76,8 @@ def role_opener(models: dict[str, Any], role: str, vocab_size: int, backend: str
 
 def check_family(models: dict[str, Any], vocab_size: int, backend: str, path: str,
                  plan: Any = None) -> dict[str, dict]:
-    """Every role's exactness record on the forward it runs in this family (`role_opener`), states included:
-    the target's decides the lossless claim; the proposers' say whether their passes (a feature draft's
-    re-read of the accepted prefix, the qualifier's stage-1 verification) equal their one-token steps."""
+    """Every role's exactness record on the forward it runs in this family: the target's decides the lossless
+    claim; the proposers' say whether their passes equal their one-token steps."""
     plan = EXACT_PLAN if plan is None else plan
     kinds = tuple(k for k in PASS_CHECKS if k != "tree")  # trees: on the target's chosen forward
     return {role: check_model(role_opener(models, role, vocab_size, backend, path), vocab_size, plan,
@@ -100,13 +92,9 @@ def check_triplet(triplet: Any) -> dict[str, dict]:
 
 
 def probe_target(target: torch.nn.Module, vocab_size: int, check_all: bool = False, publish: bool = False) -> Choice:
-    """Time each candidate (dtype, backend, forward path; k=1 and k=VERIFY_K), then check exactness from
-    the fastest down until one is exact (`check_all`: every candidate, for a full table), and `pick`.
-    `publish`: the family's proposer reads the target, so its exactness is checked on the forward that then
-    runs, the one that hands out its states (`role_opener`).
-
-    Candidates are timed in interleaved rounds (each round: every candidate, every k), min over rounds,
-    so a machine that gets busier during the probe penalises all alike."""
+    """Time each candidate (interleaved rounds, min over rounds, so a machine growing busy penalises all
+    alike), then check exactness from the fastest down until one is exact (`check_all`: every one), and `pick`.
+    `publish`: a proposer reads the target, so the forward that hands out its states is checked."""
     t0 = time.perf_counter()
     runs, timers = {}, {}
     lean = supports_lean(target)
@@ -149,9 +137,8 @@ def probe_target(target: torch.nn.Module, vocab_size: int, check_all: bool = Fal
 
 
 def choose_attention(model: torch.nn.Module, vocab_size: int, backend: str, publish: bool = False) -> str:
-    """The lean attention for `model` at this thread count, set on it: "auto" (a pass's rows batched where that is
-    batch-invariant) when its attention check over the plan's batched shapes is bitwise, else "rows" (every row a
-    one-token step's own call: batch-invariant by construction). The probe refuses what it has not seen exact."""
+    """The lean attention for `model` at this thread count, set on it: "auto" where its batched attention is
+    bitwise one-token steps' here, else "rows" (batch-invariant by construction)."""
     set_attention(model, "auto")
     opener = role_opener({"target": model}, "target", vocab_size, backend, "lean", publish)
     if not check_model(opener, vocab_size, EXACT_PLAN, with_ids=True, kinds=("attention",))["exact"]:

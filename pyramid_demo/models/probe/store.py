@@ -1,5 +1,4 @@
-"""The probe's JSON cache: one file per kind (choices, cost profiles), one entry per key. Probing costs
-seconds, so it runs once per machine × family; a lost or unreadable file only costs a later re-probe."""
+"""The probe's JSON cache, one file per kind and one entry per key: a lost file only costs a later re-probe."""
 from __future__ import annotations
 
 import json

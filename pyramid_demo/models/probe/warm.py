@@ -1,5 +1,4 @@
-"""Before a race: warm every model, and the family's cost profile on this machine (`predict.costs`), cached
-like the choice, so that no lane's clock pays for a first call or a measurement."""
+"""Before a race: warm every model and take the family's cost profile (cached), so no lane's clock pays for it."""
 from __future__ import annotations
 
 import logging
@@ -40,8 +39,7 @@ def cost_profile(triplet: Any, roles: tuple[str, ...] = ("draft", "qualifier", "
 
 
 def prepare(triplet: Any, prompt_ids: list[int]) -> dict:
-    """Before a race's clocks start: warm every model, then the cost profile (cached, else measured).
-    Returns {"profile", "warm_s", "profile_s"}: one-time costs the app reports apart from the lanes."""
+    """Warm every model, then the cost profile; returns {"profile", "warm_s", "profile_s"} (one-time costs)."""
     models = {r: triplet.model(r) for r in ("draft", "qualifier", "target")}
     warm_s = measure.warm_up(models, triplet.vocab_size, triplet.backend, prompt_ids, triplet.path)
     try:
