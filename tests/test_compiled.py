@@ -106,3 +106,17 @@ def test_the_compiled_pass_computes_what_the_eager_one_does(cache) -> None:
     assert torch.allclose(c.forward(ids[99:100], 97, 1), e.forward(ids[99:100], 97, 1), atol=1e-4)
     compiled.attach(m, None)
     assert compiled.load(m) and compiled.runner_of(m) is not None  # from the package on disk, no compile
+
+
+def test_a_copy_of_a_model_does_not_inherit_its_package() -> None:
+    """A deep copy (the probe's cast candidate, a quantized copy's source) is another model: it runs its own eager
+    forward, never the package built for the original's weights and dtype."""
+    import copy
+
+    t = tiny_random_triplet()
+    compiled.attach(t.target, object())
+    try:
+        assert compiled.runner_of(copy.deepcopy(t.target)) is None
+    finally:
+        compiled.attach(t.target, None)
+    assert compiled.runner_of(t.target) is None

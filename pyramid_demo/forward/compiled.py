@@ -17,6 +17,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,8 @@ from .lean_weights import LeanWeights, lean_weights
 
 FORMAT = 3  # bump when the pass below changes: older packages are then stale
 MIN_CAPACITY = 256  # cache slots a run starts with; doubled when outgrown
-_ATTR = "_pyramid_compiled"  # the loaded package on the model object
+_RUNNERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its loaded package (a copy of the
+# model, e.g. the probe's cast candidate, has none: it is another model)
 _LOCK = threading.Lock()
 log = logging.getLogger(__name__)
 
@@ -158,7 +160,7 @@ def _build(model: Any, path: Path) -> Path:
 def load(model: Any) -> bool:
     """Load `model`'s compiled package if one was built for exactly this model here; False (and a one-line log)
     where none is, or it does not load (then it is removed, to be rebuilt)."""
-    if getattr(model, _ATTR, None) is not None:
+    if model in _RUNNERS:
         return True
     path = package_path(model)
     if not path.exists():
@@ -169,7 +171,7 @@ def load(model: Any) -> bool:
         log.warning("compiled forward %s did not load (%s); removed, the eager forward runs", path.name, e)
         path.unlink(missing_ok=True)
         return False
-    setattr(model, _ATTR, runner)
+    _RUNNERS[model] = runner
     return True
 
 
@@ -189,16 +191,15 @@ def ensure(model: Any) -> tuple[bool, str]:
 
 def runner_of(model: Any) -> Any | None:
     """The loaded package of `model`, if any (`load`)."""
-    return getattr(model, _ATTR, None)
+    return _RUNNERS.get(model)
 
 
 def attach(model: Any, runner: Any | None) -> None:
     """Run `model` on `runner` (its loaded package), or on its eager forward with None (the package is dropped)."""
     if runner is None:
-        if hasattr(model, _ATTR):
-            delattr(model, _ATTR)
+        _RUNNERS.pop(model, None)
     else:
-        setattr(model, _ATTR, runner)
+        _RUNNERS[model] = runner
 
 
 class CompiledLM(CachedModel):
