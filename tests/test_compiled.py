@@ -120,3 +120,16 @@ def test_a_copy_of_a_model_does_not_inherit_its_package() -> None:
     finally:
         compiled.attach(t.target, None)
     assert compiled.runner_of(t.target) is None
+
+
+def test_the_package_name_does_not_change_when_the_lean_weights_are_built(cache) -> None:
+    """A model's package is found whether or not its lean weights (fused layers) were built yet: the name is taken
+    on the model as it runs."""
+    from pyramid_demo.forward.lean_weights import lean_weights
+    from pyramid_demo.models.quant import int4_copy
+
+    t = tiny_random_triplet()
+    q = int4_copy(t.target, 32)
+    before = compiled.package_path(q)
+    lean_weights(q)
+    assert compiled.package_path(q) == before

@@ -91,10 +91,11 @@ def cache_dir() -> Path:
 
 def fingerprint(model: Any) -> str:
     """What a package was built from: this pass's format, torch's build, the CPU, the model's config, its layers'
-    kinds and a sample of every weight (a changed weight, dtype, format or machine gives another name: a stale
+    kinds and three sums over every weight (a changed weight, dtype, format or machine gives another name: a stale
     package is never loaded)."""
     from platform import machine
 
+    lean_weights(model)  # its fused layers are part of the model once built: name it as it runs
     h = hashlib.sha256()
     info = Path("/proc/cpuinfo")
     cpu = info.read_text().split("flags", 1)[-1].split("\n", 1)[0] if info.exists() else machine()
@@ -150,10 +151,13 @@ def _build(model: Any, path: Path) -> Path:
     dyn = ({0: kd}, {0: kd}, {0: kd}, {0: kd}, {0: kd, 1: td}, [{1: td}] * len(ex[5]))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}.pt2")
-    with torch.inference_mode(False), torch.no_grad():
-        ep = torch.export.export(_Pass(w), ex, dynamic_shapes=dyn, strict=False)
-        torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp), inductor_configs={"freezing": True})
-    os.replace(tmp, path)
+    try:
+        with torch.inference_mode(False), torch.no_grad():
+            ep = torch.export.export(_Pass(w), ex, dynamic_shapes=dyn, strict=False)
+            torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp), inductor_configs={"freezing": True})
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return path
 
 
