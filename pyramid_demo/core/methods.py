@@ -1,10 +1,6 @@
-"""What each decoding method is, in one table: the engine, bench, throughput model and app read it.
-
-Why a table: adding a method or a stage is a row here (and a pricing for its `cost_model` in `predict.costs`),
-never a key suffix. A method is its verification stages, smallest proposer first; a rule is "sd" (exact), "fuzzy"
-(divergence ≤ τ) or "config" (a pyramid's target stage follows `DecodeConfig.stage2`); a `shaped` stage proposes
-a chain or a tree as `DecodeConfig.shape` says, the others always a chain (a pyramid's qualified block).
-"""
+"""Every decoding method in one table (a new method is a row, plus its pricing in `predict.costs`): its stages,
+smallest proposer first, each with a rule "sd", "fuzzy" or "config" (`DecodeConfig.stage2`); a `shaped` stage
+proposes as `DecodeConfig.shape` says, the others a chain."""
 from __future__ import annotations
 
 import re
@@ -125,9 +121,8 @@ SOLO_ROLES = tuple(lane.solo for lane in SOLO_LANES if lane.solo)
 
 
 def lanes(side_by_side: bool = False, solo: bool = False) -> tuple[Lane, ...]:
-    """A race's lanes in the table's order: each method once, or (side by side) each method that proposes as a
-    chain and as a tree, one lane each; `solo` adds the reference lanes right after AR (before the pyramids,
-    so the last lane stays the fullest pyramid)."""
+    """A race's lanes in table order: each method once, or (side by side) a shaped one as chain and as tree;
+    `solo` adds the reference lanes right after AR (the last lane stays the fullest pyramid)."""
     out = []
     for m in TABLE:
         if side_by_side and m.shaped:
@@ -144,9 +139,8 @@ _INT4 = re.compile(r"int4(?:g\d+)?")  # a quantized copy's suffix, as `models.qu
 
 
 def lane_label(key: str, models: Sequence[str] = ()) -> str:
-    """A lane's label; a reference lane's names the model that decodes, from the family's references (`models`:
-    draft, qualifier, target): "the qualifier alone (quantized copy of the target)" when that role is the target's
-    '@int4' copy, "(quantized copy of X)" when it is another model's, else the plain label."""
+    """A lane's label; a reference lane's says "(quantized copy of X)" when its role is an '@int4' copy in the
+    family's references (`models`: draft, qualifier, target)."""
     lane = LANES[key]
     if lane.solo is None or len(models) != len(ROLE_ORDER):
         return lane.label
