@@ -99,8 +99,7 @@ _BY_KEY = {m.key: m for m in TABLE}
 
 @dataclass(frozen=True)
 class Lane:
-    """One run of a race or a bench: a method and, side by side, the shape it is held to. The key names it in a
-    race's results and nothing is read out of it: `LANES` says what each key runs."""
+    """One run of a race or a bench: a method and (side by side) its shape; `LANES` says what each key runs."""
 
     key: str
     method: str
@@ -139,8 +138,7 @@ _INT4 = re.compile(r"int4(?:g\d+)?")  # a quantized copy's suffix, as `models.qu
 
 
 def lane_label(key: str, models: Sequence[str] = ()) -> str:
-    """A lane's label; a reference lane's says "(quantized copy of X)" when its role is an '@int4' copy in the
-    family's references (`models`: draft, qualifier, target)."""
+    """A lane's label; a reference lane's adds "(quantized copy of X)" where its role is an '@int4' copy in `models`."""
     lane = LANES[key]
     if lane.solo is None or len(models) != len(ROLE_ORDER):
         return lane.label
@@ -177,6 +175,5 @@ def target_rule(key: str, stage2: str) -> str | None:
 
 
 def lossless(key: str, stage2: str = "fuzzy") -> bool:
-    """True when every stage is exact, so the output follows the target's distribution
-    (at temperature 0: the target's own text). PSD_A is lossless only with stage2 = "sd"."""
+    """Every stage exact: the output follows the target's distribution (PSD_A only with stage2 = "sd")."""
     return all(stage_rule(s, stage2) == "sd" for s in method_spec(key).stages)

@@ -77,8 +77,7 @@ class _TextTail:
 
 
 class _Snapshots:
-    """A run's record built pass by pass, statistics tallied from each new step alone (`stats.Tally`), so a long
-    race costs linear time."""
+    """A run's record built pass by pass, statistics tallied from each new step alone: a long race costs linear time."""
 
     def __init__(self, triplet: ModelTriplet, cfg: DecodeConfig, prompt: str, ids: list[int], prefill_s: float,
                  shape_why: str = "", solo: str | None = None):
@@ -140,8 +139,7 @@ def shape_to_run(cfg: DecodeConfig, trees: bool, why: str = "") -> tuple[DecodeC
 
 def _passes(triplet: ModelTriplet, ids: list[int], cfg: DecodeConfig, prompt: str, full_records: bool = True,
             shape_why: str = "", solo: str | None = None) -> Iterator[_Snapshots]:
-    """Settle the shape, prefill, decode; yield the record after each target pass. Own caches and generator per
-    call; `solo`: that role decodes alone as "ar" in the target's slot (`core.solo`)."""
+    """Settle the shape, prefill, decode (own caches and generator per call); yield the record after each pass."""
     if solo is not None and cfg.method != "ar":
         raise ValueError(f"a member decoding alone runs as method 'ar', not {cfg.method!r}")
     cfg, why = shape_to_run(cfg, takes_trees(triplet, cfg.method), shape_why)  # a tree refused before any work
@@ -172,8 +170,7 @@ def stream(triplet: ModelTriplet, prompt: str | list[int], cfg: DecodeConfig, ch
 def generate(triplet: ModelTriplet, prompt: str | list[int], cfg: DecodeConfig, chat: bool = True,
              text: str | None = None, full_records: bool = True, shape_why: str = "",
              solo: str | None = None) -> RunResult:
-    """Run to the end and return the final record (one snapshot, not one per pass); arguments as `stream`.
-    `full_records=False` (bench) keeps each token's status but no display values (top-5, divergences, p/q)."""
+    """Run to the end and return the final record; arguments as `stream`, `full_records=False` keeps statuses only."""
     ids = prepare_prompt(triplet, prompt, cfg, chat)
     text = _prompt_text(triplet, prompt, ids, text)
     record = None

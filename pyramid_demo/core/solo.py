@@ -10,8 +10,7 @@ from .trace import Step
 
 
 def solo_lms(triplet: ModelTriplet, role: str, backend: str = "default", path: str = "hf") -> dict[str, LM]:
-    """The engine's LMs for `role` decoding alone, in the target's slot; ValueError for an unknown role or a model
-    that needs another's states."""
+    """The engine's LMs for `role` decoding alone in the target's slot; ValueError where it cannot."""
     if role not in ROLE_ORDER:
         raise ValueError(f"unknown role {role!r} to decode alone; choose one of {', '.join(ROLE_ORDER)}")
     model = triplet.model(role)

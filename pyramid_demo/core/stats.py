@@ -23,8 +23,7 @@ def n_positions(r: StageRound) -> int:
 
 
 def agreement(out: list[int], ref: list[int]) -> float | None:
-    """The share of the target-only greedy tokens `ref` that `out` reproduces at the same positions (None without
-    a reference): the one definition the app and the bench report."""
+    """The share of the target-only greedy tokens `ref` that `out` reproduces in place (None without a reference)."""
     if not ref:
         return None
     return sum(1 for a, b in zip(out, ref) if a == b) / len(ref)
@@ -46,8 +45,7 @@ def first_divergence(out: list[int], ref: list[int]) -> int | None:
 
 
 class Tally:
-    """Every statistic's totals, kept step by step: a streaming run's snapshot after each pass (`run`) then
-    costs the same on the last pass as on the first. The one implementation of the statistics."""
+    """The one implementation of the statistics, kept step by step: the last snapshot costs what the first did."""
 
     def __init__(self) -> None:
         self.n_new, self.passes, self.decode_s, self.target_accepted = 0, 0, 0.0, 0

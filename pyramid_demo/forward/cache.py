@@ -111,8 +111,7 @@ class CachedModel(abc.ABC):
         return z
 
     def keep_path(self, rows: list[int]) -> int:
-        """Move pending rows forming a path from the cache's end into the cache in place (nothing fed again), drop
-        the others; returns the cache's end."""
+        """Move pending rows forming a path from the cache's end into it in place, drop the others; the new end."""
         prev = -1
         for r in rows:
             if not 0 <= r < len(self.pending) or self.pending[r][1] != prev:
@@ -160,8 +159,7 @@ class CachedModel(abc.ABC):
         return seq[n:]
 
     def keep_along(self, seq: list[int]) -> int:
-        """After a tree forward: keep the pending rows spelling the longest prefix of seq past the cache (siblings
-        with one token hold the same keys: the first match serves); returns the cache's end."""
+        """After a tree forward: keep the pending rows spelling the longest prefix of seq past the cache."""
         rows: list[int] = []
         for t in seq[len(self.ids):] if self.pending else ():
             r = next((j for j, (tok, par, _) in enumerate(self.pending)

@@ -35,8 +35,7 @@ def bucket(p: int) -> int:
 
 
 def key_len(p: int, pad: int = 0) -> int:
-    """The padded key length of a query at position p: fixed by the position (and the model's `scratch_pad`)
-    alone, whatever the pass."""
+    """The padded key length of a query at position p: fixed by the position alone, whatever the pass."""
     return bucket(p) + pad
 
 
@@ -54,8 +53,7 @@ def scratch_aligned(t: int, q_rows: int, head_dim: int) -> bool:
 
 
 def set_attention(model: torch.nn.Module, kind: str) -> None:
-    """How the lean forward attends (chosen by the probe): "auto" batches rows where that is batch-invariant,
-    "rows" gives every row a step's own call (invariant at any thread count)."""
+    """How the lean forward attends (the probe's choice): "auto" batches rows where invariant, "rows" never does."""
     if kind not in ATTENTIONS:
         raise ValueError(f"unknown lean attention {kind!r}; choose one of {', '.join(ATTENTIONS)}")
     setattr(model, _ATTENTION_ATTR, kind)
@@ -262,8 +260,7 @@ class LeanLM(CachedModel):
 
     def _forward(self, tokens: torch.Tensor, pos: int, keep: int, plan: list | None = None,
                  positions: torch.Tensor | None = None) -> torch.Tensor:
-        """tokens [n] into cache slots pos … pos+n-1 -> logits of the last `keep` [keep, V] fp32; tree rows
-        bring their `positions` [n] and `plan`."""
+        """tokens [n] into slots pos … pos+n-1 -> last `keep` logits [keep, V] fp32 (tree rows: `positions`, `plan`)."""
         w, n = self.w, tokens.shape[0]
         if plan is None and n <= ROWWISE_MAX:
             plan = self._plans.get((pos, n))

@@ -71,8 +71,7 @@ def _same_kind(mods: list[torch.nn.Linear]) -> bool:
 
 
 def _fuse_dense(mods: list[torch.nn.Linear]) -> Dense:
-    """The parts' weights as one tensor [sum out, in] (biases [sum out]): an earlier build's view, else a new
-    concatenation their own weights are pointed into."""
+    """The parts' weights as one tensor [sum out, in]: an earlier build's view, else a concatenation re-pointed."""
     w = _adjacent([m.weight.detach() for m in mods])
     if w is None:
         w = torch.cat([m.weight.detach() for m in mods])  # [sum out, in]: the one copy
@@ -109,8 +108,7 @@ def _repoint(params: list[Any], mods: list[torch.nn.Linear], fused: torch.Tensor
 
 
 def _fuse_packed(mods: list[Any]) -> PackedLinear | None:
-    """Several packed linears over one input as one oneDNN call, only where the fused shape stays batch-invariant
-    with the same padding (a pass still equals steps); else None."""
+    """Several packed linears as one oneDNN call where the fused shape stays batch-invariant; else None."""
     if len(mods) < 2 or not all(isinstance(m, PackedLinear) for m in mods):
         return None
     w = torch.cat([m.dense() for m in mods])  # [sum out, in]
@@ -174,8 +172,7 @@ def supports_lean(model: Any) -> bool:
 
 
 def _tensor_id(m: torch.nn.Module) -> tuple:
-    """A module's own weight as (dtype, address); a packed weight by identity (no address); a joined part by its
-    whole and columns."""
+    """A module's own weight as (dtype, address); a packed one by identity; a joined part by whole and columns."""
     whole = getattr(m, "part_of", None)
     if whole is not None:
         return ("part", id(whole), m.cols)
@@ -226,8 +223,7 @@ _LOCK = threading.Lock()
 
 
 def lean_weights(model: Any) -> LeanWeights:
-    """The model's lean weights, kept while it lives; the signature is taken after a build (which re-points parts),
-    and a stale build is dropped first."""
+    """The model's lean weights, kept while it lives; signed after a build (which re-points parts)."""
     with _LOCK:
         hit = _WEIGHTS.get(model)
         if hit is None or hit[0] != _signature(model):

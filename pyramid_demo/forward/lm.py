@@ -84,8 +84,7 @@ def full_window_cache(config: Any) -> DynamicCache:
 
 
 def _hf_takes_trees(config: Any, cache: Any) -> bool:
-    """HF's forward takes a tree as a custom 4-D mask, except under row-wise attention (it ignores masks) and
-    caches that are not plain key/value lists."""
+    """HF's forward takes a tree as a 4-D mask, except under row-wise attention or a cache of other layers."""
     impl = getattr(config, "_attn_implementation", "sdpa")
     return impl != "rowwise" and all(type(layer).__name__ == "DynamicLayer"
                                      for layer in getattr(cache, "layers", [None]))
@@ -169,8 +168,7 @@ PATHS = ("hf", "lean")
 
 
 def _lm_class(model: torch.nn.Module, path: str) -> type[CachedModel]:
-    """Which forward a run uses over `model`: the feature draft's own, the lean (or compiled) one where `path` asks
-    and it applies, else HF's (`CachedLM`)."""
+    """Which forward a run uses: the feature draft's, the lean (or compiled) one where asked and covered, else HF's."""
     if path not in PATHS:
         raise ValueError(f"unknown forward path {path!r}; choose one of {', '.join(PATHS)}")
     if getattr(model, "reads_target", False):  # a proposer that reads the target's states (EAGLE-style)
@@ -189,8 +187,7 @@ def _lm_class(model: torch.nn.Module, path: str) -> type[CachedModel]:
     return CachedLM
 
 
-def open_lm(model: torch.nn.Module, vocab_size: int, role: str, backend: str = "default",
-            path: str = "hf") -> LM:
+def open_lm(model: torch.nn.Module, vocab_size: int, role: str, backend: str = "default", path: str = "hf") -> LM:
     """A fresh per-run LM over a loaded model (`_lm_class` says which forward)."""
     cls: Any = _lm_class(model, path)
     if getattr(model, "reads_target", False):

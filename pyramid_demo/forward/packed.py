@@ -149,8 +149,7 @@ Swap = tuple[torch.nn.Module, str, torch.nn.Module]  # (parent, child's name, th
 
 def swap_linears(models: Iterable[torch.nn.Module],
                  make: Callable[[torch.nn.Linear], torch.nn.Module | None]) -> list[Swap]:
-    """Replace every plain `nn.Linear` for which `make` returns a module (a shared layer made once); `restore`
-    undoes it."""
+    """Replace every plain `nn.Linear` for which `make` returns a module (a shared one once); `restore` undoes it."""
     made: dict[int, torch.nn.Module | None] = {}
     out: list[Swap] = []
     for model in models:

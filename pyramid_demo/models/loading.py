@@ -233,8 +233,7 @@ def _load(preset: Preset | None, refs: tuple[str, str, str], dev: torch.device, 
 
         t = tiny_random_triplet()
         models = {id(m): finish(m.to(device=dev, dtype=dt), dev) for m in (t.draft, t.qualifier, t.target)}
-        return replace(t, draft=models[id(t.draft)], qualifier=models[id(t.qualifier)],
-                       target=models[id(t.target)])
+        return replace(t, draft=models[id(t.draft)], qualifier=models[id(t.qualifier)], target=models[id(t.target)])
     if preset is not None and preset.name == "smollm2-offline":
         from .offline import load_offline_family, target_source
 
