@@ -54,9 +54,8 @@ def reads_target(models: dict[str, Any]) -> bool:
 
 def role_opener(models: dict[str, Any], role: str, vocab_size: int, backend: str, path: str,
                 publish: bool | None = None) -> Callable[[list[int]], LM]:
-    """`role`'s LM opened as a run opens it, for `check_model(..., with_ids=True)`: the target hands out its
-    states when a proposer reads them (`publish`), which changes its forward; such a proposer gets the target's
-    states over the checked ids, as a run's target passes give them before it drafts."""
+    """`role`'s LM opened as a run opens it (`check_model(..., with_ids=True)`): the target publishing its states
+    when a proposer reads them, such a proposer given the target's states over the checked ids."""
     publish = reads_target(models) if publish is None else publish
 
     def open_for(ids: list[int]) -> LM:
@@ -88,9 +87,8 @@ def check_triplet(triplet: Any) -> dict[str, dict]:
 
 
 def probe_target(target: torch.nn.Module, vocab_size: int, check_all: bool = False, publish: bool = False) -> Choice:
-    """Time each candidate (interleaved rounds, min over rounds, so a machine growing busy penalises all
-    alike), then check exactness from the fastest down until one is exact (`check_all`: every one), and `pick`.
-    `publish`: a proposer reads the target, so the forward that hands out its states is checked."""
+    """Time each candidate (interleaved rounds, min over rounds: a machine growing busy penalises all alike), check
+    exactness from the fastest down until one is exact (`check_all`: all), and `pick`."""
     t0 = time.perf_counter()
     runs, timers = {}, {}
     lean = supports_lean(target)
