@@ -112,8 +112,7 @@ class Lane:
 
 SHAPES_SIDE_BY_SIDE = ("chain", "tree")
 ROLE_ORDER = ("draft", "qualifier", "target")  # a family's references, in the order `ModelTriplet.names` holds them
-# reference lanes (the race's switch, the bench's --solo): a member of the family decoding alone, so a learner sees
-# the speed a pyramid approaches and the text it would write without the target
+# reference lanes (the race's switch, the bench's --solo): a member decoding alone, the speed a pyramid approaches
 SOLO_LANES = (Lane("qualifier_alone", "ar", None, "the qualifier alone", "Q alone", solo="qualifier",
                    colour="#CC79A7"),)
 SOLO_ROLES = tuple(lane.solo for lane in SOLO_LANES if lane.solo)
