@@ -1,6 +1,4 @@
-"""`python -m pyramid_demo {generate,bench,probe}`: each subcommand lives in its own module with
-`add_arguments(parser)` and `run(args) -> int`; this file only dispatches. (Rebuilding the offline family's
-weights is `python -m training`, outside the product package.)"""
+"""`python -m pyramid_demo {generate,bench,probe}`: run one method, benchmark methods, or probe this machine."""
 from __future__ import annotations
 
 import argparse

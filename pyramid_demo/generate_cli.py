@@ -102,8 +102,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def shape_profile(triplet, cfg: DecodeConfig) -> dict | None:
-    """The cost profile shape "auto" is resolved from (cached for this machine, else measured now: a few
-    seconds); None when nothing is to be resolved, or when it cannot be had (the chain is then taken)."""
+    """The cost profile shape "auto" is resolved from (cached, else measured now); None when not needed or had."""
     if cfg.shape != "auto" or not method_spec(cfg.method).shaped:
         return None
     from .models.probe import cost_profile
@@ -116,8 +115,7 @@ def shape_profile(triplet, cfg: DecodeConfig) -> dict | None:
 
 
 def json_record(result, triplet) -> dict:
-    """`--json`'s object: the run's record plus how it ran — dtype, backend, and whether a
-    verification pass gives bitwise the logits of one-token steps (`exact`: None when not checked)."""
+    """`--json`'s object: the run's record plus how it ran (dtype, backend, `exact`: None when not checked)."""
     return {**result.to_dict(), "dtype": str(triplet.dtype).removeprefix("torch."), "backend": triplet.backend,
             "exact": getattr(triplet, "exact", None), "exact_note": getattr(triplet, "exact_note", ""),
             "choice_note": triplet.choice_note, "kernels": triplet.kernels}

@@ -1,5 +1,4 @@
-"""Hardware options shared by `generate` and `bench`: placement, quantisation and the memory
-estimate printed (or, with --estimate-only, printed alone) before anything is loaded."""
+"""Hardware options shared by `generate` and `bench`: placement, quantisation, the memory estimate before loading."""
 from __future__ import annotations
 
 import argparse
@@ -21,8 +20,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def max_len(args: argparse.Namespace) -> int:
-    """The longest sequence a run can hold: the prompt (≤ one token per character, plus the chat
-    template), the new tokens and the look-ahead."""
+    """The longest sequence a run holds: the prompt (≤ a token a character, plus template), new tokens, look-ahead."""
     prompt = getattr(args, "prompt", None)
     head = len(prompt) + 64 if prompt else PROMPT_ALLOWANCE
     return head + int(getattr(args, "max_new_tokens", 0) or 0) + LOOKAHEAD

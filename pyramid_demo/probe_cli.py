@@ -1,5 +1,4 @@
-"""`python -m pyramid_demo probe`: run the dtype/backend/forward probe for a family on this machine now,
-print its table (speed and exactness per candidate), and cache the choice as the first run would."""
+"""`python -m pyramid_demo probe`: run the dtype/backend/forward probe now, print its table and cache the choice."""
 from __future__ import annotations
 
 import argparse

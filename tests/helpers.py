@@ -5,6 +5,7 @@
 - `compute_stats`: a run's statistics recomputed from its steps alone;
 - `reads`: every DecodeConfig setting a method's run reads;
 - `devices_of`: the devices a model's parameters sit on;
+- `clear_loaded`: forget every family `models.loading` loaded;
 - `leading_run`, `sd_passes`, `next_token`: SD's chain rule as the papers state it, position by position, the
   reference the walk (`rules.decide_tree`) is held to on chains.
 """
@@ -99,3 +100,12 @@ def reads(m: Method) -> tuple[str, ...]:
 def devices_of(model: torch.nn.Module) -> list[str]:
     """The devices a model's parameters sit on, in order of first appearance."""
     return list(dict.fromkeys(str(p.device) for p in model.parameters()))
+
+
+def clear_loaded() -> None:
+    """Forget every loaded triplet (their memory is freed once no run holds them)."""
+    from pyramid_demo.models import loading
+
+    with loading._LOCK:
+        loading._CACHE.clear()
+        loading._VIEWS.clear()

@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from helpers import clear_loaded
 from mock_lm import BigramLM, as_run, bigram_table
 
 from pyramid_demo.core.config import DecodeConfig
@@ -197,7 +198,7 @@ def test_load_triplet_applies_the_choice_and_cachedlm_runs_under_it(cache, monke
     monkeypatch.setattr(probe.build, "native_bf16", lambda: True)
     monkeypatch.setattr(probe.search, "make_timer", _fake_timer("bfloat16/no-onednn")[0])
     monkeypatch.setattr(probe.search, "check_model", _all_exact)
-    loading.clear_cache()
+    clear_loaded()
     t = loading.load_triplet("tiny-random", device="cpu")
     assert t.dtype == torch.bfloat16 and t.backend == "no-onednn" and "probe" in t.choice_note
     assert t.path == "lean" and "lean forward" in t.choice_note  # a tie in speed: the lean path comes first
@@ -212,7 +213,7 @@ def test_load_triplet_applies_the_choice_and_cachedlm_runs_under_it(cache, monke
         CachedLM(t.target, t.vocab_size, "target", "onednn").feed([1, 2], 1)
     finally:
         hook.remove()
-        loading.clear_cache()
+        clear_loaded()
     assert seen[:-1] and not any(seen[:-1]) and seen[-1] is True  # off in every run forward, on when asked
     assert torch.backends.mkldnn.enabled  # restored afterwards
 

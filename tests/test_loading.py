@@ -8,6 +8,7 @@ import time
 
 import pytest
 import torch
+from helpers import clear_loaded
 from transformers import AutoTokenizer, LlamaForCausalLM
 
 import pyramid_demo.models.bundled as bundled
@@ -88,7 +89,7 @@ def test_cache_is_thread_safe_and_keyed_by_dtype(monkeypatch):
     calls = []
     real = tiny.tiny_random_triplet
     monkeypatch.setattr(tiny, "tiny_random_triplet", lambda: calls.append(1) or (time.sleep(0.2), real())[1])
-    loading.clear_cache()
+    clear_loaded()
     got: list[ModelTriplet] = []
     threads = [threading.Thread(target=lambda: got.append(load_triplet("tiny-random", "cpu", "float32")))
                for _ in range(4)]
@@ -278,15 +279,15 @@ def test_offline_family_takes_its_target_from_the_hub_cache_without_the_wheel(of
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(provision, "wheel_installed", lambda: False)
     monkeypatch.setattr(provision, "auto_install_allowed", lambda: False)
-    loading.clear_cache()
+    clear_loaded()
     try:
         t = loading.load_triplet("smollm2-offline", device="cpu", dtype="float32")
         assert "Hugging Face cache" in t.names[2] and "not measured" in t.note and "quantized copy" in t.note
         outs = [generate(t, "Name a colour.", DecodeConfig(method=m, max_new_tokens=6)).token_ids for m in ("ar", "sd")]
         assert outs[0] == outs[1] and len(outs[0]) == 6
-        loading.clear_cache()
+        clear_loaded()
         monkeypatch.setattr(hc, "HF_HUB_CACHE", str(tmp_path / "empty"))
         with pytest.raises(LoadError, match="--no-deps"):
             loading.load_triplet("smollm2-offline", device="cpu", dtype="float32")
     finally:
-        loading.clear_cache()
+        clear_loaded()

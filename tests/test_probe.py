@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from helpers import clear_loaded
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from pyramid_demo.models import loading, probe
@@ -110,19 +111,19 @@ def test_a_lean_forward_that_does_not_apply_is_shown_not_claimed(cache, monkeypa
     tiny = tiny_random_triplet()
     gpt = _gpt2(tiny.vocab_size)
     monkeypatch.setattr(loading, "_load", lambda *a, **k: tiny_random_triplet())
-    loading.clear_cache()
+    clear_loaded()
     try:
         covered = loading.load_triplet("tiny-random", device="cpu", dtype="float32")
         assert covered.path == "lean" and "does not cover" not in covered.choice_note
         monkeypatch.setattr(loading, "_load", lambda *a, **k: dataclasses.replace(
             tiny_random_triplet(), draft=gpt, qualifier=gpt, target=gpt))
-        loading.clear_cache()
+        clear_loaded()
         none = loading.load_triplet("tiny-random", device="cpu", dtype="float32")
         assert none.path == "hf", "the lean forward covers no model here, yet the family claims it"
         assert "does not cover" in none.choice_note and "GPT2LMHeadModel" in none.choice_note
         assert isinstance(open_lm(none.target, none.vocab_size, "target", path=none.path), CachedLM)
     finally:
-        loading.clear_cache()
+        clear_loaded()
     mixed = probe.forward_for(_choice(), {"draft": gpt, "qualifier": tiny.qualifier, "target": tiny.target})
     assert mixed.path == "lean" and mixed.uncovered == {"draft": "GPT2LMHeadModel"}
     assert "HF's forward for the draft (GPT2LMHeadModel)" in mixed.summary

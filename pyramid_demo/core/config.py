@@ -21,8 +21,7 @@ MAX_LENGTH = LONGEST_PASS - 1  # the longest γ, ℓ_D or ℓ_Q
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """One run's settings. `tau_t` is FSD's τ and PSD's target threshold τ_T. Every field but `method`
-    has a row in `settings.SETTINGS` (label, range, help), from which the app and the CLI ask for it."""
+    """One run's settings; every field but `method` has a row in `settings.SETTINGS` (the app's and CLI's)."""
 
     method: str = "psd_f"
     max_new_tokens: int = 64

@@ -1,11 +1,5 @@
-"""The decoding loop: AR, and every speculative method as the stages its row in `methods.TABLE` lists.
-
-Why one loop: every method is stages of proposer → verifier rounds, and every round is one code path whatever the
-proposal's shape (`stage_round`, the steps in `round`). The state is explicit: the committed sequence `seq` and one
-cached model per role, each knowing where its cache ends. Each target pass yields one `Step`, its records built
-after the engine clock has stopped (`recorder.record`). Randomness comes from one `torch.Generator` per run (None
-at temperature 0).
-"""
+"""The decoding loop: AR, and every speculative method as the stages of its row in `methods.TABLE`, each round one
+code path whatever the proposal's shape. Each target pass yields one `Step`, recorded off the engine clock."""
 from __future__ import annotations
 
 import time
@@ -27,11 +21,8 @@ __all__ = ["NonFiniteLogits", "connect", "decode", "prefill", "pyramid_block", "
 
 def decode(lms: dict[str, LM], prompt_ids: list[int], cfg: DecodeConfig, eos_ids: tuple[int, ...],
            gen: torch.Generator | None, full_records: bool = True) -> Iterator[Step]:
-    """Generate after a prefilled prompt, one `Step` per target pass, until EOS or the budget.
-
-    `cfg.shape` must be "chain" or "tree" (`run.shape_to_run` settles it first). `full_records=False` (bench)
-    keeps each token's status only: no top-5 lists, divergences or p/q. A model that returns NaN or +inf logits
-    stops the run with NonFiniteLogits naming the model's role and the target pass."""
+    """Generate after a prefilled prompt, one `Step` per target pass, until EOS or the budget (`cfg.shape` settled).
+    `full_records=False` (bench) keeps statuses only; NaN/+inf logits raise NonFiniteLogits naming role and pass."""
     stages = method_spec(cfg.method).stages  # the one look-up: the loop below runs them
     if any(st.shaped for st in stages) and cfg.shape not in ("chain", "tree"):
         raise ValueError(f"shape {cfg.shape!r} must be settled to 'chain' or 'tree' before decoding "
@@ -99,14 +90,9 @@ def _target_round(lms: dict[str, LM], seq: list[int], stages: tuple[Stage, ...],
 def pyramid_block(lms: dict[str, LM], seq: list[int], st: Stage, size: int, cfg: DecodeConfig,
                   gen: torch.Generator | None, eos_ids: tuple[int, ...] = ()
                   ) -> tuple[list[int], list[str], torch.Tensor, list[Round]]:
-    """Stage 1 (`st`): draft → qualifier rounds until `size` tokens are qualified (CHOICE: cut to size).
-    The block also ends at an EOS: nothing after it could be used.
-
-    Returns the block (at most `size` tokens), each token's origin, the qualifier's logits at every block
-    position [len(block), V] (they replace the draft's in stage 2), and the qualifier rounds, each recording
-    exactly the tokens it put in the block. With cfg.conf_stop > 0 the block also ends after a token the
-    qualifier is less sure of.
-    """
+    """Stage 1 (`st`): draft → qualifier rounds until `size` tokens are qualified (CHOICE: cut to size), an EOS or
+    (cfg.conf_stop) an unsure qualifier token. Returns the block, its origins, the qualifier's logits at every
+    block position [len(block), V] (stage 2 reads them) and the rounds, each recording the tokens it gave."""
     block: list[int] = []
     origins: list[str] = []
     z_q_rows: list[torch.Tensor] = []
@@ -140,9 +126,8 @@ def pyramid_block(lms: dict[str, LM], seq: list[int], st: Stage, size: int, cfg:
 
 def stage_round(lms: dict[str, LM], seq: list[int], st: Stage, tree: rules.Tree, cfg: DecodeConfig,
                 gen: torch.Generator | None) -> Round:
-    """One verification of `st`: the verifier scores the proposal after `seq` in one pass, the stage's rule
-    decides it, and a cache fed tree rows keeps only the accepted path (a plain pass's is cut by the loop). The
-    same for every shape and every stage."""
+    """One verification of `st`, the same for every shape and stage: one scoring pass, the stage's rule, and a
+    cache fed tree rows keeps only the accepted path (a plain pass's is cut by the loop)."""
     rule = stage_rule(st, cfg.stage2)
     tau = getattr(cfg, st.tau) if rule == "fuzzy" and st.tau else None
     z_p = score(lms[st.verifier], seq, tree)  # [N + 1, V]
@@ -185,9 +170,8 @@ def prefill(lms: dict[str, LM], prompt_ids: list[int]) -> float:
 
 
 def connect(lms: dict[str, LM]) -> None:
-    """Give every proposer that reads its verifier's states (a `states` attribute) those states, which the
-    verifier's forward then hands out. The draft's verifier is the qualifier when the run has one (a pyramid:
-    the draft proposes to it), else the target. Nothing when no model reads them (nothing extra computed)."""
+    """Give every proposer with a `states` attribute its verifier's states (the qualifier in a pyramid, else the
+    target); nothing extra is computed when no model reads them."""
     readers = [lm for r, lm in lms.items() if r == "draft" and hasattr(lm, "states")]
     source = "qualifier" if "qualifier" in lms else "target"
     if not readers or source not in lms:

@@ -1,10 +1,6 @@
-"""What each decoding method is, in one table: the engine, bench, throughput model and app read it.
-
-Why a table: adding a method or a stage is a row here (and a pricing for its `cost_model` in `predict.costs`),
-never a key suffix. A method is its verification stages, smallest proposer first; a rule is "sd" (exact), "fuzzy"
-(divergence ≤ τ) or "config" (a pyramid's target stage follows `DecodeConfig.stage2`); a `shaped` stage proposes
-a chain or a tree as `DecodeConfig.shape` says, the others always a chain (a pyramid's qualified block).
-"""
+"""Every decoding method in one table (a new method is a row, plus its pricing in `predict.costs`): its stages,
+smallest proposer first, each with a rule "sd", "fuzzy" or "config" (`DecodeConfig.stage2`); a `shaped` stage
+proposes as `DecodeConfig.shape` says, the others a chain."""
 from __future__ import annotations
 
 import re
@@ -103,8 +99,7 @@ _BY_KEY = {m.key: m for m in TABLE}
 
 @dataclass(frozen=True)
 class Lane:
-    """One run of a race or a bench: a method and, side by side, the shape it is held to. The key names it in a
-    race's results and nothing is read out of it: `LANES` says what each key runs."""
+    """One run of a race or a bench: a method and (side by side) its shape; `LANES` says what each key runs."""
 
     key: str
     method: str
@@ -117,17 +112,15 @@ class Lane:
 
 SHAPES_SIDE_BY_SIDE = ("chain", "tree")
 ROLE_ORDER = ("draft", "qualifier", "target")  # a family's references, in the order `ModelTriplet.names` holds them
-# reference lanes (the race's switch, the bench's --solo): a member of the family decoding alone, so a learner sees
-# the speed a pyramid approaches and the text it would write without the target
+# reference lanes (the race's switch, the bench's --solo): a member decoding alone, the speed a pyramid approaches
 SOLO_LANES = (Lane("qualifier_alone", "ar", None, "the qualifier alone", "Q alone", solo="qualifier",
                    colour="#CC79A7"),)
 SOLO_ROLES = tuple(lane.solo for lane in SOLO_LANES if lane.solo)
 
 
 def lanes(side_by_side: bool = False, solo: bool = False) -> tuple[Lane, ...]:
-    """A race's lanes in the table's order: each method once, or (side by side) each method that proposes as a
-    chain and as a tree, one lane each; `solo` adds the reference lanes right after AR (before the pyramids,
-    so the last lane stays the fullest pyramid)."""
+    """A race's lanes in table order: each method once, or (side by side) a shaped one as chain and as tree;
+    `solo` adds the reference lanes right after AR (the last lane stays the fullest pyramid)."""
     out = []
     for m in TABLE:
         if side_by_side and m.shaped:
@@ -144,9 +137,7 @@ _INT4 = re.compile(r"int4(?:g\d+)?")  # a quantized copy's suffix, as `models.qu
 
 
 def lane_label(key: str, models: Sequence[str] = ()) -> str:
-    """A lane's label; a reference lane's names the model that decodes, from the family's references (`models`:
-    draft, qualifier, target): "the qualifier alone (quantized copy of the target)" when that role is the target's
-    '@int4' copy, "(quantized copy of X)" when it is another model's, else the plain label."""
+    """A lane's label; a reference lane's adds "(quantized copy of X)" where its role is an '@int4' copy in `models`."""
     lane = LANES[key]
     if lane.solo is None or len(models) != len(ROLE_ORDER):
         return lane.label
@@ -183,6 +174,5 @@ def target_rule(key: str, stage2: str) -> str | None:
 
 
 def lossless(key: str, stage2: str = "fuzzy") -> bool:
-    """True when every stage is exact, so the output follows the target's distribution
-    (at temperature 0: the target's own text). PSD_A is lossless only with stage2 = "sd"."""
+    """Every stage exact: the output follows the target's distribution (PSD_A only with stage2 = "sd")."""
     return all(stage_rule(s, stage2) == "sd" for s in method_spec(key).stages)

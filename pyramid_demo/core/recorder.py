@@ -1,11 +1,5 @@
-"""The explanation of a decided round: per-token records built off the engine clock.
-
-Why apart from the decision: the race times methods by the work of deciding tokens; the records (top-5
-lists, display divergences, p and q, the SD rule's verdicts) are for the inspector and charts only, so AR and
-the speculative lanes must not pay for them differently. The values are the ones the walk (`rules.decide_tree`)
-tested (its divergences and uniforms are reused), so what the inspector shows is what the rule saw. One recorder
-for every round: a chain is the tree with parent i − 1.
-"""
+"""The explanation of a decided round, built off the engine clock (the race must not time display work): per-token
+records reusing the walk's own divergences and uniforms, so the inspector shows what the rule saw."""
 from __future__ import annotations
 
 import torch
@@ -84,9 +78,8 @@ def divergences(rnd: Round, cfg: DecodeConfig) -> list[float]:
 
 
 def record(rnd: Round, cfg: DecodeConfig, full: bool = True) -> StageRound:
-    """The round's `StageRound`: each proposed node's status (accepted / rejected / discarded), then the
-    verifier's own token (resampled / bonus / discarded), and the parent list (a chain's too). Node i is scored
-    at its parent's context (row parent + 1 of z_p). `full=False` keeps statuses only (bench)."""
+    """The round's `StageRound`: each proposed node's status, the verifier's own token and the parent list; node i
+    is scored at row parent + 1 of z_p. `full=False` keeps statuses only (bench)."""
     tree, greedy = rnd.tree, not rnd.sampled
     status, own_status, n_acc = statuses(rnd)
     keep = kept_nodes(rnd)

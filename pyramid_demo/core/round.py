@@ -1,10 +1,5 @@
-"""One verification round below the loop (`engine.stage_round`): the proposal (a chain or a tree), the one pass
-that scores it, the decision, and the caches left holding the accepted path.
-
-Why apart from the loop: the loop runs one round for every shape and every stage; only how a shape is fed
-differs (a chain through the plain cached forward, a tree through one tree forward per level and one tree pass).
-Nothing here is for display: `recorder.record` explains a round later from the logits computed here.
-"""
+"""One verification round (`engine.stage_round`): the proposal (chain or tree), its scoring pass, the decision,
+the caches left holding the accepted path. Nothing here is for display (`recorder.record` explains it later)."""
 from __future__ import annotations
 
 import math
@@ -20,9 +15,8 @@ from .rules import Tree, TreeDecision, chain
 if TYPE_CHECKING:
     from ..forward.lm import LM
 
-# on-policy rank marginals of the shipped feature draft (greedy, the 8 prompts of assets/unseen_prompts.jsonl,
-# 352 positions: top-1 0.406, top-2 0.509, top-3 0.554, top-4 0.599, top-5 0.645): the acceptance by rank assumed
-# before a tree has run here, which fixes a sampled tree's shape (and what the predictor prices before measuring)
+# the shipped feature draft's on-policy acceptance by rank (greedy, assets/unseen_prompts.jsonl, 352 positions),
+# assumed before a tree has run: it fixes a sampled tree's shape and what the predictor prices first
 RANK_PRIOR = (0.406, 0.103, 0.045, 0.045, 0.046)
 
 
@@ -31,16 +25,14 @@ class NonFiniteLogits(ValueError):
 
 
 def _finite(z: torch.Tensor, role: str) -> torch.Tensor:
-    """z itself, checked once: the row maxima catch NaN, +inf and all-−inf rows (−inf alone is a token ruled
-    out, probability 0, and is allowed)."""
+    """z itself, checked: row maxima catch NaN, +inf and all-−inf rows (a lone −inf is a token ruled out)."""
     if not bool(torch.isfinite(z.amax(-1)).all()):
         raise NonFiniteLogits(f"the {role} model returned NaN or infinite logits")
     return z
 
 
 def feed(lm: LM, seq: list[int], keep: int) -> torch.Tensor:
-    """`lm.feed` (seq past its cache, the cached tokens checked), its logits [keep, V] checked for NaN and +inf:
-    every plain feed of the loop goes through here."""
+    """`lm.feed` with its logits [keep, V] checked for NaN and +inf: every plain feed of the loop."""
     return _finite(lm.feed(seq, keep), lm.role)
 
 
@@ -52,8 +44,7 @@ def confidence(z: torch.Tensor) -> torch.Tensor:
 
 
 def confident_prefix(conf: list[float], floor: float) -> int:
-    """How many proposed tokens to keep when a proposer stops after its first token whose
-    confidence is below `floor` (that token is kept; floor 0 keeps them all)."""
+    """Tokens kept when a proposer stops after its first token below `floor` (kept; floor 0 keeps all)."""
     low = next((i for i, c in enumerate(conf) if c < floor), None)
     return len(conf) if low is None else low + 1
 
@@ -76,9 +67,8 @@ def propose(lm: LM, seq: list[int], room: int, length: int, cfg: DecodeConfig,
 
 def propose_chain(lm: LM, seq: list[int], n: int, cfg: DecodeConfig,
                   gen: torch.Generator | None) -> tuple[list[int], torch.Tensor]:
-    """The proposer drafts up to n tokens one at a time: ids and their logits [n, V]. n may be 0 (the last
-    token of the budget): a pass that proposes nothing. With cfg.conf_stop > 0 it stops after a token drafted
-    at a confidence (its largest raw probability) below that floor (HF assisted generation's threshold)."""
+    """Up to n (maybe 0) tokens drafted one at a time: ids and logits [n, V]; with cfg.conf_stop > 0 it stops after
+    a token whose largest raw probability is below that floor (HF assisted generation's threshold)."""
     x: list[int] = []
     rows = []
     for _ in range(n):
@@ -92,11 +82,9 @@ def propose_chain(lm: LM, seq: list[int], n: int, cfg: DecodeConfig,
 
 def grow(lm: LM, seq: list[int], nodes: int, depth: int, k: int, cfg: DecodeConfig,
          gen: torch.Generator | None) -> Tree:
-    """The proposer's tree after `seq` (its cache catches up on seq first, as a chain proposal does), one
-    batched tree forward per level below the root (EAGLE-2). Greedy: each expanded node's top-k children, the k
-    best paths expanded next, the best `nodes` kept. Sampled: children drawn from the warped q without
-    replacement into a shape fixed before any draw (`expected_tree` on the rank prior): the lossless rule needs
-    both."""
+    """The proposer's tree after `seq`, one tree forward per level (EAGLE-2). Greedy: top-k children, the k best
+    paths expanded, the best `nodes` kept. Sampled: children drawn from warped q without replacement into a shape
+    fixed before any draw (`expected_tree` on the rank prior), as the lossless rule needs."""
     z_root = feed(lm, seq, 1)  # [1, V]: the root's context
     warp = (cfg.temperature, cfg.top_k, cfg.top_p)
     shape = None
@@ -209,21 +197,16 @@ class Round:
         return self.accepted + [self.dec.nxt]
 
     def cut(self, n: int, eos: bool = False) -> Round:
-        """This round with only its first n new tokens used (a PSD block's size or confidence cut, an EOS): the
-        record then says exactly that. A cut inside the accepted path leaves the path from n on and the
-        verifier's own token unused (`recorder.record` marks them discarded and counts n accepted). `eos`: the
-        n-th token is an EOS, so the proposals below it (never usable) are left out of the record."""
+        """This round with only its first n new tokens used (a block cut, an EOS): the rest of the path and the
+        verifier's token are marked discarded; `eos`: the proposals below the n-th token are left out."""
         return replace(self, kept=n, eos_trim=eos) if n < self.k + 1 else self
 
 
 def decide_round(z_p: torch.Tensor, tree: Tree, rule: str, tau: float | None, cfg: DecodeConfig,
                  gen: torch.Generator | None, stage: str, proposer: str, verifier: str) -> Round:
-    """Decide a proposal (chain or tree) against the verifier's logits z_p [N + 1, V]: the one rule walk.
-
-    SD: greedy, accept the child equal to argmax p; sampled, multi-step speculative sampling (one child: SD's
-    ratio test r < p(x)/q(x) and the residual norm(max(0, p − q))). Fuzzy: a context with Div ≤ τ accepts its
-    first child, a refusal draws the verifier's own token from p. CHOICE, cfg.fallback "sd": where Div > τ the SD
-    rule alone decides (ratio test and residual), so those positions follow the verifier's distribution."""
+    """Decide a proposal against the verifier's logits z_p [N + 1, V] (`rules.decide_tree`). SD: greedy argmax, or
+    multi-step speculative sampling; fuzzy: Div ≤ τ accepts the first child, else the verifier's token from p.
+    CHOICE, cfg.fallback "sd": where Div > τ the SD rule decides, so those positions follow the verifier."""
     dec = rules.decide_tree(z_p, tree, rule, tau, cfg.fallback, (cfg.temperature, cfg.top_k, cfg.top_p), gen,
                             (cfg.divergence, cfg.div_support))
     return Round(stage, proposer, verifier, rule, tau, tree, z_p, dec, sampled=gen is not None)

@@ -1,11 +1,7 @@
-"""Pure math of speculative decoding: warps, divergences, the acceptance rules and the one walk that applies them
-to a proposal (`decide_tree`; the rules and the walk are told in docs/how-it-works.md).
-
-Why pure: every rule is tested on hand-built logits, with no model in the way. Names follow the papers: p is the
-verifier's distribution, q the proposer's, x̃ the proposed tokens. A proposal is a tree of candidates in
-breadth-first order (node i: `tokens[i]`, `parents[i]`, −1 the root, the last committed token; a chain's parent is
-i − 1). Context c is where a distribution is read: c = 0 the root, c = i + 1 node i; the verifier's pass gives one
-row of logits per context.
+"""Pure math of speculative decoding (warps, divergences, acceptance rules, the walk `decide_tree`; see
+docs/how-it-works.md), tested on hand-built logits. p: the verifier, q: the proposer. A proposal is a tree in
+breadth-first order (node i: `tokens[i]`, `parents[i]`, −1 the root; a chain's parent is i − 1); context c = 0 is
+the root, c = i + 1 node i, one row of the verifier's logits each.
 """
 from __future__ import annotations
 
@@ -37,16 +33,9 @@ def warp(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float 
 
 def divergence(p: torch.Tensor, q: torch.Tensor, kind: str = "js",
                log_p: torch.Tensor | None = None, log_q: torch.Tensor | None = None) -> torch.Tensor:
-    """Div(p, q) per row [n] for p = verifier, q = proposer (raw distributions [n, V]).
-
-    js is the FSD reference code's form ½KL(m‖p) + ½KL(m‖q) with m = (p+q)/2 (CHOICE: it is
-    not the textbook JSD); kl is KL(q‖p); tv is ½Σ|p−q|. Pass log_p/log_q (log_softmax of the
-    logits) when you have them: they are used as they are (no floor: a verifier probability of
-    1e-20 counts as 1e-20), which is exact even where p or q underflows to 0. Only −inf is
-    guarded: a 0·log 0 term counts 0, so the result is never NaN; it is +inf where the verifier
-    rules out (probability exactly 0) a token the proposer can produce. Never negative.
-    Differentiable (the distillation loss uses it).
-    """
+    """Div(p, q) per row [n] for raw distributions [n, V]: js = ½KL(m‖p) + ½KL(m‖q), m = (p+q)/2 (CHOICE: the FSD
+    code's form, not the textbook JSD); kl = KL(q‖p); tv = ½Σ|p−q|. log_p/log_q are used unfloored (exact under
+    underflow); 0·log 0 counts 0 (never NaN), +inf where p = 0 < q. Never negative; differentiable."""
     if kind == "tv":
         return (0.5 * (p - q).abs().sum(-1)).clamp_min(0)
     if kind not in ("kl", "js"):
@@ -65,18 +54,9 @@ def divergence(p: torch.Tensor, q: torch.Tensor, kind: str = "js",
 
 def support_divergence(p: torch.Tensor, q: torch.Tensor, kind: str = "js", support: str = "subset",
                        log_p: torch.Tensor | None = None, log_q: torch.Tensor | None = None) -> torch.Tensor:
-    """Div(p, q) per row [n] when the proposer q may be 0 on part of the vocabulary (a reduced head).
-
-    CHOICE `support`:
-    - "full": `divergence` over the whole vocabulary. js is then +inf wherever q = 0 < p, so a
-      reduced-head proposer never passes a fuzzy test (only the SD fallback accepts); kl and tv stay finite.
-    - "subset": over the proposer's support S = {q > 0}, the verifier renormalised on it
-      (p_S = p·1_S / p(S)), plus what that restriction costs: Div(p_S, q) − log p(S) for js and kl, and
-      tv(p_S, q) + (1 − p(S)) for tv. The verifier's mass outside S is thus charged, never ignored: a
-      verifier sure of a token the proposer cannot write gives a large divergence (p(S) = 0: +inf; tv 1).
-      For kl this is exactly KL(q‖p); for tv it bounds the full tv from above (triangle inequality).
-    A row where q has no zeros gets `divergence` itself under either choice (S is the vocabulary).
-    """
+    """Div(p, q) per row [n] when q may be 0 on part of the vocabulary (a reduced head). CHOICE `support`: "full" is
+    `divergence` (js +inf wherever q = 0 < p); "subset" is over S = {q > 0} with p renormalised, charged for p's
+    mass outside S: Div(p_S, q) − log p(S) (js, kl; exactly KL(q‖p) for kl), tv(p_S, q) + 1 − p(S) (tv)."""
     if support not in ("subset", "full"):
         raise ValueError(f"unknown support {support!r}; choose subset or full")
     log_p = p.log() if log_p is None else log_p
@@ -124,12 +104,8 @@ def shared_support(z_q: torch.Tensor) -> torch.Tensor | None:
 
 def support_divergence_logits(z_p: torch.Tensor, z_q: torch.Tensor, kind: str = "js",
                               support: str = "subset") -> torch.Tensor:
-    """`support_divergence` of the raw distributions softmax(z_p), softmax(z_q) [n, V], from their logits.
-
-    Why: for a reduced-head proposer (one support S) under "subset" the verifier is needed only on S and
-    through its normaliser: log p_S = z_p,S − logsumexp(z_p,S) and log p(S) = logsumexp(z_p,S) −
-    logsumexp(z_p). One full-vocabulary reduction per row replaces a full log-softmax and its exp (the
-    fuzzy lanes' largest cost outside the forwards). Other proposers take `support_divergence` itself."""
+    """`support_divergence` of softmax(z_p), softmax(z_q) [n, V] from logits; for a reduced head under "subset"
+    the verifier is read only on S and through its normaliser (one full-vocabulary reduction per row)."""
     cols = shared_support(z_q) if support == "subset" else None
     if cols is None:
         lp, lq = torch.log_softmax(z_p, -1), torch.log_softmax(z_q, -1)  # [n, V]
@@ -145,12 +121,8 @@ def support_divergence_logits(z_p: torch.Tensor, z_q: torch.Tensor, kind: str = 
 
 
 def fuzzy_passes(d: torch.Tensor | Sequence[float], tau: float) -> list[bool]:
-    """FSD test: Div(P_T,i, P_D,i) ≤ τ, whatever the token.
-
-    CHOICE: τ = 0 accepts nothing, so the verifier produces every token itself (target-only
-    decoding). "Div ≤ 0" would otherwise accept a near-tie whose divergence rounds to 0 although
-    the token is not the verifier's own choice.
-    """
+    """FSD test: Div(P_T,i, P_D,i) ≤ τ, whatever the token. CHOICE: τ = 0 accepts nothing (target-only decoding),
+    not a near-tie whose divergence rounds to 0."""
     return [tau > 0 and float(v) <= tau for v in d]
 
 
@@ -232,10 +204,8 @@ def chain(tokens: list[int], z_q: torch.Tensor) -> Tree:
 
 
 def best_nodes(parents: list[int], score: list[float], n: int) -> list[int]:
-    """EAGLE-2's reranking: the n best nodes by path score, closed under ancestors, in breadth-first order.
-
-    A child's score (a log product of probabilities) is never above its parent's, so taking nodes best
-    first keeps every parent before its child; ties go to the shallower (earlier) node."""
+    """EAGLE-2's reranking: the n best nodes by path score in breadth-first order; a child never outscores its
+    parent, so best-first keeps parents (ties to the earlier node)."""
     order = sorted(range(len(score)), key=lambda i: (-score[i], i))
     keep: set[int] = set()
     for i in order:
@@ -282,10 +252,9 @@ def take(z: torch.Tensor, rows: list[int]) -> torch.Tensor:
 
 def sd_at(tree: Tree, kids: list[int], top: int | None, p: torch.Tensor | None, q: torch.Tensor | None,
           r: torch.Tensor | None) -> tuple[int | None, list[bool | None], torch.Tensor | None]:
-    """The SD rule at one context over its children `kids` (ranked): greedy (`top`, the verifier's argmax) the
-    child equal to it; sampled, multi-step speculative sampling on the warped rows p, q [V] with the children's
-    uniforms r. Returns the accepted child (None), each child's verdict (None: not tried, an earlier one won) and
-    what is left of p to draw the verifier's own token from (sampled; None when greedy)."""
+    """The SD rule at one context over its ranked `kids`: greedy, the child equal to `top`; sampled, multi-step
+    speculative sampling on warped p, q [V] with uniforms r. Returns the accepted child (or None), each child's
+    verdict (None: not tried) and the residual of p (None when greedy)."""
     verdicts: list[bool | None] = [None] * len(kids)
     if p is None:
         for j, ch in enumerate(kids):
@@ -310,12 +279,9 @@ def sd_at(tree: Tree, kids: list[int], top: int | None, p: torch.Tensor | None, 
 def decide_tree(z_p: torch.Tensor, tree: Tree, rule: str, tau: float | None, fallback: str,
                 warp_args: tuple[float, int, float], gen: torch.Generator | None,
                 div: tuple[str, str] = ("js", "subset")) -> TreeDecision:
-    """Walk the tree against the verifier's logits z_p [N + 1, V] (row c = context c); docs/how-it-works.md.
-
-    rule "sd": greedy at gen None, else multi-step speculative sampling (lossless when each context's children
-    were drawn from the warped proposer without replacement); "fuzzy": a context whose divergence ≤ τ accepts
-    its first child, with fallback "sd" the SD rule decides the others. `warp_args` is (temperature, top_k,
-    top_p). One uniform per node is drawn under every rule, so the random stream is the same whatever the rule."""
+    """Walk the tree against the verifier's logits z_p [N + 1, V] (row c = context c; docs/how-it-works.md).
+    "sd": greedy at gen None, else multi-step speculative sampling; "fuzzy": Div ≤ τ accepts the first child,
+    fallback "sd" decides the others. One uniform per node under every rule: the same random stream."""
     n, kids = tree.n, children(tree.parents)
     r = torch.rand(n, generator=gen) if gen is not None else None
     fuzzy, with_sd = rule != "sd", rule == "sd" or fallback == "sd"

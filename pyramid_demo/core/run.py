@@ -54,9 +54,8 @@ def _prompt_text(triplet: ModelTriplet, prompt: str | list[int], ids: list[int],
 
 
 class _TextTail:
-    """The decoded text of the ids so far, decoding only a short window at the end each pass (the way TGI and
-    vLLM stream): a window is taken only once it ends in whole characters. A snapshot's text is this; the
-    final snapshot decodes every id once, so the record is exactly the tokenizer's decode."""
+    """The text so far, decoding a short window at the end each pass (as TGI and vLLM stream), taken once it ends
+    in whole characters; the final snapshot decodes every id once (`full`)."""
 
     def __init__(self, tokenizer: Any):
         self.tokenizer, self.text, self.prefix, self.read = tokenizer, "", 0, 0
@@ -78,9 +77,7 @@ class _TextTail:
 
 
 class _Snapshots:
-    """A run's record built pass by pass: new ids, texts and origins appended, the text decoded at its tail,
-    statistics tallied from the new step alone (`stats.Tally`, the one implementation of the statistics), so a
-    long race costs linear time. The last snapshot's (and `generate`'s) text is decoded in full once."""
+    """A run's record built pass by pass, statistics tallied from each new step alone: a long race costs linear time."""
 
     def __init__(self, triplet: ModelTriplet, cfg: DecodeConfig, prompt: str, ids: list[int], prefill_s: float,
                  shape_why: str = "", solo: str | None = None):
@@ -118,18 +115,15 @@ class _Snapshots:
 
 
 def takes_trees(triplet: ModelTriplet, method: str) -> bool:
-    """Whether the models that would grow and verify `method`'s tree (its shaped stage's proposer and verifier)
-    take a tree of candidates: known before the run, so that "auto" can be priced and a tree refused first."""
+    """Whether the models that would grow and verify `method`'s tree take one, known before the run."""
     path = getattr(triplet, "path", "hf")  # HF's forward or the lean one, as `_passes` opens them
     return all(model_takes_trees(triplet.model(r), path)
                for st in method_spec(method).stages if st.shaped for r in (st.proposer, st.verifier))
 
 
 def shape_to_run(cfg: DecodeConfig, trees: bool, why: str = "") -> tuple[DecodeConfig, str]:
-    """The config the loop runs (shape "chain" or "tree") and why, in one sentence: `why` as the caller settled
-    it (`predict.auto_shape.resolve_shape` prices "auto" before the run), else what needs no cost model. A method
-    that proposes nothing has no shape; a tree on models whose forwards cannot take one (`trees` False) is refused,
-    naming the chain; an "auto" nobody priced runs the chain and says so."""
+    """The config the loop runs (shape "chain" or "tree") and why: `why` as the caller settled it, else what needs no
+    cost model; a tree the forwards cannot take is refused, an unpriced "auto" runs the chain and says so."""
     spec = method_spec(cfg.method)
     if not spec.shaped:
         return replace(cfg, shape="chain"), f"{spec.short} proposes nothing: no shape to choose"
@@ -145,11 +139,7 @@ def shape_to_run(cfg: DecodeConfig, trees: bool, why: str = "") -> tuple[DecodeC
 
 def _passes(triplet: ModelTriplet, ids: list[int], cfg: DecodeConfig, prompt: str, full_records: bool = True,
             shape_why: str = "", solo: str | None = None) -> Iterator[_Snapshots]:
-    """Settle the shape, prefill, then decode; after each target pass yield the run's record so far.
-
-    Each call builds its own caches and generator, so concurrent runs never share state. `solo`: that role
-    decodes alone as method "ar" with it in the target's slot (`core.solo`), its record naming it.
-    """
+    """Settle the shape, prefill, decode (own caches and generator per call); yield the record after each pass."""
     if solo is not None and cfg.method != "ar":
         raise ValueError(f"a member decoding alone runs as method 'ar', not {cfg.method!r}")
     cfg, why = shape_to_run(cfg, takes_trees(triplet, cfg.method), shape_why)  # a tree refused before any work
@@ -169,12 +159,8 @@ def _passes(triplet: ModelTriplet, ids: list[int], cfg: DecodeConfig, prompt: st
 
 def stream(triplet: ModelTriplet, prompt: str | list[int], cfg: DecodeConfig, chat: bool = True,
            text: str | None = None, shape_why: str = "", solo: str | None = None) -> Iterator[RunResult]:
-    """Yield a snapshot after every target pass; the last one has stats.stopped set.
-
-    `prompt` is text, or ids from `prepare_prompt` so that several runs encode it once; `text` is then
-    the prompt as the user wrote it, for the record (default: the ids decoded). `cfg.shape` is the shape to run;
-    `shape_why` why, as the caller resolved it (`predict.auto_shape.resolve_shape` prices "auto"; see
-    `shape_to_run`). `solo`: a reference run, that role decoding alone (`core.solo`; `cfg.method` must be "ar")."""
+    """Yield a snapshot after every target pass (the last has stats.stopped). `prompt`: text, or ids from
+    `prepare_prompt` with `text` as the user wrote it; `shape_why`: as `shape_to_run`; `solo`: a reference run."""
     ids = prepare_prompt(triplet, prompt, cfg, chat)
     text = _prompt_text(triplet, prompt, ids, text)
     for record in _passes(triplet, ids, cfg, text, shape_why=shape_why, solo=solo):
@@ -184,8 +170,7 @@ def stream(triplet: ModelTriplet, prompt: str | list[int], cfg: DecodeConfig, ch
 def generate(triplet: ModelTriplet, prompt: str | list[int], cfg: DecodeConfig, chat: bool = True,
              text: str | None = None, full_records: bool = True, shape_why: str = "",
              solo: str | None = None) -> RunResult:
-    """Run to the end and return the final record (one snapshot, not one per pass); arguments as `stream`.
-    `full_records=False` (bench) keeps each token's status but no display values (top-5, divergences, p/q)."""
+    """Run to the end and return the final record; arguments as `stream`, `full_records=False` keeps statuses only."""
     ids = prepare_prompt(triplet, prompt, cfg, chat)
     text = _prompt_text(triplet, prompt, ids, text)
     record = None

@@ -1,9 +1,5 @@
-"""How each decoding setting is shown and asked for, keyed by `DecodeConfig` field name.
-
-The app's widgets, its race handler's inputs and the command line's options are all built from
-`SETTINGS`, so adding a setting is one `DecodeConfig` field plus one row here. Pure data: `config`
-imports it (for `TUNABLE` and the choices it validates), not the other way round.
-"""
+"""How each decoding setting is shown and asked for, keyed by `DecodeConfig` field: the app's widgets and the CLI's
+options are built from `SETTINGS` (a new setting is a field plus a row here)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

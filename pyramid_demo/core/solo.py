@@ -1,11 +1,5 @@
-"""A reference run: one member of the family decoding alone, exactly as AR decodes with the target.
-
-Why: the race shows how close a pyramid comes to the speed of its qualifier (the target's int4 copy in the offline
-family) while it still writes the target's text. The engine runs such a lane as method "ar" with the member in
-the target's slot, so it decodes (greedy or sampled) exactly as AR would with that model as the target; its
-record then names the member wherever the engine wrote "target" (`relabel`), so the chips, the forward counts and
-times, the race's noise and the cost profile's prediction all read the model that really ran.
-"""
+"""A reference run: one member decoding alone as method "ar" in the target's slot (the speed a pyramid approaches),
+its record then naming the member wherever the engine wrote "target" (`relabel`)."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -16,8 +10,7 @@ from .trace import Step
 
 
 def solo_lms(triplet: ModelTriplet, role: str, backend: str = "default", path: str = "hf") -> dict[str, LM]:
-    """The engine's LMs for `role` decoding alone: one LM over its model, in the target's slot; a ValueError in
-    words for a role that is not a family member or a model that cannot decode without another's states."""
+    """The engine's LMs for `role` decoding alone in the target's slot; ValueError where it cannot."""
     if role not in ROLE_ORDER:
         raise ValueError(f"unknown role {role!r} to decode alone; choose one of {', '.join(ROLE_ORDER)}")
     model = triplet.model(role)
@@ -27,8 +20,7 @@ def solo_lms(triplet: ModelTriplet, role: str, backend: str = "default", path: s
 
 
 def relabel(step: Step, role: str) -> Step:
-    """A step the engine recorded with `role` in the target's slot, with `role` named wherever it says "target"
-    (the new tokens' origins, forward times and counts, the tokens fed): the record of the model that ran."""
+    """A step recorded with `role` in the target's slot, naming `role` wherever it says "target"."""
     def swap(d: dict) -> dict:
         return {role if k == "target" else k: v for k, v in d.items()}
 

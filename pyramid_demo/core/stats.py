@@ -18,15 +18,12 @@ def n_proposed(r: StageRound) -> int:
 
 
 def n_positions(r: StageRound) -> int:
-    """The positions a round offers: its deepest proposed node's depth (a chain's length, a tree's depth), so
-    the most it can accept. Positions are depths: a tree of 12 nodes and depth 4 offers 4, not 12."""
+    """The positions a round offers: its deepest node's depth (a tree of 12 nodes and depth 4 offers 4)."""
     return max(rules.depths(parents_of(r)), default=0)
 
 
 def agreement(out: list[int], ref: list[int]) -> float | None:
-    """Agreement with target greedy output: the share of the reference `ref` (target-only greedy
-    tokens) that `out` reproduces at the same positions. The one definition the app and the bench
-    both report (None without a reference)."""
+    """The share of the target-only greedy tokens `ref` that `out` reproduces in place (None without a reference)."""
     if not ref:
         return None
     return sum(1 for a, b in zip(out, ref) if a == b) / len(ref)
@@ -48,8 +45,7 @@ def first_divergence(out: list[int], ref: list[int]) -> int | None:
 
 
 class Tally:
-    """Every statistic's totals, kept step by step: a streaming run's snapshot after each pass (`run`) then
-    costs the same on the last pass as on the first. The one implementation of the statistics."""
+    """The one implementation of the statistics, kept step by step: the last snapshot costs what the first did."""
 
     def __init__(self) -> None:
         self.n_new, self.passes, self.decode_s, self.target_accepted = 0, 0, 0.0, 0
@@ -92,12 +88,9 @@ class Tally:
             self.ftime[role] = self.ftime.get(role, 0.0) + step.time_s.get(role, 0.0)
 
     def stats(self, method: str, prefill_s: float, stopped: str) -> Stats:
-        """The run's `Stats` so far, every round read as a tree (a chain is one). Positions are depths (1: the
-        first after the committed text). Per-position acceptance at depth d: the rounds whose accepted path
-        reached d ÷ the rounds that proposed a node at depth d; a pass that proposed nothing (the budget's last
-        token) reaches no position. Acceptance: accepted ÷ positions offered (each round's `n_positions`): for a
-        chain, accepted ÷ proposed; for a tree, path length ÷ depth, never ÷ its node count (`proposed` still
-        counts every node: the work the verifier did)."""
+        """The run's `Stats` so far, every round a tree. Per-position acceptance at depth d: rounds whose path reached
+        d ÷ rounds proposing at d. Acceptance: accepted ÷ positions offered (`n_positions`: a tree's depth, never
+        its node count; `proposed` still counts every node)."""
         stages = [s for s in STAGES if self.rounds.get(s)]
         n, passes, decode_s = self.n_new, self.passes, self.decode_s
         return Stats(

@@ -1,7 +1,4 @@
-"""Plain, JSON-serialisable records of a run: the app, charts and benchmark read only these.
-
-Why plain: the UI, the bench and the statistics recompute everything from the records alone, never from a model.
-"""
+"""Plain, JSON-serialisable records of a run: the app, charts, bench and statistics read only these."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -11,14 +8,9 @@ from . import rules
 # A token's status. Every round is a tree (`StageRound.parents`; a chain's is [−1, 0, 1, …]):
 #   accepted   a proposed token on the accepted path
 #   rejected   a candidate the verifier tried and refused
-#   discarded  a candidate never reached; and tokens a round's cut left unused (a PSD block ends at its size or
-#              after an unsure qualifier token: the accepted tokens past the cut and the qualifier's own token
-#              never enter it, n_accepted counts only the kept; an EOS inside an accepted run ends the round after
-#              it, its own token discarded and the proposals below the EOS left out of the record)
+#   discarded  a candidate never reached, or left unused by a round's cut (a PSD block's size, an EOS)
 #   resampled  the verifier's own token after a refusal
-#   bonus      the verifier's own token where the walk ended with nothing more proposed (a fully accepted chain, a
-#              tree's leaf, an empty proposal: the budget's last token); its origin is then "bonus" too
-#              (`round.Round.own_status`)
+#   bonus      the verifier's own token where nothing more was proposed; its origin is "bonus" too
 STATUSES = ("accepted", "rejected", "discarded", "resampled", "bonus")
 ORIGINS = ("draft", "qualifier", "target", "bonus")  # a token's origin: what the app colours
 
@@ -33,9 +25,7 @@ class TokenRec:
     p: float | None = None  # verifier's warped probability of the token
     q: float | None = None  # proposer's warped probability of the token
     top5: dict[str, list[list[float]]] = field(default_factory=dict)  # role -> [[id, prob], ...] raw
-    # the exact SD rule's verdict on this proposed token, had the walk stood at its context with τ failed:
-    # True accepted, False tried and refused, None not tried (an earlier sibling won) or not an SD-reading rule
-    # (a fuzzy rule without the SD fallback); the inspector's what-if τ reads it instead of guessing
+    # the exact SD rule's verdict had τ failed here (None: not tried, or no SD-reading rule): the what-if τ reads it
     sd_passed: bool | None = None
 
 
@@ -51,8 +41,7 @@ class StageRound:
     n_accepted: int
     exact: bool = False  # decided by the exact SD rule: τ is unused, a what-if τ changes nothing
     sd_fallback: bool = False  # a fuzzy round under fallback "sd": a token also passed when the SD rule did
-    # each proposed token's parent among the proposed tokens (−1: the root, the last committed token),
-    # breadth-first; the engine sets it on every round (a chain's: [−1, 0, 1, …]); None only in old records
+    # each proposed token's parent (−1: the root), breadth-first; None only in old records
     parents: list[int] | None = None
 
 
@@ -62,8 +51,7 @@ def parents_of(rnd: StageRound) -> list[int]:
 
 
 def accepted_path(rnd: StageRound) -> list[int]:
-    """The accepted proposed nodes, root first (they lie on one path: each accepted node's parent is the root
-    or the accepted node before it)."""
+    """The accepted proposed nodes, root first (one path)."""
     return [i for i, t in enumerate(rnd.tokens[:-1]) if t.status == "accepted"]
 
 

@@ -1,17 +1,6 @@
-"""Row-wise attention: a verification pass computes each position exactly as a one-token step would.
-
-Speculative decoding at temperature 0 promises the target's greedy text token for token. That
-holds only if the target's logits at a position do not depend on how many positions share the
-pass. In 16-bit on a CPU the linear layers (with oneDNN off) give bitwise the same rows whatever
-the batch, but the fused attention kernel does not: transformers routes a one-token query
-through a packed-GQA path and a multi-token query through a masked one, and the kernel's
-blocking depends on the query length. A near-tie then flips, and SD's text drifts from AR's.
-
-Registered as the attention implementation "rowwise", each query row attends through the
-same SDPA call a one-token step makes (its own causal slice of the keys). Every model of a
-family uses it, so AR, SD and the HF peers all compute the same numbers. It costs one small
-kernel call per extra row per layer: measured in `bench` as the verification pass's cost.
-"""
+"""Row-wise attention ("rowwise"): each query row of a verification pass makes the SDPA call a one-token step
+makes, so SD at T=0 keeps AR's text in 16-bit on a CPU (the fused kernel's blocking depends on the query length,
+and a near-tie flips). Costs one small call per extra row per layer."""
 from __future__ import annotations
 
 from typing import Any, cast
@@ -34,10 +23,7 @@ def _repeat_kv(x: torch.Tensor, n: int) -> torch.Tensor:
 def rowwise_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                       **kwargs) -> tuple[torch.Tensor, None]:
-    """query [B, H, n, D] over key/value [B, H_kv, L, D] (the cache plus the n new positions).
-
-    Row i sees the first L − n + i + 1 keys (causal, no padding: the engine feeds one sequence).
-    Returns [B, n, H, D] as transformers' attention functions do."""
+    """query [B, H, n, D] over key/value [B, H_kv, L, D] -> [B, n, H, D]; row i sees the first L − n + i + 1 keys."""
     if query.shape[0] != 1 or (attention_mask is not None and attention_mask.dim() == 4
                                and attention_mask.shape[0] != 1):
         raise ValueError("rowwise attention serves one unpadded sequence at a time")

@@ -1,8 +1,4 @@
-"""The CPU matmul backend a forward runs under, which both LM paths share.
-
-Its own module so that `lm` (HF's forward) and `lean` (the lean forward) use the same flags
-without importing each other (the import rules forbid cycles, lazy ones included).
-"""
+"""The CPU matmul backend a forward runs under, shared by `lm` and `lean` without importing each other."""
 from __future__ import annotations
 
 import contextlib

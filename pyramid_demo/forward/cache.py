@@ -1,10 +1,5 @@
-"""The one cache bookkeeping every model shares (HF's forward, the lean forward, the feature draft, the
-tests' mock): each knows where its cache ends, and a feed that does not extend the cached tokens raises.
-
-Why one: copies of "what is cached, what to feed, where to crop" drifted apart before, and a missed rollback
-then read a stale cache silently. Here the model holds its cached tokens; `feed` checks the sequence it is
-handed against them and keeps the counters the cost profile reads.
-"""
+"""The one cache bookkeeping every model shares: each holds its cached tokens, and a feed that does not extend
+them raises (copies of this logic drifted apart once, and a missed rollback read a stale cache silently)."""
 from __future__ import annotations
 
 import abc
@@ -24,8 +19,7 @@ class TreeUnsupported(RuntimeError):
 
 
 class TargetStates:
-    """The target's final normed hidden state at every position it has scored, [n, d]: what a proposer
-    that reads the target conditions on. The target's forward writes it; its truncation crops it."""
+    """The target's final normed hidden state at every scored position [n, d], which a feature proposer reads."""
 
     def __init__(self) -> None:
         self.f: torch.Tensor | None = None  # [capacity, d]
@@ -50,11 +44,8 @@ class TargetStates:
 
 
 class CachedModel(abc.ABC):
-    """Bookkeeping for one model's per-run cache: the tokens it holds (`ids`), so it alone knows where it ends.
-    The loop feeds it sequences (`feed`, `unfed`, `keep_along`, `truncate`); probes and tests may feed tokens at
-    a position they state (`forward`, `forward_tree`, `keep_path`), which must be where the cache ends.
-    Subclasses implement `_run` (compute logits of the last `keep` fed rows, and `self.feats` when `publish` is
-    set) and `_crop` (drop cached positions ≥ pos)."""
+    """One model's per-run cache bookkeeping: the tokens it holds (`ids`). The loop feeds sequences (`feed`,
+    `keep_along`, `truncate`); probes feed at a stated position (`forward`, `forward_tree`), the cache's end."""
 
     role: str
     device: torch.device = torch.device("cpu")
@@ -68,8 +59,7 @@ class CachedModel(abc.ABC):
         self.fed: list[int] = []  # new tokens of each forward since the counters were reset (cost profile)
         self.publish: TargetStates | None = None  # where this model hands out its states (the target)
         self.feats: torch.Tensor | None = None  # [n, d] states of the last forward's rows (when publishing)
-        # tree rows fed after the cache, not yet part of it: (token, parent row or -1, position); row j sits in
-        # cache slot len(ids) + j until `keep_path` moves the accepted ones into place or a truncation drops them
+        # tree rows (token, parent row or -1, position) in slots len(ids) + j until `keep_path` or a truncation
         self.pending: list[tuple[int, int, int]] = []
         self.pending_feats: list[torch.Tensor] = []  # [n_j, d] per tree forward (when publishing)
 
@@ -97,10 +87,8 @@ class CachedModel(abc.ABC):
         return z
 
     def forward_tree(self, tokens: list[int], parents: list[int], pos: int) -> torch.Tensor:
-        """Feed tree rows after the cache: row j's parent is an earlier pending row (rows of earlier tree
-        forwards count: one forward per level) or −1, attaching it at `pos`, where the cache ends. A row sits
-        at its parent's position + 1 (−1: at `pos`) and attends to the cache, its ancestors and itself.
-        Logits of every new row [n, V] fp32, CPU. Nothing enters the cache until `keep_path`."""
+        """Feed tree rows after the cache (parent: an earlier pending row, or −1 for `pos`); each attends to the
+        cache, its ancestors and itself. Logits [n, V] fp32, CPU; nothing enters the cache until `keep_path`."""
         if pos != len(self.ids):
             raise CacheError(f"{self.role}: tree fed at position {pos}, but its cache ends at {len(self.ids)}")
         base = len(self.pending)
@@ -123,9 +111,7 @@ class CachedModel(abc.ABC):
         return z
 
     def keep_path(self, rows: list[int]) -> int:
-        """Move pending tree rows that form a path from the cache's end (the first one's parent is −1,
-        each next one's parent the one before) into the cache, in place, and drop the other pending rows:
-        after the decision only the accepted path stays; nothing is fed again. Returns the cache's end."""
+        """Move pending rows forming a path from the cache's end into it in place, drop the others; the new end."""
         prev = -1
         for r in rows:
             if not 0 <= r < len(self.pending) or self.pending[r][1] != prev:
@@ -148,8 +134,7 @@ class CachedModel(abc.ABC):
             self._crop(len(self.ids))
 
     def truncate(self, pos: int) -> int:
-        """Keep at most the first `pos` cached positions (pending tree rows are dropped); returns where the
-        cache now ends."""
+        """Keep at most the first `pos` cached positions (pending rows dropped); returns the cache's end."""
         self._drop_pending()
         if pos < len(self.ids):
             self._crop(pos)
@@ -165,8 +150,7 @@ class CachedModel(abc.ABC):
         return self.forward(self.unfed(seq), n, keep)
 
     def unfed(self, seq: list[int]) -> list[int]:
-        """seq's tokens past the cache, once the cached ones are checked to be seq's first: a missed cut (a
-        rejection the cache never heard of) raises CacheError instead of feeding after stale tokens."""
+        """seq's tokens past the cache; a missed cut (cached tokens not seq's first) raises CacheError."""
         n = len(self.ids)
         if seq[:n] != self.ids:
             bad = next((i for i, (a, b) in enumerate(zip(seq, self.ids)) if a != b), min(n, len(seq)))
@@ -175,9 +159,7 @@ class CachedModel(abc.ABC):
         return seq[n:]
 
     def keep_along(self, seq: list[int]) -> int:
-        """After a tree forward: keep the pending rows that spell the longest prefix of seq past the cache's end
-        (`keep_path`), drop the others. Siblings fed one token hold the same keys, so the first match serves.
-        Returns where the cache now ends."""
+        """After a tree forward: keep the pending rows spelling the longest prefix of seq past the cache."""
         rows: list[int] = []
         for t in seq[len(self.ids):] if self.pending else ():
             r = next((j for j, (tok, par, _) in enumerate(self.pending)
@@ -207,11 +189,22 @@ class CachedModel(abc.ABC):
         """Drop the cached keys/values at positions ≥ pos."""
 
     def _run_tree(self, rows: list[tuple[int, int, int]], base: int, pos: int) -> torch.Tensor:
-        """Logits [n, V] of pending rows base … (rows: every pending row, (token, parent, position)); their
-        keys/values go to slots pos + j. Sets `self.feats` [n, d] when publishing."""
+        """Logits [n, V] of pending rows base … (token, parent, position), keys/values into slots pos + j."""
         raise TreeUnsupported(f"the {self.role} model's forward ({type(self).__name__}) cannot verify a tree "
                               "of candidates; tree methods need the lean forward (Llama, Qwen2, Mistral on a CPU)")
 
     def _compact(self, pos: int, slots: list[int]) -> None:
         """Move the keys/values in `slots` (ascending) to pos, pos + 1, …"""
         raise TreeUnsupported(f"the {self.role} model keeps no tree rows")
+
+
+def tree_seen(rows: list[tuple[int, int, int]], base: int, pos: int) -> torch.Tensor:
+    """[n, pos + len(rows)] bool: each new row (base …) sees the cache, its ancestors and itself."""
+    seen = torch.zeros(len(rows) - base, pos + len(rows), dtype=torch.bool)
+    seen[:, :pos] = True
+    for i in range(len(rows) - base):
+        k = base + i
+        while k >= 0:
+            seen[i, pos + k] = True
+            k = rows[k][1]
+    return seen

@@ -1,11 +1,6 @@
-"""The per-run state of a proposer that reads the target (EAGLE-style): its own cache and rollback.
-
-Row i of its cache holds token x_i with the target's state at i-1 and predicts x_{i+1} (the module's
-docstring, `models.feature_draft`). Where the target has scored i-1 it reads the target's own state
-(`TargetStates`, written by the target's forward); past that it reads the state it predicted itself.
-A row fed with a predicted state goes stale once the target's own state for that position arrives, so
-`truncate` drops it: after a target pass the proposer re-reads the accepted prefix with the true states
-(one multi-row forward, whose last row already gives the next draft token).
+"""The per-run cache of a proposer that reads the target (EAGLE-style). Row i holds x_i with the target's state at
+i-1 (its own prediction past what the target scored); a row fed a predicted state goes stale once the target's
+own arrives, so `truncate` drops it and the accepted prefix is re-read with the true states in one forward.
 """
 from __future__ import annotations
 
@@ -14,7 +9,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .cache import CachedModel, TargetStates
+from .cache import CachedModel, TargetStates, tree_seen
 
 
 class FeatureLM(CachedModel):
@@ -109,9 +104,7 @@ class FeatureLM(CachedModel):
 
     @torch.inference_mode()
     def _run_tree(self, rows: list[tuple[int, int, int]], base: int, pos: int) -> torch.Tensor:
-        """Tree rows (the draft expanding its candidates, one forward per level): a row whose parent is −1
-        reads the state at pos − 1 (the target's where it has scored it), any other row its parent's predicted
-        state; each attends to the cache, its ancestors and itself."""
+        """Tree rows, one forward per level: a root reads the state at pos − 1, any other its parent's prediction."""
         new, end = rows[base:], pos + len(rows)
         self._grow(end)
         f_prev = torch.zeros(len(new), self.m.d, dtype=self.dtype, device=self.device)  # [c, d]
@@ -123,13 +116,7 @@ class FeatureLM(CachedModel):
                 assert not known or (self.states is not None and self.states.f is not None)
                 f_prev[i] = self.states.f[pos - 1] if known and self.states is not None and self.states.f is not None \
                     else self.pred[pos - 1]
-        seen = torch.zeros(len(new), end, dtype=torch.bool, device=self.device)  # [c, end]
-        seen[:, :pos] = True
-        for i in range(len(new)):
-            k = base + i
-            while k >= 0:
-                seen[i, pos + k] = True
-                k = rows[k][1]
+        seen = tree_seen(rows, base, pos).to(self.device)  # [c, end]
         toks = torch.tensor([r[0] for r in new], dtype=torch.long, device=self.device)
         slots = torch.arange(pos + base, end)
         self._rows(toks, f_prev, slots, seen, torch.tensor([r[2] for r in new]))
@@ -137,9 +124,8 @@ class FeatureLM(CachedModel):
 
     def _rows(self, toks: torch.Tensor, f_prev: torch.Tensor, slots: torch.Tensor, seen: torch.Tensor | None,
               positions: torch.Tensor | None = None, t: int = 0) -> None:
-        """Rows with tokens toks [c] and input states f_prev [c, d], written to cache slots [c] (RoPE at
-        `positions`, the slots by default), each attending over the cache's first seen.shape[1] slots where
-        `seen` [c, T] is True (None: every row sees all of the first `t`); their predicted states -> pred[slots]."""
+        """Rows toks [c] with input states f_prev [c, d] into cache slots [c] (RoPE at `positions`, default the
+        slots), attending where `seen` [c, T] (None: all of the first `t`); predicted states -> pred[slots]."""
         m, c = self.m, toks.shape[0]
         at = slots if positions is None else positions
         x = m.inputs(f_prev, toks)[None]  # [1, c, d]

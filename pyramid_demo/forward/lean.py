@@ -1,25 +1,12 @@
-"""A lean decode forward for Llama-family models on the CPU, in the style of gpt-fast's model.py.
+"""A lean decode forward for Llama-family models on the CPU (gpt-fast style): few kernel calls, fused QKV and
+gate/up, RoPE tables, a preallocated KV cache (rollback moves a length), logits for the kept rows only.
 
-Why: on a CPU a HF forward of a small model is bound by framework overhead (masks, cache
-objects, hooks, many small kernels), not by reading the weights, so a step costs far more than
-the memory floor and a k-token verification costs well over a step. This path runs the same
-math with few kernel calls: fused QKV and gate/up linears, RoPE from tables, a preallocated KV
-cache where rollback only moves a length, and logits for the kept rows only (optionally for a
-subset of the vocabulary when the model's head is a proposer's reduced head).
-
-Exactness: with batch-invariant linears a k-token pass equals k one-token steps bitwise. A decode pass
-makes one SDPA call per layer: every row is its own batch item over a key length padded to a multiple of
-KEY_BUCKET that its position alone fixes, masked, and a one-token step runs the same call with a
-batch of one, so each row meets the same shapes either way. At more than one thread that is not enough: torch's
-CPU attention kernel hands each (batch item, head) to a thread, and each thread computes in its own scratch
-buffer, whose alignment changes the kernel's rounding (a batched call's rows then differ from their
-batch-of-one calls). The key length is therefore also padded so that every thread's scratch
-is 64-byte aligned (`scratch_pad`), and where that cannot hold (more than KV_SPLIT keys) each row gets its own
-call, a step's call exactly (`batched`). Only a pass longer than ROWWISE_MAX
-(a prompt's prefill) runs one masked call: every method prefills the same prompt in one pass, so
-their caches still agree. Covered: Llama 2/3.x (llama3 rope scaling included), SmolLM2, Qwen2 (q/k/v
-biases), Mistral (its sliding window too): `lean_weights.supports_lean`, where the weights the forward reads
-are built once per model (`lean_weights.lean_weights`). Anything else stays on HF's forward (`lm.open_lm`).
+Exactness: with batch-invariant linears a k-token pass equals k one-token steps bitwise. Each row is its own batch
+item of one SDPA call per layer, over a key length padded to a multiple of KEY_BUCKET fixed by its position alone.
+At more than one thread each thread's scratch alignment changes the kernel's rounding, so keys are also padded to
+align it (`scratch_pad`); where that cannot hold (over KV_SPLIT keys) each row gets a step's own call (`batched`).
+Only a pass longer than ROWWISE_MAX (a prefill, the same for every method) runs one masked call.
+Covered: Llama 2/3.x, SmolLM2, Qwen2, Mistral (`lean_weights.supports_lean`); anything else runs HF's forward.
 """
 from __future__ import annotations
 
@@ -33,10 +20,8 @@ from .cache import LONGEST_PASS, CachedModel
 from .lean_weights import lean_weights
 
 ROWWISE_MAX = LONGEST_PASS  # passes up to the longest verification: padded per-row attention (a long prefill: not)
-KEY_BUCKET = 64  # padded attention: a query at position p attends over key_len(p) keys, a multiple of 64
-# ... counted from p + 1 + TREE_SLACK, so that a tree row's scratch slots (at most MAX_LENGTH past the root, whose
-# position is ≤ the row's) lie inside the key length a one-token step at the row's position reads: a tree row
-# then meets the step's shapes, its ancestors found in place by the mask
+KEY_BUCKET = 64  # a query at position p attends over a multiple of 64 keys counted from p + 1 + TREE_SLACK:
+# a tree row's scratch slots then lie inside the keys a step at its position reads (the step's shapes exactly)
 TREE_SLACK = LONGEST_PASS - 1
 KV_SPLIT = 512  # torch's CPU flash attention takes keys in blocks of at most 512 (its kv_split_size)
 SCRATCH_ALIGN = 16  # fp32 elements in 64 bytes: the alignment each thread's scratch needs (`scratch_pad`)
@@ -50,18 +35,14 @@ def bucket(p: int) -> int:
 
 
 def key_len(p: int, pad: int = 0) -> int:
-    """The padded key length of a query at position p: fixed by the position (and the model's `scratch_pad`)
-    alone, whatever the pass."""
+    """The padded key length of a query at position p: fixed by the position alone, whatever the pass."""
     return bucket(p) + pad
 
 
 def scratch_pad(q_rows: int, head_dim: int) -> int:
-    """Extra keys that make torch's CPU flash attention scratch 64-byte aligned in every thread.
-
-    The kernel gives each thread q_rows·(t + 2 + head_dim) fp32 values for t ≤ KV_SPLIT keys (the scores, the
-    running max and sum, the output), one thread's after another's; with that a multiple of SCRATCH_ALIGN every
-    thread computes at the same alignment, so a row's result no longer depends on which thread, hence on which
-    batch, computed it. q_rows: the query rows of one (batch item, KV head), the GQA group (at most 32)."""
+    """Extra keys that make torch's CPU flash attention scratch 64-byte aligned in every thread: each thread
+    holds q_rows·(t + 2 + head_dim) fp32 values, one after another, so with that a multiple of SCRATCH_ALIGN
+    a row's result no longer depends on which thread computed it. q_rows: the GQA group (at most 32)."""
     q = min(q_rows, 32)
     return next(d for d in range(SCRATCH_ALIGN) if q * (KEY_BUCKET + d + 2 + head_dim) % SCRATCH_ALIGN == 0)
 
@@ -72,9 +53,7 @@ def scratch_aligned(t: int, q_rows: int, head_dim: int) -> bool:
 
 
 def set_attention(model: torch.nn.Module, kind: str) -> None:
-    """How the lean forward attends for this model (`ATTENTIONS`), chosen by the probe: "auto" batches a pass's
-    rows where that is batch-invariant, "rows" gives every row a step's own call (batch-invariant at any
-    thread count by construction: each row's call is a one-token step's)."""
+    """How the lean forward attends (the probe's choice): "auto" batches rows where invariant, "rows" never does."""
     if kind not in ATTENTIONS:
         raise ValueError(f"unknown lean attention {kind!r}; choose one of {', '.join(ATTENTIONS)}")
     setattr(model, _ATTENTION_ATTR, kind)
@@ -93,14 +72,8 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 class LeanLM(CachedModel):
-    """One model's per-run decoding state over the lean forward: the engine's `LM` protocol.
-
-    The model's `lm_head` is called as it is (a reduced-vocabulary head gives its full-width logits, −inf outside
-    its subset).
-    A pass batches its rows into one padded attention call per layer that stays equal to one-token steps
-    (see the module docstring); only a pass longer than ROWWISE_MAX (a prefill) runs one causal call.
-    Tree rows attend over a copy of the cache with their ancestors moved to the slots a one-token step
-    along their path would read (the same keys in the same lanes)."""
+    """One model's per-run decoding state over the lean forward (the engine's `LM` protocol). Tree rows attend
+    over a copy of the cache with their ancestors moved to the slots a step along their path would read."""
 
     trees = True  # its forward takes tree rows (`_run_tree`)
 
@@ -176,9 +149,8 @@ class LeanLM(CachedModel):
 
     def _tree_plan(self, positions: list[int], anc: list[list[int]], rows: list[tuple[int, int, int]],
                    pos: int, base: int) -> list[tuple]:
-        """Tree rows grouped by key length: (first row, end row, t, mask [m, 1, 1, t], gather) where gather is
-        the (batch, destination, source) slot indices that lay each row's ancestors out as a step along its
-        path would find them."""
+        """Tree rows grouped by key length: (first row, end row, t, mask [m, 1, 1, t], gather (batch, destination,
+        source) slots that lay each row's ancestors out as a step along its path finds them)."""
         w, plan, i, n = self.w, [], 0, len(positions)
         while i < n:
             t = key_len(positions[i], self.key_pad)
@@ -210,10 +182,8 @@ class LeanLM(CachedModel):
             return self._forward(torch.tensor(tokens, dtype=torch.long), pos, keep)
 
     def _key_plan(self, pos: int, n: int) -> list[tuple[int, int, int, torch.Tensor]]:
-        """Rows pos … pos+n-1 grouped by their padded key length, one
-        (first row, end row, key length t, additive mask [rows, 1, 1, t]) per group, built once per
-        forward (every layer reuses it). A row's t and mask depend on its position only, never on
-        the pass it is in; rows of one pass share a group unless they straddle a bucket edge."""
+        """Rows pos … pos+n-1 grouped by padded key length: (first row, end row, t, mask [rows, 1, 1, t]), each
+        row's t and mask fixed by its position alone, never by the pass it is in."""
         w, plan, i = self.w, [], 0
         while i < n:
             edge = bucket(pos + i)
@@ -230,21 +200,16 @@ class LeanLM(CachedModel):
         return plan
 
     def batched(self, t: int) -> bool:
-        """Whether the rows of a pass over t padded keys share one attention call: only where that call computes
-        each row as a batch of one does. At one thread the kernel runs every item inline, in one scratch buffer;
-        at more, only where every thread's scratch has one alignment (`scratch_aligned`). Elsewhere each row gets
-        a one-token step's own call."""
+        """Whether a pass's rows over t keys share one attention call: at one thread (one scratch buffer), or where
+        every thread's scratch has one alignment (`scratch_aligned`); else each row gets a step's own call."""
         if self.attention == "rows":
             return False
         return torch.get_num_threads() == 1 or scratch_aligned(t, self.w.n_heads // self.w.n_kv, self.w.head_dim)
 
     def _attend(self, q: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor, pos: int,
                 plan: list[tuple[int, int, int, torch.Tensor]] | None = None) -> torch.Tensor:
-        """q [n, H, D] at positions pos … pos+n-1 over the cache k_all/v_all [H_kv, T, D] -> [n, H·D].
-
-        Query heads are grouped by their KV head ([H_kv, H/H_kv, D]), so GQA needs no repeated keys.
-        With a `plan` (every pass up to ROWWISE_MAX rows) each row is a batch item over its padded keys, masked;
-        without one (a prefill) the rows share one causal call."""
+        """q [n, H, D] at positions pos … pos+n-1 over k_all/v_all [H_kv, T, D] -> [n, H·D]; heads grouped by KV
+        head (no repeated keys). With a `plan` each row is a batch item over its padded keys; without, one call."""
         w = self.w
         n, rep, scale, win = q.shape[0], w.n_heads // w.n_kv, w.head_dim ** -0.5, w.window
         if plan is not None:
@@ -278,9 +243,8 @@ class LeanLM(CachedModel):
 
     @torch.inference_mode()
     def check_attention(self, pos: int, k: int, seed: int = 0) -> dict[str, Any]:
-        """This forward's attention alone, bitwise: a k-row pass at positions pos … pos+k-1 against k one-token
-        steps, with random queries over random keys and values laid out in this LM's own cache (layer 0, which
-        it overwrites: a scratch LM). One record as `exactness.pass_vs_steps` gives."""
+        """This forward's attention alone, bitwise: a k-row pass at pos … pos+k-1 against k steps, random queries,
+        keys and values in this LM's layer-0 cache (overwritten: a scratch LM); a record as `pass_vs_steps`."""
         w, g = self.w, torch.Generator().manual_seed(seed)
         self._grow(key_len(pos + k, self.key_pad) + 1)
         k_all, v_all = self.kv[0, 0], self.kv[0, 1]  # [H_kv, T, D] each
@@ -296,8 +260,7 @@ class LeanLM(CachedModel):
 
     def _forward(self, tokens: torch.Tensor, pos: int, keep: int, plan: list | None = None,
                  positions: torch.Tensor | None = None) -> torch.Tensor:
-        """tokens [n] written to cache slots pos … pos+n-1 -> logits of the last `keep` [keep, V] fp32. Their
-        positions are the slots, or `positions` [n] for tree rows (with their `plan`)."""
+        """tokens [n] into slots pos … pos+n-1 -> last `keep` logits [keep, V] fp32 (tree rows: `positions`, `plan`)."""
         w, n = self.w, tokens.shape[0]
         if plan is None and n <= ROWWISE_MAX:
             plan = self._plans.get((pos, n))

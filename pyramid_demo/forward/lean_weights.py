@@ -1,12 +1,6 @@
-"""A loaded model's weights as the lean forward (`forward.lean`) reads them: fused linears, built once per model.
-
-Why its own module: preparing the weights is apart from running them. Here: which models the lean forward
-covers (`supports_lean`), q/k/v and gate/up joined into one linear each (`_linear`: plain linears concatenated
-once, their own weights then views of the joined one; packed ones where the joined shape stays batch-invariant,
-quantized ones by their own `fuse`, the parts then columns of the fused layer), so every weight is resident once,
-and a cache per model object, rebuilt when a cast, re-pack or swapped layer changes them (`lean_weights`). The
-engine's `LeanLM` and training's batched forward (`training/lean_batch.py`) share what is built here.
-"""
+"""A loaded model's weights as the lean forward reads them: q/k/v and gate/up joined into one linear each (every
+weight resident once), built once per model object and rebuilt when a cast, re-pack or swapped layer changes them.
+Shared by `LeanLM` and training's batched forward."""
 from __future__ import annotations
 
 import threading
@@ -50,10 +44,8 @@ class Concat:
 
 
 def _linear(mods: list[Any]) -> Linear:
-    """One callable giving cat([m(x) for m in mods], -1), holding no weight of its own. Plain `nn.Linear`s are
-    fused into one weight (one GEMV reads them all) whose rows their own weights then are (views); layers whose
-    weight only their kernel reads (`packed.Fusable`: oneDNN-packed, int4, fp16) are fused by their kind and become
-    columns of the fused layer (`packed.join`); anything else is called as it is."""
+    """One callable giving cat([m(x) for m in mods], -1), holding no weight of its own: plain linears fused into one
+    weight their own are views of; `Fusable` ones fused by their kind (`packed.join`); anything else called as is."""
     if all(type(m) is torch.nn.Linear for m in mods) and _same_kind(mods):
         if len(mods) == 1:
             b = mods[0].bias
@@ -79,8 +71,7 @@ def _same_kind(mods: list[torch.nn.Linear]) -> bool:
 
 
 def _fuse_dense(mods: list[torch.nn.Linear]) -> Dense:
-    """The parts' weights as one tensor [sum out, in] (and biases [sum out]): the view they already are parts of
-    when an earlier build fused them, else a concatenation their own weights are then pointed into."""
+    """The parts' weights as one tensor [sum out, in]: an earlier build's view, else a concatenation re-pointed."""
     w = _adjacent([m.weight.detach() for m in mods])
     if w is None:
         w = torch.cat([m.weight.detach() for m in mods])  # [sum out, in]: the one copy
@@ -117,10 +108,7 @@ def _repoint(params: list[Any], mods: list[torch.nn.Linear], fused: torch.Tensor
 
 
 def _fuse_packed(mods: list[Any]) -> PackedLinear | None:
-    """Several packed linears over one input as one packed linear (one oneDNN call instead of several: on a CPU
-    a small call costs mostly its fixed overhead). Only when the fused shape is batch-invariant with the same
-    padding, so a k-token pass still equals k one-token steps; else None (called one by one). The parts are
-    left as they are (`_linear` joins them)."""
+    """Several packed linears as one oneDNN call where the fused shape stays batch-invariant; else None."""
     if len(mods) < 2 or not all(isinstance(m, PackedLinear) for m in mods):
         return None
     w = torch.cat([m.dense() for m in mods])  # [sum out, in]
@@ -160,8 +148,7 @@ class LeanWeights:
 
 
 def supports_lean(model: Any) -> bool:
-    """Whether the lean forward covers this model: a Llama/Qwen2/Mistral causal LM whole on the CPU,
-    SiLU MLP, a static RoPE, full attention (Mistral's single sliding window is handled)."""
+    """Whether the lean forward covers this model: Llama/Qwen2/Mistral wholly on the CPU, SiLU, static RoPE."""
     if type(model).__name__ not in ARCHITECTURES:
         return False
     cfg = model.config
@@ -185,9 +172,7 @@ def supports_lean(model: Any) -> bool:
 
 
 def _tensor_id(m: torch.nn.Module) -> tuple:
-    """A module's own weight as (dtype, address): a cast moves it; a packed oneDNN or fbgemm weight has no address,
-    so its identity stands in (the module itself is in the signature, so it stays alive); a fused layer's part,
-    by its whole and columns."""
+    """A module's own weight as (dtype, address); a packed one by identity; a joined part by whole and columns."""
     whole = getattr(m, "part_of", None)
     if whole is not None:
         return ("part", id(whole), m.cols)
@@ -199,16 +184,14 @@ def _tensor_id(m: torch.nn.Module) -> tuple:
 
 
 def _signature(model: Any) -> tuple:
-    """What the built weights depend on: a cast, a re-pack or a swapped layer builds them anew. Every module
-    with a weight of its own counts, by identity (a new `PackedLinear` has no `.weight` to tell it apart)."""
+    """What the built weights depend on: every module with a weight of its own, by identity."""
     emb = model.get_input_embeddings().weight
     own = tuple((m, *_tensor_id(m)) for m in model.modules() if _tensor_id(m))
     return (emb.data_ptr(), emb.dtype, len(model.model.layers), own)
 
 
 def _build(model: Any) -> LeanWeights:
-    """The lean weights; fusing re-points the model's own linears at the fused tensors (never inference tensors:
-    the model's parameters are trained and updated in place outside inference mode)."""
+    """The lean weights, built outside inference mode: fusing re-points the model's (trainable) parameters."""
     with torch.inference_mode(False), torch.no_grad():
         return _build_now(model)
 
@@ -240,8 +223,7 @@ _LOCK = threading.Lock()
 
 
 def lean_weights(model: Any) -> LeanWeights:
-    """The model's lean weights, built on first use and kept while the model lives (runs share them). The signature
-    is taken after a build, which re-points fused parts; a stale build is dropped first (its tensors freed)."""
+    """The model's lean weights, kept while it lives; signed after a build (which re-points parts)."""
     with _LOCK:
         hit = _WEIGHTS.get(model)
         if hit is None or hit[0] != _signature(model):

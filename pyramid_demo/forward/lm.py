@@ -1,8 +1,4 @@
-"""The small model interface the engine drives: feed new tokens through a KV cache, crop it.
-
-Weights are shared between runs and users; the cache is not: every run builds fresh
-`CachedLM`s over the loaded models, so concurrent users never share cache state.
-"""
+"""The model interface the engine drives; weights are shared between runs, caches never (fresh per run)."""
 from __future__ import annotations
 
 import inspect
@@ -14,13 +10,11 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from .backend import backend_flags
-from .cache import CachedModel, TargetStates
+from .cache import CachedModel, TargetStates, tree_seen
 
 
 class LM(Protocol):
-    """What the engine needs from a model: a cache that knows where it ends, fed from a sequence it checks, cut
-    back after a rejection, and a tree's accepted path kept. Every implementation is a `cache.CachedModel` (one
-    bookkeeping); the type check holds them to this."""
+    """What the engine needs from a model (every implementation is a `cache.CachedModel`)."""
 
     role: str
     ids: list[int]  # tokens whose keys/values are in the cache, in order
@@ -82,20 +76,15 @@ def _sync(device: torch.device) -> None:
 
 
 def full_window_cache(config: Any) -> DynamicCache:
-    """HF's cache for `config`, but every sliding-window (or chunked) layer keeps all its positions.
-
-    Why: HF's sliding layer drops keys past the window and then cannot be cropped (DynamicCache.crop raises
-    once a sequence is past it), yet speculative decoding rolls back after every rejection. A full layer
-    crops exactly; the window itself stays in the attention mask, which the model builds from its config
-    (positions, not cache size), so the logits are the same. The cost: the cache grows with the sequence."""
+    """HF's cache for `config` with every sliding-window layer keeping all positions: a sliding layer cannot be
+    cropped, yet SD rolls back; the window stays in the mask (built from positions), so the logits are the same."""
     cache = DynamicCache(config=config)
     cache.layers = [DynamicLayer() if isinstance(layer, DynamicSlidingWindowLayer) else layer for layer in cache.layers]
     return cache
 
 
 def _hf_takes_trees(config: Any, cache: Any) -> bool:
-    """HF's forward takes a tree as a custom 4-D mask, except under row-wise attention (which ignores masks:
-    `forward.attention`) and caches that are not plain key/value lists (sliding windows, quantised caches)."""
+    """HF's forward takes a tree as a 4-D mask, except under row-wise attention or a cache of other layers."""
     impl = getattr(config, "_attn_implementation", "sdpa")
     return impl != "rowwise" and all(type(layer).__name__ == "DynamicLayer"
                                      for layer in getattr(cache, "layers", [None]))
@@ -108,8 +97,7 @@ class CachedLM(CachedModel):
         super().__init__(role)
         self.model: Any = model  # a Hugging Face causal LM (duck-typed)
         self.vocab_size, self.backend = vocab_size, backend
-        # inputs go to the token embedding's device (a model spread over devices by accelerate
-        # moves activations itself; logits come back to the CPU in `_run`)
+        # inputs go to the token embedding's device (accelerate moves activations of a spread model)
         m = self.model
         emb = m.get_input_embeddings() if hasattr(m, "get_input_embeddings") else None
         self.device = emb.weight.device if emb is not None else next(m.parameters()).device
@@ -147,21 +135,12 @@ class CachedLM(CachedModel):
 
     @torch.inference_mode()
     def _run_tree(self, rows: list[tuple[int, int, int]], base: int, pos: int) -> torch.Tensor:
-        """Tree rows through HF's forward: position ids per row and a custom 4-D mask (the cache, each row's
-        ancestors and itself), which transformers uses as given."""
+        """Tree rows through HF's forward: position ids per row and a custom 4-D mask (`tree_seen`)."""
         if not self.trees:
             return super()._run_tree(rows, base, pos)
-        new = rows[base:]
-        n, total = len(new), pos + len(rows)
-        seen = torch.zeros(n, total, dtype=torch.bool)
-        seen[:, :pos] = True
-        for i in range(n):
-            k = base + i
-            while k >= 0:
-                seen[i, pos + k] = True
-                k = rows[k][1]
+        new, seen = rows[base:], tree_seen(rows, base, pos)  # [n, total]
         dtype = self.model.get_input_embeddings().weight.dtype
-        mask = torch.zeros(1, 1, n, total, dtype=dtype).masked_fill_(~seen[None, None], torch.finfo(dtype).min)
+        mask = torch.zeros(1, 1, *seen.shape, dtype=dtype).masked_fill_(~seen[None, None], torch.finfo(dtype).min)
         x = torch.tensor([[r[0] for r in new]], dtype=torch.long, device=self.device)
         at = torch.tensor([[r[2] for r in new]], dtype=torch.long, device=self.device)
         kw = {self.cache_kw: self.cache, "attention_mask": mask.to(self.device), "position_ids": at}
@@ -189,8 +168,7 @@ PATHS = ("hf", "lean")
 
 
 def _lm_class(model: torch.nn.Module, path: str) -> type[CachedModel]:
-    """Which forward a run uses over `model`: the feature draft's own, the lean one where `path` asks for it and
-    the architecture is covered (`lean_weights.supports_lean`), else HF's (`CachedLM`)."""
+    """Which forward a run uses: the feature draft's, the lean (or compiled) one where asked and covered, else HF's."""
     if path not in PATHS:
         raise ValueError(f"unknown forward path {path!r}; choose one of {', '.join(PATHS)}")
     if getattr(model, "reads_target", False):  # a proposer that reads the target's states (EAGLE-style)
@@ -205,14 +183,11 @@ def _lm_class(model: torch.nn.Module, path: str) -> type[CachedModel]:
         if runner_of(model) is not None:  # its compiled pass is loaded (`models.kernels.choose_compiled`)
             return CompiledLM
         if supports_lean(model):
-            # padded attention: one SDPA call per layer for a whole pass, still equal to one-token steps
-            # (the probe checks exactly this forward)
             return LeanLM
     return CachedLM
 
 
-def open_lm(model: torch.nn.Module, vocab_size: int, role: str, backend: str = "default",
-            path: str = "hf") -> LM:
+def open_lm(model: torch.nn.Module, vocab_size: int, role: str, backend: str = "default", path: str = "hf") -> LM:
     """A fresh per-run LM over a loaded model (`_lm_class` says which forward)."""
     cls: Any = _lm_class(model, path)
     if getattr(model, "reads_target", False):
@@ -221,8 +196,7 @@ def open_lm(model: torch.nn.Module, vocab_size: int, role: str, backend: str = "
 
 
 def model_takes_trees(model: torch.nn.Module, path: str = "hf") -> bool:
-    """Whether the LM `open_lm` would build over `model` takes a tree of candidates: known before a run, without
-    building one (the shape is chosen, or a tree refused, before any work)."""
+    """Whether the LM `open_lm` would build over `model` takes a tree of candidates, known before a run."""
     cls = _lm_class(model, path)
     if cls is CachedLM:
         return _hf_takes_trees(model.config, full_window_cache(model.config))

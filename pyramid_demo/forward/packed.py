@@ -1,17 +1,7 @@
-"""Linear layers with weights packed once for oneDNN (AMX / AVX-512 BF16 on x86 CPUs).
+"""Linear layers with weights packed once for oneDNN (AMX / AVX-512 BF16), so a k-token pass reads the weights once.
 
-A plain bf16 `linear` on a CPU either re-packs its weight for oneDNN on every call (oneDNN on)
-or, with oneDNN off, streams the weight once per input row, so a 5-token verification pass
-reads every weight five times. Packing each weight once at load time, as torch.compile's CPU
-backend does, lets a k-token pass read the weights once: verification then costs about what a
-one-token step costs, which is what speculative decoding needs from its target.
-
-Exactness: oneDNN picks its kernel by row count, and on some CPUs a one-row call rounds
-differently from a multi-row one (measured: the MLP down projection, 1536→576, on a CPU without
-AMX). SD at temperature 0 then drifts from AR. Padding every call to `min_rows` rows, the smallest
-count from which rows are invariant on this machine (`invariant_pad` measures it), makes a k-token
-pass compute each row as a one-token step does; the padding costs little while a step is bound by
-reading the weights.
+Exactness: oneDNN picks its kernel by row count, and a one-row call may round differently from a multi-row one;
+padding every call to `min_rows` (the smallest invariant count here, `invariant_pad`) makes a pass equal steps.
 """
 from __future__ import annotations
 
@@ -24,11 +14,8 @@ PADS = (1, 2, 4, 8)  # row counts `invariant_pad` tries, smallest first
 
 
 class Fusable(torch.nn.Module):
-    """A linear whose weight only its own kernel reads (oneDNN-packed, int4 groups, fbgemm fp16), so it cannot be a
-    view of a fused weight. Fused with its siblings over one input (the lean forward's q/k/v, gate/up), it becomes
-    columns of the fused layer (`join`): it drops its own weight, registers the fused layer as its child `whole` (so
-    the model's modules and buffers show every resident byte once) and computes through it. HF's forward still
-    calls it as before; the lean forward calls the whole once."""
+    """A linear whose weight only its own kernel reads (oneDNN, int4, fp16). Joined to its fused siblings it drops its
+    weight and computes through its child `whole` (every resident byte shown once); the lean forward calls the whole."""
 
     in_features: int
     out_features: int
@@ -83,8 +70,7 @@ def joined_whole(parts: Sequence[torch.nn.Module]) -> torch.nn.Module | None:
 
 
 class PackedLinear(Fusable):
-    """y = x·Wᵀ + b through oneDNN with W packed once; calls of fewer than `min_rows` rows are
-    padded with zero rows (and the padding dropped), so every call runs a kernel for ≥ min_rows."""
+    """y = x·Wᵀ + b through oneDNN with W packed once; calls of fewer than `min_rows` rows are zero-padded."""
 
     def __init__(self, linear: torch.nn.Linear | torch.Tensor, min_rows: int = 1, bias: torch.Tensor | None = None):
         """From a linear, or from its weight [out, in] and bias [out] (no throwaway `nn.Linear` to build)."""
@@ -113,8 +99,7 @@ class PackedLinear(Fusable):
         return self.in_features * self.out_features * cast(torch.Tensor, self.packed).element_size()
 
     def __deepcopy__(self, memo: dict) -> torch.nn.Linear:
-        """A copy is a plain linear over the dense weight: oneDNN's packed tensor cannot be copied, and a model is
-        copied to be cast or quantized (a probe's candidate dtype, a quantized copy), which re-packs as needed."""
+        """A plain linear over the dense weight (a packed tensor cannot be copied; a copy is cast or quantized)."""
         w = self.dense()  # [out, in]
         lin = torch.nn.Linear(self.in_features, self.out_features, bias=self.bias is not None, dtype=w.dtype,
                               device="meta")  # no init: the weight is set next
@@ -164,8 +149,7 @@ Swap = tuple[torch.nn.Module, str, torch.nn.Module]  # (parent, child's name, th
 
 def swap_linears(models: Iterable[torch.nn.Module],
                  make: Callable[[torch.nn.Linear], torch.nn.Module | None]) -> list[Swap]:
-    """Replace every plain `nn.Linear` in `models` for which `make` returns a module; a layer shared between
-    models or parents is made once. Returns what was replaced, which `restore` puts back."""
+    """Replace every plain `nn.Linear` for which `make` returns a module (a shared one once); `restore` undoes it."""
     made: dict[int, torch.nn.Module | None] = {}
     out: list[Swap] = []
     for model in models:
@@ -189,8 +173,7 @@ def restore(swaps: list[Swap]) -> None:
 
 
 def pack_linears(models: list[torch.nn.Module], min_rows: int = 1) -> int:
-    """Swap every CPU bf16 `nn.Linear` in `models` for a `PackedLinear` padding to `min_rows` (a layer
-    shared between models is packed once); returns how many were packed. Inference only."""
+    """Swap every CPU bf16 `nn.Linear` for a `PackedLinear` padding to `min_rows`; returns how many."""
     def make(lin: torch.nn.Linear) -> PackedLinear | None:
         bf16 = lin.weight.dtype == torch.bfloat16 and lin.weight.device.type == "cpu"
         return PackedLinear(lin, min_rows) if bf16 else None
@@ -210,9 +193,8 @@ def rows_invariant(linear: torch.nn.Module, max_rows: int, seed: int = 0) -> boo
 
 def invariant_pad(linears: Sequence[torch.nn.Linear], max_rows: int, pads: Sequence[int] = PADS,
                   pack=PackedLinear) -> int | None:
-    """The smallest padding from `pads` under which every linear's packed rows are batch-invariant up to
-    `max_rows` rows; None if none is. One linear per distinct (in, out, bias) shape is checked: the
-    kernel oneDNN picks depends on the shapes, not the values."""
+    """The smallest padding in `pads` making every linear's packed rows batch-invariant up to `max_rows`, or None;
+    one linear per (in, out, bias) shape is checked (oneDNN's kernel depends on shapes only)."""
     shapes: dict[tuple, torch.nn.Linear] = {}
     for lin in linears:
         shapes.setdefault((lin.in_features, lin.out_features, lin.bias is not None), lin)

@@ -1,10 +1,6 @@
-"""A draft that reads the target (EAGLE-1 style): one decoder layer over `fc([f_{i-1} ; E(x_i)])`.
-
-The target's final normed state already holds most of its next token, so a head reading it predicts the target
-far better than a small independent draft at the same cost (arXiv 2401.15077). Row i holds x_i and the target's
-state at i-1 and predicts a normed state f̂_i; logits are the target's head rows for a token subset (−inf
-elsewhere). Embedding, norm and head are the target's (never saved); only fc and the layer are trained.
-`passes` (training only) is EAGLE-3's training-time test. Details: docs/how-it-works.md."""
+"""A draft that reads the target (EAGLE-1 style, arXiv 2401.15077): one decoder layer over `fc([f_{i-1} ; E(x_i)])`
+predicting the normed state f̂_i, scored by the target's head rows for a token subset. Only fc and the layer are
+trained (and saved); see docs/how-it-works.md."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -40,8 +36,7 @@ class FeatureDraft(nn.Module):
         self.head_dim, self.eps, self.d = d // self.n_heads, float(cfg.rms_norm_eps), d
         src = inner.layers[init_layer]
         dt = inner.norm.weight.dtype
-        # fc as bare parameters (no nn.Linear: the loader's linear packing must leave the proposer alone);
-        # it starts as "the token's embedding passes through, the state adds a little"
+        # fc as bare parameters (the loader's linear packing leaves them alone): the embedding passes, the state adds
         eye = torch.eye(d, dtype=dt)
         self.fc_w = nn.Parameter(torch.cat((0.1 * eye, eye), 1))  # [d, 2d]: [state ; embedding] -> d
         self.fc_b = nn.Parameter(torch.zeros(d, dtype=dt))
@@ -69,16 +64,8 @@ class FeatureDraft(nn.Module):
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
     def use_fp16(self, on: bool = True) -> None:
-        """Run inference through fbgemm's fp16 weights (half the bytes a step reads; training is unaffected):
-        the fused [q; k; v] and [gate; up], fc, o, down and the head, packed once from the current weights."""
-        from .quant import Fp16Linear
-
-        def fp16(w: torch.Tensor, b: torch.Tensor | None = None) -> Fp16Linear:
-            lin = nn.Linear(w.shape[1], w.shape[0], bias=b is not None)
-            lin.weight.data = w.detach().float()
-            if b is not None:
-                lin.bias.data = b.detach().float()
-            return Fp16Linear(lin)
+        """Run inference through fbgemm's fp16 weights packed once from the current ones (training is unaffected)."""
+        from .quant import Fp16Linear as fp16
 
         qkv, gate_up = self.joint_weights()
         self._fast = {"fc": fp16(self.fc_w, self.fc_b), "qkv": fp16(qkv), "o": fp16(self.o),
@@ -96,8 +83,7 @@ class FeatureDraft(nn.Module):
         return self._lin("fc", torch.cat((f_prev, F.embedding(tokens, self.embed)), -1), self.fc_w, self.fc_b)
 
     def joint_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """[q; k; v] and [gate; up] as one weight each, for calls without gradients (on a CPU a one-token step
-        pays per call); rebuilt whenever a weight's version changed."""
+        """[q; k; v] and [gate; up] as one weight each for calls without gradients, rebuilt when a weight changes."""
         parts = (self.q, self.k, self.v, self.gate, self.up)
         key = tuple((p.data_ptr(), p._version) for p in parts)
         if getattr(self, "_fused_key", None) != key:
@@ -195,8 +181,7 @@ def weight_path(weights_dir: str | Path | None = None) -> Path:
 
 
 def subset_path(weights_dir: str | Path | None = None) -> Path:
-    """The ranked token subset the draft's head computes (FR-Spec, arXiv 2502.14856): the chat template's
-    special ids first, then the tokens the target writes most often (`python -m training draft-feature vocab`)."""
+    """The ranked token subset the draft's head computes (FR-Spec, arXiv 2502.14856; `python -m training`)."""
     return Path(weights_dir or WEIGHTS_DIR) / "vocab.safetensors"
 
 

@@ -1,11 +1,6 @@
-"""Load a draft / qualifier / target family once per process and hand it to the engine.
-
-A spec is a preset name (see `presets`) or "draft,qualifier,target" where each part is
-a Hub id, a local folder or a .gguf file. Loaded triplets are cached in-process, keyed by
-(spec, device, dtype): weights are read-only at inference, so every run and every user
-shares them. Every failure a user can cause or fix (no network, wrong id, gated repo,
-incompatible tokenizers, missing wheel) raises `LoadError` with a one-paragraph message
-that the CLI and app show as is.
+"""Load a draft / qualifier / target family once per process (a preset, or "draft,qualifier,target" of Hub ids,
+folders or .gguf files), shared by every run and user. Every failure a user can cause or fix raises `LoadError`
+with a message the CLI and app show as is.
 """
 from __future__ import annotations
 
@@ -76,8 +71,7 @@ def pick_device(device: str | None = None) -> torch.device:
 
 
 def pick_dtype(device: torch.device, dtype: str | torch.dtype | None = None) -> torch.dtype:
-    """The requested dtype, or the device's default: bf16 on CUDA (fp16 on GPUs without
-    bf16), fp16 on MPS (its bf16 support depends on the macOS version), fp32 on CPU."""
+    """The requested dtype, or the device's default: bf16 on CUDA (else fp16), fp16 on MPS, fp32 on CPU."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype in (None, "", "auto"):
@@ -94,13 +88,9 @@ def pick_dtype(device: torch.device, dtype: str | torch.dtype | None = None) -> 
 def load_triplet(spec: str, device: str | None = None, dtype: str | None = None, *,
                  device_map: str | None = None, quantize: str | None = None,
                  max_len: int | None = None, backend: str | None = None) -> ModelTriplet:
-    """Load (once per process) the family named by `spec` on `device` in `dtype`.
-
-    `dtype` None/"auto": on a CPU, the dtype and backend a cached probe found fastest (see `probe`);
-    `backend` ("onednn"/"no-onednn"/"default") overrides the probe's. `device_map="auto"` lets accelerate
-    spread each model over the GPUs and CPU RAM; `quantize` ("8bit"/"4bit") needs bitsandbytes (see
-    `placement`). Before loading, the memory estimate for `max_len` tokens is checked against what is
-    free (see `memory`). A second call with the same arguments returns the same object without loading."""
+    """Load (once per process) the family `spec` on `device`; `dtype` auto: on a CPU the cached probe's choice
+    (`backend` overrides its backend). `device_map`, `quantize`: see `placement`; the memory estimate for `max_len`
+    tokens is checked first. The same arguments return the same object."""
     from . import probe
 
     dev = pick_device(device)
@@ -144,8 +134,7 @@ def load_triplet(spec: str, device: str | None = None, dtype: str | None = None,
 
 def _load_base(spec: str, dev: torch.device, dt: torch.dtype, place: Placement, max_len: int | None,
                packed: bool = False, pad_rows: int = 0) -> ModelTriplet:
-    """Load once per key; `packed`: a separate copy whose linear layers are packed for oneDNN (`forward.packed`),
-    every call padded to `pad_rows` rows (0: the padding this CPU needs, measured now)."""
+    """Load once per key; `packed`: a copy with oneDNN-packed linears padded to `pad_rows` (0: measured now)."""
     preset, refs = parse_spec(spec)
     if preset is not None and not preset.hub and place.quantize:
         raise LoadError(f"--quantize is for Hub and custom families; {preset.name} is small enough as it is.")
@@ -178,16 +167,14 @@ def _load_base(spec: str, dev: torch.device, dt: torch.dtype, place: Placement, 
 
 
 def exact_passes(triplet: ModelTriplet) -> str:
-    """Row-wise attention for every model (see `forward.attention`): in 16-bit on a CPU it makes a
-    verification pass compute each position as a one-token step does, so SD at T=0 stays AR's text."""
+    """Row-wise attention for every model (`forward.attention`): in 16-bit on a CPU, SD at T=0 stays AR's text."""
     models = {id(m): m for m in (triplet.draft, triplet.qualifier, triplet.target)}.values()
     return "rowwise" if all([use_rowwise(m) for m in models]) else "sdpa"
 
 
 def estimate(spec: str, dtype: torch.dtype = torch.float32, max_len: int | None = None,
              quantize: str | None = None, online: bool = True) -> Estimate:
-    """The memory `spec` needs, from configs only (see `memory`); `online`: a Hub config.json may be
-    fetched when the Hub answers. Never raises: what cannot be read is reported as unknown."""
+    """The memory `spec` needs, from configs only (`online`: the Hub may be asked); never raises."""
     try:
         preset, refs = parse_spec(spec)
         fetch = (lambda: not hub_offline() and hub_reachable()) if online else None
@@ -203,13 +190,6 @@ def loaded_kernels(spec: str) -> str:
     norm = preset.name if preset else ",".join(refs)
     with _LOCK:
         return next((t.kernels for k, t in _CACHE.items() if k[0] == norm and t.kernels), "")
-
-
-def clear_cache() -> None:
-    """Forget every loaded triplet (their memory is freed once no run holds them)."""
-    with _LOCK:
-        _CACHE.clear()
-        _VIEWS.clear()
 
 
 def parse_spec(spec: str) -> tuple[Preset | None, tuple[str, str, str]]:
@@ -234,8 +214,7 @@ def parse_spec(spec: str) -> tuple[Preset | None, tuple[str, str, str]]:
 
 
 def _normalise_ref(ref: str, target: str | None = None) -> str:
-    """A reference as the loader keys it: a path resolved; 'X@int4' with X normalised and 'target@int4'
-    naming the family's target (`quant.parse_quant`)."""
+    """A reference as the loader keys it: a path resolved, 'X@int4' normalised, 'target@int4' the family's target."""
     base, group = parse_quant(ref)
     if group is not None:
         return quant_name(target if base == "target" and target else _normalise_ref(base), group)
@@ -254,8 +233,7 @@ def _load(preset: Preset | None, refs: tuple[str, str, str], dev: torch.device, 
 
         t = tiny_random_triplet()
         models = {id(m): finish(m.to(device=dev, dtype=dt), dev) for m in (t.draft, t.qualifier, t.target)}
-        return replace(t, draft=models[id(t.draft)], qualifier=models[id(t.qualifier)],
-                       target=models[id(t.target)])
+        return replace(t, draft=models[id(t.draft)], qualifier=models[id(t.qualifier)], target=models[id(t.target)])
     if preset is not None and preset.name == "smollm2-offline":
         from .offline import load_offline_family, target_source
 
@@ -266,8 +244,7 @@ def _load(preset: Preset | None, refs: tuple[str, str, str], dev: torch.device, 
 # ---------------------------------------------------------------- custom and Hub families
 def _load_refs(preset: Preset | None, refs: tuple[str, str, str], dev: torch.device, dt: torch.dtype,
                place: Placement = Placement()) -> ModelTriplet:
-    """Tokenizers first (cheap, and where an offline or wrong id fails fast), the
-    tokenizer checks, then the weights, each distinct reference loaded once."""
+    """Tokenizers first (an offline or wrong id fails fast), their checks, then each distinct reference's weights."""
     bases = {r: parse_quant(r)[0] for r in refs}  # a quantized copy loads its source, then quantizes it
     unique = list(dict.fromkeys(bases.values()))
     tok_of = {r: _load_tokenizer(r) for r in unique}

@@ -222,9 +222,8 @@ def int4_size(role: str, ref: str, cfg: Any, dt: torch.dtype, group: int) -> Mod
 
 
 def _feature_draft_size(cfg: Any, dt: torch.dtype, quantize: str | None) -> ModelSize:
-    """The offline feature draft: its trained tensors (from the file's header), its head rows for its subset,
-    the joined copies it steps with and fp16 forms where this CPU runs those; it caches one layer's keys and
-    values plus two states per token."""
+    """The offline feature draft: its trained tensors (from the file's header), head rows, joined and fp16 copies;
+    it caches one layer's keys and values plus two states per token."""
     from safetensors import safe_open
 
     from . import feature_draft

@@ -1,12 +1,7 @@
-"""A quantized copy of a model as a family member: int4 weight-only linears through torch's own kernel.
-
-Why: a proposer that IS the target, in 4-bit weights, agrees with the target far more often than any small
-model, and on a CPU it reads a quarter of the bytes. The copy shares the tokenizer by construction, is built
-at load time from the loaded weights (seconds), never downloaded. As in gpt-fast, every `nn.Linear` becomes
-an `Int4Linear`: codes in [0, 15] per group of `group` input columns, one bf16 scale and zero per group,
-computed by `aten._weight_int4pack_mm_for_cpu` (CPU) or `aten._weight_int4pack_mm` (CUDA), bf16 activations.
-Min/max group quantization recovers a Q4_1 GGUF's own 4-bit codes wherever a block spans its full range, so
-a copy of the bundled target holds the file's weights and differs from it only in arithmetic.
+"""A quantized copy of a model as a family member ('X@int4'): the target in 4-bit weights agrees with it far more
+often than a small model and reads a quarter of the bytes. Built at load time; as in gpt-fast, every `nn.Linear`
+becomes an `Int4Linear` (torch's int4 kernels, one bf16 scale and zero per group). Min/max groups recover a Q4_1
+GGUF's own codes, so a copy of the bundled target holds the file's weights.
 """
 from __future__ import annotations
 
@@ -46,9 +41,7 @@ def quant_name(ref: str, group: int) -> str:
 
 def quantize_groups(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Min/max quantization per row and group: codes [N, K] int32 in [0, 15], scales and zeros [N, K/group] bf16,
-    such that w ≈ (code − 8)·scale + zero (gpt-fast's convention, which torch's kernels read). The scales and zeros
-    are rounded to bf16 first, as the kernel reads them, and each code is the nearest under those: codes computed
-    against fp32 qparams and then paired with rounded ones would shift every group."""
+    w ≈ (code − 8)·scale + zero (gpt-fast's convention); codes are nearest under the bf16-rounded qparams."""
     n, k = w.shape
     g = w.float().reshape(-1, group)  # [N·K/group, group]
     lo, hi = g.amin(1, keepdim=True), g.amax(1, keepdim=True)
@@ -111,17 +104,14 @@ class Int4Linear(Fusable):
         return self.packed.numel() * self.packed.element_size() + self.scales_zeros.numel() * 2
 
     def _release(self, whole: torch.nn.Module, a: int, b: int) -> None:
-        """Joined: its codes, scales and bias become views of the whole's (its rows a:b; the kernel cannot read the
-        strided scales, so it computes through the whole)."""
+        """Joined: its codes, scales and bias become views of the whole's rows a:b (it computes through the whole)."""
         self.packed, self.scales_zeros = whole.packed[a:b], whole.scales_zeros[:, a:b]
         self.bias = None if self.bias is None else whole.bias[a:b]
 
     @staticmethod
     def fuse(mods: list[Int4Linear]) -> Int4Linear | None:
-        """Several int4 linears over one input as one (one kernel call instead of several: on a CPU a small call
-        costs mostly its fixed overhead). The packed rows are concatenated as they are, which holds where every
-        part's output width is a multiple of the layout's row block (64 on the CPU); else None. The parts are left
-        as they are (the lean forward joins them: `packed.join`)."""
+        """Several int4 linears over one input as one kernel call: packed rows concatenated as they are, which holds
+        where every part's width is a multiple of the CPU layout's 64-row block; else None."""
         groups = {m.group for m in mods}
         if len(mods) < 2 or len(groups) > 1 or any(m.out_features % 64 for m in mods) \
                 or mods[0].packed.device.type != "cpu":
@@ -135,8 +125,7 @@ class Int4Linear(Fusable):
 
 
 class Fp16Linear(Fusable):
-    """y = x·Wᵀ + b with W in fp16 through fbgemm (CPU): a quarter of fp32's bytes at near-fp32 agreement,
-    for a copy's LM head, where 4-bit codes cost most of the agreement a quantized copy loses."""
+    """y = x·Wᵀ + b with W in fp16 through fbgemm (CPU): for a copy's LM head, where 4-bit codes cost most agreement."""
 
     def __init__(self, linear: torch.nn.Linear | torch.Tensor, bias: torch.Tensor | None = None):
         """From a linear, or from its weight [out, in] and bias [out] (no throwaway `nn.Linear` to build)."""
@@ -165,8 +154,7 @@ class Fp16Linear(Fusable):
 
     @staticmethod
     def fuse(mods: list[Fp16Linear]) -> Fp16Linear | None:
-        """Several fp16 linears over one input as one (one fbgemm call instead of several; the same sums); None
-        for a single layer (it is called as it is: no second copy). The parts are left as they are."""
+        """Several fp16 linears over one input as one fbgemm call (the same sums); None for a single layer."""
         if len(mods) < 2:
             return None
         parts = [m.unpacked() for m in mods]  # (weight [N, K], bias)
@@ -177,8 +165,7 @@ class Fp16Linear(Fusable):
         return Fp16Linear(w, bias)
 
     def exportable(self) -> torch.nn.Linear:
-        """fbgemm's op does not export: a compiled pass reads this layer's fp16 values as an fp32 linear, which
-        inductor packs for oneDNN (torch's int8 weight-only kernel measured slower on a few rows here)."""
+        """fbgemm's op does not export: a compiled pass reads this layer's fp16 values as an fp32 linear."""
         w, b = self.unpacked()
         lin = torch.nn.Linear(w.shape[1], w.shape[0], bias=b is not None, device="meta")
         lin.weight = torch.nn.Parameter(w.float(), requires_grad=False)
@@ -217,10 +204,8 @@ def refusal(model: torch.nn.Module, group: int) -> str | None:
 
 
 def int4_copy(model: Any, group: int = DEFAULT_GROUP, fmt: str = "int4") -> Any:
-    """A copy of `model` whose linears hold quantized weights: int4 groups, or fp16 weights (`fmt`) where those run
-    its forward faster on this CPU (`kernels.quantized_copy`). The LM head takes fp16 weights on a CPU with fbgemm
-    either way: a 4-bit head alone drops top-1 agreement with the target by several points. Embeddings and norms
-    are the model's own tensors, shared. Raises LoadError with `refusal`'s line."""
+    """A copy of `model` with int4 (or, `fmt`, fp16) linears, sharing embeddings and norms; the LM head is fp16 where
+    fbgemm runs (a 4-bit head alone costs several points of top-1 agreement). LoadError with `refusal`'s line."""
     why = refusal(model, group)
     if why:
         raise LoadError(why)

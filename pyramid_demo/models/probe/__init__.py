@@ -1,8 +1,5 @@
 """The dtype, CPU backend and forward for this machine, chosen by a probe of several seconds, and the family's
-cost profile, both cached as JSON: speed and exactness depend on the CPU, torch and the model.
-
-Modules: `machine`, `store`, `record` (the `Choice`), `build` (candidates), `search` (timing, exactness, pick),
-`policy` (which choice a load gets), `warm` (cost profile, warm-up). The pick: docs/how-it-works.md."""
+cost profile, both cached as JSON: speed and exactness depend on the CPU, torch and the model."""
 from __future__ import annotations
 
 from .build import CANDIDATES, candidate_model, candidates

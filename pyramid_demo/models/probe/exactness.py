@@ -11,8 +11,7 @@ from ...forward.lm import LM
 
 
 def pass_vs_steps(lm: LM, ids: list[int], context: int, ks: Sequence[int]) -> list[dict[str, Any]]:
-    """Prefill `context` tokens of `ids`, take max(ks) one-token steps, then for each k one k-token pass
-    from the same context; compare each pass's logits with the steps' at the same positions."""
+    """Prefill `context` tokens, take max(ks) one-token steps, then compare each k-token pass from there with them."""
     kmax = max(ks)
     seq = ids[: context + kmax]
     if len(seq) < context + kmax:
@@ -37,8 +36,7 @@ TREE_SHAPES = ((-1, 0, 1, 2), (-1, 0, 0, 0, 1, 1, 2, 4), (-1, 0, 0, 0, 0, 1, 1, 
 
 
 def tree_vs_steps(lm: LM, ids: list[int], context: int, parents: Sequence[int]) -> dict[str, Any]:
-    """Prefill `context` tokens, feed one tree whose rows are ids[context:], and compare each row's logits with
-    one-token steps along its path (after a truncation, on the same LM)."""
+    """Prefill `context` tokens, feed one tree of ids[context:], compare each row with steps along its path."""
     tokens = ids[context: context + len(parents)]
     lm.rollback(ids[:context])  # an LM an earlier check used: keep what it shares with these ids
     lm.feed(ids[:context], 1)
@@ -77,8 +75,7 @@ ATTENTION_AT = (0, 13, 47, 111, 300, 460)
 
 
 def attention_passes(lm: LM, ids: list[int], context: int, ks: Sequence[int]) -> list[dict[str, Any]]:
-    """The LM's attention alone (`LeanLM.check_attention`), a pass's call against one-token steps' calls, at far
-    more positions and lengths than full forwards could afford; None where the LM has no such check."""
+    """The LM's attention alone (`LeanLM.check_attention`) at far more positions than full forwards could afford."""
     check = getattr(lm, "check_attention", None)
     if check is None:
         return []
@@ -91,8 +88,7 @@ PASS_CHECKS: dict[str, PassCheck] = {"chain": pass_vs_steps, "tree": tree_passes
 
 
 def summarise(checks: list[dict[str, Any]], pad_rows: int = 1) -> dict[str, Any]:
-    """One record: exact only when every chain pass and every attention check matched bitwise; top1 when every
-    argmax matched. Tree passes and attention checks are summarised apart ("trees", "attention")."""
+    """One record: exact when every chain pass and attention check matched bitwise (trees summarised apart)."""
     trees = [c for c in checks if c.get("kind") == "tree"]
     att = [c for c in checks if c.get("kind") == "attention"]
     chain = [c for c in checks if c.get("kind") not in ("tree", "attention")]
@@ -112,12 +108,10 @@ def _tally(checks: list[dict[str, Any]]) -> dict[str, Any]:
 
 def check_model(open_lm: Callable[..., LM], vocab_size: int, plan: Sequence[tuple[int, Sequence[int]]],
                 pad_rows: int = 1, with_ids: bool = False, kinds: Sequence[str] = tuple(PASS_CHECKS)) -> dict[str, Any]:
-    """`summarise` over several contexts and every kind of pass: `plan` is [(context length, ks)], each on a
-    fresh LM over fixed pseudo-random ids. `with_ids`: `open_lm(ids)` gets the ids it will be checked on."""
+    """`summarise` over `plan` [(context, ks)], each on a fresh LM over fixed ids (`with_ids`: `open_lm(ids)`)."""
     checks: list[dict[str, Any]] = []
     for n, (context, ks) in enumerate(plan):
-        ids = [(7919 * (i + 131 * n) + 17 * n + 11) % max(2, vocab_size - 1) + 1
-               for i in range(context + max(ks))]
+        ids = [(7919 * (i + 131 * n) + 17 * n + 11) % max(2, vocab_size - 1) + 1 for i in range(context + max(ks))]
         for kind in kinds:
             check = PASS_CHECKS[kind]
             lm = open_lm(ids) if with_ids else open_lm()

@@ -34,8 +34,7 @@ ISA_FLAGS = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "a
 
 
 def cpu_flags() -> str:
-    """The CPU's instruction-set flags that torch's and oneDNN's kernels choose by, sorted (a VM of the same
-    model name may hide some of them, and then rounds differently)."""
+    """The CPU's sorted instruction-set flags the kernels choose by (a VM may hide some, and round differently)."""
     try:
         text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
     except OSError:

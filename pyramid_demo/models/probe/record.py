@@ -83,8 +83,7 @@ class Choice:
 
     @property
     def roles_text(self) -> str:
-        """The proposers whose passes were measured unequal to their one-token steps (the lossless claim rests on
-        the target's alone; a proposer's differences change only which tokens it proposes near ties)."""
+        """The proposers whose passes were measured unequal to their steps (the lossless claim rests on the target)."""
         off = [r for r, rec in self.roles.items() if r != "target" and not rec.get("exact")]
         return (f"; the {' and '.join(off)}'s passes differ from its one-token steps (its proposals may differ at "
                 "near-ties; the output's exactness rests on the target)") if off else ""
@@ -115,8 +114,7 @@ class Choice:
 
     @classmethod
     def from_entry(cls, entry: Any) -> Choice | None:
-        """A cached choice, or None where the entry is of an older format, lacks its exactness record, or was
-        measured under other numerics than this process runs; then the family is probed again."""
+        """A cached choice, or None (probe again) for an older format, no exactness record, or other numerics."""
         if not isinstance(entry, dict) or entry.get("format") != FORMAT or not entry.get("exactness"):
             return None
         if entry.get("backend") not in BACKEND_TEXT or entry.get("path") not in ("hf", "lean"):

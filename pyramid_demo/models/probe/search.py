@@ -1,5 +1,4 @@
-"""Time every candidate on the real target and check its exactness: the fastest exact one wins, else the
-fastest whose top-1 always matched."""
+"""Time every candidate on the real target and check exactness: the fastest exact wins, else the fastest top-1."""
 from __future__ import annotations
 
 import time
@@ -32,8 +31,7 @@ make_timer = measure.ForwardTimer  # tests replace this timer (the cost profile'
 
 
 def new_timer(*args: Any, **kw: Any) -> Any:
-    """A forward timer from `make_timer`, read at call time: a test's replacement reaches the cost profile
-    (`warm`) too, which imports this function, not the package."""
+    """A forward timer from `make_timer`, read at call time, so a test's replacement reaches `warm` too."""
     return make_timer(*args, **kw)
 
 
@@ -56,9 +54,8 @@ def reads_target(models: dict[str, Any]) -> bool:
 
 def role_opener(models: dict[str, Any], role: str, vocab_size: int, backend: str, path: str,
                 publish: bool | None = None) -> Callable[[list[int]], LM]:
-    """`role`'s LM opened as a run opens it, for `check_model(..., with_ids=True)`: the target hands out its
-    states when a proposer reads them (`publish`), which changes its forward; such a proposer gets the target's
-    states over the checked ids, as a run's target passes give them before it drafts."""
+    """`role`'s LM opened as a run opens it (`check_model(..., with_ids=True)`): the target publishing its states
+    when a proposer reads them, such a proposer given the target's states over the checked ids."""
     publish = reads_target(models) if publish is None else publish
 
     def open_for(ids: list[int]) -> LM:
@@ -74,10 +71,8 @@ def role_opener(models: dict[str, Any], role: str, vocab_size: int, backend: str
     return open_for
 
 
-def check_family(models: dict[str, Any], vocab_size: int, backend: str, path: str,
-                 plan: Any = None) -> dict[str, dict]:
-    """Every role's exactness record on the forward it runs in this family: the target's decides the lossless
-    claim; the proposers' say whether their passes equal their one-token steps."""
+def check_family(models: dict[str, Any], vocab_size: int, backend: str, path: str, plan: Any = None) -> dict[str, dict]:
+    """Every role's exactness record on the forward it runs (the target's decides the lossless claim)."""
     plan = EXACT_PLAN if plan is None else plan
     kinds = tuple(k for k in PASS_CHECKS if k != "tree")  # trees: on the target's chosen forward
     return {role: check_model(role_opener(models, role, vocab_size, backend, path), vocab_size, plan,
@@ -92,9 +87,8 @@ def check_triplet(triplet: Any) -> dict[str, dict]:
 
 
 def probe_target(target: torch.nn.Module, vocab_size: int, check_all: bool = False, publish: bool = False) -> Choice:
-    """Time each candidate (interleaved rounds, min over rounds, so a machine growing busy penalises all
-    alike), then check exactness from the fastest down until one is exact (`check_all`: every one), and `pick`.
-    `publish`: a proposer reads the target, so the forward that hands out its states is checked."""
+    """Time each candidate (interleaved rounds, min over rounds: a machine growing busy penalises all alike), check
+    exactness from the fastest down until one is exact (`check_all`: all), and `pick`."""
     t0 = time.perf_counter()
     runs, timers = {}, {}
     lean = supports_lean(target)
@@ -116,8 +110,7 @@ def probe_target(target: torch.nn.Module, vocab_size: int, check_all: bool = Fal
         if path == "lean":
             choose_attention(model, vocab_size, backend, publish)
         opener = role_opener({"target": model}, "target", vocab_size, backend, path, publish)
-        records[c] = check_model(opener, vocab_size, EXACT_PLAN, pad, with_ids=True,
-                                           kinds=("attention", "chain"))
+        records[c] = check_model(opener, vocab_size, EXACT_PLAN, pad, with_ids=True, kinds=("attention", "chain"))
         records[c]["lean_attention"] = attention_of(model) if path == "lean" else None
         if records[c]["exact"] and not check_all:
             break
@@ -137,8 +130,7 @@ def probe_target(target: torch.nn.Module, vocab_size: int, check_all: bool = Fal
 
 
 def choose_attention(model: torch.nn.Module, vocab_size: int, backend: str, publish: bool = False) -> str:
-    """The lean attention for `model` at this thread count, set on it: "auto" where its batched attention is
-    bitwise one-token steps' here, else "rows" (batch-invariant by construction)."""
+    """Set and return `model`'s lean attention at this thread count: "auto" where bitwise steps' here, else "rows"."""
     set_attention(model, "auto")
     opener = role_opener({"target": model}, "target", vocab_size, backend, "lean", publish)
     if not check_model(opener, vocab_size, EXACT_PLAN, with_ids=True, kinds=("attention",))["exact"]:

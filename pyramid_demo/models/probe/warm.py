@@ -15,8 +15,7 @@ log = logging.getLogger(__name__)
 
 def cost_profile(triplet: Any, roles: tuple[str, ...] = ("draft", "qualifier", "target"),
                  max_k: int = measure.MAX_K) -> dict:
-    """The family's cost profile on this machine, dtype and backend: from the cache, else measured
-    now (a few seconds). A plain dict (see `predict.costs`); "how" says cached or probe, "probe_s" its time."""
+    """The family's cost profile here (`predict.costs`): cached, else measured now; "how" says which."""
     dtype = str(triplet.dtype).removeprefix("torch.")
     key = (f"{machine_key()} | {','.join(triplet.names)} | {triplet.device} | {dtype} | {triplet.backend} | "
            f"{triplet.path} | compiled {','.join(getattr(triplet, 'compiled', ()))} | k≤{max_k} | "
