@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .cache import LONGEST_PASS, CachedModel
+from .cache import LONGEST_PASS, CachedModel, tree_seen
 from .lean import rms_norm
 from .lean_weights import LeanWeights, lean_weights
 
@@ -290,12 +290,7 @@ class CompiledLM(CachedModel):
         n = len(new)
         self._grow(max(pos + len(rows), LONGEST_PASS + 1))
         seen = torch.zeros(n, self.capacity, dtype=torch.bool)
-        seen[:, :pos] = True
-        for i in range(n):
-            j = base + i
-            while j >= 0:
-                seen[i, pos + j] = True
-                j = rows[j][1]
+        seen[:, : pos + len(rows)] = tree_seen(rows, base, pos)  # the cache, each row's ancestors and itself
         z, h = self._pass([r[0] for r in new], [r[2] for r in new], list(range(pos + base, pos + base + n)), seen)
         if self.publish is not None:
             self.feats = h  # [n, d]
