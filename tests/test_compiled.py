@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from pyramid_demo.forward import compiled
-from pyramid_demo.forward.cache import TargetStates
+from pyramid_demo.forward.cache import TargetStates, tap_layers
 from pyramid_demo.forward.lean import LeanLM
 from pyramid_demo.models import kernels
 from pyramid_demo.models.tiny import tiny_random_triplet
@@ -104,6 +104,12 @@ def test_the_compiled_pass_computes_what_the_eager_one_does(cache) -> None:
     assert torch.allclose(tc, te, atol=1e-4)
     assert c.keep_path([0, 2]) == 97 and e.keep_path([0, 2]) == 97
     assert torch.allclose(c.forward(ids[99:100], 97, 1), e.forward(ids[99:100], 97, 1), atol=1e-4)
+    taps = tap_layers(m.config.num_hidden_layers)  # a reader of several layers gets them from the package too
+    c, e = compiled.CompiledLM(m, v, "target"), LeanLM(m, v, "target")
+    c.publish, e.publish = TargetStates(taps), TargetStates(taps)
+    c.forward(ids[:20], 0, 1), e.forward(ids[:20], 0, 1)
+    assert c.publish.f.shape[1] == 3 * m.config.hidden_size
+    assert torch.allclose(c.publish.f[:20], e.publish.f[:20], atol=1e-4)
     compiled.attach(m, None)
     assert compiled.load(m) and compiled.runner_of(m) is not None  # from the package on disk, no compile
 

@@ -71,22 +71,34 @@ def bundled_identity() -> dict[str, Any]:
             "sha256": corpus.sha256(gguf)}
 
 
-def materialize(model: Any, folder: Path, work: Path, log=print) -> Path:
-    """Every corpus shard as a training shard with the target's states (`features` records: ids, n_prompt, f),
-    recomputed by one teacher-forced pass per sequence and cached under WORK/corpus_states/features/train/,
-    keyed by the shard's sha256 (a changed shard is recomputed). Returns the work folder train reads."""
+def _records(model: Any, seqs: list[list[int]], npr: list[int], taps: tuple[int, ...]) -> list[dict]:
+    """Training records of token-id sequences: the target's final state `f` at 0 .. n-2 (the last one predicts
+    nothing) and, with `taps`, the tapped layers' states `aux` [n-1, len(taps)·d], all fp16."""
+    fs = states(model, [s[:-1] for s in seqs], taps=taps)
+    d = int(model.config.hidden_size)
+    return [{"ids": torch.tensor(s, dtype=torch.int32), "n_prompt": n, "f": f[:, -d:].to(torch.float16),
+             **({"aux": f[:, :-d].to(torch.float16)} if taps else {})} for s, n, f in zip(seqs, npr, fs)]
+
+
+def materialize(model: Any, folder: Path, work: Path, log=print, taps: tuple[int, ...] = ()) -> Path:
+    """Every corpus shard as a training shard with the target's states (`features` records: ids, n_prompt, f,
+    and `aux` with `taps`), recomputed by one teacher-forced pass per sequence and cached under
+    WORK/corpus_states/features/train/, keyed by the shard's sha256 and the taps (a changed shard is
+    recomputed; a file with taps serves a draft without them). Returns the work folder train reads."""
     out = work / "corpus_states"
     (out / "features" / "train").mkdir(parents=True, exist_ok=True)
+    tag = "_t" + "-".join(map(str, taps)) if taps else ""
     for p in corpus.shards(folder):
         h = corpus.sha256(p)[:16]
-        dest = out / "features" / "train" / f"shard_{p.stem}_{h}.pt"
-        if dest.exists():
+        dest = out / "features" / "train" / f"shard_{p.stem}_{h}{tag}.pt"
+        have = sorted(dest.parent.glob(f"shard_{p.stem}_{h}*.pt"))
+        if dest.exists() or (not taps and have):
             continue
+        for old in have:  # one file per shard: its states with other taps make way
+            old.unlink()
         t0 = time.process_time()
         seqs, npr, meta = corpus.read_shard(p)
-        fs = states(model, [s[:-1] for s in seqs])  # the state at 0 .. n-2 (the last one predicts nothing)
-        recs = [{"ids": torch.tensor(s, dtype=torch.int32), "n_prompt": n, "f": f.to(torch.float16),
-                 "source": meta["source"]} for s, n, f in zip(seqs, npr, fs)]
+        recs = [{**r, "source": meta["source"]} for r in _records(model, seqs, npr, taps)]
         torch.save(recs, dest.with_suffix(".tmp"))
         dest.with_suffix(".tmp").replace(dest)
         log(f"corpus states: {p.name} ({len(seqs)} sequences, {sum(len(s) for s in seqs):,} positions) in "
@@ -114,16 +126,17 @@ def save_heldout(work: Path, folder: Path) -> dict | None:
                                "target": bundled_identity(), "machine": corpus.machine()})
 
 
-def heldout(model, work: Path, folder: Path | None) -> list[dict]:
-    """The held-out records: WORK's own, else the committed ids with their states recomputed (fp32 `model`)."""
+def heldout(model, work: Path, folder: Path | None, taps: tuple[int, ...] = ()) -> list[dict]:
+    """The held-out records: WORK's own, else the committed ids, with their states recomputed (fp32 `model`)
+    where taps are asked for or only the ids are there."""
     from . import feature_train
     held = feature_train.heldout(work)
+    if held and taps:
+        return _records(model, [r["ids"].tolist() for r in held], [int(r["n_prompt"]) for r in held], taps)
     if held or folder is None or not corpus.shards(folder / HELDOUT):
         return held
     out: list[dict] = []
     for p in corpus.shards(folder / HELDOUT):
         seqs, npr, _ = corpus.read_shard(p)
-        fs = states(model, [s[:-1] for s in seqs])
-        out += [{"ids": torch.tensor(s, dtype=torch.int32), "n_prompt": n, "f": f.to(torch.float16)}
-                for s, n, f in zip(seqs, npr, fs)]
+        out += _records(model, seqs, npr, taps)
     return out

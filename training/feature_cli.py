@@ -81,10 +81,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="grow: also write a shard after this many wall minutes (with at least 16 answers)")
     p.add_argument("--max-shards", type=int, default=None, help="grow: stop after this many shards")
     p.add_argument("--vocab-n", type=int, default=VOCAB_N, help="vocab: tokens in the subset")
+    p.add_argument("--taps", default="",
+                   help="train: target layers (0-based, comma-separated) the draft reads beside the final state "
+                        "(EAGLE-3's multi-layer features, e.g. 2,15); empty: the final state only")
 
 
 def _dev(name: str) -> torch.device:
     return torch.device("cuda" if name == "auto" and torch.cuda.is_available() else "cpu" if name == "auto" else name)
+
+
+def _taps(args: argparse.Namespace, ckpt: Path) -> tuple[int, ...]:
+    """The draft's taps: `--taps`, else those of the run in `ckpt` (eval and export read the trained run's)."""
+    if args.taps:
+        return tuple(int(t) for t in args.taps.split(","))
+    if ckpt.is_file():
+        return tuple(torch.load(ckpt, weights_only=False, map_location="cpu")["state"].get("taps", ()))
+    return ()
 
 
 def _eval_checkpoint(target, held, model, passes: int = 3) -> dict:
@@ -128,35 +140,36 @@ def run(args: argparse.Namespace) -> int:
             continue
         if fp32 is None:
             fp32 = bundled_target(dev, torch.float32)[1]
-        held = corpus_cli.heldout(fp32, work, corpus_cli.corpus_dir(args))[: args.eval_seqs]
+        taps = _taps(args, ckpt)
+        held = corpus_cli.heldout(fp32, work, corpus_cli.corpus_dir(args), taps)[: args.eval_seqs]
         if step == "train":
             dirs = [work, *map(Path, args.data)]
             cdir = corpus_cli.corpus_dir(args)
             background.register("corpus_train")  # so a benchmark pauses it (`models.background.paused`)
             if cdir is not None and cdir.is_dir() and corpus.shards(cdir):
-                dirs.append(corpus_cli.materialize(fp32, cdir, work, log=lambda s: print(s, flush=True)))
+                dirs.append(corpus_cli.materialize(fp32, cdir, work, log=lambda s: print(s, flush=True), taps=taps))
             feature_train.train(fp32, feature_draft.subset_ids(), dirs, held,
                                 ckpt, args.minutes,
                                 lr=args.lr, lr_min=args.lr_min, batch=args.batch, passes=args.passes, seed=args.seed,
                                 eval_every=args.eval_every, autocast=True, log=lambda s: print(s, flush=True),
                                 init=feature_draft.weight_path() if args.init == "shipped" else args.init,
-                                deep_frac=args.deep_frac)
+                                deep_frac=args.deep_frac, taps=taps)
         elif step in ("eval", "export"):
-            res = evaluate(fp32, held, ckpt, args.passes)
+            res = evaluate(fp32, held, ckpt, args.passes, taps)
             print(json.dumps(res, indent=1))
             (work / "eval.json").write_text(json.dumps(res, indent=1))
             if step == "export":
-                export(fp32, ckpt, res, args)
+                export(fp32, ckpt, res, args, taps)
     return 0
 
 
-def evaluate(target, held: list[dict], ckpt: Path, passes: int = 3) -> dict:
+def evaluate(target, held: list[dict], ckpt: Path, passes: int = 3, taps: tuple[int, ...] = ()) -> dict:
     """Held-out top-1 by draft position (and top-1..4 at position 1) for the best checkpoint and the shipped
     draft."""
     out: dict = {"heldout_answers": len(held), "positions": sum(len(r["ids"]) - r["n_prompt"] for r in held)}
     best = ckpt.with_name(ckpt.stem + "_best.pt")
     if best.is_file():
-        m = feature_draft.FeatureDraft(target, feature_draft.subset_ids())
+        m = feature_draft.FeatureDraft(target, feature_draft.subset_ids(), taps=taps)
         saved = torch.load(best, weights_only=False, map_location="cpu")
         m.load_state_dict(saved["model"], strict=False)
         out["checkpoint"] = {**_eval_checkpoint(target, held, m, passes), "seen": saved["state"]["seen"],
@@ -166,7 +179,7 @@ def evaluate(target, held: list[dict], ckpt: Path, passes: int = 3) -> dict:
     return out
 
 
-def export(target, ckpt: Path, res: dict, args: argparse.Namespace) -> None:
+def export(target, ckpt: Path, res: dict, args: argparse.Namespace, taps: tuple[int, ...] = ()) -> None:
     new = res.get("checkpoint", {}).get("top1_by_position")
     old = res.get("shipped", {}).get("top1_by_position")
     if new is None:
@@ -175,7 +188,7 @@ def export(target, ckpt: Path, res: dict, args: argparse.Namespace) -> None:
     if old is not None and new[0] <= old[0] and not args.force:
         print(f"export: the shipped draft is better ({old[0]:.4f} ≥ {new[0]:.4f}); nothing written")
         return
-    m = feature_draft.FeatureDraft(target, feature_draft.subset_ids())
+    m = feature_draft.FeatureDraft(target, feature_draft.subset_ids(), taps=taps)
     m.load_state_dict(torch.load(ckpt.with_name(ckpt.stem + "_best.pt"), weights_only=False,
                                  map_location="cpu")["model"], strict=False)
     path = feature_draft.weight_path(args.weights_dir)

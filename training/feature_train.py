@@ -24,13 +24,15 @@ from . import features
 PASS_DECAY = 0.8
 
 
-def collate(recs: list[dict], dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
-    """Right-padded batch: f_prev [B, T, d] (row i: the target's state at i-1, row 0 zeros), tokens [B, T],
-    f_true [B, T, d] (the target's state at row i), loss mask [B, T] (rows predicting an answer token)."""
+def collate(recs: list[dict], dtype: torch.dtype = torch.float32, wide: bool = False) -> dict[str, torch.Tensor]:
+    """Right-padded batch: f_prev [B, T, d] (row i: the target's state at i-1, row 0 zeros; `wide`: the tapped
+    layers' states `aux` first, [B, T, w]), tokens [B, T], f_true [B, T, d] (the target's final state at row
+    i), loss mask [B, T] (rows predicting an answer token)."""
     T = max(len(r["ids"]) - 1 for r in recs)
     d = recs[0]["f"].shape[1]
     B = len(recs)
-    f_prev = torch.zeros(B, T, d, dtype=dtype)
+    w = d + (recs[0]["aux"].shape[1] if wide else 0)
+    f_prev = torch.zeros(B, T, w, dtype=dtype)
     f_true = torch.zeros(B, T, d, dtype=dtype)
     tokens = torch.zeros(B, T, dtype=torch.long)
     mask = torch.zeros(B, T, dtype=torch.bool)
@@ -38,7 +40,7 @@ def collate(recs: list[dict], dtype: torch.dtype = torch.float32) -> dict[str, t
         n = len(r["ids"])  # rows 0 .. n-2
         f = r["f"].to(dtype)  # [n-1, d]: states at positions 0 .. n-2
         f_true[b, : n - 1] = f
-        f_prev[b, 1: n - 1] = f[: n - 2]
+        f_prev[b, 1: n - 1] = torch.cat((r["aux"].to(dtype), f), 1)[: n - 2] if wide else f[: n - 2]
         tokens[b, : n - 1] = r["ids"][: n - 1].long()
         mask[b, r["n_prompt"] - 1: n - 1] = True
     return {"f_prev": f_prev, "tokens": tokens, "f_true": f_true, "mask": mask}
@@ -86,7 +88,7 @@ def measure(model: FeatureDraft, held: list[dict], full_head: torch.Tensor, pass
     model.eval()
     dev = model.norm.device
     for i in range(0, len(held), batch):
-        b = {key: v.to(dev) for key, v in collate(held[i:i + batch]).items()}
+        b = {key: v.to(dev) for key, v in collate(held[i:i + batch], wide=bool(model.taps)).items()}
         outs = model.forward_train(b["f_prev"], b["tokens"], passes)
         m = b["mask"]
         want = F.linear(b["f_true"][m], full_head).argmax(-1)  # [N] the target's own token
@@ -131,16 +133,18 @@ def _shards(dirs: list[Path]) -> list[Path]:
 def train(target, subset: torch.Tensor, dirs: list[Path], held: list[dict], ckpt: Path, minutes: float,
           lr: float = 1e-3, lr_min: float = 5e-5, batch: int = 16, passes: int = 3, seed: int = 0,
           eval_every: int = 200, autocast: bool = False, log=print, init: str | Path | None = None,
-          deep_frac: float = 1.0) -> dict:
+          deep_frac: float = 1.0, taps: tuple[int, ...] = ()) -> dict:
     """Train (or resume from `ckpt`) for `minutes` of CPU time; the LR follows a cosine over that budget
     (`autocast`: bf16 matmuls on the CPU, about 1.7x faster on AVX-512 BF16; weights and loss stay fp32).
     New shards written by a running generation are picked up at every epoch. `init`: a new run starts from
     this feature-draft file (e.g. the shipped one) instead of the target's last layer, measured first (step
-    0); its curve's positions seen and minutes are kept as `seen_before` / `minutes_before` in every entry."""
-    model = FeatureDraft(target, subset)
+    0); its curve's positions seen and minutes are kept as `seen_before` / `minutes_before` in every entry.
+    `taps`: the draft also reads these target layers (records need their `aux` states)."""
+    model = FeatureDraft(target, subset, taps=taps)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, betas=(0.9, 0.95),
                             weight_decay=0.0)
-    state = {"step": 0, "seen": 0, "elapsed": 0.0, "epoch": 0, "curve": [], "best": -1.0, "init": None}
+    state = {"step": 0, "seen": 0, "elapsed": 0.0, "epoch": 0, "curve": [], "best": -1.0, "init": None,
+             "taps": list(taps)}
     full_head = target.lm_head.weight.detach().float()
     if ckpt.is_file():
         saved = torch.load(ckpt, weights_only=False)
@@ -181,6 +185,9 @@ def train(target, subset: torch.Tensor, dirs: list[Path], held: list[dict], ckpt
         for p in _shards(dirs):
             if p not in loaded:
                 loaded[p] = torch.load(p, weights_only=False)
+                if not taps:  # the tapped layers' states are only read by a draft with taps
+                    for r in loaded[p]:
+                        r.pop("aux", None)
         recs = [r for rs in loaded.values() for r in rs]
         order = torch.randperm(len(recs), generator=torch.Generator().manual_seed(seed + 31 * state["epoch"]))
         for i in range(0, len(order) - batch + 1, batch):
@@ -191,7 +198,7 @@ def train(target, subset: torch.Tensor, dirs: list[Path], held: list[dict], ckpt
             cur = lr_min + 0.5 * (lr - lr_min) * (1 + math.cos(math.pi * frac))
             for g in opt.param_groups:
                 g["lr"] = cur * min(1.0, (state["step"] + 1) / 30)
-            b = collate([recs[int(j)] for j in order[i:i + batch]])
+            b = collate([recs[int(j)] for j in order[i:i + batch]], wide=bool(taps))
             with torch.autocast(model.norm.device.type, dtype=torch.bfloat16, enabled=autocast):  # bf16 matmuls
                 loss, accs = loss_fn(model, b, passes, gen, deep_frac=deep_frac)
             opt.zero_grad(set_to_none=True)

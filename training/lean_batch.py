@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from pyramid_demo.forward.cache import tap_norm
 from pyramid_demo.forward.lean import rms_norm
 from pyramid_demo.forward.lean_weights import lean_weights
 
@@ -54,7 +55,8 @@ class BatchedLean:
         self.prefix, self.prefix_kv = list(ids), one.kv[:, :, 0].clone()  # [L, 2, Hkv, P0, D]
 
     @torch.inference_mode()
-    def prefill(self, slots: list[int], prompts: list[list[int]], states: bool = False) -> torch.Tensor:
+    def prefill(self, slots: list[int], prompts: list[list[int]], states: bool = False,
+                taps: tuple[int, ...] = ()) -> torch.Tensor:
         """Write each prompt into its row's cache from slot 0 (right padded, causal) -> the logits after each
         prompt's last token [len(slots), V] fp32, or with `states` the normed final state at every position
         [len(slots), P, d] (row b valid for its first len(prompts[b]) positions). For logits the prompts run in
@@ -62,7 +64,7 @@ class BatchedLean:
         padded position costs a full forward, and a prompt starting with the `set_prefix` prefix runs only its
         tokens past it."""
         if states:
-            return self._prefill(slots, prompts, states)
+            return self._prefill(slots, prompts, states, taps=taps)
         p0 = len(getattr(self, "prefix", ()))
         pre = {i for i, p in enumerate(prompts) if p0 and len(p) > p0 and p[:p0] == self.prefix}
         out: torch.Tensor | None = None
@@ -83,8 +85,11 @@ class BatchedLean:
         assert out is not None
         return out
 
-    def _prefill(self, slots: list[int], prompts: list[list[int]], states: bool, start: int = 0) -> torch.Tensor:
-        """Positions start … of each prompt (slots < start: the prefix, copied from `prefix_kv`)."""
+    def _prefill(self, slots: list[int], prompts: list[list[int]], states: bool, start: int = 0,
+                 taps: tuple[int, ...] = ()) -> torch.Tensor:
+        """Positions start … of each prompt (slots < start: the prefix, copied from `prefix_kv`). With `states`
+        and `taps`, the state is wide: each tapped layer's output RMS-normalised (`tap_norm`), then the normed
+        final state [n, P, (len(taps) + 1)·d]."""
         w = self.w
         n, P = len(slots), max(len(p) for p in prompts)
         if P > self.capacity:
@@ -101,6 +106,7 @@ class BatchedLean:
         at = torch.arange(start, P)
         mask = torch.arange(P)[None] <= at[:, None] if start else None  # [m, P]: the prefix and causal
         rep = hq // hk
+        tapped = []
         for li, lay in enumerate(w.layers):
             qkv = lay.qkv(rms_norm(x, lay.attn_norm, w.eps).view(n * m, -1)).view(n, m, -1)
             qk = self._rope(qkv[..., : (hq + hk) * dh].view(n, m, hq + hk, dh), at)  # [n, m, H+Hkv, D]
@@ -116,9 +122,11 @@ class BatchedLean:
             x = x + lay.o(att.transpose(1, 2).reshape(n * m, -1)).view(n, m, -1)
             gate, up = lay.gate_up(rms_norm(x, lay.mlp_norm, w.eps).view(n * m, -1)).chunk(2, -1)
             x = x + lay.down(F.silu(gate) * up).view(n, m, -1)
+            if li in taps:
+                tapped.append(tap_norm(x, w.eps))
         self.pos[rows] = torch.tensor([len(p) for p in prompts])
         if states:
-            return rms_norm(x, w.norm, w.eps)  # [n, P, d] (start is 0 here)
+            return torch.cat([*tapped, rms_norm(x, w.norm, w.eps)], -1)  # [n, P, (taps + 1)·d] (start is 0 here)
         last = x[torch.arange(n), torch.tensor([len(p) - 1 - start for p in prompts])]  # [n, d]
         return w.head(rms_norm(last, w.norm, w.eps)).float()  # [n, V]
 
@@ -158,9 +166,11 @@ class BatchedLean:
 
 
 @torch.inference_mode()
-def states(model: Any, seqs: list[list[int]], max_tokens: int = 16384) -> list[torch.Tensor]:
+def states(model: Any, seqs: list[list[int]], max_tokens: int = 16384,
+           taps: tuple[int, ...] = ()) -> list[torch.Tensor]:
     """The target's normed final state at every position of each sequence ([len(s), d] each, the model's
-    dtype), by one teacher-forced pass per sequence, batched by length so each pass holds ≤ max_tokens."""
+    dtype; with `taps` the tapped layers' normalised outputs first, [len(s), (len(taps) + 1)·d]), by one
+    teacher-forced pass per sequence, batched by length so each pass holds ≤ max_tokens."""
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
     out: list[torch.Tensor | None] = [None] * len(seqs)
     i = 0
@@ -172,7 +182,7 @@ def states(model: Any, seqs: list[list[int]], max_tokens: int = 16384) -> list[t
         group = [seqs[k] for k in order[i:j]]
         P = max(len(s) for s in group)
         lm = BatchedLean(model, len(group), P)
-        f = lm.prefill(list(range(len(group))), group, states=True)  # [n, P, d]
+        f = lm.prefill(list(range(len(group))), group, states=True, taps=taps)  # [n, P, d·(taps + 1)]
         for b, k in enumerate(order[i:j]):
             out[k] = f[b, : len(seqs[k])].clone()
         i = j

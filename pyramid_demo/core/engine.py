@@ -176,7 +176,7 @@ def connect(lms: dict[str, LM]) -> None:
     source = "qualifier" if "qualifier" in lms else "target"
     if not readers or source not in lms:
         return
-    states = TargetStates()
+    states = TargetStates(tuple(t for lm in readers for t in getattr(lm, "taps", ())))  # the layers it reads
     lms[source].publish = states
     for lm in readers:
         lm.states = states

@@ -18,11 +18,27 @@ class TreeUnsupported(RuntimeError):
     """This model's forward cannot attend over a tree of candidates (HF's forward): use chains."""
 
 
-class TargetStates:
-    """The target's final normed hidden state at every scored position [n, d], which a feature proposer reads."""
+def tap_layers(n_layers: int) -> tuple[int, int]:
+    """The layers whose outputs a multi-layer proposer reads beside the final state (EAGLE-3's low and middle
+    features): one convention, so that every forward publishes them alike (layer 2 and the middle one of a
+    30-layer target)."""
+    return (min(2, n_layers // 4), n_layers // 2)
 
-    def __init__(self) -> None:
-        self.f: torch.Tensor | None = None  # [capacity, d]
+
+def tap_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """A tapped layer's output for a proposer that reads several layers (EAGLE-3): RMS-normalised without a
+    weight, so early and late layers reach it at one scale. x [n, d] -> [n, d], x's dtype."""
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+class TargetStates:
+    """The target's final normed hidden state at every scored position [n, d], which a feature proposer reads;
+    with `taps` (a reader that wants them, `tap_layers`), those layers' normalised outputs first [n, 3·d]."""
+
+    def __init__(self, taps: tuple[int, ...] = ()) -> None:
+        self.taps = tuple(taps)
+        self.f: torch.Tensor | None = None  # [capacity, d·(len(taps) + 1)]
         self.n = 0  # positions 0 .. n-1 hold the target's own states
 
     def write(self, pos: int, feats: torch.Tensor) -> None:

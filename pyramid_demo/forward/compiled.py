@@ -24,11 +24,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .cache import LONGEST_PASS, CachedModel, tree_seen
+from .cache import LONGEST_PASS, CachedModel, tap_layers, tap_norm, tree_seen
 from .lean import rms_norm
 from .lean_weights import LeanWeights, lean_weights
 
-FORMAT = 3  # bump when the pass below changes: older packages are then stale
+FORMAT = 4  # bump when the pass below changes: older packages are then stale
 MIN_CAPACITY = 256  # cache slots a run starts with; doubled when outgrown
 _RUNNERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its loaded package (a copy of the
 # model, e.g. the probe's cast candidate, has none: it is another model)
@@ -40,14 +40,15 @@ def static_pass(w: LeanWeights, tokens: torch.Tensor, cos: torch.Tensor, sin: to
                 mask: torch.Tensor, kv: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """One pass: tokens [k] with their RoPE rows cos/sin [k, D] written to cache `slots` [k] of kv (per layer:
     keys, values [H_kv, T, D], separate tensors so that a write stays in place); each row attends over all T
-    slots through mask [k, T] (additive). Logits [k, V] of every row, and its normed last state [k, d] (what a
-    proposer that reads this model conditions on)."""
+    slots through mask [k, T] (additive). Logits [k, V] of every row, and what a proposer that reads this model
+    conditions on: the `tap_layers` outputs normalised, then its normed last state [k, 3·d]."""
     k_rows = tokens.shape[0]
     h_q, h_kv, d_h = w.n_heads, w.n_kv, w.head_dim
     c, s = cos[:, None], sin[:, None]  # [k, 1, D]
     half = d_h // 2
     am = mask[None, None]  # [1, 1, k, T]
     x = F.embedding(tokens, w.embed)  # [k, d]
+    taps, tapped = tap_layers(len(w.layers)), []
     for li, lay in enumerate(w.layers):
         qkv = lay.qkv(rms_norm(x, lay.attn_norm, w.eps))  # [k, (H + 2·H_kv)·D]
         qk = qkv[:, : (h_q + h_kv) * d_h].view(k_rows, h_q + h_kv, d_h)
@@ -62,8 +63,10 @@ def static_pass(w: LeanWeights, tokens: torch.Tensor, cos: torch.Tensor, sin: to
         x = x + lay.o(a[0].transpose(0, 1).reshape(k_rows, h_q * d_h))  # [k, d]
         gate, up = lay.gate_up(rms_norm(x, lay.mlp_norm, w.eps)).chunk(2, -1)
         x = x + lay.down(F.silu(gate) * up)
+        if li in taps:
+            tapped.append(tap_norm(x, w.eps))
     h = rms_norm(x, w.norm, w.eps)  # [k, d]
-    return w.head(h).float(), h  # [k, V], [k, d]
+    return w.head(h).float(), torch.cat([*tapped, h], -1)  # [k, V], [k, 3·d]
 
 
 class _Pass(torch.nn.Module):
@@ -254,10 +257,15 @@ class CompiledLM(CachedModel):
 
     def _pass(self, tokens: list[int], positions: list[int], slots: list[int],
               seen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """seen [k, T] bool: the slots each row attends to. Logits [k, V] and normed states [k, d]."""
+        """seen [k, T] bool: the slots each row attends to. Logits [k, V] and the states a reader asked for
+        [k, d·(taps + 1)] (the final one alone [k, d] when it reads no taps)."""
         mask = torch.zeros(seen.shape, dtype=self.w.dtype).masked_fill_(~seen, float("-inf"))
         cos, sin = self._rope(positions)
         z, h = self.run(torch.tensor(tokens), cos, sin, torch.tensor(slots), mask, self.kv)
+        if self.publish is None or not self.publish.taps:
+            h = h[:, -self.w.embed.shape[1]:]  # [k, d]
+        else:
+            assert self.publish.taps == tap_layers(len(self.w.layers)), "a package publishes `tap_layers` only"
         return z[:, : self.vocab_size], h
 
     @torch.inference_mode()

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from .backend import backend_flags
-from .cache import LONGEST_PASS, CachedModel
+from .cache import LONGEST_PASS, CachedModel, tap_norm
 from .lean_weights import lean_weights
 
 ROWWISE_MAX = LONGEST_PASS  # passes up to the longest verification: padded per-row attention (a long prefill: not)
@@ -273,6 +273,7 @@ class LeanLM(CachedModel):
         sin = self.sin[at, None]
         half = d_h // 2
         x = F.embedding(tokens, w.embed)  # [n, d]
+        taps, tapped = (self.publish.taps if self.publish is not None else ()), []
         for li, lay in enumerate(w.layers):
             qkv = lay.qkv(rms_norm(x, lay.attn_norm, w.eps))  # [n, (H + 2·H_kv)·D]
             qk = qkv[:, : (h_q + h_kv) * d_h].view(n, h_q + h_kv, d_h)  # [n, H + H_kv, D]
@@ -284,9 +285,12 @@ class LeanLM(CachedModel):
             x = x + lay.o(self._attend(qk[:, :h_q], k_all, v_all, pos, plan))  # [n, d]
             gate, up = lay.gate_up(rms_norm(x, lay.mlp_norm, w.eps)).chunk(2, -1)  # [n, I] each
             x = x + lay.down(F.silu(gate) * up)
+            if li in taps:
+                tapped.append(tap_norm(x, w.eps))
         if self.publish is not None:  # a proposer reads the target's normed state at every row
-            self.feats = rms_norm(x, w.norm, w.eps)  # [n, d]
-            h = self.feats[n - keep:]
+            h = rms_norm(x, w.norm, w.eps)  # [n, d]
+            self.feats = torch.cat([*tapped, h], -1)  # [n, d·(taps + 1)]
+            h = h[n - keep:]
         else:
             h = rms_norm(x[n - keep:], w.norm, w.eps)  # [keep, d]: the kept rows only
         return w.head(h)[:, : self.vocab_size].float()  # [keep, V] (a reduced head gives -inf outside its subset)

@@ -10,7 +10,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from .backend import backend_flags
-from .cache import CachedModel, TargetStates, tree_seen
+from .cache import CachedModel, TargetStates, tap_norm, tree_seen
 
 
 class LM(Protocol):
@@ -118,13 +118,25 @@ class CachedLM(CachedModel):
                 out = self.model(input_ids=x, use_cache=True, logits_to_keep=keep, **{self.cache_kw: self.cache})
                 z = out.logits[0, -keep:, : self.vocab_size]
             else:  # the base model's normed last state for every row (the proposer reads it), head on the kept
-                h = self.model.base_model(input_ids=x, use_cache=True,
-                                          **{self.base_kw: self.cache}).last_hidden_state  # [1, n, d]
-                self.feats = h[0].detach()  # [n, d]
+                out = self.model.base_model(input_ids=x, use_cache=True, output_hidden_states=self._taps(),
+                                            **{self.base_kw: self.cache})
+                h = out.last_hidden_state  # [1, n, d]
+                self.feats = self._published(out)  # [n, d·(taps + 1)]
                 z = self.model.get_output_embeddings()(h[0, -keep:])[:, : self.vocab_size]
         z = z.float().cpu()  # [keep, V]
         _sync(self.device)
         return z
+
+    def _taps(self) -> bool:
+        return bool(self.publish is not None and self.publish.taps)
+
+    def _published(self, out: Any) -> torch.Tensor:
+        """The states a reader asked for: the tapped layers' outputs normalised (hidden_states[i + 1] is layer
+        i's), then the normed last state [n, d·(taps + 1)]."""
+        assert self.publish is not None
+        eps = float(getattr(self.model.config, "rms_norm_eps", 1e-6))
+        taps = [tap_norm(out.hidden_states[i + 1][0], eps) for i in self.publish.taps]
+        return torch.cat([*taps, out.last_hidden_state[0]], -1).detach()
 
     def _crop(self, pos: int) -> None:
         self.cache.crop(pos - self.cache.get_seq_length())  # a negative count: drop that many from the end
@@ -149,8 +161,9 @@ class CachedLM(CachedModel):
                 z = self.model(input_ids=x, use_cache=True, **kw).logits[0, :, : self.vocab_size]
             else:
                 kw[self.base_kw] = kw.pop(self.cache_kw)
-                h = self.model.base_model(input_ids=x, use_cache=True, **kw).last_hidden_state  # [1, n, d]
-                self.feats = h[0].detach()
+                out = self.model.base_model(input_ids=x, use_cache=True, output_hidden_states=self._taps(), **kw)
+                h = out.last_hidden_state  # [1, n, d]
+                self.feats = self._published(out)
                 z = self.model.get_output_embeddings()(h[0])[:, : self.vocab_size]
         z = z.float().cpu()  # [n, V]
         _sync(self.device)

@@ -1,6 +1,7 @@
 """A draft that reads the target (EAGLE-1 style, arXiv 2401.15077): one decoder layer over `fc([f_{i-1} ; E(x_i)])`
 predicting the normed state f̂_i, scored by the target's head rows for a token subset. Only fc and the layer are
-trained (and saved); see docs/how-it-works.md."""
+trained (and saved); see docs/how-it-works.md. With `taps` it also reads those target layers' outputs (EAGLE-3,
+arXiv 2503.01840): `fuse` maps [taps' states ; f] to one state before fc; its own predicted states skip `fuse`."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,6 +9,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from ..forward.cache import tap_layers
 
 FORMAT = "pyramid-feature-draft-v1"
 
@@ -28,7 +31,7 @@ class FeatureDraft(nn.Module):
 
     reads_target = True  # forward.lm.open_lm gives it a FeatureLM, fed the target's states
 
-    def __init__(self, target: nn.Module, subset: torch.Tensor, init_layer: int = -1):
+    def __init__(self, target: nn.Module, subset: torch.Tensor, init_layer: int = -1, taps: tuple[int, ...] = ()):
         super().__init__()
         cfg, inner = target.config, target.model
         self.config = cfg  # the target's: same positions, vocabulary and tokenizer (what callers check)
@@ -40,6 +43,11 @@ class FeatureDraft(nn.Module):
         eye = torch.eye(d, dtype=dt)
         self.fc_w = nn.Parameter(torch.cat((0.1 * eye, eye), 1))  # [d, 2d]: [state ; embedding] -> d
         self.fc_b = nn.Parameter(torch.zeros(d, dtype=dt))
+        self.taps = tuple(int(t) for t in taps)  # target layers whose outputs it reads beside the final state
+        if self.taps and self.taps != tap_layers(cfg.num_hidden_layers):  # every forward publishes these alone
+            raise ValueError(f"taps {self.taps}: a target publishes layers {tap_layers(cfg.num_hidden_layers)}")
+        if self.taps:  # starts as "read the final state only": the taps' columns zero
+            self.fuse_w = nn.Parameter(torch.cat((torch.zeros(d, len(self.taps) * d, dtype=dt), eye), 1))
 
         def copy(m: nn.Module) -> nn.Parameter:
             return nn.Parameter(m.weight.detach().clone())
@@ -70,6 +78,8 @@ class FeatureDraft(nn.Module):
         qkv, gate_up = self.joint_weights()
         self._fast = {"fc": fp16(self.fc_w, self.fc_b), "qkv": fp16(qkv), "o": fp16(self.o),
                       "gate_up": fp16(gate_up), "down": fp16(self.down), "head": fp16(self.head)} if on else {}
+        if on and self.taps:
+            self._fast["fuse"] = fp16(self.fuse_w)
 
     def _lin(self, name: str, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
         """F.linear(x, w, b), or its fp16 form at inference once `use_fp16` packed it."""
@@ -78,9 +88,20 @@ class FeatureDraft(nn.Module):
             return fast[name](x)
         return F.linear(x, w, b)
 
+    def width(self) -> int:
+        """The width of the target state it reads: the taps' and the final one's, side by side."""
+        return (len(self.taps) + 1) * self.d
+
+    def reduce(self, f: torch.Tensor) -> torch.Tensor:
+        """A target state [.., width()] -> [.., d] (`fuse`); a state of width d (its own prediction) as it is."""
+        if f.shape[-1] == self.d:
+            return f
+        return self._lin("fuse", f, self.fuse_w) if self.taps else f[..., -self.d:]
+
     def inputs(self, f_prev: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """[.., d] states at i-1 and tokens [..] at i -> layer inputs [.., d]."""
-        return self._lin("fc", torch.cat((f_prev, F.embedding(tokens, self.embed)), -1), self.fc_w, self.fc_b)
+        """States at i-1 [.., d] or the target's [.., width()], tokens [..] at i -> layer inputs [.., d]."""
+        x = torch.cat((self.reduce(f_prev), F.embedding(tokens, self.embed)), -1)
+        return self._lin("fc", x, self.fc_w, self.fc_b)
 
     def joint_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
         """[q; k; v] and [gate; up] as one weight each for calls without gradients, rebuilt when a weight changes."""
@@ -124,7 +145,7 @@ class FeatureDraft(nn.Module):
 
     # ------------------------------------------------------------------ training
     def forward_train(self, f_prev: torch.Tensor, tokens: torch.Tensor, passes: int = 1) -> list[torch.Tensor]:
-        """f_prev [B, T, d] (row i: the target's state at i-1; row 0 zeros), tokens [B, T] -> the predicted
+        """f_prev [B, T, width()] (row i: the target's state at i-1; row 0 zeros), tokens [B, T] -> the predicted
         state of every row for each pass [B, T, d] (pass s: s tokens drafted ahead)."""
         B, T, _ = f_prev.shape
         cos, sin = self.rope_tables(T, f_prev.dtype)
@@ -154,7 +175,7 @@ class FeatureDraft(nn.Module):
 
     def save(self, path: str | Path, meta: dict | None = None) -> int:
         from safetensors.torch import save_file
-        m = {"format": FORMAT, "n_subset": str(self.subset.numel())}
+        m = {"format": FORMAT, "n_subset": str(self.subset.numel()), "taps": ",".join(map(str, self.taps))}
         m.update({k: str(v) for k, v in (meta or {}).items()})
         save_file(self.trained_state(), str(path), metadata=m)
         return Path(path).stat().st_size
@@ -167,7 +188,9 @@ class FeatureDraft(nn.Module):
                 raise ValueError(f"{path} is not a feature draft ({meta.get('format')!r})")
             sd = {k: fh.get_tensor(k) for k in fh.keys()}
         dt = self.norm.dtype
-        self.load_state_dict({k: v.to(dt) for k, v in sd.items()})
+        missing, unexpected = self.load_state_dict({k: v.to(dt) for k, v in sd.items()}, strict=False)
+        if unexpected or set(missing) - {"fuse_w"}:  # a file without taps may start a draft with them
+            raise ValueError(f"{path} does not fit this draft: missing {missing}, unexpected {unexpected}")
         return self
 
 
@@ -218,7 +241,16 @@ def available(weights_dir: str | Path | None = None) -> bool:
     return weight_path(weights_dir).is_file()
 
 
+def file_taps(path: str | Path) -> tuple[int, ...]:
+    """The target layers a saved draft reads beside the final state (its metadata's `taps`)."""
+    from safetensors import safe_open
+    with safe_open(str(path), "pt") as fh:
+        taps = (fh.metadata() or {}).get("taps", "")
+    return tuple(int(t) for t in taps.split(",") if t)
+
+
 def build(target: nn.Module, weights_dir: str | Path | None = None) -> FeatureDraft:
     """The shipped feature draft over `target` (SmolLM2-135M-Instruct), in its dtype, on the shipped subset."""
-    fd = FeatureDraft(target, subset_ids(weights_dir))
-    return fd.load(weight_path(weights_dir)).eval()
+    path = weight_path(weights_dir)
+    fd = FeatureDraft(target, subset_ids(weights_dir), taps=file_taps(path))
+    return fd.load(path).eval()
