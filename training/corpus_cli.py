@@ -127,13 +127,13 @@ def save_heldout(work: Path, folder: Path) -> dict | None:
 
 
 def heldout(model, work: Path, folder: Path | None, taps: tuple[int, ...] = ()) -> list[dict]:
-    """The held-out records: WORK's own, else the committed ids, with their states recomputed (fp32 `model`)
-    where taps are asked for or only the ids are there."""
+    """The held-out records: WORK's own answers, else the committed ids, their states always recomputed by the
+    pass training's states come from (fp32 `model`), so that every design is measured on the same states."""
     from . import feature_train
     held = feature_train.heldout(work)
-    if held and taps:
+    if held:
         return _records(model, [r["ids"].tolist() for r in held], [int(r["n_prompt"]) for r in held], taps)
-    if held or folder is None or not corpus.shards(folder / HELDOUT):
+    if folder is None or not corpus.shards(folder / HELDOUT):
         return held
     out: list[dict] = []
     for p in corpus.shards(folder / HELDOUT):

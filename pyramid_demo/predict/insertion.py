@@ -1,5 +1,6 @@
-"""Does the qualifier earn its place? A middle model helps only when it agrees with the target clearly better
-than the draft at a modest cost, so this is tested on measured acceptance and the cost profile."""
+"""Does each level earn its place? A middle model helps only when it agrees with the target clearly better than
+the draft at a modest cost; the draft under it helps only when the pyramid beats the qualifier drafting for the
+target alone (Polybasic's rule). Both are tested on measured acceptance and the cost profile."""
 from __future__ import annotations
 
 from typing import Any
@@ -13,7 +14,9 @@ BLOCKS = [(ld, lq) for lq in range(1, 17) for ld in range(1, lq + 1)]
 
 def insertion(profile: dict, alpha_td: float | None, alpha_qd: float | None, alpha_tq: float | None) -> dict[str, Any]:
     """From the target's acceptance of the draft (SD) and the pyramid's two stages: costs (× a target step), the
-    best predicted tok/s without and with the qualifier, their settings, and `earns` (True / False / None)."""
+    best predicted tok/s without and with the qualifier, their settings, and `earns` (True / False / None); the
+    best SD with the qualifier as its proposer (`qualifier_alone`, at the target's acceptance of the qualified
+    block) and `draft_earns` (whether the pyramid beats it)."""
     out: dict[str, Any] = {"alpha_draft": alpha_td, "alpha_qualifier": alpha_tq, "alpha_stage1": alpha_qd}
     try:
         step = cost_ms(profile, "target", 1)
@@ -27,10 +30,14 @@ def insertion(profile: dict, alpha_td: float | None, alpha_qd: float | None, alp
         if alpha_qd is not None and alpha_tq is not None:
             ld, lq = max(BLOCKS, key=lambda b: pyramid_speed(profile, b[0], b[1], alpha_qd, alpha_tq))
             out["with"] = {"tokens_per_s": pyramid_speed(profile, ld, lq, alpha_qd, alpha_tq), "l_d": ld, "l_q": lq}
+            solo = {g: round_speed(profile, g, (alpha_tq,), proposer="qualifier")["tokens_per_s"] for g in GAMMAS}
+            g = max(solo, key=lambda g: solo[g])
+            out["qualifier_alone"] = {"tokens_per_s": solo[g], "gamma": g}
     except KeyError:  # a role the profile lacks (a family without a qualifier row)
         return out
-    w, wo = out.get("with"), out.get("without")
+    w, wo, q = out.get("with"), out.get("without"), out.get("qualifier_alone")
     out["earns"] = None if not (w and wo) else w["tokens_per_s"] > wo["tokens_per_s"]
+    out["draft_earns"] = None if not (w and q) else w["tokens_per_s"] > q["tokens_per_s"]
     return out
 
 
@@ -47,4 +54,17 @@ def markdown(ins: dict[str, Any]) -> str:
             f"accepts the draft at α {ins['alpha_stage1']:.2f}); a step costs {ins['cost_draft']:.2f}× (draft) and "
             f"{ins['cost_qualifier']:.2f}× (qualifier) the target's. Predicted on an idle machine: SD "
             f"{wo['tokens_per_s']:.1f} tok/s at γ {wo['gamma']} without it, the pyramid {w['tokens_per_s']:.1f} tok/s "
-            f"at ℓ_D {w['l_d']}, ℓ_Q {w['l_q']} with it (AR {ins['ar_tokens_per_s']:.1f}).")
+            f"at ℓ_D {w['l_d']}, ℓ_Q {w['l_q']} with it (AR {ins['ar_tokens_per_s']:.1f}).{_draft_line(ins)}")
+
+
+def _draft_line(ins: dict[str, Any]) -> str:
+    """The same test one level down: the pyramid against the qualifier drafting for the target alone."""
+    if ins.get("draft_earns") is None:
+        return ""
+    q, w = ins["qualifier_alone"], ins["with"]
+    verdict = ("**yes**: the pyramid is predicted faster than the qualifier drafting alone" if ins["draft_earns"]
+               else "**no**: the qualifier drafting alone for the target is predicted faster")
+    return (f"\n\n**Does the draft earn its level?** {verdict}: SD with the qualifier as its draft "
+            f"{q['tokens_per_s']:.1f} tok/s at γ {q['gamma']} (α {ins['alpha_qualifier']:.2f}), the pyramid "
+            f"{w['tokens_per_s']:.1f} tok/s with the draft under it (its tokens pass the qualifier at α "
+            f"{ins['alpha_stage1']:.2f}).")
