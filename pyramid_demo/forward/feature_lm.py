@@ -90,7 +90,7 @@ class FeatureLM(CachedModel):
         b = min(start - 1 + c, known)  # states the target has scored: read them
         if b > a:
             assert self.states is not None and self.states.f is not None
-            f_prev[a - start + 1: b - start + 1] = m.reduce(self.states.f[a:b])  # [b - a, d]
+            f_prev[a - start + 1: b - start + 1] = m.reduce(self.states.f[a:b].to(self.dtype))  # [b - a, d]
         for i in range(max(start, b + 1), start + c):  # rows past the target's states read this cache's own
             f_prev[i - start] = self.pred[i - 1]  # (`_run` chunks so that i-1 < start here)
         n_true = max(0, min(c, b - start + 1))  # rows that read the target's own states (row 0: zeros)
@@ -115,7 +115,7 @@ class FeatureLM(CachedModel):
             elif pos > 0:
                 known = self._known() >= pos
                 assert not known or (self.states is not None and self.states.f is not None)
-                f_prev[i] = self.m.reduce(self.states.f[pos - 1: pos])[0] if known and self.states is not None \
+                f_prev[i] = self.m.reduce(self.states.f[pos - 1: pos].to(self.dtype))[0] if known and self.states is not None \
                     and self.states.f is not None else self.pred[pos - 1]
         seen = tree_seen(rows, base, pos).to(self.device)  # [c, end]
         toks = torch.tensor([r[0] for r in new], dtype=torch.long, device=self.device)
