@@ -232,12 +232,15 @@ def _feature_draft_size(cfg: Any, dt: torch.dtype, quantize: str | None) -> Mode
     with safe_open(str(feature_draft.weight_path()), framework="pt") as fh:
         sizes = {k: math.prod(fh.get_slice(k).get_shape()) for k in fh.keys()}
         n_subset = int((fh.metadata() or {}).get("n_subset", 0))
+    taps = len(feature_draft.file_taps(feature_draft.weight_path()))
     own, head = sum(sizes.values()), n_subset * cfg.hidden_size
     params = own + head
     nbytes = dtype_bytes(dt)
-    kv = kv_per_token(cfg, nbytes, 1) + 2 * cfg.hidden_size * nbytes
+    # per token: its predicted state, and the states its verifier hands it (the tapped layers' too)
+    kv = kv_per_token(cfg, nbytes, 1) + (2 + taps) * cfg.hidden_size * nbytes
     joint = sum(sizes.get(k, 0) for k in ("q", "k", "v", "gate", "up"))  # `joint_weights`: copies beside its own
-    linears = sum(n for k, n in sizes.items() if k in ("fc_w", "q", "k", "v", "o", "gate", "up", "down")) + head
+    linears = sum(n for k, n in sizes.items()
+                  if k in ("fc_w", "fuse_w", "q", "k", "v", "o", "gate", "up", "down")) + head
     fp16 = 2 * linears if draft_config(cfg.hidden_size, n_subset, dt) == "fp16" else 0
     return ModelSize("draft", FEATURE_DRAFT, params, weight_bytes(params, 0, dt, quantize) + joint * nbytes + fp16,
                      kv, 1)
