@@ -115,8 +115,10 @@ class FeatureLM(CachedModel):
             elif pos > 0:
                 known = self._known() >= pos
                 assert not known or (self.states is not None and self.states.f is not None)
-                f_prev[i] = self.m.reduce(self.states.f[pos - 1: pos].to(self.dtype))[0] if known and self.states is not None \
-                    and self.states.f is not None else self.pred[pos - 1]
+                if known and self.states is not None and self.states.f is not None:
+                    f_prev[i] = self.m.reduce(self.states.f[pos - 1: pos].to(self.dtype))[0]
+                else:
+                    f_prev[i] = self.pred[pos - 1]
         seen = tree_seen(rows, base, pos).to(self.device)  # [c, end]
         toks = torch.tensor([r[0] for r in new], dtype=torch.long, device=self.device)
         slots = torch.arange(pos + base, end)
