@@ -113,3 +113,27 @@ def test_a_saved_draft_keeps_its_taps(tmp_path):
         FeatureDraft(t.target, torch.arange(t.vocab_size)).load(p)
     with pytest.raises(ValueError):
         FeatureDraft(t.target, torch.arange(t.vocab_size), taps=(0, 0, 1))
+
+
+def test_the_run_time_cache_reads_the_taps_as_training_does():
+    """With a trained-looking fuse (random), rows the run-time cache feeds the target's wide states predict what
+    the training forward's first pass predicts on the wide batch: the fuse reads the taps, in the same order."""
+    t = tiny_random_triplet(seed=0)
+    L = t.target.config.num_hidden_layers
+    wide = FeatureDraft(t.target, torch.arange(t.vocab_size), taps=tap_layers(L)).eval()
+    with torch.no_grad():
+        wide.fuse_w.normal_(std=0.05)
+    ids = [(5 * i + 2) % (t.vocab_size - 1) + 1 for i in range(14)]
+    f = _expected(t.target, ids)[:-1]  # [13, 3·d] the states at 0 .. 12
+    d = t.target.config.hidden_size
+    with torch.no_grad():  # the layer input of row 4, spelled out: fc([fuse · wide state at 3 ; E(x_4)])
+        want = torch.nn.functional.linear(torch.cat((wide.fuse_w @ f[3], wide.embed[ids[4]])), wide.fc_w, wide.fc_b)
+        assert torch.allclose(wide.inputs(f[3:4], torch.tensor([ids[4]]))[0], want, atol=1e-5), "fuse skipped"
+    b = ft.collate([{"ids": torch.tensor(ids), "n_prompt": 2, "f": f[:, -d:], "aux": f[:, :-d]}], wide=True)
+    with torch.no_grad():
+        (p1,) = wide.forward_train(b["f_prev"], b["tokens"])
+    lms = {"draft": open_lm(wide, t.vocab_size, "draft"), "target": open_lm(t.target, t.vocab_size, "target")}
+    connect(lms)
+    lms["target"].forward(ids[:13], 0, 1)
+    lms["draft"].forward(ids[:13], 0, 1)
+    assert torch.allclose(lms["draft"].pred[:13], p1[0, :13], atol=1e-5), "the run reads other states than training"

@@ -65,10 +65,8 @@ def attention_of(model: Any) -> str:
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    """HF's Llama RMSNorm: normalise in fp32, cast back, then scale. x [n, d] -> [n, d]."""
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return w * xf.to(x.dtype)
+    """HF's Llama RMSNorm: normalise in fp32, cast back (`tap_norm`), then scale. x [n, d] -> [n, d]."""
+    return w * tap_norm(x, eps)
 
 
 class LeanLM(CachedModel):

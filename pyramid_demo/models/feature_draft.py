@@ -88,18 +88,14 @@ class FeatureDraft(nn.Module):
             return fast[name](x)
         return F.linear(x, w, b)
 
-    def width(self) -> int:
-        """The width of the target state it reads: the taps' and the final one's, side by side."""
-        return (len(self.taps) + 1) * self.d
-
     def reduce(self, f: torch.Tensor) -> torch.Tensor:
-        """A target state [.., width()] -> [.., d] (`fuse`); a state of width d (its own prediction) as it is."""
+        """A target state [.., d·(taps + 1)] -> [.., d] (`fuse`); a state of width d (its own prediction) as it is."""
         if f.shape[-1] == self.d:
             return f
         return self._lin("fuse", f, self.fuse_w) if self.taps else f[..., -self.d:]
 
     def inputs(self, f_prev: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """States at i-1 [.., d] or the target's [.., width()], tokens [..] at i -> layer inputs [.., d]."""
+        """States at i-1 [.., d] or the target's [.., d·(taps + 1)], tokens [..] at i -> layer inputs [.., d]."""
         x = torch.cat((self.reduce(f_prev), F.embedding(tokens, self.embed)), -1)
         return self._lin("fc", x, self.fc_w, self.fc_b)
 
@@ -145,7 +141,7 @@ class FeatureDraft(nn.Module):
 
     # ------------------------------------------------------------------ training
     def forward_train(self, f_prev: torch.Tensor, tokens: torch.Tensor, passes: int = 1) -> list[torch.Tensor]:
-        """f_prev [B, T, width()] (row i: the target's state at i-1; row 0 zeros), tokens [B, T] -> the predicted
+        """f_prev [B, T, d·(taps + 1)] (row i: the target's state at i-1; row 0 zeros), tokens [B, T] -> the predicted
         state of every row for each pass [B, T, d] (pass s: s tokens drafted ahead)."""
         B, T, _ = f_prev.shape
         cos, sin = self.rope_tables(T, f_prev.dtype)
