@@ -15,8 +15,8 @@ from transformers.utils import logging as hf_logging
 from ..core.config import DecodeConfig
 from ..forward.lm import ModelTriplet, backend_flags, open_lm
 
-PEERS = ("hf_generate", "hf_assisted")
-PEER_ROLES = {"hf_generate": ("target",), "hf_assisted": ("draft", "target")}  # the models each runs
+PEERS = ("hf_generate", "hf_assisted", "llama_cpp")
+PEER_ROLES = {"hf_generate": ("target",), "hf_assisted": ("draft", "target"), "llama_cpp": ("target",)}
 
 
 @dataclass
@@ -45,6 +45,14 @@ def _gen_kwargs(triplet: ModelTriplet, cfg: DecodeConfig) -> dict:
 
 def unsupported(triplet: ModelTriplet, peer: str) -> str | None:
     """Why `peer` cannot run on this family (one line), or None when it can."""
+    if peer == "llama_cpp":
+        from ..forward.llamacpp import binding, unavailable_reason
+        from ..models.llamacpp import source_of
+
+        if binding() is None:
+            return f"llama_cpp skipped: llama.cpp is not available here ({unavailable_reason()[:80]})"
+        if source_of(triplet.target) is None or triplet.dtype != torch.float32:
+            return "llama_cpp skipped: the target was not loaded from a GGUF at its reference precision (fp32)"
     if peer == "hf_assisted" and getattr(triplet.draft, "reads_target", False):
         return (f"{peer} skipped: Hugging Face assisted generation cannot drive a draft that reads the target's "
                 f"hidden states ({triplet.names[0]}); the engine's SD runs that draft")
@@ -94,6 +102,50 @@ def hf_generate(triplet: ModelTriplet, prompt_ids: list[int], cfg: DecodeConfig,
     if eos is not None:
         new = new[: eos + 1]
     return PeerRun(peer, new, wall, "eos" if eos is not None else "max_new_tokens")
+
+
+def llama_cpp_generate(triplet: ModelTriplet, prompt_ids: list[int], cfg: DecodeConfig) -> PeerRun:
+    """llama.cpp's own plain decoding of the target's F32 GGUF (its sampler chain, as `llama-completion` runs it),
+    in a fresh context, wall time with the prefill: the CPU anchor our AR is measured against."""
+    from ..models.llamacpp import loaded, source_of
+
+    why = unsupported(triplet, "llama_cpp")
+    if why:
+        raise ValueError(why)
+    source = source_of(triplet.target)
+    assert source is not None
+    gguf = loaded(source())
+    lib = gguf.lib
+    ctx = gguf.context(embeddings=False)
+    smpl = lib.llama_sampler_chain_init(lib.llama_sampler_chain_default_params())
+    if cfg.greedy:
+        lib.llama_sampler_chain_add(smpl, lib.llama_sampler_init_greedy())
+    else:
+        if cfg.top_k:
+            lib.llama_sampler_chain_add(smpl, lib.llama_sampler_init_top_k(cfg.top_k))
+        if cfg.top_p < 1.0:
+            lib.llama_sampler_chain_add(smpl, lib.llama_sampler_init_top_p(cfg.top_p, 1))
+        lib.llama_sampler_chain_add(smpl, lib.llama_sampler_init_temp(cfg.temperature))
+        lib.llama_sampler_chain_add(smpl, lib.llama_sampler_init_dist(cfg.seed))
+    new: list[int] = []
+    try:
+        t0 = time.perf_counter()
+        toks = (lib.llama_token * len(prompt_ids))(*prompt_ids)
+        batch = lib.llama_batch_get_one(toks, len(prompt_ids))
+        for _ in range(cfg.max_new_tokens):
+            if lib.llama_decode(ctx, batch) != 0:
+                raise RuntimeError("llama_decode failed in the llama_cpp peer")
+            t = int(lib.llama_sampler_sample(smpl, ctx, -1))
+            new.append(t)
+            if t in triplet.eos_ids:
+                break
+            one = (lib.llama_token * 1)(t)
+            batch = lib.llama_batch_get_one(one, 1)
+        wall = time.perf_counter() - t0
+    finally:
+        lib.llama_sampler_free(smpl)
+        lib.llama_free(ctx)
+    return PeerRun("llama_cpp", new, wall, "eos" if new and new[-1] in triplet.eos_ids else "max_new_tokens")
 
 
 @torch.inference_mode()

@@ -89,7 +89,8 @@ def run_variant(triplet: ModelTriplet, v: Variant, ids: list[int], chat: bool,
                 profile: dict | None = None) -> tuple[dict, list[int]]:
     """One timed run (shape "auto" resolved from `profile`); the row's measured columns and the produced ids."""
     if v.kind == "peer":
-        pr = peers.hf_generate(triplet, ids, v.cfg, v.method)
+        pr = (peers.llama_cpp_generate(triplet, ids, v.cfg) if v.method == "llama_cpp"
+              else peers.hf_generate(triplet, ids, v.cfg, v.method))
         n = len(pr.token_ids)
         return dict(n_new_tokens=n, stopped=pr.stopped, wall_s=pr.wall_s, tokens_per_s_incl_prefill=pr.tokens_per_s,
                     tokens_per_s_wall=pr.tokens_per_s), pr.token_ids

@@ -10,7 +10,7 @@ import torch
 from ..forward.lm import ModelTriplet, encode_prompt, model_takes_trees, open_lm
 from .config import DecodeConfig
 from .engine import decode, prefill, roles_for
-from .methods import method_spec
+from .methods import method_spec, pass_rows
 from .solo import relabel, solo_lms
 from .stats import Tally
 from .trace import RunResult, Step
@@ -147,7 +147,8 @@ def _passes(triplet: ModelTriplet, ids: list[int], cfg: DecodeConfig, prompt: st
     backend = getattr(triplet, "backend", "default")  # the probed (or asked) CPU backend, for every forward
     path = getattr(triplet, "path", "hf")  # HF's forward or the lean one (forward.lean)
     lms = solo_lms(triplet, solo, backend, path) if solo is not None else {
-        r: open_lm(triplet.model(r), triplet.vocab_size, r, backend, path) for r in roles_for(cfg.method)}
+        r: open_lm(triplet.model(r), triplet.vocab_size, r, backend, path, pass_rows(cfg.method, r, cfg))
+        for r in roles_for(cfg.method)}
     prefill_s = prefill(lms, ids)
     for lm in lms.values():  # prefill forwards are reported separately
         lm.reset_counters()

@@ -180,14 +180,19 @@ class CachedLM(CachedModel):
 PATHS = ("hf", "lean")
 
 
-def _lm_class(model: torch.nn.Module, path: str) -> type[CachedModel]:
-    """Which forward a run uses: the feature draft's, the lean (or compiled) one where asked and covered, else HF's."""
+def lm_class(model: torch.nn.Module, path: str, rows: int = 1) -> type[CachedModel]:
+    """Which forward a run uses: the feature draft's; llama.cpp where it was chosen for passes of `rows` rows (the
+    length this role feeds in the run); the lean (or compiled) one where asked and covered; else HF's."""
     if path not in PATHS:
         raise ValueError(f"unknown forward path {path!r}; choose one of {', '.join(PATHS)}")
     if getattr(model, "reads_target", False):  # a proposer that reads the target's states (EAGLE-style)
         from .feature_lm import FeatureLM
 
         return FeatureLM
+    from .llamacpp import GgufModel, LlamaCppLM, gguf_of
+
+    if isinstance(model, GgufModel) or gguf_of(model, rows) is not None:  # llama.cpp (`models.llamacpp.choose`)
+        return LlamaCppLM
     if path == "lean":
         from .compiled import CompiledLM, runner_of
         from .lean import LeanLM
@@ -200,9 +205,10 @@ def _lm_class(model: torch.nn.Module, path: str) -> type[CachedModel]:
     return CachedLM
 
 
-def open_lm(model: torch.nn.Module, vocab_size: int, role: str, backend: str = "default", path: str = "hf") -> LM:
-    """A fresh per-run LM over a loaded model (`_lm_class` says which forward)."""
-    cls: Any = _lm_class(model, path)
+def open_lm(model: torch.nn.Module, vocab_size: int, role: str, backend: str = "default", path: str = "hf",
+            rows: int = 1) -> LM:
+    """A fresh per-run LM over a loaded model; `rows`: the pass length it will mostly feed (`lm_class`)."""
+    cls: Any = lm_class(model, path, rows)
     if getattr(model, "reads_target", False):
         return cls(model, vocab_size, role)
     return cls(model, vocab_size, role, backend)
@@ -210,7 +216,7 @@ def open_lm(model: torch.nn.Module, vocab_size: int, role: str, backend: str = "
 
 def model_takes_trees(model: torch.nn.Module, path: str = "hf") -> bool:
     """Whether the LM `open_lm` would build over `model` takes a tree of candidates, known before a run."""
-    cls = _lm_class(model, path)
+    cls = lm_class(model, path, rows=1 << 16)  # a tree pass feeds many rows
     if cls is CachedLM:
         return _hf_takes_trees(model.config, full_window_cache(model.config))
     return bool(cls.trees)

@@ -18,6 +18,7 @@ import torch
 
 from ..forward.packed import PackedLinear, Swap, restore, swap_linears
 from ..predict.measure import time_forward
+from . import llamacpp
 from .probe import store
 from .probe.machine import machine_key
 from .quant import fp16_available, int4_copy
@@ -213,7 +214,7 @@ def choose_family(models: dict[str, torch.nn.Module], vocab_size: int) -> tuple[
     model on its compiled pass where that is faster; one line saying what each role runs, and the roles that run
     compiled."""
     config = choose_target(models["target"], vocab_size)
-    parts, fast, ran = [], [], {}
+    parts, fast, ran, notes = [], [], {}, set()
     for role in ("draft", "qualifier", "target"):
         m = models[role]
         if hasattr(m, "use_fp16"):  # a feature draft: its own forward
@@ -222,10 +223,16 @@ def choose_family(models: dict[str, torch.nn.Module], vocab_size: int) -> tuple[
         own = m is models["target"] or getattr(m, "quant_kinds", None) or _lean(m)
         if id(m) not in ran:
             ran[id(m)] = choose_compiled(m, vocab_size) if own else "eager"
+            why = llamacpp.choose(m, vocab_size, ran[id(m)]) if own else "torch"  # a GGUF's llama.cpp copy
+            if why.startswith("torch ("):
+                notes.add(why.removeprefix("torch (").rstrip(")"))
         how = ran[id(m)]
         text = label(m, config if m is models["target"] else None) if own else "its own layers"
-        parts.append(f"{role}: {text}" + (", compiled" if how == "compiled" else ""))
+        text += ", compiled" if how == "compiled" else ""
+        lc = llamacpp.describe(m)
+        parts.append(f"{role}: {lc}; otherwise {text}" if lc.startswith("llama.cpp") else f"{role}: {text}")
         if how == "compiled":
             fast.append(role)
-    notes = sorted({h.removeprefix("eager (").rstrip(")") for h in ran.values() if h.startswith("eager (")})
+    notes |= {h.removeprefix("eager (").rstrip(")") for h in ran.values() if h.startswith("eager (")}
+    notes = sorted(notes)
     return "; ".join(parts + notes), tuple(fast)

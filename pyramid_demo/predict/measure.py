@@ -18,19 +18,31 @@ class ForwardTimer:
 
     def __init__(self, model: Any, vocab_size: int, backend: str = "default", context: int = CONTEXT,
                  path: str = "hf"):
-        from ..forward.lm import open_lm
+        from ..forward.lm import lm_class, open_lm
 
-        self.lm = open_lm(model, vocab_size, "probe", backend, path)
+        self.open = lambda k: open_lm(model, vocab_size, "probe", backend, path, rows=k)
+        self.kind = lambda k: lm_class(model, path, k)
         self.context = context
         self.ids = [(7919 * i + 11) % max(2, vocab_size - 1) + 1 for i in range(context + MAX_K + 64)]
+        self.lm = self.open(1)
         self.lm.feed(self.ids[:context], 1)
+        self.by_class = {type(self.lm): self.lm}  # a k-row pass runs on the forward a run feeding k rows would
+
+    def _lm_for(self, k: int) -> Any:
+        cls = self.kind(k)
+        if cls not in self.by_class:
+            lm = self.open(k)
+            lm.feed(self.ids[: self.context], 1)
+            self.by_class[cls] = lm
+        return self.by_class[cls]
 
     def time(self, k: int) -> float:
         """Seconds for one forward of k new tokens; the cache is cropped back to `context` after."""
-        t0 = self.lm.time_s
-        self.lm.feed(self.ids[: self.context + k], k)
-        t = self.lm.time_s - t0
-        self.lm.rollback(self.ids[: self.context + 1])  # keeps `context` tokens
+        lm = self._lm_for(k)
+        t0 = lm.time_s
+        lm.feed(self.ids[: self.context + k], k)
+        t = lm.time_s - t0
+        lm.rollback(self.ids[: self.context + 1])  # keeps `context` tokens
         return t
 
     def time_tree(self, n: int) -> float | None:

@@ -15,8 +15,11 @@ from .machine import native_bf16
 CANDIDATES = (("float32", "default"), ("bfloat16", "packed"), ("bfloat16", "onednn"), ("bfloat16", "no-onednn"))
 
 
-def candidates() -> list[tuple[str, str]]:
-    """The (dtype, backend) pairs worth timing on this CPU."""
+def candidates(lower: bool = False) -> list[tuple[str, str]]:
+    """The (dtype, backend) pairs worth timing on this CPU: the target keeps its reference precision (fp32) unless
+    `lower` (asked for by name) admits bf16; lower precision is what the quantized copy is for."""
+    if not lower:
+        return [c for c in CANDIDATES if c[0] == "float32"]
     packed = packed_available(torch.bfloat16)
     skip = "onednn" if packed else "packed"
     return [c for c in CANDIDATES if c[0] == "float32" or (native_bf16() and c[1] != skip)]

@@ -10,7 +10,7 @@ from ...forward.lean import ATTENTIONS
 from .exactness import describe, describe_trees
 from .machine import numerics as current_numerics
 
-FORMAT = 6  # the cache entry's layout and what it checked (6: numerics, attention checks); others are probed again
+FORMAT = 7  # the cache entry's layout and what it checked (7: fp32 candidates only); others are probed again
 HOW = {"probe": "chosen by a probe of the target's forwards just now",
        "cached": "chosen by this machine's cached probe", "flag": "as asked on the command line",
        "device": "this device's default", "off": "the probe is off: PYRAMID_DEMO_PROBE=0"}
