@@ -97,6 +97,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"note: dtype and backend: {triplet.choice_note}", file=sys.stderr)
     if triplet.kernels:
         print(f"note: kernels timed on this CPU: {triplet.kernels}", file=sys.stderr)
+    if result.forwards:
+        print("note: this run's forwards: " + ", ".join(f"{r} {f}" for r, f in result.forwards.items()),
+              file=sys.stderr)
     print(json.dumps(json_record(result, triplet)) if args.json else summary(result))
     return 0
 

@@ -91,6 +91,7 @@ class _Snapshots:
         self.tail = _TextTail(triplet.tokenizer)
         self.tally = Tally()
         self.stopped = ""
+        self.forwards: dict[str, str] = {}  # role -> the forward class that ran it (set once the LMs are open)
 
     def add(self, step: Step) -> None:
         tok = self.triplet.tokenizer
@@ -111,7 +112,7 @@ class _Snapshots:
             method=self.cfg.method, config=dict(self.config), models=list(self.triplet.names), prompt=self.prompt,
             prompt_ids=self.ids, token_ids=list(self.token_ids), token_texts=list(self.texts),
             origins=list(self.origins), text=self.tail.full() if full else self.tail.text, stats=stats,
-            steps=list(self.steps), shape_why=self.shape_why, solo=self.solo)
+            steps=list(self.steps), shape_why=self.shape_why, solo=self.solo, forwards=dict(self.forwards))
 
 
 def takes_trees(triplet: ModelTriplet, method: str) -> bool:
@@ -153,6 +154,7 @@ def _passes(triplet: ModelTriplet, ids: list[int], cfg: DecodeConfig, prompt: st
     for lm in lms.values():  # prefill forwards are reported separately
         lm.reset_counters()
     record = _Snapshots(triplet, cfg, prompt, ids, prefill_s, why, solo)
+    record.forwards = {r: type(lm).__name__ for r, lm in lms.items()}
     for step in decode(lms, ids, cfg, triplet.eos_ids, gen, full_records):
         record.add(relabel(step, solo) if solo is not None else step)
         yield record
