@@ -287,3 +287,27 @@ def test_padded_masks_are_built_once_per_position(monkeypatch, one_thread):
     lm.rollback(IDS[:21])
     again = lm.feed(IDS[:25], 5)
     assert built.count((20, 5)) == 1 and torch.equal(first, again)
+
+
+def test_a_tree_level_that_grows_the_cache_keeps_the_earlier_levels_rows(one_thread):
+    """A second tree level that crosses the cache's capacity keeps the first level's pending rows: the path kept
+    across both levels scores the next token as a fresh chain over the same tokens does (a growth that copies
+    only the committed slots leaves zeros there)."""
+    model = family("llama3", init=0.2)
+    ids = IDS + IDS
+    for n in range(100, 260):  # a context after which level 1 fits the cache and level 2 grows it
+        lm = LeanLM(model, V, "t")
+        lm.feed(ids[:n], 1)
+        cap = lm.kv.shape[3]
+        lm.forward_tree(ids[n: n + 2], [-1, 0], n)  # level 1: rows 0, 1
+        if lm.kv.shape[3] != cap:
+            continue
+        lm.forward_tree(ids[n + 2: n + 4], [1, 2], n)  # level 2: rows 2, 3
+        if lm.kv.shape[3] > cap:
+            break
+    else:
+        raise AssertionError("no context length made the second level grow the cache")
+    assert lm.keep_path([0, 1, 2, 3]) == n + 4
+    got = lm.feed(ids[: n + 5], 1)
+    fresh = LeanLM(model, V, "t").feed(ids[: n + 5], 1)
+    assert (got - fresh).abs().max() < 1e-3

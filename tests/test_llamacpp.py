@@ -192,3 +192,19 @@ def test_llama_cpp_peer_decodes_what_our_ar_decodes_on_the_same_file(offline_cac
     finally:
         llamacpp.attach(t.target, None)
     assert peer.token_ids == ours.token_ids[: len(peer.token_ids)] and len(peer.token_ids) >= 8
+
+
+def test_a_finished_runs_context_serves_the_next_run_emptied(q41):
+    """Contexts are pooled: a new run after one has ended reuses its context with an empty cache (the same logits
+    as a fresh context), while two live runs never share one."""
+    a = llamacpp.LlamaCppLM(q41, V, "target")
+    first = a.feed(IDS, 2)
+    ctx = a.ctx
+    b = llamacpp.LlamaCppLM(q41, V, "target")
+    b.feed(IDS[:3], 1)
+    assert b.ctx is not None and b.ctx is not ctx  # both alive: their own caches
+    del a
+    c = llamacpp.LlamaCppLM(q41, V, "target")
+    again = c.feed(IDS, 2)
+    assert c.ctx is ctx  # the ended run's context, reused
+    assert (again - first).abs().max() < 1e-4

@@ -104,8 +104,7 @@ class LeanLM(CachedModel):
         while cap < need:
             cap *= 2
         kv = self.kv.new_zeros(*self.kv.shape[:3], cap, self.kv.shape[4])
-        n = len(self.ids)
-        kv[:, :, :, :n] = self.kv[:, :, :, :n]
+        kv[:, :, :, : self.kv.shape[3]] = self.kv  # every slot: pending tree rows past the cache's end too
         self.kv = kv
         self._rope(cap)
 

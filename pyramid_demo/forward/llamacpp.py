@@ -53,6 +53,12 @@ def threads() -> int:
     return max(1, torch.get_num_threads())
 
 
+def _free_model(lib: Any, model: Any, pool: list[Any]) -> None:
+    for ctx in pool:
+        lib.llama_free(ctx)
+    lib.llama_model_free(model)
+
+
 class GgufModel:
     """A GGUF file loaded by llama.cpp once (weights only; contexts are per run). Raises ValueError naming the file
     when llama.cpp cannot read it."""
@@ -72,7 +78,23 @@ class GgufModel:
         self.lib = lib
         self.n_vocab = int(lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(self.model)))
         self.n_embd = int(lib.llama_model_n_embd(self.model))
-        self._free = weakref.finalize(self, lib.llama_model_free, self.model)
+        self._pool: list[Any] = []  # contexts whose runs have ended, kept for the next run
+        self._free = weakref.finalize(self, _free_model, lib, self.model, self._pool)
+
+    def acquire(self) -> Any:
+        """A context no other run holds, its cache emptied: one from the pool, else a new one (~0.1 s)."""
+        with _LOCK:
+            ctx = self._pool.pop() if self._pool else None
+        if ctx is None:
+            return self.context(False)
+        self.lib.llama_memory_clear(self.lib.llama_get_memory(ctx), True)
+        self.lib.llama_set_embeddings(ctx, False)
+        return ctx
+
+    def release(self, ctx: Any) -> None:
+        """Give a run's context back to the pool (its run has ended: the LM that held it is gone)."""
+        with _LOCK:
+            self._pool.append(ctx)
 
     def context(self, embeddings: bool) -> Any:
         """A fresh llama.cpp context (its own KV cache) over these weights; `embeddings`: rows' normed states too."""
@@ -137,11 +159,11 @@ class LlamaCppLM(CachedModel):
         """The run's context, made on first use with embeddings on when a reader asks for this model's states."""
         want = self.publish is not None
         if self.ctx is None:
-            self.ctx = self.gguf.context(want)
-            self._free_ctx = weakref.finalize(self, self.lib.llama_free, self.ctx)
+            self.ctx = self.gguf.acquire()  # embeddings off: set below when a reader wants them
+            self._release = weakref.finalize(self, self.gguf.release, self.ctx)
             self.mem = self.lib.llama_get_memory(self.ctx)
-            self._embeddings = want
-        elif want != self._embeddings:
+            self._embeddings = False
+        if want != self._embeddings:
             self.lib.llama_set_embeddings(self.ctx, want)
             self._embeddings = want
         return self.ctx

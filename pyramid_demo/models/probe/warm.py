@@ -16,9 +16,12 @@ log = logging.getLogger(__name__)
 def cost_profile(triplet: Any, roles: tuple[str, ...] = ("draft", "qualifier", "target"),
                  max_k: int = measure.MAX_K) -> dict:
     """The family's cost profile here (`predict.costs`): cached, else measured now; "how" says which."""
+    from ...forward.llamacpp import attached_upto
+
     dtype = str(triplet.dtype).removeprefix("torch.")
+    lc = ",".join(f"{r}≤{attached_upto(triplet.model(r))}" for r in roles if attached_upto(triplet.model(r)))
     key = (f"{machine_key()} | {','.join(triplet.names)} | {triplet.device} | {dtype} | {triplet.backend} | "
-           f"{triplet.path} | compiled {','.join(getattr(triplet, 'compiled', ()))} | k≤{max_k} | "
+           f"{triplet.path} | compiled {','.join(getattr(triplet, 'compiled', ()))} | llama.cpp {lc} | k≤{max_k} | "
            f"{measure.PROFILE_VERSION}")
     hit = read(PROFILE_FILE).get(key)
     if hit:
