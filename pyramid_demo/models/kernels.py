@@ -230,7 +230,8 @@ def choose_family(models: dict[str, torch.nn.Module], vocab_size: int) -> tuple[
         text = label(m, config if m is models["target"] else None) if own else "its own layers"
         text += ", compiled" if how == "compiled" else ""
         lc = llamacpp.describe(m)
-        parts.append(f"{role}: {lc}; otherwise {text}" if lc.startswith("llama.cpp") else f"{role}: {text}")
+        parts.append(f"{role}: {lc}; otherwise {text}" if lc.startswith("llama.cpp")
+                     else f"{role}: {text}" + (f" ({lc.removeprefix('torch (')}" if lc else ""))
         if how == "compiled":
             fast.append(role)
     notes |= {h.removeprefix("eager (").rstrip(")") for h in ran.values() if h.startswith("eager (")}
