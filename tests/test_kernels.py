@@ -109,3 +109,17 @@ def test_a_cache_key_names_depth_vocabulary_dtype_and_version(tmp_path, monkeypa
     got = kernels._pick(kernels._copy_key(base, f32, 32), ["int4", "fp16"],
                         lambda o: calls.append(o) or {"int4": 2.0, "fp16": 1.0}[o])
     assert got == "fp16" and calls == ["int4", "fp16", "int4", "fp16"], "an old version's choice was reused"
+
+
+def test_the_label_names_the_heads_own_format(monkeypatch) -> None:
+    """An int4 copy whose head could not take fp16 weights (no fbgemm) is labelled with an int4 head: the label
+    reads the head it holds, not the format it would hold elsewhere."""
+    from pyramid_demo.models import quant
+
+    m = _small_llama()
+    monkeypatch.setattr(quant, "fp16_available", lambda: False)
+    c = quant.int4_copy(m, 32)
+    assert isinstance(c.get_output_embeddings(), Int4Linear)
+    assert kernels.label(c, None) == "int4 weights, int4 head"
+    monkeypatch.setattr(quant, "fp16_available", lambda: True)
+    assert kernels.label(quant.int4_copy(m, 32), None) == kernels.LABELS["int4"]

@@ -176,7 +176,10 @@ def label(model: torch.nn.Module, config: str | None) -> str:
     """A model's kernels in words: its target configuration, or what its quantized copy holds."""
     kinds = getattr(model, "quant_kinds", None)
     if kinds:
-        return LABELS["int4"] if "Int4Linear" in kinds else LABELS["fp16"]
+        if "Int4Linear" not in kinds:
+            return LABELS["fp16"]
+        head = type(model.get_output_embeddings()).__name__  # fp16 where fbgemm runs, else int4 too
+        return LABELS["int4"] if head == "Fp16Linear" else "int4 weights, int4 head"
     return LABELS.get(config or "default", "as loaded")
 
 
