@@ -238,5 +238,4 @@ def choose_family(models: dict[str, torch.nn.Module], vocab_size: int) -> tuple[
         if how == "compiled":
             fast.append(role)
     notes |= {h.removeprefix("eager (").rstrip(")") for h in ran.values() if h.startswith("eager (")}
-    notes = sorted(notes)
-    return "; ".join(parts + notes), tuple(fast)
+    return "; ".join(parts + sorted(notes)), tuple(fast)

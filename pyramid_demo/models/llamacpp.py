@@ -147,12 +147,6 @@ def describe(model: Any) -> str:
     return f"llama.cpp {name} for {more} ({fig})"
 
 
-def runs_on(model: Any) -> str:
-    """The forward `model` runs on now, in words ("" for torch)."""
-    g = llamacpp.gguf_of(model)
-    return f"llama.cpp ({g.path.name.split('.')[-2]})" if g is not None else ""
-
-
 def bundled_sources(target: Any, qualifier: Any, gguf: Path) -> None:
     """The offline family: the target over the bundled file's F32 copy, its quantized copy over the file itself."""
     register(target, f32_source(gguf))
