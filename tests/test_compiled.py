@@ -139,3 +139,24 @@ def test_the_package_name_does_not_change_when_the_lean_weights_are_built(cache)
     before = compiled.package_path(q)
     lean_weights(q)
     assert compiled.package_path(q) == before
+
+
+def test_the_name_reads_every_weight_in_place_and_every_cpu(cache, monkeypatch) -> None:
+    """The name changes with an fbgemm fp16 weight (not a parameter), is computed without a float64 copy of any
+    weight, and tells ARM machines apart by their "Features" line as x86 ones by their "flags"."""
+    from pyramid_demo.models.quant import Fp16Linear, int4_copy
+
+    t = tiny_random_triplet()
+    q = int4_copy(t.target, 32)
+    head = q.get_output_embeddings()
+    if not isinstance(head, Fp16Linear):
+        pytest.skip("no fbgemm fp16 head on this CPU")
+    monkeypatch.setattr(torch.Tensor, "double", lambda self: pytest.fail("a float64 copy of a weight"))
+    before = compiled.fingerprint(q)
+    w, b = head.unpacked()
+    w[0, 0] += 0.5
+    head.packed = torch.ops.quantized.linear_prepack_fp16(w, b)
+    assert compiled.fingerprint(q) != before
+    arm = "processor\t: 0\nFeatures\t: fp asimd evtstrm aes\n"
+    assert compiled.cpu_line(arm, "aarch64") != compiled.cpu_line(arm.replace(" aes", " aes sve"), "aarch64")
+    assert compiled.cpu_line("flags\t: avx2\n", "x86_64") == "x86_64|avx2"

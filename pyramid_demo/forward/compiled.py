@@ -92,27 +92,44 @@ def cache_dir() -> Path:
     return (Path(root) if root else Path.home() / ".cache" / "pyramid_demo") / "compiled"
 
 
+def cpu_line(cpuinfo: str, arch: str) -> str:
+    """The CPU's instruction-set line ("flags" on x86, "Features" on ARM) and its architecture: two machines
+    whose kernels differ never share a package name."""
+    line = next((x.split(":", 1)[1].strip() for x in cpuinfo.splitlines()
+                 if x.lower().startswith(("flags", "features"))), "")
+    return f"{arch}|{line}"
+
+
+def _weights(model: Any) -> Any:
+    """(name, tensor) of every weight a pass reads: parameters, buffers, and fbgemm's packed fp16 weights."""
+    yield from model.named_parameters()
+    yield from model.named_buffers()
+    for name, m in model.named_modules():
+        if callable(getattr(m, "unpacked", None)) and getattr(m, "packed", None) is not None:
+            w, b = m.unpacked()  # [out, in] fp16 values; a packed fbgemm weight is no tensor to read
+            yield f"{name}.fp16", w
+            if b is not None:
+                yield f"{name}.fp16_bias", b
+
+
 def fingerprint(model: Any) -> str:
     """What a package was built from: this pass's format, torch's build, the CPU, the model's config, its layers'
-    kinds and three sums over every weight (a changed weight, dtype, format or machine gives another name: a stale
-    package is never loaded)."""
+    kinds and every weight's bytes (a changed weight, dtype, format or machine gives another name: a stale
+    package is never loaded). Bytes are read in place: no copy of a weight is made."""
     from platform import machine
 
     lean_weights(model)  # its fused layers are part of the model once built: name it as it runs
     h = hashlib.sha256()
     info = Path("/proc/cpuinfo")
-    cpu = info.read_text().split("flags", 1)[-1].split("\n", 1)[0] if info.exists() else machine()
+    cpu = cpu_line(info.read_text(errors="replace") if info.exists() else "", machine())
     cfg = model.config.to_dict() if hasattr(model, "config") else {}
     kinds = [type(m).__name__ for m in model.modules()]
     h.update(json.dumps([FORMAT, torch.__version__, cpu, cfg, kinds], sort_keys=True, default=str).encode())
-    g = torch.Generator().manual_seed(0)
     with torch.inference_mode():
-        for name, t in [*model.named_parameters(), *model.named_buffers()]:
+        for name, t in _weights(model):
             t = t if t.layout == torch.strided else t.to_dense()
-            flat = t.reshape(-1).double()
             h.update(f"{name}{tuple(t.shape)}{t.dtype}".encode())
-            h.update(torch.stack([flat.sum(), flat.square().sum(), (flat * torch.rand(flat.shape, generator=g,
-                                  dtype=torch.float64)).sum()]).numpy().tobytes())  # any changed value shows
+            h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().data)
     return h.hexdigest()[:20]
 
 
