@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..forward.cache import TREE_ROWS
+
 TREE_BUDGET = ("tree_nodes", "tree_depth", "tree_k")  # a shaped stage's tree, when it proposes one
 COST_MODELS = ("target_only", "speculative", "pyramid")  # the pricings `predict.costs` implements
 # method keys retired by `DecodeConfig.shape`: each is refused in one line naming the new setting
@@ -168,7 +170,7 @@ def pass_rows(method: str, role: str, cfg: Any) -> int:
     for a tree), or 1 for a role that only proposes or decodes alone: the pass length its forward is chosen for."""
     for st in method_spec(method).stages:
         if st.verifier == role:
-            return 1 << 16 if st.shaped and cfg.shape == "tree" else int(getattr(cfg, st.length)) + 1
+            return TREE_ROWS if st.shaped and cfg.shape == "tree" else int(getattr(cfg, st.length)) + 1
     return 1
 
 

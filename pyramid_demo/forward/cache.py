@@ -8,6 +8,7 @@ import time
 import torch
 
 LONGEST_PASS = 65  # the longest pass a verifier runs (a proposal of at most 64 plus its own token)
+TREE_ROWS = 1 << 16  # the pass length a tree stands for when a forward is chosen by length (any tree is "long")
 
 
 class CacheError(RuntimeError):

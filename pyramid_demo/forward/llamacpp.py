@@ -153,7 +153,7 @@ class LlamaCppLM(CachedModel):
         self.ctx: Any = None
         self.batch = self.lib.llama_batch_init(N_BATCH, 0, 1)
         self._free_batch = weakref.finalize(self, self.lib.llama_batch_free, self.batch)
-        self._embeddings: bool | None = None
+        self._embeddings = False  # what the context outputs besides logits (set when a reader asks)
 
     def _context(self) -> Any:
         """The run's context, made on first use with embeddings on when a reader asks for this model's states."""
@@ -162,7 +162,6 @@ class LlamaCppLM(CachedModel):
             self.ctx = self.gguf.acquire()  # embeddings off: set below when a reader wants them
             self._release = weakref.finalize(self, self.gguf.release, self.ctx)
             self.mem = self.lib.llama_get_memory(self.ctx)
-            self._embeddings = False
         if want != self._embeddings:
             self.lib.llama_set_embeddings(self.ctx, want)
             self._embeddings = want
@@ -187,7 +186,6 @@ class LlamaCppLM(CachedModel):
         want = len(tokens) if self.publish is not None else keep  # the rows read: kept logits, or every state
         z = torch.empty(keep, self.vocab_size)  # [keep, V]
         feats = torch.empty(len(tokens), self.gguf.n_embd) if self.publish is not None else None  # [n, d]
-        done = 0
         for s in range(0, len(tokens), N_BATCH):  # chunks of a long prefill
             chunk = tokens[s: s + N_BATCH]
             first = max(0, len(tokens) - want - s)
@@ -203,7 +201,6 @@ class LlamaCppLM(CachedModel):
             if feats is not None:
                 emb = np.ctypeslib.as_array(self.lib.llama_get_embeddings(ctx), shape=(n_out, self.gguf.n_embd))
                 feats[row0: row0 + n_out] = torch.from_numpy(emb)
-            done += n_out
         self.feats = feats
         return z
 

@@ -10,7 +10,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from .backend import backend_flags
-from .cache import CachedModel, TargetStates, tap_norm, tree_seen
+from .cache import TREE_ROWS, CachedModel, TargetStates, tap_norm, tree_seen
 
 
 class LM(Protocol):
@@ -216,7 +216,7 @@ def open_lm(model: torch.nn.Module, vocab_size: int, role: str, backend: str = "
 
 def model_takes_trees(model: torch.nn.Module, path: str = "hf") -> bool:
     """Whether the LM `open_lm` would build over `model` takes a tree of candidates, known before a run."""
-    cls = lm_class(model, path, rows=1 << 16)  # a tree pass feeds many rows
+    cls = lm_class(model, path, rows=TREE_ROWS)  # a tree pass feeds many rows
     if cls is CachedLM:
         return _hf_takes_trees(model.config, full_window_cache(model.config))
     return bool(cls.trees)

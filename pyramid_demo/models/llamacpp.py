@@ -152,9 +152,3 @@ def bundled_sources(target: Any, qualifier: Any, gguf: Path) -> None:
     register(target, f32_source(gguf))
     if qualifier is not target:
         register(qualifier, lambda: gguf)
-
-
-def check_source(gguf: Path) -> None:
-    """Refuse, by name, a GGUF that llama.cpp cannot read (where llama.cpp is installed)."""
-    if llamacpp.binding() is not None:
-        loaded(gguf)

@@ -329,9 +329,8 @@ def _load_model(ref: str, dev: torch.device, dt: torch.dtype, preset: Preset | N
         fn = lambda: AutoModelForCausalLM.from_pretrained(  # noqa: E731
             str(p.parent), gguf_file=p.name, quantization_config=GgufConfig(dequantize=True), **kw)
         model = _guard(ref, fn, preset)
-        from .llamacpp import check_source, f32_source, register
+        from .llamacpp import f32_source, register
 
-        check_source(p)  # a file llama.cpp cannot read is refused by name
         register(model, f32_source(p))  # its F32 copy may run on llama.cpp (`models.llamacpp.choose`)
     elif kind == "local":
         model = _guard(ref, lambda: AutoModelForCausalLM.from_pretrained(ref, **kw), preset)
