@@ -56,7 +56,9 @@ def box(p: Preset, choice: Any) -> str:
     names = [model_name(ref, role, p.target) for ref, role in zip(p.refs, ("draft", "qualifier", "target"))]
     models = f"**Draft** {names[0]} → **qualifier** {names[1]} → **target** {names[2]}"
     runs = ("Runs offline" if not p.hub else "Downloads from the Hub") + (" · gated: needs a token" if p.gated else "")
-    return f"{models}  \n{exact_line(choice)}  \n{runs} · about {p.memory_gb:g} GB at 16-bit"
+    fp32 = choice is not None and choice.dtype == "float32"  # a CPU runs the target at its reference precision
+    mem = f"about {2 * p.memory_gb:g} GB as fp32" if fp32 else f"about {p.memory_gb:g} GB at 16-bit"
+    return f"{models}  \n{exact_line(choice)}  \n{runs} · {mem}"
 
 
 def fold(preset: str, p: Preset, choice: Any) -> str:
