@@ -1,4 +1,4 @@
-"""`python -m pyramid_demo {generate,bench,probe}`: run one method, benchmark methods, or probe this machine."""
+"""`python -m pyramid_demo {generate,bench,prepare}`: run one method, benchmark methods, or prepare this machine."""
 from __future__ import annotations
 
 import argparse
@@ -8,7 +8,7 @@ import sys
 SUBCOMMANDS = {
     "generate": ("pyramid_demo.generate_cli", "run one decoding method and print the text and its trace"),
     "bench": ("pyramid_demo.bench.runner", "benchmark methods side by side and write results.csv/json and report.html"),
-    "probe": ("pyramid_demo.probe_cli", "check and time the dtype/backend/forward candidates on this machine now"),
+    "prepare": ("pyramid_demo.prepare_cli", "build compiled passes; record this machine's checks and costs"),
 }
 
 

@@ -39,11 +39,8 @@ def add_decoding_arguments(p: argparse.ArgumentParser) -> None:
             kw["help"] = text
         p.add_argument("--" + s.name.replace("_", "-"), default=default, **kw)
     p.add_argument("--device", default=None, help="cpu, cuda or mps (default: best available)")
-    p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: on a CPU the fastest "
-                   "in a cached probe of a few seconds, see --backend; bf16 on CUDA (fp16 without bf16), fp16 on MPS)")
-    p.add_argument("--backend", choices=("auto", "packed", "onednn", "no-onednn", "default"), default=None,
-                   help="CPU matmul backend for every forward: oneDNN on or off, or torch's default "
-                        "(default auto: the probe's choice)")
+    p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: the reference precision "
+                   "fp32 on a CPU; bf16 on CUDA (fp16 without bf16), fp16 on MPS)")
     from .hardware_cli import add_arguments as add_hardware_arguments
 
     add_hardware_arguments(p)  # --device-map, --quantize, --estimate-only
@@ -93,10 +90,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if triplet.note and not args.json:
         print(f"note: {triplet.note}", file=sys.stderr)
-    if triplet.choice_note:
-        print(f"note: dtype and backend: {triplet.choice_note}", file=sys.stderr)
-    if triplet.kernels:
-        print(f"note: kernels timed on this CPU: {triplet.kernels}", file=sys.stderr)
+    print(f"note: {triplet.runs}", file=sys.stderr)
     if result.forwards:
         print("note: this run's forwards: " + ", ".join(f"{r} {f}" for r, f in result.forwards.items()),
               file=sys.stderr)
@@ -108,17 +102,17 @@ def shape_profile(triplet, cfg: DecodeConfig) -> dict | None:
     """The cost profile shape "auto" is resolved from (cached, else measured now); None when not needed or had."""
     if cfg.shape != "auto" or not method_spec(cfg.method).shaped:
         return None
-    from .models.probe import cost_profile
+    from .models.warm import cost_profile
 
     try:
-        return cost_profile(triplet)
+        return cost_profile(triplet, measure_now=True)
     except Exception as e:  # noqa: BLE001 - without a profile "auto" takes the chain and says so
         print(f"note: no cost profile ({e!r}): shape auto takes the chain", file=sys.stderr)
         return None
 
 
 def json_record(result, triplet) -> dict:
-    """`--json`'s object: the run's record plus how it ran (dtype, backend, `exact`: None when not checked)."""
-    return {**result.to_dict(), "dtype": str(triplet.dtype).removeprefix("torch."), "backend": triplet.backend,
-            "exact": getattr(triplet, "exact", None), "exact_note": getattr(triplet, "exact_note", ""),
-            "choice_note": triplet.choice_note, "kernels": triplet.kernels}
+    """`--json`'s object: the run's record plus how it ran (dtype, what each role runs, `exact`: None when not
+    measured here)."""
+    return {**result.to_dict(), "dtype": str(triplet.dtype).removeprefix("torch."), "runs": triplet.runs,
+            "exact": triplet.exact, "exact_note": triplet.exact_note}

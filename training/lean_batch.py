@@ -1,11 +1,11 @@
 """A batched lean forward of the target for data generation: B sequences in one preallocated KV cache.
 
-Why: the engine's `forward.lean.LeanLM` decodes one sequence (its exactness rules are about one-token steps
+Why: the engine's `forward.core.CoreLM` decodes one sequence (its exactness rules are about one-token steps
 against k-token passes); a corpus is made fastest by many sequences at once, since a one-row step on a CPU
 pays per-call cost and reads every weight for one token. Here every row has its own position (no left
 padding: row b's tokens sit in cache slots 0 … n_b − 1), a finished row is refilled with the next prompt
 (continuous batching: no step is spent on rows that are done), and the same weights
-(`forward.lean_weights.lean_weights`:
+(`forward.weights.weights`:
 fused QKV and gate/up) are read once per step for all rows. Exactness across batch sizes is not needed here:
 the data is the target's own samples, and the draft's training states are recomputed by `states` anyway.
 """
@@ -17,31 +17,24 @@ import torch
 import torch.nn.functional as F
 
 from pyramid_demo.forward.cache import tap_norm
-from pyramid_demo.forward.lean import rms_norm
-from pyramid_demo.forward.lean_weights import lean_weights
+from pyramid_demo.forward.core import rms_norm, rope_table, rotate
+from pyramid_demo.forward.weights import weights
 
 
 class BatchedLean:
     """`rows` sequences of at most `capacity` tokens each over one target (a Llama-family model on the CPU)."""
 
     def __init__(self, model: Any, rows: int, capacity: int, rowwise: bool | None = None):
-        self.w = w = lean_weights(model)
+        self.w = w = weights(model)
         self.rowwise = rowwise  # decode attention row by row (None: when it reads fewer keys, see `step`)
         self.rows, self.capacity = rows, capacity
         self.kv = torch.zeros(len(w.layers), 2, rows, w.n_kv, capacity, w.head_dim, dtype=w.dtype)  # [L,2,B,Hkv,T,D]
-        freqs = torch.arange(capacity, dtype=torch.float32)[:, None] * w.inv_freq[None]  # [T, D/2]
-        emb = torch.cat((freqs, freqs), -1)  # [T, D]
-        self.cos = (emb.cos() * w.rope_scale).to(w.dtype)  # [T, D], as HF computes them
-        sin = (emb.sin() * w.rope_scale).to(w.dtype)
-        half = w.head_dim // 2
-        self.sin = torch.cat((-sin[:, :half], sin[:, half:]), -1)  # rotate_half's sign folded in
+        self.cos, self.sin = rope_table(w.inv_freq, capacity, w.dtype, w.rope_scale)  # [T, D]: the core's table
         self.pos = torch.zeros(rows, dtype=torch.long)  # [B] the next free slot of each row
 
     def _rope(self, qk: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
         """qk [..., n, H, D] rotated at positions `at` (broadcast to [..., n, 1, D])."""
-        half = self.w.head_dim // 2
-        cos, sin = self.cos[at].unsqueeze(-2), self.sin[at].unsqueeze(-2)
-        return qk * cos + torch.cat((qk[..., half:], qk[..., :half]), -1) * sin
+        return rotate(qk, self.cos[at].unsqueeze(-2), self.sin[at].unsqueeze(-2))
 
     @torch.inference_mode()
     def set_prefix(self, ids: list[int]) -> None:

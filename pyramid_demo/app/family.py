@@ -1,5 +1,5 @@
-"""The family box beside the prompt (at most three plain lines for students: the models, SD's exactness here,
-where it runs) and the closed fold under it with the probe's figures, ids, memory and tuned settings."""
+"""The family box beside the prompt (at most three plain lines for students: the models, where they run, memory)
+and the closed fold under it with what each role runs, this machine's measured record, ids and tuned settings."""
 from __future__ import annotations
 
 import re
@@ -16,13 +16,13 @@ KNOWN = {  # the offline family's references, in words
     BUNDLED_TARGET: "SmolLM2-135M-Instruct (bundled)",
 }
 CUSTOM_BOX = ("**Custom family**: three Hugging Face ids or local paths of causal LMs that share one tokenizer, "
-              "smallest first.  \nThey download on the first run; the race's note says whether SD matches AR exactly.")
-CUSTOM_FOLD = ("**Exactness** is checked when a custom family loads (on a CPU, by the same probe as the presets); "
-               "a note above the race says when SD and lossless PSD_A may differ from AR.")
+              "smallest first.  \nThey download on the first run.")
+CUSTOM_FOLD = ("**What runs**: each role on the core forward where it covers the architecture (Llama, Qwen2, Mistral), "
+               "else Hugging Face's; `python -m pyramid_demo prepare --models …` records its checks on this machine.")
 HOW = ("**How it works**: the draft guesses a few tokens; in a pyramid the qualifier checks them first and passes on "
        "a block; the target checks what reaches it in one pass, keeps what it agrees with and adds one token of its "
        "own. SD (and PSD_A with stage-2 rule sd) is lossless: at temperature 0 it writes exactly AR's text, provided "
-       "the target's multi-token passes give bitwise the logits of one-token steps here. A probe checks that on a "
+       "the target's multi-token passes give bitwise the logits of one-token steps here. Setup measures that on a "
        "CPU; its figures are below.")
 
 
@@ -38,43 +38,42 @@ def model_name(ref: str, role: str, target: str) -> str:
     return ref.rstrip("/").rsplit("/", 1)[-1]
 
 
-def exact_line(choice: Any) -> str:
-    """Whether SD writes exactly AR's text on this machine, in one line (from the probe's cached choice)."""
-    if choice is None:
-        return "Whether SD writes exactly AR's text here is checked when the family first loads on a CPU."
-    if choice.exact is None:
-        return "Not checked on this machine: SD may differ from AR's text at near-ties."
-    if not choice.exact:
-        return ("⚠ On this machine SD may differ from AR's text at near-ties (checking many tokens at once rounds "
-                "differently).")
-    trees = " (tree lanes may differ at near-ties)" if choice.tree_exact is False else ""
-    return f"✓ On this machine SD writes exactly AR's text at temperature 0{trees}."
-
-
-def box(p: Preset, choice: Any) -> str:
-    """The three lines beside the prompt: the models, SD's exactness here, where it runs."""
+def box(p: Preset) -> str:
+    """The three lines beside the prompt: the models, where they run, memory."""
     names = [model_name(ref, role, p.target) for ref, role in zip(p.refs, ("draft", "qualifier", "target"))]
     models = f"**Draft** {names[0]} → **qualifier** {names[1]} → **target** {names[2]}"
     runs = ("Runs offline" if not p.hub else "Downloads from the Hub") + (" · gated: needs a token" if p.gated else "")
-    fp32 = choice is not None and choice.dtype == "float32"  # a CPU runs the target at its reference precision
-    mem = f"about {2 * p.memory_gb:g} GB as fp32" if fp32 else f"about {p.memory_gb:g} GB at 16-bit"
-    return f"{models}  \n{exact_line(choice)}  \n{runs} · {mem}"
+    return f"{models}  \n{runs}  \nAbout {2 * p.memory_gb:g} GB as fp32 on a CPU, {p.memory_gb:g} GB at 16-bit"
 
 
-def fold(preset: str, p: Preset, choice: Any) -> str:
-    """The fold: how it works, the full ids and description, memory, the probe's choice and figures, tuned settings."""
+def record_text(rec: dict[str, Any] | None) -> str:
+    """This machine's measured record in words: whether each role's many-row passes equal its one-row steps."""
+    if not rec:
+        return ("not measured on this machine yet (`python -m pyramid_demo prepare` measures it; setup runs it): "
+                "whether SD writes exactly AR's text here is not assumed")
+    from ..models.checks import describe, describe_trees
+
+    target = rec["checks"]["target"]
+    rest = "; ".join(f"{r}: {c['bitwise_passes']}/{c['passes']} passes bitwise equal, max |Δlogit| "
+                     f"{c['max_abs_diff']:.2g}" for r, c in rec["checks"].items() if r != "target")
+    trees = describe_trees(target)
+    return f"target: {describe(target)}" + (f"; {trees}" if trees else "") + (f"  \n{rest}" if rest else "")
+
+
+def fold(preset: str, p: Preset, triplet: Any | None) -> str:
+    """The fold: how it works, the full ids and description, memory, what runs and this machine's record."""
     need = f"about {p.memory_gb:g} GB at 16-bit ({2 * p.memory_gb:g} GB as fp32 on a CPU)"
     parts = [HOW,
              f"**This family**: `{p.draft}` → `{p.qualifier}` → `{p.target}`  \n{p.description}  \nMemory: {need}  \n"
-             + hosting.memory_line(preset),
-             "**Exactness on this machine** (CPU probe): " + (choice.summary if choice else
-                                                              "dtype, backend and forward are probed, and their "
-                                                              "exactness checked, on the first run (several seconds)")]
-    from ..models.loading import loaded_kernels
+             + hosting.memory_line(preset)]
+    if triplet is not None:
+        from ..models.runtime import cpu_class, family_record
 
-    kernels = loaded_kernels(preset)
-    if kernels:
-        parts.append(f"**Kernels** (the fastest timed on this CPU): {kernels}")
+        parts.append(f"**What runs here** ({cpu_class()}): {triplet.runs}")
+        parts.append("**Measured on this machine**: " + record_text(family_record(triplet)))
+    else:
+        parts.append("**What runs here** is decided when the family loads: each role's compiled pass where setup built "
+                     "one for these weights and it agrees with the eager pass, else the eager core pass.")
     if p.tuned:
         parts.append("**Tuned settings** (measured with `bench`): " + " · ".join(f"{k} {v}" for k, v in p.tuned))
     return "\n\n".join(parts)
@@ -86,10 +85,9 @@ def visible(markdown: str) -> str:
 
 
 def texts(preset: str) -> tuple[str, str]:
-    """(the box, the fold) for a preset name as it runs on this install."""
+    """(the box, the fold) for a preset name as it runs on this install (the fold's record once it has loaded)."""
+    from ..models.loading import loaded
     from ..models.offline import as_run
-    from ..models.probe import cached_choice
 
     p = as_run(PRESETS[preset])  # what runs on this install (the offline draft may read the target)
-    choice = cached_choice(preset)  # the choice and its exactness; the probe's timings are in its table
-    return box(p, choice), fold(preset, p, choice)
+    return box(p), fold(preset, p, loaded(preset))

@@ -110,48 +110,20 @@ def placement_options() -> dict[str, str | None]:
             "quantize": os.environ.get("PYRAMID_DEMO_QUANTIZE") or None}
 
 
-class _NotProbed(Exception):
-    """The family has no cached dtype choice on this machine yet."""
-
-
-def load_dtype(preset: str) -> tuple[tuple[Any, Any], bool]:
-    """(device, dtype) the next load of `preset` uses here, and whether the dtype is known (False: the first
-    load's probe has yet to choose). Never loads a model."""
-    from ..models import probe
-    from ..models.loading import pick_device, pick_dtype
-
-    def not_yet() -> Any:
-        raise _NotProbed
-
-    dev = pick_device(None)
-    opts = placement_options()
-    try:
-        choice = probe.choose(preset, dev, None, None, not_yet, placed=bool(opts["device_map"] or opts["quantize"]))
-    except _NotProbed:
-        return (dev, pick_dtype(dev, "float32")), False
-    return (dev, pick_dtype(dev, choice.dtype)), True
-
-
 def memory_line(preset: str, max_new_tokens: int = 128, prompt_tokens: int = 512) -> str:
-    """The family box's estimate in the dtype the family loads in here (the probe's choice on a CPU),
+    """The family box's estimate in the dtype the family loads in here (the device's default: fp32 on a CPU),
     from configs already on this machine (never the network)."""
     import torch
 
-    from ..models.loading import estimate
-    from ..models.memory import GB, available_bytes, fmt_bytes
-    from ..models.probe import native_bf16
+    from ..models.loading import estimate, pick_device, pick_dtype
+    from ..models.memory import GB, available_bytes
 
     try:
-        (dev, dt), known = load_dtype(preset)
-        size = prompt_tokens + max_new_tokens + 32
-        quant = placement_options()["quantize"]
-        est = estimate(preset, dt, size, quant, online=False)
+        dev = pick_device(None)
+        est = estimate(preset, pick_dtype(dev, None), prompt_tokens + max_new_tokens + 32,
+                       placement_options()["quantize"], online=False)
         free = available_bytes(dev)
-        alt = ""
-        if not known and est.models and native_bf16():  # the first run's probe may still pick bf16
-            bf = estimate(preset, torch.bfloat16, size, quant, online=False)
-            alt = f" (≈ {fmt_bytes(bf.total_bytes)} in bfloat16 if the first run's probe picks it)"
     except Exception as e:  # noqa: BLE001 - an estimate must never break the page
         return f"Estimate: unavailable ({type(e).__name__})"
     where = f"; {free / GB:.1f} GB free on {dev}" if free is not None and dev.type != "meta" else ""
-    return f"Estimate here ({torch.device(dev)}): {est.short()}{alt}{where}"
+    return f"Estimate here ({torch.device(dev)}): {est.short()}{where}"

@@ -1,4 +1,4 @@
-"""The first race's one-time stages (convert, probe, load, warm), read from what is cached, with progress as
+"""The first race's one-time stages (convert, load, warm), read from what is cached, with progress as
 elapsed time against what the stage usually takes, so the page never sits at 0 % in silence."""
 from __future__ import annotations
 
@@ -10,26 +10,17 @@ from typing import Any
 # (the status line, what the stage usually takes on 2 cores, in seconds)
 STAGES = {
     "convert": ("Converting the bundled SmolLM2 GGUF into a cached copy (first run on this machine only)", 40.0),
-    "probe": ("Probing this CPU: timing each dtype/backend/forward and checking that verification passes are "
-              "exact (first run on this machine only)", 45.0),
     "load": ("Loading the three models", 8.0),
-    "warm": ("Warming up every model and measuring the cost profile (not counted in any lane)", 8.0),
+    "warm": ("Warming up every model (not counted in any lane)", 4.0),
 }
 POLL_S = 0.5
 
 
 def loading_stage(preset: str) -> str:
-    """Which stage a load of `preset` is in now: convert, probe or load."""
-    from ..models import bundled, probe
-    from ..models.loading import pick_device
-    from ..models.presets import PRESETS
+    """Which stage a load of `preset` is in now: convert or load."""
+    from ..models import bundled
 
-    p = PRESETS.get(preset)
-    if p is not None and preset == "smollm2-offline" and not bundled.is_converted():
-        return "convert"
-    if p is not None and not p.hub and probe.probe_wanted(pick_device(None)) and not probe.cached_choice(preset):
-        return "probe"
-    return "load"
+    return "convert" if preset == "smollm2-offline" and not bundled.is_converted() else "load"
 
 
 def run_staged(work: Callable[[], Any], stage: Callable[[], str]) -> Iterator[tuple[str, float, float]]:

@@ -28,10 +28,10 @@ def row_record(steps: list[Step], method: str | None = None, config: dict | None
 
 def profile(triplet: Any) -> dict | None:
     """The family's cost profile (cached for this machine, else measured now: a few seconds)."""
-    from ..models.probe import cost_profile
+    from ..models.warm import cost_profile
 
     try:
-        return cost_profile(triplet)
+        return cost_profile(triplet, measure_now=True)
     except Exception as e:  # noqa: BLE001 - the bench's other results stand without it
         return {"error": repr(e)}
 
@@ -122,7 +122,7 @@ def markdown(section: dict) -> str:
     prof = section.get("profile") or {}
     if "ms" not in prof:
         return "No cost profile" + (f": {prof['error']}" if prof.get("error") else ".")
-    lines = [f"Cost profile ({prof.get('dtype')}, {prof.get('backend')}, "
+    lines = [f"Cost profile ({prof.get('dtype')}, "
              f"{'cached' if prof.get('how') == 'cached' else 'measured now'}), ms per cached forward of k new tokens: "
              + "; ".join(f"{r} " + ", ".join(f"k={k} {float(v):.1f}" for k, v in row.items())
                          for r, row in prof["ms"].items()),

@@ -1,5 +1,6 @@
-"""Reference measurements beside the engine: Hugging Face `generate()` peers (wall time, prefill included),
-single-model speeds and the target's teacher-forced log-probability of a produced text."""
+"""Reference measurements beside the engine: Hugging Face `generate()` peers and llama.cpp's own decoding of the
+target's GGUF (`bench.llamacpp_peer`), wall time with the prefill; single-model speeds and the target's
+teacher-forced log-probability of a produced text."""
 from __future__ import annotations
 
 import copy
@@ -13,7 +14,8 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from ..core.config import DecodeConfig
-from ..forward.lm import ModelTriplet, backend_flags, open_lm
+from ..forward.lm import ModelTriplet, open_lm
+from . import llamacpp_peer
 
 PEERS = ("hf_generate", "hf_assisted", "llama_cpp")
 PEER_ROLES = {"hf_generate": ("target",), "hf_assisted": ("draft", "target"), "llama_cpp": ("target",)}
@@ -46,13 +48,10 @@ def _gen_kwargs(triplet: ModelTriplet, cfg: DecodeConfig) -> dict:
 def unsupported(triplet: ModelTriplet, peer: str) -> str | None:
     """Why `peer` cannot run on this family (one line), or None when it can."""
     if peer == "llama_cpp":
-        from ..forward.llamacpp import binding, unavailable_reason
-        from ..models.llamacpp import source_of
-
-        if binding() is None:
-            return f"llama_cpp skipped: llama.cpp is not available here ({unavailable_reason()[:80]})"
-        if source_of(triplet.target) is None or triplet.dtype != torch.float32:
+        if llamacpp_peer.source_of(triplet.target) is None or triplet.dtype != torch.float32:
             return "llama_cpp skipped: the target was not loaded from a GGUF at its reference precision (fp32)"
+        if why := llamacpp_peer.missing():
+            return f"llama_cpp skipped: {why}"
     if peer == "hf_assisted" and getattr(triplet.draft, "reads_target", False):
         return (f"{peer} skipped: Hugging Face assisted generation cannot drive a draft that reads the target's "
                 f"hidden states ({triplet.names[0]}); the engine's SD runs that draft")
@@ -90,8 +89,7 @@ def hf_generate(triplet: ModelTriplet, prompt_ids: list[int], cfg: DecodeConfig,
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             t0 = time.perf_counter()
-            with backend_flags(triplet.backend):  # the same dtype and backend as the engine's runs
-                out = target.generate(x, attention_mask=torch.ones_like(x), **kw)
+            out = target.generate(x, attention_mask=torch.ones_like(x), **kw)  # the engine's dtype
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
             wall = time.perf_counter() - t0
@@ -105,47 +103,15 @@ def hf_generate(triplet: ModelTriplet, prompt_ids: list[int], cfg: DecodeConfig,
 
 
 def llama_cpp_generate(triplet: ModelTriplet, prompt_ids: list[int], cfg: DecodeConfig) -> PeerRun:
-    """llama.cpp's own plain decoding of the target's F32 GGUF (its sampler chain, as `llama-completion` runs it),
-    in a fresh context, wall time with the prefill: the CPU anchor our AR is measured against."""
-    from ..models.llamacpp import loaded, source_of
-
+    """llama.cpp's own plain decoding of the target's GGUF as an F32 copy (`llamacpp_peer.decode`), wall time with
+    the prefill: the CPU anchor our AR is measured against."""
     why = unsupported(triplet, "llama_cpp")
     if why:
         raise ValueError(why)
-    source = source_of(triplet.target)
+    source = llamacpp_peer.source_of(triplet.target)
     assert source is not None
-    gguf = loaded(source())
-    lib = gguf.lib
-    ctx = gguf.context(embeddings=False)
-    smpl = lib.llama_sampler_chain_init(lib.llama_sampler_chain_default_params())
-    if cfg.greedy:
-        lib.llama_sampler_chain_add(smpl, lib.llama_sampler_init_greedy())
-    else:
-        if cfg.top_k:
-            lib.llama_sampler_chain_add(smpl, lib.llama_sampler_init_top_k(cfg.top_k))
-        if cfg.top_p < 1.0:
-            lib.llama_sampler_chain_add(smpl, lib.llama_sampler_init_top_p(cfg.top_p, 1))
-        lib.llama_sampler_chain_add(smpl, lib.llama_sampler_init_temp(cfg.temperature))
-        lib.llama_sampler_chain_add(smpl, lib.llama_sampler_init_dist(cfg.seed))
-    new: list[int] = []
-    try:
-        t0 = time.perf_counter()
-        toks = (lib.llama_token * len(prompt_ids))(*prompt_ids)
-        batch = lib.llama_batch_get_one(toks, len(prompt_ids))
-        for _ in range(cfg.max_new_tokens):
-            if lib.llama_decode(ctx, batch) != 0:
-                raise RuntimeError("llama_decode failed in the llama_cpp peer")
-            t = int(lib.llama_sampler_sample(smpl, ctx, -1))
-            new.append(t)
-            if t in triplet.eos_ids:
-                break
-            one = (lib.llama_token * 1)(t)
-            batch = lib.llama_batch_get_one(one, 1)
-        wall = time.perf_counter() - t0
-    finally:
-        lib.llama_sampler_free(smpl)
-        lib.llama_free(ctx)
-    return PeerRun("llama_cpp", new, wall, "eos" if new and new[-1] in triplet.eos_ids else "max_new_tokens")
+    new, wall, stopped = llamacpp_peer.decode(source, prompt_ids, cfg, triplet.eos_ids)
+    return PeerRun("llama_cpp", new, wall, stopped)
 
 
 @torch.inference_mode()
@@ -156,8 +122,7 @@ def target_logprob(triplet: ModelTriplet, prompt_ids: list[int], out_ids: list[i
     target = triplet.target
     dev = next(target.parameters()).device
     x = torch.tensor([prompt_ids + out_ids], dtype=torch.long, device=dev)
-    with backend_flags(triplet.backend):
-        z = target(input_ids=x, use_cache=False, logits_to_keep=len(out_ids) + 1).logits[0]
+    z = target(input_ids=x, use_cache=False, logits_to_keep=len(out_ids) + 1).logits[0]
     z = z[:-1, : triplet.vocab_size].float()  # position j predicts out_ids[j]
     lp = torch.log_softmax(z, -1).gather(-1, torch.tensor(out_ids, device=dev)[:, None])
     return float(lp.mean())
@@ -165,7 +130,7 @@ def target_logprob(triplet: ModelTriplet, prompt_ids: list[int], out_ids: list[i
 
 def one_token_speed(triplet: ModelTriplet, role: str, prompt_ids: list[int], n: int = 8) -> float:
     """Single-model speed in tokens/s: the median of `n` cached one-token greedy forwards after the prompt."""
-    lm = open_lm(triplet.model(role), triplet.vocab_size, role, triplet.backend, getattr(triplet, "path", "hf"))
+    lm = open_lm(triplet.model(role), triplet.vocab_size, role)
     seq = list(prompt_ids)
     if len(seq) > 1:
         lm.feed(seq[:-1], 1)

@@ -331,7 +331,7 @@ td,th{{border:1px solid #ccc;padding:3px 6px;text-align:right}}td:first-child{{t
 <b>machine:</b> {html.escape(str(meta.get("processor", "")))}, {meta.get("cpu_count", "")} CPUs,
 torch {html.escape(str(meta.get("torch", "")))}
 ({meta.get("torch_threads", "")} threads), {html.escape(str(meta.get("device", "")))}
-{html.escape(str(meta.get("dtype_backend_choice") or meta.get("dtype", "")))};
+{html.escape(str(meta.get("dtype", "")))};
 {meta.get("n_prompts", "")} prompts × {meta.get("repeats", "")} repeats, {html.escape(str(meta.get("time_utc", "")))}{
 " — <b>stopped early</b>: only completed prompts are included" if meta.get("stopped_early") else ""}.</p>
 <p><b>Command:</b> <code>{html.escape(str(meta.get("command", "")))}</code></p>

@@ -166,7 +166,7 @@ def run_bench(triplet: ModelTriplet, variants: list[Variant], prompts: list[Prom
     if not prepared:
         raise ValueError("no usable prompts")
     greedy = all(v.cfg.greedy for v in variants)
-    profile = costs_report.profile(triplet)  # cached per machine × family × dtype × backend; "auto" reads it
+    profile = costs_report.profile(triplet)  # recorded per machine × family × forwards; "auto" reads it
     usable = profile if profile and "ms" in profile else None
     warm = {v.label: v for v in reversed(variants)}  # one per method and shape
     bar = tqdm(total=len(warm) + repeats * len(prepared) * len(variants), disable=not progress,
@@ -267,12 +267,13 @@ def _per_prompt(group: list[tuple[dict, list[int]]], ref: list[int] | None, base
 
 # ---------------------------------------------------------------- entry point
 def machine_info(triplet: ModelTriplet) -> dict:
+    from ..models.runtime import cpu_class
+
     return dict(platform=platform.platform(), processor=platform.processor() or platform.machine(),
                 cpu_count=os.cpu_count(), torch=torch.__version__, torch_threads=torch.get_num_threads(),
                 python=platform.python_version(), device=str(triplet.device), dtype=str(triplet.dtype),
-                backend=triplet.backend, dtype_backend_choice=triplet.choice_note, kernels=triplet.kernels,
-                exact=triplet.exact,
-                exact_note=triplet.exact_note, models=list(triplet.names), preset=triplet.preset, note=triplet.note,
+                cpu_class=cpu_class(), runs=triplet.runs, exact=triplet.exact, exact_note=triplet.exact_note,
+                models=list(triplet.names), preset=triplet.preset, note=triplet.note,
                 time_utc=time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()))
 
 
@@ -315,9 +316,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if triplet.note:
         print(f"note: {triplet.note}", file=sys.stderr)
-    print(f"note: dtype and backend: {triplet.choice_note}", file=sys.stderr)
-    if triplet.kernels:
-        print(f"note: kernels timed on this CPU: {triplet.kernels}", file=sys.stderr)
+    from ..models.runtime import cpu_class
+
+    print(f"note: {cpu_class()}; {triplet.runs}", file=sys.stderr)
     variants = name_models(variants, triplet.names)  # a reference row names its model (an int4 copy, …)
     variants, skipped = peers.runnable(triplet, variants)  # a peer the family cannot run: one line, not run
     print("".join(f"note: {why}\n" for why in skipped) + ("" if variants else "error: nothing left to run"),

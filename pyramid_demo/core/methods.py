@@ -6,9 +6,6 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
-
-from ..forward.cache import TREE_ROWS
 
 TREE_BUDGET = ("tree_nodes", "tree_depth", "tree_k")  # a shaped stage's tree, when it proposes one
 COST_MODELS = ("target_only", "speculative", "pyramid")  # the pricings `predict.costs` implements
@@ -163,15 +160,6 @@ def method_spec(key: str) -> Method:
         return _BY_KEY[key]
     except KeyError:
         raise ValueError(retired(key) or f"unknown method {key!r}; choose one of {', '.join(_BY_KEY)}") from None
-
-
-def pass_rows(method: str, role: str, cfg: Any) -> int:
-    """The rows `role`'s verification passes feed in a run of `method` under `cfg` (its proposal's length + 1, many
-    for a tree), or 1 for a role that only proposes or decodes alone: the pass length its forward is chosen for."""
-    for st in method_spec(method).stages:
-        if st.verifier == role:
-            return TREE_ROWS if st.shaped and cfg.shape == "tree" else int(getattr(cfg, st.length)) + 1
-    return 1
 
 
 def stage_rule(stage: Stage, stage2: str) -> str:

@@ -7,10 +7,10 @@ from typing import Any
 
 import torch
 
-from ..forward.lm import ModelTriplet, encode_prompt, model_takes_trees, open_lm
+from ..forward.lm import ModelTriplet, encode_prompt, forward_of, model_takes_trees, open_lm
 from .config import DecodeConfig
 from .engine import decode, prefill, roles_for
-from .methods import method_spec, pass_rows
+from .methods import method_spec
 from .solo import relabel, solo_lms
 from .stats import Tally
 from .trace import RunResult, Step
@@ -91,7 +91,7 @@ class _Snapshots:
         self.tail = _TextTail(triplet.tokenizer)
         self.tally = Tally()
         self.stopped = ""
-        self.forwards: dict[str, str] = {}  # role -> the forward class that ran it (set once the LMs are open)
+        self.forwards: dict[str, str] = {}  # role -> the forward that ran it (`forward_of`)
 
     def add(self, step: Step) -> None:
         tok = self.triplet.tokenizer
@@ -117,8 +117,7 @@ class _Snapshots:
 
 def takes_trees(triplet: ModelTriplet, method: str) -> bool:
     """Whether the models that would grow and verify `method`'s tree take one, known before the run."""
-    path = getattr(triplet, "path", "hf")  # HF's forward or the lean one, as `_passes` opens them
-    return all(model_takes_trees(triplet.model(r), path)
+    return all(model_takes_trees(triplet.model(r))
                for st in method_spec(method).stages if st.shaped for r in (st.proposer, st.verifier))
 
 
@@ -130,9 +129,9 @@ def shape_to_run(cfg: DecodeConfig, trees: bool, why: str = "") -> tuple[DecodeC
         return replace(cfg, shape="chain"), f"{spec.short} proposes nothing: no shape to choose"
     if cfg.shape == "tree" and not trees:
         raise ValueError(f"{spec.short} over a tree needs forwards that take a tree of candidates, and the models "
-                         "here cannot (row-wise attention or a sliding-window cache); run it with --shape chain")
+                         "here cannot (a sliding-window cache); run it with --shape chain")
     if cfg.shape == "auto":
-        because = ("these models' forwards cannot take a tree (row-wise attention or a sliding-window cache)"
+        because = ("these models' forwards cannot take a tree (a sliding-window cache)"
                    if not trees else "no cost profile of this machine is available")
         return replace(cfg, shape="chain"), f"auto: the chain, because {because}"
     return cfg, why or f"shape {cfg.shape}, as asked"
@@ -145,16 +144,13 @@ def _passes(triplet: ModelTriplet, ids: list[int], cfg: DecodeConfig, prompt: st
         raise ValueError(f"a member decoding alone runs as method 'ar', not {cfg.method!r}")
     cfg, why = shape_to_run(cfg, takes_trees(triplet, cfg.method), shape_why)  # a tree refused before any work
     gen = None if cfg.greedy else torch.Generator().manual_seed(cfg.seed)
-    backend = getattr(triplet, "backend", "default")  # the probed (or asked) CPU backend, for every forward
-    path = getattr(triplet, "path", "hf")  # HF's forward or the lean one (forward.lean)
-    lms = solo_lms(triplet, solo, backend, path) if solo is not None else {
-        r: open_lm(triplet.model(r), triplet.vocab_size, r, backend, path, pass_rows(cfg.method, r, cfg))
-        for r in roles_for(cfg.method)}
+    lms = solo_lms(triplet, solo) if solo is not None else {
+        r: open_lm(triplet.model(r), triplet.vocab_size, r) for r in roles_for(cfg.method)}
     prefill_s = prefill(lms, ids)
     for lm in lms.values():  # prefill forwards are reported separately
         lm.reset_counters()
     record = _Snapshots(triplet, cfg, prompt, ids, prefill_s, why, solo)
-    record.forwards = {r: type(lm).__name__ for r, lm in lms.items()}
+    record.forwards = {r: forward_of(triplet.model(solo or r)) for r in lms}
     for step in decode(lms, ids, cfg, triplet.eos_ids, gen, full_records):
         record.add(relabel(step, solo) if solo is not None else step)
         yield record

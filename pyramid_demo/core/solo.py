@@ -9,14 +9,14 @@ from .methods import ROLE_ORDER
 from .trace import Step
 
 
-def solo_lms(triplet: ModelTriplet, role: str, backend: str = "default", path: str = "hf") -> dict[str, LM]:
+def solo_lms(triplet: ModelTriplet, role: str) -> dict[str, LM]:
     """The engine's LMs for `role` decoding alone in the target's slot; ValueError where it cannot."""
     if role not in ROLE_ORDER:
         raise ValueError(f"unknown role {role!r} to decode alone; choose one of {', '.join(ROLE_ORDER)}")
     model = triplet.model(role)
     if getattr(model, "reads_target", False):
         raise ValueError(f"the {role} reads its verifier's hidden states, so it cannot decode alone")
-    return {"target": open_lm(model, triplet.vocab_size, role, backend, path)}
+    return {"target": open_lm(model, triplet.vocab_size, role)}
 
 
 def relabel(step: Step, role: str) -> Step:

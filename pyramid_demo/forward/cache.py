@@ -8,7 +8,6 @@ import time
 import torch
 
 LONGEST_PASS = 65  # the longest pass a verifier runs (a proposal of at most 64 plus its own token)
-TREE_ROWS = 1 << 16  # the pass length a tree stands for when a forward is chosen by length (any tree is "long")
 
 
 class CacheError(RuntimeError):
@@ -16,7 +15,7 @@ class CacheError(RuntimeError):
 
 
 class TreeUnsupported(RuntimeError):
-    """This model's forward cannot attend over a tree of candidates (HF's forward): use chains."""
+    """This model's forward cannot attend over a tree of candidates (HF's over a sliding-window cache): use chains."""
 
 
 def tap_layers(n_layers: int) -> tuple[int, int]:
@@ -208,7 +207,7 @@ class CachedModel(abc.ABC):
     def _run_tree(self, rows: list[tuple[int, int, int]], base: int, pos: int) -> torch.Tensor:
         """Logits [n, V] of pending rows base … (token, parent, position), keys/values into slots pos + j."""
         raise TreeUnsupported(f"the {self.role} model's forward ({type(self).__name__}) cannot verify a tree "
-                              "of candidates; tree methods need the lean forward (Llama, Qwen2, Mistral on a CPU)")
+                              "of candidates; tree methods need the core forward (Llama, Qwen2, Mistral)")
 
     def _compact(self, pos: int, slots: list[int]) -> None:
         """Move the keys/values in `slots` (ascending) to pos, pos + 1, …"""

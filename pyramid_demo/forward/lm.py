@@ -9,8 +9,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
-from .backend import backend_flags
-from .cache import TREE_ROWS, CachedModel, TargetStates, tap_norm, tree_seen
+from .cache import CachedModel, TargetStates, tap_norm, tree_seen
 
 
 class LM(Protocol):
@@ -53,16 +52,12 @@ class ModelTriplet:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     dtype: torch.dtype = torch.float32
     preset: str = "custom"
-    attention: str = "sdpa"  # "rowwise": passes compute each position as a one-token step (forward.attention)
     note: str = ""  # shown to users, e.g. "draft and qualifier are the target itself"
-    backend: str = "default"  # CPU matmul backend for every forward: one of BACKENDS
-    choice_note: str = ""  # how dtype and backend were chosen (probe / cached / flag), shown to users
-    exact: bool | None = None  # a k-token pass equals k one-token steps bitwise here (None: not checked)
-    exact_note: str = ""  # what that means for the lossless methods, from the probe's record (models.probe.exactness)
-    tree_exact: bool | None = None  # a tree pass equals one-token steps along every path here (None: not checked)
-    kernels: str = ""  # which linear kernel each role runs, as timed on this CPU (`models.kernels`)
-    path: str = "hf"  # the forward every run uses: "hf" (CachedLM) or "lean" (forward.lean, where it applies)
-    compiled: tuple[str, ...] = ()  # roles whose lean forward runs their compiled package (`forward.compiled`)
+    forwards: dict[str, str] = field(default_factory=dict)  # role -> "compiled" | "eager" | "hf" | "feature"
+    runs: str = ""  # what each role runs and why, one line (`models.runtime.describe`)
+    exact: bool | None = None  # a k-token pass equals k one-token steps bitwise here (None: not measured)
+    exact_note: str = ""  # what that means for the lossless methods, from the measured record (`models.checks`)
+    tree_exact: bool | None = None  # a tree pass equals one-token steps along every path here (None: not measured)
 
     def model(self, role: str) -> torch.nn.Module:
         return {"draft": self.draft, "qualifier": self.qualifier, "target": self.target}[role]
@@ -84,19 +79,17 @@ def full_window_cache(config: Any) -> DynamicCache:
 
 
 def _hf_takes_trees(config: Any, cache: Any) -> bool:
-    """HF's forward takes a tree as a 4-D mask, except under row-wise attention or a cache of other layers."""
-    impl = getattr(config, "_attn_implementation", "sdpa")
-    return impl != "rowwise" and all(type(layer).__name__ == "DynamicLayer"
-                                     for layer in getattr(cache, "layers", [None]))
+    """HF's forward takes a tree as a 4-D mask, except over a cache of other layers."""
+    return all(type(layer).__name__ == "DynamicLayer" for layer in getattr(cache, "layers", [None]))
 
 
 class CachedLM(CachedModel):
     """One model's per-run decoding state over a Hugging Face causal LM."""
 
-    def __init__(self, model: Any, vocab_size: int, role: str, backend: str = "default"):
+    def __init__(self, model: Any, vocab_size: int, role: str):
         super().__init__(role)
         self.model: Any = model  # a Hugging Face causal LM (duck-typed)
-        self.vocab_size, self.backend = vocab_size, backend
+        self.vocab_size = vocab_size
         # inputs go to the token embedding's device (accelerate moves activations of a spread model)
         m = self.model
         emb = m.get_input_embeddings() if hasattr(m, "get_input_embeddings") else None
@@ -113,16 +106,15 @@ class CachedLM(CachedModel):
     @torch.inference_mode()
     def _run(self, tokens: list[int], pos: int, keep: int) -> torch.Tensor:
         x = torch.tensor([tokens], dtype=torch.long, device=self.device)  # [1, n]
-        with backend_flags(self.backend):
-            if self.publish is None:
-                out = self.model(input_ids=x, use_cache=True, logits_to_keep=keep, **{self.cache_kw: self.cache})
-                z = out.logits[0, -keep:, : self.vocab_size]
-            else:  # the base model's normed last state for every row (the proposer reads it), head on the kept
-                out = self.model.base_model(input_ids=x, use_cache=True, output_hidden_states=self._taps(),
-                                            **{self.base_kw: self.cache})
-                h = out.last_hidden_state  # [1, n, d]
-                self.feats = self._published(out)  # [n, d·(taps + 1)]
-                z = self.model.get_output_embeddings()(h[0, -keep:])[:, : self.vocab_size]
+        if self.publish is None:
+            out = self.model(input_ids=x, use_cache=True, logits_to_keep=keep, **{self.cache_kw: self.cache})
+            z = out.logits[0, -keep:, : self.vocab_size]
+        else:  # the base model's normed last state for every row (the proposer reads it), head on the kept
+            out = self.model.base_model(input_ids=x, use_cache=True, output_hidden_states=self._taps(),
+                                        **{self.base_kw: self.cache})
+            h = out.last_hidden_state  # [1, n, d]
+            self.feats = self._published(out)  # [n, d·(taps + 1)]
+            z = self.model.get_output_embeddings()(h[0, -keep:])[:, : self.vocab_size]
         z = z.float().cpu()  # [keep, V]
         _sync(self.device)
         return z
@@ -156,15 +148,14 @@ class CachedLM(CachedModel):
         x = torch.tensor([[r[0] for r in new]], dtype=torch.long, device=self.device)
         at = torch.tensor([[r[2] for r in new]], dtype=torch.long, device=self.device)
         kw = {self.cache_kw: self.cache, "attention_mask": mask.to(self.device), "position_ids": at}
-        with backend_flags(self.backend):
-            if self.publish is None:
-                z = self.model(input_ids=x, use_cache=True, **kw).logits[0, :, : self.vocab_size]
-            else:
-                kw[self.base_kw] = kw.pop(self.cache_kw)
-                out = self.model.base_model(input_ids=x, use_cache=True, output_hidden_states=self._taps(), **kw)
-                h = out.last_hidden_state  # [1, n, d]
-                self.feats = self._published(out)
-                z = self.model.get_output_embeddings()(h[0])[:, : self.vocab_size]
+        if self.publish is None:
+            z = self.model(input_ids=x, use_cache=True, **kw).logits[0, :, : self.vocab_size]
+        else:
+            kw[self.base_kw] = kw.pop(self.cache_kw)
+            out = self.model.base_model(input_ids=x, use_cache=True, output_hidden_states=self._taps(), **kw)
+            h = out.last_hidden_state  # [1, n, d]
+            self.feats = self._published(out)
+            z = self.model.get_output_embeddings()(h[0])[:, : self.vocab_size]
         z = z.float().cpu()  # [n, V]
         _sync(self.device)
         return z
@@ -177,49 +168,40 @@ class CachedLM(CachedModel):
             layer.values[:, :, pos: pos + len(slots)] = layer.values[:, :, idx]
 
 
-PATHS = ("hf", "lean")
+def forward_of(model: torch.nn.Module) -> str:
+    """The forward a run opens over `model`: "feature" (a proposer that reads the target), "compiled" (the core pass's
+    package for these weights, loaded by `models.runtime.decide`), "eager" (the core pass), or "hf" (Hugging Face's
+    forward, for architectures the core does not cover)."""
+    from .compiled import runner_of
+    from .weights import covered
+
+    if getattr(model, "reads_target", False):
+        return "feature"
+    if covered(model):
+        return "compiled" if runner_of(model) is not None else "eager"
+    return "hf"
 
 
-def lm_class(model: torch.nn.Module, path: str, rows: int = 1) -> type[CachedModel]:
-    """Which forward a run uses: the feature draft's; llama.cpp where it was chosen for passes of `rows` rows (the
-    length this role feeds in the run); the lean (or compiled) one where asked and covered; else HF's."""
-    if path not in PATHS:
-        raise ValueError(f"unknown forward path {path!r}; choose one of {', '.join(PATHS)}")
-    if getattr(model, "reads_target", False):  # a proposer that reads the target's states (EAGLE-style)
+def open_lm(model: torch.nn.Module, vocab_size: int, role: str) -> LM:
+    """A fresh per-run LM over a loaded model, on the forward `forward_of` names (its own cache, never shared)."""
+    kind = forward_of(model)
+    if kind == "feature":
         from .feature_lm import FeatureLM
 
-        return FeatureLM
-    from .llamacpp import GgufModel, LlamaCppLM, gguf_of
+        return FeatureLM(model, vocab_size, role)
+    if kind == "hf":
+        return CachedLM(model, vocab_size, role)
+    from .compiled import runner_of
+    from .core import CoreLM
 
-    if isinstance(model, GgufModel) or gguf_of(model, rows) is not None:  # llama.cpp (`models.llamacpp.choose`)
-        return LlamaCppLM
-    if path == "lean":
-        from .compiled import CompiledLM, runner_of
-        from .lean import LeanLM
-        from .lean_weights import supports_lean
-
-        if runner_of(model) is not None:  # its compiled pass is loaded (`models.kernels.choose_compiled`)
-            return CompiledLM
-        if supports_lean(model):
-            return LeanLM
-    return CachedLM
+    return CoreLM(model, vocab_size, role, runner_of(model))
 
 
-def open_lm(model: torch.nn.Module, vocab_size: int, role: str, backend: str = "default", path: str = "hf",
-            rows: int = 1) -> LM:
-    """A fresh per-run LM over a loaded model; `rows`: the pass length it will mostly feed (`lm_class`)."""
-    cls: Any = lm_class(model, path, rows)
-    if getattr(model, "reads_target", False):
-        return cls(model, vocab_size, role)
-    return cls(model, vocab_size, role, backend)
-
-
-def model_takes_trees(model: torch.nn.Module, path: str = "hf") -> bool:
+def model_takes_trees(model: torch.nn.Module) -> bool:
     """Whether the LM `open_lm` would build over `model` takes a tree of candidates, known before a run."""
-    cls = lm_class(model, path, rows=TREE_ROWS)  # a tree pass feeds many rows
-    if cls is CachedLM:
-        return _hf_takes_trees(model.config, full_window_cache(model.config))
-    return bool(cls.trees)
+    if forward_of(model) != "hf":
+        return True
+    return _hf_takes_trees(model.config, full_window_cache(model.config))
 
 
 def encode_prompt(tokenizer: Any, text: str, chat: bool = True) -> list[int]:

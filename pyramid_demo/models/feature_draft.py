@@ -11,19 +11,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..forward.cache import tap_layers
+from ..forward.core import rms_norm as _rms
+from ..forward.core import rope_table, rotate
 
 FORMAT = "pyramid-feature-draft-v1"
-
-
-def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    xf = x.float()
-    return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-
-
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [.., T, D] rotated by cos/sin [T, D] (HF's rotate_half convention)."""
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
 
 
 class FeatureDraft(nn.Module):
@@ -67,25 +58,10 @@ class FeatureDraft(nn.Module):
 
     # ------------------------------------------------------------------ pieces
     def rope_tables(self, n: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = torch.arange(n, dtype=torch.float32)[:, None] * self.inv_freq[None]  # [n, D/2]
-        emb = torch.cat((freqs, freqs), -1)  # [n, D]
-        return emb.cos().to(dtype), emb.sin().to(dtype)
-
-    def use_fp16(self, on: bool = True) -> None:
-        """Run inference through fbgemm's fp16 weights packed once from the current ones (training is unaffected)."""
-        from .quant import Fp16Linear as fp16
-
-        qkv, gate_up = self.joint_weights()
-        self._fast = {"fc": fp16(self.fc_w, self.fc_b), "qkv": fp16(qkv), "o": fp16(self.o),
-                      "gate_up": fp16(gate_up), "down": fp16(self.down), "head": fp16(self.head)} if on else {}
-        if on and self.taps:
-            self._fast["fuse"] = fp16(self.fuse_w)
+        """cos, sin [n, D]: the core forward's one rotary table (`forward.core.rope_table`)."""
+        return rope_table(self.inv_freq, n, dtype)
 
     def _lin(self, name: str, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-        """F.linear(x, w, b), or its fp16 form at inference once `use_fp16` packed it."""
-        fast = getattr(self, "_fast", None)
-        if fast and not torch.is_grad_enabled():
-            return fast[name](x)
         return F.linear(x, w, b)
 
     def reduce(self, f: torch.Tensor) -> torch.Tensor:
@@ -121,7 +97,7 @@ class FeatureDraft(nn.Module):
         q = q.reshape(B, T, self.n_heads, self.head_dim).transpose(1, 2)
         k = k.reshape(B, T, self.n_kv, self.head_dim).transpose(1, 2)
         v = v.reshape(B, T, self.n_kv, self.head_dim).transpose(1, 2)
-        return _rope(q, cos, sin), _rope(k, cos, sin), v
+        return rotate(q, cos, sin), rotate(k, cos, sin), v
 
     def finish(self, x: torch.Tensor, att: torch.Tensor) -> torch.Tensor:
         """Residual input x [B, T, d], attention output [B, H, T, D] -> predicted normed state [B, T, d]."""

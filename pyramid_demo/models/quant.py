@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from ..forward.packed import Fusable, swap_linears
+from ..forward.fusable import Fusable, swap_linears
 from .errors import LoadError
 
 GROUPS = (32, 64, 128, 256)  # group sizes torch's int4 kernels take
@@ -203,9 +203,10 @@ def refusal(model: torch.nn.Module, group: int) -> str | None:
     return None
 
 
-def int4_copy(model: Any, group: int = DEFAULT_GROUP, fmt: str = "int4") -> Any:
-    """A copy of `model` with int4 (or, `fmt`, fp16) linears, sharing embeddings and norms; the LM head is fp16 where
-    fbgemm runs (a 4-bit head alone costs several points of top-1 agreement). LoadError with `refusal`'s line."""
+def int4_copy(model: Any, group: int = DEFAULT_GROUP) -> Any:
+    """A copy of `model` with int4 linears (torch's int4 kernel: CPU and CUDA), sharing embeddings and norms; the LM
+    head is fp16 where fbgemm runs (a 4-bit head alone costs several points of top-1 agreement). The format is fixed
+    by what the kernels support here, never timed. LoadError with `refusal`'s line."""
     why = refusal(model, group)
     if why:
         raise LoadError(why)
@@ -216,7 +217,7 @@ def int4_copy(model: Any, group: int = DEFAULT_GROUP, fmt: str = "int4") -> Any:
     head = out.get_output_embeddings()
 
     def make(lin: torch.nn.Linear) -> torch.nn.Module:
-        return Fp16Linear(lin) if fp16 and (lin is head or fmt == "fp16") else Int4Linear.from_linear(lin, group)
+        return Fp16Linear(lin) if fp16 and lin is head else Int4Linear.from_linear(lin, group)
 
     swaps = swap_linears([out], make)
     if tied:  # the embedding stays full precision: only the head (a linear) is quantized
@@ -225,3 +226,9 @@ def int4_copy(model: Any, group: int = DEFAULT_GROUP, fmt: str = "int4") -> Any:
     out.quant_kinds = sorted({type(getattr(parent, name)).__name__ for parent, name, _ in swaps})
     out.eval()
     return out
+
+
+def label(model: torch.nn.Module) -> str:
+    """A quantized copy's kernels in words, read from what it holds."""
+    head = type(model.get_output_embeddings()).__name__
+    return "int4 weights, fp16 head" if head == "Fp16Linear" else "int4 weights, int4 head"

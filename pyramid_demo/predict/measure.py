@@ -13,32 +13,20 @@ PROFILE_VERSION = "engine-3"  # what a cached profile holds: a profile without t
 
 
 class ForwardTimer:
-    """Times cached forwards of k new tokens after `context` tokens, over one prefilled cache, under
-    `backend`. Token ids are fixed, so every call times the same work."""
+    """Times cached forwards of k new tokens after `context` tokens, over one prefilled cache, on the forward a run
+    opens (`open_lm`). Token ids are fixed, so every call times the same work: the one timing harness."""
 
-    def __init__(self, model: Any, vocab_size: int, backend: str = "default", context: int = CONTEXT,
-                 path: str = "hf"):
-        from ..forward.lm import lm_class, open_lm
+    def __init__(self, model: Any, vocab_size: int, context: int = CONTEXT):
+        from ..forward.lm import open_lm
 
-        self.open = lambda k: open_lm(model, vocab_size, "probe", backend, path, rows=k)
-        self.kind = lambda k: lm_class(model, path, k)
         self.context = context
         self.ids = [(7919 * i + 11) % max(2, vocab_size - 1) + 1 for i in range(context + MAX_K + 64)]
-        self.lm = self.open(1)
+        self.lm = open_lm(model, vocab_size, "timer")
         self.lm.feed(self.ids[:context], 1)
-        self.by_class = {type(self.lm): self.lm}  # a k-row pass runs on the forward a run feeding k rows would
-
-    def _lm_for(self, k: int) -> Any:
-        cls = self.kind(k)
-        if cls not in self.by_class:
-            lm = self.open(k)
-            lm.feed(self.ids[: self.context], 1)
-            self.by_class[cls] = lm
-        return self.by_class[cls]
 
     def time(self, k: int) -> float:
         """Seconds for one forward of k new tokens; the cache is cropped back to `context` after."""
-        lm = self._lm_for(k)
+        lm = self.lm
         t0 = lm.time_s
         lm.feed(self.ids[: self.context + k], k)
         t = lm.time_s - t0
@@ -92,24 +80,16 @@ class ForwardTimer:
         return t
 
 
-def time_forward(model: Any, vocab_size: int, ks: tuple[int, ...] = (1,), reps: int = 3, backend: str = "default",
-                 context: int = CONTEXT, path: str = "hf") -> float:
-    """Seconds of one cached forward of each k in `ks` new tokens after `context` tokens, each the minimum of
-    `reps` after a warm-up, summed: the kernel choice compares whole forwards this way."""
-    timer = ForwardTimer(model, vocab_size, backend, context, path)
-    return sum(min(timer.time(k) for _ in range(reps + 1)) for k in ks)
-
-
-def measure_profile(models: dict[str, Any], vocab_size: int, backend: str = "default", max_k: int = MAX_K,
-                    reps: int = 3, make_timer: Callable[..., Any] | None = None,
-                    path: str = "hf", extras_out: dict | None = None) -> dict[str, dict[int, float]]:
+def measure_profile(models: dict[str, Any], vocab_size: int, max_k: int = MAX_K, reps: int = 3,
+                    make_timer: Callable[..., Any] | None = None,
+                    extras_out: dict | None = None) -> dict[str, dict[int, float]]:
     """{role: {k: ms}} per distinct model, k = 1 … max_k timed in interleaved rounds, min over rounds (the first
     warms up). `extras_out` receives "tree_ms" ({role: {n: ms}}, where the model takes trees) and "engine_ms"."""
     make_timer = make_timer or ForwardTimer
     timers: dict[int, Any] = {}
     for model in models.values():
         if id(model) not in timers:
-            timers[id(model)] = make_timer(model, vocab_size, backend, path=path)  # the path the runs will use
+            timers[id(model)] = make_timer(model, vocab_size)  # on the forward the runs will use
     best: dict[int, dict[int, float]] = {i: {} for i in timers}
     for _ in range(reps + 1):
         for i, timer in timers.items():
@@ -219,14 +199,12 @@ def _weight_bytes(m: Any) -> int | None:
     return None if w is None else m.in_features * m.out_features * w.element_size()
 
 
-def memory_floor_ms(model: Any, backend: str = "default", reps: int = 15) -> dict[str, float]:
+def memory_floor_ms(model: Any, reps: int = 15) -> dict[str, float]:
     """The step's floor on this machine: the largest matrix's one-row product time (min of `reps`), scaled
     to every weight byte a step reads. Returns {"floor_ms", "gemv_ms", "gb_per_s", "mb"}."""
     import time
 
     import torch
-
-    from ..forward.lm import backend_flags
 
     total, largest = linear_bytes(model)
     if largest is None:
@@ -236,7 +214,7 @@ def memory_floor_ms(model: Any, backend: str = "default", reps: int = 15) -> dic
     floating = isinstance(w, torch.Tensor) and w.is_floating_point()
     x = torch.randn(1, largest.in_features).to(w.dtype if floating and w is not None else torch.float32)  # [1, in]
     best = float("inf")
-    with torch.inference_mode(), backend_flags(backend):
+    with torch.inference_mode():
         for _ in range(reps + 1):
             t0 = time.perf_counter()
             largest(x)
@@ -246,7 +224,7 @@ def memory_floor_ms(model: Any, backend: str = "default", reps: int = 15) -> dic
             "gb_per_s": round(mine / best / 1e9, 2), "mb": round(total / 1e6, 1)}
 
 
-def warm_up(models: dict[str, Any], vocab_size: int, backend: str, prompt_ids: list[int], path: str = "hf") -> float:
+def warm_up(models: dict[str, Any], vocab_size: int, prompt_ids: list[int]) -> float:
     """One short run through every distinct model before any clock starts (first-call allocations,
     kernel selection): the prompt, then a one-token and a few-token cached forward. Returns seconds."""
     import time
@@ -260,7 +238,7 @@ def warm_up(models: dict[str, Any], vocab_size: int, backend: str, prompt_ids: l
         if id(model) in seen:
             continue
         seen.add(id(model))
-        lm = open_lm(model, vocab_size, role, backend, path)
+        lm = open_lm(model, vocab_size, role)
         seq = ids + [int(lm.feed(ids, 1)[0].argmax())]
         seq.append(int(lm.feed(seq, 1)[0].argmax()))
         lm.feed(seq + seq[-3:], 3)

@@ -1,5 +1,6 @@
-"""Does a k-token pass give the logits of k one-token steps? Measured on the machine at hand, never assumed:
-SD's "AR's text token for token" depends on it, and every "exact" claim comes from the record `summarise` builds."""
+"""Does a k-token pass give the logits of k one-token steps? Measured on the machine at hand, on the forward each
+role runs, never assumed: SD's "AR's text token for token" depends on it, and every "exact" claim comes from the
+record `summarise` builds. A record, shown to users; never an input to a choice."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -7,7 +8,9 @@ from typing import Any
 
 import torch
 
-from ...forward.lm import LM
+from ..core.engine import connect
+from ..forward.cache import TargetStates
+from ..forward.lm import LM, open_lm
 
 
 def pass_vs_steps(lm: LM, ids: list[int], context: int, ks: Sequence[int]) -> list[dict[str, Any]]:
@@ -65,38 +68,21 @@ def tree_passes(lm: LM, ids: list[int], context: int, ks: Sequence[int]) -> list
     takes no trees: a tree shape is then refused, and "auto" takes the chain, before any run: `run.takes_trees`)."""
     if not getattr(lm, "trees", False) or max(ks) < max(map(len, TREE_SHAPES)):  # once per plan: its longest pass
         return []
-    at = (context, context + 25)  # the second tree's rows cross a key-length edge (`lean.key_len`) at 100
+    at = (context, context + 25)
     return [tree_vs_steps(lm, ids, c, s) for c in at for s in TREE_SHAPES if c + len(s) <= len(ids)]
-
-
-# where the attention check puts a pass, relative to the plan's context: inside a key bucket, across its edge, and
-# past the attention kernel's key split (`lean.KV_SPLIT`), where a batched call's scratch can no longer be aligned
-ATTENTION_AT = (0, 13, 47, 111, 300, 460)
-
-
-def attention_passes(lm: LM, ids: list[int], context: int, ks: Sequence[int]) -> list[dict[str, Any]]:
-    """The LM's attention alone (`LeanLM.check_attention`) at far more positions than full forwards could afford."""
-    check = getattr(lm, "check_attention", None)
-    if check is None:
-        return []
-    return [check(context + d, k, seed=context + d + 1000 * k) for d in ATTENTION_AT for k in ks]
 
 
 PassCheck = Callable[[LM, list[int], int, Sequence[int]], list[dict[str, Any]]]
 # every kind of multi-token pass a run makes, each compared bitwise with one-token steps (`summarise` keeps them apart)
-PASS_CHECKS: dict[str, PassCheck] = {"chain": pass_vs_steps, "tree": tree_passes, "attention": attention_passes}
+PASS_CHECKS: dict[str, PassCheck] = {"chain": pass_vs_steps, "tree": tree_passes}
 
 
-def summarise(checks: list[dict[str, Any]], pad_rows: int = 1) -> dict[str, Any]:
-    """One record: exact when every chain pass and attention check matched bitwise (trees summarised apart)."""
+def summarise(checks: list[dict[str, Any]]) -> dict[str, Any]:
+    """One record: exact when every chain pass matched bitwise (trees summarised apart)."""
     trees = [c for c in checks if c.get("kind") == "tree"]
-    att = [c for c in checks if c.get("kind") == "attention"]
-    chain = [c for c in checks if c.get("kind") not in ("tree", "attention")]
-    record = {"trees": _tally(trees) if trees else None, "attention": _tally(att) if att else None,
-              **_tally(chain), "pad_rows": pad_rows, "kinds": sorted({c.get("kind", "chain") for c in checks}),
-              "threads": torch.get_num_threads()}
-    record["exact"] = record["exact"] and all(c["bitwise"] for c in att)
-    return record
+    chain = [c for c in checks if c.get("kind") != "tree"]
+    return {"trees": _tally(trees) if trees else None, **_tally(chain),
+            "kinds": sorted({c.get("kind", "chain") for c in checks}), "threads": torch.get_num_threads()}
 
 
 def _tally(checks: list[dict[str, Any]]) -> dict[str, Any]:
@@ -106,17 +92,17 @@ def _tally(checks: list[dict[str, Any]]) -> dict[str, Any]:
             "max_k": max((c["k"] for c in checks), default=0)}
 
 
-def check_model(open_lm: Callable[..., LM], vocab_size: int, plan: Sequence[tuple[int, Sequence[int]]],
-                pad_rows: int = 1, with_ids: bool = False, kinds: Sequence[str] = tuple(PASS_CHECKS)) -> dict[str, Any]:
-    """`summarise` over `plan` [(context, ks)], each on a fresh LM over fixed ids (`with_ids`: `open_lm(ids)`)."""
+def check_model(opener: Callable[[list[int]], LM], vocab_size: int, plan: Sequence[tuple[int, Sequence[int]]],
+                kinds: Sequence[str] = tuple(PASS_CHECKS)) -> dict[str, Any]:
+    """`summarise` over `plan` [(context, ks)], each on a fresh LM over fixed ids (`opener(ids)`)."""
     checks: list[dict[str, Any]] = []
     for n, (context, ks) in enumerate(plan):
         ids = [(7919 * (i + 131 * n) + 17 * n + 11) % max(2, vocab_size - 1) + 1 for i in range(context + max(ks))]
         for kind in kinds:
             check = PASS_CHECKS[kind]
-            lm = open_lm(ids) if with_ids else open_lm()
+            lm = opener(ids)
             checks += [{**c, "kind": kind} for c in check(lm, ids, context, ks)]
-    return summarise(checks, pad_rows)
+    return summarise(checks)
 
 
 def describe_trees(record: dict[str, Any] | None) -> str:
@@ -135,13 +121,8 @@ def describe_trees(record: dict[str, Any] | None) -> str:
 def describe(record: dict[str, Any] | None) -> str:
     """What the record means for the lossless methods, in one sentence for users."""
     if not record:
-        return ("exactness not checked for this choice: lossless methods (SD, lossless PSD_A) may differ from AR "
-                "at near-ties")
-    att = record.get("attention")
-    if att and not att["exact"]:
-        return (f"not bitwise exact at {record.get('threads', '?')} threads: the attention kernel gave a batched "
-                f"pass's rows unlike one-token steps ({att['bitwise_passes']}/{att['passes']} checks equal): "
-                "lossless methods may differ from AR at near-ties")
+        return ("exactness not measured on this machine yet (`python -m pyramid_demo prepare` measures it): lossless "
+                "methods (SD, lossless PSD_A) may differ from AR at near-ties")
     if record["exact"]:
         return (f"exact: a verification pass of up to {record['max_k']} tokens gives bitwise the logits of "
                 f"one-token steps ({record['bitwise_passes']}/{record['passes']} passes checked), so SD and "
@@ -152,3 +133,37 @@ def describe(record: dict[str, Any] | None) -> str:
                 "differ from AR at near-ties")
     return (f"not exact on this machine (max logit difference {record['max_abs_diff']:.2g}, top-1 differed): "
             "lossless methods may differ from AR at near-ties")
+
+
+# (context length, pass lengths k): verification passes near the start and deeper into the cache
+PLAN = ((100, (2, 3, 5, 9, 17)), (300, (5, 9)))
+
+
+def reads_target(models: dict[str, Any]) -> bool:
+    """Whether a proposer of the family reads the target's states (its target's forward then hands them out)."""
+    return any(getattr(m, "reads_target", False) for r, m in models.items() if r != "target")
+
+
+def role_opener(models: dict[str, Any], role: str, vocab_size: int) -> Callable[[list[int]], LM]:
+    """`role`'s LM opened as a run opens it: the target publishing its states when a proposer reads them, such a
+    proposer given the target's states over the checked ids."""
+    publish = reads_target(models)
+
+    def open_for(ids: list[int]) -> LM:
+        lm = open_lm(models[role], vocab_size, role)
+        if role == "target":
+            lm.publish = TargetStates() if publish else None
+        elif getattr(models[role], "reads_target", False):
+            target = open_lm(models["target"], vocab_size, "target")
+            connect({"target": target, role: lm})
+            target.forward(ids, 0, 1)  # the target's states at every checked position
+        return lm
+
+    return open_for
+
+
+def check_family(models: dict[str, Any], vocab_size: int, plan: Any = PLAN) -> dict[str, dict]:
+    """Every role's record on the forward it runs (the target's, trees included, decides the lossless claim)."""
+    return {role: check_model(role_opener(models, role, vocab_size), vocab_size, plan,
+                              kinds=tuple(PASS_CHECKS) if role == "target" else ("chain",))
+            for role in models}

@@ -1,6 +1,6 @@
-"""A loaded model's weights as the lean forward reads them: q/k/v and gate/up joined into one linear each (every
-weight resident once), built once per model object and rebuilt when a cast, re-pack or swapped layer changes them.
-Shared by `LeanLM` and training's batched forward."""
+"""A loaded model's weights as the core forward reads them (`forward.core`): q/k/v and gate/up joined into one
+linear each (every weight resident once), built once per model object and rebuilt when a cast or swapped layer
+changes them. Shared by every run, the compiled package's build and training's batched forward."""
 from __future__ import annotations
 
 import threading
@@ -12,8 +12,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .cache import LONGEST_PASS
-from .packed import Fusable, PackedLinear, join, joined_whole, rows_invariant
+from .fusable import Fusable, join, joined_whole
 
 ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
 STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # inv_freq fixed at load (not dynamic / longrope)
@@ -45,7 +44,7 @@ class Concat:
 
 def _linear(mods: list[Any]) -> Linear:
     """One callable giving cat([m(x) for m in mods], -1), holding no weight of its own: plain linears fused into one
-    weight their own are views of; `Fusable` ones fused by their kind (`packed.join`); anything else called as is."""
+    weight their own are views of; `Fusable` ones fused by their kind (`fusable.join`); anything else called as is."""
     if all(type(m) is torch.nn.Linear for m in mods) and _same_kind(mods):
         if len(mods) == 1:
             b = mods[0].bias
@@ -54,7 +53,7 @@ def _linear(mods: list[Any]) -> Linear:
     if len(mods) > 1 and all(type(m) is type(mods[0]) and isinstance(m, Fusable) for m in mods):
         whole = joined_whole(mods)  # already fused by an earlier build: reuse it
         if whole is None:
-            fuse = _fuse_packed if isinstance(mods[0], PackedLinear) else getattr(type(mods[0]), "fuse", None)
+            fuse = getattr(type(mods[0]), "fuse", None)
             whole = fuse(mods) if fuse is not None else None
             if whole is not None:
                 join(mods, whole)
@@ -107,20 +106,8 @@ def _repoint(params: list[Any], mods: list[torch.nn.Linear], fused: torch.Tensor
         at += m.out_features
 
 
-def _fuse_packed(mods: list[Any]) -> PackedLinear | None:
-    """Several packed linears as one oneDNN call where the fused shape stays batch-invariant; else None."""
-    if len(mods) < 2 or not all(isinstance(m, PackedLinear) for m in mods):
-        return None
-    w = torch.cat([m.dense() for m in mods])  # [sum out, in]
-    bias = None
-    if any(m.bias is not None for m in mods):
-        bias = torch.cat([m.bias if m.bias is not None else w.new_zeros(m.out_features) for m in mods])
-    fused = PackedLinear(w, max(m.min_rows for m in mods), bias)
-    return fused if rows_invariant(fused, LONGEST_PASS) else None
-
-
 @dataclass
-class LeanLayer:
+class Layer:
     attn_norm: torch.Tensor  # [d]
     qkv: Linear  # [n, d] -> [n, (H + 2·H_kv)·D]
     o: Linear  # [n, H·D] -> [n, d]
@@ -130,10 +117,10 @@ class LeanLayer:
 
 
 @dataclass
-class LeanWeights:
-    """A loaded model's weights as the lean forward reads them; built once per model object."""
+class Weights:
+    """A loaded model's weights as the core forward reads them; built once per model object."""
 
-    layers: list[LeanLayer]
+    layers: list[Layer]
     embed: torch.Tensor  # [V, d]
     norm: torch.Tensor  # [d]
     head: Linear  # [n, d] -> [n, V]
@@ -147,8 +134,8 @@ class LeanWeights:
     dtype: torch.dtype
 
 
-def supports_lean(model: Any) -> bool:
-    """Whether the lean forward covers this model: Llama/Qwen2/Mistral wholly on the CPU, SiLU, static RoPE."""
+def covered(model: Any) -> bool:
+    """Whether the core forward covers this model: Llama/Qwen2/Mistral on one device, SiLU, static RoPE."""
     if type(model).__name__ not in ARCHITECTURES:
         return False
     cfg = model.config
@@ -157,11 +144,11 @@ def supports_lean(model: Any) -> bool:
         rope_type = getattr(inner.rotary_emb, "rope_type", "default")
     except AttributeError:
         return False
-    if emb.weight.device.type != "cpu" or emb.weight.dtype not in DTYPES:
+    if emb.weight.dtype not in DTYPES or emb.weight.device.type == "meta":
         return False
-    if any(str(d) not in ("cpu", "0") and d != 0 for d in (getattr(model, "hf_device_map", None) or {}).values()):
+    if len({str(d) for d in (getattr(model, "hf_device_map", None) or {}).values()}) > 1:
         return False  # spread over devices or offloaded
-    if any(p.device.type != "cpu" for p in model.parameters()):
+    if any(p.device != emb.weight.device for p in model.parameters()):
         return False
     if getattr(cfg, "hidden_act", "silu") not in ("silu", "swish") or rope_type not in STATIC_ROPE:
         return False
@@ -183,23 +170,23 @@ def _tensor_id(m: torch.nn.Module) -> tuple:
     return ("opaque", id(t)) if t is not None and isinstance(m, Fusable) else ()
 
 
-def _signature(model: Any) -> tuple:
+def signature(model: Any) -> tuple:
     """What the built weights depend on: every module with a weight of its own, by identity."""
     emb = model.get_input_embeddings().weight
     own = tuple((m, *_tensor_id(m)) for m in model.modules() if _tensor_id(m))
     return (emb.data_ptr(), emb.dtype, len(model.model.layers), own)
 
 
-def _build(model: Any) -> LeanWeights:
-    """The lean weights, built outside inference mode: fusing re-points the model's (trainable) parameters."""
+def _build(model: Any) -> Weights:
+    """The core weights, built outside inference mode: fusing re-points the model's (trainable) parameters."""
     with torch.inference_mode(False), torch.no_grad():
         return _build_now(model)
 
 
-def _build_now(model: Any) -> LeanWeights:
+def _build_now(model: Any) -> Weights:
     cfg, inner = model.config, model.model
     attn0 = inner.layers[0].self_attn
-    layers = [LeanLayer(
+    layers = [Layer(
         attn_norm=lay.input_layernorm.weight.detach(),
         qkv=_linear([lay.self_attn.q_proj, lay.self_attn.k_proj, lay.self_attn.v_proj]),
         o=_linear([lay.self_attn.o_proj]),
@@ -210,7 +197,7 @@ def _build_now(model: Any) -> LeanWeights:
     embed = model.get_input_embeddings().weight.detach()
     rot = inner.rotary_emb
     window = getattr(cfg, "sliding_window", None) if type(model).__name__ == "MistralForCausalLM" else None
-    return LeanWeights(
+    return Weights(
         layers=layers, embed=embed, norm=inner.norm.weight.detach(), head=_linear([model.lm_head]),
         eps=float(inner.norm.variance_epsilon),
         n_heads=cfg.num_attention_heads, n_kv=cfg.num_key_value_heads, head_dim=attn0.head_dim,
@@ -218,17 +205,17 @@ def _build_now(model: Any) -> LeanWeights:
         window=window, dtype=embed.dtype)
 
 
-_WEIGHTS: weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple, LeanWeights]] = weakref.WeakKeyDictionary()
+_WEIGHTS: weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple, Weights]] = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
 
 
-def lean_weights(model: Any) -> LeanWeights:
-    """The model's lean weights, kept while it lives; signed after a build (which re-points parts)."""
+def weights(model: Any) -> Weights:
+    """The model's core weights, kept while it lives; signed after a build (which re-points parts)."""
     with _LOCK:
         hit = _WEIGHTS.get(model)
-        if hit is None or hit[0] != _signature(model):
+        if hit is None or hit[0] != signature(model):
             _WEIGHTS.pop(model, None)
             built = _build(model)
-            hit = (_signature(model), built)
+            hit = (signature(model), built)
             _WEIGHTS[model] = hit
         return hit[1]

@@ -1,0 +1,159 @@
+"""The bench's `llama_cpp` peer: llama.cpp's own decoding (through `llama-cpp-python`) of the GGUF file the target
+was loaded from, as an F32 copy (the checkpoint's reference precision, the weights our fp32 target runs), timed in
+the same run as the engine. llama.cpp is not a forward the engine runs; its binding is installed on demand with
+`INSTALL`. The loader marks a model loaded from a GGUF with `model.gguf_source` (the original file)."""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..models.bundled import cache_root
+
+CMAKE_ARGS = ("-DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF "
+              "-DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_COMMON=OFF -DLLAMA_CURL=OFF")  # its libraries only
+INSTALL = f'CMAKE_ARGS="{CMAKE_ARGS}" .venv/bin/python -m pip install -r requirements-llamacpp.txt'
+N_CTX = 4096  # positions a peer run may hold (prompt + answer)
+N_BATCH = 512  # rows per llama_decode (the prompt goes in one)
+_STATE: dict[str, Any] = {}  # the imported binding, or why it is not there
+_LOADED: dict[str, Any] = {}  # one llama.cpp model per file per process
+_LOCK = threading.Lock()
+
+
+def _import() -> Any:
+    import llama_cpp
+
+    return llama_cpp
+
+
+def binding() -> Any | None:
+    """The `llama_cpp` module, initialised once per process (its log silenced); None when it does not load."""
+    with _LOCK:
+        if "lib" not in _STATE:
+            try:
+                lib = _import()
+                lib.llama_backend_init()
+                _STATE["quiet"] = lib.llama_log_callback(lambda level, text, data: None)
+                lib.llama_log_set(_STATE["quiet"], ctypes.c_void_p())
+                _STATE["lib"] = lib
+            except Exception as e:  # noqa: BLE001 - not installed, or a broken build: the peer is skipped
+                _STATE["lib"], _STATE["why"] = None, f"{type(e).__name__}: {e}"
+        return _STATE["lib"]
+
+
+def missing() -> str:
+    """Why the binding does not load, with the one command that installs it, in one line ("" when it loads)."""
+    if binding() is not None:
+        return ""
+    return f"llama.cpp is not installed here ({str(_STATE.get('why', ''))[:80]}); install it with: {INSTALL}"
+
+
+def source_of(model: Any) -> Path | None:
+    """The GGUF file `model` was loaded from (set by the loader), or None."""
+    src = getattr(model, "gguf_source", None)
+    return Path(src) if src is not None else None
+
+
+def threads() -> int:
+    return max(1, torch.get_num_threads())  # the threads our engine runs on
+
+
+def _lib() -> Any:
+    lib = binding()
+    if lib is None:
+        raise RuntimeError(missing())
+    return lib
+
+
+def f32_copy(source: Path, dest: Path) -> Path:
+    """`source` dequantised into an F32 GGUF at `dest` by llama.cpp's own quantizer (the exact dequantisation of
+    its codes), written aside and renamed into place so no process reads half a file."""
+    lib = _lib()
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
+    params = lib.llama_model_quantize_default_params()
+    params.ftype, params.allow_requantize, params.nthread = lib.LLAMA_FTYPE_ALL_F32, True, threads()
+    try:
+        if lib.llama_model_quantize(str(source).encode(), str(tmp).encode(), ctypes.byref(params)) != 0:
+            raise ValueError(f"llama.cpp could not dequantise {source.name}")
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return dest
+
+
+def f32_of(gguf: Path) -> Path:
+    """`gguf`'s F32 copy in the project's cache (made once), keyed by the file's path, size and time."""
+    st = gguf.stat()
+    tag = hashlib.sha1(f"{gguf.resolve()}|{st.st_size}|{int(st.st_mtime)}".encode()).hexdigest()[:12]
+    dest = cache_root() / "gguf" / f"{gguf.stem}.{tag}.F32.gguf"
+    return dest if dest.is_file() else f32_copy(gguf, dest)
+
+
+def load(path: Path) -> Any:
+    """llama.cpp's model of `path`, loaded once per process (weights only); ValueError naming a file it cannot read."""
+    lib = _lib()
+    with _LOCK:
+        if str(path) not in _LOADED:
+            params = lib.llama_model_default_params()
+            params.n_gpu_layers = 0
+            model = lib.llama_model_load_from_file(str(path).encode(), params)
+            if not model:
+                raise ValueError(f"llama.cpp cannot read the GGUF file {path.name}")
+            _LOADED[str(path)] = model
+        return _LOADED[str(path)]
+
+
+def _context(lib: Any, model: Any, path: Path) -> Any:
+    p = lib.llama_context_default_params()
+    p.n_ctx, p.n_batch, p.n_ubatch, p.n_seq_max = N_CTX, N_BATCH, N_BATCH, 1
+    p.n_threads = p.n_threads_batch = threads()
+    p.embeddings, p.pooling_type, p.no_perf = False, lib.LLAMA_POOLING_TYPE_NONE, True
+    ctx = lib.llama_init_from_model(model, p)
+    if not ctx:
+        raise RuntimeError(f"llama.cpp could not make a context for {path.name}")
+    return ctx
+
+
+def decode(gguf: Path, prompt_ids: list[int], cfg: Any, eos_ids: tuple[int, ...]) -> tuple[list[int], float, str]:
+    """llama.cpp's own plain decoding of `gguf`'s F32 copy (its sampler chain, as `llama-completion` runs it: greedy,
+    or top-k, top-p, temperature and a seeded draw), in a fresh context: the new token ids, the wall time with the
+    prefill (the copy, the load and the context are made before the clock), and why it stopped."""
+    lib = _lib()
+    path = f32_of(gguf)
+    ctx = _context(lib, load(path), path)
+    smpl = lib.llama_sampler_chain_init(lib.llama_sampler_chain_default_params())
+    if cfg.greedy:
+        lib.llama_sampler_chain_add(smpl, lib.llama_sampler_init_greedy())
+    else:
+        if cfg.top_k:
+            lib.llama_sampler_chain_add(smpl, lib.llama_sampler_init_top_k(cfg.top_k))
+        if cfg.top_p < 1.0:
+            lib.llama_sampler_chain_add(smpl, lib.llama_sampler_init_top_p(cfg.top_p, 1))
+        lib.llama_sampler_chain_add(smpl, lib.llama_sampler_init_temp(cfg.temperature))
+        lib.llama_sampler_chain_add(smpl, lib.llama_sampler_init_dist(cfg.seed))
+    new: list[int] = []
+    try:
+        t0 = time.perf_counter()
+        toks = (lib.llama_token * len(prompt_ids))(*prompt_ids)
+        batch = lib.llama_batch_get_one(toks, len(prompt_ids))
+        for _ in range(cfg.max_new_tokens):
+            if lib.llama_decode(ctx, batch) != 0:
+                raise RuntimeError("llama_decode failed in the llama_cpp peer")
+            t = int(lib.llama_sampler_sample(smpl, ctx, -1))
+            new.append(t)
+            if t in eos_ids:
+                break
+            one = (lib.llama_token * 1)(t)
+            batch = lib.llama_batch_get_one(one, 1)
+        wall = time.perf_counter() - t0
+    finally:
+        lib.llama_sampler_free(smpl)
+        lib.llama_free(ctx)
+    return new, wall, "eos" if new and new[-1] in eos_ids else "max_new_tokens"

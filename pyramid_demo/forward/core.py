@@ -1,0 +1,181 @@
+"""The one forward of Llama-family models (SmolLM2, Qwen2, Llama 3.x, Mistral), in gpt-fast's shape: a static KV
+cache where rollback moves a length, and every row carries its token, its position and its cache slot, and sees the
+slots its mask names (the cache, its ancestors, itself): a prefill, a chain and a tree of candidates are one pass.
+
+The pass runs eager on any device (CPU, CUDA, MPS); on a CPU the same pass runs ahead-of-time compiled
+(`forward.compiled`) where a package for exactly these weights exists and agrees with it (`models.runtime`).
+Whether a many-row pass gives the logits of one-row steps is measured (`models.checks`), never assumed.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from .cache import LONGEST_PASS, CachedModel, tap_layers, tap_norm, tree_seen
+from .weights import Weights, weights
+
+MIN_CAPACITY = 256  # cache slots a run starts with; doubled when outgrown
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF's Llama RMSNorm: normalise in fp32, cast back (`tap_norm`), then scale. x [n, d] -> [n, d]."""
+    return w * tap_norm(x, eps)
+
+
+def rope_table(inv_freq: torch.Tensor, n: int, dtype: torch.dtype, scale: float = 1.0
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [n, D] for positions 0 … n-1 as HF computes them, with rotate_half's sign folded into sin (so a
+    rotation is `x·cos + swap_halves(x)·sin`); the one rotary table of every forward and the feature draft."""
+    freqs = torch.arange(n, dtype=torch.float32, device=inv_freq.device)[:, None] * inv_freq[None]  # [n, D/2]
+    emb = torch.cat((freqs, freqs), -1)  # [n, D]
+    cos, sin = (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
+    half = inv_freq.shape[0]
+    return cos, torch.cat((-sin[:, :half], sin[:, half:]), -1)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [.., D] rotated by cos/sin [.., D] from `rope_table` (broadcast over heads)."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((x[..., half:], x[..., :half]), -1) * sin
+
+
+def body(w: Weights, tokens: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
+         mask: torch.Tensor | None, kv: list[torch.Tensor]) -> torch.Tensor:
+    """Rows tokens [k] at RoPE rows cos/sin [k, D] write their keys/values to `slots` [k] of kv (per layer: keys,
+    values [H_kv, T, D]) and attend over the T slots where mask [k, T] (bool; None: all of them). Returns what a
+    reader of this model conditions on: the `tap_layers` outputs normalised, then the normed last state [k, 3·d]."""
+    k_rows = tokens.shape[0]
+    h_q, h_kv, d_h = w.n_heads, w.n_kv, w.head_dim
+    c, s = cos[:, None], sin[:, None]  # [k, 1, D]
+    am = None if mask is None else mask[None, None]  # [1, 1, k, T]
+    x = F.embedding(tokens, w.embed)  # [k, d]
+    taps, tapped = tap_layers(len(w.layers)), []
+    for li, lay in enumerate(w.layers):
+        qkv = lay.qkv(rms_norm(x, lay.attn_norm, w.eps))  # [k, (H + 2·H_kv)·D]
+        qk = rotate(qkv[:, : (h_q + h_kv) * d_h].view(k_rows, h_q + h_kv, d_h), c, s)  # RoPE on q and k at once
+        v = qkv[:, (h_q + h_kv) * d_h:].view(k_rows, h_kv, d_h)  # [k, H_kv, D]
+        k_all, v_all = kv[2 * li], kv[2 * li + 1]  # [H_kv, T, D]
+        k_all.index_copy_(1, slots, qk[:, h_q:].transpose(0, 1))  # [H_kv, k, D] into the slots
+        v_all.index_copy_(1, slots, v.transpose(0, 1))
+        q = qk[:, :h_q].transpose(0, 1)[None]  # [1, H, k, D]
+        a = F.scaled_dot_product_attention(q, k_all[None], v_all[None], attn_mask=am, scale=d_h ** -0.5,
+                                           enable_gqa=h_q != h_kv)  # [1, H, k, D]
+        x = x + lay.o(a[0].transpose(0, 1).reshape(k_rows, h_q * d_h))  # [k, d]
+        gate, up = lay.gate_up(rms_norm(x, lay.mlp_norm, w.eps)).chunk(2, -1)  # [k, I] each
+        x = x + lay.down(F.silu(gate) * up)
+        if li in taps:
+            tapped.append(tap_norm(x, w.eps))
+    return torch.cat([*tapped, rms_norm(x, w.norm, w.eps)], -1)  # [k, 3·d]
+
+
+def core_pass(w: Weights, tokens: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
+              mask: torch.Tensor | None, kv: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """`body`, then the head on every row: logits [k, V] fp32 and the states [k, 3·d] (what a package compiles)."""
+    h = body(w, tokens, cos, sin, slots, mask, kv)
+    return w.head(h[:, -w.embed.shape[1]:]).float(), h
+
+
+def visible(slots: list[int], positions: list[int], t: int, window: int | None, seen: torch.Tensor | None = None
+            ) -> torch.Tensor | None:
+    """Which of the first t slots each row sees [k, t] bool: `seen` (a tree's ancestors), else every slot up to its
+    own (a chain); a sliding window hides keys more than `window` positions back (slot = position in the cache).
+    None where every row sees every slot (a one-row step: no mask to build or apply)."""
+    q_slot = torch.tensor(slots)[:, None]  # [k, 1]
+    if seen is None:
+        if len(slots) == 1 and slots[0] == t - 1 and (window is None or t <= window):
+            return None
+        seen = torch.arange(t)[None] <= q_slot  # [k, t]
+    if window is not None:
+        cached = min(t, min(slots))  # slots before the pass: the cache, where slot = position
+        q_pos = torch.tensor(positions)[:, None]
+        seen[:, :cached] &= torch.arange(cached)[None] > q_pos - window
+    return seen
+
+
+class CoreLM(CachedModel):
+    """One run's state over the core forward (the engine's `LM`): its own static cache; `runner` the compiled
+    package of these weights (None: eager)."""
+
+    trees = True
+
+    def __init__(self, model: Any, vocab_size: int, role: str, runner: Any | None = None,
+                 capacity: int = MIN_CAPACITY) -> None:
+        super().__init__(role)
+        self.w, self.vocab_size, self.run = weights(model), vocab_size, runner
+        self.device = self.w.embed.device
+        self.kv: list[torch.Tensor] = []
+        self._alloc(max(capacity, LONGEST_PASS + 1))
+
+    @property
+    def capacity(self) -> int:
+        return self.kv[0].shape[1]
+
+    def _alloc(self, cap: int) -> None:
+        """The one growth: a cache of `cap` slots holding every written slot (pending tree rows too), and its table."""
+        w, n = self.w, len(self.ids) + len(self.pending)
+        new = [torch.zeros(w.n_kv, cap, w.head_dim, dtype=w.dtype, device=self.device)
+               for _ in range(2 * len(w.layers))]
+        for a, b in zip(new, self.kv):
+            a[:, :n] = b[:, :n]
+        self.kv = new
+        self.cos, self.sin = rope_table(w.inv_freq.to(self.device), cap, w.dtype, w.rope_scale)  # [cap, D] each
+
+    def _grow(self, need: int) -> None:
+        cap = self.capacity
+        if need > cap:
+            while cap < need:
+                cap *= 2
+            self._alloc(cap)
+
+    def _pass(self, tokens: list[int], positions: list[int], slots: list[int], seen: torch.Tensor | None,
+              keep: int) -> torch.Tensor:
+        """Rows (token, position, slot) seeing the slots `seen` [k, t] names (None: a chain's causal rows); logits
+        of the last `keep` rows [keep, V] fp32 on the CPU, and the states of every row when this model publishes."""
+        self._grow(max(slots) + 1)
+        dev, d = self.device, self.w.embed.shape[1]
+        tok, sl = torch.tensor(tokens, device=dev), torch.tensor(slots, device=dev)
+        at = torch.tensor(positions, device=dev)
+        cos, sin = self.cos[at], self.sin[at]  # [k, D]
+        if self.run is not None:  # the package takes every slot, with a mask over all of them
+            mask = torch.zeros(len(tokens), self.capacity, dtype=torch.bool)
+            got = visible(slots, positions, max(slots) + 1, self.w.window, seen)
+            mask[:, : max(slots) + 1] = True if got is None else got
+            z, h = self.run(tok, cos, sin, sl, mask, self.kv)
+            z = z[len(tokens) - keep:]
+        else:
+            t = max(slots) + 1 if seen is None else seen.shape[1]
+            mask = visible(slots, positions, t, self.w.window, seen)
+            h = body(self.w, tok, cos, sin, sl, None if mask is None else mask.to(dev), [c[:, :t] for c in self.kv])
+            z = self.w.head(h[len(tokens) - keep:, -d:])
+        if self.publish is not None:
+            self.feats = h if self.publish.taps else h[:, -d:]  # [k, d·(taps + 1)]
+        return z[:, : self.vocab_size].float().cpu()
+
+    @torch.inference_mode()
+    def _run(self, tokens: list[int], pos: int, keep: int) -> torch.Tensor:
+        step = LONGEST_PASS if self.run is not None else len(tokens)  # a package's passes are at most this long
+        zs, feats, first_kept = [], [], len(tokens) - keep
+        for i in range(0, len(tokens), step):
+            at = list(range(pos + i, pos + min(len(tokens), i + step)))
+            zs.append(self._pass(tokens[i: i + len(at)], at, at, None, max(1, i + len(at) - max(i, first_kept))))
+            feats.append(self.feats)
+        if self.publish is not None:
+            self.feats = torch.cat(feats)  # type: ignore[arg-type]
+        return torch.cat(zs)[-keep:]
+
+    @torch.inference_mode()
+    def _run_tree(self, rows: list[tuple[int, int, int]], base: int, pos: int) -> torch.Tensor:
+        new = rows[base:]
+        slots = list(range(pos + base, pos + len(rows)))
+        return self._pass([r[0] for r in new], [r[2] for r in new], slots, tree_seen(rows, base, pos), len(new))
+
+    def _crop(self, pos: int) -> None:
+        """A length move: later feeds overwrite the slots."""
+
+    @torch.inference_mode()
+    def _compact(self, pos: int, slots: list[int]) -> None:
+        idx = torch.tensor(slots, device=self.device)
+        for c in self.kv:
+            c[:, pos: pos + len(slots)] = c[:, idx]  # the gather copies first

@@ -1,0 +1,193 @@
+"""One decision per model, made once at load and recorded once.
+
+Every role runs at its checkpoint's reference precision on the core forward (`forward.core`): compiled where a
+package for exactly these weights was built on this machine and its pass agrees with the eager pass, else eager;
+an architecture the core does not cover runs Hugging Face's forward. Nothing is timed on the load path. What setup
+measures (agreement, whether many-row passes equal one-row steps, step costs) is a record shown in the family box
+and the Statistics tab, never an input to a choice. One manifest in the one cache folder holds it, each entry keyed
+by everything that changes it (torch build, CPU features, threads, the weights' fingerprint); a stale entry is
+simply never found, a corrupt file reads as empty.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..forward import compiled
+from ..forward.core import CoreLM
+from ..forward.lm import forward_of
+from .bundled import cache_root
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+FORMAT = 1  # what an entry holds; raise it when that changes (older entries are then not read)
+ISA = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "neon", "asimd", "bf16", "sve")
+WHY = {"hf": "Hugging Face's forward (an architecture the core forward does not cover)",
+       "feature": "its own one-layer forward over the verifier's states"}
+
+
+# ---------------------------------------------------------------- this machine
+def _cpuinfo() -> str:
+    try:
+        return Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def cpu_flags() -> list[str]:
+    """The instruction-set flags kernels choose by, in ISA's order (a VM may hide some)."""
+    have = {f for line in _cpuinfo().splitlines() if line.lower().startswith(("flags", "features"))
+            for f in line.split(":", 1)[-1].split()}
+    return [f for f in ISA if f in have]
+
+
+def cpu_class() -> str:
+    """This CPU in words, as every reported figure names it: model, cores, and the vector units that matter."""
+    name = next((ln.split(":", 1)[1].strip() for ln in _cpuinfo().splitlines()
+                 if ln.lower().startswith("model name")), platform.processor() or platform.machine())
+    f = set(cpu_flags())
+    isa = ("AMX" if "amx_tile" in f else "AVX-512 BF16" if "avx512_bf16" in f else "AVX-512" if "avx512f" in f
+           else "AVX2" if "avx2" in f else "NEON" if f & {"neon", "asimd"} else platform.machine())
+    return f"{name}, {os.cpu_count()} cores, {isa}"
+
+
+def machine() -> dict[str, Any]:
+    """Everything besides the weights that changes a forward's numbers here."""
+    return {"cpu": cpu_class(), "isa": ",".join(cpu_flags()), "torch": torch.__version__,
+            "threads": torch.get_num_threads()}
+
+
+def machine_key() -> str:
+    return " | ".join(str(v) for v in machine().values())
+
+
+# ---------------------------------------------------------------- the manifest
+def manifest_path() -> Path:
+    return cache_root() / MANIFEST
+
+
+def read() -> dict[str, Any]:
+    """The manifest's entries by key ({} when missing or unreadable: a corrupt file only costs a re-measure)."""
+    try:
+        data = json.loads(manifest_path().read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def entry(key: str) -> dict[str, Any] | None:
+    got = read().get(key)
+    return got if isinstance(got, dict) and got.get("format") == FORMAT else None
+
+
+def write(key: str, value: dict[str, Any]) -> None:
+    """Add one entry, atomically (written aside, then renamed into place)."""
+    path = manifest_path()
+    try:
+        data = read()
+        data[key] = {**value, "format": FORMAT}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{MANIFEST}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
+        tmp.replace(path)
+    except OSError as e:
+        log.warning("cannot write %s: %s", path, e)
+
+
+# ---------------------------------------------------------------- the decision
+def package_key(model: Any) -> str:
+    return f"{machine_key()} | package | {compiled.package_path(model).stem}"
+
+
+def decide(model: Any, vocab_size: int) -> tuple[str, str]:
+    """Load `model`'s compiled package where one exists for these weights here and its pass agrees with the eager
+    pass (checked once, recorded); (the forward a run opens, why, in words). Never builds or times anything."""
+    kind = forward_of(model)
+    if kind != "eager":
+        return kind, WHY[kind]
+    if next(model.parameters()).device.type != "cpu":
+        return "eager", "the core pass, eager (compiled packages are built for CPUs)"
+    if not compiled.load(model):
+        return "eager", "the core pass, eager: no compiled package for these weights here (setup builds it)"
+    key = package_key(model)
+    got = entry(key)
+    if got is None:
+        got = agreement(model, vocab_size)
+        write(key, got)
+    if not got["agrees"]:
+        compiled.attach(model, None)
+        return "eager", (f"the core pass, eager: its compiled pass disagreed with the eager one (top-1 differed, max "
+                         f"|Δlogit| {got['max_abs_diff']:.2g})")
+    return "compiled", f"the core pass, compiled (agrees with eager: top-1 equal, max |Δlogit| " \
+                       f"{got['max_abs_diff']:.2g})"
+
+
+@torch.inference_mode()
+def agreement(model: Any, vocab_size: int) -> dict[str, Any]:
+    """The compiled pass against the eager one on the same rows: a prefill, a one-row step, a chain and a tree."""
+    ids = [(7919 * i + 11) % max(2, vocab_size - 1) + 1 for i in range(80)]
+    outs = []
+    for runner in (None, compiled.runner_of(model)):
+        lm = CoreLM(model, vocab_size, "check", runner)
+        z = [lm.feed(ids[:60], 1), lm.feed(ids[:61], 1), lm.feed(ids[:66], 5)]
+        z.append(lm.forward_tree(ids[66:72], [-1, 0, 0, 1, 1, 2], 66))
+        outs.append(torch.cat(z))  # [13, V]
+    a, b = outs
+    return {"agrees": bool(torch.equal(a.argmax(-1), b.argmax(-1))),
+            "max_abs_diff": float(torch.where(a == b, 0.0, (a - b).abs()).max())}
+
+
+def ensure_package(model: Any) -> str:
+    """Build `model`'s package where missing (setup only: minutes on two cores); one line saying what happened."""
+    if forward_of(model) not in ("eager", "compiled") or next(model.parameters()).device.type != "cpu":
+        return "not compiled (not a CPU core forward)"
+    ok, note = compiled.ensure(model)
+    return note if ok else f"not compiled: {note}"
+
+
+# ---------------------------------------------------------------- the family's record
+def family_key(triplet: Any) -> str:
+    """A family's record is found only for these weights, forwards and dtype on this machine."""
+    parts = []
+    for role in ("draft", "qualifier", "target"):
+        m, kind = triplet.model(role), triplet.forwards.get(role, "?")
+        core = kind in ("eager", "compiled")
+        parts.append(f"{role}={kind}:{compiled.package_path(m).stem if core else type(m).__name__}")
+    return f"{machine_key()} | family | {','.join(triplet.names)} | {triplet.dtype} | {' '.join(parts)}"
+
+
+def family_record(triplet: Any) -> dict[str, Any] | None:
+    """What setup measured for this family as it runs here (checks, cost profile), or None."""
+    if triplet.device.type != "cpu":
+        return None
+    return entry(family_key(triplet))
+
+
+def measure_family(triplet: Any, profile: bool = True) -> dict[str, Any]:
+    """Measure and record the family's checks (`checks.check_family`) and cost profile (setup, `prepare`)."""
+    from ..predict import measure
+    from .checks import check_family
+
+    models = {r: triplet.model(r) for r in ("draft", "qualifier", "target")}
+    t0 = time.perf_counter()
+    rec: dict[str, Any] = {"checks": check_family(models, triplet.vocab_size), "machine": machine()}
+    if profile:
+        extras: dict = {}
+        ms = measure.measure_profile(models, triplet.vocab_size, extras_out=extras)
+        rec["profile"] = {"ms": {r: {str(k): v for k, v in row.items()} for r, row in ms.items()}, **extras,
+                          "context": measure.CONTEXT, "reps": 3, "dtype": str(triplet.dtype).removeprefix("torch."),
+                          "floor": {r: measure.memory_floor_ms(m) for r, m in models.items()},
+                          "device": str(triplet.device), "machine": machine_key(), "models": list(triplet.names),
+                          "time_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}
+    rec["measure_s"] = round(time.perf_counter() - t0, 1)
+    if triplet.device.type == "cpu":
+        write(family_key(triplet), rec)
+    return rec

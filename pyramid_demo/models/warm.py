@@ -1,0 +1,27 @@
+"""Before a race: warm every model, and read the family's cost profile if setup measured one here. Nothing is
+measured on a visitor's request: without a profile, predictions and shape "auto" say so."""
+from __future__ import annotations
+
+from typing import Any
+
+from ..predict import measure
+from .runtime import family_record, measure_family
+
+
+def cost_profile(triplet: Any, measure_now: bool = False) -> dict | None:
+    """The family's cost profile here (`predict.costs`) as setup recorded it ("how": "cached"); `measure_now` (the
+    command line, bench) measures and records it where none is ("how": "measured")."""
+    rec = family_record(triplet)
+    if rec and rec.get("profile"):
+        return {**rec["profile"], "how": "cached", "probe_s": 0.0}
+    if not measure_now:
+        return None
+    rec = measure_family(triplet)
+    return {**rec["profile"], "how": "measured", "probe_s": rec["measure_s"]}
+
+
+def prepare(triplet: Any, prompt_ids: list[int]) -> dict:
+    """Warm every model (no lane's clock pays first-call costs); the cached profile, if any."""
+    models = {r: triplet.model(r) for r in ("draft", "qualifier", "target")}
+    warm_s = measure.warm_up(models, triplet.vocab_size, prompt_ids)
+    return {"profile": cost_profile(triplet), "warm_s": round(warm_s, 3), "profile_s": 0.0}
