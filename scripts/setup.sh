@@ -13,9 +13,9 @@ if [ "${1:-}" = "--test" ] && [ ! -x /usr/bin/chromium ] && [ "$(id -u)" = 0 ] &
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
     || echo "warning: could not install chromium; the browser test will be skipped" >&2
 fi
-if [ "${1:-}" != "--test" ]; then  # the app's first race then starts from cached work
-  echo "converting the bundled model, probing this CPU and compiling each model once (a few minutes; cached in ~/.cache/pyramid_demo)…"
-  HF_HUB_OFFLINE=1 .venv/bin/python -m pyramid_demo probe --compile 2>/dev/null | grep -E "^(chosen|kernels|cost profile):" \
-    || echo "warning: the probe did not run; the app's first race will run it" >&2
+if [ "${1:-}" != "--test" ]; then  # what a run loads, built once: the app's first race starts from it
+  echo "converting the bundled model and compiling its target and qualifier for this CPU (a few minutes, once; cached in ~/.cache/pyramid_demo)…"
+  HF_HUB_OFFLINE=1 .venv/bin/python -m pyramid_demo prepare 2>/dev/null | grep -E "^(machine|runs|target|qualifier|draft|ms per)" \
+    || echo "warning: prepare did not finish; every model runs its eager forward" >&2
 fi
 echo "setup done: .venv is ready"

@@ -1,5 +1,6 @@
-"""The compiled forward (`forward.compiled`): what it computes, how a stale or broken package is handled, and that a
-run never compiles unless asked. Compiling takes a while even for a tiny model: those tests are in the slow tier."""
+"""The compiled pass (`forward.compiled`) and the one decision over it (`models.runtime.decide`): what it computes, how
+a stale, broken or disagreeing package is handled, and that a load never compiles or times anything. Compiling takes
+a while even for a tiny model: that test is in the slow tier."""
 from __future__ import annotations
 
 import pytest
@@ -7,15 +8,14 @@ import torch
 
 from pyramid_demo.forward import compiled
 from pyramid_demo.forward.cache import TargetStates, tap_layers
-from pyramid_demo.forward.lean import LeanLM
-from pyramid_demo.models import kernels
+from pyramid_demo.forward.core import CoreLM
+from pyramid_demo.models import runtime
 from pyramid_demo.models.tiny import tiny_random_triplet
 
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("PYRAMID_DEMO_CACHE", str(tmp_path))
-    monkeypatch.setenv("PYRAMID_DEMO_COMPILED", "1")
     return tmp_path
 
 
@@ -49,48 +49,86 @@ def test_a_corrupt_package_is_removed_and_the_model_stays_eager(cache) -> None:
     assert not path.exists() and compiled.runner_of(t.target) is None
 
 
-def test_a_run_never_compiles_unless_asked(cache, monkeypatch) -> None:
-    """Without a package, loading a model only says how to build one (setup's `probe --compile`); it never
-    compiles in the middle of a run."""
+def test_a_load_never_compiles_and_says_how_to_build(cache, monkeypatch) -> None:
+    """Without a package, the decision runs the eager core pass and says setup builds one; it never compiles (or
+    times anything) on the load path."""
     t = tiny_random_triplet()
-    monkeypatch.setattr(compiled, "build", lambda *a, **k: pytest.fail("compiled during a run"))
-    got = kernels.choose_compiled(t.target, t.vocab_size)
-    assert got.startswith("eager") and "setup.sh" in got
+    monkeypatch.setattr(compiled, "build", lambda *a, **k: pytest.fail("compiled during a load"))
+    kind, why = runtime.decide(t.target, t.vocab_size)
+    assert kind == "eager" and "setup builds it" in why
     assert compiled.runner_of(t.target) is None
 
 
-def test_a_failed_compile_falls_back_to_eager_and_says_so(cache, monkeypatch) -> None:
-    """When asked to build and the compile fails, the model runs eager and the note says why, once."""
+class _Runner:
+    """A package stand-in: the eager pass, its logits shifted on one token (`bias`) so agreement can be planted."""
+
+    def __init__(self, model, bias: float = 0.0) -> None:
+        from pyramid_demo.forward.core import core_pass
+        from pyramid_demo.forward.weights import weights
+
+        self.w, self.bias, self.calls, self.core_pass = weights(model), bias, 0, core_pass
+
+    def __call__(self, tokens, cos, sin, slots, mask, kv):
+        self.calls += 1
+        z, h = self.core_pass(self.w, tokens, cos, sin, slots, mask, kv)
+        z = z.clone()
+        z[:, 7] += self.bias
+        return z, h
+
+
+def _with_package(cache, t, runner) -> None:
+    path = compiled.package_path(t.target)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"stand-in")
+    compiled.attach(t.target, runner)
+
+
+def test_a_package_runs_only_where_it_agrees_with_the_eager_pass(cache) -> None:
+    """A package whose pass agrees with the eager one (top-1 on a prefill, a step, a chain and a tree) runs, and the
+    check is recorded once in the manifest; one whose top-1 differs is detached and the eager pass runs, saying
+    why. The run then really calls the package (its masks over every slot)."""
     t = tiny_random_triplet()
+    good = _Runner(t.target)
+    _with_package(cache, t, good)
+    kind, why = runtime.decide(t.target, t.vocab_size)
+    assert kind == "compiled" and "agrees" in why and good.calls == 4  # a prefill, a step, a chain, a tree
+    rec = runtime.entry(runtime.package_key(t.target))
+    assert rec is not None and rec["agrees"] and rec["max_abs_diff"] < 1e-4
+    assert runtime.decide(t.target, t.vocab_size)[0] == "compiled" and good.calls == 4  # read, not re-checked
+    lm = CoreLM(t.target, t.vocab_size, "target", compiled.runner_of(t.target))
+    ref = CoreLM(t.target, t.vocab_size, "target")
+    ids = [(7 * i + 3) % (t.vocab_size - 1) + 1 for i in range(40)]
+    assert torch.allclose(lm.feed(ids[:30], 4), ref.feed(ids[:30], 4), atol=1e-5)
+    assert torch.allclose(lm.forward_tree(ids[30:33], [-1, 0, 0], 30), ref.forward_tree(ids[30:33], [-1, 0, 0], 30),
+                          atol=1e-5)
 
-    def broken(*a, **k):
-        raise RuntimeError("no C++ compiler")
-
-    monkeypatch.setattr(compiled, "build", broken)
-    monkeypatch.setitem(kernels.BUILD, "on", True)
-    got = kernels.choose_compiled(t.target, t.vocab_size)
-    assert got.startswith("eager (compile failed") and "no C++ compiler" in got
-    assert compiled.runner_of(t.target) is None
+    bad = tiny_random_triplet(seed=3)
+    _with_package(cache, bad, _Runner(bad.target, bias=1e3))  # token 7 always wins: top-1 disagrees
+    kind, why = runtime.decide(bad.target, bad.vocab_size)
+    assert kind == "eager" and "disagreed" in why and compiled.runner_of(bad.target) is None
 
 
-def test_tests_run_eager_by_default() -> None:
-    """The default test run keeps every model eager (conftest): a developer's compiled cache cannot change what the
-    other tests check."""
-    import os
-
-    assert os.environ.get("PYRAMID_DEMO_COMPILED") == "0" and not compiled.wanted()
+def test_a_corrupt_manifest_reads_as_empty_and_is_rewritten(cache) -> None:
+    """An unreadable manifest is no record (not an error): the next decision measures and writes it anew."""
+    t = tiny_random_triplet()
+    runtime.manifest_path().parent.mkdir(parents=True, exist_ok=True)
+    runtime.manifest_path().write_text("{not json")
+    assert runtime.read() == {}
+    _with_package(cache, t, _Runner(t.target))
+    assert runtime.decide(t.target, t.vocab_size)[0] == "compiled"
+    assert runtime.entry(runtime.package_key(t.target))["agrees"]
 
 
 @pytest.mark.slow
 def test_the_compiled_pass_computes_what_the_eager_one_does(cache) -> None:
     """Built once for a tiny Llama: a chain pass, one-token steps after a rollback, tree rows and the published states
-    all match the eager lean forward (within float rounding; top-1 equal), and a second load reads the package."""
+    all match the eager core pass (within float rounding; top-1 equal), and a second load reads the package."""
     t = tiny_random_triplet()
     m, v = t.target, t.vocab_size
     ok, note = compiled.ensure(m)
     assert ok, note
     ids = [(7 * i + 3) % (v - 1) + 1 for i in range(120)]
-    c, e = compiled.CompiledLM(m, v, "target"), LeanLM(m, v, "target")
+    c, e = CoreLM(m, v, "target", compiled.runner_of(m)), CoreLM(m, v, "target")
     c.publish, e.publish = TargetStates(), TargetStates()
     zc, ze = c.forward(ids[:100], 0, 100), e.forward(ids[:100], 0, 100)  # a prefill longer than one chunk
     assert torch.allclose(zc, ze, atol=1e-4) and torch.equal(zc.argmax(-1), ze.argmax(-1))
@@ -105,7 +143,7 @@ def test_the_compiled_pass_computes_what_the_eager_one_does(cache) -> None:
     assert c.keep_path([0, 2]) == 97 and e.keep_path([0, 2]) == 97
     assert torch.allclose(c.forward(ids[99:100], 97, 1), e.forward(ids[99:100], 97, 1), atol=1e-4)
     taps = tap_layers(m.config.num_hidden_layers)  # a reader of several layers gets them from the package too
-    c, e = compiled.CompiledLM(m, v, "target"), LeanLM(m, v, "target")
+    c, e = CoreLM(m, v, "target", compiled.runner_of(m)), CoreLM(m, v, "target")
     c.publish, e.publish = TargetStates(taps), TargetStates(taps)
     c.forward(ids[:20], 0, 1), e.forward(ids[:20], 0, 1)
     assert c.publish.f.shape[1] == 3 * m.config.hidden_size
@@ -115,7 +153,7 @@ def test_the_compiled_pass_computes_what_the_eager_one_does(cache) -> None:
 
 
 def test_a_copy_of_a_model_does_not_inherit_its_package() -> None:
-    """A deep copy (the probe's cast candidate, a quantized copy's source) is another model: it runs its own eager
+    """A deep copy (a quantized copy's source) is another model: it runs its own eager
     forward, never the package built for the original's weights and dtype."""
     import copy
 
@@ -128,16 +166,16 @@ def test_a_copy_of_a_model_does_not_inherit_its_package() -> None:
     assert compiled.runner_of(t.target) is None
 
 
-def test_the_package_name_does_not_change_when_the_lean_weights_are_built(cache) -> None:
-    """A model's package is found whether or not its lean weights (fused layers) were built yet: the name is taken
+def test_the_package_name_does_not_change_when_the_core_weights_are_built(cache) -> None:
+    """A model's package is found whether or not its core weights (fused layers) were built yet: the name is taken
     on the model as it runs."""
-    from pyramid_demo.forward.lean_weights import lean_weights
+    from pyramid_demo.forward.weights import weights
     from pyramid_demo.models.quant import int4_copy
 
     t = tiny_random_triplet()
     q = int4_copy(t.target, 32)
     before = compiled.package_path(q)
-    lean_weights(q)
+    weights(q)
     assert compiled.package_path(q) == before
 
 

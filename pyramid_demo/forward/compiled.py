@@ -73,9 +73,9 @@ def _weights(model: Any) -> Any:
 def fingerprint(model: Any) -> str:
     """What a package was built from: this pass's format, torch's build, the CPU, the model's config, its layers'
     kinds and every weight's bytes (a changed weight, dtype, format or machine gives another name: a stale
-    package is never loaded). Bytes are read in place, once per model object while its weights stay the same."""
+    package is never loaded). Bytes are read in place, once per model object until a weight is swapped or edited."""
     weights(model)  # its fused layers are part of the model once built: name it as it runs
-    ident = signature(model)
+    ident = (FORMAT, signature(model), tuple(t._version for _, t in _weights(model)))  # an edit bumps _version
     hit = _PRINTS.get(model)
     if hit is None or hit[0] != ident:
         hit = _PRINTS[model] = (ident, _hash(model))

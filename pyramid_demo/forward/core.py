@@ -77,20 +77,20 @@ def core_pass(w: Weights, tokens: torch.Tensor, cos: torch.Tensor, sin: torch.Te
     return w.head(h[:, -w.embed.shape[1]:]).float(), h
 
 
-def visible(slots: list[int], positions: list[int], t: int, window: int | None, seen: torch.Tensor | None = None
-            ) -> torch.Tensor | None:
-    """Which of the first t slots each row sees [k, t] bool: `seen` (a tree's ancestors), else every slot up to its
-    own (a chain); a sliding window hides keys more than `window` positions back (slot = position in the cache).
-    None where every row sees every slot (a one-row step: no mask to build or apply)."""
-    q_slot = torch.tensor(slots)[:, None]  # [k, 1]
+def visible(slots: list[int], positions: list[int], t: int, window: int | None, seen: torch.Tensor | None = None,
+            cached: int | None = None) -> torch.Tensor | None:
+    """Which of the first t slots each row sees [k, t] bool: `seen` (a tree's rows: the cache, their ancestors,
+    themselves), else every slot up to its own (a chain). A sliding window hides keys more than `window` positions
+    back, among the first `cached` slots, where slot = position (a chain's every slot, a tree's cache). None where
+    every row sees every slot (a one-row step: no mask to build or apply)."""
     if seen is None:
         if len(slots) == 1 and slots[0] == t - 1 and (window is None or t <= window):
             return None
-        seen = torch.arange(t)[None] <= q_slot  # [k, t]
+        seen = torch.arange(t)[None] <= torch.tensor(slots)[:, None]  # [k, t]
+        cached = t
     if window is not None:
-        cached = min(t, min(slots))  # slots before the pass: the cache, where slot = position
-        q_pos = torch.tensor(positions)[:, None]
-        seen[:, :cached] &= torch.arange(cached)[None] > q_pos - window
+        n = t if cached is None else min(t, cached)
+        seen[:, :n] &= torch.arange(n)[None] > torch.tensor(positions)[:, None] - window
     return seen
 
 
@@ -130,7 +130,7 @@ class CoreLM(CachedModel):
             self._alloc(cap)
 
     def _pass(self, tokens: list[int], positions: list[int], slots: list[int], seen: torch.Tensor | None,
-              keep: int) -> torch.Tensor:
+              keep: int, cached: int | None = None) -> torch.Tensor:
         """Rows (token, position, slot) seeing the slots `seen` [k, t] names (None: a chain's causal rows); logits
         of the last `keep` rows [keep, V] fp32 on the CPU, and the states of every row when this model publishes."""
         self._grow(max(slots) + 1)
@@ -140,13 +140,13 @@ class CoreLM(CachedModel):
         cos, sin = self.cos[at], self.sin[at]  # [k, D]
         if self.run is not None:  # the package takes every slot, with a mask over all of them
             mask = torch.zeros(len(tokens), self.capacity, dtype=torch.bool)
-            got = visible(slots, positions, max(slots) + 1, self.w.window, seen)
+            got = visible(slots, positions, max(slots) + 1, self.w.window, seen, cached)
             mask[:, : max(slots) + 1] = True if got is None else got
             z, h = self.run(tok, cos, sin, sl, mask, self.kv)
             z = z[len(tokens) - keep:]
         else:
             t = max(slots) + 1 if seen is None else seen.shape[1]
-            mask = visible(slots, positions, t, self.w.window, seen)
+            mask = visible(slots, positions, t, self.w.window, seen, cached)
             h = body(self.w, tok, cos, sin, sl, None if mask is None else mask.to(dev), [c[:, :t] for c in self.kv])
             z = self.w.head(h[len(tokens) - keep:, -d:])
         if self.publish is not None:
@@ -169,7 +169,7 @@ class CoreLM(CachedModel):
     def _run_tree(self, rows: list[tuple[int, int, int]], base: int, pos: int) -> torch.Tensor:
         new = rows[base:]
         slots = list(range(pos + base, pos + len(rows)))
-        return self._pass([r[0] for r in new], [r[2] for r in new], slots, tree_seen(rows, base, pos), len(new))
+        return self._pass([r[0] for r in new], [r[2] for r in new], slots, tree_seen(rows, base, pos), len(new), pos)
 
     def _crop(self, pos: int) -> None:
         """A length move: later feeds overwrite the slots."""

@@ -111,7 +111,7 @@ def decide(model: Any, vocab_size: int) -> tuple[str, str]:
     """Load `model`'s compiled package where one exists for these weights here and its pass agrees with the eager
     pass (checked once, recorded); (the forward a run opens, why, in words). Never builds or times anything."""
     kind = forward_of(model)
-    if kind != "eager":
+    if kind not in ("eager", "compiled"):
         return kind, WHY[kind]
     if next(model.parameters()).device.type != "cpu":
         return "eager", "the core pass, eager (compiled packages are built for CPUs)"
