@@ -16,8 +16,7 @@ import torch
 from pyramid_demo.core import rules
 from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.methods import TREE_BUDGET, Method
-from pyramid_demo.core.recorder import record
-from pyramid_demo.core.round import decide
+from pyramid_demo.core.round import decide, record
 from pyramid_demo.core.rules import Tree
 from pyramid_demo.core.stats import Tally
 from pyramid_demo.core.trace import StageRound, Stats, Step
@@ -108,4 +107,3 @@ def clear_loaded() -> None:
 
     with loading._LOCK:
         loading._CACHE.clear()
-        loading._VIEWS.clear()

@@ -12,8 +12,18 @@ from ..forward.lm import LM
 from . import rules
 from .config import DecodeConfig
 from .methods import Stage, method_spec, stage_rule
-from .recorder import record
-from .round import NonFiniteLogits, Round, confidence, confident_prefix, decide_round, feed, pick, propose, score
+from .round import (
+    NonFiniteLogits,
+    Round,
+    confidence,
+    confident_prefix,
+    decide_round,
+    feed,
+    pick,
+    propose,
+    record,
+    score,
+)
 from .trace import Step
 
 __all__ = ["NonFiniteLogits", "connect", "decode", "prefill", "pyramid_block", "roles_for", "stage_round"]

@@ -127,8 +127,7 @@ def measure_engine(vocab_size: int, timers: dict[str, Any] | None = None, reps: 
 
     from ..core import rules
     from ..core.config import DecodeConfig
-    from ..core.recorder import record
-    from ..core.round import decide
+    from ..core.round import decide, record
 
     g = torch.Generator().manual_seed(0)
     z_p = torch.randn(5, vocab_size, generator=g)  # [5, V]: a verifier's rows for 4 proposals

@@ -1,0 +1,74 @@
+"""How much of the project one decode runs: the decoding loop is small on purpose. Counted with a profiler around
+`engine.decode` only (from the first target pass to the last; loading, prefill and the run's summary are not the
+decode): every project file one of whose functions is called, and every project class one of whose methods is."""
+import os
+import sys
+
+import pytest
+
+import pyramid_demo
+from pyramid_demo.core import engine
+from pyramid_demo.core import run as run_module
+from pyramid_demo.core.config import DecodeConfig
+from pyramid_demo.core.run import generate
+
+ROOT = os.path.dirname(os.path.abspath(pyramid_demo.__file__))
+LIMIT = 8  # project files, and project classes, one decode of SD or PSD_A may touch
+
+
+def footprint(triplet, method: str, monkeypatch) -> tuple[set[str], set[str]]:
+    """(files, classes) one decode of `method` runs, counted as the module docstring says."""
+    files: set[str] = set()
+    classes: set[str] = set()
+
+    def prof(frame, event, arg) -> None:
+        if event != "call":
+            return
+        path = os.path.abspath(frame.f_code.co_filename)
+        if path.startswith(ROOT):
+            files.add(os.path.relpath(path, ROOT))
+            head = frame.f_code.co_qualname.split(".")[0]
+            if isinstance(frame.f_globals.get(head), type):
+                classes.add(head)
+
+    def traced(*args, **kw):
+        steps = engine.decode(*args, **kw)
+        while True:
+            sys.setprofile(prof)
+            try:
+                step = next(steps)
+            except StopIteration:
+                return
+            finally:
+                sys.setprofile(None)
+            yield step
+
+    monkeypatch.setattr(run_module, "decode", traced)
+    generate(triplet, [5, 17, 42, 99, 7], DecodeConfig(method=method, max_new_tokens=12, shape="chain", stage2="sd"),
+             chat=False)
+    return files, classes
+
+
+@pytest.mark.parametrize("method", ["sd", "psd_a"])
+def test_a_decode_touches_few_files_and_classes(method, monkeypatch, one_thread):
+    """One decode of SD or PSD_A on the core forward runs at most 8 project files and 8 project classes, and the
+    count sees the loop itself (a profiler that saw nothing would pass any limit)."""
+    from pyramid_demo.models.tiny import tiny_random_triplet
+
+    files, classes = footprint(tiny_random_triplet(), method, monkeypatch)
+    assert {"core/engine.py", "forward/core.py"} <= files and "CoreLM" in classes
+    assert len(files) <= LIMIT, sorted(files)
+    assert len(classes) <= LIMIT, sorted(classes)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["sd", "psd_a"])
+def test_the_offline_family_decode_touches_few_files_and_classes(method, offline_cache, monkeypatch):
+    """The offline family as users run it (the feature draft over the qualifier, the int4 qualifier, the target):
+    one decode of SD or PSD_A runs at most 8 project files and 8 project classes."""
+    from pyramid_demo.models.loading import load_triplet
+
+    files, classes = footprint(load_triplet("smollm2-offline"), method, monkeypatch)
+    assert "FeatureLM" in classes and "CoreLM" in classes
+    assert len(files) <= LIMIT, sorted(files)
+    assert len(classes) <= LIMIT, sorted(classes)
