@@ -198,3 +198,22 @@ def test_the_name_reads_every_weight_in_place_and_every_cpu(cache, monkeypatch) 
     arm = "processor\t: 0\nFeatures\t: fp asimd evtstrm aes\n"
     assert compiled.cpu_line(arm, "aarch64") != compiled.cpu_line(arm.replace(" aes", " aes sve"), "aarch64")
     assert compiled.cpu_line("flags\t: avx2\n", "x86_64") == "x86_64|avx2"
+
+
+def test_the_family_record_is_what_the_family_box_reads_and_is_keyed_by_its_weights(cache, one_thread) -> None:
+    """`measure_family` records each role's checks and the cost profile; a load of the same family then carries
+    the target's exactness from it (never assumed: None before), and a changed weight finds no record."""
+    from pyramid_demo.models.loading import decided
+
+    t = decided(tiny_random_triplet())
+    assert t.exact is None and runtime.family_record(t) is None
+    rec = runtime.measure_family(t)
+    assert set(rec["checks"]) == {"draft", "qualifier", "target"} and rec["checks"]["target"]["trees"]
+    assert rec["profile"]["ms"]["target"]["1"] > 0
+    again = decided(t)
+    target = rec["checks"]["target"]
+    assert again.exact == target["exact"] and again.exact_note and runtime.family_record(again) == \
+        runtime.entry(runtime.family_key(again))
+    with torch.no_grad():
+        t.target.model.layers[0].mlp.up_proj.weight[0, 0] += 1.0
+    assert runtime.family_record(decided(t)) is None

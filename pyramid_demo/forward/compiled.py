@@ -152,6 +152,8 @@ def load(model: Any) -> bool:
     where none is, or it does not load (then it is removed, to be rebuilt)."""
     if model in _RUNNERS:
         return True
+    if not any(cache_dir().glob(f"{type(model).__name__}-*.pt2")):  # none built here: no weights to hash
+        return False
     path = package_path(model)
     if not path.exists():
         return False

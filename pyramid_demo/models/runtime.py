@@ -166,8 +166,8 @@ def family_key(triplet: Any) -> str:
 
 def family_record(triplet: Any) -> dict[str, Any] | None:
     """What setup measured for this family as it runs here (checks, cost profile), or None."""
-    if triplet.device.type != "cpu":
-        return None
+    if triplet.device.type != "cpu" or not any(f"| family | {','.join(triplet.names)} |" in k for k in read()):
+        return None  # nothing recorded for this family here: no weights to fingerprint
     return entry(family_key(triplet))
 
 
