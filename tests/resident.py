@@ -1,9 +1,9 @@
 """What models hold in memory, counted from the objects themselves (a test helper, not a test).
 
 Every tensor reachable from the roots (modules: parameters, buffers, children and other attributes; containers,
-dataclasses such as the lean weights, bound methods, closures) is counted once per storage; weights only their
-kernel reads count by their own size: a oneDNN-packed tensor by its elements, an fbgemm fp16 weight at two bytes
-a weight. `twice` finds weight rows held in two places: the same bytes in two storages.
+dataclasses such as the core forward's weights, bound methods, closures) is counted once per storage; an fbgemm fp16
+weight, which only its kernel reads, counts at two bytes a weight. `twice` finds weight rows held in two places:
+the same bytes in two storages.
 """
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ def key_of(o: Any) -> Any:
     """The key `held` files a tensor or an fbgemm fp16 weight under (its storage, or its identity)."""
     if isinstance(o, torch.ScriptObject):
         return ("fp16", id(o))
-    return ("mkldnn", id(o)) if o.is_mkldnn else o.untyped_storage().data_ptr()
+    return o.untyped_storage().data_ptr()
 
 
 def held(roots: list[Any]) -> Held:
@@ -85,10 +85,7 @@ def held(roots: list[Any]) -> Held:
     for t in tensors:
         if t.device.type == "meta":
             continue
-        if t.is_mkldnn:
-            note(key_of(t), t.numel() * t.element_size(), _rows(t.to_dense()))
-        else:
-            note(key_of(t), t.untyped_storage().nbytes(), _rows(t))
+        note(key_of(t), t.untyped_storage().nbytes(), _rows(t))
     for o in opaque:
         w, _ = torch.ops.quantized.linear_unpack_fp16(o)  # [out, in]: fp16 values as fp32
         note(key_of(o), 2 * w.numel(), _rows(w.half()))

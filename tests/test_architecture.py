@@ -152,11 +152,43 @@ def test_core_imports_only_core_and_the_forwards(graph) -> None:
 
 
 def test_the_forwards_know_no_decoding_rule(graph) -> None:
-    """`pyramid_demo.forward` (caches, HF's forward, the lean forward, the weights they read) imports nothing of the
-    project outside itself: a forward is the same whatever loop or predictor drives it."""
+    """`pyramid_demo.forward` (caches, the core forward and its compiled package, HF's adapter, the weights they read)
+    imports nothing of the project outside itself: a forward is the same whatever loop or predictor drives it."""
     bad = {m: sorted(i for i in deps if not i.startswith("pyramid_demo.forward"))
            for m, deps in graph.items() if m.startswith("pyramid_demo.forward")}
     assert not {m: d for m, d in bad.items() if d}
+
+
+FORWARD = {"cache", "core", "weights", "fusable", "compiled", "lm", "feature_lm"}
+# within forward/, what each module may build on: one core pass over one set of weights; its package and the opener
+# above it; nothing below the core knows it
+FORWARD_DEPS = {"fusable": set(), "cache": set(), "weights": {"fusable"}, "core": {"cache", "weights"},
+                "compiled": {"cache", "core", "weights"}, "feature_lm": {"cache"},
+                "lm": {"cache", "core", "weights", "compiled", "feature_lm"}}
+MODELS = {"background", "bundled", "checks", "compat", "errors", "feature_draft", "finish", "hub", "loading", "memory",
+          "offline", "placement", "presets", "provision", "quant", "runtime", "tiny", "warm"}
+
+
+def test_the_forward_room_is_one_core(graph) -> None:
+    """`pyramid_demo/forward/` holds one forward core and what serves it, and nothing else: the static cache's
+    bookkeeping, the core pass, its weights (fused linears), quantized layers' fusing, its compiled package, the opener
+    with HF's adapter, and the feature draft's cache. A second forward (a module beside these) fails here; inside,
+    each module builds only on those below it."""
+    room = {m.removeprefix("pyramid_demo.forward.") for m in graph if m.startswith("pyramid_demo.forward.")}
+    assert room == FORWARD, sorted(room ^ FORWARD)
+    for m in FORWARD:
+        deps = {d.removeprefix("pyramid_demo.forward.") for d in graph[f"pyramid_demo.forward.{m}"]}
+        assert deps <= FORWARD_DEPS[m], (m, sorted(deps - FORWARD_DEPS[m]))
+
+
+def test_the_models_room_has_one_decision(graph) -> None:
+    """`pyramid_demo/models/` is these modules, no sub-package (no probe, no kernel timing, no second backend); the
+    decision of what runs is made in one place: only `models.runtime` (and the opener that runs what it decided,
+    `forward.lm`) loads compiled packages."""
+    room = {m.removeprefix("pyramid_demo.models.") for m in graph if m.startswith("pyramid_demo.models.")}
+    assert room == MODELS, sorted(room ^ MODELS)
+    loaders = {m for m, deps in graph.items() if "pyramid_demo.forward.compiled" in deps}
+    assert loaders <= {"pyramid_demo.forward.lm", "pyramid_demo.models.runtime"}, sorted(loaders)
 
 
 def test_the_rooms_stay_small(graph) -> None:

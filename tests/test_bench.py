@@ -25,9 +25,9 @@ def _args(*extra: str) -> argparse.Namespace:
 
 @pytest.fixture(scope="module", autouse=True)
 def own_cache(tmp_path_factory):
-    """Cost profiles go to a fresh cache folder, not the user's."""
+    """Cost profiles are recorded in a fresh cache folder's manifest, not the user's."""
     mp = pytest.MonkeyPatch()
-    mp.setenv("PYRAMID_DEMO_PROBE_CACHE", str(tmp_path_factory.mktemp("bench_cache")))
+    mp.setenv("PYRAMID_DEMO_CACHE", str(tmp_path_factory.mktemp("bench_cache")))
     yield
     mp.undo()
 
@@ -66,6 +66,8 @@ def test_jsonl_prompts(tmp_path: Path) -> None:
 
 
 def test_cli_writes_all_outputs_with_every_column(tmp_path: Path) -> None:
+    """`bench` writes results.csv (every column, a row per variant and prompt), results.json (runs, summary, how it
+    ran, the cost profile with predicted against measured speed-ups) and a self-contained report.html."""
     out = tmp_path / "b"
     rc = cli_main(["bench", "--models", "tiny-random", "--methods", "ar,sd,fsd,psd_a,psd_f", "--shape", "chain",
                    "--peers", "hf_generate,hf_assisted", "--prompts", "builtin", "--limit", "2",
@@ -100,7 +102,8 @@ def test_cli_writes_all_outputs_with_every_column(tmp_path: Path) -> None:
     assert all(v["predicted_tokens_per_s"] > 0 and v["why"] for v in by.values())
     assert "break_even_alpha" in by["sd"] and "alpha_qualifier" in by["psd_f"]
     assert all(r["predicted_profile_tokens_per_s"] for r in rows if r["kind"] == "engine")
-    assert data["meta"]["backend"] in ("default", "onednn", "no-onednn") and data["meta"]["dtype_backend_choice"]
+    meta = data["meta"]  # how it ran: what each role runs, on which CPU, and exactness as recorded (None: unmeasured)
+    assert "target: the core pass" in meta["runs"] and meta["cpu_class"] and meta["exact"] in (None, True, False)
     assert "Why each method wins or loses here" in page and "break-even" in page
     # every prediction as a speed-up over AR beside the measured one, with the engine's prices in the profile
     assert {"feed", "round", "div", "div1", "expand"} <= set(cp["profile"]["engine_ms"]) and cp["profile"]["tree_ms"]

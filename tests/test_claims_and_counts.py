@@ -16,7 +16,7 @@ from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.engine import decode, roles_for
 from pyramid_demo.core.methods import TABLE, lossless
 from pyramid_demo.core.trace import StageRound, Step, TokenRec
-from pyramid_demo.models.probe import exactness
+from pyramid_demo.models import checks
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -76,19 +76,19 @@ class OneUlpOff(BigramLM):
 
 
 def test_exactness_is_bitwise_not_allclose():
-    """`exactness.pass_vs_steps` calls a pass exact only when its logits equal the steps' bitwise
+    """`checks.pass_vs_steps` calls a pass exact only when its logits equal the steps' bitwise
     (`torch.equal`): a pass one ulp off, which `allclose` accepts, is not exact; a mock whose passes are
     the steps' rows is; top-1 still matches in both."""
     table = bigram_table(50, 5, 3.0)
     ids = [(7 * i + 3) % 50 for i in range(20)]
-    off = exactness.pass_vs_steps(OneUlpOff(table), ids, 8, (2, 5))
+    off = checks.pass_vs_steps(OneUlpOff(table), ids, 8, (2, 5))
     assert torch.allclose(torch.nextafter(table, table + 1), table)  # what allclose would accept
     assert [c["bitwise"] for c in off] == [False, False], (
         "rule 'exact means bitwise (torch.equal), not allclose': a pass one ulp off was called exact")
     assert all(c["top1"] and 0 < c["max_abs_diff"] < 1e-5 for c in off)
-    rec = exactness.summarise(off)
+    rec = checks.summarise(off)
     assert rec["exact"] is False and rec["bitwise_passes"] == 0, "rule 'exact means bitwise': summarise"
-    same = exactness.pass_vs_steps(BigramLM(table), ids, 8, (2, 5))
+    same = checks.pass_vs_steps(BigramLM(table), ids, 8, (2, 5))
     assert all(c["bitwise"] and c["max_abs_diff"] == 0.0 for c in same)
 
 

@@ -19,15 +19,34 @@ def test_generate_json_for_every_method(method, capsys):
     assert len(out["token_ids"]) == 32 and out["stats"]["method"] == method
 
 
-def test_generate_json_says_how_it_ran(capsys):
-    """Rule: --json carries the dtype and backend the run used and whether its passes are exact
-    (`exact`: true/false, or null where not checked, with `exact_note`)."""
-    assert main(["generate", "--models", "tiny-random", "--method", "sd", "--prompt", "hello",
-                 "--max-new-tokens", "4", "--dtype", "bfloat16", "--backend", "no-onednn", "--json"]) == 0
-    out = json.loads(capsys.readouterr().out)
-    assert (out["dtype"], out["backend"]) == ("bfloat16", "no-onednn")
-    assert out["exact"] in (True, False, None) and isinstance(out["exact_note"], str)
-    assert "as asked on the command line" in out["choice_note"]
+def test_generate_json_says_how_it_ran(capsys, tmp_path, monkeypatch):
+    """Rule: --json carries the dtype the run used, what each role runs and why, and whether its passes are exact
+    as this machine's record says: null where nothing was measured (never assumed), the record's verdict and its
+    sentence once setup recorded one for these weights."""
+    from helpers import clear_loaded
+
+    from pyramid_demo.models import runtime
+    from pyramid_demo.models.loading import load_triplet
+
+    monkeypatch.setenv("PYRAMID_DEMO_CACHE", str(tmp_path))
+    argv = ["generate", "--models", "tiny-random", "--method", "sd", "--prompt", "hello", "--max-new-tokens", "4",
+            "--dtype", "bfloat16", "--json"]
+    clear_loaded()
+    try:
+        assert main(argv) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["dtype"] == "bfloat16" and out["forwards"] == {"draft": "eager", "target": "eager"}
+        assert "target: the core pass, eager" in out["runs"] and out["exact"] is None
+        t = load_triplet("tiny-random", device="cpu", dtype="bfloat16")
+        record = {"exact": True, "top1": True, "passes": 7, "bitwise_passes": 7, "max_abs_diff": 0.0, "max_k": 17,
+                  "trees": None}
+        runtime.write(runtime.family_key(t), {"checks": {"target": record}})
+        clear_loaded()
+        assert main(argv) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["exact"] is True and out["exact_note"].startswith("exact: a verification pass of up to 17")
+    finally:
+        clear_loaded()
 
 
 def test_generate_summary_is_coloured(capsys):

@@ -1,8 +1,6 @@
-"""The cost profile (predict/costs.py) and the dtype/backend probe (models/probe)."""
+"""The cost profile (predict/costs.py), measured once and recorded (models/warm.py), and the load path that times
+nothing."""
 from __future__ import annotations
-
-import dataclasses
-import json
 
 import pytest
 import torch
@@ -117,113 +115,36 @@ def test_measured_by_k_reads_per_forward_times():
     assert out["target"] == {5: [20.0], 3: [20.0]} and out["draft"][1] == [2.0] * 2
 
 
-# ---------------------------------------------------------------- the probe
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("PYRAMID_DEMO_PROBE_CACHE", str(tmp_path))
-    monkeypatch.setenv("PYRAMID_DEMO_PROBE", "1")
-    return tmp_path
+# ---------------------------------------------------------------- the load path and the recorded profile
+def test_a_load_keeps_the_reference_precision_and_times_nothing(monkeypatch):
+    """Rule: a CPU family loads at its checkpoint's reference precision (fp32) unless a dtype is asked for by name,
+    each role on the forward `runtime.decide` names (eager core without a package); nothing is timed on the load
+    path, and no exactness is claimed where nothing was measured."""
+    from pyramid_demo.models import loading
 
-
-def _all_exact(open_lm, vocab, plan, pad_rows=1, **kw):
-    return {"exact": True, "top1": True, "passes": 1, "bitwise_passes": 1, "max_abs_diff": 0.0, "max_k": 2,
-            "pad_rows": pad_rows}
-
-
-def _fake_timer(fastest: str):
-    calls = []
-
-    class Timer:
-        def __init__(self, model, vocab, backend, context=100, path="hf"):
-            self.dt, self.backend = str(next(model.parameters()).dtype).removeprefix("torch."), backend
-
-        def time(self, k):
-            calls.append((self.dt, self.backend, k))
-            return 0.001 * k if f"{self.dt}/{self.backend}" == fastest else 0.01 * k
-
-    return Timer, calls
-
-
-@pytest.mark.parametrize("fastest,packed", [("float32/default", True), ("bfloat16/no-onednn", True),
-                                            ("bfloat16/packed", True), ("bfloat16/onednn", False)])
-def test_probe_never_lowers_the_targets_precision(cache, monkeypatch, fastest, packed):
-    """The probe times only reference-precision (fp32) candidates, however fast a bf16 one would be (bf16 is
-    offered only when asked for by name, packed oneDNN replacing plain oneDNN where this CPU runs it); the
-    choice is cached; a flag overrides it."""
-    from pyramid_demo.models import probe
-    from pyramid_demo.models.tiny import tiny_random_triplet
-
-    monkeypatch.setattr(probe.build, "native_bf16", lambda: True)
-    monkeypatch.setattr(probe.build, "packed_available", lambda dt: packed)
-    monkeypatch.setattr(probe.build, "pack_linears", lambda models, pad=1: 0)  # the timer is fake: nothing to pack
-    monkeypatch.setattr(probe.build, "invariant_pad", lambda linears, rows: 1)
-    monkeypatch.setattr(probe.search, "check_model", _all_exact)  # every candidate exact: speed decides
-    timer, calls = _fake_timer(fastest)
-    monkeypatch.setattr(probe.search, "make_timer", timer)
-    t = tiny_random_triplet()
-    got = probe.choose("fam", torch.device("cpu"), None, None, lambda: (t.target, t.vocab_size))
-    assert (got.dtype, got.backend, got.how) == ("float32", "default", "probe")
-    assert {(c[0], c[1]) for c in calls} == set(probe.candidates()) == {("float32", "default")}
-    assert ("bfloat16", "packed" if packed else "onednn") in probe.candidates(lower=True)
-    assert {c[2] for c in calls} == {1, probe.VERIFY_K}
-    assert next(t.target.parameters()).dtype == torch.float32  # probed on copies
-    data = json.loads((cache / probe.CHOICE_FILE).read_text())
-    assert [v["dtype"] + "/" + v["backend"] for v in data.values()] == ["float32/default"]
-    # a second choice reads the cache: no model is loaded, nothing is timed
-    calls.clear()
-    again = probe.choose("fam", torch.device("cpu"), None, None, lambda: pytest.fail("loaded to probe"))
-    assert (again.dtype, again.backend, again.how) == ("float32", "default", "cached") and not calls
-    over = probe.choose("fam", torch.device("cpu"), None, "onednn", lambda: pytest.fail("loaded"))
-    assert (over.dtype, over.backend, over.how) == ("float32", "onednn", "flag")
-
-
-def test_flags_override_and_no_bf16_without_native_support(cache, monkeypatch):
-    from pyramid_demo.models import probe
-
-    got = probe.choose("fam", torch.device("cpu"), torch.bfloat16, "no-onednn", lambda: pytest.fail("probed"))
-    assert (got.dtype, got.backend, got.how) == ("bfloat16", "no-onednn", "flag")
-    with pytest.raises(ValueError, match="backend"):
-        probe.choose("fam", torch.device("cpu"), None, "fast", lambda: pytest.fail("probed"))
-    monkeypatch.setattr(probe.build, "native_bf16", lambda: False)
-    assert probe.candidates(lower=True) == [("float32", "default")]
-    monkeypatch.setenv("PYRAMID_DEMO_PROBE", "0")
-    off = probe.choose("fam2", torch.device("cpu"), None, None, lambda: pytest.fail("probed"))
-    assert (off.dtype, off.how) == ("float32", "off")
-
-
-def test_load_triplet_applies_the_choice_and_cachedlm_runs_under_it(cache, monkeypatch):
-    from pyramid_demo.core.run import generate
-    from pyramid_demo.forward.lm import CachedLM
-    from pyramid_demo.models import loading, probe
-
-    monkeypatch.setattr(probe.build, "native_bf16", lambda: True)
-    monkeypatch.setattr(probe.search, "make_timer", _fake_timer("bfloat16/no-onednn")[0])
-    monkeypatch.setattr(probe.search, "check_model", _all_exact)
+    monkeypatch.setattr(measure.ForwardTimer, "__init__", lambda *a, **k: pytest.fail("timed on the load path"))
+    monkeypatch.setattr(measure, "measure_profile", lambda *a, **k: pytest.fail("profiled on the load path"))
     clear_loaded()
-    t = loading.load_triplet("tiny-random", device="cpu")  # a faster bf16 never lowers the target's precision
-    assert t.dtype == torch.float32 and t.backend == "default" and "probe" in t.choice_note
-    assert t.path == "lean" and "lean forward" in t.choice_note  # a tie in speed: the lean path comes first
-    t = loading.load_triplet("tiny-random", device="cpu", dtype="bfloat16", backend="no-onednn")  # asked by name
-    assert t.dtype == torch.bfloat16 and t.backend == "no-onednn" and "command line" in t.choice_note
-    t = dataclasses.replace(t, path="hf")  # HF's forward, so that a hook sees every forward's flags
-    flag = loading.load_triplet("tiny-random", device="cpu", dtype="float32", backend="onednn")
-    assert flag.dtype == torch.float32 and flag.backend == "onednn" and "command line" in flag.choice_note
-    seen = []
-    hook = t.target.register_forward_pre_hook(lambda *a: seen.append(torch.backends.mkldnn.enabled))
     try:
-        generate(t, [1, 2, 3], DecodeConfig(method="ar", max_new_tokens=2), chat=False)
-        CachedLM(t.target, t.vocab_size, "target", "onednn").feed([1, 2], 1)
+        t = loading.load_triplet("tiny-random", device="cpu")
+        assert t.dtype == torch.float32 and next(t.target.parameters()).dtype == torch.float32
+        assert t.forwards == {"draft": "eager", "qualifier": "eager", "target": "eager"}, t.forwards
+        assert "eager" in t.runs and t.exact is None and t.tree_exact is None
+        asked = loading.load_triplet("tiny-random", device="cpu", dtype="bfloat16")
+        assert asked.dtype == torch.bfloat16 and next(asked.target.parameters()).dtype == torch.bfloat16
     finally:
-        hook.remove()
         clear_loaded()
-    assert seen[:-1] and not any(seen[:-1]) and seen[-1] is True  # off in every run forward, on when asked
-    assert torch.backends.mkldnn.enabled  # restored afterwards
 
 
-def test_cost_profile_is_measured_once_then_cached(cache, monkeypatch):
-    from pyramid_demo.models import probe
+def test_cost_profile_is_measured_once_then_read_from_the_manifest(tmp_path, monkeypatch, one_thread):
+    """Rule: without a record a race reads no profile (nothing is measured on a visitor's request); measured when
+    asked (`measure_now`: the command line, bench) it is written to the manifest and later read from it, with no
+    forward timed again; the entry is keyed by what changes the numbers, the thread count included (a profile
+    measured at one thread is not found at two)."""
+    from pyramid_demo.models import loading, warm
     from pyramid_demo.models.tiny import tiny_random_triplet
 
+    monkeypatch.setenv("PYRAMID_DEMO_CACHE", str(tmp_path))
     n = []
 
     class Timer:
@@ -234,23 +155,28 @@ def test_cost_profile_is_measured_once_then_cached(cache, monkeypatch):
             n.append(k)
             return 0.001 * k
 
-    monkeypatch.setattr(probe.search, "make_timer", Timer)
-    t = tiny_random_triplet()
+    monkeypatch.setattr(measure, "ForwardTimer", Timer)
+    t = loading.decided(tiny_random_triplet())
     models = len({id(m) for m in (t.draft, t.qualifier, t.target)})
-    p = probe.cost_profile(t, max_k=3)
-    assert p["how"] == "probe" and p["ms"]["target"] == {"1": 1.0, "2": 2.0, "3": 3.0}
-    assert len(n) == 3 * models * 4  # k = 1..3, every model, a warm-up round and 3 timed rounds
-    again = probe.cost_profile(t, max_k=3)
-    assert again["how"] == "cached" and again["ms"] == p["ms"] and len(n) == 3 * models * 4
+    assert warm.cost_profile(t) is None and not n, "a profile was measured without being asked"
+    p = warm.cost_profile(t, measure_now=True)
+    assert p["how"] == "measured" and p["ms"]["target"]["1"] == 1.0 and p["ms"]["target"]["3"] == 3.0
+    ks = measure.MAX_K + 1  # k = 1 … MAX_K and a tree's pass
+    assert len(n) == ks * models * 4  # every model, a warm-up round and 3 timed rounds
+    again = warm.cost_profile(t, measure_now=True)
+    assert again["how"] == "cached" and again["ms"] == p["ms"] and len(n) == ks * models * 4
+    torch.set_num_threads(2)  # `one_thread` restores the count after
+    assert warm.cost_profile(t) is None, "a profile measured at 1 thread was found at 2"
 
 
 def test_forward_timer_times_a_real_cached_forward(one_thread):
+    """The one timing harness runs the forward a run opens and leaves its cache at the context after each call."""
     from pyramid_demo.models.tiny import tiny_random_triplet
 
     t = tiny_random_triplet()
-    timer = measure.ForwardTimer(t.target, t.vocab_size, "no-onednn", context=20)
+    timer = measure.ForwardTimer(t.target, t.vocab_size, context=20)
     assert timer.time(1) > 0 and timer.time(5) > 0 and timer.lm.cache_len == 20
-    assert measure.time_forward(t.target, t.vocab_size, (1, 3), reps=1, context=20) > 0
+    assert timer.time_tree(4) > 0 and timer.lm.cache_len == 20
 
 
 @pytest.mark.parametrize("method", ["sd", "psd_f"])

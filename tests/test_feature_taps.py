@@ -9,7 +9,8 @@ from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.engine import connect
 from pyramid_demo.core.run import generate
 from pyramid_demo.forward.cache import TargetStates, tap_layers, tap_norm
-from pyramid_demo.forward.lm import open_lm
+from pyramid_demo.forward.core import CoreLM
+from pyramid_demo.forward.lm import CachedLM, open_lm
 from pyramid_demo.models.feature_draft import FeatureDraft, file_taps
 from pyramid_demo.models.tiny import tiny_random_triplet
 from training import feature_train as ft
@@ -34,21 +35,21 @@ def _expected(target, ids: list[int]) -> torch.Tensor:
     return torch.cat([*(tap_norm(got[i][0], eps) for i in taps), last], -1)
 
 
-@pytest.mark.parametrize("path", ["hf", "lean"])
-def test_every_forward_publishes_the_tapped_layers_a_reader_asks_for(path):
-    """With a reader that wants taps, the target's forward (HF's and the lean one) hands out the tapped layers'
+@pytest.mark.parametrize("forward", [CachedLM, CoreLM])
+def test_every_forward_publishes_the_tapped_layers_a_reader_asks_for(forward):
+    """With a reader that wants taps, the target's forward (HF's and the core one) hands out the tapped layers'
     normalised outputs before its final normed state, at every position; without, the final state alone."""
     t = tiny_random_triplet(seed=0)
     ids = [(5 * i + 2) % (t.vocab_size - 1) + 1 for i in range(14)]
     want = _expected(t.target, ids)
     d = t.target.config.hidden_size
-    lm = open_lm(t.target, t.vocab_size, "target", path=path)
+    lm = forward(t.target, t.vocab_size, "target")
     lm.publish = TargetStates(tap_layers(t.target.config.num_hidden_layers))
     lm.forward(ids[:10], 0, 1)
     lm.forward(ids[10:], 10, 1)
     assert lm.publish.f.shape[1] == 3 * d
     assert torch.allclose(lm.publish.f[:14], want, atol=1e-5), "a tapped layer is not the one the draft reads"
-    plain = open_lm(t.target, t.vocab_size, "target", path=path)
+    plain = forward(t.target, t.vocab_size, "target")
     plain.publish = TargetStates()
     plain.forward(ids, 0, 1)
     assert torch.allclose(plain.publish.f[:14], want[:, -d:], atol=1e-5)

@@ -1,6 +1,8 @@
-"""The first screen in plain words: the family box's budget, the probe's figures kept in the fold, a lane's title
-naming the shape it ran. Hand-built records and a planted probe choice; no model loads."""
+"""The first screen in plain words: the family box's budget with no figures or warnings, this machine's measured
+record kept in the fold, a lane's title naming the shape it ran. Hand-built records; no model loads."""
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pytest
 
@@ -8,54 +10,41 @@ from pyramid_demo.app import family, race_view
 from pyramid_demo.app import handlers as h
 from pyramid_demo.app.session import Race
 from pyramid_demo.core.trace import RunResult
-from pyramid_demo.models import probe
+from pyramid_demo.models import loading, runtime
 from pyramid_demo.models.presets import PRESETS
-from pyramid_demo.models.probe import Choice
 
-RECORD = {"exact": True, "top1": True, "passes": 6, "bitwise_passes": 6, "max_abs_diff": 0.0, "max_k": 5,
+TARGET = {"exact": True, "top1": True, "passes": 6, "bitwise_passes": 6, "max_abs_diff": 0.0, "max_k": 5,
           "trees": {"exact": False, "top1": True, "passes": 4, "bitwise_passes": 2, "max_abs_diff": 3e-5}}
+QUAL = {"exact": False, "top1": True, "passes": 6, "bitwise_passes": 1, "max_abs_diff": 0.25, "max_k": 5}
 
 
-def cached(record: dict | None):
-    """A probe choice as the cache would give it, with `record` as its exactness record (None: no record)."""
-    return Choice("bfloat16", "no-onednn", "cached", exactness={"bfloat16/no-onednn/hf": record} if record else {})
+def _plant(monkeypatch, record: dict | None) -> None:
+    """A loaded family whose record (as `prepare` writes it) is `record` (None: the family has not loaded)."""
+    t = SimpleNamespace(runs="target: the core pass, compiled (agrees with eager)")
+    monkeypatch.setattr(loading, "loaded", lambda spec: t if record is not None else None)
+    monkeypatch.setattr(runtime, "family_record", lambda triplet: record or None)
 
 
 @pytest.mark.parametrize("preset", [*PRESETS, "custom"])
-@pytest.mark.parametrize("record", [RECORD, {**RECORD, "exact": False}, None])
+@pytest.mark.parametrize("record", [{"checks": {"target": TARGET, "qualifier": QUAL}}, {}, None])
 def test_the_family_box_is_three_short_lines_without_figures(preset, record, monkeypatch):
-    """Rule: the box beside the prompt is at most 3 lines and 300 visible characters, says what each model is and
-    whether SD writes AR's text exactly here, and carries none of the probe's figures (bitwise counts, max logit
-    difference), which the fold holds."""
-    monkeypatch.setattr(probe, "cached_choice", lambda name: cached(record))
+    """Rule: the box beside the prompt is at most 3 lines and 300 visible characters, says what each model is,
+    and carries no measured figure and no exactness warning (the fold holds the record: counts, max |Δlogit|)."""
+    _plant(monkeypatch, record)
     box, fold, _ = h.preset_info(preset)
     seen = family.visible(box)
     assert len(seen.splitlines()) <= family.BOX_LINES and len(seen) <= family.BOX_CHARS, seen
-    assert not any(w in box for w in ("bitwise", "logit", "passes checked", "6/6")), box
+    assert not any(w in box for w in ("bitwise", "logit", "passes", "6/6", "near-ties", "⚠")), box
     if preset != "custom":
-        assert "Draft" in box and "qualifier" in box and "target" in box and "AR's text" in box
+        assert "Draft" in box and "qualifier" in box and "target" in box
         assert "Estimate here" in fold
         if record:  # the figures: in the fold
-            assert "6/6 passes" in fold and "max logit difference 3e-05" in fold, fold
+            assert "What runs here" in fold and "compiled" in fold
+            assert "6/6 passes" in fold and "1/6 passes bitwise equal, max |Δlogit| 0.25" in fold, fold
+        elif record == {}:
+            assert "not measured on this machine yet" in fold
         else:
-            assert "exactness not checked" in fold
-
-
-def test_the_box_says_plainly_whether_sd_is_exact_here(monkeypatch):
-    """Rule: exact → SD writes AR's text exactly (tree lanes flagged when only they are not); not exact → it may
-    differ at near-ties; no record → not checked; no probe yet → checked at the first load."""
-    lines = {}
-    for name, choice in (("exact", cached(RECORD)), ("inexact", cached({**RECORD, "exact": False})),
-                         ("unchecked", cached(None)), ("none", None)):
-        monkeypatch.setattr(probe, "cached_choice", lambda _, c=choice: c)
-        lines[name] = family.visible(h.preset_info("smollm2")[0]).splitlines()[1]
-    assert lines == {
-        "exact": "✓ On this machine SD writes exactly AR's text at temperature 0 (tree lanes may differ at near-ties).",
-        "inexact": "⚠ On this machine SD may differ from AR's text at near-ties (checking many tokens at once "
-                   "rounds differently).",
-        "unchecked": "Not checked on this machine: SD may differ from AR's text at near-ties.",
-        "none": "Whether SD writes exactly AR's text here is checked when the family first loads on a CPU.",
-    }
+            assert "decided when the family loads" in fold
 
 
 def _run(method: str, **config) -> RunResult:

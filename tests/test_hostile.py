@@ -115,10 +115,10 @@ def _solo(prompt="hello", **over) -> dict:
         cfg = h.make_config(**{k: s[k] for k in h.SETTING_NAMES})
         tiny = load_triplet("tiny-random")
         from pyramid_demo.core.run import takes_trees
-        from pyramid_demo.models.probe import cost_profile
+        from pyramid_demo.models.warm import cost_profile
         from pyramid_demo.predict.auto_shape import resolve_shape
 
-        prof = cost_profile(tiny)  # the race resolves shape "auto" from the family's (cached) profile: so does this
+        prof = cost_profile(tiny)  # the race resolves shape "auto" from the family's recorded profile: so does this
         ran = {m: resolve_shape(DecodeConfig(**{**cfg.to_dict(), "method": m}), prof, takes_trees(tiny, m))
                for m in RACE_METHODS}
         _SOLO[key] = {m: generate(tiny, prompt, c, shape_why=why).token_ids for m, (c, why) in ran.items()}

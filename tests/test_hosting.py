@@ -93,22 +93,16 @@ def test_family_box_shows_the_estimate_without_the_network():
     assert "Estimate here" in h.preset_info("llama3")[1]  # unknown offline, but no error and no wait
 
 
-def test_memory_line_uses_the_dtype_the_family_loads_in(monkeypatch, tmp_path):
-    """Rule: the family box's memory estimate is in the dtype the family will load in — the probe's
-    cached choice (bfloat16 here), not the float32 fallback; before any probe it says both."""
-    from pyramid_demo.models import probe
+def test_memory_line_uses_the_dtype_the_family_loads_in(monkeypatch):
+    """Rule: the family box's memory estimate is in the dtype the family will load in: its reference precision on a
+    CPU (float32, and only that: nothing probed may lower it), the device's default elsewhere (float16 on MPS)."""
+    import torch
 
-    monkeypatch.setenv("PYRAMID_DEMO_PROBE_CACHE", str(tmp_path))
-    monkeypatch.delenv("PYRAMID_DEMO_PROBE", raising=False)
-    monkeypatch.setattr(probe, "native_bf16", lambda: True)
-    before = hosting.memory_line("tiny-random")
-    assert "in float32" in before and "in bfloat16 if the first run's probe picks it" in before
-    probe.remember("tiny-random", probe.Choice(  # a choice with its exactness record
-        "bfloat16", "no-onednn", "probe", path="lean",
-        exactness={"bfloat16/no-onednn/lean": {"exact": True, "top1": True, "passes": 1, "bitwise_passes": 1,
-                                               "max_abs_diff": 0.0, "max_k": 65, "pad_rows": 1}}))
-    after = hosting.memory_line("tiny-random")
-    assert "in bfloat16 for" in after and "float32" not in after, after
-    monkeypatch.setenv("PYRAMID_DEMO_PROBE", "0")  # the probe off: float32 it is, and only that
-    off = hosting.memory_line("tiny-random")
-    assert "in float32" in off and "bfloat16" not in off, off
+    from pyramid_demo.models import loading, memory
+
+    cpu = hosting.memory_line("tiny-random")
+    assert "in float32 for" in cpu and "bfloat16" not in cpu and "probe" not in cpu, cpu
+    monkeypatch.setattr(loading, "pick_device", lambda device=None: torch.device("mps"))
+    monkeypatch.setattr(memory, "available_bytes", lambda dev: None)
+    mps = hosting.memory_line("tiny-random")
+    assert "in float16 for" in mps and "(mps)" in mps, mps

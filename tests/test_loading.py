@@ -13,7 +13,7 @@ from transformers import AutoTokenizer, LlamaForCausalLM
 
 import pyramid_demo.models.bundled as bundled
 import pyramid_demo.models.loading as loading
-from pyramid_demo.forward.lm import CachedLM, ModelTriplet, encode_prompt
+from pyramid_demo.forward.lm import ModelTriplet, encode_prompt, open_lm
 from pyramid_demo.models.loading import LoadError, load_triplet, pick_device, pick_dtype
 from pyramid_demo.models.presets import BUNDLED_TARGET, DEFAULT_PRESET, FEATURE_DRAFT, PRESETS, Preset
 from pyramid_demo.models.tiny import tiny_config, tiny_tokenizer
@@ -50,12 +50,14 @@ def test_converted_cache_is_complete(offline_cache):
 
 
 def test_gguf_target_answers_in_english(offline_triplet):
+    """The offline family loads at its reference precision (fp32, CPU), frozen, and its target, on the forward a run
+    opens, answers a question in English (greedy, through the engine's cached-forward interface)."""
     t = offline_triplet
     assert isinstance(t, ModelTriplet) and t.preset == "smollm2-offline"
     assert t.vocab_size == len(t.tokenizer) == 49152 and 2 in t.eos_ids
     assert t.device == torch.device("cpu") and t.dtype == torch.float32 and t.note
     assert not t.target.training and not any(p.requires_grad for p in t.target.parameters())
-    lm = CachedLM(t.target, t.vocab_size, "target")
+    lm = open_lm(t.target, t.vocab_size, "target")  # the forward a run opens
     seq = encode_prompt(t.tokenizer, "Why is the sky blue?")
     n0 = len(seq)
     for _ in range(16):  # greedy, through the engine's own cached-forward interface
@@ -76,10 +78,11 @@ def test_warm_load_is_fast(offline_cache):
 
 
 def test_second_call_returns_cached_object(offline_triplet):
+    """A second load of the same family returns the loaded object at once, whatever the spelling: the default
+    dtype on a CPU and the same dtype said by a flag are one family."""
     t0 = time.perf_counter()
     assert load_triplet(" smollm2-offline ", device="cpu") is offline_triplet
-    flagged = load_triplet(" smollm2-offline ", device="cpu", dtype="fp32")  # the same weights, said by a flag
-    assert flagged.target is offline_triplet.target and "command line" in flagged.choice_note
+    assert load_triplet(" smollm2-offline ", device="cpu", dtype="fp32") is offline_triplet
     assert time.perf_counter() - t0 < 0.1
 
 
@@ -101,6 +104,34 @@ def test_cache_is_thread_safe_and_keyed_by_dtype(monkeypatch):
     half = load_triplet("tiny-random", device="cpu", dtype="bfloat16")
     assert half is not got[0] and len(calls) == 2
     assert half.dtype == torch.bfloat16 and next(half.draft.parameters()).dtype == torch.bfloat16
+
+
+def test_each_role_says_which_forward_runs_it(monkeypatch):
+    """Rule: a loaded family names each role's forward (`forwards`) and why (`runs`), decided once at load: the core
+    forward where it covers the architecture, Hugging Face's where it does not (said for that role), one decision
+    for a model two roles share."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from pyramid_demo.models import runtime
+    from pyramid_demo.models.tiny import tiny_random_triplet
+
+    tiny = tiny_random_triplet()
+    torch.manual_seed(0)
+    gpt = GPT2LMHeadModel(GPT2Config(vocab_size=tiny.vocab_size, n_embd=32, n_layer=1, n_head=2)).eval()
+    decisions = []
+    real = runtime.decide
+    monkeypatch.setattr(loading, "decide", lambda m, v: decisions.append(m) or real(m, v))
+    monkeypatch.setattr(loading, "_load", lambda *a, **k: dataclasses.replace(tiny, draft=gpt, qualifier=tiny.target))
+    clear_loaded()
+    try:
+        t = load_triplet("tiny-random", device="cpu", dtype="float32")
+    finally:
+        clear_loaded()
+    assert t.forwards == {"draft": "hf", "qualifier": "eager", "target": "eager"}, t.forwards
+    draft_why = next(p for p in t.runs.split("; ") if p.startswith("draft:"))
+    assert "Hugging Face" in draft_why and "does not cover" in draft_why, t.runs
+    assert "target: the core pass, eager" in t.runs
+    assert len(decisions) == 2, "a model two roles share was decided twice"
 
 
 def test_device_and_dtype_selection_on_cpu():

@@ -12,9 +12,8 @@ from resident import held, key_of
 
 from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.run import generate
-from pyramid_demo.forward.lean_weights import lean_weights, supports_lean
 from pyramid_demo.forward.lm import CachedLM
-from pyramid_demo.forward.packed import PackedLinear
+from pyramid_demo.forward.weights import covered, weights
 from pyramid_demo.models import loading, memory, placement
 from pyramid_demo.models.errors import LoadError
 from pyramid_demo.models.finish import is_placed
@@ -188,13 +187,13 @@ def _owned_bytes(model: torch.nn.Module, target: torch.nn.Module) -> int:
 
 
 def _as_run(t) -> list:
-    """The family's models and the lean weights a run builds for them (every model the lean forward covers)."""
+    """The family's models and the core weights a run builds for them (every model the core forward covers)."""
     models = list(dict.fromkeys([t.draft, t.qualifier, t.target]))
-    return models + [lean_weights(m) for m in models if supports_lean(m)]
+    return models + [weights(m) for m in models if covered(m)]
 
 
 def test_the_tiny_family_holds_what_its_estimate_counts_and_each_weight_once(one_thread):
-    """Rule: after a run's lean weights are built, every storage reachable from the three tiny models and their lean
+    """Rule: after a run's core weights are built, every storage reachable from the three tiny models and their core
     weights adds up to the estimate's weight bytes (within 5%), and no weight row is held in two places."""
     t = tiny_random_triplet()
     got = held(_as_run(t))
@@ -205,8 +204,8 @@ def test_the_tiny_family_holds_what_its_estimate_counts_and_each_weight_once(one
 
 def test_a_family_with_a_quantized_copy_holds_what_its_estimate_counts(tmp_path, monkeypatch, one_thread):
     """Rule: a custom family whose qualifier is the target's int4 copy ('target@int4'), loaded as a run loads it
-    (kernel choice, the copy's format timed and cached) and its lean weights built, holds its estimate's weight
-    bytes within 5% (codes, scales, fp16 or packed weights included), each weight once."""
+    (the copy in its fixed format: int4 body, fp16 head where fbgemm runs) and its core weights built, holds its
+    estimate's weight bytes within 5% (codes, scales and the fp16 head included), each weight once."""
     from transformers import LlamaForCausalLM
 
     paths = []
@@ -217,7 +216,6 @@ def test_a_family_with_a_quantized_copy_holds_what_its_estimate_counts(tmp_path,
         paths.append(str(tmp_path / name))
     spec = f"{paths[0]},target@int4,{paths[1]}"
     monkeypatch.setattr(loading, "_CACHE", {})
-    monkeypatch.setenv("PYRAMID_DEMO_PROBE_CACHE", str(tmp_path / "probe"))
     t = loading.load_triplet(spec, device="cpu", dtype="float32")
     assert getattr(t.qualifier, "quant_kinds", None), "the qualifier must be the target's quantized copy"
     got = held(_as_run(t))
@@ -230,9 +228,9 @@ def test_a_family_with_a_quantized_copy_holds_what_its_estimate_counts(tmp_path,
 def test_the_offline_estimate_counts_the_proposers_that_run(offline_cache):
     """What the memory line says is what runs: the offline draft row counts the feature draft that reads the
     target (its fc and layer, its copy of the head rows), and the qualifier row the int4 copy's own tensors;
-    the row's name is the feature draft's. With its lean weights built, the family holds its estimate within 5%,
+    the row's name is the feature draft's. With its core weights built, the family holds its estimate within 5%,
     and no weight row twice but those the estimate counts twice: the draft's reduced head (its copy of its subset's
-    rows) and joined weights (`feature_draft.joint_weights`), and a tied head the kernel choice packed for oneDNN."""
+    rows) and joined weights (`feature_draft.joint_weights`)."""
     from pyramid_demo.models import offline
 
     if not offline.draft_reads_target():
@@ -244,13 +242,10 @@ def test_the_offline_estimate_counts_the_proposers_that_run(offline_cache):
     assert draft.params == pytest.approx(_owned(t.draft, t.target), rel=0.01), "the draft row is not what runs"
     q_bytes = _owned_bytes(t.qualifier, t.target)  # the int4 copy: bytes, as its codes are not floats
     assert qualifier.ref == t.names[1] and qualifier.weight_bytes == pytest.approx(q_bytes, rel=0.01)
-    got = held(_as_run(t))  # the family as a run holds it: the lean weights built, each weight once
+    got = held(_as_run(t))  # the family as a run holds it: the core weights built, each weight once
     assert got.bytes == pytest.approx(est.weight_bytes, rel=0.05), (got.bytes, est.weight_bytes)
-    fast = getattr(t.draft, "_fast", None) or {}
-    counted = {key_of(t.draft.head)} | ({key_of(fast["head"].packed)} if "head" in fast else set())
+    counted = {key_of(t.draft.head)}
     counted |= {key_of(w) for w in getattr(t.draft, "_fused_w", ())}  # its joint q/k/v, gate/up: copies, counted
-    if isinstance(t.target.lm_head, PackedLinear):  # a tied head on oneDNN beside the embedding a lookup reads
-        counted.add(key_of(t.target.lm_head.packed))
     twice = [pair for pair in got.twice if not counted & set(pair)]
     assert not twice, f"{len(twice)} weight rows are held twice"
 

@@ -1,17 +1,35 @@
-"""The lean forward's fused linears hold no weight of their own: the model's layers are views (plain) or columns
-(packed, quantized) of the fused ones, through casts, rebuilds, deep copies and training steps."""
+"""The core forward's weights follow the model (`forward.weights`): its fused linears hold no weight of their own (the
+model's layers are views of the fused ones) through casts, rebuilds, deep copies and training steps, and a swapped
+layer is never served from stale fused weights."""
 from __future__ import annotations
 
 import copy
 
-import pytest
 import torch
-from test_lean import IDS, V, family
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from pyramid_demo.forward import packed
-from pyramid_demo.forward.lean import LeanLM
-from pyramid_demo.forward.lean_weights import Dense, lean_weights
+from pyramid_demo.forward.core import CoreLM
 from pyramid_demo.forward.lm import CachedLM
+from pyramid_demo.forward.weights import Dense, weights
+
+V = 300
+IDS = [(i * 37 + 5) % (V - 10) + 3 for i in range(40)]
+SIZE = dict(vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False, initializer_range=0.5)
+
+
+def family(name: str) -> torch.nn.Module:
+    """A tiny random Llama or Qwen2 (its q/k/v biases given values a zero init would hide), large weights: a stale or
+    misplaced weight shows in the logits."""
+    torch.manual_seed(0)
+    if name == "llama":
+        return LlamaForCausalLM(LlamaConfig(**SIZE)).eval()
+    model = Qwen2ForCausalLM(Qwen2Config(**SIZE)).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0, 0.5)
+    return model
 
 
 def _storage(t: torch.Tensor) -> int:
@@ -19,12 +37,12 @@ def _storage(t: torch.Tensor) -> int:
 
 
 def _shares(model: torch.nn.Module) -> bool:
-    """Every layer's q/k/v and gate/up weights (and biases) live in the storage of the fused tensor the lean
+    """Every layer's q/k/v and gate/up weights (and biases) live in the storage of the fused tensor the core
     forward reads."""
-    w = lean_weights(model)
-    for lay, lean in zip(model.model.layers, w.layers):
-        groups = ((lay.self_attn.q_proj, lay.self_attn.k_proj, lay.self_attn.v_proj, lean.qkv),
-                  (lay.mlp.gate_proj, lay.mlp.up_proj, lean.gate_up))
+    w = weights(model)
+    for lay, fused_lay in zip(model.model.layers, w.layers):
+        groups = ((lay.self_attn.q_proj, lay.self_attn.k_proj, lay.self_attn.v_proj, fused_lay.qkv),
+                  (lay.mlp.gate_proj, lay.mlp.up_proj, fused_lay.gate_up))
         for *parts, fused in groups:
             assert isinstance(fused, Dense)
             if any(_storage(p.weight) != _storage(fused.weight) for p in parts):
@@ -37,52 +55,64 @@ def _shares(model: torch.nn.Module) -> bool:
 def test_fused_weights_are_the_layers_own_storage_through_cast_rebuild_and_copy(one_thread):
     """Rule: the fused q/k/v (with Qwen2's biases) and gate/up are the storage the model's own linears read, so each
     weight is resident once; a cast rebuilds them shared again, a rebuild for another reason reuses them as they
-    are, and a deep copy's are its own; HF's forward and the lean one still agree."""
-    model = family("qwen2", init=0.5)
+    are, and a deep copy's are its own; HF's forward and the core one still agree."""
+    model = family("qwen2")
     assert _shares(model), "a fused weight is a copy beside the layers' own"
-    assert (LeanLM(model, V, "t").feed(IDS[:12], 4) - CachedLM(model, V, "t").feed(IDS[:12], 4)).abs().max() < 1e-4
-    fused = lean_weights(model).layers[0].qkv.weight.data_ptr()
+    assert (CoreLM(model, V, "t").feed(IDS[:12], 4) - CachedLM(model, V, "t").feed(IDS[:12], 4)).abs().max() < 1e-4
+    fused = weights(model).layers[0].qkv.weight.data_ptr()
     model.model.layers[1].self_attn.o_proj = torch.nn.Linear(64, 64, bias=False)  # another layer swapped: a rebuild
-    assert lean_weights(model).layers[0].qkv.weight.data_ptr() == fused, "a rebuild copied the fused weight anew"
+    assert weights(model).layers[0].qkv.weight.data_ptr() == fused, "a rebuild copied the fused weight anew"
     twin = copy.deepcopy(model)
     assert _shares(twin) and _storage(twin.model.layers[0].self_attn.q_proj.weight) != _storage(
         model.model.layers[0].self_attn.q_proj.weight)
     model.to(torch.bfloat16)
-    assert lean_weights(model).dtype == torch.bfloat16 and _shares(model)
+    assert weights(model).dtype == torch.bfloat16 and _shares(model)
 
 
 def test_a_training_step_moves_the_fused_weights_with_the_layers(one_thread):
     """Rule: built under inference mode, the fused weights are still ordinary tensors the layers' parameters view,
-    so an optimizer step outside inference mode updates what the lean forward reads, with no rebuild."""
-    model = family("llama3", init=0.5)
+    so an optimizer step outside inference mode updates what the core forward reads, with no rebuild."""
+    model = family("llama")
     with torch.inference_mode():
-        built = lean_weights(model)
+        built = weights(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     loss = model(torch.tensor([IDS[:8]])).logits.float().pow(2).mean()
     loss.backward()
     opt.step()
-    assert lean_weights(model) is built
+    assert weights(model) is built
     with torch.no_grad():
         want = CachedLM(model, V, "t").feed(IDS[:12], 4)
-    assert (LeanLM(model, V, "t").feed(IDS[:12], 4) - want).abs().max() < 1e-4
+    assert (CoreLM(model, V, "t").feed(IDS[:12], 4) - want).abs().max() < 1e-4
 
 
-@pytest.mark.skipif(not packed.available(torch.bfloat16), reason="this CPU's oneDNN does not run bf16")
-def test_packed_parts_become_columns_of_the_fused_layer(one_thread):
-    """Rule: packed q/k/v fused for the lean forward leave the parts holding no packed weight of their own; HF's
-    forward still computes each part (through the fused layer), and a deep copy gives plain linears with the
-    parts' own rows."""
-    model = family("qwen2").to(torch.bfloat16)
-    plain = copy.deepcopy(model)
-    packed.pack_linears([model], 1)
-    lean = lean_weights(model).layers[0]
-    attn = model.model.layers[0].self_attn
-    whole = attn.q_proj.part_of
-    assert whole is not None and lean.qkv.__self__ is whole and attn.k_proj.part_of is whole
-    assert attn.q_proj.packed is None and attn.q_proj.weight_bytes == 0 and whole.weight_bytes > 0
-    x = torch.randn(3, 64).to(torch.bfloat16)
-    assert attn.k_proj.cols == (64, 96) and torch.equal(attn.k_proj(x), whole(x)[:, 64:96])
-    twin = copy.deepcopy(model)
-    k = twin.model.layers[0].self_attn.k_proj
-    assert type(k) is torch.nn.Linear and torch.equal(k.weight, plain.model.layers[0].self_attn.k_proj.weight)
-    assert torch.equal(k.bias, plain.model.layers[0].self_attn.k_proj.bias)
+class Wrapped(torch.nn.Module):
+    """A linear layer without a `.weight` of its own, as a quantised layer is."""
+
+    def __init__(self, lin: torch.nn.Linear):
+        super().__init__()
+        self.inner = lin
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x)
+
+
+def _fresh(lin: torch.nn.Linear, seed: int) -> torch.nn.Linear:
+    g = torch.Generator().manual_seed(seed)
+    new = torch.nn.Linear(lin.in_features, lin.out_features, bias=lin.bias is not None)
+    with torch.no_grad():
+        new.weight.copy_(torch.randn(new.weight.shape, generator=g) * 0.5)
+    return new
+
+
+def test_a_swapped_layer_without_a_weight_rebuilds_the_core_weights(one_thread):
+    """Rule: swapping one weightless layer for another of the same type (q_proj here) builds the core weights
+    anew, so the core forward computes what HF's forward computes with the new layer, not the old one."""
+    model = family("llama")
+    for lay in model.model.layers:
+        lay.self_attn.q_proj = Wrapped(lay.self_attn.q_proj)
+    old = weights(model)
+    model.model.layers[1].self_attn.q_proj = Wrapped(_fresh(model.model.layers[1].self_attn.q_proj.inner, 1))
+    assert weights(model) is not old, "a swapped q_proj kept the stale core weights"
+    want = CachedLM(model, V, "t").feed(IDS[:24], 4)
+    got = CoreLM(model, V, "t").feed(IDS[:24], 4)
+    assert (got - want).abs().max() < 1e-4

@@ -157,12 +157,14 @@ def test_the_speed_up_target_reads_the_worst_variant():
 
 
 def test_the_profile_times_the_engine_and_tree_forwards_on_real_caches(one_thread):
+    """A profile measured on real caches prices the engine's own work (every unit, a tree's compaction per role)
+    and tree forwards of every profiled row count, on the forward a run opens."""
     from pyramid_demo.models.tiny import tiny_random_triplet
 
     t = tiny_random_triplet()
     extras: dict = {}
-    ms = measure.measure_profile({"draft": t.draft, "target": t.target}, t.vocab_size, "default", 3, reps=1,
-                               extras_out=extras)
+    ms = measure.measure_profile({"draft": t.draft, "target": t.target}, t.vocab_size, 3, reps=1,
+                                 extras_out=extras)
     assert set(ms) == {"draft", "target"}
     e = extras["engine_ms"]
     assert all(e[u] > 0 for u in ("feed", "step", "round", "div", "div1", "expand"))

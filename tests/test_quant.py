@@ -6,10 +6,10 @@ import torch
 from mock_lm import BigramLM, bigram_table
 
 from pyramid_demo.core.engine import connect
-from pyramid_demo.forward.lean import LeanLM
+from pyramid_demo.forward.core import CoreLM
 from pyramid_demo.models import loading, memory, presets
 from pyramid_demo.models.errors import LoadError
-from pyramid_demo.models.quant import Fp16Linear, Int4Linear, int4_copy, parse_quant, quantize_groups, refusal
+from pyramid_demo.models.quant import Fp16Linear, Int4Linear, int4_copy, label, parse_quant, quantize_groups, refusal
 from pyramid_demo.models.tiny import tiny_random_triplet
 
 
@@ -112,51 +112,46 @@ def test_a_q4_1_weight_comes_back_through_the_kernel() -> None:
     assert ((_dequant(codes, scale, zero, group) - w).abs() <= half_step)[~exact].all()
 
 
-@pytest.mark.parametrize("fmt", ["int4", "fp16"])
-def test_each_layer_of_a_copy_runs_its_format_and_fused_parts_hold_nothing(fmt) -> None:
-    """In an int4 copy every body linear is int4 and the head fp16 (where fbgemm runs); in an fp16 copy all are
-    fp16; embeddings and norms are the source's. Once the lean weights are built, layers fused for it (gate/up; q/k/v
-    where the int4 row block allows) are columns of the fused layer, holding no bytes of their own, and the head is
-    called as it is, not re-packed."""
-    from pyramid_demo.forward.lean_weights import lean_weights
+def test_each_layer_of_a_copy_runs_the_fixed_format_and_fused_parts_hold_nothing() -> None:
+    """In an int4 copy every body linear is int4 and the head fp16 (where fbgemm runs); embeddings and norms are the
+    source's. Once the core weights are built, layers fused for it (gate/up; q/k/v where the int4 row block allows)
+    are columns of the fused layer, holding no bytes of their own, and the head is called as it is, not re-packed."""
+    from pyramid_demo.forward.weights import weights
     from pyramid_demo.models.quant import fp16_available
 
     if not fp16_available():
         pytest.skip("no fbgemm: the copy is int4 throughout")
     t = _small_llama()
-    c = int4_copy(t, 32, fmt)
-    body = Int4Linear if fmt == "int4" else Fp16Linear
+    c = int4_copy(t, 32)
     lay = c.model.layers[0]
     linears = [lay.self_attn.q_proj, lay.self_attn.k_proj, lay.self_attn.v_proj, lay.self_attn.o_proj,
                lay.mlp.gate_proj, lay.mlp.up_proj, lay.mlp.down_proj]
-    assert all(type(m) is body for m in linears) and type(c.lm_head) is Fp16Linear
-    assert c.quant_kinds == sorted({body.__name__, "Fp16Linear"})
+    assert all(type(m) is Int4Linear for m in linears) and type(c.lm_head) is Fp16Linear
+    assert c.quant_kinds == ["Fp16Linear", "Int4Linear"]
     assert c.model.layers[0].input_layernorm.weight is t.model.layers[0].input_layernorm.weight
-    w = lean_weights(c)
+    w = weights(c)
     assert w.head.__self__ is c.lm_head, "the head must be called as it is, not re-packed"
     gate, up = lay.mlp.gate_proj, lay.mlp.up_proj
     assert gate.part_of is up.part_of is w.layers[0].gate_up.__self__ and gate.weight_bytes == 0
-    qkv_fused = fmt == "fp16"  # int4: k/v are 32 wide, not a multiple of the CPU layout's 64-row block
-    assert (lay.self_attn.q_proj.part_of is not None) == qkv_fused
+    # k/v are 32 wide, not a multiple of the CPU layout's 64-row block: q/k/v stay apart
+    assert lay.self_attn.q_proj.part_of is None
     x = torch.randn(2, 64)
     assert torch.equal(gate(x), w.layers[0].gate_up(x)[:, :128])
 
 
-def test_fusing_fp16_or_packed_layers_builds_no_throwaway_linear(monkeypatch) -> None:
-    """Fusing fp16 (or oneDNN-packed) layers goes from their weights to the fused layer: no full-size `nn.Linear`
-    is built and randomly initialized on the way; a single fp16 layer is not fused (no second copy)."""
-    from pyramid_demo.forward import packed
-    from pyramid_demo.forward.lean_weights import _fuse_packed
+def test_fusing_fp16_layers_builds_no_throwaway_linear(monkeypatch) -> None:
+    """Fusing fp16 layers goes from their weights to the fused layer: no full-size `nn.Linear` is built and randomly
+    initialized on the way; a single fp16 layer is not fused (no second copy)."""
+    from pyramid_demo.models.quant import fp16_available
 
+    if not fp16_available():
+        pytest.skip("no fbgemm: no fp16 layers")
     parts = [Fp16Linear(torch.nn.Linear(64, n)) for n in (64, 32)]
     monkeypatch.setattr(torch.nn.Linear, "reset_parameters", lambda self: pytest.fail("a throwaway nn.Linear"))
     fused = Fp16Linear.fuse(parts)
     assert fused is not None and fused.out_features == 96 and Fp16Linear.fuse(parts[:1]) is None
     x = torch.randn(3, 64)
     assert torch.allclose(fused(x), torch.cat([p(x) for p in parts], -1), atol=1e-6)
-    if packed.available(torch.bfloat16):
-        w = [torch.randn(n, 64).to(torch.bfloat16) for n in (64, 32)]
-        assert _fuse_packed([packed.PackedLinear(x) for x in w]) is not None
 
 
 def test_int4_linear_computes_with_the_dequantized_weight() -> None:
@@ -174,7 +169,7 @@ def test_int4_linear_computes_with_the_dequantized_weight() -> None:
 
 
 def test_fused_int4_linears_equal_the_parts_bitwise() -> None:
-    """Joining int4 layers over one input (the lean forward's QKV and gate/up) changes no output bit."""
+    """Joining int4 layers over one input (the core forward's QKV and gate/up) changes no output bit."""
     torch.manual_seed(1)
     parts = [Int4Linear.from_linear(torch.nn.Linear(128, n, bias=False), 32) for n in (128, 64, 64)]
     fused = Int4Linear.fuse(parts)
@@ -202,15 +197,30 @@ def test_int4_copy_swaps_every_linear_and_shares_the_rest() -> None:
     assert rel < 0.25, f"the copy's logits must stay near its source's (relative error {rel:.3f})"
 
 
-def test_lean_forward_runs_the_copy_as_hf_does() -> None:
-    """The lean forward (fused int4 layers) gives the copy's HF logits, to float rounding."""
+def test_core_forward_runs_the_copy_as_hf_does() -> None:
+    """The core forward (fused int4 layers) gives the copy's HF logits, to float rounding."""
     c = int4_copy(tiny_random_triplet().target, 32)
     ids = [5, 9, 11, 3, 7]
-    lm = LeanLM(c, c.config.vocab_size, "qualifier")
+    lm = CoreLM(c, c.config.vocab_size, "qualifier")
     z = lm.forward(ids, 0, len(ids))
     with torch.no_grad():
         ref = c(torch.tensor([ids])).logits[0].float()
     assert torch.allclose(z, ref, atol=2e-2, rtol=0), (z - ref).abs().max()
+
+
+def test_the_label_names_the_heads_own_format(monkeypatch) -> None:
+    """An int4 copy whose head could not take fp16 weights (no fbgemm) is labelled with an int4 head: the label
+    reads the head it holds, not the format it would hold elsewhere."""
+    from pyramid_demo.models import quant
+
+    m = _small_llama()
+    monkeypatch.setattr(quant, "fp16_available", lambda: False)
+    c = int4_copy(m, 32)
+    assert isinstance(c.get_output_embeddings(), Int4Linear)
+    assert label(c) == "int4 weights, int4 head"
+    monkeypatch.undo()
+    if quant.fp16_available():
+        assert label(int4_copy(m, 32)) == "int4 weights, fp16 head"
 
 
 def test_refusal_names_what_would_work() -> None:

@@ -3,12 +3,12 @@ profile, and the run's record says why; the loop itself runs only a chain or a t
 import dataclasses
 
 import pytest
+import torch
 from mock_lm import BigramLM, bigram_table
 
 from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.engine import decode, roles_for
 from pyramid_demo.core.run import generate, takes_trees
-from pyramid_demo.forward.attention import use_rowwise
 from pyramid_demo.forward.lm import model_takes_trees, open_lm
 from pyramid_demo.models.tiny import tiny_random_triplet
 from pyramid_demo.predict.auto_shape import resolve_shape
@@ -99,17 +99,30 @@ def test_the_record_says_which_shape_ran_and_why():
     assert r.config["shape"] == "tree" and r.shape_why == "shape tree, as asked"
 
 
-@pytest.mark.parametrize("path", ["hf", "lean"])
-def test_whether_models_take_trees_is_known_before_the_run(path):
-    """Rule: `model_takes_trees` says, without building an LM, what the LM a run builds says (`trees`): HF's
-    forward takes a tree, not under row-wise attention; and `run.takes_trees` asks it of a method's shaped stage."""
-    t = dataclasses.replace(tiny_random_triplet(seed=0), path=path)
-    for m in (t.draft, t.target):
-        assert model_takes_trees(m, path) == open_lm(m, t.vocab_size, "x", path=path).trees is True
+def _hybrid(vocab: int) -> torch.nn.Module:
+    """A tiny LFM2 (a convolution layer, then attention): an architecture the core forward does not cover, whose HF
+    cache holds a convolution state, not keys a tree's mask could select."""
+    from transformers import Lfm2Config, Lfm2ForCausalLM
+
+    torch.manual_seed(0)
+    return Lfm2ForCausalLM(Lfm2Config(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=2, num_key_value_heads=1,
+                                      layer_types=["conv", "full_attention"])).eval()
+
+
+def test_whether_models_take_trees_is_known_before_the_run():
+    """Rule: `model_takes_trees` says, without building an LM, what the LM a run builds says (`trees`): the core
+    forward and HF's over a cache of keys take a tree, HF's over a convolution state does not; and
+    `run.takes_trees` asks it of a method's shaped stage."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    t = tiny_random_triplet(seed=0)
+    gpt = GPT2LMHeadModel(GPT2Config(vocab_size=t.vocab_size, n_embd=32, n_layer=1, n_head=2)).eval()
+    for m in (t.draft, t.target, gpt):
+        assert model_takes_trees(m) == open_lm(m, t.vocab_size, "x").trees is True
     assert takes_trees(t, "psd_a") and takes_trees(t, "ar")
-    rowwise = tiny_random_triplet(seed=0)
-    use_rowwise(rowwise.target)
-    assert model_takes_trees(rowwise.target) == open_lm(rowwise.target, t.vocab_size, "x").trees is False
-    assert not takes_trees(rowwise, "sd") and takes_trees(rowwise, "ar")  # AR grows no tree
+    hybrid = dataclasses.replace(t, target=_hybrid(t.vocab_size))
+    assert model_takes_trees(hybrid.target) == open_lm(hybrid.target, t.vocab_size, "x").trees is False
+    assert not takes_trees(hybrid, "sd") and takes_trees(hybrid, "ar")  # AR grows no tree
     with pytest.raises(ValueError, match="--shape chain"):
-        generate(rowwise, "hello", DecodeConfig(method="sd", shape="tree", max_new_tokens=2))
+        generate(hybrid, "hello", DecodeConfig(method="sd", shape="tree", max_new_tokens=2))

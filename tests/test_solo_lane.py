@@ -34,9 +34,9 @@ KEY = "qualifier_alone"
 
 @pytest.fixture(scope="module", autouse=True)
 def own_cache(tmp_path_factory):
-    """Cost profiles go to a fresh cache folder, not the user's."""
+    """Cost profiles are recorded in a fresh cache folder's manifest, not the user's."""
     mp = pytest.MonkeyPatch()
-    mp.setenv("PYRAMID_DEMO_PROBE_CACHE", str(tmp_path_factory.mktemp("solo_cache")))
+    mp.setenv("PYRAMID_DEMO_CACHE", str(tmp_path_factory.mktemp("solo_cache")))
     yield
     mp.undo()
 

@@ -8,21 +8,15 @@ import pytest
 from pyramid_demo.app import stages
 
 
-def test_the_stage_is_read_from_what_is_cached(monkeypatch, tmp_path):
-    """Offline family: converting until the GGUF copy exists, then probing until this machine's choice is
-    cached, then plain loading; with the probe off there is no probing stage."""
-    from pyramid_demo.models import bundled, probe
+def test_the_stage_is_read_from_what_is_cached(monkeypatch):
+    """Offline family: converting until the GGUF copy exists, then plain loading (nothing is probed on a
+    visitor's request); any other family only loads."""
+    from pyramid_demo.models import bundled
 
-    monkeypatch.setenv("PYRAMID_DEMO_PROBE_CACHE", str(tmp_path))
-    monkeypatch.setenv("PYRAMID_DEMO_PROBE", "1")
     monkeypatch.setattr(bundled, "is_converted", lambda: False)
     assert stages.loading_stage("smollm2-offline") == "convert"
+    assert stages.loading_stage("tiny-random") == "load"
     monkeypatch.setattr(bundled, "is_converted", lambda: True)
-    assert stages.loading_stage("smollm2-offline") == "probe"
-    monkeypatch.setattr(probe, "cached_choice", lambda family: "bfloat16, …")
-    assert stages.loading_stage("smollm2-offline") == "load"
-    monkeypatch.setattr(probe, "cached_choice", lambda family: "")
-    monkeypatch.setenv("PYRAMID_DEMO_PROBE", "0")
     assert stages.loading_stage("smollm2-offline") == "load"
 
 
@@ -34,7 +28,7 @@ def test_run_staged_reports_each_stage_then_returns_or_raises(monkeypatch):
 
     def work():
         time.sleep(0.3)
-        state["stage"] = "probe"
+        state["stage"] = "load"
         time.sleep(0.3)
         return 42
 
@@ -47,10 +41,10 @@ def test_run_staged_reports_each_stage_then_returns_or_raises(monkeypatch):
             assert done.value == 42
             break
     texts = [t for t, _, _ in seen]
-    assert any("Converting" in t for t in texts) and any("Probing" in t for t in texts)
+    assert any("Converting" in t for t in texts) and any("Loading" in t for t in texts)
     assert all(0 <= f < 1 for _, f, _ in seen)
-    first_probe = next(f for t, f, _ in seen if "Probing" in t)
-    assert first_probe < 0.05  # a new stage starts its own clock
+    first_load = next(f for t, f, _ in seen if "Loading" in t)
+    assert first_load < 0.05  # a new stage starts its own clock
 
     def boom():
         raise ValueError("bad prompt")

@@ -8,7 +8,7 @@ from ..core.config import METHOD_SHORT, short_name
 from ..core.stats import stage_rounds
 from ..core.trace import RunResult, StageRound, Step
 from ..predict.costs import measured_by_k
-from .inspector import positions, round_tau, speedups, stage_names, whatif_statuses
+from .inspector import Repeats, positions, round_tau, speed, speedups, stage_names, whatif_statuses
 from .render import METHOD_COLOURS, STATUS_COLOURS
 
 FONT_SIZE = 15  # large enough to read on a projector
@@ -31,31 +31,25 @@ def empty_figure(message: str, height: int = 300) -> go.Figure:
     return _layout(fig, "", height)
 
 
-LIVE_POINTS = 40  # points per line while a race runs: a cheap chart to send and re-draw
-
-
-def _curve(r: RunResult, max_points: int | None = None) -> tuple[list[float], list[int]]:
-    """Cumulative tokens at the end of each target pass; with `max_points`, evenly thinned to about that many."""
+def _curve(r: RunResult) -> tuple[list[float], list[int]]:
+    """Cumulative tokens at the end of each target pass."""
     xs, ys, n = [0.0], [0], 0
     for s in r.steps:
         n += len(s.new_tokens)
         xs.append(s.t_end)
         ys.append(n)
-    if max_points and len(xs) > max_points:
-        keep = sorted({round(i * (len(xs) - 1) / (max_points - 1)) for i in range(max_points)})
-        xs, ys = [xs[i] for i in keep], [ys[i] for i in keep]
     return xs, ys
 
 
-def race_figure(results: dict[str, RunResult], running: str | None = None, live: bool = False) -> go.Figure:
-    """Tokens generated vs time for every method of one race; the legend ends in tok/s and speed-ups.
-    `live`: while the race runs, LIVE_POINTS per line and no markers (the page re-draws it as it goes)."""
+def race_figure(results: dict[str, RunResult], repeats: Repeats | None = None) -> go.Figure:
+    """Tokens generated vs time for every lane's median run; the legend ends in the median tok/s and speed-ups over
+    `repeats`."""
     fig = go.Figure()
     for m, r in results.items():
-        xs, ys = _curve(r, LIVE_POINTS if live else None)
-        name = " · ".join([f"{short_name(m)}: {r.stats.tokens_per_s:.1f} tok/s",
-                           *(["running"] if m == running else speedups(m, results))])
-        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines" if live else "lines+markers", line_shape="hv", name=name,
+        xs, ys = _curve(r)
+        name = " · ".join([f"{short_name(m)}: {speed(m, results, repeats):.1f} tok/s",
+                           *speedups(m, results, repeats)])
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", line_shape="hv", name=name,
                                  line=dict(color=METHOD_COLOURS.get(m), width=3), marker=dict(size=5),
                                  hovertemplate="%{y} tokens at %{x:.2f} s<extra>" + short_name(m) + "</extra>"))
     if not results:
@@ -199,7 +193,7 @@ def cost_figure(profile: dict | None, results: dict[str, RunResult]) -> go.Figur
     fig = go.Figure()
     for role, row in profile["ms"].items():
         ks = sorted(int(k) for k in row)
-        fig.add_trace(go.Scatter(x=ks, y=[row[str(k)] for k in ks], mode="lines+markers", name=f"{role} (probe)",
+        fig.add_trace(go.Scatter(x=ks, y=[row[str(k)] for k in ks], mode="lines+markers", name=f"{role} (profile)",
                                  line=dict(color=ROLE_COLOURS.get(role), width=3)))
     seen: dict[str, dict[int, list[float]]] = {}
     for r in results.values():

@@ -18,12 +18,11 @@ import gradio as gr
 from ..core.config import METHOD_LABELS, METHOD_SHORT, DecodeConfig
 from ..core.methods import Lane, lanes
 from ..core.settings import APP_SETTINGS, TUNABLE
-from ..core.trace import RunResult
 from ..models.presets import PRESETS, family_config
 from ..predict.noise import leaders
 from . import family, hosting, inspector, stages
 from .playback import rounds
-from .race_view import LiveView, before_race, full_outputs, status_only
+from .race_view import before_race, full_outputs, status_only
 from .race_view import earlier_lanes as earlier_lanes  # re-exported: app.py draws the page's first state
 from .race_view import race_lanes as race_lanes
 from .session import Race, Session
@@ -85,16 +84,20 @@ def make_config(**settings: Any) -> DecodeConfig:
 
 
 # ------------------------------------------------------------------ race
-def _winner(res: dict[str, RunResult]) -> str:
-    """One line for the projector: the fastest method, or a tie when others are within the race's noise. A
-    reference lane (a member decoding alone) is no contender: it does not write the target's text."""
-    res = {m: r for m, r in res.items() if r.solo is None}
+def _winner(race: Race) -> str:
+    """One line for the projector: the fastest lane, or a tie when others are within the race's noise band, judged on
+    speed-ups over AR paired by repeat (as the bench states them). A reference lane (a member decoding alone) is no
+    contender: it does not write the target's text."""
+    res = {m: r for m, r in race.results.items() if r.solo is None}
     if not res:
         return ""
-    spread = inspector.race_noise(res)
-    top = leaders({m: r.stats.tokens_per_s for m, r in res.items()}, spread or 0.0)
-    m, r = top[0], res[top[0]]
-    figures = ", ".join([f"{r.stats.tokens_per_s:.1f} tok/s", *inspector.speedups(m, res)])
+    reps = [{m: r for m, r in rep.items() if m in res} for rep in race.repeats]
+    spread = inspector.race_noise(res, reps)
+    ar = inspector.baseline_lane("ar", res)
+    top = leaders({m: (inspector.speed_ratio(m, ar, res, reps) if ar else None) or inspector.speed(m, res, reps)
+                   for m in res}, spread or 0.0)
+    m = top[0]
+    figures = ", ".join([f"{inspector.speed(m, res, reps):.1f} tok/s", *inspector.speedups(m, res, reps)])
     if spread is None:
         return MSG["winner_unsure"].format(label=METHOD_LABELS[m], figures=figures)
     if len(top) > 1:
@@ -103,20 +106,16 @@ def _winner(res: dict[str, RunResult]) -> str:
     return MSG["winner"].format(label=METHOD_LABELS[m], figures=figures, noise=spread)
 
 
-def _learn_vocab(race: Race, tokenizer: Any, r: RunResult) -> None:
-    """Decode the ids of the newest pass (tokens and top-5) so the inspector never needs the tokenizer."""
-    if not r.steps:
-        return
-    step = r.steps[-1]
-    ids = set(step.new_tokens)
-    for rnd in rounds(step):
-        for t in rnd.tokens:
+def _learn_vocab(race: Race, tokenizer: Any) -> None:
+    """Decode every id the shown runs hold (tokens and top-5) so the inspector never needs the tokenizer."""
+    ids: set[int] = set()
+    for step in (s for r in race.results.values() for s in r.steps):
+        ids.update(step.new_tokens)
+        for t in (t for rnd in rounds(step) for t in rnd.tokens):
             ids.add(t.token_id)
-            for pairs in t.top5.values():
-                ids.update(int(i) for i, _ in pairs)
-    vocab = race.vocab
-    for i in ids - vocab.keys():
-        vocab[i] = tokenizer.decode([i])
+            ids.update(int(i) for pairs in t.top5.values() for i, _ in pairs)
+    for i in ids - race.vocab.keys():
+        race.vocab[i] = tokenizer.decode([i])
 
 
 def race_event(prompt: str, preset: str, draft: str | None = None, qualifier: str | None = None,
@@ -133,9 +132,9 @@ def race_event(prompt: str, preset: str, draft: str | None = None, qualifier: st
 def run_race(preset: str, models: tuple[str, str, str], prompt: str, settings: dict[str, Any],
              session: Session | None, progress: gr.Progress = gr.Progress(),
              side_by_side: bool = False, qualifier_alone: bool = False) -> Iterator[tuple]:
-    """Run every lane on the prompt, one after another, yielding (status, lanes, chart, table, earlier, session).
-    Stop is cooperative (`session.stop`, seen after every target pass): cancelling the event would race a late
-    snapshot."""
+    """Time every lane on the prompt with nothing drawn (`quiet`), then send the race to be replayed; yields (status,
+    lanes, chart, table, earlier, session). Stop is cooperative (`session.stop`, seen after every target pass):
+    cancelling the event would race a late snapshot."""
     session = session if session is not None else new_session()
     race_lanes_ = lanes(side_by_side, qualifier_alone)
     try:  # on ZeroGPU the whole race must fit one allocation: cut the tokens, say so
@@ -149,8 +148,6 @@ def run_race(preset: str, models: tuple[str, str, str], prompt: str, settings: d
         yield from _race_steps(preset, models, prompt, settings, session, progress, race_lanes_)
     finally:
         session.busy = False
-        for old in session.races:
-            old.running = None
 
 
 def _show_stages(staged: Iterator, session: Session, progress: gr.Progress) -> Any:
@@ -166,10 +163,11 @@ def _show_stages(staged: Iterator, session: Session, progress: gr.Progress) -> A
 
 def _race_steps(preset: str, ids: tuple[str, str, str], prompt: str, settings: dict, session: Session,
                 progress: gr.Progress, race_lanes_: tuple[Lane, ...] = lanes()) -> Iterator[tuple]:
-    from ..core.run import prepare_prompt, stream, takes_trees
+    from ..core.run import prepare_prompt
     from ..models.loading import LoadError, load_triplet
-    from ..models.probe import prepare
-    from ..predict.auto_shape import resolve_shape
+    from ..models.runtime import cpu_class
+    from ..models.warm import prepare
+    from . import quiet
 
     try:
         spec = model_spec(preset, *ids)
@@ -195,7 +193,9 @@ def _race_steps(preset: str, ids: tuple[str, str, str], prompt: str, settings: d
         upcoming = Race(n=session.next, preset=preset, models=list(triplet.names), prompt=prompt,
                         config=base.to_dict(), lanes=tuple(lane.key for lane in race_lanes_))
         kept = session.races[-(MAX_RACES - 1):]
-        yield before_race(session, upcoming, kept, MSG["loading"].format(preset=preset))  # drawn as models warm
+        again = session.latest if quiet.same_work(session.latest, upcoming) else None
+        if again is None:  # a new race: its empty lanes drawn as the models warm (Race again keeps what is shown)
+            yield before_race(session, upcoming, kept, MSG["loading"].format(preset=preset))
         staged = stages.run_staged(lambda: prepare(triplet, ids), lambda: "warm")
         prep = yield from _show_stages(staged, session, progress)  # warm-up and cost profile, before any clock
     except LoadError as e:
@@ -211,45 +211,37 @@ def _race_steps(preset: str, ids: tuple[str, str, str], prompt: str, settings: d
     if session.stop:  # Stop or Clear while the models loaded
         yield full_outputs(session, MSG["stopped_early"])
         return
-    notes = (getattr(triplet, "note", ""), session.budget_note,
-             "" if triplet.exact else MSG["not_exact"].format(why=MSG["why_unchecked" if triplet.exact is None
-                                                                      else "why_inexact"]),
-             MSG["trees_not_exact"] if triplet.exact and triplet.tree_exact is False else "")
-    race = replace(upcoming, note=" ".join(x for x in notes if x), profile=prep["profile"],
-                   setup=MSG["setup"].format(load=load_s, warm=prep["warm_s"], profile=prep["profile_s"]))
+    exact = "" if triplet.exact else MSG["not_exact"].format(why=MSG["why_unchecked" if triplet.exact is None
+                                                                      else "why_inexact"])
+    race = again or replace(upcoming, profile=prep["profile"], machine=cpu_class())
+    race.stopped = False
+    race.note = " ".join(x for x in (getattr(triplet, "note", ""), session.budget_note) if x)
+    race.exact_note = exact or (MSG["trees_not_exact"] if triplet.exact and triplet.tree_exact is False else "")
+    race.setup = MSG["setup"].format(load=load_s, warm=prep["warm_s"], profile=prep["profile_s"])
     session.budget_note = ""
-    session.next += 1
-    session.races = kept + [race]
-    live = LiveView(session, race)  # only what changed goes to the page (see `race_view`)
-    for i, lane in enumerate(race_lanes_):
-        m = lane.key
-        race.running = m
-        status = MSG["running"].format(n=race.n, label=lane.label, i=i + 1, total=len(race_lanes_))
-        progress(i / len(race_lanes_), desc=status)
-        try:
-            cfg, why = resolve_shape(replace(base, method=lane.method, shape=lane.shape or base.shape), race.profile,
-                                     takes_trees(triplet, lane.method))
-            for snap in stream(triplet, ids, cfg, text=prompt, shape_why=why, solo=lane.solo):
-                race.results[m] = snap
-                _learn_vocab(race, triplet.tokenizer, snap)
-                if session.stop:
-                    break
-                out = live.update(status, bool(snap.stats.stopped))
-                if out is not None:
-                    yield out
-        except Exception as e:  # keep serving: report, keep what ran, stop this race
-            log.exception("race %s failed in %s", race.n, m)
-            race.running = None
-            yield full_outputs(session, _notify(MSG["run_failed"].format(err=e)))
-            return
-        if session.stop:
-            race.running, race.stopped = None, True
-            kept = any(r is race for r in session.races)  # not after Clear
-            yield full_outputs(session, MSG["stopped"].format(n=race.n) if kept else MSG["cleared"])
-            return
-    race.running = None
+    if again is None:
+        if session.latest is not None:
+            quiet.slim(session.latest)
+        session.next += 1
+        session.races = kept + [race]
+    try:  # the page hears only a progress line between lanes; it replays the records once they are all in
+        for i, line in enumerate(quiet.decode(triplet, ids, race, race_lanes_, base, lambda: session.stop,
+                                              1 if hosting.on_zerogpu() else None)):
+            progress(min(0.95, i / (1 + quiet.MAX_REPEATS * len(race_lanes_))), desc=line)
+            yield status_only(line, session)
+    except Exception as e:  # keep serving: report, keep what ran, stop this race
+        log.exception("race %s failed", race.n)
+        _learn_vocab(race, triplet.tokenizer)
+        yield full_outputs(session, _notify(MSG["run_failed"].format(err=e)))
+        return
+    _learn_vocab(race, triplet.tokenizer)
+    if session.stop:
+        race.stopped = True
+        shown = any(r is race for r in session.races)  # not after Clear
+        yield full_outputs(session, MSG["stopped"].format(n=race.n) if shown else MSG["cleared"])
+        return
     hosting.record(preset, race.results)  # the next race's ZeroGPU budget uses this family's speed
-    yield full_outputs(session, MSG["done"].format(n=race.n) + _winner(race.results))  # the setup: under the lanes
+    yield full_outputs(session, MSG["done"].format(n=race.n, k=len(race.repeats)) + _winner(race))
 
 
 def stop_race(session: Session | None) -> tuple:

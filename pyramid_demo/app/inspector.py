@@ -2,6 +2,8 @@
 race speeds and the race table. No model calls, so the inspector answers instantly."""
 from __future__ import annotations
 
+import math
+import statistics
 from dataclasses import dataclass
 
 from ..core import rules
@@ -179,22 +181,49 @@ def result_export(r: RunResult) -> dict:
     return d
 
 
+Repeats = list[dict[str, RunResult]]  # a race's repeats, each lane key -> its run to the end (`Race.repeats`)
+
+
 def ratio(a: float, b: float | None) -> float | None:
     return a / b if b else None
 
 
-def race_noise(results: dict[str, RunResult]) -> float | None:
-    """The race's relative timing noise: the spread of same-size forwards over all its lanes (predict.noise)."""
+def lane_speeds(key: str, results: dict[str, RunResult], repeats: Repeats | None = None) -> list[float]:
+    """A lane's tok/s in each repeat that ran it to its end; a lane without one, its record's."""
+    return [rep[key].stats.tokens_per_s for rep in repeats or () if key in rep] or [results[key].stats.tokens_per_s]
+
+
+def speed(key: str, results: dict[str, RunResult], repeats: Repeats | None = None) -> float:
+    """A lane's speed as the bench states one: the median tok/s over its repeats."""
+    return statistics.median(lane_speeds(key, results, repeats))
+
+
+def speed_ratio(key: str, base: str, results: dict[str, RunResult], repeats: Repeats | None = None) -> float | None:
+    """key's speed ÷ base's as the bench states a speed-up: the median over repeats of one repeat's ratio (paired,
+    so a slow spell that hits a whole repeat cancels)."""
+    pairs = [(rep[key], rep[base]) for rep in repeats or () if key in rep and base in rep]
+    xs = [x for a, b in pairs or [(results[key], results[base])]
+          if (x := ratio(a.stats.tokens_per_s, b.stats.tokens_per_s)) is not None]
+    return statistics.median(xs) if xs else None
+
+
+def race_noise(results: dict[str, RunResult], repeats: Repeats | None = None) -> float | None:
+    """The race's noise band (relative): the larger of the spread of same-size forwards over every run
+    (predict.noise) and of each lane's repeats, ÷ √(repeats), since a median of n repeats wobbles about 1/√n as
+    much as one run does; None when neither can be measured."""
     groups: dict = {}
-    for r in results.values():
+    for r in (r for rep in repeats or [results] for r in rep.values()):
         for key, ts in noise.same_k_forwards(r.steps).items():
             groups.setdefault(key, []).extend(ts)
-    return noise.timing_noise(groups)
+    speeds = [lane_speeds(k, results, repeats) for k in results]
+    spreads = [noise.timing_noise(groups), *(noise.relative_spread(x) for x in speeds)]
+    worst = max((x for x in spreads if x is not None), default=None)
+    return None if worst is None else worst / math.sqrt(min(len(x) for x in speeds))
 
 
-def within_noise(a: float, b: float | None, spread: float | None) -> bool:
-    """True when speeds a and b differ by no more than the race's noise (never when it is unknown)."""
-    return bool(b) and spread is not None and noise.compare(a, b, spread) == 0
+def within_noise(x: float | None, spread: float | None) -> bool:
+    """True when a speed ratio x is within the noise band of 1 (never when either is unknown)."""
+    return x is not None and spread is not None and noise.compare(x, 1.0, spread) == 0
 
 
 def baseline_lane(method: str, results: dict[str, RunResult]) -> str | None:
@@ -205,50 +234,48 @@ def baseline_lane(method: str, results: dict[str, RunResult]) -> str | None:
     return next((k for k in results if k in LANES and LANES[k].method == method and LANES[k].shape == "chain"), None)
 
 
-def speedups(m: str, results: dict[str, RunResult]) -> list[str]:
-    """["×1.80 vs AR", "×1.05 vs SD (tie within noise)"] for method m: what the lanes, legend and status show."""
+def speedups(m: str, results: dict[str, RunResult], repeats: Repeats | None = None) -> list[str]:
+    """["×1.80 vs AR", "×1.05 vs SD (tie within noise)"] for lane m: what the lanes, legend and status show."""
     out = []
-    spread = race_noise(results)
+    spread = race_noise(results, repeats)
     for base in ("ar", "sd"):
         key = baseline_lane(base, results)
-        b = results.get(key) if key else None
-        if b is None or m == key or (base == "sd" and results[m].method == "ar"):
+        if key is None or m == key or (base == "sd" and results[m].method == "ar"):
             continue
-        a, bs = results[m].stats.tokens_per_s, b.stats.tokens_per_s
-        x = ratio(a, bs)
+        x = speed_ratio(m, key, results, repeats)
         if x is not None:
-            out.append(f"×{x:.2f} vs {short_name(key)}"
-                       + (" (tie within noise)" if within_noise(a, bs, spread) else ""))
+            out.append(f"×{x:.2f} vs {short_name(key)}" + (" (tie within noise)" if within_noise(x, spread) else ""))
     return out
 
 
-def _times(r: RunResult, base: RunResult | None, spread: float | None) -> float | str | None:
-    """A table's × cell (r's speed ÷ base's): the ratio, marked when the gap is within the race's noise."""
-    b = base.stats.tokens_per_s if base else None
-    x = ratio(r.stats.tokens_per_s, b)
+def _times(m: str, base: str | None, race: Race, spread: float | None) -> float | str | None:
+    """A table's × cell (m's speed ÷ base's, `speed_ratio`), marked when the gap is within the noise band."""
+    x = speed_ratio(m, base, race.results, race.repeats) if base else None
     if x is None:
         return None
-    return f"{x:.2f} (tie: noise {spread:.0%})" if r is not base and within_noise(r.stats.tokens_per_s, b, spread) \
-        else round(x, 2)
+    return f"{x:.2f} (tie: band {spread:.0%})" if m != base and within_noise(x, spread) else round(x, 2)
 
 
 def race_rows(races: list[Race]) -> list[list]:
-    """One table row per (race, method): the numbers the race summary and the CSV export show."""
+    """One table row per (race, lane), `RACE_COLUMNS`: the numbers the race summary and the CSV export show; times
+    and speeds are medians over the lane's repeats."""
     rows = []
     for race in races:
-        res: dict[str, RunResult] = race.results
-        ar, sd = res.get("ar"), res.get("sd")
+        res, reps = race.results, race.repeats
+        ar, sd = baseline_lane("ar", res), baseline_lane("sd", res)
         greedy = not race.config.get("temperature")
-        spread = race_noise(res)
+        spread = race_noise(res, reps)
         for m, r in res.items():
             s = r.stats
             acc = ", ".join(f"{k} {v:.0%}" for k, v in s.acceptance.items()) or "—"
             # agreement with target greedy output (the bench's figure): AR is that reference at T=0 only
-            same = agreement(r.token_ids, ar.token_ids) if ar is not None and greedy else None
-            rows.append([race.n, m, s.n_new_tokens, round(s.decode_s, 2), round(s.tokens_per_s, 1),
-                         _times(r, ar, spread), _times(r, sd, spread),
+            same = agreement(r.token_ids, res[ar].token_ids) if ar is not None and greedy else None
+            done = [rep[m].stats.decode_s for rep in reps if m in rep]
+            rows.append([race.n, m, len(done) if reps else 1, s.n_new_tokens,
+                         round(statistics.median(done or [s.decode_s]), 2), round(speed(m, res, reps), 1),
+                         _times(m, ar, race, spread), _times(m, sd, race, spread),
                          acc, round(s.tokens_per_target_pass, 2), None if same is None else f"{same:.0%}",
-                         s.stopped or ("running…" if race.running == m else "stopped by user")])
+                         s.stopped or "stopped by user"])
     return rows
 
 

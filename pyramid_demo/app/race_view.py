@@ -1,23 +1,15 @@
-"""The race tab's outputs: in full, or while a race runs only what changed (the rest `gr.skip()`).
-
-Every browser update takes CPU from the models on the same machine, so the running lane's text goes at most every
-LANES_INTERVAL_S, the chart every CHART_INTERVAL_S, the table once at the end, and each lane's chips render once."""
+"""The race tab's outputs: in full before and after a race, and while its lanes are timed only the status line
+(the rest `gr.skip()`): every browser update takes CPU from the models on the same machine."""
 from __future__ import annotations
-
-import time
-from typing import Any
 
 import gradio as gr
 
 from ..core.methods import LANES, lane_label, method_spec
 from ..core.stats import first_divergence
 from ..core.trace import RunResult
-from . import charts, inspector, render
+from . import charts, inspector, render, replay
 from .session import Race, Session
 from .text import MSG
-
-LANES_INTERVAL_S = 0.3  # the running lane's text, at most this often
-CHART_INTERVAL_S = 1.5  # the live chart, at most this often (and whenever a method ends)
 
 
 def divergence_words(out: list[int], ref: list[int], greedy: bool = True) -> str:
@@ -43,16 +35,13 @@ def _against_ar(m: str, race: Race) -> list[str]:
 
 
 def headline(m: str, r: RunResult | None, race: Race) -> str:
-    """A lane's figures: live while it runs, then its time, speed, speed-ups and acceptance (a reference lane:
-    where its text leaves AR's)."""
+    """A lane's figures: its median run's time, the median speed over the repeats, speed-ups and acceptance (a
+    reference lane: where its text leaves AR's)."""
     if r is None:
         return "waiting…"
-    s = r.stats
-    if race.running == m:
-        return f"{s.n_new_tokens} tokens · {s.tokens_per_s:.1f} tok/s so far"
+    s, reps = r.stats, race.repeats
     parts = [f"{s.n_new_tokens} tokens in {s.decode_s:.2f} s (prefill {s.prefill_s:.2f} s apart)",
-             f"{s.tokens_per_s:.1f} tok/s",
-             *inspector.speedups(m, race.results)]
+             f"{inspector.speed(m, race.results, reps):.1f} tok/s", *inspector.speedups(m, race.results, reps)]
     if s.acceptance:
         parts.append("accepted " + ", ".join(f"{'→Q' if k == 'qualifier' else '→T'} {v:.0%}"
                                              for k, v in s.acceptance.items()))
@@ -81,18 +70,19 @@ def lane_title(key: str, r: RunResult | None, models: list[str] | tuple[str, ...
     return f"{method_spec(r.method).label} · {shape}" if r is not None and shape else lane_label(key, models)
 
 
-def race_lanes(race: Race | None, bodies: render.LaneBodies | None = None) -> str:
-    """Every lane of one race, in its order (`bodies`: the lanes' chips rendered so far, reused); under a finished
-    race, its one-time costs (in no lane's time)."""
+def race_lanes(race: Race | None, played: bool = False) -> str:
+    """Every lane of one race, in its order; under it its one-time costs (in no lane's time) and whether lossless
+    lanes must write AR's text here. `played`: the latest race, played in the browser at its measured times."""
     if race is None:
         return render.legend_html() + render.message_html(MSG["idle"])
-    res, body = race.results, bodies or (lambda m, r: render.coloured_tokens(r))
-    lanes = [render.lane_html(m, res.get(m), headline(m, res.get(m), race), race.running == m,
-                              body(m, res[m]) if m in res else None, lane_title(m, res.get(m), race.models))
-             for m in race.lanes]
-    foot = race.setup if race.running is None else ""
-    return render.legend_html() + render.lanes_html(lanes, f"Race {race.n} · {race.preset} · "
-                                                           f"prompt: {race.prompt[:80]}", race.note, foot)
+    res = race.results
+    lanes = [render.lane_html(m, res.get(m), headline(m, res.get(m), race), lane_title(m, res.get(m), race.models),
+                              played) for m in race.lanes]
+    if played and res:
+        lanes.insert(0, replay.controls(len(race.repeats) or 1, race.machine))
+    foot = " ".join(x for x in (race.setup, race.exact_note) if x) if res else ""
+    body = render.lanes_html(lanes, f"Race {race.n} · {race.preset} · prompt: {race.prompt[:80]}", race.note, foot)
+    return render.legend_html() + (f'<div class="replay playing">{body}</div>' if played and res else body)
 
 
 def earlier_lanes(session: Session) -> str:
@@ -104,10 +94,10 @@ def earlier_lanes(session: Session) -> str:
 
 
 def full_outputs(session: Session, status: str) -> tuple:
-    """Every output, computed afresh: before and after a race."""
+    """Every output, computed afresh: before and after a race (the latest race replayed)."""
     race = session.latest
-    fig = charts.race_figure(race.results if race else {}, race.running if race else None)
-    return status, race_lanes(race), fig, inspector.race_rows(session.races), earlier_lanes(session), session
+    fig = charts.race_figure(race.results, race.repeats) if race else charts.race_figure({})
+    return status, race_lanes(race, True), fig, inspector.race_rows(session.races), earlier_lanes(session), session
 
 
 def status_only(status: str, session: Session) -> tuple:
@@ -119,28 +109,3 @@ def before_race(session: Session, upcoming: Race, kept: list[Race], status: str)
     so the page draws them while the models warm up, not while a lane is timed."""
     earlier = earlier_lanes(Session(races=[*kept, upcoming]))
     return status, race_lanes(upcoming), charts.race_figure({}), gr.skip(), earlier, session
-
-
-class LiveView:
-    """What the page gets after each target pass of a running race: None (nothing due yet) or the outputs
-    with `gr.skip()` for each one that is unchanged or not yet due."""
-
-    def __init__(self, session: Session, race: Race, clock: Any = time.monotonic):
-        self.session, self.race, self.clock = session, race, clock
-        self.bodies = render.LaneBodies()
-        self.status = ""
-        self.lanes_at, self.chart_at = float("-inf"), clock()  # the first chart: a while in, or at a method's end
-
-    def update(self, status: str, ended: bool) -> tuple | None:
-        """`ended`: this pass ends the running method (its last snapshot)."""
-        now = self.clock()
-        new_status = status != self.status
-        if not (ended or new_status or now - self.lanes_at >= LANES_INTERVAL_S):
-            return None
-        self.lanes_at, self.status = now, status
-        chart = ended or now - self.chart_at >= CHART_INTERVAL_S
-        if chart:
-            self.chart_at = now
-        race, skip = self.race, gr.skip()
-        fig = charts.race_figure(race.results, race.running, live=True) if chart else skip
-        return status if new_status else skip, race_lanes(race, self.bodies), fig, skip, skip, self.session

@@ -1,5 +1,5 @@
 """Token chips as HTML. Colours come from one <style> block sent with every legend, so each chip is a short
-classed <span> (a 256-token race streams five lanes several times a second)."""
+classed <span> (a race sends five lanes of up to 256 tokens, each chip with its replay time)."""
 from __future__ import annotations
 
 import html
@@ -8,7 +8,7 @@ import re
 from ..core import rules
 from ..core.config import METHOD_LABELS
 from ..core.methods import LANES, method_spec
-from ..core.trace import RunResult, StageRound, Step, accepted_path, parents_of
+from ..core.trace import RunResult, StageRound, accepted_path, parents_of
 from .text import ORIGIN_NAMES, STATUS_NAMES
 
 # Okabe-Ito hues (colour-blind safe) as pale backgrounds with a strong underline: readable when projected.
@@ -46,13 +46,18 @@ def _rule(cls: str, colours: tuple[str, str]) -> str:
 STYLE = ("<style>.tok{border-radius:4px;padding:1px 2px;margin:0 1px;white-space:pre-wrap;"
          "border-bottom:3px solid #999}.tok.strike{text-decoration:line-through;opacity:.65}"
          + "".join(_rule(f"o-{o}", c) for o, c in ORIGIN_COLOURS.items())
-         + "".join(_rule(f"st-{k}", c) for k, c in STATUS_COLOURS.items()) + "</style>")
+         + "".join(_rule(f"st-{k}", c) for k, c in STATUS_COLOURS.items())
+         # the replay (`replay.JS`): a chip waits for its time, a lane's final figures for its finish line
+         + ".replay.playing .tok[data-t]:not(.on),.replay.playing .lane:not(.done) .final{visibility:hidden}"
+         ".replay:not(.playing) .live{display:none}.replay .live{margin-right:10px}"
+         ".replay button{margin:0 2px;padding:0 8px;border:1px solid #bbb;border-radius:4px;background:#fff}"
+         ".replay button.on{font-weight:700;border-color:#333}</style>")
 
 
-def chip(text: str, cls: str, title: str, strike: bool = False) -> str:
-    """One token; `cls` is o-<origin> or st-<status>."""
+def chip(text: str, cls: str, title: str, strike: bool = False, attrs: str = "") -> str:
+    """One token; `cls` is o-<origin> or st-<status>; `attrs` trusted extra attributes."""
     extra = " strike" if strike else ""
-    return f'<span class="tok {cls}{extra}" title="{html.escape(title)}">{token_text(text)}</span>'
+    return f'<span class="tok {cls}{extra}" title="{html.escape(title)}"{attrs}>{token_text(text)}</span>'
 
 
 def legend_html() -> str:
@@ -74,55 +79,37 @@ def status_legend_html() -> str:
     return f'{STYLE}<div class="legend" style="font-size:.95rem;line-height:2">{items}{marks}</div>'
 
 
-def coloured_tokens(result: RunResult) -> str:
-    """The run's text, one chip per token coloured by origin; the title says which target pass made it."""
-    spans, step_of = [], []
-    for s in result.steps:
-        step_of += [s.index + 1] * len(s.new_tokens)
+def token_times(result: RunResult) -> list[float]:
+    """When each token of a run was produced: the end of the target pass that committed it (engine clock, seconds
+    after prefill), so a replay shows it at the moment its method had it."""
+    return [s.t_end for s in result.steps for _ in s.new_tokens]
+
+
+def coloured_tokens(result: RunResult, timed: bool = False) -> str:
+    """The run's text, one chip per token coloured by origin; the title says which target pass made it. `timed`:
+    each chip carries its `token_times` (data-t), which the replay (`replay.JS`) reveals it at."""
+    times, passes = token_times(result), [s.index + 1 for s in result.steps for _ in s.new_tokens]
+    spans = []
     for i, (t, o) in enumerate(zip(result.token_texts, result.origins)):
-        n = step_of[i] if i < len(step_of) else "?"
-        spans.append(chip(t, f"o-{o}", f"{o} · target pass {n}"))
+        attrs = f' data-t="{times[i]:.4f}"' if timed and i < len(times) else ""
+        spans.append(chip(t, f"o-{o}", f"{o} · target pass {passes[i] if i < len(passes) else '?'}", attrs=attrs))
     return "".join(spans)
 
 
-class LaneBodies:
-    """Each lane's chips, each rendered once: a later snapshot of the same run (it shares the earlier one's
-    steps) only renders the tokens of its new passes. Gives what `coloured_tokens` gives."""
-
-    def __init__(self) -> None:
-        # method -> (its last step rendered, steps rendered, tokens rendered, their chips)
-        self._done: dict[str, tuple[Step | None, int, int, list[str]]] = {}
-
-    def __call__(self, method: str, result: RunResult) -> str:
-        last, n_steps, k, chips = self._done.get(method, (None, 0, 0, []))
-        steps = result.steps
-        if n_steps > len(steps) or (n_steps and steps[n_steps - 1] is not last):  # another run: start afresh
-            n_steps, k, chips = 0, 0, []
-        for s in steps[n_steps:]:
-            for _ in s.new_tokens:
-                if k < min(len(result.token_texts), len(result.origins)):
-                    o = result.origins[k]
-                    chips.append(chip(result.token_texts[k], f"o-{o}", f"{o} · target pass {s.index + 1}"))
-                k += 1
-        self._done[method] = (steps[-1] if steps else None, len(steps), k, chips)
-        return "".join(chips)
-
-
-def lane_html(method: str, result: RunResult | None, headline: str, running: bool = False,
-              body: str | None = None, title: str | None = None) -> str:
-    """One method's lane: name (`title`, default its label), live figures, and the growing coloured text (`body`:
-    its chips, if rendered)."""
+def lane_html(method: str, result: RunResult | None, headline: str, title: str | None = None,
+              timed: bool = False) -> str:
+    """One lane: name (`title`, default its label), figures (a replay's live counter beside them) and the coloured
+    text (`timed`: `coloured_tokens`'); data-end: when its last token came (the replay's finish line)."""
     colour = METHOD_COLOURS.get(method, "#333")
-    if body is None:
-        body = coloured_tokens(result) if result is not None else '<span style="color:#999">waiting…</span>'
-    cursor = '<span style="color:#999">▌</span>' if running else ""
-    return (f'<div class="lane lane-{method}" style="border-left:6px solid {colour};padding:6px 10px;'
+    body = coloured_tokens(result, timed) if result is not None else '<span style="color:#999">waiting…</span>'
+    end = f' data-end="{result.stats.decode_s:.4f}"' if result is not None and result.stats is not None else ""
+    return (f'<div class="lane lane-{method}"{end} style="border-left:6px solid {colour};padding:6px 10px;'
             f'margin:6px 0;background:#fff;border-radius:6px;box-shadow:0 1px 2px rgba(0,0,0,.08)">'
             f'<div style="font-weight:700;color:{colour};font-size:1.05rem">'
             f'{html.escape(title or METHOD_LABELS[method])}'
             f'<span style="font-weight:400;color:#444;margin-left:12px;font-size:.95rem">'
-            f'{html.escape(headline)}</span></div>'
-            f'<div style="{FONT}font-size:1.05rem;line-height:1.9;color:#111">{body}{cursor}</div></div>')
+            f'<span class="live"></span><span class="final">{html.escape(headline)}</span></span></div>'
+            f'<div style="{FONT}font-size:1.05rem;line-height:1.9;color:#111">{body}</div></div>')
 
 
 def lanes_html(lanes: list[str], title: str = "", note: str = "", foot: str = "") -> str:

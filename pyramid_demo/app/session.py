@@ -19,13 +19,15 @@ class Race:
     prompt: str
     config: dict[str, Any]
     lanes: tuple[str, ...] = tuple(lane.key for lane in lanes())  # its lanes' keys (`methods.LANES`), in order
-    results: dict[str, RunResult] = field(default_factory=dict)  # lane key -> its latest snapshot
+    results: dict[str, RunResult] = field(default_factory=dict)  # lane key -> its median run (what every view reads)
     vocab: dict[int, str] = field(default_factory=dict)  # token id -> text, for the inspector (no tokenizer)
-    running: str | None = None  # the method racing now
     stopped: bool = False  # stopped by the user before every method ran
-    note: str = ""  # shown above the lanes (family, budget cut, exactness)
+    note: str = ""  # shown above the lanes (family, budget cut)
     profile: dict | None = None  # the cost profile taken before the clocks started
     setup: str = ""  # the one-time costs (load, warm-up, profile), shown under the finished race's lanes
+    repeats: list[dict[str, RunResult]] = field(default_factory=list)  # each repeat: lane key -> its finished run
+    machine: str = ""  # the CPU the lanes were timed on, named under the replay
+    exact_note: str = ""  # whether lossless lanes must write AR's text here: shown with the results, not above
 
 
 @dataclass

@@ -10,7 +10,7 @@ from ..predict import costs, insertion, noise
 from ..predict.profile import cost_ms
 from ..predict.throughput import predict
 from ..predict.walk_stats import stage_counts
-from .inspector import proposes_trees, race_noise, shape_summary
+from .inspector import Repeats, proposes_trees, race_noise, shape_summary, speed, speed_ratio
 
 BUSY = 1.25  # forwards this much slower than the profile: the machine was busy during the race
 ROLES = ("draft", "qualifier", "target")
@@ -43,18 +43,18 @@ def run_factor(r: RunResult, profile: dict) -> float | None:
     return round(sum(f[k] * pred[k] for k in f) / total, 3) if total > 0 else None
 
 
-def rows(results: dict[str, RunResult], profile: dict | None) -> list[dict]:
-    """Per method: measured and predicted tok/s and × AR, load factor, acceptance, tokens per pass against the
-    break-even count (the same sums as the prediction, so they agree) and the verdict."""
-    spread = race_noise(results)
+def rows(results: dict[str, RunResult], profile: dict | None, repeats: Repeats | None = None) -> list[dict]:
+    """Per lane: measured (the median over `repeats`) and predicted tok/s and × AR, load factor, acceptance, tokens per
+    pass against the break-even count (the same sums as the prediction, so they agree) and the verdict."""
+    spread = race_noise(results, repeats)
     ar = results.get("ar")
     ar_pred = costs.predict_run(ar.steps, profile)["tokens_per_s"] if ar and profile else None
     ar_factor = run_factor(ar, profile) if ar and profile else None
     out = []
     for m, r in results.items():
-        row = {"method": m, "measured": r.stats.tokens_per_s, "predicted": None, "factor": None}
-        if ar is not None and ar.stats.tokens_per_s:
-            row["x_ar"] = r.stats.tokens_per_s / ar.stats.tokens_per_s
+        row = {"method": m, "measured": speed(m, results, repeats), "predicted": None, "factor": None}
+        if ar is not None and (x := speed_ratio(m, "ar", results, repeats)) is not None:
+            row["x_ar"] = x
         if profile:
             pred = costs.predict_run(r.steps, profile)
             row["predicted"] = pred["tokens_per_s"]
@@ -83,7 +83,7 @@ def verdict(method: str, row: dict, spread: float | None, ar_factor: float | Non
     outcome = noise.compare(x, 1.0, n)
     said = {1: f"**faster** than AR ({x:.2f}×", 0: f"**a tie with AR** within noise ({x:.2f}×",
             -1: f"**slower** than AR ({x:.2f}×"}[outcome]
-    said += f", timing noise {spread:.0%})" if spread is not None else ")"
+    said += f", noise band {spread:.0%})" if spread is not None else ")"
     xp = row.get("x_ar_predicted")
     if xp is None:
         return said
@@ -123,15 +123,16 @@ def load_line(results: dict[str, RunResult], profile: dict | None, changed: bool
     return f"Forward time ÷ the profile's in this race, per model: {parts}."
 
 
-def markdown(results: dict[str, RunResult], profile: dict | None) -> str:
+def markdown(results: dict[str, RunResult], profile: dict | None, repeats: Repeats | None = None) -> str:
     """The story: noise, load, then one row per method with its verdict."""
     if not results:
         return ""
-    spread = race_noise(results)
-    lines = [(f"Timing noise in this race: **{spread:.0%}** (interquartile range ÷ median of same-size forwards); "
-              "a gap smaller than that is a tie.") if spread is not None else
-             "Too few same-size forwards in this race to measure its timing noise."]
-    table = rows(results, profile)
+    spread = race_noise(results, repeats)
+    lines = [(f"Noise band of this race: **{spread:.0%}**, the larger spread (interquartile range ÷ median) of "
+              "same-size forwards and of each lane's repeats, ÷ √repeats; a gap smaller than that is a tie. "
+              "Race again with the same prompt and settings to add repeats and narrow it.")
+             if spread is not None else "Too few same-size forwards in this race to measure its noise band."]
+    table = rows(results, profile, repeats)
     if not profile:
         lines.append("No cost profile for this family yet: it is measured before the next race.")
     else:

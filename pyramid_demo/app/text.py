@@ -15,7 +15,7 @@ if START_PRESET not in PRESETS:
     START_PRESET = DEFAULT_PRESET
 START = family_config(START_PRESET)  # the starting family's tuned settings: the page's first values
 PRESET_CHOICES = [*PRESETS, CUSTOM]
-RACE_METHODS = METHODS  # raced in this order, one after another
+RACE_METHODS = METHODS  # timed in this order, one after another, then replayed together
 _SHORT = [METHOD_SHORT[m] for m in RACE_METHODS]  # "AR", "SD", ...
 _NAMES = ", ".join(_SHORT[:-1]) + " and " + _SHORT[-1]
 
@@ -67,23 +67,25 @@ INTRO = ("# ▲ PyramidSD Explorer\nA small **draft** guesses, a mid-sized **qua
 
 MSG = {
     "loading": "⏳ Loading the {preset} models (first run only; later runs reuse them)…",
-    "running": "🏁 Race {n}: running {label} ({i}/{total})…",
-    "setup": "One-time costs, in no lane's time: load {load:.1f} s (dtype/backend probe included) · warm-up of "
-             "every model {warm:.2f} s · cost profile {profile:.1f} s.",
-    "done": "✅ Race {n} finished. ▶ Play any target pass below the lanes or in the " + TABS["inspect"]
-            + " tab to see why tokens were kept.",
+    "warming": "🏁 Race {n}: warming up each of its {k} lanes (short untimed runs, as the bench does)…",
+    "running": "🏁 Race {n}: running quietly, nothing drawn while a lane is timed: decoding {label}, {i} of {total} "
+               "(repeat {r})…",
+    "setup": "One-time costs, in no lane's time: load {load:.1f} s · warm-up of every model {warm:.2f} s · cost "
+             "profile {profile:.1f} s.",
+    "done": "✅ Race {n} finished: every lane timed {k}× with nothing drawn, now replayed at its measured speed. "
+            "▶ Play any target pass below the lanes or in the " + TABS["inspect"] + " tab to see why tokens were kept.",
     "stopped": "⏹ Race {n} stopped. Partial results are kept; press " + BUTTONS["run"] + " to start again.",
-    "not_exact": "⚠ SD and lossless PSD_A may differ from AR at near-ties here: {why} (figures under “"
-                 "How it works · exactness on this machine”).",
+    "not_exact": "⚠ SD and lossless PSD_A may differ from AR at near-ties here ({why}): the agreement column "
+                 "says where they did.",
     "why_unchecked": "exactness was not checked",
     "why_inexact": "the target's passes are not bitwise exact on this machine",
     "trees_not_exact": "⚠ The tree lanes may differ from AR at near-ties here (tree passes are not bitwise exact on "
                        "this machine); the chain lanes are exact.",
-    "winner": "  \n🏆 **{label}** won: {figures}.",
-    "tie": "  \n🤝 Tie within this race's timing noise ({noise:.0%}): **{labels}**; {label} measured fastest at "
+    "winner": "  \n🏆 **{label}** won: {figures}, beyond the noise band ({noise:.0%}).",
+    "tie": "  \n🤝 Tie within this race's noise band ({noise:.0%}): **{labels}**; {label} measured fastest at "
            "{figures}.",
-    "winner_unsure": "  \n🏆 **{label}** was fastest: {figures} (too few forwards to judge the timing noise, so a "
-                     "small gap may be chance).",
+    "winner_unsure": "  \n🏆 **{label}** was fastest: {figures} (too few forwards and repeats to measure the noise "
+                     "band, so a small gap may be chance).",
     "stopping": "⏹ Stopping after the current target pass…",
     "stopped_early": "⏹ Stopped before the race began.",
     "custom_missing": "Custom models need all three ids (draft, qualifier, target) from one family.",
@@ -94,7 +96,8 @@ MSG = {
     "no_race": "Run a race first: the inspector shows its recorded rounds.",
     "ar_round": "AR has no drafts: each target pass makes exactly one token, so there is nothing to accept.",
     "cleared": "Results cleared.",
-    "idle": f"Press **{BUTTONS['run']}** to run {_NAMES} on the same prompt, one after another.",
+    "idle": f"Press **{BUTTONS['run']}** to time {_NAMES} on the same prompt, one after another with nothing drawn, "
+            "then watch them replay side by side at their measured speeds.",
     "play_none": "Run a race first: then ▶ Play replays any target pass of it, step by step.",
     "play_lane": "Race {race} has no such lane: pick one of {lanes}.",
     "same_text": "writes {ref} for all {n} tokens",
@@ -106,7 +109,7 @@ MSG = {
     "play_range": "Target pass {n} is out of range: this run made {total} target pass(es), numbered 1 to {total}.",
 }
 
-RACE_COLUMNS = ["race", "method", "tokens", "time (s)", "tok/s", "× AR", "× SD", "acceptance",
+RACE_COLUMNS = ["race", "method", "repeats", "tokens", "time (s)", "tok/s", "× AR", "× SD", "acceptance",
                 "tokens / target pass", "agreement (T=0)", "stopped"]
 
 EXPLANATION = f"""
@@ -173,16 +176,19 @@ The more green and blue, the less work the big target had to do.
   {", ".join(f"{k} {v}" for k, v in tuned_settings("smollm2-offline").items())}); a custom family starts from
   the papers' settings.
 * "Tokens / target pass" counts the target's own token; "accepted" counts drafted tokens only.
-* Lossless is checked, not assumed: on a CPU a probe compares, for each dtype and backend, the target's
-  verification passes with one-token steps (16-bit models run with **row-wise attention** and linears padded
-  to a batch-invariant row count) and picks the fastest that gives bitwise the same logits. The family box
-  says whether this machine's choice is exact — then SD and lossless PSD_A write AR's exact text — or not,
-  and then a note above the race says they may differ from AR at near-ties.
+* Lossless is checked, not assumed: whether the target's verification passes give bitwise the logits of
+  one-token steps on this machine is measured, not taken for granted. Where they do, SD and lossless PSD_A write
+  AR's exact text; where they do not (or it was not measured), a note under the finished race, beside the
+  "agreement" column, says they may differ from AR at near-ties.
 * What speculation can win here is in the **Statistics** tab: the cost of one forward of k tokens for each
   model, and the acceptance each method needs to break even against AR. On the offline family, checking 5
   tokens costs the target about what one step does, so acceptance — how well the draft and the int4 copy match
   the target — decides who wins.
 * Times exclude the prompt's prefill; speed-ups compare methods on the same prompt in the same race.
+* **How the race is timed** — as `bench` times it: each lane warmed up, then decoded with nothing drawn while its
+  clock runs (the page shares the machine's cores), the lanes taking turns over a few repeats; then they replay
+  side by side, each token when its method produced it. Speeds are medians over repeats; a method is called faster
+  only beyond the noise band (same-size forwards' and repeats' spread ÷ √repeats). Race again to add repeats.
 """
 
 TREE_NOTE = ("**The pass as a tree of candidates** (a chain is a tree with one branch): the accepted path runs "
@@ -193,7 +199,8 @@ PLAY_NOTE = ("**▶ Play a pass**: one recorded target pass, step by step — th
              "and why, the verifier's own token, the text committed. No model runs: it replays the record.")
 
 STATS_NOTE = (
-    "Each method's measured speed against AR (a gap within the race's own timing noise is a tie), and what the "
+    "Each method's measured speed against AR (the median over the race's repeats; a gap within its noise band "
+    "is a tie), and what the "
     "**cost profile** — this machine's measured cost of one forward of k tokens per model — predicts for the "
     "same forwards on an idle machine. When the race's forwards ran slower than the profile, the factor says "
     "by how much."

@@ -92,13 +92,14 @@ def pick_race(session: Session | None, race_n: Any = None) -> tuple:
     method = methods[-1] if methods else None  # the last raced: the fullest pyramid
     choices = [(f"Race {r.n}", str(r.n)) for r in session.races]
     profile = race.profile
-    story_md = story.markdown(res, profile)
+    story_md = story.markdown(res, profile, race.repeats)
     detail_md = "\n\n".join(x for x in (story.profile_markdown(profile), story.teaching_aid(res, profile),
                                          story.passes_markdown(res)) if x)
     return (gr.update(choices=choices, value=str(race.n)),
             gr.update(choices=[(METHOD_LABELS[m], m) for m in methods], value=method),
             *pick_method(session, race.n, method),
-            accepted_figure(res), charts.position_figure(res), charts.throughput_figure(story.rows(res, profile)),
+            accepted_figure(res), charts.position_figure(res),
+            charts.throughput_figure(story.rows(res, profile, race.repeats)),
             story_md, charts.cost_figure(profile, res), detail_md,
             accepted_figure(res, f"Race {race.n}: drafted tokens accepted per target pass"))
 

@@ -183,7 +183,7 @@ def figure(section: dict):
     fig = go.Figure()
     for role, row in prof["ms"].items():
         ks = sorted(int(k) for k in row)
-        fig.add_trace(go.Scatter(x=ks, y=[row[str(k)] for k in ks], mode="lines+markers", name=f"{role} (probe)",
+        fig.add_trace(go.Scatter(x=ks, y=[row[str(k)] for k in ks], mode="lines+markers", name=f"{role} (profile)",
                                  line=dict(color=colours.get(role), width=3)))
     pooled: dict[str, dict[int, list[float]]] = {}
     for v in section["variants"]:

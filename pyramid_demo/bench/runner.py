@@ -19,10 +19,11 @@ import torch
 from .. import generate_cli
 from ..core.config import METHODS, DecodeConfig
 from ..core.methods import SOLO_ROLES, TREE_BUDGET, method_spec
-from ..core.run import generate, prepare_prompt, takes_trees
+from ..core.run import generate, prepare_prompt, stream, takes_trees
 from ..core.settings import SHAPES
 from ..core.stats import agreement as token_agreement  # one definition, shared with the app
 from ..core.stats import prefix_agreement
+from ..core.trace import RunResult
 from ..forward.lm import ModelTriplet
 from ..predict import throughput
 from ..predict.auto_shape import resolve_shape
@@ -85,6 +86,34 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
+def timed(triplet: ModelTriplet, v: Variant, ids: list[int], chat: bool = True, profile: dict | None = None,
+          text: str | None = None, stop: Callable[[], bool] | None = None) -> tuple[RunResult | None, float]:
+    """One engine run timed as every figure is (the bench's rows, the app's race): the shape settled before the
+    clock, the statistics on the engine clock (prefill and record building apart); the record and its wall seconds.
+    Without `stop`, statuses only (`generate`); with it, full records (the inspector's), `stop` polled after every
+    target pass and the passes so far kept (None before the first)."""
+    cfg, why = resolve_shape(v.cfg, profile, takes_trees(triplet, v.cfg.method))  # before the clock
+    t0 = time.perf_counter()
+    if stop is None:
+        res: RunResult | None = generate(triplet, ids, cfg, chat=chat, text=text, full_records=False, shape_why=why,
+                                         solo=v.solo)
+    else:
+        res = None
+        for res in stream(triplet, ids, cfg, chat=chat, text=text, shape_why=why, solo=v.solo):  # noqa: B007
+            if stop():
+                break
+    return res, time.perf_counter() - t0
+
+
+def warm_up(triplet: ModelTriplet, variants: list[Variant], ids: list[int], chat: bool = True,
+            profile: dict | None = None, tokens: int = 8, before: Callable[[Variant], None] = lambda v: None) -> None:
+    """One short untimed run (`tokens` new tokens) of each method and shape, so no timed run pays a first call."""
+    for v in {v.label: v for v in reversed(variants)}.values():
+        before(v)
+        run_variant(triplet, dataclasses.replace(v, cfg=dataclasses.replace(
+            v.cfg, max_new_tokens=min(tokens, v.cfg.max_new_tokens))), ids, chat, profile)
+
+
 def run_variant(triplet: ModelTriplet, v: Variant, ids: list[int], chat: bool,
                 profile: dict | None = None) -> tuple[dict, list[int]]:
     """One timed run (shape "auto" resolved from `profile`); the row's measured columns and the produced ids."""
@@ -94,10 +123,8 @@ def run_variant(triplet: ModelTriplet, v: Variant, ids: list[int], chat: bool,
         n = len(pr.token_ids)
         return dict(n_new_tokens=n, stopped=pr.stopped, wall_s=pr.wall_s, tokens_per_s_incl_prefill=pr.tokens_per_s,
                     tokens_per_s_wall=pr.tokens_per_s), pr.token_ids
-    cfg, why = resolve_shape(v.cfg, profile, takes_trees(triplet, v.cfg.method))  # before the clock
-    t0 = time.perf_counter()
-    res = generate(triplet, ids, cfg, chat=chat, full_records=False, shape_why=why, solo=v.solo)  # statuses only
-    wall = time.perf_counter() - t0
+    res, wall = timed(triplet, v, ids, chat, profile)  # statuses only
+    assert res is not None  # no `stop`: the run went to its end
     s = res.stats
     n = s.n_new_tokens
     ran = res.config  # the shape (and a tree's budget) that ran: "auto" resolved
@@ -168,14 +195,10 @@ def run_bench(triplet: ModelTriplet, variants: list[Variant], prompts: list[Prom
     greedy = all(v.cfg.greedy for v in variants)
     profile = costs_report.profile(triplet)  # recorded per machine × family × forwards; "auto" reads it
     usable = profile if profile and "ms" in profile else None
-    warm = {v.label: v for v in reversed(variants)}  # one per method and shape
-    bar = tqdm(total=len(warm) + repeats * len(prepared) * len(variants), disable=not progress,
+    bar = tqdm(total=len({v.label for v in variants}) + repeats * len(prepared) * len(variants), disable=not progress,
                desc="bench", unit="run", file=sys.stderr, dynamic_ncols=True)
-    for v in warm.values():
-        bar.set_postfix_str(f"warm-up {v.label}")
-        run_variant(triplet, dataclasses.replace(v, cfg=dataclasses.replace(
-            v.cfg, max_new_tokens=min(warmup_tokens, v.cfg.max_new_tokens))), prepared[0][2], chat, usable)
-        bar.update()
+    warm_up(triplet, variants, prepared[0][2], chat, usable, warmup_tokens,
+            lambda v: bar.set_postfix_str(f"warm-up {v.label}") or bar.update())
     speeds_one = _model_speeds(triplet, variants, prepared[0][2])
     rows: list[dict] = []
     refs: dict[int, list[int]] = {}

@@ -129,9 +129,9 @@ def shape_to_run(cfg: DecodeConfig, trees: bool, why: str = "") -> tuple[DecodeC
         return replace(cfg, shape="chain"), f"{spec.short} proposes nothing: no shape to choose"
     if cfg.shape == "tree" and not trees:
         raise ValueError(f"{spec.short} over a tree needs forwards that take a tree of candidates, and the models "
-                         "here cannot (a sliding-window cache); run it with --shape chain")
+                         "here cannot (a cache of convolution or linear-attention state); run it with --shape chain")
     if cfg.shape == "auto":
-        because = ("these models' forwards cannot take a tree (a sliding-window cache)"
+        because = ("these models' forwards cannot take a tree (a cache of convolution or linear-attention state)"
                    if not trees else "no cost profile of this machine is available")
         return replace(cfg, shape="chain"), f"auto: the chain, because {because}"
     return cfg, why or f"shape {cfg.shape}, as asked"

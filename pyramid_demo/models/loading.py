@@ -17,6 +17,7 @@ import torch
 
 from ..forward.lm import ModelTriplet
 from .bundled import bundled_target, bundled_tokenizer
+from .checks import describe
 from .compat import check_compatible, check_tokenizers, eos_ids
 from .errors import LoadError
 from .finish import finish
@@ -122,12 +123,10 @@ def decided(triplet: ModelTriplet) -> ModelTriplet:
             made[id(m)] = decide(m, triplet.vocab_size)
     forwards = {r: made[id(triplet.model(r))][0] for r in ("draft", "qualifier", "target")}
     runs = "; ".join(f"{r}: {made[id(triplet.model(r))][1]}" for r in ("draft", "qualifier", "target"))
-    out = replace(triplet, forwards=forwards, runs=runs)
+    out = replace(triplet, forwards=forwards, runs=runs, exact_note=describe(None))
     rec = family_record(out)
     target = (rec or {}).get("checks", {}).get("target")
     if target:
-        from .checks import describe
-
         trees = target.get("trees")
         out = replace(out, exact=bool(target["exact"]), exact_note=describe(target),
                       tree_exact=None if not trees else bool(trees["exact"]))
