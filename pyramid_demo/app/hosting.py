@@ -4,11 +4,14 @@
 a race that cannot fit is cut to fewer new tokens."""
 from __future__ import annotations
 
+import logging
 import math
 import os
 import threading
 from dataclasses import dataclass
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 CAP_ENV = "PYRAMID_DEMO_GPU_CAP_S"
 DEFAULT_CAP_S = 120  # ZeroGPU's usual per-call limit for visitors; raise it with $CAP_ENV if yours is longer
@@ -127,3 +130,22 @@ def memory_line(preset: str, max_new_tokens: int = 128, prompt_tokens: int = 512
         return f"Estimate: unavailable ({type(e).__name__})"
     where = f"; {free / GB:.1f} GB free on {dev}" if free is not None and dev.type != "meta" else ""
     return f"Estimate here ({torch.device(dev)}): {est.short()}{where}"
+
+
+def preload(preset: str) -> threading.Thread:
+    """Load and warm the family shown first while the page starts (a Space starts ready): the first race then waits
+    for nothing it did not ask for, and no visitor's request pays the load. The load is the race's own (one per key,
+    `loading.load_triplet`), so a race that starts sooner waits for this one instead of loading twice."""
+    def work() -> None:
+        from ..models.loading import load_triplet
+        from ..models.warm import prepare
+
+        try:
+            triplet = load_triplet(preset, **placement_options())
+            prepare(triplet, [1, 2, 3])
+        except Exception as e:  # noqa: BLE001 - the first race will say what is wrong, in the page
+            log.warning("preloading %s failed: %r", preset, e)
+
+    thread = threading.Thread(target=work, daemon=True, name="preload")
+    thread.start()
+    return thread
