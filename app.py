@@ -1,6 +1,4 @@
-"""PyramidSD Explorer: the Gradio page, layout and wiring only (logic: pyramid_demo.app.handlers).
-
-Serves on GRADIO_SERVER_NAME:GRADIO_SERVER_PORT; models load on the first race; `spaces.GPU` wraps it on ZeroGPU."""
+"""PyramidSD Explorer: the Gradio page's layout and wiring (logic: pyramid_demo.app.handlers); ZeroGPU-ready."""
 from __future__ import annotations
 
 import os
@@ -9,28 +7,8 @@ from pathlib import Path
 
 import gradio as gr
 
-from pyramid_demo.app import charts, family, hosting, pass_hist, play_view, render, replay, views
+from pyramid_demo.app import charts, family, hosting, pass_hist, play_view, render, replay, text, views
 from pyramid_demo.app import handlers as h
-from pyramid_demo.app.text import (
-    BUTTONS,
-    DEFAULT,
-    EXAMPLE_PROMPTS,
-    EXPLANATION,
-    INFO,
-    INTRO,
-    LABELS,
-    MSG,
-    PLAY_NOTE,
-    PRESET_CHOICES,
-    RACE_COLUMNS,
-    SETTINGS_TITLE,
-    START,
-    START_PRESET,
-    STATS_NOTE,
-    TABS,
-    TREE_NOTE,
-    WHATIF_LABELS,
-)
 from pyramid_demo.core.settings import BY_NAME
 
 ASSETS = Path(__file__).resolve().parent / "assets"
@@ -59,7 +37,7 @@ QUICK = dict(PRIVATE, concurrency_limit=None, show_progress="hidden")  # the pla
 
 def _setting(name: str) -> gr.components.Component:
     """One decoding setting's widget, as its row in `core.settings.SETTINGS` describes it."""
-    s, value = BY_NAME[name], getattr(START, name)
+    s, value = BY_NAME[name], getattr(text.START, name)
     kw = dict(label=s.label, info=s.info, elem_id=s.elem_id)
     if s.widget == "slider":
         lo, hi, step = s.range
@@ -72,17 +50,16 @@ def _setting(name: str) -> gr.components.Component:
 def _whatif(name: str) -> gr.Slider:
     """The inspector's own τ: re-checks a recorded round without touching the next run's settings."""
     lo, hi, step = BY_NAME[name].range
-    return gr.Slider(lo, hi, value=getattr(DEFAULT, name), step=step, label=WHATIF_LABELS[name])
+    return gr.Slider(lo, hi, value=getattr(text.DEFAULT, name), step=step, label=text.WHATIF_LABELS[name])
 
 
 def _player(name: str) -> list:
-    """A ▶ Play panel: its state (one per visitor), the controls over one beat view, and the timer that advances it
-    while playing. Returns the handlers' outputs: [state, view, timer]."""
+    """A ▶ Play panel: its state, the controls over a beat view, the timer that plays it: [state, view, timer]."""
     state = gr.State(play_view.PlayState())
     with gr.Row():
         controls = (("play", play_view.play), ("pause", play_view.pause), ("back", play_view.step_back),
                     ("forward", play_view.step_forward))
-        buttons = {fn: gr.Button(BUTTONS[key], elem_id=f"{name}-{key}", size="sm",
+        buttons = {fn: gr.Button(text.BUTTONS[key], elem_id=f"{name}-{key}", size="sm",
                                  variant="primary" if key == "play" else "secondary") for key, fn in controls}
     view = gr.HTML(play_view.beat_html(play_view.PlayState()), elem_id=f"{name}-beat")
     timer = gr.Timer(play_view.PACE_S, active=False)
@@ -97,55 +74,56 @@ def build_demo() -> gr.Blocks:
     """The whole page; every user gets their own `session` state."""
     with gr.Blocks(title="PyramidSD Explorer") as demo:
         session = gr.State(h.new_session())  # copied for every visitor
-        gr.Markdown(INTRO, elem_id="title")
+        gr.Markdown(text.INTRO, elem_id="title")
         with gr.Row(equal_height=False):
             with gr.Column(scale=3):
-                prompt = gr.Textbox(EXAMPLE_PROMPTS[0], label=LABELS["prompt"], lines=2, max_lines=8)
-                gr.Examples([[p] for p in EXAMPLE_PROMPTS], inputs=[prompt], label="Example prompts")
+                prompt = gr.Textbox(text.EXAMPLE_PROMPTS[0], label=text.LABELS["prompt"], lines=2, max_lines=8)
+                gr.Examples([[p] for p in text.EXAMPLE_PROMPTS], inputs=[prompt], label="Example prompts")
                 with gr.Row():
-                    run_btn = gr.Button(BUTTONS["run"], variant="primary", elem_id="run-btn", scale=3)
-                    stop_btn = gr.Button(BUTTONS["stop"], variant="stop", elem_id="stop-btn", scale=1)
-                    clear_btn = gr.Button(BUTTONS["clear"], elem_id="clear-btn", scale=1)
-                side_by_side = gr.Checkbox(False, label=LABELS["side_by_side"], info=INFO["side_by_side"],
+                    run_btn = gr.Button(text.BUTTONS["run"], variant="primary", elem_id="run-btn", scale=3)
+                    stop_btn = gr.Button(text.BUTTONS["stop"], variant="stop", elem_id="stop-btn", scale=1)
+                    clear_btn = gr.Button(text.BUTTONS["clear"], elem_id="clear-btn", scale=1)
+                side_by_side = gr.Checkbox(False, label=text.LABELS["side_by_side"], info=text.INFO["side_by_side"],
                                            elem_id="side-by-side")
-                qualifier_alone = gr.Checkbox(False, label=LABELS["qualifier_alone"], info=INFO["qualifier_alone"],
-                                              elem_id="qualifier-alone")
+                qualifier_alone = gr.Checkbox(False, label=text.LABELS["qualifier_alone"],
+                                              info=text.INFO["qualifier_alone"], elem_id="qualifier-alone")
             with gr.Column(scale=2):
-                preset = gr.Dropdown(PRESET_CHOICES, value=START_PRESET, label=LABELS["preset"], elem_id="preset")
-                box, fold, _ = h.preset_info(START_PRESET)
+                preset = gr.Dropdown(text.PRESET_CHOICES, value=text.START_PRESET, label=text.LABELS["preset"],
+                                     elem_id="preset")
+                box, fold, _ = h.preset_info(text.START_PRESET)
                 preset_md = gr.Markdown(box, elem_id="family-box")
                 with gr.Accordion(family.FOLD_TITLE, open=False):
                     fold_md = gr.Markdown(fold, elem_id="family-fold")
                 with gr.Group(visible=False) as custom_box:
-                    draft_id = gr.Textbox(label=LABELS["draft"], placeholder="HuggingFaceTB/SmolLM2-135M-Instruct")
-                    qual_id = gr.Textbox(label=LABELS["qualifier"], placeholder="HuggingFaceTB/SmolLM2-360M-Instruct")
-                    target_id = gr.Textbox(label=LABELS["target"], placeholder="HuggingFaceTB/SmolLM2-1.7B-Instruct")
-        with gr.Accordion(SETTINGS_TITLE, open=False):
-            gr.Markdown(INFO["tuned"])
+                    draft_id, qual_id, target_id = (
+                        gr.Textbox(label=text.LABELS[role], placeholder=f"HuggingFaceTB/SmolLM2-{size}-Instruct")
+                        for role, size in (("draft", "135M"), ("qualifier", "360M"), ("target", "1.7B")))
+        with gr.Accordion(text.SETTINGS_TITLE, open=False):
+            gr.Markdown(text.INFO["tuned"])
             widgets = {}
             for i in range(0, len(h.SETTING_NAMES), 3):  # three to a row, in the table's order
                 with gr.Row():
                     widgets.update({k: _setting(k) for k in h.SETTING_NAMES[i:i + 3]})
-        status = gr.Markdown(MSG["idle"], elem_id="status")
+        status = gr.Markdown(text.MSG["idle"], elem_id="status")
 
         with gr.Tabs():
-            with gr.Tab(TABS["race"]):
+            with gr.Tab(text.TABS["race"]):
                 lanes = gr.HTML(h.race_lanes(None), elem_id="lanes", js_on_load=replay.JS)  # plays in the browser
                 with gr.Group(elem_id="race-player"):
-                    gr.Markdown(PLAY_NOTE)
+                    gr.Markdown(text.PLAY_NOTE)
                     with gr.Row():
                         play_lane = gr.Dropdown([], label="Lane", scale=2, elem_id="play-lane")
                         play_pass = gr.Slider(1, 2, value=1, step=1, label="Target pass", scale=3, interactive=False)
                     race_player = _player("race-play")
                 race_plot = gr.Plot(charts.race_figure({}), elem_id="race-plot", show_label=False)
                 race_hist = gr.Plot(pass_hist.accepted_figure({}), show_label=False, elem_id="race-hist")
-                table = gr.Dataframe(headers=RACE_COLUMNS, label="Race results (all races until cleared)",
+                table = gr.Dataframe(headers=text.RACE_COLUMNS, label="Race results (all races until cleared)",
                                      interactive=False, wrap=True, elem_id="race-table",
                                      column_widths=["5%", "8%", "5%", "6%", "6%", "6%", "6%", "6%", "20%", "9%", "8%",
                                                     "15%"])
                 with gr.Accordion("Earlier races", open=False):
                     earlier = gr.HTML(h.earlier_lanes(h.new_session()))
-            with gr.Tab(TABS["inspect"]):
+            with gr.Tab(text.TABS["inspect"]):
                 gr.Markdown("Pick a method and a target pass. Move the **what-if τ** sliders to see what another "
                             "threshold would have accepted in the same recorded round (no model is called).")
                 with gr.Row():
@@ -157,28 +135,28 @@ def build_demo() -> gr.Blocks:
                     wt = _whatif("tau_t")
                     pos_sl = gr.Slider(1, 9, value=1, step=1, label="Position along the accepted path (top-5 view)")
                 insp_md = gr.Markdown()
-                gr.Markdown(PLAY_NOTE)
+                gr.Markdown(text.PLAY_NOTE)
                 insp_player = _player("inspect-play")
-                chips = gr.HTML(render.message_html(MSG["no_race"]), elem_id="chips")
-                gr.Markdown(TREE_NOTE)
+                chips = gr.HTML(render.message_html(text.MSG["no_race"]), elem_id="chips")
+                gr.Markdown(text.TREE_NOTE)
                 tree_plot = gr.Plot(show_label=False, elem_id="tree-plot")
                 div_plot = gr.Plot(show_label=False, elem_id="div-plot")
                 top5_plot = gr.Plot(show_label=False, elem_id="top5-plot")
-            with gr.Tab(TABS["stats"]):
-                gr.Markdown(STATS_NOTE)
+            with gr.Tab(text.TABS["stats"]):
+                gr.Markdown(text.STATS_NOTE)
                 speeds_md = gr.Markdown(elem_id="story")
                 tp_plot = gr.Plot(show_label=False, elem_id="speed-plot")
                 cost_plot = gr.Plot(show_label=False, elem_id="cost-plot")
                 cost_md = gr.Markdown()
                 hist_plot = gr.Plot(show_label=False, elem_id="hist-plot")  # full width: a panel per method
                 posn_plot = gr.Plot(show_label=False)
-            with gr.Tab(TABS["explain"]):
+            with gr.Tab(text.TABS["explain"]):
                 with gr.Row():
                     gr.HTML((ASSETS / "pyramid.svg").read_text(encoding="utf-8"))
-                    gr.Markdown(EXPLANATION)
-            with gr.Tab(TABS["export"]):
+                    gr.Markdown(text.EXPLANATION)
+            with gr.Tab(text.TABS["export"]):
                 gr.Markdown("Download every race of this session: the full step trace as JSON, the race table as CSV.")
-                export_btn = gr.Button(BUTTONS["export"])
+                export_btn = gr.Button(text.BUTTONS["export"])
                 with gr.Row():
                     json_file = gr.File(label="Trace (JSON)")
                     csv_file = gr.File(label="Race results (CSV)")
@@ -211,7 +189,7 @@ def build_demo() -> gr.Blocks:
         # redraws every frame for the whole race and takes a browser's CPU from the models
         inspected(race.then(views.pick_race, [session], pick_out, **PRIVATE))
         race.then(play_view.race_choices, [session], [play_lane, play_pass, *race_player], **QUICK)
-        race.then(h.preset_info, preset, family_out, **PRIVATE)  # now with the probed dtype
+        race.then(h.preset_info, preset, family_out, **PRIVATE)  # now with what runs and this machine's record
         stop_btn.click(h.stop_race, session, race_out, api_name="stop", concurrency_id="stop",
                        concurrency_limit=None)
         cleared = clear_btn.click(h.clear_results, session, race_out, api_name="clear",
@@ -225,7 +203,8 @@ def build_demo() -> gr.Blocks:
             sl.change(views.inspect_round, insp_in, insp_out, show_progress="hidden", **PRIVATE)
         round_sl.change(play_view.show, play_in, insp_player, **QUICK)  # a new pass: its player, stopped
         play_lane.input(play_view.pick_lane, [session, play_lane], [play_pass, *race_player], **QUICK)
-        play_pass.change(play_view.race_show, [session, play_lane, play_pass], race_player, **QUICK)
+        play_pass.change(lambda s, lane, k: play_view.show(s, None, lane, k),  # a pass of the latest race
+                         [session, play_lane, play_pass], race_player, **QUICK)
         export_btn.click(h.export_files, session, [json_file, csv_file], api_name="export")
     demo.queue(default_concurrency_limit=1, max_size=64)
     return demo
@@ -238,7 +217,7 @@ if __name__ == "__main__":
 
     at_startup()  # on a Space: pip-install the default family's target (--no-deps) if it is missing
     if os.environ.get("PYRAMID_DEMO_PRELOAD", "1") != "0":
-        hosting.preload(START_PRESET)  # the family shown first loads while the page starts
+        hosting.preload(text.START_PRESET)  # the family shown first loads while the page starts
     demo.launch(server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
                 server_port=int(os.environ.get("GRADIO_SERVER_PORT", "7860")),
                 theme=gr.themes.Soft(primary_hue="orange", secondary_hue="blue", text_size="lg"),

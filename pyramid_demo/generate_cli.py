@@ -5,10 +5,14 @@ import argparse
 import json
 import sys
 
+from . import hardware_cli
 from .core.config import METHODS, DecodeConfig
 from .core.methods import method_spec
+from .core.run import generate, takes_trees
 from .core.settings import SETTINGS, TUNABLE
 from .models.presets import DEFAULT_PRESET, family_config
+from .models.warm import cost_profile
+from .predict.auto_shape import resolve_shape
 
 COLOURS = {"draft": "\033[32m", "qualifier": "\033[34m", "target": "\033[33m", "bonus": "\033[35m"}
 RESET = "\033[0m"
@@ -41,9 +45,7 @@ def add_decoding_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="cpu, cuda or mps (default: best available)")
     p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: the reference precision "
                    "fp32 on a CPU; bf16 on CUDA (fp16 without bf16), fp16 on MPS)")
-    from .hardware_cli import add_arguments as add_hardware_arguments
-
-    add_hardware_arguments(p)  # --device-map, --quantize, --estimate-only
+    hardware_cli.add_arguments(p)  # --device-map, --quantize, --estimate-only
 
 
 def config_from_args(a: argparse.Namespace) -> DecodeConfig:
@@ -60,23 +62,18 @@ def summary(result) -> str:
     legend = "  ".join(COLOURS[o] + o + RESET for o in COLOURS)
     acc = ", ".join(f"{k} {v:.0%}" for k, v in s.acceptance.items()) or "n/a"
     lines = [
-        f"{result.method} on {', '.join(result.models)}; {result.shape_why}",
-        coloured, "", f"colours: {legend}",
+        f"{result.method} on {', '.join(result.models)}; {result.shape_why}", coloured, "", f"colours: {legend}",
         f"{s.n_new_tokens} tokens in {s.decode_s:.2f} s = {s.tokens_per_s:.1f} tok/s "
         f"(prefill {s.prefill_s:.2f} s, stopped: {s.stopped})",
         f"target passes {s.target_passes}; tokens per target pass {s.tokens_per_target_pass:.2f} "
         f"(drafted tokens accepted per pass {s.mean_accepted_per_target_pass:.2f}, bonus not counted)",
         f"acceptance: {acc}; accepted-length histogram {s.accepted_hist}",
-        "forward passes: " + ", ".join(f"{k} {v} ({s.forward_time_s[k]:.2f} s)" for k, v in s.forward_passes.items()),
-    ]
+        "forward passes: " + ", ".join(f"{k} {v} ({s.forward_time_s[k]:.2f} s)" for k, v in s.forward_passes.items())]
     return "\n".join(lines)
 
 
 def run(args: argparse.Namespace) -> int:
-    from . import hardware_cli
-    from .core.run import generate, takes_trees
-    from .models.loading import LoadError
-    from .predict.auto_shape import resolve_shape
+    from .models.loading import LoadError  # the loader only when a run needs it
 
     try:
         cfg = config_from_args(args)
@@ -102,8 +99,6 @@ def shape_profile(triplet, cfg: DecodeConfig) -> dict | None:
     """The cost profile shape "auto" is resolved from (cached, else measured now); None when not needed or had."""
     if cfg.shape != "auto" or not method_spec(cfg.method).shaped:
         return None
-    from .models.warm import cost_profile
-
     try:
         return cost_profile(triplet, measure_now=True)
     except Exception as e:  # noqa: BLE001 - without a profile "auto" takes the chain and says so
@@ -112,7 +107,6 @@ def shape_profile(triplet, cfg: DecodeConfig) -> dict | None:
 
 
 def json_record(result, triplet) -> dict:
-    """`--json`'s object: the run's record plus how it ran (dtype, what each role runs, `exact`: None when not
-    measured here)."""
+    """`--json`'s object: the run's record plus how it ran (dtype, what each role runs, `exact`: None if unmeasured)."""
     return {**result.to_dict(), "dtype": str(triplet.dtype).removeprefix("torch."), "runs": triplet.runs,
             "exact": triplet.exact, "exact_note": triplet.exact_note}

@@ -26,19 +26,12 @@ def max_len(args: argparse.Namespace) -> int:
     return head + int(getattr(args, "max_new_tokens", 0) or 0) + LOOKAHEAD
 
 
-def estimate_text(args: argparse.Namespace) -> str:
-    """The memory estimate for the run `args` describes (LoadError for a bad device or dtype)."""
-    from .models.loading import estimate, pick_device, pick_dtype
+def load(args: argparse.Namespace) -> Any | None:
+    """Print the memory estimate (LoadError for a bad device or dtype), then load the family (--estimate-only: None)."""
+    from .models.loading import estimate, load_triplet, pick_device, pick_dtype
 
     dev = pick_device(args.device)
-    return f"{estimate(args.models, pick_dtype(dev, args.dtype), max_len(args), args.quantize).summary()}; device {dev}"
-
-
-def load(args: argparse.Namespace) -> Any | None:
-    """Print the estimate to stderr, then load the family (None with --estimate-only)."""
-    from .models.loading import load_triplet
-
-    text = estimate_text(args)
+    text = f"{estimate(args.models, pick_dtype(dev, args.dtype), max_len(args), args.quantize).summary()}; device {dev}"
     print(text if args.estimate_only else f"note: {text}", file=sys.stdout if args.estimate_only else sys.stderr)
     if args.estimate_only:
         return None

@@ -1,9 +1,12 @@
-"""`python -m pyramid_demo prepare`: what setup runs once per machine. Builds each model's compiled pass where it is
-missing, then measures and records the family's checks and cost profile; prints what each role runs and why."""
+"""`python -m pyramid_demo prepare`, setup's once-per-machine step: compiled passes, the family's checks and costs."""
 from __future__ import annotations
 
 import argparse
 import sys
+
+from .models import runtime
+from .models.errors import LoadError
+from .models.loading import decided, load_triplet
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -12,17 +15,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .models import runtime
-    from .models.errors import LoadError
-    from .models.loading import decided, load_triplet
-
     try:
         t = load_triplet(args.models, device="cpu")
     except (ValueError, LoadError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"machine: {runtime.cpu_class()}, torch {runtime.machine()['torch']}, "
-          f"{runtime.machine()['threads']} threads")
+    print(f"machine: {runtime.cpu_class()}, torch {runtime.machine()['torch']}, {runtime.machine()['threads']} threads")
     if not args.no_compile:
         seen: set[int] = set()
         for role in ("target", "qualifier", "draft"):  # the package a run loads: one per distinct model

@@ -1,2 +1,1 @@
-"""The Gradio app's logic: handlers, step inspector, plotly charts, HTML rendering and UI text
-(app.py holds the layout)."""
+"""The Gradio app's logic: handlers, step inspector, plotly charts, HTML rendering, UI text (app.py: the layout)."""

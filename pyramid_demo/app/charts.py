@@ -1,6 +1,8 @@
 """Plotly figures built from trace and stats records only (plus decoded token texts for labels)."""
 from __future__ import annotations
 
+import itertools
+
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
@@ -26,27 +28,16 @@ def empty_figure(message: str, height: int = 300) -> go.Figure:
     fig = go.Figure()
     fig.add_annotation(text=message, showarrow=False, font=dict(size=FONT_SIZE, color="#888"), x=0.5, y=0.5,
                        xref="paper", yref="paper")
-    fig.update_xaxes(visible=False)
-    fig.update_yaxes(visible=False)
+    fig.update_layout(xaxis_visible=False, yaxis_visible=False)
     return _layout(fig, "", height)
 
 
-def _curve(r: RunResult) -> tuple[list[float], list[int]]:
-    """Cumulative tokens at the end of each target pass."""
-    xs, ys, n = [0.0], [0], 0
-    for s in r.steps:
-        n += len(s.new_tokens)
-        xs.append(s.t_end)
-        ys.append(n)
-    return xs, ys
-
-
 def race_figure(results: dict[str, RunResult], repeats: Repeats | None = None) -> go.Figure:
-    """Tokens generated vs time for every lane's median run; the legend ends in the median tok/s and speed-ups over
-    `repeats`."""
+    """Tokens generated vs time for every lane's median run; the legend: median tok/s and speed-ups over `repeats`."""
     fig = go.Figure()
     for m, r in results.items():
-        xs, ys = _curve(r)
+        xs = [0.0, *(s.t_end for s in r.steps)]
+        ys = [0, *itertools.accumulate(len(s.new_tokens) for s in r.steps)]  # tokens so far at each pass's end
         name = " · ".join([f"{short_name(m)}: {speed(m, results, repeats):.1f} tok/s",
                            *speedups(m, results, repeats)])
         fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", line_shape="hv", name=name,
@@ -64,8 +55,7 @@ def race_figure(results: dict[str, RunResult], repeats: Repeats | None = None) -
 
 def _bars(fig: go.Figure, rnds: list[StageRound], tau: float | None, texts: dict[int, str], row: int,
           label: str) -> None:
-    """One bar per position along each round's line (`inspector.positions`): its context's divergence, coloured
-    by the token's fate at τ; a tree's other candidates there are named on hover and counted on the bar."""
+    """A bar per position of each round (`inspector.positions`): its Div coloured by the fate at τ, others on hover."""
     xs, ys, colours, hover, marks = [], [], [], [], []
     for j, rnd in enumerate(rnds):
         what = whatif_statuses(rnd, tau)
@@ -144,8 +134,7 @@ def top5_figure(dists: dict[str, list[list[float]]], texts: dict[int, str], titl
 
 
 def position_figure(results: dict[str, RunResult]) -> go.Figure:
-    """Per stage, by position (a depth: a tree's 12 nodes over 4 positions give 4 points), the share of rounds that
-    proposed a token there whose accepted path reached it (`core.stats`), per method."""
+    """Per method and stage, by position (a tree's depth), the share of rounds proposing there whose path reached it."""
     fig = go.Figure()
     for m, r in results.items():
         for stage in stage_names(r):
@@ -178,8 +167,7 @@ def throughput_figure(rows: list[dict]) -> go.Figure:
         go.Bar(x=names, y=[r["measured"] for r in rows], name="measured in this race", marker_color="#0072B2",
                text=[f"{r['measured']:.1f}" for r in rows], textposition="outside"),
         go.Bar(x=names, y=[p or 0 for p in pred], name="idle machine (cost profile)", marker_color="#bbbbbb",
-               text=["n/a" if p is None else f"{p:.1f}" for p in pred], textposition="outside"),
-    ])
+               text=["n/a" if p is None else f"{p:.1f}" for p in pred], textposition="outside")])
     _layout(fig, "Tokens per second: measured vs the profile's idle-machine prediction", 380, barmode="group")
     top = max([r["measured"] for r in rows] + [p or 0 for p in pred] + [1.0])
     fig.update_yaxes(title="tokens / s", range=[0, top * 1.18])  # room for the value labels

@@ -1,20 +1,18 @@
-"""The family box beside the prompt (at most three plain lines for students: the models, where they run, memory)
-and the closed fold under it with what each role runs, this machine's measured record, ids and tuned settings."""
+"""The family box beside the prompt (three plain lines: models, where they run, memory) and the fold with details."""
 from __future__ import annotations
 
 import re
 from typing import Any
 
+from ..models.checks import describe, describe_trees
+from ..models.offline import as_run
 from ..models.presets import BUNDLED_TARGET, FEATURE_DRAFT, PRESETS, Preset
 from . import hosting
 
 BOX_LINES, BOX_CHARS = 3, 300  # the box's budget: lines and visible characters
 FOLD_TITLE = "How it works · exactness on this machine"
-KNOWN = {  # the offline family's references, in words
-    FEATURE_DRAFT: "a one-layer draft that reads the qualifier",
-    BUNDLED_TARGET + "@int4": "the target's own int4 copy",
-    BUNDLED_TARGET: "SmolLM2-135M-Instruct (bundled)",
-}
+KNOWN = {FEATURE_DRAFT: "a one-layer draft that reads the qualifier",  # the offline family's references, in words
+         BUNDLED_TARGET + "@int4": "the target's own int4 copy", BUNDLED_TARGET: "SmolLM2-135M-Instruct (bundled)"}
 CUSTOM_BOX = ("**Custom family**: three Hugging Face ids or local paths of causal LMs that share one tokenizer, "
               "smallest first.  \nThey download on the first run.")
 CUSTOM_FOLD = ("**What runs**: each role on the core forward where it covers the architecture (Llama, Qwen2, Mistral), "
@@ -51,8 +49,6 @@ def record_text(rec: dict[str, Any] | None) -> str:
     if not rec:
         return ("not measured on this machine yet (`python -m pyramid_demo prepare` measures it; setup runs it): "
                 "whether SD writes exactly AR's text here is not assumed")
-    from ..models.checks import describe, describe_trees
-
     target = rec["checks"]["target"]
     rest = "; ".join(f"{r}: {c['bitwise_passes']}/{c['passes']} passes bitwise equal, max |Δlogit| "
                      f"{c['max_abs_diff']:.2g}" for r, c in rec["checks"].items() if r != "target")
@@ -87,7 +83,6 @@ def visible(markdown: str) -> str:
 def texts(preset: str) -> tuple[str, str]:
     """(the box, the fold) for a preset name as it runs on this install (the fold's record once it has loaded)."""
     from ..models.loading import loaded
-    from ..models.offline import as_run
 
     p = as_run(PRESETS[preset])  # what runs on this install (the offline draft may read the target)
     return box(p), fold(preset, p, loaded(preset))

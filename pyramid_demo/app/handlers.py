@@ -1,6 +1,5 @@
-"""The app's event handlers: plain functions over plain values, testable without a browser.
-
-Per-user data is one `Session` (a gr.State) mutated in place, so Stop keeps partial results."""
+"""The app's event handlers: plain functions over plain values, testable without a browser. Per-user data is one
+`Session` (a gr.State) mutated in place, so Stop keeps partial results."""
 from __future__ import annotations
 
 import csv
@@ -17,10 +16,13 @@ import gradio as gr
 
 from ..core.config import METHOD_LABELS, METHOD_SHORT, DecodeConfig
 from ..core.methods import Lane, lanes
+from ..core.run import prepare_prompt
 from ..core.settings import APP_SETTINGS, TUNABLE
 from ..models.presets import PRESETS, family_config
+from ..models.runtime import cpu_class
+from ..models.warm import prepare
 from ..predict.noise import leaders
-from . import family, hosting, inspector, stages
+from . import family, hosting, inspector, quiet, stages
 from .playback import rounds
 from .race_view import before_race, full_outputs, status_only
 from .race_view import earlier_lanes as earlier_lanes  # re-exported: app.py draws the page's first state
@@ -47,12 +49,10 @@ def _notify(msg: str) -> str:
 
 # ------------------------------------------------------------------ controls
 def preset_info(preset: str) -> tuple[str, str, Any]:
-    """The chosen family in plain words (the box beside the prompt: at most three short lines), the fold with the
-    figures (ids, memory, the probe's exactness record, tuned settings) and whether the custom id boxes show."""
+    """The family box (three short lines), the fold with its figures, and whether the custom id boxes show."""
     if preset == CUSTOM:
         return family.CUSTOM_BOX, family.CUSTOM_FOLD, gr.update(visible=True)
-    box, fold = family.texts(preset)
-    return box, fold, gr.update(visible=False)
+    return (*family.texts(preset), gr.update(visible=False))
 
 
 def preset_settings(preset: str) -> tuple:
@@ -75,12 +75,8 @@ def model_spec(preset: str, draft: str, qualifier: str, target: str) -> str:
 
 def make_config(**settings: Any) -> DecodeConfig:
     """A DecodeConfig from widget values (sliders send floats; ints are cast only when whole)."""
-    vals = {}
-    for k, v in settings.items():
-        if k in INT_SETTINGS and isinstance(v, float) and v.is_integer():
-            v = int(v)
-        vals[k] = v
-    return DecodeConfig(**vals)
+    return DecodeConfig(**{k: int(v) if k in INT_SETTINGS and isinstance(v, float) and v.is_integer() else v
+                           for k, v in settings.items()})
 
 
 # ------------------------------------------------------------------ race
@@ -121,10 +117,9 @@ def _learn_vocab(race: Race, tokenizer: Any) -> None:
 def race_event(prompt: str, preset: str, draft: str | None = None, qualifier: str | None = None,
                target: str | None = None, session: Session | None = None, progress: gr.Progress = gr.Progress(),
                side_by_side: bool = False, qualifier_alone: bool = False, **settings: Any) -> Iterator[tuple]:
-    """The public `/race` endpoint and the Run button: every lane on the prompt with the chosen family.
-
-    `settings` are DecodeConfig fields by name (left out: the page's first values); bad values are reported
-    in the status line. Yields (status, lanes, chart, table, earlier races, session)."""
+    """The public `/race` endpoint and the Run button: every lane on the prompt with the chosen family. `settings`
+    are DecodeConfig fields by name (left out: the page's first values); bad values are reported in the status line.
+    Yields (status, lanes, chart, table, earlier races, session)."""
     yield from run_race(preset, (draft, qualifier, target), prompt, {**START_SETTINGS, **settings}, session,
                         progress, bool(side_by_side), bool(qualifier_alone))
 
@@ -163,11 +158,7 @@ def _show_stages(staged: Iterator, session: Session, progress: gr.Progress) -> A
 
 def _race_steps(preset: str, ids: tuple[str, str, str], prompt: str, settings: dict, session: Session,
                 progress: gr.Progress, race_lanes_: tuple[Lane, ...] = lanes()) -> Iterator[tuple]:
-    from ..core.run import prepare_prompt
     from ..models.loading import LoadError, load_triplet
-    from ..models.runtime import cpu_class
-    from ..models.warm import prepare
-    from . import quiet
 
     try:
         spec = model_spec(preset, *ids)
@@ -187,7 +178,7 @@ def _race_steps(preset: str, ids: tuple[str, str, str], prompt: str, settings: d
         triplet = load_triplet(spec, **hosting.placement_options(), max_len=512 + int(base.max_new_tokens) + 32)
         return triplet, prepare_prompt(triplet, prompt, base), time.perf_counter() - t0  # encoded once for all
 
-    try:  # the one-time stages, named as they happen (converting, probing, loading, warming)
+    try:  # the one-time stages, named as they happen (converting, loading, warming)
         staged = stages.run_staged(load, lambda: stages.loading_stage(preset))
         triplet, ids, load_s = yield from _show_stages(staged, session, progress)
         upcoming = Race(n=session.next, preset=preset, models=list(triplet.names), prompt=prompt,
@@ -198,14 +189,12 @@ def _race_steps(preset: str, ids: tuple[str, str, str], prompt: str, settings: d
             yield before_race(session, upcoming, kept, MSG["loading"].format(preset=preset))
         staged = stages.run_staged(lambda: prepare(triplet, ids), lambda: "warm")
         prep = yield from _show_stages(staged, session, progress)  # warm-up and cost profile, before any clock
-    except LoadError as e:
-        yield status_only(_notify(MSG["load_failed"].format(err=e)), session)
-        return
     except ValueError as e:
         yield status_only(_notify(MSG["bad_prompt"].format(err=e)), session)
         return
-    except Exception as e:  # an unexpected loader failure must not take the page down
-        log.exception("loading %s failed", spec)
+    except Exception as e:  # a LoadError, or an unexpected loader failure: it must not take the page down
+        if not isinstance(e, LoadError):
+            log.exception("loading %s failed", spec)
         yield status_only(_notify(MSG["load_failed"].format(err=e)), session)
         return
     if session.stop:  # Stop or Clear while the models loaded
@@ -257,8 +246,7 @@ def stop_race(session: Session | None) -> tuple:
 
 
 def clear_results(session: Session | None) -> tuple:
-    """Forget this user's races. During a race Clear also stops it and empties the session in place, so the
-    running race's later updates cannot bring the cleared results back."""
+    """Forget this user's races; during a race, stop it and empty the session in place (no late update refills it)."""
     if session is not None and session.busy:
         session.stop = True
         session.clear()

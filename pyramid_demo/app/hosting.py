@@ -1,7 +1,5 @@
-"""Hosting hooks: ZeroGPU time budgets, placement from Space variables, the family box's memory estimate.
-
-`spaces.GPU(duration=race_duration)` asks for just enough GPU time for the whole race (capped by the platform);
-a race that cannot fit is cut to fewer new tokens."""
+"""Hosting hooks: ZeroGPU time budgets (`spaces.GPU(duration=race_duration)` asks for the whole race's GPU time, capped
+by the platform; a race that cannot fit is cut to fewer tokens), placement from Space variables, memory estimates."""
 from __future__ import annotations
 
 import logging
@@ -10,6 +8,10 @@ import os
 import threading
 from dataclasses import dataclass
 from typing import Any
+
+import torch
+
+from ..core.methods import lanes
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +78,7 @@ def plan_budget(preset: str, n_methods: int, max_new_tokens: int, per_token: flo
     want = START_S + SAFETY * n_methods * max_new_tokens * per
     if want <= cap:
         return Budget(max(MIN_S, math.ceil(want)), max_new_tokens)
-    fit = int((cap - START_S) / (SAFETY * n_methods * per))
-    fit = max(1, min(fit, max_new_tokens))
+    fit = max(1, min(int((cap - START_S) / (SAFETY * n_methods * per)), max_new_tokens))
     msg = (f"Max new tokens cut from {max_new_tokens} to {fit}: {n_methods} methods × {max_new_tokens} tokens "
            f"at ~{per * 1000:.0f} ms a token would need ~{want:.0f} s of GPU, more than this Space's "
            f"{cap} s ZeroGPU allocation.")
@@ -88,8 +89,6 @@ def race_duration(prompt: str = "", preset: str = "", draft: str = "", qualifier
                   session: Any = None, progress: Any = None, side_by_side: bool = False,
                   qualifier_alone: bool = False, **settings: Any) -> int:
     """`spaces.GPU(duration=...)`: called with `handlers.race_event`'s own arguments."""
-    from ..core.methods import lanes
-
     try:
         max_new = int(settings.get("max_new_tokens", 64))
     except (TypeError, ValueError):
@@ -107,17 +106,13 @@ def fit_race(preset: str, n_methods: int, max_new_tokens: int) -> tuple[int, str
 
 # ---------------------------------------------------------------- placement and memory
 def placement_options() -> dict[str, str | None]:
-    """The app's `--device-map` / `--quantize`: the Space variables PYRAMID_DEMO_DEVICE_MAP=auto
-    and PYRAMID_DEMO_QUANTIZE=8bit|4bit (unset: one device, full precision)."""
+    """The app's `--device-map` / `--quantize`: PYRAMID_DEMO_DEVICE_MAP=auto and PYRAMID_DEMO_QUANTIZE=8bit|4bit."""
     return {"device_map": os.environ.get("PYRAMID_DEMO_DEVICE_MAP") or None,
             "quantize": os.environ.get("PYRAMID_DEMO_QUANTIZE") or None}
 
 
 def memory_line(preset: str, max_new_tokens: int = 128, prompt_tokens: int = 512) -> str:
-    """The family box's estimate in the dtype the family loads in here (the device's default: fp32 on a CPU),
-    from configs already on this machine (never the network)."""
-    import torch
-
+    """The family box's estimate in the dtype the family loads in here, from configs on this machine (no network)."""
     from ..models.loading import estimate, pick_device, pick_dtype
     from ..models.memory import GB, available_bytes
 

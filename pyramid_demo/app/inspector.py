@@ -1,5 +1,4 @@
-"""Pure functions over recorded rounds: what-if acceptance under another τ, per-position top-5,
-race speeds and the race table. No model calls, so the inspector answers instantly."""
+"""Pure functions over recorded rounds (no model runs): what-if acceptance, top-5s, race speeds and the race table."""
 from __future__ import annotations
 
 import math
@@ -13,22 +12,17 @@ from ..core.rules import fuzzy_passes
 from ..core.stats import STAGES, agreement, stage_rounds
 from ..core.trace import RunResult, StageRound, Step, TokenRec, accepted_path, parents_of
 from ..predict import noise
+from ..predict.walk_stats import cut_short
 from .playback import rounds
 from .session import Race
 
 
 def sd_took(rec: TokenRec) -> bool:
-    """Whether the SD fallback's own test accepted this token: the stored `sd_passed` where recorded, else an
-    accepted token whose Div was above its τ (nothing else can have passed)."""
+    """Whether the SD fallback's test accepted this token: `sd_passed` where recorded, else accepted with Div > τ."""
     stored = getattr(rec, "sd_passed", None)
     if stored is not None:
         return bool(stored)
     return rec.status == "accepted" and rec.tau is not None and (rec.div or 0.0) > rec.tau
-
-
-def cut(rnd: StageRound) -> bool:
-    """A round cut short (a PSD block's size or confidence cut, an EOS): its own token never entered the output."""
-    return bool(rnd.tokens) and rnd.tokens[-1].status == "discarded"
 
 
 def walk(rnd: StageRound, tau: float) -> list[str]:
@@ -53,23 +47,21 @@ def walk(rnd: StageRound, tau: float) -> list[str]:
         status[took] = "accepted"
         path.append(took)
         c = took + 1
-    if cut(rnd):
+    if cut_short(rnd):  # a PSD block's size or confidence cut, an EOS
         for i in path[rnd.n_accepted:]:
             status[i] = "discarded"
     return status
 
 
 def whatif_statuses(rnd: StageRound, tau: float | None) -> list[str]:
-    """accepted / rejected / discarded for each proposed token under `tau` (an exact-rule round, or no τ: as
-    recorded, since τ does not change the exact rule)."""
+    """accepted / rejected / discarded per proposed token under `tau` (an exact-rule round, or no τ: as recorded)."""
     if rnd.exact or tau is None:
         return [t.status for t in rnd.tokens[:-1]]
     return walk(rnd, tau)
 
 
 def reevaluate(rnd: StageRound, tau: float | None) -> int:
-    """Drafted tokens the round would have accepted at `tau` (the path's length under `walk`); exact-rule
-    rounds do not use τ, so their recorded count stands."""
+    """Drafted tokens the round would have accepted at `tau` (`walk`); an exact-rule round's recorded count stands."""
     if rnd.exact or tau is None:
         return rnd.n_accepted
     return walk(rnd, tau).count("accepted")
@@ -77,14 +69,11 @@ def reevaluate(rnd: StageRound, tau: float | None) -> int:
 
 def round_tau(rnd: StageRound, tau_q: float, tau_t: float) -> float | None:
     """The what-if threshold that applies to a round (None under an exact rule)."""
-    if rnd.exact:
-        return None
-    return tau_q if rnd.stage == "qualifier" else tau_t
+    return None if rnd.exact else tau_q if rnd.stage == "qualifier" else tau_t
 
 
 def line(rnd: StageRound) -> list[int]:
-    """The nodes the inspector lays along positions 1, 2, …, one per depth: the accepted path, then from its end
-    each context's top-ranked child (a chain's rejected token and the discarded ones after it: all of a chain)."""
+    """The nodes along positions 1, 2, …: the accepted path, then each context's top-ranked child (a chain: all)."""
     kids = rules.children(parents_of(rnd))
     out = accepted_path(rnd)
     c = out[-1] + 1 if out else 0
@@ -96,8 +85,7 @@ def line(rnd: StageRound) -> list[int]:
 
 @dataclass
 class Position:
-    """One position (depth, 1-based) of a round: the node shown there (None: only the verifier's own token),
-    the other candidates at that context, and whether the verifier's own token sits here too."""
+    """A position (depth, 1-based): its node (None: the own token only), its siblings, whether the own token is here."""
 
     depth: int
     node: int | None
@@ -123,8 +111,7 @@ def positions(rnd: StageRound) -> list[Position]:
 
 
 def block_sources(step: Step) -> list[TokenRec | None]:
-    """For each position of the target round's block, the stage-1 record that saw the draft's proposal there
-    (the accepted paths, then the context where the qualifier filled in), or None where the draft proposed none."""
+    """Per position of the target round's block, the stage-1 record that saw the draft's proposal there (or None)."""
     out: list[TokenRec | None] = []
     for rnd in step.qualifier_rounds:
         path = accepted_path(rnd)
@@ -135,8 +122,7 @@ def block_sources(step: Step) -> list[TokenRec | None]:
 
 
 def position_top5(step: Step, depth: int) -> dict[str, list[list[float]]]:
-    """Each model's top-5 next tokens at position `depth` (1-based, clamped) of this step's target round, read at
-    that position's context (role → [[id, p]])."""
+    """Each model's top-5 next tokens at position `depth` (1-based, clamped) of the target round: role → [[id, p]]."""
     rnd = step.target_round
     if rnd is None or not rnd.tokens:
         return {}
@@ -156,8 +142,7 @@ def rounds_of(r: RunResult) -> list[StageRound]:
 
 
 def proposes_trees(r: RunResult) -> bool:
-    """Whether a run proposed trees: some round's parent list is not a chain (read from the records, never from a
-    method key or a setting's name)."""
+    """Whether a run proposed trees: some round's parent list is not a chain (read from the records, not a setting)."""
     return any(not rules.is_chain(parents_of(x)) for x in rounds_of(r))
 
 
@@ -166,13 +151,11 @@ def shape_summary(r: RunResult) -> str:
     if not proposes_trees(r):
         return "chain"
     ps = [parents_of(x) for x in rounds_of(r)]
-    return (f"tree (≤ {max(len(p) for p in ps)} nodes, depth ≤ "
-            f"{max(max(rules.depths(p), default=0) for p in ps)})")
+    return (f"tree (≤ {max(len(p) for p in ps)} nodes, depth ≤ {max(max(rules.depths(p), default=0) for p in ps)})")
 
 
 def result_export(r: RunResult) -> dict:
-    """A run as the export writes it: its records, each round with its parent list (a chain's too) and its
-    accepted path (node indices, root first), so a reader of the file needs no rule to walk a tree."""
+    """A run as the export writes it: each round with its parent list and accepted path (no rule needed to read it)."""
     d = r.to_dict()
     for step, out in zip(r.steps, d["steps"]):
         outs = out["qualifier_rounds"] + ([out["target_round"]] if out["target_round"] is not None else [])
@@ -199,8 +182,7 @@ def speed(key: str, results: dict[str, RunResult], repeats: Repeats | None = Non
 
 
 def speed_ratio(key: str, base: str, results: dict[str, RunResult], repeats: Repeats | None = None) -> float | None:
-    """key's speed ÷ base's as the bench states a speed-up: the median over repeats of one repeat's ratio (paired,
-    so a slow spell that hits a whole repeat cancels)."""
+    """key's speed ÷ base's as the bench states it: the median of each repeat's ratio (a slow repeat cancels)."""
     pairs = [(rep[key], rep[base]) for rep in repeats or () if key in rep and base in rep]
     xs = [x for a, b in pairs or [(results[key], results[base])]
           if (x := ratio(a.stats.tokens_per_s, b.stats.tokens_per_s)) is not None]
@@ -208,9 +190,8 @@ def speed_ratio(key: str, base: str, results: dict[str, RunResult], repeats: Rep
 
 
 def race_noise(results: dict[str, RunResult], repeats: Repeats | None = None) -> float | None:
-    """The race's noise band (relative): the larger of the spread of same-size forwards over every run
-    (predict.noise) and of each lane's repeats, ÷ √(repeats), since a median of n repeats wobbles about 1/√n as
-    much as one run does; None when neither can be measured."""
+    """The race's relative noise band: the larger spread of same-size forwards (predict.noise) and of each lane's
+    repeats, ÷ √repeats (a median of n repeats wobbles ~1/√n as much as one run); None when neither is measured."""
     groups: dict = {}
     for r in (r for rep in repeats or [results] for r in rep.values()):
         for key, ts in noise.same_k_forwards(r.steps).items():
@@ -227,8 +208,7 @@ def within_noise(x: float | None, spread: float | None) -> bool:
 
 
 def baseline_lane(method: str, results: dict[str, RunResult]) -> str | None:
-    """The lane a speed-up is measured against: the method's own lane, or side by side its chain's (read from
-    `LANES`, never out of the key)."""
+    """The lane a speed-up is measured against: the method's own lane, or side by side its chain's (from `LANES`)."""
     if method in results:
         return method
     return next((k for k in results if k in LANES and LANES[k].method == method and LANES[k].shape == "chain"), None)
@@ -257,8 +237,7 @@ def _times(m: str, base: str | None, race: Race, spread: float | None) -> float 
 
 
 def race_rows(races: list[Race]) -> list[list]:
-    """One table row per (race, lane), `RACE_COLUMNS`: the numbers the race summary and the CSV export show; times
-    and speeds are medians over the lane's repeats."""
+    """A `RACE_COLUMNS` row per (race, lane), for the table and the CSV export; times and speeds: medians of repeats."""
     rows = []
     for race in races:
         res, reps = race.results, race.repeats

@@ -1,7 +1,6 @@
-"""Accepted drafted tokens per target pass, one small histogram per run (`Stats.accepted_hist`).
-
-Small multiples: nine grouped bars per k cannot be told apart. Chains fill the top row, each tree run sits
-hatched under its chain, so "the tree moved the mass right" reads down a column. AR drafts nothing: no panel."""
+"""Accepted drafted tokens per target pass, one small histogram per run (`Stats.accepted_hist`). Small multiples: nine
+grouped bars per k cannot be told apart. Chains fill the top row, each tree run sits hatched under its chain, so "the
+tree moved the mass right" reads down a column. AR drafts nothing: no panel."""
 from __future__ import annotations
 
 import plotly.graph_objects as go
@@ -23,8 +22,7 @@ def family(r: RunResult) -> tuple:
 
 
 def tree_lane(r: RunResult) -> bool:
-    """Whether a lane is drawn as a tree: it ran the tree shape (its config) or its rounds proposed trees (its
-    records), never what its key says."""
+    """Whether a lane is drawn as a tree: it ran the tree shape or its rounds proposed trees (never its key)."""
     return r.config.get("shape") == "tree" or proposes_trees(r)
 
 
@@ -56,8 +54,7 @@ def panels(results: dict[str, RunResult]) -> dict[str, tuple[int, int]]:
 
 def accepted_figure(results: dict[str, RunResult], title: str = "Drafted tokens accepted per target pass"
                     ) -> go.Figure:
-    """Share of target passes that accepted k drafted tokens (bonus not counted), one panel per method; the
-    panel's title gives the mean."""
+    """Share of target passes that accepted k drafted tokens (bonus not counted), a panel per method with its mean."""
     where = panels(results)
     if not where:
         return empty_figure("Accepted-length histograms appear after a race (AR drafts nothing).")

@@ -1,7 +1,6 @@
-"""The ▶ Play panel: one recorded target pass replayed beat by beat (`playback`), its handlers and its HTML.
-
-State is a frozen `PlayState` per visitor; a gr.Timer ticks every PACE_S while playing. Every handler returns
-(state, the beat's HTML, the timer's update); bad input gives a message in the panel, never a traceback."""
+"""The ▶ Play panel: one recorded target pass replayed beat by beat (`playback`), its handlers and its HTML. State is a
+frozen `PlayState` per visitor; a gr.Timer ticks every PACE_S while playing. Every handler returns (state, the beat's
+HTML, the timer's update); bad input gives a message in the panel, never a traceback."""
 from __future__ import annotations
 
 import html
@@ -13,7 +12,7 @@ import gradio as gr
 from ..core import rules
 from ..core.config import METHOD_LABELS
 from . import playback, render
-from .playback import HIDDEN, MARKS, PROPOSED, Beat, Chip
+from .playback import HIDDEN, PROPOSED, Beat, Chip
 from .session import Race, Session
 from .text import MSG
 
@@ -105,20 +104,19 @@ def _busiest(steps: list) -> int:
     return best + 1
 
 
-def _pass_slider(n: int, value: int) -> Any:
+def pass_slider(n: int, value: int) -> Any:  # over a run's n target passes (Gradio needs max > min)
     return gr.update(minimum=1, maximum=max(n, 2), value=value, step=1, interactive=n > 1)
 
 
 def race_choices(session: Session | None) -> tuple:
-    """After a race (or Clear): the race tab's lane choices, the pass to play (the last lane's busiest pass) and
-    that pass loaded: (lane dropdown, pass slider, state, HTML, timer)."""
+    """After a race (or Clear): the lane dropdown, the pass slider (the last lane's busiest), that pass loaded."""
     race = session.latest if session is not None else None
     if race is None or not race.results:
-        return (gr.update(choices=[], value=None), _pass_slider(1, 1), *outputs(PlayState()))
+        return (gr.update(choices=[], value=None), pass_slider(1, 1), *outputs(PlayState()))
     lane = list(race.results)[-1]  # the last raced: the fullest pyramid
     k = _busiest(race.results[lane].steps)
     return (gr.update(choices=[(METHOD_LABELS.get(m, m), m) for m in race.results], value=lane),
-            _pass_slider(len(race.results[lane].steps), k), *show(session, None, lane, k))
+            pass_slider(len(race.results[lane].steps), k), *show(session, None, lane, k))
 
 
 def pick_lane(session: Session | None, lane: str | None) -> tuple:
@@ -126,12 +124,7 @@ def pick_lane(session: Session | None, lane: str | None) -> tuple:
     race = session.latest if session is not None else None
     r = race.results.get(lane) if race is not None and lane else None
     k = _busiest(r.steps) if r is not None else 1
-    return (_pass_slider(len(r.steps) if r is not None else 1, k), *show(session, None, lane, k))
-
-
-def race_show(session: Session | None, lane: str | None, pass_no: Any) -> tuple:
-    """A pass was chosen in the race tab (the latest race)."""
-    return show(session, None, lane, pass_no)
+    return (pass_slider(len(r.steps) if r is not None else 1, k), *show(session, None, lane, k))
 
 
 # ------------------------------------------------------------------ the beat as HTML
@@ -143,15 +136,8 @@ def _chip(c: Chip, lit: bool, committed: bool = False) -> str:
     return f'<span style="{LIT}">{out}</span>' if lit else out
 
 
-def _mark(beat: Beat, i: int) -> str:
-    c = beat.chips[i]
-    if i == len(beat.parents):
-        return "+" if c.state != "discarded" else "·"
-    return MARKS.get(c.state, "")
-
-
 def _cell(beat: Beat, i: int) -> str:
-    mark = _mark(beat, i)
+    mark = playback.mark(beat, i)
     colour = {"✓": "#009E73", "✗": "#D55E00", "+": "#CC79A7"}.get(mark, "#9e9e9e")
     return (f'<span style="display:inline-flex;flex-direction:column;align-items:center;margin:0 3px">'
             f'{_chip(beat.chips[i], i in beat.lit)}<span style="font-size:.85rem;color:{colour};min-height:1.1em">'
@@ -159,8 +145,7 @@ def _cell(beat: Beat, i: int) -> str:
 
 
 def round_html(beat: Beat) -> str:
-    """The round's tokens out so far: a chain in one line; a tree as an indented list in the walk's layout
-    (each node under its parent, depth by depth), the verifier's own token last."""
+    """The round's tokens out so far: a chain in one line, a tree indented under its parents; the own token last."""
     ps = list(beat.parents)
     n = len(ps)
     if rules.is_chain(ps):

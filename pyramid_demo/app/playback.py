@@ -1,6 +1,5 @@
-"""One recorded target pass replayed as beats, one plain sentence each, read from the `Step` alone.
-
-A student follows a pass better told in order than all at once; the beats' order: docs/how-it-works.md."""
+"""One recorded target pass replayed as beats, one plain sentence each, read from the `Step` alone. A student follows a
+pass better told in order than all at once; the beats' order: docs/how-it-works.md."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -16,8 +15,7 @@ MARKS = {"accepted": "✓", "rejected": "✗", "discarded": "·"}  # under a jud
 
 @dataclass(frozen=True)
 class Chip:
-    """One token as a beat shows it: its text, who wrote it (draft | qualifier | target | bonus) and its state
-    (hidden | proposed | accepted | rejected | discarded | resampled | bonus)."""
+    """One token as a beat shows it: its text, its origin and its state (hidden, proposed, or a token status)."""
 
     text: str
     origin: str
@@ -26,8 +24,7 @@ class Chip:
 
 @dataclass(frozen=True)
 class Beat:
-    """One step of the replay: the round's chips in record order (hidden until out), its parent list, the nodes
-    lit (len(parents): the verifier's own token) and what the pass has committed so far."""
+    """One step of the replay: the round's chips, parent list, the nodes lit (len(parents): the own token), commits."""
 
     sentence: str
     actor: str  # the model acting in this beat: draft | qualifier | target
@@ -45,8 +42,7 @@ def rounds(step: Step) -> list[StageRound]:
 
 
 def visits(rnd: StageRound) -> list[tuple[int, ...]]:
-    """A round's nodes in the order the verifier tried them, one group per beat: at each context the refused
-    children, then the taken one. A fuzzy test without the SD fallback refuses a context's children together."""
+    """A round's nodes as the verifier tried them, a group per beat (a plain fuzzy test refuses a context at once)."""
     recs = rnd.tokens[:-1]
     kids = rules.children(parents_of(rnd))
     out: list[tuple[int, ...]] = []
@@ -226,14 +222,14 @@ def beats(step: Step, decode: Callable[[int], str]) -> list[Beat]:
     return _Play(step, decode).play()
 
 
+def mark(beat: Beat, i: int) -> str:
+    """The mark under chip i: ✓ / ✗ / · once judged; the verifier's own token "+" unless it was cut."""
+    if i == len(beat.parents):
+        return "+" if beat.chips[i].state != "discarded" else "·"
+    return MARKS.get(beat.chips[i].state, "")
+
+
 def shown(beat: Beat) -> list[tuple[str, str]]:
     """The round's chips out so far as (text, mark), a compact view for tests and logs."""
-    n = len(beat.parents)
-    out = []
-    for i, c in enumerate(beat.chips):
-        if c.state == HIDDEN:
-            continue
-        mark = "+" if i == n and c.state != "discarded" else MARKS.get(c.state, "")
-        out.append((c.text, mark))
-    return out
+    return [(c.text, mark(beat, i)) for i, c in enumerate(beat.chips) if c.state != HIDDEN]
 

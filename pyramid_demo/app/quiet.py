@@ -24,8 +24,7 @@ SAME = ("preset", "models", "prompt", "config", "lanes")  # what two races share
 
 
 def variants(lanes: tuple[Lane, ...], base: DecodeConfig) -> list[Variant]:
-    """The race's lanes as the bench's variants: each lane's method, shape and reference role on the race's settings
-    (one seed for every repeat: repeats redo the same work, so they differ by timing alone)."""
+    """The race's lanes as the bench's variants on the race's settings (one seed: repeats differ by timing alone)."""
     return [Variant(lane.key, lane.method, replace(base, method=lane.method, shape=lane.shape or base.shape),
                     lane.solo) for lane in lanes]
 
@@ -74,8 +73,7 @@ def settle(race: Race) -> None:
 
 
 def slim(race: Race) -> None:
-    """Once a race is no longer the latest (no repeat can join it), its runs not shown keep their statistics and
-    per-pass timings (the noise band's) but not their rounds: a visitor's memory stays bounded."""
+    """A race no longer the latest: its runs not shown keep statistics and timings but not rounds (bounded memory)."""
     for rep in race.repeats:
         for k, r in rep.items():
             if r is not race.results.get(k):

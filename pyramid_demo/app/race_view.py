@@ -1,5 +1,5 @@
-"""The race tab's outputs: in full before and after a race, and while its lanes are timed only the status line
-(the rest `gr.skip()`): every browser update takes CPU from the models on the same machine."""
+"""The race tab's outputs: in full before and after a race; while lanes are timed only the status line (the rest
+`gr.skip()`): every browser update takes CPU from the models."""
 from __future__ import annotations
 
 import gradio as gr
@@ -13,8 +13,7 @@ from .text import MSG
 
 
 def divergence_words(out: list[int], ref: list[int], greedy: bool = True) -> str:
-    """Where a run's tokens `out` leave the AR lane's `ref`, in words (1-based), or which one ends first;
-    under sampling `ref` is AR's sampled text."""
+    """Where a run's tokens `out` leave the AR lane's `ref` (AR's sampled text when sampling), or which ends first."""
     words = MSG["ref_greedy" if greedy else "ref_sampled"]
     k = first_divergence(out, ref)
     if k is None:
@@ -35,8 +34,7 @@ def _against_ar(m: str, race: Race) -> list[str]:
 
 
 def headline(m: str, r: RunResult | None, race: Race) -> str:
-    """A lane's figures: its median run's time, the median speed over the repeats, speed-ups and acceptance (a
-    reference lane: where its text leaves AR's)."""
+    """A lane's figures: its median run's time, median speed, speed-ups, acceptance (or where it leaves AR's text)."""
     if r is None:
         return "waiting…"
     s, reps = r.stats, race.repeats
@@ -52,8 +50,7 @@ def headline(m: str, r: RunResult | None, race: Race) -> str:
 
 
 def shape_words(r: RunResult) -> str:
-    """"tree of 8 (depth 2)" or "chain of 4": the shape a run proposed, from its resolved config ("" for a method
-    that proposes nothing). The budget is what was asked: a confidence stop may end a proposal before it."""
+    """"tree of 8 (depth 2)" or "chain of 4": the shape (budget) a run was asked for ("" when it proposes nothing)."""
     spec, cfg = method_spec(r.method), r.config
     if not spec.shaped:
         return ""
@@ -64,15 +61,13 @@ def shape_words(r: RunResult) -> str:
 
 
 def lane_title(key: str, r: RunResult | None, models: list[str] | tuple[str, ...] = ()) -> str:
-    """A lane's title: its method and the shape it ran, else its lane label (a reference lane names its
-    model from `models`)."""
+    """A lane's title: its method and the shape it ran, else its lane label (naming a reference lane's model)."""
     shape = shape_words(r) if r is not None else ""
     return f"{method_spec(r.method).label} · {shape}" if r is not None and shape else lane_label(key, models)
 
 
 def race_lanes(race: Race | None, played: bool = False) -> str:
-    """Every lane of one race, in its order; under it its one-time costs (in no lane's time) and whether lossless
-    lanes must write AR's text here. `played`: the latest race, played in the browser at its measured times."""
+    """Every lane of one race, its one-time costs and exactness note under them; `played`: replayed in the browser."""
     if race is None:
         return render.legend_html() + render.message_html(MSG["idle"])
     res = race.results
@@ -105,7 +100,6 @@ def status_only(status: str, session: Session) -> tuple:
 
 
 def before_race(session: Session, upcoming: Race, kept: list[Race], status: str) -> tuple:
-    """Before the clocks start: the coming race's empty lanes, an empty chart and the races it follows (`kept`),
-    so the page draws them while the models warm up, not while a lane is timed."""
+    """Before the clocks: the empty lanes, an empty chart and the earlier races, drawn while the models warm up."""
     earlier = earlier_lanes(Session(races=[*kept, upcoming]))
     return status, race_lanes(upcoming), charts.race_figure({}), gr.skip(), earlier, session

@@ -1,5 +1,4 @@
-"""Token chips as HTML. Colours come from one <style> block sent with every legend, so each chip is a short
-classed <span> (a race sends five lanes of up to 256 tokens, each chip with its replay time)."""
+"""Token chips as HTML: short classed <span>s coloured by one <style> block sent with every legend."""
 from __future__ import annotations
 
 import html
@@ -12,19 +11,11 @@ from ..core.trace import RunResult, StageRound, accepted_path, parents_of
 from .text import ORIGIN_NAMES, STATUS_NAMES
 
 # Okabe-Ito hues (colour-blind safe) as pale backgrounds with a strong underline: readable when projected.
-ORIGIN_COLOURS = {
-    "draft": ("#cdeedd", "#009E73"),
-    "qualifier": ("#d3e6f8", "#0072B2"),
-    "target": ("#fde3c0", "#E69F00"),
-    "bonus": ("#f2d6ec", "#CC79A7"),
-}
-STATUS_COLOURS = {
-    "accepted": ("#cdeedd", "#009E73"),
-    "rejected": ("#fbd3c4", "#D55E00"),
-    "discarded": ("#eeeeee", "#9e9e9e"),
-    "resampled": ("#fde3c0", "#E69F00"),
-    "bonus": ("#f2d6ec", "#CC79A7"),
-}
+ORIGIN_COLOURS = {"draft": ("#cdeedd", "#009E73"), "qualifier": ("#d3e6f8", "#0072B2"),
+                  "target": ("#fde3c0", "#E69F00"), "bonus": ("#f2d6ec", "#CC79A7")}
+STATUS_COLOURS = {"accepted": ORIGIN_COLOURS["draft"], "rejected": ("#fbd3c4", "#D55E00"),
+                  "discarded": ("#eeeeee", "#9e9e9e"), "resampled": ORIGIN_COLOURS["target"],
+                  "bonus": ORIGIN_COLOURS["bonus"]}
 # a lane: its own colour (a reference lane's), else its method's
 METHOD_COLOURS = {lane.key: lane.colour or method_spec(lane.method).colour for lane in LANES.values()}
 
@@ -33,10 +24,7 @@ FONT = "font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;"
 
 def token_text(text: str) -> str:
     """Escape a token for HTML and make whitespace visible (a newline shows as ↵ and breaks the line)."""
-    if text == "":
-        return "∅"
-    out = html.escape(text).replace("\n", "↵<br>").replace("\t", "⇥")
-    return out
+    return html.escape(text).replace("\n", "↵<br>").replace("\t", "⇥") if text else "∅"
 
 
 def _rule(cls: str, colours: tuple[str, str]) -> str:
@@ -80,14 +68,12 @@ def status_legend_html() -> str:
 
 
 def token_times(result: RunResult) -> list[float]:
-    """When each token of a run was produced: the end of the target pass that committed it (engine clock, seconds
-    after prefill), so a replay shows it at the moment its method had it."""
+    """When each token was produced: the end of the target pass that committed it (engine clock, after prefill)."""
     return [s.t_end for s in result.steps for _ in s.new_tokens]
 
 
 def coloured_tokens(result: RunResult, timed: bool = False) -> str:
-    """The run's text, one chip per token coloured by origin; the title says which target pass made it. `timed`:
-    each chip carries its `token_times` (data-t), which the replay (`replay.JS`) reveals it at."""
+    """The run's text, a chip per token coloured by origin; `timed`: each carries its `token_times` for the replay."""
     times, passes = token_times(result), [s.index + 1 for s in result.steps for _ in s.new_tokens]
     spans = []
     for i, (t, o) in enumerate(zip(result.token_texts, result.origins)):
@@ -98,8 +84,7 @@ def coloured_tokens(result: RunResult, timed: bool = False) -> str:
 
 def lane_html(method: str, result: RunResult | None, headline: str, title: str | None = None,
               timed: bool = False) -> str:
-    """One lane: name (`title`, default its label), figures (a replay's live counter beside them) and the coloured
-    text (`timed`: `coloured_tokens`'); data-end: when its last token came (the replay's finish line)."""
+    """One lane: its title, figures (with a replay's live counter) and coloured text; data-end: the replay's finish."""
     colour = METHOD_COLOURS.get(method, "#333")
     body = coloured_tokens(result, timed) if result is not None else '<span style="color:#999">waiting…</span>'
     end = f' data-end="{result.stats.decode_s:.4f}"' if result is not None and result.stats is not None else ""

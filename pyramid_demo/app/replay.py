@@ -1,8 +1,7 @@
-"""The race replayed in the browser: every lane at once, each token shown at the time its method produced it.
-
-The lanes are timed first with nothing drawn (`quiet`); the page gets their final HTML once, each chip carrying its
-time (`render.token_times`) and each lane its finish (data-end), and `JS` (the lanes' `js_on_load`) animates that
-on the visitor's own clock: no server round trip per frame, no model run again."""
+"""The race replayed in the browser: every lane at once, each token shown at the time its method produced it. The lanes
+are timed first with nothing drawn (`quiet`); the page gets their final HTML once, each chip carrying its time
+(`render.token_times`) and each lane its finish (data-end), and `JS` (the lanes' `js_on_load`) animates that on the
+visitor's own clock: no server round trip per frame, no model run again."""
 from __future__ import annotations
 
 import html
@@ -47,8 +46,7 @@ start();
 
 
 def controls(n_repeats: int, machine: str) -> str:
-    """The line above a replayed race: what it shows (measured timings, the median of n repeats, prefill excluded,
-    the machine), the speed buttons and the replay's clock."""
+    """The line above a replayed race: what it shows, its speed buttons and the replay's clock."""
     buttons = "".join(f'<button data-speed="{v:g}" class="{"on" if v == 1 else ""}">{k}</button>' for k, v in SPEEDS)
     said = (f"▶ Replaying measured timings: each token appears when its method produced it (each lane's median run "
             f"of {n_repeats}, prefill excluded), timed on {machine or 'this machine'} with nothing drawn meanwhile.")

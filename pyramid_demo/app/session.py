@@ -1,5 +1,4 @@
-"""A visitor's races as typed records (the page's gr.State), mutated in place: Stop and Clear reach the
-running race, which holds the same object."""
+"""A visitor's races (the page's gr.State), mutated in place: Stop and Clear reach the running race's own object."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

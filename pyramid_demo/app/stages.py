@@ -1,5 +1,4 @@
-"""The first race's one-time stages (convert, load, warm), read from what is cached, with progress as
-elapsed time against what the stage usually takes, so the page never sits at 0 % in silence."""
+"""The first race's one-time stages (convert, load, warm), with progress as elapsed time against the usual time."""
 from __future__ import annotations
 
 import threading
@@ -8,11 +7,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 # (the status line, what the stage usually takes on 2 cores, in seconds)
-STAGES = {
-    "convert": ("Converting the bundled SmolLM2 GGUF into a cached copy (first run on this machine only)", 40.0),
-    "load": ("Loading the three models", 8.0),
-    "warm": ("Warming up every model (not counted in any lane)", 4.0),
-}
+STAGES = {"convert": ("Converting the bundled SmolLM2 GGUF into a cached copy (first run on this machine only)", 40.0),
+          "load": ("Loading the three models", 8.0), "warm": ("Warming up every model (not counted in any lane)", 4.0)}
 POLL_S = 0.5
 
 
@@ -24,8 +20,7 @@ def loading_stage(preset: str) -> str:
 
 
 def run_staged(work: Callable[[], Any], stage: Callable[[], str]) -> Iterator[tuple[str, float, float]]:
-    """Run `work` in a thread; every POLL_S yield (status text, progress 0..1, elapsed s) of the stage it is
-    in; the generator's return value is work's result (its exception is raised here)."""
+    """Run `work` in a thread, yielding (status, progress 0..1, elapsed s) every POLL_S; returns (raises) its result."""
     out: dict[str, Any] = {}
 
     def target() -> None:

@@ -1,7 +1,5 @@
-"""The Statistics tab's story of a race, from its trace and the family's cost profile.
-
-A busy machine can disagree with the idle-machine prediction, so the measured outcome comes first, then whether
-the profile agrees, and the lanes' load factors when it does not."""
+"""The Statistics tab's story of a race: the measured outcome first, then whether the idle-machine profile agrees (a
+busy machine may not), and the lanes' load factors when it does not."""
 from __future__ import annotations
 
 from ..core.config import short_name
@@ -9,6 +7,7 @@ from ..core.trace import RunResult
 from ..predict import costs, insertion, noise
 from ..predict.profile import cost_ms
 from ..predict.throughput import predict
+from ..predict.tree_costs import best_tree
 from ..predict.walk_stats import stage_counts
 from .inspector import Repeats, proposes_trees, race_noise, shape_summary, speed, speed_ratio
 
@@ -21,18 +20,15 @@ def _fmt(x: float | None, nd: int = 2) -> str:
 
 
 def load_factors(runs: list[RunResult], profile: dict) -> dict[str, float]:
-    """Per role: the forward seconds measured in these runs ÷ the profile's seconds for the same
-    forwards (1.0: as the profile says; 3.1: the forwards took 3.1× the profile)."""
-    got: dict[str, list[float]] = {}
+    """Per role: forward seconds measured in these runs ÷ the profile's for the same forwards (3.1: 3.1× slower)."""
+    took: dict[str, float] = {}
+    want: dict[str, float] = {}
     for r in runs:
-        pred = costs.predict_counts(costs.forward_counts(r.steps), profile)
-        for role, s in pred.items():
+        for role, s in costs.predict_counts(costs.forward_counts(r.steps), profile).items():
             t = r.stats.forward_time_s.get(role)
             if t is not None and s > 0:
-                acc = got.setdefault(role, [0.0, 0.0])
-                acc[0] += t
-                acc[1] += s
-    return {role: round(t / s, 3) for role, (t, s) in got.items() if s > 0}
+                took[role], want[role] = took.get(role, 0.0) + t, want.get(role, 0.0) + s
+    return {role: round(took[role] / want[role], 3) for role in took}
 
 
 def run_factor(r: RunResult, profile: dict) -> float | None:
@@ -44,8 +40,7 @@ def run_factor(r: RunResult, profile: dict) -> float | None:
 
 
 def rows(results: dict[str, RunResult], profile: dict | None, repeats: Repeats | None = None) -> list[dict]:
-    """Per lane: measured (the median over `repeats`) and predicted tok/s and × AR, load factor, acceptance, tokens per
-    pass against the break-even count (the same sums as the prediction, so they agree) and the verdict."""
+    """Per lane: measured and predicted tok/s and × AR, load factor, acceptance, tokens per pass, the verdict."""
     spread = race_noise(results, repeats)
     ar = results.get("ar")
     ar_pred = costs.predict_run(ar.steps, profile)["tokens_per_s"] if ar and profile else None
@@ -72,8 +67,7 @@ def rows(results: dict[str, RunResult], profile: dict | None, repeats: Repeats |
 
 
 def verdict(method: str, row: dict, spread: float | None, ar_factor: float | None) -> str:
-    """The measured outcome against AR first (beyond noise, or a tie), then the profile's idle-machine
-    expectation and the acceptance it needs; a disagreement is explained by the lanes' load factors."""
+    """The measured outcome against AR (or a tie), the idle profile's expectation, the load behind a disagreement."""
     if method == "ar":
         return "the baseline: one target forward per token"
     x = row.get("x_ar")
@@ -99,8 +93,7 @@ def verdict(method: str, row: dict, spread: float | None, ar_factor: float | Non
 
 
 def disagrees(row: dict, spread: float | None) -> bool:
-    """Whether a method's measured outcome against AR (faster, a tie within noise, slower) is not the one the
-    profile predicts for an idle machine, a tie never counting as a disagreement."""
+    """Whether the measured outcome against AR (faster, slower) is not the idle profile's (a tie never disagrees)."""
     x, xp = row.get("x_ar"), row.get("x_ar_predicted")
     if x is None or xp is None or row.get("method") == "ar":
         return False
@@ -109,8 +102,7 @@ def disagrees(row: dict, spread: float | None) -> bool:
 
 
 def load_line(results: dict[str, RunResult], profile: dict | None, changed: bool = False) -> str:
-    """The race's forward time against the profile's, per model; a warning only where a busy machine changes
-    a verdict (`changed`)."""
+    """The race's forward time against the profile's, per model; a warning only where the load changed a verdict."""
     if not profile or not results:
         return ""
     f = load_factors(list(results.values()), profile)
@@ -138,8 +130,7 @@ def markdown(results: dict[str, RunResult], profile: dict | None, repeats: Repea
     else:
         lines.append(load_line(results, profile, any(disagrees(row, spread) for row in table)))
     lines += ["", "| method | tok/s | × AR | idle tok/s | idle × AR | × profile | α | tokens / pass (to match AR) "
-                  "| verdict |",
-              "|---|---|---|---|---|---|---|---|---|"]
+                  "| verdict |", "|---|---|---|---|---|---|---|---|---|"]
     for row in table:
         alpha = _fmt(row.get("alpha"))
         if row.get("alpha_qualifier") is not None:
@@ -164,8 +155,7 @@ def insertion_line(results: dict[str, RunResult], profile: dict | None) -> str:
 
 
 def passes_markdown(results: dict[str, RunResult]) -> str:
-    """Forward passes per model and acceptance per stage, one row per method (counts, no predictions); the
-    proposal's shape read from the rounds' parent lists, since a tree's acceptance counts positions (depths)."""
+    """Forward passes per model and acceptance per stage, a row per method; the shape read from the rounds."""
     head = ("| method | proposal | draft passes | qualifier passes | target passes | accepted D→Q | accepted →T "
             "| tokens / target pass |\n|---|---|---|---|---|---|---|---|")
     out = []
@@ -216,8 +206,6 @@ def floor_line(profile: dict) -> str:
 
 def tree_line(profile: dict, ranks: list[float] | None = None) -> str:
     """The tree budget this profile predicts best (`tree_costs.best_tree`), in one sentence."""
-    from ..predict.tree_costs import best_tree
-
     try:
         b = best_tree(profile, ranks)
     except KeyError:  # a profile without a draft row
@@ -234,13 +222,12 @@ def profile_markdown(profile: dict | None) -> str:
     """Where the profile comes from and what one forward costs, for the cost chart."""
     if not profile:
         return ""
-    how = "measured before this race" if profile.get("how") == "probe" else "cached for this machine"
-    return (f"**Cost profile** ({profile.get('dtype', '?')}, {profile.get('backend', '?')}, {how}): one cached "
+    how = "measured before this race" if profile.get("how") == "measured" else "cached for this machine"
+    return (f"**Cost profile** ({profile.get('dtype', '?')}, {profile.get('device', '?')}, {how}): one cached "
             "forward of k new tokens, ms — " + "; ".join(
                 f"{role} k=1 {cost_ms(profile, role, 1):.1f}, k=5 {cost_ms(profile, role, 5):.1f}"
                 for role in profile["ms"])
             + ". " + floor_line(profile) + tree_line(profile)
-            + " *Idle machine*: the profile's time summed over the forwards each run made (engine time "
-              "outside forwards not counted). *To match AR*: the tokens each target pass would have to commit for "
-              "the run's forwards, at the profile's cost, to be as fast as AR's; more than that is a win on an "
-              "idle machine.")
+            + " *Idle machine*: the profile's time summed over the forwards each run made (engine time outside "
+              "forwards not counted). *To match AR*: the tokens each target pass would have to commit for the run's "
+              "forwards, at the profile's cost, to be as fast as AR's; more than that is a win on an idle machine.")

@@ -1,5 +1,4 @@
-"""Every user-facing string and default of the app, in one place (widgets and handlers share them).
-The decoding settings' labels, ranges and help live in `core.settings`, beside the CLI's."""
+"""Every user-facing string and default of the app (the decoding settings' own: `core.settings`, beside the CLI's)."""
 from __future__ import annotations
 
 import os
@@ -26,13 +25,9 @@ EXAMPLE_PROMPTS = [
     "What is the capital of France, and what is it famous for?",
 ]
 
-LABELS = {
-    "preset": "Model family (draft → qualifier → target)",
-    "draft": "Draft model id", "qualifier": "Qualifier model id", "target": "Target model id",
-    "prompt": "Prompt",
-    "side_by_side": "Chain vs tree side by side",
-    "qualifier_alone": "Add a reference lane: the qualifier alone",
-}
+LABELS = {"preset": "Model family (draft → qualifier → target)", "prompt": "Prompt",
+          "draft": "Draft model id", "qualifier": "Qualifier model id", "target": "Target model id",
+          "side_by_side": "Chain vs tree side by side", "qualifier_alone": "Add a reference lane: the qualifier alone"}
 
 WHATIF_LABELS = {"tau_q": "what-if τ_Q (stage 1 rounds)", "tau_t": "what-if τ_T (target round)"}
 
@@ -41,21 +36,15 @@ INFO = {"tuned": "Changing the family resets these settings to the ones it is tu
                         "(the tree settings below), so you see which shape pays on this machine. Off: one lane "
                         "per method, its shape as the Proposal shape setting says.",
         "qualifier_alone": "Also race the qualifier decoding alone, as AR does with the target (in the offline "
-                           "family it is the target's own int4 copy): the speed a pyramid comes near, and the "
-                           "token where its text leaves the target's. A reference, not a contender: it never "
-                           "wins the race."}
+                           "family it is the target's own int4 copy): the speed a pyramid comes near, and the token "
+                           "where its text leaves the target's. A reference, not a contender: it never wins the race."}
 
-ORIGIN_NAMES = {
-    "draft": "draft token, accepted at every stage",
-    "qualifier": "qualifier's token (in a pyramid: accepted by the target)",
-    "target": "target's own token",
-    "bonus": "target's bonus token (whole proposal accepted)",
-}
-STATUS_NAMES = {
-    "accepted": "accepted", "rejected": "rejected (tried and refused)",
-    "discarded": "discarded (never reached, or cut)",
-    "resampled": "verifier's replacement", "bonus": "verifier's bonus",
-}
+ORIGIN_NAMES = {"draft": "draft token, accepted at every stage",
+                "qualifier": "qualifier's token (in a pyramid: accepted by the target)",
+                "target": "target's own token", "bonus": "target's bonus token (whole proposal accepted)"}
+STATUS_NAMES = {"accepted": "accepted", "rejected": "rejected (tried and refused)",
+                "discarded": "discarded (never reached, or cut)", "resampled": "verifier's replacement",
+                "bonus": "verifier's bonus"}
 
 BUTTONS = {"run": "▶ Run race", "stop": "■ Stop", "clear": "Clear all", "export": "Prepare downloads",
            "play": "▶ Play", "pause": "❚❚ Pause", "back": "◀ Step back", "forward": "Step forward ▶"}
@@ -199,9 +188,8 @@ PLAY_NOTE = ("**▶ Play a pass**: one recorded target pass, step by step — th
              "and why, the verifier's own token, the text committed. No model runs: it replays the record.")
 
 STATS_NOTE = (
-    "Each method's measured speed against AR (the median over the race's repeats; a gap within its noise band "
-    "is a tie), and what the "
-    "**cost profile** — this machine's measured cost of one forward of k tokens per model — predicts for the "
-    "same forwards on an idle machine. When the race's forwards ran slower than the profile, the factor says "
-    "by how much."
+    "Each method's measured speed against AR (the median over the race's repeats; a gap within its noise band is a "
+    "tie), and what the **cost profile** — this machine's measured cost of one forward of k tokens per model — "
+    "predicts for the same forwards on an idle machine. When the race's forwards ran slower than the profile, the "
+    "factor says by how much."
 )

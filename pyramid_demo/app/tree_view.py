@@ -1,8 +1,7 @@
-"""One target pass's candidate trees as a Plotly figure, from trace records only.
-
-x is the position after the committed text: the accepted path runs along the top, refused or unreached branches
-hang below, the verifier's own top-1 sits above. Fill is the fate, shape the stage (● stage 1, ■ target round,
-◆ own token), × rejected, hollow never reached; a pyramid gets a stage-1 row and a target row."""
+"""One target pass's candidate trees as a Plotly figure, from trace records only. x is the position after the committed
+text: the accepted path runs along the top, refused or unreached branches hang below, the verifier's own top-1 sits
+above. Fill is the fate, shape the stage (● stage 1, ■ target round, ◆ own token), × rejected, hollow never reached; a
+pyramid gets a stage-1 row and a target row."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -15,18 +14,12 @@ from ..core.trace import StageRound, Step, TokenRec, accepted_path, parents_of
 from .charts import FONT_SIZE, _layout, _num, empty_figure
 from .render import STATUS_COLOURS
 
-FATE_NAMES = {  # legend entries, in legend order
-    "accepted": "accepted path",
-    "rejected": "tried, rejected",
-    "discarded": "never reached",
-    "bonus": "verifier's bonus",
-    "resampled": "verifier's replacement",
-}
+FATE_NAMES = {"accepted": "accepted path", "rejected": "tried, rejected", "discarded": "never reached",  # legend order
+              "bonus": "verifier's bonus", "resampled": "verifier's replacement"}
 FATE_COLOURS = {fate: STATUS_COLOURS[fate][1] for fate in FATE_NAMES}
 STAGE_SYMBOLS = {"qualifier": "circle", "target": "square"}  # proposed tokens, by the round's stage
 OWN_SYMBOL = "diamond"  # the verifier's own token
-TEXT_COLOURS = {"draft": "#007A5A", "qualifier": "#0072B2", "target": "#9A5B00"}  # the role hues, dark enough
-# for text on the strip's grey
+TEXT_COLOURS = {"draft": "#007A5A", "qualifier": "#0072B2", "target": "#9A5B00"}  # role hues, legible on the grey strip
 EDGE_PATH = "#009E73"  # edges along the accepted path
 EDGE_OTHER = "#b0b0b0"
 ROOT_COLOUR = "#333333"

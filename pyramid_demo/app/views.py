@@ -1,5 +1,4 @@
-"""The inspector and Statistics tabs' handlers: plain functions over a session's recorded races
-(see `session`). No model is called, so they answer instantly."""
+"""The inspector and Statistics tabs' handlers over a session's recorded races: no model runs, they answer at once."""
 from __future__ import annotations
 
 import html
@@ -11,7 +10,7 @@ import gradio as gr
 from ..core import rules
 from ..core.config import METHOD_LABELS
 from ..core.trace import RunResult, StageRound, parents_of
-from . import charts, inspector, render, story
+from . import charts, inspector, play_view, render, story
 from .pass_hist import accepted_figure
 from .session import Race, Session
 from .text import DEFAULT, MSG
@@ -23,13 +22,11 @@ def _race(session: Session | None, n: Any) -> Race | None:
 
 
 def _round_slider(r: RunResult | None) -> Any:
-    top = max(1, len(r.steps)) if r else 1
-    return gr.update(minimum=1, maximum=max(top, 2), value=1, step=1, interactive=top > 1)  # max > min
+    return play_view.pass_slider(len(r.steps) if r else 1, 1)
 
 
 def _pos_slider(r: RunResult | None) -> Any:
-    """Positions along a target pass's accepted path (depths, `inspector.positions`): as many as the run's
-    deepest pass has, whatever its shape or settings."""
+    """Positions along a target pass's accepted path (`inspector.positions`): as many as the run's deepest pass has."""
     top = max((len(inspector.positions(s.target_round)) for s in r.steps if s.target_round is not None), default=1) \
         if r is not None else 1
     return gr.update(minimum=1, maximum=max(top, 2), value=1, step=1)  # max > min
@@ -53,8 +50,7 @@ def kept_words(rnd: StageRound) -> str:
 
 
 def position_title(rnd: StageRound, depth: int, texts: dict[int, str]) -> tuple[int, str]:
-    """The top-5 chart's title at a position (a depth along the accepted path, clamped): the token there and the
-    other candidates at the same context (a tree's siblings), and the verifier's own token when it is there."""
+    """The top-5 chart's title at a position (clamped): its token, the other candidates, the own token if there."""
     pos = inspector.positions(rnd)
     at = pos[max(0, min(depth, len(pos)) - 1)]
 
@@ -80,8 +76,7 @@ def pick_method(session: Session | None, race_n: Any, method: str | None) -> tup
 
 
 def pick_race(session: Session | None, race_n: Any = None) -> tuple:
-    """A race was chosen (or just finished): refresh the inspector's choices, the statistics tab and the race
-    tab's histogram (its last output)."""
+    """A race was chosen (or just finished): refresh the inspector's choices, the statistics and the race histogram."""
     race = _race(session, race_n)
     if session is None or race is None:
         none = charts.empty_figure(MSG["no_race"])
@@ -106,8 +101,7 @@ def pick_race(session: Session | None, race_n: Any = None) -> tuple:
 
 def inspect_round(session: Session | None, race_n: Any, method: str | None, round_no: float, tau_q: float,
                   tau_t: float, position: float) -> tuple[str, Any, Any, str, Any]:
-    """One recorded target pass: chips, divergences vs the what-if τs, the top-5 at one position and the
-    pass's candidate tree (`tree_view`, last)."""
+    """One recorded target pass: chips, divergences vs the what-if τs, the top-5 at a position, its candidate tree."""
     race = _race(session, race_n)
     r = race.results.get(method) if race and method else None
     if race is None or r is None or not r.steps:

@@ -1,10 +1,10 @@
-"""The engine's per-unit prices fitted on a bench's own runs (non-negative least squares), each variant priced
-from the others only: in a run the engine's work costs more than the profile's tight-loop timings."""
+"""The engine's per-unit prices fitted on a bench's runs (NNLS), each variant priced from the others only."""
 from __future__ import annotations
 
 import numpy as np
 
-from ..predict import engine_costs
+from ..predict import costs, engine_costs
+from ..predict.profile import ar_ms
 
 FEATURES = (*engine_costs.UNITS, "keep")
 
@@ -37,6 +37,15 @@ def nnls(a: np.ndarray, b: np.ndarray, iters: int = 200) -> np.ndarray:
     return x
 
 
+def _fit(rows: list[dict], prices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`prices` refitted on the rows' engine seconds for every unit they counted (`seen`, also returned)."""
+    a = np.array([features(r["cost_record"]["engine"]) for r in rows])  # [n, m]
+    seen = a.sum(0) > 0
+    if seen.any():
+        prices[seen] = nnls(a[:, seen], np.array([float(r["engine_overhead_s"]) for r in rows]))
+    return prices, seen
+
+
 def loo_engine_s(rows: list[dict], profile: dict) -> dict[str, list[float]]:
     """Per variant, its rows' engine seconds priced from the other variants' rows (in row order)."""
     eng = [r for r in rows if r.get("kind") == "engine" and (r.get("cost_record") or {}).get("engine")
@@ -46,14 +55,7 @@ def loo_engine_s(rows: list[dict], profile: dict) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {}
     for label in dict.fromkeys(r["variant"] for r in eng):
         others = [r for r in eng if r["variant"] != label]
-        prices = np.array(micro)
-        if others:
-            a = np.array([features(r["cost_record"]["engine"]) for r in others])  # [n, m]
-            b = np.array([float(r["engine_overhead_s"]) for r in others])  # [n]
-            seen = a.sum(0) > 0
-            if seen.any():
-                fit = nnls(a[:, seen], b)
-                prices[seen] = fit
+        prices = _fit(others, np.array(micro))[0] if others else np.array(micro)
         out[label] = [float(np.dot(features(r["cost_record"]["engine"]), prices)) for r in eng
                       if r["variant"] == label]
     return out
@@ -61,8 +63,6 @@ def loo_engine_s(rows: list[dict], profile: dict) -> dict[str, list[float]]:
 
 def _by_role(row: dict, profile: dict) -> tuple[dict[str, float], dict[str, float]]:
     """A row's forwards per role on the profile (s) and as measured in the run (s)."""
-    from ..predict import costs
-
     rec = row["cost_record"]
     fwd = costs.predict_counts(rec["forwards"], profile, rec.get("tree_forwards"))
     return fwd, {r: float(row.get(f"fwd_time_{r}_s") or 0.0) for r in fwd}
@@ -99,8 +99,6 @@ def predict_rows(rows: list[dict], profile: dict) -> dict[str, float]:
     """Sets `predicted_profile_s` and `predicted_s` (forwards × the other variants' busy factor, plus engine time
     priced from their runs) on every engine row with a cost record, and both speed-ups over AR. Returns the
     pooled busy factors."""
-    from ..predict import expected
-
     eng_rows = [r for r in rows if r.get("kind") == "engine" and r.get("cost_record")]
     busy, pooled = loo_busy(eng_rows, profile)
     fitted = loo_engine_s(eng_rows, profile)
@@ -114,7 +112,7 @@ def predict_rows(rows: list[dict], profile: dict) -> dict[str, float]:
         b = busy.get(row["variant"], pooled)
         row["predicted_s"] = sum(t * b.get(r, pooled.get("all", 1.0)) for r, t in fwd.items()) + eng
     ar = {(r["repeat"], r["prompt_index"]): r for r in eng_rows if r["method"] == "ar"}
-    step = expected.ar_ms(profile) / 1000
+    step = ar_ms(profile) / 1000
     for row in eng_rows:
         n, ref = row["n_new_tokens"], ar.get((row.get("repeat"), row.get("prompt_index")))
         per_ar = ref["predicted_s"] / ref["n_new_tokens"] if ref and ref["n_new_tokens"] else \
@@ -132,10 +130,5 @@ def fitted_prices(rows: list[dict]) -> dict[str, float]:
            and r.get("engine_overhead_s") is not None]
     if not eng:
         return {}
-    a = np.array([features(r["cost_record"]["engine"]) for r in eng])  # [n, m]
-    b = np.array([float(r["engine_overhead_s"]) for r in eng])  # [n]
-    seen = a.sum(0) > 0
-    x = np.zeros(a.shape[1])
-    if seen.any():
-        x[seen] = nnls(a[:, seen], b)
+    x, seen = _fit(eng, np.zeros(len(FEATURES)))
     return {f: round(1000 * float(v), 5) for f, v, s in zip(FEATURES, x, seen) if s}

@@ -8,7 +8,9 @@ from typing import Any
 
 from ..core.config import METHODS
 from ..core.trace import Step
-from ..predict import costs, engine_costs, expected, insertion, throughput
+from ..models.warm import cost_profile
+from ..predict import costs, engine_costs, insertion, throughput
+from ..predict.profile import ar_ms
 from ..predict.shape import shape_of
 from ..predict.walk_stats import stage_counts
 from . import costs_fit
@@ -28,8 +30,6 @@ def row_record(steps: list[Step], method: str | None = None, config: dict | None
 
 def profile(triplet: Any) -> dict | None:
     """The family's cost profile (cached for this machine, else measured now: a few seconds)."""
-    from ..models.warm import cost_profile
-
     try:
         return cost_profile(triplet, measure_now=True)
     except Exception as e:  # noqa: BLE001 - the bench's other results stand without it
@@ -49,8 +49,7 @@ def _add(into: dict, more: dict, depth: int) -> None:
 
 
 def finish(rows: list[dict], prof: dict | None) -> dict:
-    """Predicted tok/s and speed-up over AR per row (`costs_fit.predict_rows`: no variant's prediction reads its
-    own measured time) and the per-variant summary; returns results.json's "cost_profile"."""
+    """results.json's "cost_profile": each row's predictions (`costs_fit.predict_rows`) and the variants' summary."""
     if not prof or "ms" not in prof:
         return {"profile": prof, "variants": []}
     busy = costs_fit.predict_rows(rows, prof)
@@ -59,21 +58,19 @@ def finish(rows: list[dict], prof: dict | None) -> dict:
         rec = row.get("cost_record")
         if row.get("kind") != "engine" or not rec:
             continue
+        cfg = {k: row[k] for k in ("gamma", "l_d", "l_q", "tree_nodes", "tree_depth", "tree_k", "stage2", "shape")
+               if row.get(k)}
         v = by.setdefault(row["variant"], {"method": row["method"], "tokens": 0, "decode_s": 0.0, "profile_s": 0.0,
                                            "predicted_s": 0.0, "forwards": {}, "ms_by_k": {}, "stages": {},
-                                           "engine": {},
-                                           "config": {k: row[k] for k in ("gamma", "l_d", "l_q", "tree_nodes",
-                                                                             "tree_depth", "tree_k", "stage2", "shape")
-                                                      if row.get(k)}})
+                                           "engine": {}, "config": cfg})
         if rec.get("shape"):
             v["config"]["shape"] = rec["shape"]
         v["tokens"] += row["n_new_tokens"]
         v["decode_s"] += row["decode_s"] or 0.0
         v["profile_s"] += row["predicted_profile_s"]
         v["predicted_s"] += row["predicted_s"]
-        _add(v["forwards"], rec["forwards"], 2)
-        _add(v["ms_by_k"], rec["ms_by_k"], 2)
-        _add(v["stages"], rec["stages"], 2)
+        for key in ("forwards", "ms_by_k", "stages"):
+            _add(v[key], rec[key], 2)
         engine_costs.add(v["engine"], rec.get("engine") or {})
     out = [_variant(label, v, prof, by) for label, v in by.items()]
     ar = next((d["measured_tokens_per_s"] for d in out if d["method"] == "ar"), None)
@@ -100,7 +97,7 @@ def _variant(label: str, v: dict, prof: dict, by: dict[str, dict]) -> dict:
     x_meas = measured / (ar_v["tokens"] / ar_v["decode_s"]) if measured and ar_v else None
     ar_per = ar_v["predicted_s"] / ar_v["tokens"] if ar_v else None
     x_pred = ar_per * tok / v["predicted_s"] if ar_per and v["predicted_s"] else None
-    x_prof = tok * expected.ar_ms(prof) / 1000 / v["profile_s"] if v["profile_s"] else None
+    x_prof = tok * ar_ms(prof) / 1000 / v["profile_s"] if v["profile_s"] else None
     micro = engine_costs.price(v["engine"], prof) / 1000
     return dict(variant=label, method=v["method"], config=cfg, measured_tokens_per_s=measured,
                 predicted_tokens_per_s=predicted,
@@ -168,12 +165,12 @@ def _busy_line(section: dict) -> str:
     return (f"This bench's forwards took {busy.get('all', 1.0):.2f}× the profile's time for the same forwards "
             f"({roles}). " + ("The profile times the engine's own work per unit; "
                               if section.get("engine_priced") else
-                              "This profile has no engine prices (measured before they were: re-probe); ")
+                              "This profile has no engine prices (measured before they were: measure it again); ")
             + (f"fitted on this bench's runs, ms per unit: {fit}." if fit else "no engine work was counted."))
 
 
 def figure(section: dict):
-    """ms per forward vs k: the probe's line per model, and the forwards measured in the runs (pooled)."""
+    """ms per forward vs k: the profile's line per model, and the forwards measured in the runs (pooled)."""
     import plotly.graph_objects as go
 
     prof = section.get("profile") or {}

@@ -1,5 +1,4 @@
-"""CommonsenseQA as in the FSD and PyramidSD papers: a 5-shot chain-of-thought prompt ending in "Therefore, the
-answer is X.", read back from that sentence; questions from a local JSONL (either layout), else the Hub."""
+"""CommonsenseQA as in the FSD and PyramidSD papers: a 5-shot chain-of-thought prompt, the answer read back."""
 from __future__ import annotations
 
 import json

@@ -49,19 +49,14 @@ def binding() -> Any | None:
 
 def missing() -> str:
     """Why the binding does not load, with the one command that installs it, in one line ("" when it loads)."""
-    if binding() is not None:
-        return ""
-    return f"llama.cpp is not installed here ({str(_STATE.get('why', ''))[:80]}); install it with: {INSTALL}"
+    return "" if binding() is not None else \
+        f"llama.cpp is not installed here ({str(_STATE.get('why', ''))[:80]}); install it with: {INSTALL}"
 
 
 def source_of(model: Any) -> Path | None:
     """The GGUF file `model` was loaded from (set by the loader), or None."""
     src = getattr(model, "gguf_source", None)
     return Path(src) if src is not None else None
-
-
-def threads() -> int:
-    return max(1, torch.get_num_threads())  # the threads our engine runs on
 
 
 def _lib() -> Any:
@@ -72,13 +67,12 @@ def _lib() -> Any:
 
 
 def f32_copy(source: Path, dest: Path) -> Path:
-    """`source` dequantised into an F32 GGUF at `dest` by llama.cpp's own quantizer (the exact dequantisation of
-    its codes), written aside and renamed into place so no process reads half a file."""
+    """`source` dequantised exactly into an F32 GGUF at `dest` by llama.cpp's quantizer, written aside, then moved."""
     lib = _lib()
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
     params = lib.llama_model_quantize_default_params()
-    params.ftype, params.allow_requantize, params.nthread = lib.LLAMA_FTYPE_ALL_F32, True, threads()
+    params.ftype, params.allow_requantize, params.nthread = lib.LLAMA_FTYPE_ALL_F32, True, torch.get_num_threads()
     try:
         if lib.llama_model_quantize(str(source).encode(), str(tmp).encode(), ctypes.byref(params)) != 0:
             raise ValueError(f"llama.cpp could not dequantise {source.name}")
@@ -113,7 +107,7 @@ def load(path: Path) -> Any:
 def _context(lib: Any, model: Any, path: Path) -> Any:
     p = lib.llama_context_default_params()
     p.n_ctx, p.n_batch, p.n_ubatch, p.n_seq_max = N_CTX, N_BATCH, N_BATCH, 1
-    p.n_threads = p.n_threads_batch = threads()
+    p.n_threads = p.n_threads_batch = torch.get_num_threads()  # the threads our engine runs on
     p.embeddings, p.pooling_type, p.no_perf = False, lib.LLAMA_POOLING_TYPE_NONE, True
     ctx = lib.llama_init_from_model(model, p)
     if not ctx:
@@ -125,8 +119,7 @@ def decode(gguf: Path, prompt_ids: list[int], cfg: Any, eos_ids: tuple[int, ...]
     """llama.cpp's own plain decoding of `gguf`'s F32 copy (its sampler chain, as `llama-completion` runs it: greedy,
     or top-k, top-p, temperature and a seeded draw), in a fresh context: the new token ids, the wall time with the
     prefill (the copy, the load and the context are made before the clock), and why it stopped."""
-    lib = _lib()
-    path = f32_of(gguf)
+    lib, path = _lib(), f32_of(gguf)
     ctx = _context(lib, load(path), path)
     smpl = lib.llama_sampler_chain_init(lib.llama_sampler_chain_default_params())
     if cfg.greedy:
@@ -150,8 +143,7 @@ def decode(gguf: Path, prompt_ids: list[int], cfg: Any, eos_ids: tuple[int, ...]
             new.append(t)
             if t in eos_ids:
                 break
-            one = (lib.llama_token * 1)(t)
-            batch = lib.llama_batch_get_one(one, 1)
+            batch = lib.llama_batch_get_one((lib.llama_token * 1)(t), 1)
         wall = time.perf_counter() - t0
     finally:
         lib.llama_sampler_free(smpl)

@@ -1,6 +1,5 @@
-"""Reference measurements beside the engine: Hugging Face `generate()` peers and llama.cpp's own decoding of the
-target's GGUF (`bench.llamacpp_peer`), wall time with the prefill; single-model speeds and the target's
-teacher-forced log-probability of a produced text."""
+"""Reference measurements beside the engine: HF `generate()` peers and llama.cpp's decoding of the target's GGUF, wall
+time with the prefill; single-model speeds and the target's teacher-forced log-probability of a produced text."""
 from __future__ import annotations
 
 import copy
@@ -66,12 +65,10 @@ def runnable(triplet: ModelTriplet, variants: list[Any]) -> tuple[list[Any], lis
 
 @torch.inference_mode()
 def hf_generate(triplet: ModelTriplet, prompt_ids: list[int], cfg: DecodeConfig, peer: str) -> PeerRun:
-    """Run a peer on the target: plain `generate()`, or assisted generation with the draft on Hugging Face's
-    own drafting defaults, as a user calling `assistant_model=` would get."""
+    """A peer on the target: plain `generate()`, or assisted generation with the draft on HF's defaults."""
     if peer not in PEERS:
         raise ValueError(f"unknown peer {peer!r}; choose one of {', '.join(PEERS)}")
-    why = unsupported(triplet, peer)
-    if why:
+    if why := unsupported(triplet, peer):
         raise ValueError(why)
     target = triplet.target
     dev = next(target.parameters()).device
@@ -103,10 +100,8 @@ def hf_generate(triplet: ModelTriplet, prompt_ids: list[int], cfg: DecodeConfig,
 
 
 def llama_cpp_generate(triplet: ModelTriplet, prompt_ids: list[int], cfg: DecodeConfig) -> PeerRun:
-    """llama.cpp's own plain decoding of the target's GGUF as an F32 copy (`llamacpp_peer.decode`), wall time with
-    the prefill: the CPU anchor our AR is measured against."""
-    why = unsupported(triplet, "llama_cpp")
-    if why:
+    """llama.cpp decoding the target's GGUF as an F32 copy (wall time): the CPU anchor our AR is measured against."""
+    if why := unsupported(triplet, "llama_cpp"):
         raise ValueError(why)
     source = llamacpp_peer.source_of(triplet.target)
     assert source is not None

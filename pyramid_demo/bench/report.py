@@ -63,7 +63,7 @@ def summarize(rows: list[dict]) -> list[dict]:
         s["acceptance_target"] = _pooled(rs, "accepted_target", "proposed_target")
         s["mean_accepted_per_target_pass"] = _pooled(rs, "accepted_target", "target_passes")
         s["tokens_per_target_pass"] = _pooled(rs, "n_new_tokens", "target_passes")
-        s["csqa_accuracy"] = (statistics.mean(_vals(rs, "csqa_correct")) if _vals(rs, "csqa_correct") else None)
+        s["csqa_accuracy"] = statistics.mean(_vals(rs, "csqa_correct")) if _vals(rs, "csqa_correct") else None
         out.append(s)
     return out
 
@@ -132,8 +132,7 @@ def check_targets(summary: list[dict], min_agreement: float = 0.9) -> list[dict]
 
 
 def speedup_errors(summary: list[dict]) -> dict[str, float]:
-    """Per engine variant but AR: the predicted speed-up over AR (the cost profile's, rescaled by the bench's
-    own forward times) ÷ the measured one − 1, both medians per prompt."""
+    """Per engine variant but AR: predicted ÷ measured speed-up over AR − 1 (medians per prompt)."""
     return {s["variant"]: s["predicted_speedup_vs_ar"] / s["speedup_vs_ar"] - 1 for s in summary
             if s["kind"] == "engine" and s["method"] != "ar" and s.get("speedup_vs_ar")
             and s.get("predicted_speedup_vs_ar")}
@@ -159,9 +158,8 @@ def _f(x, nd: int = 2) -> str:
 
 
 TABLE = [("variant", "variant", 0), ("tok/s (IQR)", None, 1), ("tok/s incl. prefill", "tokens_per_s_incl_prefill", 1),
-         ("× AR", "speedup_vs_ar", 2), ("× AR predicted", "predicted_speedup_vs_ar", 2),
-         ("× SD", "speedup_vs_sd", 2), ("× AR wall", "speedup_vs_ar_wall", 2),
-         ("× SD wall", "speedup_vs_sd_wall", 2),
+         ("× AR", "speedup_vs_ar", 2), ("× AR predicted", "predicted_speedup_vs_ar", 2), ("× SD", "speedup_vs_sd", 2),
+         ("× AR wall", "speedup_vs_ar_wall", 2), ("× SD wall", "speedup_vs_sd_wall", 2),
          ("acc. Q", "acceptance_qualifier", 2), ("acc. T", "acceptance_target", 2),
          ("accepted/pass", "mean_accepted_per_target_pass", 2), ("fwd D/Q/T", None, 0),
          ("overhead", "engine_overhead_share", 3), ("agreement", "agreement", 3), ("logprob", "target_logprob", 3),
@@ -244,7 +242,6 @@ def _figures(result: dict) -> list:
     import plotly.graph_objects as go
 
     summary = result["summary"]
-    figs = []
     names = [s["variant"] for s in summary]
     med = [s["tokens_per_s"] for s in summary]
     err_hi = [(s["tokens_per_s_q75"] or 0) - (s["tokens_per_s"] or 0) for s in summary]
@@ -257,7 +254,6 @@ def _figures(result: dict) -> list:
     bars.add_bar(x=names, y=[s["predicted_plus_one_tokens_per_s"] for s in summary],
                  name="predicted (β·ℓ + 1 tokens per round)")
     bars.update_layout(title="Speed: median tokens/s, error bars = IQR", barmode="group", yaxis_title="tokens/s")
-    figs.append(bars)
     qk = quality_key(summary)
     eng = [s for s in summary if s["kind"] == "engine"]
     sk = result["frontier"][0]["speed_key"] if result["frontier"] else "tokens_per_s"
@@ -268,15 +264,12 @@ def _figures(result: dict) -> list:
                        text=[s["variant"] for s in pts], marker=dict(size=10))
     fr = result["frontier"]
     sc.add_scatter(x=[p["quality"] for p in fr], y=[p["speed"] for p in fr], mode="lines+markers",
-                   name="Pareto frontier",
-                   text=[p["variant"] for p in fr], line=dict(dash="dash", color="black"),
+                   name="Pareto frontier", text=[p["variant"] for p in fr], line=dict(dash="dash", color="black"),
                    marker=dict(symbol="circle-open", size=16, color="black"))
     sc.update_layout(title="Speed vs quality (engine methods; frontier dashed)",
                      xaxis_title="agreement with target greedy output" if qk == "agreement" else "target mean log-prob",
                      yaxis_title="median speed-up vs AR" if sk == "speedup_vs_ar" else "tokens/s")
-    figs.append(sc)
-    figs.append(_acceptance_figure(eng))
-    return figs
+    return [bars, sc, _acceptance_figure(eng)]
 
 
 def _lines(fig, pts: list[dict], x: str, y: str, group, col: int, symbol: str = "circle") -> None:

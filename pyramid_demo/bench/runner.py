@@ -1,7 +1,6 @@
-"""`bench`: every method side by side on the same models and prompts, with HF peers.
-
-Methods run interleaved per prompt (A B C … A B C …) after one warm-up each, so machine drift hits all alike;
-writes results.csv, results.json and a self-contained report.html."""
+"""`bench`: every method side by side on the same models and prompts, with HF peers. Methods run interleaved per prompt
+(A B C … A B C …) after one warm-up each, so machine drift hits all alike; writes results.csv, results.json and a
+self-contained report.html."""
 from __future__ import annotations
 
 import argparse
@@ -16,7 +15,7 @@ from collections.abc import Callable
 
 import torch
 
-from .. import generate_cli
+from .. import generate_cli, hardware_cli
 from ..core.config import METHODS, DecodeConfig
 from ..core.methods import SOLO_ROLES, TREE_BUDGET, method_spec
 from ..core.run import generate, prepare_prompt, stream, takes_trees
@@ -25,11 +24,14 @@ from ..core.stats import agreement as token_agreement  # one definition, shared 
 from ..core.stats import prefix_agreement
 from ..core.trace import RunResult
 from ..forward.lm import ModelTriplet
+from ..models import background
+from ..models.errors import LoadError
+from ..models.runtime import cpu_class
 from ..predict import throughput
 from ..predict.auto_shape import resolve_shape
 from . import costs_report, csqa, peers, report
 from .prompts import Prompt, load_prompts
-from .variants import GRID_TAUS, Variant, build_variants, name_models, parse_methods, parse_shapes  # noqa: F401
+from .variants import GRID_TAUS, Variant, build_variants, name_models
 
 ROW_COLUMNS = [
     "repeat", "prompt_index", "category", "variant", "method", "kind", "solo", "lossless",
@@ -49,8 +51,7 @@ ROW_COLUMNS = [
 # ---------------------------------------------------------------- command line
 def add_arguments(p: argparse.ArgumentParser) -> None:
     generate_cli.add_decoding_arguments(p)  # generate's decoding options, not a copy of them
-    p.add_argument("--methods", default=",".join(METHODS),
-                   help=f"comma-separated, from {', '.join(METHODS)}")
+    p.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, from {', '.join(METHODS)}")
     p.add_argument("--shapes", default=None,
                    help=f"comma-separated proposal shapes, from {', '.join(SHAPES)}: each method that proposes runs "
                         "once per shape, side by side (default: --shape's one)")
@@ -88,10 +89,8 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 def timed(triplet: ModelTriplet, v: Variant, ids: list[int], chat: bool = True, profile: dict | None = None,
           text: str | None = None, stop: Callable[[], bool] | None = None) -> tuple[RunResult | None, float]:
-    """One engine run timed as every figure is (the bench's rows, the app's race): the shape settled before the
-    clock, the statistics on the engine clock (prefill and record building apart); the record and its wall seconds.
-    Without `stop`, statuses only (`generate`); with it, full records (the inspector's), `stop` polled after every
-    target pass and the passes so far kept (None before the first)."""
+    """One engine run timed as the bench's rows and the app's race are, the shape settled first: (record, wall s).
+    With `stop`: full records, `stop` polled after every target pass, the passes so far kept (None before one)."""
     cfg, why = resolve_shape(v.cfg, profile, takes_trees(triplet, v.cfg.method))  # before the clock
     t0 = time.perf_counter()
     if stop is None:
@@ -154,8 +153,7 @@ def _base_row(v: Variant, r: int, pi: int, prompt: Prompt, ids: list[int]) -> di
     row = dict.fromkeys(ROW_COLUMNS)
     row.update(repeat=r, prompt_index=pi, category=prompt.category, variant=v.label, method=v.method, kind=v.kind,
                solo=v.solo, lossless=v.lossless, temperature=c.temperature, divergence=c.divergence,
-               div_support=c.div_support, prompt_tokens=len(ids),
-               prompt=prompt.text)
+               div_support=c.div_support, prompt_tokens=len(ids), prompt=prompt.text)
     if v.kind == "engine":
         spec = method_spec(v.method)
         row.update(fallback=c.fallback, conf_stop=c.conf_stop if spec.proposer else None)
@@ -204,6 +202,8 @@ def run_bench(triplet: ModelTriplet, variants: list[Variant], prompts: list[Prom
     refs: dict[int, list[int]] = {}
     interrupted, t_start = False, time.perf_counter()
     todo = [(r, pi, p, ids) for r in range(repeats) for pi, p, ids in prepared]
+    base = [v.kind == "engine" and v is next(w for w in variants if w.method == v.method)  # a method's first variant
+            for v in variants]
     try:
         for r, pi, p, ids in todo:
             if max_minutes is not None and time.perf_counter() - t_start > 60 * max_minutes and rows:
@@ -216,7 +216,7 @@ def run_bench(triplet: ModelTriplet, variants: list[Variant], prompts: list[Prom
                 if ar is None:  # no AR variant: one untimed target-only greedy reference
                     ar = generate(triplet, ids, dataclasses.replace(variants[0].cfg, method="ar"), chat).token_ids
                 refs[pi] = ar
-            _per_prompt(group, refs.get(pi), [_baseline(v, variants) for v in variants])
+            _per_prompt(group, refs.get(pi), base)
             rows.extend(row for row, _ in group)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: keep whole prompts only, so comparisons stay paired
         interrupted = True
@@ -242,9 +242,8 @@ def run_bench(triplet: ModelTriplet, variants: list[Variant], prompts: list[Prom
                                "draft": "one-token timing", "qualifier": "one-token timing"})
 
 
-def _run_prompt(triplet: ModelTriplet, variants: list[Variant], r: int, pi: int, p: Prompt, ids: list[int],
-                chat: bool, answers: list[str] | None, bar,
-                profile: dict | None = None) -> list[tuple[dict, list[int]]]:
+def _run_prompt(triplet: ModelTriplet, variants: list[Variant], r: int, pi: int, p: Prompt, ids: list[int], chat: bool,
+                answers: list[str] | None, bar, profile: dict | None = None) -> list[tuple[dict, list[int]]]:
     """Every variant once on one prompt, in order: rows (without per-prompt ratios) and tokens."""
     group: list[tuple[dict, list[int]]] = []
     scored: dict[tuple[int, ...], float | None] = {}
@@ -267,15 +266,8 @@ def _run_prompt(triplet: ModelTriplet, variants: list[Variant], r: int, pi: int,
     return group
 
 
-def _baseline(v: Variant, variants: list[Variant]) -> bool:
-    """Whether `v` is its method's reference for the speed-ups: the method's first variant."""
-    return v.kind == "engine" and v is next(w for w in variants if w.method == v.method)
-
-
-def _per_prompt(group: list[tuple[dict, list[int]]], ref: list[int] | None, base: list[bool] | None = None) -> None:
-    """Speed-ups against AR and SD (each method's baseline variant, `base`) on the same prompt and repeat, and
-    agreement with `ref`; a reference row (a member alone) gets them as the engine's rows do, and is no baseline."""
-    base = base if base is not None else [row["variant"] == row["method"] for row, _ in group]
+def _per_prompt(group: list[tuple[dict, list[int]]], ref: list[int] | None, base: list[bool]) -> None:
+    """Speed-ups against AR's and SD's baseline variants (`base`) on this prompt and repeat, agreement with `ref`."""
     by = {row["method"]: row for (row, _), b in zip(group, base) if row["kind"] == "engine" and b}
     ar, sd = by.get("ar"), by.get("sd")
     for row, toks in group:
@@ -290,8 +282,6 @@ def _per_prompt(group: list[tuple[dict, list[int]]], ref: list[int] | None, base
 
 # ---------------------------------------------------------------- entry point
 def machine_info(triplet: ModelTriplet) -> dict:
-    from ..models.runtime import cpu_class
-
     return dict(platform=platform.platform(), processor=platform.processor() or platform.machine(),
                 cpu_count=os.cpu_count(), torch=torch.__version__, torch_threads=torch.get_num_threads(),
                 python=platform.python_version(), device=str(triplet.device), dtype=str(triplet.dtype),
@@ -314,8 +304,6 @@ def _command_line(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..models.loading import LoadError
-
     try:
         if args.repeats < 1:
             raise ValueError("--repeats must be at least 1")
@@ -329,8 +317,6 @@ def run(args: argparse.Namespace) -> int:
             answers = [q.answer for q in qs]
         else:
             prompts = load_prompts(args.prompts, limit=args.limit or (3 if args.grid else None))
-        from .. import hardware_cli
-
         triplet = hardware_cli.load(args)
         if triplet is None:  # --estimate-only
             return 0
@@ -339,8 +325,6 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if triplet.note:
         print(f"note: {triplet.note}", file=sys.stderr)
-    from ..models.runtime import cpu_class
-
     print(f"note: {cpu_class()}; {triplet.runs}", file=sys.stderr)
     variants = name_models(variants, triplet.names)  # a reference row names its model (an int4 copy, …)
     variants, skipped = peers.runnable(triplet, variants)  # a peer the family cannot run: one line, not run
@@ -350,7 +334,6 @@ def run(args: argparse.Namespace) -> int:
         return 2
     t0 = time.perf_counter()
     old_term = signal.signal(signal.SIGTERM, _stop)  # `kill PID` keeps completed prompts, like Ctrl-C
-    from ..models import background
     try:
         with background.paused():  # registered background jobs (corpus growth, training) stop while it times
             result = run_bench(triplet, variants, prompts, args.repeats, chat=not args.no_chat, answers=answers,

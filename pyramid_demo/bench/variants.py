@@ -1,5 +1,4 @@
-"""The bench's variants: every method (once per shape), HF peers last, and --grid's sweep; parses --methods
-and --shapes, naming the new setting for a retired key."""
+"""The bench's variants: every method (once per shape), HF peers last, --grid's sweep; parses --methods and --shapes."""
 from __future__ import annotations
 
 import argparse
@@ -20,8 +19,7 @@ GRID_NAMES = {"tau_t": "tauT", "tau_q": "tauQ", "l_d": "lD", "l_q": "lQ"}  # in 
 
 @dataclass(frozen=True)
 class Variant:
-    """One benchmarked setting: an engine method with its config, an HF peer, or a reference (`solo`: that member
-    of the family decoding alone, as AR does with the target)."""
+    """One benchmarked setting: an engine method with its config, an HF peer, or a reference (`solo`: one member)."""
 
     label: str
     method: str
@@ -39,12 +37,8 @@ class Variant:
         return self.kind == "peer" or (self.kind == "engine" and lossless(self.method, self.cfg.stage2))
 
 
-def _floats(s: str) -> list[float]:
-    return [float(x) for x in s.split(",") if x.strip()]
-
-
-def _ints(s: str) -> list[int]:
-    return [int(x) for x in s.split(",") if x.strip()]
+def _numbers(s: str, kind: type) -> list:
+    return [kind(x) for x in s.split(",") if x.strip()]
 
 
 def parse_methods(methods: str, peer_list: str) -> list[str]:
@@ -71,19 +65,17 @@ def parse_shapes(shapes: str | None, default: str) -> list[str]:
 
 
 def build_variants(args: argparse.Namespace) -> list[Variant]:
-    """The settings to run, AR first (then the reference rows --solo asks for) and the peers last, each proposing
-    method once per shape (--shapes); with --grid the paper-style sweep."""
+    """The settings to run: AR, then --solo's reference rows, each method once per shape (or --grid's sweep), peers."""
     methods = parse_methods(args.methods, args.peers)
     methods.sort(key=lambda m: (m != "ar",))
     shapes = parse_shapes(getattr(args, "shapes", None), getattr(args, "shape", None) or "auto")
 
     def cfg(m: str, **kw) -> DecodeConfig:
         ns = argparse.Namespace(**{**vars(args), "method": m if m in METHODS else "ar"})
-        base = generate_cli.config_from_args(ns)
-        return dataclasses.replace(base, **kw)
+        return dataclasses.replace(generate_cli.config_from_args(ns), **kw)
 
     out: list[Variant] = []
-    taus, lds, lqs = _floats(args.grid_taus), _ints(args.grid_l_d), _ints(args.grid_l_q)
+    taus, lds, lqs = _numbers(args.grid_taus, float), _numbers(args.grid_l_d, int), _numbers(args.grid_l_q, int)
     pairs = [(d, q) for q in lqs for d in lds if d <= q]
     for m in methods:
         spec = method_spec(m) if m in METHODS else None
@@ -104,11 +96,8 @@ def build_variants(args: argparse.Namespace) -> list[Variant]:
     return out
 
 
-
-
 def solo_variants(roles: str | None, cfg: Callable[..., DecodeConfig]) -> list[Variant]:
-    """The reference rows of --solo (comma-separated roles, e.g. "qualifier"): each role decoding alone with AR's
-    config (`cfg("ar")`), labelled as the race labels its lane; a ValueError naming the roles that can."""
+    """The reference rows of --solo (comma-separated roles), each decoding alone with AR's config, labelled as lanes."""
     asked = [r.strip().lower() for r in (roles or "").split(",") if r.strip()]
     by_role = {lane.solo: lane for lane in SOLO_LANES}
     bad = [r for r in asked if r not in by_role]
@@ -118,7 +107,6 @@ def solo_variants(roles: str | None, cfg: Callable[..., DecodeConfig]) -> list[V
 
 
 def name_models(variants: list[Variant], models: tuple[str, ...]) -> list[Variant]:
-    """The variants with each reference row labelled after the loaded family (`methods.lane_label`: "the qualifier
-    alone (quantized copy of the target)" when the qualifier is the target's int4 copy)."""
+    """The variants with each reference row labelled after the loaded family (`methods.lane_label`)."""
     keys = {lane.solo: lane.key for lane in SOLO_LANES}
     return [dataclasses.replace(v, label=lane_label(keys[v.solo], models)) if v.solo in keys else v for v in variants]

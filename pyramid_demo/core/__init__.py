@@ -1,2 +1,1 @@
-"""The decoding core: settings, pure acceptance rules, the engine loop, cached models, trace records, statistics
-and the throughput model. Imports nothing else of the project."""
+"""The decoding core: settings, acceptance rules, the engine loop, trace records, statistics (knows only forwards)."""

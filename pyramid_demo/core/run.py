@@ -18,13 +18,6 @@ from .trace import RunResult, Step
 MAX_PROMPT_CHARS = 20_000
 
 
-def context_limit(triplet: ModelTriplet) -> int:
-    """The smallest context window of the three models."""
-    sizes = [getattr(triplet.model(r).config, "max_position_embeddings", None) or 10**9
-             for r in ("draft", "qualifier", "target")]
-    return int(min(sizes))
-
-
 def prepare_prompt(triplet: ModelTriplet, prompt: str | list[int], cfg: DecodeConfig, chat: bool = True) -> list[int]:
     """Token ids for the prompt, or a ValueError that says what is wrong with it."""
     if isinstance(prompt, str):
@@ -38,12 +31,12 @@ def prepare_prompt(triplet: ModelTriplet, prompt: str | list[int], cfg: DecodeCo
     if not ids:
         raise ValueError("the prompt encodes to no tokens")
     block = max(cfg.gamma, cfg.l_q, cfg.tree_nodes) + 1
-    limit = context_limit(triplet)
+    limit = int(min(getattr(triplet.model(r).config, "max_position_embeddings", None) or 10**9
+                    for r in ("draft", "qualifier", "target")))  # the smallest context window of the three
     if len(ids) + cfg.max_new_tokens + block > limit:
         raise ValueError(
-            f"the prompt is {len(ids)} tokens; with max_new_tokens={cfg.max_new_tokens} and drafts of up to "
-            f"{block} tokens it exceeds the models' context of {limit} tokens — shorten the prompt or "
-            f"lower max new tokens")
+            f"the prompt is {len(ids)} tokens; with max_new_tokens={cfg.max_new_tokens} and drafts of up to {block} "
+            f"tokens it exceeds the models' context of {limit} tokens — shorten the prompt or lower max new tokens")
     return ids
 
 
@@ -54,8 +47,7 @@ def _prompt_text(triplet: ModelTriplet, prompt: str | list[int], ids: list[int],
 
 
 class _TextTail:
-    """The text so far, decoding a short window at the end each pass (as TGI and vLLM stream), taken once it ends
-    in whole characters; the final snapshot decodes every id once (`full`)."""
+    """The text so far: a short window at the end decoded each pass (as TGI and vLLM stream), at whole characters."""
 
     def __init__(self, tokenizer: Any):
         self.tokenizer, self.text, self.prefix, self.read = tokenizer, "", 0, 0
@@ -158,8 +150,8 @@ def _passes(triplet: ModelTriplet, ids: list[int], cfg: DecodeConfig, prompt: st
 
 def stream(triplet: ModelTriplet, prompt: str | list[int], cfg: DecodeConfig, chat: bool = True,
            text: str | None = None, shape_why: str = "", solo: str | None = None) -> Iterator[RunResult]:
-    """Yield a snapshot after every target pass (the last has stats.stopped). `prompt`: text, or ids from
-    `prepare_prompt` with `text` as the user wrote it; `shape_why`: as `shape_to_run`; `solo`: a reference run."""
+    """A snapshot after every target pass (the last has stats.stopped). `prompt`: text, or `prepare_prompt`'s ids with
+    `text` as the user wrote it; `solo`: a reference run."""
     ids = prepare_prompt(triplet, prompt, cfg, chat)
     text = _prompt_text(triplet, prompt, ids, text)
     for record in _passes(triplet, ids, cfg, text, shape_why=shape_why, solo=solo):

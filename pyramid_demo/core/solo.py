@@ -1,5 +1,4 @@
-"""A reference run: one member decoding alone as method "ar" in the target's slot (the speed a pyramid approaches),
-its record then naming the member wherever the engine wrote "target" (`relabel`)."""
+"""A reference run: one member decoding alone as "ar" in the target's slot, its record naming it (`relabel`)."""
 from __future__ import annotations
 
 from dataclasses import replace

@@ -1,5 +1,4 @@
-"""The one cache bookkeeping every model shares: each holds its cached tokens, and a feed that does not extend
-them raises (copies of this logic drifted apart once, and a missed rollback read a stale cache silently)."""
+"""The one cache bookkeeping every model shares (copies once drifted apart): a feed not extending the cache raises."""
 from __future__ import annotations
 
 import abc
@@ -20,8 +19,7 @@ class TreeUnsupported(RuntimeError):
 
 def tap_layers(n_layers: int) -> tuple[int, int]:
     """The layers whose outputs a multi-layer proposer reads beside the final state (EAGLE-3's low and middle
-    features): one convention, so that every forward publishes them alike (layer 2 and the middle one of a
-    30-layer target)."""
+    features): one convention, so every forward publishes them alike (layer 2 and the middle one of 30 layers)."""
     return (min(2, n_layers // 4), n_layers // 2)
 
 
@@ -162,8 +160,7 @@ class CachedModel(abc.ABC):
     # ---------------------------------------------------------------- the loop's side: sequences, not positions
     def feed(self, seq: list[int], keep: int) -> torch.Tensor:
         """Feed what `seq` holds past the cache; logits of its last `keep` positions [keep, V] fp32, CPU."""
-        n = len(self.ids)
-        return self.forward(self.unfed(seq), n, keep)
+        return self.forward(self.unfed(seq), len(self.ids), keep)
 
     def unfed(self, seq: list[int]) -> list[int]:
         """seq's tokens past the cache; a missed cut (cached tokens not seq's first) raises CacheError."""

@@ -1,12 +1,10 @@
-"""The core pass (`forward.core.core_pass`) compiled ahead of time for one model's weights on this CPU.
-
-Why: on a CPU the eager pass of a small model runs well above the time it takes to read its weights (many small
-kernels, Python between them). Inductor fuses the pointwise work and, with freezing, packs the weights for oneDNN;
-freezing's packed weights cannot go through inductor's on-disk cache, so the pass is compiled ahead of time
-(AOTInductor) into one package per model, the pass length and the cache length dynamic: built once by
-`scripts/setup.sh` (minutes on two cores), loaded in a second by every later process, never built on a request.
-Its name holds everything that changes it (`fingerprint`): a stale package is never found.
-"""
+"""The core pass (`forward.core.core_pass`) compiled ahead of time for one model's weights on this CPU. Why: on a CPU
+the eager pass of a small model runs well above the time it takes to read its weights (many small kernels, Python
+between them). Inductor fuses the pointwise work and, with freezing, packs the weights for oneDNN; freezing's packed
+weights cannot go through inductor's on-disk cache, so the pass is compiled ahead of time (AOTInductor) into one package
+per model, the pass length and the cache length dynamic: built once by `scripts/setup.sh` (minutes on two cores), loaded
+in a second by every later process, never built on a request. Its name holds everything that changes it (`fingerprint`):
+a stale package is never found."""
 from __future__ import annotations
 
 import hashlib
@@ -17,6 +15,7 @@ import threading
 import time
 import weakref
 from pathlib import Path
+from platform import machine
 from typing import Any
 
 import torch
@@ -51,8 +50,7 @@ def cache_dir() -> Path:
 
 
 def cpu_line(cpuinfo: str, arch: str) -> str:
-    """The CPU's instruction-set line ("flags" on x86, "Features" on ARM) and its architecture: two machines
-    whose kernels differ never share a package name."""
+    """The CPU's instruction-set line ("flags", ARM's "Features") and architecture: kernels differ, names differ."""
     line = next((x.split(":", 1)[1].strip() for x in cpuinfo.splitlines()
                  if x.lower().startswith(("flags", "features"))), "")
     return f"{arch}|{line}"
@@ -83,8 +81,6 @@ def fingerprint(model: Any) -> str:
 
 
 def _hash(model: Any) -> str:
-    from platform import machine
-
     h = hashlib.sha256()
     info = Path("/proc/cpuinfo")
     cpu = cpu_line(info.read_text(errors="replace") if info.exists() else "", machine())
@@ -103,23 +99,14 @@ def package_path(model: Any) -> Path:
     return cache_dir() / f"{type(model).__name__}-{fingerprint(model)}.pt2"
 
 
-def _exportable(model: Any) -> list[tuple[Any, str, Any]]:
-    """Swap every layer that cannot be exported (oneDNN's packed weights, fbgemm's fp16) for its `exportable()`
-    equivalent, in place; returns the swaps, which the caller undoes."""
-    swaps = []
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if hasattr(child, "exportable"):
-                swaps.append((parent, name, child))
-                setattr(parent, name, child.exportable())
-    return swaps
-
-
 def build(model: Any, path: Path | None = None) -> Path:
-    """Compile `model`'s pass into a package (minutes on two cores); returns its path. Written under a temporary
-    name and moved into place, so a half-written package is never found."""
+    """Compile `model`'s pass into a package (minutes on two cores), written aside and moved into place; its path.
+    Meanwhile each layer that cannot be exported (fbgemm's fp16) is swapped for its `exportable()`."""
     path = path or package_path(model)
-    swaps = _exportable(model)
+    swaps = [(parent, name, child) for parent in list(model.modules()) for name, child in parent.named_children()
+             if hasattr(child, "exportable")]
+    for parent, name, child in swaps:
+        setattr(parent, name, child.exportable())
     try:
         return _build(model, path)
     finally:
@@ -148,8 +135,7 @@ def _build(model: Any, path: Path) -> Path:
 
 
 def load(model: Any) -> bool:
-    """Load `model`'s compiled package if one was built for exactly this model here; False (and a one-line log)
-    where none is, or it does not load (then it is removed, to be rebuilt)."""
+    """Load `model`'s package if one was built for exactly it here; False where none is or it fails (then removed)."""
     if model in _RUNNERS:
         return True
     if not any(cache_dir().glob(f"{type(model).__name__}-*.pt2")):  # none built here: no weights to hash
@@ -168,8 +154,7 @@ def load(model: Any) -> bool:
 
 
 def ensure(model: Any) -> tuple[bool, str]:
-    """Load `model`'s package, building it first where missing; (ready, a one-line note). A failed compile leaves
-    the eager forward in place and says so."""
+    """Load `model`'s package, built first where missing: (ready, a note); a failed compile leaves the eager forward."""
     with _LOCK:
         if load(model):
             return True, "compiled forward"

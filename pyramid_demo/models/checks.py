@@ -33,7 +33,7 @@ def pass_vs_steps(lm: LM, ids: list[int], context: int, ks: Sequence[int]) -> li
     return out
 
 
-# tree shapes the probe checks, as parent lists under the root row (−1): a chain, a bushy tree, and the
+# the tree shapes checked, as parent lists under the root row (−1): a chain, a bushy tree, and the
 # 16-node tree EAGLE-2's expansion builds at k = 4 (ancestors scattered among their cousins)
 TREE_SHAPES = ((-1, 0, 1, 2), (-1, 0, 0, 0, 1, 1, 2, 4), (-1, 0, 0, 0, 0, 1, 1, 1, 2, 2, 3, 5, 5, 6, 8, 11, 14))
 
@@ -64,8 +64,7 @@ def tree_vs_steps(lm: LM, ids: list[int], context: int, parents: Sequence[int]) 
 
 
 def tree_passes(lm: LM, ids: list[int], context: int, ks: Sequence[int]) -> list[dict[str, Any]]:
-    """Every tree shape that fits the plan's ids, against steps along each path (none where the LM's forward
-    takes no trees: a tree shape is then refused, and "auto" takes the chain, before any run: `run.takes_trees`)."""
+    """Every tree shape that fits the plan's ids, against steps along each path (none where the LM takes no trees)."""
     if not getattr(lm, "trees", False) or max(ks) < max(map(len, TREE_SHAPES)):  # once per plan: its longest pass
         return []
     at = (context, context + 25)
@@ -99,9 +98,7 @@ def check_model(opener: Callable[[list[int]], LM], vocab_size: int, plan: Sequen
     for n, (context, ks) in enumerate(plan):
         ids = [(7919 * (i + 131 * n) + 17 * n + 11) % max(2, vocab_size - 1) + 1 for i in range(context + max(ks))]
         for kind in kinds:
-            check = PASS_CHECKS[kind]
-            lm = opener(ids)
-            checks += [{**c, "kind": kind} for c in check(lm, ids, context, ks)]
+            checks += [{**c, "kind": kind} for c in PASS_CHECKS[kind](opener(ids), ids, context, ks)]
     return summarise(checks)
 
 
@@ -145,8 +142,7 @@ def reads_target(models: dict[str, Any]) -> bool:
 
 
 def role_opener(models: dict[str, Any], role: str, vocab_size: int) -> Callable[[list[int]], LM]:
-    """`role`'s LM opened as a run opens it: the target publishing its states when a proposer reads them, such a
-    proposer given the target's states over the checked ids."""
+    """`role`'s LM opened as a run opens it (the target publishing its states to a proposer that reads them)."""
     publish = reads_target(models)
 
     def open_for(ids: list[int]) -> LM:

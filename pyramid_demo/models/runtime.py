@@ -1,13 +1,10 @@
-"""One decision per model, made once at load and recorded once.
-
-Every role runs at its checkpoint's reference precision on the core forward (`forward.core`): compiled where a
-package for exactly these weights was built on this machine and its pass agrees with the eager pass, else eager;
-an architecture the core does not cover runs Hugging Face's forward. Nothing is timed on the load path. What setup
-measures (agreement, whether many-row passes equal one-row steps, step costs) is a record shown in the family box
-and the Statistics tab, never an input to a choice. One manifest in the one cache folder holds it, each entry keyed
-by everything that changes it (torch build, CPU features, threads, the weights' fingerprint); a stale entry is
-simply never found, a corrupt file reads as empty.
-"""
+"""One decision per model, made once at load and recorded once. Every role runs at its checkpoint's reference precision
+on the core forward (`forward.core`): compiled where a package for exactly these weights was built on this machine and
+its pass agrees with the eager pass, else eager; an architecture the core does not cover runs Hugging Face's forward.
+Nothing is timed on the load path. What setup measures (agreement, whether many-row passes equal one-row steps, step
+costs) is a record shown in the family box and the Statistics tab, never an input to a choice. One manifest in the one
+cache folder holds it, each entry keyed by everything that changes it (torch build, CPU features, threads, the weights'
+fingerprint); a stale entry is simply never found, a corrupt file reads as empty."""
 from __future__ import annotations
 
 import json
@@ -23,7 +20,9 @@ import torch
 from ..forward import compiled
 from ..forward.core import CoreLM
 from ..forward.lm import forward_of
+from ..predict import measure
 from .bundled import cache_root
+from .checks import check_family
 
 log = logging.getLogger(__name__)
 
@@ -108,8 +107,7 @@ def package_key(model: Any) -> str:
 
 
 def decide(model: Any, vocab_size: int) -> tuple[str, str]:
-    """Load `model`'s compiled package where one exists for these weights here and its pass agrees with the eager
-    pass (checked once, recorded); (the forward a run opens, why, in words). Never builds or times anything."""
+    """(the forward a run opens, why): the compiled package where one exists here and agrees with eager (recorded)."""
     kind = forward_of(model)
     if kind not in ("eager", "compiled"):
         return kind, WHY[kind]
@@ -173,9 +171,6 @@ def family_record(triplet: Any) -> dict[str, Any] | None:
 
 def measure_family(triplet: Any, profile: bool = True) -> dict[str, Any]:
     """Measure and record the family's checks (`checks.check_family`) and cost profile (setup, `prepare`)."""
-    from ..predict import measure
-    from .checks import check_family
-
     models = {r: triplet.model(r) for r in ("draft", "qualifier", "target")}
     t0 = time.perf_counter()
     rec: dict[str, Any] = {"checks": check_family(models, triplet.vocab_size), "machine": machine()}

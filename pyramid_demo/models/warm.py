@@ -1,5 +1,4 @@
-"""Before a race: warm every model, and read the family's cost profile if setup measured one here. Nothing is
-measured on a visitor's request: without a profile, predictions and shape "auto" say so."""
+"""Before a race: warm every model, read the cost profile setup measured (nothing measured on a visitor's request)."""
 from __future__ import annotations
 
 from typing import Any
@@ -9,8 +8,7 @@ from .runtime import family_record, measure_family
 
 
 def cost_profile(triplet: Any, measure_now: bool = False) -> dict | None:
-    """The family's cost profile here (`predict.costs`) as setup recorded it ("how": "cached"); `measure_now` (the
-    command line, bench) measures and records it where none is ("how": "measured")."""
+    """The family's cost profile as setup recorded it ("how": "cached"); `measure_now` measures one ("measured")."""
     rec = family_record(triplet)
     if rec and rec.get("profile"):
         return {**rec["profile"], "how": "cached", "probe_s": 0.0}

@@ -1,2 +1,1 @@
-"""Prediction, measurement and explanation: cost profiles, the speed models, noise, the insertion test. Reads the
-loop's records; the loop never imports it."""
+"""Prediction, measurement, explanation: cost profiles, speed models, noise, the insertion test (the loop's readers)."""

@@ -1,5 +1,4 @@
-"""Shape "auto", settled before a run: the cost profile prices the best tree against the best chain and the
-faster runs. A prediction, so it lives here; the loop only runs the shape it is handed."""
+"""Shape "auto", settled before a run: the faster of the best tree and chain on the profile (the loop only runs it)."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -11,8 +10,7 @@ from .tree_costs import best_tree
 
 
 def resolve_shape(cfg: DecodeConfig, profile: dict | None, trees: bool = True) -> tuple[DecodeConfig, str]:
-    """The config to run (shape "chain" or "tree", never "auto") and why, in one sentence; without trees or a
-    usable profile `shape_to_run` decides."""
+    """The config to run (shape "chain" or "tree") and why; without trees or a usable profile `shape_to_run` decides."""
     spec = method_spec(cfg.method)
     st = next((s for s in spec.stages if s.shaped), None)  # the stage whose proposal takes the shape
     usable = bool(profile) and "ms" in profile and st is not None and {st.proposer, st.verifier} <= set(profile["ms"])

@@ -1,5 +1,4 @@
-"""A run's predicted time on a measured cost profile (the price of the forwards and engine work it made), and
-why a method wins or loses there (`model_from_counts`, the break-even α). How: docs/how-it-works.md."""
+"""A run's predicted time on a measured cost profile, and why a method wins or loses there (the break-even α)."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -31,8 +30,7 @@ def forward_counts(steps: list[Step]) -> dict[str, dict[int, int]]:
 
 
 def tree_forward_counts(steps: list[Step], method: str, config: dict | None = None) -> dict[str, dict[int, int]]:
-    """Of `forward_counts`, the forwards that fed tree rows: the tree stage's verifier passes and the proposer's
-    forwards after its first in each step (the first feeds the root as a chain)."""
+    """Of `forward_counts`, those that fed tree rows: the tree stage's verifier passes and the proposer's levels."""
     out: dict[str, dict[int, int]] = {}
     if not method or shape_of(method, config) != "tree":
         return out
@@ -64,8 +62,7 @@ def predict_counts(counts: dict[str, dict], profile: dict, trees: dict[str, dict
 
 def predict_run(steps: list[Step], profile: dict, method: str | None = None, config: dict | None = None
                 ) -> dict[str, Any]:
-    """Predicted seconds for a recorded run: its forwards per role on the profile, plus (given the method) the
-    engine's work it did, priced from the profile's engine prices (`engine_costs`); and tokens/s."""
+    """Predicted seconds (and tok/s) of a recorded run: its forwards on the profile, plus the engine's priced work."""
     per_role = predict_counts(forward_counts(steps), profile,
                               tree_forward_counts(steps, method, config) if method else None)
     n = sum(len(s.new_tokens) for s in steps)
@@ -76,8 +73,7 @@ def predict_run(steps: list[Step], profile: dict, method: str | None = None, con
 
 
 def measured_by_k(steps: list[Step]) -> dict[str, dict[int, list[float]]]:
-    """Per-forward times measured inside a run, in ms, by role and k, where a step pins them down:
-    the target's one pass per step, a qualifier's single round, a draft's one-token forwards."""
+    """Per-forward ms measured in a run by role and k, where a step pins them down (all its forwards of one k)."""
     out: dict[str, dict[int, list[float]]] = {}
     for s in steps:
         for role, ks in step_forwards(s).items():
@@ -90,8 +86,7 @@ def measured_by_k(steps: list[Step]) -> dict[str, dict[int, list[float]]]:
 
 # ---------------------------------------------------------------- expected speed and break-even
 def solve_alpha(speed: Callable[[float], float], goal: float) -> float | None:
-    """The α in [0, 1] where speed(α) = goal (speed rises with α); 0.0 if it beats goal even at α = 0,
-    None if it cannot reach goal even at α = 1."""
+    """The α in [0, 1] where speed(α) = goal (rising with α); 0.0 if it beats goal at α = 0, None if not even at 1."""
     if speed(0.0) >= goal:
         return 0.0
     if speed(1.0) < goal:
@@ -138,8 +133,7 @@ def model_from_counts(method: str, counts: dict, config: dict, profile: dict) ->
 
 def _pyramid_model(out: dict[str, Any], method: str, counts: dict, config: dict, profile: dict, tree: bool,
                    fuzzy_t: bool) -> Callable[[float], float]:
-    """The pyramid's expected tok/s as a function of α_T: stage 1 a chain at α_Q, or the expected tree on the
-    qualifier's acceptance by rank grown at most ℓ_D deep."""
+    """The pyramid's expected tok/s of α_T: stage 1 a chain at α_Q, or the expected tree (ranks, ≤ ℓ_D deep)."""
     fuzzy_q = method_spec(method).stage1 == "fuzzy"
     lq = _length(counts.get("target"), config.get("l_q", 8))
     q = counts.get("qualifier")
@@ -162,8 +156,7 @@ def _budget(config: dict) -> dict[str, int]:
 
 
 def _tree_model(out: dict[str, Any], c: dict, config: dict, profile: dict, fuzzy: bool) -> dict[str, Any]:
-    """A tree method's model: measured acceptance by rank, the expected tree's speed at this budget and the
-    budget the profile predicts best (`tree_costs`)."""
+    """A tree method's model: acceptance by rank, the expected speed at this budget, the best budget (`tree_costs`)."""
     by_rank = ranks(c)
     budget = _budget(config)
     out["ranks"] = by_rank
@@ -179,8 +172,7 @@ def _tree_model(out: dict[str, Any], c: dict, config: dict, profile: dict, fuzzy
 
 
 def verdict(method: str, m: dict, measured: tuple[float, float] | None = None) -> str:
-    """One line: why the method wins or loses here, on the profile; `measured` (the method's and AR's
-    tok/s in the same run) adds what happened, and says so when the run did not follow the profile."""
+    """Why the method wins or loses on the profile; `measured` (its and AR's tok/s) adds what the run did."""
     if "best_tree" in m:
         b, exp = m["best_tree"], m.get("expected_tokens_per_s")
         ranks = ", ".join(f"{r:.2f}" for r in (m.get("ranks") or [])[:4]) or "not measured yet"

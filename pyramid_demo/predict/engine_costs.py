@@ -1,5 +1,4 @@
-"""The engine's own work in a run, counted from its records (`census`) and priced from the profile (`price`):
-it differs by method (divergences, tree growth and compaction); a profile without engine prices prices it at 0."""
+"""The engine's own work in a run, counted from its records (`census`) and priced from the profile (`price`)."""
 from __future__ import annotations
 
 from typing import Any
@@ -43,8 +42,7 @@ def _round_units(rnd: StageRound, tree: bool, out: dict[str, Any]) -> None:
 
 
 def census(steps: list[Step], method: str, config: dict | None = None) -> dict[str, Any]:
-    """Units of engine work a recorded run did (`UNITS`: steps, feeds, rounds, divergence rows, tree expansions
-    and compactions per role); adds up over runs (`add`)."""
+    """Units of engine work a recorded run did (`UNITS`, and tree compactions per role); adds up over runs (`add`)."""
     out: dict[str, Any] = {u: 0 for u in UNITS}
     out["keep"] = {}
     tree = shape_of(method, config) == "tree"

@@ -1,5 +1,4 @@
-"""Expected speed of every method and shape on a cost profile, from acceptance alone: a chain is the tree with
-one child per node, so one model serves both. Derivations: docs/how-it-works.md."""
+"""Expected speed of every method and shape on a cost profile from acceptance alone (a chain: a one-child tree)."""
 from __future__ import annotations
 
 from functools import cache
@@ -12,20 +11,14 @@ from .profile import cost_ms, cost_tree_ms
 # ---------------------------------------------------------------- what a round commits
 
 
-def node_probs(parents: list[int], ranks: list[int], a: list[float] | tuple[float, ...]) -> list[float]:
-    """Each node's probability of being on the accepted path: the product of a_rank along its path."""
-    p: list[float] = []
-    for par, r in zip(parents, ranks):
-        p.append((a[r] if r < len(a) else 0.0) * (p[par] if par >= 0 else 1.0))
-    return p
-
-
 def tree_reach(parents: list[int], ranks: list[int], a: list[float] | tuple[float, ...]) -> list[float]:
-    """P(the accepted path reaches depth d), d = 1 … the tree's depth (its nodes at d are exclusive)."""
-    d = depths(parents)
+    """P(the accepted path reaches depth d), d = 1 … the tree's depth (its nodes at d are exclusive): the sum of its
+    nodes' P(on the accepted path), each the product of a_rank along its path."""
+    d, p = depths(parents), []
     out = [0.0] * (max(d) if d else 0)
-    for depth, p in zip(d, node_probs(parents, ranks, a)):
-        out[depth - 1] += p
+    for depth, par, r in zip(d, parents, ranks):
+        p.append((a[r] if r < len(a) else 0.0) * (p[par] if par >= 0 else 1.0))
+        out[depth - 1] += p[-1]
     return out
 
 
@@ -36,14 +29,8 @@ def commits(reach: list[float]) -> list[float]:
 
 
 # ---------------------------------------------------------------- what a round costs
-def ar_ms(profile: dict) -> float:
-    """AR's time per token: one target step, the engine's check and pick of it, and its cut."""
-    return cost_ms(profile, "target", 1) + engine_ms(profile, "feed") + engine_ms(profile, "step")
-
-
 def chain_round_ms(profile: dict, proposer: str, verifier: str, n: int, fuzzy: bool) -> float:
-    """n one-token proposer steps, one (n+1)-row verifier pass, their feeds, the decision and the cut (and n
-    divergences)."""
+    """n one-token proposer steps, one (n+1)-row verifier pass, their feeds, the decision, the cut (n divergences)."""
     fwd = n * cost_ms(profile, proposer, 1) + cost_ms(profile, verifier, n + 1)
     eng = (n + 1) * engine_ms(profile, "feed") + engine_ms(profile, "round") + engine_ms(profile, "step")
     return fwd + eng + (n * engine_ms(profile, "div") if fuzzy else 0.0)
@@ -61,18 +48,13 @@ def tree_round_ms(profile: dict, proposer: str, verifier: str, nodes: int, level
     return fwd + eng + (contexts * engine_ms(profile, "div1") if fuzzy else 0.0)
 
 
-def tree_levels(parents: list[int]) -> int:
-    return max(depths(parents), default=1)
-
-
 # ---------------------------------------------------------------- speeds
 Tree = tuple[int, int, int]  # a tree budget: (nodes, depth, k)
 
 
 def expected_round(n: int, a: list[float] | tuple[float, ...], tree: Tree | None = None
                    ) -> tuple[list[int], list[float]]:
-    """A round's expected proposal (its parents) and P(its accepted path reaches depth d): a chain of n (α^d),
-    or `tree` on acceptance by rank `a`, grown at most n deep."""
+    """A round's expected proposal (parents) and P(its path reaches depth d): a chain of n, or `tree` (ranks `a`)."""
     nodes, depth, k = tree or (n, n, 1)
     parents, ranks = expected_tree(nodes, min(depth, n), k, a)
     return parents, tree_reach(parents, ranks, a)
@@ -84,8 +66,8 @@ def round_cost(profile: dict, n: int, a: list[float] | tuple[float, ...], propos
     parents, reach = expected_round(n, a, tree)
     if tree is None:
         return reach, chain_round_ms(profile, proposer, verifier, len(parents), fuzzy)
-    return reach, tree_round_ms(profile, proposer, verifier, len(parents), tree_levels(parents), tree[2], fuzzy,
-                                1 + sum(reach))
+    levels = max(depths(parents), default=1)
+    return reach, tree_round_ms(profile, proposer, verifier, len(parents), levels, tree[2], fuzzy, 1 + sum(reach))
 
 
 def round_speed(profile: dict, n: int, a: list[float] | tuple[float, ...], fuzzy: bool = False,
@@ -99,8 +81,7 @@ def round_speed(profile: dict, n: int, a: list[float] | tuple[float, ...], fuzzy
 
 def block_ms(profile: dict, l_d: int, l_q: int, alpha_q: float, fuzzy_q: bool,
              tree: tuple[int, int, int, tuple[float, ...]] | None = None) -> tuple[float, float]:
-    """Expected (ms, stage-1 rounds) to qualify a block of l_q tokens, each round proposing min(l_d, what is
-    left) as a chain at α_Q or as `tree` = (nodes, depth, k, acceptance by rank)."""
+    """Expected (ms, stage-1 rounds) to qualify l_q tokens, rounds of min(l_d, left): a chain at α_Q, or `tree`."""
     @cache
     def rounds(n: int) -> tuple[list[float], float]:
         a, budget = ((alpha_q,), None) if tree is None else (tree[3], tree[:3])

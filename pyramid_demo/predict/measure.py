@@ -1,9 +1,16 @@
-"""Measuring a cost profile on this machine: one cached forward of k new tokens per model, and the engine's own
-work around the forwards (its share differs by method, so a forwards-only price would be off)."""
+"""Measuring a cost profile here: a cached forward of k new tokens per model, and the engine's own work around it."""
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
+
+import torch
+
+from ..core import rules
+from ..core.config import DecodeConfig
+from ..core.round import decide, feed, record
+from ..forward.lm import open_lm
 
 MAX_K = 9  # longest forward profiled one k at a time: a proposal of 8 plus the verifier's own token
 TREE_K = 17  # also profiled: the pass of a 16-node tree (its root row included)
@@ -13,12 +20,9 @@ PROFILE_VERSION = "engine-3"  # what a cached profile holds: a profile without t
 
 
 class ForwardTimer:
-    """Times cached forwards of k new tokens after `context` tokens, over one prefilled cache, on the forward a run
-    opens (`open_lm`). Token ids are fixed, so every call times the same work: the one timing harness."""
+    """The one timing harness: cached forwards of k new (fixed) tokens after `context`, on the forward a run opens."""
 
     def __init__(self, model: Any, vocab_size: int, context: int = CONTEXT):
-        from ..forward.lm import open_lm
-
         self.context = context
         self.ids = [(7919 * i + 11) % max(2, vocab_size - 1) + 1 for i in range(context + MAX_K + 64)]
         self.lm = open_lm(model, vocab_size, "timer")
@@ -34,8 +38,7 @@ class ForwardTimer:
         return t
 
     def time_tree(self, n: int) -> float | None:
-        """Seconds for one tree forward of n rows after the context (a root row and its n − 1 children, as a
-        verifier's pass or a proposer's level feeds them); None where the model takes no trees."""
+        """Seconds for one tree forward of n rows after the context (a root and n − 1 children); None without trees."""
         lm = self.lm
         if not getattr(lm, "trees", False):
             return None
@@ -48,12 +51,7 @@ class ForwardTimer:
         return t
 
     def time_feed(self) -> tuple[float, float]:
-        """Seconds of a one-token feed through the engine's path beyond the forward itself, and seconds to cut the
-        cache back. The cache ends at `context` after."""
-        import time
-
-        from ..core.round import feed
-
+        """Seconds of a one-token feed's engine path beyond the forward, and to cut the cache back (to `context`)."""
         lm = self.lm
         seq = self.ids[: self.context + 1]
         t0, m0 = time.perf_counter(), lm.time_s
@@ -64,10 +62,7 @@ class ForwardTimer:
         return max(0.0, extra), time.perf_counter() - t1
 
     def time_keep(self, n: int = 2) -> float | None:
-        """Seconds to compact a tree's accepted path into the cache (`keep_path`); None where the model takes no
-        trees."""
-        import time
-
+        """Seconds to compact a tree's accepted path into the cache (`keep_path`); None where it takes no trees."""
         lm = self.lm
         if not getattr(lm, "trees", False):
             return None
@@ -110,8 +105,6 @@ def measure_profile(models: dict[str, Any], vocab_size: int, max_k: int = MAX_K,
 
 
 def _best_ms(f: Callable[[], Any], reps: int) -> float:
-    import time
-
     best = float("inf")
     for _ in range(reps + 1):
         t0 = time.perf_counter()
@@ -121,14 +114,7 @@ def _best_ms(f: Callable[[], Any], reps: int) -> float:
 
 
 def measure_engine(vocab_size: int, timers: dict[str, Any] | None = None, reps: int = 20) -> dict[str, Any]:
-    """The engine's own work per unit (`engine_costs.UNITS`, "keep" per role where a timer can compact a tree), in
-    ms, each the real function on logits of this family's width."""
-    import torch
-
-    from ..core import rules
-    from ..core.config import DecodeConfig
-    from ..core.round import decide, record
-
+    """The engine's own work per unit in ms (`engine_costs.UNITS`, "keep" per role): real functions, this vocabulary."""
     g = torch.Generator().manual_seed(0)
     z_p = torch.randn(5, vocab_size, generator=g)  # [5, V]: a verifier's rows for 4 proposals
     z_q = torch.randn(4, vocab_size, generator=g)  # [4, V]
@@ -173,8 +159,7 @@ def measure_engine(vocab_size: int, timers: dict[str, Any] | None = None, reps: 
 
 
 def linear_bytes(model: Any) -> tuple[int, Any]:
-    """Bytes of every weight matrix a decode step streams (linear layers, packed or not, counted once), and
-    the largest such layer. An embedding is read one row per token, so a tied head counts once, as a linear."""
+    """Bytes of every linear's weight a step streams (once each; a tied head as a linear), and the largest layer."""
     total, largest, best = 0, None, -1
     seen: set[int] = set()
     for m in model.modules():
@@ -199,12 +184,7 @@ def _weight_bytes(m: Any) -> int | None:
 
 
 def memory_floor_ms(model: Any, reps: int = 15) -> dict[str, float]:
-    """The step's floor on this machine: the largest matrix's one-row product time (min of `reps`), scaled
-    to every weight byte a step reads. Returns {"floor_ms", "gemv_ms", "gb_per_s", "mb"}."""
-    import time
-
-    import torch
-
+    """The step's floor here: the largest matrix's one-row product time (min of `reps`), scaled to every weight byte."""
     total, largest = linear_bytes(model)
     if largest is None:
         return {}
@@ -224,12 +204,7 @@ def memory_floor_ms(model: Any, reps: int = 15) -> dict[str, float]:
 
 
 def warm_up(models: dict[str, Any], vocab_size: int, prompt_ids: list[int]) -> float:
-    """One short run through every distinct model before any clock starts (first-call allocations,
-    kernel selection): the prompt, then a one-token and a few-token cached forward. Returns seconds."""
-    import time
-
-    from ..forward.lm import open_lm
-
+    """One short run through each distinct model before any clock (first-call costs); returns its seconds."""
     t0 = time.perf_counter()
     seen: set[int] = set()
     ids = list(prompt_ids[-32:]) or [1]

@@ -1,5 +1,4 @@
-"""Is one method faster than another, or within the run's own timing noise? Same-size forwards of one model do
-the same work, so their spread is what the machine adds."""
+"""Is one method faster than another, or within the timing noise (the spread of same-size forwards of one model)?"""
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -28,8 +27,7 @@ def relative_spread(times: list[float]) -> float | None:
 
 
 def same_k_forwards(steps: Iterable[Step]) -> dict[tuple[str, int], list[float]]:
-    """Seconds of single forwards grouped by (role, new tokens k): a step counts for a role only when
-    that role made exactly one forward in it, so its recorded time is one forward's."""
+    """Seconds of single forwards by (role, new tokens k), from steps where that role made exactly one forward."""
     out: dict[tuple[str, int], list[float]] = {}
     for s in steps:
         for role, ks in step_forwards(s).items():
@@ -40,8 +38,7 @@ def same_k_forwards(steps: Iterable[Step]) -> dict[tuple[str, int], list[float]]
 
 
 def timing_noise(groups: dict[tuple[str, int], list[float]], min_group: int = MIN_GROUP) -> float | None:
-    """The run's relative timing noise: each group's relative spread, weighted by its size, over the
-    groups of at least `min_group` forwards; None when no group is that large."""
+    """The run's relative timing noise: groups' spreads weighted by size, over groups of ≥ `min_group` (else None)."""
     total = n = 0.0
     for times in groups.values():
         spread = relative_spread(times) if len(times) >= min_group else None
@@ -52,8 +49,7 @@ def timing_noise(groups: dict[tuple[str, int], list[float]], min_group: int = MI
 
 
 def compare(a: float, b: float, noise: float) -> int:
-    """1 when speed a beats b by more than the noise (a > b·(1 + noise)), −1 when b beats a so,
-    0 for a tie within noise."""
+    """1 when speed a beats b by more than the noise (a > b·(1 + noise)), −1 when b beats a so, 0 for a tie."""
     if a > b * (1 + noise):
         return 1
     if b > a * (1 + noise):
@@ -62,8 +58,7 @@ def compare(a: float, b: float, noise: float) -> int:
 
 
 def leaders(speeds: dict[str, float], noise: float) -> list[str]:
-    """The fastest method and every other within noise of it, fastest first: one name is a clear
-    winner, several a tie within noise."""
+    """The fastest method and every other within noise of it, fastest first (several: a tie within noise)."""
     if not speeds:
         return []
     best = max(speeds.values())

@@ -1,6 +1,7 @@
-"""A cost profile's lookups, shared by `costs` and `tree_costs`: {"ms": {role: {k: ms}}} and, where measured,
-{"tree_ms": {role: {n: ms}}}."""
+"""A cost profile's lookups: {"ms": {role: {k: ms}}} and, where measured, {"tree_ms": {role: {n: ms}}}."""
 from __future__ import annotations
+
+from .engine_costs import engine_ms
 
 
 def _lookup(row_in: dict, k: int) -> float:
@@ -32,8 +33,10 @@ def cost_tree_ms(profile: dict, role: str, n: int) -> float:
     return _lookup(row, n) if row else cost_ms(profile, role, n)
 
 
+def ar_ms(profile: dict) -> float:
+    """AR's time per token (what speed-ups are stated against): a target step, the engine's check, pick and cut."""
+    return cost_ms(profile, "target", 1) + engine_ms(profile, "feed") + engine_ms(profile, "step")
+
+
 def ar_speed(profile: dict) -> float:
-    """AR's tok/s on this profile: one target step per token, the engine's check and pick of it and its cut
-    (`engine_ms` feed and step, where the profile has the engine's prices): what speed-ups are stated against."""
-    e = profile.get("engine_ms") or {}
-    return 1000 / (cost_ms(profile, "target", 1) + float(e.get("feed", 0.0)) + float(e.get("step", 0.0)))
+    return 1000 / ar_ms(profile)

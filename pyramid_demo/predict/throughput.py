@@ -1,5 +1,4 @@
-"""The paper's throughput model (PyramidSD §3): predicted tokens/s from single-model speeds, a teaching aid
-shown beside the measured speed and the cost profile's prediction."""
+"""The paper's throughput model (PyramidSD §3): tokens/s from single-model speeds, a teaching aid beside the profile."""
 from __future__ import annotations
 
 from ..core.methods import method_spec
@@ -8,8 +7,7 @@ from .shape import shape_of
 
 
 def stage_speed(beta: float, length: float, v_p: float, v_v: float, plus_one: bool = False) -> float:
-    """V = β·(ℓ+1) / (ℓ/V_P + 1/V_V): one proposer → verifier stage as one model. `plus_one`: β·ℓ + 1 tokens
-    per round, which stays right when acceptance is low."""
+    """V = β·(ℓ+1) / (ℓ/V_P + 1/V_V): one stage as one model; `plus_one`: β·ℓ + 1 tokens a round (right at low β)."""
     return (beta * length + 1 if plus_one else beta * (length + 1)) / (length / v_p + 1 / v_v)
 
 
@@ -34,8 +32,7 @@ def lengths(cfg: dict, proposed: dict[str, int], rounds: dict[str, int], accepte
 
 def predict_parts(method: str, lens: dict, acc: dict[str, float], speeds: dict[str, float],
                   plus_one: bool = False) -> float | None:
-    """The paper's formulas for one method from lengths, acceptance per stage and single-model speeds (role →
-    tok/s); AR's prediction is V_T itself."""
+    """The paper's formulas from lengths, acceptance per stage and single-model speeds (role → tok/s); AR's: V_T."""
     m = method_spec(method)
     try:
         if m.proposer is None:

@@ -1,5 +1,5 @@
-"""Acceptance as the cost models read it: one trial per context a round's walk reached, chain or tree (a tree's
-refused siblings on the way down are no rejection). The rules: docs/how-it-works.md."""
+"""Acceptance as the cost models read it: one trial per context a round's walk reached (refused siblings on the way
+down are no rejection)."""
 from __future__ import annotations
 
 from typing import Any
@@ -55,8 +55,7 @@ def rank_counts(rounds: list[StageRound]) -> tuple[list[int], list[int]]:
 
 
 def counts(rounds: list[StageRound]) -> dict[str, Any]:
-    """One stage's counts: accepted tokens, rejections, proposed tokens, rounds and acceptance by rank (what α,
-    the lengths and a tree's model need; they add up over runs, so pooled figures come from sums)."""
+    """One stage's counts (accepted, rejections, proposed, rounds, by rank): they add up over runs."""
     hits, reach = rank_counts(rounds)
     return {"accepted": sum(r.n_accepted for r in rounds), "rejected": sum(1 for r in rounds if rejected(r)),
             "proposed": sum(n_proposed(r) for r in rounds), "rounds": len(rounds), "rank_hits": hits,
