@@ -30,14 +30,31 @@ __all__ = ["NonFiniteLogits", "connect", "decode", "prefill", "pyramid_block", "
 
 
 def decode(lms: dict[str, LM], prompt_ids: list[int], cfg: DecodeConfig, eos_ids: tuple[int, ...],
-           gen: torch.Generator | None, full_records: bool = True) -> Iterator[Step]:
+           gen: torch.Generator | None, full_records: bool = True, defer: bool = False) -> Iterator[Step]:
     """Generate after a prefilled prompt, one `Step` per target pass, until EOS or the budget (`cfg.shape` settled).
-    `full_records=False` (bench) keeps statuses only; NaN/+inf logits raise NonFiniteLogits naming role and pass."""
+    `full_records=False` (bench) keeps statuses only. With `defer` the full records (divergences, top-5) replace the
+    statuses in the same steps once the decode ends or is closed (a timed run): building them between passes would
+    evict the small models' weights from the CPU's caches and slow the proposers. NaN/+inf logits raise
+    NonFiniteLogits naming role and pass."""
     stages = method_spec(cfg.method).stages  # the one look-up: the loop below runs them
     if any(st.shaped for st in stages) and cfg.shape not in ("chain", "tree"):
         raise ValueError(f"shape {cfg.shape!r} must be settled to 'chain' or 'tree' before decoding "
                          "(run.shape_to_run)")
     seq, n0, clock = list(prompt_ids), len(prompt_ids), _Clock()
+    later: list[tuple[Step, list[Round], Round | None]] = []  # steps whose full records are built at the end
+    try:
+        yield from _steps(lms, seq, n0, stages, cfg, eos_ids, gen, clock, full_records and not defer,
+                          later if full_records and defer else None)
+    finally:
+        for step, qrounds, tround in later:
+            step.qualifier_rounds = [record(r, cfg) for r in qrounds]
+            step.target_round = record(tround, cfg) if tround is not None else None
+
+
+def _steps(lms: dict[str, LM], seq: list[int], n0: int, stages: tuple[Stage, ...], cfg: DecodeConfig,
+           eos_ids: tuple[int, ...], gen: torch.Generator | None, clock: _Clock, full: bool,
+           later: list[tuple[Step, list[Round], Round | None]] | None) -> Iterator[Step]:
+    """`decode`'s loop: one target pass a step (records `full` now, or its rounds kept in `later` for them)."""
     for i in range(cfg.max_new_tokens):
         room = cfg.max_new_tokens - (len(seq) - n0)
         if room <= 0:
@@ -67,11 +84,13 @@ def decode(lms: dict[str, LM], prompt_ids: list[int], cfg: DecodeConfig, eos_ids
             lm.truncate(len(seq) - 1)  # the committed tokens less the last, which is fed next
         t_end = clock.now()
         clock.pause()  # the records explain the step; the race does not time them
-        step = Step(i, [record(r, cfg, full_records) for r in qrounds],
-                    record(tround, cfg, full_records) if tround is not None else None, new, origins, t0, t_end,
+        step = Step(i, [record(r, cfg, full) for r in qrounds],
+                    record(tround, cfg, full) if tround is not None else None, new, origins, t0, t_end,
                     {r: round(lm.time_s - times0[r], 6) for r, lm in lms.items()},
                     {r: lm.n_forward - calls0[r] for r, lm in lms.items()},
                     {r: lm.fed[fed0[r]:] for r, lm in lms.items()})
+        if later is not None:
+            later.append((step, qrounds, tround))
         yield step
         clock.resume()
         if eos_at is not None:

@@ -143,7 +143,7 @@ def _passes(triplet: ModelTriplet, ids: list[int], cfg: DecodeConfig, prompt: st
         lm.reset_counters()
     record = _Snapshots(triplet, cfg, prompt, ids, prefill_s, why, solo)
     record.forwards = {r: forward_of(triplet.model(solo or r)) for r in lms}
-    for step in decode(lms, ids, cfg, triplet.eos_ids, gen, full_records):
+    for step in decode(lms, ids, cfg, triplet.eos_ids, gen, full_records, defer=True):  # records after the clock
         record.add(relabel(step, solo) if solo is not None else step)
         yield record
 
