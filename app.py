@@ -217,7 +217,7 @@ if __name__ == "__main__":
 
     at_startup()  # on a Space: pip-install the default family's target (--no-deps) if it is missing
     if os.environ.get("PYRAMID_DEMO_PRELOAD", "1") != "0":
-        hosting.preload(text.START_PRESET)  # the family shown first loads while the page starts
+        hosting.preload(text.START_PRESET).join()  # the family shown first is loaded and warm before the page serves
     demo.launch(server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
                 server_port=int(os.environ.get("GRADIO_SERVER_PORT", "7860")),
                 theme=gr.themes.Soft(primary_hue="orange", secondary_hue="blue", text_size="lg"),

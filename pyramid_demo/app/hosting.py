@@ -128,9 +128,8 @@ def memory_line(preset: str, max_new_tokens: int = 128, prompt_tokens: int = 512
 
 
 def preload(preset: str) -> threading.Thread:
-    """Load and warm the family shown first while the page starts (a Space starts ready): the first race then waits
-    for nothing it did not ask for, and no visitor's request pays the load. The load is the race's own (one per key,
-    `loading.load_triplet`), so a race that starts sooner waits for this one instead of loading twice."""
+    """Load and warm the family shown first before the page serves (a Space starts ready): no visitor's request pays
+    the load. The load is the race's own (one per key, `loading.load_triplet`): a race never loads it twice."""
     def work() -> None:
         from ..models.loading import load_triplet
         from ..models.warm import prepare
