@@ -112,3 +112,21 @@ def test_the_text_tail_equals_a_full_decode_after_every_pass(bpe_tokenizer, chun
         assert full.startswith(tail.text), (i, full, tail.text)
         assert tail.text == full or full.endswith("\ufffd"), (i, full, tail.text)
     assert tail.text == tail.full() == bpe_tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def test_a_runs_full_records_are_built_after_its_clock(tiny):
+    """While a run decodes, its steps carry statuses only (nothing heavier runs between timed passes); once it ends,
+    the same steps hold the full records (each proposed token's divergence and top-5), and a run stopped early gets
+    them too when its stream is closed."""
+    cfg = DecodeConfig(method="sd", gamma=3, max_new_tokens=12)
+    seen = []
+    for snap in stream(tiny, [5, 17, 42, 99, 7], cfg, chat=False):
+        seen.append(not any(t.top5 for s in snap.steps for t in s.target_round.tokens))
+    assert all(seen), "a full record was built while the run was still decoding"
+    tokens = [t for s in snap.steps for t in s.target_round.tokens]
+    assert all(t.top5 for t in tokens) and any(t.div is not None for t in tokens)
+    steps = stream(tiny, [5, 17, 42, 99, 7], cfg, chat=False)
+    first = next(steps)
+    assert not any(t.top5 for t in first.steps[0].target_round.tokens)
+    steps.close()  # Stop: the race closes its stream
+    assert all(t.top5 for t in first.steps[0].target_round.tokens)

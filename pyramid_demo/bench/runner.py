@@ -4,6 +4,7 @@ self-contained report.html."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import platform
@@ -97,10 +98,11 @@ def timed(triplet: ModelTriplet, v: Variant, ids: list[int], chat: bool = True, 
         res: RunResult | None = generate(triplet, ids, cfg, chat=chat, text=text, full_records=False, shape_why=why,
                                          solo=v.solo)
     else:
-        res = None
-        for res in stream(triplet, ids, cfg, chat=chat, text=text, shape_why=why, solo=v.solo):  # noqa: B007
-            if stop():
-                break
+        res, runs = None, stream(triplet, ids, cfg, chat=chat, text=text, shape_why=why, solo=v.solo)
+        with contextlib.closing(runs):  # a stopped run's full records are built as its stream closes
+            for res in runs:  # noqa: B007
+                if stop():
+                    break
     return res, time.perf_counter() - t0
 
 
