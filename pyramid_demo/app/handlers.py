@@ -242,7 +242,7 @@ def stop_race(session: Session | None) -> tuple:
     race = session.latest
     if race is None:
         return full_outputs(session, MSG["idle"])
-    return full_outputs(session, MSG["stopped" if race.stopped else "done"].format(n=race.n))
+    return full_outputs(session, MSG["stopped" if race.stopped else "done"].format(n=race.n, k=len(race.repeats)))
 
 
 def clear_results(session: Session | None) -> tuple:
