@@ -9,6 +9,19 @@ import torch
 LONGEST_PASS = 65  # the longest pass a verifier runs (a proposal of at most 64 plus its own token)
 
 
+def grown(t: torch.Tensor, dim: int, need: int) -> torch.Tensor:
+    """The one growth of every static cache: `t` itself when `dim` holds `need` slots, else a copy with that size
+    doubled until it does (every slot kept: pending tree rows past the cache's end too, the rest zeros)."""
+    cap = t.shape[dim]
+    if need <= cap:
+        return t
+    while cap < need:
+        cap *= 2
+    out = t.new_zeros(*t.shape[:dim], cap, *t.shape[dim + 1:])
+    out.narrow(dim, 0, t.shape[dim]).copy_(t)
+    return out
+
+
 class CacheError(RuntimeError):
     """A forward that does not start where the cache ends: the caller's bookkeeping is wrong."""
 

@@ -73,7 +73,8 @@ def fingerprint(model: Any) -> str:
     kinds and every weight's bytes (a changed weight, dtype, format or machine gives another name: a stale
     package is never loaded). Bytes are read in place, once per model object until a weight is swapped or edited."""
     weights(model)  # its fused layers are part of the model once built: name it as it runs
-    ident = (FORMAT, signature(model), tuple(t._version for _, t in _weights(model)))  # an edit bumps _version
+    ident = (FORMAT, signature(model), tuple(t._version for t in (*model.parameters(), *model.buffers())))  # edits
+    # bump _version; an fbgemm weight's identity is in `signature` (its bytes are not unpacked for a lookup)
     hit = _PRINTS.get(model)
     if hit is None or hit[0] != ident:
         hit = _PRINTS[model] = (ident, _hash(model))

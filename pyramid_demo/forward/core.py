@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .cache import LONGEST_PASS, CachedModel, tap_layers, tap_norm, tree_seen
+from .cache import LONGEST_PASS, CachedModel, grown, tap_layers, tap_norm, tree_seen
 from .weights import Weights, weights
 
 MIN_CAPACITY = 256  # cache slots a run starts with; doubled when outgrown
@@ -113,21 +113,21 @@ class CoreLM(CachedModel):
         return self.kv[0].shape[1]
 
     def _alloc(self, cap: int) -> None:
-        """The one growth: a cache of `cap` slots holding every written slot (pending tree rows too), and its table."""
-        w, n = self.w, len(self.ids) + len(self.pending)
-        new = [torch.zeros(w.n_kv, cap, w.head_dim, dtype=w.dtype, device=self.device)
-               for _ in range(2 * len(w.layers))]
-        for a, b in zip(new, self.kv):
-            a[:, :n] = b[:, :n]
-        self.kv = new
-        self.cos, self.sin = rope_table(w.inv_freq.to(self.device), cap, w.dtype, w.rope_scale)  # [cap, D] each
+        """An empty cache of `cap` slots per layer (keys, values [H_kv, cap, D]) and its rotary table."""
+        w = self.w
+        self.kv = [torch.zeros(w.n_kv, cap, w.head_dim, dtype=w.dtype, device=self.device)
+                   for _ in range(2 * len(w.layers))]
+        self._table()
+
+    def _table(self) -> None:
+        w = self.w
+        self.cos, self.sin = rope_table(w.inv_freq.to(self.device), self.capacity, w.dtype, w.rope_scale)  # [T, D]
 
     def _grow(self, need: int) -> None:
-        cap = self.capacity
-        if need > cap:
-            while cap < need:
-                cap *= 2
-            self._alloc(cap)
+        """The cache's one growth (`cache.grown`): every written slot kept, pending tree rows included."""
+        if need > self.capacity:
+            self.kv = [grown(c, 1, need) for c in self.kv]
+            self._table()
 
     def _pass(self, tokens: list[int], positions: list[int], slots: list[int], seen: torch.Tensor | None,
               keep: int, cached: int | None = None) -> torch.Tensor:

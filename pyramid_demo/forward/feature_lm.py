@@ -8,7 +8,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .cache import CachedModel, TargetStates, tree_seen
+from .cache import CachedModel, TargetStates, grown, tree_seen
 
 
 class FeatureLM(CachedModel):
@@ -31,17 +31,10 @@ class FeatureLM(CachedModel):
         self.true_upto = 0  # rows 0 .. true_upto-1 were fed the target's own states (or row 0's zeros)
 
     def _grow(self, need: int) -> None:
-        cap = self.kv.shape[2]
-        if need <= cap:
-            return
-        while cap < need:
-            cap *= 2
-        kv = self.kv.new_zeros(2, self.kv.shape[1], cap, self.kv.shape[3])
-        kv[:, :, : self.kv.shape[2]] = self.kv
-        pred = self.pred.new_zeros(cap, self.pred.shape[1])
-        pred[: self.pred.shape[0]] = self.pred
-        self.kv, self.pred = kv, pred
-        self._tables(cap)
+        kv = grown(self.kv, 2, need)
+        if kv is not self.kv:
+            self.kv, self.pred = kv, grown(self.pred, 0, kv.shape[2])
+            self._tables(kv.shape[2])
 
     def _tables(self, capacity: int) -> None:
         cos, sin = self.m.rope_tables(capacity, self.dtype)  # [T, D] each

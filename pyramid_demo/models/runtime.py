@@ -7,6 +7,7 @@ cache folder holds it, each entry keyed by everything that changes it (torch bui
 fingerprint); a stale entry is simply never found, a corrupt file reads as empty."""
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -34,6 +35,7 @@ WHY = {"hf": "Hugging Face's forward (an architecture the core forward does not 
 
 
 # ---------------------------------------------------------------- this machine
+@functools.cache
 def _cpuinfo() -> str:
     try:
         return Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
