@@ -169,3 +169,14 @@ def test_greedy_ar_matches_hf_generate_and_sd_matches_ar(one_thread):
     assert out.forwards == {"target": "eager"}
     sd = generate(t, prompt, DecodeConfig(method="sd", gamma=4, max_new_tokens=24), chat=False)
     assert sd.token_ids == out.token_ids
+
+
+def test_growth_keeps_every_slot_and_doubles():
+    """`grown`, every cache's one growth: the same tensor while it holds what is needed; else the size doubled
+    until it does, every old slot (the last one too) kept in place and the new ones zero."""
+    from pyramid_demo.forward.cache import grown
+
+    t = torch.arange(1, 2 * 3 * 4 + 1, dtype=torch.float32).reshape(2, 3, 4)
+    assert grown(t, 1, 3) is t
+    g = grown(t, 1, 7)
+    assert g.shape == (2, 12, 4) and torch.equal(g[:, :3], t) and not g[:, 3:].any()
