@@ -275,6 +275,17 @@ def test_cancelled_generator_leaves_a_usable_session() -> None:
     assert "finished" in race(session)[-1][0]
 
 
+def test_a_visitor_whose_race_must_wait_reads_so_at_once() -> None:
+    """While any visitor's race holds the models, a new press gets the queued line straight away; once that race
+    ends (finished, stopped or its page closed), a press changes nothing before its own race starts."""
+    assert h.queue_line() is not MSG["queued"]
+    gen = h.run_race("tiny-random", ("", "", ""), "hello", FAST, h.new_session())
+    _until_lanes_run(gen)
+    assert h.queue_line() == MSG["queued"]
+    gen.close()
+    assert h.queue_line() != MSG["queued"]
+
+
 def test_export_writes_json_and_csv(done) -> None:
     session, _ = done
     jpath, cpath = h.export_files(session)

@@ -42,11 +42,46 @@ def test_a_corrupt_package_is_removed_and_the_model_stays_eager(cache) -> None:
     """A package that does not load (truncated, another torch's) is removed, to be rebuilt, and the model keeps its
     eager forward: nothing half-built serves a run."""
     t = tiny_random_triplet()
-    path = compiled.package_path(t.target)
-    path.parent.mkdir(parents=True)
-    path.write_bytes(b"not a package")
+    paths = [compiled.package_path(t.target, plan) for plan in compiled.plans(t.target)]
+    paths[0].parent.mkdir(parents=True)
+    for path in paths:
+        path.write_bytes(b"not a package")
     assert compiled.load(t.target) is False
-    assert not path.exists() and compiled.runner_of(t.target) is None
+    assert not paths[0].exists() and compiled.runner_of(t.target) is None
+
+
+def test_a_model_of_plain_weights_gets_a_few_row_package_and_an_int4_copy_does_not(cache) -> None:
+    """Plain (GEMM) weights get both plans, each under its own name; the int4 copy's linears are no GEMM: one package.
+    A model missing one of its plans loads none (setup builds what is missing)."""
+    from pyramid_demo.models.quant import int4_copy
+
+    t = tiny_random_triplet()
+    assert compiled.plans(t.target) == ("many", "few")
+    assert compiled.plans(int4_copy(t.target, 32)) == ("many",)
+    many, few = (compiled.package_path(t.target, p) for p in ("many", "few"))
+    assert many != few and few.name.endswith("-few.pt2")
+    many.parent.mkdir(parents=True)
+    many.write_bytes(b"half of what it runs")
+    assert compiled.missing(t.target) == ["few"] and compiled.load(t.target) is False and many.exists()
+
+
+def test_a_pass_of_at_most_few_rows_runs_the_few_row_package_and_every_other_the_many_row_one() -> None:
+    """The runner sends a step and a chain of FEW_ROWS rows to "few", a longer chain, a prefill and a tree to "many";
+    without a "few" package every pass runs "many". Each row count is checked on the stand-ins' own call lists."""
+    t = tiny_random_triplet()
+    many, few = _Runner(t.target), _Runner(t.target)
+    ids = [(7 * i + 3) % (t.vocab_size - 1) + 1 for i in range(60)]
+    lm = CoreLM(t.target, t.vocab_size, "target", compiled.Runner(many, few))
+    lm.feed(ids[:30], 1)  # a prefill: many
+    lm.feed(ids[:31], 1)  # a step: few
+    lm.feed(ids[:31 + compiled.FEW_ROWS], compiled.FEW_ROWS)  # the longest few-row chain
+    lm.feed(ids[:32 + 2 * compiled.FEW_ROWS], compiled.FEW_ROWS + 1)  # one row longer: many
+    lm.forward_tree(ids[40:43], [-1, 0, 0], 32 + 2 * compiled.FEW_ROWS)  # a three-row tree: few
+    assert many.rows == [30, compiled.FEW_ROWS + 1] and few.rows == [1, compiled.FEW_ROWS, 3]
+    alone = _Runner(t.target)
+    lm = CoreLM(t.target, t.vocab_size, "target", compiled.Runner(alone))
+    lm.feed(ids[:30], 1), lm.feed(ids[:31], 1)
+    assert alone.rows == [30, 1]
 
 
 def test_a_load_never_compiles_and_says_how_to_build(cache, monkeypatch) -> None:
@@ -66,10 +101,11 @@ class _Runner:
         from pyramid_demo.forward.core import core_pass
         from pyramid_demo.forward.weights import weights
 
-        self.w, self.bias, self.calls, self.core_pass = weights(model), bias, 0, core_pass
+        self.w, self.bias, self.calls, self.core_pass, self.rows = weights(model), bias, 0, core_pass, []
 
     def __call__(self, tokens, cos, sin, slots, mask, kv):
         self.calls += 1
+        self.rows.append(tokens.shape[0])
         z, h = self.core_pass(self.w, tokens, cos, sin, slots, mask, kv)
         z = z.clone()
         z[:, 7] += self.bias
@@ -92,8 +128,9 @@ def test_a_package_runs_only_where_it_agrees_with_the_eager_pass(cache) -> None:
     _with_package(cache, t, good)
     kind, why = runtime.decide(t.target, t.vocab_size)
     assert kind == "compiled" and "agrees" in why and good.calls == 4  # a prefill, a step, a chain, a tree
+    assert good.rows == [60, 1, 4, 6]  # a 4-row chain: the few-row package is checked on a chain too
     rec = runtime.entry(runtime.package_key(t.target))
-    assert rec is not None and rec["agrees"] and rec["max_abs_diff"] < 1e-4
+    assert rec is not None and rec["agrees"] and rec["max_abs_diff"] < 1e-4 and rec["flips"] == 0
     assert runtime.decide(t.target, t.vocab_size)[0] == "compiled" and good.calls == 4  # read, not re-checked
     lm = CoreLM(t.target, t.vocab_size, "target", compiled.runner_of(t.target))
     ref = CoreLM(t.target, t.vocab_size, "target")

@@ -57,6 +57,14 @@ def test_the_verdict_never_contradicts_the_measured_outcome():
     assert "not what" not in tie and "1.20 tokens per target pass" in tie and "needs 1.30" in tie
 
 
+def test_each_lane_s_forwards_stand_beside_the_profile_s_price_for_the_same_forwards():
+    """Rule: per lane and model, the forwards counted, their mean measured ms and the profile's ms for the same k,
+    and the ratio: 10 one-token target forwards of 62 ms against the profile's 20 ms read 62.0, 20.0, 3.10×."""
+    md = story.pass_costs_markdown({"ar": _ar_run(0.062)}, PROFILE)
+    assert md.splitlines()[2] == "| AR | target | 10 | 62.0 | 20.0 | 3.10× |"
+    assert story.pass_costs_markdown({"ar": _ar_run(0.062)}, None) == ""
+
+
 def test_the_paper_formula_is_a_labelled_teaching_aid_fed_by_the_profile():
     """Rule: the §3 formula appears only as a teaching aid, with the profile's one-token speeds."""
     res = {"ar": _ar_run(0.05)}

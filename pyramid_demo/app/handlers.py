@@ -6,6 +6,7 @@ import csv
 import json
 import logging
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -114,6 +115,16 @@ def _learn_vocab(race: Race, tokenizer: Any) -> None:
         race.vocab[i] = tokenizer.decode([i])
 
 
+_RACING = [0]  # races holding the models now, every visitor's (a race is timed alone: the queue lets one run)
+_RACING_LOCK = threading.Lock()
+
+
+def queue_line() -> Any:
+    """The status line a visitor reads at once when their race must wait for another to finish (no change else)."""
+    with _RACING_LOCK:
+        return MSG["queued"] if _RACING[0] else gr.skip()
+
+
 def race_event(prompt: str, preset: str, draft: str | None = None, qualifier: str | None = None,
                target: str | None = None, session: Session | None = None, progress: gr.Progress = gr.Progress(),
                side_by_side: bool = False, qualifier_alone: bool = False, **settings: Any) -> Iterator[tuple]:
@@ -139,10 +150,14 @@ def run_race(preset: str, models: tuple[str, str, str], prompt: str, settings: d
         cut = ""  # make_config reports the bad value
     session.budget_note = _notify(cut) if cut else ""
     session.stop, session.busy = False, True
+    with _RACING_LOCK:
+        _RACING[0] += 1
     try:
         yield from _race_steps(preset, models, prompt, settings, session, progress, race_lanes_)
     finally:
         session.busy = False
+        with _RACING_LOCK:
+            _RACING[0] -= 1
 
 
 def _show_stages(staged: Iterator, session: Session, progress: gr.Progress) -> Any:

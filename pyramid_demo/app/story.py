@@ -31,6 +31,24 @@ def load_factors(runs: list[RunResult], profile: dict) -> dict[str, float]:
     return {role: round(took[role] / want[role], 3) for role in took}
 
 
+def pass_costs_markdown(results: dict[str, RunResult], profile: dict | None) -> str:
+    """Each lane's forwards per model: how many, their mean ms measured in the race, and the cost profile's ms for
+    the same forwards (the same k each): why a lane won or lost, pass by pass."""
+    if not profile or not results:
+        return ""
+    out = ["| lane | model | forwards | ms per forward, this race | the profile's, same forwards | race ÷ profile |",
+           "|---|---|---|---|---|---|"]
+    for m, r in results.items():
+        want = costs.predict_counts(costs.forward_counts(r.steps), profile)
+        for role in ROLES:
+            n, took = r.stats.forward_passes.get(role, 0), r.stats.forward_time_s.get(role)
+            if not n or took is None or not want.get(role):
+                continue
+            out.append(f"| {short_name(m)} | {role} | {n} | {1000 * took / n:.1f} | {1000 * want[role] / n:.1f} "
+                       f"| {took / want[role]:.2f}× |")
+    return "\n".join(out) if len(out) > 2 else ""
+
+
 def run_factor(r: RunResult, profile: dict) -> float | None:
     """All of one run's forward seconds ÷ the profile's for its forwards."""
     f = load_factors([r], profile)

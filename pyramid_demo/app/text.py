@@ -75,6 +75,8 @@ MSG = {
            "{figures}.",
     "winner_unsure": "  \n🏆 **{label}** was fastest: {figures} (too few forwards and repeats to measure the noise "
                      "band, so a small gap may be chance).",
+    "queued": "⏳ Another race is running on this machine (yours or another visitor's). Races run one at a time, so "
+              "each lane is timed alone; yours starts when it ends…",
     "stopping": "⏹ Stopping after the current target pass…",
     "stopped_early": "⏹ Stopped before the race began.",
     "custom_missing": "Custom models need all three ids (draft, qualifier, target) from one family.",

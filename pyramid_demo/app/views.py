@@ -88,8 +88,8 @@ def pick_race(session: Session | None, race_n: Any = None) -> tuple:
     choices = [(f"Race {r.n}", str(r.n)) for r in session.races]
     profile = race.profile
     story_md = story.markdown(res, profile, race.repeats)
-    detail_md = "\n\n".join(x for x in (story.profile_markdown(profile), story.teaching_aid(res, profile),
-                                         story.passes_markdown(res)) if x)
+    detail_md = "\n\n".join(x for x in (story.profile_markdown(profile), story.pass_costs_markdown(res, profile),
+                                         story.teaching_aid(res, profile), story.passes_markdown(res)) if x)
     return (gr.update(choices=choices, value=str(race.n)),
             gr.update(choices=[(METHOD_LABELS[m], m) for m in methods], value=method),
             *pick_method(session, race.n, method),

@@ -1,10 +1,15 @@
 """The core pass (`forward.core.core_pass`) compiled ahead of time for one model's weights on this CPU. Why: on a CPU
 the eager pass of a small model runs well above the time it takes to read its weights (many small kernels, Python
-between them). Inductor fuses the pointwise work and, with freezing, packs the weights for oneDNN; freezing's packed
-weights cannot go through inductor's on-disk cache, so the pass is compiled ahead of time (AOTInductor) into one package
-per model, the pass length and the cache length dynamic: built once by `scripts/setup.sh` (minutes on two cores), loaded
-in a second by every later process, never built on a request. Its name holds everything that changes it (`fingerprint`):
-a stale package is never found."""
+between them). Inductor fuses the pointwise work and, with freezing, packs the weights; freezing's packed weights
+cannot go through inductor's on-disk cache, so the pass is compiled ahead of time (AOTInductor) into packages per
+model, the cache length dynamic: built once by `scripts/setup.sh` (minutes on two cores), loaded in a second by every
+later process, never built on a request. Their names hold everything that changes them (`fingerprint`): a stale
+package is never found.
+
+Two plans, one pass. MKL's packed GEMM reads a weight at about half the memory's speed for one row and is the
+fastest for many; inductor's own CPU GEMM template is the reverse. So a model whose linears are plain weights gets
+a "few" package (passes of at most FEW_ROWS rows: steps, short chains) on the template and a "many" package (every
+longer pass: prefills, long chains, trees) on MKL; a model whose linears are no GEMM (the int4 copy) gets one."""
 from __future__ import annotations
 
 import hashlib
@@ -22,13 +27,18 @@ import torch
 
 from .cache import LONGEST_PASS
 from .core import core_pass
-from .weights import Weights, signature, weights
+from .weights import Dense, Weights, signature, weights
 
-FORMAT = 5  # bump when the pass below changes: older packages are then stale
+FORMAT = 6  # bump when the pass below changes: older packages are then stale
 _RUNNERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its loaded package (a copy of the
 # model, e.g. a quantized copy's source, has none: it is another model)
 _PRINTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (weights' identity, fingerprint)
 _LOCK = threading.Lock()
+FEW_ROWS = 4  # the longest pass the "few" package runs
+PLANS = {  # plan -> (most rows, inductor's settings)
+    "many": (LONGEST_PASS, {"freezing": True}),
+    "few": (FEW_ROWS, {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP"}),
+}
 log = logging.getLogger(__name__)
 
 
@@ -96,39 +106,57 @@ def _hash(model: Any) -> str:
     return h.hexdigest()[:20]
 
 
-def package_path(model: Any) -> Path:
-    return cache_dir() / f"{type(model).__name__}-{fingerprint(model)}.pt2"
+def package_path(model: Any, plan: str = "many") -> Path:
+    suffix = "" if plan == "many" else f"-{plan}"
+    return cache_dir() / f"{type(model).__name__}-{fingerprint(model)}{suffix}.pt2"
 
 
-def build(model: Any, path: Path | None = None) -> Path:
-    """Compile `model`'s pass into a package (minutes on two cores), written aside and moved into place; its path.
-    Meanwhile each layer that cannot be exported (fbgemm's fp16) is swapped for its `exportable()`."""
-    path = path or package_path(model)
+def plans(model: Any) -> tuple[str, ...]:
+    """The packages `model` runs on: "few" too where its linears are plain weights (a GEMM reads them)."""
+    return ("many", "few") if isinstance(weights(model).layers[0].qkv, Dense) else ("many",)
+
+
+class Runner:
+    """A model's loaded packages: a pass of at most FEW_ROWS rows runs `few` where it exists, every other `many`."""
+
+    def __init__(self, many: Any, few: Any | None = None) -> None:
+        self.many, self.few = many, few
+
+    def __call__(self, tokens, cos, sin, slots, mask, kv):  # type: ignore[no-untyped-def]
+        few = self.few is not None and tokens.shape[0] <= FEW_ROWS
+        return (self.few if few else self.many)(tokens, cos, sin, slots, mask, kv)
+
+
+def build(model: Any, plan: str = "many") -> Path:
+    """Compile `model`'s pass on `plan` into its package (minutes on two cores), written aside and moved into place;
+    its path. Meanwhile each layer that cannot be exported (fbgemm's fp16) is swapped for its `exportable()`."""
+    path = package_path(model, plan)
     swaps = [(parent, name, child) for parent in list(model.modules()) for name, child in parent.named_children()
              if hasattr(child, "exportable")]
     for parent, name, child in swaps:
         setattr(parent, name, child.exportable())
     try:
-        return _build(model, path)
+        return _build(model, path, plan)
     finally:
         for parent, name, child in swaps:
             setattr(parent, name, child)
 
 
-def _build(model: Any, path: Path) -> Path:
+def _build(model: Any, path: Path, plan: str) -> Path:
     w = weights(model)
-    t, k = 96, 4
+    rows, configs = PLANS[plan]
+    t, k = 96, min(4, rows)
     ex = (torch.zeros(k, dtype=torch.long), torch.ones(k, w.head_dim, dtype=w.dtype),
           torch.zeros(k, w.head_dim, dtype=w.dtype), torch.arange(k), torch.ones(k, t, dtype=torch.bool),
           [torch.zeros(w.n_kv, t, w.head_dim, dtype=w.dtype) for _ in range(2 * len(w.layers))])
-    kd, td = torch.export.Dim("k", min=1, max=LONGEST_PASS), torch.export.Dim("t", min=LONGEST_PASS + 1, max=1 << 16)
+    kd, td = torch.export.Dim("k", min=1, max=rows), torch.export.Dim("t", min=LONGEST_PASS + 1, max=1 << 16)
     dyn = ({0: kd}, {0: kd}, {0: kd}, {0: kd}, {0: kd, 1: td}, [{1: td}] * len(ex[5]))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}.pt2")
     try:
         with torch.inference_mode(False), torch.no_grad():
             ep = torch.export.export(_Pass(w), ex, dynamic_shapes=dyn, strict=False)
-            torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp), inductor_configs={"freezing": True})
+            torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp), inductor_configs=configs)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -136,32 +164,41 @@ def _build(model: Any, path: Path) -> Path:
 
 
 def load(model: Any) -> bool:
-    """Load `model`'s package if one was built for exactly it here; False where none is or it fails (then removed)."""
+    """Load `model`'s packages if every one was built for exactly it here; False where one is missing or fails to
+    load (then removed)."""
     if model in _RUNNERS:
         return True
     if not any(cache_dir().glob(f"{type(model).__name__}-*.pt2")):  # none built here: no weights to hash
         return False
-    path = package_path(model)
-    if not path.exists():
+    paths = {plan: package_path(model, plan) for plan in plans(model)}
+    if not all(p.exists() for p in paths.values()):
         return False
-    try:
-        runner = torch._inductor.aoti_load_package(str(path))
-    except Exception as e:  # a corrupt or foreign file: drop it, run eager
-        log.warning("compiled forward %s did not load (%s); removed, the eager forward runs", path.name, e)
-        path.unlink(missing_ok=True)
-        return False
-    _RUNNERS[model] = runner
+    loaded = {}
+    for plan, path in paths.items():
+        try:
+            loaded[plan] = torch._inductor.aoti_load_package(str(path))
+        except Exception as e:  # a corrupt or foreign file: drop it, run eager
+            log.warning("compiled forward %s did not load (%s); removed, the eager forward runs", path.name, e)
+            path.unlink(missing_ok=True)
+            return False
+    _RUNNERS[model] = Runner(loaded["many"], loaded.get("few"))
     return True
 
 
+def missing(model: Any) -> list[str]:
+    """The plans whose package `model` lacks here."""
+    return [plan for plan in plans(model) if not package_path(model, plan).exists()]
+
+
 def ensure(model: Any) -> tuple[bool, str]:
-    """Load `model`'s package, built first where missing: (ready, a note); a failed compile leaves the eager forward."""
+    """Load `model`'s packages, built first where missing: (ready, a note); a failed compile leaves the eager forward."""
     with _LOCK:
         if load(model):
             return True, "compiled forward"
         t0 = time.perf_counter()
         try:
-            build(model)
+            for plan in missing(model):
+                build(model, plan)
         except Exception as e:
             return False, f"compile failed ({type(e).__name__}: {str(e)[:120]}); the eager forward runs"
         return load(model), f"compiled in {time.perf_counter() - t0:.0f} s"

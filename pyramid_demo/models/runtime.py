@@ -28,7 +28,7 @@ from .checks import check_family
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
-FORMAT = 1  # what an entry holds; raise it when that changes (older entries are then not read)
+FORMAT = 2  # what an entry holds; raise it when that changes (older entries are then not read)
 ISA = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "neon", "asimd", "bf16", "sve")
 WHY = {"hf": "Hugging Face's forward (an architecture the core forward does not cover)",
        "feature": "its own one-layer forward over the verifier's states"}
@@ -124,29 +124,52 @@ def decide(model: Any, vocab_size: int) -> tuple[str, str]:
         write(key, got)
     if not got["agrees"]:
         compiled.attach(model, None)
-        return "eager", (f"the core pass, eager: its compiled pass disagreed with the eager one (top-1 differed, max "
-                         f"|Δlogit| {got['max_abs_diff']:.2g})")
-    return "compiled", f"the core pass, compiled (agrees with eager: top-1 equal, max |Δlogit| " \
-                       f"{got['max_abs_diff']:.2g})"
+        return "eager", (f"the core pass, eager: its compiled pass disagreed with the eager one (top-1 differed by "
+                         f"more than the eager pass's own rounding, {got['noise']:.2g}; max |Δlogit| "
+                         f"{got['max_abs_diff']:.2g})")
+    same = "top-1 equal" if got["flips"] == 0 else f"top-1 equal but on {got['flips']} near-tie(s) within rounding"
+    return "compiled", f"the core pass, compiled (agrees with eager: {same}, max |Δlogit| {got['max_abs_diff']:.2g})"
 
 
 @torch.inference_mode()
 def agreement(model: Any, vocab_size: int) -> dict[str, Any]:
-    """The compiled pass against the eager one on the same rows: a prefill, a one-row step, a chain and a tree."""
+    """The compiled pass against the eager one on the same rows: a one-row step and a 4-row chain (the "few" package
+    where the model has one), a prefill and a tree (the "many" one). It agrees where every row's top-1 is eager's,
+    or differs only on a near-tie: eager's two candidates closer than eager's own rounding (its 4-row chain against
+    the same rows fed one at a time; a model computing in bf16 inside, like the int4 copy, rounds far more)."""
     ids = [(7919 * i + 11) % max(2, vocab_size - 1) + 1 for i in range(80)]
     outs = []
     for runner in (None, compiled.runner_of(model)):
         lm = CoreLM(model, vocab_size, "check", runner)
-        z = [lm.feed(ids[:60], 1), lm.feed(ids[:61], 1), lm.feed(ids[:66], 5)]
-        z.append(lm.forward_tree(ids[66:72], [-1, 0, 0, 1, 1, 2], 66))
-        outs.append(torch.cat(z))  # [13, V]
-    a, b = outs
-    return {"agrees": bool(torch.equal(a.argmax(-1), b.argmax(-1))),
+        z = [lm.feed(ids[:60], 1), lm.feed(ids[:61], 1), lm.feed(ids[:65], 4)]
+        z.append(lm.forward_tree(ids[65:71], [-1, 0, 0, 1, 1, 2], 65))
+        outs.append(torch.cat(z))  # [12, V]
+    a, b = outs  # eager, compiled
+    steps = CoreLM(model, vocab_size, "check")
+    steps.feed(ids[:61], 1)
+    one = torch.cat([steps.feed(ids[: 62 + i], 1) for i in range(4)])  # [4, V]: the chain's rows one at a time
+    noise = float((a[2:6] - one).abs().max())
+    top_a, top_b = a.argmax(-1), b.argmax(-1)  # [12]
+    margin = a.gather(1, top_a[:, None]) - a.gather(1, top_b[:, None])  # [12, 1]: eager's gap between the two
+    flips = top_a != top_b
+    return {"agrees": bool((margin[flips] <= noise).all()), "flips": int(flips.sum()), "noise": noise,
             "max_abs_diff": float(torch.where(a == b, 0.0, (a - b).abs()).max())}
 
 
+def missing_packages(model: Any) -> list[str]:
+    """The plans (`compiled.PLANS`) whose package `model` lacks here; none where it runs no compiled core pass."""
+    if forward_of(model) not in ("eager", "compiled") or next(model.parameters()).device.type != "cpu":
+        return []
+    return compiled.missing(model)
+
+
+def build_package(model: Any, plan: str) -> None:
+    """Build `model`'s package of `plan` (one `prepare` worker's job: minutes on one core)."""
+    compiled.build(model, plan)
+
+
 def ensure_package(model: Any) -> str:
-    """Build `model`'s package where missing (setup only: minutes on two cores); one line saying what happened."""
+    """Build `model`'s packages where missing (setup only: minutes on two cores); one line saying what happened."""
     if forward_of(model) not in ("eager", "compiled") or next(model.parameters()).device.type != "cpu":
         return "not compiled (not a CPU core forward)"
     ok, note = compiled.ensure(model)
