@@ -131,8 +131,7 @@ def build_demo() -> gr.Blocks:
                     method_dd = gr.Dropdown([], label="Method", scale=2, elem_id="method-dd")
                     round_sl = gr.Slider(1, 2, value=1, step=1, label="Target pass (round)", scale=3, interactive=False)
                 with gr.Row():
-                    wq = _whatif("tau_q")
-                    wt = _whatif("tau_t")
+                    wq, wt = _whatif("tau_q"), _whatif("tau_t")
                     pos_sl = gr.Slider(1, 9, value=1, step=1, label="Position along the accepted path (top-5 view)")
                 insp_md = gr.Markdown()
                 gr.Markdown(text.PLAY_NOTE)
@@ -184,17 +183,14 @@ def build_demo() -> gr.Blocks:
                      [prompt, preset, draft_id, qual_id, target_id, session], race_out,
                      inputs_kwargs={**{k: widgets[k] for k in h.SETTING_NAMES}, "side_by_side": side_by_side,
                                     "qualifier_alone": qualifier_alone},
-                     api_name="race",
-                     concurrency_id="models", concurrency_limit=1,
+                     api_name="race", concurrency_id="models", concurrency_limit=1,
                      show_progress="hidden")  # the status line names each stage; a live progress display
         # redraws every frame for the whole race and takes a browser's CPU from the models
         inspected(race.then(views.pick_race, [session], pick_out, **PRIVATE))
         race.then(play_view.race_choices, [session], [play_lane, play_pass, *race_player], **QUICK)
         race.then(h.preset_info, preset, family_out, **PRIVATE)  # now with what runs and this machine's record
-        stop_btn.click(h.stop_race, session, race_out, api_name="stop", concurrency_id="stop",
-                       concurrency_limit=None)
-        cleared = clear_btn.click(h.clear_results, session, race_out, api_name="clear",
-                                  api_visibility="undocumented")
+        stop_btn.click(h.stop_race, session, race_out, api_name="stop", concurrency_id="stop", concurrency_limit=None)
+        cleared = clear_btn.click(h.clear_results, session, race_out, api_name="clear", api_visibility="undocumented")
         inspected(cleared.then(views.pick_race, [session], pick_out, **PRIVATE))
         cleared.then(play_view.race_choices, [session], [play_lane, play_pass, *race_player], **QUICK)
         inspected(race_dd.input(views.pick_race, [session, race_dd], pick_out, **PRIVATE))

@@ -61,15 +61,14 @@ def summary(result) -> str:
     coloured = "".join(COLOURS[o] + t + RESET for t, o in zip(result.token_texts, result.origins))
     legend = "  ".join(COLOURS[o] + o + RESET for o in COLOURS)
     acc = ", ".join(f"{k} {v:.0%}" for k, v in s.acceptance.items()) or "n/a"
-    lines = [
+    return "\n".join([
         f"{result.method} on {', '.join(result.models)}; {result.shape_why}", coloured, "", f"colours: {legend}",
         f"{s.n_new_tokens} tokens in {s.decode_s:.2f} s = {s.tokens_per_s:.1f} tok/s "
         f"(prefill {s.prefill_s:.2f} s, stopped: {s.stopped})",
         f"target passes {s.target_passes}; tokens per target pass {s.tokens_per_target_pass:.2f} "
         f"(drafted tokens accepted per pass {s.mean_accepted_per_target_pass:.2f}, bonus not counted)",
         f"acceptance: {acc}; accepted-length histogram {s.accepted_hist}",
-        "forward passes: " + ", ".join(f"{k} {v} ({s.forward_time_s[k]:.2f} s)" for k, v in s.forward_passes.items())]
-    return "\n".join(lines)
+        "forward passes: " + ", ".join(f"{k} {v} ({s.forward_time_s[k]:.2f} s)" for k, v in s.forward_passes.items())])
 
 
 def run(args: argparse.Namespace) -> int:

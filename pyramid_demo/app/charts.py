@@ -38,16 +38,14 @@ def race_figure(results: dict[str, RunResult], repeats: Repeats | None = None) -
     for m, r in results.items():
         xs = [0.0, *(s.t_end for s in r.steps)]
         ys = [0, *itertools.accumulate(len(s.new_tokens) for s in r.steps)]  # tokens so far at each pass's end
-        name = " · ".join([f"{short_name(m)}: {speed(m, results, repeats):.1f} tok/s",
-                           *speedups(m, results, repeats)])
+        name = " · ".join([f"{short_name(m)}: {speed(m, results, repeats):.1f} tok/s", *speedups(m, results, repeats)])
         fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", line_shape="hv", name=name,
                                  line=dict(color=METHOD_COLOURS.get(m), width=3), marker=dict(size=5),
                                  hovertemplate="%{y} tokens at %{x:.2f} s<extra>" + short_name(m) + "</extra>"))
     if not results:
         return empty_figure("The race chart appears here: tokens generated vs time for each method.")
     _layout(fig, "Tokens generated vs time (steeper is faster)", 440)
-    fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.22, x=0, xanchor="left"),
-                      margin=dict(b=120))
+    fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.22, x=0, xanchor="left"), margin=dict(b=120))
     fig.update_xaxes(title="seconds after the prompt (prefill excluded)", rangemode="tozero")
     fig.update_yaxes(title="tokens generated", rangemode="tozero")
     return fig
@@ -143,17 +141,15 @@ def position_figure(results: dict[str, RunResult]) -> go.Figure:
                 continue
             dash = "dot" if stage == "qualifier" else "solid"
             first = stage_rounds(r.steps, stage)[0]
-            pair = f"{first.proposer}→{first.verifier}"
             fig.add_trace(go.Scatter(x=list(range(1, len(ys) + 1)), y=ys, mode="lines+markers",
-                                     name=f"{short_name(m)} · {pair}",
+                                     name=f"{short_name(m)} · {first.proposer}→{first.verifier}",
                                      line=dict(color=METHOD_COLOURS.get(m), dash=dash, width=3)))
     if not fig.data:
         return empty_figure("Per-position acceptance appears after a race.")
     _layout(fig, "Acceptance by position in the proposal", 460)
     fig.update_xaxes(title="position in the proposal (a tree's depth)", dtick=1)
     fig.update_yaxes(title="P(accepted | proposed there)", range=[0, 1.05], tickformat=".0%")
-    fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.25, x=0, xanchor="left"),
-                      margin=dict(b=150))
+    fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.25, x=0, xanchor="left"), margin=dict(b=150))
     return fig
 
 

@@ -31,9 +31,7 @@ def model_name(ref: str, role: str, target: str) -> str:
     if ref in KNOWN:
         return KNOWN[ref]
     base, _, quant = ref.partition("@")
-    if quant and base == target:
-        return f"the target's own {quant[:4]} copy"
-    return ref.rstrip("/").rsplit("/", 1)[-1]
+    return f"the target's own {quant[:4]} copy" if quant and base == target else ref.rstrip("/").rsplit("/", 1)[-1]
 
 
 def box(p: Preset) -> str:

@@ -55,16 +55,12 @@ def walk(rnd: StageRound, tau: float) -> list[str]:
 
 def whatif_statuses(rnd: StageRound, tau: float | None) -> list[str]:
     """accepted / rejected / discarded per proposed token under `tau` (an exact-rule round, or no τ: as recorded)."""
-    if rnd.exact or tau is None:
-        return [t.status for t in rnd.tokens[:-1]]
-    return walk(rnd, tau)
+    return [t.status for t in rnd.tokens[:-1]] if rnd.exact or tau is None else walk(rnd, tau)
 
 
 def reevaluate(rnd: StageRound, tau: float | None) -> int:
     """Drafted tokens the round would have accepted at `tau` (`walk`); an exact-rule round's recorded count stands."""
-    if rnd.exact or tau is None:
-        return rnd.n_accepted
-    return walk(rnd, tau).count("accepted")
+    return rnd.n_accepted if rnd.exact or tau is None else walk(rnd, tau).count("accepted")
 
 
 def round_tau(rnd: StageRound, tau_q: float, tau_t: float) -> float | None:

@@ -52,14 +52,12 @@ def panels(results: dict[str, RunResult]) -> dict[str, tuple[int, int]]:
     return where
 
 
-def accepted_figure(results: dict[str, RunResult], title: str = "Drafted tokens accepted per target pass"
-                    ) -> go.Figure:
+def accepted_figure(results: dict[str, RunResult], title: str = "Drafted tokens accepted per target pass") -> go.Figure:
     """Share of target passes that accepted k drafted tokens (bonus not counted), a panel per method with its mean."""
     where = panels(results)
     if not where:
         return empty_figure("Accepted-length histograms appear after a race (AR drafts nothing).")
-    rows = max(r for r, _ in where.values())
-    cols = max(c for _, c in where.values())
+    rows, cols = max(r for r, _ in where.values()), max(c for _, c in where.values())
     slots = {rc: "" for rc in ((r, c) for r in range(1, rows + 1) for c in range(1, cols + 1))}
     for m, rc in where.items():
         s = results[m].stats

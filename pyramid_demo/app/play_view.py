@@ -100,8 +100,7 @@ def tick(ps: PlayState) -> tuple:
 # ------------------------------------------------------------------ the race tab's player
 def _busiest(steps: list) -> int:
     """The 1-based pass that committed the most tokens (the earliest on a tie): a pass worth watching."""
-    best = max(range(len(steps)), key=lambda k: (len(steps[k].new_tokens), -k), default=0)
-    return best + 1
+    return max(range(len(steps)), key=lambda k: (len(steps[k].new_tokens), -k), default=0) + 1
 
 
 def pass_slider(n: int, value: int) -> Any:  # over a run's n target passes (Gradio needs max > min)
@@ -152,8 +151,7 @@ def round_html(beat: Beat) -> str:
         cells = [_cell(beat, i) for i in range(n + 1) if i < len(beat.chips) and beat.chips[i].state != HIDDEN]
         return f'<div style="{render.FONT}font-size:1.1rem;display:flex;flex-wrap:wrap;align-items:flex-start">' \
                f'{"".join(cells)}</div>'
-    kids = rules.children(ps)
-    depth = rules.depths(ps)
+    kids, depth = rules.children(ps), rules.depths(ps)
     rows: list[str] = []
 
     def visit(c: int) -> None:

@@ -143,8 +143,7 @@ class _Play:
         """Play one round: its guesses appear (or, `block`, the qualified block arrives at once), the verifier's
         walk marks them, its own token lands or the round is cut."""
         ps, recs = parents_of(rnd), rnd.tokens
-        n = len(ps)
-        target = rnd.stage == "target"
+        n, target = len(ps), rnd.stage == "target"
         own_origin = "bonus" if target and recs[-1].status == "bonus" else rnd.verifier
         chips = [Chip(self.text(r.token_id), origins[i] if i < len(origins) else rnd.proposer, HIDDEN)
                  for i, r in enumerate(recs[:-1])] + [Chip(self.text(recs[-1].token_id), own_origin, HIDDEN)]
@@ -191,8 +190,7 @@ class _Play:
         self.add(self.own(rnd, ps), rnd.verifier, j, title, chips, ps, (n,))
 
     def play(self) -> list[Beat]:
-        step = self.step
-        t = step.target_round
+        step, t = self.step, self.step.target_round
         if t is None:  # AR: one model alone (the target, or a reference lane's member, as its origins say)
             who = step.origins[0] if step.origins else "target"
             text = "".join(self.text(x) for x in step.new_tokens)
@@ -212,8 +210,7 @@ class _Play:
         self.committed = [Chip(self.text(x), o, "accepted") for x, o in zip(step.new_tokens, step.origins)]
         text = "".join(c.text for c in self.committed)
         k = len(self.committed)
-        self.add(f"the pass commits {k} token{'s' if k != 1 else ''}: {_q(text)}", "target", j, title, list(chips),
-                 ps)
+        self.add(f"the pass commits {k} token{'s' if k != 1 else ''}: {_q(text)}", "target", j, title, list(chips), ps)
         return self.beats
 
 

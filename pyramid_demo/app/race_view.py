@@ -20,9 +20,7 @@ def divergence_words(out: list[int], ref: list[int], greedy: bool = True) -> str
         return MSG["same_text"].format(ref=words, n=len(ref))
     if k == len(out):
         return MSG["ends_early"].format(ref=words, n=k)
-    if k == len(ref):
-        return MSG["goes_on"].format(ref=words, n=k)
-    return MSG["leaves_text"].format(ref=words, k=k + 1)
+    return MSG["goes_on"].format(ref=words, n=k) if k == len(ref) else MSG["leaves_text"].format(ref=words, k=k + 1)
 
 
 def _against_ar(m: str, race: Race) -> list[str]:

@@ -70,8 +70,7 @@ def rows(results: dict[str, RunResult], profile: dict | None, repeats: Repeats |
             row["x_ar"] = x
         if profile:
             pred = costs.predict_run(r.steps, profile)
-            row["predicted"] = pred["tokens_per_s"]
-            row["factor"] = run_factor(r, profile)
+            row.update(predicted=pred["tokens_per_s"], factor=run_factor(r, profile))
             model = costs.model_from_counts(r.method, stage_counts(r.steps), r.config, profile)
             row.update({k: model[k] for k in ("alpha", "alpha_qualifier") if k in model})
             if ar_pred and row["predicted"]:
@@ -91,10 +90,8 @@ def verdict(method: str, row: dict, spread: float | None, ar_factor: float | Non
     x = row.get("x_ar")
     if x is None:
         return "no AR lane in this race to compare with"
-    n = spread or 0.0
-    outcome = noise.compare(x, 1.0, n)
     said = {1: f"**faster** than AR ({x:.2f}×", 0: f"**a tie with AR** within noise ({x:.2f}×",
-            -1: f"**slower** than AR ({x:.2f}×"}[outcome]
+            -1: f"**slower** than AR ({x:.2f}×"}[noise.compare(x, 1.0, spread or 0.0)]
     said += f", noise band {spread:.0%})" if spread is not None else ")"
     xp = row.get("x_ar_predicted")
     if xp is None:
@@ -115,8 +112,7 @@ def disagrees(row: dict, spread: float | None) -> bool:
     x, xp = row.get("x_ar"), row.get("x_ar_predicted")
     if x is None or xp is None or row.get("method") == "ar":
         return False
-    outcome = noise.compare(x, 1.0, spread or 0.0)
-    return outcome not in (0, noise.compare(xp, 1.0, 0.0))
+    return noise.compare(x, 1.0, spread or 0.0) not in (0, noise.compare(xp, 1.0, 0.0))
 
 
 def load_line(results: dict[str, RunResult], profile: dict | None, changed: bool = False) -> str:
@@ -143,10 +139,8 @@ def markdown(results: dict[str, RunResult], profile: dict | None, repeats: Repea
               "Race again with the same prompt and settings to add repeats and narrow it.")
              if spread is not None else "Too few same-size forwards in this race to measure its noise band."]
     table = rows(results, profile, repeats)
-    if not profile:
-        lines.append("No cost profile for this family yet: it is measured before the next race.")
-    else:
-        lines.append(load_line(results, profile, any(disagrees(row, spread) for row in table)))
+    lines.append(load_line(results, profile, any(disagrees(row, spread) for row in table)) if profile
+                 else "No cost profile for this family yet: it is measured before the next race.")
     lines += ["", "| method | tok/s | × AR | idle tok/s | idle × AR | × profile | α | tokens / pass (to match AR) "
                   "| verdict |", "|---|---|---|---|---|---|---|---|---|"]
     for row in table:

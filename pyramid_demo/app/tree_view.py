@@ -53,8 +53,7 @@ def place_round(rnd: StageRound, x0: float, top: dict[int, int], fold: bool = Fa
     """Lay one round out from its root at x0 on the path line (y 0): each branch packed as high as column
     slots `top[x]` allow (shared by a row's rounds); `fold` folds a branch's descendants into its first node.
     Returns the proposed nodes in record order, then the own token."""
-    props = rnd.tokens[:-1]
-    parents = parents_of(rnd)
+    props, parents = rnd.tokens[:-1], parents_of(rnd)
     depth = rules.depths(parents)
     nodes = [Node(t, depth[i], False) for i, t in enumerate(props)]
     accepted = accepted_path(rnd)
@@ -126,8 +125,7 @@ def top1(rec: TokenRec, role: str) -> tuple[int, float] | None:
 
 def hover(node: Node, rnd: StageRound, texts: dict[int, str], pos: int) -> str:
     """What one node says on hover: its fate, each model's probability (p, q, Div) and the verifier's wish."""
-    t = node.rec
-    who = rnd.verifier if node.own else rnd.proposer
+    t, who = node.rec, rnd.verifier if node.own else rnd.proposer
     lines = [f"<b>{_tok(texts, t.token_id)}</b> · {who}'s token at position {pos}",
              f"fate: {FATE_NAMES.get(fate(node), t.status)} ({t.status})",
              f"p = {_num(t.p)} ({rnd.verifier}, the verifier)"]
@@ -254,8 +252,7 @@ def tree_figure(step: Step, texts: dict[int, str]) -> go.Figure:
     chars = max(4, min(12, int(110 / max(width, 1))))  # labels shorten as positions crowd (about 1,150 px)
     heights = [row.slots + 2 for row in rows]
     fig = make_subplots(rows=len(rows), cols=1, shared_xaxes=True, subplot_titles=[r.title for r in rows],
-                        row_heights=[h / sum(heights) for h in heights], vertical_spacing=0.12 if len(rows) > 1
-                        else 0.0)
+                        row_heights=[h / sum(heights) for h in heights], vertical_spacing=0.12 if rows[1:] else 0.0)
     seen: set[str] = set()
     for k, row in enumerate(rows, start=1):
         _draw_row(fig, row, k, texts, chars, seen)

@@ -120,7 +120,6 @@ def inspect_round(session: Session | None, race_n: Any, method: str | None, roun
         tau = inspector.round_tau(rnd, tau_q, tau_t)
         what_if = inspector.whatif_statuses(rnd, tau)
         k = what_if.count("accepted") if tau is not None else rnd.n_accepted
-        shape = shape_words(rnd)
         name = (f"Stage 1 · round {j + 1}: draft → qualifier" if rnd.stage == "qualifier"
                 else f"Stage 2: {rnd.proposer} → target")
         if tau is None:  # exact rule; still show what a fuzzy test at the slider's τ would have kept
@@ -129,7 +128,7 @@ def inspect_round(session: Session | None, race_n: Any, method: str | None, roun
             what = f"exact rule (τ unused) · a fuzzy test at τ = {slider:g} would keep <b>{fuzzy_k}</b>"
         else:
             what = f"at τ = {tau:g}: <b>{k}</b>" + (" (same)" if k == rnd.n_accepted else " ← changed")
-        note = f"rule {rnd.rule} · {shape} · recorded: <b>{rnd.n_accepted}</b> accepted<br>{what}"
+        note = f"rule {rnd.rule} · {shape_words(rnd)} · recorded: <b>{rnd.n_accepted}</b> accepted<br>{what}"
         parts.append(render.round_chips_html(rnd, vocab, name, None if tau is None else what_if, note))
         if rnd.stage == "target":
             lines.append(f"The target kept {kept_words(rnd)}; " + (

@@ -56,8 +56,7 @@ def loo_engine_s(rows: list[dict], profile: dict) -> dict[str, list[float]]:
     for label in dict.fromkeys(r["variant"] for r in eng):
         others = [r for r in eng if r["variant"] != label]
         prices = _fit(others, np.array(micro))[0] if others else np.array(micro)
-        out[label] = [float(np.dot(features(r["cost_record"]["engine"]), prices)) for r in eng
-                      if r["variant"] == label]
+        out[label] = [float(np.dot(features(r["cost_record"]["engine"]), prices)) for r in eng if r["variant"] == label]
     return out
 
 

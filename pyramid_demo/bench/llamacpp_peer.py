@@ -60,8 +60,7 @@ def source_of(model: Any) -> Path | None:
 
 
 def _lib() -> Any:
-    lib = binding()
-    if lib is None:
+    if (lib := binding()) is None:
         raise RuntimeError(missing())
     return lib
 

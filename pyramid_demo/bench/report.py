@@ -44,8 +44,7 @@ def summarize(rows: list[dict]) -> list[dict]:
     out = []
     for label, rs in order.items():
         first = rs[0]
-        speed_key = "tokens_per_s" if first["kind"] != "peer" else "tokens_per_s_wall"  # peers: wall time only
-        speed = _vals(rs, speed_key)
+        speed = _vals(rs, "tokens_per_s" if first["kind"] != "peer" else "tokens_per_s_wall")  # peers: wall time only
         qs = [quantile(speed, q) if speed else None for q in (0.25, 0.5, 0.75)]
         s = dict(variant=label, method=first["method"], kind=first["kind"], lossless=first["lossless"], runs=len(rs),
                  **{k: first.get(k) for k in ("temperature", "gamma", "l_d", "l_q", "tau_q", "tau_t", "fallback",
@@ -72,12 +71,9 @@ def pareto_frontier(points: Sequence[Point]) -> list[int]:
     """Indices of points not dominated when both coordinates are maximised (NaN/None skipped), by x."""
     ok = [i for i, p in enumerate(points) if p[0] is not None and p[1] is not None
           and not (_nan(p[0]) or _nan(p[1]))]
-    front = []
-    for i in ok:
-        xi, yi = points[i]
-        if not any(points[j][0] >= xi and points[j][1] >= yi and (points[j][0] > xi or points[j][1] > yi)
-                   for j in ok if j != i):
-            front.append(i)
+    front = [i for i in ok if not any(points[j][0] >= points[i][0] and points[j][1] >= points[i][1]
+                                      and (points[j][0] > points[i][0] or points[j][1] > points[i][1])
+                                      for j in ok if j != i)]
     return sorted(front, key=lambda i: (points[i][0], points[i][1]))
 
 
@@ -152,9 +148,7 @@ def best_per_method(summary: list[dict], min_agreement: float = 0.9) -> dict[str
 
 # ---------------------------------------------------------------- tables
 def _f(x, nd: int = 2) -> str:
-    if x is None or _nan(x):
-        return "–"
-    return f"{x:.{nd}f}" if isinstance(x, float) else str(x)
+    return "–" if x is None or _nan(x) else f"{x:.{nd}f}" if isinstance(x, float) else str(x)
 
 
 TABLE = [("variant", "variant", 0), ("tok/s (IQR)", None, 1), ("tok/s incl. prefill", "tokens_per_s_incl_prefill", 1),
@@ -174,12 +168,10 @@ def markdown_table(summary: list[dict]) -> str:
         cells = []
         for name, key, nd in cols:
             if name == "tok/s (IQR)":
-                cells.append(f"{_f(s['tokens_per_s'], 1)} "
-                             f"({_f(s['tokens_per_s_q25'], 1)}–{_f(s['tokens_per_s_q75'], 1)})"
-                             + ("*" if s["kind"] == "peer" else ""))
+                cells.append(f"{_f(s['tokens_per_s'], 1)} ({_f(s['tokens_per_s_q25'], 1)}–"
+                             f"{_f(s['tokens_per_s_q75'], 1)})" + ("*" if s["kind"] == "peer" else ""))
             elif name == "fwd D/Q/T":
-                cells.append("/".join(_f(s.get(f"fwd_{r}"), 0) if s.get(f"fwd_{r}") is not None else "–"
-                                      for r in ("draft", "qualifier", "target")))
+                cells.append("/".join(_f(s.get(f"fwd_{r}"), 0) for r in ("draft", "qualifier", "target")))
             else:
                 cells.append(_f(s.get(key), nd) if key != "variant" else str(s[key]))
         lines.append("| " + " | ".join(cells) + " |")
@@ -233,9 +225,7 @@ def _clean(obj):
         return None if math.isnan(obj) or math.isinf(obj) else obj
     if isinstance(obj, dict):
         return {k: _clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
-    return obj
+    return [_clean(v) for v in obj] if isinstance(obj, (list, tuple)) else obj
 
 
 def _figures(result: dict) -> list:

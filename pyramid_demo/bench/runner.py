@@ -126,8 +126,7 @@ def run_variant(triplet: ModelTriplet, v: Variant, ids: list[int], chat: bool,
                     tokens_per_s_wall=pr.tokens_per_s), pr.token_ids
     res, wall = timed(triplet, v, ids, chat, profile)  # statuses only
     assert res is not None  # no `stop`: the run went to its end
-    s = res.stats
-    n = s.n_new_tokens
+    s, n = res.stats, res.stats.n_new_tokens
     ran = res.config  # the shape (and a tree's budget) that ran: "auto" resolved
     row = dict(shape=ran["shape"] if method_spec(v.method).shaped else None, shape_why=res.shape_why,
                **({k: ran[k] for k in TREE_BUDGET} if ran["shape"] == "tree" else {}),
@@ -168,10 +167,8 @@ def _base_row(v: Variant, r: int, pi: int, prompt: Prompt, ids: list[int]) -> di
 
 
 def _model_speeds(triplet: ModelTriplet, variants: list[Variant], ids: list[int]) -> dict[str, float]:
-    roles = {"target"}
-    for v in variants:
-        roles |= set((v.solo,) if v.solo else method_spec(v.method).roles if v.kind == "engine"
-                     else peers.PEER_ROLES[v.method])
+    roles = {"target"}.union(*((v.solo,) if v.solo else method_spec(v.method).roles if v.kind == "engine"
+                               else peers.PEER_ROLES[v.method] for v in variants))
     return {r: peers.one_token_speed(triplet, r, ids) for r in sorted(roles)}
 
 
@@ -229,9 +226,7 @@ def run_bench(triplet: ModelTriplet, variants: list[Variant], prompts: list[Prom
     bar.close()
     ar_speeds = [r["fwd_target"] / r["fwd_time_target_s"] for r in rows
                  if r["method"] == "ar" and r["kind"] == "engine" and r["fwd_time_target_s"]]
-    speeds = dict(speeds_one)
-    if ar_speeds:
-        speeds["target"] = statistics.median(ar_speeds)
+    speeds = dict(speeds_one, **({"target": statistics.median(ar_speeds)} if ar_speeds else {}))
     for row in rows:
         row["predicted_tokens_per_s"] = costs_report.row_prediction(row, speeds)
         if row["kind"] == "engine":
@@ -253,8 +248,7 @@ def _run_prompt(triplet: ModelTriplet, variants: list[Variant], r: int, pi: int,
         bar.set_postfix_str(f"prompt {pi} {v.label}")
         cfg = v.cfg if v.cfg.greedy else dataclasses.replace(v.cfg, seed=v.cfg.seed + r)
         measured, toks = run_variant(triplet, dataclasses.replace(v, cfg=cfg), ids, chat, profile)
-        row = _base_row(v, r, pi, p, ids)
-        row.update(measured)
+        row = _base_row(v, r, pi, p, ids) | measured
         row["text"] = triplet.tokenizer.decode(toks, skip_special_tokens=True)
         key = tuple(toks)  # identical outputs (lossless methods at T=0) share one scoring pass
         if key not in scored:

@@ -59,12 +59,8 @@ class DecodeConfig:
         need(self.stage2 in STAGE2_RULES, f"unknown stage-2 rule {self.stage2!r}; choose 'fuzzy' or 'sd'")
         need(isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1,
              f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
-        for name in ("gamma", "l_d", "l_q"):
-            v = getattr(self, name)
-            need(isinstance(v, int) and 1 <= v <= MAX_LENGTH,
-                 f"{name} must be an integer from 1 to {MAX_LENGTH}, got {v!r}")
-        for name, top in (("tree_nodes", MAX_LENGTH), ("tree_depth", MAX_LENGTH), ("tree_k", MAX_TREE_K)):
-            v = getattr(self, name)
+        for name in ("gamma", "l_d", "l_q", "tree_nodes", "tree_depth", "tree_k"):
+            v, top = getattr(self, name), MAX_TREE_K if name == "tree_k" else MAX_LENGTH
             need(isinstance(v, int) and 1 <= v <= top, f"{name} must be an integer from 1 to {top}, got {v!r}")
         need(self.l_d <= self.l_q, f"l_d ({self.l_d}) must not exceed l_q ({self.l_q})")
         for name in ("tau_q", "tau_t"):

@@ -37,9 +37,7 @@ class Method:
     @property
     def roles(self) -> tuple[str, ...]:
         """The models it runs, smallest first; the last is always the target."""
-        if not self.stages:
-            return ("target",)
-        return tuple(s.proposer for s in self.stages) + (self.stages[-1].verifier,)
+        return ("target",) if not self.stages else tuple(s.proposer for s in self.stages) + (self.stages[-1].verifier,)
 
     @property
     def pyramid(self) -> bool:
@@ -88,8 +86,7 @@ TABLE = (
            "speculative", "#56B4E9"),
     Method("psd_a", "PSD_A (assisted pyramid)", "PSD_A",
            (Stage("draft", "qualifier", "sd", "l_d", shaped=True),
-            Stage("qualifier", "target", "config", "l_q", "tau_t")),
-           "pyramid", "#E69F00"),
+            Stage("qualifier", "target", "config", "l_q", "tau_t")), "pyramid", "#E69F00"),
     Method("psd_f", "PSD_F (fuzzy pyramid)", "PSD_F",
            (Stage("draft", "qualifier", "fuzzy", "l_d", "tau_q", True),
             Stage("qualifier", "target", "config", "l_q", "tau_t")), "pyramid", "#D55E00"),

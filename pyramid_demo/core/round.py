@@ -59,8 +59,7 @@ def pick(z: torch.Tensor, cfg: DecodeConfig, gen: torch.Generator | None) -> int
     return rules.sample(rules.warp(z, cfg.temperature, cfg.top_k, cfg.top_p)[0], gen)
 
 
-def propose(lm: LM, seq: list[int], room: int, length: int, cfg: DecodeConfig,
-            gen: torch.Generator | None) -> Tree:
+def propose(lm: LM, seq: list[int], room: int, length: int, cfg: DecodeConfig, gen: torch.Generator | None) -> Tree:
     """The proposal after `seq`, as cfg.shape says: a chain of min(length, room) tokens, or a tree grown
     min(tree_depth, room) levels deep (`room`: the most tokens a path may still hold)."""
     if cfg.shape == "tree" and room > 0:
@@ -90,9 +89,7 @@ def grow(lm: LM, seq: list[int], nodes: int, depth: int, k: int, cfg: DecodeConf
     fixed before any draw (`expected_tree` on the rank prior), as the lossless rule needs."""
     z_root = feed(lm, seq, 1)  # [1, V]: the root's context
     warp = (cfg.temperature, cfg.top_k, cfg.top_p)
-    shape = None
-    if gen is not None:  # sampled: a shape fixed before any draw (lossless), filled in draw order
-        shape = rules.children(expected_tree(nodes, depth, k, RANK_PRIOR)[0])
+    shape = rules.children(expected_tree(nodes, depth, k, RANK_PRIOR)[0]) if gen is not None else None  # lossless
     ctx_rows, toks, par, score_, ctx, fed, slot = [z_root[0]], [], [], [], [], [], []
     # per node: token, parent, path score, its row in ctx_rows (−1: not expanded), its pending row, shape slot
 
@@ -158,8 +155,7 @@ def score(lm: LM, seq: list[int], tree: Tree) -> torch.Tensor:
 # ---------------------------------------------------------------- decide
 @dataclass(frozen=True)
 class Round:
-    """What a rule decided for a proposal (`dec`: the walk's path, own token and statuses), and the logits that
-    explain it."""
+    """What a rule decided for a proposal (`dec`: the walk's path, own token, statuses) and the logits explaining it."""
 
     stage: str  # "qualifier" or "target": the verifier's role
     proposer: str
@@ -262,9 +258,7 @@ def topk_pairs(probs: torch.Tensor, k: int = 5) -> list[list[list[float]]]:
 
 def shown_rule(rnd: Round, cfg: DecodeConfig, greedy: bool) -> str:
     """The rule name the records carry: greedy | sd | fuzzy | fuzzy+sd."""
-    if rnd.rule == "sd":
-        return "greedy" if greedy else "sd"
-    return "fuzzy" if cfg.fallback == "none" else "fuzzy+sd"
+    return ("greedy" if greedy else "sd") if rnd.rule == "sd" else "fuzzy" if cfg.fallback == "none" else "fuzzy+sd"
 
 
 def statuses(rnd: Round) -> tuple[list[str], str, int]:

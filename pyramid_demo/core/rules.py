@@ -39,8 +39,7 @@ def divergence(p: torch.Tensor, q: torch.Tensor, kind: str = "js",
         return (0.5 * (p - q).abs().sum(-1)).clamp_min(0)
     if kind not in ("kl", "js"):
         raise ValueError(f"unknown divergence {kind!r}; choose js, kl or tv")
-    log_p = p.log() if log_p is None else log_p
-    log_q = q.log() if log_q is None else log_q
+    log_p, log_q = p.log() if log_p is None else log_p, q.log() if log_q is None else log_q
     if kind == "kl":
         terms = q * (log_q - log_p)
         zero = torch.isneginf(log_q)  # q = 0: the term is 0 whatever p is
@@ -58,8 +57,7 @@ def support_divergence(p: torch.Tensor, q: torch.Tensor, kind: str = "js", suppo
     mass outside S: Div(p_S, q) − log p(S) (js, kl; exactly KL(q‖p) for kl), tv(p_S, q) + 1 − p(S) (tv)."""
     if support not in ("subset", "full"):
         raise ValueError(f"unknown support {support!r}; choose subset or full")
-    log_p = p.log() if log_p is None else log_p
-    log_q = q.log() if log_q is None else log_q
+    log_p, log_q = p.log() if log_p is None else log_p, q.log() if log_q is None else log_q
     out = torch.isneginf(log_q)  # [n, V]: outside the proposer's support
     has_zeros = out.any(-1)  # [n]
     if support == "full" or not bool(has_zeros.any()):
@@ -73,9 +71,7 @@ def support_divergence(p: torch.Tensor, q: torch.Tensor, kind: str = "js", suppo
     log_mass = torch.logsumexp(lp_in, -1, keepdim=True)  # [n, 1]: log p(S)
     lp_s = torch.where(torch.isneginf(log_mass), lp_in, lp_in - log_mass)  # log p_S
     sub = _on_support(lp_s, log_mass, q_s, log_q_s, kind)
-    if cols is not None:
-        return sub
-    return torch.where(has_zeros, sub, divergence(p, q, kind, log_p, log_q))
+    return sub if cols is not None else torch.where(has_zeros, sub, divergence(p, q, kind, log_p, log_q))
 
 
 def _on_support(lp_s: torch.Tensor, log_mass: torch.Tensor, q_s: torch.Tensor, log_q_s: torch.Tensor,
@@ -134,9 +130,7 @@ def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 def sample(probs: torch.Tensor, gen: torch.Generator | None) -> int:
     """One token from probs [V]; argmax when no generator is given (greedy decoding)."""
-    if gen is None:
-        return int(probs.argmax())
-    return int(torch.multinomial(probs, 1, generator=gen))
+    return int(probs.argmax()) if gen is None else int(torch.multinomial(probs, 1, generator=gen))
 
 
 # ---------------------------------------------------------------- proposals: parent lists and the tree

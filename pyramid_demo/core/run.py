@@ -41,9 +41,7 @@ def prepare_prompt(triplet: ModelTriplet, prompt: str | list[int], cfg: DecodeCo
 
 
 def _prompt_text(triplet: ModelTriplet, prompt: str | list[int], ids: list[int], text: str | None) -> str:
-    if text is not None:
-        return text
-    return prompt if isinstance(prompt, str) else triplet.tokenizer.decode(ids)
+    return text if text is not None else prompt if isinstance(prompt, str) else triplet.tokenizer.decode(ids)
 
 
 class _TextTail:
@@ -75,14 +73,11 @@ class _Snapshots:
                  shape_why: str = "", solo: str | None = None):
         self.triplet, self.cfg, self.prompt, self.ids, self.prefill_s = triplet, cfg, prompt, ids, prefill_s
         self.shape_why, self.solo = shape_why, solo
-        self.config = cfg.to_dict()
+        self.config, self.tail, self.tally, self.stopped = cfg.to_dict(), _TextTail(triplet.tokenizer), Tally(), ""
         self.steps: list[Step] = []
         self.token_ids: list[int] = []
         self.texts: list[str] = []
         self.origins: list[str] = []
-        self.tail = _TextTail(triplet.tokenizer)
-        self.tally = Tally()
-        self.stopped = ""
         self.forwards: dict[str, str] = {}  # role -> the forward that ran it (`forward_of`)
 
     def add(self, step: Step) -> None:

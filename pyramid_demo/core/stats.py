@@ -24,9 +24,7 @@ def n_positions(r: StageRound) -> int:
 
 def agreement(out: list[int], ref: list[int]) -> float | None:
     """The share of the target-only greedy tokens `ref` that `out` reproduces in place (None without a reference)."""
-    if not ref:
-        return None
-    return sum(1 for a, b in zip(out, ref) if a == b) / len(ref)
+    return None if not ref else sum(1 for a, b in zip(out, ref) if a == b) / len(ref)
 
 
 def prefix_agreement(out: list[int], ref: list[int]) -> float | None:
@@ -77,8 +75,7 @@ class Tally:
         self.decode_s = step.t_end
         for r in step.qualifier_rounds:
             self._round("qualifier", r)
-        if step.target_round is not None:
-            t = step.target_round
+        if (t := step.target_round) is not None:
             self._round("target", t)
             self.hist.extend([0] * (n_positions(t) + 1 - len(self.hist)))
             self.hist[t.n_accepted] += 1
@@ -106,5 +103,4 @@ class Tally:
                                      for s in stages},
             forward_passes=dict(self.fwd), forward_time_s={k: round(v, 6) for k, v in self.ftime.items()},
             engine_overhead_s=round(max(0.0, decode_s - sum(self.ftime.values())), 6), stopped=stopped,
-            rounds={s: self.rounds[s] for s in stages},
-        )
+            rounds={s: self.rounds[s] for s in stages})

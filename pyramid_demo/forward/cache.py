@@ -58,8 +58,7 @@ class TargetStates:
             raise CacheError(f"target states written at {pos} but only {self.n} are known")
         end = pos + feats.shape[0]
         if self.f is None or end > self.f.shape[0]:
-            cap = max(256, 2 * end)
-            f = feats.new_zeros(cap, feats.shape[1])
+            f = feats.new_zeros(max(256, 2 * end), feats.shape[1])
             if self.f is not None:
                 f[: self.n] = self.f[: self.n]
             self.f = f
@@ -198,8 +197,7 @@ class CachedModel(abc.ABC):
     def rollback(self, seq: list[int]) -> None:
         """Crop to the longest prefix shared with `seq`, less its last token (fed next)."""
         n = min(len(self.ids), len(seq) - 1)
-        i = next((j for j in range(n) if self.ids[j] != seq[j]), n)
-        self.truncate(i)
+        self.truncate(next((j for j in range(n) if self.ids[j] != seq[j]), n))
 
     def reset_counters(self) -> None:
         """Start counting forward passes and time afresh (prefill is reported apart)."""

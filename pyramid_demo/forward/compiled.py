@@ -191,7 +191,7 @@ def missing(model: Any) -> list[str]:
 
 
 def ensure(model: Any) -> tuple[bool, str]:
-    """Load `model`'s packages, built first where missing: (ready, a note); a failed compile leaves the eager forward."""
+    """Load `model`'s packages, built first where missing: (ready, a note); a failed compile runs eager."""
     with _LOCK:
         if load(model):
             return True, "compiled forward"

@@ -167,9 +167,7 @@ def forward_of(model: torch.nn.Module) -> str:
 
     if getattr(model, "reads_target", False):
         return "feature"
-    if covered(model):
-        return "compiled" if runner_of(model) is not None else "eager"
-    return "hf"
+    return ("compiled" if runner_of(model) is not None else "eager") if covered(model) else "hf"
 
 
 def open_lm(model: torch.nn.Module, vocab_size: int, role: str) -> LM:
@@ -189,9 +187,7 @@ def open_lm(model: torch.nn.Module, vocab_size: int, role: str) -> LM:
 
 def model_takes_trees(model: torch.nn.Module) -> bool:
     """Whether the LM `open_lm` would build over `model` takes a tree of candidates, known before a run."""
-    if forward_of(model) != "hf":
-        return True
-    return _hf_takes_trees(full_window_cache(model.config))
+    return forward_of(model) != "hf" or _hf_takes_trees(full_window_cache(model.config))
 
 
 def encode_prompt(tokenizer: Any, text: str, chat: bool = True) -> list[int]:

@@ -162,8 +162,7 @@ def hub_copy(download: bool = False) -> Path | None:
     return path if (path / "config.json").is_file() and any(path.glob("*.safetensors")) else None
 
 
-def bundled_target(device: torch.device, dtype: torch.dtype,
-                   source: Path | None = None) -> tuple[Any, torch.nn.Module]:
+def bundled_target(device: torch.device, dtype: torch.dtype, source: Path | None = None) -> tuple[Any, torch.nn.Module]:
     """Tokenizer and model of the bundled target, via the converted cache, or from `source` (see `hub_copy`)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
     kw: dict[str, Any] = {"dtype": dtype}

@@ -66,9 +66,7 @@ class FeatureDraft(nn.Module):
 
     def reduce(self, f: torch.Tensor) -> torch.Tensor:
         """A target state [.., d·(taps + 1)] -> [.., d] (`fuse`); a state of width d (its own prediction) as it is."""
-        if f.shape[-1] == self.d:
-            return f
-        return F.linear(f, self.fuse_w) if self.taps else f[..., -self.d:]
+        return f if f.shape[-1] == self.d else F.linear(f, self.fuse_w) if self.taps else f[..., -self.d:]
 
     def inputs(self, f_prev: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """States at i-1 [.., d] or the target's [.., d·(taps + 1)], tokens [..] at i -> layer inputs [.., d]."""
@@ -216,5 +214,4 @@ def file_taps(path: str | Path) -> tuple[int, ...]:
 def build(target: nn.Module, weights_dir: str | Path | None = None) -> FeatureDraft:
     """The shipped feature draft over `target` (SmolLM2-135M-Instruct), in its dtype, on the shipped subset."""
     path = weight_path(weights_dir)
-    fd = FeatureDraft(target, subset_ids(weights_dir), taps=file_taps(path))
-    return fd.load(path).eval()
+    return FeatureDraft(target, subset_ids(weights_dir), taps=file_taps(path)).load(path).eval()

@@ -33,9 +33,8 @@ def user_error(ref: str, e: BaseException, preset: Preset | None) -> LoadError:
 
 def hub_offline() -> bool:
     """True when Hugging Face offline mode is on (the env var is read now, not at import)."""
-    env = any(os.environ.get(v, "").strip().upper() in {"1", "ON", "YES", "TRUE"}
-              for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
-    return bool(constants.HF_HUB_OFFLINE) or env
+    return bool(constants.HF_HUB_OFFLINE) or any(os.environ.get(v, "").strip().upper() in {"1", "ON", "YES", "TRUE"}
+                                                 for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
 
 
 def hub_reachable(endpoint: str | None = None, timeout: float = PROBE_TIMEOUT_S) -> bool:

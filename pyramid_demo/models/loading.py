@@ -47,9 +47,7 @@ def pick_device(device: str | None = None) -> torch.device:
         if torch.cuda.is_available():
             return torch.device("cuda")
         mps = getattr(torch.backends, "mps", None)
-        if mps is not None and mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
+        return torch.device("mps") if mps is not None and mps.is_available() else torch.device("cpu")
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as e:
@@ -112,20 +110,15 @@ def load_triplet(spec: str, device: str | None = None, dtype: str | None = None,
 
 def decided(triplet: ModelTriplet) -> ModelTriplet:
     """The family with each model's forward decided once (`runtime.decide`), its record's exactness (None: unknown)."""
-    made: dict[int, tuple[str, str]] = {}
-    for role in ("draft", "qualifier", "target"):
-        m = triplet.model(role)
-        if id(m) not in made:
-            made[id(m)] = decide(m, triplet.vocab_size)
+    models = {id(m): m for m in map(triplet.model, ("draft", "qualifier", "target"))}  # a shared model decided once
+    made: dict[int, tuple[str, str]] = {i: decide(m, triplet.vocab_size) for i, m in models.items()}
     forwards = {r: made[id(triplet.model(r))][0] for r in ("draft", "qualifier", "target")}
     runs = "; ".join(f"{r}: {made[id(triplet.model(r))][1]}" for r in ("draft", "qualifier", "target"))
     out = replace(triplet, forwards=forwards, runs=runs, exact_note=describe(None))
-    rec = family_record(out)
-    target = (rec or {}).get("checks", {}).get("target")
+    target = (family_record(out) or {}).get("checks", {}).get("target")
     if target:
-        trees = target.get("trees")
         out = replace(out, exact=bool(target["exact"]), exact_note=describe(target),
-                      tree_exact=None if not trees else bool(trees["exact"]))
+                      tree_exact=None if not target.get("trees") else bool(target["trees"]["exact"]))
     return out
 
 
@@ -150,8 +143,7 @@ def loaded(spec: str) -> ModelTriplet | None:
 def parse_spec(spec: str) -> tuple[Preset | None, tuple[str, str, str]]:
     """A preset (and its references), or None and three normalised custom references."""
     text = (spec or "").strip()
-    if text.lower() in PRESETS:
-        p = PRESETS[text.lower()]
+    if (p := PRESETS.get(text.lower())) is not None:
         return p, p.refs
     parts = [s.strip() for s in text.split(",")]
     if len(parts) != 3 or not all(parts):
@@ -269,9 +261,8 @@ def _load_model(ref: str, dev: torch.device, dt: torch.dtype, preset: Preset | N
             raise LoadError(f"--quantize does not apply to the GGUF file '{ref}' (it is dequantised on load); "
                             "leave it out or use a Hub id or model folder.")
         p = Path(ref)
-        fn = lambda: AutoModelForCausalLM.from_pretrained(  # noqa: E731
-            str(p.parent), gguf_file=p.name, quantization_config=GgufConfig(dequantize=True), **kw)
-        model = _guard(ref, fn, preset)
+        model = _guard(ref, lambda: AutoModelForCausalLM.from_pretrained(
+            str(p.parent), gguf_file=p.name, quantization_config=GgufConfig(dequantize=True), **kw), preset)
         model.gguf_source = p  # the file bench's llama.cpp peer decodes (`bench.llamacpp_peer`)
     elif kind == "local":
         model = _guard(ref, lambda: AutoModelForCausalLM.from_pretrained(ref, **kw), preset)

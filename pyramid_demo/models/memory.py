@@ -142,8 +142,7 @@ def kv_per_token(config: Any, nbytes: int, layers: int | None = None) -> int:
     heads = getattr(c, "num_attention_heads", 1)
     kv_heads = getattr(c, "num_key_value_heads", None) or heads
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
-    n = layers if layers is not None else c.num_hidden_layers
-    return 2 * n * kv_heads * head_dim * nbytes
+    return 2 * (layers if layers is not None else c.num_hidden_layers) * kv_heads * head_dim * nbytes
 
 
 def weight_bytes(params: int, embed: int, dtype: torch.dtype, quantize: str | None) -> int:
@@ -164,9 +163,7 @@ def _config_for(ref: str, can_fetch: Callable[[], bool] | None = None) -> Any:
         try:
             return AutoConfig.from_pretrained(ref, local_files_only=True)
         except (OSError, ValueError):
-            if can_fetch is None or not can_fetch():
-                return None
-            return AutoConfig.from_pretrained(ref)  # config.json only: a few KB
+            return None if can_fetch is None or not can_fetch() else AutoConfig.from_pretrained(ref)  # config.json only
     except Exception as e:  # noqa: BLE001 - an estimate must never stop a load by itself
         log.info("no config for %s: %r", ref, e)
         return None
@@ -189,8 +186,7 @@ def _sizes(role: str, ref: str, cfg: Any, dt: torch.dtype, quantize: str | None,
         params, embed = own_layers * per_layer, 0
     n = layers if layers is not None else cfg.num_hidden_layers
     kv = kv_per_token(cfg, dtype_bytes(dt), n)
-    nbytes = weight_bytes(params, embed, dt, quantize)
-    return ModelSize(role, ref, params, nbytes, kv, n)
+    return ModelSize(role, ref, params, weight_bytes(params, embed, dt, quantize), kv, n)
 
 
 def int4_size(role: str, ref: str, cfg: Any, dt: torch.dtype, group: int) -> ModelSize:
@@ -198,8 +194,7 @@ def int4_size(role: str, ref: str, cfg: Any, dt: torch.dtype, group: int) -> Mod
     params, embed = count_params(cfg)
     body = params - embed  # the layers' linears (norms are a rounding error)
     head = cfg.vocab_size * cfg.hidden_size
-    per_weight = 0.5 + 4 / group
-    nbytes = int(body * per_weight + head * 2)
+    nbytes = int(body * (0.5 + 4 / group) + head * 2)  # bytes a weight: 4 bits, plus a group's bf16 scale and zero
     return ModelSize(role, ref, body + head, nbytes, kv_per_token(cfg, dtype_bytes(dt)), cfg.num_hidden_layers)
 
 
@@ -294,9 +289,7 @@ def available_bytes(device: torch.device) -> int | None:
     if device.type == "cuda":
         idx = device.index if device.index is not None else torch.cuda.current_device()
         return int(torch.cuda.mem_get_info(idx)[0])
-    if device.type == "cpu":
-        return available_ram()
-    return None
+    return available_ram() if device.type == "cpu" else None
 
 
 def available_for_map(device_map: str | None, device: torch.device) -> tuple[int | None, str]:
@@ -305,8 +298,7 @@ def available_for_map(device_map: str | None, device: torch.device) -> tuple[int
         return available_bytes(device), str(device)
     gpus = [int(torch.cuda.mem_get_info(i)[0]) for i in range(torch.cuda.device_count())] \
         if torch.cuda.is_available() else []
-    ram = available_ram() or 0
-    return sum(gpus) + ram, f"{len(gpus)} GPU(s) + CPU RAM (device_map=auto)"
+    return sum(gpus) + (available_ram() or 0), f"{len(gpus)} GPU(s) + CPU RAM (device_map=auto)"
 
 
 def check_fits(est: Estimate, device: torch.device, device_map: str | None = None) -> None:

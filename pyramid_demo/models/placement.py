@@ -39,13 +39,11 @@ def make_placement(device_map: str | None = None, quantize: str | None = None,
     """Validate the options into a Placement, or raise LoadError saying what to do instead."""
     dm = (device_map or "").strip().lower() or None
     q = (quantize or "").strip().lower() or None
-    if dm in ("none", "single"):
-        dm = None
+    dm = None if dm in ("none", "single") else dm
     if dm is not None and dm not in DEVICE_MAPS:
         raise LoadError(f"Unknown device map {device_map!r}: use 'auto' (spread over the visible GPUs and "
                         "offload to CPU RAM) or leave it out (one device).")
-    if q in ("none", "no", "off"):
-        q = None
+    q = None if q in ("none", "no", "off") else q
     if q is not None:
         q = {"8": "8bit", "int8": "8bit", "4": "4bit", "nf4": "4bit", "int4": "4bit"}.get(q, q)
         if q not in QUANTIZE:

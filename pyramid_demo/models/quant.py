@@ -196,8 +196,7 @@ def int4_copy(model: Any, group: int = DEFAULT_GROUP) -> Any:
     """A copy of `model` with int4 linears (torch's int4 kernel: CPU and CUDA), sharing embeddings and norms; the LM
     head is fp16 where fbgemm runs (a 4-bit head alone costs several points of top-1 agreement). The format is fixed
     by what the kernels support here, never timed. LoadError with `refusal`'s line."""
-    why = refusal(model, group)
-    if why:
+    if why := refusal(model, group):
         raise LoadError(why)
     src_head = model.get_output_embeddings()
     tied = src_head is not None and src_head.weight is model.get_input_embeddings().weight

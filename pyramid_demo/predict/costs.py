@@ -157,10 +157,8 @@ def _budget(config: dict) -> dict[str, int]:
 
 def _tree_model(out: dict[str, Any], c: dict, config: dict, profile: dict, fuzzy: bool) -> dict[str, Any]:
     """A tree method's model: acceptance by rank, the expected speed at this budget, the best budget (`tree_costs`)."""
-    by_rank = ranks(c)
-    budget = _budget(config)
-    out["ranks"] = by_rank
-    out["lengths"] = budget
+    by_rank = out["ranks"] = ranks(c)
+    budget = out["lengths"] = _budget(config)
     if by_rank:
         got = expected.round_speed(profile, budget["tree_depth"], by_rank, fuzzy,
                                    tree=(budget["tree_nodes"], budget["tree_depth"], budget["tree_k"]))

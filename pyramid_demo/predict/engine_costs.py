@@ -14,9 +14,7 @@ UNITS = ("step", "feed", "round", "div", "div1", "expand")
 def engine_ms(profile: dict, unit: str, role: str | None = None) -> float:
     """One unit's price in ms (0.0 where the profile has none): `keep` is per role."""
     e = profile.get("engine_ms") or {}
-    if unit == "keep":
-        return float((e.get("keep") or {}).get(role or "", 0.0))
-    return float(e.get(unit, 0.0))
+    return float((e.get("keep") or {}).get(role or "", 0.0)) if unit == "keep" else float(e.get(unit, 0.0))
 
 
 def priced(profile: dict) -> bool:
@@ -43,10 +41,8 @@ def _round_units(rnd: StageRound, tree: bool, out: dict[str, Any]) -> None:
 
 def census(steps: list[Step], method: str, config: dict | None = None) -> dict[str, Any]:
     """Units of engine work a recorded run did (`UNITS`, and tree compactions per role); adds up over runs (`add`)."""
-    out: dict[str, Any] = {u: 0 for u in UNITS}
-    out["keep"] = {}
-    tree = shape_of(method, config) == "tree"
-    stage = tree_stage(method)
+    out: dict[str, Any] = {**{u: 0 for u in UNITS}, "keep": {}}
+    tree, stage = shape_of(method, config) == "tree", tree_stage(method)
     for s in steps:
         out["step"] += 1
         out["feed"] += sum(s.n_forward.values()) if s.n_forward else len(s.fed.get("target", [])) or 1

@@ -8,9 +8,8 @@ from ..core.rules import depths
 from .engine_costs import engine_ms
 from .profile import cost_ms, cost_tree_ms
 
+
 # ---------------------------------------------------------------- what a round commits
-
-
 def tree_reach(parents: list[int], ranks: list[int], a: list[float] | tuple[float, ...]) -> list[float]:
     """P(the accepted path reaches depth d), d = 1 … the tree's depth (its nodes at d are exclusive): the sum of its
     nodes' P(on the accepted path), each the product of a_rank along its path."""

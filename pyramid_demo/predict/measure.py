@@ -30,8 +30,7 @@ class ForwardTimer:
 
     def time(self, k: int) -> float:
         """Seconds for one forward of k new tokens; the cache is cropped back to `context` after."""
-        lm = self.lm
-        t0 = lm.time_s
+        lm, t0 = self.lm, self.lm.time_s
         lm.feed(self.ids[: self.context + k], k)
         t = lm.time_s - t0
         lm.rollback(self.ids[: self.context + 1])  # keeps `context` tokens
@@ -42,8 +41,7 @@ class ForwardTimer:
         lm = self.lm
         if not getattr(lm, "trees", False):
             return None
-        pos = lm.cache_len
-        t0 = lm.time_s
+        pos, t0 = lm.cache_len, lm.time_s
         lm.forward_tree(self.ids[pos: pos + n], [-1] + [0] * (n - 1), pos)
         t = lm.time_s - t0
         lm.keep_path([])
@@ -52,8 +50,7 @@ class ForwardTimer:
 
     def time_feed(self) -> tuple[float, float]:
         """Seconds of a one-token feed's engine path beyond the forward, and to cut the cache back (to `context`)."""
-        lm = self.lm
-        seq = self.ids[: self.context + 1]
+        lm, seq = self.lm, self.ids[: self.context + 1]
         t0, m0 = time.perf_counter(), lm.time_s
         int(feed(lm, seq, 1)[0].argmax())  # the greedy pick
         extra = time.perf_counter() - t0 - (lm.time_s - m0)

@@ -50,11 +50,7 @@ def timing_noise(groups: dict[tuple[str, int], list[float]], min_group: int = MI
 
 def compare(a: float, b: float, noise: float) -> int:
     """1 when speed a beats b by more than the noise (a > b·(1 + noise)), −1 when b beats a so, 0 for a tie."""
-    if a > b * (1 + noise):
-        return 1
-    if b > a * (1 + noise):
-        return -1
-    return 0
+    return 1 if a > b * (1 + noise) else -1 if b > a * (1 + noise) else 0
 
 
 def leaders(speeds: dict[str, float], noise: float) -> list[str]:
