@@ -21,7 +21,7 @@ import time
 import weakref
 from pathlib import Path
 from platform import machine
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -116,15 +116,13 @@ def plans(model: Any) -> tuple[str, ...]:
     return ("many", "few") if isinstance(weights(model).layers[0].qkv, Dense) else ("many",)
 
 
-class Runner:
-    """A model's loaded packages: a pass of at most FEW_ROWS rows runs `few` where it exists, every other `many`."""
+class Runner(NamedTuple):
+    """A model's loaded packages: `few` (where built) runs a pass of at most `rows` rows, `many` every other. Plain
+    data: the core's pass picks (no call of this module's code on a decode's path)."""
 
-    def __init__(self, many: Any, few: Any | None = None) -> None:
-        self.many, self.few = many, few
-
-    def __call__(self, tokens, cos, sin, slots, mask, kv):  # type: ignore[no-untyped-def]
-        few = self.few is not None and tokens.shape[0] <= FEW_ROWS
-        return (self.few if few else self.many)(tokens, cos, sin, slots, mask, kv)
+    many: Any
+    few: Any | None = None
+    rows: int = FEW_ROWS
 
 
 def build(model: Any, plan: str = "many") -> Path:
@@ -213,5 +211,5 @@ def attach(model: Any, runner: Any | None) -> None:
     """Run `model` on `runner` (its loaded package), or on its eager forward with None (the package is dropped)."""
     if runner is None:
         _RUNNERS.pop(model, None)
-    else:
-        _RUNNERS[model] = runner
+    else:  # one callable alone (a stand-in) runs every pass
+        _RUNNERS[model] = runner if isinstance(runner, Runner) else Runner(runner)

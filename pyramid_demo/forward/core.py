@@ -96,7 +96,7 @@ def visible(slots: list[int], positions: list[int], t: int, window: int | None, 
 
 class CoreLM(CachedModel):
     """One run's state over the core forward (the engine's `LM`): its own static cache; `runner` the compiled
-    package of these weights (None: eager)."""
+    packages of these weights (`compiled.Runner`; None: eager)."""
 
     trees = True
 
@@ -142,7 +142,8 @@ class CoreLM(CachedModel):
             mask = torch.zeros(len(tokens), self.capacity, dtype=torch.bool)
             got = visible(slots, positions, max(slots) + 1, self.w.window, seen, cached)
             mask[:, : max(slots) + 1] = True if got is None else got
-            z, h = self.run(tok, cos, sin, sl, mask, self.kv)
+            few = self.run.few is not None and len(tokens) <= self.run.rows  # `compiled.Runner`: by row count
+            z, h = (self.run.few if few else self.run.many)(tok, cos, sin, sl, mask, self.kv)
             z = z[len(tokens) - keep:]
         else:
             t = max(slots) + 1 if seen is None else seen.shape[1]
