@@ -180,11 +180,11 @@ def build_demo() -> gr.Blocks:
         # the public API: /race (named, defaulted settings), /stop, /export; /clear is callable, unlisted
         asked = gr.on([run_btn.click, prompt.submit], h.queue_line, None, status, **QUICK)  # a wait says so at once
         race = asked.then(_gpu(h.race_event),
-                     [prompt, preset, draft_id, qual_id, target_id, session], race_out,
-                     inputs_kwargs={**{k: widgets[k] for k in h.SETTING_NAMES}, "side_by_side": side_by_side,
-                                    "qualifier_alone": qualifier_alone},
-                     api_name="race", concurrency_id="models", concurrency_limit=1,
-                     show_progress="hidden")  # the status line names each stage; a live progress display
+                          [prompt, preset, draft_id, qual_id, target_id, session], race_out,
+                          inputs_kwargs={**{k: widgets[k] for k in h.SETTING_NAMES}, "side_by_side": side_by_side,
+                                         "qualifier_alone": qualifier_alone},
+                          api_name="race", concurrency_id="models", concurrency_limit=1,
+                          show_progress="hidden")  # the status line names each stage; a live progress display
         # redraws every frame for the whole race and takes a browser's CPU from the models
         inspected(race.then(views.pick_race, [session], pick_out, **PRIVATE))
         race.then(play_view.race_choices, [session], [play_lane, play_pass, *race_player], **QUICK)

@@ -60,7 +60,8 @@ def _build_missing(spec: str, jobs: list[tuple[str, str]]) -> dict[str, str]:
         t0 = time.perf_counter()
         cmd = [sys.executable, "-m", "pyramid_demo", "prepare", "--models", spec, "--build", ":".join(job)]
         done = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        ok = "" if done.returncode == 0 else f", failed ({done.stderr.strip().splitlines()[-1:]})"
+        last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+        ok = "" if done.returncode == 0 else f", failed: {last[:160]}"
         return job[0], f"{job[1]} {time.perf_counter() - t0:.0f} s{ok}"
 
     if not jobs:

@@ -156,11 +156,14 @@ def agreement(model: Any, vocab_size: int) -> dict[str, Any]:
             "max_abs_diff": float(torch.where(a == b, 0.0, (a - b).abs()).max())}
 
 
+def _compilable(model: Any) -> bool:
+    """A CPU core forward: the only kind a package is built for."""
+    return forward_of(model) in ("eager", "compiled") and next(model.parameters()).device.type == "cpu"
+
+
 def missing_packages(model: Any) -> list[str]:
     """The plans (`compiled.PLANS`) whose package `model` lacks here; none where it runs no compiled core pass."""
-    if forward_of(model) not in ("eager", "compiled") or next(model.parameters()).device.type != "cpu":
-        return []
-    return compiled.missing(model)
+    return compiled.missing(model) if _compilable(model) else []
 
 
 def build_package(model: Any, plan: str) -> None:
@@ -170,7 +173,7 @@ def build_package(model: Any, plan: str) -> None:
 
 def ensure_package(model: Any) -> str:
     """Build `model`'s packages where missing (setup only: minutes on two cores); one line saying what happened."""
-    if forward_of(model) not in ("eager", "compiled") or next(model.parameters()).device.type != "cpu":
+    if not _compilable(model):
         return "not compiled (not a CPU core forward)"
     ok, note = compiled.ensure(model)
     return note if ok else f"not compiled: {note}"
