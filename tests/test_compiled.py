@@ -38,6 +38,21 @@ def test_a_package_is_named_by_what_it_was_built_from(cache) -> None:
         compiled.FORMAT = old
 
 
+def test_setup_removes_the_packages_of_another_pass_format_and_keeps_this_one(cache) -> None:
+    """`prune` (run by `ensure`, setup's step) deletes packages this code can never load: an older format's, a name
+    without one; every package of this format stays, whatever model it was built for."""
+    t = tiny_random_triplet()
+    mine = compiled.package_path(t.target)
+    other = mine.with_name(mine.name.replace(f"-v{compiled.FORMAT}-", "-v1-"))
+    bare = mine.with_name("LlamaForCausalLM-0123456789abcdef0123.pt2")
+    another_model = compiled.package_path(t.draft, "few")
+    mine.parent.mkdir(parents=True)
+    for p in (mine, other, bare, another_model):
+        p.write_bytes(b"x")
+    assert sorted(compiled.prune()) == sorted([other.name, bare.name])
+    assert mine.exists() and another_model.exists() and not other.exists() and not bare.exists()
+
+
 def test_a_corrupt_package_is_removed_and_the_model_stays_eager(cache) -> None:
     """A package that does not load (truncated, another torch's) is removed, to be rebuilt, and the model keeps its
     eager forward: nothing half-built serves a run."""
@@ -78,10 +93,41 @@ def test_a_pass_of_at_most_few_rows_runs_the_few_row_package_and_every_other_the
     lm.feed(ids[:32 + 2 * compiled.FEW_ROWS], compiled.FEW_ROWS + 1)  # one row longer: many
     lm.forward_tree(ids[40:43], [-1, 0, 0], 32 + 2 * compiled.FEW_ROWS)  # a three-row tree: few
     assert many.rows == [30, compiled.FEW_ROWS + 1] and few.rows == [1, compiled.FEW_ROWS, 3]
+    # each pass's mask is as wide as the slots it reads (its last row's slot + 1), never the cache's capacity
+    assert many.widths == [30, 32 + 2 * compiled.FEW_ROWS] and few.widths == [31, 31 + compiled.FEW_ROWS,
+                                                                               35 + 2 * compiled.FEW_ROWS]
     alone = _Runner(t.target)
     lm = CoreLM(t.target, t.vocab_size, "target", compiled.Runner(alone))
     lm.feed(ids[:30], 1), lm.feed(ids[:31], 1)
     assert alone.rows == [30, 1]
+
+
+def test_a_head_packed_for_its_own_kernel_runs_after_the_package_on_the_rows_kept() -> None:
+    """An int4 copy's fp16 head (fbgemm) stays out of its package: the package returns the states, and the core applies
+    the head to the last `keep` rows alone; the logits are the eager pass's. A plain-weights head is inside."""
+    from pyramid_demo.forward.core import body
+    from pyramid_demo.forward.weights import weights
+    from pyramid_demo.models.quant import Fp16Linear, int4_copy
+
+    t = tiny_random_triplet()
+    q = int4_copy(t.target, 32)
+    assert compiled.head_inside(t.target)
+    if not isinstance(q.get_output_embeddings(), Fp16Linear):
+        pytest.skip("no fbgemm fp16 head on this CPU")
+    assert not compiled.head_inside(q)
+    w, rows = weights(q), []
+
+    def states_only(tokens, cos, sin, slots, mask, kv):
+        rows.append(tokens.shape[0])
+        return (body(w, tokens, cos, sin, slots, mask, kv),)
+
+    ids = [(7 * i + 3) % (t.vocab_size - 1) + 1 for i in range(40)]
+    c = CoreLM(q, t.vocab_size, "qualifier", compiled.Runner(states_only, head=False))
+    e = CoreLM(q, t.vocab_size, "qualifier")
+    assert torch.allclose(c.forward(ids[:30], 0, 3), e.forward(ids[:30], 0, 3), atol=1e-5)  # the last 3 of 30 rows
+    tc, te = c.forward_tree(ids[30:33], [-1, 0, 0], 30), e.forward_tree(ids[30:33], [-1, 0, 0], 30)
+    assert tc.shape == te.shape == (3, t.vocab_size) and torch.allclose(tc, te, atol=1e-5)
+    assert rows == [30, 3]
 
 
 def test_a_load_never_compiles_and_says_how_to_build(cache, monkeypatch) -> None:
@@ -102,10 +148,12 @@ class _Runner:
         from pyramid_demo.forward.weights import weights
 
         self.w, self.bias, self.calls, self.core_pass, self.rows = weights(model), bias, 0, core_pass, []
+        self.widths: list[int] = []
 
     def __call__(self, tokens, cos, sin, slots, mask, kv):
         self.calls += 1
         self.rows.append(tokens.shape[0])
+        self.widths.append(mask.shape[1])
         z, h = self.core_pass(self.w, tokens, cos, sin, slots, mask, kv)
         z = z.clone()
         z[:, 7] += self.bias
@@ -187,6 +235,15 @@ def test_the_compiled_pass_computes_what_the_eager_one_does(cache) -> None:
     assert torch.allclose(c.publish.f[:20], e.publish.f[:20], atol=1e-4)
     compiled.attach(m, None)
     assert compiled.load(m) and compiled.runner_of(m) is not None  # from the package on disk, no compile
+    from pyramid_demo.models.quant import int4_copy
+
+    q = int4_copy(m, 32)  # its package holds no fp16 head (where fbgemm runs): the head runs after it
+    ok, note = compiled.ensure(q)
+    assert ok, note
+    c, e = CoreLM(q, v, "qualifier", compiled.runner_of(q)), CoreLM(q, v, "qualifier")
+    zc, ze = c.forward(ids[:40], 0, 2), e.forward(ids[:40], 0, 2)
+    assert torch.allclose(zc, ze, atol=1e-3) and torch.equal(zc.argmax(-1), ze.argmax(-1))
+    assert torch.allclose(c.forward(ids[40:41], 40, 1), e.forward(ids[40:41], 40, 1), atol=1e-3)
 
 
 def test_a_copy_of_a_model_does_not_inherit_its_package() -> None:

@@ -26,10 +26,10 @@ from typing import Any, NamedTuple
 import torch
 
 from .cache import LONGEST_PASS
-from .core import core_pass
+from .core import body, core_pass
 from .weights import Dense, Weights, signature, weights
 
-FORMAT = 6  # bump when the pass below changes: older packages are then stale
+FORMAT = 7  # bump when the pass below changes: older packages are then stale
 _RUNNERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its loaded package (a copy of the
 # model, e.g. a quantized copy's source, has none: it is another model)
 _PRINTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (weights' identity, fingerprint)
@@ -43,14 +43,16 @@ log = logging.getLogger(__name__)
 
 
 class _Pass(torch.nn.Module):
-    """The pass as a module for torch.export (the weights ride along as constants)."""
+    """The pass as a module for torch.export (the weights ride along as constants); without `head`, the states only."""
 
-    def __init__(self, w: Weights) -> None:
+    def __init__(self, w: Weights, head: bool) -> None:
         super().__init__()
-        self.w = w
+        self.w, self.head = w, head
 
     def forward(self, tokens, cos, sin, slots, mask, kv):  # type: ignore[no-untyped-def]
-        return core_pass(self.w, tokens, cos, sin, slots, mask, kv)
+        if self.head:
+            return core_pass(self.w, tokens, cos, sin, slots, mask, kv)
+        return (body(self.w, tokens, cos, sin, slots, mask, kv),)
 
 
 def cache_dir() -> Path:
@@ -71,7 +73,7 @@ def _weights(model: Any) -> Any:
     yield from model.named_parameters()
     yield from model.named_buffers()
     for name, m in model.named_modules():
-        if callable(getattr(m, "unpacked", None)) and getattr(m, "packed", None) is not None:
+        if _packed(m):
             w, b = m.unpacked()  # [out, in] fp16 values; a packed fbgemm weight is no tensor to read
             yield f"{name}.fp16", w
             if b is not None:
@@ -108,7 +110,27 @@ def _hash(model: Any) -> str:
 
 def package_path(model: Any, plan: str = "many") -> Path:
     suffix = "" if plan == "many" else f"-{plan}"
-    return cache_dir() / f"{type(model).__name__}-{fingerprint(model)}{suffix}.pt2"
+    return cache_dir() / f"{type(model).__name__}-v{FORMAT}-{fingerprint(model)}{suffix}.pt2"
+
+
+def prune() -> list[str]:
+    """Remove the packages of another pass format, which this code never loads (a format change would otherwise
+    leave gigabytes behind); the names removed."""
+    gone = [p for p in cache_dir().glob("*.pt2") if f"-v{FORMAT}-" not in p.name]
+    for p in gone:
+        p.unlink(missing_ok=True)
+    return [p.name for p in gone]
+
+
+def _packed(m: Any) -> bool:
+    """A layer whose weight is packed for a kernel of its own (fbgemm's fp16 linear): no tensor a package can hold."""
+    return callable(getattr(m, "unpacked", None)) and getattr(m, "packed", None) is not None
+
+
+def head_inside(model: Any) -> bool:
+    """Whether the package applies the LM head. An int4 copy's fp16 head (fbgemm) runs after it in its own kernel:
+    inside, it would be read as fp32 weights, twice the bytes, on a GEMM slower for a few rows."""
+    return not _packed(model.get_output_embeddings())
 
 
 def plans(model: Any) -> tuple[str, ...]:
@@ -123,37 +145,26 @@ class Runner(NamedTuple):
     many: Any
     few: Any | None = None
     rows: int = FEW_ROWS
+    head: bool = True  # the package applies the LM head (`head_inside`); else it returns the states alone
 
 
 def build(model: Any, plan: str = "many") -> Path:
     """Compile `model`'s pass on `plan` into its package (minutes on two cores), written aside and moved into place;
-    its path. Meanwhile each layer that cannot be exported (fbgemm's fp16) is swapped for its `exportable()`."""
-    path = package_path(model, plan)
-    swaps = [(parent, name, child) for parent in list(model.modules()) for name, child in parent.named_children()
-             if hasattr(child, "exportable")]
-    for parent, name, child in swaps:
-        setattr(parent, name, child.exportable())
-    try:
-        return _build(model, path, plan)
-    finally:
-        for parent, name, child in swaps:
-            setattr(parent, name, child)
-
-
-def _build(model: Any, path: Path, plan: str) -> Path:
-    w = weights(model)
+    its path."""
+    path, w = package_path(model, plan), weights(model)
     rows, configs = PLANS[plan]
-    t, k = 96, min(4, rows)
+    t, k = 96, min(4, rows)  # a cache of t slots, the first t - 16 read (the two lengths are told apart)
     ex = (torch.zeros(k, dtype=torch.long), torch.ones(k, w.head_dim, dtype=w.dtype),
-          torch.zeros(k, w.head_dim, dtype=w.dtype), torch.arange(k), torch.ones(k, t, dtype=torch.bool),
+          torch.zeros(k, w.head_dim, dtype=w.dtype), torch.arange(k), torch.ones(k, t - 16, dtype=torch.bool),
           [torch.zeros(w.n_kv, t, w.head_dim, dtype=w.dtype) for _ in range(2 * len(w.layers))])
     kd, td = torch.export.Dim("k", min=1, max=rows), torch.export.Dim("t", min=LONGEST_PASS + 1, max=1 << 16)
-    dyn = ({0: kd}, {0: kd}, {0: kd}, {0: kd}, {0: kd, 1: td}, [{1: td}] * len(ex[5]))
+    dyn = ({0: kd}, {0: kd}, {0: kd}, {0: kd}, {0: kd, 1: torch.export.Dim("read", min=1, max=1 << 16)},
+           [{1: td}] * len(ex[5]))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}.pt2")
     try:
         with torch.inference_mode(False), torch.no_grad():
-            ep = torch.export.export(_Pass(w), ex, dynamic_shapes=dyn, strict=False)
+            ep = torch.export.export(_Pass(w, head_inside(model)), ex, dynamic_shapes=dyn, strict=False)
             torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp), inductor_configs=configs)
         os.replace(tmp, path)
     finally:
@@ -179,7 +190,7 @@ def load(model: Any) -> bool:
             log.warning("compiled forward %s did not load (%s); removed, the eager forward runs", path.name, e)
             path.unlink(missing_ok=True)
             return False
-    _RUNNERS[model] = Runner(loaded["many"], loaded.get("few"))
+    _RUNNERS[model] = Runner(loaded["many"], loaded.get("few"), head=head_inside(model))
     return True
 
 
@@ -191,6 +202,7 @@ def missing(model: Any) -> list[str]:
 def ensure(model: Any) -> tuple[bool, str]:
     """Load `model`'s packages, built first where missing: (ready, a note); a failed compile runs eager."""
     with _LOCK:
+        prune()
         if load(model):
             return True, "compiled forward"
         t0 = time.perf_counter()

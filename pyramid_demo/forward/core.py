@@ -44,12 +44,15 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 def body(w: Weights, tokens: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
          mask: torch.Tensor | None, kv: list[torch.Tensor]) -> torch.Tensor:
     """Rows tokens [k] at RoPE rows cos/sin [k, D] write their keys/values to `slots` [k] of kv (per layer: keys,
-    values [H_kv, T, D]) and attend over the T slots where mask [k, T] (bool; None: all of them). Returns what a
-    reader of this model conditions on: the `tap_layers` outputs normalised, then the normed last state [k, 3·d]."""
+    values [H_kv, T, D]) and attend over the first t slots where mask [k, t] (bool; None: all T of them), so a pass
+    reads the slots in use, not the cache's size. Returns what a reader of this model conditions on: the
+    `tap_layers` outputs normalised, then the normed last state [k, 3·d]."""
     k_rows = tokens.shape[0]
     h_q, h_kv, d_h = w.n_heads, w.n_kv, w.head_dim
+    t = kv[0].shape[1] if mask is None else mask.shape[1]  # the slots this pass reads
+    torch._check(t <= kv[0].shape[1])
     c, s = cos[:, None], sin[:, None]  # [k, 1, D]
-    am = None if mask is None else mask[None, None]  # [1, 1, k, T]
+    am = None if mask is None else mask[None, None]  # [1, 1, k, t]
     x = F.embedding(tokens, w.embed)  # [k, d]
     taps, tapped = tap_layers(len(w.layers)), []
     for li, lay in enumerate(w.layers):
@@ -60,8 +63,8 @@ def body(w: Weights, tokens: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
         k_all.index_copy_(1, slots, qk[:, h_q:].transpose(0, 1))  # [H_kv, k, D] into the slots
         v_all.index_copy_(1, slots, v.transpose(0, 1))
         q = qk[:, :h_q].transpose(0, 1)[None]  # [1, H, k, D]
-        a = F.scaled_dot_product_attention(q, k_all[None], v_all[None], attn_mask=am, scale=d_h ** -0.5,
-                                           enable_gqa=h_q != h_kv)  # [1, H, k, D]
+        a = F.scaled_dot_product_attention(q, k_all[None, :, :t], v_all[None, :, :t], attn_mask=am,
+                                           scale=d_h ** -0.5, enable_gqa=h_q != h_kv)  # [1, H, k, D]
         x = x + lay.o(a[0].transpose(0, 1).reshape(k_rows, h_q * d_h))  # [k, d]
         gate, up = lay.gate_up(rms_norm(x, lay.mlp_norm, w.eps)).chunk(2, -1)  # [k, I] each
         x = x + lay.down(F.silu(gate) * up)
@@ -138,13 +141,14 @@ class CoreLM(CachedModel):
         tok, sl = torch.tensor(tokens, device=dev), torch.tensor(slots, device=dev)
         at = torch.tensor(positions, device=dev)
         cos, sin = self.cos[at], self.sin[at]  # [k, D]
-        if self.run is not None:  # the package takes every slot, with a mask over all of them
-            mask = torch.zeros(len(tokens), self.capacity, dtype=torch.bool)
-            got = visible(slots, positions, max(slots) + 1, self.w.window, seen, cached)
-            mask[:, : max(slots) + 1] = True if got is None else got
+        if self.run is not None:  # the package takes the whole cache and a mask over the slots it reads
+            t = max(slots) + 1
+            mask = visible(slots, positions, t, self.w.window, seen, cached)
+            mask = torch.ones(len(tokens), t, dtype=torch.bool) if mask is None else mask  # [k, t]
             few = self.run.few is not None and len(tokens) <= self.run.rows  # `compiled.Runner`: by row count
-            z, h = (self.run.few if few else self.run.many)(tok, cos, sin, sl, mask, self.kv)
-            z = z[len(tokens) - keep:]
+            out = (self.run.few if few else self.run.many)(tok, cos, sin, sl, mask, self.kv)
+            h = out[-1]
+            z = out[0][len(tokens) - keep:] if self.run.head else self.w.head(h[len(tokens) - keep:, -d:])
         else:
             t = max(slots) + 1 if seen is None else seen.shape[1]
             mask = visible(slots, positions, t, self.w.window, seen, cached)
@@ -163,8 +167,8 @@ class CoreLM(CachedModel):
             zs.append(self._pass(tokens[i: i + len(at)], at, at, None, max(1, i + len(at) - max(i, first_kept))))
             feats.append(self.feats)
         if self.publish is not None:
-            self.feats = torch.cat(feats)  # type: ignore[arg-type]
-        return torch.cat(zs)[-keep:]
+            self.feats = feats[0] if len(feats) == 1 else torch.cat(feats)  # type: ignore[arg-type]
+        return (zs[0] if len(zs) == 1 else torch.cat(zs))[-keep:]  # a step's logits are not copied again
 
     @torch.inference_mode()
     def _run_tree(self, rows: list[tuple[int, int, int]], base: int, pos: int) -> torch.Tensor:

@@ -55,7 +55,9 @@ class FeatureDraft(nn.Module):
         self.register_buffer("norm", inner.norm.weight.detach(), persistent=False)
         subset = torch.as_tensor(subset, dtype=torch.long).flatten()
         self.register_buffer("subset", subset, persistent=False)
-        self.register_buffer("head", target.lm_head.weight.detach()[subset].clone(), persistent=False)  # [S, d]
+        # [S, d] stored column-major: a few rows' x·headᵀ is then a plain GEMM over a row-major [d, S], which MKL
+        # reads 2-3x faster than the transposed one (measured 0.58 vs 1.5 ms for one row over 8192 rows, 2 cores)
+        self.register_buffer("head", target.lm_head.weight.detach()[subset].t().contiguous().t(), persistent=False)
         self.register_buffer("inv_freq", inner.rotary_emb.inv_freq.detach().float().clone(), persistent=False)
         self.vocab = int(target.lm_head.weight.shape[0])
 

@@ -156,15 +156,6 @@ class Fp16Linear(Fusable):
             [p[1] if p[1] is not None else w.new_zeros(p[0].shape[0]) for p in parts])
         return Fp16Linear(w, bias)
 
-    def exportable(self) -> torch.nn.Linear:
-        """fbgemm's op does not export: a compiled pass reads this layer's fp16 values as an fp32 linear."""
-        w, b = self.unpacked()
-        lin = torch.nn.Linear(w.shape[1], w.shape[0], bias=b is not None, device="meta")
-        lin.weight = torch.nn.Parameter(w.float(), requires_grad=False)
-        if b is not None:
-            lin.bias = torch.nn.Parameter(b.float(), requires_grad=False)
-        return lin
-
     def _own_forward(self, x: torch.Tensor) -> torch.Tensor:
         y = torch.ops.quantized.linear_dynamic_fp16(x.reshape(-1, self.in_features).float(), self.packed)
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
