@@ -111,10 +111,10 @@ def test_a_head_packed_for_its_own_kernel_runs_after_the_package_on_the_rows_kep
 
     t = tiny_random_triplet()
     q = int4_copy(t.target, 32)
-    assert compiled.head_inside(t.target)
+    assert compiled.head_after(t.target) is None
     if not isinstance(q.get_output_embeddings(), Fp16Linear):
         pytest.skip("no fbgemm fp16 head on this CPU")
-    assert not compiled.head_inside(q)
+    assert compiled.head_after(q) is not None
     w, rows = weights(q), []
 
     def states_only(tokens, cos, sin, slots, mask, kv):
@@ -122,7 +122,7 @@ def test_a_head_packed_for_its_own_kernel_runs_after_the_package_on_the_rows_kep
         return (body(w, tokens, cos, sin, slots, mask, kv),)
 
     ids = [(7 * i + 3) % (t.vocab_size - 1) + 1 for i in range(40)]
-    c = CoreLM(q, t.vocab_size, "qualifier", compiled.Runner(states_only, head=False))
+    c = CoreLM(q, t.vocab_size, "qualifier", compiled.Runner(states_only, head=compiled.head_after(q)))
     e = CoreLM(q, t.vocab_size, "qualifier")
     assert torch.allclose(c.forward(ids[:30], 0, 3), e.forward(ids[:30], 0, 3), atol=1e-5)  # the last 3 of 30 rows
     tc, te = c.forward_tree(ids[30:33], [-1, 0, 0], 30), e.forward_tree(ids[30:33], [-1, 0, 0], 30)

@@ -12,6 +12,7 @@ a "few" package (passes of at most FEW_ROWS rows: steps, short chains) on the te
 longer pass: prefills, long chains, trees) on MKL; a model whose linears are no GEMM (the int4 copy) gets one."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -127,10 +128,12 @@ def _packed(m: Any) -> bool:
     return callable(getattr(m, "unpacked", None)) and getattr(m, "packed", None) is not None
 
 
-def head_inside(model: Any) -> bool:
-    """Whether the package applies the LM head. An int4 copy's fp16 head (fbgemm) runs after it in its own kernel:
-    inside, it would be read as fp32 weights, twice the bytes, on a GEMM slower for a few rows."""
-    return not _packed(model.get_output_embeddings())
+def head_after(model: Any) -> Any | None:
+    """The LM head a package leaves out, as torch's op over the head's packed weights; None where the package applies
+    it. An int4 copy's fp16 head (fbgemm) runs after the package in its own kernel: inside, it would be read as fp32
+    weights, twice the bytes, on a GEMM slower for a few rows."""
+    m = model.get_output_embeddings()
+    return functools.partial(torch.ops.quantized.linear_dynamic_fp16, W_prepack=m.packed) if _packed(m) else None
 
 
 def plans(model: Any) -> tuple[str, ...]:
@@ -145,7 +148,7 @@ class Runner(NamedTuple):
     many: Any
     few: Any | None = None
     rows: int = FEW_ROWS
-    head: bool = True  # the package applies the LM head (`head_inside`); else it returns the states alone
+    head: Any | None = None  # the LM head run after the package, which then returns the states alone (`head_after`)
 
 
 def build(model: Any, plan: str = "many") -> Path:
@@ -164,7 +167,7 @@ def build(model: Any, plan: str = "many") -> Path:
     tmp = path.with_suffix(f".tmp{os.getpid()}.pt2")
     try:
         with torch.inference_mode(False), torch.no_grad():
-            ep = torch.export.export(_Pass(w, head_inside(model)), ex, dynamic_shapes=dyn, strict=False)
+            ep = torch.export.export(_Pass(w, head_after(model) is None), ex, dynamic_shapes=dyn, strict=False)
             torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp), inductor_configs=configs)
         os.replace(tmp, path)
     finally:
@@ -190,7 +193,7 @@ def load(model: Any) -> bool:
             log.warning("compiled forward %s did not load (%s); removed, the eager forward runs", path.name, e)
             path.unlink(missing_ok=True)
             return False
-    _RUNNERS[model] = Runner(loaded["many"], loaded.get("few"), head=head_inside(model))
+    _RUNNERS[model] = Runner(loaded["many"], loaded.get("few"), head=head_after(model))
     return True
 
 

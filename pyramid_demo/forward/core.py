@@ -148,7 +148,8 @@ class CoreLM(CachedModel):
             few = self.run.few is not None and len(tokens) <= self.run.rows  # `compiled.Runner`: by row count
             out = (self.run.few if few else self.run.many)(tok, cos, sin, sl, mask, self.kv)
             h = out[-1]
-            z = out[0][len(tokens) - keep:] if self.run.head else self.w.head(h[len(tokens) - keep:, -d:])
+            z = out[0][len(tokens) - keep:] if self.run.head is None else \
+                self.run.head(h[len(tokens) - keep:, -d:].contiguous())  # the head's own kernel, on the rows kept
         else:
             t = max(slots) + 1 if seen is None else seen.shape[1]
             mask = visible(slots, positions, t, self.w.window, seen, cached)
