@@ -179,8 +179,7 @@ def build_demo() -> gr.Blocks:
         preset.change(h.preset_settings, preset, tuned, **PRIVATE)
         # the public API: /race (named, defaulted settings), /stop, /export; /clear is callable, unlisted
         asked = gr.on([run_btn.click, prompt.submit], h.queue_line, None, status, **QUICK)  # a wait says so at once
-        race = asked.then(_gpu(h.race_event),
-                          [prompt, preset, draft_id, qual_id, target_id, session], race_out,
+        race = asked.then(_gpu(h.race_event), [prompt, preset, draft_id, qual_id, target_id, session], race_out,
                           inputs_kwargs={**{k: widgets[k] for k in h.SETTING_NAMES}, "side_by_side": side_by_side,
                                          "qualifier_alone": qualifier_alone},
                           api_name="race", concurrency_id="models", concurrency_limit=1,

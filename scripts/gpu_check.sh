@@ -3,14 +3,12 @@
 # offline family on cuda in fp16 and bf16, printed as one table.
 #   scripts/gpu_check.sh            on a machine with CUDA (exits 1 without it)
 #   scripts/gpu_check.sh --dry-run  the CPU side: the same steps on tiny-random, cpu, fp32/bf16, 8 tokens
-# Env: PYTHON (default .venv/bin/python, else python3), OUT (default gpu_check_out), TOKENS, PROMPTS,
-# DTYPES (dry run only).
+# Env: PYTHON (default .venv/bin/python, else python3), OUT (default gpu_check_out), TOKENS, PROMPTS, DTYPES (dry run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
 OUT=${OUT:-gpu_check_out}
-DRY=0
-[ "${1:-}" = "--dry-run" ] && DRY=1
+DRY=$([ "${1:-}" = "--dry-run" ] && echo 1 || echo 0)
 if [ "$DRY" = 1 ]; then
   MODELS=tiny-random DEVICE=cpu DTYPES=${DTYPES:-"float32 bfloat16"} TOKENS=${TOKENS:-8} PROMPTS=${PROMPTS:-1}
   TESTS=tests/test_cuda.py  # where the cuda tests live; collecting only it keeps the dry run short

@@ -71,10 +71,9 @@ def test_the_offline_family_decode_touches_few_files_and_classes(method, offline
     from pyramid_demo.models.loading import decided, load_triplet
 
     t = load_triplet("smollm2-offline")
-    for role in ("target", "qualifier"):
-        runtime.ensure_package(t.model(role))
+    notes = {role: runtime.ensure_package(t.model(role)) for role in ("target", "qualifier")}
     t = decided(t)
-    assert t.forwards == {"draft": "feature", "qualifier": "compiled", "target": "compiled"}, t.runs
+    assert t.forwards == {"draft": "feature", "qualifier": "compiled", "target": "compiled"}, (notes, t.runs)
     files, classes = footprint(t, method, monkeypatch)
     assert "FeatureLM" in classes and "CoreLM" in classes
     assert len(files) <= LIMIT, sorted(files)

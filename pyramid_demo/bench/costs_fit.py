@@ -96,8 +96,7 @@ def loo_busy(rows: list[dict], profile: dict) -> tuple[dict[str, dict[str, float
 
 def predict_rows(rows: list[dict], profile: dict) -> dict[str, float]:
     """Sets `predicted_profile_s` and `predicted_s` (forwards × the other variants' busy factor, plus engine time
-    priced from their runs) on every engine row with a cost record, and both speed-ups over AR. Returns the
-    pooled busy factors."""
+    priced from their runs) on every engine row with a cost record, and both speed-ups over AR; the busy factors."""
     eng_rows = [r for r in rows if r.get("kind") == "engine" and r.get("cost_record")]
     busy, pooled = loo_busy(eng_rows, profile)
     fitted = loo_engine_s(eng_rows, profile)

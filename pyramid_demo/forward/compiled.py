@@ -12,11 +12,13 @@ a "few" package (passes of at most FEW_ROWS rows: steps, short chains) on the te
 longer pass: prefills, long chains, trees) on MKL; a model whose linears are no GEMM (the int4 copy) gets one."""
 from __future__ import annotations
 
+import atexit
 import functools
 import hashlib
 import json
 import logging
 import os
+import shutil
 import threading
 import time
 import weakref
@@ -60,6 +62,27 @@ def cache_dir() -> Path:
     """Where compiled packages live: in the project's one cache folder."""
     root = os.environ.get("PYRAMID_DEMO_CACHE")
     return (Path(root).expanduser() if root else Path.home() / ".cache" / "pyramid_demo") / "compiled"
+
+
+def scratch() -> Path:
+    """This process's folder for build files and packages' libraries (GBs): removed at exit, or by the next one."""
+    mine = cache_dir() / "scratch" / str(os.getpid())
+    if not mine.is_dir():
+        for d in mine.parent.glob("*"):
+            if d.name.isdigit() and not _alive(int(d.name)):
+                shutil.rmtree(d, ignore_errors=True)
+        mine.mkdir(parents=True, exist_ok=True)
+        atexit.register(shutil.rmtree, mine, True)
+    return mine
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return os.kill(pid, 0) is None  # signal 0 sends nothing: it asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
 
 
 def cpu_line(cpuinfo: str, arch: str) -> str:
@@ -152,8 +175,7 @@ class Runner(NamedTuple):
 
 
 def build(model: Any, plan: str = "many") -> Path:
-    """Compile `model`'s pass on `plan` into its package (minutes on two cores), written aside and moved into place;
-    its path."""
+    """Compile `model`'s pass on `plan` into its package (minutes on two cores), written aside, moved into place."""
     path, w = package_path(model, plan), weights(model)
     rows, configs = PLANS[plan]
     t, k = 96, min(4, rows)  # a cache of t slots, the first t - 16 read (the two lengths are told apart)
@@ -164,6 +186,7 @@ def build(model: Any, plan: str = "many") -> Path:
     dyn = ({0: kd}, {0: kd}, {0: kd}, {0: kd}, {0: kd, 1: torch.export.Dim("read", min=1, max=1 << 16)},
            [{1: td}] * len(ex[5]))
     path.parent.mkdir(parents=True, exist_ok=True)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(scratch() / "inductor")  # its build files go with the process
     tmp = path.with_suffix(f".tmp{os.getpid()}.pt2")
     try:
         with torch.inference_mode(False), torch.no_grad():
@@ -176,8 +199,7 @@ def build(model: Any, plan: str = "many") -> Path:
 
 
 def load(model: Any) -> bool:
-    """Load `model`'s packages if every one was built for exactly it here; False where one is missing or fails to
-    load (then removed)."""
+    """Load `model`'s packages if each was built for exactly it here; False where one is missing or fails (removed)."""
     if model in _RUNNERS:
         return True
     if not any(cache_dir().glob(f"{type(model).__name__}-*.pt2")):  # none built here: no weights to hash
@@ -185,14 +207,20 @@ def load(model: Any) -> bool:
     paths = {plan: package_path(model, plan) for plan in plans(model)}
     if not all(p.exists() for p in paths.values()):
         return False
-    loaded = {}
+    loaded, tmp = {}, os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = str(scratch())  # where torch extracts a package's library (removed at exit)
     for plan, path in paths.items():
         try:
             loaded[plan] = torch._inductor.aoti_load_package(str(path))
         except Exception as e:  # a corrupt or foreign file: drop it, run eager
             log.warning("compiled forward %s did not load (%s); removed, the eager forward runs", path.name, e)
             path.unlink(missing_ok=True)
-            return False
+            break
+    del os.environ["TMPDIR"]
+    if tmp is not None:
+        os.environ["TMPDIR"] = tmp
+    if len(loaded) < len(paths):
+        return False
     _RUNNERS[model] = Runner(loaded["many"], loaded.get("few"), head=head_after(model))
     return True
 
@@ -214,6 +242,8 @@ def ensure(model: Any) -> tuple[bool, str]:
                 build(model, plan)
         except Exception as e:
             return False, f"compile failed ({type(e).__name__}: {str(e)[:120]}); the eager forward runs"
+        finally:  # the build files (a copy of the weights each) go now: the packages hold what a run needs
+            shutil.rmtree(scratch() / "inductor", ignore_errors=True)
         return load(model), f"compiled in {time.perf_counter() - t0:.0f} s"
 
 

@@ -190,12 +190,10 @@ def _build(model: Any) -> Weights:
     embed = model.get_input_embeddings().weight.detach()
     rot = inner.rotary_emb
     window = getattr(cfg, "sliding_window", None) if type(model).__name__ == "MistralForCausalLM" else None
-    return Weights(
-        layers=layers, embed=embed, norm=inner.norm.weight.detach(), head=_linear([model.lm_head]),
-        eps=float(inner.norm.variance_epsilon),
-        n_heads=cfg.num_attention_heads, n_kv=cfg.num_key_value_heads, head_dim=attn0.head_dim,
-        inv_freq=rot.inv_freq.detach().float(), rope_scale=float(getattr(rot, "attention_scaling", 1.0)),
-        window=window, dtype=embed.dtype)
+    return Weights(layers=layers, embed=embed, norm=inner.norm.weight.detach(), head=_linear([model.lm_head]),
+                   eps=float(inner.norm.variance_epsilon), n_heads=cfg.num_attention_heads,
+                   n_kv=cfg.num_key_value_heads, head_dim=attn0.head_dim, inv_freq=rot.inv_freq.detach().float(),
+                   rope_scale=float(getattr(rot, "attention_scaling", 1.0)), window=window, dtype=embed.dtype)
 
 
 _WEIGHTS: weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple, Weights]] = weakref.WeakKeyDictionary()

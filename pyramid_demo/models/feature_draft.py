@@ -76,9 +76,8 @@ class FeatureDraft(nn.Module):
         return F.linear(x, self.fc_w if torch.is_grad_enabled() else self.joint_weights()[4], self.fc_b)
 
     def joint_weights(self) -> tuple[torch.Tensor, ...]:
-        """For calls without gradients: [q; k; v], [gate; up], o, down and fc, each stored column-major (a few rows'
-        x·Wᵀ is then MKL's plain GEMM, which reads a weight 2-3x faster here than the transposed one); rebuilt when a
-        weight changes."""
+        """For calls without gradients: [q; k; v], [gate; up], o, down and fc, stored column-major (a few rows' x·Wᵀ
+        is then MKL's plain GEMM, 2-3x faster here than over the transposed one); rebuilt when a weight changes."""
         parts = (self.q, self.k, self.v, self.gate, self.up, self.o, self.down, self.fc_w)
         key = tuple((p.data_ptr(), p._version) for p in parts)
         if getattr(self, "_fused_key", None) != key:
