@@ -8,22 +8,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
 OUT=${OUT:-gpu_check_out}
-DRY=$([ "${1:-}" = "--dry-run" ] && echo 1 || echo 0)
-if [ "$DRY" = 1 ]; then
+if [ "${1:-}" = "--dry-run" ]; then
   MODELS=tiny-random DEVICE=cpu DTYPES=${DTYPES:-"float32 bfloat16"} TOKENS=${TOKENS:-8} PROMPTS=${PROMPTS:-1}
   TESTS=tests/test_cuda.py  # where the cuda tests live; collecting only it keeps the dry run short
-  echo "dry run: CPU side only (tiny-random on cpu); on a GPU machine run without --dry-run. It would run:"
-  echo "  $PY -m pytest -q -m cuda tests/"
-  for dt in float16 bfloat16; do
-    echo "  $PY -m pyramid_demo bench --models smollm2-offline --device cuda --dtype $dt --methods ar,sd,fsd,psd_a,psd_f --peers '' --limit 3 --max-new-tokens 64 ..."
-  done
+  echo "dry run: the CPU side only (tiny-random on cpu). Without --dry-run on a GPU machine: $PY -m pytest -q -m cuda" \
+       "tests/, then bench --models smollm2-offline --device cuda --dtype float16, then bfloat16"
 else
   MODELS=smollm2-offline DEVICE=cuda DTYPES="float16 bfloat16" TOKENS=${TOKENS:-64} PROMPTS=${PROMPTS:-3}
   TESTS=tests/
-  if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
-    echo "error: CUDA is not available to $PY's torch; use --dry-run on a CPU machine" >&2
-    exit 1
-  fi
+  "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" \
+    || { echo "error: CUDA is not available to $PY's torch; use --dry-run on a CPU machine" >&2; exit 1; }
 fi
 export HF_HUB_OFFLINE=1
 mkdir -p "$OUT"

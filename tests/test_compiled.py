@@ -3,6 +3,9 @@ a stale, broken or disagreeing package is handled, and that a load never compile
 a while even for a tiny model: that test is in the slow tier."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -60,9 +63,6 @@ def test_setup_removes_the_packages_of_another_pass_format_and_keeps_this_one(ca
 def test_scratch_is_this_process_folder_and_a_dead_process_folder_is_removed(cache) -> None:
     """Build files and extracted libraries (hundreds of MB) live in a folder per process: the first call makes this
     process's and removes the one a process no longer running left; a running process's folder stays."""
-    import os
-    import subprocess
-
     gone = subprocess.Popen(["true"])
     gone.wait()
     root = cache / "compiled" / "scratch"
@@ -256,11 +256,7 @@ def test_the_compiled_pass_computes_what_the_eager_one_does(cache) -> None:
     compiled.attach(m, None)
     assert compiled.load(m) and compiled.runner_of(m) is not None  # from the package on disk, no compile
     assert not (compiled.scratch() / "inductor").exists()  # the build files went with the build
-    assert {p.name.split("_")[0] for p in compiled.scratch().iterdir()} == {"aotinductor"}  # extracted here
-    import os
-    import subprocess
-    import sys
-
+    assert not any(compiled.scratch().iterdir())  # the extracted libraries went once mapped: the passes above ran
     code = ("import os, sys; from pyramid_demo.forward import compiled as c; from pyramid_demo.models.tiny import "
             "tiny_random_triplet as t; m = t().target; assert c.load(m) and c.runner_of(m); print(os.getpid())")
     (cache / "tmp").mkdir()
@@ -268,7 +264,7 @@ def test_the_compiled_pass_computes_what_the_eager_one_does(cache) -> None:
                          capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-2000:]  # another process loads the same package…
     assert not (compiled.scratch().parent / run.stdout.strip()).exists()  # …and leaves no folder behind
-    assert not any((cache / "tmp").iterdir())  # nor anything in the system's temporary folder
+    assert not any((cache / "tmp").iterdir())  # nor anything in the system's temporary folder (torch's default)
     from pyramid_demo.models.quant import int4_copy
 
     q = int4_copy(m, 32)  # its package holds no fp16 head (where fbgemm runs): the head runs after it

@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import shutil
+import tempfile
 import threading
 import time
 import weakref
@@ -36,7 +37,7 @@ FORMAT = 7  # bump when the pass below changes: older packages are then stale
 _RUNNERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its loaded package (a copy of the
 # model, e.g. a quantized copy's source, has none: it is another model)
 _PRINTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (weights' identity, fingerprint)
-_LOCK = threading.Lock()
+_LOCK = threading.RLock()  # a build, and torch's extraction of a package (TMPDIR)
 FEW_ROWS = 4  # the longest pass the "few" package runs
 PLANS = {  # plan -> (most rows, inductor's settings)
     "many": (LONGEST_PASS, {"freezing": True}),
@@ -65,7 +66,7 @@ def cache_dir() -> Path:
 
 
 def scratch() -> Path:
-    """This process's folder for build files and packages' libraries (GBs): removed at exit, or by the next one."""
+    """This process's folder for build files and extracted libraries (GBs): removed at exit, or by the next one."""
     mine = cache_dir() / "scratch" / str(os.getpid())
     if not mine.is_dir():
         for d in mine.parent.glob("*"):
@@ -207,22 +208,27 @@ def load(model: Any) -> bool:
     paths = {plan: package_path(model, plan) for plan in plans(model)}
     if not all(p.exists() for p in paths.values()):
         return False
-    loaded, tmp = {}, os.environ.get("TMPDIR")
-    os.environ["TMPDIR"] = str(scratch())  # where torch extracts a package's library (removed at exit)
+    loaded = {}
     for plan, path in paths.items():
         try:
-            loaded[plan] = torch._inductor.aoti_load_package(str(path))
+            loaded[plan] = _open(path)
         except Exception as e:  # a corrupt or foreign file: drop it, run eager
             log.warning("compiled forward %s did not load (%s); removed, the eager forward runs", path.name, e)
             path.unlink(missing_ok=True)
-            break
-    del os.environ["TMPDIR"]
-    if tmp is not None:
-        os.environ["TMPDIR"] = tmp
-    if len(loaded) < len(paths):
-        return False
+            return False
     _RUNNERS[model] = Runner(loaded["many"], loaded.get("few"), head=head_after(model))
     return True
+
+
+def _open(path: Path) -> Any:
+    """torch's loader of a package; the library it extracts (a copy of the weights) is deleted once mapped."""
+    with _LOCK, tempfile.TemporaryDirectory(dir=scratch()) as d:
+        tmp, os.environ["TMPDIR"] = os.environ.get("TMPDIR"), d  # where torch extracts it
+        try:
+            return torch._inductor.aoti_load_package(str(path))
+        finally:
+            del os.environ["TMPDIR"]
+            os.environ.update({} if tmp is None else {"TMPDIR": tmp})
 
 
 def missing(model: Any) -> list[str]:
