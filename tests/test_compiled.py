@@ -27,8 +27,8 @@ def cache(tmp_path, monkeypatch):
 
 
 def test_a_package_is_named_by_what_it_was_built_from(cache) -> None:
-    """The package's name changes with any weight the pass reads and with the pass's format: a stale package (another
-    model, a changed weight, an older pass) is never found under a model's name."""
+    """The package's name changes with any weight the pass reads, the pass's format and the threads a run uses: a
+    stale package (another model, a changed weight, an older pass, kernels for another thread count) is never found."""
     t = tiny_random_triplet()
     a = compiled.package_path(t.target)
     assert a == compiled.package_path(t.target) and a.parent == cache / "compiled"
@@ -43,6 +43,13 @@ def test_a_package_is_named_by_what_it_was_built_from(cache) -> None:
         assert compiled.package_path(t.target) != b
     finally:
         compiled.FORMAT = old
+    threads = torch.get_num_threads()  # inductor writes the count into every kernel: one thread's GEMMs use one core
+    try:
+        torch.set_num_threads(threads + 1)
+        assert compiled.package_path(t.target) != b
+    finally:
+        torch.set_num_threads(threads)
+    assert compiled.package_path(t.target) == b
 
 
 def test_setup_removes_the_packages_of_another_pass_format_and_keeps_this_one(cache) -> None:
@@ -341,3 +348,19 @@ def test_the_family_record_is_what_the_family_box_reads_and_is_keyed_by_its_weig
     with torch.no_grad():
         t.target.model.layers[0].mlp.up_proj.weight[0, 0] += 1.0
     assert runtime.family_record(decided(t)) is None
+
+
+def test_setup_builds_each_package_at_the_threads_a_run_uses(monkeypatch) -> None:
+    """Setup's parallel build workers keep the threads a run has (inductor writes the count into every kernel: a
+    package built on one thread streams its weights on one core), so the names they write are the names runs look up."""
+    from pyramid_demo import prepare_cli
+
+    seen = []
+
+    def worker(cmd, **kw):
+        seen.append(kw.get("env", os.environ).get("OMP_NUM_THREADS"))
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(prepare_cli.subprocess, "run", worker)
+    prepare_cli._build_missing("tiny-random", [("target", "few"), ("target", "many"), ("qualifier", "many")])
+    assert seen == [os.environ.get("OMP_NUM_THREADS")] * 3

@@ -33,7 +33,7 @@ from .cache import LONGEST_PASS
 from .core import body, core_pass
 from .weights import Dense, Weights, signature, weights
 
-FORMAT = 7  # bump when the pass below changes: older packages are then stale
+FORMAT = 8  # bump when the pass below changes: older packages are then stale
 _RUNNERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its loaded package (a copy of the
 # model, e.g. a quantized copy's source, has none: it is another model)
 _PRINTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (weights' identity, fingerprint)
@@ -106,9 +106,9 @@ def _weights(model: Any) -> Any:
 
 
 def fingerprint(model: Any) -> str:
-    """What a package was built from: this pass's format, torch's build, the CPU, the model's config, its layers'
-    kinds and every weight's bytes (a changed weight, dtype, format or machine gives another name: a stale
-    package is never loaded). Bytes are read in place, once per model object until a weight is swapped or edited."""
+    """What a package was built from: the pass's format, torch's build, the CPU, the model's config, its layers' kinds
+    and every weight's bytes (any change, like the threads in `package_path` whose count inductor writes into every
+    kernel, gives another name: a stale package is never loaded). Bytes are read in place, once until edited."""
     weights(model)  # its fused layers are part of the model once built: name it as it runs
     ident = (FORMAT, signature(model), tuple(t._version for t in (*model.parameters(), *model.buffers())))  # edits
     # bump _version; an fbgemm weight's identity is in `signature` (its bytes are not unpacked for a lookup)
@@ -135,7 +135,7 @@ def _hash(model: Any) -> str:
 
 def package_path(model: Any, plan: str = "many") -> Path:
     suffix = "" if plan == "many" else f"-{plan}"
-    return cache_dir() / f"{type(model).__name__}-v{FORMAT}-{fingerprint(model)}{suffix}.pt2"
+    return cache_dir() / f"{type(model).__name__}-v{FORMAT}-t{torch.get_num_threads()}-{fingerprint(model)}{suffix}.pt2"
 
 
 def prune() -> list[str]:
