@@ -166,7 +166,6 @@ def build_demo() -> gr.Blocks:
         insp_in = [session, race_dd, method_dd, round_sl, wq, wt, pos_sl]
         insp_out = [chips, div_plot, top5_plot, insp_md, tree_plot]
         tuned = [widgets[k] for k in h.TUNED_NAMES]
-
         play_in = [session, race_dd, method_dd, round_sl]
         family_out = [preset_md, fold_md, custom_box]
 

@@ -168,12 +168,16 @@ def test_every_column_of_the_results_table_from_hand_built_repeats():
 
 
 def test_the_noise_band_comes_from_the_repeats_and_narrows_with_more():
-    """Rule: without same-size forwards to measure, the band is the widest spread of a lane's repeats (interquartile
-    range ÷ median) ÷ √repeats; six repeats as spread as three (quartiles 9.5 and 10.5 about 10 tok/s) narrow it
-    by √2."""
+    """Rule: the band is the widest spread (interquartile range ÷ median) of a lane's ratio to the AR run of the same
+    repeat, ÷ √repeats; a machine that slows both runs of each repeat alike does not widen it; without a paired lane
+    it is the spread of a lane's speeds, and six repeats as spread as three (quartiles 9.5 and 10.5 about 10 tok/s)
+    narrow it by √2."""
     race = three_repeats()
-    want = max(iqr_over_median([10 / s for s in AR_S]), iqr_over_median([10 / s for s in PSD_S])) / math.sqrt(3)
+    want = iqr_over_median([a / p for a, p in zip(AR_S, PSD_S)]) / math.sqrt(3)
     assert inspector.race_noise(race.results, race.repeats) == pytest.approx(want, rel=1e-3)  # tok/s: 3 decimals
+    assert want < iqr_over_median([10 / s for s in AR_S]) / math.sqrt(3)  # AR's own speeds wobble more
+    drifting = race_of([{"ar": even(10, a), "psd_a": even(10, 0.8 * a)} for a in (1.0, 2.0, 3.0)])
+    assert inspector.race_noise(drifting.results, drifting.repeats) == pytest.approx(0.0, abs=1e-3)
 
     def band(speeds: list[float]) -> float:
         r = race_of([{"ar": even(10, 10 / v)} for v in speeds])
@@ -184,17 +188,17 @@ def test_the_noise_band_comes_from_the_repeats_and_narrows_with_more():
 
 
 def test_a_method_is_called_faster_only_outside_the_band():
-    """Rule: PSD_A at a median of 1.25× AR over three repeats with a band of about 6% is named the winner, beyond
-    the band, in the status line and called faster in the Statistics story; at 1.04× (inside the band) the status
-    line says tie and the story says a tie with AR; with one repeat and no forwards to measure, no band: the
-    winner is named as unsure."""
+    """Rule: PSD_A at a median of 1.25× AR over three repeats with a band of about 2% is named the winner, beyond
+    the band, in the status line and called faster in the Statistics story; at a median of 1.04× with repeats of
+    0.95–1.15× (inside its band) the status line says tie and the story says a tie with AR; with one repeat and no
+    forwards to measure, no band: the winner is named as unsure."""
     race = three_repeats()
     band = inspector.race_noise(race.results, race.repeats)
     said = h._winner(race)
     assert "**PSD_A (assisted pyramid)** won: 12.5 tok/s, ×1.25 vs AR" in said and f"({band:.0%})" in said
     row = {r["method"]: r for r in story.rows(race.results, None, race.repeats)}["psd_a"]
     assert row["x_ar"] == pytest.approx(1.25) and row["verdict"].startswith("**faster** than AR (1.25×")
-    close = three_repeats([a / 1.04 for a in AR_S])  # every repeat 1.04× AR
+    close = three_repeats([a / x for a, x in zip(AR_S, (0.95, 1.04, 1.15))])  # band ≈ 5.6%
     assert "Tie within this race's noise band" in h._winner(close) and "PSD_A, AR" in h._winner(close)
     row = {r["method"]: r for r in story.rows(close.results, None, close.repeats)}["psd_a"]
     assert row["verdict"].startswith("**a tie with AR** within noise (1.04×")

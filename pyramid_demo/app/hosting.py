@@ -135,8 +135,7 @@ def preload(preset: str) -> threading.Thread:
         from ..models.warm import prepare
 
         try:
-            triplet = load_triplet(preset, **placement_options())
-            prepare(triplet, [1, 2, 3])
+            prepare(load_triplet(preset, **placement_options()), [1, 2, 3])
         except Exception as e:  # noqa: BLE001 - the first race will say what is wrong, in the page
             log.warning("preloading %s failed: %r", preset, e)
 

@@ -177,19 +177,27 @@ def speed(key: str, results: dict[str, RunResult], repeats: Repeats | None = Non
     return statistics.median(lane_speeds(key, results, repeats))
 
 
+def paired_ratios(key: str, base: str, repeats: Repeats | None) -> list[float]:
+    """key's tok/s ÷ base's in each repeat that ran both to the end: a repeat the machine slowed throughout cancels."""
+    return [x for rep in repeats or () if key in rep and base in rep
+            if (x := ratio(rep[key].stats.tokens_per_s, rep[base].stats.tokens_per_s)) is not None]
+
+
 def speed_ratio(key: str, base: str, results: dict[str, RunResult], repeats: Repeats | None = None) -> float | None:
-    """key's speed ÷ base's as the bench states it: the median of each repeat's ratio (a slow repeat cancels)."""
-    pairs = [(rep[key], rep[base]) for rep in repeats or () if key in rep and base in rep]
-    xs = [x for a, b in pairs or [(results[key], results[base])]
-          if (x := ratio(a.stats.tokens_per_s, b.stats.tokens_per_s)) is not None]
+    """key's speed ÷ base's as the bench states it: the median of `paired_ratios` (no repeats: of the records)."""
+    xs = paired_ratios(key, base, repeats) or paired_ratios(key, base, [results])
     return statistics.median(xs) if xs else None
 
 
 def race_noise(results: dict[str, RunResult], repeats: Repeats | None = None) -> float | None:
-    """The race's relative noise band: the larger spread of same-size forwards (predict.noise) and of each lane's
-    repeats, ÷ √repeats (a median of n repeats wobbles ~1/√n as much as one run); None when neither is measured."""
+    """The race's relative noise band, what its × AR figures wobble by: the widest spread of a lane's ratio to the AR
+    run of its repeat, ÷ √repeats (a machine that slows both runs of a pair alike does not widen it). Without two
+    paired repeats: the spread of same-size forwards (predict.noise) and of each lane's speeds. None: nothing."""
+    reps, base = repeats or [], baseline_lane("ar", results)
+    if base and (paired := [x for k in results if k != base if len(x := paired_ratios(k, base, reps)) >= 2]):
+        return max(noise.relative_spread(x) or 0.0 for x in paired) / math.sqrt(min(map(len, paired)))
     groups: dict = {}
-    for r in (r for rep in repeats or [results] for r in rep.values()):
+    for r in (r for rep in reps or [results] for r in rep.values()):
         for key, ts in noise.same_k_forwards(r.steps).items():
             groups.setdefault(key, []).extend(ts)
     speeds = [lane_speeds(k, results, repeats) for k in results]

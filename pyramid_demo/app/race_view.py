@@ -81,9 +81,7 @@ def race_lanes(race: Race | None, played: bool = False) -> str:
 def earlier_lanes(session: Session) -> str:
     """Every finished race before the latest, newest first, for comparison."""
     races = session.races[:-1][::-1]
-    if not races:
-        return render.message_html("Earlier races appear here until you clear them.")
-    return "".join(race_lanes(r) for r in races)
+    return "".join(map(race_lanes, races)) or render.message_html("Earlier races appear here until you clear them.")
 
 
 def full_outputs(session: Session, status: str) -> tuple:

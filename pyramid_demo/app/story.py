@@ -134,9 +134,9 @@ def markdown(results: dict[str, RunResult], profile: dict | None, repeats: Repea
     if not results:
         return ""
     spread = race_noise(results, repeats)
-    lines = [(f"Noise band of this race: **{spread:.0%}**, the larger spread (interquartile range ÷ median) of "
-              "same-size forwards and of each lane's repeats, ÷ √repeats; a gap smaller than that is a tie. "
-              "Race again with the same prompt and settings to add repeats and narrow it.")
+    lines = [(f"Noise band of this race: **{spread:.0%}**, the widest spread (interquartile range ÷ median) of a "
+              "lane's ratio to the AR run of its repeat (one repeat: of same-size forwards), ÷ √repeats; a gap smaller "
+              "than that is a tie. Race again with the same prompt and settings to add repeats and narrow it.")
              if spread is not None else "Too few same-size forwards in this race to measure its noise band."]
     table = rows(results, profile, repeats)
     lines.append(load_line(results, profile, any(disagrees(row, spread) for row in table)) if profile

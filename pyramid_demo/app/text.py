@@ -179,7 +179,7 @@ The more green and blue, the less work the big target had to do.
 * **How the race is timed** — as `bench` times it: each lane warmed up, then decoded with nothing drawn while its
   clock runs (the page shares the machine's cores), the lanes taking turns over a few repeats; then they replay
   side by side, each token when its method produced it. Speeds are medians over repeats; a method is called faster
-  only beyond the noise band (same-size forwards' and repeats' spread ÷ √repeats). Race again to add repeats.
+  only beyond the noise band (the spread of its ratio to AR over the repeats ÷ √repeats). Race again to add repeats.
 """
 
 TREE_NOTE = ("**The pass as a tree of candidates** (a chain is a tree with one branch): the accepted path runs "

@@ -92,9 +92,7 @@ def shared_support(z_q: torch.Tensor) -> torch.Tensor | None:
     if not bool(torch.isneginf(z_q[0]).any()):
         return None
     out = torch.isneginf(z_q)  # [n, V]
-    if not bool((out == out[:1]).all()):
-        return None
-    return (~out[0]).nonzero().squeeze(-1)
+    return (~out[0]).nonzero().squeeze(-1) if bool((out == out[:1]).all()) else None
 
 
 def support_divergence_logits(z_p: torch.Tensor, z_q: torch.Tensor, kind: str = "js",
@@ -238,9 +236,7 @@ def spine(tree: Tree) -> list[int]:
 
 def take(z: torch.Tensor, rows: list[int]) -> torch.Tensor:
     """z's rows [len(rows), V]: a view when they are consecutive (a chain's always are), else a gathered copy."""
-    if rows and rows == list(range(rows[0], rows[0] + len(rows))):
-        return z[rows[0]: rows[0] + len(rows)]
-    return z[rows]
+    return z[rows[0]: rows[0] + len(rows)] if rows and rows == list(range(rows[0], rows[0] + len(rows))) else z[rows]
 
 
 def sd_at(tree: Tree, kids: list[int], top: int | None, p: torch.Tensor | None, q: torch.Tensor | None,
