@@ -167,3 +167,16 @@ def test_the_race_and_the_bench_count_alike():
         assert row["tokens_per_s"] == pytest.approx(row["n_new_tokens"] / row["decode_s"], rel=1e-3)
         assert rec.tokens_per_s == pytest.approx(rec.n_new_tokens / rec.decode_s, rel=1e-3)
         assert table[v.label][tok_s] == round(rec.tokens_per_s, 1)
+
+
+def test_a_race_keeps_only_its_latest_repeats(monkeypatch):
+    """Rule: Race again past KEEP_REPEATS drops the oldest repeats (a visitor's memory stays bounded) and the shown
+    run of each lane is one of the kept repeats' runs."""
+    monkeypatch.setattr(quiet, "KEEP_REPEATS", quiet.MAX_REPEATS + 1)
+    session = h.new_session()
+    race(session)
+    newest = list(session.races[0].repeats)[-1:]
+    race(session)
+    kept = session.races[0].repeats
+    assert len(kept) == quiet.MAX_REPEATS + 1 and kept[0] is newest[0]
+    assert all(any(r is rep.get(k) for rep in kept) for k, r in session.races[0].results.items())
