@@ -181,6 +181,40 @@ def test_summary_medians_and_spread() -> None:
     assert bench.prefix_agreement([1, 2, 9, 4], [1, 2, 3, 4, 5]) == 0.4
 
 
+PER_RUN = ("tokens_per_s_incl_prefill", "tokens_per_s_wall", "speedup_vs_ar", "speedup_vs_sd", "speedup_vs_ar_wall",
+           "speedup_vs_sd_wall", "engine_overhead_share", "agreement", "prefix_agreement", "target_logprob",
+           "predicted_tokens_per_s", "predicted_plus_one_tokens_per_s", "predicted_speedup_vs_ar",
+           "predicted_profile_speedup_vs_ar", "n_new_tokens", "fwd_draft", "fwd_qualifier", "fwd_target")
+
+
+def test_every_statistic_of_the_summary_from_hand_built_runs() -> None:
+    """Rule: per variant, the speed is the median of its runs' tok/s with quartiles, min and max (a peer's from its
+    wall time); every other per-run figure is its median over runs (runs of 1, 2 and 6 times a figure's own base:
+    the median is 2×, the mean would be 3×); acceptance per stage, accepted per target pass and tokens per target
+    pass are pooled (Σ ÷ Σ, not a mean of ratios); CSQA accuracy is the share of correct answers; runs counts."""
+    runs = []
+    for i, (tps, acc_q, acc_t, prop_t, passes, correct) in enumerate(
+            ((10.0, 0, 1, 4, 1, 1), (20.0, 3, 2, 4, 1, 0), (60.0, 1, 5, 8, 2, 1))):
+        run = {k: (j + 1) * (1, 2, 6)[i] for j, k in enumerate(PER_RUN)}
+        run.update(variant="x", method="psd_a", kind="engine", lossless=True, tokens_per_s=tps,
+                   accepted_qualifier=acc_q, proposed_qualifier=4, accepted_target=acc_t, proposed_target=prop_t,
+                   target_passes=passes, csqa_correct=correct)
+        runs.append(run)
+    peer = [dict(variant="p", method="hf_generate", kind="peer", lossless=True, tokens_per_s=None, tokens_per_s_wall=w)
+            for w in (5.0, 7.0)]
+    s, p = report.summarize(runs + peer)
+    assert (s["variant"], s["method"], s["runs"], p["runs"]) == ("x", "psd_a", 3, 2)
+    assert [s.get(k) for k in ("tokens_per_s", "tokens_per_s_q25", "tokens_per_s_q75", "tokens_per_s_min",
+                               "tokens_per_s_max")] == [20.0, 15.0, 40.0, 10.0, 60.0]
+    assert [p.get(k) for k in ("tokens_per_s", "tokens_per_s_min", "tokens_per_s_max")] == [6.0, 5.0, 7.0]
+    assert {k: s.get(k) for k in PER_RUN} == {k: 2 * (j + 1) for j, k in enumerate(PER_RUN)}
+    assert s["acceptance_qualifier"] == pytest.approx(4 / 12) and s["acceptance_target"] == pytest.approx(8 / 16)
+    assert s["mean_accepted_per_target_pass"] == pytest.approx(8 / 4)
+    n = PER_RUN.index("n_new_tokens") + 1  # this figure's base: its runs made n, 2n and 6n tokens
+    assert s["tokens_per_target_pass"] == pytest.approx(9 * n / 4)
+    assert s["csqa_accuracy"] == pytest.approx(2 / 3)
+
+
 def test_csqa_extraction_and_accuracy_on_fixture(triplet) -> None:
     qs = csqa.load_questions(str(FIXTURES / "csqa_sample.jsonl"))
     assert [q.answer for q in qs] == ["B", "C", "D"] and qs[1].choices[2] == "scissors"
