@@ -5,6 +5,7 @@ import csv
 import json
 import sys
 import warnings
+from pathlib import Path
 
 import plotly.graph_objects as go
 import pytest
@@ -287,8 +288,11 @@ def test_a_visitor_whose_race_must_wait_reads_so_at_once() -> None:
 
 
 def test_export_writes_json_and_csv(done) -> None:
+    """Rule: an export writes the trace and the table into the visitor's own folder, the same one each time (no
+    folder left per export), which goes when the session's folder is cleaned up."""
     session, _ = done
     jpath, cpath = h.export_files(session)
+    assert h.export_files(session) == (jpath, cpath) and Path(jpath).parent == Path(cpath).parent
     trace = json.loads(open(jpath, encoding="utf-8").read())
     assert trace[0]["results"]["psd_f"]["steps"]
     rows = list(csv.reader(open(cpath, encoding="utf-8")))
@@ -296,6 +300,9 @@ def test_export_writes_json_and_csv(done) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert h.export_files(h.new_session()) == (None, None)
+    session.exports.cleanup()
+    assert not Path(jpath).parent.exists()
+    session.exports = None  # the fixture's session serves other tests
 
 
 def test_clear_and_presets() -> None:

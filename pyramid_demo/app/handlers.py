@@ -271,12 +271,13 @@ def clear_results(session: Session | None) -> tuple:
 
 # ------------------------------------------------------------------ export
 def export_files(session: Session | None) -> tuple[str | None, str | None]:
-    """Write the full trace (JSON) and the race table (CSV) to fresh temporary files for download."""
-    races = session.races if session is not None else []
-    if not races:
+    """Write the full trace (JSON) and the race table (CSV) for download, into this visitor's own folder."""
+    if session is None or not session.races:
         _notify(MSG["no_race"])
         return None, None
-    folder = Path(tempfile.mkdtemp(prefix="pyramid_demo_"))
+    races = session.races
+    session.exports = session.exports or tempfile.TemporaryDirectory(prefix="pyramid_demo_")  # removed with it
+    folder = Path(session.exports.name)
     trace = [{"race": r.n, "preset": r.preset, "models": r.models, "prompt": r.prompt,
               "config": r.config, "results": {m: inspector.result_export(res) for m, res in r.results.items()}}
              for r in races]
@@ -285,9 +286,7 @@ def export_files(session: Session | None) -> tuple[str | None, str | None]:
     with cpath.open("w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
         w.writerow(["race", "preset", "prompt", *RACE_COLUMNS[1:]])
-        by_n = {r.n: r for r in races}
-        for row in inspector.race_rows(races):
-            w.writerow([row[0], by_n[row[0]].preset, by_n[row[0]].prompt, *row[1:]])
+        w.writerows([r.n, r.preset, r.prompt, *row[1:]] for r in races for row in inspector.race_rows([r]))
     return str(jpath), str(cpath)
 
 

@@ -38,6 +38,7 @@ class Session:
     busy: bool = False  # a race is running
     stop: bool = False  # Stop (or Clear) was asked for the running race
     budget_note: str = ""  # a ZeroGPU cut of max_new_tokens, shown with the next race
+    exports: Any = None  # a TemporaryDirectory for this visitor's downloads, made at the first export
 
     @property
     def latest(self) -> Race | None:
