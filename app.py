@@ -1,4 +1,5 @@
 """PyramidSD Explorer: the Gradio page's layout and wiring (logic: pyramid_demo.app.handlers); ZeroGPU-ready."""
+
 from __future__ import annotations
 
 import os
@@ -57,10 +58,21 @@ def _player(name: str) -> list:
     """A ▶ Play panel: its state, the controls over a beat view, the timer that plays it: [state, view, timer]."""
     state = gr.State(play_view.PlayState())
     with gr.Row():
-        controls = (("play", play_view.play), ("pause", play_view.pause), ("back", play_view.step_back),
-                    ("forward", play_view.step_forward))
-        buttons = {fn: gr.Button(text.BUTTONS[key], elem_id=f"{name}-{key}", size="sm",
-                                 variant="primary" if key == "play" else "secondary") for key, fn in controls}
+        controls = (
+            ("play", play_view.play),
+            ("pause", play_view.pause),
+            ("back", play_view.step_back),
+            ("forward", play_view.step_forward),
+        )
+        buttons = {
+            fn: gr.Button(
+                text.BUTTONS[key],
+                elem_id=f"{name}-{key}",
+                size="sm",
+                variant="primary" if key == "play" else "secondary",
+            )
+            for key, fn in controls
+        }
     view = gr.HTML(play_view.beat_html(play_view.PlayState()), elem_id=f"{name}-beat")
     timer = gr.Timer(play_view.PACE_S, active=False)
     out = [state, view, timer]
@@ -83,13 +95,19 @@ def build_demo() -> gr.Blocks:
                     run_btn = gr.Button(text.BUTTONS["run"], variant="primary", elem_id="run-btn", scale=3)
                     stop_btn = gr.Button(text.BUTTONS["stop"], variant="stop", elem_id="stop-btn", scale=1)
                     clear_btn = gr.Button(text.BUTTONS["clear"], elem_id="clear-btn", scale=1)
-                side_by_side = gr.Checkbox(False, label=text.LABELS["side_by_side"], info=text.INFO["side_by_side"],
-                                           elem_id="side-by-side")
-                qualifier_alone = gr.Checkbox(False, label=text.LABELS["qualifier_alone"],
-                                              info=text.INFO["qualifier_alone"], elem_id="qualifier-alone")
+                side_by_side = gr.Checkbox(
+                    False, label=text.LABELS["side_by_side"], info=text.INFO["side_by_side"], elem_id="side-by-side"
+                )
+                qualifier_alone = gr.Checkbox(
+                    False,
+                    label=text.LABELS["qualifier_alone"],
+                    info=text.INFO["qualifier_alone"],
+                    elem_id="qualifier-alone",
+                )
             with gr.Column(scale=2):
-                preset = gr.Dropdown(text.PRESET_CHOICES, value=text.START_PRESET, label=text.LABELS["preset"],
-                                     elem_id="preset")
+                preset = gr.Dropdown(
+                    text.PRESET_CHOICES, value=text.START_PRESET, label=text.LABELS["preset"], elem_id="preset"
+                )
                 box, fold, _ = h.preset_info(text.START_PRESET)
                 preset_md = gr.Markdown(box, elem_id="family-box")
                 with gr.Accordion(family.FOLD_TITLE, open=False):
@@ -97,13 +115,14 @@ def build_demo() -> gr.Blocks:
                 with gr.Group(visible=False) as custom_box:
                     draft_id, qual_id, target_id = (
                         gr.Textbox(label=text.LABELS[role], placeholder=f"HuggingFaceTB/SmolLM2-{size}-Instruct")
-                        for role, size in (("draft", "135M"), ("qualifier", "360M"), ("target", "1.7B")))
+                        for role, size in (("draft", "135M"), ("qualifier", "360M"), ("target", "1.7B"))
+                    )
         with gr.Accordion(text.SETTINGS_TITLE, open=False):
             gr.Markdown(text.INFO["tuned"])
             widgets = {}
             for i in range(0, len(h.SETTING_NAMES), 3):  # three to a row, in the table's order
                 with gr.Row():
-                    widgets.update({k: _setting(k) for k in h.SETTING_NAMES[i:i + 3]})
+                    widgets.update({k: _setting(k) for k in h.SETTING_NAMES[i : i + 3]})
         status = gr.Markdown(text.MSG["idle"], elem_id="status")
 
         with gr.Tabs():
@@ -117,15 +136,21 @@ def build_demo() -> gr.Blocks:
                     race_player = _player("race-play")
                 race_plot = gr.Plot(charts.race_figure({}), elem_id="race-plot", show_label=False)
                 race_hist = gr.Plot(pass_hist.accepted_figure({}), show_label=False, elem_id="race-hist")
-                table = gr.Dataframe(headers=text.RACE_COLUMNS, label="Race results (all races until cleared)",
-                                     interactive=False, wrap=True, elem_id="race-table",
-                                     column_widths=["5%", "8%", "5%", "6%", "6%", "6%", "6%", "6%", "20%", "9%", "8%",
-                                                    "15%"])
+                table = gr.Dataframe(
+                    headers=text.RACE_COLUMNS,
+                    label="Race results (all races until cleared)",
+                    interactive=False,
+                    wrap=True,
+                    elem_id="race-table",
+                    column_widths=["5%", "8%", "5%", "6%", "6%", "6%", "6%", "6%", "20%", "9%", "8%", "15%"],
+                )
                 with gr.Accordion("Earlier races", open=False):
                     earlier = gr.HTML(h.earlier_lanes(h.new_session()))
             with gr.Tab(text.TABS["inspect"]):
-                gr.Markdown("Pick a method and a target pass. Move the **what-if τ** sliders to see what another "
-                            "threshold would have accepted in the same recorded round (no model is called).")
+                gr.Markdown(
+                    "Pick a method and a target pass. Move the **what-if τ** sliders to see what another "
+                    "threshold would have accepted in the same recorded round (no model is called)."
+                )
                 with gr.Row():
                     race_dd = gr.Dropdown([], label="Race", scale=1)
                     method_dd = gr.Dropdown([], label="Method", scale=2, elem_id="method-dd")
@@ -161,8 +186,21 @@ def build_demo() -> gr.Blocks:
                     csv_file = gr.File(label="Race results (CSV)")
 
         race_out = [status, lanes, race_plot, table, earlier, session]
-        pick_out = [race_dd, method_dd, round_sl, wq, wt, pos_sl, hist_plot, posn_plot, tp_plot, speeds_md,
-                    cost_plot, cost_md, race_hist]
+        pick_out = [
+            race_dd,
+            method_dd,
+            round_sl,
+            wq,
+            wt,
+            pos_sl,
+            hist_plot,
+            posn_plot,
+            tp_plot,
+            speeds_md,
+            cost_plot,
+            cost_md,
+            race_hist,
+        ]
         insp_in = [session, race_dd, method_dd, round_sl, wq, wt, pos_sl]
         insp_out = [chips, div_plot, top5_plot, insp_md, tree_plot]
         tuned = [widgets[k] for k in h.TUNED_NAMES]
@@ -172,17 +210,27 @@ def build_demo() -> gr.Blocks:
         def inspected(event: gr.events.Dependency) -> gr.events.Dependency:
             """After a round is chosen: the inspector's views, then its player loaded at the first beat."""
             return event.then(views.inspect_round, insp_in, insp_out, **PRIVATE).then(
-                play_view.show, play_in, insp_player, **QUICK)
+                play_view.show, play_in, insp_player, **QUICK
+            )
 
         preset.change(h.preset_info, preset, family_out, **PRIVATE)
         preset.change(h.preset_settings, preset, tuned, **PRIVATE)
         # the public API: /race (named, defaulted settings), /stop, /export; /clear is callable, unlisted
         asked = gr.on([run_btn.click, prompt.submit], h.queue_line, None, status, **QUICK)  # a wait says so at once
-        race = asked.then(_gpu(h.race_event), [prompt, preset, draft_id, qual_id, target_id, session], race_out,
-                          inputs_kwargs={**{k: widgets[k] for k in h.SETTING_NAMES}, "side_by_side": side_by_side,
-                                         "qualifier_alone": qualifier_alone},
-                          api_name="race", concurrency_id="models", concurrency_limit=1,
-                          show_progress="hidden")  # the status line names each stage; a live progress display
+        race = asked.then(
+            _gpu(h.race_event),
+            [prompt, preset, draft_id, qual_id, target_id, session],
+            race_out,
+            inputs_kwargs={
+                **{k: widgets[k] for k in h.SETTING_NAMES},
+                "side_by_side": side_by_side,
+                "qualifier_alone": qualifier_alone,
+            },
+            api_name="race",
+            concurrency_id="models",
+            concurrency_limit=1,
+            show_progress="hidden",
+        )  # the status line names each stage; a live progress display
         # redraws every frame for the whole race and takes a browser's CPU from the models
         inspected(race.then(views.pick_race, [session], pick_out, **PRIVATE))
         race.then(play_view.race_choices, [session], [play_lane, play_pass, *race_player], **QUICK)
@@ -192,14 +240,19 @@ def build_demo() -> gr.Blocks:
         inspected(cleared.then(views.pick_race, [session], pick_out, **PRIVATE))
         cleared.then(play_view.race_choices, [session], [play_lane, play_pass, *race_player], **QUICK)
         inspected(race_dd.input(views.pick_race, [session, race_dd], pick_out, **PRIVATE))
-        inspected(method_dd.input(views.pick_method, [session, race_dd, method_dd], [round_sl, wq, wt, pos_sl],
-                                  **PRIVATE))
+        inspected(
+            method_dd.input(views.pick_method, [session, race_dd, method_dd], [round_sl, wq, wt, pos_sl], **PRIVATE)
+        )
         for sl in (round_sl, wq, wt, pos_sl):
             sl.change(views.inspect_round, insp_in, insp_out, show_progress="hidden", **PRIVATE)
         round_sl.change(play_view.show, play_in, insp_player, **QUICK)  # a new pass: its player, stopped
         play_lane.input(play_view.pick_lane, [session, play_lane], [play_pass, *race_player], **QUICK)
-        play_pass.change(lambda s, lane, k: play_view.show(s, None, lane, k),  # a pass of the latest race
-                         [session, play_lane, play_pass], race_player, **QUICK)
+        play_pass.change(
+            lambda s, lane, k: play_view.show(s, None, lane, k),  # a pass of the latest race
+            [session, play_lane, play_pass],
+            race_player,
+            **QUICK,
+        )
         export_btn.click(h.export_files, session, [json_file, csv_file], api_name="export")
     demo.queue(default_concurrency_limit=1, max_size=64)
     return demo
@@ -213,7 +266,10 @@ if __name__ == "__main__":
     at_startup()  # on a Space: pip-install the default family's target (--no-deps) if it is missing
     if os.environ.get("PYRAMID_DEMO_PRELOAD", "1") != "0":
         hosting.preload(text.START_PRESET).join()  # the family shown first is loaded and warm before the page serves
-    demo.launch(server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
-                server_port=int(os.environ.get("GRADIO_SERVER_PORT", "7860")),
-                theme=gr.themes.Soft(primary_hue="orange", secondary_hue="blue", text_size="lg"),
-                css=CSS, ssr_mode=False)
+    demo.launch(
+        server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
+        server_port=int(os.environ.get("GRADIO_SERVER_PORT", "7860")),
+        theme=gr.themes.Soft(primary_hue="orange", secondary_hue="blue", text_size="lg"),
+        css=CSS,
+        ssr_mode=False,
+    )

@@ -1,4 +1,5 @@
 """`python -m pyramid_demo {generate,bench,prepare}`: run one method, benchmark methods, or prepare this machine."""
+
 from __future__ import annotations
 
 import argparse
@@ -12,16 +13,22 @@ SUBCOMMANDS = {
 }
 
 
-def dispatch(prog: str, doc: str | None, subcommands: dict[str, tuple[str, str]], argv: list[str] | None,
-             formatter: type[argparse.HelpFormatter] = argparse.HelpFormatter) -> int:
+def dispatch(
+    prog: str,
+    doc: str | None,
+    subcommands: dict[str, tuple[str, str]],
+    argv: list[str] | None,
+    formatter: type[argparse.HelpFormatter] = argparse.HelpFormatter,
+) -> int:
     """Parse `argv` into one of `subcommands` (name -> (module, help)) and run that module's `run(args)`."""
     parser = argparse.ArgumentParser(prog=prog, description=doc)
     sub = parser.add_subparsers(dest="command", required=True)
     modules = {}
     for name, (module, help_text) in subcommands.items():
         modules[name] = importlib.import_module(module)
-        modules[name].add_arguments(sub.add_parser(name, help=help_text, description=help_text,
-                                                   formatter_class=formatter))
+        modules[name].add_arguments(
+            sub.add_parser(name, help=help_text, description=help_text, formatter_class=formatter)
+        )
     args = parser.parse_args(argv)
     try:
         return int(modules[args.command].run(args) or 0)

@@ -1,4 +1,5 @@
 """`generate`: one method on one prompt; a coloured summary, or `--json` for machines."""
+
 from __future__ import annotations
 
 import argparse
@@ -29,9 +30,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def add_decoding_arguments(p: argparse.ArgumentParser) -> None:
     """Models and decoding settings, shared by `generate` and `bench`."""
     d = DecodeConfig()
-    p.add_argument("--models", default=DEFAULT_PRESET,
-                   help=f"preset name (default {DEFAULT_PRESET}; tiny-random, smollm2, qwen2.5, llama3) "
-                        "or three comma-separated model ids/paths: draft,qualifier,target")
+    p.add_argument(
+        "--models",
+        default=DEFAULT_PRESET,
+        help=f"preset name (default {DEFAULT_PRESET}; tiny-random, smollm2, qwen2.5, llama3) "
+        "or three comma-separated model ids/paths: draft,qualifier,target",
+    )
     p.add_argument("--no-chat", action="store_true", help="do not apply the target's chat template")
     for s in SETTINGS:  # one option per row: --max-new-tokens, --tau-t, ...
         default = getattr(d, s.name)
@@ -43,8 +47,12 @@ def add_decoding_arguments(p: argparse.ArgumentParser) -> None:
             kw["help"] = text
         p.add_argument("--" + s.name.replace("_", "-"), default=default, **kw)
     p.add_argument("--device", default=None, help="cpu, cuda or mps (default: best available)")
-    p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: the reference precision "
-                   "fp32 on a CPU; bf16 on CUDA (fp16 without bf16), fp16 on MPS)")
+    p.add_argument(
+        "--dtype",
+        default=None,
+        help="float32, bfloat16 or float16 (default: the reference precision "
+        "fp32 on a CPU; bf16 on CUDA (fp16 without bf16), fp16 on MPS)",
+    )
     hardware_cli.add_arguments(p)  # --device-map, --quantize, --estimate-only
 
 
@@ -61,14 +69,21 @@ def summary(result) -> str:
     coloured = "".join(COLOURS[o] + t + RESET for t, o in zip(result.token_texts, result.origins))
     legend = "  ".join(COLOURS[o] + o + RESET for o in COLOURS)
     acc = ", ".join(f"{k} {v:.0%}" for k, v in s.acceptance.items()) or "n/a"
-    return "\n".join([
-        f"{result.method} on {', '.join(result.models)}; {result.shape_why}", coloured, "", f"colours: {legend}",
-        f"{s.n_new_tokens} tokens in {s.decode_s:.2f} s = {s.tokens_per_s:.1f} tok/s "
-        f"(prefill {s.prefill_s:.2f} s, stopped: {s.stopped})",
-        f"target passes {s.target_passes}; tokens per target pass {s.tokens_per_target_pass:.2f} "
-        f"(drafted tokens accepted per pass {s.mean_accepted_per_target_pass:.2f}, bonus not counted)",
-        f"acceptance: {acc}; accepted-length histogram {s.accepted_hist}",
-        "forward passes: " + ", ".join(f"{k} {v} ({s.forward_time_s[k]:.2f} s)" for k, v in s.forward_passes.items())])
+    return "\n".join(
+        [
+            f"{result.method} on {', '.join(result.models)}; {result.shape_why}",
+            coloured,
+            "",
+            f"colours: {legend}",
+            f"{s.n_new_tokens} tokens in {s.decode_s:.2f} s = {s.tokens_per_s:.1f} tok/s "
+            f"(prefill {s.prefill_s:.2f} s, stopped: {s.stopped})",
+            f"target passes {s.target_passes}; tokens per target pass {s.tokens_per_target_pass:.2f} "
+            f"(drafted tokens accepted per pass {s.mean_accepted_per_target_pass:.2f}, bonus not counted)",
+            f"acceptance: {acc}; accepted-length histogram {s.accepted_hist}",
+            "forward passes: "
+            + ", ".join(f"{k} {v} ({s.forward_time_s[k]:.2f} s)" for k, v in s.forward_passes.items()),
+        ]
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -88,8 +103,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"note: {triplet.note}", file=sys.stderr)
     print(f"note: {triplet.runs}", file=sys.stderr)
     if result.forwards:
-        print("note: this run's forwards: " + ", ".join(f"{r} {f}" for r, f in result.forwards.items()),
-              file=sys.stderr)
+        print(
+            "note: this run's forwards: " + ", ".join(f"{r} {f}" for r, f in result.forwards.items()), file=sys.stderr
+        )
     print(json.dumps(json_record(result, triplet)) if args.json else summary(result))
     return 0
 
@@ -107,5 +123,10 @@ def shape_profile(triplet, cfg: DecodeConfig) -> dict | None:
 
 def json_record(result, triplet) -> dict:
     """`--json`'s object: the run's record plus how it ran (dtype, what each role runs, `exact`: None if unmeasured)."""
-    return {**result.to_dict(), "dtype": str(triplet.dtype).removeprefix("torch."), "runs": triplet.runs,
-            "exact": triplet.exact, "exact_note": triplet.exact_note}
+    return {
+        **result.to_dict(),
+        "dtype": str(triplet.dtype).removeprefix("torch."),
+        "runs": triplet.runs,
+        "exact": triplet.exact,
+        "exact_note": triplet.exact_note,
+    }

@@ -1,4 +1,5 @@
 """Hardware options shared by `generate` and `bench`: placement, quantisation, the memory estimate before loading."""
+
 from __future__ import annotations
 
 import argparse
@@ -10,13 +11,24 @@ LOOKAHEAD = 32  # drafted tokens a cache may hold beyond the committed text
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device-map", choices=("auto",), default=None,
-                   help="'auto': accelerate spreads each model over every visible GPU and offloads the rest "
-                        "to CPU RAM (default: everything on --device)")
-    p.add_argument("--quantize", choices=("8bit", "4bit"), default=None,
-                   help="load Hub/custom models with 8- or 4-bit weights (needs bitsandbytes and CUDA)")
-    p.add_argument("--estimate-only", action="store_true",
-                   help="print the family's memory estimate (from configs, nothing loaded) and exit")
+    p.add_argument(
+        "--device-map",
+        choices=("auto",),
+        default=None,
+        help="'auto': accelerate spreads each model over every visible GPU and offloads the rest "
+        "to CPU RAM (default: everything on --device)",
+    )
+    p.add_argument(
+        "--quantize",
+        choices=("8bit", "4bit"),
+        default=None,
+        help="load Hub/custom models with 8- or 4-bit weights (needs bitsandbytes and CUDA)",
+    )
+    p.add_argument(
+        "--estimate-only",
+        action="store_true",
+        help="print the family's memory estimate (from configs, nothing loaded) and exit",
+    )
 
 
 def max_len(args: argparse.Namespace) -> int:
@@ -35,5 +47,11 @@ def load(args: argparse.Namespace) -> Any | None:
     print(text if args.estimate_only else f"note: {text}", file=sys.stdout if args.estimate_only else sys.stderr)
     if args.estimate_only:
         return None
-    return load_triplet(args.models, device=args.device, dtype=args.dtype, device_map=args.device_map,
-                        quantize=args.quantize, max_len=max_len(args))
+    return load_triplet(
+        args.models,
+        device=args.device,
+        dtype=args.dtype,
+        device_map=args.device_map,
+        quantize=args.quantize,
+        max_len=max_len(args),
+    )

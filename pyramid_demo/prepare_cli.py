@@ -1,4 +1,5 @@
 """`python -m pyramid_demo prepare`, setup's once-per-machine step: compiled passes, the family's checks and costs."""
+
 from __future__ import annotations
 
 import argparse
@@ -43,12 +44,18 @@ def run(args: argparse.Namespace) -> int:
     rec = runtime.measure_family(t)
     for role, r in rec["checks"].items():
         trees = r.get("trees")
-        print(f"{role}: {r['bitwise_passes']}/{r['passes']} passes bitwise equal to one-token steps, max |Δlogit| "
-              f"{r['max_abs_diff']:.2g}, top-1 {'always' if r['top1'] else 'not always'} equal"
-              + (f"; trees {trees['bitwise_passes']}/{trees['passes']}" if trees else ""))
+        print(
+            f"{role}: {r['bitwise_passes']}/{r['passes']} passes bitwise equal to one-token steps, max |Δlogit| "
+            f"{r['max_abs_diff']:.2g}, top-1 {'always' if r['top1'] else 'not always'} equal"
+            + (f"; trees {trees['bitwise_passes']}/{trees['passes']}" if trees else "")
+        )
     ms = rec["profile"]["ms"]
-    print("ms per forward (k=1 / 5 / 9): " + "; ".join(
-        f"{r} {ms[r]['1']:.1f} / {ms[r]['5']:.1f} / {ms[r]['9']:.1f}" for r in ("draft", "qualifier", "target")))
+    print(
+        "ms per forward (k=1 / 5 / 9): "
+        + "; ".join(
+            f"{r} {ms[r]['1']:.1f} / {ms[r]['5']:.1f} / {ms[r]['9']:.1f}" for r in ("draft", "qualifier", "target")
+        )
+    )
     print(f"recorded in {runtime.manifest_path()} ({rec['measure_s']:.0f} s)")
     return 0
 
@@ -57,6 +64,7 @@ def _build_missing(spec: str, jobs: list[tuple[str, str]]) -> dict[str, str]:
     """Build each (role, plan) package in its own worker process, as many at once as there are cores (a compile
     runs on one): setup's wall time is the longest chain of builds, not their sum. Per role, what the builds took.
     Workers keep the threads a run uses: inductor writes that count into the kernels (one thread: GEMMs on one core)."""
+
     def one(job: tuple[str, str]) -> tuple[str, str]:
         t0 = time.perf_counter()
         cmd = [sys.executable, "-m", "pyramid_demo", "prepare", "--models", spec, "--build", ":".join(job)]

@@ -1,4 +1,5 @@
 """The app's own `build_demo()`, launched in this process on a free port (shared by the API and hostile tests)."""
+
 from __future__ import annotations
 
 import contextlib

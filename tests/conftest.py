@@ -45,11 +45,17 @@ def offline_cache(tmp_path_factory):
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "slow: an end-to-end check over a minute's budget in all (real model, browser, "
-                                       "server, many sampled runs): `pytest -m slow`, which CI runs after the default")
+    config.addinivalue_line(
+        "markers",
+        "slow: an end-to-end check over a minute's budget in all (real model, browser, "
+        "server, many sampled runs): `pytest -m slow`, which CI runs after the default",
+    )
     config.addinivalue_line("markers", "cuda: needs a CUDA GPU (run by scripts/gpu_check.sh; skipped without CUDA)")
-    config.addinivalue_line("markers", "space: needs the fresh Space venv built by scripts/space_check.sh "
-                                       "(PYRAMID_DEMO_SPACE_VENV; skipped otherwise)")
+    config.addinivalue_line(
+        "markers",
+        "space: needs the fresh Space venv built by scripts/space_check.sh "
+        "(PYRAMID_DEMO_SPACE_VENV; skipped otherwise)",
+    )
 
 
 def pytest_collection_modifyitems(config, items):

@@ -9,6 +9,7 @@
 - `leading_run`, `sd_passes`, `next_token`: SD's chain rule as the papers state it, position by position, the
   reference the walk (`rules.decide_tree`) is held to on chains.
 """
+
 from __future__ import annotations
 
 import torch
@@ -22,9 +23,18 @@ from pyramid_demo.core.stats import Tally
 from pyramid_demo.core.trace import StageRound, Stats, Step
 
 
-def verify(z_p: torch.Tensor, z_q: torch.Tensor, x: list[int], rule: str, tau: float | None,
-           cfg: DecodeConfig, gen: torch.Generator | None, stage: str, proposer: str,
-           verifier: str) -> tuple[StageRound, int]:
+def verify(
+    z_p: torch.Tensor,
+    z_q: torch.Tensor,
+    x: list[int],
+    rule: str,
+    tau: float | None,
+    cfg: DecodeConfig,
+    gen: torch.Generator | None,
+    stage: str,
+    proposer: str,
+    verifier: str,
+) -> tuple[StageRound, int]:
     """Decide and record one chain round at once: the round record and the verifier's token."""
     rnd = decide(z_p, z_q, x, rule, tau, cfg, gen, stage, proposer, verifier)
     return record(rnd, cfg), rnd.dec.nxt

@@ -3,6 +3,7 @@
 It is a `CachedModel` like every real model (the same bookkeeping and checks), so tests can check
 caches and compute exact target distributions by hand.
 """
+
 from __future__ import annotations
 
 import dataclasses

@@ -5,6 +5,7 @@ dataclasses such as the core forward's weights, bound methods, closures) is coun
 weight, which only its kernel reads, counts at two bytes a weight. `twice` finds weight rows held in two places:
 the same bytes in two storages.
 """
+
 from __future__ import annotations
 
 import dataclasses

@@ -1,4 +1,5 @@
 """The app's public API, as a `gradio_client` caller meets it: the real page, in-process, on tiny-random."""
+
 from __future__ import annotations
 
 import json
@@ -47,10 +48,19 @@ def test_race_takes_named_settings_with_defaults(url):
     DecodeConfig name from core.settings, then the chain-vs-tree switch and the qualifier-alone reference lane's)
     and each has a default, so a caller may leave any out."""
     params = _client(url).view_api(print_info=False, return_format="dict")["named_endpoints"]["/race"]["parameters"]
-    assert [p["parameter_name"] for p in params] == ["prompt", "preset", "draft", "qualifier", "target",
-                                                     *h.SETTING_NAMES, "side_by_side", "qualifier_alone"]
-    assert all(p["parameter_has_default"] for p in params), [p["parameter_name"] for p in params
-                                                              if not p["parameter_has_default"]]
+    assert [p["parameter_name"] for p in params] == [
+        "prompt",
+        "preset",
+        "draft",
+        "qualifier",
+        "target",
+        *h.SETTING_NAMES,
+        "side_by_side",
+        "qualifier_alone",
+    ]
+    assert all(p["parameter_has_default"] for p in params), [
+        p["parameter_name"] for p in params if not p["parameter_has_default"]
+    ]
     defaults = {p["parameter_name"]: p["parameter_default"] for p in params}
     assert all(defaults[k] == v for k, v in h.START_SETTINGS.items())
 

@@ -1,4 +1,5 @@
 """The app's handlers called directly on tiny-random: no browser, no server, a few seconds."""
+
 from __future__ import annotations
 
 import csv
@@ -17,9 +18,25 @@ from pyramid_demo.app.session import Session
 from pyramid_demo.app.text import DEFAULT, MSG, RACE_COLUMNS, RACE_METHODS
 from pyramid_demo.core.trace import StageRound, TokenRec
 
-FAST = dict(max_new_tokens=8.0, temperature=0.0, seed=0.0, gamma=3.0, l_d=2.0, l_q=4.0, tau_q=0.4, tau_t=0.5,
-            divergence="js", div_support="subset", fallback="none", stage2="fuzzy",
-            conf_stop=0.0, shape="auto", tree_nodes=8.0, tree_depth=3.0, tree_k=2.0)
+FAST = dict(
+    max_new_tokens=8.0,
+    temperature=0.0,
+    seed=0.0,
+    gamma=3.0,
+    l_d=2.0,
+    l_q=4.0,
+    tau_q=0.4,
+    tau_t=0.5,
+    divergence="js",
+    div_support="subset",
+    fallback="none",
+    stage2="fuzzy",
+    conf_stop=0.0,
+    shape="auto",
+    tree_nodes=8.0,
+    tree_depth=3.0,
+    tree_k=2.0,
+)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -88,8 +105,11 @@ def test_chain_vs_tree_side_by_side_adds_a_lane_per_shape() -> None:
     session = h.new_session()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        outs = list(h.run_race("tiny-random", ("", "", ""), "hello", {**FAST, "max_new_tokens": 6.0}, session,
-                                side_by_side=True))
+        outs = list(
+            h.run_race(
+                "tiny-random", ("", "", ""), "hello", {**FAST, "max_new_tokens": 6.0}, session, side_by_side=True
+            )
+        )
     race = session.races[0]
     keys = [lane.key for lane in lanes(True)]
     assert list(race.lanes) == keys and set(race.results) == set(keys) and len(keys) == 9
@@ -117,8 +137,9 @@ def _round(divs: list[float], n_acc: int, rule: str = "fuzzy", tau: float = 0.5)
     statuses = ["accepted"] * n_acc + ["rejected"] + ["discarded"] * len(divs)
     toks = [TokenRec(i, "draft", statuses[i], div=d, tau=tau) for i, d in enumerate(divs)]
     toks.append(TokenRec(99, "target", "resampled" if n_acc < len(divs) else "bonus"))
-    return StageRound("target", "draft", "target", rule, toks, n_acc, exact=rule in ("sd", "greedy"),
-                      sd_fallback=rule == "fuzzy+sd")
+    return StageRound(
+        "target", "draft", "target", rule, toks, n_acc, exact=rule in ("sd", "greedy"), sd_fallback=rule == "fuzzy+sd"
+    )
 
 
 def test_reevaluate_is_the_leading_run_under_tau() -> None:
@@ -211,8 +232,9 @@ def test_models_are_warmed_before_the_clocks_and_one_time_costs_shown_apart(monk
     events = []
     real_warm, real_stream = measure.warm_up, runner.stream
     monkeypatch.setattr(measure, "warm_up", lambda m, *a: events.append(("warm", sorted(m))) or real_warm(m, *a))
-    monkeypatch.setattr(runner, "stream", lambda *a, **k: events.append(("stream", a[2].method))
-                        or real_stream(*a, **k))
+    monkeypatch.setattr(
+        runner, "stream", lambda *a, **k: events.append(("stream", a[2].method)) or real_stream(*a, **k)
+    )
     session = h.new_session()
     status, lanes = race(session)[-1][:2]
     assert events[0] == ("warm", ["draft", "qualifier", "target"]) and events[1][0] == "stream"
@@ -223,12 +245,15 @@ def test_models_are_warmed_before_the_clocks_and_one_time_costs_shown_apart(monk
     assert "prefill" in h.race_lanes(r)
 
 
-@pytest.mark.parametrize("over,prompt,needle", [
-    ({}, "   ", "empty"),
-    ({"l_d": 9.0, "l_q": 4.0}, "hi", "must not exceed"),
-    ({"temperature": -1.0}, "hi", "temperature"),
-    ({}, "the " * 2000, "context"),
-])
+@pytest.mark.parametrize(
+    "over,prompt,needle",
+    [
+        ({}, "   ", "empty"),
+        ({"l_d": 9.0, "l_q": 4.0}, "hi", "must not exceed"),
+        ({"temperature": -1.0}, "hi", "temperature"),
+        ({}, "the " * 2000, "context"),
+    ],
+)
 def test_bad_inputs_give_messages(over: dict, prompt: str, needle: str) -> None:
     session = h.new_session()
     outs = race(session, prompt, **over)
@@ -383,7 +408,10 @@ def test_a_race_without_an_exactness_record_says_lossless_methods_may_differ(mon
     note = session.races[-1].exact_note  # shown under the finished race, beside its agreement figures
     assert "may differ from AR" in note and "not checked" in note and note not in session.races[-1].note
     real = loading.load_triplet
-    monkeypatch.setattr(loading, "load_triplet", lambda *a, **k: dataclasses.replace(
-        real(*a, **k), exact=True, exact_note="exact: checked"))
+    monkeypatch.setattr(
+        loading,
+        "load_triplet",
+        lambda *a, **k: dataclasses.replace(real(*a, **k), exact=True, exact_note="exact: checked"),
+    )
     race(session)
     assert "may differ" not in session.races[-1].exact_note

@@ -4,6 +4,7 @@ core ← models ← bench / app ← cli, app.py: the decoding core knows nothing
 the UI, and only the UI knows gradio. `training/` (rebuilding the shipped weights) sits outside the product:
 it may import the package, never the other way round.
 """
+
 from __future__ import annotations
 
 import ast
@@ -79,7 +80,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         stack.append(m)
         for n in sorted(graph.get(m, ())):
             if state.get(n) == 1:
-                return stack[stack.index(n):] + [n]
+                return stack[stack.index(n) :] + [n]
             if n not in state and (found := visit(n)):
                 return found
         stack.pop()
@@ -146,27 +147,57 @@ def test_a_cycle_through_a_packages_init_is_caught(tmp_path) -> None:
 def test_core_imports_only_core_and_the_forwards(graph) -> None:
     """`pyramid_demo.core` (the loop and its records) imports nothing of the project but itself and the forwards it
     drives (`pyramid_demo.forward`): it knows no loader, benchmark, UI, nor any cost model (`pyramid_demo.predict`)."""
-    bad = {m: sorted(i for i in deps if not i.startswith(("pyramid_demo.core", "pyramid_demo.forward")))
-           for m, deps in graph.items() if m.startswith("pyramid_demo.core.")}
+    bad = {
+        m: sorted(i for i in deps if not i.startswith(("pyramid_demo.core", "pyramid_demo.forward")))
+        for m, deps in graph.items()
+        if m.startswith("pyramid_demo.core.")
+    }
     assert not {m: d for m, d in bad.items() if d}
 
 
 def test_the_forwards_know_no_decoding_rule(graph) -> None:
     """`pyramid_demo.forward` (caches, the core forward and its compiled package, HF's adapter, the weights they read)
     imports nothing of the project outside itself: a forward is the same whatever loop or predictor drives it."""
-    bad = {m: sorted(i for i in deps if not i.startswith("pyramid_demo.forward"))
-           for m, deps in graph.items() if m.startswith("pyramid_demo.forward")}
+    bad = {
+        m: sorted(i for i in deps if not i.startswith("pyramid_demo.forward"))
+        for m, deps in graph.items()
+        if m.startswith("pyramid_demo.forward")
+    }
     assert not {m: d for m, d in bad.items() if d}
 
 
 FORWARD = {"cache", "core", "weights", "fusable", "compiled", "lm", "feature_lm"}
 # within forward/, what each module may build on: one core pass over one set of weights; its package and the opener
 # above it; nothing below the core knows it
-FORWARD_DEPS = {"fusable": set(), "cache": set(), "weights": {"fusable"}, "core": {"cache", "weights"},
-                "compiled": {"cache", "core", "weights"}, "feature_lm": {"cache"},
-                "lm": {"cache", "core", "weights", "compiled", "feature_lm"}}
-MODELS = {"background", "bundled", "checks", "compat", "errors", "feature_draft", "finish", "hub", "loading", "memory",
-          "offline", "placement", "presets", "provision", "quant", "runtime", "tiny", "warm"}
+FORWARD_DEPS = {
+    "fusable": set(),
+    "cache": set(),
+    "weights": {"fusable"},
+    "core": {"cache", "weights"},
+    "compiled": {"cache", "core", "weights"},
+    "feature_lm": {"cache"},
+    "lm": {"cache", "core", "weights", "compiled", "feature_lm"},
+}
+MODELS = {
+    "background",
+    "bundled",
+    "checks",
+    "compat",
+    "errors",
+    "feature_draft",
+    "finish",
+    "hub",
+    "loading",
+    "memory",
+    "offline",
+    "placement",
+    "presets",
+    "provision",
+    "quant",
+    "runtime",
+    "tiny",
+    "warm",
+}
 
 
 def test_the_forward_room_is_one_core(graph) -> None:
@@ -214,8 +245,12 @@ def test_charts_and_render_never_touch_models(graph, imports) -> None:
     """`app/charts.py` and `app/render.py` draw plain trace records: they never import torch or
     transformers themselves, nor reach a model loader through their imports (any `pyramid_demo.models`
     module but `presets`, the family table that the settings text shows)."""
-    for m in ("pyramid_demo.app.charts", "pyramid_demo.app.render", "pyramid_demo.app.tree_view",
-              "pyramid_demo.app.pass_hist"):
+    for m in (
+        "pyramid_demo.app.charts",
+        "pyramid_demo.app.render",
+        "pyramid_demo.app.tree_view",
+        "pyramid_demo.app.pass_hist",
+    ):
         assert not imports[m] & {"torch", "transformers"}, m
         loaders = {x for x in reachable(graph, m) if x.startswith("pyramid_demo.models")}
         assert loaders <= {"pyramid_demo.models", "pyramid_demo.models.presets"}, (m, sorted(loaders))
@@ -246,8 +281,13 @@ def test_the_product_never_imports_training(imports) -> None:
     for m, path in project_files().items():
         if _product(m):
             tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
-            named += [(m, n.value) for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
-                      and (n.value == TRAINING or n.value.startswith(f"{TRAINING}."))]
+            named += [
+                (m, n.value)
+                for n in ast.walk(tree)
+                if isinstance(n, ast.Constant)
+                and isinstance(n.value, str)
+                and (n.value == TRAINING or n.value.startswith(f"{TRAINING}."))
+            ]
     assert not named, named
 
 

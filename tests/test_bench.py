@@ -1,4 +1,5 @@
 """The benchmark harness on tiny-random: outputs, lossless quality, Pareto frontier, CSQA."""
+
 from __future__ import annotations
 
 import argparse
@@ -37,6 +38,7 @@ def one_thread():
     """One intra-op thread: tiny models gain nothing from more, and on a CPU shared with
     other jobs spinning OpenMP threads make them ten times slower."""
     import torch
+
     old = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -46,6 +48,7 @@ def one_thread():
 @pytest.fixture(scope="module")
 def triplet():
     from pyramid_demo.models.tiny import tiny_random_triplet
+
     return tiny_random_triplet()
 
 
@@ -69,9 +72,30 @@ def test_cli_writes_all_outputs_with_every_column(tmp_path: Path) -> None:
     """`bench` writes results.csv (every column, a row per variant and prompt), results.json (runs, summary, how it
     ran, the cost profile with predicted against measured speed-ups) and a self-contained report.html."""
     out = tmp_path / "b"
-    rc = cli_main(["bench", "--models", "tiny-random", "--methods", "ar,sd,fsd,psd_a,psd_f", "--shape", "chain",
-                   "--peers", "hf_generate,hf_assisted", "--prompts", "builtin", "--limit", "2",
-                   "--max-new-tokens", "8", "--repeats", "1", "--no-progress", "--out", str(out)])
+    rc = cli_main(
+        [
+            "bench",
+            "--models",
+            "tiny-random",
+            "--methods",
+            "ar,sd,fsd,psd_a,psd_f",
+            "--shape",
+            "chain",
+            "--peers",
+            "hf_generate,hf_assisted",
+            "--prompts",
+            "builtin",
+            "--limit",
+            "2",
+            "--max-new-tokens",
+            "8",
+            "--repeats",
+            "1",
+            "--no-progress",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     with (out / "results.csv").open() as f:
         reader = csv.DictReader(f)
@@ -81,8 +105,16 @@ def test_cli_writes_all_outputs_with_every_column(tmp_path: Path) -> None:
     for r in rows:
         assert float(r["tokens_per_s_wall"]) > 0 and r["target_logprob"] and r["agreement"]
         if r["kind"] == "engine":
-            for col in ("tokens_per_s", "tokens_per_s_incl_prefill", "speedup_vs_ar", "speedup_vs_sd",
-                        "engine_overhead_share", "fwd_target", "predicted_tokens_per_s", "decode_s"):
+            for col in (
+                "tokens_per_s",
+                "tokens_per_s_incl_prefill",
+                "speedup_vs_ar",
+                "speedup_vs_sd",
+                "engine_overhead_share",
+                "fwd_target",
+                "predicted_tokens_per_s",
+                "decode_s",
+            ):
                 assert r[col] != "", (r["variant"], col)
     psd = next(r for r in rows if r["method"] == "psd_f")
     assert psd["acceptance_qualifier"] and psd["acceptance_target"] and psd["fwd_draft"] and psd["fwd_qualifier"]
@@ -129,15 +161,24 @@ def test_lossless_methods_match_target_greedy(triplet) -> None:
 
 def test_time_budget_keeps_whole_prompts(triplet) -> None:
     args = _args("--methods", "ar,sd", "--peers", "none", "--max-new-tokens", "4")
-    res = bench.run_bench(triplet, bench.build_variants(args), load_prompts("builtin", limit=3), progress=False,
-                          max_minutes=0.0, log=lambda s: None)
+    res = bench.run_bench(
+        triplet,
+        bench.build_variants(args),
+        load_prompts("builtin", limit=3),
+        progress=False,
+        max_minutes=0.0,
+        log=lambda s: None,
+    )
     assert res["interrupted"] and len(res["runs"]) == 2 and {r["prompt_index"] for r in res["runs"]} == {0}
     assert res["runs"][1]["speedup_vs_ar"] is not None  # the kept prompt is complete and paired
 
 
 def test_grid_variants_follow_the_paper_constraints() -> None:
-    vs = bench.build_variants(_args("--grid", "--methods", "ar,sd,fsd,psd_a,psd_f", "--peers", "none",
-                                    "--grid-l-d", "2,4", "--grid-l-q", "4,8"))
+    vs = bench.build_variants(
+        _args(
+            "--grid", "--methods", "ar,sd,fsd,psd_a,psd_f", "--peers", "none", "--grid-l-d", "2,4", "--grid-l-q", "4,8"
+        )
+    )
     psd_f = [v for v in vs if v.method == "psd_f"]
     assert psd_f and all(v.cfg.tau_q <= v.cfg.tau_t and v.cfg.l_d <= v.cfg.l_q for v in psd_f)
     assert len(psd_f) == 10 * 4 and len([v for v in vs if v.method == "psd_a"]) == 4 * 4
@@ -148,32 +189,54 @@ def test_pareto_frontier_on_hand_made_points() -> None:
     pts = [(1.0, 1.0), (0.9, 2.0), (0.8, 1.5), (0.5, 3.0), (0.9, 2.0), (0.4, 2.5), (float("nan"), 9.0), (None, 1)]
     assert report.pareto_frontier(pts) == [3, 1, 4, 0]
     assert report.pareto_frontier([]) == []
-    summary = [dict(variant="ar", kind="engine", speedup_vs_ar=1.0, agreement=1.0),
-               dict(variant="fast", kind="engine", speedup_vs_ar=2.2, agreement=0.93),
-               dict(variant="faster", kind="engine", speedup_vs_ar=3.0, agreement=0.6),
-               dict(variant="slow-bad", kind="engine", speedup_vs_ar=0.9, agreement=0.5),
-               dict(variant="peer", kind="peer", speedup_vs_ar=None, agreement=1.0)]
+    summary = [
+        dict(variant="ar", kind="engine", speedup_vs_ar=1.0, agreement=1.0),
+        dict(variant="fast", kind="engine", speedup_vs_ar=2.2, agreement=0.93),
+        dict(variant="faster", kind="engine", speedup_vs_ar=3.0, agreement=0.6),
+        dict(variant="slow-bad", kind="engine", speedup_vs_ar=0.9, agreement=0.5),
+        dict(variant="peer", kind="peer", speedup_vs_ar=None, agreement=1.0),
+    ]
     assert [p["variant"] for p in report.frontier(summary)] == ["faster", "fast", "ar"]
     assert report.recommend(summary)["variant"] == "fast"
 
 
 def test_speed_targets_from_a_summary() -> None:
-    summary = [dict(variant="ar", method="ar", kind="engine", engine_overhead_share=0.04),
-               dict(variant="sd", method="sd", kind="engine", engine_overhead_share=0.12),
-               dict(variant="p1", method="psd_f", kind="engine", agreement=0.95, speedup_vs_sd=1.6, speedup_vs_ar=1.8),
-               dict(variant="p2", method="psd_f", kind="engine", agreement=0.5, speedup_vs_sd=3.0, speedup_vs_ar=3.0),
-               dict(variant="hf_generate", method="hf_generate", kind="peer", speedup_vs_ar_wall=0.8),
-               dict(variant="hf_assisted", method="hf_assisted", kind="peer", speedup_vs_sd_wall=1.25)]
-    got = {t["target"].split(" (")[0].split(" at ")[0]: (round(t["value"], 3), t["met"])
-           for t in report.check_targets(summary)}
-    assert got == {"our AR ÷ HF generate()": (1.25, True), "our SD ÷ HF assisted": (0.8, False),
-                   "best PSD_F × SD": (1.6, True), "best PSD_F × AR": (1.8, False),
-                   "engine time outside forwards ÷ decode time": (0.12, False)}
+    summary = [
+        dict(variant="ar", method="ar", kind="engine", engine_overhead_share=0.04),
+        dict(variant="sd", method="sd", kind="engine", engine_overhead_share=0.12),
+        dict(variant="p1", method="psd_f", kind="engine", agreement=0.95, speedup_vs_sd=1.6, speedup_vs_ar=1.8),
+        dict(variant="p2", method="psd_f", kind="engine", agreement=0.5, speedup_vs_sd=3.0, speedup_vs_ar=3.0),
+        dict(variant="hf_generate", method="hf_generate", kind="peer", speedup_vs_ar_wall=0.8),
+        dict(variant="hf_assisted", method="hf_assisted", kind="peer", speedup_vs_sd_wall=1.25),
+    ]
+    got = {
+        t["target"].split(" (")[0].split(" at ")[0]: (round(t["value"], 3), t["met"])
+        for t in report.check_targets(summary)
+    }
+    assert got == {
+        "our AR ÷ HF generate()": (1.25, True),
+        "our SD ÷ HF assisted": (0.8, False),
+        "best PSD_F × SD": (1.6, True),
+        "best PSD_F × AR": (1.8, False),
+        "engine time outside forwards ÷ decode time": (0.12, False),
+    }
 
 
 def test_summary_medians_and_spread() -> None:
-    rows = [dict(variant="x", method="sd", kind="engine", lossless=True, tokens_per_s=v, accepted_target=a,
-                 proposed_target=4, target_passes=1, n_new_tokens=a + 1) for v, a in ((10.0, 1), (20.0, 2), (30.0, 3))]
+    rows = [
+        dict(
+            variant="x",
+            method="sd",
+            kind="engine",
+            lossless=True,
+            tokens_per_s=v,
+            accepted_target=a,
+            proposed_target=4,
+            target_passes=1,
+            n_new_tokens=a + 1,
+        )
+        for v, a in ((10.0, 1), (20.0, 2), (30.0, 3))
+    ]
     s = report.summarize(rows)[0]
     assert s["tokens_per_s"] == 20.0 and (s["tokens_per_s_q25"], s["tokens_per_s_q75"]) == (15.0, 25.0)
     assert s["acceptance_target"] == pytest.approx(6 / 12) and s["mean_accepted_per_target_pass"] == 2.0
@@ -181,10 +244,26 @@ def test_summary_medians_and_spread() -> None:
     assert bench.prefix_agreement([1, 2, 9, 4], [1, 2, 3, 4, 5]) == 0.4
 
 
-PER_RUN = ("tokens_per_s_incl_prefill", "tokens_per_s_wall", "speedup_vs_ar", "speedup_vs_sd", "speedup_vs_ar_wall",
-           "speedup_vs_sd_wall", "engine_overhead_share", "agreement", "prefix_agreement", "target_logprob",
-           "predicted_tokens_per_s", "predicted_plus_one_tokens_per_s", "predicted_speedup_vs_ar",
-           "predicted_profile_speedup_vs_ar", "n_new_tokens", "fwd_draft", "fwd_qualifier", "fwd_target")
+PER_RUN = (
+    "tokens_per_s_incl_prefill",
+    "tokens_per_s_wall",
+    "speedup_vs_ar",
+    "speedup_vs_sd",
+    "speedup_vs_ar_wall",
+    "speedup_vs_sd_wall",
+    "engine_overhead_share",
+    "agreement",
+    "prefix_agreement",
+    "target_logprob",
+    "predicted_tokens_per_s",
+    "predicted_plus_one_tokens_per_s",
+    "predicted_speedup_vs_ar",
+    "predicted_profile_speedup_vs_ar",
+    "n_new_tokens",
+    "fwd_draft",
+    "fwd_qualifier",
+    "fwd_target",
+)
 
 
 def test_every_statistic_of_the_summary_from_hand_built_runs() -> None:
@@ -194,18 +273,33 @@ def test_every_statistic_of_the_summary_from_hand_built_runs() -> None:
     pass are pooled (Σ ÷ Σ, not a mean of ratios); CSQA accuracy is the share of correct answers; runs counts."""
     runs = []
     for i, (tps, acc_q, acc_t, prop_t, passes, correct) in enumerate(
-            ((10.0, 0, 1, 4, 1, 1), (20.0, 3, 2, 4, 1, 0), (60.0, 1, 5, 8, 2, 1))):
+        ((10.0, 0, 1, 4, 1, 1), (20.0, 3, 2, 4, 1, 0), (60.0, 1, 5, 8, 2, 1))
+    ):
         run = {k: (j + 1) * (1, 2, 6)[i] for j, k in enumerate(PER_RUN)}
-        run.update(variant="x", method="psd_a", kind="engine", lossless=True, tokens_per_s=tps,
-                   accepted_qualifier=acc_q, proposed_qualifier=4, accepted_target=acc_t, proposed_target=prop_t,
-                   target_passes=passes, csqa_correct=correct)
+        run.update(
+            variant="x",
+            method="psd_a",
+            kind="engine",
+            lossless=True,
+            tokens_per_s=tps,
+            accepted_qualifier=acc_q,
+            proposed_qualifier=4,
+            accepted_target=acc_t,
+            proposed_target=prop_t,
+            target_passes=passes,
+            csqa_correct=correct,
+        )
         runs.append(run)
-    peer = [dict(variant="p", method="hf_generate", kind="peer", lossless=True, tokens_per_s=None, tokens_per_s_wall=w)
-            for w in (5.0, 7.0)]
+    peer = [
+        dict(variant="p", method="hf_generate", kind="peer", lossless=True, tokens_per_s=None, tokens_per_s_wall=w)
+        for w in (5.0, 7.0)
+    ]
     s, p = report.summarize(runs + peer)
     assert (s["variant"], s["method"], s["runs"], p["runs"]) == ("x", "psd_a", 3, 2)
-    assert [s.get(k) for k in ("tokens_per_s", "tokens_per_s_q25", "tokens_per_s_q75", "tokens_per_s_min",
-                               "tokens_per_s_max")] == [20.0, 15.0, 40.0, 10.0, 60.0]
+    assert [
+        s.get(k)
+        for k in ("tokens_per_s", "tokens_per_s_q25", "tokens_per_s_q75", "tokens_per_s_min", "tokens_per_s_max")
+    ] == [20.0, 15.0, 40.0, 10.0, 60.0]
     assert [p.get(k) for k in ("tokens_per_s", "tokens_per_s_min", "tokens_per_s_max")] == [6.0, 5.0, 7.0]
     assert {k: s.get(k) for k in PER_RUN} == {k: 2 * (j + 1) for j, k in enumerate(PER_RUN)}
     assert s["acceptance_qualifier"] == pytest.approx(4 / 12) and s["acceptance_target"] == pytest.approx(8 / 16)
@@ -222,20 +316,29 @@ def test_csqa_extraction_and_accuracy_on_fixture(triplet) -> None:
     assert prompt.count("Example ") == 5 and prompt.count("Therefore, the answer is") == 6  # 5 shots + instruction
     assert prompt.rstrip().endswith("Answer:")
     assert "B) tree" in prompt
-    outs = ["A bird nests in a tree. Therefore, the answer is B.", "the answer is (A) spoon",
-            "Sweaters keep you warm. So the answer is D"]
+    outs = [
+        "A bird nests in a tree. Therefore, the answer is B.",
+        "the answer is (A) spoon",
+        "Sweaters keep you warm. So the answer is D",
+    ]
     preds = [csqa.extract_answer(t) for t in outs]
     assert preds == ["B", "A", "D"] and csqa.extract_answer("no idea") is None
     # the harness carries answers through to per-row correctness and per-method accuracy
     args = _args("--methods", "ar,psd_f", "--peers", "none", "--max-new-tokens", "6")
-    res = bench.run_bench(triplet, bench.build_variants(args), [Prompt(q.stem, "csqa") for q in qs],
-                          answers=[q.answer for q in qs], progress=False)
+    res = bench.run_bench(
+        triplet,
+        bench.build_variants(args),
+        [Prompt(q.stem, "csqa") for q in qs],
+        answers=[q.answer for q in qs],
+        progress=False,
+    )
     assert all(r["csqa_answer"] in "BCD" and r["csqa_correct"] in (0, 1) for r in res["runs"])
     assert all(0.0 <= s["csqa_accuracy"] <= 1.0 for s in report.summarize(res["runs"]))
 
 
 def test_csqa_without_file_fails_clearly_offline(monkeypatch) -> None:
     import builtins
+
     real_import = builtins.__import__
 
     def no_datasets(name, *a, **kw):
@@ -261,11 +364,29 @@ def test_bad_options_are_clear_errors(capsys) -> None:
 def test_shapes_run_side_by_side_and_each_row_says_what_ran(triplet) -> None:
     """Rule: --shapes runs every proposing method once per shape (AR once), each row naming the shape that ran and
     why (auto resolved from the cost profile: chain or tree, with the reason), a tree row its budget."""
-    args = _args("--methods", "ar,sd", "--peers", "none", "--shapes", "chain,tree,auto", "--max-new-tokens", "6",
-                 "--tree-nodes", "4", "--tree-depth", "2", "--tree-k", "2")
+    args = _args(
+        "--methods",
+        "ar,sd",
+        "--peers",
+        "none",
+        "--shapes",
+        "chain,tree,auto",
+        "--max-new-tokens",
+        "6",
+        "--tree-nodes",
+        "4",
+        "--tree-depth",
+        "2",
+        "--tree-k",
+        "2",
+    )
     vs = bench.build_variants(args)
-    assert [(v.label, v.cfg.shape) for v in vs] == [("ar", "auto"), ("sd chain", "chain"), ("sd tree", "tree"),
-                                                    ("sd auto", "auto")]
+    assert [(v.label, v.cfg.shape) for v in vs] == [
+        ("ar", "auto"),
+        ("sd chain", "chain"),
+        ("sd tree", "tree"),
+        ("sd auto", "auto"),
+    ]
     rows = bench.run_bench(triplet, vs, load_prompts("builtin", limit=1), progress=False)["runs"]
     by = {r["variant"]: r for r in rows}
     assert by["ar"]["shape"] is None and by["sd chain"]["shape"] == "chain" and by["sd tree"]["shape"] == "tree"
@@ -303,14 +424,32 @@ def test_hf_assisted_on_a_draft_that_reads_the_target_is_one_clear_line(tmp_path
     from pyramid_demo.models.tiny import tiny_random_triplet
 
     t = tiny_random_triplet(seed=0)
-    t = dataclasses.replace(t, draft=FeatureDraft(t.target, torch.arange(t.vocab_size)),
-                            names=("tiny/feature-draft", *t.names[1:]))
+    t = dataclasses.replace(
+        t, draft=FeatureDraft(t.target, torch.arange(t.vocab_size)), names=("tiny/feature-draft", *t.names[1:])
+    )
     monkeypatch.setattr(hardware_cli, "load", lambda args: t)
     out = tmp_path / "b"
     try:
-        rc = cli_main(["bench", "--models", "tiny-random", "--methods", "ar,sd", "--peers", "hf_generate,hf_assisted",
-                       "--prompts", "builtin", "--limit", "1", "--max-new-tokens", "6", "--no-progress",
-                       "--out", str(out)])
+        rc = cli_main(
+            [
+                "bench",
+                "--models",
+                "tiny-random",
+                "--methods",
+                "ar,sd",
+                "--peers",
+                "hf_generate,hf_assisted",
+                "--prompts",
+                "builtin",
+                "--limit",
+                "1",
+                "--max-new-tokens",
+                "6",
+                "--no-progress",
+                "--out",
+                str(out),
+            ]
+        )
     except Exception as e:  # noqa: BLE001 - the rule: no stack trace
         pytest.fail(f"bench --peers hf_assisted died with a stack trace: {e!r}")
     assert rc == 0

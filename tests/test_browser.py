@@ -4,6 +4,7 @@ Needs Playwright for Python and a Chromium binary (Debian's `chromium`; no `play
 Screenshots land in pytest's tmp_path (race.png, inspector.png, tree.png: the inspector at 1280×800 with the
 pass's candidate tree in view, on a tree method when the race has one).
 """
+
 from __future__ import annotations
 
 import os
@@ -23,13 +24,20 @@ from pyramid_demo.core.methods import method_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = os.environ.get("PYRAMID_CHROMIUM", "/usr/bin/chromium")
-CHROME_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-               "--disable-sync", "--no-first-run"]
+CHROME_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
 if not (os.path.exists(CHROMIUM) or shutil.which(CHROMIUM)):
-    pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium, or set PYRAMID_CHROMIUM)",
-                allow_module_level=True)
+    pytest.skip(
+        f"no Chromium at {CHROMIUM} (apt-get install chromium, or set PYRAMID_CHROMIUM)", allow_module_level=True
+    )
 
 
 def _free_port() -> int:
@@ -41,9 +49,14 @@ def _free_port() -> int:
 @pytest.fixture()
 def server(tmp_path: Path):
     port = _free_port()
-    env = {**os.environ, "GRADIO_SERVER_PORT": str(port), "GRADIO_SERVER_NAME": "127.0.0.1",
-           "PYRAMID_DEMO_PRESET": "tiny-random", "GRADIO_ANALYTICS_ENABLED": "False",
-           "OMP_NUM_THREADS": "1"}  # tiny models: one thread avoids oversubscribing a shared CPU
+    env = {
+        **os.environ,
+        "GRADIO_SERVER_PORT": str(port),
+        "GRADIO_SERVER_NAME": "127.0.0.1",
+        "PYRAMID_DEMO_PRESET": "tiny-random",
+        "GRADIO_ANALYTICS_ENABLED": "False",
+        "OMP_NUM_THREADS": "1",
+    }  # tiny models: one thread avoids oversubscribing a shared CPU
     log = (tmp_path / "server.log").open("w")
     proc = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/"
@@ -80,10 +93,8 @@ def test_race_in_browser(server: str, tmp_path: Path) -> None:
         box.press("Enter")
         page.get_by_text(SETTINGS_TITLE).click()  # fold it again: the screenshots show the results
         page.locator("#run-btn").click()
-        page.wait_for_selector("#lanes .lane-psd_f .tok.o-draft, #lanes .lane-psd_f .tok.o-qualifier",
-                               timeout=180_000)
-        page.wait_for_function("document.querySelector('#status').innerText.includes('finished')",
-                               timeout=180_000)
+        page.wait_for_selector("#lanes .lane-psd_f .tok.o-draft, #lanes .lane-psd_f .tok.o-qualifier", timeout=180_000)
+        page.wait_for_function("document.querySelector('#status').innerText.includes('finished')", timeout=180_000)
         assert page.locator("#lanes .lane-ar .tok").count() >= 1
         assert page.locator("#lanes .lane .tok.o-target, #lanes .lane .tok.o-bonus").count() >= 1
         assert page.locator("#race-plot .js-plotly-plot").count() == 1

@@ -4,6 +4,7 @@ statistics count every round.
 Each test names the rule it protects in its docstring and in its assertion messages. The records are
 hand-built (core.trace) or come from the bigram mock, so nothing here depends on a real model.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -23,9 +24,18 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 # --- lossless needs every stage exact ------------------------------------------------------
 
-LOSSLESS = {("ar", "sd"): True, ("ar", "fuzzy"): True, ("sd", "sd"): True, ("sd", "fuzzy"): True,
-            ("fsd", "sd"): False, ("fsd", "fuzzy"): False, ("psd_a", "sd"): True, ("psd_a", "fuzzy"): False,
-            ("psd_f", "sd"): False, ("psd_f", "fuzzy"): False}
+LOSSLESS = {
+    ("ar", "sd"): True,
+    ("ar", "fuzzy"): True,
+    ("sd", "sd"): True,
+    ("sd", "fuzzy"): True,
+    ("fsd", "sd"): False,
+    ("fsd", "fuzzy"): False,
+    ("psd_a", "sd"): True,
+    ("psd_a", "fuzzy"): False,
+    ("psd_f", "sd"): False,
+    ("psd_f", "fuzzy"): False,
+}
 
 
 def test_lossless_needs_an_exact_stage_1_and_an_exact_target_stage():
@@ -34,7 +44,8 @@ def test_lossless_needs_an_exact_stage_1_and_an_exact_target_stage():
     assert {m.key for m in TABLE} == {k for k, _ in LOSSLESS}
     for (key, stage2), want in LOSSLESS.items():
         assert lossless(key, stage2) is want, (
-            f"rule 'lossless needs every stage exact (stage 1 too)': lossless({key!r}, {stage2!r}) should be {want}")
+            f"rule 'lossless needs every stage exact (stage 1 too)': lossless({key!r}, {stage2!r}) should be {want}"
+        )
 
 
 def _first_two(method: str, n: int, **kw) -> tuple[torch.Tensor, torch.Tensor]:
@@ -66,6 +77,7 @@ def test_psd_f_with_an_exact_stage_2_is_not_lossless_when_sampling():
 
 # --- exact means bitwise -------------------------------------------------------------------
 
+
 class OneUlpOff(BigramLM):
     """The bigram mock whose multi-row calls round every logit up by one fp32 ulp (as a GEMM kernel picked
     by row count might): a k-token pass is within any allclose tolerance of the steps but not equal."""
@@ -84,7 +96,8 @@ def test_exactness_is_bitwise_not_allclose():
     off = checks.pass_vs_steps(OneUlpOff(table), ids, 8, (2, 5))
     assert torch.allclose(torch.nextafter(table, table + 1), table)  # what allclose would accept
     assert [c["bitwise"] for c in off] == [False, False], (
-        "rule 'exact means bitwise (torch.equal), not allclose': a pass one ulp off was called exact")
+        "rule 'exact means bitwise (torch.equal), not allclose': a pass one ulp off was called exact"
+    )
     assert all(c["top1"] and 0 < c["max_abs_diff"] < 1e-5 for c in off)
     rec = checks.summarise(off)
     assert rec["exact"] is False and rec["bitwise_passes"] == 0, "rule 'exact means bitwise': summarise"
@@ -94,17 +107,30 @@ def test_exactness_is_bitwise_not_allclose():
 
 # --- statistics count every round ------------------------------------------------------------
 
+
 def _round(stage: str, proposed: int, accepted: int, proposer: str, verifier: str) -> StageRound:
     """A hand-built round: `proposed` drafted tokens, the first `accepted` kept, then the verifier's own."""
-    toks = [TokenRec(10 + i, proposer, "accepted" if i < accepted else "rejected" if i == accepted else "discarded")
-            for i in range(proposed)]
+    toks = [
+        TokenRec(10 + i, proposer, "accepted" if i < accepted else "rejected" if i == accepted else "discarded")
+        for i in range(proposed)
+    ]
     toks.append(TokenRec(99, verifier, "bonus" if accepted == proposed else "resampled"))
     return StageRound(stage, proposer, verifier, "fuzzy", toks, accepted)
 
 
 def _step(i: int, qrounds: list[StageRound], target: StageRound | None, n_new: int, roles: dict[str, int]) -> Step:
-    return Step(i, qrounds, target, [1] * n_new, ["target"] * n_new, 0.01 * i, 0.01 * (i + 1),
-                {r: 0.001 * n for r, n in roles.items()}, dict(roles), {r: [1] * n for r, n in roles.items()})
+    return Step(
+        i,
+        qrounds,
+        target,
+        [1] * n_new,
+        ["target"] * n_new,
+        0.01 * i,
+        0.01 * (i + 1),
+        {r: 0.001 * n for r, n in roles.items()},
+        dict(roles),
+        {r: [1] * n for r, n in roles.items()},
+    )
 
 
 def test_qualifier_statistics_count_every_qualifier_round_of_a_step():
@@ -112,10 +138,22 @@ def test_qualifier_statistics_count_every_qualifier_round_of_a_step():
     proposed, accepted, round count, acceptance and per-position figures sum over all of them, not only
     each step's first round. Here the first rounds alone would give 6 proposed, 4 accepted, 2 rounds."""
     q = "qualifier"
-    steps = [_step(0, [_round(q, 3, 3, "draft", q), _round(q, 3, 0, "draft", q)], _round("target", 5, 2, q, "target"),
-                   3, {"draft": 6, "qualifier": 2, "target": 1}),
-             _step(1, [_round(q, 3, 1, "draft", q), _round(q, 2, 2, "draft", q)], _round("target", 5, 5, q, "target"),
-                   6, {"draft": 5, "qualifier": 2, "target": 1})]
+    steps = [
+        _step(
+            0,
+            [_round(q, 3, 3, "draft", q), _round(q, 3, 0, "draft", q)],
+            _round("target", 5, 2, q, "target"),
+            3,
+            {"draft": 6, "qualifier": 2, "target": 1},
+        ),
+        _step(
+            1,
+            [_round(q, 3, 1, "draft", q), _round(q, 2, 2, "draft", q)],
+            _round("target", 5, 5, q, "target"),
+            6,
+            {"draft": 5, "qualifier": 2, "target": 1},
+        ),
+    ]
     st = compute_stats("psd_f", steps, 0.0, "max_new_tokens")
     why = "rule 'qualifier statistics count every qualifier round of a step, not only the first'"
     assert (st.proposed[q], st.accepted[q], st.rounds[q]) == (11, 6, 4), why
@@ -142,4 +180,5 @@ def test_ar_target_passes_through_the_engine():
     steps = list(decode({"target": lm}, [0], as_run(cfg), (), None))
     st = compute_stats("ar", steps, 0.0, "max_new_tokens")
     assert st.n_new_tokens == 12 and st.target_passes == 12 == lm.n_forward, (
-        "rule 'AR's target passes are its steps, not target rounds'")
+        "rule 'AR's target passes are its steps, not target rounds'"
+    )

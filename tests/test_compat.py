@@ -1,4 +1,5 @@
 """Tokenizer compatibility checks, on tiny tokenizers and models built offline."""
+
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast

@@ -1,6 +1,7 @@
 """The compiled pass (`forward.compiled`) and the one decision over it (`models.runtime.decide`): what it computes, how
 a stale, broken or disagreeing package is handled, and that a load never compiles or times anything. Compiling takes
 a while even for a tiny model: that test is in the slow tier."""
+
 from __future__ import annotations
 
 import os
@@ -116,13 +117,16 @@ def test_a_pass_of_at_most_few_rows_runs_the_few_row_package_and_every_other_the
     lm = CoreLM(t.target, t.vocab_size, "target", compiled.Runner(many, few))
     lm.feed(ids[:30], 1)  # a prefill: many
     lm.feed(ids[:31], 1)  # a step: few
-    lm.feed(ids[:31 + compiled.FEW_ROWS], compiled.FEW_ROWS)  # the longest few-row chain
-    lm.feed(ids[:32 + 2 * compiled.FEW_ROWS], compiled.FEW_ROWS + 1)  # one row longer: many
+    lm.feed(ids[: 31 + compiled.FEW_ROWS], compiled.FEW_ROWS)  # the longest few-row chain
+    lm.feed(ids[: 32 + 2 * compiled.FEW_ROWS], compiled.FEW_ROWS + 1)  # one row longer: many
     lm.forward_tree(ids[40:43], [-1, 0, 0], 32 + 2 * compiled.FEW_ROWS)  # a three-row tree: few
     assert many.rows == [30, compiled.FEW_ROWS + 1] and few.rows == [1, compiled.FEW_ROWS, 3]
     # each pass's mask is as wide as the slots it reads (its last row's slot + 1), never the cache's capacity
-    assert many.widths == [30, 32 + 2 * compiled.FEW_ROWS] and few.widths == [31, 31 + compiled.FEW_ROWS,
-                                                                               35 + 2 * compiled.FEW_ROWS]
+    assert many.widths == [30, 32 + 2 * compiled.FEW_ROWS] and few.widths == [
+        31,
+        31 + compiled.FEW_ROWS,
+        35 + 2 * compiled.FEW_ROWS,
+    ]
     alone = _Runner(t.target)
     lm = CoreLM(t.target, t.vocab_size, "target", compiled.Runner(alone))
     lm.feed(ids[:30], 1), lm.feed(ids[:31], 1)
@@ -211,8 +215,9 @@ def test_a_package_runs_only_where_it_agrees_with_the_eager_pass(cache) -> None:
     ref = CoreLM(t.target, t.vocab_size, "target")
     ids = [(7 * i + 3) % (t.vocab_size - 1) + 1 for i in range(40)]
     assert torch.allclose(lm.feed(ids[:30], 4), ref.feed(ids[:30], 4), atol=1e-5)
-    assert torch.allclose(lm.forward_tree(ids[30:33], [-1, 0, 0], 30), ref.forward_tree(ids[30:33], [-1, 0, 0], 30),
-                          atol=1e-5)
+    assert torch.allclose(
+        lm.forward_tree(ids[30:33], [-1, 0, 0], 30), ref.forward_tree(ids[30:33], [-1, 0, 0], 30), atol=1e-5
+    )
 
     bad = tiny_random_triplet(seed=3)
     _with_package(cache, bad, _Runner(bad.target, bias=1e3))  # token 7 always wins: top-1 disagrees
@@ -246,7 +251,7 @@ def test_the_compiled_pass_computes_what_the_eager_one_does(cache) -> None:
     assert torch.allclose(zc, ze, atol=1e-4) and torch.equal(zc.argmax(-1), ze.argmax(-1))
     assert torch.allclose(c.publish.f[:100], e.publish.f[:100], atol=1e-4)
     assert c.truncate(90) == 90 and e.truncate(90) == 90  # rollback moves a length: slots 90… are fed again
-    zc = torch.cat([c.forward(ids[90 + i: 91 + i], 90 + i, 1) for i in range(5)])
+    zc = torch.cat([c.forward(ids[90 + i : 91 + i], 90 + i, 1) for i in range(5)])
     ze = e.forward(ids[90:95], 90, 5)
     assert torch.allclose(zc, ze, atol=1e-4)
     tc = c.forward_tree(ids[95:99], [-1, 0, 0, 1], 95)  # rows: root, two children, a grandchild
@@ -264,11 +269,18 @@ def test_the_compiled_pass_computes_what_the_eager_one_does(cache) -> None:
     assert compiled.load(m) and compiled.runner_of(m) is not None  # from the package on disk, no compile
     assert not (compiled.scratch() / "inductor").exists()  # the build files went with the build
     assert not any(compiled.scratch().iterdir())  # the extracted libraries went once mapped: the passes above ran
-    code = ("import os, sys; from pyramid_demo.forward import compiled as c; from pyramid_demo.models.tiny import "
-            "tiny_random_triplet as t; m = t().target; assert c.load(m) and c.runner_of(m); print(os.getpid())")
+    code = (
+        "import os, sys; from pyramid_demo.forward import compiled as c; from pyramid_demo.models.tiny import "
+        "tiny_random_triplet as t; m = t().target; assert c.load(m) and c.runner_of(m); print(os.getpid())"
+    )
     (cache / "tmp").mkdir()
-    run = subprocess.run([sys.executable, "-c", code], env={**os.environ, "TMPDIR": str(cache / "tmp")}, cwd=ROOT,
-                         capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "TMPDIR": str(cache / "tmp")},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode == 0, run.stderr[-2000:]  # another process loads the same package…
     assert not (compiled.scratch().parent / run.stdout.strip()).exists()  # …and leaves no folder behind
     assert not any((cache / "tmp").iterdir())  # nor anything in the system's temporary folder (torch's default)
@@ -343,8 +355,11 @@ def test_the_family_record_is_what_the_family_box_reads_and_is_keyed_by_its_weig
     assert rec["profile"]["ms"]["target"]["1"] > 0
     again = decided(t)
     target = rec["checks"]["target"]
-    assert again.exact == target["exact"] and again.exact_note and runtime.family_record(again) == \
-        runtime.entry(runtime.family_key(again))
+    assert (
+        again.exact == target["exact"]
+        and again.exact_note
+        and runtime.family_record(again) == runtime.entry(runtime.family_key(again))
+    )
     with torch.no_grad():
         t.target.model.layers[0].mlp.up_proj.weight[0, 0] += 1.0
     assert runtime.family_record(decided(t)) is None

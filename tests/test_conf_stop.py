@@ -1,4 +1,5 @@
 """The proposer confidence stop (`conf_stop`, beyond the papers): the stop rule, engine and exactness."""
+
 import math
 
 import pytest
@@ -65,8 +66,7 @@ def test_sampled_sd_with_conf_stop_reproduces_target_distribution():
 def test_psd_block_ends_at_an_unsure_qualifier_token(tiny):
     """With a floor no token reaches, every stage-1 round drafts one token and every block
     sent to the target holds exactly one token."""
-    out = generate(tiny, "hello", DecodeConfig(method="psd_f", conf_stop=0.999, l_d=3, l_q=6,
-                                               max_new_tokens=20))
+    out = generate(tiny, "hello", DecodeConfig(method="psd_f", conf_stop=0.999, l_d=3, l_q=6, max_new_tokens=20))
     for step in out.steps:
         if step.target_round:
             assert len(step.target_round.tokens) == 2  # one block token + the target's own

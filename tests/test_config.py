@@ -1,4 +1,5 @@
 """Bad arguments raise a clear error naming the problem, before any model runs."""
+
 import pytest
 
 from pyramid_demo.core.config import DecodeConfig
@@ -6,21 +7,24 @@ from pyramid_demo.core.run import prepare_prompt
 from pyramid_demo.models.tiny import tiny_random_triplet
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    ({"method": "beam"}, "unknown method 'beam'"),
-    ({"divergence": "hellinger"}, "unknown divergence 'hellinger'"),
-    ({"fallback": "maybe"}, "unknown fallback"),
-    ({"gamma": -1}, "gamma must be an integer from 1 to 64"),
-    ({"l_d": 0}, "l_d must be an integer from 1 to 64"),
-    ({"l_q": 1000}, "l_q must be an integer from 1 to 64"),
-    ({"l_d": 8, "l_q": 4}, "l_d (8) must not exceed l_q (4)"),
-    ({"tau_q": -0.1}, "tau_q must be a number ≥ 0"),
-    ({"tau_t": float("nan")}, "tau_t must be a number ≥ 0"),
-    ({"max_new_tokens": 0}, "max_new_tokens must be a positive integer"),
-    ({"max_new_tokens": -5}, "max_new_tokens must be a positive integer"),
-    ({"temperature": -1.0}, "temperature must be between 0 and 10"),
-    ({"top_p": 0.0}, "top_p must be in (0, 1]"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"method": "beam"}, "unknown method 'beam'"),
+        ({"divergence": "hellinger"}, "unknown divergence 'hellinger'"),
+        ({"fallback": "maybe"}, "unknown fallback"),
+        ({"gamma": -1}, "gamma must be an integer from 1 to 64"),
+        ({"l_d": 0}, "l_d must be an integer from 1 to 64"),
+        ({"l_q": 1000}, "l_q must be an integer from 1 to 64"),
+        ({"l_d": 8, "l_q": 4}, "l_d (8) must not exceed l_q (4)"),
+        ({"tau_q": -0.1}, "tau_q must be a number ≥ 0"),
+        ({"tau_t": float("nan")}, "tau_t must be a number ≥ 0"),
+        ({"max_new_tokens": 0}, "max_new_tokens must be a positive integer"),
+        ({"max_new_tokens": -5}, "max_new_tokens must be a positive integer"),
+        ({"temperature": -1.0}, "temperature must be between 0 and 10"),
+        ({"top_p": 0.0}, "top_p must be in (0, 1]"),
+    ],
+)
 def test_bad_settings_name_the_problem(kwargs, message):
     with pytest.raises(ValueError) as e:
         DecodeConfig(**kwargs)
@@ -32,8 +36,10 @@ def tiny():
     return tiny_random_triplet()
 
 
-@pytest.mark.parametrize("prompt,message", [("", "the prompt is empty"), ("   \n", "the prompt is empty"),
-                                            ("x" * 30_000, "the limit is 20,000")])
+@pytest.mark.parametrize(
+    "prompt,message",
+    [("", "the prompt is empty"), ("   \n", "the prompt is empty"), ("x" * 30_000, "the limit is 20,000")],
+)
 def test_bad_prompts_name_the_problem(tiny, prompt, message):
     with pytest.raises(ValueError, match=message):
         prepare_prompt(tiny, prompt, DecodeConfig())
@@ -69,8 +75,9 @@ def test_every_setting_has_one_row_and_every_method_one_spec():
         method_spec("beam")
 
 
-@pytest.mark.parametrize("old,new", [("sd_tree", "sd"), ("fsd_tree", "fsd"), ("psd_a_tree", "psd_a"),
-                                     ("psd_f_tree", "psd_f")])
+@pytest.mark.parametrize(
+    "old,new", [("sd_tree", "sd"), ("fsd_tree", "fsd"), ("psd_a_tree", "psd_a"), ("psd_f_tree", "psd_f")]
+)
 def test_retired_tree_keys_are_refused_naming_the_shape_setting(old, new):
     """Rule: the retired tree keys are refused in one line that names the new setting, wherever a key enters
     (the table, DecodeConfig: the app and the API build one)."""
@@ -125,6 +132,7 @@ def test_a_race_lane_says_what_it_runs():
     assert [lane.key for lane in lanes()] == list(METHODS) and all(lane.shape is None for lane in lanes())
     side = lanes(True)
     assert [(lane.method, lane.shape) for lane in side] == [("ar", None)] + [
-        (m, s) for m in METHODS[1:] for s in ("chain", "tree")]
+        (m, s) for m in METHODS[1:] for s in ("chain", "tree")
+    ]
     assert len({lane.key for lane in side}) == len(side) and set(LANES) >= {lane.key for lane in side}
     assert all(LANES[lane.key] == lane and lane.key in METHOD_LABELS for lane in side)

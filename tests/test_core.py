@@ -1,5 +1,6 @@
 """The one forward core (`forward.core`): HF's numbers on every covered family, tree rows as steps along their paths,
 rollback as a length move, growth that keeps every written slot, and the mask each row sees."""
+
 import pytest
 import torch
 from transformers import (
@@ -21,10 +22,24 @@ from pyramid_demo.forward.weights import covered
 from pyramid_demo.models.tiny import tiny_random_triplet
 
 V = 300
-SIZE = dict(vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=False)
-LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position_embeddings": 16}  # scaling bites at these lengths
+SIZE = dict(
+    vocab_size=V,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=1024,
+    tie_word_embeddings=False,
+)
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 500000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 16,
+}  # scaling bites at these lengths
 IDS = [(i * 37 + 5) % (V - 10) + 3 for i in range(600)]
 TOL = 1e-4
 
@@ -119,10 +134,10 @@ def test_a_tree_level_that_grows_the_cache_keeps_the_earlier_levels_rows(one_thr
         lm = CoreLM(model, V, "t")
         lm.feed(IDS[:n], 1)
         cap = lm.capacity
-        lm.forward_tree(IDS[n: n + 2], [-1, 0], n)  # level 1: rows 0, 1
+        lm.forward_tree(IDS[n : n + 2], [-1, 0], n)  # level 1: rows 0, 1
         if lm.capacity != cap:
             continue
-        lm.forward_tree(IDS[n + 2: n + 4], [1, 2], n)  # level 2: rows 2, 3
+        lm.forward_tree(IDS[n + 2 : n + 4], [1, 2], n)  # level 2: rows 2, 3
         if lm.capacity > cap:
             break
     else:
@@ -163,9 +178,13 @@ def test_greedy_ar_matches_hf_generate_and_sd_matches_ar(one_thread):
     prompt = [5, 17, 42, 99, 7]
     out = generate(t, prompt, DecodeConfig(method="ar", max_new_tokens=24), chat=False)
     with torch.inference_mode():
-        ref = t.target.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False,
-                                attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
-    assert out.token_ids == ref[0, len(prompt):].tolist()
+        ref = t.target.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=24,
+            do_sample=False,
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+        )
+    assert out.token_ids == ref[0, len(prompt) :].tolist()
     assert out.forwards == {"target": "eager"}
     sd = generate(t, prompt, DecodeConfig(method="sd", gamma=4, max_new_tokens=24), chat=False)
     assert sd.token_ids == out.token_ids

@@ -1,5 +1,6 @@
 """The token-id corpus: shards round-trip, the manifest matches them, the batched lean forward is the target's
 own forward, generation writes correct shards, and training reads every shard with recomputed states."""
+
 import json
 import os
 import signal
@@ -16,14 +17,17 @@ from training import corpus, corpus_cli, corpus_gen, feature_train
 from training.lean_batch import BatchedLean, states
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-CHAT = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-        "{% if add_generation_prompt %}assistant:{% endif %}")
+CHAT = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
 
 
 def _seqs(n: int, seed: int = 0) -> tuple[list[list[int]], list[int]]:
     g = torch.Generator().manual_seed(seed)
-    seqs = [torch.randint(0, 49152, (int(torch.randint(3, 40, (1,), generator=g)),), generator=g).tolist()
-            for _ in range(n)]
+    seqs = [
+        torch.randint(0, 49152, (int(torch.randint(3, 40, (1,), generator=g)),), generator=g).tolist() for _ in range(n)
+    ]
     return seqs, [int(torch.randint(1, len(s), (1,), generator=g)) for s in seqs]
 
 
@@ -105,6 +109,7 @@ def test_the_batched_forward_is_the_target_forward_across_refills(tiny, rowwise,
     def ref(s: list[int]) -> torch.Tensor:
         with torch.no_grad():
             return target(torch.tensor([s])).logits[0, -1]
+
     lg = lm.prefill([0, 1, 2], ps)
     for b in range(3):
         assert torch.allclose(lg[b], ref(seqs[b]), atol=1e-4)
@@ -129,8 +134,20 @@ def test_the_batched_forward_is_the_target_forward_across_refills(tiny, rowwise,
 
 def test_grow_writes_the_target_s_own_answers_as_shards(tiny, tmp_path):
     target, tok = tiny
-    out = corpus_gen.grow(target, tok, tmp_path, seed=4, rows=4, max_new=6, temperature=1e-4, shard_seqs=5,
-                          max_shards=2, capacity=96, target={"name": "tiny"}, log=lambda s: None)
+    out = corpus_gen.grow(
+        target,
+        tok,
+        tmp_path,
+        seed=4,
+        rows=4,
+        max_new=6,
+        temperature=1e-4,
+        shard_seqs=5,
+        max_shards=2,
+        capacity=96,
+        target={"name": "tiny"},
+        log=lambda s: None,
+    )
     assert out["shards"] == 2
     man = corpus.check(tmp_path)
     assert man["total"]["sequences"] == out["sequences"] >= 10
@@ -167,9 +184,18 @@ def test_training_reads_every_shard_with_recomputed_states(tiny, tmp_path):
     assert r["f"].shape == f.shape and torch.allclose(r["f"].float(), f, atol=1e-2)
     b = feature_train.collate(recs)
     assert int(b["mask"].sum()) == sum(len(x["ids"]) - x["n_prompt"] for x in recs)
-    st = feature_train.train(target, torch.arange(target.config.vocab_size), [work], recs[:2],
-                             tmp_path / "ckpt" / "fd.pt", minutes=0.002, batch=4, passes=2, eval_every=10_000,
-                             log=lambda s: None)
+    st = feature_train.train(
+        target,
+        torch.arange(target.config.vocab_size),
+        [work],
+        recs[:2],
+        tmp_path / "ckpt" / "fd.pt",
+        minutes=0.002,
+        batch=4,
+        passes=2,
+        eval_every=10_000,
+        log=lambda s: None,
+    )
     assert st["curve"][-1]["unique"] == len(want) == 12  # the run loaded every sequence of every shard
     mtime = found[0].stat().st_mtime
     corpus_cli.materialize(target, folder, tmp_path / "work", log=lambda s: None)  # cached: not recomputed
@@ -179,12 +205,16 @@ def test_training_reads_every_shard_with_recomputed_states(tiny, tmp_path):
 def test_paused_stops_a_registered_job_and_continues_it(tmp_path, monkeypatch):
     import subprocess
     import sys
+
     monkeypatch.setenv("PYRAMID_DEMO_CACHE", str(tmp_path))
-    code = ("import time;"
-            "from pyramid_demo.models import background as b; b.register('job');"
-            "[time.sleep(0.05) for _ in range(400)]")
-    proc = subprocess.Popen([sys.executable, "-c", code, "pyramid_demo"], cwd=os.getcwd(),
-                            env={**os.environ, "PYTHONPATH": os.getcwd()})
+    code = (
+        "import time;"
+        "from pyramid_demo.models import background as b; b.register('job');"
+        "[time.sleep(0.05) for _ in range(400)]"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, "pyramid_demo"], cwd=os.getcwd(), env={**os.environ, "PYTHONPATH": os.getcwd()}
+    )
     try:
         for _ in range(200):
             if background.live_pids():
@@ -194,6 +224,7 @@ def test_paused_stops_a_registered_job_and_continues_it(tmp_path, monkeypatch):
 
         def state() -> str:
             return open(f"/proc/{proc.pid}/stat").read().split(")")[1].split()[0]
+
         with background.paused() as pids:
             assert pids == [proc.pid]
             time.sleep(0.1)
@@ -219,6 +250,7 @@ def test_licences_are_read_from_a_distribution_s_metadata():
     from email.message import Message
 
     from training import text_corpus as tc
+
     m = Message()
     m["License-Expression"] = "MIT"
     assert tc.licence(m) == "MIT"
@@ -235,8 +267,10 @@ def test_licences_are_read_from_a_distribution_s_metadata():
             if lic:
                 self.metadata["License-Expression"] = lic
             self.metadata.set_payload("word " * 60)
+
     fake = [Dist("b", "Apache-2.0"), Dist("nolicence", ""), Dist("a", "MIT"), Dist("A", "MIT")]
     import importlib.metadata as im
+
     orig = im.distributions
     im.distributions = lambda: fake
     try:
@@ -248,6 +282,7 @@ def test_licences_are_read_from_a_distribution_s_metadata():
 
 def test_stdlib_docstrings_are_read_without_importing_and_private_names_skipped(tmp_path):
     from training import text_corpus as tc
+
     long = "x " * 80
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "mod.py").write_text(
@@ -255,7 +290,8 @@ def test_stdlib_docstrings_are_read_without_importing_and_private_names_skipped(
         f'def f():\n    """{long}f"""\n'
         f'def _g():\n    """{long}g"""\n'
         f'class C:\n    """{long}C"""\n    def m(self):\n        """{long}m"""\n'
-        f'def short():\n    """too short"""\n')
+        f'def short():\n    """too short"""\n'
+    )
     (tmp_path / "_private.py").write_text(f'"""{long}"""\n')
     got = {p["name"]: p["text"] for p in tc.stdlib_pieces(tmp_path)}
     assert set(got) == {"pkg.mod", "pkg.mod.f", "pkg.mod.C", "pkg.mod.C.m"}
@@ -267,6 +303,7 @@ def test_text_chunks_keep_every_paragraph_in_order_within_the_budget():
 
     def count(s):
         return len(s.split())
+
     paras = [" ".join(f"w{i}_{j}" for j in range(n)) for i, n in enumerate([3, 5, 2, 7, 1, 4, 6])]
     out = tc.chunks("\n\n".join(paras), count, max_tokens=8)
     assert all(count(c) <= 8 for c in out)
@@ -275,30 +312,42 @@ def test_text_chunks_keep_every_paragraph_in_order_within_the_budget():
 
 def test_text_shards_hold_the_text_as_the_answer_and_list_their_pieces(tiny, tmp_path, monkeypatch):
     from training import text_corpus as tc
+
     _, tok = tiny
-    pieces = [{"source": tc.PKG, "name": "alpha", "version": "1", "licence": "MIT",
-               "text": "the sun is hot.\n\nthe sea is blue.\n\nthe moon is cold."},
-              {"source": tc.PKG, "name": "beta", "version": "2", "licence": "BSD-3-Clause", "text": "a dog can run."}]
+    pieces = [
+        {
+            "source": tc.PKG,
+            "name": "alpha",
+            "version": "1",
+            "licence": "MIT",
+            "text": "the sun is hot.\n\nthe sea is blue.\n\nthe moon is cold.",
+        },
+        {"source": tc.PKG, "name": "beta", "version": "2", "licence": "BSD-3-Clause", "text": "a dog can run."},
+    ]
     monkeypatch.setattr(tc, "package_pieces", lambda: pieces)
     entries = tc.build(tok, tmp_path, tc.PKG, max_tokens=5, shard_seqs=3, log=lambda s: None)
     assert [e["sequences"] for e in entries] == [3, 1]
     assert entries[0]["pieces"] == [{"name": "alpha", "version": "1", "licence": "MIT", "sequences": 3}]
     assert entries[1]["pieces"][0]["licence"] == "BSD-3-Clause"
     seqs, npr, _ = corpus.read_shard(tmp_path / entries[0]["file"])
-    assert seqs[1][npr[1]:] == tok("the sea is blue.", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    assert seqs[1][npr[1] :] == tok("the sea is blue.", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
     assert tc.build(tok, tmp_path, tc.PKG, log=lambda s: None) == []  # a source is added once
     corpus.check(tmp_path)
 
 
 def test_reference_topics_are_read_as_literals(tmp_path):
     from training import text_corpus as tc
+
     (tmp_path / "pydoc_data").mkdir()
     long = "word " * 40
     (tmp_path / "pydoc_data" / "topics.py").write_text(
-        f"# header\ntopics = {{'for': {long!r}, 'with-stmt': {(long + 'w')!r}, 'tiny': 'short'}}\n")
+        f"# header\ntopics = {{'for': {long!r}, 'with-stmt': {(long + 'w')!r}, 'tiny': 'short'}}\n"
+    )
     got = tc.reference_pieces(tmp_path)
     assert [(p["name"], p["licence"], p["source"]) for p in got] == [
-        ("for", "PSF-2.0", tc.REF), ("with stmt", "PSF-2.0", tc.REF)]
+        ("for", "PSF-2.0", tc.REF),
+        ("with stmt", "PSF-2.0", tc.REF),
+    ]
     assert got[1]["text"].endswith("w")
 
 
@@ -309,8 +358,10 @@ def test_the_held_out_set_travels_as_ids_and_training_never_reads_it(tiny, tmp_p
     (work / "features" / "heldout").mkdir(parents=True)
     seqs, npr = _seqs(3, seed=5)
     seqs = [[t % target.config.vocab_size for t in s] for s in seqs]
-    recs = [{"ids": torch.tensor(s, dtype=torch.int32), "n_prompt": n, "f": torch.zeros(len(s) - 1, 64)}
-            for s, n in zip(seqs, npr)]
+    recs = [
+        {"ids": torch.tensor(s, dtype=torch.int32), "n_prompt": n, "f": torch.zeros(len(s) - 1, 64)}
+        for s, n in zip(seqs, npr)
+    ]
     torch.save(recs, work / "features" / "heldout" / "shard_00000.pt")
     corpus.write_shard(folder, "train", [[1, 2, 3]], [1], {"source": "on-policy", "seed": 0})
     assert corpus_cli.save_heldout(work, folder)["sequences"] == 3
@@ -333,6 +384,7 @@ def test_the_bench_runs_inside_the_background_pause(tmp_path, monkeypatch):
 
     from pyramid_demo.bench import runner
     from pyramid_demo.cli import main as cli_main
+
     seen = {"inside": False, "ran_inside": False}
 
     @contextmanager
@@ -340,15 +392,35 @@ def test_the_bench_runs_inside_the_background_pause(tmp_path, monkeypatch):
         seen["inside"] = True
         yield []
         seen["inside"] = False
+
     real = runner.run_bench
 
     def spy(*a, **k):
         seen["ran_inside"] = seen["inside"]
         return real(*a, **k)
+
     monkeypatch.setattr(background, "paused", fake_paused)
     monkeypatch.setattr(runner, "run_bench", spy)
-    rc = cli_main(["bench", "--models", "tiny-random", "--methods", "ar", "--prompts", "builtin", "--limit", "1",
-                   "--max-new-tokens", "4", "--repeats", "1", "--no-progress", "--out", str(tmp_path / "b")])
+    rc = cli_main(
+        [
+            "bench",
+            "--models",
+            "tiny-random",
+            "--methods",
+            "ar",
+            "--prompts",
+            "builtin",
+            "--limit",
+            "1",
+            "--max-new-tokens",
+            "4",
+            "--repeats",
+            "1",
+            "--no-progress",
+            "--out",
+            str(tmp_path / "b"),
+        ]
+    )
     assert rc == 0 and seen["ran_inside"]
 
 
@@ -356,6 +428,7 @@ def test_debian_docs_keep_permissive_packages_only_with_their_licence(tmp_path):
     import gzip
 
     from training import text_corpus as tc
+
     prose = "This tool does one thing well. " * 20
 
     def pkg(name, copyright_text, files):
@@ -364,9 +437,13 @@ def test_debian_docs_keep_permissive_packages_only_with_their_licence(tmp_path):
         (d / "copyright").write_text(copyright_text)
         for fn, text in files.items():
             (d / fn).write_bytes(gzip.compress(text.encode()) if fn.endswith(".gz") else text.encode())
+
     dep5 = "Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/\n\n"
-    pkg("mitpkg", dep5 + "Files: *\nCopyright: someone\nLicense: MIT\n\nFiles: debian/*\nLicense: GPL-2+\n",
-        {"README.gz": prose, "README.Debian": prose, "changelog": prose, "table.txt": "| 1 | 2 |\n" * 100})
+    pkg(
+        "mitpkg",
+        dep5 + "Files: *\nCopyright: someone\nLicense: MIT\n\nFiles: debian/*\nLicense: GPL-2+\n",
+        {"README.gz": prose, "README.Debian": prose, "changelog": prose, "table.txt": "| 1 | 2 |\n" * 100},
+    )
     pkg("gplpkg", dep5 + "Files: *\nLicense: GPL-2+\n", {"README": prose})
     pkg("oldstyle", "This package was debianized by someone.\nLicense: MIT\n", {"README": prose})
     got = tc.debian_pieces(tmp_path)
@@ -377,6 +454,7 @@ def test_debian_docs_keep_permissive_packages_only_with_their_licence(tmp_path):
 def test_sigterm_writes_the_finished_answers_as_a_shard(tmp_path):
     import subprocess
     import sys
+
     code = f"""
 import torch
 torch.set_num_threads(1)
@@ -389,8 +467,13 @@ corpus_gen.grow(fam.target, fam.tokenizer, Path({str(tmp_path)!r}), seed=3, rows
                 shard_minutes=1e6, capacity=96, log=lambda s: print(s, flush=True))
 print("done", flush=True)
 """
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=os.getcwd(),
-                            env={**os.environ, "PYTHONPATH": os.getcwd(), "OMP_NUM_THREADS": "1"})
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=os.getcwd(),
+        env={**os.environ, "PYTHONPATH": os.getcwd(), "OMP_NUM_THREADS": "1"},
+    )
     try:
         for line in proc.stdout:
             if line.startswith("step 200"):  # running, nothing written yet (no shard is due)

@@ -1,5 +1,6 @@
 """The cost profile (predict/costs.py), measured once and recorded (models/warm.py), and the load path that times
 nothing."""
+
 from __future__ import annotations
 
 import pytest
@@ -13,9 +14,13 @@ from pyramid_demo.core.trace import StageRound, Step, TokenRec
 from pyramid_demo.predict import costs, expected, measure, walk_stats
 from pyramid_demo.predict.profile import ar_speed, cost_ms
 
-PROFILE = {"ms": {"draft": {str(k): 2.0 + 0.1 * k for k in range(1, 10)},
-                  "qualifier": {str(k): 6.0 + 0.5 * k for k in range(1, 10)},
-                  "target": {str(k): 20.0 + 2.0 * (k - 1) for k in range(1, 10)}}}
+PROFILE = {
+    "ms": {
+        "draft": {str(k): 2.0 + 0.1 * k for k in range(1, 10)},
+        "qualifier": {str(k): 6.0 + 0.5 * k for k in range(1, 10)},
+        "target": {str(k): 20.0 + 2.0 * (k - 1) for k in range(1, 10)},
+    }
+}
 
 
 def _round(stage: str, n: int, k: int) -> StageRound:
@@ -25,9 +30,18 @@ def _round(stage: str, n: int, k: int) -> StageRound:
 
 
 def _step(i: int, n: int, k: int, draft_fwd: int) -> Step:
-    return Step(i, [], _round("target", n, k), [1] * (k + 1), ["draft"] * k + ["target"], 0.0, 0.0,
-                {"draft": draft_fwd * 0.002, "target": 0.02}, {"draft": draft_fwd, "target": 1},
-                {"draft": [1] * draft_fwd, "target": [n + 1]})
+    return Step(
+        i,
+        [],
+        _round("target", n, k),
+        [1] * (k + 1),
+        ["draft"] * k + ["target"],
+        0.0,
+        0.0,
+        {"draft": draft_fwd * 0.002, "target": 0.02},
+        {"draft": draft_fwd, "target": 1},
+        {"draft": [1] * draft_fwd, "target": [n + 1]},
+    )
 
 
 def test_summing_the_profile_over_a_known_trace():

@@ -1,5 +1,6 @@
 """CUDA paths: run by scripts/gpu_check.sh on a GPU machine; skipped (marker `cuda`) everywhere else.
 The dry-run test at the end runs the script's CPU side and is part of the normal suite."""
+
 from __future__ import annotations
 
 import os
@@ -41,8 +42,9 @@ def test_int4_linear_on_cuda_computes_with_its_codes(k):
     layer = Int4Linear.from_linear(lin, 32)
     x = torch.randn(5, k, device="cuda", dtype=torch.bfloat16)
     codes, scale, zero = quantize_groups(lin.weight.detach(), 32)
-    w = (codes.float() - 8) * scale.bfloat16().float().repeat_interleave(32, 1) \
-        + zero.bfloat16().float().repeat_interleave(32, 1)  # [200, k]
+    w = (codes.float() - 8) * scale.bfloat16().float().repeat_interleave(
+        32, 1
+    ) + zero.bfloat16().float().repeat_interleave(32, 1)  # [200, k]
     ref = x.float() @ w.t()
     assert (layer(x).float() - ref).abs().max() < 0.02 * ref.abs().max()
 
@@ -85,10 +87,17 @@ def test_offline_family_on_cuda_bf16():
 
 @pytest.mark.slow
 def test_gpu_check_dry_run_passes_on_cpu(tmp_path):
-    env = dict(os.environ, PYTHON=sys.executable, OUT=str(tmp_path / "out"), OMP_NUM_THREADS="1",
-               DTYPES="bfloat16", TOKENS="4")  # one dtype keeps it short; the real run does fp16 and bf16
-    out = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--dry-run"], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=600)
+    env = dict(
+        os.environ, PYTHON=sys.executable, OUT=str(tmp_path / "out"), OMP_NUM_THREADS="1", DTYPES="bfloat16", TOKENS="4"
+    )  # one dtype keeps it short; the real run does fp16 and bf16
+    out = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--dry-run"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert "| bfloat16 | psd_f |" in out.stdout and "| bfloat16 | ar |" in out.stdout
     assert "--device cuda --dtype float16" in out.stdout  # what it would run on a GPU

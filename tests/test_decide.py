@@ -1,5 +1,6 @@
 """One verification's decision (`core.round.decide`, walked by `core.rules.decide_tree`): what each rule reads
 and draws, on hand-built logits."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,6 +1,7 @@
 """`training/distill_gpu.sh --dry-run`: the GPU training's every step (held-out and on-policy answers, the
 draft that reads the target trained, evaluation, export where agreement rose) runs on the CPU with a tiny
 budget, and never writes over the shipped files."""
+
 from __future__ import annotations
 
 import hashlib
@@ -26,8 +27,14 @@ def test_gpu_distillation_dry_run_runs_every_step_on_the_cpu(tmp_path):
     and the shipped files are untouched."""
     before = _digest()
     env = {**os.environ, "PYTHON": sys.executable, "WORK": str(tmp_path / "w"), "HF_HUB_OFFLINE": "1"}
-    out = subprocess.run(["bash", str(ROOT / "training" / "distill_gpu.sh"), "--dry-run"], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        ["bash", str(ROOT / "training" / "distill_gpu.sh"), "--dry-run"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     w = tmp_path / "w"
     f = w / "feature"

@@ -3,6 +3,7 @@
 
 Tiny vocabularies and the bigram mock keep them fast; every test states the rule it checks.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -52,8 +53,9 @@ def test_js_uses_log_softmax_values_unclamped():
 def test_fsd_rejects_a_token_the_verifier_rules_out():
     """FSD at τ 0.25 rejects the proposer's token 1 in the example above (js 0.3009 > 0.25)."""
     cfg = DecodeConfig(method="fsd", temperature=0.0, tau_t=0.25)
-    rnd, nxt = verify(torch.tensor([Z_P, Z_P]), torch.tensor([Z_Q]), [1], "fuzzy", 0.25, cfg, None,
-                      "target", "draft", "target")
+    rnd, nxt = verify(
+        torch.tensor([Z_P, Z_P]), torch.tensor([Z_Q]), [1], "fuzzy", 0.25, cfg, None, "target", "draft", "target"
+    )
     assert rnd.n_accepted == 0 and nxt == 0 and rnd.tokens[0].div > 0.25
 
 
@@ -68,6 +70,7 @@ def test_zero_probabilities_never_give_nan():
 
 
 # --- tokens after an EOS are neither kept nor counted -------------------------------------
+
 
 def _chain(table: torch.Tensor, start: int, n: int) -> list[int]:
     out, t = [], start
@@ -87,8 +90,10 @@ SAME = bigram_table(V, 5, sharpness=3.0)  # draft = qualifier = target: every dr
 CHAIN = _chain(SAME, 0, 16)
 
 
-@pytest.mark.parametrize("method,kw", [("sd", dict(gamma=6)), ("fsd", dict(gamma=6)),
-                                       ("psd_f", dict(l_d=6, l_q=6)), ("psd_a", dict(l_d=6, l_q=6))])
+@pytest.mark.parametrize(
+    "method,kw",
+    [("sd", dict(gamma=6)), ("fsd", dict(gamma=6)), ("psd_f", dict(l_d=6, l_q=6)), ("psd_a", dict(l_d=6, l_q=6))],
+)
 def test_tokens_after_eos_are_neither_kept_nor_counted(method, kw):
     """An EOS at position 2 of a fully accepted draft of 6 ends the output there, and every stage
     counts 3 drafted tokens accepted (the EOS included), not 6: what follows the EOS was never used."""
@@ -100,6 +105,7 @@ def test_tokens_after_eos_are_neither_kept_nor_counted(method, kw):
     out = [t for s in steps for t in s.new_tokens]
     assert out == CHAIN[:3]
     from helpers import compute_stats
+
     s = compute_stats(method, steps, 0.0, "eos")
     for stage in s.proposed:
         assert s.accepted[stage] == 3 and s.proposed[stage] == 3, stage
@@ -110,6 +116,7 @@ def test_tokens_after_eos_are_neither_kept_nor_counted(method, kw):
 
 # --- the one-token target-only step at the end of the budget counts ------------------------
 
+
 @pytest.mark.parametrize("method", ["sd", "fsd", "psd_a", "psd_f"])
 def test_last_one_token_pass_is_in_every_pass_statistic(method):
     """With room for one token only, the last target pass proposes nothing; it still counts as a
@@ -118,6 +125,7 @@ def test_last_one_token_pass_is_in_every_pass_statistic(method):
     cfg = DecodeConfig(method=method, max_new_tokens=11, gamma=4, l_d=2, l_q=4)  # 5 + 5 + 1 tokens
     steps = _run(method, tables, (), cfg)
     from helpers import compute_stats
+
     s = compute_stats(method, steps, 0.0, "max_new_tokens")
     assert [len(st.new_tokens) for st in steps] == [5, 5, 1]
     assert s.target_passes == 3 == sum(s.accepted_hist) == s.rounds["target"]
@@ -140,8 +148,9 @@ def test_tau_zero_accepts_no_drafted_token(temperature):
     proposal whose divergence rounds to 0 but is not the target's greedy token is rejected."""
     cfg = DecodeConfig(method="fsd", temperature=temperature, tau_t=0.0)
     gen = None if temperature == 0 else torch.Generator().manual_seed(0)
-    rnd, nxt = verify(torch.tensor(TIE_P), torch.tensor(TIE_Q), [1], "fuzzy", 0.0, cfg, gen,
-                      "target", "draft", "target")
+    rnd, nxt = verify(
+        torch.tensor(TIE_P), torch.tensor(TIE_Q), [1], "fuzzy", 0.0, cfg, gen, "target", "draft", "target"
+    )
     assert rnd.n_accepted == 0 and rnd.tokens[0].status == "rejected"
     if temperature == 0:
         assert nxt == 0
@@ -168,6 +177,7 @@ def test_fuzzy_at_tau_zero_is_target_greedy():
 
 
 # --- NaN or inf logits ---------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("role", ["draft", "qualifier", "target"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -197,6 +207,7 @@ def test_minus_inf_logits_are_allowed():
 
 # --- one definition per figure -------------------------------------------------------------
 
+
 def test_app_and_bench_report_the_same_agreement():
     """Agreement with target greedy output is one function: the app's race table shows the bench's
     number for the same run, also when a method stops early (share of the reference's tokens)."""
@@ -214,6 +225,7 @@ def test_app_and_bench_report_the_same_agreement():
     race = Race(1, "tiny-random", list(ar.models), "hello", ar.config, results={"ar": ar, "fsd": early})
     rows = {row[1]: row for row in inspector.race_rows([race])}
     from pyramid_demo.app.text import RACE_COLUMNS
+
     col = RACE_COLUMNS.index("agreement (T=0)")
     assert rows["fsd"][col] == f"{bench.token_agreement(early.token_ids, ar.token_ids):.0%}" == "38%"
     sampled = dataclasses.replace(race, config={**ar.config, "temperature": 1.0})

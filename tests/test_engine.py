@@ -1,4 +1,5 @@
 """The decoding loops: exactness, caches after every rollback, stopping, statistics."""
+
 import dataclasses
 import json
 
@@ -144,14 +145,17 @@ def test_stats_are_consistent(tiny):
     s = generate(tiny, "hello", DecodeConfig(method="sd", gamma=4, max_new_tokens=40)).stats
     assert sum(s.accepted_hist) == s.target_passes == s.forward_passes["target"]
     assert s.tokens_per_target_pass == pytest.approx(s.mean_accepted_per_target_pass + 1, abs=1e-3)
-    rounds = [st.target_round for st in generate(tiny, "hello", DecodeConfig(method="sd", gamma=4,
-                                                                          max_new_tokens=40)).steps]
+    rounds = [
+        st.target_round for st in generate(tiny, "hello", DecodeConfig(method="sd", gamma=4, max_new_tokens=40)).steps
+    ]
     reached = sum(1 for r in rounds if len(r.tokens) > 1)  # a pass that proposed nothing reaches no position
     assert s.per_position_acceptance["target"][0] == pytest.approx(
-        (s.target_passes - s.accepted_hist[0]) / reached, abs=1e-3)
+        (s.target_passes - s.accepted_hist[0]) / reached, abs=1e-3
+    )
 
 
 # --- statistical exactness with a mock bigram model --------------------------------------
+
 
 def joint_two_tokens(method, n_trials, **kw):
     """Empirical distribution of the first two sampled tokens after token 0 (vocabulary 4). Three new tokens,
@@ -171,9 +175,10 @@ def joint_two_tokens(method, n_trials, **kw):
     return counts / n_trials, expected
 
 
-@pytest.mark.parametrize("method,kw", [("sd", {"gamma": 3}),
-                                       pytest.param("psd_a", {"stage2": "sd", "l_d": 2, "l_q": 3},
-                                                    marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "method,kw",
+    [("sd", {"gamma": 3}), pytest.param("psd_a", {"stage2": "sd", "l_d": 2, "l_q": 3}, marks=pytest.mark.slow)],
+)
 def test_sampled_sd_reproduces_target_distribution(method, kw):
     """SD at T=1 (and the lossless pyramid) sample the target's distribution: over 4,000 runs the
     joint law of the first two tokens is within total variation 0.05 of p_T(a|0)·p_T(b|a)

@@ -1,5 +1,6 @@
 """Exactness is measured on the forward that runs (`models.checks.check_family`): every role on the LM a run opens
 for it, the target as it hands out its states to a proposer that reads it, each kind of pass in one place."""
+
 from __future__ import annotations
 
 import pytest
@@ -57,8 +58,9 @@ def test_the_target_is_checked_with_the_states_it_hands_out():
     alone = checks.check_family({"target": target}, vocab, PLAN)["target"]
     assert alone["top1"] and alone["max_abs_diff"] < 1e-3, "the skew must hide from the plain forward (else vacuous)"
     read = checks.check_family({"draft": FeatureDraft(target, torch.arange(vocab)), "target": target}, vocab, PLAN)
-    assert read["target"]["max_abs_diff"] > 1e-2 and read["target"]["exact"] is False, \
+    assert read["target"]["max_abs_diff"] > 1e-2 and read["target"]["exact"] is False, (
         "the target was not checked on the forward that hands out its states"
+    )
 
 
 def test_every_role_is_checked_on_the_forward_it_runs(monkeypatch):
@@ -66,8 +68,7 @@ def test_every_role_is_checked_on_the_forward_it_runs(monkeypatch):
     opens for it (`forward_of`); the target, publishing its states to the draft, is checked on chains and trees (it
     decides the lossless claim), the proposers on chains."""
     t = tiny_random_triplet(seed=0)
-    models = {"draft": FeatureDraft(t.target, torch.arange(t.vocab_size)), "qualifier": t.qualifier,
-              "target": t.target}
+    models = {"draft": FeatureDraft(t.target, torch.arange(t.vocab_size)), "qualifier": t.qualifier, "target": t.target}
     opened: list[tuple[str, object]] = []
     real = checks.open_lm
     monkeypatch.setattr(checks, "open_lm", lambda m, v, role: opened.append((role, real(m, v, role))) or opened[-1][1])

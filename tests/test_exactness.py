@@ -1,6 +1,7 @@
 """Exactness is measured, never assumed (`models.checks`): a batch-variant forward is recorded not exact, a value
 only close is no equal one, what users read comes from the record, and on the real offline target the lossless
 methods write AR's text wherever the record says its passes are exact."""
+
 from __future__ import annotations
 
 import pytest
@@ -35,13 +36,16 @@ def test_a_batch_variant_forward_is_not_exact():
 
 def test_claims_follow_the_record():
     """What users read comes from the record: exact, top-1 only, not exact, or not measured yet (never assumed)."""
-    assert checks.describe({"exact": True, "top1": True, "passes": 3, "bitwise_passes": 3,
-                            "max_abs_diff": 0.0, "max_k": 65}).startswith("exact: ")
-    near = checks.describe({"exact": False, "top1": True, "passes": 3, "bitwise_passes": 0,
-                            "max_abs_diff": 6e-5, "max_k": 65})
+    assert checks.describe(
+        {"exact": True, "top1": True, "passes": 3, "bitwise_passes": 3, "max_abs_diff": 0.0, "max_k": 65}
+    ).startswith("exact: ")
+    near = checks.describe(
+        {"exact": False, "top1": True, "passes": 3, "bitwise_passes": 0, "max_abs_diff": 6e-5, "max_k": 65}
+    )
     assert near.startswith("not bitwise exact") and "near-ties" in near
-    off = checks.describe({"exact": False, "top1": False, "passes": 3, "bitwise_passes": 0,
-                           "max_abs_diff": 0.4, "max_k": 65})
+    off = checks.describe(
+        {"exact": False, "top1": False, "passes": 3, "bitwise_passes": 0, "max_abs_diff": 0.4, "max_k": 65}
+    )
     assert off.startswith("not exact") and "top-1 differed" in off
     unmeasured = checks.describe(None)
     assert "not measured" in unmeasured and "prepare" in unmeasured and not unmeasured.startswith("exact:")
@@ -72,8 +76,9 @@ def test_a_check_given_values_that_are_only_close_fails():
     assert not any(c["bitwise"] for c in got) and not checks.summarise(got)["exact"]
     trees = [{**c, "kind": "tree"} for c in checks.tree_passes(OneUlpOff(table), ids, 10, (17,))]
     assert trees and not checks.summarise(trees)["trees"]["exact"]
-    assert checks.summarise([{**c, "kind": "tree"} for c in checks.tree_passes(BigramLM(table), ids, 10,
-                                                                              (17,))])["trees"]["exact"]
+    assert checks.summarise([{**c, "kind": "tree"} for c in checks.tree_passes(BigramLM(table), ids, 10, (17,))])[
+        "trees"
+    ]["exact"]
 
 
 def test_a_reduced_heads_zeros_are_no_difference():

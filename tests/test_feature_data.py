@@ -1,5 +1,6 @@
 """The feature draft's data and training: varied prompts, deep passes, top-k measurement and a run continued
 from a saved file."""
+
 import random
 
 import pytest
@@ -36,11 +37,15 @@ def test_followups_continue_an_earlier_answer_and_fall_back_without_one():
     class Tok:
         def decode(self, ids, skip_special_tokens=True):
             return " ".join(str(int(i)) for i in ids)
+
     earlier = [{"ids": torch.tensor([1, 2, 3, 7, 8]), "n_prompt": 3, "prompt": "Tell me about bees."}]
     r = random.Random(0)
     m = fe.resolve({"followup": "Why?"}, earlier, Tok(), r)
-    assert m == [{"role": "user", "content": "Tell me about bees."}, {"role": "assistant", "content": "7 8"},
-                 {"role": "user", "content": "Why?"}]
+    assert m == [
+        {"role": "user", "content": "Tell me about bees."},
+        {"role": "assistant", "content": "7 8"},
+        {"role": "user", "content": "Why?"},
+    ]
     m = fe.resolve({"passage": "Summarize:\n\n{p}"}, earlier, Tok(), r)
     assert m == [{"role": "user", "content": "Summarize:\n\n7 8"}]
     assert fe.resolve({"followup": "Why?"}, [], Tok(), r) == [{"role": "user", "content": "Why?"}]

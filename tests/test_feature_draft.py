@@ -1,4 +1,5 @@
 """A proposer that reads the target (EAGLE-style): what it reads, its cache, and SD's exactness with it."""
+
 import dataclasses
 
 import pytest
@@ -123,8 +124,9 @@ def test_sampled_sd_with_a_feature_draft_follows_the_target():
     prompt = [1, 2]
     with torch.no_grad():
         p_a = torch.softmax(target(input_ids=torch.tensor([prompt])).logits[0, -1], -1)
-        p_b = torch.stack([torch.softmax(target(input_ids=torch.tensor([prompt + [a]])).logits[0, -1], -1)
-                           for a in range(4)])
+        p_b = torch.stack(
+            [torch.softmax(target(input_ids=torch.tensor([prompt + [a]])).logits[0, -1], -1) for a in range(4)]
+        )
     expected = p_a[:, None] * p_b  # [4, 4]
     cfg = DecodeConfig(method="sd", temperature=1.0, gamma=2, max_new_tokens=2)
     gen = torch.Generator().manual_seed(7)
@@ -157,6 +159,7 @@ def test_fused_inference_weights_compute_the_training_layers_and_follow_a_weight
             fb = fd.finish(x, b[0])
         for u, w in zip((*a, fa), (*b, fb)):
             assert torch.allclose(u, w, atol=1e-5)
+
     both()
     with torch.no_grad():
         fd.k.mul_(2.0)  # an in-place change (as an optimizer step or a load makes) rebuilds the fused weights

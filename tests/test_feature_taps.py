@@ -1,5 +1,6 @@
 """A draft that reads several of the target's layers (EAGLE-3): what every forward publishes for it, what it reads,
 and that a fresh fuse starts as the one-layer draft it was initialised from."""
+
 import dataclasses
 
 import pytest
@@ -23,8 +24,12 @@ def _expected(target, ids: list[int]) -> torch.Tensor:
     """[the tapped layers' outputs, RMS-normalised ; the final normed state] at every position [n, 3·d], read
     through hooks on the HF layers (not through any of the forwards under test)."""
     taps, got = tap_layers(target.config.num_hidden_layers), {}
-    hooks = [target.model.layers[i].register_forward_hook(
-        lambda m, a, o, i=i: got.__setitem__(i, o[0] if isinstance(o, tuple) else o)) for i in taps]
+    hooks = [
+        target.model.layers[i].register_forward_hook(
+            lambda m, a, o, i=i: got.__setitem__(i, o[0] if isinstance(o, tuple) else o)
+        )
+        for i in taps
+    ]
     try:
         with torch.no_grad():
             last = target.model(input_ids=torch.tensor([ids])).last_hidden_state[0]
@@ -67,8 +72,12 @@ def test_training_states_are_the_published_ones():
 def test_a_wide_batch_puts_the_taps_before_the_final_state():
     """collate(wide): row i of f_prev is [aux at i-1 ; f at i-1], row 0 zeros; f_true is the final state alone."""
     g = torch.Generator().manual_seed(0)
-    r = {"ids": torch.arange(1, 8), "n_prompt": 3, "f": torch.randn(6, 4, generator=g),
-         "aux": torch.randn(6, 8, generator=g)}
+    r = {
+        "ids": torch.arange(1, 8),
+        "n_prompt": 3,
+        "f": torch.randn(6, 4, generator=g),
+        "aux": torch.randn(6, 8, generator=g),
+    }
     b = ft.collate([r], wide=True)
     assert b["f_prev"].shape == (1, 6, 12) and b["f_true"].shape == (1, 6, 4)
     assert torch.equal(b["f_prev"][0, 0], torch.zeros(12))

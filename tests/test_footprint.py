@@ -1,6 +1,7 @@
 """How much of the project one decode runs: the decoding loop is small on purpose. Counted with a profiler around
 `engine.decode` only (from the first target pass to the last; loading, prefill and the run's summary are not the
 decode): every project file one of whose functions is called, and every project class one of whose methods is."""
+
 import os
 import sys
 
@@ -44,8 +45,12 @@ def footprint(triplet, method: str, monkeypatch) -> tuple[set[str], set[str]]:
             yield step
 
     monkeypatch.setattr(run_module, "decode", traced)
-    generate(triplet, [5, 17, 42, 99, 7], DecodeConfig(method=method, max_new_tokens=12, shape="chain", stage2="sd"),
-             chat=False)
+    generate(
+        triplet,
+        [5, 17, 42, 99, 7],
+        DecodeConfig(method=method, max_new_tokens=12, shape="chain", stage2="sd"),
+        chat=False,
+    )
     return files, classes
 
 

@@ -5,6 +5,7 @@ the same session is correct (its tokens equal a solo run's). No wall-clock asser
 tests count requests and compare tokens. Set PYRAMID_HOSTILE_TABLE=path.md to write every row (what was sent,
 what the user saw, whether the next run was correct) as a markdown table.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,9 +31,25 @@ from pyramid_demo.core.config import DecodeConfig  # noqa: E402
 from pyramid_demo.core.run import generate  # noqa: E402
 from pyramid_demo.models.loading import load_triplet  # noqa: E402
 
-FAST = dict(max_new_tokens=8.0, temperature=0.0, seed=0, gamma=3.0, l_d=2.0, l_q=4.0, tau_q=0.4, tau_t=0.5,
-            divergence="js", div_support="subset", fallback="none", stage2="fuzzy",
-            conf_stop=0.0, shape="auto", tree_nodes=8.0, tree_depth=3.0, tree_k=2.0)
+FAST = dict(
+    max_new_tokens=8.0,
+    temperature=0.0,
+    seed=0,
+    gamma=3.0,
+    l_d=2.0,
+    l_q=4.0,
+    tau_q=0.4,
+    tau_t=0.5,
+    divergence="js",
+    div_support="subset",
+    fallback="none",
+    stage2="fuzzy",
+    conf_stop=0.0,
+    shape="auto",
+    tree_nodes=8.0,
+    tree_depth=3.0,
+    tree_k=2.0,
+)
 ROWS: list[dict] = []  # the measured table
 
 
@@ -119,8 +136,10 @@ def _solo(prompt="hello", **over) -> dict:
         from pyramid_demo.predict.auto_shape import resolve_shape
 
         prof = cost_profile(tiny)  # the race resolves shape "auto" from the family's recorded profile: so does this
-        ran = {m: resolve_shape(DecodeConfig(**{**cfg.to_dict(), "method": m}), prof, takes_trees(tiny, m))
-               for m in RACE_METHODS}
+        ran = {
+            m: resolve_shape(DecodeConfig(**{**cfg.to_dict(), "method": m}), prof, takes_trees(tiny, m))
+            for m in RACE_METHODS
+        }
         _SOLO[key] = {m: generate(tiny, prompt, c, shape_why=why).token_ids for m, (c, why) in ran.items()}
     return _SOLO[key]
 
@@ -226,8 +245,9 @@ def mismatched(tmp_path_factory) -> tuple[str, str]:
     permuted.update({t: i for t, i in zip(reversed(words), sorted(vocab[w] for w in words))})
     inner = Tokenizer.from_str(tok.backend_tokenizer.to_str())
     inner.model = models.WordLevel(vocab=permuted, unk_token="<unk>")
-    PreTrainedTokenizerFast(tokenizer_object=inner, bos_token="<s>", eos_token="</s>",
-                            unk_token="<unk>").save_pretrained(b)
+    PreTrainedTokenizerFast(
+        tokenizer_object=inner, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    ).save_pretrained(b)
     return str(a), str(b), str(c)
 
 
@@ -255,12 +275,21 @@ def test_custom_family_with_a_broken_model(server, mismatched):
 
 
 MODELS = [
-    ("custom family: a model path that does not exist", ("/nonexistent/draft", "/nonexistent/q", "/nonexistent/t"),
-     "no such path"),
-    ("custom family: a Hub id that does not exist (offline)", ("no-such-org/no-such-model",) * 3,
-     "Hub cannot be reached"),
-    ("custom family: a real Hub id, offline (HF_HUB_OFFLINE=1)", ("HuggingFaceTB/SmolLM2-135M-Instruct",) * 3,
-     "Hub cannot be reached"),
+    (
+        "custom family: a model path that does not exist",
+        ("/nonexistent/draft", "/nonexistent/q", "/nonexistent/t"),
+        "no such path",
+    ),
+    (
+        "custom family: a Hub id that does not exist (offline)",
+        ("no-such-org/no-such-model",) * 3,
+        "Hub cannot be reached",
+    ),
+    (
+        "custom family: a real Hub id, offline (HF_HUB_OFFLINE=1)",
+        ("HuggingFaceTB/SmolLM2-135M-Instruct",) * 3,
+        "Hub cannot be reached",
+    ),
 ]
 
 
@@ -277,6 +306,7 @@ def test_models_that_cannot_load(server, monkeypatch, sent, ids, expect):
 
 
 # ---------------------------------------------------------------- stop and clear
+
 
 def _wait_running(job) -> None:
     """Until the race streams its first lane (counting polls, not seconds)."""
@@ -343,9 +373,12 @@ def test_concurrent_sessions_get_their_own_tokens(server):
     distinct = len({json.dumps(_solo("hello", temperature=1.0, seed=i)) for i in range(N_SESSIONS)})
     drained = len(demo._queue) == 0 and demo._queue.get_active_worker_count() == 0
     ok = _next_run_correct(clients[0])
-    _row(f"{N_SESSIONS} sessions racing tiny-random at T=1, seeds 0–9, submitted at once",
-         f"{finished}/{N_SESSIONS} finished; {same}/{N_SESSIONS} identical to a solo run with their seed "
-         f"({distinct} distinct outputs); queue empty afterwards: {drained}", ok)
+    _row(
+        f"{N_SESSIONS} sessions racing tiny-random at T=1, seeds 0–9, submitted at once",
+        f"{finished}/{N_SESSIONS} finished; {same}/{N_SESSIONS} identical to a solo run with their seed "
+        f"({distinct} distinct outputs); queue empty afterwards: {drained}",
+        ok,
+    )
     assert finished == N_SESSIONS and same == N_SESSIONS and distinct > 1 and drained and ok
 
 
@@ -369,7 +402,11 @@ def test_many_races_in_one_session_memory_bounded(server):
     races_kept = len({row[0] for row in table})
     ok = _next_run_correct(client)
     grow = rss[N_RACES] - rss[1]
-    _row(f"{N_RACES} races in one session (8 new tokens per method)",
-         f"{done}/{N_RACES} finished; {races_kept} races kept (limit {h.MAX_RACES}); server RSS "
-         + " → ".join(f"{v:.0f} MB after race {k}" for k, v in sorted(rss.items())) + f" ({grow:+.0f} MB)", ok)
+    _row(
+        f"{N_RACES} races in one session (8 new tokens per method)",
+        f"{done}/{N_RACES} finished; {races_kept} races kept (limit {h.MAX_RACES}); server RSS "
+        + " → ".join(f"{v:.0f} MB after race {k}" for k, v in sorted(rss.items()))
+        + f" ({grow:+.0f} MB)",
+        ok,
+    )
     assert done == N_RACES and races_kept == h.MAX_RACES and grow < 150 and ok

@@ -1,4 +1,5 @@
 """ZeroGPU budgets and the app's hosting hooks (no GPU and no `spaces` needed)."""
+
 from __future__ import annotations
 
 import sys
@@ -10,9 +11,25 @@ from pyramid_demo.app import handlers as h
 from pyramid_demo.app import hosting
 from pyramid_demo.app.text import RACE_METHODS
 
-FAST = dict(max_new_tokens=400.0, temperature=0.0, seed=0.0, gamma=3.0, l_d=2.0, l_q=4.0, tau_q=0.4, tau_t=0.5,
-            divergence="js", div_support="subset", fallback="none", stage2="fuzzy", conf_stop=0.0,
-            shape="auto", tree_nodes=8.0, tree_depth=3.0, tree_k=2.0)
+FAST = dict(
+    max_new_tokens=400.0,
+    temperature=0.0,
+    seed=0.0,
+    gamma=3.0,
+    l_d=2.0,
+    l_q=4.0,
+    tau_q=0.4,
+    tau_t=0.5,
+    divergence="js",
+    div_support="subset",
+    fallback="none",
+    stage2="fuzzy",
+    conf_stop=0.0,
+    shape="auto",
+    tree_nodes=8.0,
+    tree_depth=3.0,
+    tree_k=2.0,
+)
 
 
 def test_budget_grows_with_methods_and_tokens_within_the_cap():
@@ -63,7 +80,9 @@ def test_a_zerogpu_race_runs_every_method_in_one_call_and_is_cut_to_fit(monkeypa
                 def run(*a, **k):
                     calls.append(duration(*a, **k))
                     yield from fn(*a, **k)
+
                 return run
+
             return wrap
 
     monkeypatch.setitem(sys.modules, "spaces", FakeSpaces)
@@ -73,8 +92,18 @@ def test_a_zerogpu_race_runs_every_method_in_one_call_and_is_cut_to_fit(monkeypa
     session = h.new_session()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        list(app._gpu(h.race_event)("hello", "tiny-random", "", "", "", session, lambda *a, **k: None,
-                                    **{k: FAST[k] for k in h.SETTING_NAMES}))
+        list(
+            app._gpu(h.race_event)(
+                "hello",
+                "tiny-random",
+                "",
+                "",
+                "",
+                session,
+                lambda *a, **k: None,
+                **{k: FAST[k] for k in h.SETTING_NAMES},
+            )
+        )
     sys.modules.pop("app", None)
     race = session.races[-1]
     assert calls == [20] and set(race.results) == set(RACE_METHODS)  # one allocation, every method

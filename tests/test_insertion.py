@@ -1,11 +1,17 @@
 """The insertion test: a qualifier earns its place only when the pyramid beats the best SD on the profile."""
+
 import pytest
 
 from pyramid_demo.predict import insertion
 
 # a profile where a step of k tokens costs the target 10 + k ms, the draft 1 ms and the qualifier 3 ms per token
-PROFILE = {"ms": {"target": {k: 10.0 + k for k in range(1, 18)}, "draft": {k: 1.0 * k for k in range(1, 18)},
-                  "qualifier": {k: 3.0 * k for k in range(1, 18)}}}
+PROFILE = {
+    "ms": {
+        "target": {k: 10.0 + k for k in range(1, 18)},
+        "draft": {k: 1.0 * k for k in range(1, 18)},
+        "qualifier": {k: 3.0 * k for k in range(1, 18)},
+    }
+}
 
 
 def test_a_qualifier_that_agrees_no_better_than_the_draft_does_not_earn_its_place():
@@ -41,8 +47,13 @@ def test_a_draft_the_qualifier_rarely_passes_does_not_earn_its_level():
 
 
 # a qualifier whose k-token pass costs little more than its step (3 + 0.3·k ms), a draft at 0.5 ms a token
-CHEAP_PASS = {"ms": {**PROFILE["ms"], "draft": {k: 0.5 * k for k in range(1, 18)},
-                     "qualifier": {k: 3.0 + 0.3 * k for k in range(1, 18)}}}
+CHEAP_PASS = {
+    "ms": {
+        **PROFILE["ms"],
+        "draft": {k: 0.5 * k for k in range(1, 18)},
+        "qualifier": {k: 3.0 + 0.3 * k for k in range(1, 18)},
+    }
+}
 
 
 def test_a_draft_the_qualifier_mostly_passes_earns_its_level():

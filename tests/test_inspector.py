@@ -1,4 +1,5 @@
 """The inspector's what-if re-checks recorded rounds with the engine's own rule, keyed by the records' data."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -20,8 +21,18 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def rounds(method: str, temperature: float, fallback: str, stop: float) -> list[StageRound]:
     g = torch.Generator().manual_seed(5)
     tables = {r: 2.0 * torch.randn(8, 8, generator=g) for r in ("draft", "qualifier", "target")}
-    cfg = DecodeConfig(method=method, temperature=temperature, fallback=fallback, conf_stop=stop, tau_q=0.4,
-                       tau_t=0.5, gamma=4, l_d=3, l_q=6, max_new_tokens=60)
+    cfg = DecodeConfig(
+        method=method,
+        temperature=temperature,
+        fallback=fallback,
+        conf_stop=stop,
+        tau_q=0.4,
+        tau_t=0.5,
+        gamma=4,
+        l_d=3,
+        l_q=6,
+        max_new_tokens=60,
+    )
     lms = {r: BigramLM(tables[r], r) for r in roles_for(method)}
     gen = torch.Generator().manual_seed(1) if temperature else None
     steps = list(decode(lms, [0], as_run(cfg), (), gen))
@@ -55,8 +66,11 @@ def test_the_what_if_is_the_engines_fuzzy_test():
 def test_the_what_if_reads_data_not_the_displayed_rule_name():
     """The displayed rule name is for people: renaming it changes nothing; the `exact` and `sd_fallback`
     fields decide (an exact round ignores τ; under the fallback an SD-accepted token still passes)."""
-    toks = [TokenRec(1, "draft", "accepted", div=0.9, tau=0.5), TokenRec(2, "draft", "accepted", div=0.1, tau=0.5),
-            TokenRec(3, "target", "bonus")]
+    toks = [
+        TokenRec(1, "draft", "accepted", div=0.9, tau=0.5),
+        TokenRec(2, "draft", "accepted", div=0.1, tau=0.5),
+        TokenRec(3, "target", "bonus"),
+    ]
     fb = StageRound("target", "draft", "target", "a display name", toks, 2, sd_fallback=True)
     assert inspector.reevaluate(fb, 0.5) == 2
     assert inspector.reevaluate(dataclasses.replace(fb, sd_fallback=False), 0.5) == 0

@@ -1,5 +1,6 @@
 """llama.cpp as the bench's `llama_cpp` peer only (`bench.llamacpp_peer`): the F32 copy of the target's GGUF, its
 own decoding of that copy beside our AR, and the one-line reason with the install command when it is missing."""
+
 import importlib.util
 from pathlib import Path
 from types import SimpleNamespace
@@ -12,7 +13,8 @@ from pyramid_demo.core.config import DecodeConfig
 
 needs_llama = pytest.mark.skipif(  # the missing-binding test below runs without it
     importlib.util.find_spec("llama_cpp") is None,
-    reason=f"llama-cpp-python is not installed (the bench peer only: {llamacpp_peer.INSTALL})")
+    reason=f"llama-cpp-python is not installed (the bench peer only: {llamacpp_peer.INSTALL})",
+)
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +60,7 @@ def test_llama_cpp_peer_decodes_what_our_ar_decodes_on_the_same_file(offline_cac
 def test_a_missing_binding_names_the_command_that_installs_it(monkeypatch):
     """Without llama.cpp the peer is skipped with one line that holds the install command; a target not loaded
     from a GGUF is refused for that reason instead."""
+
     def absent():
         raise ImportError("No module named 'llama_cpp'")
 

@@ -1,5 +1,6 @@
 """The loader: presets, the bundled offline target and its converted cache, device and
 dtype choice, in-process caching, and the user-facing errors. CPU only, never online."""
+
 import dataclasses
 import importlib.util
 import socket
@@ -25,8 +26,16 @@ def offline_triplet(offline_cache):
 
 
 def test_presets_table():
-    assert set(PRESETS) == {"llama3", "qwen2.5", "smollm2", "llama3-int4", "qwen2.5-int4", "smollm2-int4",
-                            "smollm2-offline", "tiny-random"}
+    assert set(PRESETS) == {
+        "llama3",
+        "qwen2.5",
+        "smollm2",
+        "llama3-int4",
+        "qwen2.5-int4",
+        "smollm2-int4",
+        "smollm2-offline",
+        "tiny-random",
+    }
     assert DEFAULT_PRESET == "smollm2-offline" and DEFAULT_PRESET in PRESETS
     for name, p in PRESETS.items():
         assert isinstance(p, Preset) and p.name == name and p.description and p.memory_gb > 0
@@ -94,8 +103,9 @@ def test_cache_is_thread_safe_and_keyed_by_dtype(monkeypatch):
     monkeypatch.setattr(tiny, "tiny_random_triplet", lambda: calls.append(1) or (time.sleep(0.2), real())[1])
     clear_loaded()
     got: list[ModelTriplet] = []
-    threads = [threading.Thread(target=lambda: got.append(load_triplet("tiny-random", "cpu", "float32")))
-               for _ in range(4)]
+    threads = [
+        threading.Thread(target=lambda: got.append(load_triplet("tiny-random", "cpu", "float32"))) for _ in range(4)
+    ]
     for th in threads:
         th.start()
     for th in threads:
@@ -185,23 +195,32 @@ def test_hub_probe_is_bounded_and_local():
 
 
 def test_hub_errors_become_clear_messages():
-    gated = loading.hub_error("meta-llama/Llama-3.1-8B-Instruct", OSError(
-        "You are trying to access a gated repo.\nMake sure to have access to it"), PRESETS["llama3"])
+    gated = loading.hub_error(
+        "meta-llama/Llama-3.1-8B-Instruct",
+        OSError("You are trying to access a gated repo.\nMake sure to have access to it"),
+        PRESETS["llama3"],
+    )
     msg = str(gated)
     assert "huggingface-cli login" in msg and "HF_TOKEN" in msg and "licence" in msg
     assert "https://huggingface.co/meta-llama/Llama-3.1-8B-Instruct" in msg
-    wrong = loading.hub_error("Qwen/Qwen9-1B", OSError(
-        "Qwen/Qwen9-1B is not a local folder and is not a valid model identifier listed on ..."), None)
+    wrong = loading.hub_error(
+        "Qwen/Qwen9-1B",
+        OSError("Qwen/Qwen9-1B is not a local folder and is not a valid model identifier listed on ..."),
+        None,
+    )
     assert "not found on the Hugging Face Hub" in str(wrong) and "Qwen/Qwen9-1B" in str(wrong)
 
 
-@pytest.mark.parametrize("spec, match", [
-    ("nonsense", "preset name"),
-    ("a/b,c/d", "draft,qualifier,target"),
-    ("not a valid id!!,x/y,x/z", "not a valid Hugging Face Hub model id"),
-    ("./no-such-dir,./no-such-dir,./no-such-dir", "no such path"),
-    ("/nope/m.gguf,/nope/m.gguf,/nope/m.gguf", "does not exist"),
-])
+@pytest.mark.parametrize(
+    "spec, match",
+    [
+        ("nonsense", "preset name"),
+        ("a/b,c/d", "draft,qualifier,target"),
+        ("not a valid id!!,x/y,x/z", "not a valid Hugging Face Hub model id"),
+        ("./no-such-dir,./no-such-dir,./no-such-dir", "no such path"),
+        ("/nope/m.gguf,/nope/m.gguf,/nope/m.gguf", "does not exist"),
+    ],
+)
 def test_bad_specs(spec, match):
     with pytest.raises(LoadError, match=match):
         load_triplet(spec, device="cpu")

@@ -1,4 +1,5 @@
 """Memory estimates from configs (nothing loaded), refusal before loading, and placement."""
+
 from __future__ import annotations
 
 import copy
@@ -20,15 +21,30 @@ from pyramid_demo.models.finish import is_placed
 from pyramid_demo.models.tiny import tiny_config, tiny_random_triplet, tiny_tokenizer
 
 # The paper's triplet, from the published config.json files (Llama 3.2 1B / 3B tie their head)
-LLAMA = dict(model_type="llama", vocab_size=128256, num_attention_heads=32, num_key_value_heads=8,
-             rms_norm_eps=1e-5, max_position_embeddings=131072)
+LLAMA = dict(
+    model_type="llama",
+    vocab_size=128256,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    rms_norm_eps=1e-5,
+    max_position_embeddings=131072,
+)
 PAPER = {
-    "1b": dict(LLAMA, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, head_dim=64,
-               tie_word_embeddings=True),
-    "3b": dict(LLAMA, hidden_size=3072, intermediate_size=8192, num_hidden_layers=28, num_attention_heads=24,
-               head_dim=128, tie_word_embeddings=True),
-    "8b": dict(LLAMA, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, head_dim=128,
-               tie_word_embeddings=False),
+    "1b": dict(
+        LLAMA, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, head_dim=64, tie_word_embeddings=True
+    ),
+    "3b": dict(
+        LLAMA,
+        hidden_size=3072,
+        intermediate_size=8192,
+        num_hidden_layers=28,
+        num_attention_heads=24,
+        head_dim=128,
+        tie_word_embeddings=True,
+    ),
+    "8b": dict(
+        LLAMA, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, head_dim=128, tie_word_embeddings=False
+    ),
 }
 
 
@@ -45,8 +61,9 @@ def paper_spec(tmp_path_factory) -> str:
 def test_tiny_random_estimate_counts_the_real_parameters_and_scales_with_dtype_and_length():
     t = tiny_random_triplet()
     est = loading.estimate("tiny-random", torch.float32, max_len=1000)
-    assert [m.params for m in est.models] == [sum(p.numel() for p in m.parameters())
-                                             for m in (t.draft, t.qualifier, t.target)]
+    assert [m.params for m in est.models] == [
+        sum(p.numel() for p in m.parameters()) for m in (t.draft, t.qualifier, t.target)
+    ]
     cfg = tiny_config(len(tiny_tokenizer()))
     per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads) * 4
     assert est.kv_bytes == 3 * per_token * 1000
@@ -130,8 +147,11 @@ def test_a_family_split_across_places_races_like_one_on_a_single_device(tmp_path
     run = DecodeConfig(method="psd_f", max_new_tokens=12, temperature=0.0)
     base = generate(tiny_random_triplet(), "the water is", run, chat=False)
     t = tiny_random_triplet()
-    split = replace(t, target=placement.dispatch(t.target, plan, str(tmp_path)),
-                    qualifier=copy.deepcopy(t.qualifier).to(torch.bfloat16))  # another dtype: logits still meet as fp32
+    split = replace(
+        t,
+        target=placement.dispatch(t.target, plan, str(tmp_path)),
+        qualifier=copy.deepcopy(t.qualifier).to(torch.bfloat16),
+    )  # another dtype: logits still meet as fp32
     assert is_placed(split.target) and "meta" in devices_of(split.target)
     lm = CachedLM(split.target, split.vocab_size, "target")
     z = lm.feed([1, 2, 3, 4], keep=2)
@@ -169,8 +189,11 @@ def test_device_map_auto_loads_and_races_a_custom_family(tmp_path, one_thread, m
 def _owned(model: torch.nn.Module, target: torch.nn.Module) -> int:
     """Elements a proposer holds itself: its parameters and floating buffers not shared with the target."""
     shared = {t.data_ptr() for t in target.state_dict().values()}
-    mine = {t.data_ptr(): t.numel() for t in [*model.parameters(), *model.buffers()]
-            if t.is_floating_point() and t.data_ptr() not in shared}
+    mine = {
+        t.data_ptr(): t.numel()
+        for t in [*model.parameters(), *model.buffers()]
+        if t.is_floating_point() and t.data_ptr() not in shared
+    }
     return sum(mine.values())
 
 
@@ -180,9 +203,11 @@ def _owned_bytes(model: torch.nn.Module, target: torch.nn.Module) -> int:
     from pyramid_demo.models.quant import Fp16Linear
 
     shared = {t.data_ptr() for t in target.state_dict().values()}
-    mine = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in [*model.parameters(),
-                                                                                  *model.buffers()]
-            if t.data_ptr() not in shared}
+    mine = {
+        t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+        for t in [*model.parameters(), *model.buffers()]
+        if t.data_ptr() not in shared
+    }
     return sum(mine.values()) + sum(m.weight_bytes for m in model.modules() if isinstance(m, Fp16Linear))
 
 

@@ -1,4 +1,5 @@
 """`predict/noise.py`: a method is called faster only beyond the run's own timing noise (hand-built numbers)."""
+
 from __future__ import annotations
 
 import pytest
@@ -25,8 +26,18 @@ def test_noise_pools_large_groups_weighted_by_size():
 
 def test_only_steps_with_one_forward_of_a_role_count():
     """Rule: a step's recorded time counts as one forward's only where that role made exactly one."""
-    step = Step(0, [], None, [1], ["target"], 0.0, 0.03, time_s={"target": 0.02, "draft": 0.006},
-                n_forward={"target": 1, "draft": 3}, fed={"target": [5], "draft": [1, 1, 1]})
+    step = Step(
+        0,
+        [],
+        None,
+        [1],
+        ["target"],
+        0.0,
+        0.03,
+        time_s={"target": 0.02, "draft": 0.006},
+        n_forward={"target": 1, "draft": 3},
+        fed={"target": [5], "draft": [1, 1, 1]},
+    )
     assert noise.same_k_forwards([step, step]) == {("target", 5): [0.02, 0.02]}
 
 

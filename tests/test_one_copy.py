@@ -1,6 +1,7 @@
 """The core forward's weights follow the model (`forward.weights`): its fused linears hold no weight of their own (the
 model's layers are views of the fused ones) through casts, rebuilds, deep copies and training steps, and a swapped
 layer is never served from stale fused weights."""
+
 from __future__ import annotations
 
 import copy
@@ -14,8 +15,17 @@ from pyramid_demo.forward.weights import Dense, weights
 
 V = 300
 IDS = [(i * 37 + 5) % (V - 10) + 3 for i in range(40)]
-SIZE = dict(vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False, initializer_range=0.5)
+SIZE = dict(
+    vocab_size=V,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    tie_word_embeddings=False,
+    initializer_range=0.5,
+)
 
 
 def family(name: str) -> torch.nn.Module:
@@ -41,8 +51,10 @@ def _shares(model: torch.nn.Module) -> bool:
     forward reads."""
     w = weights(model)
     for lay, fused_lay in zip(model.model.layers, w.layers):
-        groups = ((lay.self_attn.q_proj, lay.self_attn.k_proj, lay.self_attn.v_proj, fused_lay.qkv),
-                  (lay.mlp.gate_proj, lay.mlp.up_proj, fused_lay.gate_up))
+        groups = (
+            (lay.self_attn.q_proj, lay.self_attn.k_proj, lay.self_attn.v_proj, fused_lay.qkv),
+            (lay.mlp.gate_proj, lay.mlp.up_proj, fused_lay.gate_up),
+        )
         for *parts, fused in groups:
             assert isinstance(fused, Dense)
             if any(_storage(p.weight) != _storage(fused.weight) for p in parts):
@@ -64,7 +76,8 @@ def test_fused_weights_are_the_layers_own_storage_through_cast_rebuild_and_copy(
     assert weights(model).layers[0].qkv.weight.data_ptr() == fused, "a rebuild copied the fused weight anew"
     twin = copy.deepcopy(model)
     assert _shares(twin) and _storage(twin.model.layers[0].self_attn.q_proj.weight) != _storage(
-        model.model.layers[0].self_attn.q_proj.weight)
+        model.model.layers[0].self_attn.q_proj.weight
+    )
     model.to(torch.bfloat16)
     assert weights(model).dtype == torch.bfloat16 and _shares(model)
 

@@ -1,4 +1,5 @@
 """Accepted tokens per target pass, one panel per method: readable with five chains and four trees."""
+
 from __future__ import annotations
 
 from pyramid_demo.app import pass_hist
@@ -20,8 +21,7 @@ def result(lane: str, hist: list[int]) -> RunResult:
 
 def race(methods: tuple[str, ...]) -> dict[str, RunResult]:
     """AR accepts nothing; every other lane a histogram of its own shape (lane i peaks at k = i % 4)."""
-    return {m: result(m, [9] if m == "ar" else [1 + 3 * (k == i % 4) for k in range(5)]) for i, m in
-            enumerate(methods)}
+    return {m: result(m, [9] if m == "ar" else [1 + 3 * (k == i % 4) for k in range(5)]) for i, m in enumerate(methods)}
 
 
 def test_nine_methods_a_panel_each_trees_under_their_chains() -> None:
@@ -29,8 +29,16 @@ def test_nine_methods_a_panel_each_trees_under_their_chains() -> None:
     order, each tree in the row below, in its chain's column."""
     res = race(CHAINS + TREES)
     where = pass_hist.panels(res)
-    assert where == {"sd": (1, 1), "fsd": (1, 2), "psd_a": (1, 3), "psd_f": (1, 4), "sd+tree": (2, 1),
-                     "fsd+tree": (2, 2), "psd_a+tree": (2, 3), "psd_f+tree": (2, 4)}
+    assert where == {
+        "sd": (1, 1),
+        "fsd": (1, 2),
+        "psd_a": (1, 3),
+        "psd_f": (1, 4),
+        "sd+tree": (2, 1),
+        "fsd+tree": (2, 2),
+        "psd_a+tree": (2, 3),
+        "psd_f+tree": (2, 4),
+    }
     fig = pass_hist.accepted_figure(res)
     assert len(fig.data) == 8
     xaxes = {tr.xaxis for tr in fig.data}

@@ -1,6 +1,7 @@
 """Playing one recorded target pass as beats (`app/playback.py`) and the ▶ Play panel's handlers (`app/play_view.py`),
 on hand-built records: every method, chain and tree, each beat's sentence written out in full, so a beat out of
 order or wrong fails. No model runs, no browser."""
+
 from __future__ import annotations
 
 from pyramid_demo.app import play_view, playback
@@ -17,8 +18,14 @@ def decode(tid: int) -> str:
     return WORDS[tid]
 
 
-def rnd(stage: str, rule: str, nodes: list[tuple], own: tuple[str, str], parents: list[int] | None = None,
-        fallback: bool = False) -> StageRound:
+def rnd(
+    stage: str,
+    rule: str,
+    nodes: list[tuple],
+    own: tuple[str, str],
+    parents: list[int] | None = None,
+    fallback: bool = False,
+) -> StageRound:
     """A round from (word, status, …) nodes: fuzzy (word, status, div); greedy (word, status[, verifier's top-1]);
     sampled sd (word, status, p, q). `own`: (word, status) of the verifier's own token."""
     verifier = "qualifier" if stage == "qualifier" else "target"
@@ -35,8 +42,17 @@ def rnd(stage: str, rule: str, nodes: list[tuple], own: tuple[str, str], parents
         toks.append(rec)
     toks.append(TokenRec(ID[own[0]], verifier, own[1]))
     n_acc = sum(t.status == "accepted" for t in toks[:-1])
-    return StageRound(stage, proposer, verifier, rule, toks, n_acc, exact=rule in ("sd", "greedy"),
-                      sd_fallback=fallback, parents=parents if parents is not None else list(range(-1, len(nodes) - 1)))
+    return StageRound(
+        stage,
+        proposer,
+        verifier,
+        rule,
+        toks,
+        n_acc,
+        exact=rule in ("sd", "greedy"),
+        sd_fallback=fallback,
+        parents=parents if parents is not None else list(range(-1, len(nodes) - 1)),
+    )
 
 
 def block(r: StageRound) -> StageRound:
@@ -70,8 +86,12 @@ def test_ar_is_one_beat():
 def test_sd_chain_greedy():
     """Rule: SD: the draft's guesses one by one, the target's marks in order (greedy: its top choice or not), its
     own token in place of the refused guess, then the commit; the committed text grows with each ✓."""
-    t = rnd("target", "greedy", [(" The", "accepted"), (" cat", "accepted"), (" sat", "rejected", " ran"),
-                                 (" on", "discarded")], (" ran", "resampled"))
+    t = rnd(
+        "target",
+        "greedy",
+        [(" The", "accepted"), (" cat", "accepted"), (" sat", "rejected", " ran"), (" on", "discarded")],
+        (" ran", "resampled"),
+    )
     beats = playback.beats(step(t, [" The", " cat", " ran"], ["draft", "draft", "target"]), decode)
     assert [b.sentence for b in beats] == [
         "draft guesses ‘ The’",
@@ -93,8 +113,13 @@ def test_sd_chain_greedy():
 def test_sd_tree_sampled():
     """Rule: a tree's guesses appear in record order (a sibling is 'another guess'); the target tries a context's
     children in rank order, the SD test refusing or keeping each (p, q shown), and at a leaf adds its bonus."""
-    t = rnd("target", "sd", [(" The", "rejected", 0.05, 0.4), (" A", "accepted", 0.5, 0.3),
-                             (" dog", "accepted", 0.6, 0.6)], (" sat", "bonus"), parents=[-1, -1, 1])
+    t = rnd(
+        "target",
+        "sd",
+        [(" The", "rejected", 0.05, 0.4), (" A", "accepted", 0.5, 0.3), (" dog", "accepted", 0.6, 0.6)],
+        (" sat", "bonus"),
+        parents=[-1, -1, 1],
+    )
     s = step(t, [" A", " dog", " sat"], ["draft", "draft", "bonus"])
     assert sentences(s) == [
         "draft guesses ‘ The’",
@@ -113,8 +138,12 @@ def test_sd_tree_sampled():
 def test_fsd_chain():
     """Rule: FSD's target marks each guess by divergence against τ_T (≤ passes, > refuses); the guess after the
     refusal is never reached; every guess passing ends with the bonus."""
-    t = rnd("target", "fuzzy", [(" The", "accepted", 0.12), (" cat", "rejected", 0.52), (" sat", "discarded", 0.1)],
-            (" dog", "resampled"))
+    t = rnd(
+        "target",
+        "fuzzy",
+        [(" The", "accepted", 0.12), (" cat", "rejected", 0.52), (" sat", "discarded", 0.1)],
+        (" dog", "resampled"),
+    )
     assert sentences(step(t, [" The", " dog"], ["draft", "target"])) == [
         "draft guesses ‘ The’",
         "draft guesses ‘ cat’ after ‘ The’",
@@ -138,9 +167,20 @@ def test_fsd_tree_walks_through_a_non_first_child():
     order, and the subtree under the refused child is never visited."""
     # root ─ The(rejected) ─ cat(discarded)
     #      └ A(accepted)   ─ dog(accepted) ; └ big(discarded)   then the leaf's bonus ' ate'
-    t = rnd("target", "fuzzy+sd", [(" The", "rejected", 0.5), (" A", "accepted", 0.5), (" cat", "discarded", 0.2),
-                                   (" dog", "accepted", 0.1), (" big", "discarded", 0.1)],
-            (" ate", "bonus"), parents=[-1, -1, 0, 1, 1], fallback=True)
+    t = rnd(
+        "target",
+        "fuzzy+sd",
+        [
+            (" The", "rejected", 0.5),
+            (" A", "accepted", 0.5),
+            (" cat", "discarded", 0.2),
+            (" dog", "accepted", 0.1),
+            (" big", "discarded", 0.1),
+        ],
+        (" ate", "bonus"),
+        parents=[-1, -1, 0, 1, 1],
+        fallback=True,
+    )
     s = step(t, [" A", " dog", " ate"], ["draft", "draft", "bonus"])
     beats = playback.beats(s, decode)
     assert [b.sentence for b in beats] == [
@@ -157,15 +197,22 @@ def test_fsd_tree_walks_through_a_non_first_child():
     ]
     assert _walk_order(t) == [0, 1, 3]
     assert [b.lit for b in beats if b.actor == "target"][:3] == [(0,), (1,), (3,)]
-    assert playback.shown(beats[8]) == [(" The", "✗"), (" A", "✓"), (" cat", "·"), (" dog", "✓"), (" big", "·"),
-                                        (" ate", "+")]
+    assert playback.shown(beats[8]) == [
+        (" The", "✗"),
+        (" A", "✓"),
+        (" cat", "·"),
+        (" dog", "✓"),
+        (" big", "·"),
+        (" ate", "+"),
+    ]
 
 
 def test_a_fuzzy_refusal_of_a_context_is_one_beat():
     """Rule: without the SD fallback one divergence test refuses every child of a context at once: one beat
     lighting them all."""
-    t = rnd("target", "fuzzy", [(" The", "rejected", 0.7), (" A", "rejected", 0.7)], (" cat", "resampled"),
-            parents=[-1, -1])
+    t = rnd(
+        "target", "fuzzy", [(" The", "rejected", 0.7), (" A", "rejected", 0.7)], (" cat", "resampled"), parents=[-1, -1]
+    )
     beats = playback.beats(step(t, [" cat"], ["target"]), decode)
     assert beats[2].sentence == "target: ‘ The’, ‘ A’ ✗ — divergence 0.70 > τ_T 0.40 here, so no guess passes"
     assert beats[2].lit == (0, 1) and len(beats) == 5
@@ -174,8 +221,19 @@ def test_a_fuzzy_refusal_of_a_context_is_one_beat():
 def psd_f_chain() -> Step:
     q1 = rnd("qualifier", "fuzzy", [(" The", "accepted", 0.12), (" big", "rejected", 0.45)], (" cat", "resampled"))
     q2 = rnd("qualifier", "fuzzy", [(" sat", "accepted", 0.05), (" on", "accepted", 0.2)], (" the", "discarded"))
-    t = block(rnd("target", "fuzzy", [(" The", "accepted", 0.1), (" cat", "accepted", 0.2), (" sat", "rejected", 0.6),
-                                      (" on", "discarded", 0.1)], (" ran", "resampled")))
+    t = block(
+        rnd(
+            "target",
+            "fuzzy",
+            [
+                (" The", "accepted", 0.1),
+                (" cat", "accepted", 0.2),
+                (" sat", "rejected", 0.6),
+                (" on", "discarded", 0.1),
+            ],
+            (" ran", "resampled"),
+        )
+    )
     return step(t, [" The", " cat", " ran"], ["draft", "qualifier", "target"], [q1, q2])
 
 
@@ -209,7 +267,8 @@ def test_psd_f_chain_block_keeps_who_wrote_each_token():
     up = beats[10]
     assert [c.origin for c in up.chips[:4]] == ["draft", "qualifier", "draft", "draft"] and up.lit == (0, 1, 2, 3)
     assert [(b.round, b.actor) for b in beats[:11]] == [(0, "draft")] * 2 + [(0, "qualifier")] * 3 + [
-        (1, "draft")] * 2 + [(1, "qualifier")] * 3 + [(2, "qualifier")]
+        (1, "draft")
+    ] * 2 + [(1, "qualifier")] * 3 + [(2, "qualifier")]
     assert playback.shown(beats[9]) == [(" sat", "✓"), (" on", "✓"), (" the", "·")]  # the own token cut
     assert [c.origin for c in beats[-1].committed] == ["draft", "qualifier", "target"]
 
@@ -217,8 +276,13 @@ def test_psd_f_chain_block_keeps_who_wrote_each_token():
 def test_psd_f_tree():
     """Rule: a stage-1 tree refused by one fuzzy test at the root ends at once with the qualifier's token; the
     block (that single token) is what the target checks."""
-    q = rnd("qualifier", "fuzzy", [(" The", "rejected", 0.9), (" A", "rejected", 0.9), (" cat", "discarded", 0.1)],
-            (" dog", "resampled"), parents=[-1, -1, 0])
+    q = rnd(
+        "qualifier",
+        "fuzzy",
+        [(" The", "rejected", 0.9), (" A", "rejected", 0.9), (" cat", "discarded", 0.1)],
+        (" dog", "resampled"),
+        parents=[-1, -1, 0],
+    )
     t = block(rnd("target", "fuzzy", [(" dog", "accepted", 0.05)], (" sat", "bonus")))
     assert sentences(step(t, [" dog", " sat"], ["qualifier", "bonus"], [q])) == [
         "draft guesses ‘ The’",
@@ -236,10 +300,21 @@ def test_psd_f_tree():
 def test_psd_a_tree():
     """Rule: PSD_A's stage 1 is the exact rule: the qualifier refuses a guess that is not its top choice, takes
     the next sibling, goes down to a leaf and adds its bonus; the block is draft, draft, qualifier."""
-    q = rnd("qualifier", "greedy", [(" The", "rejected", " A"), (" A", "accepted"), (" dog", "accepted")],
-            (" sat", "bonus"), parents=[-1, -1, 1])
-    t = block(rnd("target", "fuzzy", [(" A", "accepted", 0.1), (" dog", "accepted", 0.15), (" sat", "accepted", 0.2)],
-                  (" on", "bonus")))
+    q = rnd(
+        "qualifier",
+        "greedy",
+        [(" The", "rejected", " A"), (" A", "accepted"), (" dog", "accepted")],
+        (" sat", "bonus"),
+        parents=[-1, -1, 1],
+    )
+    t = block(
+        rnd(
+            "target",
+            "fuzzy",
+            [(" A", "accepted", 0.1), (" dog", "accepted", 0.15), (" sat", "accepted", 0.2)],
+            (" on", "bonus"),
+        )
+    )
     s = step(t, [" A", " dog", " sat", " on"], ["draft", "draft", "qualifier", "bonus"], [q])
     assert sentences(s) == [
         "draft guesses ‘ The’",
@@ -264,8 +339,14 @@ def test_psd_a_chain_with_an_empty_last_pass():
     """Rule: a chain fully accepted at stage 1 ends with the qualifier's bonus; a pass that proposed nothing (the
     budget's last token) is the target writing its token itself."""
     q = rnd("qualifier", "greedy", [(" The", "accepted"), (" cat", "accepted")], (" sat", "bonus"))
-    t = block(rnd("target", "fuzzy", [(" The", "accepted", 0.1), (" cat", "rejected", 0.5), (" sat", "discarded", 0.1)],
-                  (" dog", "resampled")))
+    t = block(
+        rnd(
+            "target",
+            "fuzzy",
+            [(" The", "accepted", 0.1), (" cat", "rejected", 0.5), (" sat", "discarded", 0.1)],
+            (" dog", "resampled"),
+        )
+    )
     assert sentences(step(t, [" The", " dog"], ["draft", "target"], [q])) == [
         "draft guesses ‘ The’",
         "draft guesses ‘ cat’ after ‘ The’",
@@ -337,8 +418,14 @@ def test_bad_input_is_a_message_not_a_traceback():
 
 def test_a_tree_beat_lights_its_nodes_in_the_indented_list():
     """Rule: a tree's round is drawn as an indented list; the beat's lit node carries the outline, the others not."""
-    t = rnd("target", "fuzzy+sd", [(" The", "rejected", 0.5), (" A", "accepted", 0.5)], (" ate", "bonus"),
-            parents=[-1, -1], fallback=True)
+    t = rnd(
+        "target",
+        "fuzzy+sd",
+        [(" The", "rejected", 0.5), (" A", "accepted", 0.5)],
+        (" ate", "bonus"),
+        parents=[-1, -1],
+        fallback=True,
+    )
     ps = PlayState(tuple(playback.beats(step(t, [" A", " ate"], ["draft", "bonus"]), decode)), i=3, label="x")
     page = play_view.beat_html(ps)
     assert page.count(play_view.LIT) == 1 and page.index(play_view.LIT) > page.index("The")

@@ -2,6 +2,7 @@
 stage-1 rounds, speed-ups over AR that a busier machine does not move, engine prices fitted on other runs.
 
 The right answers are sums written by hand from the hand-built profiles and rounds below."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -13,11 +14,24 @@ from pyramid_demo.predict import costs, engine_costs, expected, measure, tree_co
 from pyramid_demo.predict.measure import TREE_ROWS
 from pyramid_demo.predict.profile import ar_speed, cost_ms
 
-ENGINE = {"step": 0.07, "feed": 0.1, "round": 0.2, "div": 0.3, "div1": 0.5, "expand": 0.05,
-          "keep": {"draft": 0.01, "qualifier": 0.02, "target": 0.04}}
-PROF = {"ms": {"draft": {"1": 1.0, "2": 1.2, "3": 1.4}, "qualifier": {"1": 3.0, "2": 3.5, "3": 4.0, "5": 5.0},
-               "target": {"1": 10.0, "2": 11.0, "3": 12.0, "4": 13.0, "5": 14.0}},
-        "tree_ms": {"draft": {"2": 1.5}, "target": {"3": 13.0, "5": 16.0}}, "engine_ms": ENGINE}
+ENGINE = {
+    "step": 0.07,
+    "feed": 0.1,
+    "round": 0.2,
+    "div": 0.3,
+    "div1": 0.5,
+    "expand": 0.05,
+    "keep": {"draft": 0.01, "qualifier": 0.02, "target": 0.04},
+}
+PROF = {
+    "ms": {
+        "draft": {"1": 1.0, "2": 1.2, "3": 1.4},
+        "qualifier": {"1": 3.0, "2": 3.5, "3": 4.0, "5": 5.0},
+        "target": {"1": 10.0, "2": 11.0, "3": 12.0, "4": 13.0, "5": 14.0},
+    },
+    "tree_ms": {"draft": {"2": 1.5}, "target": {"3": 13.0, "5": 16.0}},
+    "engine_ms": ENGINE,
+}
 TREE = {"shape": "tree"}  # a run's config: the shape is its setting, not its method key
 
 
@@ -60,8 +74,18 @@ def test_a_tree_round_is_priced_as_a_tree():
 
 def test_best_tree_keeps_its_keys_and_prices_the_chain_as_a_chain():
     b = tree_costs.best_tree(PROF, [0.5, 0.3])
-    assert {"tree_nodes", "tree_depth", "tree_k", "tokens_per_pass", "tokens_per_s", "pass_ms", "ar_tokens_per_s",
-            "chain_tokens_per_s", "chain_tokens_per_pass", "ranks"} <= set(b)
+    assert {
+        "tree_nodes",
+        "tree_depth",
+        "tree_k",
+        "tokens_per_pass",
+        "tokens_per_s",
+        "pass_ms",
+        "ar_tokens_per_s",
+        "chain_tokens_per_s",
+        "chain_tokens_per_pass",
+        "ranks",
+    } <= set(b)
     g = b["chain_gamma"]
     assert b["chain_tokens_per_s"] == pytest.approx(expected.round_speed(PROF, g, (0.5,))["tokens_per_s"], rel=1e-3)
     assert b["speedup_vs_ar"] == pytest.approx(b["tokens_per_s"] / ar_speed(PROF), rel=1e-3)
@@ -70,10 +94,19 @@ def test_best_tree_keeps_its_keys_and_prices_the_chain_as_a_chain():
 def _tree_step(rule: str) -> Step:
     """SD over a tree (greedy or fuzzy): root → nodes 0, 1; node 0 → node 2. The walk takes 0, then refuses 2.
     The draft fed its root (1 row) and one level (2 rows); the target one 4-row tree pass."""
-    rnd = StageRound("target", "draft", "target", rule, _toks(["accepted", "rejected", "rejected"], "resampled"), 1,
-                     exact=rule == "greedy", parents=[-1, -1, 0])
-    return Step(0, [], rnd, [10, 99], ["draft", "target"], 0, 0, {}, {"draft": 2, "target": 1},
-                {"draft": [1, 2], "target": [4]})
+    rnd = StageRound(
+        "target",
+        "draft",
+        "target",
+        rule,
+        _toks(["accepted", "rejected", "rejected"], "resampled"),
+        1,
+        exact=rule == "greedy",
+        parents=[-1, -1, 0],
+    )
+    return Step(
+        0, [], rnd, [10, 99], ["draft", "target"], 0, 0, {}, {"draft": 2, "target": 1}, {"draft": [1, 2], "target": [4]}
+    )
 
 
 def test_a_runs_engine_work_is_counted_from_its_records():
@@ -83,10 +116,26 @@ def test_a_runs_engine_work_is_counted_from_its_records():
     assert {u: g[u] for u in engine_costs.UNITS} == {"step": 1, "feed": 3, "round": 1, "div": 0, "div1": 0, "expand": 3}
     assert g["keep"] == {"draft": 1, "target": 1}
     assert engine_costs.census([_tree_step("fuzzy")], "fsd", TREE)["div1"] == 2
-    chain = StageRound("target", "draft", "target", "fuzzy", _toks(["accepted", "rejected", "discarded"], "resampled"),
-                       1)
-    c = engine_costs.census([Step(0, [], chain, [10, 99], ["draft", "target"], 0, 0, {}, {"draft": 3, "target": 1},
-                                  {"draft": [1, 1, 1], "target": [4]})], "fsd")
+    chain = StageRound(
+        "target", "draft", "target", "fuzzy", _toks(["accepted", "rejected", "discarded"], "resampled"), 1
+    )
+    c = engine_costs.census(
+        [
+            Step(
+                0,
+                [],
+                chain,
+                [10, 99],
+                ["draft", "target"],
+                0,
+                0,
+                {},
+                {"draft": 3, "target": 1},
+                {"draft": [1, 1, 1], "target": [4]},
+            )
+        ],
+        "fsd",
+    )
     assert (c["div"], c["div1"], c["expand"], c["keep"]) == (3, 0, 0, {})
     assert engine_costs.price(g, PROF) == pytest.approx(0.07 + 3 * 0.1 + 0.2 + 3 * 0.05 + 0.01 + 0.04)
 
@@ -112,8 +161,13 @@ def test_nnls_recovers_prices_and_a_variant_is_priced_from_the_others_only():
         return {"variant": variant, "kind": "engine", "engine_overhead_s": overhead, "cost_record": {"engine": units}}
 
     # the others' runs say a step costs 1 ms (AR) and a round 2 ms more (SD): FSD's 10 steps and 10 rounds 30 ms
-    rows = [row("ar", 10, 0, 0.010), row("ar", 20, 0, 0.020), row("sd", 10, 10, 0.030), row("sd", 5, 5, 0.015),
-            row("fsd", 10, 10, 0.5)]
+    rows = [
+        row("ar", 10, 0, 0.010),
+        row("ar", 20, 0, 0.020),
+        row("sd", 10, 10, 0.030),
+        row("sd", 5, 5, 0.015),
+        row("fsd", 10, 10, 0.5),
+    ]
     got = costs_fit.loo_engine_s(rows, {})
     assert got["fsd"] == [pytest.approx(0.030)]  # its own 0.5 s is never read
     rows[-1]["engine_overhead_s"] = 5.0
@@ -125,9 +179,18 @@ def _bench_row(variant: str, method: str, prompt: int, n: int, fwd: dict, busy: 
     rec = costs_report.row_record([], method, {})
     rec["cost_record"]["forwards"] = fwd
     t = {r: busy * sum(int(c) * cost_ms(PROF, r, int(k)) for k, c in d.items()) / 1000 for r, d in fwd.items()}
-    return {"variant": variant, "method": method, "kind": "engine", "repeat": 0, "prompt_index": prompt,
-            "n_new_tokens": n, "decode_s": sum(t.values()) + overhead, "engine_overhead_s": overhead,
-            **{f"fwd_time_{r}_s": v for r, v in t.items()}, **rec}
+    return {
+        "variant": variant,
+        "method": method,
+        "kind": "engine",
+        "repeat": 0,
+        "prompt_index": prompt,
+        "n_new_tokens": n,
+        "decode_s": sum(t.values()) + overhead,
+        "engine_overhead_s": overhead,
+        **{f"fwd_time_{r}_s": v for r, v in t.items()},
+        **rec,
+    }
 
 
 @pytest.mark.parametrize("busy", [1.0, 2.5])
@@ -148,9 +211,11 @@ def test_a_busier_machine_moves_the_absolute_figures_not_the_speed_ups(busy):
 
 
 def test_the_speed_up_target_reads_the_worst_variant():
-    s = [{"variant": "ar", "method": "ar", "kind": "engine", "speedup_vs_ar": 1.0, "predicted_speedup_vs_ar": 1.0},
-         {"variant": "sd", "method": "sd", "kind": "engine", "speedup_vs_ar": 1.2, "predicted_speedup_vs_ar": 1.26},
-         {"variant": "fsd", "method": "fsd", "kind": "engine", "speedup_vs_ar": 1.0, "predicted_speedup_vs_ar": 0.88}]
+    s = [
+        {"variant": "ar", "method": "ar", "kind": "engine", "speedup_vs_ar": 1.0, "predicted_speedup_vs_ar": 1.0},
+        {"variant": "sd", "method": "sd", "kind": "engine", "speedup_vs_ar": 1.2, "predicted_speedup_vs_ar": 1.26},
+        {"variant": "fsd", "method": "fsd", "kind": "engine", "speedup_vs_ar": 1.0, "predicted_speedup_vs_ar": 0.88},
+    ]
     assert report.speedup_errors(s) == {"sd": pytest.approx(0.05), "fsd": pytest.approx(-0.12)}
     t = next(t for t in report.check_targets(s) if "speed-up over AR" in t["target"])
     assert t["value"] == pytest.approx(0.12) and t["met"] is False
@@ -163,8 +228,7 @@ def test_the_profile_times_the_engine_and_tree_forwards_on_real_caches(one_threa
 
     t = tiny_random_triplet()
     extras: dict = {}
-    ms = measure.measure_profile({"draft": t.draft, "target": t.target}, t.vocab_size, 3, reps=1,
-                                 extras_out=extras)
+    ms = measure.measure_profile({"draft": t.draft, "target": t.target}, t.vocab_size, 3, reps=1, extras_out=extras)
     assert set(ms) == {"draft", "target"}
     e = extras["engine_ms"]
     assert all(e[u] > 0 for u in ("feed", "step", "round", "div", "div1", "expand"))
@@ -182,8 +246,17 @@ def test_a_variants_shape_comes_from_its_runs_not_from_its_method_key():
         r = _bench_row(label, "sd", 0, 8, {"draft": {"1": 8}, "target": {"3": 4}}, 1.0, 0.0)
         r["cost_record"] = costs_report.row_record([], "sd", {"shape": shape})["cost_record"] | {
             "forwards": r["cost_record"]["forwards"],
-            "stages": {"target": {"accepted": 4, "rejected": 4, "proposed": 8, "rounds": 4, "rank_hits": [3, 1],
-                                  "rank_reach": [4, 3]}}}
+            "stages": {
+                "target": {
+                    "accepted": 4,
+                    "rejected": 4,
+                    "proposed": 8,
+                    "rounds": 4,
+                    "rank_hits": [3, 1],
+                    "rank_reach": [4, 3],
+                }
+            },
+        }
         rows.append(r)
     by = {v["variant"]: v for v in costs_report.finish(rows, {"ms": PROF["ms"]})["variants"]}
     assert "best_tree" in by["sd tree"] and by["sd tree"]["ranks"] == [0.75, pytest.approx(1 / 3, abs=1e-4)]
@@ -197,7 +270,8 @@ def test_best_tree_prices_the_stage_it_is_asked_for():
     assert q["chain_tokens_per_s"] > tree_costs.best_tree(PROF, [0.5, 0.3])["chain_tokens_per_s"]
     g = q["chain_gamma"]
     ms = g * 1.0 + cost_ms(PROF, "qualifier", g + 1) + (g + 1) * 0.1 + 0.2 + 0.07
-    assert q["chain_tokens_per_s"] == pytest.approx(1000 * (1 + sum(0.5 ** d for d in range(1, g + 1))) / ms, rel=1e-3)
+    assert q["chain_tokens_per_s"] == pytest.approx(1000 * (1 + sum(0.5**d for d in range(1, g + 1))) / ms, rel=1e-3)
     n, d, k = q["tree_nodes"], q["tree_depth"], q["tree_k"]
-    assert q["tokens_per_s"] == pytest.approx(expected.round_speed(PROF, d, [0.5, 0.3], False, "draft", "qualifier",
-                                                                   (n, d, k))["tokens_per_s"], abs=1e-3)
+    assert q["tokens_per_s"] == pytest.approx(
+        expected.round_speed(PROF, d, [0.5, 0.3], False, "draft", "qualifier", (n, d, k))["tokens_per_s"], abs=1e-3
+    )

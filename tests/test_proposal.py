@@ -1,6 +1,7 @@
 """One proposal type: a chain is the tree with parent i − 1, decided by one walk, recorded by one recorder.
 
 Each rule is checked on hand-built logits, and each planted slip fails by an assertion naming the rule."""
+
 import pytest
 import torch
 from helpers import leading_run, next_token, sd_passes
@@ -219,7 +220,7 @@ def test_greedy_growth_expands_the_best_paths_by_their_product():
     would keep 1→4 and drop both grandchildren that pay."""
     V = 6
     probs = torch.full((V, V), 1e-4)
-    for row, pairs in {0: {1: .5, 2: .3}, 1: {3: .55, 4: .2}, 2: {5: .45, 3: .4}}.items():
+    for row, pairs in {0: {1: 0.5, 2: 0.3}, 1: {3: 0.55, 4: 0.2}, 2: {5: 0.45, 3: 0.4}}.items():
         for t, pr in pairs.items():
             probs[row, t] = pr
     lm = BigramLM(probs.log(), "draft")

@@ -1,4 +1,5 @@
 """A quantized copy as a family member: the int4 layer's arithmetic, the copy, its name, its refusals, its memory."""
+
 from __future__ import annotations
 
 import pytest
@@ -108,7 +109,7 @@ def test_a_q4_1_weight_comes_back_through_the_kernel() -> None:
     kernel = layer(torch.eye(k)).t()  # [N, K]: the kernel's dequantized weight, in bf16
     assert torch.equal(kernel, _dequant(codes, scale, zero, group).bfloat16().float())
     assert torch.equal(kernel[exact], w.bfloat16().float()[exact]), "an exact block did not come back"
-    half_step = (z.abs() * 2.0 ** -8).repeat_interleave(group, 1)  # half a bf16 step of the zero, at most
+    half_step = (z.abs() * 2.0**-8).repeat_interleave(group, 1)  # half a bf16 step of the zero, at most
     assert ((_dequant(codes, scale, zero, group) - w).abs() <= half_step)[~exact].all()
 
 
@@ -124,8 +125,15 @@ def test_each_layer_of_a_copy_runs_the_fixed_format_and_fused_parts_hold_nothing
     t = _small_llama()
     c = int4_copy(t, 32)
     lay = c.model.layers[0]
-    linears = [lay.self_attn.q_proj, lay.self_attn.k_proj, lay.self_attn.v_proj, lay.self_attn.o_proj,
-               lay.mlp.gate_proj, lay.mlp.up_proj, lay.mlp.down_proj]
+    linears = [
+        lay.self_attn.q_proj,
+        lay.self_attn.k_proj,
+        lay.self_attn.v_proj,
+        lay.self_attn.o_proj,
+        lay.mlp.gate_proj,
+        lay.mlp.up_proj,
+        lay.mlp.down_proj,
+    ]
     assert all(type(m) is Int4Linear for m in linears) and type(c.lm_head) is Fp16Linear
     assert c.quant_kinds == ["Fp16Linear", "Int4Linear"]
     assert c.model.layers[0].input_layernorm.weight is t.model.layers[0].input_layernorm.weight

@@ -1,6 +1,7 @@
 """The race's quiet decode (`app/quiet.py`) through the handler, on tiny-random (seconds): nothing reaches the page
 while a lane is timed, lanes are warmed and interleaved with the bench's own code, Stop ends at once and keeps what
 finished, "Race again" adds repeats, and the race's records count what the bench's rows count."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -20,9 +21,25 @@ from pyramid_demo.core.run import prepare_prompt
 from pyramid_demo.models.tiny import tiny_random_triplet
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-SETTINGS = dict(max_new_tokens=8.0, temperature=0.0, seed=0.0, gamma=3.0, l_d=2.0, l_q=4.0, tau_q=0.4, tau_t=0.5,
-                divergence="js", div_support="subset", fallback="none", stage2="fuzzy", conf_stop=0.0,
-                shape="auto", tree_nodes=8.0, tree_depth=3.0, tree_k=2.0)
+SETTINGS = dict(
+    max_new_tokens=8.0,
+    temperature=0.0,
+    seed=0.0,
+    gamma=3.0,
+    l_d=2.0,
+    l_q=4.0,
+    tau_q=0.4,
+    tau_t=0.5,
+    divergence="js",
+    div_support="subset",
+    fallback="none",
+    stage2="fuzzy",
+    conf_stop=0.0,
+    shape="auto",
+    tree_nodes=8.0,
+    tree_depth=3.0,
+    tree_k=2.0,
+)
 KEYS = [lane.key for lane in lanes()]
 
 
@@ -76,7 +93,7 @@ def test_nothing_reaches_the_page_while_a_lane_is_timed(monkeypatch):
     for n in runs:
         at = [i for i in passes if events[i][1] == n]
         assert len(at) >= 2 and at == list(range(at[0], at[-1] + 1)), f"run {n}: the page was updated mid-lane"
-    during = [e[1] for e in events[passes[0]:passes[-1]] if e[0] == "ui"]
+    during = [e[1] for e in events[passes[0] : passes[-1]] if e[0] == "ui"]
     assert len(during) == len(runs) - 1
     assert all(all(isinstance(x, dict) and x.get("__type__") == "update" for x in out[1:5]) for out in during)
     assert "decoding" in during[0][0] and "finished" in events[-1][1][0]
@@ -90,8 +107,9 @@ def test_lanes_are_warmed_then_interleaved_with_the_benchs_own_code(monkeypatch)
     spy(monkeypatch, events)
     shared = []
     warm_up = runner.warm_up
-    monkeypatch.setattr(runner, "warm_up", lambda t, vs, *a, **k: shared.append([v.label for v in vs])
-                        or warm_up(t, vs, *a, **k))
+    monkeypatch.setattr(
+        runner, "warm_up", lambda t, vs, *a, **k: shared.append([v.label for v in vs]) or warm_up(t, vs, *a, **k)
+    )
     race(h.new_session())
     methods = [lane.method for lane in lanes()]
     warm = [e for e in events if e[0] == "warm"]

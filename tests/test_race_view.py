@@ -1,5 +1,6 @@
 """The race as the page shows it, from hand-built records: the replay's schedule (each token at the moment its own
 lane produced it), the results table's columns, and the verdicts over repeats and their noise band. No model runs."""
+
 from __future__ import annotations
 
 import math
@@ -19,9 +20,19 @@ COL = {name: i for i, name in enumerate(RACE_COLUMNS)}
 
 def checked(n: int) -> StageRound:
     """A target round that kept the first of two proposed tokens and then wrote its own (token ids from n)."""
-    return StageRound("target", "qualifier", "target", "sd", [TokenRec(n, "qualifier", "accepted"),
-                      TokenRec(99, "qualifier", "rejected"), TokenRec(n + 1, "target", "resampled")], 1,
-                      parents=[-1, 0])
+    return StageRound(
+        "target",
+        "qualifier",
+        "target",
+        "sd",
+        [
+            TokenRec(n, "qualifier", "accepted"),
+            TokenRec(99, "qualifier", "rejected"),
+            TokenRec(n + 1, "target", "resampled"),
+        ],
+        1,
+        parents=[-1, 0],
+    )
 
 
 def run(method: str, ends: list[float], per_pass: list[int] | None = None) -> RunResult:
@@ -33,8 +44,19 @@ def run(method: str, ends: list[float], per_pass: list[int] | None = None) -> Ru
         steps.append(Step(i, [], checked(n) if k == 2 else None, list(range(n, n + k)), ["target"] * k, t0, t1))
         n += k
     stats = compute_stats(method, steps, 0.05, "max_new_tokens")
-    return RunResult(method, {"shape": "chain"}, ["d", "q", "t"], "hi", [7], list(range(n)),
-                     [f"w{i} " for i in range(n)], ["target"] * n, "", stats, steps)
+    return RunResult(
+        method,
+        {"shape": "chain"},
+        ["d", "q", "t"],
+        "hi",
+        [7],
+        list(range(n)),
+        [f"w{i} " for i in range(n)],
+        ["target"] * n,
+        "",
+        stats,
+        steps,
+    )
 
 
 def even(n: int, total: float, per_pass: int = 1) -> RunResult:
@@ -44,8 +66,15 @@ def even(n: int, total: float, per_pass: int = 1) -> RunResult:
 
 def race_of(repeats: list[dict[str, RunResult]], shown: dict[str, RunResult] | None = None) -> Race:
     lanes = tuple(repeats[0])
-    race = Race(n=1, preset="tiny-random", models=["d", "q", "t"], prompt="hi", config={"temperature": 0.0},
-                lanes=lanes, machine="Test CPU, 2 cores")
+    race = Race(
+        n=1,
+        preset="tiny-random",
+        models=["d", "q", "t"],
+        prompt="hi",
+        config={"temperature": 0.0},
+        lanes=lanes,
+        machine="Test CPU, 2 cores",
+    )
     race.repeats = repeats
     race.results = shown or {k: repeats[0][k] for k in lanes}
     return race
@@ -80,8 +109,10 @@ def test_each_token_replays_at_its_own_lanes_recorded_time(monkeypatch):
     check_replay(page)
     assert render.token_times(race.results["sd"]) == [0.12, 0.12, 0.12, 0.30, 0.41, 0.41]
     real = render.token_times
-    for slip in (lambda r: [s.t_start for s in r.steps for _ in s.new_tokens],  # off by one pass
-                 lambda r: real(race.results["ar"])[:len(r.token_ids)]):  # every lane at AR's timestamps
+    for slip in (
+        lambda r: [s.t_start for s in r.steps for _ in s.new_tokens],  # off by one pass
+        lambda r: real(race.results["ar"])[: len(r.token_ids)],
+    ):  # every lane at AR's timestamps
         monkeypatch.setattr(render, "token_times", slip)
         with pytest.raises(AssertionError):
             check_replay(race_view.race_lanes(race, played=True))
@@ -134,8 +165,12 @@ PSD_S = [0.8, 0.85, 0.75]
 
 def three_repeats(psd_s: list[float] = PSD_S) -> Race:
     """AR and PSD_A timed three times each (10 tokens; PSD_A commits 2 per pass)."""
-    return race_of([{"ar": even(10, a), "psd_a": run("psd_a", [p * (i + 1) / 5 for i in range(5)], [2] * 5)}
-                    for a, p in zip(AR_S, psd_s)])
+    return race_of(
+        [
+            {"ar": even(10, a), "psd_a": run("psd_a", [p * (i + 1) / 5 for i in range(5)], [2] * 5)}
+            for a, p in zip(AR_S, psd_s)
+        ]
+    )
 
 
 def iqr_over_median(xs: list[float]) -> float:
@@ -152,8 +187,15 @@ def test_every_column_of_the_results_table_from_hand_built_repeats():
     ar_tps, psd_tps = [10 / s for s in AR_S], [10 / s for s in PSD_S]
     rows = {row[COL["method"]]: row for row in inspector.race_rows([race])}
     ar, psd = rows["ar"], rows["psd_a"]
-    assert [ar[COL[c]] for c in ("race", "repeats", "tokens", "time (s)", "tok/s", "× AR", "× SD")] == \
-        [1, 3, 10, 1.0, round(sorted(ar_tps)[1], 1), 1.0, None]
+    assert [ar[COL[c]] for c in ("race", "repeats", "tokens", "time (s)", "tok/s", "× AR", "× SD")] == [
+        1,
+        3,
+        10,
+        1.0,
+        round(sorted(ar_tps)[1], 1),
+        1.0,
+        None,
+    ]
     assert psd[COL["time (s)"]] == 0.8 and psd[COL["tok/s"]] == round(sorted(psd_tps)[1], 1) == 12.5
     assert psd[COL["× AR"]] == round(sorted(p / a for p, a in zip(psd_tps, ar_tps))[1], 2) == 1.25
     assert psd[COL["tokens / target pass"]] == 2.0 and ar[COL["tokens / target pass"]] == 1.0

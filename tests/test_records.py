@@ -2,6 +2,7 @@
 
 All tests drive the engine with the bigram mock, so each round can be worked out by hand.
 """
+
 from __future__ import annotations
 
 from functools import partial
@@ -31,8 +32,13 @@ def chain(sure: float = 20.0) -> torch.Tensor:
     return t
 
 
-def run(method: str, tables: dict[str, torch.Tensor], cfg: DecodeConfig, eos: tuple[int, ...] = (),
-        gen: torch.Generator | None = None) -> list[Step]:
+def run(
+    method: str,
+    tables: dict[str, torch.Tensor],
+    cfg: DecodeConfig,
+    eos: tuple[int, ...] = (),
+    gen: torch.Generator | None = None,
+) -> list[Step]:
     lms = {r: BigramLM(tables[r], r) for r in roles_for(method)}
     return list(decode(lms, [0], as_run(cfg), eos, gen))
 
@@ -51,8 +57,9 @@ def check_blocks(steps: list[Step]) -> None:
         block = [t.token_id for t in s.target_round.tokens[:-1]]
         assert [t for r in s.qualifier_rounds for t in used(r)] == block, "stage-1 records ≠ the block"
         n_draft = sum(r.n_accepted for r in s.qualifier_rounds)
-        assert n_draft == sum(1 for r in s.qualifier_rounds for t in r.tokens if t.status == "accepted"), \
+        assert n_draft == sum(1 for r in s.qualifier_rounds for t in r.tokens if t.status == "accepted"), (
             "a round's n_accepted ≠ its accepted records"
+        )
 
 
 def unsure_qualifier() -> torch.Tensor:
@@ -106,6 +113,7 @@ def test_sampled_stage1_records_are_the_block(method, stop):
 
 # --- EOS: looked for once per step; the verifier's own EOS is not a cut ----------------------------
 
+
 def disagreeing_target(at: int, writes: int) -> torch.Tensor:
     """The chain, except that after token `at` the target writes `writes`."""
     t = chain()
@@ -122,8 +130,9 @@ def test_an_eos_that_is_the_verifiers_own_token_is_not_a_cut():
     steps = run("sd", tables, DecodeConfig(method="sd", gamma=4, max_new_tokens=10), eos=(7,))
     rnd = steps[0].target_round
     assert steps[0].new_tokens == [1, 2, 7] and len(steps) == 1
-    assert [t.status for t in rnd.tokens] == ["accepted", "accepted", "rejected", "discarded", "resampled"], \
+    assert [t.status for t in rnd.tokens] == ["accepted", "accepted", "rejected", "discarded", "resampled"], (
         "the verifier's own EOS was treated as a cut inside the accepted run"
+    )
     assert rnd.n_accepted == 2
 
 
@@ -151,6 +160,7 @@ def test_a_bonus_tokens_origin_is_bonus():
 
 # --- the cache's safety net fires from the engine -------------------------------------------------
 
+
 def test_a_missed_qualifier_cut_raises_cache_error():
     """A cache whose cut is missed must not be fed after stale tokens. Planted: the qualifier's cut after a
     k < n round that ends its block (its own token 5 is unsure, conf_stop 0.5) is skipped; the target then
@@ -172,7 +182,8 @@ def test_a_missed_qualifier_cut_raises_cache_error():
         lm.truncate(len(seq) - 1)
     assert lms["qualifier"].ids == [0, 1, 2], "the premise: the qualifier still caches the refused 2"
     assert "cut was missed" in _refusal(lambda: pyramid_block(lms, seq, st, 8, cfg, None)), (
-        "the qualifier was fed after its stale 2: a missed cut went unnoticed")
+        "the qualifier was fed after its stale 2: a missed cut went unnoticed"
+    )
 
 
 def _refusal(call) -> str:

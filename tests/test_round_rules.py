@@ -1,6 +1,7 @@
 """Three round rules on hand-built logits: greedy growth expands the best frontier nodes at every level, a fuzzy
 walk reads each context's own verifier row off the first-child spine too, and a round yields its accepted path
 plus exactly one verifier token (a bonus at a leaf, resampled at a rejection)."""
+
 import math
 
 import pytest
@@ -37,9 +38,15 @@ def test_tree_growth_expands_best_frontier_nodes_each_level():
     """Rule (EAGLE-2 at T=0): at every level the k frontier nodes with the best path products are expanded."""
     vocab = 12
     probs = torch.full((vocab, vocab), 1.0 / vocab)
-    draft = {0: {1: .5, 2: .3},  # the root (token 0)
-             1: {3: .6, 4: .2}, 2: {5: .5, 6: .3},  # level 1
-             3: {7: .7, 8: .2}, 4: {9: .6, 10: .3}, 5: {11: .6, 7: .3}, 6: {8: .6, 9: .3}}  # level 2
+    draft = {
+        0: {1: 0.5, 2: 0.3},  # the root (token 0)
+        1: {3: 0.6, 4: 0.2},
+        2: {5: 0.5, 6: 0.3},  # level 1
+        3: {7: 0.7, 8: 0.2},
+        4: {9: 0.6, 10: 0.3},
+        5: {11: 0.6, 7: 0.3},
+        6: {8: 0.6, 9: 0.3},
+    }  # level 2
     for row, pairs in draft.items():
         probs[row] = (1 - sum(pairs.values())) / (vocab - len(pairs))  # the rest spread thin: rows sum to 1
         for t, pr in pairs.items():
@@ -53,9 +60,10 @@ def test_tree_growth_expands_best_frontier_nodes_each_level():
     assert lv[2] == [(0, 3), (0, 4), (1, 5), (1, 6)], f"level 2 must grow both level-1 nodes, got {lv[2]}"
     assert lv[3] == [(2, 7), (2, 8), (4, 11), (4, 7)], (
         f"growth must expand the k best frontier nodes by path product (nodes 2: 1→3 and 4: 2→5) at level 2; "
-        f"level 3 grew (parent, token) {lv[3]}")
+        f"level 3 grew (parent, token) {lv[3]}"
+    )
     assert tree.q_row == [0, 1, 2, 3, -1, 4, -1, -1, -1, -1, -1], "a context's draft row is misplaced"
-    assert [round(math.exp(s), 4) for s in tree.score] == [.5, .3, .3, .1, .15, .09, .21, .06, .09, .045]
+    assert [round(math.exp(s), 4) for s in tree.score] == [0.5, 0.3, 0.3, 0.1, 0.15, 0.09, 0.21, 0.06, 0.09, 0.045]
 
 
 # ------------------------------------------------------------------------------------------------ fuzzy walk
@@ -97,12 +105,14 @@ def test_fuzzy_walk_reads_each_contexts_own_verifier_row_off_the_spine():
         if not math.isnan(v):
             assert v == pytest.approx(want[c], rel=1e-5, abs=1e-7), (
                 f"Div at context {c} must be Div(z_p[{c}], z_q[q_row[{c}] = {tree.q_row[c]}]) = {want[c]:.6g} "
-                f"(the verifier's row of context {c} itself), got {v:.6g}")
+                f"(the verifier's row of context {c} itself), got {v:.6g}"
+            )
     for c in (0, 2, 4):  # the contexts the walk stands at: the root, then n1's and n3's (both off the spine)
         assert not math.isnan(got[c]), f"the walk stood at context {c} but recorded no divergence there"
     assert dec.path == [1, 3] and dec.nxt == 0, (
         f"the walk must take n1 (SD fallback at the root), then n3 (Div ≤ τ at context 2), then refuse n6 and "
-        f"emit 0; got path {dec.path}, own token {dec.nxt}")
+        f"emit 0; got path {dec.path}, own token {dec.nxt}"
+    )
     assert dec.status == ["rejected", "accepted", "discarded", "accepted", "discarded", "discarded", "rejected"]
     assert not dec.leaf
 
@@ -131,17 +141,21 @@ def test_a_round_yields_its_accepted_path_plus_exactly_one_verifier_token(case):
     assert rnd.dec.path == path and rnd.dec.nxt == nxt, f"{case}: the walk took {rnd.dec.path} then {rnd.dec.nxt}"
     new = rnd.new_tokens()
     want = [tree.tokens[i] for i in path] + [nxt]
-    assert new == want, (f"{case}: a round yields its accepted path then exactly one verifier token "
-                         f"({len(path)} accepted → {len(path) + 1} new {want}), got {new}")
+    assert new == want, (
+        f"{case}: a round yields its accepted path then exactly one verifier token "
+        f"({len(path)} accepted → {len(path) + 1} new {want}), got {new}"
+    )
     assert rnd.own_status == own, f"{case}: the verifier's own token must be {own}, got {rnd.own_status}"
     origins = ["draft"] * rnd.k + [rnd.own_origin]
     assert origins == ["draft"] * len(path) + ["bonus" if own == "bonus" else "target"], (
-        f"{case}: origins {origins} do not match the new tokens (a target bonus is 'bonus', else 'target')")
+        f"{case}: origins {origins} do not match the new tokens (a target bonus is 'bonus', else 'target')"
+    )
     rec = record(rnd, DecodeConfig())
     assert rec.n_accepted == len(path) and [rec.tokens[i].token_id for i in accepted_path(rec)] == new[:-1]
     assert (rec.tokens[-1].token_id, rec.tokens[-1].status) == (nxt, own), (
         f"{case}: the record's last entry must be the own token {nxt} ({own}), got "
-        f"{rec.tokens[-1].token_id} ({rec.tokens[-1].status})")
+        f"{rec.tokens[-1].token_id} ({rec.tokens[-1].status})"
+    )
 
 
 @pytest.mark.parametrize("shape", ["chain", "tree"])
@@ -157,13 +171,15 @@ def test_every_decoded_step_commits_its_accepted_path_plus_one_token(shape, same
         k, path, parents = rec.n_accepted, accepted_path(rec), parents_of(rec)
         assert len(step.new_tokens) == k + 1, (
             f"step {step.index}: {k} accepted must commit {k + 1} tokens (the verifier's own last), "
-            f"got {step.new_tokens}")
+            f"got {step.new_tokens}"
+        )
         assert step.new_tokens == [rec.tokens[i].token_id for i in path] + [rec.tokens[-1].token_id]
         leaf = not any(p == (path[-1] if path else -1) for p in parents)
         own = "bonus" if leaf else "resampled"
         assert rec.tokens[-1].status == own, f"step {step.index}: own token {rec.tokens[-1].status}, not {own}"
         assert step.origins == ["draft"] * k + ["bonus" if leaf else "target"], (
-            f"step {step.index}: origins {step.origins} misaligned with {k} accepted + one {own} token")
+            f"step {step.index}: origins {step.origins} misaligned with {k} accepted + one {own} token"
+        )
         own_seen.add(own if k else own + "@0")
     if same:  # every walk follows the draft's argmax to a leaf
         assert "bonus" in own_seen and not {"resampled", "resampled@0"} & own_seen

@@ -1,4 +1,5 @@
 """Acceptance rules and divergences against hand-built distributions and logits."""
+
 import math
 
 import pytest
@@ -107,8 +108,18 @@ FAR = [0.0, 0.0, 0.1, 0.9]
 def test_verify_sd_greedy_accepts_two_then_target_argmax():
     """SD, T=0: drafts [3,1,0] vs target argmaxes [3,1,2,0] → 2 accepted, next token 2."""
     cfg = DecodeConfig(method="sd", temperature=0.0)
-    rnd, nxt = verify(one_hot_logits([3, 1, 2, 0]), one_hot_logits([3, 1, 0]), [3, 1, 0], "sd", None,
-                      cfg, None, "target", "draft", "target")
+    rnd, nxt = verify(
+        one_hot_logits([3, 1, 2, 0]),
+        one_hot_logits([3, 1, 0]),
+        [3, 1, 0],
+        "sd",
+        None,
+        cfg,
+        None,
+        "target",
+        "draft",
+        "target",
+    )
     assert (rnd.n_accepted, nxt) == (2, 2)
     assert [t.status for t in rnd.tokens] == ["accepted", "accepted", "rejected", "resampled"]
 
@@ -128,8 +139,9 @@ def test_verify_fuzzy_accepts_close_distribution_with_other_argmax():
 def test_verify_fuzzy_bonus_when_all_pass():
     """All three within τ: three accepted and a bonus from the target's last row (argmax 0)."""
     cfg = DecodeConfig(method="fsd", temperature=0.0, tau_t=0.3)
-    rnd, nxt = verify(logits_for([CLOSE] * 4), logits_for([NEAR] * 3), [1, 1, 1], "fuzzy", 0.3, cfg, None,
-                      "target", "draft", "target")
+    rnd, nxt = verify(
+        logits_for([CLOSE] * 4), logits_for([NEAR] * 3), [1, 1, 1], "fuzzy", 0.3, cfg, None, "target", "draft", "target"
+    )
     assert (rnd.n_accepted, nxt, rnd.tokens[-1].status) == (3, 0, "bonus")
 
 

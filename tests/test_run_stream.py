@@ -1,4 +1,5 @@
 """Streamed snapshots are built pass by pass (linear in the run's length) and end on `generate`'s record."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -107,7 +108,7 @@ def test_the_text_tail_equals_a_full_decode_after_every_pass(bpe_tokenizer, chun
     ids = bpe_tokenizer(text)["input_ids"]
     tail = _TextTail(bpe_tokenizer)
     for i in range(0, len(ids), chunk):
-        tail.extend(ids[i: i + chunk])
+        tail.extend(ids[i : i + chunk])
         full = bpe_tokenizer.decode(ids[: i + chunk], skip_special_tokens=True)
         assert full.startswith(tail.text), (i, full, tail.text)
         assert tail.text == full or full.endswith("\ufffd"), (i, full, tail.text)

@@ -1,5 +1,6 @@
 """The proposal's shape is a setting: "auto" is priced before the run (`predict.auto_shape`), from the cost
 profile, and the run's record says why; the loop itself runs only a chain or a tree."""
+
 import dataclasses
 
 import pytest
@@ -33,7 +34,10 @@ def test_auto_takes_the_tree_the_profile_prices_best_with_its_budget():
     assert b["tokens_per_s"] > b["chain_tokens_per_s"]  # the premise: a flat pass makes a tree pay
     cfg, why = resolve_shape(DecodeConfig(method="sd", shape="auto"), prof)
     assert cfg.shape == "tree" and (cfg.tree_nodes, cfg.tree_depth, cfg.tree_k) == (
-        b["tree_nodes"], b["tree_depth"], b["tree_k"])
+        b["tree_nodes"],
+        b["tree_depth"],
+        b["tree_k"],
+    )
     assert why.startswith("auto: a tree of") and f"{b['chain_tokens_per_s']:.1f}" in why
 
 
@@ -105,9 +109,17 @@ def _hybrid(vocab: int) -> torch.nn.Module:
     from transformers import Lfm2Config, Lfm2ForCausalLM
 
     torch.manual_seed(0)
-    return Lfm2ForCausalLM(Lfm2Config(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                      num_attention_heads=2, num_key_value_heads=1,
-                                      layer_types=["conv", "full_attention"])).eval()
+    return Lfm2ForCausalLM(
+        Lfm2Config(
+            vocab_size=vocab,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            layer_types=["conv", "full_attention"],
+        )
+    ).eval()
 
 
 def test_whether_models_take_trees_is_known_before_the_run():

@@ -1,4 +1,5 @@
 """HF's forward on a sliding-window model (Mistral-style): the cache rolls back past the window, exactly."""
+
 from __future__ import annotations
 
 import copy
@@ -18,8 +19,16 @@ V, WINDOW = 64, 4
 
 def mistral(window: int | None, seed: int = 0) -> MistralForCausalLM:
     torch.manual_seed(seed)
-    cfg = MistralConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                        num_key_value_heads=2, sliding_window=window, max_position_embeddings=128)
+    cfg = MistralConfig(
+        vocab_size=V,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        sliding_window=window,
+        max_position_embeddings=128,
+    )
     return MistralForCausalLM(cfg).eval()
 
 
@@ -38,7 +47,7 @@ def uncached_greedy(model: MistralForCausalLM, ids: list[int], n: int) -> list[i
     seq = list(ids)
     for _ in range(n):
         seq.append(int(model(input_ids=torch.tensor([seq]), use_cache=False).logits[0, -1].argmax()))
-    return seq[len(ids):]
+    return seq[len(ids) :]
 
 
 def test_cached_steps_past_the_window_equal_the_uncached_forward():

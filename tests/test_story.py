@@ -1,4 +1,5 @@
 """The Statistics tab's one story (`app/story.py`), on hand-built records."""
+
 from __future__ import annotations
 
 import itertools
@@ -15,8 +16,21 @@ PROFILE = {"ms": {"target": {"1": 20.0}}, "dtype": "bfloat16", "backend": "no-on
 
 def _ar_run(step_s: float, n: int = 10) -> RunResult:
     """AR on hand-built steps: n one-token target forwards of `step_s` seconds each."""
-    steps = [Step(i, [], None, [i], ["target"], i * step_s, (i + 1) * step_s, time_s={"target": step_s},
-                  n_forward={"target": 1}, fed={"target": [1]}) for i in range(n)]
+    steps = [
+        Step(
+            i,
+            [],
+            None,
+            [i],
+            ["target"],
+            i * step_s,
+            (i + 1) * step_s,
+            time_s={"target": step_s},
+            n_forward={"target": 1},
+            fed={"target": [1]},
+        )
+        for i in range(n)
+    ]
     stats = compute_stats("ar", steps, 0.0, "max_new_tokens")
     return RunResult("ar", {}, [], "", [], list(range(n)), [], ["target"] * n, "", stats, steps)
 
@@ -76,10 +90,23 @@ def test_the_paper_formula_is_a_labelled_teaching_aid_fed_by_the_profile():
 def test_tokens_needed_per_pass_agree_with_the_idle_prediction():
     """Rule: the 'to match AR' figure comes from the same sums as the idle-machine prediction, so a
     method commits more tokens per target pass than it needs exactly when it is predicted faster than AR."""
+
     def sd_run(k: int, committed: int, n: int = 6) -> RunResult:
-        steps = [Step(i, [], None, list(range(committed)), ["target"] * committed, i * 0.05, (i + 1) * 0.05,
-                      time_s={"target": 0.03, "draft": 0.02}, n_forward={"target": 1, "draft": k - 1},
-                      fed={"target": [k], "draft": [1] * (k - 1)}) for i in range(n)]
+        steps = [
+            Step(
+                i,
+                [],
+                None,
+                list(range(committed)),
+                ["target"] * committed,
+                i * 0.05,
+                (i + 1) * 0.05,
+                time_s={"target": 0.03, "draft": 0.02},
+                n_forward={"target": 1, "draft": k - 1},
+                fed={"target": [k], "draft": [1] * (k - 1)},
+            )
+            for i in range(n)
+        ]
         stats = compute_stats("sd", steps, 0.0, "max_new_tokens")
         return RunResult("sd", {}, [], "", [], [], [], [], "", stats, steps)
 
@@ -92,8 +119,10 @@ def test_tokens_needed_per_pass_agree_with_the_idle_prediction():
 
 def test_the_speed_chart_draws_the_story_rows():
     """Rule: the chart draws the rows it is given (measured, idle-machine prediction), computing nothing."""
-    rows = [{"method": "ar", "measured": 16.1, "predicted": 50.0}, {"method": "sd", "measured": 12.0,
-                                                                    "predicted": None}]
+    rows = [
+        {"method": "ar", "measured": 16.1, "predicted": 50.0},
+        {"method": "sd", "measured": 12.0, "predicted": None},
+    ]
     fig = charts.throughput_figure(rows)
     assert list(fig.data[0].y) == [16.1, 12.0] and list(fig.data[1].y) == [50.0, 0]
     assert fig.data[1].text[1] == "n/a" and "idle machine" in fig.data[1].name
@@ -102,8 +131,10 @@ def test_the_speed_chart_draws_the_story_rows():
 def test_the_memory_floor_sets_each_step_against_reading_the_weights():
     """The profile's memory floor is shown per model with the step's multiple of it and a 5-token pass's
     multiple of a step (the physics of cheap verification); no floor, no line."""
-    prof = {"ms": {"target": {"1": 20.0, "5": 22.0}},
-            "floor": {"target": {"floor_ms": 5.0, "gemv_ms": 1.0, "gb_per_s": 50.0, "mb": 250.0}}}
+    prof = {
+        "ms": {"target": {"1": 20.0, "5": 22.0}},
+        "floor": {"target": {"floor_ms": 5.0, "gemv_ms": 1.0, "gb_per_s": 50.0, "mb": 250.0}},
+    }
     line = story.floor_line(prof)
     assert "target 5.0 ms" in line and "4.0× it" in line and "1.10× a step" in line
     assert story.floor_line({"ms": prof["ms"]}) == ""

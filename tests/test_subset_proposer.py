@@ -3,6 +3,7 @@ them, divergences with zeros, and the subset file.
 
 Tiny models, the bigram mock and hand-built logits only; explicit generators.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,6 +28,7 @@ INF = float("inf")
 
 
 # --- the head and its subset ---------------------------------------------------------------
+
 
 def test_the_feature_drafts_head_is_a_copy_of_the_targets_rows():
     """The feature draft's head holds the target's rows for its subset; changing them leaves the target's
@@ -70,6 +72,7 @@ def test_subset_file_round_trip_and_ranking(tmp_path, monkeypatch):
 
 class _Tok:
     """A tokenizer as `make_vocab` reads one: its length, EOS and special ids."""
+
     eos_token_id, all_special_ids = 0, [0, 1]
 
     def __len__(self) -> int:
@@ -77,6 +80,7 @@ class _Tok:
 
 
 # --- exactness -----------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def reduced_tiny():
@@ -117,9 +121,10 @@ def _joint_two_tokens(method: str, n_trials: int, subset: list[int], **kw) -> tu
     return counts / n_trials, p[0][:, None] * p
 
 
-@pytest.mark.parametrize("method,kw", [("sd", {"gamma": 3}),
-                                       pytest.param("psd_a", {"stage2": "sd", "l_d": 2, "l_q": 3},
-                                                    marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "method,kw",
+    [("sd", {"gamma": 3}), pytest.param("psd_a", {"stage2": "sd", "l_d": 2, "l_q": 3}, marks=pytest.mark.slow)],
+)
 def test_sampled_sd_with_a_reduced_draft_reproduces_target_distribution(method, kw):
     """At T=1, SD with a draft that is 0 outside a subset of 2 of 4 tokens still samples the target's law:
     the joint law of the first two tokens is within total variation 0.05 of p_T(a|0)·p_T(b|a) over
@@ -201,6 +206,7 @@ def test_engine_fuzzy_test_with_a_reduced_proposer_follows_the_choice():
 def test_a_lax_support_rule_is_caught(monkeypatch):
     """Planted wrong rule: renormalising the verifier on the support without charging its mass outside
     would accept a proposal the right rule refuses (the subset-js test above must fail under it)."""
+
     def lax(p, q, kind="js", support="subset", log_p=None, log_q=None):
         s = (q > 0).float()
         p_s = p * s / (p * s).sum(-1, keepdim=True)

@@ -1,5 +1,6 @@
 """Trees of candidates: the acceptance rules on hand-built logits, the joint law at T=1, tree passes in the exactness
 record, compaction of the accepted path, and tree rows in the feature draft."""
+
 import pytest
 import torch
 from helpers import check, peaked
@@ -87,10 +88,17 @@ def test_fuzzy_with_sd_fallback_tries_the_other_children():
     assert dec.path[:1] == [1] and dec.status[0] == "rejected"
 
 
-@pytest.mark.parametrize("method,kw", [("sd", {"tree_nodes": 5, "tree_depth": 2, "tree_k": 2}),
-                                       pytest.param("psd_a", {"stage2": "sd", "tree_nodes": 4, "tree_depth": 2,
-                                                              "tree_k": 2, "l_d": 2, "l_q": 3},
-                                                    marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "method,kw",
+    [
+        ("sd", {"tree_nodes": 5, "tree_depth": 2, "tree_k": 2}),
+        pytest.param(
+            "psd_a",
+            {"stage2": "sd", "tree_nodes": 4, "tree_depth": 2, "tree_k": 2, "l_d": 2, "l_q": 3},
+            marks=pytest.mark.slow,
+        ),
+    ],
+)
 def test_sampled_tree_sd_reproduces_the_target_joint_law(method, kw):
     """Tree SD at T=1 (and the lossless pyramid over a tree) sample the target's law: over 4,000 runs the
     first two tokens are within TV 0.05 of p_T(a|0)·p_T(b|a), the chain's bound (tests/test_engine.py)."""
@@ -105,8 +113,9 @@ def test_a_tree_of_top_k_children_is_not_exact(monkeypatch):
     from pyramid_demo.core import round as round_
 
     real = round_.grow
-    monkeypatch.setattr(round_, "grow", lambda cur, seq, nodes, depth, k, cfg, gen:
-                        real(cur, seq, nodes, depth, k, cfg, None))
+    monkeypatch.setattr(
+        round_, "grow", lambda cur, seq, nodes, depth, k, cfg, gen: real(cur, seq, nodes, depth, k, cfg, None)
+    )
     emp, exp = joint_two_tokens("sd", 3000, shape="tree", tree_nodes=5, tree_depth=2, tree_k=2)
     assert 0.5 * (emp - exp).abs().sum().item() > 0.05
 
@@ -184,7 +193,8 @@ def test_a_tree_round_leaves_its_accepted_path_in_both_caches():
         longest = max(longest, step.target_round.n_accepted)
         assert lms["target"].ids == seq[:-1], f"the verifier lost its accepted path at pass {step.index}"
         assert lms["draft"].ids == seq[: len(lms["draft"].ids)] and len(lms["draft"].ids) >= len(seq) - 2, (
-            f"the draft lost the accepted nodes it fed at pass {step.index}")
+            f"the draft lost the accepted nodes it fed at pass {step.index}"
+        )
     assert longest == 3  # the premise: whole paths accepted, so a lost path shows
 
 
@@ -244,8 +254,16 @@ def test_the_inspectors_what_if_walks_a_tree_as_the_engine_did(tiny, fallback):
     accepts less, and τ = 0 accepts only what the SD fallback took."""
     from pyramid_demo.app.inspector import reevaluate, whatif_statuses
 
-    cfg = DecodeConfig(method="fsd", shape="tree", max_new_tokens=24, tau_t=0.6, fallback=fallback, tree_nodes=6,
-                       tree_depth=3, tree_k=2)
+    cfg = DecodeConfig(
+        method="fsd",
+        shape="tree",
+        max_new_tokens=24,
+        tau_t=0.6,
+        fallback=fallback,
+        tree_nodes=6,
+        tree_depth=3,
+        tree_k=2,
+    )
     r = generate(tiny, "The quick brown fox", cfg)
     rounds = [s.target_round for s in r.steps if s.target_round is not None and s.target_round.parents]
     assert rounds

@@ -1,4 +1,5 @@
 """What a tree should buy: acceptance by rank read off tree records, the expected tree, the best budget."""
+
 import pytest
 
 from pyramid_demo.core.trace import StageRound, TokenRec
@@ -26,6 +27,7 @@ def test_rank_counts_follow_the_walk():
 def test_the_expected_tree_reproduces_sequoias_figures():
     """On these rank marginals the expected EAGLE-2 tree commits 2.06 tokens per pass with 8 nodes and
     2.25 with 15, against 1.69 for the best chain."""
+
     def per_pass(n, d, k):
         return round_speed({"ms": {"draft": {1: 1.0}, "target": {1: 1.0}}}, d, A, tree=(n, d, k))["tokens_per_pass"]
 

@@ -3,6 +3,7 @@
 No model runs: a Step is built by hand (a tree with a rejected sibling, an accepted path of 2 and a subtree
 never reached; a chain; a pyramid pass whose stage-1 rounds are trees) and the figure's traces are read back.
 """
+
 from __future__ import annotations
 
 import plotly.graph_objects as go
@@ -12,50 +13,105 @@ from pyramid_demo.app import tree_view
 from pyramid_demo.app.render import STATUS_COLOURS
 from pyramid_demo.core.trace import StageRound, Step, TokenRec
 
-TEXTS = {i: w for i, w in enumerate(["<r>", "The", "A", "cat", "dog", "big", "sat", "ran", "ate", "on", "mat",
-                                     "the", "red", "hat"])}
+TEXTS = {
+    i: w
+    for i, w in enumerate(
+        ["<r>", "The", "A", "cat", "dog", "big", "sat", "ran", "ate", "on", "mat", "the", "red", "hat"]
+    )
+}
 
 
-def tok(tid: int, status: str, proposer: str = "draft", verifier: str = "target", p: float = 0.5,
-        q: float = 0.25, want: int | None = None) -> TokenRec:
+def tok(
+    tid: int,
+    status: str,
+    proposer: str = "draft",
+    verifier: str = "target",
+    p: float = 0.5,
+    q: float = 0.25,
+    want: int | None = None,
+) -> TokenRec:
     """A record whose top-5 says the verifier's top-1 at its context is `want` (default: the token itself)."""
     top = {verifier: [[want if want is not None else tid, 0.61], [99, 0.1]]}
     who = verifier if status in ("bonus", "resampled") else proposer
-    return TokenRec(tid, who, status, div=None if who == verifier else 0.2, p=p,
-                    q=None if who == verifier else q, top5=top)
+    return TokenRec(
+        tid, who, status, div=None if who == verifier else 0.2, p=p, q=None if who == verifier else q, top5=top
+    )
 
 
 def sd_tree_step() -> Step:
     """root ─ The(rejected) ─ cat(discarded) ─ ran(discarded)
-            └ A(accepted) ─ dog(accepted) ─ sat(rejected)
-                          └ big(discarded)         ; then the target's own token 'ate' (resampled)."""
-    toks = [tok(1, "rejected", want=2), tok(2, "accepted", p=0.7, q=0.45), tok(3, "discarded"),
-            tok(4, "accepted", p=0.8, q=0.33), tok(5, "discarded"), tok(6, "rejected", want=8),
-            tok(7, "discarded"), tok(8, "resampled", p=0.9)]
+    └ A(accepted) ─ dog(accepted) ─ sat(rejected)
+                  └ big(discarded)         ; then the target's own token 'ate' (resampled)."""
+    toks = [
+        tok(1, "rejected", want=2),
+        tok(2, "accepted", p=0.7, q=0.45),
+        tok(3, "discarded"),
+        tok(4, "accepted", p=0.8, q=0.33),
+        tok(5, "discarded"),
+        tok(6, "rejected", want=8),
+        tok(7, "discarded"),
+        tok(8, "resampled", p=0.9),
+    ]
     rnd = StageRound("target", "draft", "target", "sd", toks, n_accepted=2, parents=[-1, -1, 0, 1, 1, 3, 2])
     return Step(0, [], rnd, [2, 4, 8], ["draft", "draft", "target"], 0.0, 0.1)
 
 
 def chain_step() -> Step:
     """A chain of 4: two accepted, one rejected, one discarded after it; the own token replaces the third."""
-    toks = [tok(9, "accepted"), tok(11, "accepted"), tok(12, "rejected", want=10), tok(13, "discarded"),
-            tok(10, "resampled")]
-    return Step(3, [], StageRound("target", "draft", "target", "fuzzy", toks, 2), [9, 11, 10],
-                ["draft", "draft", "target"], 0.0, 0.1)
+    toks = [
+        tok(9, "accepted"),
+        tok(11, "accepted"),
+        tok(12, "rejected", want=10),
+        tok(13, "discarded"),
+        tok(10, "resampled"),
+    ]
+    return Step(
+        3,
+        [],
+        StageRound("target", "draft", "target", "fuzzy", toks, 2),
+        [9, 11, 10],
+        ["draft", "draft", "target"],
+        0.0,
+        0.1,
+    )
 
 
 def psd_tree_step() -> Step:
     """Two stage-1 tree rounds (draft → qualifier) build a block of 4; the target checks it as a chain."""
-    r1 = StageRound("qualifier", "draft", "qualifier", "fuzzy",
-                    [tok(2, "accepted", verifier="qualifier"), tok(1, "discarded", verifier="qualifier"),
-                     tok(4, "rejected", verifier="qualifier", want=5), tok(5, "resampled", verifier="qualifier")],
-                    n_accepted=1, parents=[-1, -1, 0])
-    r2 = StageRound("qualifier", "draft", "qualifier", "fuzzy",
-                    [tok(6, "accepted", verifier="qualifier"), tok(7, "discarded", verifier="qualifier"),
-                     tok(9, "bonus", verifier="qualifier")], n_accepted=1, parents=[-1, -1])
-    block = [tok(2, "accepted", "qualifier"), tok(5, "accepted", "qualifier"), tok(6, "rejected", "qualifier",
-                                                                                    want=10),
-             tok(9, "discarded", "qualifier"), tok(10, "resampled")]
+    r1 = StageRound(
+        "qualifier",
+        "draft",
+        "qualifier",
+        "fuzzy",
+        [
+            tok(2, "accepted", verifier="qualifier"),
+            tok(1, "discarded", verifier="qualifier"),
+            tok(4, "rejected", verifier="qualifier", want=5),
+            tok(5, "resampled", verifier="qualifier"),
+        ],
+        n_accepted=1,
+        parents=[-1, -1, 0],
+    )
+    r2 = StageRound(
+        "qualifier",
+        "draft",
+        "qualifier",
+        "fuzzy",
+        [
+            tok(6, "accepted", verifier="qualifier"),
+            tok(7, "discarded", verifier="qualifier"),
+            tok(9, "bonus", verifier="qualifier"),
+        ],
+        n_accepted=1,
+        parents=[-1, -1],
+    )
+    block = [
+        tok(2, "accepted", "qualifier"),
+        tok(5, "accepted", "qualifier"),
+        tok(6, "rejected", "qualifier", want=10),
+        tok(9, "discarded", "qualifier"),
+        tok(10, "resampled"),
+    ]
     t = StageRound("target", "qualifier", "target", "fuzzy", block, n_accepted=2)
     return Step(1, [r1, r2], t, [2, 5, 10], ["draft", "qualifier", "target"], 0.0, 0.1)
 
@@ -205,4 +261,5 @@ def test_a_row_too_tall_folds_what_was_never_reached() -> None:
     assert "folded" in fig.layout.annotations[0].text
     small = tree_view.tree_figure(sd_tree_step(), TEXTS)
     assert "folded" not in small.layout.annotations[0].text and "+" not in "".join(
-        t for tr in small.data if tr.mode == "markers+text" for t in tr.text)
+        t for tr in small.data if tr.mode == "markers+text" for t in tr.text
+    )

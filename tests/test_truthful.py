@@ -4,6 +4,7 @@ Covered elsewhere: the random stream drawn under every rule (test_decide), a bon
 verifier's own EOS (test_records). Here: what the feature draft reads and how it runs its rows, where the
 target's states may be written, the qualifier's logits at stage 2, and the pyramid's predicted speed.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -40,6 +41,7 @@ def true_states(target: torch.nn.Module, ids: list[int]) -> torch.Tensor:
 
 # --- the draft reads the target's states of the committed tokens, never of rejected ones ------------------
 
+
 def test_the_draft_never_reads_a_rejected_tokens_state(reader, monkeypatch):
     """After a rejection the target's states past the accepted prefix are dropped: every state the feature
     draft reads (for a row at position p, the target's state at p-1 where the target has scored it) is the
@@ -52,8 +54,9 @@ def test_the_draft_never_reads_a_rejected_tokens_state(reader, monkeypatch):
         a, b = max(start - 1, 0), min(start - 1 + toks.shape[0], self._known())
         if b > a:
             want = true_states(t.target, seq[:b])[a:b]
-            assert torch.allclose(self.states.f[a:b], want, atol=1e-4), \
+            assert torch.allclose(self.states.f[a:b], want, atol=1e-4), (
                 f"the draft read states at {a}…{b - 1} that are not those of its tokens (a rejected token's?)"
+            )
         return real(self, toks, start)
 
     monkeypatch.setattr(FeatureLM, "_chain_rows", spy)
@@ -85,10 +88,12 @@ def test_rows_whose_input_state_is_not_known_wait_for_the_row_before(reader):
     fin = torch.isfinite(rows)
     assert torch.equal(fin, torch.isfinite(chunk))
     assert torch.allclose(chunk[fin], rows[fin], atol=1e-4), (  # fp32 rounding of a grouped-query call: ~3e-5
-        f"a row read a predicted state not computed yet (max diff {float((chunk[fin] - rows[fin]).abs().max()):.3g})")
+        f"a row read a predicted state not computed yet (max diff {float((chunk[fin] - rows[fin]).abs().max()):.3g})"
+    )
 
 
 # --- the target's states ------------------------------------------------------------------------------
+
 
 def test_target_states_are_never_written_past_the_known_end():
     """A target pass writes its states from a position it has scored up to (it may overwrite its tail);
@@ -103,6 +108,7 @@ def test_target_states_are_never_written_past_the_known_end():
 
 
 # --- stage 2 reads the qualifier's distribution at every block position -----------------------------------
+
 
 @pytest.mark.parametrize("method,conf", [("psd_f", 0.0), ("psd_a", 0.0), ("psd_f", 0.4)])
 def test_stage_2_compares_the_target_and_the_qualifier_at_the_same_position(method, conf):
@@ -128,8 +134,13 @@ def test_stage_2_compares_the_target_and_the_qualifier_at_the_same_position(meth
 
 # --- the pyramid's predicted speed counts every stage-1 round of a block ---------------------------------
 
-PROFILE = {"ms": {"draft": {"1": 1.0}, "qualifier": {str(k): 2.0 for k in range(1, 10)},
-                  "target": {str(k): 10.0 for k in range(1, 10)}}}
+PROFILE = {
+    "ms": {
+        "draft": {"1": 1.0},
+        "qualifier": {str(k): 2.0 for k in range(1, 10)},
+        "target": {str(k): 10.0 for k in range(1, 10)},
+    }
+}
 
 
 def test_the_predicted_block_pays_for_every_stage_1_round():
@@ -148,8 +159,9 @@ def test_the_papers_pyramid_formula_spends_l_q_stage_1_tokens_per_block():
     assert v_fsd == pytest.approx(0.5 * 3 / (2 / 100 + 1 / 50))
     assert throughput.stage_speed(0.5, 6, v_fsd, 20.0) == pytest.approx(0.5 * 7 / (6 / v_fsd + 1 / 20))
     spec = {"gamma": 4, "l_d": 2, "l_q": 6}
-    got = throughput.predict_parts("psd_f", spec, {"qualifier": 0.5, "target": 0.5},
-                                   {"draft": 100.0, "qualifier": 50.0, "target": 20.0})
+    got = throughput.predict_parts(
+        "psd_f", spec, {"qualifier": 0.5, "target": 0.5}, {"draft": 100.0, "qualifier": 50.0, "target": 20.0}
+    )
     assert got == pytest.approx(0.5 * 7 / (6 / v_fsd + 1 / 20))
 
 

@@ -11,6 +11,7 @@ Breadth-first node order: The, A, cat, dog, big, sat, ran (parents −1, −1, 0
 is A → dog (nodes 1, 3); its positions are depths: A 1, dog 2, sat 3. Every record's top-5 is its context's
 (the verifier T_c, the draft D_c), so a view that reads a child's context instead shows another list.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,28 +25,44 @@ from pyramid_demo.app.session import Race, Session
 from pyramid_demo.core.trace import RunResult, StageRound, Step, TokenRec
 
 WORDS = ["<r>", "The", "A", "cat", "dog", "big", "sat", "ran", "ate", "on", "mat"]
-TEXTS = {i: w for i, w in enumerate(WORDS)} | {100 + c: f"T{c}" for c in range(8)} | {
-    200 + c: f"D{c}" for c in range(8)}
+TEXTS = (
+    {i: w for i, w in enumerate(WORDS)} | {100 + c: f"T{c}" for c in range(8)} | {200 + c: f"D{c}" for c in range(8)}
+)
 PARENTS = [-1, -1, 0, 1, 1, 3, 2]
 DIV = {0: 0.6, 1: 0.1, 2: 0.2, 3: 0.4, 4: 0.9}  # per context c (0 the root, i + 1 node i): The, cat, A, ran, dog
 
 
 def top(c: int, own: bool = False) -> dict[str, list[list[float]]]:
     """Context c's distributions: the target's top-1 is T_c, the draft's D_c."""
-    return {"target": [[100 + c, 0.6], [9, 0.1]]} if own else {"target": [[100 + c, 0.6], [9, 0.1]],
-                                                                "draft": [[200 + c, 0.5], [10, 0.2]]}
+    return (
+        {"target": [[100 + c, 0.6], [9, 0.1]]}
+        if own
+        else {"target": [[100 + c, 0.6], [9, 0.1]], "draft": [[200 + c, 0.5], [10, 0.2]]}
+    )
 
 
 def rec(tid: int, status: str, c: int, tau: float | None = 0.5, proposer: str = "draft") -> TokenRec:
     return TokenRec(tid, proposer, status, div=DIV[c], tau=tau, p=0.3, q=0.4, top5=top(c))
 
 
-def tree_round(statuses: list[str], own: str = "resampled", n_accepted: int = 2, fallback: bool = True,
-               parents: list[int] | None = PARENTS) -> StageRound:
+def tree_round(
+    statuses: list[str],
+    own: str = "resampled",
+    n_accepted: int = 2,
+    fallback: bool = True,
+    parents: list[int] | None = PARENTS,
+) -> StageRound:
     toks = [rec(t, s, p + 1) for t, s, p in zip([1, 2, 3, 4, 5, 6, 7], statuses, PARENTS)]
-    return StageRound("target", "draft", "target", "fuzzy+sd" if fallback else "fuzzy",
-                      toks + [TokenRec(8, "target", own, p=0.9, top5=top(4, own=True))], n_accepted,
-                      sd_fallback=fallback, parents=parents)
+    return StageRound(
+        "target",
+        "draft",
+        "target",
+        "fuzzy+sd" if fallback else "fuzzy",
+        toks + [TokenRec(8, "target", own, p=0.9, top5=top(4, own=True))],
+        n_accepted,
+        sd_fallback=fallback,
+        parents=parents,
+    )
 
 
 RECORDED = ["rejected", "accepted", "discarded", "accepted", "discarded", "rejected", "discarded"]
@@ -57,8 +74,7 @@ def step(rnd: StageRound | None = None) -> Step:
 
 def run(steps: list[Step], method: str = "fsd") -> RunResult:
     stats = compute_stats(method, steps, 0.0, "eos")
-    return RunResult(method, {"tree_nodes": 7, "tau_t": 0.5, "tau_q": 0.5}, [], "", [], [], [], [], "", stats,
-                     steps)
+    return RunResult(method, {"tree_nodes": 7, "tau_t": 0.5, "tau_q": 0.5}, [], "", [], [], [], [], "", stats, steps)
 
 
 def session(r: RunResult, method: str = "fsd", texts: dict[int, str] | None = None) -> Session:
@@ -113,14 +129,17 @@ def test_a_cut_tree_round_keeps_its_cut_under_any_tau() -> None:
 def test_a_cut_chain_round_keeps_its_cut_too() -> None:
     """Rule: a chain is a tree: the same walk, so a chain cut after 2 of 4 passing tokens shows the third
     discarded (cut), not rejected (it passed)."""
-    toks = [TokenRec(i, "draft", s, div=0.1, tau=0.5) for i, s in
-            enumerate(["accepted", "accepted", "discarded", "discarded"], start=1)]
+    toks = [
+        TokenRec(i, "draft", s, div=0.1, tau=0.5)
+        for i, s in enumerate(["accepted", "accepted", "discarded", "discarded"], start=1)
+    ]
     rnd = StageRound("qualifier", "draft", "qualifier", "fuzzy", toks + [TokenRec(9, "qualifier", "discarded")], 2)
     assert inspector.whatif_statuses(rnd, 0.5) == ["accepted", "accepted", "discarded", "discarded"]
     assert inspector.whatif_statuses(rnd, 0.05) == ["rejected", "discarded", "discarded", "discarded"]
 
 
 # --- the inspector: chips, marks, slider, top-5, wording -----------------------------------------------------
+
 
 def test_the_marks_follow_the_accepted_path_not_the_node_index() -> None:
     """Rule: the ✓/✗/· under each chip is that token's own fate at the what-if τ (at τ_T 0.1: A kept, The and
@@ -137,12 +156,14 @@ def test_the_chips_lay_the_path_first_and_siblings_below() -> None:
     next position; each other candidate at a context on the path starts a dashed row below, in its position's
     column (The at 1, big at 2, sat at 3), what hangs under it to its right (cat, ran under The)."""
     html = views.inspect_round(session(run([step()])), 1, "fsd", 1, 0.5, 0.5, 1)[0]
-    cells = re.findall(r'<div class="([a-z ]+)" style="grid-row:(\d+);grid-column:(\d+);.*?>([A-Za-z]+)</span>',
-                       html)
+    cells = re.findall(r'<div class="([a-z ]+)" style="grid-row:(\d+);grid-column:(\d+);.*?>([A-Za-z]+)</span>', html)
     where = {w: (cls, int(r), int(c)) for cls, r, c, w in cells}
     assert set(where) == {"The", "A", "cat", "dog", "big", "sat", "ran", "ate"}, "every token in one cell"
-    assert {w: where[w] for w in ("A", "dog", "ate")} == {"A": ("line", 2, 1), "dog": ("line", 2, 2),
-                                                         "ate": ("line own", 2, 3)}
+    assert {w: where[w] for w in ("A", "dog", "ate")} == {
+        "A": ("line", 2, 1),
+        "dog": ("line", 2, 2),
+        "ate": ("line own", 2, 3),
+    }
     assert [where[w][::2] for w in ("The", "big", "sat")] == [("sibling", 1), ("sibling", 2), ("sibling", 3)]
     assert where["cat"] == ("below", where["The"][1], 2) and where["ran"] == ("below", where["The"][1], 3)
     assert 2 < where["The"][1] < where["big"][1] < where["sat"][1]  # a row each, in the path's order
@@ -166,18 +187,33 @@ def test_the_position_slider_is_a_depth_along_the_path_with_the_siblings_named()
 def test_a_pyramid_blocks_draft_top5_follow_the_stage1_path() -> None:
     """Rule: the block's position d shows the draft's distribution at the stage-1 tree's path context, not the
     d-th node in breadth-first order; past a path that ended at a leaf the draft proposed nothing there."""
-    q_toks = [TokenRec(1, "draft", "rejected", div=0.6, tau=0.5, top5=top(0)),
-              TokenRec(2, "draft", "accepted", div=0.6, tau=0.5, top5=top(0)),
-              TokenRec(3, "draft", "discarded", div=0.1, tau=0.5, top5=top(1)),
-              TokenRec(4, "draft", "accepted", div=0.2, tau=0.5, top5=top(2)),
-              TokenRec(6, "qualifier", "bonus", top5={"qualifier": [[106, 0.5]]})]
-    q = StageRound("qualifier", "draft", "qualifier", "fuzzy+sd", q_toks, 2, sd_fallback=True,
-                   parents=[-1, -1, 0, 1])
-    block = [TokenRec(t, "qualifier", "accepted", div=0.1, tau=0.5, top5={"target": [[110 + i, 0.5]],
-                                                                         "qualifier": [[120 + i, 0.5]]})
-             for i, t in enumerate([2, 4, 6])]
-    t = StageRound("target", "qualifier", "target", "fuzzy", block + [TokenRec(9, "target", "bonus",
-                                                                                top5={"target": [[113, 0.5]]})], 3)
+    q_toks = [
+        TokenRec(1, "draft", "rejected", div=0.6, tau=0.5, top5=top(0)),
+        TokenRec(2, "draft", "accepted", div=0.6, tau=0.5, top5=top(0)),
+        TokenRec(3, "draft", "discarded", div=0.1, tau=0.5, top5=top(1)),
+        TokenRec(4, "draft", "accepted", div=0.2, tau=0.5, top5=top(2)),
+        TokenRec(6, "qualifier", "bonus", top5={"qualifier": [[106, 0.5]]}),
+    ]
+    q = StageRound("qualifier", "draft", "qualifier", "fuzzy+sd", q_toks, 2, sd_fallback=True, parents=[-1, -1, 0, 1])
+    block = [
+        TokenRec(
+            t,
+            "qualifier",
+            "accepted",
+            div=0.1,
+            tau=0.5,
+            top5={"target": [[110 + i, 0.5]], "qualifier": [[120 + i, 0.5]]},
+        )
+        for i, t in enumerate([2, 4, 6])
+    ]
+    t = StageRound(
+        "target",
+        "qualifier",
+        "target",
+        "fuzzy",
+        block + [TokenRec(9, "target", "bonus", top5={"target": [[113, 0.5]]})],
+        3,
+    )
     st = Step(0, [q], t, [2, 4, 6, 9], ["draft", "draft", "qualifier", "bonus"], 0.0, 0.1)
     for d, want in ((1, 200), (2, 202)):
         assert inspector.position_top5(st, d)["draft"][0][0] == want, f"position {d}"
@@ -193,19 +229,29 @@ def test_the_text_names_the_shape_from_the_parent_list() -> None:
     list is a chain as a chain, wherever the parent list came from."""
     md = views.inspect_round(session(run([step()])), 1, "fsd", 1, 0.5, 0.5, 1)[3]
     assert "kept **2** (a path) of a tree of 7 candidates, depth 3" in md
-    chain = StageRound("target", "draft", "target", "sd", [TokenRec(1, "draft", "accepted"),
-                                                          TokenRec(2, "draft", "rejected"),
-                                                          TokenRec(3, "draft", "discarded"),
-                                                          TokenRec(8, "target", "resampled")], 1, exact=True,
-                       parents=[-1, 0, 1])
+    chain = StageRound(
+        "target",
+        "draft",
+        "target",
+        "sd",
+        [
+            TokenRec(1, "draft", "accepted"),
+            TokenRec(2, "draft", "rejected"),
+            TokenRec(3, "draft", "discarded"),
+            TokenRec(8, "target", "resampled"),
+        ],
+        1,
+        exact=True,
+        parents=[-1, 0, 1],
+    )
     fig = tree_view.tree_figure(Step(0, [], chain, [1, 8], ["draft", "target"], 0.0, 0.1), TEXTS)
     assert "a chain of 3" in fig.layout.annotations[0].text
-    md = views.inspect_round(session(run([Step(0, [], chain, [1, 8], [], 0.0, 0.1)])), 1, "fsd", 1, .5, .5,
-                             1)[3]
+    md = views.inspect_round(session(run([Step(0, [], chain, [1, 8], [], 0.0, 0.1)])), 1, "fsd", 1, 0.5, 0.5, 1)[3]
     assert "kept **1 of 3** proposed tokens" in md
 
 
 # --- the divergence chart --------------------------------------------------------------------------------------
+
 
 def test_the_divergence_bars_follow_the_path_at_each_positions_context() -> None:
     """Rule: one bar per position (A, dog, sat), its height the Div at that position's context (its parent's:
@@ -223,6 +269,7 @@ def test_the_divergence_bars_follow_the_path_at_each_positions_context() -> None
 
 # --- statistics: positions are depths ------------------------------------------------------------------------
 
+
 def test_statistics_count_depths_not_node_indices() -> None:
     """Rule: a tree of 7 nodes and depth 3 whose path is 2 offers 3 positions: per-position acceptance [1, 1, 0]
     (it proposed at every depth and its path reached 2), acceptance 2 ÷ 3 (not 2 ÷ 7), its pass in the
@@ -238,9 +285,31 @@ def test_statistics_count_depths_not_node_indices() -> None:
 def test_the_histogram_places_a_tree_run_by_its_records_not_its_key() -> None:
     """Rule: a run whose rounds are trees is drawn hatched in the row below its method's chain, whatever its
     key says; its bars are shares of passes at k accepted (bin 2: the pass with a path of 2)."""
-    chain = run([Step(0, [], StageRound("target", "draft", "target", "fuzzy", [
-        TokenRec(1, "draft", "accepted"), TokenRec(2, "draft", "rejected"), TokenRec(8, "target", "resampled")], 1),
-        [1, 8], [], 0.0, 0.1)], "sd")
+    chain = run(
+        [
+            Step(
+                0,
+                [],
+                StageRound(
+                    "target",
+                    "draft",
+                    "target",
+                    "fuzzy",
+                    [
+                        TokenRec(1, "draft", "accepted"),
+                        TokenRec(2, "draft", "rejected"),
+                        TokenRec(8, "target", "resampled"),
+                    ],
+                    1,
+                ),
+                [1, 8],
+                [],
+                0.0,
+                0.1,
+            )
+        ],
+        "sd",
+    )
     tree = run([step()], "fsd")
     where = pass_hist.panels({"sd": chain, "fsd": tree})
     assert where == {"sd": (1, 1), "fsd": (2, 2)}
@@ -259,15 +328,22 @@ def test_the_story_tells_a_tree_runs_acceptance_over_positions() -> None:
 
 # --- exports ----------------------------------------------------------------------------------------------------
 
+
 def test_the_export_carries_each_rounds_parent_list_and_accepted_path(tmp_path) -> None:
     """Rule: the exported trace gives every round its parent list (a chain's too) and its accepted path."""
     from pyramid_demo.app import handlers
 
-    chain = StageRound("target", "draft", "target", "sd", [TokenRec(1, "draft", "accepted"),
-                                                          TokenRec(8, "target", "bonus")], 1, exact=True)
+    chain = StageRound(
+        "target",
+        "draft",
+        "target",
+        "sd",
+        [TokenRec(1, "draft", "accepted"), TokenRec(8, "target", "bonus")],
+        1,
+        exact=True,
+    )
     r = run([step(), Step(1, [], chain, [1, 8], [], 0.1, 0.2)])
     held = session(r)  # the export's folder is the session's: it lives as long as the session
     jpath, _ = handlers.export_files(held)
     rounds = [s["target_round"] for s in json.loads(open(jpath).read())[0]["results"]["fsd"]["steps"]]
     assert [(x.get("parents"), x.get("accepted_path")) for x in rounds] == [(PARENTS, [1, 3]), ([-1], [0])]
-

@@ -1,6 +1,7 @@
 """Acceptance read per context a walk reached, for chains and trees alike, and the formulas a tree run gets.
 
 Every right answer below is written by hand from the hand-built round it reads."""
+
 from __future__ import annotations
 
 import threading
@@ -13,12 +14,14 @@ from pyramid_demo.predict import costs, throughput
 from pyramid_demo.predict.walk_stats import alpha, counts, rank_counts, rejected, stage_counts
 
 
-def _tree(statuses: list[str], parents: list[int], own: str = "resampled", stage: str = "target",
-          rule: str = "greedy") -> StageRound:
+def _tree(
+    statuses: list[str], parents: list[int], own: str = "resampled", stage: str = "target", rule: str = "greedy"
+) -> StageRound:
     """A tree round: one proposed token per status (breadth-first, `parents`), then the verifier's own."""
     toks = [TokenRec(10 + i, "draft", s) for i, s in enumerate(statuses)] + [TokenRec(99, stage, own)]
-    return StageRound(stage, "draft", stage, rule, toks, statuses.count("accepted"), exact=rule != "fuzzy",
-                      parents=parents)
+    return StageRound(
+        stage, "draft", stage, rule, toks, statuses.count("accepted"), exact=rule != "fuzzy", parents=parents
+    )
 
 
 def _chain(statuses: list[str], own: str) -> StageRound:
@@ -84,15 +87,43 @@ def test_a_pass_is_counted_whether_or_not_it_has_a_target_round():
     assert costs.forward_counts(ar) == {"target": {1: 3}}
     assert costs.predict_run(ar, prof)["time_s"] == pytest.approx(3 * 10.0 / 1000)
     empty = Step(3, [], _chain([], own="target"), [1], ["target"], 0, 0, {}, {"target": 1}, {"target": [1]})
-    full = Step(4, [], _chain(["accepted"], own="bonus"), [1, 2], ["draft", "bonus"], 0, 0, {},
-                {"draft": 1, "target": 1}, {"draft": [1], "target": [2]})
+    full = Step(
+        4,
+        [],
+        _chain(["accepted"], own="bonus"),
+        [1, 2],
+        ["draft", "bonus"],
+        0,
+        0,
+        {},
+        {"draft": 1, "target": 1},
+        {"draft": [1], "target": [2]},
+    )
     assert costs.forward_counts([full, empty]) == {"target": {2: 1, 1: 1}, "draft": {1: 1}}
     assert costs.predict_run([full, empty], prof)["time_s"] == pytest.approx((1.0 + 12.0 + 10.0) / 1000)
 
 
 def _run(method: str, cfg: dict, accepted: dict, rounds: dict, proposed: dict, acceptance: dict) -> RunResult:
-    stats = Stats(method, 20, 0.0, 1.0, 20.0, 10, acceptance, proposed, accepted, 1.0, 2.0, [], {}, {}, {}, 0.0,
-                  "max_new_tokens", rounds)
+    stats = Stats(
+        method,
+        20,
+        0.0,
+        1.0,
+        20.0,
+        10,
+        acceptance,
+        proposed,
+        accepted,
+        1.0,
+        2.0,
+        [],
+        {},
+        {},
+        {},
+        0.0,
+        "max_new_tokens",
+        rounds,
+    )
     return RunResult(method, cfg, [], "", [], [], [], [], "", stats, [])
 
 
@@ -115,8 +146,14 @@ def test_the_papers_formula_for_a_pyramid_over_a_tree():
     """Stage 1: a tree of 2 levels that committed 2.5 tokens per qualifier round; stage 2: the paper's chain of
     ℓ_Q 6 at β_TQ 0.5. Stage 1 is E_Q / (levels/V_D + 1/V_Q), not ℓ_D = the node count."""
     cfg = {"l_d": 4, "l_q": 6, "tree_nodes": 8, "tree_depth": 2, "tree_k": 2, "shape": "tree"}
-    r = _run(TREE_KEY["psd_f"], cfg, {"qualifier": 15, "target": 30}, {"qualifier": 10, "target": 10},
-             {"qualifier": 80, "target": 60}, {"qualifier": 15 / 80, "target": 0.5})
+    r = _run(
+        TREE_KEY["psd_f"],
+        cfg,
+        {"qualifier": 15, "target": 30},
+        {"qualifier": 10, "target": 10},
+        {"qualifier": 80, "target": 60},
+        {"qualifier": 15 / 80, "target": 0.5},
+    )
     inner = 2.5 / (2 / 100 + 1 / 40)
     assert throughput.predict(r, SPEEDS) == pytest.approx(throughput.stage_speed(0.5, 6, inner, 10.0))
 
@@ -126,11 +163,18 @@ def test_a_pyramid_over_a_tree_is_priced_as_its_tree():
     a round commits 2 tokens, exactly a block of ℓ_Q 2, for the draft's one step and a 3-row qualifier pass;
     then a 3-row target pass commits 3 at α_T 1. The chain formula with ℓ_D = the node count (2 draft steps,
     α from refused siblings) is another number."""
-    prof = {"ms": {"draft": {"1": 1.0, "2": 1.5}, "qualifier": {"1": 4.0, "3": 5.0},
-                   "target": {"1": 10.0, "3": 11.0}}}
-    counts = {"qualifier": {"accepted": 10, "rejected": 0, "proposed": 20, "rounds": 10, "rank_hits": [5, 5],
-                            "rank_reach": [10, 10]},
-              "target": {"accepted": 20, "rejected": 0, "proposed": 20, "rounds": 10}}
+    prof = {"ms": {"draft": {"1": 1.0, "2": 1.5}, "qualifier": {"1": 4.0, "3": 5.0}, "target": {"1": 10.0, "3": 11.0}}}
+    counts = {
+        "qualifier": {
+            "accepted": 10,
+            "rejected": 0,
+            "proposed": 20,
+            "rounds": 10,
+            "rank_hits": [5, 5],
+            "rank_reach": [10, 10],
+        },
+        "target": {"accepted": 20, "rejected": 0, "proposed": 20, "rounds": 10},
+    }
     cfg = {"l_d": 2, "l_q": 2, "tree_nodes": 2, "tree_depth": 1, "tree_k": 2, "shape": "tree"}
     m = costs.model_from_counts(TREE_KEY["psd_f"], counts, cfg, prof)
     assert m["alpha"] == 1.0 and m["lengths"]["l_d"] == 2

@@ -1,6 +1,7 @@
 """What the reference lane "the qualifier alone" can get wrong besides its tokens: a field of its record still
 naming the target, its title losing the family's names, and where its text leaves the target's said at the wrong
 token or against the wrong text, in the race and in the bench. Hand-built records, and tiny-random runs (seconds)."""
+
 from __future__ import annotations
 
 import argparse
@@ -46,8 +47,14 @@ def result(method: str, tokens: list[int], stopped: str = "max_new_tokens", solo
 
 
 def race_of(ar: list[int], solo: list[int], temperature: float = 0.0, ar_stopped: str = "max_new_tokens") -> Race:
-    race = Race(n=1, preset="p", models=["d", "t@int4", "t"], prompt="hi", config={"temperature": temperature},
-                lanes=("ar", KEY))
+    race = Race(
+        n=1,
+        preset="p",
+        models=["d", "t@int4", "t"],
+        prompt="hi",
+        config={"temperature": temperature},
+        lanes=("ar", KEY),
+    )
     race.results = {"ar": result("ar", ar, ar_stopped), KEY: result("ar", solo, solo=SOLO)}
     return race
 
@@ -81,13 +88,16 @@ def test_the_lanes_title_names_the_model_from_the_races_family() -> None:
     assert want in race_view.race_lanes(race).split(f"lane-{KEY}")[1]
 
 
-@pytest.mark.parametrize("solo, words", [
-    ([5, 6, 7, 1, 9, 10], "leaves the target's text at token 4"),
-    ([1, 6, 7, 8, 9, 10], "leaves the target's text at token 1"),
-    ([5, 6, 7, 8, 9, 1], "leaves the target's text at token 6"),
-    ([5, 6, 7], "writes the target's text for its 3 tokens, then ends while the target's text goes on"),
-    ([5, 6, 7, 8, 9, 10, 11], "writes the target's text for all 6 tokens, then goes on past its end"),
-])
+@pytest.mark.parametrize(
+    "solo, words",
+    [
+        ([5, 6, 7, 1, 9, 10], "leaves the target's text at token 4"),
+        ([1, 6, 7, 8, 9, 10], "leaves the target's text at token 1"),
+        ([5, 6, 7, 8, 9, 1], "leaves the target's text at token 6"),
+        ([5, 6, 7], "writes the target's text for its 3 tokens, then ends while the target's text goes on"),
+        ([5, 6, 7, 8, 9, 10, 11], "writes the target's text for all 6 tokens, then goes on past its end"),
+    ],
+)
 def test_the_headline_says_where_the_lanes_text_leaves_ars(solo, words) -> None:
     """Rule: a finished reference lane's headline says, 1-based, the first token where its text leaves AR's
     ([5, 6, 7, 8, 9, 10]), the lane's text first (a shorter lane ends, a longer one goes on), once."""
@@ -125,8 +135,9 @@ def test_the_bench_row_says_where_the_qualifier_leaves_the_targets_text(monkeypa
         return row, toks
 
     monkeypatch.setattr(bench, "run_variant", spy)
-    vs = bench.build_variants(_args("--methods", "ar", "--solo", "qualifier", "--peers", "none",
-                                    "--max-new-tokens", "12"))
+    vs = bench.build_variants(
+        _args("--methods", "ar", "--solo", "qualifier", "--peers", "none", "--max-new-tokens", "12")
+    )
     res = bench.run_bench(tiny_random_triplet(seed=0), vs, [Prompt(PROMPT, "test")], progress=False, warmup_tokens=2)
     rows = {r["variant"]: r for r in res["runs"]}
     ref, ar = rows["the qualifier alone"], rows["ar"]

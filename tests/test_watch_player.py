@@ -1,6 +1,7 @@
 """The player on trees whose walk takes a child that is not the first: below the root, among three siblings, and
 where the taken child's own children are all refused. Each beat's sentence, lit nodes and committed text must name
 the child the walk took, never its first sibling. Hand-built records (`test_playback`'s), no model runs."""
+
 from __future__ import annotations
 
 from test_playback import _walk_order, decode, rnd, sentences, step
@@ -18,9 +19,21 @@ def deep_tree() -> tuple:
                      └ dog(✓) ─ ran(✓)      then the leaf's bonus ' on'
             └ A(·) ─ big(·)
     record order (breadth first): The, A, cat, dog, big, sat, ran."""
-    t = rnd("target", "greedy", [(" The", "accepted"), (" A", "discarded"), (" cat", "rejected", " dog"),
-                                 (" dog", "accepted"), (" big", "discarded"), (" sat", "discarded"),
-                                 (" ran", "accepted")], (" on", "bonus"), parents=[-1, -1, 0, 0, 1, 2, 3])
+    t = rnd(
+        "target",
+        "greedy",
+        [
+            (" The", "accepted"),
+            (" A", "discarded"),
+            (" cat", "rejected", " dog"),
+            (" dog", "accepted"),
+            (" big", "discarded"),
+            (" sat", "discarded"),
+            (" ran", "accepted"),
+        ],
+        (" on", "bonus"),
+        parents=[-1, -1, 0, 0, 1, 2, 3],
+    )
     return t, step(t, [" The", " dog", " ran", " on"], ["draft", "draft", "draft", "bonus"])
 
 
@@ -55,17 +68,34 @@ def test_the_committed_text_grows_with_the_child_taken() -> None:
     judged = beats[7:11]
     assert [[b.chips[i].text for i in b.lit] for b in judged] == [[" The"], [" cat"], [" dog"], [" ran"]]
     assert committed(beats)[6:12] == ["", " The", " The", " The dog", " The dog ran", " The dog ran on"]
-    assert playback.shown(beats[11]) == [(" The", "✓"), (" A", "·"), (" cat", "✗"), (" dog", "✓"), (" big", "·"),
-                                         (" sat", "·"), (" ran", "✓"), (" on", "+")]
+    assert playback.shown(beats[11]) == [
+        (" The", "✓"),
+        (" A", "·"),
+        (" cat", "✗"),
+        (" dog", "✓"),
+        (" big", "·"),
+        (" sat", "·"),
+        (" ran", "✓"),
+        (" on", "+"),
+    ]
 
 
 def test_the_third_of_three_siblings() -> None:
     """Rule: with three guesses at the root the walk refuses the first two in rank order, each with the target's
     top choice, takes the third, and the sampled SD test's p and q are the third's; its own token then replaces the
     refused guess under it."""
-    t = rnd("target", "sd", [(" The", "rejected", 0.01, 0.5), (" A", "rejected", 0.02, 0.3),
-                             (" big", "accepted", 0.4, 0.1), (" cat", "rejected", 0.05, 0.6)],
-            (" dog", "resampled"), parents=[-1, -1, -1, 2])
+    t = rnd(
+        "target",
+        "sd",
+        [
+            (" The", "rejected", 0.01, 0.5),
+            (" A", "rejected", 0.02, 0.3),
+            (" big", "accepted", 0.4, 0.1),
+            (" cat", "rejected", 0.05, 0.6),
+        ],
+        (" dog", "resampled"),
+        parents=[-1, -1, -1, 2],
+    )
     s = step(t, [" big", " dog"], ["draft", "target"])
     assert sentences(s) == [
         "draft guesses ‘ The’",

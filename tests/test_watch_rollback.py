@@ -2,6 +2,7 @@
 feeds records, for every row, the input state it was handed; each one taken from the verifier must be the
 verifier's own state for the tokens the proposer holds there (committed, or the block being qualified), never
 for a token a rejection threw away. Tiny-random models, greedy, a few seconds."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -58,8 +59,9 @@ def states_of(model, tokens: list[int]) -> torch.Tensor:
         return model.model(input_ids=torch.tensor([tokens])).last_hidden_state[0]
 
 
-def run(models: dict, vocab: int, reads_from: str, cfg: DecodeConfig, prompt: list[int]
-        ) -> tuple[list[Read], list[int], list]:
+def run(
+    models: dict, vocab: int, reads_from: str, cfg: DecodeConfig, prompt: list[int]
+) -> tuple[list[Read], list[int], list]:
     """Decode with a feature draft over `models[reads_from]`; the spy's reads, the output and the steps."""
     fd = FeatureDraft(models[reads_from], torch.arange(vocab)).eval()
     lms = {r: open_lm(fd if r == "draft" else models[r], vocab, r) for r in roles_for(cfg.method)}
@@ -88,8 +90,10 @@ def check_reads(reads: list[Read], model) -> int:
         if ctx not in memo:
             memo[ctx] = states_of(model, list(ctx))[-1]
         diff = float((rd.state - memo[ctx]).abs().max())
-        assert diff < 1e-4, (f"the row at slot {rd.slot} read a state {diff:.3f} away from the verifier's for the "
-                             "tokens it holds: a refused token's state")
+        assert diff < 1e-4, (
+            f"the row at slot {rd.slot} read a state {diff:.3f} away from the verifier's for the "
+            "tokens it holds: a refused token's state"
+        )
         n += 1
     return n
 

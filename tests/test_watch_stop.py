@@ -2,6 +2,7 @@
 the models follow the cycle 0 → 1 → … → 7 → 0, sure of each next token except where a row is made unsure (the
 same top token at probability 0.4). A stop keeps the unsure token and nothing after it; the records say which
 round it cut and which block it ended. No real model runs."""
+
 from __future__ import annotations
 
 import math
@@ -66,8 +67,10 @@ def test_a_pyramid_block_ends_after_the_qualifiers_unsure_token() -> None:
     s, beats = first_pass("psd_a", {"qualifier": (3,)}, stage2="sd", l_d=2, l_q=6)
     q = s.qualifier_rounds
     assert len(q) == 2, f"{len(q)} stage-1 rounds: the block did not end at the unsure token"
-    assert [(proposed(r), r.n_accepted, r.tokens[-1].status) for r in q] == [([1, 2], 2, "bonus"),
-                                                                           ([4, 5], 1, "discarded")]
+    assert [(proposed(r), r.n_accepted, r.tokens[-1].status) for r in q] == [
+        ([1, 2], 2, "bonus"),
+        ([4, 5], 1, "discarded"),
+    ]
     assert [t.status for t in q[1].tokens] == ["accepted", "discarded", "discarded"]
     assert proposed(s.target_round) == [1, 2, 3, 4] and s.new_tokens == [1, 2, 3, 4, 5]
     assert s.origins == ["draft", "draft", "qualifier", "draft", "bonus"]

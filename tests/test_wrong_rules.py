@@ -3,6 +3,7 @@
 Each test names the rule it protects; all use tiny vocabularies, the bigram mock or hand-built
 logits, and explicit generators.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -28,12 +29,15 @@ def tv(a: torch.Tensor, b: torch.Tensor) -> float:
 
 # --- PSD_F stage 1 is the fuzzy test with τ_Q, not the exact SD rule ----------------------
 
+
 def _stage1(tau_q: float, temperature: float) -> tuple[int, int]:
     V = 6
-    tables = {"draft": bigram_table(V, 11, 2.0), "qualifier": bigram_table(V, 12, 2.0),
-              "target": bigram_table(V, 13, 2.0)}
-    cfg = DecodeConfig(method="psd_f", temperature=temperature, tau_q=tau_q, tau_t=0.5, l_d=3, l_q=6,
-                       max_new_tokens=30)
+    tables = {
+        "draft": bigram_table(V, 11, 2.0),
+        "qualifier": bigram_table(V, 12, 2.0),
+        "target": bigram_table(V, 13, 2.0),
+    }
+    cfg = DecodeConfig(method="psd_f", temperature=temperature, tau_q=tau_q, tau_t=0.5, l_d=3, l_q=6, max_new_tokens=30)
     lms = {r: BigramLM(tables[r], r) for r in roles_for("psd_f")}
     gen = None if temperature == 0 else torch.Generator().manual_seed(3)
     rounds = [r for s in decode(lms, [0], as_run(cfg), (), gen) for r in s.qualifier_rounds]
@@ -73,6 +77,7 @@ def test_fuzzy_rejection_samples_from_the_target():
 
 # --- fallback = "sd" at T > 0 -------------------------------------------------------------
 
+
 def test_fallback_sd_sampled_adds_the_sd_rule():
     """fallback='sd' at T=1: a token that fails τ passes when the SD ratio test passes (p/q = .5 here),
     on the same uniforms it accepts at least what the exact SD rule accepts, and without the
@@ -105,8 +110,7 @@ def test_fallback_sd_sampled_never_accepts_less_than_fuzzy():
     for seed in range(40):
         counts = []
         for fallback in ("none", "sd"):
-            cfg = DecodeConfig(method="fsd", temperature=1.0, tau_t=0.05, gamma=4, max_new_tokens=5,
-                               fallback=fallback)
+            cfg = DecodeConfig(method="fsd", temperature=1.0, tau_t=0.05, gamma=4, max_new_tokens=5, fallback=fallback)
             lms = {r: BigramLM(tables[r], r) for r in roles_for("fsd")}
             step = next(iter(decode(lms, [0], as_run(cfg), (), torch.Generator().manual_seed(seed))))
             counts.append(step.target_round.n_accepted)
@@ -117,8 +121,10 @@ def test_fallback_sd_sampled_never_accepts_less_than_fuzzy():
 
 # --- the draft samples from the same warped distribution as the verifier uses -------------
 
-@pytest.mark.parametrize("warp", [dict(temperature=0.4), dict(temperature=1.0, top_k=2),
-                                  dict(temperature=1.0, top_p=0.6)])
+
+@pytest.mark.parametrize(
+    "warp", [dict(temperature=0.4), dict(temperature=1.0, top_k=2), dict(temperature=1.0, top_p=0.6)]
+)
 def test_draft_samples_from_the_warped_distribution(warp):
     """At T>0 the draft's tokens follow warp(z_D) with the run's temperature, top-k and top-p (the
     same warp the SD ratio test divides by): 3,000 single-token drafts are within total variation
@@ -163,8 +169,10 @@ def test_sampled_sd_is_exact_with_temperature_and_top_k():
 
 # --- divergences use the raw distributions, not the warped ones ---------------------------
 
-@pytest.mark.parametrize("warp", [dict(temperature=0.3), dict(temperature=1.0, top_k=2),
-                                  dict(temperature=1.0, top_p=0.8)])
+
+@pytest.mark.parametrize(
+    "warp", [dict(temperature=0.3), dict(temperature=1.0, top_k=2), dict(temperature=1.0, top_p=0.8)]
+)
 def test_divergence_uses_raw_distributions(warp):
     """CHOICE (FSD code): Div is computed on softmax(z) at temperature 1 without top-k/top-p,
     whatever the sampling warp: the recorded div equals the raw js, and τ between the raw and the
@@ -179,13 +187,13 @@ def test_divergence_uses_raw_distributions(warp):
     assert abs(warped - raw) > 0.02  # the warp changes js here (raw 0.064)
     tau = 0.5 * (raw + warped)
     cfg = DecodeConfig(method="fsd", tau_t=tau, **warp)
-    rnd, _ = verify(z_p, z_q, [1], "fuzzy", tau, cfg, torch.Generator().manual_seed(0),
-                    "target", "draft", "target")
+    rnd, _ = verify(z_p, z_q, [1], "fuzzy", tau, cfg, torch.Generator().manual_seed(0), "target", "draft", "target")
     assert rnd.tokens[0].div == pytest.approx(raw, abs=1e-5)
     assert rnd.n_accepted == (1 if raw <= tau else 0)
 
 
 # --- kl's direction, acceptance's denominator, a round's expected length, the sampled ratio test ---
+
 
 def test_kl_in_verify_is_proposer_against_verifier():
     """Through the engine, kl is KL(P_proposer ‖ P_verifier): the verifier p = [.5, .5, 0⁺] and a proposer
@@ -210,8 +218,10 @@ def test_acceptance_is_accepted_over_proposed():
     cfg = DecodeConfig(method="psd_f", tau_q=0.3, tau_t=0.3, l_d=2, l_q=4, max_new_tokens=24)
     steps = list(decode({r: BigramLM(tables[r], r) for r in roles_for("psd_f")}, [0], as_run(cfg), (), None))
     st = compute_stats("psd_f", steps, 0.0, "")
-    for stage, rounds in (("target", [s.target_round for s in steps]),
-                          ("qualifier", [r for s in steps for r in s.qualifier_rounds])):
+    for stage, rounds in (
+        ("target", [s.target_round for s in steps]),
+        ("qualifier", [r for s in steps for r in s.qualifier_rounds]),
+    ):
         acc, prop = sum(r.n_accepted for r in rounds), sum(len(r.tokens) - 1 for r in rounds)
         assert prop > 0 and acc > 0  # so that any other denominator gives another figure
         assert st.acceptance[stage] == pytest.approx(acc / prop, abs=1e-4)
@@ -231,8 +241,10 @@ def test_expected_length_of_a_round():
     assert expected_len(0.3, 2) == pytest.approx(1 + 0.3 + 0.09)
 
 
-@pytest.mark.parametrize("warp", [dict(temperature=0.7, top_k=3), dict(temperature=1.3, top_p=0.7),
-                                  dict(temperature=1.0, top_k=4, top_p=0.8)])
+@pytest.mark.parametrize(
+    "warp",
+    [dict(temperature=0.7, top_k=3), dict(temperature=1.3, top_p=0.7), dict(temperature=1.0, top_k=4, top_p=0.8)],
+)
 def test_sampled_ratio_test_warps_the_proposer_like_the_target(warp):
     """At T>0 the SD ratio p(x)/q(x) divides by the proposer's q warped exactly as the target's p is
     (temperature, top-k and top-p): the recorded p and q equal warp(z) with all three, and a draft

@@ -10,6 +10,7 @@ machine in git and grow across sessions. A shard (`<name>.npz`, numpy's compress
 The shard is the source of truth; `manifest.json` lists every shard's entry (plus its file's sha256) and is
 rebuilt from the shards whenever one is added, so a crash between the two never loses or invents an entry.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -46,13 +47,19 @@ def pack(seqs: list[list[int]], n_prompt: list[int]) -> dict[str, np.ndarray]:
             raise ValueError(f"a prompt of {p} ids in a sequence of {len(s)}")
     offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
     offsets[1:] = np.cumsum([len(s) for s in seqs])
-    return {"ids": np.asarray(flat, dtype=np.uint16), "offsets": offsets,
-            "n_prompt": np.asarray(n_prompt, dtype=np.int32)}
+    return {
+        "ids": np.asarray(flat, dtype=np.uint16),
+        "offsets": offsets,
+        "n_prompt": np.asarray(n_prompt, dtype=np.int32),
+    }
 
 
 def counts(seqs: list[list[int]], n_prompt: list[int]) -> dict[str, int]:
-    return {"sequences": len(seqs), "answer_tokens": sum(len(s) - p for s, p in zip(seqs, n_prompt)),
-            "prompt_tokens": sum(n_prompt)}
+    return {
+        "sequences": len(seqs),
+        "answer_tokens": sum(len(s) - p for s, p in zip(seqs, n_prompt)),
+        "prompt_tokens": sum(n_prompt),
+    }
 
 
 def sha256(path: Path) -> str:
@@ -80,8 +87,13 @@ def write_shard(folder: Path, name: str, seqs: list[list[int]], n_prompt: list[i
     """Write one shard atomically (temp file, then rename), then rebuild the manifest. Returns its entry;
     the counts in it are computed here from the ids, never taken from the caller."""
     folder.mkdir(parents=True, exist_ok=True)
-    entry = {**meta, "file": f"{name}.npz", "format": FORMAT, **counts(seqs, n_prompt),
-             "date": meta.get("date") or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    entry = {
+        **meta,
+        "file": f"{name}.npz",
+        "format": FORMAT,
+        **counts(seqs, n_prompt),
+        "date": meta.get("date") or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     path = folder / entry["file"]
     if path.exists():
         raise FileExistsError(f"{path} exists: a shard is never overwritten")
@@ -97,7 +109,7 @@ def read_shard(path: Path) -> tuple[list[list[int]], list[int], dict]:
     with np.load(path, allow_pickle=False) as z:
         ids, off, npr = z["ids"].astype(np.int64), z["offsets"], z["n_prompt"]
         meta = json.loads(str(z["meta"]))
-    seqs = [ids[off[i]: off[i + 1]].tolist() for i in range(len(npr))]
+    seqs = [ids[off[i] : off[i + 1]].tolist() for i in range(len(npr))]
     return seqs, [int(p) for p in npr], meta
 
 
@@ -148,5 +160,8 @@ def target_identity(model: Any) -> dict[str, str]:
     for name, t in sorted(model.state_dict().items()):
         h.update(name.encode())
         h.update(t.detach().float().contiguous().numpy().tobytes())
-    return {"name": str(getattr(model.config, "_name_or_path", "") or type(model).__name__),
-            "arch": type(model).__name__, "weights_sha256": h.hexdigest()}
+    return {
+        "name": str(getattr(model.config, "_name_or_path", "") or type(model).__name__),
+        "arch": type(model).__name__,
+        "weights_sha256": h.hexdigest(),
+    }

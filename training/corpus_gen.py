@@ -7,6 +7,7 @@ every step decodes `rows` live tokens. Finished sequences are written `shard_seq
 SIGTERM writes what is finished first. Speed is reported per wall second and per CPU second of this process
 (on a shared machine the second is what the code costs; a `kill -STOP` pause counts in neither budget's CPU).
 """
+
 from __future__ import annotations
 
 import json
@@ -51,17 +52,36 @@ def _kind(item: Any, templates: set[str]) -> str:
 
 def _commit() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent, timeout=10).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).parent,
+            timeout=10,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return ""
 
 
 @torch.inference_mode()
-def grow(model: Any, tokenizer: Any, folder: Path, seed: int, stop_at: float | None = None, rows: int = 64,
-         max_new: int = 128, mix: float = 1.0, temperature: float = 0.8, top_p: float = 0.95,
-         shard_seqs: int = 256, max_shards: int | None = None, capacity: int = 640, shard_minutes: float = 20.0,
-         target: dict | None = None, log: Callable[[str], None] = print) -> dict:
+def grow(
+    model: Any,
+    tokenizer: Any,
+    folder: Path,
+    seed: int,
+    stop_at: float | None = None,
+    rows: int = 64,
+    max_new: int = 128,
+    mix: float = 1.0,
+    temperature: float = 0.8,
+    top_p: float = 0.95,
+    shard_seqs: int = 256,
+    max_shards: int | None = None,
+    capacity: int = 640,
+    shard_minutes: float = 20.0,
+    target: dict | None = None,
+    log: Callable[[str], None] = print,
+) -> dict:
     """Generate until `stop_at` (wall clock), `max_shards` shards or SIGTERM; returns totals and speed. A shard is
     written at `shard_seqs` answers, or after `shard_minutes` of wall time with at least 16 (a checkpoint on a
     busy machine)."""
@@ -79,6 +99,7 @@ def grow(model: Any, tokenizer: Any, folder: Path, seed: int, stop_at: float | N
 
     def on_term(*_: Any) -> None:
         stop["now"] = True
+
     old = signal.signal(signal.SIGTERM, on_term)
 
     items: list = []
@@ -108,8 +129,12 @@ def grow(model: Any, tokenizer: Any, folder: Path, seed: int, stop_at: float | N
         ps = []
         for b in slots:
             ids, msgs, kind = next_prompt(recent)
-            live[b] = {"prompt_ids": ids, "ans": [], "kind": kind,
-                       "prompt": msgs[0]["content"] if len(msgs) == 1 and msgs[0]["role"] == "user" else msgs}
+            live[b] = {
+                "prompt_ids": ids,
+                "ans": [],
+                "kind": kind,
+                "prompt": msgs[0]["content"] if len(msgs) == 1 and msgs[0]["role"] == "user" else msgs,
+            }
             ps.append(ids)
         return lm.prefill(slots, ps)  # [len(slots), V]
 
@@ -122,22 +147,35 @@ def grow(model: Any, tokenizer: Any, folder: Path, seed: int, stop_at: float | N
         for r in done:
             kinds[r["kind"]] = kinds.get(r["kind"], 0) + 1
         n_ans = sum(len(r["ans"]) for r in done)
-        meta = {"source": SOURCE, "seed": seed, "shard_index": written["shards"],
-                "sampling": {"temperature": temperature, "top_p": top_p, "top_k": 200, "max_new_tokens": max_new},
-                "prompts": {"mix": mix, "kinds": kinds, "generator": "training.features.feature_prompts"},
-                "target": target or {}, "dtype": dtype, "rows": rows, "machine": corpus.machine(),
-                "speed": {"answer_tok_per_wall_s": round(n_ans / max(now - t_shard, 1e-9), 1),
-                          "answer_tok_per_cpu_s": round(n_ans / max(cnow - c_shard, 1e-9), 1),
-                          "loadavg_1m": round(os.getloadavg()[0], 2), "torch_threads": torch.get_num_threads()},
-                "code": _commit()}
+        meta = {
+            "source": SOURCE,
+            "seed": seed,
+            "shard_index": written["shards"],
+            "sampling": {"temperature": temperature, "top_p": top_p, "top_k": 200, "max_new_tokens": max_new},
+            "prompts": {"mix": mix, "kinds": kinds, "generator": "training.features.feature_prompts"},
+            "target": target or {},
+            "dtype": dtype,
+            "rows": rows,
+            "machine": corpus.machine(),
+            "speed": {
+                "answer_tok_per_wall_s": round(n_ans / max(now - t_shard, 1e-9), 1),
+                "answer_tok_per_cpu_s": round(n_ans / max(cnow - c_shard, 1e-9), 1),
+                "loadavg_1m": round(os.getloadavg()[0], 2),
+                "torch_threads": torch.get_num_threads(),
+            },
+            "code": _commit(),
+        }
         name = f"onpolicy_s{seed:04d}_{written['shards']:04d}"
-        entry = corpus.write_shard(folder, name, [r["prompt_ids"] + r["ans"] for r in done],
-                                   [len(r["prompt_ids"]) for r in done], meta)
+        entry = corpus.write_shard(
+            folder, name, [r["prompt_ids"] + r["ans"] for r in done], [len(r["prompt_ids"]) for r in done], meta
+        )
         written["shards"] += 1
         written["sequences"] += entry["sequences"]
         written["answer_tokens"] += entry["answer_tokens"]
-        log(f"shard {name}: {entry['sequences']} answers, {entry['answer_tokens']:,} answer tokens, "
-            f"{meta['speed']['answer_tok_per_wall_s']} tok/s wall, {meta['speed']['answer_tok_per_cpu_s']} tok/s CPU")
+        log(
+            f"shard {name}: {entry['sequences']} answers, {entry['answer_tokens']:,} answer tokens, "
+            f"{meta['speed']['answer_tok_per_wall_s']} tok/s wall, {meta['speed']['answer_tok_per_cpu_s']} tok/s CPU"
+        )
         done, t_shard, c_shard, tok_shard = [], now, cnow, 0
 
     steps = 0
@@ -155,17 +193,23 @@ def grow(model: Any, tokenizer: Any, folder: Path, seed: int, stop_at: float | N
             for b in finished:
                 rec = live[b]
                 done.append(rec)
-                recent.append({"ids": rec["prompt_ids"] + rec["ans"], "n_prompt": len(rec["prompt_ids"]),
-                               "prompt": rec["prompt"]})
+                recent.append(
+                    {"ids": rec["prompt_ids"] + rec["ans"], "n_prompt": len(rec["prompt_ids"]), "prompt": rec["prompt"]}
+                )
                 del recent[:-64]
             steps += 1
             if len(done) >= shard_seqs or (len(done) >= 16 and time.time() - t_shard > 60 * shard_minutes):
                 flush()
             if steps % 200 == 0:
-                log(f"step {steps}: {len(done)} answers waiting, {written['shards']} shards written, "
-                    f"{time.process_time() - c0:.0f} CPU-s, load {os.getloadavg()[0]:.1f}")
-            if stop["now"] or (stop_at is not None and time.time() > stop_at) or (
-                    max_shards is not None and written["shards"] >= max_shards):
+                log(
+                    f"step {steps}: {len(done)} answers waiting, {written['shards']} shards written, "
+                    f"{time.process_time() - c0:.0f} CPU-s, load {os.getloadavg()[0]:.1f}"
+                )
+            if (
+                stop["now"]
+                or (stop_at is not None and time.time() > stop_at)
+                or (max_shards is not None and written["shards"] >= max_shards)
+            ):
                 break
             logits = lm.step(nxt)  # [B, V]: every row advances (a finished row's step is overwritten below)
             if finished:
@@ -174,7 +218,12 @@ def grow(model: Any, tokenizer: Any, folder: Path, seed: int, stop_at: float | N
         if stop["now"] or (stop_at is not None and time.time() > stop_at):
             flush()  # what is finished is kept
         signal.signal(signal.SIGTERM, old)
-    out = {**written, "wall_s": round(time.time() - t0, 1), "cpu_s": round(time.process_time() - c0, 1),
-           "loadavg_start": load0, "loadavg_end": os.getloadavg()}
+    out = {
+        **written,
+        "wall_s": round(time.time() - t0, 1),
+        "cpu_s": round(time.process_time() - c0, 1),
+        "loadavg_start": load0,
+        "loadavg_end": os.getloadavg(),
+    }
     log(json.dumps(out))
     return out

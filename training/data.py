@@ -4,6 +4,7 @@ generates the target's own answers with.
 The prompts are templates x topics (explanations, code, stories, lists, QA, ...); the held-out topics are never
 trained on, so every proposer is measured on the same held-out answers.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -39,34 +40,137 @@ TEMPLATES = [
 ]
 
 TOPICS = [
-    "photosynthesis", "black holes", "the French Revolution", "machine learning", "volcanoes",
-    "the water cycle", "sorting algorithms", "climate change", "the human heart", "bees",
-    "the Roman Empire", "electric cars", "chess", "coffee", "recursion", "the moon landing",
-    "vaccines", "earthquakes", "jazz music", "the stock market", "renewable energy",
-    "dinosaurs", "the internet", "gardening", "ancient Egypt", "sleep", "neural networks",
-    "the solar system", "databases", "friendship", "soccer", "bread baking", "glaciers",
-    "the printing press", "linked lists", "rainforests", "meditation", "cryptography",
-    "the immune system", "robots", "origami", "hash tables", "the ocean", "volunteering",
-    "public libraries", "the Olympic Games", "honey", "time management", "bicycles",
-    "mountains", "the Great Wall of China", "electricity", "weather forecasting", "penguins",
-    "video games", "recycling", "Shakespeare", "the periodic table", "trains", "mushrooms",
-    "smartphones", "the Renaissance", "binary numbers", "deserts", "airplanes", "cats",
-    "dogs", "space exploration", "learning a new language", "web browsers", "tea",
-    "compound interest", "the Amazon river", "chocolate", "microscopes", "democracy",
-    "musical instruments", "solar panels", "the Pythagorean theorem", "regular expressions",
-    "spiders", "lighthouses", "camping", "the Industrial Revolution", "DNA", "fractions",
-    "operating systems", "tornadoes", "museums", "pizza", "knitting", "satellites",
-    "the Moon", "sharks", "first aid", "probability", "castles", "the Silk Road", "rivers",
-    "unit testing", "birds migration", "paper money", "wind turbines", "yoga", "the Vikings",
-    "plate tectonics", "git version control", "snow", "owls", "architecture", "vitamins",
+    "photosynthesis",
+    "black holes",
+    "the French Revolution",
+    "machine learning",
+    "volcanoes",
+    "the water cycle",
+    "sorting algorithms",
+    "climate change",
+    "the human heart",
+    "bees",
+    "the Roman Empire",
+    "electric cars",
+    "chess",
+    "coffee",
+    "recursion",
+    "the moon landing",
+    "vaccines",
+    "earthquakes",
+    "jazz music",
+    "the stock market",
+    "renewable energy",
+    "dinosaurs",
+    "the internet",
+    "gardening",
+    "ancient Egypt",
+    "sleep",
+    "neural networks",
+    "the solar system",
+    "databases",
+    "friendship",
+    "soccer",
+    "bread baking",
+    "glaciers",
+    "the printing press",
+    "linked lists",
+    "rainforests",
+    "meditation",
+    "cryptography",
+    "the immune system",
+    "robots",
+    "origami",
+    "hash tables",
+    "the ocean",
+    "volunteering",
+    "public libraries",
+    "the Olympic Games",
+    "honey",
+    "time management",
+    "bicycles",
+    "mountains",
+    "the Great Wall of China",
+    "electricity",
+    "weather forecasting",
+    "penguins",
+    "video games",
+    "recycling",
+    "Shakespeare",
+    "the periodic table",
+    "trains",
+    "mushrooms",
+    "smartphones",
+    "the Renaissance",
+    "binary numbers",
+    "deserts",
+    "airplanes",
+    "cats",
+    "dogs",
+    "space exploration",
+    "learning a new language",
+    "web browsers",
+    "tea",
+    "compound interest",
+    "the Amazon river",
+    "chocolate",
+    "microscopes",
+    "democracy",
+    "musical instruments",
+    "solar panels",
+    "the Pythagorean theorem",
+    "regular expressions",
+    "spiders",
+    "lighthouses",
+    "camping",
+    "the Industrial Revolution",
+    "DNA",
+    "fractions",
+    "operating systems",
+    "tornadoes",
+    "museums",
+    "pizza",
+    "knitting",
+    "satellites",
+    "the Moon",
+    "sharks",
+    "first aid",
+    "probability",
+    "castles",
+    "the Silk Road",
+    "rivers",
+    "unit testing",
+    "birds migration",
+    "paper money",
+    "wind turbines",
+    "yoga",
+    "the Vikings",
+    "plate tectonics",
+    "git version control",
+    "snow",
+    "owls",
+    "architecture",
+    "vitamins",
 ]
 
 # held-out topics: never used in training (evaluation prompts)
 HELDOUT_TOPICS = [
-    "octopuses", "the Eiffel Tower", "quantum computing", "marathon running", "ice cream",
-    "the Mars rover", "sign language", "bridges", "coral reefs", "board games",
-    "the telescope", "recursion in mathematics", "volcanic islands", "podcasts",
-    "electric guitars", "the metric system",
+    "octopuses",
+    "the Eiffel Tower",
+    "quantum computing",
+    "marathon running",
+    "ice cream",
+    "the Mars rover",
+    "sign language",
+    "bridges",
+    "coral reefs",
+    "board games",
+    "the telescope",
+    "recursion in mathematics",
+    "volcanic islands",
+    "podcasts",
+    "electric guitars",
+    "the metric system",
 ]
 
 
@@ -87,7 +191,8 @@ class _NormHook:
     def __init__(self, module):
         self.outs: list[torch.Tensor] = []
         self.h = module.register_forward_hook(
-            lambda m, i, o: self.outs.append((o[0] if isinstance(o, tuple) else o).detach()))
+            lambda m, i, o: self.outs.append((o[0] if isinstance(o, tuple) else o).detach())
+        )
 
     def close(self):
         self.h.remove()
@@ -110,7 +215,7 @@ def left_padded(model, prompt_ids: list[list[int]], pad: int) -> tuple:
     ids = torch.full((B, L), pad, dtype=torch.long)
     mask = torch.zeros((B, L), dtype=torch.long)
     for b, p in enumerate(prompt_ids):
-        ids[b, L - len(p):] = torch.tensor(p)
-        mask[b, L - len(p):] = 1
+        ids[b, L - len(p) :] = torch.tensor(p)
+        mask[b, L - len(p) :] = 1
     ids, mask = ids.to(dev), mask.to(dev)
     return L, dev, ids, mask, (mask.cumsum(1) - 1).clamp_min(0)

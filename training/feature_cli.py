@@ -20,6 +20,7 @@ Steps (each resumable from files under --work, default feature_work/):
            -> --weights-dir or pyramid_demo/models/weights/vocab.safetensors; retrain the draft on a new subset
 --data adds more work folders' training shards (several generators can run side by side).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,40 +51,66 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--minutes", type=float, default=30.0, help="gen: wall minutes; train: CPU (or GPU) minutes")
     p.add_argument("--gen-batch", type=int, default=64)
     p.add_argument("--rounds", type=int, default=3, help="gen: times each training prompt is answered")
-    p.add_argument("--mix", type=float, default=0.0,
-                   help="gen: prompts of other shapes (features.varied_prompts), as a share of templates x topics")
-    p.add_argument("--init", default=None,
-                   help="train: start a new run from this feature-draft file ('shipped': the shipped weights)")
+    p.add_argument(
+        "--mix",
+        type=float,
+        default=0.0,
+        help="gen: prompts of other shapes (features.varied_prompts), as a share of templates x topics",
+    )
+    p.add_argument(
+        "--init",
+        default=None,
+        help="train: start a new run from this feature-draft file ('shipped': the shipped weights)",
+    )
     p.add_argument("--max-new", type=int, default=128)
     p.add_argument("--max-batches", type=int, default=None)
     p.add_argument("--heldout-batches", type=int, default=4, help="batches of 32 held-out answers")
-    p.add_argument("--gen-dtype", default="auto",
-                   help="gen/grow on a CPU: auto (bfloat16 where oneDNN runs it natively, else float32), bfloat16 "
-                        "or float32 (without AVX-512 BF16 a bf16 matmul is ~3x slower than fp32)")
+    p.add_argument(
+        "--gen-dtype",
+        default="auto",
+        help="gen/grow on a CPU: auto (bfloat16 where oneDNN runs it natively, else float32), bfloat16 "
+        "or float32 (without AVX-512 BF16 a bf16 matmul is ~3x slower than fp32)",
+    )
     p.add_argument("--batch", type=int, default=16, help="train: sequences per step")
     p.add_argument("--passes", type=int, default=3, help="train: draft positions in the training-time test")
-    p.add_argument("--deep-frac", type=float, default=1.0,
-                   help="train: passes 4.. score their KL on this random share of rows (cheaper deep passes)")
+    p.add_argument(
+        "--deep-frac",
+        type=float,
+        default=1.0,
+        help="train: passes 4.. score their KL on this random share of rows (cheaper deep passes)",
+    )
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--lr-min", type=float, default=3e-5)
     p.add_argument("--eval-every", type=int, default=150)
     p.add_argument("--eval-seqs", type=int, default=None, help="eval: held-out answers used (default: all)")
     p.add_argument("--weights-dir", default=None, help="export into this folder instead of the shipped one")
     p.add_argument("--force", action="store_true", help="export even when the shipped draft is better")
-    p.add_argument("--corpus", default=None,
-                   help="grow/corpus/train: the token-id corpus folder (default: the committed one); train reads "
-                        "every shard of it (states recomputed once, cached under WORK/corpus_states); 'none': off")
-    p.add_argument("--text-source",
-                   default="python-package-docs,python-stdlib-docstrings,python-reference-topics,debian-doc",
-                   help="text: which sources (comma-separated, without the 'text:' prefix)")
+    p.add_argument(
+        "--corpus",
+        default=None,
+        help="grow/corpus/train: the token-id corpus folder (default: the committed one); train reads "
+        "every shard of it (states recomputed once, cached under WORK/corpus_states); 'none': off",
+    )
+    p.add_argument(
+        "--text-source",
+        default="python-package-docs,python-stdlib-docstrings,python-reference-topics,debian-doc",
+        help="text: which sources (comma-separated, without the 'text:' prefix)",
+    )
     p.add_argument("--shard-seqs", type=int, default=256, help="grow: answers per corpus shard")
-    p.add_argument("--shard-minutes", type=float, default=20.0,
-                   help="grow: also write a shard after this many wall minutes (with at least 16 answers)")
+    p.add_argument(
+        "--shard-minutes",
+        type=float,
+        default=20.0,
+        help="grow: also write a shard after this many wall minutes (with at least 16 answers)",
+    )
     p.add_argument("--max-shards", type=int, default=None, help="grow: stop after this many shards")
     p.add_argument("--vocab-n", type=int, default=VOCAB_N, help="vocab: tokens in the subset")
-    p.add_argument("--taps", default="",
-                   help="train: target layers (0-based, comma-separated) the draft reads beside the final state "
-                        "(EAGLE-3's multi-layer features, e.g. 2,15); empty: the final state only")
+    p.add_argument(
+        "--taps",
+        default="",
+        help="train: target layers (0-based, comma-separated) the draft reads beside the final state "
+        "(EAGLE-3's multi-layer features, e.g. 2,15); empty: the final state only",
+    )
 
 
 def _dev(name: str) -> torch.device:
@@ -124,13 +151,19 @@ def run(args: argparse.Namespace) -> int:
             dt = torch.float32 if step == "heldout" or dev.type != "cpu" else gen_dtype(args.gen_dtype)
             tok, model = bundled_target(dev, dt)
             split = "heldout" if step == "heldout" else "train"
-            n = features.generate(model, tok, work / "features", split, rounds=1 if step == "heldout" else args.rounds,
-                                  batch=min(32, args.gen_batch) if step == "heldout" else args.gen_batch,
-                                  max_new=args.max_new,
-                                  seed=0 if step == "heldout" else args.seed,
-                                  max_batches=args.heldout_batches if step == "heldout" else args.max_batches,
-                                  stop_at=None if step == "heldout" else time.time() + 60 * args.minutes,
-                                  mix=0.0 if step == "heldout" else args.mix)
+            n = features.generate(
+                model,
+                tok,
+                work / "features",
+                split,
+                rounds=1 if step == "heldout" else args.rounds,
+                batch=min(32, args.gen_batch) if step == "heldout" else args.gen_batch,
+                max_new=args.max_new,
+                seed=0 if step == "heldout" else args.seed,
+                max_batches=args.heldout_batches if step == "heldout" else args.max_batches,
+                stop_at=None if step == "heldout" else time.time() + 60 * args.minutes,
+                mix=0.0 if step == "heldout" else args.mix,
+            )
             print(f"{split}: {n:,} new answer tokens in {work / 'features' / split}")
             cdir = corpus_cli.corpus_dir(args)
             if step == "heldout" and cdir is not None and args.heldout_batches == 4:  # the full set only
@@ -148,12 +181,25 @@ def run(args: argparse.Namespace) -> int:
             background.register("corpus_train")  # so a benchmark pauses it (`models.background.paused`)
             if cdir is not None and cdir.is_dir() and corpus.shards(cdir):
                 dirs.append(corpus_cli.materialize(fp32, cdir, work, log=lambda s: print(s, flush=True), taps=taps))
-            feature_train.train(fp32, feature_draft.subset_ids(), dirs, held,
-                                ckpt, args.minutes,
-                                lr=args.lr, lr_min=args.lr_min, batch=args.batch, passes=args.passes, seed=args.seed,
-                                eval_every=args.eval_every, autocast=True, log=lambda s: print(s, flush=True),
-                                init=feature_draft.weight_path() if args.init == "shipped" else args.init,
-                                deep_frac=args.deep_frac, taps=taps)
+            feature_train.train(
+                fp32,
+                feature_draft.subset_ids(),
+                dirs,
+                held,
+                ckpt,
+                args.minutes,
+                lr=args.lr,
+                lr_min=args.lr_min,
+                batch=args.batch,
+                passes=args.passes,
+                seed=args.seed,
+                eval_every=args.eval_every,
+                autocast=True,
+                log=lambda s: print(s, flush=True),
+                init=feature_draft.weight_path() if args.init == "shipped" else args.init,
+                deep_frac=args.deep_frac,
+                taps=taps,
+            )
         elif step in ("eval", "export"):
             res = evaluate(fp32, held, ckpt, args.passes, taps)
             print(json.dumps(res, indent=1))
@@ -172,8 +218,12 @@ def evaluate(target, held: list[dict], ckpt: Path, passes: int = 3, taps: tuple[
         m = feature_draft.FeatureDraft(target, feature_draft.subset_ids(), taps=taps)
         saved = torch.load(best, weights_only=False, map_location="cpu")
         m.load_state_dict(saved["model"], strict=False)
-        out["checkpoint"] = {**_eval_checkpoint(target, held, m, passes), "seen": saved["state"]["seen"],
-                             "init": saved["state"].get("init"), "curve": saved["state"]["curve"]}
+        out["checkpoint"] = {
+            **_eval_checkpoint(target, held, m, passes),
+            "seen": saved["state"]["seen"],
+            "init": saved["state"].get("init"),
+            "curve": saved["state"]["curve"],
+        }
     if feature_draft.available():
         out["shipped"] = _eval_checkpoint(target, held, feature_draft.build(target), passes)
     return out
@@ -189,14 +239,21 @@ def export(target, ckpt: Path, res: dict, args: argparse.Namespace, taps: tuple[
         print(f"export: the shipped draft is better ({old[0]:.4f} ≥ {new[0]:.4f}); nothing written")
         return
     m = feature_draft.FeatureDraft(target, feature_draft.subset_ids(), taps=taps)
-    m.load_state_dict(torch.load(ckpt.with_name(ckpt.stem + "_best.pt"), weights_only=False,
-                                 map_location="cpu")["model"], strict=False)
+    m.load_state_dict(
+        torch.load(ckpt.with_name(ckpt.stem + "_best.pt"), weights_only=False, map_location="cpu")["model"],
+        strict=False,
+    )
     path = feature_draft.weight_path(args.weights_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
-    size = m.save(path, {"heldout_top1_by_position": json.dumps([round(a, 4) for a in new]),
-                         "heldout_topk_pos1": json.dumps([round(a, 4) for a in res["checkpoint"]["topk_pos1"]]),
-                         "init": json.dumps(res["checkpoint"].get("init")),
-                         "curve": json.dumps(res["checkpoint"]["curve"])})
+    size = m.save(
+        path,
+        {
+            "heldout_top1_by_position": json.dumps([round(a, 4) for a in new]),
+            "heldout_topk_pos1": json.dumps([round(a, 4) for a in res["checkpoint"]["topk_pos1"]]),
+            "init": json.dumps(res["checkpoint"].get("init")),
+            "curve": json.dumps(res["checkpoint"]["curve"]),
+        },
+    )
     print(f"export: {path} ({size / 1e6:.1f} MB), held-out top-1 by position {[round(a, 3) for a in new]}")
 
 

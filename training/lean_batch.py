@@ -9,6 +9,7 @@ padding: row b's tokens sit in cache slots 0 … n_b − 1), a finished row is r
 fused QKV and gate/up) are read once per step for all rows. Exactness across batch sizes is not needed here:
 the data is the target's own samples, and the draft's training states are recomputed by `states` anyway.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -48,8 +49,9 @@ class BatchedLean:
         self.prefix, self.prefix_kv = list(ids), one.kv[:, :, 0].clone()  # [L, 2, Hkv, P0, D]
 
     @torch.inference_mode()
-    def prefill(self, slots: list[int], prompts: list[list[int]], states: bool = False,
-                taps: tuple[int, ...] = ()) -> torch.Tensor:
+    def prefill(
+        self, slots: list[int], prompts: list[list[int]], states: bool = False, taps: tuple[int, ...] = ()
+    ) -> torch.Tensor:
         """Write each prompt into its row's cache from slot 0 (right padded, causal) -> the logits after each
         prompt's last token [len(slots), V] fp32, or with `states` the normed final state at every position
         [len(slots), P, d] (row b valid for its first len(prompts[b]) positions). For logits the prompts run in
@@ -78,8 +80,9 @@ class BatchedLean:
         assert out is not None
         return out
 
-    def _prefill(self, slots: list[int], prompts: list[list[int]], states: bool, start: int = 0,
-                 taps: tuple[int, ...] = ()) -> torch.Tensor:
+    def _prefill(
+        self, slots: list[int], prompts: list[list[int]], states: bool, start: int = 0, taps: tuple[int, ...] = ()
+    ) -> torch.Tensor:
         """Positions start … of each prompt (slots < start: the prefix, copied from `prefix_kv`). With `states`
         and `taps`, the state is wide: each tapped layer's output RMS-normalised (`tap_norm`), then the normed
         final state [n, P, (len(taps) + 1)·d]."""
@@ -104,14 +107,15 @@ class BatchedLean:
             qkv = lay.qkv(rms_norm(x, lay.attn_norm, w.eps).view(n * m, -1)).view(n, m, -1)
             qk = self._rope(qkv[..., : (hq + hk) * dh].view(n, m, hq + hk, dh), at)  # [n, m, H+Hkv, D]
             k = qk[:, :, hq:].transpose(1, 2)  # [n, Hkv, m, D]
-            v = qkv[..., (hq + hk) * dh:].view(n, m, hk, dh).transpose(1, 2)  # [n, Hkv, m, D]
+            v = qkv[..., (hq + hk) * dh :].view(n, m, hk, dh).transpose(1, 2)  # [n, Hkv, m, D]
             self.kv[li, 0, rows, :, start:P] = k
             self.kv[li, 1, rows, :, start:P] = v
             if start:
                 k, v = self.kv[li, 0, rows, :, :P], self.kv[li, 1, rows, :, :P]  # [n, Hkv, P, D] prefix included
             q = qk[:, :, :hq].transpose(1, 2)  # [n, H, m, D]
-            att = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1),
-                                                 attn_mask=mask, is_causal=mask is None)  # [n, H, m, D]
+            att = F.scaled_dot_product_attention(
+                q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), attn_mask=mask, is_causal=mask is None
+            )  # [n, H, m, D]
             x = x + lay.o(att.transpose(1, 2).reshape(n * m, -1)).view(n, m, -1)
             gate, up = lay.gate_up(rms_norm(x, lay.mlp_norm, w.eps).view(n * m, -1)).chunk(2, -1)
             x = x + lay.down(F.silu(gate) * up).view(n, m, -1)
@@ -144,11 +148,15 @@ class BatchedLean:
             qk = self._rope(qkv[:, : (hq + hk) * dh].view(B, hq + hk, dh), pos)  # [B, H+Hkv, D]
             kc, vc = self.kv[li, 0], self.kv[li, 1]  # [B, Hkv, T, D]
             kc[rows, :, pos] = qk[:, hq:]
-            vc[rows, :, pos] = qkv[:, (hq + hk) * dh:].view(B, hk, dh)
+            vc[rows, :, pos] = qkv[:, (hq + hk) * dh :].view(B, hk, dh)
             q = qk[:, :hq].view(B, hk, rep, dh)  # [B, Hkv, rep, D]: the rep query heads of a KV head as rows
             if by_row:
-                att = torch.cat([F.scaled_dot_product_attention(q[b: b + 1], kc[b: b + 1, :, :n], vc[b: b + 1, :, :n])
-                                 for b, n in enumerate(lens)])  # [B, Hkv, rep, D]
+                att = torch.cat(
+                    [
+                        F.scaled_dot_product_attention(q[b : b + 1], kc[b : b + 1, :, :n], vc[b : b + 1, :, :n])
+                        for b, n in enumerate(lens)
+                    ]
+                )  # [B, Hkv, rep, D]
             else:
                 att = F.scaled_dot_product_attention(q, kc[:, :, :t], vc[:, :, :t], attn_mask=mask)
             x = x + lay.o(att.reshape(B, -1))
@@ -159,8 +167,9 @@ class BatchedLean:
 
 
 @torch.inference_mode()
-def states(model: Any, seqs: list[list[int]], max_tokens: int = 16384,
-           taps: tuple[int, ...] = ()) -> list[torch.Tensor]:
+def states(
+    model: Any, seqs: list[list[int]], max_tokens: int = 16384, taps: tuple[int, ...] = ()
+) -> list[torch.Tensor]:
     """The target's normed final state at every position of each sequence ([len(s), d] each, the model's
     dtype; with `taps` the tapped layers' normalised outputs first, [len(s), (len(taps) + 1)·d]), by one
     teacher-forced pass per sequence, batched by length so each pass holds ≤ max_tokens."""

@@ -18,6 +18,7 @@ Sources, each piece with its licence (pieces under no stated licence are left ou
                                permissive licences only (no GPL, LGPL, GFDL or share-alike text)
 Each chunk (paragraphs up to `max_tokens`) becomes a user turn asking for it and the text as the assistant's turn.
 """
+
 from __future__ import annotations
 
 import ast
@@ -35,17 +36,32 @@ from .features import prompt_ids
 PKG, STDLIB, REF = "text:python-package-docs", "text:python-stdlib-docstrings", "text:python-reference-topics"
 DEB = "text:debian-doc"
 COPYLEFT = ("GPL", "GFDL", "FDL", "CC-BY-SA", "SHARE")
-PKG_ASKS = ["Describe the Python package {name}.", "What is {name} and how do I use it?",
-            "Write the README for the Python package {name}.", "Tell me about the {name} library."]
+PKG_ASKS = [
+    "Describe the Python package {name}.",
+    "What is {name} and how do I use it?",
+    "Write the README for the Python package {name}.",
+    "Tell me about the {name} library.",
+]
 PKG_MORE = ["Continue the documentation of {name}.", "Tell me more about {name}.", "What else does {name} offer?"]
-REF_ASKS = ["Explain {name} in Python.", "How does {name} work in Python?",
-            "What does the Python reference say about {name}?"]
+REF_ASKS = [
+    "Explain {name} in Python.",
+    "How does {name} work in Python?",
+    "What does the Python reference say about {name}?",
+]
 REF_MORE = ["Continue the explanation of {name} in Python.", "Tell me more about {name} in Python."]
-DEB_ASKS = ["What does the documentation of {name} say?", "Show me the {name} documentation.",
-            "Explain {name} to me.", "Give me an overview of {name}."]
+DEB_ASKS = [
+    "What does the documentation of {name} say?",
+    "Show me the {name} documentation.",
+    "Explain {name} to me.",
+    "Give me an overview of {name}.",
+]
 DEB_MORE = ["Continue the {name} documentation.", "What else does the {name} documentation cover?"]
-DOC_ASKS = ["What does `{name}` do in Python?", "Explain `{name}` from Python's standard library.",
-            "Write the docstring for `{name}`.", "How do I use `{name}`?"]
+DOC_ASKS = [
+    "What does `{name}` do in Python?",
+    "Explain `{name}` from Python's standard library.",
+    "Write the docstring for `{name}`.",
+    "How do I use `{name}`?",
+]
 
 
 def licence(meta: Any) -> str:
@@ -82,8 +98,9 @@ def stdlib_pieces(root: Path | None = None) -> list[dict]:
     out = []
     for path in sorted(root.rglob("*.py")):
         rel = path.relative_to(root)
-        if any(p.startswith("_") or p in ("test", "tests", "idlelib", "site-packages", "lib2to3")
-               for p in rel.parts) or rel.name in ("this.py", "antigravity.py"):
+        if any(
+            p.startswith("_") or p in ("test", "tests", "idlelib", "site-packages", "lib2to3") for p in rel.parts
+        ) or rel.name in ("this.py", "antigravity.py"):
             continue
         mod = ".".join(rel.with_suffix("").parts).removesuffix(".__init__")
         try:
@@ -97,10 +114,18 @@ def stdlib_pieces(root: Path | None = None) -> list[dict]:
                 if defn and not ch.name.startswith("_"):
                     doc = ast.get_docstring(ch)
                     if doc and len(doc) >= 120:
-                        out.append({"source": STDLIB, "name": f"{prefix}.{ch.name}", "version": ver,
-                                    "licence": "PSF-2.0", "text": doc})
+                        out.append(
+                            {
+                                "source": STDLIB,
+                                "name": f"{prefix}.{ch.name}",
+                                "version": ver,
+                                "licence": "PSF-2.0",
+                                "text": doc,
+                            }
+                        )
                     if isinstance(ch, ast.ClassDef):
                         visit(ch, f"{prefix}.{ch.name}")
+
         doc = ast.get_docstring(tree)
         if doc and len(doc) >= 120:
             out.append({"source": STDLIB, "name": mod, "version": ver, "licence": "PSF-2.0", "text": doc})
@@ -117,8 +142,11 @@ def reference_pieces(root: Path | None = None) -> list[dict]:
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "topics" for t in node.targets):
             topics = ast.literal_eval(node.value)
-    return [{"source": REF, "name": k.replace("-", " "), "version": ver, "licence": "PSF-2.0", "text": v}
-            for k, v in sorted(topics.items()) if len(v) >= 120]
+    return [
+        {"source": REF, "name": k.replace("-", " "), "version": ver, "licence": "PSF-2.0", "text": v}
+        for k, v in sorted(topics.items())
+        if len(v) >= 120
+    ]
 
 
 def debian_licence(copyright_file: Path) -> str:
@@ -139,6 +167,7 @@ def debian_licence(copyright_file: Path) -> str:
 def debian_pieces(root: Path = Path("/usr/share/doc"), max_chars: int = 400_000) -> list[dict]:
     """READMEs and .txt manuals of each package with a machine-readable licence (prose only: mostly letters)."""
     import gzip
+
     out = []
     for pkg in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
         lic = debian_licence(pkg / "copyright")
@@ -157,8 +186,9 @@ def debian_pieces(root: Path = Path("/usr/share/doc"), max_chars: int = 400_000)
                 continue
             letters = sum(c.isalpha() or c.isspace() for c in text[:20000]) / max(1, len(text[:20000]))
             if 200 <= len(text) <= max_chars and letters > 0.85:
-                out.append({"source": DEB, "name": f"{pkg.name} {name}", "version": "", "licence": lic,
-                            "text": text.strip()})
+                out.append(
+                    {"source": DEB, "name": f"{pkg.name} {name}", "version": "", "licence": lic, "text": text.strip()}
+                )
     return out
 
 
@@ -180,14 +210,16 @@ def chunks(text: str, count: Callable[[str], int], max_tokens: int) -> list[str]
     return [c for c in out if count(c) <= 2 * max_tokens]
 
 
-def conversations(pieces: list[dict], tokenizer: Any, seed: int, max_tokens: int = 384,
-                  max_chunks: int = 8) -> list[dict]:
+def conversations(
+    pieces: list[dict], tokenizer: Any, seed: int, max_tokens: int = 384, max_chunks: int = 8
+) -> list[dict]:
     """Each piece's first `max_chunks` chunks as (prompt ids, answer ids + EOS), with the piece it came from."""
     r = random.Random(seed)
     eos = tokenizer.eos_token_id
 
     def count(s: str) -> int:
         return len(tokenizer(s, add_special_tokens=False)["input_ids"])
+
     out = []
     for p in pieces:
         for k, ch in enumerate(chunks(p["text"], count, max_tokens)[:max_chunks]):
@@ -204,8 +236,16 @@ def conversations(pieces: list[dict], tokenizer: Any, seed: int, max_tokens: int
     return out
 
 
-def build(tokenizer: Any, folder: Path, source: str, seed: int = 0, shard_seqs: int = 512,
-          max_tokens: int = 384, target: dict | None = None, log: Callable[[str], None] = print) -> list[dict]:
+def build(
+    tokenizer: Any,
+    folder: Path,
+    source: str,
+    seed: int = 0,
+    shard_seqs: int = 512,
+    max_tokens: int = 384,
+    target: dict | None = None,
+    log: Callable[[str], None] = print,
+) -> list[dict]:
     """Write `source`'s text as shards named `<source>_<i>` (skipping a source already in the folder); each
     shard's entry lists its pieces with their versions and licences. Returns the new entries."""
     tag = source.split(":", 1)[1]
@@ -216,20 +256,32 @@ def build(tokenizer: Any, folder: Path, source: str, seed: int = 0, shard_seqs: 
     convs = conversations(pieces, tokenizer, seed, max_tokens, max_chunks=24 if source == REF else 8)
     entries = []
     for i in range(0, len(convs), shard_seqs):
-        part = convs[i:i + shard_seqs]
+        part = convs[i : i + shard_seqs]
         used: dict[str, dict] = {}
         for c in part:
             p = c["piece"]
-            u = used.setdefault(p["name"], {"name": p["name"], "version": p["version"], "licence": p["licence"],
-                                            "sequences": 0})
+            u = used.setdefault(
+                p["name"], {"name": p["name"], "version": p["version"], "licence": p["licence"], "sequences": 0}
+            )
             u["sequences"] += 1
-        meta = {"source": source, "seed": seed, "sampling": None, "teacher_forced_text": True,
-                "prompts": {"asks": {PKG: PKG_ASKS + PKG_MORE, REF: REF_ASKS + REF_MORE,
-                                      DEB: DEB_ASKS + DEB_MORE}.get(source, DOC_ASKS),
-                            "max_chunk_tokens": max_tokens},
-                "pieces": list(used.values()), "target": target or {}, "machine": corpus.machine()}
+        meta = {
+            "source": source,
+            "seed": seed,
+            "sampling": None,
+            "teacher_forced_text": True,
+            "prompts": {
+                "asks": {PKG: PKG_ASKS + PKG_MORE, REF: REF_ASKS + REF_MORE, DEB: DEB_ASKS + DEB_MORE}.get(
+                    source, DOC_ASKS
+                ),
+                "max_chunk_tokens": max_tokens,
+            },
+            "pieces": list(used.values()),
+            "target": target or {},
+            "machine": corpus.machine(),
+        }
         seqs = [c["prompt"] + c["answer"] for c in part]
-        entries.append(corpus.write_shard(folder, f"{tag}_{i // shard_seqs:04d}", seqs,
-                                          [len(c["prompt"]) for c in part], meta))
+        entries.append(
+            corpus.write_shard(folder, f"{tag}_{i // shard_seqs:04d}", seqs, [len(c["prompt"]) for c in part], meta)
+        )
         log(f"{entries[-1]['file']}: {entries[-1]['sequences']} sequences, {entries[-1]['answer_tokens']:,} tokens")
     return entries

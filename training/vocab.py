@@ -8,6 +8,7 @@ proposer's acceptance, since an uncovered position is a certain rejection.
 
     python -m training draft-feature vocab --work W --vocab-n 8192
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -26,7 +27,7 @@ def answer_counts(data_dir: str | Path, split: str, vocab: int) -> tuple[torch.T
     n = 0
     for p in sorted((Path(data_dir) / split).glob("shard_*.pt")):
         for r in torch.load(p, weights_only=False):
-            ans = r["ids"][int(r["n_prompt"]):].long()
+            ans = r["ids"][int(r["n_prompt"]) :].long()
             counts += torch.bincount(ans, minlength=vocab)[:vocab]
             n += 1
     return counts, n
@@ -45,17 +46,22 @@ def coverage(ranked: torch.Tensor, counts: torch.Tensor, n: int) -> float:
     return float(counts[ranked[:n]].sum()) / total if total else 0.0
 
 
-def build(data_dir: str | Path, vocab: int, always: tuple[int, ...], n: int,
-          ns: tuple[int, ...] = NS) -> tuple[torch.Tensor, dict]:
+def build(
+    data_dir: str | Path, vocab: int, always: tuple[int, ...], n: int, ns: tuple[int, ...] = NS
+) -> tuple[torch.Tensor, dict]:
     """Count, rank and measure: the first n ranked ids and the metadata (coverage for every N in ns)."""
     train, n_train = answer_counts(data_dir, "train", vocab)
     held, n_held = answer_counts(data_dir, "heldout", vocab)
     order = rank(train, always)
     cov = {str(k): round(coverage(order, held, k), 4) for k in sorted(set(ns) | {n})}
-    meta = {"n": n, "vocab": vocab, "always": list(always),
-            "counted": f"answer tokens of the target's on-policy answers (EOS included): {n_train} "
-                       f"training answers, {int(train.sum())} tokens, {int((train > 0).sum())} distinct",
-            "heldout": f"{n_held} held-out answers (topics never trained on), {int(held.sum())} tokens",
-            "coverage_heldout": cov,
-            "coverage_train": round(coverage(order, train, n), 4)}
+    meta = {
+        "n": n,
+        "vocab": vocab,
+        "always": list(always),
+        "counted": f"answer tokens of the target's on-policy answers (EOS included): {n_train} "
+        f"training answers, {int(train.sum())} tokens, {int((train > 0).sum())} distinct",
+        "heldout": f"{n_held} held-out answers (topics never trained on), {int(held.sum())} tokens",
+        "coverage_heldout": cov,
+        "coverage_train": round(coverage(order, train, n), 4),
+    }
     return order[:n], meta

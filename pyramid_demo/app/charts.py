@@ -1,4 +1,5 @@
 """Plotly figures built from trace and stats records only (plus decoded token texts for labels)."""
+
 from __future__ import annotations
 
 import itertools
@@ -18,16 +19,23 @@ ROLE_COLOURS = {"draft": "#009E73", "qualifier": "#0072B2", "target": "#E69F00"}
 
 
 def _layout(fig: go.Figure, title: str, height: int = 360, **kw) -> go.Figure:
-    fig.update_layout(title=dict(text=title, x=0.01, font=dict(size=FONT_SIZE + 2)), template="plotly_white",
-                      height=height, font=dict(size=FONT_SIZE), margin=dict(l=60, r=20, t=56, b=50),
-                      legend=dict(orientation="h", yanchor="bottom", y=1.0, x=1, xanchor="right"), **kw)
+    fig.update_layout(
+        title=dict(text=title, x=0.01, font=dict(size=FONT_SIZE + 2)),
+        template="plotly_white",
+        height=height,
+        font=dict(size=FONT_SIZE),
+        margin=dict(l=60, r=20, t=56, b=50),
+        legend=dict(orientation="h", yanchor="bottom", y=1.0, x=1, xanchor="right"),
+        **kw,
+    )
     return fig
 
 
 def empty_figure(message: str, height: int = 300) -> go.Figure:
     fig = go.Figure()
-    fig.add_annotation(text=message, showarrow=False, font=dict(size=FONT_SIZE, color="#888"), x=0.5, y=0.5,
-                       xref="paper", yref="paper")
+    fig.add_annotation(
+        text=message, showarrow=False, font=dict(size=FONT_SIZE, color="#888"), x=0.5, y=0.5, xref="paper", yref="paper"
+    )
     fig.update_layout(xaxis_visible=False, yaxis_visible=False)
     return _layout(fig, "", height)
 
@@ -39,9 +47,18 @@ def race_figure(results: dict[str, RunResult], repeats: Repeats | None = None) -
         xs = [0.0, *(s.t_end for s in r.steps)]
         ys = [0, *itertools.accumulate(len(s.new_tokens) for s in r.steps)]  # tokens so far at each pass's end
         name = " · ".join([f"{short_name(m)}: {speed(m, results, repeats):.1f} tok/s", *speedups(m, results, repeats)])
-        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", line_shape="hv", name=name,
-                                 line=dict(color=METHOD_COLOURS.get(m), width=3), marker=dict(size=5),
-                                 hovertemplate="%{y} tokens at %{x:.2f} s<extra>" + short_name(m) + "</extra>"))
+        fig.add_trace(
+            go.Scatter(
+                x=xs,
+                y=ys,
+                mode="lines+markers",
+                line_shape="hv",
+                name=name,
+                line=dict(color=METHOD_COLOURS.get(m), width=3),
+                marker=dict(size=5),
+                hovertemplate="%{y} tokens at %{x:.2f} s<extra>" + short_name(m) + "</extra>",
+            )
+        )
     if not results:
         return empty_figure("The race chart appears here: tokens generated vs time for each method.")
     _layout(fig, "Tokens generated vs time (steeper is faster)", 440)
@@ -51,8 +68,9 @@ def race_figure(results: dict[str, RunResult], repeats: Repeats | None = None) -
     return fig
 
 
-def _bars(fig: go.Figure, rnds: list[StageRound], tau: float | None, texts: dict[int, str], row: int,
-          label: str) -> None:
+def _bars(
+    fig: go.Figure, rnds: list[StageRound], tau: float | None, texts: dict[int, str], row: int, label: str
+) -> None:
     """A bar per position of each round (`inspector.positions`): its Div coloured by the fate at τ, others on hover."""
     xs, ys, colours, hover, marks = [], [], [], [], []
     for j, rnd in enumerate(rnds):
@@ -69,18 +87,38 @@ def _bars(fig: go.Figure, rnds: list[StageRound], tau: float | None, texts: dict
             xs.append(f"{label}{j + 1}·{at.depth} {tok}" if len(rnds) > 1 else f"{at.depth} {tok}")
             ys.append(t.div or 0.0)
             colours.append(STATUS_COLOURS[what[at.node]][1])
-            tip = (f"{tok} at position {at.depth}: Div {_num(t.div)}<br>recorded: {t.status}"
-                   f"<br>at this τ: {what[at.node]}")
+            tip = (
+                f"{tok} at position {at.depth}: Div {_num(t.div)}<br>recorded: {t.status}<br>at this τ: {what[at.node]}"
+            )
             if at.siblings:
                 tip += "<br>other candidates here (same context, same Div): " + ", ".join(
-                    f"{name(i)} ({what[i]})" for i in at.siblings)
+                    f"{name(i)} ({what[i]})" for i in at.siblings
+                )
             hover.append(tip)
             marks.append(f"+{len(at.siblings)} other(s)" if at.siblings else "")
-    fig.add_trace(go.Bar(x=xs, y=ys, marker_color=colours, hovertext=hover, hoverinfo="text", showlegend=False,
-                         text=marks, textposition="outside"), row=row, col=1)
+    fig.add_trace(
+        go.Bar(
+            x=xs,
+            y=ys,
+            marker_color=colours,
+            hovertext=hover,
+            hoverinfo="text",
+            showlegend=False,
+            text=marks,
+            textposition="outside",
+        ),
+        row=row,
+        col=1,
+    )
     if tau is not None:
-        fig.add_hline(y=tau, line=dict(color="#D55E00", dash="dash", width=2), row=row, col=1,
-                      annotation_text=f"τ = {tau:g}", annotation_position="top left")
+        fig.add_hline(
+            y=tau,
+            line=dict(color="#D55E00", dash="dash", width=2),
+            row=row,
+            col=1,
+            annotation_text=f"τ = {tau:g}",
+            annotation_position="top left",
+        )
 
 
 def _num(v: float | None) -> str:
@@ -120,9 +158,20 @@ def top5_figure(dists: dict[str, list[list[float]]], texts: dict[int, str], titl
         # the rank keeps labels unique (two ids can decode to the same text, e.g. partial UTF-8 bytes)
         labels = [f"{k}. {texts.get(int(i), f'#{int(i)}')!r}" for k, (i, _) in enumerate(pairs, 1)][::-1]
         probs = [p for _, p in pairs][::-1]
-        fig.add_trace(go.Bar(x=probs, y=labels, orientation="h", marker_color=ROLE_COLOURS.get(role),
-                             text=[f"{p:.2f}" for p in probs], textposition="auto", showlegend=False,
-                             hovertemplate="%{y}: %{x:.3f}<extra>" + role + "</extra>"), row=1, col=c)
+        fig.add_trace(
+            go.Bar(
+                x=probs,
+                y=labels,
+                orientation="h",
+                marker_color=ROLE_COLOURS.get(role),
+                text=[f"{p:.2f}" for p in probs],
+                textposition="auto",
+                showlegend=False,
+                hovertemplate="%{y}: %{x:.3f}<extra>" + role + "</extra>",
+            ),
+            row=1,
+            col=c,
+        )
         fig.update_xaxes(range=[0, 1], row=1, col=c)
         fig.update_yaxes(type="category", row=1, col=c)
     _layout(fig, title, 320)
@@ -141,9 +190,15 @@ def position_figure(results: dict[str, RunResult]) -> go.Figure:
                 continue
             dash = "dot" if stage == "qualifier" else "solid"
             first = stage_rounds(r.steps, stage)[0]
-            fig.add_trace(go.Scatter(x=list(range(1, len(ys) + 1)), y=ys, mode="lines+markers",
-                                     name=f"{short_name(m)} · {first.proposer}→{first.verifier}",
-                                     line=dict(color=METHOD_COLOURS.get(m), dash=dash, width=3)))
+            fig.add_trace(
+                go.Scatter(
+                    x=list(range(1, len(ys) + 1)),
+                    y=ys,
+                    mode="lines+markers",
+                    name=f"{short_name(m)} · {first.proposer}→{first.verifier}",
+                    line=dict(color=METHOD_COLOURS.get(m), dash=dash, width=3),
+                )
+            )
     if not fig.data:
         return empty_figure("Per-position acceptance appears after a race.")
     _layout(fig, "Acceptance by position in the proposal", 460)
@@ -159,11 +214,26 @@ def throughput_figure(rows: list[dict]) -> go.Figure:
         return empty_figure("Measured and predicted speeds appear after a race.")
     names = [METHOD_SHORT[r["method"]] for r in rows]
     pred = [r.get("predicted") for r in rows]
-    fig = go.Figure([
-        go.Bar(x=names, y=[r["measured"] for r in rows], name="measured in this race", marker_color="#0072B2",
-               text=[f"{r['measured']:.1f}" for r in rows], textposition="outside"),
-        go.Bar(x=names, y=[p or 0 for p in pred], name="idle machine (cost profile)", marker_color="#bbbbbb",
-               text=["n/a" if p is None else f"{p:.1f}" for p in pred], textposition="outside")])
+    fig = go.Figure(
+        [
+            go.Bar(
+                x=names,
+                y=[r["measured"] for r in rows],
+                name="measured in this race",
+                marker_color="#0072B2",
+                text=[f"{r['measured']:.1f}" for r in rows],
+                textposition="outside",
+            ),
+            go.Bar(
+                x=names,
+                y=[p or 0 for p in pred],
+                name="idle machine (cost profile)",
+                marker_color="#bbbbbb",
+                text=["n/a" if p is None else f"{p:.1f}" for p in pred],
+                textposition="outside",
+            ),
+        ]
+    )
     _layout(fig, "Tokens per second: measured vs the profile's idle-machine prediction", 380, barmode="group")
     top = max([r["measured"] for r in rows] + [p or 0 for p in pred] + [1.0])
     fig.update_yaxes(title="tokens / s", range=[0, top * 1.18])  # room for the value labels
@@ -177,8 +247,15 @@ def cost_figure(profile: dict | None, results: dict[str, RunResult]) -> go.Figur
     fig = go.Figure()
     for role, row in profile["ms"].items():
         ks = sorted(int(k) for k in row)
-        fig.add_trace(go.Scatter(x=ks, y=[row[str(k)] for k in ks], mode="lines+markers", name=f"{role} (profile)",
-                                 line=dict(color=ROLE_COLOURS.get(role), width=3)))
+        fig.add_trace(
+            go.Scatter(
+                x=ks,
+                y=[row[str(k)] for k in ks],
+                mode="lines+markers",
+                name=f"{role} (profile)",
+                line=dict(color=ROLE_COLOURS.get(role), width=3),
+            )
+        )
     seen: dict[str, dict[int, list[float]]] = {}
     for r in results.values():
         for role, by_k in measured_by_k(r.steps).items():
@@ -186,9 +263,15 @@ def cost_figure(profile: dict | None, results: dict[str, RunResult]) -> go.Figur
                 seen.setdefault(role, {}).setdefault(k, []).extend(ts)
     for role, by_k in seen.items():
         ks = sorted(by_k)
-        fig.add_trace(go.Scatter(x=ks, y=[sorted(by_k[k])[len(by_k[k]) // 2] for k in ks], mode="markers",
-                                 name=f"{role} (in this race)", marker=dict(color=ROLE_COLOURS.get(role), size=11,
-                                                                           symbol="x")))
+        fig.add_trace(
+            go.Scatter(
+                x=ks,
+                y=[sorted(by_k[k])[len(by_k[k]) // 2] for k in ks],
+                mode="markers",
+                name=f"{role} (in this race)",
+                marker=dict(color=ROLE_COLOURS.get(role), size=11, symbol="x"),
+            )
+        )
     _layout(fig, "What one forward costs on this machine", 420)
     fig.update_xaxes(title="new tokens in the forward (k)", dtick=1)
     fig.update_yaxes(title="ms per forward", rangemode="tozero")

@@ -1,5 +1,6 @@
 """The app's event handlers: plain functions over plain values, testable without a browser. Per-user data is one
 `Session` (a gr.State) mutated in place, so Stop keeps partial results."""
+
 from __future__ import annotations
 
 import csv
@@ -76,8 +77,12 @@ def model_spec(preset: str, draft: str, qualifier: str, target: str) -> str:
 
 def make_config(**settings: Any) -> DecodeConfig:
     """A DecodeConfig from widget values (sliders send floats; ints are cast only when whole)."""
-    return DecodeConfig(**{k: int(v) if k in INT_SETTINGS and isinstance(v, float) and v.is_integer() else v
-                           for k, v in settings.items()})
+    return DecodeConfig(
+        **{
+            k: int(v) if k in INT_SETTINGS and isinstance(v, float) and v.is_integer() else v
+            for k, v in settings.items()
+        }
+    )
 
 
 # ------------------------------------------------------------------ race
@@ -91,15 +96,18 @@ def _winner(race: Race) -> str:
     reps = [{m: r for m, r in rep.items() if m in res} for rep in race.repeats]
     spread = inspector.race_noise(res, reps)
     ar = inspector.baseline_lane("ar", res)
-    top = leaders({m: (inspector.speed_ratio(m, ar, res, reps) if ar else None) or inspector.speed(m, res, reps)
-                   for m in res}, spread or 0.0)
+    top = leaders(
+        {m: (inspector.speed_ratio(m, ar, res, reps) if ar else None) or inspector.speed(m, res, reps) for m in res},
+        spread or 0.0,
+    )
     m = top[0]
     figures = ", ".join([f"{inspector.speed(m, res, reps):.1f} tok/s", *inspector.speedups(m, res, reps)])
     if spread is None:
         return MSG["winner_unsure"].format(label=METHOD_LABELS[m], figures=figures)
     if len(top) > 1:
-        return MSG["tie"].format(labels=", ".join(METHOD_SHORT[x] for x in top), noise=spread, label=METHOD_LABELS[m],
-                                 figures=figures)
+        return MSG["tie"].format(
+            labels=", ".join(METHOD_SHORT[x] for x in top), noise=spread, label=METHOD_LABELS[m], figures=figures
+        )
     return MSG["winner"].format(label=METHOD_LABELS[m], figures=figures, noise=spread)
 
 
@@ -125,19 +133,43 @@ def queue_line() -> Any:
         return MSG["queued"] if _RACING[0] else gr.skip()
 
 
-def race_event(prompt: str, preset: str, draft: str | None = None, qualifier: str | None = None,
-               target: str | None = None, session: Session | None = None, progress: gr.Progress = gr.Progress(),
-               side_by_side: bool = False, qualifier_alone: bool = False, **settings: Any) -> Iterator[tuple]:
+def race_event(
+    prompt: str,
+    preset: str,
+    draft: str | None = None,
+    qualifier: str | None = None,
+    target: str | None = None,
+    session: Session | None = None,
+    progress: gr.Progress = gr.Progress(),
+    side_by_side: bool = False,
+    qualifier_alone: bool = False,
+    **settings: Any,
+) -> Iterator[tuple]:
     """The public `/race` endpoint and the Run button: every lane on the prompt with the chosen family. `settings`
     are DecodeConfig fields by name (left out: the page's first values); bad values are reported in the status line.
     Yields (status, lanes, chart, table, earlier races, session)."""
-    yield from run_race(preset, (draft, qualifier, target), prompt, {**START_SETTINGS, **settings}, session,
-                        progress, bool(side_by_side), bool(qualifier_alone))
+    yield from run_race(
+        preset,
+        (draft, qualifier, target),
+        prompt,
+        {**START_SETTINGS, **settings},
+        session,
+        progress,
+        bool(side_by_side),
+        bool(qualifier_alone),
+    )
 
 
-def run_race(preset: str, models: tuple[str, str, str], prompt: str, settings: dict[str, Any],
-             session: Session | None, progress: gr.Progress = gr.Progress(),
-             side_by_side: bool = False, qualifier_alone: bool = False) -> Iterator[tuple]:
+def run_race(
+    preset: str,
+    models: tuple[str, str, str],
+    prompt: str,
+    settings: dict[str, Any],
+    session: Session | None,
+    progress: gr.Progress = gr.Progress(),
+    side_by_side: bool = False,
+    qualifier_alone: bool = False,
+) -> Iterator[tuple]:
     """Time every lane on the prompt with nothing drawn (`quiet`), then send the race to be replayed; yields (status,
     lanes, chart, table, earlier, session). Stop is cooperative (`session.stop`, seen after every target pass):
     cancelling the event would race a late snapshot."""
@@ -171,8 +203,15 @@ def _show_stages(staged: Iterator, session: Session, progress: gr.Progress) -> A
         yield status_only(text, session)
 
 
-def _race_steps(preset: str, ids: tuple[str, str, str], prompt: str, settings: dict, session: Session,
-                progress: gr.Progress, race_lanes_: tuple[Lane, ...] = lanes()) -> Iterator[tuple]:
+def _race_steps(
+    preset: str,
+    ids: tuple[str, str, str],
+    prompt: str,
+    settings: dict,
+    session: Session,
+    progress: gr.Progress,
+    race_lanes_: tuple[Lane, ...] = lanes(),
+) -> Iterator[tuple]:
     from ..models.loading import LoadError, load_triplet
 
     try:
@@ -182,8 +221,9 @@ def _race_steps(preset: str, ids: tuple[str, str, str], prompt: str, settings: d
         yield status_only(_notify(MSG["bad_settings"].format(err=e)), session)
         return
     if not (prompt or "").strip():
-        yield status_only(_notify(MSG["bad_prompt"].format(err="the prompt is empty: type a question or "
-                                                                   "instruction")), session)
+        yield status_only(
+            _notify(MSG["bad_prompt"].format(err="the prompt is empty: type a question or instruction")), session
+        )
         return
     yield status_only(MSG["loading"].format(preset=preset), session)
     progress(0.0, desc=MSG["loading"].format(preset=preset))
@@ -196,9 +236,15 @@ def _race_steps(preset: str, ids: tuple[str, str, str], prompt: str, settings: d
     try:  # the one-time stages, named as they happen (converting, loading, warming)
         staged = stages.run_staged(load, lambda: stages.loading_stage(preset))
         triplet, ids, load_s = yield from _show_stages(staged, session, progress)
-        upcoming = Race(n=session.next, preset=preset, models=list(triplet.names), prompt=prompt,
-                        config=base.to_dict(), lanes=tuple(lane.key for lane in race_lanes_))
-        kept = session.races[-(MAX_RACES - 1):]
+        upcoming = Race(
+            n=session.next,
+            preset=preset,
+            models=list(triplet.names),
+            prompt=prompt,
+            config=base.to_dict(),
+            lanes=tuple(lane.key for lane in race_lanes_),
+        )
+        kept = session.races[-(MAX_RACES - 1) :]
         again = session.latest if quiet.same_work(session.latest, upcoming) else None
         if again is None:  # a new race: its empty lanes drawn as the models warm (Race again keeps what is shown)
             yield before_race(session, upcoming, kept, MSG["loading"].format(preset=preset))
@@ -215,8 +261,11 @@ def _race_steps(preset: str, ids: tuple[str, str, str], prompt: str, settings: d
     if session.stop:  # Stop or Clear while the models loaded
         yield full_outputs(session, MSG["stopped_early"])
         return
-    exact = "" if triplet.exact else MSG["not_exact"].format(why=MSG["why_unchecked" if triplet.exact is None
-                                                                      else "why_inexact"])
+    exact = (
+        ""
+        if triplet.exact
+        else MSG["not_exact"].format(why=MSG["why_unchecked" if triplet.exact is None else "why_inexact"])
+    )
     race = again or replace(upcoming, profile=prep["profile"], machine=cpu_class())
     race.stopped = False
     race.note = " ".join(x for x in (getattr(triplet, "note", ""), session.budget_note) if x)
@@ -229,8 +278,11 @@ def _race_steps(preset: str, ids: tuple[str, str, str], prompt: str, settings: d
         session.next += 1
         session.races = kept + [race]
     try:  # the page hears only a progress line between lanes; it replays the records once they are all in
-        for i, line in enumerate(quiet.decode(triplet, ids, race, race_lanes_, base, lambda: session.stop,
-                                              1 if hosting.on_zerogpu() else None)):
+        for i, line in enumerate(
+            quiet.decode(
+                triplet, ids, race, race_lanes_, base, lambda: session.stop, 1 if hosting.on_zerogpu() else None
+            )
+        ):
             progress(min(0.95, i / (1 + quiet.MAX_REPEATS * len(race_lanes_))), desc=line)
             yield status_only(line, session)
     except Exception as e:  # keep serving: report, keep what ran, stop this race
@@ -278,9 +330,17 @@ def export_files(session: Session | None) -> tuple[str | None, str | None]:
     races = session.races
     session.exports = session.exports or tempfile.TemporaryDirectory(prefix="pyramid_demo_")  # removed with it
     folder = Path(session.exports.name)
-    trace = [{"race": r.n, "preset": r.preset, "models": r.models, "prompt": r.prompt,
-              "config": r.config, "results": {m: inspector.result_export(res) for m, res in r.results.items()}}
-             for r in races]
+    trace = [
+        {
+            "race": r.n,
+            "preset": r.preset,
+            "models": r.models,
+            "prompt": r.prompt,
+            "config": r.config,
+            "results": {m: inspector.result_export(res) for m, res in r.results.items()},
+        }
+        for r in races
+    ]
     jpath, cpath = folder / "pyramid_trace.json", folder / "pyramid_race_results.csv"
     jpath.write_text(json.dumps(trace), encoding="utf-8")
     with cpath.open("w", newline="", encoding="utf-8") as f:

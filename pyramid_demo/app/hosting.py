@@ -1,5 +1,6 @@
 """Hosting hooks: ZeroGPU time budgets (`spaces.GPU(duration=race_duration)` asks for the whole race's GPU time, capped
 by the platform; a race that cannot fit is cut to fewer tokens), placement from Space variables, memory estimates."""
+
 from __future__ import annotations
 
 import logging
@@ -70,8 +71,9 @@ def record(preset: str, results: dict[str, Any]) -> None:
         _MEASURED[preset] = per if old is None else max(per, 0.5 * (old + per))  # lean pessimistic
 
 
-def plan_budget(preset: str, n_methods: int, max_new_tokens: int, per_token: float | None = None,
-                cap: int | None = None) -> Budget:
+def plan_budget(
+    preset: str, n_methods: int, max_new_tokens: int, per_token: float | None = None, cap: int | None = None
+) -> Budget:
     """Seconds for a race of `n_methods` × `max_new_tokens` within `cap`, cutting the tokens to fit."""
     per = per_token if per_token is not None else per_token_s(preset)
     cap = cap if cap is not None else cap_s()
@@ -79,15 +81,26 @@ def plan_budget(preset: str, n_methods: int, max_new_tokens: int, per_token: flo
     if want <= cap:
         return Budget(max(MIN_S, math.ceil(want)), max_new_tokens)
     fit = max(1, min(int((cap - START_S) / (SAFETY * n_methods * per)), max_new_tokens))
-    msg = (f"Max new tokens cut from {max_new_tokens} to {fit}: {n_methods} methods × {max_new_tokens} tokens "
-           f"at ~{per * 1000:.0f} ms a token would need ~{want:.0f} s of GPU, more than this Space's "
-           f"{cap} s ZeroGPU allocation.")
+    msg = (
+        f"Max new tokens cut from {max_new_tokens} to {fit}: {n_methods} methods × {max_new_tokens} tokens "
+        f"at ~{per * 1000:.0f} ms a token would need ~{want:.0f} s of GPU, more than this Space's "
+        f"{cap} s ZeroGPU allocation."
+    )
     return Budget(cap, fit, True, msg)
 
 
-def race_duration(prompt: str = "", preset: str = "", draft: str = "", qualifier: str = "", target: str = "",
-                  session: Any = None, progress: Any = None, side_by_side: bool = False,
-                  qualifier_alone: bool = False, **settings: Any) -> int:
+def race_duration(
+    prompt: str = "",
+    preset: str = "",
+    draft: str = "",
+    qualifier: str = "",
+    target: str = "",
+    session: Any = None,
+    progress: Any = None,
+    side_by_side: bool = False,
+    qualifier_alone: bool = False,
+    **settings: Any,
+) -> int:
     """`spaces.GPU(duration=...)`: called with `handlers.race_event`'s own arguments."""
     try:
         max_new = int(settings.get("max_new_tokens", 64))
@@ -107,8 +120,10 @@ def fit_race(preset: str, n_methods: int, max_new_tokens: int) -> tuple[int, str
 # ---------------------------------------------------------------- placement and memory
 def placement_options() -> dict[str, str | None]:
     """The app's `--device-map` / `--quantize`: PYRAMID_DEMO_DEVICE_MAP=auto and PYRAMID_DEMO_QUANTIZE=8bit|4bit."""
-    return {"device_map": os.environ.get("PYRAMID_DEMO_DEVICE_MAP") or None,
-            "quantize": os.environ.get("PYRAMID_DEMO_QUANTIZE") or None}
+    return {
+        "device_map": os.environ.get("PYRAMID_DEMO_DEVICE_MAP") or None,
+        "quantize": os.environ.get("PYRAMID_DEMO_QUANTIZE") or None,
+    }
 
 
 def memory_line(preset: str, max_new_tokens: int = 128, prompt_tokens: int = 512) -> str:
@@ -118,8 +133,13 @@ def memory_line(preset: str, max_new_tokens: int = 128, prompt_tokens: int = 512
 
     try:
         dev = pick_device(None)
-        est = estimate(preset, pick_dtype(dev, None), prompt_tokens + max_new_tokens + 32,
-                       placement_options()["quantize"], online=False)
+        est = estimate(
+            preset,
+            pick_dtype(dev, None),
+            prompt_tokens + max_new_tokens + 32,
+            placement_options()["quantize"],
+            online=False,
+        )
         free = available_bytes(dev)
     except Exception as e:  # noqa: BLE001 - an estimate must never break the page
         return f"Estimate: unavailable ({type(e).__name__})"
@@ -130,6 +150,7 @@ def memory_line(preset: str, max_new_tokens: int = 128, prompt_tokens: int = 512
 def preload(preset: str) -> threading.Thread:
     """Load and warm the family shown first before the page serves (a Space starts ready): no visitor's request pays
     the load. The load is the race's own (one per key, `loading.load_triplet`): a race never loads it twice."""
+
     def work() -> None:
         from ..models.loading import load_triplet
         from ..models.warm import prepare

@@ -1,4 +1,5 @@
 """Pure functions over recorded rounds (no model runs): what-if acceptance, top-5s, race speeds and the race table."""
+
 from __future__ import annotations
 
 import math
@@ -48,7 +49,7 @@ def walk(rnd: StageRound, tau: float) -> list[str]:
         path.append(took)
         c = took + 1
     if cut_short(rnd):  # a PSD block's size or confidence cut, an EOS
-        for i in path[rnd.n_accepted:]:
+        for i in path[rnd.n_accepted :]:
             status[i] = "discarded"
     return status
 
@@ -99,8 +100,10 @@ def positions(rnd: StageRound) -> list[Position]:
     ps = parents_of(rnd)
     kids = rules.children(ps)
     nodes, k = line(rnd), len(accepted_path(rnd))
-    out = [Position(d, i, [j for j in kids[rules.context_of(ps, i)] if j != i], d == k + 1)
-           for d, i in enumerate(nodes, start=1)]
+    out = [
+        Position(d, i, [j for j in kids[rules.context_of(ps, i)] if j != i], d == k + 1)
+        for d, i in enumerate(nodes, start=1)
+    ]
     if k + 1 > len(nodes):
         out.append(Position(k + 1, None, [], True))
     return out
@@ -143,11 +146,11 @@ def proposes_trees(r: RunResult) -> bool:
 
 
 def shape_summary(r: RunResult) -> str:
-    """"chain", or "tree (≤ 7 nodes, depth ≤ 3)": what a run's rounds proposed, from their parent lists."""
+    """ "chain", or "tree (≤ 7 nodes, depth ≤ 3)": what a run's rounds proposed, from their parent lists."""
     if not proposes_trees(r):
         return "chain"
     ps = [parents_of(x) for x in rounds_of(r)]
-    return (f"tree (≤ {max(len(p) for p in ps)} nodes, depth ≤ {max(max(rules.depths(p), default=0) for p in ps)})")
+    return f"tree (≤ {max(len(p) for p in ps)} nodes, depth ≤ {max(max(rules.depths(p), default=0) for p in ps)})"
 
 
 def result_export(r: RunResult) -> dict:
@@ -179,8 +182,12 @@ def speed(key: str, results: dict[str, RunResult], repeats: Repeats | None = Non
 
 def paired_ratios(key: str, base: str, repeats: Repeats | None) -> list[float]:
     """key's tok/s ÷ base's in each repeat that ran both to the end: a repeat the machine slowed throughout cancels."""
-    return [x for rep in repeats or () if key in rep and base in rep
-            if (x := ratio(rep[key].stats.tokens_per_s, rep[base].stats.tokens_per_s)) is not None]
+    return [
+        x
+        for rep in repeats or ()
+        if key in rep and base in rep
+        if (x := ratio(rep[key].stats.tokens_per_s, rep[base].stats.tokens_per_s)) is not None
+    ]
 
 
 def speed_ratio(key: str, base: str, results: dict[str, RunResult], repeats: Repeats | None = None) -> float | None:
@@ -254,11 +261,22 @@ def race_rows(races: list[Race]) -> list[list]:
             # agreement with target greedy output (the bench's figure): AR is that reference at T=0 only
             same = agreement(r.token_ids, res[ar].token_ids) if ar is not None and greedy else None
             done = [rep[m].stats.decode_s for rep in reps if m in rep]
-            rows.append([race.n, m, len(done) if reps else 1, s.n_new_tokens,
-                         round(statistics.median(done or [s.decode_s]), 2), round(speed(m, res, reps), 1),
-                         _times(m, ar, race, spread), _times(m, sd, race, spread),
-                         acc, round(s.tokens_per_target_pass, 2), None if same is None else f"{same:.0%}",
-                         s.stopped or "stopped by user"])
+            rows.append(
+                [
+                    race.n,
+                    m,
+                    len(done) if reps else 1,
+                    s.n_new_tokens,
+                    round(statistics.median(done or [s.decode_s]), 2),
+                    round(speed(m, res, reps), 1),
+                    _times(m, ar, race, spread),
+                    _times(m, sd, race, spread),
+                    acc,
+                    round(s.tokens_per_target_pass, 2),
+                    None if same is None else f"{same:.0%}",
+                    s.stopped or "stopped by user",
+                ]
+            )
     return rows
 
 

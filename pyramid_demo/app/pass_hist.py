@@ -1,6 +1,7 @@
 """Accepted drafted tokens per target pass, one small histogram per run (`Stats.accepted_hist`). Small multiples: nine
 grouped bars per k cannot be told apart. Chains fill the top row, each tree run sits hatched under its chain, so "the
 tree moved the mass right" reads down a column. AR drafts nothing: no panel."""
+
 from __future__ import annotations
 
 import plotly.graph_objects as go
@@ -63,21 +64,41 @@ def accepted_figure(results: dict[str, RunResult], title: str = "Drafted tokens 
         s = results[m].stats
         slots[rc] = f"{_short(m, results[m])} · mean {s.mean_accepted_per_target_pass:.2f}"
     top_k = max(max(k for k, v in enumerate(results[m].stats.accepted_hist) if v) for m in where)
-    fig = make_subplots(rows=rows, cols=cols, shared_yaxes=True, subplot_titles=list(slots.values()),
-                        horizontal_spacing=0.03, vertical_spacing=0.22 if rows > 1 else 0.0)
+    fig = make_subplots(
+        rows=rows,
+        cols=cols,
+        shared_yaxes=True,
+        subplot_titles=list(slots.values()),
+        horizontal_spacing=0.03,
+        vertical_spacing=0.22 if rows > 1 else 0.0,
+    )
     for m, (r, c) in where.items():
-        h = results[m].stats.accepted_hist[:top_k + 1]  # the bins past every method's longest run are empty
+        h = results[m].stats.accepted_hist[: top_k + 1]  # the bins past every method's longest run are empty
         total = sum(h)
         shares = [v / total for v in h]
         name = _short(m, results[m])
-        fig.add_trace(go.Bar(x=list(range(len(h))), y=shares, name=name, showlegend=False,
-                             marker=dict(color=METHOD_COLOURS.get(m, METHOD_COLOURS.get(results[m].method, "#777")),
-                                         pattern_shape=TREE_PATTERN if tree_lane(results[m]) else "",
-                                         line=dict(color="#333", width=0.5)),
-                             customdata=h, hovertemplate="%{x} accepted: %{y:.0%} of passes (%{customdata})"
-                             "<extra>" + name + "</extra>"), row=r, col=c)
-    _layout(fig, f"{title} <span style='font-size:{FONT_SIZE - 2}px;color:#666'>(the verifier's own token not "
-                 "counted)</span>", 150 + 230 * rows)
+        fig.add_trace(
+            go.Bar(
+                x=list(range(len(h))),
+                y=shares,
+                name=name,
+                showlegend=False,
+                marker=dict(
+                    color=METHOD_COLOURS.get(m, METHOD_COLOURS.get(results[m].method, "#777")),
+                    pattern_shape=TREE_PATTERN if tree_lane(results[m]) else "",
+                    line=dict(color="#333", width=0.5),
+                ),
+                customdata=h,
+                hovertemplate="%{x} accepted: %{y:.0%} of passes (%{customdata})<extra>" + name + "</extra>",
+            ),
+            row=r,
+            col=c,
+        )
+    _layout(
+        fig,
+        f"{title} <span style='font-size:{FONT_SIZE - 2}px;color:#666'>(the verifier's own token not counted)</span>",
+        150 + 230 * rows,
+    )
     fig.update_layout(margin=dict(l=70, r=20, t=90, b=70), bargap=0.15)
     fig.update_xaxes(dtick=1 if top_k <= 8 else 2, range=[-0.6, max(top_k, 2) + 0.6], showgrid=False)
     top = max(max(tr.y) for tr in fig.data)

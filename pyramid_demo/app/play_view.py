@@ -1,6 +1,7 @@
 """The ▶ Play panel: one recorded target pass replayed beat by beat (`playback`), its handlers and its HTML. State is a
 frozen `PlayState` per visitor; a gr.Timer ticks every PACE_S while playing. Every handler returns (state, the beat's
 HTML, the timer's update); bad input gives a message in the panel, never a traceback."""
+
 from __future__ import annotations
 
 import html
@@ -114,8 +115,11 @@ def race_choices(session: Session | None) -> tuple:
         return (gr.update(choices=[], value=None), pass_slider(1, 1), *outputs(PlayState()))
     lane = list(race.results)[-1]  # the last raced: the fullest pyramid
     k = _busiest(race.results[lane].steps)
-    return (gr.update(choices=[(METHOD_LABELS.get(m, m), m) for m in race.results], value=lane),
-            pass_slider(len(race.results[lane].steps), k), *show(session, None, lane, k))
+    return (
+        gr.update(choices=[(METHOD_LABELS.get(m, m), m) for m in race.results], value=lane),
+        pass_slider(len(race.results[lane].steps), k),
+        *show(session, None, lane, k),
+    )
 
 
 def pick_lane(session: Session | None, lane: str | None) -> tuple:
@@ -138,9 +142,11 @@ def _chip(c: Chip, lit: bool, committed: bool = False) -> str:
 def _cell(beat: Beat, i: int) -> str:
     mark = playback.mark(beat, i)
     colour = {"✓": "#009E73", "✗": "#D55E00", "+": "#CC79A7"}.get(mark, "#9e9e9e")
-    return (f'<span style="display:inline-flex;flex-direction:column;align-items:center;margin:0 3px">'
-            f'{_chip(beat.chips[i], i in beat.lit)}<span style="font-size:.85rem;color:{colour};min-height:1.1em">'
-            f'{mark}</span></span>')
+    return (
+        f'<span style="display:inline-flex;flex-direction:column;align-items:center;margin:0 3px">'
+        f'{_chip(beat.chips[i], i in beat.lit)}<span style="font-size:.85rem;color:{colour};min-height:1.1em">'
+        f"{mark}</span></span>"
+    )
 
 
 def round_html(beat: Beat) -> str:
@@ -149,8 +155,10 @@ def round_html(beat: Beat) -> str:
     n = len(ps)
     if rules.is_chain(ps):
         cells = [_cell(beat, i) for i in range(n + 1) if i < len(beat.chips) and beat.chips[i].state != HIDDEN]
-        return f'<div style="{render.FONT}font-size:1.1rem;display:flex;flex-wrap:wrap;align-items:flex-start">' \
-               f'{"".join(cells)}</div>'
+        return (
+            f'<div style="{render.FONT}font-size:1.1rem;display:flex;flex-wrap:wrap;align-items:flex-start">'
+            f"{''.join(cells)}</div>"
+        )
     kids, depth = rules.children(ps), rules.depths(ps)
     rows: list[str] = []
 
@@ -158,14 +166,18 @@ def round_html(beat: Beat) -> str:
         for i in kids[c]:
             if beat.chips[i].state != HIDDEN:
                 pad = 1.6 * (depth[i] - 1)
-                rows.append(f'<div style="padding-left:{pad}em;line-height:1.5"><span style="color:#aaa">└ </span>'
-                            f'{_cell(beat, i)}</div>')
+                rows.append(
+                    f'<div style="padding-left:{pad}em;line-height:1.5"><span style="color:#aaa">└ </span>'
+                    f"{_cell(beat, i)}</div>"
+                )
             visit(i + 1)
 
     visit(0)
     if n < len(beat.chips) and beat.chips[n].state != HIDDEN:
-        rows.append(f'<div style="line-height:1.5"><span style="color:#555;font-size:.9rem">the verifier\'s own token: '
-                    f'</span>{_cell(beat, n)}</div>')
+        rows.append(
+            f'<div style="line-height:1.5"><span style="color:#555;font-size:.9rem">the verifier\'s own token: '
+            f"</span>{_cell(beat, n)}</div>"
+        )
     return f'<div style="{render.FONT}font-size:1.05rem">{"".join(rows)}</div>'
 
 
@@ -176,12 +188,18 @@ def beat_html(ps: PlayState) -> str:
     i = max(0, min(ps.i, len(ps.beats) - 1))
     beat = ps.beats[i]
     state = "▶ playing" if ps.playing else "❚❚ paused"
-    head = (f'<div style="color:#555;font-size:.9rem">{html.escape(ps.label)} · <b>beat {i + 1} / {len(ps.beats)}</b>'
-            f' · {state}</div><div style="font-weight:600;margin:4px 0">{html.escape(beat.title)}</div>')
+    head = (
+        f'<div style="color:#555;font-size:.9rem">{html.escape(ps.label)} · <b>beat {i + 1} / {len(ps.beats)}</b>'
+        f' · {state}</div><div style="font-weight:600;margin:4px 0">{html.escape(beat.title)}</div>'
+    )
     committed = "".join(_chip(c, False, True) for c in beat.committed) or '<span style="color:#999">nothing yet</span>'
-    sentence = (f'<div class="beat-sentence" style="font-size:1.15rem;margin:10px 0;padding:6px 10px;'
-                f'background:#f6f6f6;border-radius:6px">{html.escape(beat.sentence)}</div>')
+    sentence = (
+        f'<div class="beat-sentence" style="font-size:1.15rem;margin:10px 0;padding:6px 10px;'
+        f'background:#f6f6f6;border-radius:6px">{html.escape(beat.sentence)}</div>'
+    )
     body = round_html(beat) if beat.round >= 0 else ""
-    return (f'{render.STYLE}<div class="play" style="padding:6px 4px">{head}{body}{sentence}'
-            f'<div style="font-size:.95rem;color:#333">committed this pass: <span style="{render.FONT}">'
-            f'{committed}</span></div></div>')
+    return (
+        f'{render.STYLE}<div class="play" style="padding:6px 4px">{head}{body}{sentence}'
+        f'<div style="font-size:.95rem;color:#333">committed this pass: <span style="{render.FONT}">'
+        f"{committed}</span></div></div>"
+    )

@@ -1,5 +1,6 @@
 """One recorded target pass replayed as beats, one plain sentence each, read from the `Step` alone. A student follows a
 pass better told in order than all at once; the beats' order: docs/how-it-works.md."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -76,7 +77,7 @@ def _pair(d: float, tau: float) -> tuple[str, str]:
 
 
 def _versus(d: float | None, tau: float | None, name: str) -> str:
-    """"divergence 0.12 ≤ τ_Q 0.30" (passes) or "divergence 0.52 > τ_T 0.30" (fails); τ 0 accepts nothing."""
+    """ "divergence 0.12 ≤ τ_Q 0.30" (passes) or "divergence 0.52 > τ_T 0.30" (fails); τ 0 accepts nothing."""
     if d is None or tau is None:
         return ""
     a, b = _pair(d, tau)
@@ -98,8 +99,9 @@ class _Play:
     def text(self, tid: int) -> str:
         return self.decode(int(tid))
 
-    def add(self, sentence: str, actor: str, j: int, title: str, chips: list[Chip], ps: list[int],
-            lit: tuple[int, ...] = ()) -> None:
+    def add(
+        self, sentence: str, actor: str, j: int, title: str, chips: list[Chip], ps: list[int], lit: tuple[int, ...] = ()
+    ) -> None:
         self.beats.append(Beat(sentence, actor, j, title, tuple(chips), tuple(ps), lit, tuple(self.committed)))
 
     def judged(self, rnd: StageRound, group: tuple[int, ...], tau_name: str) -> str:
@@ -114,13 +116,17 @@ class _Play:
                 if ok:
                     return f"{head} — the {v}'s top choice too"
                 top = (rec.top5.get(v) or [[None]])[0][0]
-                return f"{head} — the {v}'s top choice here is {_q(self.text(top))}" if top is not None else \
-                    f"{head} — not the {v}'s top choice"
+                return (
+                    f"{head} — the {v}'s top choice here is {_q(self.text(top))}"
+                    if top is not None
+                    else f"{head} — not the {v}'s top choice"
+                )
             pq = f" (p {rec.p:.2f}, q {rec.q:.2f})" if rec.p is not None and rec.q is not None else ""
             return f"{head} — the exact SD test {'keeps' if ok else 'refuses'} it{pq}"
         why = _versus(rec.div, rec.tau, tau_name)
-        if rnd.sd_fallback and not (rec.div is not None and rec.tau is not None
-                                    and fuzzy_passes([rec.div], rec.tau)[0]):
+        if rnd.sd_fallback and not (
+            rec.div is not None and rec.tau is not None and fuzzy_passes([rec.div], rec.tau)[0]
+        ):
             sd = ", but the exact SD test keeps it" if ok else " and the exact SD test refuses it too"
             return f"{head} — {why}{sd}" if why else f"{head} — the exact SD test {'keeps' if ok else 'refuses'} it"
         if len(group) > 1:
@@ -145,8 +151,10 @@ class _Play:
         ps, recs = parents_of(rnd), rnd.tokens
         n, target = len(ps), rnd.stage == "target"
         own_origin = "bonus" if target and recs[-1].status == "bonus" else rnd.verifier
-        chips = [Chip(self.text(r.token_id), origins[i] if i < len(origins) else rnd.proposer, HIDDEN)
-                 for i, r in enumerate(recs[:-1])] + [Chip(self.text(recs[-1].token_id), own_origin, HIDDEN)]
+        chips = [
+            Chip(self.text(r.token_id), origins[i] if i < len(origins) else rnd.proposer, HIDDEN)
+            for i, r in enumerate(recs[:-1])
+        ] + [Chip(self.text(recs[-1].token_id), own_origin, HIDDEN)]
 
         def set_state(i: int, state: str) -> None:
             chips[i] = replace(chips[i], state=state)
@@ -154,8 +162,15 @@ class _Play:
         if block and n:
             for i in range(n):
                 set_state(i, PROPOSED)
-            self.add(f"the qualified block of {n} token{'s' if n != 1 else ''} goes up to the target", "qualifier",
-                     j, title, chips, ps, tuple(range(n)))
+            self.add(
+                f"the qualified block of {n} token{'s' if n != 1 else ''} goes up to the target",
+                "qualifier",
+                j,
+                title,
+                chips,
+                ps,
+                tuple(range(n)),
+            )
         elif not block:
             kids = rules.children(ps)
             for i in range(n):
@@ -180,8 +195,11 @@ class _Play:
             set_state(n, "discarded")
             kept = accepted_path(rnd)
             last = f" after {_q(chips[kept[-1]].text)}" if kept else ""
-            said = (f"the text ends{last}, so the rest of this pass is not used" if target else
-                    f"the block is complete{last}, so the rest of this round is not used")
+            said = (
+                f"the text ends{last}, so the rest of this pass is not used"
+                if target
+                else f"the block is complete{last}, so the rest of this round is not used"
+            )
             self.add(said, rnd.verifier, j, title, chips, ps)
             return
         set_state(n, own.status)
@@ -195,8 +213,14 @@ class _Play:
             who = step.origins[0] if step.origins else "target"
             text = "".join(self.text(x) for x in step.new_tokens)
             self.committed = [Chip(self.text(x), o, "accepted") for x, o in zip(step.new_tokens, step.origins)]
-            self.add(f"the {who} alone writes {_q(text)} — one token per pass", who, -1,
-                     "AR: target alone" if who == "target" else f"the {who} alone", [], [])
+            self.add(
+                f"the {who} alone writes {_q(text)} — one token per pass",
+                who,
+                -1,
+                "AR: target alone" if who == "target" else f"the {who} alone",
+                [],
+                [],
+            )
             return self.beats
         block: list[str] = []  # the origin of each token of the qualified block
         for j, rnd in enumerate(step.qualifier_rounds):
@@ -229,4 +253,3 @@ def mark(beat: Beat, i: int) -> str:
 def shown(beat: Beat) -> list[tuple[str, str]]:
     """The round's chips out so far as (text, mark), a compact view for tests and logs."""
     return [(c.text, mark(beat, i)) for i, c in enumerate(beat.chips) if c.state != HIDDEN]
-

@@ -1,6 +1,7 @@
 """The race's timing, done as `bench` does it: its warm-up and its timed run (`bench.runner.warm_up`, `timed`), the
 lanes interleaved over repeats, and nothing drawn, charted or serialised while a clock runs. The page hears one
 progress line between lanes; it replays the records afterwards (`replay`)."""
+
 from __future__ import annotations
 
 import time
@@ -26,12 +27,21 @@ SAME = ("preset", "models", "prompt", "config", "lanes")  # what two races share
 
 def variants(lanes: tuple[Lane, ...], base: DecodeConfig) -> list[Variant]:
     """The race's lanes as the bench's variants on the race's settings (one seed: repeats differ by timing alone)."""
-    return [Variant(lane.key, lane.method, replace(base, method=lane.method, shape=lane.shape or base.shape),
-                    lane.solo) for lane in lanes]
+    return [
+        Variant(lane.key, lane.method, replace(base, method=lane.method, shape=lane.shape or base.shape), lane.solo)
+        for lane in lanes
+    ]
 
 
-def decode(triplet: Any, ids: list[int], race: Race, lanes: tuple[Lane, ...], base: DecodeConfig,
-           stop: Callable[[], bool], max_repeats: int | None = None) -> Iterator[str]:
+def decode(
+    triplet: Any,
+    ids: list[int],
+    race: Race,
+    lanes: tuple[Lane, ...],
+    base: DecodeConfig,
+    stop: Callable[[], bool],
+    max_repeats: int | None = None,
+) -> Iterator[str]:
     """Warm every lane up, then time repeats of every lane in turn (MAX_REPEATS, fewer past BUDGET_S), each run to its
     end (or Stop, polled after every target pass) with nothing between its passes; yield a progress line before each
     lane, never inside one. Runs that end land in `race.repeats`; `race.results` then holds each lane's median run."""
@@ -69,8 +79,9 @@ def settle(race: Race) -> None:
     """Keep the latest KEEP_REPEATS repeats that ran something, and show each lane's median run, in lane order."""
     race.repeats[:] = [rep for rep in race.repeats if rep][-KEEP_REPEATS:]
     runs = {k: [rep[k] for rep in race.repeats if k in rep] for k in race.lanes}
-    race.results = {k: median_run(runs[k]) if runs[k] else race.results[k] for k in race.lanes
-                    if runs[k] or k in race.results}
+    race.results = {
+        k: median_run(runs[k]) if runs[k] else race.results[k] for k in race.lanes if runs[k] or k in race.results
+    }
 
 
 def slim(race: Race) -> None:

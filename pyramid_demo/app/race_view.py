@@ -1,5 +1,6 @@
 """The race tab's outputs: in full before and after a race; while lanes are timed only the status line (the rest
 `gr.skip()`): every browser update takes CPU from the models."""
+
 from __future__ import annotations
 
 import gradio as gr
@@ -36,11 +37,15 @@ def headline(m: str, r: RunResult | None, race: Race) -> str:
     if r is None:
         return "waiting…"
     s, reps = r.stats, race.repeats
-    parts = [f"{s.n_new_tokens} tokens in {s.decode_s:.2f} s (prefill {s.prefill_s:.2f} s apart)",
-             f"{inspector.speed(m, race.results, reps):.1f} tok/s", *inspector.speedups(m, race.results, reps)]
+    parts = [
+        f"{s.n_new_tokens} tokens in {s.decode_s:.2f} s (prefill {s.prefill_s:.2f} s apart)",
+        f"{inspector.speed(m, race.results, reps):.1f} tok/s",
+        *inspector.speedups(m, race.results, reps),
+    ]
     if s.acceptance:
-        parts.append("accepted " + ", ".join(f"{'→Q' if k == 'qualifier' else '→T'} {v:.0%}"
-                                             for k, v in s.acceptance.items()))
+        parts.append(
+            "accepted " + ", ".join(f"{'→Q' if k == 'qualifier' else '→T'} {v:.0%}" for k, v in s.acceptance.items())
+        )
     parts += _against_ar(m, race)
     if not s.stopped:
         parts.append("stopped")
@@ -48,7 +53,7 @@ def headline(m: str, r: RunResult | None, race: Race) -> str:
 
 
 def shape_words(r: RunResult) -> str:
-    """"tree of 8 (depth 2)" or "chain of 4": the shape (budget) a run was asked for ("" when it proposes nothing)."""
+    """ "tree of 8 (depth 2)" or "chain of 4": the shape (budget) a run was asked for ("" when it proposes nothing)."""
     spec, cfg = method_spec(r.method), r.config
     if not spec.shaped:
         return ""
@@ -69,8 +74,10 @@ def race_lanes(race: Race | None, played: bool = False) -> str:
     if race is None:
         return render.legend_html() + render.message_html(MSG["idle"])
     res = race.results
-    lanes = [render.lane_html(m, res.get(m), headline(m, res.get(m), race), lane_title(m, res.get(m), race.models),
-                              played) for m in race.lanes]
+    lanes = [
+        render.lane_html(m, res.get(m), headline(m, res.get(m), race), lane_title(m, res.get(m), race.models), played)
+        for m in race.lanes
+    ]
     if played and res:
         lanes.insert(0, replay.controls(len(race.repeats) or 1, race.machine))
     foot = " ".join(x for x in (race.setup, race.exact_note) if x) if res else ""

@@ -1,4 +1,5 @@
 """Token chips as HTML: short classed <span>s coloured by one <style> block sent with every legend."""
+
 from __future__ import annotations
 
 import html
@@ -11,11 +12,19 @@ from ..core.trace import RunResult, StageRound, accepted_path, parents_of
 from .text import ORIGIN_NAMES, STATUS_NAMES
 
 # Okabe-Ito hues (colour-blind safe) as pale backgrounds with a strong underline: readable when projected.
-ORIGIN_COLOURS = {"draft": ("#cdeedd", "#009E73"), "qualifier": ("#d3e6f8", "#0072B2"),
-                  "target": ("#fde3c0", "#E69F00"), "bonus": ("#f2d6ec", "#CC79A7")}
-STATUS_COLOURS = {"accepted": ORIGIN_COLOURS["draft"], "rejected": ("#fbd3c4", "#D55E00"),
-                  "discarded": ("#eeeeee", "#9e9e9e"), "resampled": ORIGIN_COLOURS["target"],
-                  "bonus": ORIGIN_COLOURS["bonus"]}
+ORIGIN_COLOURS = {
+    "draft": ("#cdeedd", "#009E73"),
+    "qualifier": ("#d3e6f8", "#0072B2"),
+    "target": ("#fde3c0", "#E69F00"),
+    "bonus": ("#f2d6ec", "#CC79A7"),
+}
+STATUS_COLOURS = {
+    "accepted": ORIGIN_COLOURS["draft"],
+    "rejected": ("#fbd3c4", "#D55E00"),
+    "discarded": ("#eeeeee", "#9e9e9e"),
+    "resampled": ORIGIN_COLOURS["target"],
+    "bonus": ORIGIN_COLOURS["bonus"],
+}
 # a lane: its own colour (a reference lane's), else its method's
 METHOD_COLOURS = {lane.key: lane.colour or method_spec(lane.method).colour for lane in LANES.values()}
 
@@ -31,15 +40,17 @@ def _rule(cls: str, colours: tuple[str, str]) -> str:
     return f".tok.{cls}{{background:{colours[0]};border-bottom-color:{colours[1]}}}"
 
 
-STYLE = ("<style>.tok{border-radius:4px;padding:1px 2px;margin:0 1px;white-space:pre-wrap;"
-         "border-bottom:3px solid #999}.tok.strike{text-decoration:line-through;opacity:.65}"
-         + "".join(_rule(f"o-{o}", c) for o, c in ORIGIN_COLOURS.items())
-         + "".join(_rule(f"st-{k}", c) for k, c in STATUS_COLOURS.items())
-         # the replay (`replay.JS`): a chip waits for its time, a lane's final figures for its finish line
-         + ".replay.playing .tok[data-t]:not(.on),.replay.playing .lane:not(.done) .final{visibility:hidden}"
-         ".replay:not(.playing) .live{display:none}.replay .live{margin-right:10px}"
-         ".replay button{margin:0 2px;padding:0 8px;border:1px solid #bbb;border-radius:4px;background:#fff}"
-         ".replay button.on{font-weight:700;border-color:#333}</style>")
+STYLE = (
+    "<style>.tok{border-radius:4px;padding:1px 2px;margin:0 1px;white-space:pre-wrap;"
+    "border-bottom:3px solid #999}.tok.strike{text-decoration:line-through;opacity:.65}"
+    + "".join(_rule(f"o-{o}", c) for o, c in ORIGIN_COLOURS.items())
+    + "".join(_rule(f"st-{k}", c) for k, c in STATUS_COLOURS.items())
+    # the replay (`replay.JS`): a chip waits for its time, a lane's final figures for its finish line
+    + ".replay.playing .tok[data-t]:not(.on),.replay.playing .lane:not(.done) .final{visibility:hidden}"
+    ".replay:not(.playing) .live{display:none}.replay .live{margin-right:10px}"
+    ".replay button{margin:0 2px;padding:0 8px;border:1px solid #bbb;border-radius:4px;background:#fff}"
+    ".replay button.on{font-weight:700;border-color:#333}</style>"
+)
 
 
 def chip(text: str, cls: str, title: str, strike: bool = False, attrs: str = "") -> str:
@@ -52,18 +63,23 @@ def legend_html() -> str:
     """The origin colours, shown above the lanes (carries the chip styles)."""
     items = "".join(
         f'<span style="margin-right:14px">{chip(o, "o-" + o, ORIGIN_NAMES[o])} {html.escape(ORIGIN_NAMES[o])}</span>'
-        for o in ("draft", "qualifier", "target", "bonus"))
+        for o in ("draft", "qualifier", "target", "bonus")
+    )
     return f'{STYLE}<div class="legend" style="font-size:1.0rem;line-height:2">{items}</div>'
 
 
 def status_legend_html() -> str:
     """The status colours, shown above the inspector's rounds (carries the chip styles)."""
-    items = "".join(f'<span style="margin-right:12px">{chip(s, "st-" + s, STATUS_NAMES[s], s == "discarded")}'
-                    f' {html.escape(STATUS_NAMES[s])}</span>'
-                    for s in ("accepted", "rejected", "discarded", "resampled", "bonus"))
-    marks = ('<span style="color:#555">· ✓ / ✗ / · under a token: kept / tried and refused / never reached at the '
-             'what-if τ · numbers: positions after the committed text; the top row is what the round kept, the '
-             'other candidates at a position stand below it (dashed), what hangs under them after →</span>')
+    items = "".join(
+        f'<span style="margin-right:12px">{chip(s, "st-" + s, STATUS_NAMES[s], s == "discarded")}'
+        f" {html.escape(STATUS_NAMES[s])}</span>"
+        for s in ("accepted", "rejected", "discarded", "resampled", "bonus")
+    )
+    marks = (
+        '<span style="color:#555">· ✓ / ✗ / · under a token: kept / tried and refused / never reached at the '
+        "what-if τ · numbers: positions after the committed text; the top row is what the round kept, the "
+        "other candidates at a position stand below it (dashed), what hangs under them after →</span>"
+    )
     return f'{STYLE}<div class="legend" style="font-size:.95rem;line-height:2">{items}{marks}</div>'
 
 
@@ -82,28 +98,36 @@ def coloured_tokens(result: RunResult, timed: bool = False) -> str:
     return "".join(spans)
 
 
-def lane_html(method: str, result: RunResult | None, headline: str, title: str | None = None,
-              timed: bool = False) -> str:
+def lane_html(
+    method: str, result: RunResult | None, headline: str, title: str | None = None, timed: bool = False
+) -> str:
     """One lane: its title, figures (with a replay's live counter) and coloured text; data-end: the replay's finish."""
     colour = METHOD_COLOURS.get(method, "#333")
     body = coloured_tokens(result, timed) if result is not None else '<span style="color:#999">waiting…</span>'
     end = f' data-end="{result.stats.decode_s:.4f}"' if result is not None and result.stats is not None else ""
-    return (f'<div class="lane lane-{method}"{end} style="border-left:6px solid {colour};padding:6px 10px;'
-            f'margin:6px 0;background:#fff;border-radius:6px;box-shadow:0 1px 2px rgba(0,0,0,.08)">'
-            f'<div style="font-weight:700;color:{colour};font-size:1.05rem">'
-            f'{html.escape(title or METHOD_LABELS[method])}'
-            f'<span style="font-weight:400;color:#444;margin-left:12px;font-size:.95rem">'
-            f'<span class="live"></span><span class="final">{html.escape(headline)}</span></span></div>'
-            f'<div style="{FONT}font-size:1.05rem;line-height:1.9;color:#111">{body}</div></div>')
+    return (
+        f'<div class="lane lane-{method}"{end} style="border-left:6px solid {colour};padding:6px 10px;'
+        f'margin:6px 0;background:#fff;border-radius:6px;box-shadow:0 1px 2px rgba(0,0,0,.08)">'
+        f'<div style="font-weight:700;color:{colour};font-size:1.05rem">'
+        f"{html.escape(title or METHOD_LABELS[method])}"
+        f'<span style="font-weight:400;color:#444;margin-left:12px;font-size:.95rem">'
+        f'<span class="live"></span><span class="final">{html.escape(headline)}</span></span></div>'
+        f'<div style="{FONT}font-size:1.05rem;line-height:1.9;color:#111">{body}</div></div>'
+    )
 
 
 def lanes_html(lanes: list[str], title: str = "", note: str = "", foot: str = "") -> str:
     head = f'<div style="font-weight:600;margin:4px 0">{html.escape(title)}</div>' if title else ""
     if note:  # e.g. the loader's "the draft and qualifier ARE the target" warning
-        head += (f'<div class="note" style="background:#fff6dd;border:1px solid #f0d58a;border-radius:6px;'
-                 f'padding:6px 10px;margin:4px 0;color:#5a4500">ℹ️ {html.escape(note)}</div>')
-    tail = f'<div class="lanes-foot" style="color:#666;font-size:.85rem;margin:4px 0">{html.escape(foot)}</div>' \
-        if foot else ""
+        head += (
+            f'<div class="note" style="background:#fff6dd;border:1px solid #f0d58a;border-radius:6px;'
+            f'padding:6px 10px;margin:4px 0;color:#5a4500">ℹ️ {html.escape(note)}</div>'
+        )
+    tail = (
+        f'<div class="lanes-foot" style="color:#666;font-size:.85rem;margin:4px 0">{html.escape(foot)}</div>'
+        if foot
+        else ""
+    )
     return f'<div class="lanes">{head}{"".join(lanes)}{tail}</div>'
 
 
@@ -116,16 +140,21 @@ def _token_chip(rnd: StageRound, i: int, texts: dict[int, str], whatif: list[str
     tip = STATUS_NAMES.get(t.status, t.status)
     if t.div is not None:
         tip += f" · Div {t.div:.3f}" + (f" vs τ {t.tau:g}" if t.tau is not None else "")
-    c = chip(texts.get(t.token_id, f"#{t.token_id}"), f"st-{t.status}", tip + extra,
-             strike=t.status in ("rejected", "discarded"))
+    c = chip(
+        texts.get(t.token_id, f"#{t.token_id}"),
+        f"st-{t.status}",
+        tip + extra,
+        strike=t.status in ("rejected", "discarded"),
+    )
     if whatif is None or i >= len(whatif):
         return c
     sym, colour = MARKS.get(whatif[i], ("·", "#9e9e9e"))
     return c + f'<div style="font-size:.8rem;text-align:center;color:{colour}">{sym}</div>'
 
 
-def round_chips_html(rnd: StageRound, texts: dict[int, str], title: str, whatif: list[str] | None = None,
-                     note: str = "") -> str:
+def round_chips_html(
+    rnd: StageRound, texts: dict[int, str], title: str, whatif: list[str] | None = None, note: str = ""
+) -> str:
     """One verification round on a grid of positions, as the tree view draws it: the top row the accepted path
     and the verifier's own token, each other candidate on a dashed row below with what hangs under it.
     `whatif` adds a ✓/✗/· mark under each proposed token; `note` is trusted HTML."""
@@ -146,8 +175,16 @@ def round_chips_html(rnd: StageRound, texts: dict[int, str], title: str, whatif:
         cells.append((2, d, "line", _token_chip(rnd, i, texts, whatif)))
     own = rnd.tokens[-1]
     tip = f"{STATUS_NAMES.get(own.status, own.status)} · the verifier's own token, at position {len(path) + 1}"
-    cells.append((2, len(path) + 1, "line own", chip(texts.get(own.token_id, f"#{own.token_id}"), f"st-{own.status}",
-                                                     tip, strike=own.status == "discarded")))
+    cells.append(
+        (
+            2,
+            len(path) + 1,
+            "line own",
+            chip(
+                texts.get(own.token_id, f"#{own.token_id}"), f"st-{own.status}", tip, strike=own.status == "discarded"
+            ),
+        )
+    )
     rows = [2]
     for c in [0] + [i + 1 for i in path]:  # the contexts on the path, root first
         for j in kids[c]:
@@ -155,18 +192,23 @@ def round_chips_html(rnd: StageRound, texts: dict[int, str], title: str, whatif:
                 rows.append(rows[-1] + 1)
                 branch(j, rows[-1], rows, True)
     n_cols = max(col for _, col, _, _ in cells)
-    grid = "".join(f'<div style="grid-row:1;grid-column:{d};font-size:.7rem;color:#888;text-align:center">{d}</div>'
-                   for d in range(1, n_cols + 1))
+    grid = "".join(
+        f'<div style="grid-row:1;grid-column:{d};font-size:.7rem;color:#888;text-align:center">{d}</div>'
+        for d in range(1, n_cols + 1)
+    )
     for r, col, cls, h in cells:
-        style = {"sibling": "border-left:2px dashed #bbb;padding-left:3px;font-size:.9rem;",
-                 "below": "font-size:.9rem;"}.get(cls, "")
+        style = {
+            "sibling": "border-left:2px dashed #bbb;padding-left:3px;font-size:.9rem;",
+            "below": "font-size:.9rem;",
+        }.get(cls, "")
         arrow = '<span style="color:#aaa;font-size:.8rem">→</span>' if cls == "below" else ""
-        grid += (f'<div class="{cls}" style="grid-row:{r};grid-column:{col};text-align:center;{style}">'
-                 f'{arrow}{h}</div>')
-    return (f'<div class="round" style="display:flex;align-items:flex-start;gap:12px;margin:4px 0;'
-            f'border-bottom:1px solid #eee;padding:4px 0"><div style="flex:0 0 300px;font-weight:600;color:#333">'
-            f'{html.escape(title)}<div style="font-weight:400;font-size:.9rem;color:#555">{note}</div></div>'
-            f'<div style="{FONT}font-size:1.05rem;display:grid;gap:2px 3px;align-items:start">{grid}</div></div>')
+        grid += f'<div class="{cls}" style="grid-row:{r};grid-column:{col};text-align:center;{style}">{arrow}{h}</div>'
+    return (
+        f'<div class="round" style="display:flex;align-items:flex-start;gap:12px;margin:4px 0;'
+        f'border-bottom:1px solid #eee;padding:4px 0"><div style="flex:0 0 300px;font-weight:600;color:#333">'
+        f'{html.escape(title)}<div style="font-weight:400;font-size:.9rem;color:#555">{note}</div></div>'
+        f'<div style="{FONT}font-size:1.05rem;display:grid;gap:2px 3px;align-items:start">{grid}</div></div>'
+    )
 
 
 def message_html(text: str) -> str:

@@ -2,6 +2,7 @@
 are timed first with nothing drawn (`quiet`); the page gets their final HTML once, each chip carrying its time
 (`render.token_times`) and each lane its finish (data-end), and `JS` (the lanes' `js_on_load`) animates that on the
 visitor's own clock: no server round trip per frame, no model run again."""
+
 from __future__ import annotations
 
 import html
@@ -48,8 +49,12 @@ start();
 def controls(n_repeats: int, machine: str) -> str:
     """The line above a replayed race: what it shows, its speed buttons and the replay's clock."""
     buttons = "".join(f'<button data-speed="{v:g}" class="{"on" if v == 1 else ""}">{k}</button>' for k, v in SPEEDS)
-    said = (f"▶ Replaying measured timings: each token appears when its method produced it (each lane's median run "
-            f"of {n_repeats}, prefill excluded), timed on {machine or 'this machine'} with nothing drawn meanwhile.")
-    return (f'<div class="replay-bar" style="color:#444;font-size:.92rem;margin:4px 0">{html.escape(said)} '
-            f'<span style="white-space:nowrap">Speed {buttons}<button data-replay="1">↺ Replay</button> '
-            f'<span class="clock" style="font-family:monospace"></span></span></div>')
+    said = (
+        f"▶ Replaying measured timings: each token appears when its method produced it (each lane's median run "
+        f"of {n_repeats}, prefill excluded), timed on {machine or 'this machine'} with nothing drawn meanwhile."
+    )
+    return (
+        f'<div class="replay-bar" style="color:#444;font-size:.92rem;margin:4px 0">{html.escape(said)} '
+        f'<span style="white-space:nowrap">Speed {buttons}<button data-replay="1">↺ Replay</button> '
+        f'<span class="clock" style="font-family:monospace"></span></span></div>'
+    )

@@ -1,4 +1,5 @@
 """A visitor's races (the page's gr.State), mutated in place: Stop and Clear reach the running race's own object."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -1,4 +1,5 @@
 """The first race's one-time stages (convert, load, warm), with progress as elapsed time against the usual time."""
+
 from __future__ import annotations
 
 import threading
@@ -7,8 +8,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 # (the status line, what the stage usually takes on 2 cores, in seconds)
-STAGES = {"convert": ("Converting the bundled SmolLM2 GGUF into a cached copy (first run on this machine only)", 40.0),
-          "load": ("Loading the three models", 8.0), "warm": ("Warming up every model (not counted in any lane)", 4.0)}
+STAGES = {
+    "convert": ("Converting the bundled SmolLM2 GGUF into a cached copy (first run on this machine only)", 40.0),
+    "load": ("Loading the three models", 8.0),
+    "warm": ("Warming up every model (not counted in any lane)", 4.0),
+}
 POLL_S = 0.5
 
 

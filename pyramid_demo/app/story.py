@@ -1,5 +1,6 @@
 """The Statistics tab's story of a race: the measured outcome first, then whether the idle-machine profile agrees (a
 busy machine may not), and the lanes' load factors when it does not."""
+
 from __future__ import annotations
 
 from ..core.config import short_name
@@ -36,16 +37,20 @@ def pass_costs_markdown(results: dict[str, RunResult], profile: dict | None) -> 
     the same forwards (the same k each): why a lane won or lost, pass by pass."""
     if not profile or not results:
         return ""
-    out = ["| lane | model | forwards | ms per forward, this race | the profile's, same forwards | race ÷ profile |",
-           "|---|---|---|---|---|---|"]
+    out = [
+        "| lane | model | forwards | ms per forward, this race | the profile's, same forwards | race ÷ profile |",
+        "|---|---|---|---|---|---|",
+    ]
     for m, r in results.items():
         want = costs.predict_counts(costs.forward_counts(r.steps), profile)
         for role in ROLES:
             n, took = r.stats.forward_passes.get(role, 0), r.stats.forward_time_s.get(role)
             if not n or took is None or not want.get(role):
                 continue
-            out.append(f"| {short_name(m)} | {role} | {n} | {1000 * took / n:.1f} | {1000 * want[role] / n:.1f} "
-                       f"| {took / want[role]:.2f}× |")
+            out.append(
+                f"| {short_name(m)} | {role} | {n} | {1000 * took / n:.1f} | {1000 * want[role] / n:.1f} "
+                f"| {took / want[role]:.2f}× |"
+            )
     return "\n".join(out) if len(out) > 2 else ""
 
 
@@ -90,20 +95,26 @@ def verdict(method: str, row: dict, spread: float | None, ar_factor: float | Non
     x = row.get("x_ar")
     if x is None:
         return "no AR lane in this race to compare with"
-    said = {1: f"**faster** than AR ({x:.2f}×", 0: f"**a tie with AR** within noise ({x:.2f}×",
-            -1: f"**slower** than AR ({x:.2f}×"}[noise.compare(x, 1.0, spread or 0.0)]
+    said = {
+        1: f"**faster** than AR ({x:.2f}×",
+        0: f"**a tie with AR** within noise ({x:.2f}×",
+        -1: f"**slower** than AR ({x:.2f}×",
+    }[noise.compare(x, 1.0, spread or 0.0)]
     said += f", noise band {spread:.0%})" if spread is not None else ")"
     xp = row.get("x_ar_predicted")
     if xp is None:
         return said
     said += f"; on an idle machine the profile predicts {xp:.2f}× AR"
     if row.get("per_pass_needed") is not None:
-        said += (f" (it commits {row['per_pass']:.2f} tokens per target pass; matching AR on the profile "
-                 f"needs {row['per_pass_needed']:.2f})")
+        said += (
+            f" (it commits {row['per_pass']:.2f} tokens per target pass; matching AR on the profile "
+            f"needs {row['per_pass_needed']:.2f})"
+        )
     if disagrees(row, spread):
         f, fa = row.get("factor"), ar_factor
         said += " — not what the profile predicts" + (
-            f": this lane's forwards took {f:.1f}× the profile, AR's {fa:.1f}×" if f and fa else "")
+            f": this lane's forwards took {f:.1f}× the profile, AR's {fa:.1f}×" if f and fa else ""
+        )
     return said
 
 
@@ -123,9 +134,11 @@ def load_line(results: dict[str, RunResult], profile: dict | None, changed: bool
     parts = ", ".join(f"{role} {f[role]:.1f}×" for role in ROLES if role in f)
     t = f.get("target")
     if t is not None and t >= BUSY and changed:
-        return (f"⚠️ **This machine was busy: target forwards took {t:.1f}× the profile**, enough to change a "
-                f"verdict below (forward time ÷ the profile's, per model: {parts}); the *idle* columns show what "
-                "the profile predicts without the load.")
+        return (
+            f"⚠️ **This machine was busy: target forwards took {t:.1f}× the profile**, enough to change a "
+            f"verdict below (forward time ÷ the profile's, per model: {parts}); the *idle* columns show what "
+            "the profile predicts without the load."
+        )
     return f"Forward time ÷ the profile's in this race, per model: {parts}."
 
 
@@ -134,23 +147,36 @@ def markdown(results: dict[str, RunResult], profile: dict | None, repeats: Repea
     if not results:
         return ""
     spread = race_noise(results, repeats)
-    lines = [(f"Noise band of this race: **{spread:.0%}**, the widest spread (interquartile range ÷ median) of a "
-              "lane's ratio to the AR run of its repeat (one repeat: of same-size forwards), ÷ √repeats; a gap smaller "
-              "than that is a tie. Race again with the same prompt and settings to add repeats and narrow it.")
-             if spread is not None else "Too few same-size forwards in this race to measure its noise band."]
+    lines = [
+        (
+            f"Noise band of this race: **{spread:.0%}**, the widest spread (interquartile range ÷ median) of a "
+            "lane's ratio to the AR run of its repeat (one repeat: of same-size forwards), ÷ √repeats; a gap smaller "
+            "than that is a tie. Race again with the same prompt and settings to add repeats and narrow it."
+        )
+        if spread is not None
+        else "Too few same-size forwards in this race to measure its noise band."
+    ]
     table = rows(results, profile, repeats)
-    lines.append(load_line(results, profile, any(disagrees(row, spread) for row in table)) if profile
-                 else "No cost profile for this family yet: it is measured before the next race.")
-    lines += ["", "| method | tok/s | × AR | idle tok/s | idle × AR | × profile | α | tokens / pass (to match AR) "
-                  "| verdict |", "|---|---|---|---|---|---|---|---|---|"]
+    lines.append(
+        load_line(results, profile, any(disagrees(row, spread) for row in table))
+        if profile
+        else "No cost profile for this family yet: it is measured before the next race."
+    )
+    lines += [
+        "",
+        "| method | tok/s | × AR | idle tok/s | idle × AR | × profile | α | tokens / pass (to match AR) | verdict |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for row in table:
         alpha = _fmt(row.get("alpha"))
         if row.get("alpha_qualifier") is not None:
             alpha = f"α_Q {_fmt(row['alpha_qualifier'])} · α_T {alpha}"
         need = "—" if row.get("per_pass_needed") is None else f"{row['per_pass']:.2f} ({row['per_pass_needed']:.2f})"
-        lines.append(f"| {short_name(row['method'])} | {row['measured']:.1f} | {_fmt(row.get('x_ar'))} "
-                     f"| {_fmt(row['predicted'], 1)} | {_fmt(row.get('x_ar_predicted'))} | {_fmt(row['factor'], 1)} "
-                     f"| {alpha} | {need} | {row['verdict']} |")
+        lines.append(
+            f"| {short_name(row['method'])} | {row['measured']:.1f} | {_fmt(row.get('x_ar'))} "
+            f"| {_fmt(row['predicted'], 1)} | {_fmt(row.get('x_ar_predicted'))} | {_fmt(row['factor'], 1)} "
+            f"| {alpha} | {need} | {row['verdict']} |"
+        )
     lines += ["", insertion_line(results, profile)]
     return "\n".join(lines)
 
@@ -159,17 +185,23 @@ def insertion_line(results: dict[str, RunResult], profile: dict | None) -> str:
     """The insertion test (predict.insertion) from this race's SD and pyramid lanes."""
     if not profile:
         return ""
-    m = {k: costs.model_from_counts(r.method, stage_counts(r.steps), r.config, profile)
-         for k, r in results.items() if k != "ar"}
+    m = {
+        k: costs.model_from_counts(r.method, stage_counts(r.steps), r.config, profile)
+        for k, r in results.items()
+        if k != "ar"
+    }
     pyr = m.get("psd_a") or m.get("psd_f") or {}
-    return insertion.markdown(insertion.insertion(profile, m.get("sd", {}).get("alpha"),
-                                                  pyr.get("alpha_qualifier"), pyr.get("alpha")))
+    return insertion.markdown(
+        insertion.insertion(profile, m.get("sd", {}).get("alpha"), pyr.get("alpha_qualifier"), pyr.get("alpha"))
+    )
 
 
 def passes_markdown(results: dict[str, RunResult]) -> str:
     """Forward passes per model and acceptance per stage, a row per method; the shape read from the rounds."""
-    head = ("| method | proposal | draft passes | qualifier passes | target passes | accepted D→Q | accepted →T "
-            "| tokens / target pass |\n|---|---|---|---|---|---|---|---|")
+    head = (
+        "| method | proposal | draft passes | qualifier passes | target passes | accepted D→Q | accepted →T "
+        "| tokens / target pass |\n|---|---|---|---|---|---|---|---|"
+    )
     out = []
     for m, r in results.items():
         s = r.stats
@@ -180,9 +212,12 @@ def passes_markdown(results: dict[str, RunResult]) -> str:
         out.append("| " + " | ".join(cells) + " |")
     lines = [head, *out]
     if any(proposes_trees(r) for r in results.values()):
-        lines += ["", "*Accepted* is the accepted tokens ÷ the positions proposed: for a tree, its accepted path's "
-                      "length ÷ its depth (a tree of 7 candidates over 3 positions whose path is 2 counts 2 of 3, "
-                      "not 2 of 7); for a chain, ÷ its length."]
+        lines += [
+            "",
+            "*Accepted* is the accepted tokens ÷ the positions proposed: for a tree, its accepted path's "
+            "length ÷ its depth (a tree of 7 candidates over 3 positions whose path is 2 counts 2 of 3, "
+            "not 2 of 7); for a chain, ÷ its length.",
+        ]
     return "\n".join(lines)
 
 
@@ -193,11 +228,14 @@ def teaching_aid(results: dict[str, RunResult], profile: dict | None) -> str:
     speeds = {role: 1000 / cost_ms(profile, role, 1) for role in ROLES if role in profile["ms"]}
     got = [(m, predict(r, speeds)) for m, r in results.items() if m != "ar" and r.solo is None]  # the formula: methods
     vals = ", ".join(f"{short_name(m)} {_fmt(p, 1)}" for m, p in got)
-    return ("**Teaching aid, not this machine's prediction** — the PyramidSD §3 throughput formula "
-            "(V_SD = β·(ℓ+1) / (ℓ/V_D + 1/V_T), V_PSD likewise through the qualifier), fed with the profile's "
-            "one-token speeds (" + ", ".join(f"V_{r[0].upper()} {v:.0f}/s" for r, v in speeds.items())
-            + f") and this race's acceptance β: {vals} tok/s. It assumes checking k tokens costs one step; "
-            "the profile's prediction above counts what each forward really costs.")
+    return (
+        "**Teaching aid, not this machine's prediction** — the PyramidSD §3 throughput formula "
+        "(V_SD = β·(ℓ+1) / (ℓ/V_D + 1/V_T), V_PSD likewise through the qualifier), fed with the profile's "
+        "one-token speeds ("
+        + ", ".join(f"V_{r[0].upper()} {v:.0f}/s" for r, v in speeds.items())
+        + f") and this race's acceptance β: {vals} tok/s. It assumes checking k tokens costs one step; "
+        "the profile's prediction above counts what each forward really costs."
+    )
 
 
 def floor_line(profile: dict) -> str:
@@ -207,13 +245,18 @@ def floor_line(profile: dict) -> str:
     for role, f in (profile.get("floor") or {}).items():
         if f and role in profile["ms"]:
             step, five = cost_ms(profile, role, 1), cost_ms(profile, role, 5)
-            parts.append(f"{role} {f['floor_ms']:.1f} ms ({f['mb']:.0f} MB at {f['gb_per_s']:.0f} GB/s): a step is "
-                         f"{step / f['floor_ms']:.1f}× it, a 5-token pass {five / step:.2f}× a step")
+            parts.append(
+                f"{role} {f['floor_ms']:.1f} ms ({f['mb']:.0f} MB at {f['gb_per_s']:.0f} GB/s): a step is "
+                f"{step / f['floor_ms']:.1f}× it, a 5-token pass {five / step:.2f}× a step"
+            )
     if not parts:
         return ""
-    return ("**Memory floor** (the largest matrix's one-row product scaled to every weight byte; a step that "
-            "only reads its weights costs this, and then checking 5 tokens costs about what 1 does): "
-            + "; ".join(parts) + ".")
+    return (
+        "**Memory floor** (the largest matrix's one-row product scaled to every weight byte; a step that "
+        "only reads its weights costs this, and then checking 5 tokens costs about what 1 does): "
+        + "; ".join(parts)
+        + "."
+    )
 
 
 def tree_line(profile: dict, ranks: list[float] | None = None) -> str:
@@ -223,11 +266,13 @@ def tree_line(profile: dict, ranks: list[float] | None = None) -> str:
     except KeyError:  # a profile without a draft row
         return ""
     how = "measured acceptance by rank" if ranks else "the shipped draft's acceptance by rank (a prior)"
-    return (f" *Trees*: a {b['tree_nodes']}-node tree pass costs "
-            f"{cost_ms(profile, 'target', b['tree_nodes'] + 1) / cost_ms(profile, 'target', 1):.2f}× "
-            f"a step here; with {how} the best budget is {b['tree_nodes']} nodes, depth {b['tree_depth']}, "
-            f"k {b['tree_k']}: {b['tokens_per_pass']:.2f} tokens per pass against {b['chain_tokens_per_pass']:.2f} "
-            f"for the best chain ({b['tokens_per_s']:.1f} vs {b['chain_tokens_per_s']:.1f} tok/s predicted).")
+    return (
+        f" *Trees*: a {b['tree_nodes']}-node tree pass costs "
+        f"{cost_ms(profile, 'target', b['tree_nodes'] + 1) / cost_ms(profile, 'target', 1):.2f}× "
+        f"a step here; with {how} the best budget is {b['tree_nodes']} nodes, depth {b['tree_depth']}, "
+        f"k {b['tree_k']}: {b['tokens_per_pass']:.2f} tokens per pass against {b['chain_tokens_per_pass']:.2f} "
+        f"for the best chain ({b['tokens_per_s']:.1f} vs {b['chain_tokens_per_s']:.1f} tok/s predicted)."
+    )
 
 
 def profile_markdown(profile: dict | None) -> str:
@@ -235,11 +280,16 @@ def profile_markdown(profile: dict | None) -> str:
     if not profile:
         return ""
     how = "measured before this race" if profile.get("how") == "measured" else "cached for this machine"
-    return (f"**Cost profile** ({profile.get('dtype', '?')}, {profile.get('device', '?')}, {how}): one cached "
-            "forward of k new tokens, ms — " + "; ".join(
-                f"{role} k=1 {cost_ms(profile, role, 1):.1f}, k=5 {cost_ms(profile, role, 5):.1f}"
-                for role in profile["ms"])
-            + ". " + floor_line(profile) + tree_line(profile)
-            + " *Idle machine*: the profile's time summed over the forwards each run made (engine time outside "
-              "forwards not counted). *To match AR*: the tokens each target pass would have to commit for the run's "
-              "forwards, at the profile's cost, to be as fast as AR's; more than that is a win on an idle machine.")
+    return (
+        f"**Cost profile** ({profile.get('dtype', '?')}, {profile.get('device', '?')}, {how}): one cached "
+        "forward of k new tokens, ms — "
+        + "; ".join(
+            f"{role} k=1 {cost_ms(profile, role, 1):.1f}, k=5 {cost_ms(profile, role, 5):.1f}" for role in profile["ms"]
+        )
+        + ". "
+        + floor_line(profile)
+        + tree_line(profile)
+        + " *Idle machine*: the profile's time summed over the forwards each run made (engine time outside "
+        "forwards not counted). *To match AR*: the tokens each target pass would have to commit for the run's "
+        "forwards, at the profile's cost, to be as fast as AR's; more than that is a win on an idle machine."
+    )

@@ -1,4 +1,5 @@
 """Every user-facing string and default of the app (the decoding settings' own: `core.settings`, beside the CLI's)."""
+
 from __future__ import annotations
 
 import os
@@ -25,58 +26,88 @@ EXAMPLE_PROMPTS = [
     "What is the capital of France, and what is it famous for?",
 ]
 
-LABELS = {"preset": "Model family (draft → qualifier → target)", "prompt": "Prompt",
-          "draft": "Draft model id", "qualifier": "Qualifier model id", "target": "Target model id",
-          "side_by_side": "Chain vs tree side by side", "qualifier_alone": "Add a reference lane: the qualifier alone"}
+LABELS = {
+    "preset": "Model family (draft → qualifier → target)",
+    "prompt": "Prompt",
+    "draft": "Draft model id",
+    "qualifier": "Qualifier model id",
+    "target": "Target model id",
+    "side_by_side": "Chain vs tree side by side",
+    "qualifier_alone": "Add a reference lane: the qualifier alone",
+}
 
 WHATIF_LABELS = {"tau_q": "what-if τ_Q (stage 1 rounds)", "tau_t": "what-if τ_T (target round)"}
 
-INFO = {"tuned": "Changing the family resets these settings to the ones it is tuned for (see the README).",
-        "side_by_side": "Race SD, FSD, PSD_A and PSD_F twice: once proposing a chain, once a tree of candidates "
-                        "(the tree settings below), so you see which shape pays on this machine. Off: one lane "
-                        "per method, its shape as the Proposal shape setting says.",
-        "qualifier_alone": "Also race the qualifier decoding alone, as AR does with the target (in the offline "
-                           "family it is the target's own int4 copy): the speed a pyramid comes near, and the token "
-                           "where its text leaves the target's. A reference, not a contender: it never wins the race."}
+INFO = {
+    "tuned": "Changing the family resets these settings to the ones it is tuned for (see the README).",
+    "side_by_side": "Race SD, FSD, PSD_A and PSD_F twice: once proposing a chain, once a tree of candidates "
+    "(the tree settings below), so you see which shape pays on this machine. Off: one lane "
+    "per method, its shape as the Proposal shape setting says.",
+    "qualifier_alone": "Also race the qualifier decoding alone, as AR does with the target (in the offline "
+    "family it is the target's own int4 copy): the speed a pyramid comes near, and the token "
+    "where its text leaves the target's. A reference, not a contender: it never wins the race.",
+}
 
-ORIGIN_NAMES = {"draft": "draft token, accepted at every stage",
-                "qualifier": "qualifier's token (in a pyramid: accepted by the target)",
-                "target": "target's own token", "bonus": "target's bonus token (whole proposal accepted)"}
-STATUS_NAMES = {"accepted": "accepted", "rejected": "rejected (tried and refused)",
-                "discarded": "discarded (never reached, or cut)", "resampled": "verifier's replacement",
-                "bonus": "verifier's bonus"}
+ORIGIN_NAMES = {
+    "draft": "draft token, accepted at every stage",
+    "qualifier": "qualifier's token (in a pyramid: accepted by the target)",
+    "target": "target's own token",
+    "bonus": "target's bonus token (whole proposal accepted)",
+}
+STATUS_NAMES = {
+    "accepted": "accepted",
+    "rejected": "rejected (tried and refused)",
+    "discarded": "discarded (never reached, or cut)",
+    "resampled": "verifier's replacement",
+    "bonus": "verifier's bonus",
+}
 
-BUTTONS = {"run": "▶ Run race", "stop": "■ Stop", "clear": "Clear all", "export": "Prepare downloads",
-           "play": "▶ Play", "pause": "❚❚ Pause", "back": "◀ Step back", "forward": "Step forward ▶"}
+BUTTONS = {
+    "run": "▶ Run race",
+    "stop": "■ Stop",
+    "clear": "Clear all",
+    "export": "Prepare downloads",
+    "play": "▶ Play",
+    "pause": "❚❚ Pause",
+    "back": "◀ Step back",
+    "forward": "Step forward ▶",
+}
 SETTINGS_TITLE = "Decoding settings: γ, ℓ_D, ℓ_Q, τ_Q, τ_T, temperature, divergence and the CHOICE options"
-TABS = {"race": "Race", "inspect": "Step inspector", "stats": "Statistics", "explain": "How it works",
-        "export": "Export"}
-INTRO = ("# ▲ PyramidSD Explorer\nA small **draft** guesses, a mid-sized **qualifier** filters, a large "
-         f"**target** verifies. Press **{BUTTONS['run']}** to watch five decoding methods write the same answer.")
+TABS = {
+    "race": "Race",
+    "inspect": "Step inspector",
+    "stats": "Statistics",
+    "explain": "How it works",
+    "export": "Export",
+}
+INTRO = (
+    "# ▲ PyramidSD Explorer\nA small **draft** guesses, a mid-sized **qualifier** filters, a large "
+    f"**target** verifies. Press **{BUTTONS['run']}** to watch five decoding methods write the same answer."
+)
 
 MSG = {
     "loading": "⏳ Loading the {preset} models (first run only; later runs reuse them)…",
     "warming": "🏁 Race {n}: warming up each of its {k} lanes (short untimed runs, as the bench does)…",
     "running": "🏁 Race {n}: running quietly, nothing drawn while a lane is timed: decoding {label}, {i} of {total} "
-               "(repeat {r})…",
+    "(repeat {r})…",
     "setup": "One-time costs, in no lane's time: load {load:.1f} s · warm-up of every model {warm:.2f} s · cost "
-             "profile {profile:.1f} s.",
+    "profile {profile:.1f} s.",
     "done": "✅ Race {n} finished: every lane timed {k}× with nothing drawn, now replayed at its measured speed. "
-            "▶ Play any target pass below the lanes or in the " + TABS["inspect"] + " tab to see why tokens were kept.",
+    "▶ Play any target pass below the lanes or in the " + TABS["inspect"] + " tab to see why tokens were kept.",
     "stopped": "⏹ Race {n} stopped. Partial results are kept; press " + BUTTONS["run"] + " to start again.",
     "not_exact": "⚠ SD and lossless PSD_A may differ from AR at near-ties here ({why}): the agreement column "
-                 "says where they did.",
+    "says where they did.",
     "why_unchecked": "exactness was not checked",
     "why_inexact": "the target's passes are not bitwise exact on this machine",
     "trees_not_exact": "⚠ The tree lanes may differ from AR at near-ties here (tree passes are not bitwise exact on "
-                       "this machine); the chain lanes are exact.",
+    "this machine); the chain lanes are exact.",
     "winner": "  \n🏆 **{label}** won: {figures}, beyond the noise band ({noise:.0%}).",
     "tie": "  \n🤝 Tie within this race's noise band ({noise:.0%}): **{labels}**; {label} measured fastest at "
-           "{figures}.",
+    "{figures}.",
     "winner_unsure": "  \n🏆 **{label}** was fastest: {figures} (too few forwards and repeats to measure the noise "
-                     "band, so a small gap may be chance).",
+    "band, so a small gap may be chance).",
     "queued": "⏳ Another race is running on this machine (yours or another visitor's). Races run one at a time, so "
-              "each lane is timed alone; yours starts when it ends…",
+    "each lane is timed alone; yours starts when it ends…",
     "stopping": "⏹ Stopping after the current target pass…",
     "stopped_early": "⏹ Stopped before the race began.",
     "custom_missing": "Custom models need all three ids (draft, qualifier, target) from one family.",
@@ -88,7 +119,7 @@ MSG = {
     "ar_round": "AR has no drafts: each target pass makes exactly one token, so there is nothing to accept.",
     "cleared": "Results cleared.",
     "idle": f"Press **{BUTTONS['run']}** to time {_NAMES} on the same prompt, one after another with nothing drawn, "
-            "then watch them replay side by side at their measured speeds.",
+    "then watch them replay side by side at their measured speeds.",
     "play_none": "Run a race first: then ▶ Play replays any target pass of it, step by step.",
     "play_lane": "Race {race} has no such lane: pick one of {lanes}.",
     "same_text": "writes {ref} for all {n} tokens",
@@ -100,8 +131,20 @@ MSG = {
     "play_range": "Target pass {n} is out of range: this run made {total} target pass(es), numbered 1 to {total}.",
 }
 
-RACE_COLUMNS = ["race", "method", "repeats", "tokens", "time (s)", "tok/s", "× AR", "× SD", "acceptance",
-                "tokens / target pass", "agreement (T=0)", "stopped"]
+RACE_COLUMNS = [
+    "race",
+    "method",
+    "repeats",
+    "tokens",
+    "time (s)",
+    "tok/s",
+    "× AR",
+    "× SD",
+    "acceptance",
+    "tokens / target pass",
+    "agreement (T=0)",
+    "stopped",
+]
 
 EXPLANATION = f"""
 ### How three models share the work
@@ -144,10 +187,10 @@ EXPLANATION = f"""
   rule), the verifier's own token lands and the committed text grows. It replays the record: no model runs.
 
 ### Reading the colours
-<span style="background:#cdeedd;padding:2px 6px;border-radius:4px">green</span> {ORIGIN_NAMES['draft']} ·
-<span style="background:#d3e6f8;padding:2px 6px;border-radius:4px">blue</span> {ORIGIN_NAMES['qualifier']} ·
-<span style="background:#fde3c0;padding:2px 6px;border-radius:4px">orange</span> {ORIGIN_NAMES['target']} ·
-<span style="background:#f2d6ec;padding:2px 6px;border-radius:4px">pink</span> {ORIGIN_NAMES['bonus']}.
+<span style="background:#cdeedd;padding:2px 6px;border-radius:4px">green</span> {ORIGIN_NAMES["draft"]} ·
+<span style="background:#d3e6f8;padding:2px 6px;border-radius:4px">blue</span> {ORIGIN_NAMES["qualifier"]} ·
+<span style="background:#fde3c0;padding:2px 6px;border-radius:4px">orange</span> {ORIGIN_NAMES["target"]} ·
+<span style="background:#f2d6ec;padding:2px 6px;border-radius:4px">pink</span> {ORIGIN_NAMES["bonus"]}.
 The more green and blue, the less work the big target had to do.
 
 ### Choices this demo makes (where the papers are vague)
@@ -182,12 +225,16 @@ The more green and blue, the less work the big target had to do.
   only beyond the noise band (the spread of its ratio to AR over the repeats ÷ √repeats). Race again to add repeats.
 """
 
-TREE_NOTE = ("**The pass as a tree of candidates** (a chain is a tree with one branch): the accepted path runs "
-             "along the top, branches the verifier refused (×) or never reached (hollow) hang below, and the grey "
-             "strip shows the verifier's own top-1 at each position. Hover a node for p, q and Div.")
+TREE_NOTE = (
+    "**The pass as a tree of candidates** (a chain is a tree with one branch): the accepted path runs "
+    "along the top, branches the verifier refused (×) or never reached (hollow) hang below, and the grey "
+    "strip shows the verifier's own top-1 at each position. Hover a node for p, q and Div."
+)
 
-PLAY_NOTE = ("**▶ Play a pass**: one recorded target pass, step by step — the guesses, each check (✓ kept, ✗ refused) "
-             "and why, the verifier's own token, the text committed. No model runs: it replays the record.")
+PLAY_NOTE = (
+    "**▶ Play a pass**: one recorded target pass, step by step — the guesses, each check (✓ kept, ✗ refused) "
+    "and why, the verifier's own token, the text committed. No model runs: it replays the record."
+)
 
 STATS_NOTE = (
     "Each method's measured speed against AR (the median over the race's repeats; a gap within its noise band is a "

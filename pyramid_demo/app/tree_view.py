@@ -2,6 +2,7 @@
 text: the accepted path runs along the top, refused or unreached branches hang below, the verifier's own top-1 sits
 above. Fill is the fate, shape the stage (● stage 1, ■ target round, ◆ own token), × rejected, hollow never reached; a
 pyramid gets a stage-1 row and a target row."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -14,8 +15,13 @@ from ..core.trace import StageRound, Step, TokenRec, accepted_path, parents_of
 from .charts import FONT_SIZE, _layout, _num, empty_figure
 from .render import STATUS_COLOURS
 
-FATE_NAMES = {"accepted": "accepted path", "rejected": "tried, rejected", "discarded": "never reached",  # legend order
-              "bonus": "verifier's bonus", "resampled": "verifier's replacement"}
+FATE_NAMES = {
+    "accepted": "accepted path",
+    "rejected": "tried, rejected",
+    "discarded": "never reached",  # legend order
+    "bonus": "verifier's bonus",
+    "resampled": "verifier's replacement",
+}
 FATE_COLOURS = {fate: STATUS_COLOURS[fate][1] for fate in FATE_NAMES}
 STAGE_SYMBOLS = {"qualifier": "circle", "target": "square"}  # proposed tokens, by the round's stage
 OWN_SYMBOL = "diamond"  # the verifier's own token
@@ -126,9 +132,11 @@ def top1(rec: TokenRec, role: str) -> tuple[int, float] | None:
 def hover(node: Node, rnd: StageRound, texts: dict[int, str], pos: int) -> str:
     """What one node says on hover: its fate, each model's probability (p, q, Div) and the verifier's wish."""
     t, who = node.rec, rnd.verifier if node.own else rnd.proposer
-    lines = [f"<b>{_tok(texts, t.token_id)}</b> · {who}'s token at position {pos}",
-             f"fate: {FATE_NAMES.get(fate(node), t.status)} ({t.status})",
-             f"p = {_num(t.p)} ({rnd.verifier}, the verifier)"]
+    lines = [
+        f"<b>{_tok(texts, t.token_id)}</b> · {who}'s token at position {pos}",
+        f"fate: {FATE_NAMES.get(fate(node), t.status)} ({t.status})",
+        f"p = {_num(t.p)} ({rnd.verifier}, the verifier)",
+    ]
     if not node.own:
         lines.append(f"q = {_num(t.q)} ({rnd.proposer}, the proposer)")
         lines.append(f"Div = {_num(t.div)}" + ("" if t.tau is None else f" against τ = {t.tau:g}"))
@@ -206,40 +214,108 @@ def _draw_row(fig: go.Figure, row: Row, k: int, texts: dict[int, str], chars: in
             if want is not None:
                 wants["x"].append(node.x)
                 wants["text"].append(_short(_tok(texts, want[0]), chars))
-                wants["hover"].append(f"{rnd.verifier}'s top-1 at position {int(node.x)}: "
-                                      f"{_tok(texts, want[0])} ({want[1]:.3f})")
+                wants["hover"].append(
+                    f"{rnd.verifier}'s top-1 at position {int(node.x)}: {_tok(texts, want[0])} ({want[1]:.3f})"
+                )
         if len(row.placed) > 1:
-            fig.add_annotation(x=x0, y=WANT_Y - 0.55, text=f"round {j + 1}", showarrow=False, xanchor="left",
-                               font=dict(size=FONT_SIZE - 3, color="#666"), row=k, col=1)
+            fig.add_annotation(
+                x=x0,
+                y=WANT_Y - 0.55,
+                text=f"round {j + 1}",
+                showarrow=False,
+                xanchor="left",
+                font=dict(size=FONT_SIZE - 3, color="#666"),
+                row=k,
+                col=1,
+            )
     for on_path, (ex, ey) in edges.items():
-        fig.add_trace(go.Scatter(x=ex, y=ey, mode="lines", hoverinfo="skip", showlegend=False,
-                                 line=dict(color=EDGE_PATH if on_path else EDGE_OTHER, width=4 if on_path else 1.5)),
-                      row=k, col=1)
-    fig.add_trace(go.Scatter(x=roots["x"], y=[0.0] * len(roots["x"]), mode="markers", showlegend=False,
-                             marker=dict(size=12, color=ROOT_COLOUR, symbol="triangle-right"),
-                             hovertext=roots["hover"], hoverinfo="text", name="root"), row=k, col=1)
+        fig.add_trace(
+            go.Scatter(
+                x=ex,
+                y=ey,
+                mode="lines",
+                hoverinfo="skip",
+                showlegend=False,
+                line=dict(color=EDGE_PATH if on_path else EDGE_OTHER, width=4 if on_path else 1.5),
+            ),
+            row=k,
+            col=1,
+        )
+    fig.add_trace(
+        go.Scatter(
+            x=roots["x"],
+            y=[0.0] * len(roots["x"]),
+            mode="markers",
+            showlegend=False,
+            marker=dict(size=12, color=ROOT_COLOUR, symbol="triangle-right"),
+            hovertext=roots["hover"],
+            hoverinfo="text",
+            name="root",
+        ),
+        row=k,
+        col=1,
+    )
     for (fate_key, own, stage), g in sorted(groups.items(), key=lambda kv: list(FATE_NAMES).index(kv[0][0])):
         symbol = OWN_SYMBOL if own else STAGE_SYMBOLS.get(stage, "circle")
         symbol += "-open" if fate_key == "discarded" else "-x" if fate_key == "rejected" else ""
-        fig.add_trace(go.Scatter(
-            x=g["x"], y=g["y"], mode="markers+text", text=g["text"], textposition="top center",
-            textfont=dict(size=FONT_SIZE - 2), hovertext=g["hover"], hoverinfo="text",
-            name=FATE_NAMES[fate_key], legendgroup=fate_key, showlegend=fate_key not in seen,
-            marker=dict(size=17, color=FATE_COLOURS[fate_key], symbol=symbol,
-                        line=dict(width=2.5 if fate_key == "discarded" else 1, color=FATE_COLOURS[fate_key]
-                                  if fate_key == "discarded" else "#333"))), row=k, col=1)
+        fig.add_trace(
+            go.Scatter(
+                x=g["x"],
+                y=g["y"],
+                mode="markers+text",
+                text=g["text"],
+                textposition="top center",
+                textfont=dict(size=FONT_SIZE - 2),
+                hovertext=g["hover"],
+                hoverinfo="text",
+                name=FATE_NAMES[fate_key],
+                legendgroup=fate_key,
+                showlegend=fate_key not in seen,
+                marker=dict(
+                    size=17,
+                    color=FATE_COLOURS[fate_key],
+                    symbol=symbol,
+                    line=dict(
+                        width=2.5 if fate_key == "discarded" else 1,
+                        color=FATE_COLOURS[fate_key] if fate_key == "discarded" else "#333",
+                    ),
+                ),
+            ),
+            row=k,
+            col=1,
+        )
         seen.add(fate_key)
     verifier = row.rounds[0].verifier
     if wants["x"]:
-        fig.add_trace(go.Scatter(x=wants["x"], y=[WANT_Y] * len(wants["x"]), mode="text", text=wants["text"],
-                                 textfont=dict(size=FONT_SIZE - 2, color=TEXT_COLOURS.get(verifier, "#333")),
-                                 hovertext=wants["hover"], hoverinfo="text", showlegend=False,
-                                 name=f"{verifier} top-1"), row=k, col=1)
-        fig.add_annotation(x=0, y=WANT_Y, text=f"<b>{verifier}'s top-1</b>", showarrow=False, xanchor="right",
-                           xshift=-14, font=dict(size=FONT_SIZE - 3, color=TEXT_COLOURS.get(verifier, "#333")),
-                           row=k, col=1)
-        fig.add_hrect(y0=WANT_Y - 0.32, y1=WANT_Y + 0.32, fillcolor="#f3f3f3", line_width=0, layer="below",
-                      row=k, col=1)
+        fig.add_trace(
+            go.Scatter(
+                x=wants["x"],
+                y=[WANT_Y] * len(wants["x"]),
+                mode="text",
+                text=wants["text"],
+                textfont=dict(size=FONT_SIZE - 2, color=TEXT_COLOURS.get(verifier, "#333")),
+                hovertext=wants["hover"],
+                hoverinfo="text",
+                showlegend=False,
+                name=f"{verifier} top-1",
+            ),
+            row=k,
+            col=1,
+        )
+        fig.add_annotation(
+            x=0,
+            y=WANT_Y,
+            text=f"<b>{verifier}'s top-1</b>",
+            showarrow=False,
+            xanchor="right",
+            xshift=-14,
+            font=dict(size=FONT_SIZE - 3, color=TEXT_COLOURS.get(verifier, "#333")),
+            row=k,
+            col=1,
+        )
+        fig.add_hrect(
+            y0=WANT_Y - 0.32, y1=WANT_Y + 0.32, fillcolor="#f3f3f3", line_width=0, layer="below", row=k, col=1
+        )
     fig.update_yaxes(range=[row.slots - 0.4, WANT_Y - 0.8], visible=False, row=k, col=1)
 
 
@@ -251,15 +327,24 @@ def tree_figure(step: Step, texts: dict[int, str]) -> go.Figure:
     width = max(n.x for row in rows for _, _, nodes in row.placed for n in nodes if not n.hidden)
     chars = max(4, min(12, int(110 / max(width, 1))))  # labels shorten as positions crowd (about 1,150 px)
     heights = [row.slots + 2 for row in rows]
-    fig = make_subplots(rows=len(rows), cols=1, shared_xaxes=True, subplot_titles=[r.title for r in rows],
-                        row_heights=[h / sum(heights) for h in heights], vertical_spacing=0.12 if rows[1:] else 0.0)
+    fig = make_subplots(
+        rows=len(rows),
+        cols=1,
+        shared_xaxes=True,
+        subplot_titles=[r.title for r in rows],
+        row_heights=[h / sum(heights) for h in heights],
+        vertical_spacing=0.12 if rows[1:] else 0.0,
+    )
     seen: set[str] = set()
     for k, row in enumerate(rows, start=1):
         _draw_row(fig, row, k, texts, chars, seen)
     plot_px = SLOT_PX * sum(heights) + 50 * (len(rows) - 1)
     _layout(fig, "", plot_px + 40 + 130)
-    fig.update_layout(margin=dict(l=130, r=30, t=40, b=130), hoverlabel=dict(font_size=FONT_SIZE - 1),
-                      legend=dict(orientation="h", y=-75 / plot_px, yanchor="top", x=0, xanchor="left"))
+    fig.update_layout(
+        margin=dict(l=130, r=30, t=40, b=130),
+        hoverlabel=dict(font_size=FONT_SIZE - 1),
+        legend=dict(orientation="h", y=-75 / plot_px, yanchor="top", x=0, xanchor="left"),
+    )
     fig.update_xaxes(dtick=1, range=[-0.4, width + 0.6], showgrid=False, zeroline=False)
     fig.update_xaxes(title="position after the committed text", row=len(rows), col=1)
     for row in rows:  # subplot titles: left-aligned, like the page's other charts

@@ -1,4 +1,5 @@
 """The inspector and Statistics tabs' handlers over a session's recorded races: no model runs, they answer at once."""
+
 from __future__ import annotations
 
 import html
@@ -27,13 +28,16 @@ def _round_slider(r: RunResult | None) -> Any:
 
 def _pos_slider(r: RunResult | None) -> Any:
     """Positions along a target pass's accepted path (`inspector.positions`): as many as the run's deepest pass has."""
-    top = max((len(inspector.positions(s.target_round)) for s in r.steps if s.target_round is not None), default=1) \
-        if r is not None else 1
+    top = (
+        max((len(inspector.positions(s.target_round)) for s in r.steps if s.target_round is not None), default=1)
+        if r is not None
+        else 1
+    )
     return gr.update(minimum=1, maximum=max(top, 2), value=1, step=1)  # max > min
 
 
 def shape_words(rnd: StageRound) -> str:
-    """"a chain of 4" or "a tree of 7 candidates, depth 3": what a round proposed, read from its parent list."""
+    """ "a chain of 4" or "a tree of 7 candidates, depth 3": what a round proposed, read from its parent list."""
     ps = parents_of(rnd)
     if rules.is_chain(ps):
         return f"a chain of {len(ps)}"
@@ -59,7 +63,8 @@ def position_title(rnd: StageRound, depth: int, texts: dict[int, str]) -> tuple[
         return html.escape(f"{texts.get(t.token_id, f'#{t.token_id}')!r} ({t.status})", quote=False)
 
     title = f"Top-5 next tokens at position {at.depth}: " + (
-        name(at.node) if at.node is not None else f"{rnd.verifier}'s own {name(len(rnd.tokens) - 1)}")
+        name(at.node) if at.node is not None else f"{rnd.verifier}'s own {name(len(rnd.tokens) - 1)}"
+    )
     if at.siblings:
         title += "<br>other candidates at this position: " + ", ".join(name(i) for i in at.siblings)
     if at.own and at.node is not None:
@@ -80,27 +85,60 @@ def pick_race(session: Session | None, race_n: Any = None) -> tuple:
     race = _race(session, race_n)
     if session is None or race is None:
         none = charts.empty_figure(MSG["no_race"])
-        return (gr.update(choices=[], value=None), gr.update(choices=[], value=None), _round_slider(None),
-                gr.skip(), gr.skip(), _pos_slider(None), none, none, none, "", none, "", none)
+        return (
+            gr.update(choices=[], value=None),
+            gr.update(choices=[], value=None),
+            _round_slider(None),
+            gr.skip(),
+            gr.skip(),
+            _pos_slider(None),
+            none,
+            none,
+            none,
+            "",
+            none,
+            "",
+            none,
+        )
     res = race.results
     methods = list(res)
     method = methods[-1] if methods else None  # the last raced: the fullest pyramid
     choices = [(f"Race {r.n}", str(r.n)) for r in session.races]
     profile = race.profile
     story_md = story.markdown(res, profile, race.repeats)
-    detail_md = "\n\n".join(x for x in (story.profile_markdown(profile), story.pass_costs_markdown(res, profile),
-                                         story.teaching_aid(res, profile), story.passes_markdown(res)) if x)
-    return (gr.update(choices=choices, value=str(race.n)),
-            gr.update(choices=[(METHOD_LABELS[m], m) for m in methods], value=method),
-            *pick_method(session, race.n, method),
-            accepted_figure(res), charts.position_figure(res),
-            charts.throughput_figure(story.rows(res, profile, race.repeats)),
-            story_md, charts.cost_figure(profile, res), detail_md,
-            accepted_figure(res, f"Race {race.n}: drafted tokens accepted per target pass"))
+    detail_md = "\n\n".join(
+        x
+        for x in (
+            story.profile_markdown(profile),
+            story.pass_costs_markdown(res, profile),
+            story.teaching_aid(res, profile),
+            story.passes_markdown(res),
+        )
+        if x
+    )
+    return (
+        gr.update(choices=choices, value=str(race.n)),
+        gr.update(choices=[(METHOD_LABELS[m], m) for m in methods], value=method),
+        *pick_method(session, race.n, method),
+        accepted_figure(res),
+        charts.position_figure(res),
+        charts.throughput_figure(story.rows(res, profile, race.repeats)),
+        story_md,
+        charts.cost_figure(profile, res),
+        detail_md,
+        accepted_figure(res, f"Race {race.n}: drafted tokens accepted per target pass"),
+    )
 
 
-def inspect_round(session: Session | None, race_n: Any, method: str | None, round_no: float, tau_q: float,
-                  tau_t: float, position: float) -> tuple[str, Any, Any, str, Any]:
+def inspect_round(
+    session: Session | None,
+    race_n: Any,
+    method: str | None,
+    round_no: float,
+    tau_q: float,
+    tau_t: float,
+    position: float,
+) -> tuple[str, Any, Any, str, Any]:
     """One recorded target pass: chips, divergences vs the what-if τs, the top-5 at a position, its candidate tree."""
     race = _race(session, race_n)
     r = race.results.get(method) if race and method else None
@@ -110,18 +148,28 @@ def inspect_round(session: Session | None, race_n: Any, method: str | None, roun
     step = r.steps[max(0, min(int(round_no or 1) - 1, len(r.steps) - 1))]
     vocab = race.vocab
     committed = "".join(vocab.get(t, f"#{t}") for t in step.new_tokens)
-    head = (f"**Target pass {step.index + 1} of {len(r.steps)}** · committed {len(step.new_tokens)} "
-            f"token(s): `{committed!r}`")
+    head = (
+        f"**Target pass {step.index + 1} of {len(r.steps)}** · committed {len(step.new_tokens)} "
+        f"token(s): `{committed!r}`"
+    )
     if step.target_round is None:
-        return render.message_html(MSG["ar_round"]), charts.empty_figure(MSG["ar_round"]), \
-            charts.empty_figure(MSG["ar_round"]), head, tree_figure(step, vocab)
+        return (
+            render.message_html(MSG["ar_round"]),
+            charts.empty_figure(MSG["ar_round"]),
+            charts.empty_figure(MSG["ar_round"]),
+            head,
+            tree_figure(step, vocab),
+        )
     parts, lines = [], [head]
     for j, rnd in enumerate(step.qualifier_rounds + [step.target_round]):
         tau = inspector.round_tau(rnd, tau_q, tau_t)
         what_if = inspector.whatif_statuses(rnd, tau)
         k = what_if.count("accepted") if tau is not None else rnd.n_accepted
-        name = (f"Stage 1 · round {j + 1}: draft → qualifier" if rnd.stage == "qualifier"
-                else f"Stage 2: {rnd.proposer} → target")
+        name = (
+            f"Stage 1 · round {j + 1}: draft → qualifier"
+            if rnd.stage == "qualifier"
+            else f"Stage 2: {rnd.proposer} → target"
+        )
         if tau is None:  # exact rule; still show what a fuzzy test at the slider's τ would have kept
             slider = tau_q if rnd.stage == "qualifier" else tau_t
             fuzzy_k = inspector.reevaluate(replace(rnd, exact=False, sd_fallback=False), slider)
@@ -131,12 +179,18 @@ def inspect_round(session: Session | None, race_n: Any, method: str | None, roun
         note = f"rule {rnd.rule} · {shape_words(rnd)} · recorded: <b>{rnd.n_accepted}</b> accepted<br>{what}"
         parts.append(render.round_chips_html(rnd, vocab, name, None if tau is None else what_if, note))
         if rnd.stage == "target":
-            lines.append(f"The target kept {kept_words(rnd)}; " + (
-                "τ does not apply (exact rule)." if tau is None else f"at τ_T = {tau:g} it would accept **{k}**."))
+            lines.append(
+                f"The target kept {kept_words(rnd)}; "
+                + ("τ does not apply (exact rule)." if tau is None else f"at τ_T = {tau:g} it would accept **{k}**.")
+            )
     if step.qualifier_rounds:
         lines.append("A different τ_Q would change the block itself; the what-if re-checks each recorded round only.")
     depth, title = position_title(step.target_round, int(position or 1), vocab)
     chips = render.status_legend_html() + "".join(parts)
-    return (chips, charts.divergence_figure(step, tau_q, tau_t, vocab),
-            charts.top5_figure(inspector.position_top5(step, depth), vocab, title), "  \n".join(lines),
-            tree_figure(step, vocab))
+    return (
+        chips,
+        charts.divergence_figure(step, tau_q, tau_t, vocab),
+        charts.top5_figure(inspector.position_top5(step, depth), vocab, title),
+        "  \n".join(lines),
+        tree_figure(step, vocab),
+    )

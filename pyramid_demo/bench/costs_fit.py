@@ -1,4 +1,5 @@
 """The engine's per-unit prices fitted on a bench's runs (NNLS), each variant priced from the others only."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -48,10 +49,16 @@ def _fit(rows: list[dict], prices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def loo_engine_s(rows: list[dict], profile: dict) -> dict[str, list[float]]:
     """Per variant, its rows' engine seconds priced from the other variants' rows (in row order)."""
-    eng = [r for r in rows if r.get("kind") == "engine" and (r.get("cost_record") or {}).get("engine")
-           and r.get("engine_overhead_s") is not None]
+    eng = [
+        r
+        for r in rows
+        if r.get("kind") == "engine"
+        and (r.get("cost_record") or {}).get("engine")
+        and r.get("engine_overhead_s") is not None
+    ]
     micro = [engine_costs.engine_ms(profile, u) / 1000 for u in engine_costs.UNITS] + [
-        float(np.mean(list(((profile.get("engine_ms") or {}).get("keep") or {"": 0.0}).values()))) / 1000]
+        float(np.mean(list(((profile.get("engine_ms") or {}).get("keep") or {"": 0.0}).values()))) / 1000
+    ]
     out: dict[str, list[float]] = {}
     for label in dict.fromkeys(r["variant"] for r in eng):
         others = [r for r in eng if r["variant"] != label]
@@ -113,19 +120,28 @@ def predict_rows(rows: list[dict], profile: dict) -> dict[str, float]:
     step = ar_ms(profile) / 1000
     for row in eng_rows:
         n, ref = row["n_new_tokens"], ar.get((row.get("repeat"), row.get("prompt_index")))
-        per_ar = ref["predicted_s"] / ref["n_new_tokens"] if ref and ref["n_new_tokens"] else \
-            step * busy.get(row["variant"], pooled).get("target", pooled.get("all", 1.0))
+        per_ar = (
+            ref["predicted_s"] / ref["n_new_tokens"]
+            if ref and ref["n_new_tokens"]
+            else step * busy.get(row["variant"], pooled).get("target", pooled.get("all", 1.0))
+        )
         row["predicted_speedup_vs_ar"] = per_ar * n / row["predicted_s"] if row["predicted_s"] > 0 else None
-        row["predicted_profile_speedup_vs_ar"] = (step * n / row["predicted_profile_s"]
-                                                  if row["predicted_profile_s"] > 0 else None)
+        row["predicted_profile_speedup_vs_ar"] = (
+            step * n / row["predicted_profile_s"] if row["predicted_profile_s"] > 0 else None
+        )
         row["predicted_profile_tokens_per_s"] = n / row["predicted_profile_s"] if row["predicted_profile_s"] else None
     return pooled
 
 
 def fitted_prices(rows: list[dict]) -> dict[str, float]:
     """The engine's per-unit prices in ms fitted on every engine row, for display beside the timed ones."""
-    eng = [r for r in rows if r.get("kind") == "engine" and (r.get("cost_record") or {}).get("engine")
-           and r.get("engine_overhead_s") is not None]
+    eng = [
+        r
+        for r in rows
+        if r.get("kind") == "engine"
+        and (r.get("cost_record") or {}).get("engine")
+        and r.get("engine_overhead_s") is not None
+    ]
     if not eng:
         return {}
     x, seen = _fit(eng, np.zeros(len(FEATURES)))

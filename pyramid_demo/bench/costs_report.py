@@ -1,6 +1,7 @@
 """The cost profile in `bench`: per-run forward records, the profile's prediction per run, and the section of
 results.json / report.html that says why each method wins or loses here (a busy machine moves the figures,
 not the comparison)."""
+
 from __future__ import annotations
 
 import html
@@ -18,8 +19,10 @@ from . import costs_fit
 
 def row_record(steps: list[Step], method: str | None = None, config: dict | None = None) -> dict:
     """What one run adds to its row: {"cost_record": {...}}, with the engine's work where `method` is given."""
-    ms = {role: {k: [round(sum(ts), 4), len(ts)] for k, ts in by_k.items()}
-          for role, by_k in costs.measured_by_k(steps).items()}
+    ms = {
+        role: {k: [round(sum(ts), 4), len(ts)] for k, ts in by_k.items()}
+        for role, by_k in costs.measured_by_k(steps).items()
+    }
     rec = {"forwards": costs.forward_counts(steps), "ms_by_k": ms, "stages": stage_counts(steps)}
     if method is not None:
         rec["engine"] = engine_costs.census(steps, method, config)
@@ -58,11 +61,26 @@ def finish(rows: list[dict], prof: dict | None) -> dict:
         rec = row.get("cost_record")
         if row.get("kind") != "engine" or not rec:
             continue
-        cfg = {k: row[k] for k in ("gamma", "l_d", "l_q", "tree_nodes", "tree_depth", "tree_k", "stage2", "shape")
-               if row.get(k)}
-        v = by.setdefault(row["variant"], {"method": row["method"], "tokens": 0, "decode_s": 0.0, "profile_s": 0.0,
-                                           "predicted_s": 0.0, "forwards": {}, "ms_by_k": {}, "stages": {},
-                                           "engine": {}, "config": cfg})
+        cfg = {
+            k: row[k]
+            for k in ("gamma", "l_d", "l_q", "tree_nodes", "tree_depth", "tree_k", "stage2", "shape")
+            if row.get(k)
+        }
+        v = by.setdefault(
+            row["variant"],
+            {
+                "method": row["method"],
+                "tokens": 0,
+                "decode_s": 0.0,
+                "profile_s": 0.0,
+                "predicted_s": 0.0,
+                "forwards": {},
+                "ms_by_k": {},
+                "stages": {},
+                "engine": {},
+                "config": cfg,
+            },
+        )
         if rec.get("shape"):
             v["config"]["shape"] = rec["shape"]
         v["tokens"] += row["n_new_tokens"]
@@ -80,10 +98,19 @@ def finish(rows: list[dict], prof: dict | None) -> dict:
     sd = next((d for d in out if d["method"] == "sd" and shape_of("sd", d.get("config")) == "chain"), {})
     pyr = next((d for k in ("psd_a", "psd_f") for d in out if d["method"] == k), {})
     ins = insertion.insertion(prof, sd.get("alpha"), pyr.get("alpha_qualifier"), pyr.get("alpha"))
-    worst = max((abs(d["speedup_error"]) for d in out if d.get("speedup_error") is not None and d["method"] != "ar"),
-                default=None)
-    return {"profile": prof, "variants": out, "insertion": ins, "busy": busy, "worst_speedup_error": worst,
-            "engine_priced": engine_costs.priced(prof), "engine_fit_ms": costs_fit.fitted_prices(rows)}
+    worst = max(
+        (abs(d["speedup_error"]) for d in out if d.get("speedup_error") is not None and d["method"] != "ar"),
+        default=None,
+    )
+    return {
+        "profile": prof,
+        "variants": out,
+        "insertion": ins,
+        "busy": busy,
+        "worst_speedup_error": worst,
+        "engine_priced": engine_costs.priced(prof),
+        "engine_fit_ms": costs_fit.fitted_prices(rows),
+    }
 
 
 def _variant(label: str, v: dict, prof: dict, by: dict[str, dict]) -> dict:
@@ -99,15 +126,25 @@ def _variant(label: str, v: dict, prof: dict, by: dict[str, dict]) -> dict:
     x_pred = ar_per * tok / v["predicted_s"] if ar_per and v["predicted_s"] else None
     x_prof = tok * ar_ms(prof) / 1000 / v["profile_s"] if v["profile_s"] else None
     micro = engine_costs.price(v["engine"], prof) / 1000
-    return dict(variant=label, method=v["method"], config=cfg, measured_tokens_per_s=measured,
-                predicted_tokens_per_s=predicted,
-                prediction_error=predicted / measured - 1 if measured and predicted else None,
-                measured_speedup_vs_ar=x_meas, predicted_speedup_vs_ar=x_pred, predicted_profile_speedup_vs_ar=x_prof,
-                speedup_error=x_pred / x_meas - 1 if x_pred and x_meas else None,
-                engine_share_predicted=micro / v["profile_s"] if v["profile_s"] else None,
-                ms_per_forward_by_k={r: {k: s / n for k, (s, n) in sorted(d.items(), key=lambda kv: int(kv[0]))
-                                         if n} for r, d in v["ms_by_k"].items()},
-                forwards_by_k=v["forwards"], **model)
+    return dict(
+        variant=label,
+        method=v["method"],
+        config=cfg,
+        measured_tokens_per_s=measured,
+        predicted_tokens_per_s=predicted,
+        prediction_error=predicted / measured - 1 if measured and predicted else None,
+        measured_speedup_vs_ar=x_meas,
+        predicted_speedup_vs_ar=x_pred,
+        predicted_profile_speedup_vs_ar=x_prof,
+        speedup_error=x_pred / x_meas - 1 if x_pred and x_meas else None,
+        engine_share_predicted=micro / v["profile_s"] if v["profile_s"] else None,
+        ms_per_forward_by_k={
+            r: {k: s / n for k, (s, n) in sorted(d.items(), key=lambda kv: int(kv[0])) if n}
+            for r, d in v["ms_by_k"].items()
+        },
+        forwards_by_k=v["forwards"],
+        **model,
+    )
 
 
 def _f(x, nd: int = 2) -> str:
@@ -119,36 +156,52 @@ def markdown(section: dict) -> str:
     prof = section.get("profile") or {}
     if "ms" not in prof:
         return "No cost profile" + (f": {prof['error']}" if prof.get("error") else ".")
-    lines = [f"Cost profile ({prof.get('dtype')}, "
-             f"{'cached' if prof.get('how') == 'cached' else 'measured now'}), ms per cached forward of k new tokens: "
-             + "; ".join(f"{r} " + ", ".join(f"k={k} {float(v):.1f}" for k, v in row.items())
-                         for r, row in prof["ms"].items()),
-             "", _busy_line(section),
-             "", "| variant | × AR measured | × AR predicted | error | × AR, profile only | × AR from acceptance "
-                 "| tok/s measured | tok/s predicted | engine share, profile | measured α | break-even α "
-                 "| why |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Cost profile ({prof.get('dtype')}, "
+        f"{'cached' if prof.get('how') == 'cached' else 'measured now'}), ms per cached forward of k new tokens: "
+        + "; ".join(
+            f"{r} " + ", ".join(f"k={k} {float(v):.1f}" for k, v in row.items()) for r, row in prof["ms"].items()
+        ),
+        "",
+        _busy_line(section),
+        "",
+        "| variant | × AR measured | × AR predicted | error | × AR, profile only | × AR from acceptance "
+        "| tok/s measured | tok/s predicted | engine share, profile | measured α | break-even α "
+        "| why |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for v in section["variants"]:
         a = _f(v.get("alpha"))
         if v.get("alpha_qualifier") is not None:
             a = f"α_Q {_f(v['alpha_qualifier'])} · α_T {a}"
-        be = ("—" if "break_even_alpha" not in v else "never" if v["break_even_alpha"] is None
-              else _f(v["break_even_alpha"]))
+        be = (
+            "—"
+            if "break_even_alpha" not in v
+            else "never"
+            if v["break_even_alpha"] is None
+            else _f(v["break_even_alpha"])
+        )
         err = "—" if v.get("speedup_error") is None else f"{v['speedup_error']:+.1%}"
-        lines.append(f"| {v['variant']} | {_f(v.get('measured_speedup_vs_ar'), 3)} "
-                     f"| {_f(v.get('predicted_speedup_vs_ar'), 3)} | {err} "
-                     f"| {_f(v.get('predicted_profile_speedup_vs_ar'), 3)} | {_f(v.get('expected_speedup_vs_ar'), 3)} "
-                     f"| {_f(v['measured_tokens_per_s'], 1)} | {_f(v.get('predicted_tokens_per_s'), 1)} "
-                     f"| {_f(v.get('engine_share_predicted'), 3)} | {a} | {be} | {v['why']} |")
+        lines.append(
+            f"| {v['variant']} | {_f(v.get('measured_speedup_vs_ar'), 3)} "
+            f"| {_f(v.get('predicted_speedup_vs_ar'), 3)} | {err} "
+            f"| {_f(v.get('predicted_profile_speedup_vs_ar'), 3)} | {_f(v.get('expected_speedup_vs_ar'), 3)} "
+            f"| {_f(v['measured_tokens_per_s'], 1)} | {_f(v.get('predicted_tokens_per_s'), 1)} "
+            f"| {_f(v.get('engine_share_predicted'), 3)} | {a} | {be} | {v['why']} |"
+        )
     worst = section.get("worst_speedup_error")
-    lines.append("\nSpeed-ups over AR are pooled over the prompts (Σ tokens ÷ Σ decode time, prefill excluded). "
-                 "Predicted: the profile's time for the forwards each run made, each role's rescaled by the other "
-                 "variants' measured ÷ profiled time, plus the engine's work the run did (steps, feeds, rounds, "
-                 "divergences, a tree's growth and compaction) priced per unit from the other variants' runs; "
-                 "'profile only': the profile alone (engine at its timed prices); 'from acceptance': the "
-                 "expected chain, tree or pyramid at the measured acceptance (by rank for a tree) on the profile. "
-                 "Break-even α: the acceptance at which the expected speed equals AR's on this profile (PSD: the "
-                 "target stage's). Worst |error| of the predicted speed-up: "
-                 + ("—" if worst is None else f"{worst:.1%}") + " (target ≤ 10%).")
+    lines.append(
+        "\nSpeed-ups over AR are pooled over the prompts (Σ tokens ÷ Σ decode time, prefill excluded). "
+        "Predicted: the profile's time for the forwards each run made, each role's rescaled by the other "
+        "variants' measured ÷ profiled time, plus the engine's work the run did (steps, feeds, rounds, "
+        "divergences, a tree's growth and compaction) priced per unit from the other variants' runs; "
+        "'profile only': the profile alone (engine at its timed prices); 'from acceptance': the "
+        "expected chain, tree or pyramid at the measured acceptance (by rank for a tree) on the profile. "
+        "Break-even α: the acceptance at which the expected speed equals AR's on this profile (PSD: the "
+        "target stage's). Worst |error| of the predicted speed-up: "
+        + ("—" if worst is None else f"{worst:.1%}")
+        + " (target ≤ 10%)."
+    )
     if section.get("insertion"):
         lines += ["", insertion.markdown(section["insertion"])]
     return "\n".join(lines)
@@ -160,13 +213,20 @@ def _busy_line(section: dict) -> str:
         return "No forward time measured in the runs: nothing to rescale by."
     roles = ", ".join(f"{r} {x:.2f}×" for r, x in busy.items() if r != "all")
     timed = (section.get("profile") or {}).get("engine_ms") or {}
-    fit = ", ".join(f"{u} {ms:.3f}" + (f" (timed {float(timed[u]):.3f})" if isinstance(timed.get(u), (int, float))
-                                       else "") for u, ms in (section.get("engine_fit_ms") or {}).items())
-    return (f"This bench's forwards took {busy.get('all', 1.0):.2f}× the profile's time for the same forwards "
-            f"({roles}). " + ("The profile times the engine's own work per unit; "
-                              if section.get("engine_priced") else
-                              "This profile has no engine prices (measured before they were: measure it again); ")
-            + (f"fitted on this bench's runs, ms per unit: {fit}." if fit else "no engine work was counted."))
+    fit = ", ".join(
+        f"{u} {ms:.3f}" + (f" (timed {float(timed[u]):.3f})" if isinstance(timed.get(u), (int, float)) else "")
+        for u, ms in (section.get("engine_fit_ms") or {}).items()
+    )
+    return (
+        f"This bench's forwards took {busy.get('all', 1.0):.2f}× the profile's time for the same forwards "
+        f"({roles}). "
+        + (
+            "The profile times the engine's own work per unit; "
+            if section.get("engine_priced")
+            else "This profile has no engine prices (measured before they were: measure it again); "
+        )
+        + (f"fitted on this bench's runs, ms per unit: {fit}." if fit else "no engine work was counted.")
+    )
 
 
 def figure(section: dict):
@@ -180,8 +240,15 @@ def figure(section: dict):
     fig = go.Figure()
     for role, row in prof["ms"].items():
         ks = sorted(int(k) for k in row)
-        fig.add_trace(go.Scatter(x=ks, y=[row[str(k)] for k in ks], mode="lines+markers", name=f"{role} (profile)",
-                                 line=dict(color=colours.get(role), width=3)))
+        fig.add_trace(
+            go.Scatter(
+                x=ks,
+                y=[row[str(k)] for k in ks],
+                mode="lines+markers",
+                name=f"{role} (profile)",
+                line=dict(color=colours.get(role), width=3),
+            )
+        )
     pooled: dict[str, dict[int, list[float]]] = {}
     for v in section["variants"]:
         for role, d in v["ms_per_forward_by_k"].items():
@@ -189,11 +256,21 @@ def figure(section: dict):
                 pooled.setdefault(role, {}).setdefault(int(k), []).append(ms)
     for role, d in pooled.items():
         ks = sorted(d)
-        fig.add_trace(go.Scatter(x=ks, y=[sum(d[k]) / len(d[k]) for k in ks], mode="markers",
-                                 name=f"{role} (in the runs)",
-                                 marker=dict(color=colours.get(role), size=11, symbol="x")))
-    fig.update_layout(title="What one cached forward costs on this machine", template="plotly_white",
-                      xaxis_title="new tokens in the forward (k)", yaxis_title="ms per forward")
+        fig.add_trace(
+            go.Scatter(
+                x=ks,
+                y=[sum(d[k]) / len(d[k]) for k in ks],
+                mode="markers",
+                name=f"{role} (in the runs)",
+                marker=dict(color=colours.get(role), size=11, symbol="x"),
+            )
+        )
+    fig.update_layout(
+        title="What one cached forward costs on this machine",
+        template="plotly_white",
+        xaxis_title="new tokens in the forward (k)",
+        yaxis_title="ms per forward",
+    )
     return fig
 
 
@@ -206,11 +283,13 @@ def html_section(result: dict, plotly_loaded: bool = True) -> str:
     table = [line for line in md if line.startswith("|")]
     fig = figure(section)
     notes = [line.strip() for line in md[1:] if line.strip() and not line.startswith("|")]
-    return (f"<h3>Why each method wins or loses here: the cost profile</h3><p>{html.escape(md[0])}</p>"
-            + (f"<p>{html.escape(notes[0])}</p>" if notes else "")
-            + (html_table("\n".join(table), note=False) if table else "")
-            + "".join(f"<p><small>{html.escape(n)}</small></p>" for n in notes[1:])
-            + (fig.to_html(full_html=False, include_plotlyjs=not plotly_loaded, default_height=420) if fig else ""))
+    return (
+        f"<h3>Why each method wins or loses here: the cost profile</h3><p>{html.escape(md[0])}</p>"
+        + (f"<p>{html.escape(notes[0])}</p>" if notes else "")
+        + (html_table("\n".join(table), note=False) if table else "")
+        + "".join(f"<p><small>{html.escape(n)}</small></p>" for n in notes[1:])
+        + (fig.to_html(full_html=False, include_plotlyjs=not plotly_loaded, default_height=420) if fig else "")
+    )
 
 
 def html_table(markdown: str, note: bool = True) -> str:
@@ -228,10 +307,13 @@ def row_lengths(row: dict) -> dict:
     """The γ / ℓ_D / ℓ_Q the throughput formulas use for a row (measured means under conf_stop)."""
     st = ("qualifier", "target")
     cfg = {k: row.get(k) for k in ("gamma", "l_d", "l_q", "conf_stop", "tree_nodes", "tree_depth", "tree_k", "shape")}
-    return throughput.lengths(cfg, {k: row[f"proposed_{k}"] for k in st if row.get(f"proposed_{k}")},
-                              {k: row[f"rounds_{k}"] for k in st if row.get(f"rounds_{k}")},
-                              {k: row[f"accepted_{k}"] for k in st if row.get(f"accepted_{k}") is not None},
-                              row["method"] if row.get("kind") == "engine" else None)
+    return throughput.lengths(
+        cfg,
+        {k: row[f"proposed_{k}"] for k in st if row.get(f"proposed_{k}")},
+        {k: row[f"rounds_{k}"] for k in st if row.get(f"rounds_{k}")},
+        {k: row[f"accepted_{k}"] for k in st if row.get(f"accepted_{k}") is not None},
+        row["method"] if row.get("kind") == "engine" else None,
+    )
 
 
 def row_prediction(row: dict, speeds: dict[str, float]) -> float | None:

@@ -1,4 +1,5 @@
 """CommonsenseQA as in the FSD and PyramidSD papers: a 5-shot chain-of-thought prompt, the answer read back."""
+
 from __future__ import annotations
 
 import json
@@ -21,26 +22,41 @@ class Question:
 # Five worked examples in the FSD reference's style (questions from the CSQA training set;
 # the reasoning is written for this project).
 SHOTS: tuple[tuple[str, tuple[str, ...], str, str], ...] = (
-    ("Sammy wanted to go to where the people were. Where might he go?",
-     ("race track", "populated areas", "the desert", "apartment", "roadblock"),
-     "He wants crowds. A race track is busy only on race days, an apartment holds a few people, "
-     "a roadblock and the desert have almost nobody. Populated areas are full of people by definition.", "B"),
-    ("Google Maps and other highway and street GPS services have replaced what?",
-     ("united states", "mexico", "countryside", "atlas", "oceans"),
-     "GPS services give maps and directions, the job a printed road atlas used to do. "
-     "Countries, the countryside and oceans are places, not tools.", "D"),
-    ("The fox walked from the city into the forest, what was it looking for?",
-     ("pretty flowers", "hen house", "natural habitat", "storybook", "dense forest"),
-     "A wild fox leaving the city for the forest is going back to where it naturally lives, "
-     "finds food and shelter. The other options are too narrow or make no sense for a fox.", "C"),
-    ("What home entertainment equipment requires cable?",
-     ("radio shack", "substation", "cabinet", "television", "desk"),
-     "Cable service is used to watch channels on a television. A radio shack is a shop, a "
-     "substation is part of the power grid, and cabinets and desks are furniture.", "D"),
-    ("Where do you put your grapes just before checking out?",
-     ("mouth", "grocery cart", "super market", "fruit basket", "fruit market"),
-     "Just before checking out at a shop you collect what you are buying in your grocery cart. "
-     "Eating them or leaving them in a basket or market does not fit checking out.", "B"),
+    (
+        "Sammy wanted to go to where the people were. Where might he go?",
+        ("race track", "populated areas", "the desert", "apartment", "roadblock"),
+        "He wants crowds. A race track is busy only on race days, an apartment holds a few people, "
+        "a roadblock and the desert have almost nobody. Populated areas are full of people by definition.",
+        "B",
+    ),
+    (
+        "Google Maps and other highway and street GPS services have replaced what?",
+        ("united states", "mexico", "countryside", "atlas", "oceans"),
+        "GPS services give maps and directions, the job a printed road atlas used to do. "
+        "Countries, the countryside and oceans are places, not tools.",
+        "D",
+    ),
+    (
+        "The fox walked from the city into the forest, what was it looking for?",
+        ("pretty flowers", "hen house", "natural habitat", "storybook", "dense forest"),
+        "A wild fox leaving the city for the forest is going back to where it naturally lives, "
+        "finds food and shelter. The other options are too narrow or make no sense for a fox.",
+        "C",
+    ),
+    (
+        "What home entertainment equipment requires cable?",
+        ("radio shack", "substation", "cabinet", "television", "desk"),
+        "Cable service is used to watch channels on a television. A radio shack is a shop, a "
+        "substation is part of the power grid, and cabinets and desks are furniture.",
+        "D",
+    ),
+    (
+        "Where do you put your grapes just before checking out?",
+        ("mouth", "grocery cart", "super market", "fruit basket", "fruit market"),
+        "Just before checking out at a shop you collect what you are buying in your grocery cart. "
+        "Eating them or leaving them in a basket or market does not fit checking out.",
+        "B",
+    ),
 )
 
 INSTRUCTION = (
@@ -58,8 +74,13 @@ def format_prompt(q: Question) -> str:
     """The 5-shot chain-of-thought prompt for one question (sent as the user's message)."""
     parts = [INSTRUCTION, ""]
     for i, (stem, choices, why, ans) in enumerate(SHOTS, 1):
-        parts += [f"Example {i}:", f"Question: {stem}", f"Choices: {_choices_line(tuple(LABELS), choices)}",
-                  f"Answer: {why} Therefore, the answer is {ans}.", ""]
+        parts += [
+            f"Example {i}:",
+            f"Question: {stem}",
+            f"Choices: {_choices_line(tuple(LABELS), choices)}",
+            f"Answer: {why} Therefore, the answer is {ans}.",
+            "",
+        ]
     parts += [f"Question: {q.stem}", f"Choices: {_choices_line(q.labels, q.choices)}", "Answer:"]
     return "\n".join(parts)
 
@@ -114,12 +135,16 @@ def load_questions(path: str | None = None, limit: int | None = None, split: str
         try:
             from datasets import load_dataset  # optional dependency
         except ImportError:
-            raise ValueError("--dataset csqa needs --dataset-file FILE.jsonl, or the `datasets` "
-                             "package and Hub access (pip install datasets)") from None
+            raise ValueError(
+                "--dataset csqa needs --dataset-file FILE.jsonl, or the `datasets` "
+                "package and Hub access (pip install datasets)"
+            ) from None
         try:
             rows = load_dataset("tau/commonsense_qa", split=split)
         except Exception as e:  # offline, no cache, Hub error
-            raise ValueError(f"could not load tau/commonsense_qa from the Hub ({type(e).__name__}: {e}); "
-                             "pass --dataset-file with a local CSQA JSONL instead") from None
+            raise ValueError(
+                f"could not load tau/commonsense_qa from the Hub ({type(e).__name__}: {e}); "
+                "pass --dataset-file with a local CSQA JSONL instead"
+            ) from None
         qs = [parse_row(dict(r)) for r in rows]
     return qs[:limit] if limit else qs

@@ -2,6 +2,7 @@
 was loaded from, as an F32 copy (the checkpoint's reference precision, the weights our fp32 target runs), timed in
 the same run as the engine. llama.cpp is not a forward the engine runs; its binding is installed on demand with
 `INSTALL`. The loader marks a model loaded from a GGUF with `model.gguf_source` (the original file)."""
+
 from __future__ import annotations
 
 import ctypes
@@ -16,8 +17,10 @@ import torch
 
 from ..models.bundled import cache_root
 
-CMAKE_ARGS = ("-DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF "
-              "-DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_COMMON=OFF -DLLAMA_CURL=OFF")  # its libraries only
+CMAKE_ARGS = (
+    "-DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF "
+    "-DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_COMMON=OFF -DLLAMA_CURL=OFF"
+)  # its libraries only
 INSTALL = f'CMAKE_ARGS="{CMAKE_ARGS}" .venv/bin/python -m pip install -r requirements-llamacpp.txt'
 N_CTX = 4096  # positions a peer run may hold (prompt + answer)
 N_BATCH = 512  # rows per llama_decode (the prompt goes in one)
@@ -49,8 +52,11 @@ def binding() -> Any | None:
 
 def missing() -> str:
     """Why the binding does not load, with the one command that installs it, in one line ("" when it loads)."""
-    return "" if binding() is not None else \
-        f"llama.cpp is not installed here ({str(_STATE.get('why', ''))[:80]}); install it with: {INSTALL}"
+    return (
+        ""
+        if binding() is not None
+        else f"llama.cpp is not installed here ({str(_STATE.get('why', ''))[:80]}); install it with: {INSTALL}"
+    )
 
 
 def source_of(model: Any) -> Path | None:

@@ -1,5 +1,6 @@
 """Reference measurements beside the engine: HF `generate()` peers and llama.cpp's decoding of the target's GGUF, wall
 time with the prefill; single-model speeds and the target's teacher-forced log-probability of a produced text."""
+
 from __future__ import annotations
 
 import copy
@@ -34,13 +35,22 @@ class PeerRun:
 
 def _gen_kwargs(triplet: ModelTriplet, cfg: DecodeConfig) -> dict:
     pad = triplet.eos_ids[0] if triplet.eos_ids else (triplet.tokenizer.pad_token_id or 0)
-    kw: dict = dict(max_new_tokens=cfg.max_new_tokens, min_new_tokens=0, eos_token_id=list(triplet.eos_ids) or None,
-                    pad_token_id=pad, use_cache=True)
+    kw: dict = dict(
+        max_new_tokens=cfg.max_new_tokens,
+        min_new_tokens=0,
+        eos_token_id=list(triplet.eos_ids) or None,
+        pad_token_id=pad,
+        use_cache=True,
+    )
     if cfg.greedy:
         kw.update(do_sample=False, temperature=None, top_k=None, top_p=None)
     else:
-        kw.update(do_sample=True, temperature=cfg.temperature, top_k=cfg.top_k or None,
-                  top_p=cfg.top_p if cfg.top_p < 1.0 else None)
+        kw.update(
+            do_sample=True,
+            temperature=cfg.temperature,
+            top_k=cfg.top_k or None,
+            top_p=cfg.top_p if cfg.top_p < 1.0 else None,
+        )
     return kw
 
 
@@ -52,8 +62,10 @@ def unsupported(triplet: ModelTriplet, peer: str) -> str | None:
         if why := llamacpp_peer.missing():
             return f"llama_cpp skipped: {why}"
     if peer == "hf_assisted" and getattr(triplet.draft, "reads_target", False):
-        return (f"{peer} skipped: Hugging Face assisted generation cannot drive a draft that reads the target's "
-                f"hidden states ({triplet.names[0]}); the engine's SD runs that draft")
+        return (
+            f"{peer} skipped: Hugging Face assisted generation cannot drive a draft that reads the target's "
+            f"hidden states ({triplet.names[0]}); the engine's SD runs that draft"
+        )
     return None
 
 
@@ -92,7 +104,7 @@ def hf_generate(triplet: ModelTriplet, prompt_ids: list[int], cfg: DecodeConfig,
             wall = time.perf_counter() - t0
     finally:
         hf_logging.set_verbosity(verbosity)
-    new = [int(t) for t in out[0, len(prompt_ids):]]
+    new = [int(t) for t in out[0, len(prompt_ids) :]]
     eos = next((i for i, t in enumerate(new) if t in triplet.eos_ids), None)
     if eos is not None:
         new = new[: eos + 1]

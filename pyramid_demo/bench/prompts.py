@@ -1,4 +1,5 @@
 """The benchmark's prompts: a built-in, varied set, or a user's JSONL ({"prompt", optional "category"} lines)."""
+
 from __future__ import annotations
 
 import json
@@ -44,6 +45,7 @@ _BUILTIN: dict[str, list[str]] = {
         "What is photosynthesis and why does it matter for life on Earth?",
     ],
 }
+
 
 def read_jsonl(path: str | Path) -> list[Prompt]:
     """Prompts from a JSONL file ({"prompt": ...} per line); a clear ValueError if malformed."""

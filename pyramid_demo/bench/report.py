@@ -1,4 +1,5 @@
 """Benchmark summaries (medians, pooled acceptance, Pareto frontier) and results.csv/.json and report.html."""
+
 from __future__ import annotations
 
 import csv
@@ -46,17 +47,40 @@ def summarize(rows: list[dict]) -> list[dict]:
         first = rs[0]
         speed = _vals(rs, "tokens_per_s" if first["kind"] != "peer" else "tokens_per_s_wall")  # peers: wall time only
         qs = [quantile(speed, q) if speed else None for q in (0.25, 0.5, 0.75)]
-        s = dict(variant=label, method=first["method"], kind=first["kind"], lossless=first["lossless"], runs=len(rs),
-                 **{k: first.get(k) for k in ("temperature", "gamma", "l_d", "l_q", "tau_q", "tau_t", "fallback",
-                                              "stage2")},
-                 tokens_per_s=qs[1], tokens_per_s_q25=qs[0], tokens_per_s_q75=qs[2],
-                 tokens_per_s_min=min(speed) if speed else None, tokens_per_s_max=max(speed) if speed else None,
-                 speed_basis="decode (prefill excluded)" if first["kind"] != "peer" else "wall incl. prefill")
-        for k in ("tokens_per_s_incl_prefill", "tokens_per_s_wall", "speedup_vs_ar", "speedup_vs_sd",
-                  "speedup_vs_ar_wall", "speedup_vs_sd_wall", "engine_overhead_share", "agreement",
-                  "prefix_agreement", "target_logprob", "predicted_tokens_per_s", "predicted_plus_one_tokens_per_s",
-                  "predicted_speedup_vs_ar", "predicted_profile_speedup_vs_ar", "n_new_tokens",
-                  "fwd_draft", "fwd_qualifier", "fwd_target"):
+        s = dict(
+            variant=label,
+            method=first["method"],
+            kind=first["kind"],
+            lossless=first["lossless"],
+            runs=len(rs),
+            **{k: first.get(k) for k in ("temperature", "gamma", "l_d", "l_q", "tau_q", "tau_t", "fallback", "stage2")},
+            tokens_per_s=qs[1],
+            tokens_per_s_q25=qs[0],
+            tokens_per_s_q75=qs[2],
+            tokens_per_s_min=min(speed) if speed else None,
+            tokens_per_s_max=max(speed) if speed else None,
+            speed_basis="decode (prefill excluded)" if first["kind"] != "peer" else "wall incl. prefill",
+        )
+        for k in (
+            "tokens_per_s_incl_prefill",
+            "tokens_per_s_wall",
+            "speedup_vs_ar",
+            "speedup_vs_sd",
+            "speedup_vs_ar_wall",
+            "speedup_vs_sd_wall",
+            "engine_overhead_share",
+            "agreement",
+            "prefix_agreement",
+            "target_logprob",
+            "predicted_tokens_per_s",
+            "predicted_plus_one_tokens_per_s",
+            "predicted_speedup_vs_ar",
+            "predicted_profile_speedup_vs_ar",
+            "n_new_tokens",
+            "fwd_draft",
+            "fwd_qualifier",
+            "fwd_target",
+        ):
             s[k] = _med(rs, k)
         s["acceptance_qualifier"] = _pooled(rs, "accepted_qualifier", "proposed_qualifier")
         s["acceptance_target"] = _pooled(rs, "accepted_target", "proposed_target")
@@ -69,11 +93,18 @@ def summarize(rows: list[dict]) -> list[dict]:
 
 def pareto_frontier(points: Sequence[Point]) -> list[int]:
     """Indices of points not dominated when both coordinates are maximised (NaN/None skipped), by x."""
-    ok = [i for i, p in enumerate(points) if p[0] is not None and p[1] is not None
-          and not (_nan(p[0]) or _nan(p[1]))]
-    front = [i for i in ok if not any(points[j][0] >= points[i][0] and points[j][1] >= points[i][1]
-                                      and (points[j][0] > points[i][0] or points[j][1] > points[i][1])
-                                      for j in ok if j != i)]
+    ok = [i for i, p in enumerate(points) if p[0] is not None and p[1] is not None and not (_nan(p[0]) or _nan(p[1]))]
+    front = [
+        i
+        for i in ok
+        if not any(
+            points[j][0] >= points[i][0]
+            and points[j][1] >= points[i][1]
+            and (points[j][0] > points[i][0] or points[j][1] > points[i][1])
+            for j in ok
+            if j != i
+        )
+    ]
     return sorted(front, key=lambda i: (points[i][0], points[i][1]))
 
 
@@ -88,8 +119,9 @@ def frontier(summary: list[dict]) -> list[dict]:
     sk = "speedup_vs_ar" if any(s.get("speedup_vs_ar") is not None for s in eng) else "tokens_per_s"
     qk = quality_key(summary)
     idx = pareto_frontier([(s.get(qk), s.get(sk)) for s in eng])
-    return [dict(variant=eng[i]["variant"], speed=eng[i][sk], speed_key=sk, quality=eng[i][qk], quality_key=qk)
-            for i in idx]
+    return [
+        dict(variant=eng[i]["variant"], speed=eng[i][sk], speed_key=sk, quality=eng[i][qk], quality_key=qk) for i in idx
+    ]
 
 
 def recommend(summary: list[dict], min_agreement: float = 0.9) -> dict | None:
@@ -122,16 +154,22 @@ def check_targets(summary: list[dict], min_agreement: float = 0.9) -> list[dict]
         add("engine time outside forwards ÷ decode time (worst method's median)", max(shares), 0.10, at_most=True)
     errs = speedup_errors(summary)
     if errs:
-        add("|predicted ÷ measured speed-up over AR − 1| (worst variant, medians per prompt)",
-            max(abs(e) for e in errs.values()), 0.10, at_most=True)
+        add(
+            "|predicted ÷ measured speed-up over AR − 1| (worst variant, medians per prompt)",
+            max(abs(e) for e in errs.values()),
+            0.10,
+            at_most=True,
+        )
     return out
 
 
 def speedup_errors(summary: list[dict]) -> dict[str, float]:
     """Per engine variant but AR: predicted ÷ measured speed-up over AR − 1 (medians per prompt)."""
-    return {s["variant"]: s["predicted_speedup_vs_ar"] / s["speedup_vs_ar"] - 1 for s in summary
-            if s["kind"] == "engine" and s["method"] != "ar" and s.get("speedup_vs_ar")
-            and s.get("predicted_speedup_vs_ar")}
+    return {
+        s["variant"]: s["predicted_speedup_vs_ar"] / s["speedup_vs_ar"] - 1
+        for s in summary
+        if s["kind"] == "engine" and s["method"] != "ar" and s.get("speedup_vs_ar") and s.get("predicted_speedup_vs_ar")
+    }
 
 
 def best_per_method(summary: list[dict], min_agreement: float = 0.9) -> dict[str, str]:
@@ -151,14 +189,26 @@ def _f(x, nd: int = 2) -> str:
     return "–" if x is None or _nan(x) else f"{x:.{nd}f}" if isinstance(x, float) else str(x)
 
 
-TABLE = [("variant", "variant", 0), ("tok/s (IQR)", None, 1), ("tok/s incl. prefill", "tokens_per_s_incl_prefill", 1),
-         ("× AR", "speedup_vs_ar", 2), ("× AR predicted", "predicted_speedup_vs_ar", 2), ("× SD", "speedup_vs_sd", 2),
-         ("× AR wall", "speedup_vs_ar_wall", 2), ("× SD wall", "speedup_vs_sd_wall", 2),
-         ("acc. Q", "acceptance_qualifier", 2), ("acc. T", "acceptance_target", 2),
-         ("accepted/pass", "mean_accepted_per_target_pass", 2), ("fwd D/Q/T", None, 0),
-         ("overhead", "engine_overhead_share", 3), ("agreement", "agreement", 3), ("logprob", "target_logprob", 3),
-         ("predicted tok/s", "predicted_tokens_per_s", 1),
-         ("predicted, +1/round", "predicted_plus_one_tokens_per_s", 1), ("CSQA acc.", "csqa_accuracy", 3)]
+TABLE = [
+    ("variant", "variant", 0),
+    ("tok/s (IQR)", None, 1),
+    ("tok/s incl. prefill", "tokens_per_s_incl_prefill", 1),
+    ("× AR", "speedup_vs_ar", 2),
+    ("× AR predicted", "predicted_speedup_vs_ar", 2),
+    ("× SD", "speedup_vs_sd", 2),
+    ("× AR wall", "speedup_vs_ar_wall", 2),
+    ("× SD wall", "speedup_vs_sd_wall", 2),
+    ("acc. Q", "acceptance_qualifier", 2),
+    ("acc. T", "acceptance_target", 2),
+    ("accepted/pass", "mean_accepted_per_target_pass", 2),
+    ("fwd D/Q/T", None, 0),
+    ("overhead", "engine_overhead_share", 3),
+    ("agreement", "agreement", 3),
+    ("logprob", "target_logprob", 3),
+    ("predicted tok/s", "predicted_tokens_per_s", 1),
+    ("predicted, +1/round", "predicted_plus_one_tokens_per_s", 1),
+    ("CSQA acc.", "csqa_accuracy", 3),
+]
 
 
 def markdown_table(summary: list[dict]) -> str:
@@ -168,22 +218,28 @@ def markdown_table(summary: list[dict]) -> str:
         cells = []
         for name, key, nd in cols:
             if name == "tok/s (IQR)":
-                cells.append(f"{_f(s['tokens_per_s'], 1)} ({_f(s['tokens_per_s_q25'], 1)}–"
-                             f"{_f(s['tokens_per_s_q75'], 1)})" + ("*" if s["kind"] == "peer" else ""))
+                cells.append(
+                    f"{_f(s['tokens_per_s'], 1)} ({_f(s['tokens_per_s_q25'], 1)}–"
+                    f"{_f(s['tokens_per_s_q75'], 1)})" + ("*" if s["kind"] == "peer" else "")
+                )
             elif name == "fwd D/Q/T":
                 cells.append("/".join(_f(s.get(f"fwd_{r}"), 0) for r in ("draft", "qualifier", "target")))
             else:
                 cells.append(_f(s.get(key), nd) if key != "variant" else str(s[key]))
         lines.append("| " + " | ".join(cells) + " |")
-    lines.append("\n*peers: wall time of the `generate()` call, prefill included. Engine tok/s exclude prefill; "
-                 "'incl. prefill' and '× AR wall' include it. acc./accepted per pass pooled over runs (bonus token "
-                 "not counted); fwd: median decode forward passes per run; overhead: engine time outside model "
-                 "forwards ÷ decode time; × AR predicted: the cost profile's time for each run's forwards and engine "
-                 "work, rescaled by this bench's forward times, against AR's for the same tokens (median per prompt).")
+    lines.append(
+        "\n*peers: wall time of the `generate()` call, prefill included. Engine tok/s exclude prefill; "
+        "'incl. prefill' and '× AR wall' include it. acc./accepted per pass pooled over runs (bonus token "
+        "not counted); fwd: median decode forward passes per run; overhead: engine time outside model "
+        "forwards ÷ decode time; × AR predicted: the cost profile's time for each run's forwards and engine "
+        "work, rescaled by this bench's forward times, against AR's for the same tokens (median per prompt)."
+    )
     if any(s["kind"] == "reference" for s in summary):
-        lines.append("\n*reference rows* (--solo): one member of the family decoding alone, as AR does with the "
-                     "target; its agreement says how far its text follows the target's. Not a method: no baseline, no "
-                     "frontier.")
+        lines.append(
+            "\n*reference rows* (--solo): one member of the family decoding alone, as AR does with the "
+            "target; its agreement says how far its text follows the target's. Not a method: no baseline, no "
+            "frontier."
+        )
     return "\n".join(lines)
 
 
@@ -204,10 +260,17 @@ def write_outputs(result: dict, out_dir: str | Path, columns: list[str]) -> list
     rows = result["runs"]
     summary = summarize(rows)
     targets = check_targets(summary)
-    result.update(summary=summary, frontier=frontier(summary), recommended=recommend(summary), targets=targets,
-                  best_per_method=best_per_method(summary),
-                  markdown=markdown_table(summary) + "\n\n" + targets_table(targets)
-                  + "".join(f"\n\nNot run: {why}." for why in result.get("meta", {}).get("skipped", [])))
+    result.update(
+        summary=summary,
+        frontier=frontier(summary),
+        recommended=recommend(summary),
+        targets=targets,
+        best_per_method=best_per_method(summary),
+        markdown=markdown_table(summary)
+        + "\n\n"
+        + targets_table(targets)
+        + "".join(f"\n\nNot run: {why}." for why in result.get("meta", {}).get("skipped", [])),
+    )
     csv_path, json_path, html_path = out / "results.csv", out / "results.json", out / "report.html"
     with csv_path.open("w", newline="", encoding="utf-8") as f:
         w = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
@@ -237,12 +300,17 @@ def _figures(result: dict) -> list:
     err_hi = [(s["tokens_per_s_q75"] or 0) - (s["tokens_per_s"] or 0) for s in summary]
     err_lo = [(s["tokens_per_s"] or 0) - (s["tokens_per_s_q25"] or 0) for s in summary]
     bars = go.Figure()
-    bars.add_bar(x=names, y=med, name="tok/s (engine: decode; peers: wall incl. prefill)",
-                 error_y=dict(type="data", symmetric=False, array=err_hi, arrayminus=err_lo))
+    bars.add_bar(
+        x=names,
+        y=med,
+        name="tok/s (engine: decode; peers: wall incl. prefill)",
+        error_y=dict(type="data", symmetric=False, array=err_hi, arrayminus=err_lo),
+    )
     bars.add_bar(x=names, y=[s["tokens_per_s_wall"] for s in summary], name="tok/s, wall incl. prefill")
     bars.add_bar(x=names, y=[s["predicted_tokens_per_s"] for s in summary], name="predicted (paper's model)")
-    bars.add_bar(x=names, y=[s["predicted_plus_one_tokens_per_s"] for s in summary],
-                 name="predicted (β·ℓ + 1 tokens per round)")
+    bars.add_bar(
+        x=names, y=[s["predicted_plus_one_tokens_per_s"] for s in summary], name="predicted (β·ℓ + 1 tokens per round)"
+    )
     bars.update_layout(title="Speed: median tokens/s, error bars = IQR", barmode="group", yaxis_title="tokens/s")
     qk = quality_key(summary)
     eng = [s for s in summary if s["kind"] == "engine"]
@@ -250,15 +318,29 @@ def _figures(result: dict) -> list:
     sc = go.Figure()
     for m in dict.fromkeys(s["method"] for s in eng):
         pts = [s for s in eng if s["method"] == m]
-        sc.add_scatter(x=[s[qk] for s in pts], y=[s[sk] for s in pts], mode="markers", name=m,
-                       text=[s["variant"] for s in pts], marker=dict(size=10))
+        sc.add_scatter(
+            x=[s[qk] for s in pts],
+            y=[s[sk] for s in pts],
+            mode="markers",
+            name=m,
+            text=[s["variant"] for s in pts],
+            marker=dict(size=10),
+        )
     fr = result["frontier"]
-    sc.add_scatter(x=[p["quality"] for p in fr], y=[p["speed"] for p in fr], mode="lines+markers",
-                   name="Pareto frontier", text=[p["variant"] for p in fr], line=dict(dash="dash", color="black"),
-                   marker=dict(symbol="circle-open", size=16, color="black"))
-    sc.update_layout(title="Speed vs quality (engine methods; frontier dashed)",
-                     xaxis_title="agreement with target greedy output" if qk == "agreement" else "target mean log-prob",
-                     yaxis_title="median speed-up vs AR" if sk == "speedup_vs_ar" else "tokens/s")
+    sc.add_scatter(
+        x=[p["quality"] for p in fr],
+        y=[p["speed"] for p in fr],
+        mode="lines+markers",
+        name="Pareto frontier",
+        text=[p["variant"] for p in fr],
+        line=dict(dash="dash", color="black"),
+        marker=dict(symbol="circle-open", size=16, color="black"),
+    )
+    sc.update_layout(
+        title="Speed vs quality (engine methods; frontier dashed)",
+        xaxis_title="agreement with target greedy output" if qk == "agreement" else "target mean log-prob",
+        yaxis_title="median speed-up vs AR" if sk == "speedup_vs_ar" else "tokens/s",
+    )
     return [bars, sc, _acceptance_figure(eng)]
 
 
@@ -267,15 +349,23 @@ def _lines(fig, pts: list[dict], x: str, y: str, group, col: int, symbol: str = 
     for s in sorted(pts, key=lambda s: s[x]):
         groups.setdefault(group(s), []).append(s)
     for g, ss in groups.items():
-        fig.add_scatter(x=[s[x] for s in ss], y=[s[y] for s in ss], mode="lines+markers", name=g,
-                        marker=dict(symbol=symbol), row=1, col=col)
+        fig.add_scatter(
+            x=[s[x] for s in ss],
+            y=[s[y] for s in ss],
+            mode="lines+markers",
+            name=g,
+            marker=dict(symbol=symbol),
+            row=1,
+            col=col,
+        )
 
 
 def _other_settings(method: str, s: dict) -> list[str]:
     """A τ_T line's settings besides τ_T: ℓ_D and ℓ_Q for a pyramid, τ_Q where stage 1 is fuzzy."""
     spec = method_spec(method)
     return ([f"lD={s['l_d']} lQ={s['l_q']}"] if spec.pyramid else []) + (
-        [f"tauQ={s['tau_q']:g}"] if "tau_q" in spec.thresholds else [])
+        [f"tauQ={s['tau_q']:g}"] if "tau_q" in spec.thresholds else []
+    )
 
 
 def _acceptance_figure(eng: list[dict]):
@@ -286,11 +376,24 @@ def _acceptance_figure(eng: list[dict]):
     ell = lambda s: f"lD={s['l_d']} lQ={s['l_q']}"  # noqa: E731
     fuzzy = [s for s in eng if s.get("tau_t") is not None and s.get("acceptance_target") is not None]
     for m in (m for m in METHODS if "tau_t" in method_spec(m).thresholds):  # one line per other setting
-        _lines(fig, [s for s in fuzzy if s["method"] == m], "tau_t", "acceptance_target",
-               lambda s, m=m: " ".join([m, *_other_settings(m, s)]), 1)
+        _lines(
+            fig,
+            [s for s in fuzzy if s["method"] == m],
+            "tau_t",
+            "acceptance_target",
+            lambda s, m=m: " ".join([m, *_other_settings(m, s)]),
+            1,
+        )
     for m in (m for m in METHODS if "tau_q" in method_spec(m).thresholds):
-        _lines(fig, [s for s in fuzzy if s["method"] == m and s.get("acceptance_qualifier") is not None],
-               "tau_q", "acceptance_qualifier", lambda s, m=m: f"{m} {ell(s)} tauT={s['tau_t']:g} (Q stage)", 2, "x")
+        _lines(
+            fig,
+            [s for s in fuzzy if s["method"] == m and s.get("acceptance_qualifier") is not None],
+            "tau_q",
+            "acceptance_qualifier",
+            lambda s, m=m: f"{m} {ell(s)} tauT={s['tau_t']:g} (Q stage)",
+            2,
+            "x",
+        )
     fig.update_layout(title="Acceptance vs threshold (pooled over runs)")
     fig.update_xaxes(title_text="τ_T", row=1, col=1)
     fig.update_xaxes(title_text="τ_Q", row=1, col=2)
@@ -316,7 +419,8 @@ torch {html.escape(str(meta.get("torch", "")))}
 ({meta.get("torch_threads", "")} threads), {html.escape(str(meta.get("device", "")))}
 {html.escape(str(meta.get("dtype", "")))};
 {meta.get("n_prompts", "")} prompts × {meta.get("repeats", "")} repeats, {html.escape(str(meta.get("time_utc", "")))}{
-" — <b>stopped early</b>: only completed prompts are included" if meta.get("stopped_early") else ""}.</p>
+        " — <b>stopped early</b>: only completed prompts are included" if meta.get("stopped_early") else ""
+    }.</p>
 <p><b>Command:</b> <code>{html.escape(str(meta.get("command", "")))}</code></p>
 <p><b>Single-model speeds</b> (for the throughput model): {html.escape(speeds)}.
 <b>Recommended setting</b> (fastest frontier point with agreement ≥ 0.9):
@@ -331,4 +435,3 @@ produced text (one teacher-forced pass).</p>
 {"".join(parts)}
 {costs_report.html_section(result, plotly_loaded=bool(parts))}
 </body></html>"""
-

@@ -1,6 +1,7 @@
 """`bench`: every method side by side on the same models and prompts, with HF peers. Methods run interleaved per prompt
 (A B C … A B C …) after one warm-up each, so machine drift hits all alike; writes results.csv, results.json and a
 self-contained report.html."""
+
 from __future__ import annotations
 
 import argparse
@@ -35,51 +36,133 @@ from .prompts import Prompt, load_prompts
 from .variants import GRID_TAUS, Variant, build_variants, name_models
 
 ROW_COLUMNS = [
-    "repeat", "prompt_index", "category", "variant", "method", "kind", "solo", "lossless",
-    "temperature", "gamma", "l_d", "l_q", "tau_q", "tau_t", "divergence", "div_support", "fallback", "stage2",
-    "conf_stop", "shape", "shape_why", "tree_nodes", "tree_depth", "tree_k",
-    "prompt_tokens", "n_new_tokens", "stopped", "prefill_s", "decode_s", "wall_s",
-    "tokens_per_s", "tokens_per_s_incl_prefill", "tokens_per_s_wall",
-    "speedup_vs_ar", "speedup_vs_sd", "speedup_vs_ar_wall", "speedup_vs_sd_wall",
-    "acceptance_qualifier", "acceptance_target", "proposed_qualifier", "accepted_qualifier",
-    "proposed_target", "accepted_target", "rounds_qualifier", "rounds_target", "target_passes",
-    "mean_accepted_per_target_pass", "tokens_per_target_pass", "fwd_draft", "fwd_qualifier", "fwd_target",
-    "fwd_time_draft_s", "fwd_time_qualifier_s", "fwd_time_target_s",
-    "engine_overhead_s", "engine_overhead_share", "agreement", "prefix_agreement", "target_logprob",
-    "predicted_tokens_per_s", "predicted_plus_one_tokens_per_s", "predicted_profile_tokens_per_s", "csqa_answer",
-    "csqa_pred", "csqa_correct", "prompt", "text",
+    "repeat",
+    "prompt_index",
+    "category",
+    "variant",
+    "method",
+    "kind",
+    "solo",
+    "lossless",
+    "temperature",
+    "gamma",
+    "l_d",
+    "l_q",
+    "tau_q",
+    "tau_t",
+    "divergence",
+    "div_support",
+    "fallback",
+    "stage2",
+    "conf_stop",
+    "shape",
+    "shape_why",
+    "tree_nodes",
+    "tree_depth",
+    "tree_k",
+    "prompt_tokens",
+    "n_new_tokens",
+    "stopped",
+    "prefill_s",
+    "decode_s",
+    "wall_s",
+    "tokens_per_s",
+    "tokens_per_s_incl_prefill",
+    "tokens_per_s_wall",
+    "speedup_vs_ar",
+    "speedup_vs_sd",
+    "speedup_vs_ar_wall",
+    "speedup_vs_sd_wall",
+    "acceptance_qualifier",
+    "acceptance_target",
+    "proposed_qualifier",
+    "accepted_qualifier",
+    "proposed_target",
+    "accepted_target",
+    "rounds_qualifier",
+    "rounds_target",
+    "target_passes",
+    "mean_accepted_per_target_pass",
+    "tokens_per_target_pass",
+    "fwd_draft",
+    "fwd_qualifier",
+    "fwd_target",
+    "fwd_time_draft_s",
+    "fwd_time_qualifier_s",
+    "fwd_time_target_s",
+    "engine_overhead_s",
+    "engine_overhead_share",
+    "agreement",
+    "prefix_agreement",
+    "target_logprob",
+    "predicted_tokens_per_s",
+    "predicted_plus_one_tokens_per_s",
+    "predicted_profile_tokens_per_s",
+    "csqa_answer",
+    "csqa_pred",
+    "csqa_correct",
+    "prompt",
+    "text",
 ]
+
+
 # ---------------------------------------------------------------- command line
 def add_arguments(p: argparse.ArgumentParser) -> None:
     generate_cli.add_decoding_arguments(p)  # generate's decoding options, not a copy of them
     p.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, from {', '.join(METHODS)}")
-    p.add_argument("--shapes", default=None,
-                   help=f"comma-separated proposal shapes, from {', '.join(SHAPES)}: each method that proposes runs "
-                        "once per shape, side by side (default: --shape's one)")
-    p.add_argument("--solo", default=None, metavar="ROLE",
-                   help=f"add a reference row: that member decoding alone, as AR does with the target, its agreement "
-                        f"with AR's text reported like the others' (choose from {', '.join(SOLO_ROLES)}; the offline "
-                        "family's qualifier is the target's int4 copy)")
-    p.add_argument("--peers", default="hf_generate,hf_assisted",
-                   help="Hugging Face baselines on the same models ('none' to skip): " + ", ".join(peers.PEERS))
-    p.add_argument("--prompts", default="builtin", help="'builtin' (20 varied prompts) or a JSONL file of "
-                   '{"prompt": ...} lines')
+    p.add_argument(
+        "--shapes",
+        default=None,
+        help=f"comma-separated proposal shapes, from {', '.join(SHAPES)}: each method that proposes runs "
+        "once per shape, side by side (default: --shape's one)",
+    )
+    p.add_argument(
+        "--solo",
+        default=None,
+        metavar="ROLE",
+        help=f"add a reference row: that member decoding alone, as AR does with the target, its agreement "
+        f"with AR's text reported like the others' (choose from {', '.join(SOLO_ROLES)}; the offline "
+        "family's qualifier is the target's int4 copy)",
+    )
+    p.add_argument(
+        "--peers",
+        default="hf_generate,hf_assisted",
+        help="Hugging Face baselines on the same models ('none' to skip): " + ", ".join(peers.PEERS),
+    )
+    p.add_argument(
+        "--prompts", default="builtin", help="'builtin' (20 varied prompts) or a JSONL file of {\"prompt\": ...} lines"
+    )
     p.add_argument("--limit", type=int, default=None, help="use only the first N prompts (default: all; 3 with --grid)")
     p.add_argument("--repeats", type=int, default=1, help="timed runs of every method on every prompt")
-    p.add_argument("--grid", action="store_true", help="sweep τ_T, τ_Q ≤ τ_T, ℓ_D and ℓ_Q and report the "
-                   "speed–quality Pareto frontier")
+    p.add_argument(
+        "--grid",
+        action="store_true",
+        help="sweep τ_T, τ_Q ≤ τ_T, ℓ_D and ℓ_Q and report the speed–quality Pareto frontier",
+    )
     p.add_argument("--grid-taus", default=",".join(map(str, GRID_TAUS)), help="τ values for --grid")
     p.add_argument("--grid-l-d", default="2,4", help="ℓ_D values for --grid")
     p.add_argument("--grid-l-q", default="8,12", help="ℓ_Q values for --grid (pairs with ℓ_D ≤ ℓ_Q)")
-    p.add_argument("--dataset", choices=("csqa",), default=None,
-                   help="CommonsenseQA with the FSD 5-shot chain-of-thought prompt; reports accuracy")
+    p.add_argument(
+        "--dataset",
+        choices=("csqa",),
+        default=None,
+        help="CommonsenseQA with the FSD 5-shot chain-of-thought prompt; reports accuracy",
+    )
     p.add_argument("--dataset-file", default=None, help="local CSQA JSONL (the Hub is tried only without it)")
     p.add_argument("--warmup-tokens", type=int, default=8, help="new tokens in each method's warm-up run")
     p.add_argument("--out", default="bench_out", help="directory for results.csv, results.json, report.html")
-    p.add_argument("--max-minutes", type=float, default=None,
-                   help="time budget: start no new prompt after this many minutes; completed prompts are kept")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch intra-op threads (default: torch's choice); 1 is often faster on a busy CPU")
+    p.add_argument(
+        "--max-minutes",
+        type=float,
+        default=None,
+        help="time budget: start no new prompt after this many minutes; completed prompts are kept",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads (default: torch's choice); 1 is often faster on a busy CPU",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -88,15 +171,23 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
-def timed(triplet: ModelTriplet, v: Variant, ids: list[int], chat: bool = True, profile: dict | None = None,
-          text: str | None = None, stop: Callable[[], bool] | None = None) -> tuple[RunResult | None, float]:
+def timed(
+    triplet: ModelTriplet,
+    v: Variant,
+    ids: list[int],
+    chat: bool = True,
+    profile: dict | None = None,
+    text: str | None = None,
+    stop: Callable[[], bool] | None = None,
+) -> tuple[RunResult | None, float]:
     """One engine run timed as the bench's rows and the app's race are, the shape settled first: (record, wall s).
     With `stop`: full records, `stop` polled after every target pass, the passes so far kept (None before one)."""
     cfg, why = resolve_shape(v.cfg, profile, takes_trees(triplet, v.cfg.method))  # before the clock
     t0 = time.perf_counter()
     if stop is None:
-        res: RunResult | None = generate(triplet, ids, cfg, chat=chat, text=text, full_records=False, shape_why=why,
-                                         solo=v.solo)
+        res: RunResult | None = generate(
+            triplet, ids, cfg, chat=chat, text=text, full_records=False, shape_why=why, solo=v.solo
+        )
     else:
         res, runs = None, stream(triplet, ids, cfg, chat=chat, text=text, shape_why=why, solo=v.solo)
         with contextlib.closing(runs):  # a stopped run's full records are built as its stream closes
@@ -106,41 +197,77 @@ def timed(triplet: ModelTriplet, v: Variant, ids: list[int], chat: bool = True, 
     return res, time.perf_counter() - t0
 
 
-def warm_up(triplet: ModelTriplet, variants: list[Variant], ids: list[int], chat: bool = True,
-            profile: dict | None = None, tokens: int = 8, before: Callable[[Variant], None] = lambda v: None) -> None:
+def warm_up(
+    triplet: ModelTriplet,
+    variants: list[Variant],
+    ids: list[int],
+    chat: bool = True,
+    profile: dict | None = None,
+    tokens: int = 8,
+    before: Callable[[Variant], None] = lambda v: None,
+) -> None:
     """One short untimed run (`tokens` new tokens) of each method and shape, so no timed run pays a first call."""
     for v in {v.label: v for v in reversed(variants)}.values():
         before(v)
-        run_variant(triplet, dataclasses.replace(v, cfg=dataclasses.replace(
-            v.cfg, max_new_tokens=min(tokens, v.cfg.max_new_tokens))), ids, chat, profile)
+        run_variant(
+            triplet,
+            dataclasses.replace(v, cfg=dataclasses.replace(v.cfg, max_new_tokens=min(tokens, v.cfg.max_new_tokens))),
+            ids,
+            chat,
+            profile,
+        )
 
 
-def run_variant(triplet: ModelTriplet, v: Variant, ids: list[int], chat: bool,
-                profile: dict | None = None) -> tuple[dict, list[int]]:
+def run_variant(
+    triplet: ModelTriplet, v: Variant, ids: list[int], chat: bool, profile: dict | None = None
+) -> tuple[dict, list[int]]:
     """One timed run (shape "auto" resolved from `profile`); the row's measured columns and the produced ids."""
     if v.kind == "peer":
-        pr = (peers.llama_cpp_generate(triplet, ids, v.cfg) if v.method == "llama_cpp"
-              else peers.hf_generate(triplet, ids, v.cfg, v.method))
+        pr = (
+            peers.llama_cpp_generate(triplet, ids, v.cfg)
+            if v.method == "llama_cpp"
+            else peers.hf_generate(triplet, ids, v.cfg, v.method)
+        )
         n = len(pr.token_ids)
-        return dict(n_new_tokens=n, stopped=pr.stopped, wall_s=pr.wall_s, tokens_per_s_incl_prefill=pr.tokens_per_s,
-                    tokens_per_s_wall=pr.tokens_per_s), pr.token_ids
+        return dict(
+            n_new_tokens=n,
+            stopped=pr.stopped,
+            wall_s=pr.wall_s,
+            tokens_per_s_incl_prefill=pr.tokens_per_s,
+            tokens_per_s_wall=pr.tokens_per_s,
+        ), pr.token_ids
     res, wall = timed(triplet, v, ids, chat, profile)  # statuses only
     assert res is not None  # no `stop`: the run went to its end
     s, n = res.stats, res.stats.n_new_tokens
     ran = res.config  # the shape (and a tree's budget) that ran: "auto" resolved
-    row = dict(shape=ran["shape"] if method_spec(v.method).shaped else None, shape_why=res.shape_why,
-               **({k: ran[k] for k in TREE_BUDGET} if ran["shape"] == "tree" else {}),
-               n_new_tokens=n, stopped=s.stopped, prefill_s=s.prefill_s, decode_s=s.decode_s, wall_s=wall,
-               tokens_per_s=s.tokens_per_s,
-               tokens_per_s_incl_prefill=n / (s.prefill_s + s.decode_s) if s.prefill_s + s.decode_s > 0 else None,
-               tokens_per_s_wall=n / wall if wall > 0 else None, target_passes=s.target_passes,
-               mean_accepted_per_target_pass=s.mean_accepted_per_target_pass,
-               tokens_per_target_pass=s.tokens_per_target_pass, engine_overhead_s=s.engine_overhead_s,
-               engine_overhead_share=s.engine_overhead_s / s.decode_s if s.decode_s > 0 else None)
+    row = dict(
+        shape=ran["shape"] if method_spec(v.method).shaped else None,
+        shape_why=res.shape_why,
+        **({k: ran[k] for k in TREE_BUDGET} if ran["shape"] == "tree" else {}),
+        n_new_tokens=n,
+        stopped=s.stopped,
+        prefill_s=s.prefill_s,
+        decode_s=s.decode_s,
+        wall_s=wall,
+        tokens_per_s=s.tokens_per_s,
+        tokens_per_s_incl_prefill=n / (s.prefill_s + s.decode_s) if s.prefill_s + s.decode_s > 0 else None,
+        tokens_per_s_wall=n / wall if wall > 0 else None,
+        target_passes=s.target_passes,
+        mean_accepted_per_target_pass=s.mean_accepted_per_target_pass,
+        tokens_per_target_pass=s.tokens_per_target_pass,
+        engine_overhead_s=s.engine_overhead_s,
+        engine_overhead_share=s.engine_overhead_s / s.decode_s if s.decode_s > 0 else None,
+    )
     for stage in ("qualifier", "target"):
         if stage in s.acceptance:
-            row.update({f"acceptance_{stage}": s.acceptance[stage], f"proposed_{stage}": s.proposed[stage],
-                        f"accepted_{stage}": s.accepted[stage], f"rounds_{stage}": s.rounds.get(stage)})
+            row.update(
+                {
+                    f"acceptance_{stage}": s.acceptance[stage],
+                    f"proposed_{stage}": s.proposed[stage],
+                    f"accepted_{stage}": s.accepted[stage],
+                    f"rounds_{stage}": s.rounds.get(stage),
+                }
+            )
     for role in ("draft", "qualifier", "target"):
         if role in s.forward_passes:
             row[f"fwd_{role}"] = s.forward_passes[role]
@@ -152,9 +279,21 @@ def run_variant(triplet: ModelTriplet, v: Variant, ids: list[int], chat: bool,
 def _base_row(v: Variant, r: int, pi: int, prompt: Prompt, ids: list[int]) -> dict:
     c = v.cfg
     row = dict.fromkeys(ROW_COLUMNS)
-    row.update(repeat=r, prompt_index=pi, category=prompt.category, variant=v.label, method=v.method, kind=v.kind,
-               solo=v.solo, lossless=v.lossless, temperature=c.temperature, divergence=c.divergence,
-               div_support=c.div_support, prompt_tokens=len(ids), prompt=prompt.text)
+    row.update(
+        repeat=r,
+        prompt_index=pi,
+        category=prompt.category,
+        variant=v.label,
+        method=v.method,
+        kind=v.kind,
+        solo=v.solo,
+        lossless=v.lossless,
+        temperature=c.temperature,
+        divergence=c.divergence,
+        div_support=c.div_support,
+        prompt_tokens=len(ids),
+        prompt=prompt.text,
+    )
     if v.kind == "engine":
         spec = method_spec(v.method)
         row.update(fallback=c.fallback, conf_stop=c.conf_stop if spec.proposer else None)
@@ -167,20 +306,36 @@ def _base_row(v: Variant, r: int, pi: int, prompt: Prompt, ids: list[int]) -> di
 
 
 def _model_speeds(triplet: ModelTriplet, variants: list[Variant], ids: list[int]) -> dict[str, float]:
-    roles = {"target"}.union(*((v.solo,) if v.solo else method_spec(v.method).roles if v.kind == "engine"
-                               else peers.PEER_ROLES[v.method] for v in variants))
+    roles = {"target"}.union(
+        *(
+            (v.solo,) if v.solo else method_spec(v.method).roles if v.kind == "engine" else peers.PEER_ROLES[v.method]
+            for v in variants
+        )
+    )
     return {r: peers.one_token_speed(triplet, r, ids) for r in sorted(roles)}
 
 
-def run_bench(triplet: ModelTriplet, variants: list[Variant], prompts: list[Prompt], repeats: int = 1,
-              chat: bool = True, answers: list[str] | None = None, warmup_tokens: int = 8,
-              progress: bool = True, max_minutes: float | None = None,
-              log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> dict:
+def run_bench(
+    triplet: ModelTriplet,
+    variants: list[Variant],
+    prompts: list[Prompt],
+    repeats: int = 1,
+    chat: bool = True,
+    answers: list[str] | None = None,
+    warmup_tokens: int = 8,
+    progress: bool = True,
+    max_minutes: float | None = None,
+    log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
+) -> dict:
     """Warm up, time every variant on every prompt (interleaved), then per-prompt speed-ups and quality."""
     from tqdm import tqdm
 
-    biggest = DecodeConfig(max_new_tokens=max(v.cfg.max_new_tokens for v in variants), l_d=1,
-                           gamma=max(v.cfg.gamma for v in variants), l_q=max(v.cfg.l_q for v in variants))
+    biggest = DecodeConfig(
+        max_new_tokens=max(v.cfg.max_new_tokens for v in variants),
+        l_d=1,
+        gamma=max(v.cfg.gamma for v in variants),
+        l_q=max(v.cfg.l_q for v in variants),
+    )
     prepared: list[tuple[int, Prompt, list[int]]] = []
     for pi, p in enumerate(prompts):
         try:
@@ -192,17 +347,32 @@ def run_bench(triplet: ModelTriplet, variants: list[Variant], prompts: list[Prom
     greedy = all(v.cfg.greedy for v in variants)
     profile = costs_report.profile(triplet)  # recorded per machine × family × forwards; "auto" reads it
     usable = profile if profile and "ms" in profile else None
-    bar = tqdm(total=len({v.label for v in variants}) + repeats * len(prepared) * len(variants), disable=not progress,
-               desc="bench", unit="run", file=sys.stderr, dynamic_ncols=True)
-    warm_up(triplet, variants, prepared[0][2], chat, usable, warmup_tokens,
-            lambda v: bar.set_postfix_str(f"warm-up {v.label}") or bar.update())
+    bar = tqdm(
+        total=len({v.label for v in variants}) + repeats * len(prepared) * len(variants),
+        disable=not progress,
+        desc="bench",
+        unit="run",
+        file=sys.stderr,
+        dynamic_ncols=True,
+    )
+    warm_up(
+        triplet,
+        variants,
+        prepared[0][2],
+        chat,
+        usable,
+        warmup_tokens,
+        lambda v: bar.set_postfix_str(f"warm-up {v.label}") or bar.update(),
+    )
     speeds_one = _model_speeds(triplet, variants, prepared[0][2])
     rows: list[dict] = []
     refs: dict[int, list[int]] = {}
     interrupted, t_start = False, time.perf_counter()
     todo = [(r, pi, p, ids) for r in range(repeats) for pi, p, ids in prepared]
-    base = [v.kind == "engine" and v is next(w for w in variants if w.method == v.method)  # a method's first variant
-            for v in variants]
+    base = [
+        v.kind == "engine" and v is next(w for w in variants if w.method == v.method)  # a method's first variant
+        for v in variants
+    ]
     try:
         for r, pi, p, ids in todo:
             if max_minutes is not None and time.perf_counter() - t_start > 60 * max_minutes and rows:
@@ -224,8 +394,11 @@ def run_bench(triplet: ModelTriplet, variants: list[Variant], prompts: list[Prom
     if interrupted:
         log(f"stopped early: keeping the {len(rows)} runs of completed prompts")
     bar.close()
-    ar_speeds = [r["fwd_target"] / r["fwd_time_target_s"] for r in rows
-                 if r["method"] == "ar" and r["kind"] == "engine" and r["fwd_time_target_s"]]
+    ar_speeds = [
+        r["fwd_target"] / r["fwd_time_target_s"]
+        for r in rows
+        if r["method"] == "ar" and r["kind"] == "engine" and r["fwd_time_target_s"]
+    ]
     speeds = dict(speeds_one, **({"target": statistics.median(ar_speeds)} if ar_speeds else {}))
     for row in rows:
         row["predicted_tokens_per_s"] = costs_report.row_prediction(row, speeds)
@@ -233,14 +406,32 @@ def run_bench(triplet: ModelTriplet, variants: list[Variant], prompts: list[Prom
             acc = {k: row[f"acceptance_{k}"] for k in ("qualifier", "target") if row[f"acceptance_{k}"] is not None}
             lens = costs_report.row_lengths(row)
             row["predicted_plus_one_tokens_per_s"] = throughput.predict_parts(row["method"], lens, acc, speeds, True)
-    return dict(runs=rows, interrupted=interrupted, speeds=speeds, speeds_one_token=speeds_one,
-                cost_profile=costs_report.finish(rows, profile),
-                speed_sources={"target": "AR runs (forwards per second)" if ar_speeds else "one-token timing",
-                               "draft": "one-token timing", "qualifier": "one-token timing"})
+    return dict(
+        runs=rows,
+        interrupted=interrupted,
+        speeds=speeds,
+        speeds_one_token=speeds_one,
+        cost_profile=costs_report.finish(rows, profile),
+        speed_sources={
+            "target": "AR runs (forwards per second)" if ar_speeds else "one-token timing",
+            "draft": "one-token timing",
+            "qualifier": "one-token timing",
+        },
+    )
 
 
-def _run_prompt(triplet: ModelTriplet, variants: list[Variant], r: int, pi: int, p: Prompt, ids: list[int], chat: bool,
-                answers: list[str] | None, bar, profile: dict | None = None) -> list[tuple[dict, list[int]]]:
+def _run_prompt(
+    triplet: ModelTriplet,
+    variants: list[Variant],
+    r: int,
+    pi: int,
+    p: Prompt,
+    ids: list[int],
+    chat: bool,
+    answers: list[str] | None,
+    bar,
+    profile: dict | None = None,
+) -> list[tuple[dict, list[int]]]:
     """Every variant once on one prompt, in order: rows (without per-prompt ratios) and tokens."""
     group: list[tuple[dict, list[int]]] = []
     scored: dict[tuple[int, ...], float | None] = {}
@@ -278,12 +469,24 @@ def _per_prompt(group: list[tuple[dict, list[int]]], ref: list[int] | None, base
 
 # ---------------------------------------------------------------- entry point
 def machine_info(triplet: ModelTriplet) -> dict:
-    return dict(platform=platform.platform(), processor=platform.processor() or platform.machine(),
-                cpu_count=os.cpu_count(), torch=torch.__version__, torch_threads=torch.get_num_threads(),
-                python=platform.python_version(), device=str(triplet.device), dtype=str(triplet.dtype),
-                cpu_class=cpu_class(), runs=triplet.runs, exact=triplet.exact, exact_note=triplet.exact_note,
-                models=list(triplet.names), preset=triplet.preset, note=triplet.note,
-                time_utc=time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()))
+    return dict(
+        platform=platform.platform(),
+        processor=platform.processor() or platform.machine(),
+        cpu_count=os.cpu_count(),
+        torch=torch.__version__,
+        torch_threads=torch.get_num_threads(),
+        python=platform.python_version(),
+        device=str(triplet.device),
+        dtype=str(triplet.dtype),
+        cpu_class=cpu_class(),
+        runs=triplet.runs,
+        exact=triplet.exact,
+        exact_note=triplet.exact_note,
+        models=list(triplet.names),
+        preset=triplet.preset,
+        note=triplet.note,
+        time_utc=time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+    )
 
 
 def _stop(signum, frame) -> None:  # SIGTERM: stop like Ctrl-C
@@ -294,8 +497,11 @@ def _command_line(args: argparse.Namespace) -> str:
     """The command as typed when run from the shell, else rebuilt from the parsed options."""
     if sys.argv[1:2] == ["bench"]:
         return "python -m pyramid_demo " + " ".join(sys.argv[1:])
-    opts = [f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k, v in vars(args).items()
-            if k != "command" and v not in (None, False)]
+    opts = [
+        f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}")
+        for k, v in vars(args).items()
+        if k != "command" and v not in (None, False)
+    ]
     return "python -m pyramid_demo bench " + " ".join(opts)
 
 
@@ -324,30 +530,48 @@ def run(args: argparse.Namespace) -> int:
     print(f"note: {cpu_class()}; {triplet.runs}", file=sys.stderr)
     variants = name_models(variants, triplet.names)  # a reference row names its model (an int4 copy, …)
     variants, skipped = peers.runnable(triplet, variants)  # a peer the family cannot run: one line, not run
-    print("".join(f"note: {why}\n" for why in skipped) + ("" if variants else "error: nothing left to run"),
-          end="" if variants else "\n", file=sys.stderr)
+    print(
+        "".join(f"note: {why}\n" for why in skipped) + ("" if variants else "error: nothing left to run"),
+        end="" if variants else "\n",
+        file=sys.stderr,
+    )
     if not variants:
         return 2
     t0 = time.perf_counter()
     old_term = signal.signal(signal.SIGTERM, _stop)  # `kill PID` keeps completed prompts, like Ctrl-C
     try:
         with background.paused():  # registered background jobs (corpus growth, training) stop while it times
-            result = run_bench(triplet, variants, prompts, args.repeats, chat=not args.no_chat, answers=answers,
-                               warmup_tokens=args.warmup_tokens, progress=not args.no_progress,
-                               max_minutes=args.max_minutes)
+            result = run_bench(
+                triplet,
+                variants,
+                prompts,
+                args.repeats,
+                chat=not args.no_chat,
+                answers=answers,
+                warmup_tokens=args.warmup_tokens,
+                progress=not args.no_progress,
+                max_minutes=args.max_minutes,
+            )
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     finally:
         signal.signal(signal.SIGTERM, old_term)
-    result["meta"] = dict(machine_info(triplet), command=_command_line(args), argv=sys.argv[1:],
-                          n_prompts=len({r["prompt_index"] for r in result["runs"]}), prompts_requested=len(prompts),
-                          stopped_early=result["interrupted"], repeats=args.repeats, grid=args.grid,
-                          dataset=args.dataset, total_s=round(time.perf_counter() - t0, 1), skipped=skipped,
-                          variants=[dict(label=v.label, method=v.method, lossless=v.lossless, config=v.cfg.to_dict())
-                                    for v in variants])
+    result["meta"] = dict(
+        machine_info(triplet),
+        command=_command_line(args),
+        argv=sys.argv[1:],
+        n_prompts=len({r["prompt_index"] for r in result["runs"]}),
+        prompts_requested=len(prompts),
+        stopped_early=result["interrupted"],
+        repeats=args.repeats,
+        grid=args.grid,
+        dataset=args.dataset,
+        total_s=round(time.perf_counter() - t0, 1),
+        skipped=skipped,
+        variants=[dict(label=v.label, method=v.method, lossless=v.lossless, config=v.cfg.to_dict()) for v in variants],
+    )
     paths = report.write_outputs(result, args.out, ROW_COLUMNS)
     print(result["markdown"] + "\n\n" + costs_report.markdown(result["cost_profile"]))
     print("\nwrote " + ", ".join(str(p) for p in paths), file=sys.stderr)
     return 0
-

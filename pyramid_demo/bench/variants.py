@@ -1,4 +1,5 @@
 """The bench's variants: every method (once per shape), HF peers last, --grid's sweep; parses --methods and --shapes."""
+
 from __future__ import annotations
 
 import argparse
@@ -28,7 +29,7 @@ class Variant:
 
     @property
     def kind(self) -> str:
-        """"peer", "reference" (a member alone: no method of the table, so never AR's baseline) or "engine"."""
+        """ "peer", "reference" (a member alone: no method of the table, so never AR's baseline) or "engine"."""
         return "peer" if self.method in peers.PEERS else "reference" if self.solo else "engine"
 
     @property
@@ -89,8 +90,13 @@ def build_variants(args: argparse.Namespace) -> list[Variant]:
                 for u in [u for u in taus if u <= t] if "tau_q" in spec.thresholds else [None]:
                     for d, q in pairs if spec.pyramid else [(None, None)]:
                         kw = {k: v for k, v in (("tau_t", t), ("tau_q", u), ("l_d", d), ("l_q", q)) if v is not None}
-                        out.append(Variant(" ".join([m, *tag] + [f"{GRID_NAMES[k]}={v:g}" for k, v in kw.items()]), m,
-                                           cfg(m, **kw, **sk)))
+                        out.append(
+                            Variant(
+                                " ".join([m, *tag] + [f"{GRID_NAMES[k]}={v:g}" for k, v in kw.items()]),
+                                m,
+                                cfg(m, **kw, **sk),
+                            )
+                        )
     after_ar = sum(1 for v in out if v.method == "ar")  # AR is never swept: its one variant, first
     out[after_ar:after_ar] = solo_variants(getattr(args, "solo", None), cfg)
     return out

@@ -1,4 +1,5 @@
 """Decoding settings, validated once so that every method fails early with a clear message."""
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -15,6 +16,8 @@ METHOD_SHORT = {lane.key: lane.short for lane in LANES.values()}  # "AR", "SD", 
 def short_name(key: str) -> str:
     """A method's or a lane's short name for charts and tables (an unknown key as it is, upper-cased)."""
     return METHOD_SHORT.get(key, key.upper())
+
+
 MAX_TREE_K = 16  # the most children a tree node may have
 MAX_LENGTH = LONGEST_PASS - 1  # the longest γ, ℓ_D or ℓ_Q
 
@@ -51,14 +54,20 @@ class DecodeConfig:
 
         method_spec(self.method)  # a ValueError naming the choices (and the new setting for a retired key)
         need(self.shape in SHAPES, f"unknown shape {self.shape!r}; choose one of {', '.join(SHAPES)}")
-        need(self.divergence in DIVERGENCES,
-             f"unknown divergence {self.divergence!r}; choose one of {', '.join(DIVERGENCES)}")
-        need(self.div_support in DIV_SUPPORTS,
-             f"unknown div_support {self.div_support!r}; choose one of {', '.join(DIV_SUPPORTS)}")
+        need(
+            self.divergence in DIVERGENCES,
+            f"unknown divergence {self.divergence!r}; choose one of {', '.join(DIVERGENCES)}",
+        )
+        need(
+            self.div_support in DIV_SUPPORTS,
+            f"unknown div_support {self.div_support!r}; choose one of {', '.join(DIV_SUPPORTS)}",
+        )
         need(self.fallback in FALLBACKS, f"unknown fallback {self.fallback!r}; choose 'none' or 'sd'")
         need(self.stage2 in STAGE2_RULES, f"unknown stage-2 rule {self.stage2!r}; choose 'fuzzy' or 'sd'")
-        need(isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1,
-             f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
+        need(
+            isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1,
+            f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}",
+        )
         for name in ("gamma", "l_d", "l_q", "tree_nodes", "tree_depth", "tree_k"):
             v, top = getattr(self, name), MAX_TREE_K if name == "tree_k" else MAX_LENGTH
             need(isinstance(v, int) and 1 <= v <= top, f"{name} must be an integer from 1 to {top}, got {v!r}")
@@ -66,10 +75,14 @@ class DecodeConfig:
         for name in ("tau_q", "tau_t"):
             v = getattr(self, name)
             need(v == v and 0.0 <= v <= 100.0, f"{name} must be a number ≥ 0, got {v!r}")
-        need(self.conf_stop == self.conf_stop and 0.0 <= self.conf_stop < 1.0,
-             f"conf_stop must be in [0, 1), got {self.conf_stop!r}")
-        need(self.temperature == self.temperature and 0.0 <= self.temperature <= 10.0,
-             f"temperature must be between 0 and 10, got {self.temperature!r}")
+        need(
+            self.conf_stop == self.conf_stop and 0.0 <= self.conf_stop < 1.0,
+            f"conf_stop must be in [0, 1), got {self.conf_stop!r}",
+        )
+        need(
+            self.temperature == self.temperature and 0.0 <= self.temperature <= 10.0,
+            f"temperature must be between 0 and 10, got {self.temperature!r}",
+        )
         need(isinstance(self.top_k, int) and self.top_k >= 0, f"top_k must be an integer ≥ 0, got {self.top_k!r}")
         need(0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p!r}")
         need(isinstance(self.seed, int), f"seed must be an integer, got {self.seed!r}")

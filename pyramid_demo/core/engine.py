@@ -1,5 +1,6 @@
 """The decoding loop: AR, and every speculative method as the stages of its row in `methods.TABLE`, each round one
 code path whatever the proposal's shape. Each target pass yields one `Step`, recorded off the engine clock."""
+
 from __future__ import annotations
 
 import time
@@ -29,8 +30,15 @@ from .trace import Step
 __all__ = ["NonFiniteLogits", "connect", "decode", "prefill", "pyramid_block", "roles_for", "stage_round"]
 
 
-def decode(lms: dict[str, LM], prompt_ids: list[int], cfg: DecodeConfig, eos_ids: tuple[int, ...],
-           gen: torch.Generator | None, full_records: bool = True, defer: bool = False) -> Iterator[Step]:
+def decode(
+    lms: dict[str, LM],
+    prompt_ids: list[int],
+    cfg: DecodeConfig,
+    eos_ids: tuple[int, ...],
+    gen: torch.Generator | None,
+    full_records: bool = True,
+    defer: bool = False,
+) -> Iterator[Step]:
     """Generate after a prefilled prompt, one `Step` per target pass, until EOS or the budget (`cfg.shape` settled).
     `full_records=False` (bench) keeps statuses only. With `defer` the full records (divergences, top-5) replace the
     statuses in the same steps once the decode ends or is closed (a timed run): building them between passes would
@@ -38,22 +46,40 @@ def decode(lms: dict[str, LM], prompt_ids: list[int], cfg: DecodeConfig, eos_ids
     NonFiniteLogits naming role and pass."""
     stages = method_spec(cfg.method).stages  # the one look-up: the loop below runs them
     if any(st.shaped for st in stages) and cfg.shape not in ("chain", "tree"):
-        raise ValueError(f"shape {cfg.shape!r} must be settled to 'chain' or 'tree' before decoding "
-                         "(run.shape_to_run)")
+        raise ValueError(f"shape {cfg.shape!r} must be settled to 'chain' or 'tree' before decoding (run.shape_to_run)")
     seq, n0, clock = list(prompt_ids), len(prompt_ids), _Clock()
     later: list[tuple[Step, list[Round], Round | None]] = []  # steps whose full records are built at the end
     try:
-        yield from _steps(lms, seq, n0, stages, cfg, eos_ids, gen, clock, full_records and not defer,
-                          later if full_records and defer else None)
+        yield from _steps(
+            lms,
+            seq,
+            n0,
+            stages,
+            cfg,
+            eos_ids,
+            gen,
+            clock,
+            full_records and not defer,
+            later if full_records and defer else None,
+        )
     finally:
         for step, qrounds, tround in later:
             step.qualifier_rounds = [record(r, cfg) for r in qrounds]
             step.target_round = record(tround, cfg) if tround is not None else None
 
 
-def _steps(lms: dict[str, LM], seq: list[int], n0: int, stages: tuple[Stage, ...], cfg: DecodeConfig,
-           eos_ids: tuple[int, ...], gen: torch.Generator | None, clock: _Clock, full: bool,
-           later: list[tuple[Step, list[Round], Round | None]] | None) -> Iterator[Step]:
+def _steps(
+    lms: dict[str, LM],
+    seq: list[int],
+    n0: int,
+    stages: tuple[Stage, ...],
+    cfg: DecodeConfig,
+    eos_ids: tuple[int, ...],
+    gen: torch.Generator | None,
+    clock: _Clock,
+    full: bool,
+    later: list[tuple[Step, list[Round], Round | None]] | None,
+) -> Iterator[Step]:
     """`decode`'s loop: one target pass a step (records `full` now, or its rounds kept in `later` for them)."""
     for i in range(cfg.max_new_tokens):
         room = cfg.max_new_tokens - (len(seq) - n0)
@@ -72,8 +98,10 @@ def _steps(lms: dict[str, LM], seq: list[int], n0: int, stages: tuple[Stage, ...
                 qrounds, tround, from_q = _target_round(lms, seq, stages, room - 1, cfg, gen, eos_ids)
                 new, origins = tround.new_tokens(), from_q + [tround.own_origin]
         except NonFiniteLogits as e:
-            raise NonFiniteLogits(f"{e} at target pass {i + 1} (after {len(seq) - n0} new tokens): the model is "
-                                  f"broken, or overflows in its dtype (try float32)") from None
+            raise NonFiniteLogits(
+                f"{e} at target pass {i + 1} (after {len(seq) - n0} new tokens): the model is "
+                f"broken, or overflows in its dtype (try float32)"
+            ) from None
         eos_at = first_eos(new, eos_ids)
         if eos_at is not None:
             new, origins = new[: eos_at + 1], origins[: eos_at + 1]
@@ -84,11 +112,18 @@ def _steps(lms: dict[str, LM], seq: list[int], n0: int, stages: tuple[Stage, ...
             lm.truncate(len(seq) - 1)  # the committed tokens less the last, which is fed next
         t_end = clock.now()
         clock.pause()  # the records explain the step; the race does not time them
-        step = Step(i, [record(r, cfg, full) for r in qrounds],
-                    record(tround, cfg, full) if tround is not None else None, new, origins, t0, t_end,
-                    {r: round(lm.time_s - times0[r], 6) for r, lm in lms.items()},
-                    {r: lm.n_forward - calls0[r] for r, lm in lms.items()},
-                    {r: lm.fed[fed0[r]:] for r, lm in lms.items()})
+        step = Step(
+            i,
+            [record(r, cfg, full) for r in qrounds],
+            record(tround, cfg, full) if tround is not None else None,
+            new,
+            origins,
+            t0,
+            t_end,
+            {r: round(lm.time_s - times0[r], 6) for r, lm in lms.items()},
+            {r: lm.n_forward - calls0[r] for r, lm in lms.items()},
+            {r: lm.fed[fed0[r] :] for r, lm in lms.items()},
+        )
         if later is not None:
             later.append((step, qrounds, tround))
         yield step
@@ -97,15 +132,22 @@ def _steps(lms: dict[str, LM], seq: list[int], n0: int, stages: tuple[Stage, ...
             return
 
 
-def _target_round(lms: dict[str, LM], seq: list[int], stages: tuple[Stage, ...], room: int,
-                  cfg: DecodeConfig, gen: torch.Generator | None, eos_ids: tuple[int, ...]
-                  ) -> tuple[list[Round], Round, list[str]]:
+def _target_round(
+    lms: dict[str, LM],
+    seq: list[int],
+    stages: tuple[Stage, ...],
+    room: int,
+    cfg: DecodeConfig,
+    gen: torch.Generator | None,
+    eos_ids: tuple[int, ...],
+) -> tuple[list[Round], Round, list[str]]:
     """The stages before the target (a pyramid's block, built by stage-1 rounds), then the target's round:
     the qualifier rounds, the target round and the origins of the proposal's tokens."""
     st = stages[-1]
     if len(stages) > 1:
-        x, from_q, z_q, qrounds = pyramid_block(lms, seq, stages[0], min(getattr(cfg, st.length), room), cfg,
-                                                gen, eos_ids)
+        x, from_q, z_q, qrounds = pyramid_block(
+            lms, seq, stages[0], min(getattr(cfg, st.length), room), cfg, gen, eos_ids
+        )
         assert z_q.shape[0] == len(x), f"stage 2 misaligned: {z_q.shape[0]} qualifier rows for a block of {len(x)}"
         tree = rules.chain(x, z_q)  # the qualified block goes on as a chain
     else:
@@ -116,9 +158,15 @@ def _target_round(lms: dict[str, LM], seq: list[int], stages: tuple[Stage, ...],
     return qrounds, rnd, [from_q[i] for i in rnd.dec.path]
 
 
-def pyramid_block(lms: dict[str, LM], seq: list[int], st: Stage, size: int, cfg: DecodeConfig,
-                  gen: torch.Generator | None, eos_ids: tuple[int, ...] = ()
-                  ) -> tuple[list[int], list[str], torch.Tensor, list[Round]]:
+def pyramid_block(
+    lms: dict[str, LM],
+    seq: list[int],
+    st: Stage,
+    size: int,
+    cfg: DecodeConfig,
+    gen: torch.Generator | None,
+    eos_ids: tuple[int, ...] = (),
+) -> tuple[list[int], list[str], torch.Tensor, list[Round]]:
     """Stage 1 (`st`): draft → qualifier rounds until `size` tokens are qualified (CHOICE: cut to size), an EOS or
     (cfg.conf_stop) an unsure qualifier token. Returns the block, its origins, the qualifier's logits at every
     block position [len(block), V] (stage 2 reads them) and the rounds, each recording the tokens it gave."""
@@ -153,8 +201,9 @@ def pyramid_block(lms: dict[str, LM], seq: list[int], st: Stage, size: int, cfg:
     return block, origins, z_q_block, rounds
 
 
-def stage_round(lms: dict[str, LM], seq: list[int], st: Stage, tree: rules.Tree, cfg: DecodeConfig,
-                gen: torch.Generator | None) -> Round:
+def stage_round(
+    lms: dict[str, LM], seq: list[int], st: Stage, tree: rules.Tree, cfg: DecodeConfig, gen: torch.Generator | None
+) -> Round:
     """One verification of `st`, the same for every shape and stage: one scoring pass, the stage's rule, and a
     cache fed tree rows keeps only the accepted path (a plain pass's is cut by the loop)."""
     rule = stage_rule(st, cfg.stage2)

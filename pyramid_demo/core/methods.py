@@ -1,6 +1,7 @@
 """Every decoding method in one table (a new method is a row, plus its pricing in `predict.costs`): its stages,
 smallest proposer first, each with a rule "sd", "fuzzy" or "config" (`DecodeConfig.stage2`); a `shaped` stage
 proposes as `DecodeConfig.shape` says, the others a chain."""
+
 from __future__ import annotations
 
 import re
@@ -82,14 +83,33 @@ def _sd(length: str) -> Stage:
 TABLE = (
     Method("ar", "AR (target only)", "AR", (), "target_only", "#555555"),
     Method("sd", "SD (draft → target)", "SD", (_sd("gamma"),), "speculative", "#0072B2"),
-    Method("fsd", "FSD (fuzzy draft → target)", "FSD", (Stage("draft", "target", "fuzzy", "gamma", "tau_t", True),),
-           "speculative", "#56B4E9"),
-    Method("psd_a", "PSD_A (assisted pyramid)", "PSD_A",
-           (Stage("draft", "qualifier", "sd", "l_d", shaped=True),
-            Stage("qualifier", "target", "config", "l_q", "tau_t")), "pyramid", "#E69F00"),
-    Method("psd_f", "PSD_F (fuzzy pyramid)", "PSD_F",
-           (Stage("draft", "qualifier", "fuzzy", "l_d", "tau_q", True),
-            Stage("qualifier", "target", "config", "l_q", "tau_t")), "pyramid", "#D55E00"),
+    Method(
+        "fsd",
+        "FSD (fuzzy draft → target)",
+        "FSD",
+        (Stage("draft", "target", "fuzzy", "gamma", "tau_t", True),),
+        "speculative",
+        "#56B4E9",
+    ),
+    Method(
+        "psd_a",
+        "PSD_A (assisted pyramid)",
+        "PSD_A",
+        (Stage("draft", "qualifier", "sd", "l_d", shaped=True), Stage("qualifier", "target", "config", "l_q", "tau_t")),
+        "pyramid",
+        "#E69F00",
+    ),
+    Method(
+        "psd_f",
+        "PSD_F (fuzzy pyramid)",
+        "PSD_F",
+        (
+            Stage("draft", "qualifier", "fuzzy", "l_d", "tau_q", True),
+            Stage("qualifier", "target", "config", "l_q", "tau_t"),
+        ),
+        "pyramid",
+        "#D55E00",
+    ),
 )
 _BY_KEY = {m.key: m for m in TABLE}
 
@@ -110,8 +130,9 @@ class Lane:
 SHAPES_SIDE_BY_SIDE = ("chain", "tree")
 ROLE_ORDER = ("draft", "qualifier", "target")  # a family's references, in the order `ModelTriplet.names` holds them
 # reference lanes (the race's switch, the bench's --solo): a member decoding alone, the speed a pyramid approaches
-SOLO_LANES = (Lane("qualifier_alone", "ar", None, "the qualifier alone", "Q alone", solo="qualifier",
-                   colour="#CC79A7"),)
+SOLO_LANES = (
+    Lane("qualifier_alone", "ar", None, "the qualifier alone", "Q alone", solo="qualifier", colour="#CC79A7"),
+)
 SOLO_ROLES = tuple(lane.solo for lane in SOLO_LANES if lane.solo)
 
 

@@ -2,6 +2,7 @@
 the caches left holding the accepted path; then its explanation (`record`), built off the engine clock (the race must
 not time display work): per-token records reusing the walk's own divergences and uniforms, so the inspector shows
 what the rule saw."""
+
 from __future__ import annotations
 
 import math
@@ -67,8 +68,9 @@ def propose(lm: LM, seq: list[int], room: int, length: int, cfg: DecodeConfig, g
     return chain(*propose_chain(lm, seq, min(length, room), cfg, gen))
 
 
-def propose_chain(lm: LM, seq: list[int], n: int, cfg: DecodeConfig,
-                  gen: torch.Generator | None) -> tuple[list[int], torch.Tensor]:
+def propose_chain(
+    lm: LM, seq: list[int], n: int, cfg: DecodeConfig, gen: torch.Generator | None
+) -> tuple[list[int], torch.Tensor]:
     """Up to n (maybe 0) tokens drafted one at a time: ids and logits [n, V]; with cfg.conf_stop > 0 it stops after
     a token whose largest raw probability is below that floor (HF assisted generation's threshold)."""
     x: list[int] = []
@@ -82,8 +84,9 @@ def propose_chain(lm: LM, seq: list[int], n: int, cfg: DecodeConfig,
     return x, torch.stack(rows) if rows else torch.zeros(0, 0)
 
 
-def grow(lm: LM, seq: list[int], nodes: int, depth: int, k: int, cfg: DecodeConfig,
-         gen: torch.Generator | None) -> Tree:
+def grow(
+    lm: LM, seq: list[int], nodes: int, depth: int, k: int, cfg: DecodeConfig, gen: torch.Generator | None
+) -> Tree:
     """The proposer's tree after `seq`, one tree forward per level (EAGLE-2). Greedy: top-k children, the k best
     paths expanded, the best `nodes` kept. Sampled: children drawn from warped q without replacement into a shape
     fixed before any draw (`expected_tree` on the rank prior), as the lossless rule needs."""
@@ -124,8 +127,9 @@ def grow(lm: LM, seq: list[int], nodes: int, depth: int, k: int, cfg: DecodeConf
             frontier = [f for f in frontier if shape[slot[f] + 1]]
         if not frontier:
             break
-        z = lm.forward_tree([toks[f] for f in frontier], [fed[par[f]] if par[f] >= 0 else -1 for f in frontier],
-                            lm.cache_len)  # [len(frontier), V]
+        z = lm.forward_tree(
+            [toks[f] for f in frontier], [fed[par[f]] if par[f] >= 0 else -1 for f in frontier], lm.cache_len
+        )  # [len(frontier), V]
         nxt = []
         for j, f in enumerate(frontier):
             fed[f], ctx[f] = n_rows + j, len(ctx_rows)
@@ -135,8 +139,13 @@ def grow(lm: LM, seq: list[int], nodes: int, depth: int, k: int, cfg: DecodeConf
         frontier = nxt if shape is not None else sorted(nxt, key=lambda i: -score_[i])[:k]
     keep = rules.best_nodes(par, score_, nodes) if shape is None else list(range(len(toks)))
     new = {old: i for i, old in enumerate(keep)}
-    return Tree([toks[i] for i in keep], [new[par[i]] if par[i] >= 0 else -1 for i in keep],
-                torch.stack(ctx_rows), [0] + [ctx[i] for i in keep], [score_[i] for i in keep])
+    return Tree(
+        [toks[i] for i in keep],
+        [new[par[i]] if par[i] >= 0 else -1 for i in keep],
+        torch.stack(ctx_rows),
+        [0] + [ctx[i] for i in keep],
+        [score_[i] for i in keep],
+    )
 
 
 # ---------------------------------------------------------------- score
@@ -149,7 +158,7 @@ def score(lm: LM, seq: list[int], tree: Tree) -> torch.Tensor:
     m = len(new)
     parents = rules.chain_parents(m) + [p + m if p >= 0 else m - 1 for p in tree.parents]
     z = lm.forward_tree(new + tree.tokens, parents, lm.cache_len)  # [m + N, V]
-    return _finite(z[m - 1:], lm.role)  # the root's context, then each node's
+    return _finite(z[m - 1 :], lm.role)  # the root's context, then each node's
 
 
 # ---------------------------------------------------------------- decide
@@ -201,18 +210,45 @@ class Round:
         return replace(self, kept=n, eos_trim=eos) if n < self.k + 1 else self
 
 
-def decide_round(z_p: torch.Tensor, tree: Tree, rule: str, tau: float | None, cfg: DecodeConfig,
-                 gen: torch.Generator | None, stage: str, proposer: str, verifier: str) -> Round:
+def decide_round(
+    z_p: torch.Tensor,
+    tree: Tree,
+    rule: str,
+    tau: float | None,
+    cfg: DecodeConfig,
+    gen: torch.Generator | None,
+    stage: str,
+    proposer: str,
+    verifier: str,
+) -> Round:
     """Decide a proposal against the verifier's logits z_p [N + 1, V] (`rules.decide_tree`). SD: greedy argmax, or
     multi-step speculative sampling; fuzzy: Div ≤ τ accepts the first child, else the verifier's token from p.
     CHOICE, cfg.fallback "sd": where Div > τ the SD rule decides, so those positions follow the verifier."""
-    dec = rules.decide_tree(z_p, tree, rule, tau, cfg.fallback, (cfg.temperature, cfg.top_k, cfg.top_p), gen,
-                            (cfg.divergence, cfg.div_support))
+    dec = rules.decide_tree(
+        z_p,
+        tree,
+        rule,
+        tau,
+        cfg.fallback,
+        (cfg.temperature, cfg.top_k, cfg.top_p),
+        gen,
+        (cfg.divergence, cfg.div_support),
+    )
     return Round(stage, proposer, verifier, rule, tau, tree, z_p, dec, sampled=gen is not None)
 
 
-def decide(z_p: torch.Tensor, z_q: torch.Tensor, x: list[int], rule: str, tau: float | None,
-           cfg: DecodeConfig, gen: torch.Generator | None, stage: str, proposer: str, verifier: str) -> Round:
+def decide(
+    z_p: torch.Tensor,
+    z_q: torch.Tensor,
+    x: list[int],
+    rule: str,
+    tau: float | None,
+    cfg: DecodeConfig,
+    gen: torch.Generator | None,
+    stage: str,
+    proposer: str,
+    verifier: str,
+) -> Round:
     """A chain's round: proposed tokens x [n] with the proposer's logits z_q [n, V] (see `decide_round`)."""
     return decide_round(z_p, chain(x, z_q if x else z_p[:0]), rule, tau, cfg, gen, stage, proposer, verifier)
 
@@ -221,6 +257,7 @@ def decide(z_p: torch.Tensor, z_q: torch.Tensor, x: list[int], rule: str, tau: f
 def expected_tree(nodes: int, depth: int, k: int, a: list[float] | tuple[float, ...]) -> tuple[list[int], list[int]]:
     """EAGLE-2's expansion on expected scores (log of a product of a_rank along a path): (parents, ranks). A
     sampled tree takes this shape on `RANK_PRIOR`; the predictor prices trees by it."""
+
     def lp(r: int) -> float:
         return math.log(max(a[r] if r < len(a) else a[-1] * 0.5, 1e-9))
 
@@ -265,7 +302,7 @@ def statuses(rnd: Round) -> tuple[list[str], str, int]:
     """Each proposed node's status, the verifier's own token's, and the accepted count, after the round's cut."""
     status, own, n_acc = list(rnd.dec.status), rnd.own_status, rnd.k
     if rnd.kept is not None:  # only the first `kept` new tokens were used (a block cut or an EOS)
-        for i in rnd.dec.path[rnd.kept:]:
+        for i in rnd.dec.path[rnd.kept :]:
             status[i] = "discarded"
         own, n_acc = "discarded", rnd.kept  # the verifier's own token never entered the block or the output
     return status, own, n_acc
@@ -337,13 +374,33 @@ def record(rnd: Round, cfg: DecodeConfig, full: bool = True) -> StageRound:
             t, c, row = tree.tokens[i], ctx[i], tree.q_row[ctx[i]]
             p_x = float(top_v[c] == t) if p_w is None else float(p_w[c, t])
             q_x = float(top_q[row] == t) if q_w is None else float(q_w[row, t])
-            recs.append(TokenRec(t, rnd.proposer, status[i], div=round(d[c], 6), tau=tau, p=round(p_x, 6),
-                                 q=round(q_x, 6), top5={rnd.verifier: pairs_p[c], rnd.proposer: pairs_q[row]},
-                                 sd_passed=sd[i]))
+            recs.append(
+                TokenRec(
+                    t,
+                    rnd.proposer,
+                    status[i],
+                    div=round(d[c], 6),
+                    tau=tau,
+                    p=round(p_x, 6),
+                    q=round(q_x, 6),
+                    top5={rnd.verifier: pairs_p[c], rnd.proposer: pairs_q[row]},
+                    sd_passed=sd[i],
+                )
+            )
         p_nxt = 1.0 if p_w is None else float(p_w[own_ctx, rnd.dec.nxt])
-        recs.append(TokenRec(rnd.dec.nxt, rnd.verifier, own_status, p=round(p_nxt, 6),
-                             top5={rnd.verifier: pairs_p[own_ctx]}))
+        recs.append(
+            TokenRec(rnd.dec.nxt, rnd.verifier, own_status, p=round(p_nxt, 6), top5={rnd.verifier: pairs_p[own_ctx]})
+        )
     index = {old: j for j, old in enumerate(keep)}
     parents = [index[tree.parents[i]] if tree.parents[i] >= 0 else -1 for i in keep]
-    return StageRound(rnd.stage, rnd.proposer, rnd.verifier, shown_rule(rnd, cfg, greedy), recs, n_acc,
-                      exact=rnd.rule == "sd", sd_fallback=rnd.rule != "sd" and cfg.fallback == "sd", parents=parents)
+    return StageRound(
+        rnd.stage,
+        rnd.proposer,
+        rnd.verifier,
+        shown_rule(rnd, cfg, greedy),
+        recs,
+        n_acc,
+        exact=rnd.rule == "sd",
+        sd_fallback=rnd.rule != "sd" and cfg.fallback == "sd",
+        parents=parents,
+    )

@@ -2,6 +2,7 @@
 docs/how-it-works.md), tested on hand-built logits. p: the verifier, q: the proposer. A proposal is a tree in
 breadth-first order (node i: `tokens[i]`, `parents[i]`, −1 the root; a chain's parent is i − 1); context c = 0 is the
 root, c = i + 1 node i, one row of the verifier's logits each."""
+
 from __future__ import annotations
 
 import math
@@ -30,8 +31,13 @@ def warp(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float 
     return torch.softmax(z, -1)
 
 
-def divergence(p: torch.Tensor, q: torch.Tensor, kind: str = "js",
-               log_p: torch.Tensor | None = None, log_q: torch.Tensor | None = None) -> torch.Tensor:
+def divergence(
+    p: torch.Tensor,
+    q: torch.Tensor,
+    kind: str = "js",
+    log_p: torch.Tensor | None = None,
+    log_q: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Div(p, q) per row [n] for raw distributions [n, V]: js = ½KL(m‖p) + ½KL(m‖q), m = (p+q)/2 (CHOICE: the FSD
     code's form, not the textbook JSD); kl = KL(q‖p); tv = ½Σ|p−q|. log_p/log_q are used unfloored (exact under
     underflow); 0·log 0 counts 0 (never NaN), +inf where p = 0 < q. Never negative; differentiable."""
@@ -50,8 +56,14 @@ def divergence(p: torch.Tensor, q: torch.Tensor, kind: str = "js",
     return torch.where(zero, torch.zeros_like(terms), terms).sum(-1).clamp_min(0)
 
 
-def support_divergence(p: torch.Tensor, q: torch.Tensor, kind: str = "js", support: str = "subset",
-                       log_p: torch.Tensor | None = None, log_q: torch.Tensor | None = None) -> torch.Tensor:
+def support_divergence(
+    p: torch.Tensor,
+    q: torch.Tensor,
+    kind: str = "js",
+    support: str = "subset",
+    log_p: torch.Tensor | None = None,
+    log_q: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Div(p, q) per row [n] when q may be 0 on part of the vocabulary (a reduced head). CHOICE `support`: "full" is
     `divergence` (js +inf wherever q = 0 < p); "subset" is over S = {q > 0} with p renormalised, charged for p's
     mass outside S: Div(p_S, q) − log p(S) (js, kl; exactly KL(q‖p) for kl), tv(p_S, q) + 1 − p(S) (tv)."""
@@ -74,8 +86,9 @@ def support_divergence(p: torch.Tensor, q: torch.Tensor, kind: str = "js", suppo
     return sub if cols is not None else torch.where(has_zeros, sub, divergence(p, q, kind, log_p, log_q))
 
 
-def _on_support(lp_s: torch.Tensor, log_mass: torch.Tensor, q_s: torch.Tensor, log_q_s: torch.Tensor,
-                kind: str) -> torch.Tensor:
+def _on_support(
+    lp_s: torch.Tensor, log_mass: torch.Tensor, q_s: torch.Tensor, log_q_s: torch.Tensor, kind: str
+) -> torch.Tensor:
     """The "subset" divergence [n] from the verifier renormalised on S (log p_S [n, |S|]), its log mass there
     (log p(S) [n, 1]) and the proposer on S: Div(p_S, q) − log p(S), tv: + 1 − p(S); worst where p(S) = 0."""
     none = torch.isneginf(log_mass).squeeze(-1)  # the verifier rules out every token the proposer can write
@@ -95,8 +108,9 @@ def shared_support(z_q: torch.Tensor) -> torch.Tensor | None:
     return (~out[0]).nonzero().squeeze(-1) if bool((out == out[:1]).all()) else None
 
 
-def support_divergence_logits(z_p: torch.Tensor, z_q: torch.Tensor, kind: str = "js",
-                              support: str = "subset") -> torch.Tensor:
+def support_divergence_logits(
+    z_p: torch.Tensor, z_q: torch.Tensor, kind: str = "js", support: str = "subset"
+) -> torch.Tensor:
     """`support_divergence` of softmax(z_p), softmax(z_q) [n, V] from logits; for a reduced head under "subset"
     the verifier is read only on S and through its normaliser (one full-vocabulary reduction per row)."""
     cols = shared_support(z_q) if support == "subset" else None
@@ -236,11 +250,12 @@ def spine(tree: Tree) -> list[int]:
 
 def take(z: torch.Tensor, rows: list[int]) -> torch.Tensor:
     """z's rows [len(rows), V]: a view when they are consecutive (a chain's always are), else a gathered copy."""
-    return z[rows[0]: rows[0] + len(rows)] if rows and rows == list(range(rows[0], rows[0] + len(rows))) else z[rows]
+    return z[rows[0] : rows[0] + len(rows)] if rows and rows == list(range(rows[0], rows[0] + len(rows))) else z[rows]
 
 
-def sd_at(tree: Tree, kids: list[int], top: int | None, p: torch.Tensor | None, q: torch.Tensor | None,
-          r: torch.Tensor | None) -> tuple[int | None, list[bool | None], torch.Tensor | None]:
+def sd_at(
+    tree: Tree, kids: list[int], top: int | None, p: torch.Tensor | None, q: torch.Tensor | None, r: torch.Tensor | None
+) -> tuple[int | None, list[bool | None], torch.Tensor | None]:
     """The SD rule at one context over its ranked `kids`: greedy, the child equal to `top`; sampled, multi-step
     speculative sampling on warped p, q [V] with uniforms r. Returns the accepted child (or None), each child's
     verdict (None: not tried) and the residual of p (None when greedy)."""
@@ -265,9 +280,16 @@ def sd_at(tree: Tree, kids: list[int], top: int | None, p: torch.Tensor | None, 
     return None, verdicts, p
 
 
-def decide_tree(z_p: torch.Tensor, tree: Tree, rule: str, tau: float | None, fallback: str,
-                warp_args: tuple[float, int, float], gen: torch.Generator | None,
-                div: tuple[str, str] = ("js", "subset")) -> TreeDecision:
+def decide_tree(
+    z_p: torch.Tensor,
+    tree: Tree,
+    rule: str,
+    tau: float | None,
+    fallback: str,
+    warp_args: tuple[float, int, float],
+    gen: torch.Generator | None,
+    div: tuple[str, str] = ("js", "subset"),
+) -> TreeDecision:
     """Walk the tree against the verifier's logits z_p [N + 1, V] (row c = context c; docs/how-it-works.md).
     "sd": greedy at gen None, else multi-step speculative sampling; "fuzzy": Div ≤ τ accepts the first child,
     fallback "sd" decides the others. One uniform per node under every rule: the same random stream."""
@@ -316,7 +338,7 @@ def decide_tree(z_p: torch.Tensor, tree: Tree, rule: str, tau: float | None, fal
         chosen, rest = None, None
         if fuzzy and tau and tree.q_row[c] >= 0:
             if d[c] != d[c]:  # off the spine: computed where the walk stands (as `decide` would)
-                d[c] = float(support_divergence_logits(z_p[c:c + 1], tree.z_q[tree.q_row[c]][None], *div)[0])
+                d[c] = float(support_divergence_logits(z_p[c : c + 1], tree.z_q[tree.q_row[c]][None], *div)[0])
             if fuzzy_passes([d[c]], tau)[0]:
                 chosen = here[0]
         if chosen is None and with_sd:

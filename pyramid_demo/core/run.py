@@ -1,4 +1,5 @@
 """Run a method on a loaded triplet: validate, prefill, stream `RunResult` snapshots built pass by pass."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -31,12 +32,17 @@ def prepare_prompt(triplet: ModelTriplet, prompt: str | list[int], cfg: DecodeCo
     if not ids:
         raise ValueError("the prompt encodes to no tokens")
     block = max(cfg.gamma, cfg.l_q, cfg.tree_nodes) + 1
-    limit = int(min(getattr(triplet.model(r).config, "max_position_embeddings", None) or 10**9
-                    for r in ("draft", "qualifier", "target")))  # the smallest context window of the three
+    limit = int(
+        min(
+            getattr(triplet.model(r).config, "max_position_embeddings", None) or 10**9
+            for r in ("draft", "qualifier", "target")
+        )
+    )  # the smallest context window of the three
     if len(ids) + cfg.max_new_tokens + block > limit:
         raise ValueError(
             f"the prompt is {len(ids)} tokens; with max_new_tokens={cfg.max_new_tokens} and drafts of up to {block} "
-            f"tokens it exceeds the models' context of {limit} tokens — shorten the prompt or lower max new tokens")
+            f"tokens it exceeds the models' context of {limit} tokens — shorten the prompt or lower max new tokens"
+        )
     return ids
 
 
@@ -56,10 +62,10 @@ class _TextTail:
 
     def extend(self, new: list[int]) -> None:
         self.ids.extend(new)
-        before = self._decode(self.ids[self.prefix:self.read])
-        now = self._decode(self.ids[self.prefix:])
+        before = self._decode(self.ids[self.prefix : self.read])
+        now = self._decode(self.ids[self.prefix :])
         if len(now) > len(before) and not now.endswith("\ufffd"):  # a partial UTF-8 character waits
-            self.text += now[len(before):]
+            self.text += now[len(before) :]
             self.prefix, self.read = self.read, len(self.ids)
 
     def full(self) -> str:
@@ -69,8 +75,16 @@ class _TextTail:
 class _Snapshots:
     """A run's record built pass by pass, statistics tallied from each new step alone: a long race costs linear time."""
 
-    def __init__(self, triplet: ModelTriplet, cfg: DecodeConfig, prompt: str, ids: list[int], prefill_s: float,
-                 shape_why: str = "", solo: str | None = None):
+    def __init__(
+        self,
+        triplet: ModelTriplet,
+        cfg: DecodeConfig,
+        prompt: str,
+        ids: list[int],
+        prefill_s: float,
+        shape_why: str = "",
+        solo: str | None = None,
+    ):
         self.triplet, self.cfg, self.prompt, self.ids, self.prefill_s = triplet, cfg, prompt, ids, prefill_s
         self.shape_why, self.solo = shape_why, solo
         self.config, self.tail, self.tally, self.stopped = cfg.to_dict(), _TextTail(triplet.tokenizer), Tally(), ""
@@ -96,16 +110,31 @@ class _Snapshots:
         full = full or bool(self.stopped)
         stats = self.tally.stats(self.cfg.method, self.prefill_s, self.stopped)
         return RunResult(
-            method=self.cfg.method, config=dict(self.config), models=list(self.triplet.names), prompt=self.prompt,
-            prompt_ids=self.ids, token_ids=list(self.token_ids), token_texts=list(self.texts),
-            origins=list(self.origins), text=self.tail.full() if full else self.tail.text, stats=stats,
-            steps=list(self.steps), shape_why=self.shape_why, solo=self.solo, forwards=dict(self.forwards))
+            method=self.cfg.method,
+            config=dict(self.config),
+            models=list(self.triplet.names),
+            prompt=self.prompt,
+            prompt_ids=self.ids,
+            token_ids=list(self.token_ids),
+            token_texts=list(self.texts),
+            origins=list(self.origins),
+            text=self.tail.full() if full else self.tail.text,
+            stats=stats,
+            steps=list(self.steps),
+            shape_why=self.shape_why,
+            solo=self.solo,
+            forwards=dict(self.forwards),
+        )
 
 
 def takes_trees(triplet: ModelTriplet, method: str) -> bool:
     """Whether the models that would grow and verify `method`'s tree take one, known before the run."""
-    return all(model_takes_trees(triplet.model(r))
-               for st in method_spec(method).stages if st.shaped for r in (st.proposer, st.verifier))
+    return all(
+        model_takes_trees(triplet.model(r))
+        for st in method_spec(method).stages
+        if st.shaped
+        for r in (st.proposer, st.verifier)
+    )
 
 
 def shape_to_run(cfg: DecodeConfig, trees: bool, why: str = "") -> tuple[DecodeConfig, str]:
@@ -115,24 +144,39 @@ def shape_to_run(cfg: DecodeConfig, trees: bool, why: str = "") -> tuple[DecodeC
     if not spec.shaped:
         return replace(cfg, shape="chain"), f"{spec.short} proposes nothing: no shape to choose"
     if cfg.shape == "tree" and not trees:
-        raise ValueError(f"{spec.short} over a tree needs forwards that take a tree of candidates, and the models "
-                         "here cannot (a cache of convolution or linear-attention state); run it with --shape chain")
+        raise ValueError(
+            f"{spec.short} over a tree needs forwards that take a tree of candidates, and the models "
+            "here cannot (a cache of convolution or linear-attention state); run it with --shape chain"
+        )
     if cfg.shape == "auto":
-        because = ("these models' forwards cannot take a tree (a cache of convolution or linear-attention state)"
-                   if not trees else "no cost profile of this machine is available")
+        because = (
+            "these models' forwards cannot take a tree (a cache of convolution or linear-attention state)"
+            if not trees
+            else "no cost profile of this machine is available"
+        )
         return replace(cfg, shape="chain"), f"auto: the chain, because {because}"
     return cfg, why or f"shape {cfg.shape}, as asked"
 
 
-def _passes(triplet: ModelTriplet, ids: list[int], cfg: DecodeConfig, prompt: str, full_records: bool = True,
-            shape_why: str = "", solo: str | None = None) -> Iterator[_Snapshots]:
+def _passes(
+    triplet: ModelTriplet,
+    ids: list[int],
+    cfg: DecodeConfig,
+    prompt: str,
+    full_records: bool = True,
+    shape_why: str = "",
+    solo: str | None = None,
+) -> Iterator[_Snapshots]:
     """Settle the shape, prefill, decode (own caches and generator per call); yield the record after each pass."""
     if solo is not None and cfg.method != "ar":
         raise ValueError(f"a member decoding alone runs as method 'ar', not {cfg.method!r}")
     cfg, why = shape_to_run(cfg, takes_trees(triplet, cfg.method), shape_why)  # a tree refused before any work
     gen = None if cfg.greedy else torch.Generator().manual_seed(cfg.seed)
-    lms = solo_lms(triplet, solo) if solo is not None else {
-        r: open_lm(triplet.model(r), triplet.vocab_size, r) for r in roles_for(cfg.method)}
+    lms = (
+        solo_lms(triplet, solo)
+        if solo is not None
+        else {r: open_lm(triplet.model(r), triplet.vocab_size, r) for r in roles_for(cfg.method)}
+    )
     prefill_s = prefill(lms, ids)
     for lm in lms.values():  # prefill forwards are reported separately
         lm.reset_counters()
@@ -143,8 +187,15 @@ def _passes(triplet: ModelTriplet, ids: list[int], cfg: DecodeConfig, prompt: st
         yield record
 
 
-def stream(triplet: ModelTriplet, prompt: str | list[int], cfg: DecodeConfig, chat: bool = True,
-           text: str | None = None, shape_why: str = "", solo: str | None = None) -> Iterator[RunResult]:
+def stream(
+    triplet: ModelTriplet,
+    prompt: str | list[int],
+    cfg: DecodeConfig,
+    chat: bool = True,
+    text: str | None = None,
+    shape_why: str = "",
+    solo: str | None = None,
+) -> Iterator[RunResult]:
     """A snapshot after every target pass (the last has stats.stopped). `prompt`: text, or `prepare_prompt`'s ids with
     `text` as the user wrote it; `solo`: a reference run."""
     ids = prepare_prompt(triplet, prompt, cfg, chat)
@@ -153,9 +204,16 @@ def stream(triplet: ModelTriplet, prompt: str | list[int], cfg: DecodeConfig, ch
         yield record.result()
 
 
-def generate(triplet: ModelTriplet, prompt: str | list[int], cfg: DecodeConfig, chat: bool = True,
-             text: str | None = None, full_records: bool = True, shape_why: str = "",
-             solo: str | None = None) -> RunResult:
+def generate(
+    triplet: ModelTriplet,
+    prompt: str | list[int],
+    cfg: DecodeConfig,
+    chat: bool = True,
+    text: str | None = None,
+    full_records: bool = True,
+    shape_why: str = "",
+    solo: str | None = None,
+) -> RunResult:
     """Run to the end and return the final record; arguments as `stream`, `full_records=False` keeps statuses only."""
     ids = prepare_prompt(triplet, prompt, cfg, chat)
     text = _prompt_text(triplet, prompt, ids, text)

@@ -1,4 +1,5 @@
 """A reference run: one member decoding alone as "ar" in the target's slot, its record naming it (`relabel`)."""
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -20,8 +21,14 @@ def solo_lms(triplet: ModelTriplet, role: str) -> dict[str, LM]:
 
 def relabel(step: Step, role: str) -> Step:
     """A step recorded with `role` in the target's slot, naming `role` wherever it says "target"."""
+
     def swap(d: dict) -> dict:
         return {role if k == "target" else k: v for k, v in d.items()}
 
-    return replace(step, origins=[role if o == "target" else o for o in step.origins], time_s=swap(step.time_s),
-                   n_forward=swap(step.n_forward), fed=swap(step.fed))
+    return replace(
+        step,
+        origins=[role if o == "target" else o for o in step.origins],
+        time_s=swap(step.time_s),
+        n_forward=swap(step.n_forward),
+        fed=swap(step.fed),
+    )

@@ -1,4 +1,5 @@
 """Statistics computed from step records alone (so charts and reports can recompute them)."""
+
 from __future__ import annotations
 
 from . import rules
@@ -91,16 +92,28 @@ class Tally:
         stages = [s for s in STAGES if self.rounds.get(s)]
         n, passes, decode_s = self.n_new, self.passes, self.decode_s
         return Stats(
-            method=method, n_new_tokens=n, prefill_s=round(prefill_s, 6), decode_s=round(decode_s, 6),
-            tokens_per_s=round(n / decode_s, 3) if decode_s > 0 else 0.0, target_passes=passes,
+            method=method,
+            n_new_tokens=n,
+            prefill_s=round(prefill_s, 6),
+            decode_s=round(decode_s, 6),
+            tokens_per_s=round(n / decode_s, 3) if decode_s > 0 else 0.0,
+            target_passes=passes,
             acceptance={s: round(self.accepted[s] / self.offered[s], 4) if self.offered[s] else 0.0 for s in stages},
-            proposed={s: self.proposed[s] for s in stages}, accepted={s: self.accepted[s] for s in stages},
+            proposed={s: self.proposed[s] for s in stages},
+            accepted={s: self.accepted[s] for s in stages},
             mean_accepted_per_target_pass=round(self.target_accepted / passes, 4) if passes else 0.0,
             tokens_per_target_pass=round(n / passes, 4) if passes else 0.0,
             accepted_hist=list(self.hist) if self.rounds.get("target") else [],
-            per_position_acceptance={s: [round(k / r, 4) if r else 0.0 for r, k in
-                                         zip(self.reached[s], self.kept[s] + [0] * len(self.reached[s]))]
-                                     for s in stages},
-            forward_passes=dict(self.fwd), forward_time_s={k: round(v, 6) for k, v in self.ftime.items()},
-            engine_overhead_s=round(max(0.0, decode_s - sum(self.ftime.values())), 6), stopped=stopped,
-            rounds={s: self.rounds[s] for s in stages})
+            per_position_acceptance={
+                s: [
+                    round(k / r, 4) if r else 0.0
+                    for r, k in zip(self.reached[s], self.kept[s] + [0] * len(self.reached[s]))
+                ]
+                for s in stages
+            },
+            forward_passes=dict(self.fwd),
+            forward_time_s={k: round(v, 6) for k, v in self.ftime.items()},
+            engine_overhead_s=round(max(0.0, decode_s - sum(self.ftime.values())), 6),
+            stopped=stopped,
+            rounds={s: self.rounds[s] for s in stages},
+        )

@@ -1,4 +1,5 @@
 """Plain, JSON-serialisable records of a run: the app, charts, bench and statistics read only these."""
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field

@@ -1,4 +1,5 @@
 """The one cache bookkeeping every model shares (copies once drifted apart): a feed not extending the cache raises."""
+
 from __future__ import annotations
 
 import abc
@@ -17,7 +18,7 @@ def grown(t: torch.Tensor, dim: int, need: int) -> torch.Tensor:
         return t
     while cap < need:
         cap *= 2
-    out = t.new_zeros(*t.shape[:dim], cap, *t.shape[dim + 1:])
+    out = t.new_zeros(*t.shape[:dim], cap, *t.shape[dim + 1 :])
     out.narrow(dim, 0, t.shape[dim]).copy_(t)
     return out
 
@@ -97,8 +98,10 @@ class CachedModel(abc.ABC):
         """Feed `tokens` at positions pos … pos+n-1; logits for the last `keep` of them [keep, V] fp32, CPU."""
         self._drop_pending()  # a plain feed overwrites the tree's scratch slots
         if pos != len(self.ids):
-            raise CacheError(f"{self.role}: tokens fed at position {pos}, but its cache ends at {len(self.ids)} "
-                             "(a rollback was missed)")
+            raise CacheError(
+                f"{self.role}: tokens fed at position {pos}, but its cache ends at {len(self.ids)} "
+                "(a rollback was missed)"
+            )
         if not tokens or not 1 <= keep <= len(tokens):
             raise ValueError(f"{self.role}: asked for {keep} logits from {len(tokens)} new tokens")
         t0 = time.perf_counter()
@@ -179,16 +182,20 @@ class CachedModel(abc.ABC):
         n = len(self.ids)
         if seq[:n] != self.ids:
             bad = next((i for i, (a, b) in enumerate(zip(seq, self.ids)) if a != b), min(n, len(seq)))
-            raise CacheError(f"{self.role}: its cache holds {n} tokens, but the sequence differs from them at "
-                             f"position {bad} (a cut was missed)")
+            raise CacheError(
+                f"{self.role}: its cache holds {n} tokens, but the sequence differs from them at "
+                f"position {bad} (a cut was missed)"
+            )
         return seq[n:]
 
     def keep_along(self, seq: list[int]) -> int:
         """After a tree forward: keep the pending rows spelling the longest prefix of seq past the cache."""
         rows: list[int] = []
-        for t in seq[len(self.ids):] if self.pending else ():
-            r = next((j for j, (tok, par, _) in enumerate(self.pending)
-                      if tok == t and par == (rows[-1] if rows else -1)), None)
+        for t in seq[len(self.ids) :] if self.pending else ():
+            r = next(
+                (j for j, (tok, par, _) in enumerate(self.pending) if tok == t and par == (rows[-1] if rows else -1)),
+                None,
+            )
             if r is None:
                 break
             rows.append(r)
@@ -214,8 +221,10 @@ class CachedModel(abc.ABC):
 
     def _run_tree(self, rows: list[tuple[int, int, int]], base: int, pos: int) -> torch.Tensor:
         """Logits [n, V] of pending rows base … (token, parent, position), keys/values into slots pos + j."""
-        raise TreeUnsupported(f"the {self.role} model's forward ({type(self).__name__}) cannot verify a tree "
-                              "of candidates; tree methods need the core forward (Llama, Qwen2, Mistral)")
+        raise TreeUnsupported(
+            f"the {self.role} model's forward ({type(self).__name__}) cannot verify a tree "
+            "of candidates; tree methods need the core forward (Llama, Qwen2, Mistral)"
+        )
 
     def _compact(self, pos: int, slots: list[int]) -> None:
         """Move the keys/values in `slots` (ascending) to pos, pos + 1, …"""

@@ -10,6 +10,7 @@ Two plans, one pass. MKL's packed GEMM reads a weight at about half the memory's
 fastest for many; inductor's own CPU GEMM template is the reverse. So a model whose linears are plain weights gets
 a "few" package (passes of at most FEW_ROWS rows: steps, short chains) on the template and a "many" package (every
 longer pass: prefills, long chains, trees) on MKL; a model whose linears are no GEMM (the int4 copy) gets one."""
+
 from __future__ import annotations
 
 import atexit
@@ -88,8 +89,9 @@ def _alive(pid: int) -> bool:
 
 def cpu_line(cpuinfo: str, arch: str) -> str:
     """The CPU's instruction-set line ("flags", ARM's "Features") and architecture: kernels differ, names differ."""
-    line = next((x.split(":", 1)[1].strip() for x in cpuinfo.splitlines()
-                 if x.lower().startswith(("flags", "features"))), "")
+    line = next(
+        (x.split(":", 1)[1].strip() for x in cpuinfo.splitlines() if x.lower().startswith(("flags", "features"))), ""
+    )
     return f"{arch}|{line}"
 
 
@@ -180,12 +182,23 @@ def build(model: Any, plan: str = "many") -> Path:
     path, w = package_path(model, plan), weights(model)
     rows, configs = PLANS[plan]
     t, k = 96, min(4, rows)  # a cache of t slots, the first t - 16 read (the two lengths are told apart)
-    ex = (torch.zeros(k, dtype=torch.long), torch.ones(k, w.head_dim, dtype=w.dtype),
-          torch.zeros(k, w.head_dim, dtype=w.dtype), torch.arange(k), torch.ones(k, t - 16, dtype=torch.bool),
-          [torch.zeros(w.n_kv, t, w.head_dim, dtype=w.dtype) for _ in range(2 * len(w.layers))])
+    ex = (
+        torch.zeros(k, dtype=torch.long),
+        torch.ones(k, w.head_dim, dtype=w.dtype),
+        torch.zeros(k, w.head_dim, dtype=w.dtype),
+        torch.arange(k),
+        torch.ones(k, t - 16, dtype=torch.bool),
+        [torch.zeros(w.n_kv, t, w.head_dim, dtype=w.dtype) for _ in range(2 * len(w.layers))],
+    )
     kd, td = torch.export.Dim("k", min=1, max=rows), torch.export.Dim("t", min=LONGEST_PASS + 1, max=1 << 16)
-    dyn = ({0: kd}, {0: kd}, {0: kd}, {0: kd}, {0: kd, 1: torch.export.Dim("read", min=1, max=1 << 16)},
-           [{1: td}] * len(ex[5]))
+    dyn = (
+        {0: kd},
+        {0: kd},
+        {0: kd},
+        {0: kd},
+        {0: kd, 1: torch.export.Dim("read", min=1, max=1 << 16)},
+        [{1: td}] * len(ex[5]),
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(scratch() / "inductor")  # its build files go with the process
     tmp = path.with_suffix(f".tmp{os.getpid()}.pt2")

@@ -6,6 +6,7 @@ The pass runs eager on any device (CPU, CUDA, MPS); on a CPU the same pass runs 
 (`forward.compiled`) where a package for exactly these weights exists and agrees with it (`models.runtime`).
 Whether a many-row pass gives the logits of one-row steps is measured (`models.checks`), never assumed.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -24,8 +25,9 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return w * tap_norm(x, eps)
 
 
-def rope_table(inv_freq: torch.Tensor, n: int, dtype: torch.dtype, scale: float = 1.0
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_table(
+    inv_freq: torch.Tensor, n: int, dtype: torch.dtype, scale: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin [n, D] for positions 0 … n-1 as HF computes them, with rotate_half's sign folded into sin (so a
     rotation is `x·cos + swap_halves(x)·sin`); the one rotary table of every forward and the feature draft."""
     freqs = torch.arange(n, dtype=torch.float32, device=inv_freq.device)[:, None] * inv_freq[None]  # [n, D/2]
@@ -41,8 +43,15 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + torch.cat((x[..., half:], x[..., :half]), -1) * sin
 
 
-def body(w: Weights, tokens: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
-         mask: torch.Tensor | None, kv: list[torch.Tensor]) -> torch.Tensor:
+def body(
+    w: Weights,
+    tokens: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    slots: torch.Tensor,
+    mask: torch.Tensor | None,
+    kv: list[torch.Tensor],
+) -> torch.Tensor:
     """Rows tokens [k] at RoPE rows cos/sin [k, D] write their keys/values to `slots` [k] of kv (per layer: keys,
     values [H_kv, T, D]) and attend over the first t slots where mask [k, t] (bool; None: all T of them), so a pass
     reads the slots in use, not the cache's size. Returns what a reader of this model conditions on: the
@@ -58,13 +67,14 @@ def body(w: Weights, tokens: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     for li, lay in enumerate(w.layers):
         qkv = lay.qkv(rms_norm(x, lay.attn_norm, w.eps))  # [k, (H + 2·H_kv)·D]
         qk = rotate(qkv[:, : (h_q + h_kv) * d_h].view(k_rows, h_q + h_kv, d_h), c, s)  # RoPE on q and k at once
-        v = qkv[:, (h_q + h_kv) * d_h:].view(k_rows, h_kv, d_h)  # [k, H_kv, D]
+        v = qkv[:, (h_q + h_kv) * d_h :].view(k_rows, h_kv, d_h)  # [k, H_kv, D]
         k_all, v_all = kv[2 * li], kv[2 * li + 1]  # [H_kv, T, D]
         k_all.index_copy_(1, slots, qk[:, h_q:].transpose(0, 1))  # [H_kv, k, D] into the slots
         v_all.index_copy_(1, slots, v.transpose(0, 1))
         q = qk[:, :h_q].transpose(0, 1)[None]  # [1, H, k, D]
-        a = F.scaled_dot_product_attention(q, k_all[None, :, :t], v_all[None, :, :t], attn_mask=am,
-                                           scale=d_h ** -0.5, enable_gqa=h_q != h_kv)  # [1, H, k, D]
+        a = F.scaled_dot_product_attention(
+            q, k_all[None, :, :t], v_all[None, :, :t], attn_mask=am, scale=d_h**-0.5, enable_gqa=h_q != h_kv
+        )  # [1, H, k, D]
         x = x + lay.o(a[0].transpose(0, 1).reshape(k_rows, h_q * d_h))  # [k, d]
         gate, up = lay.gate_up(rms_norm(x, lay.mlp_norm, w.eps)).chunk(2, -1)  # [k, I] each
         x = x + lay.down(F.silu(gate) * up)
@@ -73,15 +83,28 @@ def body(w: Weights, tokens: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     return torch.cat([*tapped, rms_norm(x, w.norm, w.eps)], -1)  # [k, 3·d]
 
 
-def core_pass(w: Weights, tokens: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
-              mask: torch.Tensor | None, kv: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+def core_pass(
+    w: Weights,
+    tokens: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    slots: torch.Tensor,
+    mask: torch.Tensor | None,
+    kv: list[torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor]:
     """`body`, then the head on every row: logits [k, V] fp32 and the states [k, 3·d] (what a package compiles)."""
     h = body(w, tokens, cos, sin, slots, mask, kv)
-    return w.head(h[:, -w.embed.shape[1]:]).float(), h
+    return w.head(h[:, -w.embed.shape[1] :]).float(), h
 
 
-def visible(slots: list[int], positions: list[int], t: int, window: int | None, seen: torch.Tensor | None = None,
-            cached: int | None = None) -> torch.Tensor | None:
+def visible(
+    slots: list[int],
+    positions: list[int],
+    t: int,
+    window: int | None,
+    seen: torch.Tensor | None = None,
+    cached: int | None = None,
+) -> torch.Tensor | None:
     """Which of the first t slots each row sees [k, t] bool: `seen` (a tree's rows: the cache, their ancestors,
     themselves), else every slot up to its own (a chain). A sliding window hides keys more than `window` positions
     back, among the first `cached` slots, where slot = position (a chain's every slot, a tree's cache). None where
@@ -103,8 +126,9 @@ class CoreLM(CachedModel):
 
     trees = True
 
-    def __init__(self, model: Any, vocab_size: int, role: str, runner: Any | None = None,
-                 capacity: int = MIN_CAPACITY) -> None:
+    def __init__(
+        self, model: Any, vocab_size: int, role: str, runner: Any | None = None, capacity: int = MIN_CAPACITY
+    ) -> None:
         super().__init__(role)
         self.w, self.vocab_size, self.run = weights(model), vocab_size, runner
         self.device = self.w.embed.device
@@ -118,8 +142,9 @@ class CoreLM(CachedModel):
     def _alloc(self, cap: int) -> None:
         """An empty cache of `cap` slots per layer (keys, values [H_kv, cap, D]) and its rotary table."""
         w = self.w
-        self.kv = [torch.zeros(w.n_kv, cap, w.head_dim, dtype=w.dtype, device=self.device)
-                   for _ in range(2 * len(w.layers))]
+        self.kv = [
+            torch.zeros(w.n_kv, cap, w.head_dim, dtype=w.dtype, device=self.device) for _ in range(2 * len(w.layers))
+        ]
         self._table()
 
     def _table(self) -> None:
@@ -132,8 +157,15 @@ class CoreLM(CachedModel):
             self.kv = [grown(c, 1, need) for c in self.kv]
             self._table()
 
-    def _pass(self, tokens: list[int], positions: list[int], slots: list[int], seen: torch.Tensor | None,
-              keep: int, cached: int | None = None) -> torch.Tensor:
+    def _pass(
+        self,
+        tokens: list[int],
+        positions: list[int],
+        slots: list[int],
+        seen: torch.Tensor | None,
+        keep: int,
+        cached: int | None = None,
+    ) -> torch.Tensor:
         """Rows (token, position, slot) seeing the slots `seen` [k, t] names (None: a chain's causal rows); logits
         of the last `keep` rows [keep, V] fp32 on the CPU, and the states of every row when this model publishes."""
         self._grow(max(slots) + 1)
@@ -148,13 +180,16 @@ class CoreLM(CachedModel):
             few = self.run.few is not None and len(tokens) <= self.run.rows  # `compiled.Runner`: by row count
             out = (self.run.few if few else self.run.many)(tok, cos, sin, sl, mask, self.kv)
             h = out[-1]
-            z = out[0][len(tokens) - keep:] if self.run.head is None else \
-                self.run.head(h[len(tokens) - keep:, -d:].contiguous())  # the head's own kernel, on the rows kept
+            z = (
+                out[0][len(tokens) - keep :]
+                if self.run.head is None
+                else self.run.head(h[len(tokens) - keep :, -d:].contiguous())
+            )  # the head's own kernel, on the rows kept
         else:
             t = max(slots) + 1 if seen is None else seen.shape[1]
             mask = visible(slots, positions, t, self.w.window, seen, cached)
             h = body(self.w, tok, cos, sin, sl, None if mask is None else mask.to(dev), [c[:, :t] for c in self.kv])
-            z = self.w.head(h[len(tokens) - keep:, -d:])
+            z = self.w.head(h[len(tokens) - keep :, -d:])
         if self.publish is not None:
             self.feats = h if self.publish.taps else h[:, -d:]  # [k, d·(taps + 1)]
         return z[:, : self.vocab_size].float().cpu()
@@ -165,7 +200,7 @@ class CoreLM(CachedModel):
         zs, feats, first_kept = [], [], len(tokens) - keep
         for i in range(0, len(tokens), step):
             at = list(range(pos + i, pos + min(len(tokens), i + step)))
-            zs.append(self._pass(tokens[i: i + len(at)], at, at, None, max(1, i + len(at) - max(i, first_kept))))
+            zs.append(self._pass(tokens[i : i + len(at)], at, at, None, max(1, i + len(at) - max(i, first_kept))))
             feats.append(self.feats)
         if self.publish is not None:
             self.feats = feats[0] if len(feats) == 1 else torch.cat(feats)  # type: ignore[arg-type]
@@ -184,4 +219,4 @@ class CoreLM(CachedModel):
     def _compact(self, pos: int, slots: list[int]) -> None:
         idx = torch.tensor(slots, device=self.device)
         for c in self.kv:
-            c[:, pos: pos + len(slots)] = c[:, idx]  # the gather copies first
+            c[:, pos : pos + len(slots)] = c[:, idx]  # the gather copies first

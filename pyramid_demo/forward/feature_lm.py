@@ -1,6 +1,7 @@
 """The per-run cache of a proposer that reads the target (EAGLE-style). Row i holds x_i with the target's state at i-1
 (its own prediction past what the target scored); a row fed a predicted state goes stale once the target's own arrives,
 so `truncate` drops it and the accepted prefix is re-read with the true states in one forward."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -54,8 +55,8 @@ class FeatureLM(CachedModel):
 
     @torch.inference_mode()
     def _compact(self, pos: int, slots: list[int]) -> None:
-        self.kv[:, :, pos: pos + len(slots)] = self.kv[:, :, slots]  # the RHS gather copies first
-        self.pred[pos: pos + len(slots)] = self.pred[slots]
+        self.kv[:, :, pos : pos + len(slots)] = self.kv[:, :, slots]  # the RHS gather copies first
+        self.pred[pos : pos + len(slots)] = self.pred[slots]
 
     @torch.inference_mode()
     def _run(self, tokens: list[int], pos: int, keep: int) -> torch.Tensor:
@@ -65,9 +66,9 @@ class FeatureLM(CachedModel):
         start = pos
         while start < end:  # rows whose inputs are all known run as one chunk; a predicted input waits its row
             stop = max(start + 1, min(end, self._known() + 1))
-            self._chain_rows(toks[start - pos: stop - pos], start)
+            self._chain_rows(toks[start - pos : stop - pos], start)
             start = stop
-        return self._logits(self.pred[end - keep: end])
+        return self._logits(self.pred[end - keep : end])
 
     def _logits(self, f: torch.Tensor) -> torch.Tensor:
         z = self.m.logits_subset(f).float().cpu()  # [n, S]
@@ -82,7 +83,7 @@ class FeatureLM(CachedModel):
         b = min(start - 1 + c, known)  # states the target has scored: read them
         if b > a:
             assert self.states is not None and self.states.f is not None
-            f_prev[a - start + 1: b - start + 1] = m.reduce(self.states.f[a:b].to(self.dtype))  # [b - a, d]
+            f_prev[a - start + 1 : b - start + 1] = m.reduce(self.states.f[a:b].to(self.dtype))  # [b - a, d]
         for i in range(max(start, b + 1), start + c):  # rows past the target's states read this cache's own
             f_prev[i - start] = self.pred[i - 1]  # (`_run` chunks so that i-1 < start here)
         n_true = max(0, min(c, b - start + 1))  # rows that read the target's own states (row 0: zeros)
@@ -108,7 +109,7 @@ class FeatureLM(CachedModel):
                 known = self._known() >= pos
                 assert not known or (self.states is not None and self.states.f is not None)
                 if known and self.states is not None and self.states.f is not None:
-                    f_prev[i] = self.m.reduce(self.states.f[pos - 1: pos].to(self.dtype))[0]
+                    f_prev[i] = self.m.reduce(self.states.f[pos - 1 : pos].to(self.dtype))[0]
                 else:
                     f_prev[i] = self.pred[pos - 1]
         seen = tree_seen(rows, base, pos).to(self.device)  # [c, end]
@@ -117,8 +118,15 @@ class FeatureLM(CachedModel):
         self._rows(toks, f_prev, slots, seen, torch.tensor([r[2] for r in new]))
         return self._logits(self.pred[slots])
 
-    def _rows(self, toks: torch.Tensor, f_prev: torch.Tensor, slots: torch.Tensor, seen: torch.Tensor | None,
-              positions: torch.Tensor | None = None, t: int = 0) -> None:
+    def _rows(
+        self,
+        toks: torch.Tensor,
+        f_prev: torch.Tensor,
+        slots: torch.Tensor,
+        seen: torch.Tensor | None,
+        positions: torch.Tensor | None = None,
+        t: int = 0,
+    ) -> None:
         """Rows toks [c] with input states f_prev [c, d] into cache slots [c] (RoPE at `positions`, default the
         slots), attending where `seen` [c, T] (None: all of the first `t`); predicted states -> pred[slots]."""
         m, c = self.m, toks.shape[0]
@@ -129,6 +137,7 @@ class FeatureLM(CachedModel):
         rep, t = m.n_heads // m.n_kv, (t if seen is None else seen.shape[1])
         qg = q.reshape(1, m.n_kv, rep * c, m.head_dim)  # query heads grouped by their KV head: no repeated keys
         mask = None if seen is None else seen[None].expand(rep, c, t).reshape(rep * c, t)  # [rep·c, T]
-        att = F.scaled_dot_product_attention(qg, self.kv[0, None, :, :t], self.kv[1, None, :, :t],
-                                             attn_mask=mask)  # [1, H_kv, rep·c, D]
+        att = F.scaled_dot_product_attention(
+            qg, self.kv[0, None, :, :t], self.kv[1, None, :, :t], attn_mask=mask
+        )  # [1, H_kv, rep·c, D]
         self.pred[slots] = m.finish(x, att.view(1, m.n_heads, c, m.head_dim))[0]

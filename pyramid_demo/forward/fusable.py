@@ -1,5 +1,6 @@
 """Linears whose weight only their own kernel reads (int4, fbgemm fp16): fused siblings share one resident copy,
 and a model's plain linears are swapped for them in one place (`swap_linears`)."""
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
@@ -69,8 +70,9 @@ def joined_whole(parts: Sequence[torch.nn.Module]) -> torch.nn.Module | None:
 Swap = tuple[torch.nn.Module, str, torch.nn.Module]  # (parent, child's name, the child replaced)
 
 
-def swap_linears(models: Iterable[torch.nn.Module],
-                 make: Callable[[torch.nn.Linear], torch.nn.Module | None]) -> list[Swap]:
+def swap_linears(
+    models: Iterable[torch.nn.Module], make: Callable[[torch.nn.Linear], torch.nn.Module | None]
+) -> list[Swap]:
     """Replace every plain `nn.Linear` for which `make` returns a module (a shared one once); returns the swaps."""
     made: dict[int, torch.nn.Module | None] = {}
     out: list[Swap] = []

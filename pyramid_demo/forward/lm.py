@@ -1,4 +1,5 @@
 """The model interface the engine drives; weights are shared between runs, caches never (fresh per run)."""
+
 from __future__ import annotations
 
 import inspect
@@ -100,8 +101,9 @@ class CachedLM(CachedModel):
         # transformers 5 renamed `past_key_values` to `cache`; accept either generation
         self.cache_kw = "cache" if "cache" in inspect.signature(m.forward).parameters else "past_key_values"
         base = getattr(m, "base_model", None)  # its decoder, called directly when the states are handed out
-        self.base_kw = ("cache" if base is not None and "cache" in inspect.signature(base.forward).parameters
-                        else "past_key_values")
+        self.base_kw = (
+            "cache" if base is not None and "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+        )
 
     @torch.inference_mode()
     def _run(self, tokens: list[int], pos: int, keep: int) -> torch.Tensor:
@@ -113,8 +115,9 @@ class CachedLM(CachedModel):
             out = self.model(input_ids=x, use_cache=True, logits_to_keep=keep, **{self.cache_kw: self.cache}, **kw)
             z = out.logits[0, -keep:, : self.vocab_size]
         else:
-            out = self.model.base_model(input_ids=x, use_cache=True, output_hidden_states=self._taps(),
-                                        **{self.base_kw: self.cache}, **kw)
+            out = self.model.base_model(
+                input_ids=x, use_cache=True, output_hidden_states=self._taps(), **{self.base_kw: self.cache}, **kw
+            )
             self.feats = self._published(out)  # [n, d·(taps + 1)]
             z = self.model.get_output_embeddings()(out.last_hidden_state[0, -keep:])[:, : self.vocab_size]
         z = z.float().cpu()
@@ -154,8 +157,8 @@ class CachedLM(CachedModel):
     def _compact(self, pos: int, slots: list[int]) -> None:
         idx = torch.tensor(slots, device=self.device)
         for layer in self.cache.layers:  # transformers 5's DynamicLayer: keys/values [B, H, T, D]
-            layer.keys[:, :, pos: pos + len(slots)] = layer.keys[:, :, idx]
-            layer.values[:, :, pos: pos + len(slots)] = layer.values[:, :, idx]
+            layer.keys[:, :, pos : pos + len(slots)] = layer.keys[:, :, idx]
+            layer.values[:, :, pos : pos + len(slots)] = layer.values[:, :, idx]
 
 
 def forward_of(model: torch.nn.Module) -> str:
@@ -193,8 +196,9 @@ def model_takes_trees(model: torch.nn.Module) -> bool:
 def encode_prompt(tokenizer: Any, text: str, chat: bool = True) -> list[int]:
     """Token ids for a user prompt: through the chat template when the tokenizer has one."""
     if chat and getattr(tokenizer, "chat_template", None):
-        out = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                            tokenize=True)
+        out = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+        )
         ids = out["input_ids"] if hasattr(out, "keys") else out
         return [int(i) for i in ids]
     return [int(i) for i in tokenizer(text, add_special_tokens=True)["input_ids"]]

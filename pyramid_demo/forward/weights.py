@@ -1,6 +1,7 @@
 """A loaded model's weights as the core forward reads them (`forward.core`): q/k/v and gate/up joined into one
 linear each (every weight resident once), built once per model object and rebuilt when a cast or swapped layer
 changes them. Shared by every run, the compiled package's build and training's batched forward."""
+
 from __future__ import annotations
 
 import threading
@@ -64,8 +65,9 @@ def _linear(mods: list[Any]) -> Linear:
 
 def _same_kind(mods: list[torch.nn.Linear]) -> bool:
     w = mods[0].weight
-    return all(m.weight.dtype == w.dtype and m.weight.device == w.device and m.in_features == mods[0].in_features
-               for m in mods)
+    return all(
+        m.weight.dtype == w.dtype and m.weight.device == w.device and m.in_features == mods[0].in_features for m in mods
+    )
 
 
 def _fuse_dense(mods: list[torch.nn.Linear]) -> Dense:
@@ -101,7 +103,7 @@ def _repoint(params: list[Any], mods: list[torch.nn.Linear], fused: torch.Tensor
     at = 0
     for p, m in zip(params, mods):
         if p is not None:
-            p.data = fused[at: at + m.out_features]
+            p.data = fused[at : at + m.out_features]
         at += m.out_features
 
 
@@ -152,7 +154,8 @@ def covered(model: Any) -> bool:
     if getattr(cfg, "hidden_act", "silu") not in ("silu", "swish") or rope_type not in STATIC_ROPE:
         return False
     if type(model).__name__ == "Qwen2ForCausalLM" and any(
-            t != "full_attention" for t in (getattr(cfg, "layer_types", None) or ())):
+        t != "full_attention" for t in (getattr(cfg, "layer_types", None) or ())
+    ):
         return False
     return True
 
@@ -182,18 +185,34 @@ def _build(model: Any) -> Weights:
     """The core weights, built outside inference mode: fusing re-points the model's (trainable) parameters."""
     cfg, inner = model.config, model.model
     attn0 = inner.layers[0].self_attn
-    layers = [Layer(attn_norm=lay.input_layernorm.weight.detach(),
-                    qkv=_linear([lay.self_attn.q_proj, lay.self_attn.k_proj, lay.self_attn.v_proj]),
-                    o=_linear([lay.self_attn.o_proj]), mlp_norm=lay.post_attention_layernorm.weight.detach(),
-                    gate_up=_linear([lay.mlp.gate_proj, lay.mlp.up_proj]), down=_linear([lay.mlp.down_proj]))
-              for lay in inner.layers]
+    layers = [
+        Layer(
+            attn_norm=lay.input_layernorm.weight.detach(),
+            qkv=_linear([lay.self_attn.q_proj, lay.self_attn.k_proj, lay.self_attn.v_proj]),
+            o=_linear([lay.self_attn.o_proj]),
+            mlp_norm=lay.post_attention_layernorm.weight.detach(),
+            gate_up=_linear([lay.mlp.gate_proj, lay.mlp.up_proj]),
+            down=_linear([lay.mlp.down_proj]),
+        )
+        for lay in inner.layers
+    ]
     embed = model.get_input_embeddings().weight.detach()
     rot = inner.rotary_emb
     window = getattr(cfg, "sliding_window", None) if type(model).__name__ == "MistralForCausalLM" else None
-    return Weights(layers=layers, embed=embed, norm=inner.norm.weight.detach(), head=_linear([model.lm_head]),
-                   eps=float(inner.norm.variance_epsilon), n_heads=cfg.num_attention_heads,
-                   n_kv=cfg.num_key_value_heads, head_dim=attn0.head_dim, inv_freq=rot.inv_freq.detach().float(),
-                   rope_scale=float(getattr(rot, "attention_scaling", 1.0)), window=window, dtype=embed.dtype)
+    return Weights(
+        layers=layers,
+        embed=embed,
+        norm=inner.norm.weight.detach(),
+        head=_linear([model.lm_head]),
+        eps=float(inner.norm.variance_epsilon),
+        n_heads=cfg.num_attention_heads,
+        n_kv=cfg.num_key_value_heads,
+        head_dim=attn0.head_dim,
+        inv_freq=rot.inv_freq.detach().float(),
+        rope_scale=float(getattr(rot, "attention_scaling", 1.0)),
+        window=window,
+        dtype=embed.dtype,
+    )
 
 
 _WEIGHTS: weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple, Weights]] = weakref.WeakKeyDictionary()

@@ -1,4 +1,5 @@
 """Background jobs (corpus generation, training) a benchmark pauses while it times: pid files, SIGSTOP then SIGCONT."""
+
 from __future__ import annotations
 
 import atexit
@@ -28,6 +29,7 @@ def register(name: str) -> Path:
         with suppress(OSError):
             if path.read_text().strip() == str(pid):
                 path.unlink()
+
     atexit.register(_remove)
     return path
 

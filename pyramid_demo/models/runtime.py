@@ -5,6 +5,7 @@ Nothing is timed on the load path. What setup measures (agreement, whether many-
 costs) is a record shown in the family box and the Statistics tab, never an input to a choice. One manifest in the one
 cache folder holds it, each entry keyed by everything that changes it (torch build, CPU features, threads, the weights'
 fingerprint); a stale entry is simply never found, a corrupt file reads as empty."""
+
 from __future__ import annotations
 
 import functools
@@ -30,8 +31,10 @@ log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
 FORMAT = 2  # what an entry holds; raise it when that changes (older entries are then not read)
 ISA = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "neon", "asimd", "bf16", "sve")
-WHY = {"hf": "Hugging Face's forward (an architecture the core forward does not cover)",
-       "feature": "its own one-layer forward over the verifier's states"}
+WHY = {
+    "hf": "Hugging Face's forward (an architecture the core forward does not cover)",
+    "feature": "its own one-layer forward over the verifier's states",
+}
 
 
 # ---------------------------------------------------------------- this machine
@@ -45,25 +48,46 @@ def _cpuinfo() -> str:
 
 def cpu_flags() -> list[str]:
     """The instruction-set flags kernels choose by, in ISA's order (a VM may hide some)."""
-    have = {f for line in _cpuinfo().splitlines() if line.lower().startswith(("flags", "features"))
-            for f in line.split(":", 1)[-1].split()}
+    have = {
+        f
+        for line in _cpuinfo().splitlines()
+        if line.lower().startswith(("flags", "features"))
+        for f in line.split(":", 1)[-1].split()
+    }
     return [f for f in ISA if f in have]
 
 
 def cpu_class() -> str:
     """This CPU in words, as every reported figure names it: model, cores, and the vector units that matter."""
-    name = next((ln.split(":", 1)[1].strip() for ln in _cpuinfo().splitlines()
-                 if ln.lower().startswith("model name")), platform.processor() or platform.machine())
+    name = next(
+        (ln.split(":", 1)[1].strip() for ln in _cpuinfo().splitlines() if ln.lower().startswith("model name")),
+        platform.processor() or platform.machine(),
+    )
     f = set(cpu_flags())
-    isa = ("AMX" if "amx_tile" in f else "AVX-512 BF16" if "avx512_bf16" in f else "AVX-512" if "avx512f" in f
-           else "AVX2" if "avx2" in f else "NEON" if f & {"neon", "asimd"} else platform.machine())
+    isa = (
+        "AMX"
+        if "amx_tile" in f
+        else "AVX-512 BF16"
+        if "avx512_bf16" in f
+        else "AVX-512"
+        if "avx512f" in f
+        else "AVX2"
+        if "avx2" in f
+        else "NEON"
+        if f & {"neon", "asimd"}
+        else platform.machine()
+    )
     return f"{name}, {os.cpu_count()} cores, {isa}"
 
 
 def machine() -> dict[str, Any]:
     """Everything besides the weights that changes a forward's numbers here."""
-    return {"cpu": cpu_class(), "isa": ",".join(cpu_flags()), "torch": torch.__version__,
-            "threads": torch.get_num_threads()}
+    return {
+        "cpu": cpu_class(),
+        "isa": ",".join(cpu_flags()),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+    }
 
 
 def machine_key() -> str:
@@ -124,9 +148,11 @@ def decide(model: Any, vocab_size: int) -> tuple[str, str]:
         write(key, got)
     if not got["agrees"]:
         compiled.attach(model, None)
-        return "eager", (f"the core pass, eager: its compiled pass disagreed with the eager one (top-1 differed by "
-                         f"more than the eager pass's own rounding, {got['noise']:.2g}; max |Δlogit| "
-                         f"{got['max_abs_diff']:.2g})")
+        return "eager", (
+            f"the core pass, eager: its compiled pass disagreed with the eager one (top-1 differed by "
+            f"more than the eager pass's own rounding, {got['noise']:.2g}; max |Δlogit| "
+            f"{got['max_abs_diff']:.2g})"
+        )
     same = "top-1 equal" if got["flips"] == 0 else f"top-1 equal but on {got['flips']} near-tie(s) within rounding"
     return "compiled", f"the core pass, compiled (agrees with eager: {same}, max |Δlogit| {got['max_abs_diff']:.2g})"
 
@@ -152,8 +178,12 @@ def agreement(model: Any, vocab_size: int) -> dict[str, Any]:
     top_a, top_b = a.argmax(-1), b.argmax(-1)  # [12]
     margin = a.gather(1, top_a[:, None]) - a.gather(1, top_b[:, None])  # [12, 1]: eager's gap between the two
     flips = top_a != top_b
-    return {"agrees": bool((margin[flips] <= noise).all()), "flips": int(flips.sum()), "noise": noise,
-            "max_abs_diff": float(torch.where(a == b, 0.0, (a - b).abs()).max())}
+    return {
+        "agrees": bool((margin[flips] <= noise).all()),
+        "flips": int(flips.sum()),
+        "noise": noise,
+        "max_abs_diff": float(torch.where(a == b, 0.0, (a - b).abs()).max()),
+    }
 
 
 def _compilable(model: Any) -> bool:
@@ -205,11 +235,18 @@ def measure_family(triplet: Any, profile: bool = True) -> dict[str, Any]:
     if profile:
         extras: dict = {}
         ms = measure.measure_profile(models, triplet.vocab_size, extras_out=extras)
-        rec["profile"] = {"ms": {r: {str(k): v for k, v in row.items()} for r, row in ms.items()}, **extras,
-                          "context": measure.CONTEXT, "reps": 3, "dtype": str(triplet.dtype).removeprefix("torch."),
-                          "floor": {r: measure.memory_floor_ms(m) for r, m in models.items()},
-                          "device": str(triplet.device), "machine": machine_key(), "models": list(triplet.names),
-                          "time_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}
+        rec["profile"] = {
+            "ms": {r: {str(k): v for k, v in row.items()} for r, row in ms.items()},
+            **extras,
+            "context": measure.CONTEXT,
+            "reps": 3,
+            "dtype": str(triplet.dtype).removeprefix("torch."),
+            "floor": {r: measure.memory_floor_ms(m) for r, m in models.items()},
+            "device": str(triplet.device),
+            "machine": machine_key(),
+            "models": list(triplet.names),
+            "time_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+        }
     rec["measure_s"] = round(time.perf_counter() - t0, 1)
     if triplet.device.type == "cpu":
         write(family_key(triplet), rec)

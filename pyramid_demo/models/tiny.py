@@ -1,4 +1,5 @@
 """`tiny-random`: three tiny seeded Llama models built offline; the draft and qualifier are the target plus noise."""
+
 from __future__ import annotations
 
 import torch
@@ -42,9 +43,19 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def tiny_config(vocab_size: int) -> LlamaConfig:
-    return LlamaConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                       initializer_range=0.5, bos_token_id=0, eos_token_id=None, tie_word_embeddings=False)
+    return LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        initializer_range=0.5,
+        bos_token_id=0,
+        eos_token_id=None,
+        tie_word_embeddings=False,
+    )
 
 
 def _noisy_copy(target: LlamaForCausalLM, scale: float, gen: torch.Generator) -> LlamaForCausalLM:
@@ -68,8 +79,15 @@ def tiny_random_triplet(seed: int = 0) -> ModelTriplet:
     gen = torch.Generator().manual_seed(seed + 1)
     qualifier = _noisy_copy(target, NOISE["qualifier"], gen)
     draft = _noisy_copy(target, NOISE["draft"], gen)
-    return ModelTriplet(draft=draft, qualifier=qualifier, target=target, tokenizer=tokenizer, preset="tiny-random",
-                        vocab_size=len(tokenizer), eos_ids=(),  # random models run to max_new_tokens
-                        names=("tiny-random/draft", "tiny-random/qualifier", "tiny-random/target"),
-                        note="three tiny random Llama models (word salad; they never stop early): the draft and "
-                             "qualifier are noisy copies of the target")
+    return ModelTriplet(
+        draft=draft,
+        qualifier=qualifier,
+        target=target,
+        tokenizer=tokenizer,
+        preset="tiny-random",
+        vocab_size=len(tokenizer),
+        eos_ids=(),  # random models run to max_new_tokens
+        names=("tiny-random/draft", "tiny-random/qualifier", "tiny-random/target"),
+        note="three tiny random Llama models (word salad; they never stop early): the draft and "
+        "qualifier are noisy copies of the target",
+    )

@@ -1,4 +1,5 @@
 """Before a race: warm every model, read the cost profile setup measured (nothing measured on a visitor's request)."""
+
 from __future__ import annotations
 
 from typing import Any

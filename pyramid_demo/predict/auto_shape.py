@@ -1,4 +1,5 @@
 """Shape "auto", settled before a run: the faster of the best tree and chain on the profile (the loop only runs it)."""
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -26,6 +27,9 @@ def resolve_shape(cfg: DecodeConfig, profile: dict | None, trees: bool = True) -
         return replace(cfg, shape="tree", **budget), (
             f"auto: a tree of {budget['tree_nodes']} nodes (depth {budget['tree_depth']}, {budget['tree_k']} "
             f"children), predicted {tree_s:.1f} tok/s against the best chain's {chain_s:.1f} on this machine's "
-            f"profile{where}")
-    return replace(cfg, shape="chain"), (f"auto: the chain, predicted {chain_s:.1f} tok/s against the best tree's "
-                                         f"{tree_s:.1f} on this machine's profile{where}")
+            f"profile{where}"
+        )
+    return replace(cfg, shape="chain"), (
+        f"auto: the chain, predicted {chain_s:.1f} tok/s against the best tree's "
+        f"{tree_s:.1f} on this machine's profile{where}"
+    )

@@ -1,4 +1,5 @@
 """A run's predicted time on a measured cost profile, and why a method wins or loses there (the break-even α)."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -40,8 +41,10 @@ def tree_forward_counts(steps: list[Step], method: str, config: dict | None = No
         if not rounds:
             continue
         fed = step_forwards(s)
-        for role, ks in ((rounds[0].verifier, fed.get(rounds[0].verifier, [])),
-                         (rounds[0].proposer, fed.get(rounds[0].proposer, [])[1:])):
+        for role, ks in (
+            (rounds[0].verifier, fed.get(rounds[0].verifier, [])),
+            (rounds[0].proposer, fed.get(rounds[0].proposer, [])[1:]),
+        ):
             for k in ks:
                 out.setdefault(role, {})[k] = out.get(role, {}).get(k, 0) + 1
     return out
@@ -60,16 +63,22 @@ def predict_counts(counts: dict[str, dict], profile: dict, trees: dict[str, dict
     return out
 
 
-def predict_run(steps: list[Step], profile: dict, method: str | None = None, config: dict | None = None
-                ) -> dict[str, Any]:
+def predict_run(
+    steps: list[Step], profile: dict, method: str | None = None, config: dict | None = None
+) -> dict[str, Any]:
     """Predicted seconds (and tok/s) of a recorded run: its forwards on the profile, plus the engine's priced work."""
-    per_role = predict_counts(forward_counts(steps), profile,
-                              tree_forward_counts(steps, method, config) if method else None)
+    per_role = predict_counts(
+        forward_counts(steps), profile, tree_forward_counts(steps, method, config) if method else None
+    )
     n = sum(len(s.new_tokens) for s in steps)
     engine = engine_costs.price(engine_costs.census(steps, method, config), profile) / 1000 if method else 0.0
     total = sum(per_role.values()) + engine
-    return {"time_s": round(total, 6), "per_role_s": {k: round(v, 6) for k, v in per_role.items()},
-            "engine_s": round(engine, 6), "tokens_per_s": round(n / total, 3) if total > 0 else None}
+    return {
+        "time_s": round(total, 6),
+        "per_role_s": {k: round(v, 6) for k, v in per_role.items()},
+        "engine_s": round(engine, 6),
+        "tokens_per_s": round(n / total, 3) if total > 0 else None,
+    }
 
 
 def measured_by_k(steps: list[Step]) -> dict[str, dict[int, list[float]]]:
@@ -131,8 +140,9 @@ def model_from_counts(method: str, counts: dict, config: dict, profile: dict) ->
     return out
 
 
-def _pyramid_model(out: dict[str, Any], method: str, counts: dict, config: dict, profile: dict, tree: bool,
-                   fuzzy_t: bool) -> Callable[[float], float]:
+def _pyramid_model(
+    out: dict[str, Any], method: str, counts: dict, config: dict, profile: dict, tree: bool, fuzzy_t: bool
+) -> Callable[[float], float]:
     """The pyramid's expected tok/s of α_T: stage 1 a chain at α_Q, or the expected tree (ranks, ≤ ℓ_D deep)."""
     fuzzy_q = method_spec(method).stage1 == "fuzzy"
     lq = _length(counts.get("target"), config.get("l_q", 8))
@@ -160,8 +170,13 @@ def _tree_model(out: dict[str, Any], c: dict, config: dict, profile: dict, fuzzy
     by_rank = out["ranks"] = ranks(c)
     budget = out["lengths"] = _budget(config)
     if by_rank:
-        got = expected.round_speed(profile, budget["tree_depth"], by_rank, fuzzy,
-                                   tree=(budget["tree_nodes"], budget["tree_depth"], budget["tree_k"]))
+        got = expected.round_speed(
+            profile,
+            budget["tree_depth"],
+            by_rank,
+            fuzzy,
+            tree=(budget["tree_nodes"], budget["tree_depth"], budget["tree_k"]),
+        )
         out["expected_tokens_per_s"] = round(got["tokens_per_s"], 3)
         out["expected_tokens_per_pass"] = round(got["tokens_per_pass"], 3)
         out["expected_speedup_vs_ar"] = round(got["tokens_per_s"] / ar_speed(profile), 4)
@@ -174,10 +189,12 @@ def verdict(method: str, m: dict, measured: tuple[float, float] | None = None) -
     if "best_tree" in m:
         b, exp = m["best_tree"], m.get("expected_tokens_per_s")
         ranks = ", ".join(f"{r:.2f}" for r in (m.get("ranks") or [])[:4]) or "not measured yet"
-        line = (f"a tree spends the draft's top few (acceptance by rank {ranks})"
-                + (f": expected {exp:.1f} vs AR {m['ar_tokens_per_s']:.1f} tok/s at this budget" if exp else "")
-                + f"; predicted best here {b['tree_nodes']} nodes, depth {b['tree_depth']}, k {b['tree_k']} "
-                  f"({b['tokens_per_pass']:.2f} tokens per pass, {b['tokens_per_s']:.1f} tok/s)")
+        line = (
+            f"a tree spends the draft's top few (acceptance by rank {ranks})"
+            + (f": expected {exp:.1f} vs AR {m['ar_tokens_per_s']:.1f} tok/s at this budget" if exp else "")
+            + f"; predicted best here {b['tree_nodes']} nodes, depth {b['tree_depth']}, k {b['tree_k']} "
+            f"({b['tokens_per_pass']:.2f} tokens per pass, {b['tokens_per_s']:.1f} tok/s)"
+        )
         if measured and all(measured):
             line += f"; measured {measured[0]:.1f} vs AR {measured[1]:.1f} tok/s"
         return line
@@ -186,19 +203,26 @@ def verdict(method: str, m: dict, measured: tuple[float, float] | None = None) -
     be, a = m["break_even_alpha"], m.get("alpha")
     stage = "the target's acceptance α_T" if "alpha_qualifier" in m else "acceptance α"
     if be is None:
-        return (f"cannot beat AR on this machine even if every token were accepted (at best "
-                f"{m['ceiling_tokens_per_s']:.1f} vs {m['ar_tokens_per_s']:.1f} tok/s): its forwards cost too much")
+        return (
+            f"cannot beat AR on this machine even if every token were accepted (at best "
+            f"{m['ceiling_tokens_per_s']:.1f} vs {m['ar_tokens_per_s']:.1f} tok/s): its forwards cost too much"
+        )
     if a is None:
         return f"pays once {stage} exceeds {be:.2f}"
     exp = m.get("expected_tokens_per_s")
     vs = f" (expected {exp:.1f} vs AR {m['ar_tokens_per_s']:.1f} tok/s on this profile)" if exp else ""
     wins = a >= be
-    line = (f"wins: {stage} {a:.2f} is above the break-even {be:.2f}{vs}" if wins
-            else f"loses: {stage} {a:.2f} is below the break-even {be:.2f}{vs}")
+    line = (
+        f"wins: {stage} {a:.2f} is above the break-even {be:.2f}{vs}"
+        if wins
+        else f"loses: {stage} {a:.2f} is below the break-even {be:.2f}{vs}"
+    )
     if measured and all(measured):
         got, ar = measured
         line += f"; measured {got:.1f} vs AR {ar:.1f} tok/s"
         if (got >= ar) != wins:
-            line += (" — not what the profile expects: these forwards cost more in the run than in the "
-                     "profile, or its proposals were shorter/longer than the formula's γ")
+            line += (
+                " — not what the profile expects: these forwards cost more in the run than in the "
+                "profile, or its proposals were shorter/longer than the formula's γ"
+            )
     return line

@@ -1,4 +1,5 @@
 """The engine's own work in a run, counted from its records (`census`) and priced from the profile (`price`)."""
+
 from __future__ import annotations
 
 from typing import Any

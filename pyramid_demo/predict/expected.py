@@ -1,4 +1,5 @@
 """Expected speed of every method and shape on a cost profile from acceptance alone (a chain: a one-child tree)."""
+
 from __future__ import annotations
 
 from functools import cache
@@ -35,15 +36,24 @@ def chain_round_ms(profile: dict, proposer: str, verifier: str, n: int, fuzzy: b
     return fwd + eng + (n * engine_ms(profile, "div") if fuzzy else 0.0)
 
 
-def tree_round_ms(profile: dict, proposer: str, verifier: str, nodes: int, levels: int, k: int, fuzzy: bool,
-                  contexts: float) -> float:
+def tree_round_ms(
+    profile: dict, proposer: str, verifier: str, nodes: int, levels: int, k: int, fuzzy: bool, contexts: float
+) -> float:
     """The proposer's root step and one k-row forward per further level, the (nodes+1)-row pass, the rows it
     expands, both caches' compaction, the decision, and one divergence per context reached (`contexts`)."""
-    fwd = cost_ms(profile, proposer, 1) + (levels - 1) * cost_tree_ms(profile, proposer, k) \
+    fwd = (
+        cost_ms(profile, proposer, 1)
+        + (levels - 1) * cost_tree_ms(profile, proposer, k)
         + cost_tree_ms(profile, verifier, nodes + 1)
-    eng = (2 * engine_ms(profile, "feed") + engine_ms(profile, "round") + engine_ms(profile, "step")
-           + (1 + (levels - 1) * k) * engine_ms(profile, "expand")
-           + engine_ms(profile, "keep", proposer) + engine_ms(profile, "keep", verifier))
+    )
+    eng = (
+        2 * engine_ms(profile, "feed")
+        + engine_ms(profile, "round")
+        + engine_ms(profile, "step")
+        + (1 + (levels - 1) * k) * engine_ms(profile, "expand")
+        + engine_ms(profile, "keep", proposer)
+        + engine_ms(profile, "keep", verifier)
+    )
     return fwd + eng + (contexts * engine_ms(profile, "div1") if fuzzy else 0.0)
 
 
@@ -51,16 +61,24 @@ def tree_round_ms(profile: dict, proposer: str, verifier: str, nodes: int, level
 Tree = tuple[int, int, int]  # a tree budget: (nodes, depth, k)
 
 
-def expected_round(n: int, a: list[float] | tuple[float, ...], tree: Tree | None = None
-                   ) -> tuple[list[int], list[float]]:
+def expected_round(
+    n: int, a: list[float] | tuple[float, ...], tree: Tree | None = None
+) -> tuple[list[int], list[float]]:
     """A round's expected proposal (parents) and P(its path reaches depth d): a chain of n, or `tree` (ranks `a`)."""
     nodes, depth, k = tree or (n, n, 1)
     parents, ranks = expected_tree(nodes, min(depth, n), k, a)
     return parents, tree_reach(parents, ranks, a)
 
 
-def round_cost(profile: dict, n: int, a: list[float] | tuple[float, ...], proposer: str, verifier: str,
-               fuzzy: bool, tree: Tree | None = None) -> tuple[list[float], float]:
+def round_cost(
+    profile: dict,
+    n: int,
+    a: list[float] | tuple[float, ...],
+    proposer: str,
+    verifier: str,
+    fuzzy: bool,
+    tree: Tree | None = None,
+) -> tuple[list[float], float]:
     """(reach by depth, ms) of one expected round (`expected_round`), priced as the engine runs its shape."""
     parents, reach = expected_round(n, a, tree)
     if tree is None:
@@ -69,8 +87,15 @@ def round_cost(profile: dict, n: int, a: list[float] | tuple[float, ...], propos
     return reach, tree_round_ms(profile, proposer, verifier, len(parents), levels, tree[2], fuzzy, 1 + sum(reach))
 
 
-def round_speed(profile: dict, n: int, a: list[float] | tuple[float, ...], fuzzy: bool = False,
-                proposer: str = "draft", verifier: str = "target", tree: Tree | None = None) -> dict[str, float]:
+def round_speed(
+    profile: dict,
+    n: int,
+    a: list[float] | tuple[float, ...],
+    fuzzy: bool = False,
+    proposer: str = "draft",
+    verifier: str = "target",
+    tree: Tree | None = None,
+) -> dict[str, float]:
     """Expected tokens per pass, tok/s and round ms of SD/FSD over one stage: a chain of n at α = a[0], or the
     expected EAGLE-2 tree `tree` on acceptance by rank `a` (the one speed model: `round_cost`)."""
     reach, ms = round_cost(profile, n, a, proposer, verifier, fuzzy, tree)
@@ -78,9 +103,16 @@ def round_speed(profile: dict, n: int, a: list[float] | tuple[float, ...], fuzzy
     return {"tokens_per_pass": per, "tokens_per_s": 1000 * per / ms, "pass_ms": ms}
 
 
-def block_ms(profile: dict, l_d: int, l_q: int, alpha_q: float, fuzzy_q: bool,
-             tree: tuple[int, int, int, tuple[float, ...]] | None = None) -> tuple[float, float]:
+def block_ms(
+    profile: dict,
+    l_d: int,
+    l_q: int,
+    alpha_q: float,
+    fuzzy_q: bool,
+    tree: tuple[int, int, int, tuple[float, ...]] | None = None,
+) -> tuple[float, float]:
     """Expected (ms, stage-1 rounds) to qualify l_q tokens, rounds of min(l_d, left): a chain at α_Q, or `tree`."""
+
     @cache
     def rounds(n: int) -> tuple[list[float], float]:
         a, budget = ((alpha_q,), None) if tree is None else (tree[3], tree[:3])
@@ -101,11 +133,24 @@ def block_ms(profile: dict, l_d: int, l_q: int, alpha_q: float, fuzzy_q: bool,
     return cost(l_q)
 
 
-def pyramid_speed(profile: dict, l_d: int, l_q: int, alpha_q: float, alpha_t: float, fuzzy_q: bool = False,
-                  fuzzy_t: bool = True, tree: tuple[int, int, int, tuple[float, ...]] | None = None) -> float:
+def pyramid_speed(
+    profile: dict,
+    l_d: int,
+    l_q: int,
+    alpha_q: float,
+    alpha_t: float,
+    fuzzy_q: bool = False,
+    fuzzy_t: bool = True,
+    tree: tuple[int, int, int, tuple[float, ...]] | None = None,
+) -> float:
     """Expected tok/s of the pyramid: a block's stage-1 rounds (`block_ms`), then one (ℓ_Q+1)-row target
     pass that commits the chain of ℓ_Q's expected tokens at α_T (the block's qualifier rows are reused)."""
     stage1, _ = block_ms(profile, l_d, l_q, alpha_q, fuzzy_q, tree)
-    stage2 = (cost_ms(profile, "target", l_q + 1) + engine_ms(profile, "feed") + engine_ms(profile, "round")
-              + engine_ms(profile, "step") + (l_q * engine_ms(profile, "div") if fuzzy_t else 0.0))
+    stage2 = (
+        cost_ms(profile, "target", l_q + 1)
+        + engine_ms(profile, "feed")
+        + engine_ms(profile, "round")
+        + engine_ms(profile, "step")
+        + (l_q * engine_ms(profile, "div") if fuzzy_t else 0.0)
+    )
     return 1000 * (sum(expected_round(l_q, (alpha_t,))[1]) + 1) / (stage1 + stage2)

@@ -1,6 +1,7 @@
 """Does each level earn its place? A middle model helps only when it agrees with the target clearly better than
 the draft at a modest cost; the draft under it helps only when the pyramid beats the qualifier drafting for the
 target alone (Polybasic's rule). Both are tested on measured acceptance and the cost profile."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -44,17 +45,24 @@ def insertion(profile: dict, alpha_td: float | None, alpha_qd: float | None, alp
 def markdown(ins: dict[str, Any]) -> str:
     """One paragraph for the Statistics tab and the bench report."""
     if ins.get("earns") is None:
-        return ("**Does the qualifier earn its place?** Race SD and a pyramid (PSD_A or PSD_F) together to "
-                "measure it: it needs both acceptances.")
+        return (
+            "**Does the qualifier earn its place?** Race SD and a pyramid (PSD_A or PSD_F) together to "
+            "measure it: it needs both acceptances."
+        )
     w, wo = ins["with"], ins["without"]
-    verdict = ("**yes**: with it the pyramid is predicted faster than the best SD" if ins["earns"] else
-               "**no**: the best SD without it is predicted faster than any pyramid with it")
-    return (f"**Does the qualifier earn its place?** {verdict}. The target accepts the draft's tokens at "
-            f"α {ins['alpha_draft']:.2f} and the qualified block at α {ins['alpha_qualifier']:.2f} (the qualifier "
-            f"accepts the draft at α {ins['alpha_stage1']:.2f}); a step costs {ins['cost_draft']:.2f}× (draft) and "
-            f"{ins['cost_qualifier']:.2f}× (qualifier) the target's. Predicted on an idle machine: SD "
-            f"{wo['tokens_per_s']:.1f} tok/s at γ {wo['gamma']} without it, the pyramid {w['tokens_per_s']:.1f} tok/s "
-            f"at ℓ_D {w['l_d']}, ℓ_Q {w['l_q']} with it (AR {ins['ar_tokens_per_s']:.1f}).{_draft_line(ins)}")
+    verdict = (
+        "**yes**: with it the pyramid is predicted faster than the best SD"
+        if ins["earns"]
+        else "**no**: the best SD without it is predicted faster than any pyramid with it"
+    )
+    return (
+        f"**Does the qualifier earn its place?** {verdict}. The target accepts the draft's tokens at "
+        f"α {ins['alpha_draft']:.2f} and the qualified block at α {ins['alpha_qualifier']:.2f} (the qualifier "
+        f"accepts the draft at α {ins['alpha_stage1']:.2f}); a step costs {ins['cost_draft']:.2f}× (draft) and "
+        f"{ins['cost_qualifier']:.2f}× (qualifier) the target's. Predicted on an idle machine: SD "
+        f"{wo['tokens_per_s']:.1f} tok/s at γ {wo['gamma']} without it, the pyramid {w['tokens_per_s']:.1f} tok/s "
+        f"at ℓ_D {w['l_d']}, ℓ_Q {w['l_q']} with it (AR {ins['ar_tokens_per_s']:.1f}).{_draft_line(ins)}"
+    )
 
 
 def _draft_line(ins: dict[str, Any]) -> str:
@@ -62,9 +70,14 @@ def _draft_line(ins: dict[str, Any]) -> str:
     if ins.get("draft_earns") is None:
         return ""
     q, w = ins["qualifier_alone"], ins["with"]
-    verdict = ("**yes**: the pyramid is predicted faster than the qualifier drafting alone" if ins["draft_earns"]
-               else "**no**: the qualifier drafting alone for the target is predicted faster")
-    return (f"\n\n**Does the draft earn its level?** {verdict}: SD with the qualifier as its draft "
-            f"{q['tokens_per_s']:.1f} tok/s at γ {q['gamma']} (α {ins['alpha_qualifier']:.2f}), the pyramid "
-            f"{w['tokens_per_s']:.1f} tok/s with the draft under it (its tokens pass the qualifier at α "
-            f"{ins['alpha_stage1']:.2f}).")
+    verdict = (
+        "**yes**: the pyramid is predicted faster than the qualifier drafting alone"
+        if ins["draft_earns"]
+        else "**no**: the qualifier drafting alone for the target is predicted faster"
+    )
+    return (
+        f"\n\n**Does the draft earn its level?** {verdict}: SD with the qualifier as its draft "
+        f"{q['tokens_per_s']:.1f} tok/s at γ {q['gamma']} (α {ins['alpha_qualifier']:.2f}), the pyramid "
+        f"{w['tokens_per_s']:.1f} tok/s with the draft under it (its tokens pass the qualifier at α "
+        f"{ins['alpha_stage1']:.2f})."
+    )

@@ -1,4 +1,5 @@
 """Measuring a cost profile here: a cached forward of k new tokens per model, and the engine's own work around it."""
+
 from __future__ import annotations
 
 import time
@@ -42,7 +43,7 @@ class ForwardTimer:
         if not getattr(lm, "trees", False):
             return None
         pos, t0 = lm.cache_len, lm.time_s
-        lm.forward_tree(self.ids[pos: pos + n], [-1] + [0] * (n - 1), pos)
+        lm.forward_tree(self.ids[pos : pos + n], [-1] + [0] * (n - 1), pos)
         t = lm.time_s - t0
         lm.keep_path([])
         lm.rollback(self.ids[: self.context + 1])
@@ -64,7 +65,7 @@ class ForwardTimer:
         if not getattr(lm, "trees", False):
             return None
         pos = lm.cache_len
-        lm.forward_tree(self.ids[pos: pos + n], [-1] * n, pos)
+        lm.forward_tree(self.ids[pos : pos + n], [-1] * n, pos)
         t0 = time.perf_counter()
         lm.keep_path([0])
         t = time.perf_counter() - t0
@@ -72,9 +73,14 @@ class ForwardTimer:
         return t
 
 
-def measure_profile(models: dict[str, Any], vocab_size: int, max_k: int = MAX_K, reps: int = 3,
-                    make_timer: Callable[..., Any] | None = None,
-                    extras_out: dict | None = None) -> dict[str, dict[int, float]]:
+def measure_profile(
+    models: dict[str, Any],
+    vocab_size: int,
+    max_k: int = MAX_K,
+    reps: int = 3,
+    make_timer: Callable[..., Any] | None = None,
+    extras_out: dict | None = None,
+) -> dict[str, dict[int, float]]:
     """{role: {k: ms}} per distinct model, k = 1 … max_k timed in interleaved rounds, min over rounds (the first
     warms up). `extras_out` receives "tree_ms" ({role: {n: ms}}, where the model takes trees) and "engine_ms"."""
     make_timer = make_timer or ForwardTimer
@@ -95,8 +101,11 @@ def measure_profile(models: dict[str, Any], vocab_size: int, max_k: int = MAX_K,
                     t = getattr(timer, "time_tree", lambda n: None)(n)
                     if t is not None:
                         trees[i][n] = min(trees[i].get(n, float("inf")), t)
-        extras_out["tree_ms"] = {role: {str(n): round(1000 * v, 4) for n, v in trees[id(m)].items()}
-                                 for role, m in models.items() if trees[id(m)]}
+        extras_out["tree_ms"] = {
+            role: {str(n): round(1000 * v, 4) for n, v in trees[id(m)].items()}
+            for role, m in models.items()
+            if trees[id(m)]
+        }
         extras_out["engine_ms"] = measure_engine(vocab_size, {role: timers[id(m)] for role, m in models.items()})
     return {role: {k: round(1000 * v, 4) for k, v in best[id(m)].items()} for role, m in models.items()}
 
@@ -133,10 +142,12 @@ def measure_engine(vocab_size: int, timers: dict[str, Any] | None = None, reps: 
         torch.logsumexp(z, -1)
 
     out: dict[str, Any] = {
-        "feed": _best_ms(feed, reps), "round": _best_ms(one_round, reps),
+        "feed": _best_ms(feed, reps),
+        "round": _best_ms(one_round, reps),
         "div": round(_best_ms(lambda: rules.support_divergence_logits(z_p[:4], z_q, "js", "subset"), reps) / 4, 5),
         "div1": _best_ms(lambda: rules.support_divergence_logits(z_p[:1], z_q[:1], "js", "subset"), reps),
-        "expand": _best_ms(expand, reps)}
+        "expand": _best_ms(expand, reps),
+    }
     target: Any = (timers or {}).get("target")
     if hasattr(target, "time_feed"):
         try:
@@ -196,8 +207,12 @@ def memory_floor_ms(model: Any, reps: int = 15) -> dict[str, float]:
             largest(x)
             best = min(best, time.perf_counter() - t0)
     mine = _weight_bytes(largest) or 1
-    return {"floor_ms": round(1000 * best * total / mine, 3), "gemv_ms": round(1000 * best, 3),
-            "gb_per_s": round(mine / best / 1e9, 2), "mb": round(total / 1e6, 1)}
+    return {
+        "floor_ms": round(1000 * best * total / mine, 3),
+        "gemv_ms": round(1000 * best, 3),
+        "gb_per_s": round(mine / best / 1e9, 2),
+        "mb": round(total / 1e6, 1),
+    }
 
 
 def warm_up(models: dict[str, Any], vocab_size: int, prompt_ids: list[int]) -> float:

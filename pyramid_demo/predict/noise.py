@@ -1,4 +1,5 @@
 """Is one method faster than another, or within the timing noise (the spread of same-size forwards of one model)?"""
+
 from __future__ import annotations
 
 from collections.abc import Iterable

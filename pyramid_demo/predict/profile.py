@@ -1,4 +1,5 @@
 """A cost profile's lookups: {"ms": {role: {k: ms}}} and, where measured, {"tree_ms": {role: {n: ms}}}."""
+
 from __future__ import annotations
 
 from .engine_costs import engine_ms

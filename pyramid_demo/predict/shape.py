@@ -1,4 +1,5 @@
 """A run's proposal shape, "chain" or "tree", read in one place (a config without it, an older record, ran a chain)."""
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -6,5 +7,5 @@ from typing import Any
 
 
 def shape_of(method: str, config: Mapping[str, Any] | None = None) -> str:
-    """"tree" where the run's (resolved) setting says so, else "chain" (`method` only keeps the callers' signature)."""
+    """ "tree" where the run's (resolved) setting says so, else "chain" (`method` only keeps the callers' signature)."""
     return "tree" if (config or {}).get("shape") == "tree" else "chain"

@@ -1,4 +1,5 @@
 """The paper's throughput model (PyramidSD §3): tokens/s from single-model speeds, a teaching aid beside the profile."""
+
 from __future__ import annotations
 
 from ..core.methods import method_spec
@@ -11,8 +12,13 @@ def stage_speed(beta: float, length: float, v_p: float, v_v: float, plus_one: bo
     return (beta * length + 1 if plus_one else beta * (length + 1)) / (length / v_p + 1 / v_v)
 
 
-def lengths(cfg: dict, proposed: dict[str, int], rounds: dict[str, int], accepted: dict[str, int] | None = None,
-            method: str | None = None) -> dict:
+def lengths(
+    cfg: dict,
+    proposed: dict[str, int],
+    rounds: dict[str, int],
+    accepted: dict[str, int] | None = None,
+    method: str | None = None,
+) -> dict:
     """γ, ℓ_D and ℓ_Q for the formulas: configured, or under conf_stop the measured mean per round. A tree run
     adds "levels" and "per_round" (tokens committed per round), which replace γ / ℓ_D and β·(ℓ+1) there."""
     out: dict = {k: cfg.get(k) for k in ("gamma", "l_d", "l_q")}
@@ -30,8 +36,9 @@ def lengths(cfg: dict, proposed: dict[str, int], rounds: dict[str, int], accepte
     return out
 
 
-def predict_parts(method: str, lens: dict, acc: dict[str, float], speeds: dict[str, float],
-                  plus_one: bool = False) -> float | None:
+def predict_parts(
+    method: str, lens: dict, acc: dict[str, float], speeds: dict[str, float], plus_one: bool = False
+) -> float | None:
     """The paper's formulas from lengths, acceptance per stage and single-model speeds (role → tok/s); AR's: V_T."""
     m = method_spec(method)
     try:
@@ -41,8 +48,9 @@ def predict_parts(method: str, lens: dict, acc: dict[str, float], speeds: dict[s
         if "levels" in lens:
             inner = lens["per_round"][first] / (lens["levels"] / speeds["draft"] + 1 / speeds[first])
         else:
-            inner = stage_speed(acc[first], lens["l_d" if m.pyramid else "gamma"], speeds["draft"], speeds[first],
-                                plus_one)
+            inner = stage_speed(
+                acc[first], lens["l_d" if m.pyramid else "gamma"], speeds["draft"], speeds[first], plus_one
+            )
         return stage_speed(acc["target"], lens["l_q"], inner, speeds["target"], plus_one) if m.pyramid else inner
     except (KeyError, TypeError, ZeroDivisionError):
         return None
@@ -53,4 +61,3 @@ def predict(result: RunResult, speeds: dict[str, float]) -> float | None:
     s = result.stats
     lens = lengths(result.config, s.proposed, s.rounds, s.accepted, result.method)
     return predict_parts(result.method, lens, s.acceptance, speeds)
-

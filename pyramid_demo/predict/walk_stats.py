@@ -1,5 +1,6 @@
 """Acceptance as the cost models read it: one trial per context a round's walk reached (refused siblings on the way
 down are no rejection)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -57,9 +58,14 @@ def rank_counts(rounds: list[StageRound]) -> tuple[list[int], list[int]]:
 def counts(rounds: list[StageRound]) -> dict[str, Any]:
     """One stage's counts (accepted, rejections, proposed, rounds, by rank): they add up over runs."""
     hits, reach = rank_counts(rounds)
-    return {"accepted": sum(r.n_accepted for r in rounds), "rejected": sum(1 for r in rounds if rejected(r)),
-            "proposed": sum(n_proposed(r) for r in rounds), "rounds": len(rounds), "rank_hits": hits,
-            "rank_reach": reach}
+    return {
+        "accepted": sum(r.n_accepted for r in rounds),
+        "rejected": sum(1 for r in rounds if rejected(r)),
+        "proposed": sum(n_proposed(r) for r in rounds),
+        "rounds": len(rounds),
+        "rank_hits": hits,
+        "rank_reach": reach,
+    }
 
 
 def stage_counts(steps: list[Step]) -> dict[str, dict[str, Any]]:
