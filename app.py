@@ -18,6 +18,8 @@ CSS = """
 #title h1 {margin-bottom: 0;}
 #run-btn {font-size: 1.25rem; min-height: 56px;}
 #status {font-size: 1.05rem;}
+/* a table's words stay whole (Markdown text may break anywhere): a cell wraps between words, never inside a number */
+.gradio-container table th, .gradio-container table td {overflow-wrap: normal; word-break: normal;}
 """
 
 
@@ -140,9 +142,8 @@ def build_demo() -> gr.Blocks:
                     headers=text.RACE_COLUMNS,
                     label="Race results (all races until cleared)",
                     interactive=False,
-                    wrap=True,
+                    wrap=False,  # each cell on one line, the table as wide as its content (it scrolls if wider)
                     elem_id="race-table",
-                    column_widths=["5%", "8%", "5%", "6%", "6%", "6%", "6%", "6%", "20%", "9%", "8%", "15%"],
                 )
                 with gr.Accordion("Earlier races", open=False):
                     earlier = gr.HTML(h.earlier_lanes(h.new_session()))
@@ -179,11 +180,12 @@ def build_demo() -> gr.Blocks:
                     gr.HTML((ASSETS / "pyramid.svg").read_text(encoding="utf-8"))
                     gr.Markdown(text.EXPLANATION)
             with gr.Tab(text.TABS["export"]):
-                gr.Markdown("Download every race of this session: the full step trace as JSON, the race table as CSV.")
-                export_btn = gr.Button(text.BUTTONS["export"])
+                gr.Markdown(text.EXPORT_NOTE)
+                export_btn = gr.Button(text.BUTTONS["export"], elem_id="export-btn")
                 with gr.Row():
-                    json_file = gr.File(label="Trace (JSON)")
-                    csv_file = gr.File(label="Race results (CSV)")
+                    page_file = gr.File(label=text.LABELS["race_page"], elem_id="race-page-file")
+                    json_file = gr.File(label=text.LABELS["trace"])
+                    csv_file = gr.File(label=text.LABELS["table"])
 
         race_out = [status, lanes, race_plot, table, earlier, session]
         pick_out = [
@@ -253,7 +255,8 @@ def build_demo() -> gr.Blocks:
             race_player,
             **QUICK,
         )
-        export_btn.click(h.export_files, session, [json_file, csv_file], api_name="export")
+        exported = export_btn.click(h.export_files, session, [json_file, csv_file, page_file], api_name="export")
+        exported.then(h.page_label, page_file, page_file, **PRIVATE)  # its size in its label
     demo.queue(default_concurrency_limit=1, max_size=64)
     return demo
 

@@ -67,14 +67,15 @@ def test_race_takes_named_settings_with_defaults(url):
 
 def test_a_race_with_only_prompt_and_preset(url):
     """Rule: `client.predict(prompt=..., preset=..., api_name="/race")` runs a whole race; named settings
-    change it (here max_new_tokens), and /export returns its trace."""
+    change it (here max_new_tokens), and /export returns its trace, its table and its web page."""
     client = _client(url)
     status = client.predict(prompt="hello", preset="tiny-random", api_name="/race")[0]
     assert "finished" in status, status
     status = client.predict(prompt="hello", preset="tiny-random", max_new_tokens=8, api_name="/race")[0]
     assert "finished" in status, status
-    trace_path, csv_path = client.predict(api_name="/export")
+    trace_path, csv_path, page_path = client.predict(api_name="/export")
     last = json.loads(Path(trace_path).read_text(encoding="utf-8"))[-1]
+    assert Path(page_path).read_text(encoding="utf-8").startswith("<!doctype html>")
     assert set(last["results"]) == set(RACE_METHODS)
     assert last["config"]["max_new_tokens"] == 8
     assert all(len(r["token_ids"]) <= 8 for r in last["results"].values())

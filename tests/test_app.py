@@ -195,15 +195,15 @@ def test_a_winner_only_beyond_the_races_noise(done, monkeypatch) -> None:
     race_ = session.races[-1]
     x_ar = RACE_COLUMNS.index("× AR")
     monkeypatch.setattr(inspector, "race_noise", lambda r, reps=None: 10.0)  # everything within the noise
-    assert "Tie within this race's noise band (1000%)" in h._winner(race_)
+    assert "Tie within this race's noise band (1000%)" in h.winner_line(race_)
     rows = inspector.race_rows([race_])
     assert all("tie" in str(row[x_ar]) for row in rows if row[1] != "ar") and rows[0][x_ar] == 1.0
     monkeypatch.setattr(inspector, "race_noise", lambda r, reps=None: 0.0)
     speeds = sorted(inspector.speed_ratio(m, "ar", race_.results, race_.repeats) for m in race_.results)
     if speeds[-1] > speeds[-2]:  # a strict winner at zero noise
-        assert "🏆" in h._winner(race_) and " won: " in h._winner(race_) and "(0%)" in h._winner(race_)
+        assert "🏆" in h.winner_line(race_) and " won: " in h.winner_line(race_) and "(0%)" in h.winner_line(race_)
     monkeypatch.setattr(inspector, "race_noise", lambda r, reps=None: None)
-    assert "too few forwards" in h._winner(race_)
+    assert "too few forwards" in h.winner_line(race_)
 
 
 def test_pick_race_fills_inspector_and_statistics(done) -> None:
@@ -213,7 +213,7 @@ def test_pick_race_fills_inspector_and_statistics(done) -> None:
     assert all(isinstance(f, go.Figure) for f in out[6:9])
     assert isinstance(out[12], go.Figure) and "Race" in out[12].layout.title.text  # the race tab's histogram
     assert "Noise band" in out[9] and "| PSD_F |" in out[9] and "idle machine" in out[9]
-    assert "the profile" in out[9] and "verdict" in out[9]
+    assert "the profile" in out[9] and "- **PSD_F**: " in out[9]  # each verdict in words, under the table
     cost_fig, cost_md = out[10], out[11]
     assert isinstance(cost_fig, go.Figure)
     assert {t.name for t in cost_fig.data} >= {"target (profile)", "draft (profile)"}
@@ -312,22 +312,33 @@ def test_a_visitor_whose_race_must_wait_reads_so_at_once() -> None:
     assert h.queue_line() != MSG["queued"]
 
 
-def test_export_writes_json_and_csv(done) -> None:
-    """Rule: an export writes the trace and the table into the visitor's own folder, the same one each time (no
-    folder left per export), which goes when the session's folder is cleaned up."""
+def test_export_writes_json_csv_and_a_page(done) -> None:
+    """Rule: an export writes the trace, the table and the races' web page into the visitor's own folder, the same
+    one each time (no folder left per export), which goes when the session's folder is cleaned up."""
     session, _ = done
-    jpath, cpath = h.export_files(session)
-    assert h.export_files(session) == (jpath, cpath) and Path(jpath).parent == Path(cpath).parent
+    jpath, cpath, hpath = h.export_files(session)
+    assert h.export_files(session) == (jpath, cpath, hpath) and Path(jpath).parent == Path(cpath).parent
+    assert Path(hpath).parent == Path(jpath).parent
     trace = json.loads(open(jpath, encoding="utf-8").read())
     assert trace[0]["results"]["psd_f"]["steps"]
     rows = list(csv.reader(open(cpath, encoding="utf-8")))
     assert rows[0][:3] == ["race", "preset", "prompt"] and len(rows) == 1 + len(RACE_METHODS)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        assert h.export_files(h.new_session()) == (None, None)
+        assert h.export_files(h.new_session()) == (None, None, None)
     session.exports.cleanup()
     assert not Path(jpath).parent.exists()
     session.exports = None  # the fixture's session serves other tests
+
+
+def test_the_export_labels_the_pages_size(done) -> None:
+    """Rule: the web page's download names its size, as the file on disk has it."""
+    session, _ = done
+    _, _, path = h.export_files(session)
+    size = Path(path).stat().st_size
+    assert h.page_label(path)["label"].endswith(f" · {size / 1e6:.1f} MB" if size >= 1e5 else f" · {size / 1e3:.0f} kB")
+    session.exports.cleanup()
+    session.exports = None
 
 
 def test_clear_and_presets() -> None:

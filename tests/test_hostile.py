@@ -116,7 +116,7 @@ def _raw_race(url: str, client, *a, **kw) -> str:
 
 def _exported(client) -> dict:
     """The session's last race as the app exports it (trace JSON): method -> token ids."""
-    trace_path, _ = client.predict(api_name="/export")
+    trace_path, _, _ = client.predict(api_name="/export")
     trace = json.loads(Path(trace_path).read_text(encoding="utf-8"))
     return {m: r["token_ids"] for m, r in trace[-1]["results"].items()}
 

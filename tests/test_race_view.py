@@ -236,16 +236,16 @@ def test_a_method_is_called_faster_only_outside_the_band():
     forwards to measure, no band: the winner is named as unsure."""
     race = three_repeats()
     band = inspector.race_noise(race.results, race.repeats)
-    said = h._winner(race)
+    said = h.winner_line(race)
     assert "**PSD_A (assisted pyramid)** won: 12.5 tok/s, ×1.25 vs AR" in said and f"({band:.0%})" in said
     row = {r["method"]: r for r in story.rows(race.results, None, race.repeats)}["psd_a"]
     assert row["x_ar"] == pytest.approx(1.25) and row["verdict"].startswith("**faster** than AR (1.25×")
     close = three_repeats([a / x for a, x in zip(AR_S, (0.95, 1.04, 1.15))])  # band ≈ 5.6%
-    assert "Tie within this race's noise band" in h._winner(close) and "PSD_A, AR" in h._winner(close)
+    assert "Tie within this race's noise band" in h.winner_line(close) and "PSD_A, AR" in h.winner_line(close)
     row = {r["method"]: r for r in story.rows(close.results, None, close.repeats)}["psd_a"]
     assert row["verdict"].startswith("**a tie with AR** within noise (1.04×")
     one = race_of([{"ar": even(10, 1.0), "psd_a": even(5, 0.8, 2)}])
-    assert "too few forwards and repeats" in h._winner(one)
+    assert "too few forwards and repeats" in h.winner_line(one)
 
 
 def test_the_shown_run_is_each_lanes_median():

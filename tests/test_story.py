@@ -138,3 +138,16 @@ def test_the_memory_floor_sets_each_step_against_reading_the_weights():
     line = story.floor_line(prof)
     assert "target 5.0 ms" in line and "4.0× it" in line and "1.10× a step" in line
     assert story.floor_line({"ms": prof["ms"]}) == ""
+
+
+def test_the_verdicts_sit_under_the_table_in_words():
+    """Rule: the story's table holds figures only (a prose column squeezes the others until their numbers break at a
+    projector's width); each method's verdict follows it as one line of words, in the table's order."""
+    res = {"ar": _ar_run(0.020), "sd": _ar_run(0.010)}
+    text = story.markdown(res, PROFILE)
+    table = [line for line in text.splitlines() if line.startswith("|")]
+    assert table[0].startswith("| method |") and "verdict" not in table[0]
+    assert all(line.count("|") == table[0].count("|") for line in table)  # no row carries an extra cell
+    verdicts = [line for line in text.splitlines() if line.startswith("- **")]
+    assert verdicts == [f"- **{story.short_name(r['method'])}**: {r['verdict']}" for r in story.rows(res, PROFILE)]
+    assert text.index(table[-1]) < text.index(verdicts[0])

@@ -344,6 +344,6 @@ def test_the_export_carries_each_rounds_parent_list_and_accepted_path(tmp_path) 
     )
     r = run([step(), Step(1, [], chain, [1, 8], [], 0.1, 0.2)])
     held = session(r)  # the export's folder is the session's: it lives as long as the session
-    jpath, _ = handlers.export_files(held)
+    jpath, _, _ = handlers.export_files(held)
     rounds = [s["target_round"] for s in json.loads(open(jpath).read())[0]["results"]["fsd"]["steps"]]
     assert [(x.get("parents"), x.get("accepted_path")) for x in rounds] == [(PARENTS, [1, 3]), ([-1], [0])]

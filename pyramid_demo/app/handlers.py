@@ -16,21 +16,20 @@ from typing import Any
 
 import gradio as gr
 
-from ..core.config import METHOD_LABELS, METHOD_SHORT, DecodeConfig
+from ..core.config import DecodeConfig
 from ..core.methods import Lane, lanes
 from ..core.run import prepare_prompt
 from ..core.settings import APP_SETTINGS, TUNABLE
 from ..models.presets import PRESETS, family_config
 from ..models.runtime import cpu_class
 from ..models.warm import prepare
-from ..predict.noise import leaders
-from . import family, hosting, inspector, quiet, stages
+from . import family, hosting, inspector, quiet, race_page, stages
 from .playback import rounds
-from .race_view import before_race, full_outputs, status_only
+from .race_view import before_race, full_outputs, status_only, winner_line
 from .race_view import earlier_lanes as earlier_lanes  # re-exported: app.py draws the page's first state
 from .race_view import race_lanes as race_lanes
 from .session import Race, Session
-from .text import CUSTOM, DEFAULT, MSG, RACE_COLUMNS, START
+from .text import CUSTOM, DEFAULT, LABELS, MSG, RACE_COLUMNS, START
 
 log = logging.getLogger(__name__)
 MAX_RACES = 20  # per user; older races are dropped to bound a hosted app's memory
@@ -86,31 +85,6 @@ def make_config(**settings: Any) -> DecodeConfig:
 
 
 # ------------------------------------------------------------------ race
-def _winner(race: Race) -> str:
-    """One line for the projector: the fastest lane, or a tie when others are within the race's noise band, judged on
-    speed-ups over AR paired by repeat (as the bench states them). A reference lane (a member decoding alone) is no
-    contender: it does not write the target's text."""
-    res = {m: r for m, r in race.results.items() if r.solo is None}
-    if not res:
-        return ""
-    reps = [{m: r for m, r in rep.items() if m in res} for rep in race.repeats]
-    spread = inspector.race_noise(res, reps)
-    ar = inspector.baseline_lane("ar", res)
-    top = leaders(
-        {m: (inspector.speed_ratio(m, ar, res, reps) if ar else None) or inspector.speed(m, res, reps) for m in res},
-        spread or 0.0,
-    )
-    m = top[0]
-    figures = ", ".join([f"{inspector.speed(m, res, reps):.1f} tok/s", *inspector.speedups(m, res, reps)])
-    if spread is None:
-        return MSG["winner_unsure"].format(label=METHOD_LABELS[m], figures=figures)
-    if len(top) > 1:
-        return MSG["tie"].format(
-            labels=", ".join(METHOD_SHORT[x] for x in top), noise=spread, label=METHOD_LABELS[m], figures=figures
-        )
-    return MSG["winner"].format(label=METHOD_LABELS[m], figures=figures, noise=spread)
-
-
 def _learn_vocab(race: Race, tokenizer: Any) -> None:
     """Decode every id the shown runs hold (tokens and top-5) so the inspector never needs the tokenizer."""
     ids: set[int] = set()
@@ -297,7 +271,7 @@ def _race_steps(
         yield full_outputs(session, MSG["stopped"].format(n=race.n) if shown else MSG["cleared"])
         return
     hosting.record(preset, race.results)  # the next race's ZeroGPU budget uses this family's speed
-    yield full_outputs(session, MSG["done"].format(n=race.n, k=len(race.repeats)) + _winner(race))
+    yield full_outputs(session, MSG["done"].format(n=race.n, k=len(race.repeats)) + winner_line(race))
 
 
 def stop_race(session: Session | None) -> tuple:
@@ -322,11 +296,12 @@ def clear_results(session: Session | None) -> tuple:
 
 
 # ------------------------------------------------------------------ export
-def export_files(session: Session | None) -> tuple[str | None, str | None]:
-    """Write the full trace (JSON) and the race table (CSV) for download, into this visitor's own folder."""
+def export_files(session: Session | None) -> tuple[str | None, str | None, str | None]:
+    """Write the full trace (JSON), the race table (CSV) and the races as one web page that replays them (HTML) for
+    download, into this visitor's own folder."""
     if session is None or not session.races:
         _notify(MSG["no_race"])
-        return None, None
+        return None, None, None
     races = session.races
     session.exports = session.exports or tempfile.TemporaryDirectory(prefix="pyramid_demo_")  # removed with it
     folder = Path(session.exports.name)
@@ -347,7 +322,19 @@ def export_files(session: Session | None) -> tuple[str | None, str | None]:
         w = csv.writer(f)
         w.writerow(["race", "preset", "prompt", *RACE_COLUMNS[1:]])
         w.writerows([r.n, r.preset, r.prompt, *row[1:]] for r in races for row in inspector.race_rows([r]))
-    return str(jpath), str(cpath)
+    hpath = folder / "pyramid_race.html"
+    hpath.write_text(race_page.page(session), encoding="utf-8")
+    return str(jpath), str(cpath), str(hpath)
+
+
+def page_label(path: str | None) -> Any:
+    """The web page's download label with its size (a teacher checks it fits a message or a stick)."""
+    if not path:
+        return gr.update(label=LABELS["race_page"])
+    size = Path(path).stat().st_size
+    return gr.update(
+        label=LABELS["race_page"] + (f" · {size / 1e6:.1f} MB" if size >= 1e5 else f" · {size / 1e3:.0f} kB")
+    )
 
 
 START_SETTINGS = {k: getattr(START, k) for k in SETTING_NAMES}  # the page's first values, the API's defaults

@@ -5,6 +5,7 @@ HTML, the timer's update); bad input gives a message in the panel, never a trace
 from __future__ import annotations
 
 import html
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -33,6 +34,11 @@ class PlayState:
 
 
 # ------------------------------------------------------------------ loading a pass
+def decoder(race: Race) -> Callable[[int], str]:
+    """A token id's text from the race's own vocabulary (the player needs no tokenizer)."""
+    return lambda t: race.vocab.get(t, f"#{t}")
+
+
 def load(session: Session | None, race_n: Any, method: str | None, pass_no: Any) -> PlayState:
     """The beats of target pass `pass_no` (1-based) of lane `method` in race `race_n` (None: the latest race)."""
     race: Race | None = session.find(race_n) if session is not None else None
@@ -49,8 +55,7 @@ def load(session: Session | None, race_n: Any, method: str | None, pass_no: Any)
         k = 0
     if not 1 <= k <= total:
         return PlayState(message=MSG["play_range"].format(n=pass_no, total=total))
-    vocab = race.vocab
-    beats = playback.beats(r.steps[k - 1], lambda t: vocab.get(t, f"#{t}"))
+    beats = playback.beats(r.steps[k - 1], decoder(race))
     label = f"Race {race.n} · {METHOD_LABELS.get(method, method)} · target pass {k} of {total}"
     return PlayState(tuple(beats), 0, False, label, "")
 
@@ -99,7 +104,7 @@ def tick(ps: PlayState) -> tuple:
 
 
 # ------------------------------------------------------------------ the race tab's player
-def _busiest(steps: list) -> int:
+def busiest(steps: list) -> int:
     """The 1-based pass that committed the most tokens (the earliest on a tie): a pass worth watching."""
     return max(range(len(steps)), key=lambda k: (len(steps[k].new_tokens), -k), default=0) + 1
 
@@ -114,7 +119,7 @@ def race_choices(session: Session | None) -> tuple:
     if race is None or not race.results:
         return (gr.update(choices=[], value=None), pass_slider(1, 1), *outputs(PlayState()))
     lane = list(race.results)[-1]  # the last raced: the fullest pyramid
-    k = _busiest(race.results[lane].steps)
+    k = busiest(race.results[lane].steps)
     return (
         gr.update(choices=[(METHOD_LABELS.get(m, m), m) for m in race.results], value=lane),
         pass_slider(len(race.results[lane].steps), k),
@@ -126,7 +131,7 @@ def pick_lane(session: Session | None, lane: str | None) -> tuple:
     """A lane was chosen in the race tab: its busiest pass, loaded: (pass slider, state, HTML, timer)."""
     race = session.latest if session is not None else None
     r = race.results.get(lane) if race is not None and lane else None
-    k = _busiest(r.steps) if r is not None else 1
+    k = busiest(r.steps) if r is not None else 1
     return (pass_slider(len(r.steps) if r is not None else 1, k), *show(session, None, lane, k))
 
 
@@ -181,17 +186,18 @@ def round_html(beat: Beat) -> str:
     return f'<div style="{render.FONT}font-size:1.05rem">{"".join(rows)}</div>'
 
 
-def beat_html(ps: PlayState) -> str:
-    """The beat shown: the counter, the round, its tokens, the sentence and the text committed so far."""
-    if not ps.beats:
-        return render.message_html(ps.message)
-    i = max(0, min(ps.i, len(ps.beats) - 1))
-    beat = ps.beats[i]
-    state = "▶ playing" if ps.playing else "❚❚ paused"
-    head = (
-        f'<div style="color:#555;font-size:.9rem">{html.escape(ps.label)} · <b>beat {i + 1} / {len(ps.beats)}</b>'
-        f' · {state}</div><div style="font-weight:600;margin:4px 0">{html.escape(beat.title)}</div>'
+def counter_line(label: str, i: int, n: int, playing: bool) -> str:
+    """The line over a beat: which pass, which beat of how many, playing or paused (`race_page.JS` writes the same)."""
+    state = "▶ playing" if playing else "❚❚ paused"
+    return (
+        f'<div class="play-counter" style="color:#555;font-size:.9rem">{html.escape(label)} · '
+        f"<b>beat {i + 1} / {n}</b> · {state}</div>"
     )
+
+
+def beat_body(beat: Beat) -> str:
+    """One beat under its counter line: the round's title, its tokens, the sentence and the text committed so far."""
+    title = f'<div style="font-weight:600;margin:4px 0">{html.escape(beat.title)}</div>'
     committed = "".join(_chip(c, False, True) for c in beat.committed) or '<span style="color:#999">nothing yet</span>'
     sentence = (
         f'<div class="beat-sentence" style="font-size:1.15rem;margin:10px 0;padding:6px 10px;'
@@ -199,7 +205,15 @@ def beat_html(ps: PlayState) -> str:
     )
     body = round_html(beat) if beat.round >= 0 else ""
     return (
-        f'{render.STYLE}<div class="play" style="padding:6px 4px">{head}{body}{sentence}'
-        f'<div style="font-size:.95rem;color:#333">committed this pass: <span style="{render.FONT}">'
-        f"{committed}</span></div></div>"
+        f'{title}{body}{sentence}<div style="font-size:.95rem;color:#333">committed this pass: '
+        f'<span style="{render.FONT}">{committed}</span></div>'
     )
+
+
+def beat_html(ps: PlayState) -> str:
+    """The beat shown: its counter line over its body, with the chip styles."""
+    if not ps.beats:
+        return render.message_html(ps.message)
+    i = max(0, min(ps.i, len(ps.beats) - 1))
+    head = counter_line(ps.label, i, len(ps.beats), ps.playing)
+    return f'{render.STYLE}<div class="play" style="padding:6px 4px">{head}{beat_body(ps.beats[i])}</div>'

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import gradio as gr
 
+from ..core.config import METHOD_LABELS, METHOD_SHORT
 from ..core.methods import LANES, lane_label, method_spec
 from ..core.stats import first_divergence
 from ..core.trace import RunResult
+from ..predict.noise import leaders
 from . import charts, inspector, render, replay
 from .session import Race, Session
 from .text import MSG
@@ -61,6 +63,31 @@ def shape_words(r: RunResult) -> str:
         return f"tree of {cfg.get('tree_nodes')} (depth {cfg.get('tree_depth')})"
     length = next(s.length for s in spec.stages if s.shaped)
     return f"chain of {cfg.get(length)}"
+
+
+def winner_line(race: Race) -> str:
+    """One line for the projector: the fastest lane, or a tie when others are within the race's noise band, judged on
+    speed-ups over AR paired by repeat (as the bench states them). A reference lane (a member decoding alone) is no
+    contender: it does not write the target's text."""
+    res = {m: r for m, r in race.results.items() if r.solo is None}
+    if not res:
+        return ""
+    reps = [{m: r for m, r in rep.items() if m in res} for rep in race.repeats]
+    spread = inspector.race_noise(res, reps)
+    ar = inspector.baseline_lane("ar", res)
+    top = leaders(
+        {m: (inspector.speed_ratio(m, ar, res, reps) if ar else None) or inspector.speed(m, res, reps) for m in res},
+        spread or 0.0,
+    )
+    m = top[0]
+    figures = ", ".join([f"{inspector.speed(m, res, reps):.1f} tok/s", *inspector.speedups(m, res, reps)])
+    if spread is None:
+        return MSG["winner_unsure"].format(label=METHOD_LABELS[m], figures=figures)
+    if len(top) > 1:
+        return MSG["tie"].format(
+            labels=", ".join(METHOD_SHORT[x] for x in top), noise=spread, label=METHOD_LABELS[m], figures=figures
+        )
+    return MSG["winner"].format(label=METHOD_LABELS[m], figures=figures, noise=spread)
 
 
 def lane_title(key: str, r: RunResult | None, models: list[str] | tuple[str, ...] = ()) -> str:

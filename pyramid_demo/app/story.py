@@ -143,7 +143,8 @@ def load_line(results: dict[str, RunResult], profile: dict | None, changed: bool
 
 
 def markdown(results: dict[str, RunResult], profile: dict | None, repeats: Repeats | None = None) -> str:
-    """The story: noise, load, then one row per method with its verdict."""
+    """The story: noise, load, one row of figures per method, then each method's verdict in words under the table
+    (prose in a table cell squeezes the figures' columns until their numbers break)."""
     if not results:
         return ""
     spread = race_noise(results, repeats)
@@ -164,8 +165,8 @@ def markdown(results: dict[str, RunResult], profile: dict | None, repeats: Repea
     )
     lines += [
         "",
-        "| method | tok/s | × AR | idle tok/s | idle × AR | × profile | α | tokens / pass (to match AR) | verdict |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| method | tok/s | × AR | idle tok/s | idle × AR | × profile | α | tokens / pass (to match AR) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for row in table:
         alpha = _fmt(row.get("alpha"))
@@ -175,8 +176,9 @@ def markdown(results: dict[str, RunResult], profile: dict | None, repeats: Repea
         lines.append(
             f"| {short_name(row['method'])} | {row['measured']:.1f} | {_fmt(row.get('x_ar'))} "
             f"| {_fmt(row['predicted'], 1)} | {_fmt(row.get('x_ar_predicted'))} | {_fmt(row['factor'], 1)} "
-            f"| {alpha} | {need} | {row['verdict']} |"
+            f"| {alpha} | {need} |"
         )
+    lines += ["", *(f"- **{short_name(row['method'])}**: {row['verdict']}" for row in table)]
     lines += ["", insertion_line(results, profile)]
     return "\n".join(lines)
 

@@ -34,7 +34,15 @@ LABELS = {
     "target": "Target model id",
     "side_by_side": "Chain vs tree side by side",
     "qualifier_alone": "Add a reference lane: the qualifier alone",
+    "trace": "Trace (JSON)",
+    "table": "Race results (CSV)",
+    "race_page": "Race as a web page (HTML)",
 }
+EXPORT_NOTE = (
+    "Download every race of this session: the full step trace as JSON, the race table as CSV, and **the race as a "
+    "web page**: one file that replays every lane at its measured speed and plays any target pass beat by beat in "
+    "any browser, offline (no Python, no models, no network): for a classroom or a message."
+)
 
 WHATIF_LABELS = {"tau_q": "what-if τ_Q (stage 1 rounds)", "tau_t": "what-if τ_T (target round)"}
 
