@@ -78,3 +78,37 @@ def test_in_a_pyramid_the_draft_reads_the_qualifiers_states_at_the_kept_rows(fam
     assert torch.allclose(states.f[:n], fresh.publish.f[:n], atol=1e-4), (
         (states.f[:n] - fresh.publish.f[:n]).abs().max()
     )
+
+
+@pytest.mark.slow
+def test_the_offline_shape_decodes_through_real_compiled_packages(family, monkeypatch, tmp_path):
+    """Rule: with the target's and the int4 qualifier's compiled packages built for this CPU (a minute for tiny
+    models, so in this tier), a run opens them, PSD_A and SD at T=0 still write AR's text, and the states the
+    qualifier's package publishes for the draft are the eager pass's at the kept rows (within float rounding)."""
+    from pyramid_demo.forward import compiled
+    from pyramid_demo.forward.core import CoreLM
+    from pyramid_demo.forward.lm import forward_of
+
+    family, prompt = family
+    monkeypatch.setenv("PYRAMID_DEMO_CACHE", str(tmp_path))
+    for model in (family.target, family.qualifier):
+        ok, note = compiled.ensure(model)
+        assert ok, note
+    try:
+        assert forward_of(family.target) == forward_of(family.qualifier) == "compiled"
+        ar = generate(family, prompt, DecodeConfig(method="ar", max_new_tokens=24))
+        for method, shape in (("sd", "chain"), ("psd_a", "chain"), ("psd_a", "tree")):
+            lms = _spy(monkeypatch)
+            cfg = DecodeConfig(method=method, stage2="sd", l_d=2, l_q=4, shape=shape, tree_nodes=6, max_new_tokens=24)
+            out = generate(family, prompt, cfg)
+            assert out.token_ids == ar.token_ids, (method, shape)
+            assert out.forwards["target"] == "compiled" and set(out.forwards.values()) <= {"compiled", "feature"}
+            role = "qualifier" if method == "psd_a" else "target"
+            verifier, n = lms[role], lms[role].publish.n
+            eager = CoreLM(family.model(role), family.vocab_size, role)  # the core pass without its package
+            eager.publish = TargetStates(verifier.publish.taps)
+            eager.forward(list(verifier.ids[:n]), 0, 1)
+            assert torch.allclose(verifier.publish.f[:n], eager.publish.f[:n], atol=1e-3), (method, shape)
+    finally:
+        for model in (family.target, family.qualifier):
+            compiled.attach(model, None)  # later tests in this process run the eager pass again
