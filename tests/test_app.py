@@ -12,6 +12,7 @@ import plotly.graph_objects as go
 import pytest
 import torch
 
+from pyramid_demo import clock
 from pyramid_demo.app import charts, inspector, render, views
 from pyramid_demo.app import handlers as h
 from pyramid_demo.app.session import Session
@@ -189,20 +190,20 @@ def test_top5_decodes_every_role(done) -> None:
 
 def test_a_winner_only_beyond_the_races_noise(done, monkeypatch) -> None:
     """Rule: the banner and the × AR / × SD cells call a method faster only when its margin exceeds the
-    race's timing noise (inspector.race_noise); within it they say tie, and without a noise figure the
+    race's timing noise (clock.race_noise); within it they say tie, and without a noise figure the
     banner says it cannot judge."""
     session, _ = done
     race_ = session.races[-1]
     x_ar = RACE_COLUMNS.index("× AR")
-    monkeypatch.setattr(inspector, "race_noise", lambda r, reps=None: 10.0)  # everything within the noise
+    monkeypatch.setattr(clock, "race_noise", lambda r, reps=None: 10.0)  # everything within the noise
     assert "Tie within this race's noise band (1000%)" in h.winner_line(race_)
     rows = inspector.race_rows([race_])
     assert all("tie" in str(row[x_ar]) for row in rows if row[1] != "ar") and rows[0][x_ar] == 1.0
-    monkeypatch.setattr(inspector, "race_noise", lambda r, reps=None: 0.0)
-    speeds = sorted(inspector.speed_ratio(m, "ar", race_.results, race_.repeats) for m in race_.results)
+    monkeypatch.setattr(clock, "race_noise", lambda r, reps=None: 0.0)
+    speeds = sorted(clock.speed_ratio(m, "ar", race_.results, race_.repeats) for m in race_.results)
     if speeds[-1] > speeds[-2]:  # a strict winner at zero noise
         assert "🏆" in h.winner_line(race_) and " won: " in h.winner_line(race_) and "(0%)" in h.winner_line(race_)
-    monkeypatch.setattr(inspector, "race_noise", lambda r, reps=None: None)
+    monkeypatch.setattr(clock, "race_noise", lambda r, reps=None: None)
     assert "too few forwards" in h.winner_line(race_)
 
 
@@ -226,15 +227,12 @@ def test_models_are_warmed_before_the_clocks_and_one_time_costs_shown_apart(monk
     """Every model is warmed (the cost profile read from setup's record) before the first lane's clock starts; the
     load and warm-up times are shown under the finished race's lanes, in no lane's time (the status line
     says who won)."""
-    from pyramid_demo.bench import runner
     from pyramid_demo.predict import measure
 
     events = []
-    real_warm, real_stream = measure.warm_up, runner.stream
+    real_warm, real_stream = measure.warm_up, clock.stream
     monkeypatch.setattr(measure, "warm_up", lambda m, *a: events.append(("warm", sorted(m))) or real_warm(m, *a))
-    monkeypatch.setattr(
-        runner, "stream", lambda *a, **k: events.append(("stream", a[2].method)) or real_stream(*a, **k)
-    )
+    monkeypatch.setattr(clock, "stream", lambda *a, **k: events.append(("stream", a[2].method)) or real_stream(*a, **k))
     session = h.new_session()
     status, lanes = race(session)[-1][:2]
     assert events[0] == ("warm", ["draft", "qualifier", "target"]) and events[1][0] == "stream"

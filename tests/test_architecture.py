@@ -294,3 +294,19 @@ def test_the_product_never_imports_training(imports) -> None:
 def test_the_training_package_is_seen(graph) -> None:
     """The rule above reads the training package too: its modules are in the graph and import the product."""
     assert "training.feature_cli" in graph and "pyramid_demo.models.feature_draft" in graph["training.feature_train"]
+
+
+def test_the_app_stands_on_the_clock_not_the_bench(graph) -> None:
+    """Rule: the page and the bench time runs with one clock (`pyramid_demo.clock`) below both; nothing under
+    `pyramid_demo/app/` (nor `app.py`) reaches `pyramid_demo.bench` or a peer, so the race's quiet decode runs no
+    code of the benchmark's CLI."""
+    app_modules = [m for m in graph if m == "app" or m.startswith("pyramid_demo.app")]
+    reached = {m: sorted(x for x in reachable(graph, m) if x.startswith("pyramid_demo.bench")) for m in app_modules}
+    assert not {m: r for m, r in reached.items() if r}
+    assert (
+        "pyramid_demo.clock" in graph["pyramid_demo.app.quiet"]
+        and "pyramid_demo.clock" in graph["pyramid_demo.bench.runner"]
+    )
+    assert not {
+        x for x in reachable(graph, "pyramid_demo.clock") if x.startswith(("pyramid_demo.app", "pyramid_demo.bench"))
+    }

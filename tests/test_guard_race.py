@@ -11,9 +11,9 @@ import pytest
 from test_playback import WORDS, block, decode, rnd, step
 from test_race_view import even, race_of
 
-from pyramid_demo.app import inspector, playback, quiet
+from pyramid_demo import clock
+from pyramid_demo.app import playback, quiet
 from pyramid_demo.app.session import Race
-from pyramid_demo.bench import runner
 from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.methods import lanes
 from pyramid_demo.core.stats import agreement, prefix_agreement
@@ -27,20 +27,20 @@ def test_the_band_is_the_noisiest_lanes_spread():
     race = race_of(
         [{"ar": even(10, a), "sd": even(10, s), "psd_a": even(10, n)} for a, s, n in zip(ar_s, steady_s, noisy_s)]
     )
-    noisy = noise.relative_spread(inspector.paired_ratios("psd_a", "ar", race.repeats))
-    steady = noise.relative_spread(inspector.paired_ratios("sd", "ar", race.repeats))
+    noisy = noise.relative_spread(clock.paired_ratios("psd_a", "ar", race.repeats))
+    steady = noise.relative_spread(clock.paired_ratios("sd", "ar", race.repeats))
     assert steady == pytest.approx(0.0, abs=1e-3) and noisy > 0.2
-    assert inspector.race_noise(race.results, race.repeats) == pytest.approx(noisy / math.sqrt(3), rel=1e-3)
+    assert clock.race_noise(race.results, race.repeats) == pytest.approx(noisy / math.sqrt(3), rel=1e-3)
 
 
 def test_without_ar_the_band_is_the_widest_spread_of_a_lanes_speeds():
     """Rule: with no AR lane to pair with, the band is the widest spread of any lane's speeds over repeats (÷ √ the
     fewest repeats), not the steadiest lane's."""
     race = race_of([{"sd": even(10, 0.8), "psd_a": even(10, n)} for n in (0.5, 0.6, 0.75)])
-    speeds = inspector.lane_speeds("psd_a", race.results, race.repeats)
+    speeds = clock.lane_speeds("psd_a", race.results, race.repeats)
     want = noise.relative_spread(speeds) / math.sqrt(3)
     assert want > 0.05
-    assert inspector.race_noise(race.results, race.repeats) == pytest.approx(want, rel=1e-3)
+    assert clock.race_noise(race.results, race.repeats) == pytest.approx(want, rel=1e-3)
 
 
 def _quiet_race(monkeypatch, lane_s: float, n_lanes: int = 2) -> tuple[int, float]:
@@ -52,8 +52,8 @@ def _quiet_race(monkeypatch, lane_s: float, n_lanes: int = 2) -> tuple[int, floa
         spent.append(lane_s)
         return SimpleNamespace(stats=SimpleNamespace(stopped="max_new_tokens", tokens_per_s=1.0)), lane_s
 
-    monkeypatch.setattr(runner, "warm_up", lambda *a, **k: None)
-    monkeypatch.setattr(runner, "timed", timed)
+    monkeypatch.setattr(clock, "warm_up", lambda *a, **k: None)
+    monkeypatch.setattr(clock, "timed", timed)
     monkeypatch.setattr(quiet, "SETTLE_S", 0.0)
     chosen = tuple(lanes())[:n_lanes]
     race = Race(n=1, preset="tiny-random", models=[], prompt="hi", config={}, lanes=tuple(x.key for x in chosen))

@@ -10,11 +10,13 @@ import warnings
 
 import pytest
 
+from pyramid_demo import clock
 from pyramid_demo.app import handlers as h
 from pyramid_demo.app import inspector, quiet
 from pyramid_demo.app.session import Race
 from pyramid_demo.app.text import MSG, RACE_COLUMNS
 from pyramid_demo.bench import runner
+from pyramid_demo.bench.variants import Variant
 from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.methods import lanes
 from pyramid_demo.core.run import prepare_prompt
@@ -44,10 +46,9 @@ KEYS = [lane.key for lane in lanes()]
 
 
 @pytest.fixture(autouse=True)
-def no_settle(monkeypatch, tmp_path):
-    """No pause after a progress line (the browser is not there), and cost profiles in a scratch folder."""
+def no_settle(monkeypatch):
+    """No pause after a progress line (the browser is not there)."""
     monkeypatch.setattr(quiet, "SETTLE_S", 0.0)
-    monkeypatch.setenv("PYRAMID_DEMO_PROBE_CACHE", str(tmp_path))
 
 
 def race(session, prompt: str = "hello", **over) -> list:
@@ -58,7 +59,7 @@ def race(session, prompt: str = "hello", **over) -> list:
 
 def spy(monkeypatch, events: list, on_pass=None) -> None:
     """Log every timed lane's passes ("pass", run, lane method) and every warm-up run ("warm", method, tokens)."""
-    real_stream, real_generate, runs = runner.stream, runner.generate, itertools.count()
+    real_stream, real_generate, runs = clock.stream, clock.generate, itertools.count()
 
     def stream(triplet, ids, cfg, **kw):
         n = next(runs)
@@ -72,8 +73,8 @@ def spy(monkeypatch, events: list, on_pass=None) -> None:
         events.append(("warm", cfg.method, cfg.max_new_tokens))
         return real_generate(triplet, ids, cfg, **kw)
 
-    monkeypatch.setattr(runner, "stream", stream)
-    monkeypatch.setattr(runner, "generate", generate)
+    monkeypatch.setattr(clock, "stream", stream)
+    monkeypatch.setattr(clock, "generate", generate)
 
 
 def test_nothing_reaches_the_page_while_a_lane_is_timed(monkeypatch):
@@ -100,15 +101,15 @@ def test_nothing_reaches_the_page_while_a_lane_is_timed(monkeypatch):
 
 
 def test_lanes_are_warmed_then_interleaved_with_the_benchs_own_code(monkeypatch):
-    """Rule: the race runs `bench.runner.warm_up` (each lane once, 8 tokens at most, untimed) and then
-    `bench.runner.timed` for every lane, the lanes taking turns (A B C … A B C …) for MAX_REPEATS repeats, or one
+    """Rule: the race runs `clock.warm_up` (each lane once, 8 tokens at most, untimed) and then
+    `clock.timed` for every lane, the lanes taking turns (A B C … A B C …) for MAX_REPEATS repeats, or one
     when a repeat would pass the time budget."""
     events: list = []
     spy(monkeypatch, events)
     shared = []
-    warm_up = runner.warm_up
+    warm_up = clock.warm_up
     monkeypatch.setattr(
-        runner, "warm_up", lambda t, vs, *a, **k: shared.append([v.label for v in vs]) or warm_up(t, vs, *a, **k)
+        clock, "warm_up", lambda t, vs, *a, **k: shared.append([v.label for v in vs]) or warm_up(t, vs, *a, **k)
     )
     race(h.new_session())
     methods = [lane.method for lane in lanes()]
@@ -174,7 +175,7 @@ def test_the_race_and_the_bench_count_alike():
     tok_s = RACE_COLUMNS.index("tok/s")
     table = {row[1]: row for row in inspector.race_rows([r])}
     for v in quiet.variants(lanes(), base):
-        row, toks = runner.run_variant(triplet, v, ids, True)
+        row, toks = runner.run_variant(triplet, Variant(v.label, v.method, v.cfg, v.solo), ids, True)
         rec = r.results[v.label].stats
         assert toks == r.results[v.label].token_ids and row["n_new_tokens"] == rec.n_new_tokens == len(toks)
         assert row["target_passes"] == rec.target_passes == len(r.results[v.label].steps)

@@ -9,6 +9,7 @@ import re
 import pytest
 from helpers import compute_stats
 
+from pyramid_demo import clock
 from pyramid_demo.app import handlers as h
 from pyramid_demo.app import inspector, race_view, render, replay, story
 from pyramid_demo.app.session import Race, Session
@@ -216,14 +217,14 @@ def test_the_noise_band_comes_from_the_repeats_and_narrows_with_more():
     narrow it by √2."""
     race = three_repeats()
     want = iqr_over_median([a / p for a, p in zip(AR_S, PSD_S)]) / math.sqrt(3)
-    assert inspector.race_noise(race.results, race.repeats) == pytest.approx(want, rel=1e-3)  # tok/s: 3 decimals
+    assert clock.race_noise(race.results, race.repeats) == pytest.approx(want, rel=1e-3)  # tok/s: 3 decimals
     assert want < iqr_over_median([10 / s for s in AR_S]) / math.sqrt(3)  # AR's own speeds wobble more
     drifting = race_of([{"ar": even(10, a), "psd_a": even(10, 0.8 * a)} for a in (1.0, 2.0, 3.0)])
-    assert inspector.race_noise(drifting.results, drifting.repeats) == pytest.approx(0.0, abs=1e-3)
+    assert clock.race_noise(drifting.results, drifting.repeats) == pytest.approx(0.0, abs=1e-3)
 
     def band(speeds: list[float]) -> float:
         r = race_of([{"ar": even(10, 10 / v)} for v in speeds])
-        return inspector.race_noise(r.results, r.repeats)
+        return clock.race_noise(r.results, r.repeats)
 
     assert band([9, 10, 11]) == pytest.approx(0.1 / math.sqrt(3), rel=1e-3)
     assert band([9, 9.5, 9.5, 10.5, 10.5, 11]) == pytest.approx(0.1 / math.sqrt(6), rel=1e-3)
@@ -235,7 +236,7 @@ def test_a_method_is_called_faster_only_outside_the_band():
     0.95–1.15× (inside its band) the status line says tie and the story says a tie with AR; with one repeat and no
     forwards to measure, no band: the winner is named as unsure."""
     race = three_repeats()
-    band = inspector.race_noise(race.results, race.repeats)
+    band = clock.race_noise(race.results, race.repeats)
     said = h.winner_line(race)
     assert "**PSD_A (assisted pyramid)** won: 12.5 tok/s, ×1.25 vs AR" in said and f"({band:.0%})" in said
     row = {r["method"]: r for r in story.rows(race.results, None, race.repeats)}["psd_a"]

@@ -24,15 +24,6 @@ SOLO = LANES[KEY].solo
 PROMPT = "hello world"  # tiny-random (seed 0): its qualifier writes the target's first 4 tokens, then leaves them
 
 
-@pytest.fixture(scope="module", autouse=True)
-def own_cache(tmp_path_factory):
-    """Cost profiles go to a fresh cache folder, not the user's."""
-    mp = pytest.MonkeyPatch()
-    mp.setenv("PYRAMID_DEMO_PROBE_CACHE", str(tmp_path_factory.mktemp("watch_lane_cache")))
-    yield
-    mp.undo()
-
-
 def first_left(out: list[int], ref: list[int]) -> int:
     """By hand: the first index where out and ref differ (both as long, and they must differ)."""
     assert len(out) == len(ref)

@@ -7,11 +7,12 @@ import itertools
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from ..clock import Repeats, speed
 from ..core.config import METHOD_SHORT, short_name
 from ..core.stats import stage_rounds
 from ..core.trace import RunResult, StageRound, Step
 from ..predict.costs import measured_by_k
-from .inspector import Repeats, positions, round_tau, speed, speedups, stage_names, whatif_statuses
+from .inspector import positions, round_tau, speedups, stage_names, whatif_statuses
 from .render import METHOD_COLOURS, STATUS_COLOURS
 
 FONT_SIZE = 15  # large enough to read on a projector

@@ -244,7 +244,7 @@ def _race_steps(
     race.stopped = False
     race.note = " ".join(x for x in (getattr(triplet, "note", ""), session.budget_note) if x)
     race.exact_note = exact or (MSG["trees_not_exact"] if triplet.exact and triplet.tree_exact is False else "")
-    race.setup = MSG["setup"].format(load=load_s, warm=prep["warm_s"], profile=prep["profile_s"])
+    race.setup = MSG["setup"].format(load=load_s, warm=prep["warm_s"])
     session.budget_note = ""
     if again is None:
         if session.latest is not None:

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import math
 import statistics
 from dataclasses import dataclass
 
+from .. import clock
 from ..core import rules
 from ..core.config import short_name
-from ..core.methods import LANES
 from ..core.rules import fuzzy_passes
 from ..core.stats import STAGES, agreement, stage_rounds
 from ..core.trace import RunResult, StageRound, Step, TokenRec, accepted_path, parents_of
-from ..predict import noise
 from ..predict.walk_stats import cut_short
 from .playback import rounds
 from .session import Race
@@ -163,88 +161,28 @@ def result_export(r: RunResult) -> dict:
     return d
 
 
-Repeats = list[dict[str, RunResult]]  # a race's repeats, each lane key -> its run to the end (`Race.repeats`)
-
-
-def ratio(a: float, b: float | None) -> float | None:
-    return a / b if b else None
-
-
-def lane_speeds(key: str, results: dict[str, RunResult], repeats: Repeats | None = None) -> list[float]:
-    """A lane's tok/s in each repeat that ran it to its end; a lane without one, its record's."""
-    return [rep[key].stats.tokens_per_s for rep in repeats or () if key in rep] or [results[key].stats.tokens_per_s]
-
-
-def speed(key: str, results: dict[str, RunResult], repeats: Repeats | None = None) -> float:
-    """A lane's speed as the bench states one: the median tok/s over its repeats."""
-    return statistics.median(lane_speeds(key, results, repeats))
-
-
-def paired_ratios(key: str, base: str, repeats: Repeats | None) -> list[float]:
-    """key's tok/s ÷ base's in each repeat that ran both to the end: a repeat the machine slowed throughout cancels."""
-    return [
-        x
-        for rep in repeats or ()
-        if key in rep and base in rep
-        if (x := ratio(rep[key].stats.tokens_per_s, rep[base].stats.tokens_per_s)) is not None
-    ]
-
-
-def speed_ratio(key: str, base: str, results: dict[str, RunResult], repeats: Repeats | None = None) -> float | None:
-    """key's speed ÷ base's as the bench states it: the median of `paired_ratios` (no repeats: of the records)."""
-    xs = paired_ratios(key, base, repeats) or paired_ratios(key, base, [results])
-    return statistics.median(xs) if xs else None
-
-
-def race_noise(results: dict[str, RunResult], repeats: Repeats | None = None) -> float | None:
-    """The race's relative noise band, what its × AR figures wobble by: the widest spread of a lane's ratio to the AR
-    run of its repeat, ÷ √repeats (a machine that slows both runs of a pair alike does not widen it). Without two
-    paired repeats: the spread of same-size forwards (predict.noise) and of each lane's speeds. None: nothing."""
-    reps, base = repeats or [], baseline_lane("ar", results)
-    if base and (paired := [x for k in results if k != base if len(x := paired_ratios(k, base, reps)) >= 2]):
-        return max(noise.relative_spread(x) or 0.0 for x in paired) / math.sqrt(min(map(len, paired)))
-    groups: dict = {}
-    for r in (r for rep in reps or [results] for r in rep.values()):
-        for key, ts in noise.same_k_forwards(r.steps).items():
-            groups.setdefault(key, []).extend(ts)
-    speeds = [lane_speeds(k, results, repeats) for k in results]
-    spreads = [noise.timing_noise(groups), *(noise.relative_spread(x) for x in speeds)]
-    worst = max((x for x in spreads if x is not None), default=None)
-    return None if worst is None else worst / math.sqrt(min(len(x) for x in speeds))
-
-
-def within_noise(x: float | None, spread: float | None) -> bool:
-    """True when a speed ratio x is within the noise band of 1 (never when either is unknown)."""
-    return x is not None and spread is not None and noise.compare(x, 1.0, spread) == 0
-
-
-def baseline_lane(method: str, results: dict[str, RunResult]) -> str | None:
-    """The lane a speed-up is measured against: the method's own lane, or side by side its chain's (from `LANES`)."""
-    if method in results:
-        return method
-    return next((k for k in results if k in LANES and LANES[k].method == method and LANES[k].shape == "chain"), None)
-
-
-def speedups(m: str, results: dict[str, RunResult], repeats: Repeats | None = None) -> list[str]:
+def speedups(m: str, results: dict[str, RunResult], repeats: clock.Repeats | None = None) -> list[str]:
     """["×1.80 vs AR", "×1.05 vs SD (tie within noise)"] for lane m: what the lanes, legend and status show."""
     out = []
-    spread = race_noise(results, repeats)
+    spread = clock.race_noise(results, repeats)
     for base in ("ar", "sd"):
-        key = baseline_lane(base, results)
+        key = clock.baseline_lane(base, results)
         if key is None or m == key or (base == "sd" and results[m].method == "ar"):
             continue
-        x = speed_ratio(m, key, results, repeats)
+        x = clock.speed_ratio(m, key, results, repeats)
         if x is not None:
-            out.append(f"×{x:.2f} vs {short_name(key)}" + (" (tie within noise)" if within_noise(x, spread) else ""))
+            out.append(
+                f"×{x:.2f} vs {short_name(key)}" + (" (tie within noise)" if clock.within_noise(x, spread) else "")
+            )
     return out
 
 
 def _times(m: str, base: str | None, race: Race, spread: float | None) -> float | str | None:
     """A table's × cell (m's speed ÷ base's, `speed_ratio`), marked when the gap is within the noise band."""
-    x = speed_ratio(m, base, race.results, race.repeats) if base else None
+    x = clock.speed_ratio(m, base, race.results, race.repeats) if base else None
     if x is None:
         return None
-    return f"{x:.2f} (tie: band {spread:.0%})" if m != base and within_noise(x, spread) else round(x, 2)
+    return f"{x:.2f} (tie: band {spread:.0%})" if m != base and clock.within_noise(x, spread) else round(x, 2)
 
 
 def race_rows(races: list[Race]) -> list[list]:
@@ -252,9 +190,9 @@ def race_rows(races: list[Race]) -> list[list]:
     rows = []
     for race in races:
         res, reps = race.results, race.repeats
-        ar, sd = baseline_lane("ar", res), baseline_lane("sd", res)
+        ar, sd = clock.baseline_lane("ar", res), clock.baseline_lane("sd", res)
         greedy = not race.config.get("temperature")
-        spread = race_noise(res, reps)
+        spread = clock.race_noise(res, reps)
         for m, r in res.items():
             s = r.stats
             acc = ", ".join(f"{k} {v:.0%}" for k, v in s.acceptance.items()) or "—"
@@ -268,7 +206,7 @@ def race_rows(races: list[Race]) -> list[list]:
                     len(done) if reps else 1,
                     s.n_new_tokens,
                     round(statistics.median(done or [s.decode_s]), 2),
-                    round(speed(m, res, reps), 1),
+                    round(clock.speed(m, res, reps), 1),
                     _times(m, ar, race, spread),
                     _times(m, sd, race, spread),
                     acc,

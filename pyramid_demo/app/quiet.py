@@ -1,6 +1,6 @@
-"""The race's timing, done as `bench` does it: its warm-up and its timed run (`bench.runner.warm_up`, `timed`), the
-lanes interleaved over repeats, and nothing drawn, charted or serialised while a clock runs. The page hears one
-progress line between lanes; it replays the records afterwards (`replay`)."""
+"""The race's timing on the clock the bench times with (`clock.warm_up`, `clock.timed`): the lanes interleaved over
+repeats, and nothing drawn, charted or serialised while a clock runs. The page hears one progress line between
+lanes; it replays the records afterwards (`replay`)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
-from ..bench import runner
-from ..bench.variants import Variant
+from .. import clock
 from ..core.config import DecodeConfig
 from ..core.methods import Lane
 from ..core.trace import RunResult
@@ -25,10 +24,10 @@ SETTLE_S = 0.05  # after a progress line, before the next clock: the browser dra
 SAME = ("preset", "models", "prompt", "config", "lanes")  # what two races share when the second adds repeats
 
 
-def variants(lanes: tuple[Lane, ...], base: DecodeConfig) -> list[Variant]:
-    """The race's lanes as the bench's variants on the race's settings (one seed: repeats differ by timing alone)."""
+def variants(lanes: tuple[Lane, ...], base: DecodeConfig) -> list[clock.Run]:
+    """The race's lanes as timed runs on the race's settings (one seed: repeats differ by timing alone)."""
     return [
-        Variant(lane.key, lane.method, replace(base, method=lane.method, shape=lane.shape or base.shape), lane.solo)
+        clock.Run(lane.key, lane.method, replace(base, method=lane.method, shape=lane.shape or base.shape), lane.solo)
         for lane in lanes
     ]
 
@@ -49,7 +48,7 @@ def decode(
     profile = race.profile if race.profile and "ms" in race.profile else None  # as the bench reads it
     try:
         yield MSG["warming"].format(n=race.n, k=len(vs))
-        runner.warm_up(triplet, vs, ids, profile=profile)
+        clock.warm_up(triplet, vs, ids, profile=profile)
         spent, done = 0.0, 0
         while not stop() and done < most and (done == 0 or spent * (done + 1) / done <= BUDGET_S):
             rep: dict[str, RunResult] = {}
@@ -57,7 +56,7 @@ def decode(
             for i, (lane, v) in enumerate(zip(lanes, vs)):
                 yield MSG["running"].format(n=race.n, label=lane.short, i=i + 1, total=len(vs), r=len(race.repeats))
                 time.sleep(SETTLE_S)
-                res, wall = runner.timed(triplet, v, ids, profile=profile, text=race.prompt, stop=stop)
+                res, wall = clock.timed(triplet, v, ids, profile=profile, text=race.prompt, stop=stop)
                 spent += wall
                 if res is not None and res.stats.stopped:
                     rep[lane.key] = res

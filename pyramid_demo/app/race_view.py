@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gradio as gr
 
+from .. import clock
 from ..core.config import METHOD_LABELS, METHOD_SHORT
 from ..core.methods import LANES, lane_label, method_spec
 from ..core.stats import first_divergence
@@ -41,7 +42,7 @@ def headline(m: str, r: RunResult | None, race: Race) -> str:
     s, reps = r.stats, race.repeats
     parts = [
         f"{s.n_new_tokens} tokens in {s.decode_s:.2f} s (prefill {s.prefill_s:.2f} s apart)",
-        f"{inspector.speed(m, race.results, reps):.1f} tok/s",
+        f"{clock.speed(m, race.results, reps):.1f} tok/s",
         *inspector.speedups(m, race.results, reps),
     ]
     if s.acceptance:
@@ -73,14 +74,14 @@ def winner_line(race: Race) -> str:
     if not res:
         return ""
     reps = [{m: r for m, r in rep.items() if m in res} for rep in race.repeats]
-    spread = inspector.race_noise(res, reps)
-    ar = inspector.baseline_lane("ar", res)
+    spread = clock.race_noise(res, reps)
+    ar = clock.baseline_lane("ar", res)
     top = leaders(
-        {m: (inspector.speed_ratio(m, ar, res, reps) if ar else None) or inspector.speed(m, res, reps) for m in res},
+        {m: (clock.speed_ratio(m, ar, res, reps) if ar else None) or clock.speed(m, res, reps) for m in res},
         spread or 0.0,
     )
     m = top[0]
-    figures = ", ".join([f"{inspector.speed(m, res, reps):.1f} tok/s", *inspector.speedups(m, res, reps)])
+    figures = ", ".join([f"{clock.speed(m, res, reps):.1f} tok/s", *inspector.speedups(m, res, reps)])
     if spread is None:
         return MSG["winner_unsure"].format(label=METHOD_LABELS[m], figures=figures)
     if len(top) > 1:

@@ -3,6 +3,7 @@ busy machine may not), and the lanes' load factors when it does not."""
 
 from __future__ import annotations
 
+from ..clock import Repeats, race_noise, speed, speed_ratio
 from ..core.config import short_name
 from ..core.trace import RunResult
 from ..predict import costs, insertion, noise
@@ -10,7 +11,7 @@ from ..predict.profile import cost_ms
 from ..predict.throughput import predict
 from ..predict.tree_costs import best_tree
 from ..predict.walk_stats import stage_counts
-from .inspector import Repeats, proposes_trees, race_noise, shape_summary, speed, speed_ratio
+from .inspector import proposes_trees, shape_summary
 
 BUSY = 1.25  # forwards this much slower than the profile: the machine was busy during the race
 ROLES = ("draft", "qualifier", "target")
@@ -161,7 +162,8 @@ def markdown(results: dict[str, RunResult], profile: dict | None, repeats: Repea
     lines.append(
         load_line(results, profile, any(disagrees(row, spread) for row in table))
         if profile
-        else "No cost profile for this family yet: it is measured before the next race."
+        else "No cost profile for this family on this machine: `python -m pyramid_demo prepare --models …` "
+        "(what setup runs for the default family) records one, and the next race reads it."
     )
     lines += [
         "",
@@ -281,10 +283,9 @@ def profile_markdown(profile: dict | None) -> str:
     """Where the profile comes from and what one forward costs, for the cost chart."""
     if not profile:
         return ""
-    how = "measured before this race" if profile.get("how") == "measured" else "cached for this machine"
     return (
-        f"**Cost profile** ({profile.get('dtype', '?')}, {profile.get('device', '?')}, {how}): one cached "
-        "forward of k new tokens, ms — "
+        f"**Cost profile** ({profile.get('dtype', '?')}, {profile.get('device', '?')}, recorded on this machine by "
+        "setup): one cached forward of k new tokens, ms — "
         + "; ".join(
             f"{role} k=1 {cost_ms(profile, role, 1):.1f}, k=5 {cost_ms(profile, role, 5):.1f}" for role in profile["ms"]
         )

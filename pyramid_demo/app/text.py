@@ -98,8 +98,7 @@ MSG = {
     "warming": "🏁 Race {n}: warming up each of its {k} lanes (short untimed runs, as the bench does)…",
     "running": "🏁 Race {n}: running quietly, nothing drawn while a lane is timed: decoding {label}, {i} of {total} "
     "(repeat {r})…",
-    "setup": "One-time costs, in no lane's time: load {load:.1f} s · warm-up of every model {warm:.2f} s · cost "
-    "profile {profile:.1f} s.",
+    "setup": "One-time costs, in no lane's time: load {load:.1f} s · warm-up of every model {warm:.2f} s.",
     "done": "✅ Race {n} finished: every lane timed {k}× with nothing drawn, now replayed at its measured speed. "
     "▶ Play any target pass below the lanes or in the " + TABS["inspect"] + " tab to see why tokens were kept.",
     "stopped": "⏹ Race {n} stopped. Partial results are kept; press " + BUTTONS["run"] + " to start again.",

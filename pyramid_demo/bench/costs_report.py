@@ -27,7 +27,7 @@ def row_record(steps: list[Step], method: str | None = None, config: dict | None
     if method is not None:
         rec["engine"] = engine_costs.census(steps, method, config)
         rec["tree_forwards"] = costs.tree_forward_counts(steps, method, config)
-        rec["shape"] = shape_of(method, config)  # the run's own, whether or not the row has a column for it
+        rec["shape"] = shape_of(config)  # the run's own, whether or not the row has a column for it
     return {"cost_record": rec}
 
 
@@ -95,7 +95,7 @@ def finish(rows: list[dict], prof: dict | None) -> dict:
     for d in out:
         d["why"] = costs.verdict(d["method"], d, (d["measured_tokens_per_s"], ar) if ar else None)
     out.sort(key=lambda d: (METHODS.index(d["method"]) if d["method"] in METHODS else 99, d["variant"]))
-    sd = next((d for d in out if d["method"] == "sd" and shape_of("sd", d.get("config")) == "chain"), {})
+    sd = next((d for d in out if d["method"] == "sd" and shape_of(d.get("config")) == "chain"), {})
     pyr = next((d for k in ("psd_a", "psd_f") for d in out if d["method"] == k), {})
     ins = insertion.insertion(prof, sd.get("alpha"), pyr.get("alpha_qualifier"), pyr.get("alpha"))
     worst = max(

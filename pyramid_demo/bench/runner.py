@@ -5,7 +5,6 @@ self-contained report.html."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import os
 import platform
@@ -18,19 +17,18 @@ from collections.abc import Callable
 import torch
 
 from .. import generate_cli, hardware_cli
+from ..clock import timed, warm_up
 from ..core.config import METHODS, DecodeConfig
 from ..core.methods import SOLO_ROLES, TREE_BUDGET, method_spec
-from ..core.run import generate, prepare_prompt, stream, takes_trees
+from ..core.run import generate, prepare_prompt
 from ..core.settings import SHAPES
 from ..core.stats import agreement as token_agreement  # one definition, shared with the app
 from ..core.stats import prefix_agreement
-from ..core.trace import RunResult
 from ..forward.lm import ModelTriplet
 from ..models import background
 from ..models.errors import LoadError
 from ..models.runtime import cpu_class
 from ..predict import throughput
-from ..predict.auto_shape import resolve_shape
 from . import costs_report, csqa, peers, report
 from .prompts import Prompt, load_prompts
 from .variants import GRID_TAUS, Variant, build_variants, name_models
@@ -169,53 +167,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 # ---------------------------------------------------------------- measuring
 def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
-
-
-def timed(
-    triplet: ModelTriplet,
-    v: Variant,
-    ids: list[int],
-    chat: bool = True,
-    profile: dict | None = None,
-    text: str | None = None,
-    stop: Callable[[], bool] | None = None,
-) -> tuple[RunResult | None, float]:
-    """One engine run timed as the bench's rows and the app's race are, the shape settled first: (record, wall s).
-    With `stop`: full records, `stop` polled after every target pass, the passes so far kept (None before one)."""
-    cfg, why = resolve_shape(v.cfg, profile, takes_trees(triplet, v.cfg.method))  # before the clock
-    t0 = time.perf_counter()
-    if stop is None:
-        res: RunResult | None = generate(
-            triplet, ids, cfg, chat=chat, text=text, full_records=False, shape_why=why, solo=v.solo
-        )
-    else:
-        res, runs = None, stream(triplet, ids, cfg, chat=chat, text=text, shape_why=why, solo=v.solo)
-        with contextlib.closing(runs):  # a stopped run's full records are built as its stream closes
-            for res in runs:  # noqa: B007
-                if stop():
-                    break
-    return res, time.perf_counter() - t0
-
-
-def warm_up(
-    triplet: ModelTriplet,
-    variants: list[Variant],
-    ids: list[int],
-    chat: bool = True,
-    profile: dict | None = None,
-    tokens: int = 8,
-    before: Callable[[Variant], None] = lambda v: None,
-) -> None:
-    """One short untimed run (`tokens` new tokens) of each method and shape, so no timed run pays a first call."""
-    for v in {v.label: v for v in reversed(variants)}.values():
-        before(v)
-        run_variant(
-            triplet,
-            dataclasses.replace(v, cfg=dataclasses.replace(v.cfg, max_new_tokens=min(tokens, v.cfg.max_new_tokens))),
-            ids,
-            chat,
-            profile,
-        )
 
 
 def run_variant(
@@ -363,6 +314,7 @@ def run_bench(
         usable,
         warmup_tokens,
         lambda v: bar.set_postfix_str(f"warm-up {v.label}") or bar.update(),
+        lambda v: run_variant(triplet, v, prepared[0][2], chat, usable),  # a peer warms up too
     )
     speeds_one = _model_speeds(triplet, variants, prepared[0][2])
     rows: list[dict] = []

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .. import generate_cli
+from ..clock import Run
 from ..core.config import METHODS, DecodeConfig
 from ..core.methods import SOLO_LANES, lane_label, lossless, method_spec, retired
 from ..core.settings import SHAPES
@@ -19,13 +20,8 @@ GRID_NAMES = {"tau_t": "tauT", "tau_q": "tauQ", "l_d": "lD", "l_q": "lQ"}  # in 
 
 
 @dataclass(frozen=True)
-class Variant:
+class Variant(Run):
     """One benchmarked setting: an engine method with its config, an HF peer, or a reference (`solo`: one member)."""
-
-    label: str
-    method: str
-    cfg: DecodeConfig
-    solo: str | None = None
 
     @property
     def kind(self) -> str:

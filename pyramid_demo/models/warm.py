@@ -12,15 +12,15 @@ def cost_profile(triplet: Any, measure_now: bool = False) -> dict | None:
     """The family's cost profile as setup recorded it ("how": "cached"); `measure_now` measures one ("measured")."""
     rec = family_record(triplet)
     if rec and rec.get("profile"):
-        return {**rec["profile"], "how": "cached", "probe_s": 0.0}
+        return {**rec["profile"], "how": "cached"}
     if not measure_now:
         return None
     rec = measure_family(triplet)
-    return {**rec["profile"], "how": "measured", "probe_s": rec["measure_s"]}
+    return {**rec["profile"], "how": "measured"}
 
 
 def prepare(triplet: Any, prompt_ids: list[int]) -> dict:
     """Warm every model (no lane's clock pays first-call costs); the cached profile, if any."""
     models = {r: triplet.model(r) for r in ("draft", "qualifier", "target")}
     warm_s = measure.warm_up(models, triplet.vocab_size, prompt_ids)
-    return {"profile": cost_profile(triplet), "warm_s": round(warm_s, 3), "profile_s": 0.0}
+    return {"profile": cost_profile(triplet), "warm_s": round(warm_s, 3)}

@@ -33,7 +33,7 @@ def forward_counts(steps: list[Step]) -> dict[str, dict[int, int]]:
 def tree_forward_counts(steps: list[Step], method: str, config: dict | None = None) -> dict[str, dict[int, int]]:
     """Of `forward_counts`, those that fed tree rows: the tree stage's verifier passes and the proposer's levels."""
     out: dict[str, dict[int, int]] = {}
-    if not method or shape_of(method, config) != "tree":
+    if not method or shape_of(config) != "tree":
         return out
     stage = engine_costs.tree_stage(method)
     for s in steps:
@@ -119,7 +119,7 @@ def model_from_counts(method: str, counts: dict, config: dict, profile: dict) ->
     out: dict[str, Any] = {"ar_tokens_per_s": round(ar, 3)}
     if spec.proposer is None:
         return out
-    tree = shape_of(method, config) == "tree"
+    tree = shape_of(config) == "tree"
     fuzzy_t = target_rule(method, str(config.get("stage2", "fuzzy"))) == "fuzzy"
     out["alpha"] = a_t = alpha(counts.get("target"))
     try:

@@ -43,7 +43,7 @@ def _round_units(rnd: StageRound, tree: bool, out: dict[str, Any]) -> None:
 def census(steps: list[Step], method: str, config: dict | None = None) -> dict[str, Any]:
     """Units of engine work a recorded run did (`UNITS`, and tree compactions per role); adds up over runs (`add`)."""
     out: dict[str, Any] = {**{u: 0 for u in UNITS}, "keep": {}}
-    tree, stage = shape_of(method, config) == "tree", tree_stage(method)
+    tree, stage = shape_of(config) == "tree", tree_stage(method)
     for s in steps:
         out["step"] += 1
         out["feed"] += sum(s.n_forward.values()) if s.n_forward else len(s.fed.get("target", [])) or 1

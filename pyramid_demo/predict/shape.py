@@ -6,6 +6,6 @@ from collections.abc import Mapping
 from typing import Any
 
 
-def shape_of(method: str, config: Mapping[str, Any] | None = None) -> str:
-    """ "tree" where the run's (resolved) setting says so, else "chain" (`method` only keeps the callers' signature)."""
+def shape_of(config: Mapping[str, Any] | None) -> str:
+    """ "tree" where the run's (resolved) setting says so, else "chain"."""
     return "tree" if (config or {}).get("shape") == "tree" else "chain"

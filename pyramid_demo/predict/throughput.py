@@ -28,7 +28,7 @@ def lengths(
             out["gamma"] = out["l_q"] = mean["target"]
         if "qualifier" in mean:
             out["l_d"] = mean["qualifier"]
-    if method is not None and shape_of(method, cfg) == "tree":
+    if method is not None and shape_of(cfg) == "tree":
         spec = method_spec(method)
         cap = cfg.get("l_d") if spec.pyramid else cfg.get("tree_nodes")
         out["levels"] = min(int(cfg.get("tree_depth") or 1), int(cap or cfg.get("tree_depth") or 1))

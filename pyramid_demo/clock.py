@@ -1,0 +1,143 @@
+"""The clock both the race (`app/quiet.py`) and the bench (`bench/runner.py`) time runs with: a short untimed run of
+each first, then each run timed to its end (or a Stop) with its shape settled before the clock; and how repeats are
+read: a lane's median speed, its speed-up paired with the baseline's run of the same repeat, and the noise band of
+those ratios. It knows no page and no peer."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from .core.config import DecodeConfig
+from .core.methods import LANES
+from .core.run import generate, stream, takes_trees
+from .core.trace import RunResult
+from .forward.lm import ModelTriplet
+from .predict import noise
+from .predict.auto_shape import resolve_shape
+
+
+@dataclass(frozen=True)
+class Run:
+    """One timed setting: a label, the engine's config, and (a reference run) the member that decodes alone."""
+
+    label: str
+    method: str
+    cfg: DecodeConfig
+    solo: str | None = None
+
+
+# ---------------------------------------------------------------- timing
+def timed(
+    triplet: ModelTriplet,
+    v: Run,
+    ids: list[int],
+    chat: bool = True,
+    profile: dict | None = None,
+    text: str | None = None,
+    stop: Callable[[], bool] | None = None,
+) -> tuple[RunResult | None, float]:
+    """One engine run timed as the bench's rows and the app's race are, the shape settled first: (record, wall s).
+    With `stop`: full records, `stop` polled after every target pass, the passes so far kept (None before one)."""
+    cfg, why = resolve_shape(v.cfg, profile, takes_trees(triplet, v.cfg.method))  # before the clock
+    t0 = time.perf_counter()
+    if stop is None:
+        res: RunResult | None = generate(
+            triplet, ids, cfg, chat=chat, text=text, full_records=False, shape_why=why, solo=v.solo
+        )
+    else:
+        res, runs = None, stream(triplet, ids, cfg, chat=chat, text=text, shape_why=why, solo=v.solo)
+        with contextlib.closing(runs):  # a stopped run's full records are built as its stream closes
+            for res in runs:  # noqa: B007
+                if stop():
+                    break
+    return res, time.perf_counter() - t0
+
+
+def warm_up(
+    triplet: ModelTriplet,
+    runs: Sequence[Run],
+    ids: list[int],
+    chat: bool = True,
+    profile: dict | None = None,
+    tokens: int = 8,
+    before: Callable[[Run], None] = lambda r: None,
+    run: Callable[[Run], object] | None = None,
+) -> None:
+    """One short untimed run (`tokens` new tokens) of each label, last first, so no timed run pays a first call;
+    `run` runs one (default: `timed`; the bench passes its own, which also runs its peers)."""
+    for r in {r.label: r for r in reversed(runs)}.values():
+        before(r)
+        short = dataclasses.replace(r, cfg=dataclasses.replace(r.cfg, max_new_tokens=min(tokens, r.cfg.max_new_tokens)))
+        if run is None:
+            timed(triplet, short, ids, chat, profile)
+        else:
+            run(short)
+
+
+# ---------------------------------------------------------------- reading repeats
+Repeats = list[dict[str, RunResult]]  # a race's repeats, each lane key -> its run to the end (`Race.repeats`)
+
+
+def ratio(a: float, b: float | None) -> float | None:
+    return a / b if b else None
+
+
+def lane_speeds(key: str, results: dict[str, RunResult], repeats: Repeats | None = None) -> list[float]:
+    """A lane's tok/s in each repeat that ran it to its end; a lane without one, its record's."""
+    return [rep[key].stats.tokens_per_s for rep in repeats or () if key in rep] or [results[key].stats.tokens_per_s]
+
+
+def speed(key: str, results: dict[str, RunResult], repeats: Repeats | None = None) -> float:
+    """A lane's speed as the bench states one: the median tok/s over its repeats."""
+    return statistics.median(lane_speeds(key, results, repeats))
+
+
+def paired_ratios(key: str, base: str, repeats: Repeats | None) -> list[float]:
+    """key's tok/s ÷ base's in each repeat that ran both to the end: a repeat the machine slowed throughout cancels."""
+    return [
+        x
+        for rep in repeats or ()
+        if key in rep and base in rep
+        if (x := ratio(rep[key].stats.tokens_per_s, rep[base].stats.tokens_per_s)) is not None
+    ]
+
+
+def speed_ratio(key: str, base: str, results: dict[str, RunResult], repeats: Repeats | None = None) -> float | None:
+    """key's speed ÷ base's as the bench states it: the median of `paired_ratios` (no repeats: of the records)."""
+    xs = paired_ratios(key, base, repeats) or paired_ratios(key, base, [results])
+    return statistics.median(xs) if xs else None
+
+
+def race_noise(results: dict[str, RunResult], repeats: Repeats | None = None) -> float | None:
+    """The race's relative noise band, what its × AR figures wobble by: the widest spread of a lane's ratio to the AR
+    run of its repeat, ÷ √repeats (a machine that slows both runs of a pair alike does not widen it). Without two
+    paired repeats: the spread of same-size forwards (predict.noise) and of each lane's speeds. None: nothing."""
+    reps, base = repeats or [], baseline_lane("ar", results)
+    if base and (paired := [x for k in results if k != base if len(x := paired_ratios(k, base, reps)) >= 2]):
+        return max(noise.relative_spread(x) or 0.0 for x in paired) / math.sqrt(min(map(len, paired)))
+    groups: dict = {}
+    for r in (r for rep in reps or [results] for r in rep.values()):
+        for key, ts in noise.same_k_forwards(r.steps).items():
+            groups.setdefault(key, []).extend(ts)
+    speeds = [lane_speeds(k, results, repeats) for k in results]
+    spreads = [noise.timing_noise(groups), *(noise.relative_spread(x) for x in speeds)]
+    worst = max((x for x in spreads if x is not None), default=None)
+    return None if worst is None else worst / math.sqrt(min(len(x) for x in speeds))
+
+
+def within_noise(x: float | None, spread: float | None) -> bool:
+    """True when a speed ratio x is within the noise band of 1 (never when either is unknown)."""
+    return x is not None and spread is not None and noise.compare(x, 1.0, spread) == 0
+
+
+def baseline_lane(method: str, results: dict[str, RunResult]) -> str | None:
+    """The lane a speed-up is measured against: the method's own lane, or side by side its chain's (from `LANES`)."""
+    if method in results:
+        return method
+    return next((k for k in results if k in LANES and LANES[k].method == method and LANES[k].shape == "chain"), None)
