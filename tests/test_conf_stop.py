@@ -11,7 +11,7 @@ from pyramid_demo.core.config import METHODS, DecodeConfig
 from pyramid_demo.core.engine import decode, prefill, roles_for
 from pyramid_demo.core.round import confidence, confident_prefix, propose_chain
 from pyramid_demo.core.run import generate
-from pyramid_demo.forward.lm import CachedLM
+from pyramid_demo.forward.lm import HFLM
 from pyramid_demo.models.tiny import tiny_random_triplet
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -78,7 +78,7 @@ def test_cache_lengths_with_conf_stop(tiny, method):
     """Early stops leave every cache holding only the committed prefix (T=1, so rounds vary)."""
     cfg = DecodeConfig(method=method, temperature=1.0, gamma=4, l_d=3, l_q=6, conf_stop=0.4, max_new_tokens=30)
     ids = tiny.tokenizer("hello world")["input_ids"]
-    lms = {r: CachedLM(tiny.model(r), tiny.vocab_size, r) for r in roles_for(method)}
+    lms = {r: HFLM(tiny.model(r), tiny.vocab_size, r) for r in roles_for(method)}
     prefill(lms, ids)
     seq = list(ids)
     for step in decode(lms, ids, as_run(cfg), (), torch.Generator().manual_seed(2)):

@@ -17,7 +17,7 @@ from transformers import (
 from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.run import generate
 from pyramid_demo.forward.core import CoreLM, visible
-from pyramid_demo.forward.lm import CachedLM, forward_of, open_lm
+from pyramid_demo.forward.lm import HFLM, forward_of, open_lm
 from pyramid_demo.forward.weights import covered
 from pyramid_demo.models.tiny import tiny_random_triplet
 
@@ -73,7 +73,7 @@ def test_logits_match_hf_on_each_family(name, one_thread):
     Mistral's sliding window, GQA, past the first capacity (a prefill of 300 grows the cache)."""
     model = family(name, init=0.5)  # large weights: a wrong rope, bias or window shows in the logits
     assert covered(model)
-    want = _passes(CachedLM(model, V, "t"), 300)
+    want = _passes(HFLM(model, V, "t"), 300)
     got = _passes(CoreLM(model, V, "t"), 300)
     assert (got - want).abs().max() < TOL
 
@@ -93,7 +93,7 @@ def test_each_tree_row_scores_as_steps_along_its_path(name, one_thread):
         while k >= 0:
             path.append(tree[k])
             k = parents[k]
-        ref = CachedLM(model, V, "t").feed(IDS[:30] + path[::-1], 1)[0]
+        ref = HFLM(model, V, "t").feed(IDS[:30] + path[::-1], 1)[0]
         assert (got[j] - ref).abs().max() < TOL, f"row {j}"
 
 
@@ -106,7 +106,7 @@ def test_a_kept_path_continues_as_a_fresh_chain(one_thread):
     lm.forward_tree(IDS[40:44], [-1, -1, 1, 2], 30)
     assert lm.keep_path([1, 2, 3]) == 33 and lm.ids == IDS[:30] + IDS[41:44]
     got = lm.feed(IDS[:30] + IDS[41:45], 1)
-    ref = CachedLM(model, V, "t").feed(IDS[:30] + IDS[41:45], 1)
+    ref = HFLM(model, V, "t").feed(IDS[:30] + IDS[41:45], 1)
     assert (got - ref).abs().max() < TOL
 
 
@@ -168,7 +168,7 @@ def test_open_lm_follows_forward_of(one_thread):
     assert forward_of(t.target) == "eager" and isinstance(open_lm(t.target, t.vocab_size, "target"), CoreLM)
     gpt = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=2)).eval()
     assert not covered(gpt) and forward_of(gpt) == "hf"
-    assert isinstance(open_lm(gpt, 64, "target"), CachedLM)
+    assert isinstance(open_lm(gpt, 64, "target"), HFLM)
 
 
 def test_greedy_ar_matches_hf_generate_and_sd_matches_ar(one_thread):

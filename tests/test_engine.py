@@ -10,7 +10,7 @@ from mock_lm import BigramLM, as_run, bigram_table
 from pyramid_demo.core.config import METHODS, DecodeConfig
 from pyramid_demo.core.engine import decode, prefill, roles_for
 from pyramid_demo.core.run import generate, stream
-from pyramid_demo.forward.lm import CachedLM
+from pyramid_demo.forward.lm import HFLM
 from pyramid_demo.models.tiny import tiny_random_triplet
 
 PROMPTS = ["hello", "The quick brown fox"]
@@ -86,7 +86,7 @@ def test_cache_lengths_after_every_rollback(tiny, method, temperature):
     qualifier hold the same, or less when their last fed token was not committed or never fed."""
     cfg = DecodeConfig(method=method, temperature=temperature, gamma=3, l_d=2, l_q=5, max_new_tokens=30)
     ids = tiny.tokenizer("hello world")["input_ids"]
-    lms = {r: CachedLM(tiny.model(r), tiny.vocab_size, r) for r in roles_for(method)}
+    lms = {r: HFLM(tiny.model(r), tiny.vocab_size, r) for r in roles_for(method)}
     prefill(lms, ids)
     check_caches(lms, ids)
     assert all(len(lm.ids) == len(ids) - 1 for lm in lms.values())

@@ -9,7 +9,7 @@ from transformers import LlamaForCausalLM
 
 from pyramid_demo.forward.core import CoreLM
 from pyramid_demo.forward.feature_lm import FeatureLM
-from pyramid_demo.forward.lm import CachedLM, forward_of
+from pyramid_demo.forward.lm import HFLM, forward_of
 from pyramid_demo.models import checks
 from pyramid_demo.models.feature_draft import FeatureDraft
 from pyramid_demo.models.tiny import tiny_random_triplet
@@ -74,7 +74,7 @@ def test_every_role_is_checked_on_the_forward_it_runs(monkeypatch):
     monkeypatch.setattr(checks, "open_lm", lambda m, v, role: opened.append((role, real(m, v, role))) or opened[-1][1])
     rec = checks.check_family(models, t.vocab_size, TREE_PLAN)
     assert set(rec) == {"draft", "qualifier", "target"}
-    kinds = {"feature": FeatureLM, "eager": CoreLM, "compiled": CoreLM, "hf": CachedLM}
+    kinds = {"feature": FeatureLM, "eager": CoreLM, "compiled": CoreLM, "hf": HFLM}
     checked = {role for role, _ in opened}
     assert checked == set(models)
     for role, lm in opened:

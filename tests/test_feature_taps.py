@@ -11,7 +11,7 @@ from pyramid_demo.core.engine import connect
 from pyramid_demo.core.run import generate
 from pyramid_demo.forward.cache import TargetStates, tap_layers, tap_norm
 from pyramid_demo.forward.core import CoreLM
-from pyramid_demo.forward.lm import CachedLM, open_lm
+from pyramid_demo.forward.lm import HFLM, open_lm
 from pyramid_demo.models.feature_draft import FeatureDraft, file_taps
 from pyramid_demo.models.tiny import tiny_random_triplet
 from training import feature_train as ft
@@ -40,7 +40,7 @@ def _expected(target, ids: list[int]) -> torch.Tensor:
     return torch.cat([*(tap_norm(got[i][0], eps) for i in taps), last], -1)
 
 
-@pytest.mark.parametrize("forward", [CachedLM, CoreLM])
+@pytest.mark.parametrize("forward", [HFLM, CoreLM])
 def test_every_forward_publishes_the_tapped_layers_a_reader_asks_for(forward):
     """With a reader that wants taps, the target's forward (HF's and the core one) hands out the tapped layers'
     normalised outputs before its final normed state, at every position; without, the final state alone."""

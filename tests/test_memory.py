@@ -13,7 +13,7 @@ from resident import held, key_of
 
 from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.run import generate
-from pyramid_demo.forward.lm import CachedLM
+from pyramid_demo.forward.lm import HFLM
 from pyramid_demo.forward.weights import covered, weights
 from pyramid_demo.models import loading, memory, placement
 from pyramid_demo.models.errors import LoadError
@@ -153,7 +153,7 @@ def test_a_family_split_across_places_races_like_one_on_a_single_device(tmp_path
         qualifier=copy.deepcopy(t.qualifier).to(torch.bfloat16),
     )  # another dtype: logits still meet as fp32
     assert is_placed(split.target) and "meta" in devices_of(split.target)
-    lm = CachedLM(split.target, split.vocab_size, "target")
+    lm = HFLM(split.target, split.vocab_size, "target")
     z = lm.feed([1, 2, 3, 4], keep=2)
     assert z.device.type == "cpu" and z.dtype == torch.float32 and lm.cache_len == 4
     lm.rollback([1, 2, 9])

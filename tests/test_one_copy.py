@@ -10,7 +10,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from pyramid_demo.forward.core import CoreLM
-from pyramid_demo.forward.lm import CachedLM
+from pyramid_demo.forward.lm import HFLM
 from pyramid_demo.forward.weights import Dense, weights
 
 V = 300
@@ -70,7 +70,7 @@ def test_fused_weights_are_the_layers_own_storage_through_cast_rebuild_and_copy(
     are, and a deep copy's are its own; HF's forward and the core one still agree."""
     model = family("qwen2")
     assert _shares(model), "a fused weight is a copy beside the layers' own"
-    assert (CoreLM(model, V, "t").feed(IDS[:12], 4) - CachedLM(model, V, "t").feed(IDS[:12], 4)).abs().max() < 1e-4
+    assert (CoreLM(model, V, "t").feed(IDS[:12], 4) - HFLM(model, V, "t").feed(IDS[:12], 4)).abs().max() < 1e-4
     fused = weights(model).layers[0].qkv.weight.data_ptr()
     model.model.layers[1].self_attn.o_proj = torch.nn.Linear(64, 64, bias=False)  # another layer swapped: a rebuild
     assert weights(model).layers[0].qkv.weight.data_ptr() == fused, "a rebuild copied the fused weight anew"
@@ -94,7 +94,7 @@ def test_a_training_step_moves_the_fused_weights_with_the_layers(one_thread):
     opt.step()
     assert weights(model) is built
     with torch.no_grad():
-        want = CachedLM(model, V, "t").feed(IDS[:12], 4)
+        want = HFLM(model, V, "t").feed(IDS[:12], 4)
     assert (CoreLM(model, V, "t").feed(IDS[:12], 4) - want).abs().max() < 1e-4
 
 
@@ -126,6 +126,6 @@ def test_a_swapped_layer_without_a_weight_rebuilds_the_core_weights(one_thread):
     old = weights(model)
     model.model.layers[1].self_attn.q_proj = Wrapped(_fresh(model.model.layers[1].self_attn.q_proj.inner, 1))
     assert weights(model) is not old, "a swapped q_proj kept the stale core weights"
-    want = CachedLM(model, V, "t").feed(IDS[:24], 4)
+    want = HFLM(model, V, "t").feed(IDS[:24], 4)
     got = CoreLM(model, V, "t").feed(IDS[:24], 4)
     assert (got - want).abs().max() < 1e-4

@@ -11,7 +11,7 @@ from transformers import MistralConfig, MistralForCausalLM
 
 from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.engine import decode, prefill, roles_for
-from pyramid_demo.forward.lm import CachedLM
+from pyramid_demo.forward.lm import HFLM
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 V, WINDOW = 64, 4
@@ -55,7 +55,7 @@ def test_cached_steps_past_the_window_equal_the_uncached_forward():
     uncached forward over the same tokens (the window is kept in the mask), which differ from a model without
     a window (so the window is really in force)."""
     m = mistral(WINDOW)
-    lm = CachedLM(m, V, "target")
+    lm = HFLM(m, V, "target")
     ids = list(range(1, 13))  # 12 tokens: three windows
     lm.forward(ids, 0, 1)
     try:
@@ -78,7 +78,7 @@ def test_lossless_methods_run_past_the_window_and_stay_exact(method):
     models = {"target": target, "draft": noisy(target, 0.05, 1), "qualifier": noisy(target, 0.02, 2)}
     ids = [3, 7, 11, 5]
     cfg = DecodeConfig(method=method, stage2="sd", gamma=3, l_d=2, l_q=4, max_new_tokens=30)
-    lms = {r: CachedLM(models[r], V, r) for r in roles_for(method)}
+    lms = {r: HFLM(models[r], V, r) for r in roles_for(method)}
     prefill(lms, ids)
     try:
         steps = list(decode(lms, ids, as_run(cfg), (), None))

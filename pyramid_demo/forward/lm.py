@@ -84,8 +84,9 @@ def _hf_takes_trees(cache: Any) -> bool:
     return all(type(layer).__name__ == "DynamicLayer" for layer in getattr(cache, "layers", [None]))
 
 
-class CachedLM(CachedModel):
-    """One model's per-run decoding state over a Hugging Face causal LM."""
+class HFLM(CachedModel):
+    """The Hugging Face adapter: one run's decoding state over a causal LM the core does not cover (another
+    architecture or rotary scheme, or a model spread over devices), on HF's own forward and cache."""
 
     def __init__(self, model: Any, vocab_size: int, role: str):
         super().__init__(role)
@@ -181,7 +182,7 @@ def open_lm(model: torch.nn.Module, vocab_size: int, role: str) -> LM:
 
         return FeatureLM(model, vocab_size, role)
     if kind == "hf":
-        return CachedLM(model, vocab_size, role)
+        return HFLM(model, vocab_size, role)
     from .compiled import runner_of
     from .core import CoreLM
 
