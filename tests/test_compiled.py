@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from pyramid_demo.forward import compiled
-from pyramid_demo.forward.cache import TargetStates, tap_layers
+from pyramid_demo.forward.cache import VerifierStates, tap_layers
 from pyramid_demo.forward.core import CoreLM
 from pyramid_demo.models import runtime
 from pyramid_demo.models.tiny import tiny_random_triplet
@@ -246,7 +246,7 @@ def test_the_compiled_pass_computes_what_the_eager_one_does(cache) -> None:
     assert ok, note
     ids = [(7 * i + 3) % (v - 1) + 1 for i in range(120)]
     c, e = CoreLM(m, v, "target", compiled.runner_of(m)), CoreLM(m, v, "target")
-    c.publish, e.publish = TargetStates(), TargetStates()
+    c.publish, e.publish = VerifierStates(), VerifierStates()
     zc, ze = c.forward(ids[:100], 0, 100), e.forward(ids[:100], 0, 100)  # a prefill longer than one chunk
     assert torch.allclose(zc, ze, atol=1e-4) and torch.equal(zc.argmax(-1), ze.argmax(-1))
     assert torch.allclose(c.publish.f[:100], e.publish.f[:100], atol=1e-4)
@@ -261,7 +261,7 @@ def test_the_compiled_pass_computes_what_the_eager_one_does(cache) -> None:
     assert torch.allclose(c.forward(ids[99:100], 97, 1), e.forward(ids[99:100], 97, 1), atol=1e-4)
     taps = tap_layers(m.config.num_hidden_layers)  # a reader of several layers gets them from the package too
     c, e = CoreLM(m, v, "target", compiled.runner_of(m)), CoreLM(m, v, "target")
-    c.publish, e.publish = TargetStates(taps), TargetStates(taps)
+    c.publish, e.publish = VerifierStates(taps), VerifierStates(taps)
     c.forward(ids[:20], 0, 1), e.forward(ids[:20], 0, 1)
     assert c.publish.f.shape[1] == 3 * m.config.hidden_size
     assert torch.allclose(c.publish.f[:20], e.publish.f[:20], atol=1e-4)

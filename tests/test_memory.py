@@ -258,7 +258,7 @@ def test_the_offline_estimate_counts_the_proposers_that_run(offline_cache):
     rows) and joined weights (`feature_draft.joint_weights`)."""
     from pyramid_demo.models import offline
 
-    if not offline.draft_reads_target():
+    if not offline.draft_reads_verifier():
         pytest.skip("no feature draft shipped")
     t = loading.load_triplet("smollm2-offline", device="cpu", dtype="fp32")
     est = loading.estimate("smollm2-offline", torch.float32, max_len=512, online=False)

@@ -14,7 +14,7 @@ from test_feature_draft import trained  # noqa: F401 - the fixture: a feature dr
 from pyramid_demo.core import engine
 from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.run import generate
-from pyramid_demo.forward.cache import TargetStates
+from pyramid_demo.forward.cache import VerifierStates
 from pyramid_demo.forward.lm import open_lm
 from pyramid_demo.models.quant import int4_copy
 
@@ -72,7 +72,7 @@ def test_in_a_pyramid_the_draft_reads_the_qualifiers_states_at_the_kept_rows(fam
     n = states.n
     assert n >= len(out.prompt_ids) + len(out.token_ids) // 2  # the run moved the states along
     fresh = open_lm(family.qualifier, family.vocab_size, "qualifier")
-    fresh.publish = TargetStates(states.taps)
+    fresh.publish = VerifierStates(states.taps)
     fresh.forward(list(qualifier.ids[:n]), 0, 1)
     assert list(qualifier.ids[:n]) == (list(out.prompt_ids) + list(out.token_ids))[:n]
     assert torch.allclose(states.f[:n], fresh.publish.f[:n], atol=1e-4), (
@@ -106,7 +106,7 @@ def test_the_offline_shape_decodes_through_real_compiled_packages(family, monkey
             role = "qualifier" if method == "psd_a" else "target"
             verifier, n = lms[role], lms[role].publish.n
             eager = CoreLM(family.model(role), family.vocab_size, role)  # the core pass without its package
-            eager.publish = TargetStates(verifier.publish.taps)
+            eager.publish = VerifierStates(verifier.publish.taps)
             eager.forward(list(verifier.ids[:n]), 0, 1)
             assert torch.allclose(verifier.publish.f[:n], eager.publish.f[:n], atol=1e-3), (method, shape)
     finally:

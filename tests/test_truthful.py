@@ -16,7 +16,7 @@ from mock_lm import BigramLM, as_run, bigram_table
 from pyramid_demo.core import rules
 from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.engine import connect, decode, prefill, roles_for
-from pyramid_demo.forward.cache import CacheError, TargetStates
+from pyramid_demo.forward.cache import CacheError, VerifierStates
 from pyramid_demo.forward.feature_lm import FeatureLM
 from pyramid_demo.forward.lm import open_lm
 from pyramid_demo.models.feature_draft import FeatureDraft
@@ -98,7 +98,7 @@ def test_rows_whose_input_state_is_not_known_wait_for_the_row_before(reader):
 def test_target_states_are_never_written_past_the_known_end():
     """A target pass writes its states from a position it has scored up to (it may overwrite its tail);
     a write past the known end would leave positions no forward computed, so it raises."""
-    states = TargetStates()
+    states = VerifierStates()
     states.write(0, torch.ones(3, 4))
     states.write(2, torch.ones(2, 4))  # overwrites the tail: fine
     assert states.n == 4

@@ -61,7 +61,7 @@ def unsupported(triplet: ModelTriplet, peer: str) -> str | None:
             return "llama_cpp skipped: the target was not loaded from a GGUF at its reference precision (fp32)"
         if why := llamacpp_peer.missing():
             return f"llama_cpp skipped: {why}"
-    if peer == "hf_assisted" and getattr(triplet.draft, "reads_target", False):
+    if peer == "hf_assisted" and getattr(triplet.draft, "reads_verifier", False):
         return (
             f"{peer} skipped: Hugging Face assisted generation cannot drive a draft that reads the target's "
             f"hidden states ({triplet.names[0]}); the engine's SD runs that draft"

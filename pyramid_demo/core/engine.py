@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import torch
 
-from ..forward.cache import TargetStates
+from ..forward.cache import VerifierStates
 from ..forward.lm import LM
 from . import rules
 from .config import DecodeConfig
@@ -254,7 +254,7 @@ def connect(lms: dict[str, LM]) -> None:
     source = "qualifier" if "qualifier" in lms else "target"
     if not readers or source not in lms:
         return
-    states = TargetStates(tuple(t for lm in readers for t in getattr(lm, "taps", ())))  # the layers it reads
+    states = VerifierStates(tuple(t for lm in readers for t in getattr(lm, "taps", ())))  # the layers it reads
     lms[source].publish = states
     for lm in readers:
         lm.states = states

@@ -14,7 +14,7 @@ def solo_lms(triplet: ModelTriplet, role: str) -> dict[str, LM]:
     if role not in ROLE_ORDER:
         raise ValueError(f"unknown role {role!r} to decode alone; choose one of {', '.join(ROLE_ORDER)}")
     model = triplet.model(role)
-    if getattr(model, "reads_target", False):
+    if getattr(model, "reads_verifier", False):
         raise ValueError(f"the {role} reads its verifier's hidden states, so it cannot decode alone")
     return {"target": open_lm(model, triplet.vocab_size, role)}
 

@@ -44,19 +44,20 @@ def tap_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
-class TargetStates:
-    """The target's final normed hidden state at every scored position [n, d], which a feature proposer reads;
-    with `taps` (a reader that wants them, `tap_layers`), those layers' normalised outputs first [n, 3·d]."""
+class VerifierStates:
+    """A draft's verifier's final normed hidden state at every scored position [n, d], which a feature proposer
+    reads (the qualifier's in a pyramid, else the target's); with `taps` (a reader that wants them, `tap_layers`),
+    those layers' normalised outputs first [n, 3·d]."""
 
     def __init__(self, taps: tuple[int, ...] = ()) -> None:
         self.taps = tuple(taps)
         self.f: torch.Tensor | None = None  # [capacity, d·(len(taps) + 1)]
-        self.n = 0  # positions 0 .. n-1 hold the target's own states
+        self.n = 0  # positions 0 .. n-1 hold the verifier's own states
 
     def write(self, pos: int, feats: torch.Tensor) -> None:
         """feats [k, d]: the states at positions pos .. pos+k-1 (pos ≤ n: a pass may overwrite its tail)."""
         if pos > self.n:
-            raise CacheError(f"target states written at {pos} but only {self.n} are known")
+            raise CacheError(f"verifier states written at {pos} but only {self.n} are known")
         end = pos + feats.shape[0]
         if self.f is None or end > self.f.shape[0]:
             f = feats.new_zeros(max(256, 2 * end), feats.shape[1])
@@ -84,7 +85,7 @@ class CachedModel(abc.ABC):
         self.n_forward = 0
         self.time_s = 0.0
         self.fed: list[int] = []  # new tokens of each forward since the counters were reset (cost profile)
-        self.publish: TargetStates | None = None  # where this model hands out its states (the target)
+        self.publish: VerifierStates | None = None  # where this model hands out its states (a draft's verifier)
         self.feats: torch.Tensor | None = None  # [n, d] states of the last forward's rows (when publishing)
         # tree rows (token, parent row or -1, position) in slots len(ids) + j until `keep_path` or a truncation
         self.pending: list[tuple[int, int, int]] = []

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .cache import CachedModel, TargetStates, grown, tree_seen
+from .cache import CachedModel, VerifierStates, grown, tree_seen
 
 
 class FeatureLM(CachedModel):
@@ -22,14 +22,14 @@ class FeatureLM(CachedModel):
         self.m: Any = module  # a `models.feature_draft.FeatureDraft` (duck-typed: core knows no models)
         self.vocab_size = vocab_size
         self.taps: tuple[int, ...] = tuple(getattr(module, "taps", ()))  # the target layers it reads (`engine.connect`)
-        self.states: TargetStates | None = None  # set by the engine (`engine.connect`) before the prefill
+        self.states: VerifierStates | None = None  # set by the engine (`engine.connect`) before the prefill
         self.dtype: torch.dtype = self.m.norm.dtype
         self.device: torch.device = self.m.norm.device
         kw = {"dtype": self.dtype, "device": self.device}
         self.kv = torch.zeros(2, self.m.n_kv, capacity, self.m.head_dim, **kw)  # [2, H_kv, T, D]
         self.pred = torch.zeros(capacity, self.m.d, **kw)  # [T, d]: the state each row predicted
         self._tables(capacity)
-        self.true_upto = 0  # rows 0 .. true_upto-1 were fed the target's own states (or row 0's zeros)
+        self.true_upto = 0  # rows 0 .. true_upto-1 were fed the verifier's own states (or row 0's zeros)
 
     def _grow(self, need: int) -> None:
         kv = grown(self.kv, 2, need)
@@ -86,7 +86,7 @@ class FeatureLM(CachedModel):
             f_prev[a - start + 1 : b - start + 1] = m.reduce(self.states.f[a:b].to(self.dtype))  # [b - a, d]
         for i in range(max(start, b + 1), start + c):  # rows past the target's states read this cache's own
             f_prev[i - start] = self.pred[i - 1]  # (`_run` chunks so that i-1 < start here)
-        n_true = max(0, min(c, b - start + 1))  # rows that read the target's own states (row 0: zeros)
+        n_true = max(0, min(c, b - start + 1))  # rows that read the verifier's own states (row 0: zeros)
         if start == self.true_upto:
             self.true_upto = start + n_true
         end = start + c

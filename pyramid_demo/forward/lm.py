@@ -10,7 +10,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
-from .cache import CachedModel, TargetStates, tap_norm, tree_seen
+from .cache import CachedModel, VerifierStates, tap_norm, tree_seen
 
 
 class LM(Protocol):
@@ -21,7 +21,7 @@ class LM(Protocol):
     n_forward: int
     time_s: float
     fed: list[int]  # new tokens fed by each forward since the counters were reset (cost profile)
-    publish: TargetStates | None  # the target hands its states out here when a proposer reads them
+    publish: VerifierStates | None  # the target hands its states out here when a proposer reads them
     feats: torch.Tensor | None
 
     @property
@@ -169,7 +169,7 @@ def forward_of(model: torch.nn.Module) -> str:
     from .compiled import runner_of
     from .weights import covered
 
-    if getattr(model, "reads_target", False):
+    if getattr(model, "reads_verifier", False):
         return "feature"
     return ("compiled" if runner_of(model) is not None else "eager") if covered(model) else "hf"
 

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from ..core.engine import connect
-from ..forward.cache import TargetStates
+from ..forward.cache import VerifierStates
 from ..forward.lm import LM, open_lm
 
 
@@ -167,20 +167,20 @@ def describe(record: dict[str, Any] | None) -> str:
 PLAN = ((100, (2, 3, 5, 9, 17)), (300, (5, 9)))
 
 
-def reads_target(models: dict[str, Any]) -> bool:
-    """Whether a proposer of the family reads the target's states (its target's forward then hands them out)."""
-    return any(getattr(m, "reads_target", False) for r, m in models.items() if r != "target")
+def reads_verifier(models: dict[str, Any]) -> bool:
+    """Whether a proposer of the family reads its verifier's states (the check has the target hand them out)."""
+    return any(getattr(m, "reads_verifier", False) for r, m in models.items() if r != "target")
 
 
 def role_opener(models: dict[str, Any], role: str, vocab_size: int) -> Callable[[list[int]], LM]:
     """`role`'s LM opened as a run opens it (the target publishing its states to a proposer that reads them)."""
-    publish = reads_target(models)
+    publish = reads_verifier(models)
 
     def open_for(ids: list[int]) -> LM:
         lm = open_lm(models[role], vocab_size, role)
         if role == "target":
-            lm.publish = TargetStates() if publish else None
-        elif getattr(models[role], "reads_target", False):
+            lm.publish = VerifierStates() if publish else None
+        elif getattr(models[role], "reads_verifier", False):
             target = open_lm(models["target"], vocab_size, "target")
             connect({"target": target, role: lm})
             target.forward(ids, 0, 1)  # the target's states at every checked position

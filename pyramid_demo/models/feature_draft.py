@@ -24,7 +24,7 @@ FORMAT = "pyramid-feature-draft-v1"
 class FeatureDraft(nn.Module):
     """fc + one Llama decoder layer + the target's final norm and (reduced) head."""
 
-    reads_target = True  # forward.lm.open_lm gives it a FeatureLM, fed the target's states
+    reads_verifier = True  # forward.lm.open_lm gives it a FeatureLM, fed its verifier's states
 
     def __init__(self, target: nn.Module, subset: torch.Tensor, init_layer: int = -1, taps: tuple[int, ...] = ()):
         super().__init__()

@@ -20,7 +20,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from . import feature_draft
 from .bundled import GGUF_NAME, _bundled_dir, _complete, converted_dir
 from .errors import LoadError
-from .offline import draft_reads_target
+from .offline import draft_reads_verifier
 from .presets import BUNDLED_TARGET, FEATURE_DRAFT, OFFLINE, Preset
 from .quant import parse_quant
 from .tiny import tiny_config, tiny_tokenizer
@@ -250,7 +250,9 @@ def estimate_family(
         except LoadError as e:
             return Estimate(name, dtype, max_len, quantize, unknown=refs, notes=(str(e),))
         qualifier = int4_size("qualifier", preset.qualifier, cfg, dtype, parse_quant(preset.qualifier)[1] or 32)
-        draft = _feature_draft_size(cfg, dtype, quantize) if draft_reads_target() else replace(qualifier, role="draft")
+        draft = (
+            _feature_draft_size(cfg, dtype, quantize) if draft_reads_verifier() else replace(qualifier, role="draft")
+        )
         return Estimate(
             name, dtype, max_len, quantize, (draft, qualifier, _sizes("target", BUNDLED_TARGET, cfg, dtype, quantize))
         )
