@@ -112,8 +112,9 @@ def fingerprint(model: Any) -> str:
     and every weight's bytes (any change, like the threads in `package_path` whose count inductor writes into every
     kernel, gives another name: a stale package is never loaded). Bytes are read in place, once until edited."""
     weights(model)  # its fused layers are part of the model once built: name it as it runs
-    ident = (FORMAT, signature(model), tuple(t._version for t in (*model.parameters(), *model.buffers())))  # edits
-    # bump _version; an fbgemm weight's identity is in `signature` (its bytes are not unpacked for a lookup)
+    tensors = (*model.parameters(), *model.buffers())  # an edit in place bumps _version; a new tensor moves its data
+    ident = (FORMAT, signature(model), tuple((t.data_ptr(), t._version) for t in tensors))
+    # an fbgemm weight's identity is in `signature` (its bytes are not unpacked for a lookup)
     hit = _PRINTS.get(model)
     if hit is None or hit[0] != ident:
         hit = _PRINTS[model] = (ident, _hash(model))
