@@ -87,3 +87,10 @@ def test_lossless_methods_run_past_the_window_and_stay_exact(method):
     out = [t for s in steps for t in s.new_tokens]
     assert out == uncached_greedy(target, ids, 30), "a lossless method left the target's greedy text"
     assert any(s.target_round.n_accepted < len(s.target_round.tokens) - 1 for s in steps), "no rollback happened"
+
+
+def test_hfs_forward_takes_no_tree_where_a_layer_slides():
+    """Rule: HF's forward gets a tree as a 4-D mask that carries no sliding window, so over a model whose layers slide
+    the HF adapter takes chains only (a tree asked for runs as a chain); without a window it takes trees."""
+    assert not HFLM(mistral(4), V, "target").trees
+    assert HFLM(mistral(None), V, "target").trees

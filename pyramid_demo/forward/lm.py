@@ -79,9 +79,12 @@ def full_window_cache(config: Any) -> DynamicCache:
     return cache
 
 
-def _hf_takes_trees(cache: Any) -> bool:
-    """HF's forward takes a tree as a 4-D mask, except over a cache of other layers."""
-    return all(type(layer).__name__ == "DynamicLayer" for layer in getattr(cache, "layers", [None]))
+def _hf_takes_trees(config: Any) -> bool:
+    """HF's forward takes a tree as a 4-D mask (`tree_seen`), which carries no sliding window: only where no layer
+    slides, over a cache of plain layers."""
+    if any(isinstance(layer, DynamicSlidingWindowLayer) for layer in DynamicCache(config=config).layers):
+        return False
+    return all(type(layer).__name__ == "DynamicLayer" for layer in getattr(full_window_cache(config), "layers", [None]))
 
 
 class HFLM(CachedModel):
@@ -99,6 +102,7 @@ class HFLM(CachedModel):
         if self.device.type == "meta":  # an offloaded embedding: its hook moves inputs where they run
             self.device = torch.device("cpu")
         self.cache = full_window_cache(m.config)
+        self.takes_trees = _hf_takes_trees(m.config)
         # transformers 5 renamed `past_key_values` to `cache`; accept either generation
         self.cache_kw = "cache" if "cache" in inspect.signature(m.forward).parameters else "past_key_values"
         base = getattr(m, "base_model", None)  # its decoder, called directly when the states are handed out
@@ -140,7 +144,7 @@ class HFLM(CachedModel):
 
     @property
     def trees(self) -> bool:  # type: ignore[override]
-        return _hf_takes_trees(self.cache)
+        return self.takes_trees
 
     @torch.inference_mode()
     def _run_tree(self, rows: list[tuple[int, int, int]], base: int, pos: int) -> torch.Tensor:
@@ -191,7 +195,7 @@ def open_lm(model: torch.nn.Module, vocab_size: int, role: str) -> LM:
 
 def model_takes_trees(model: torch.nn.Module) -> bool:
     """Whether the LM `open_lm` would build over `model` takes a tree of candidates, known before a run."""
-    return forward_of(model) != "hf" or _hf_takes_trees(full_window_cache(model.config))
+    return forward_of(model) != "hf" or _hf_takes_trees(model.config)
 
 
 def encode_prompt(tokenizer: Any, text: str, chat: bool = True) -> list[int]:
