@@ -168,6 +168,9 @@ def _exported_page(page, folder: Path) -> Path:
     page.locator("#export-btn").click()
     link = page.locator("#race-page-file a[download]").first
     link.wait_for(timeout=60_000)
+    page.wait_for_function(  # the size comes in the label with the chained update after the file
+        "/ · \\d+(\\.\\d)? (kB|MB)/.test(document.querySelector('#race-page-file').innerText)", timeout=30_000
+    )
     label = page.locator("#race-page-file").inner_text()
     assert re.search(r"Race as a web page \(HTML\) · \d+(\.\d)? (kB|MB)", label), label  # its size, printed
     with page.expect_download() as download:

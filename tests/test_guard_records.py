@@ -127,22 +127,13 @@ def test_each_tree_row_is_held_to_steps_along_its_own_path(one_thread):
     """Rule: a tree row is compared with one-token steps along its own path (its ancestors in order, then itself, at
     their positions), not with a step of its token alone: on the core forward of a tiny Llama (whose rows depend on
     their context) every row of EAGLE-2's 16-node tree is within rounding of its path's steps, top-1 equal."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     from pyramid_demo.forward.core import CoreLM
+    from pyramid_demo.models.tiny import tiny_config
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=V,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        initializer_range=0.5,
-        tie_word_embeddings=False,
-    )
-    model = LlamaForCausalLM(cfg).eval()
+    model = LlamaForCausalLM(tiny_config(V)).eval()
     shape = checks.TREE_SHAPES[2]
     got = checks.tree_vs_steps(CoreLM(model, V, "target"), IDS, 10, shape)
     assert got["k"] == len(shape) and got["top1"] is True, "a row was held to another context's step"
