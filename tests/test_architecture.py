@@ -166,7 +166,7 @@ def test_the_forwards_know_no_decoding_rule(graph) -> None:
     assert not {m: d for m, d in bad.items() if d}
 
 
-FORWARD = {"cache", "core", "weights", "fusable", "compiled", "lm", "feature_lm"}
+FORWARD = {"cache", "core", "weights", "fusable", "compiled", "lm", "feature_lm", "lookup"}
 # within forward/, what each module may build on: one core pass over one set of weights; its package and the opener
 # above it; nothing below the core knows it
 FORWARD_DEPS = {
@@ -176,7 +176,8 @@ FORWARD_DEPS = {
     "core": {"cache", "weights"},
     "compiled": {"cache", "core", "weights"},
     "feature_lm": {"cache"},
-    "lm": {"cache", "core", "weights", "compiled", "feature_lm"},
+    "lookup": {"cache"},
+    "lm": {"cache", "core", "weights", "compiled", "feature_lm", "lookup"},
 }
 MODELS = {
     "background",
@@ -203,8 +204,8 @@ MODELS = {
 def test_the_forward_room_is_one_core(graph) -> None:
     """`pyramid_demo/forward/` holds one forward core and what serves it, and nothing else: the static cache's
     bookkeeping, the core pass, its weights (fused linears), quantized layers' fusing, its compiled package, the opener
-    with HF's adapter, and the feature draft's cache. A second forward (a module beside these) fails here; inside,
-    each module builds only on those below it."""
+    with HF's adapter, the feature draft's cache and prompt lookup (a proposer with no model). A second forward (a
+    module beside these) fails here; inside, each module builds only on those below it."""
     room = {m.removeprefix("pyramid_demo.forward.") for m in graph if m.startswith("pyramid_demo.forward.")}
     assert room == FORWARD, sorted(room ^ FORWARD)
     for m in FORWARD:

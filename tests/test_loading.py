@@ -34,6 +34,7 @@ def test_presets_table():
         "qwen2.5-int4",
         "smollm2-int4",
         "smollm2-offline",
+        "smollm2-offline-pld",
         "tiny-random",
     }
     assert DEFAULT_PRESET == "smollm2-offline" and DEFAULT_PRESET in PRESETS

@@ -62,7 +62,10 @@ def pick(z: torch.Tensor, cfg: DecodeConfig, gen: torch.Generator | None) -> int
 
 def propose(lm: LM, seq: list[int], room: int, length: int, cfg: DecodeConfig, gen: torch.Generator | None) -> Tree:
     """The proposal after `seq`, as cfg.shape says: a chain of min(length, room) tokens, or a tree grown
-    min(tree_depth, room) levels deep (`room`: the most tokens a path may still hold)."""
+    min(tree_depth, room) levels deep (`room`: the most tokens a path may still hold); prompt lookup (an LM with
+    `chain_after`) reads its chain from the text."""
+    if hasattr(lm, "chain_after"):
+        return chain(*lm.chain_after(seq, min(length, room)))
     if cfg.shape == "tree" and room > 0:
         return grow(lm, seq, cfg.tree_nodes, min(cfg.tree_depth, room), cfg.tree_k, cfg, gen)
     return chain(*propose_chain(lm, seq, min(length, room), cfg, gen))

@@ -34,7 +34,7 @@ def prepare_prompt(triplet: ModelTriplet, prompt: str | list[int], cfg: DecodeCo
     block = max(cfg.gamma, cfg.l_q, cfg.tree_nodes) + 1
     limit = int(
         min(
-            getattr(triplet.model(r).config, "max_position_embeddings", None) or 10**9
+            getattr(getattr(triplet.model(r), "config", None), "max_position_embeddings", None) or 10**9
             for r in ("draft", "qualifier", "target")
         )
     )  # the smallest context window of the three
@@ -145,12 +145,14 @@ def shape_to_run(cfg: DecodeConfig, trees: bool, why: str = "") -> tuple[DecodeC
         return replace(cfg, shape="chain"), f"{spec.short} proposes nothing: no shape to choose"
     if cfg.shape == "tree" and not trees:
         raise ValueError(
-            f"{spec.short} over a tree needs forwards that take a tree of candidates, and the models "
-            "here cannot (a cache of convolution or linear-attention state); run it with --shape chain"
+            f"{spec.short} over a tree needs models that take a tree of candidates, and these cannot (prompt "
+            "lookup proposes one chain; HF's forward over sliding windows or a cache of convolution or "
+            "linear-attention state verifies chains); run it with --shape chain"
         )
     if cfg.shape == "auto":
         because = (
-            "these models' forwards cannot take a tree (a cache of convolution or linear-attention state)"
+            "these models cannot take a tree (prompt lookup proposes one chain; HF's forward over sliding windows "
+            "or a cache of convolution or linear-attention state verifies chains)"
             if not trees
             else "no cost profile of this machine is available"
         )

@@ -54,7 +54,7 @@ class ModelTriplet:
     dtype: torch.dtype = torch.float32
     preset: str = "custom"
     note: str = ""  # shown to users, e.g. "draft and qualifier are the target itself"
-    forwards: dict[str, str] = field(default_factory=dict)  # role -> "compiled" | "eager" | "hf" | "feature"
+    forwards: dict[str, str] = field(default_factory=dict)  # role -> "compiled" | "eager" | "hf" | "feature" | "lookup"
     runs: str = ""  # what each role runs and why, one line (`models.runtime.describe`)
     exact: bool | None = None  # a k-token pass equals k one-token steps bitwise here (None: not measured)
     exact_note: str = ""  # what that means for the lossless methods, from the measured record (`models.checks`)
@@ -167,12 +167,16 @@ class HFLM(CachedModel):
 
 
 def forward_of(model: torch.nn.Module) -> str:
-    """The forward a run opens over `model`: "feature" (a proposer that reads the target), "compiled" (the core pass's
+    """The forward a run opens over `model`: "lookup" (prompt lookup, no model), "feature" (a proposer that reads
+    its verifier), "compiled" (the core pass's
     package for these weights, loaded by `models.runtime.decide`), "eager" (the core pass), or "hf" (Hugging Face's
     forward, for architectures the core does not cover)."""
     from .compiled import runner_of
+    from .lookup import PromptLookup
     from .weights import covered
 
+    if isinstance(model, PromptLookup):
+        return "lookup"
     if getattr(model, "reads_verifier", False):
         return "feature"
     return ("compiled" if runner_of(model) is not None else "eager") if covered(model) else "hf"
@@ -181,6 +185,10 @@ def forward_of(model: torch.nn.Module) -> str:
 def open_lm(model: torch.nn.Module, vocab_size: int, role: str) -> LM:
     """A fresh per-run LM over a loaded model, on the forward `forward_of` names (its own cache, never shared)."""
     kind = forward_of(model)
+    if kind == "lookup":
+        from .lookup import LookupLM
+
+        return LookupLM(model, vocab_size, role)
     if kind == "feature":
         from .feature_lm import FeatureLM
 
@@ -194,8 +202,10 @@ def open_lm(model: torch.nn.Module, vocab_size: int, role: str) -> LM:
 
 
 def model_takes_trees(model: torch.nn.Module) -> bool:
-    """Whether the LM `open_lm` would build over `model` takes a tree of candidates, known before a run."""
-    return forward_of(model) != "hf" or _hf_takes_trees(model.config)
+    """Whether the LM `open_lm` would build over `model` takes a tree of candidates, known before a run (prompt
+    lookup proposes one chain)."""
+    kind = forward_of(model)
+    return kind not in ("hf", "lookup") or (kind == "hf" and _hf_takes_trees(model.config))
 
 
 def encode_prompt(tokenizer: Any, text: str, chat: bool = True) -> list[int]:

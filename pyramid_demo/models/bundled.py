@@ -198,10 +198,12 @@ def bundled_target(device: torch.device, dtype: torch.dtype, source: Path | None
             model = AutoModelForCausalLM.from_pretrained(
                 folder, gguf_file=GGUF_NAME, quantization_config=GgufConfig(dequantize=True), **kw
             )
+            model.gguf_source = Path(folder) / GGUF_NAME  # the file bench's llama.cpp peer decodes
             return tok, finish(model, device)
         try:
             tok = AutoTokenizer.from_pretrained(str(dest))
             model = AutoModelForCausalLM.from_pretrained(str(dest), **kw)
+            model.gguf_source = _bundled_dir()[0] / GGUF_NAME  # the file bench's llama.cpp peer decodes
             return tok, finish(model, device)
         except Exception as e:  # noqa: BLE001 - a damaged copy of our own: rebuild it once
             if attempt:

@@ -16,6 +16,7 @@ import torch
 from huggingface_hub.utils import validate_repo_id
 from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
+from ..forward import lookup
 from ..forward.lm import ModelTriplet
 from .bundled import bundled_target, bundled_tokenizer
 from .checks import describe
@@ -185,13 +186,21 @@ def parse_spec(spec: str) -> tuple[Preset | None, tuple[str, str, str]]:
             f"The target '{parts[2]}' must be the model itself: the target keeps its reference "
             "precision; put a quantized copy in the draft or qualifier slot (e.g. 'target@int4')."
         )
+    if _lookup_ref(parts[2]) is not None:
+        raise LoadError(
+            f"The target '{parts[2]}' must be a model: prompt lookup (pld) proposes, it cannot verify; put it in "
+            "the draft or qualifier slot (e.g. 'pld,target@int4,<target>')."
+        )
     target = _normalise_ref(parts[2])
     refs = tuple(_normalise_ref(target if p == "target" else p, target) for p in parts[:2]) + (target,)
     return None, refs  # type: ignore[return-value]
 
 
 def _normalise_ref(ref: str, target: str | None = None) -> str:
-    """A reference as the loader keys it: a path resolved, 'X@int4' normalised, 'target@int4' the family's target."""
+    """A reference as the loader keys it: a path resolved, 'X@int4' normalised, 'target@int4' the family's target,
+    prompt lookup as 'pld' or 'pld:N' (N its longest n-gram, when not the default)."""
+    if (g := _lookup_ref(ref)) is not None:
+        return lookup.PromptLookup(g).ref
     base, group = parse_quant(ref)
     if group is not None:
         return quant_name(target if base == "target" and target else _normalise_ref(base), group)
@@ -201,6 +210,14 @@ def _normalise_ref(ref: str, target: str | None = None) -> str:
     if path.exists() or ref.startswith(("/", "./", "../", "~", ".\\")) or ref.endswith(".gguf"):
         return str(path.resolve())
     return ref
+
+
+def _lookup_ref(ref: str) -> int | None:
+    """The longest n-gram a 'pld' slot asks for, None for a model; a LoadError for a bad setting."""
+    try:
+        return lookup.parse(ref)
+    except ValueError as e:
+        raise LoadError(str(e)) from None
 
 
 def _load(
@@ -229,20 +246,23 @@ def _load_refs(
     dt: torch.dtype,
     place: Placement = Placement(),
 ) -> ModelTriplet:
-    """Tokenizers first (an offline or wrong id fails fast), their checks, then each distinct reference's weights."""
-    bases = {r: parse_quant(r)[0] for r in refs}  # a quantized copy loads its source, then quantizes it
+    """Tokenizers first (an offline or wrong id fails fast), their checks, then each distinct reference's weights;
+    prompt lookup has neither (it reads the target's ids)."""
+    lookups = {r: lookup.PromptLookup(g) for r in refs[:2] if (g := _lookup_ref(r)) is not None}
+    real = [r for r in refs if r not in lookups]
+    bases = {r: parse_quant(r)[0] for r in real}  # a quantized copy loads its source, then quantizes it
     unique = list(dict.fromkeys(bases.values()))
     tok_of = {r: _load_tokenizer(r) for r in unique}
-    toks = {r: tok_of[bases[r]] for r in refs}
-    check_tokenizers(refs, [toks[r] for r in refs])
+    toks = {r: tok_of[bases[r]] for r in real}
+    check_tokenizers(real, [toks[r] for r in real])
     loaded = {r: _load_model(r, dev, dt, preset, place) for r in unique}
-    models = {r: quantized(loaded[bases[r]], r) for r in dict.fromkeys(refs)}
-    check_compatible(refs, [toks[r] for r in refs], [models[r] for r in refs])
+    models = {**{r: quantized(loaded[bases[r]], r) for r in dict.fromkeys(real)}, **lookups}
+    check_compatible(real, [toks[r] for r in real], [models[r] for r in real])
     tok, target = toks[refs[2]], models[refs[2]]
     same = [
         f"{a} is the {b}"
         for a, b, x, y in (("draft", "target", 0, 2), ("qualifier", "target", 1, 2), ("draft", "qualifier", 0, 1))
-        if refs[x] == refs[y]
+        if refs[x] == refs[y] and refs[x] not in lookups
     ]
     return ModelTriplet(
         draft=models[refs[0]],

