@@ -92,7 +92,8 @@ def build_demo() -> gr.Blocks:
         with gr.Row(equal_height=False):
             with gr.Column(scale=3):
                 prompt = gr.Textbox(text.EXAMPLE_PROMPTS[0], label=text.LABELS["prompt"], lines=2, max_lines=8)
-                gr.Examples([[p] for p in text.EXAMPLE_PROMPTS], inputs=[prompt], label="Example prompts")
+                task = gr.Textbox(label=text.LABELS["task"], visible=False)  # the examples' task column, no more
+                gr.Examples([list(e) for e in text.EXAMPLES], inputs=[prompt, task], label=text.LABELS["examples"])
                 with gr.Row():
                     run_btn = gr.Button(text.BUTTONS["run"], variant="primary", elem_id="run-btn", scale=3)
                     stop_btn = gr.Button(text.BUTTONS["stop"], variant="stop", elem_id="stop-btn", scale=1)

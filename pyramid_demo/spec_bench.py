@@ -47,6 +47,29 @@ def questions() -> tuple[Question, ...]:
     return tuple(Question(int(r["question_id"]), str(r["category"]), tuple(r["turns"])) for r in rows)
 
 
+@cache
+def _by_id() -> dict[int, Question]:
+    """Id → question, built once: the examples look theirs up at import."""
+    return {q.id: q for q in questions()}
+
+
+@cache
+def _by_text() -> dict[str, Question]:
+    """First turn, stripped → question, built once (the 480 first turns are unique): a race's prompt in one look-up."""
+    return {q.turns[0].strip(): q for q in questions()}
+
+
+def question(qid: int) -> Question:
+    """The question numbered `qid` (a KeyError if Spec-Bench has none): the page's examples name theirs by id."""
+    return _by_id()[qid]
+
+
+def find(text: str | None) -> Question | None:
+    """The question whose first turn is `text`, surrounding whitespace ignored, else None: the page names the task
+    of a race whose prompt is a Spec-Bench question (an example, or one pasted in)."""
+    return _by_text().get((text or "").strip())
+
+
 def parse_tasks(text: str | None) -> tuple[str, ...]:
     """Task names from a comma-separated list (None or "all": every task), checked; a clear ValueError otherwise."""
     if not text or text.strip() == "all":

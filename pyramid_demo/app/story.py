@@ -11,7 +11,9 @@ from ..predict.profile import cost_ms
 from ..predict.throughput import predict
 from ..predict.tree_costs import best_tree
 from ..predict.walk_stats import stage_counts
+from ..spec_bench import find
 from .inspector import proposes_trees, shape_summary
+from .text import FIRST_TURN, SPEC_BENCH_LINE, TASK_NOTES, task_label
 
 BUSY = 1.25  # forwards this much slower than the profile: the machine was busy during the race
 ROLES = ("draft", "qualifier", "target")
@@ -143,13 +145,28 @@ def load_line(results: dict[str, RunResult], profile: dict | None, changed: bool
     return f"Forward time ÷ the profile's in this race, per model: {parts}."
 
 
-def markdown(results: dict[str, RunResult], profile: dict | None, repeats: Repeats | None = None) -> str:
-    """The story: noise, load, one row of figures per method, then each method's verdict in words under the table
-    (prose in a table cell squeezes the figures' columns until their numbers break)."""
+def prompt_line(prompt: str | None) -> str:
+    """The Spec-Bench question and task a race's prompt is (exact text, whitespace aside), with what that task asks
+    of a draft; "" for any other prompt: a learner compares tasks knowing which one each race ran."""
+    q = find(prompt)
+    if q is None:
+        return ""
+    turn = FIRST_TURN if len(q.turns) > 1 else ""
+    return SPEC_BENCH_LINE.format(id=q.id, task=task_label(q), turn=turn, note=TASK_NOTES[q.task])
+
+
+def markdown(
+    results: dict[str, RunResult], profile: dict | None, repeats: Repeats | None = None, prompt: str | None = None
+) -> str:
+    """The story: the prompt's Spec-Bench task if it is one, noise, load, one row of figures per method, then each
+    method's verdict in words under the table (prose in a table cell squeezes the figures' columns until their
+    numbers break)."""
     if not results:
         return ""
     spread = race_noise(results, repeats)
-    lines = [
+    said = prompt_line(prompt)
+    lines = [said, ""] if said else []  # a paragraph of its own
+    lines += [
         (
             f"Noise band of this race: **{spread:.0%}**, the widest spread (interquartile range ÷ median) of a "
             "lane's ratio to the AR run of its repeat (one repeat: of same-size forwards), ÷ √repeats; a gap smaller "

@@ -6,6 +6,7 @@ import os
 
 from ..core.config import METHOD_SHORT, METHODS, DecodeConfig
 from ..models.presets import DEFAULT_PRESET, PRESETS, family_config, tuned_settings
+from ..spec_bench import TITLES, Question, question
 
 CUSTOM = "custom"
 PRESET_ENV = "PYRAMID_DEMO_PRESET"  # lets tests and hosts pick the preset shown first
@@ -19,16 +20,58 @@ RACE_METHODS = METHODS  # timed in this order, one after another, then replayed 
 _SHORT = [METHOD_SHORT[m] for m in RACE_METHODS]  # "AR", "SD", ...
 _NAMES = ", ".join(_SHORT[:-1]) + " and " + _SHORT[-1]
 
-EXAMPLE_PROMPTS = [
-    "Explain in two sentences why the sky is blue.",
+OWN_PROMPTS = (
+    "Explain in two sentences why the sky is blue.",  # the prompt box's default: short, so a first race is quick
     "Write a short poem about a cat who learns to code.",
-    "List three tips for staying focused while studying.",
-    "What is the capital of France, and what is it famous for?",
+)
+# one Spec-Bench question of each task, by id (`spec_bench.question`; the text is read from its file): a learner races
+# an article to summarize against an open writing request and sees where guesses pass; summarization and RAG are among
+# the file's shortest of their task, the others near their task's usual length
+SPEC_BENCH_EXAMPLES = {
+    "mt_bench": 86,  # writing: a descriptive paragraph (MT-bench's first turn)
+    "translation": 168,
+    "summarization": 277,
+    "qa": 322,
+    "math_reasoning": 403,
+    "rag": 482,
+}
+NOT_SPEC_BENCH = "—"
+
+
+def task_label(q: Question) -> str:
+    """A question's task as the page names it; MT-bench's with its category, since writing and coding differ."""
+    return TITLES[q.task] if q.category == q.task else f"{TITLES[q.task]} · {q.category}"
+
+
+# (prompt, its Spec-Bench task as shown beside it), in the Examples widget's order
+EXAMPLES = [(p, NOT_SPEC_BENCH) for p in OWN_PROMPTS] + [
+    (q.turns[0], task_label(q)) for q in map(question, SPEC_BENCH_EXAMPLES.values())
 ]
+EXAMPLE_PROMPTS = [p for p, _ in EXAMPLES]
+
+# the Statistics tab, when a race's prompt is a Spec-Bench question: what its task asks of a draft, from what it is
+SPEC_BENCH_LINE = "**Prompt**: Spec-Bench question {id} ({task}{turn}). {note} Race another task's example to compare."
+FIRST_TURN = ", its first turn"
+TASK_NOTES = {
+    "mt_bench": "An open request: the answer is new text that the prompt does not hold, so the draft guesses only "
+    "from how such text usually goes.",
+    "translation": "The answer rewrites the prompt's German sentence in English: it follows the prompt's meaning but "
+    "copies few of its words.",
+    "summarization": "The answer restates a long article in a few sentences, often with its names and phrases: a "
+    "draft reads the article too, so copied spans are easy guesses.",
+    "qa": "A short factual question: the answer is a fact from the models' memory, not in the prompt, and short; a "
+    "small draft may not know the fact the target does.",
+    "math_reasoning": "A word problem worked step by step: the steps repeat the problem's numbers in set phrases, but "
+    "each computed result is a token a small draft may get wrong.",
+    "rag": "Retrieved passages, then a question answered from them: as in summarization, the answer can copy from "
+    "the long prompt.",
+}
 
 LABELS = {
     "preset": "Model family (draft → qualifier → target)",
     "prompt": "Prompt",
+    "examples": "Example prompts: two short ones, then one of each Spec-Bench task",
+    "task": "Spec-Bench task",
     "draft": "Draft model id",
     "qualifier": "Qualifier model id",
     "target": "Target model id",

@@ -105,7 +105,7 @@ def pick_race(session: Session | None, race_n: Any = None) -> tuple:
     method = methods[-1] if methods else None  # the last raced: the fullest pyramid
     choices = [(f"Race {r.n}", str(r.n)) for r in session.races]
     profile = race.profile
-    story_md = story.markdown(res, profile, race.repeats)
+    story_md = story.markdown(res, profile, race.repeats, race.prompt)
     detail_md = "\n\n".join(
         x
         for x in (
