@@ -11,7 +11,7 @@ from .core.config import METHODS, DecodeConfig
 from .core.methods import method_spec
 from .core.run import generate, takes_trees
 from .core.settings import SETTINGS, TUNABLE
-from .models.presets import DEFAULT_PRESET, family_config
+from .models.presets import DEFAULT_PRESET, PRESETS, family_config
 from .models.warm import cost_profile
 from .predict.auto_shape import resolve_shape
 
@@ -33,8 +33,9 @@ def add_decoding_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--models",
         default=DEFAULT_PRESET,
-        help=f"preset name (default {DEFAULT_PRESET}; tiny-random, smollm2, qwen2.5, llama3) "
-        "or three comma-separated model ids/paths: draft,qualifier,target",
+        help=f"preset name (default {DEFAULT_PRESET}; {', '.join(p for p in PRESETS if p != DEFAULT_PRESET)}) "
+        "or three comma-separated model ids/paths: draft,qualifier,target ('pld' or 'pld:N' in the draft or "
+        "qualifier slot: prompt lookup, no model, longest n-gram N, 3 by default)",
     )
     p.add_argument("--no-chat", action="store_true", help="do not apply the target's chat template")
     for s in SETTINGS:  # one option per row: --max-new-tokens, --tau-t, ...

