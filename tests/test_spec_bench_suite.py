@@ -131,6 +131,30 @@ def test_only_questions_every_method_finished_are_compared() -> None:
     assert by2["ar"]["tasks"]["qa"]["tokens_per_s"] == pytest.approx((20 + 5 + 10 + 2.5) / 4)
 
 
+def test_a_selected_question_that_did_not_run_is_named(tmp_path: Path) -> None:
+    """Rule: the report states the selection (seed, per task, ids) and names every selected question that has no
+    runs (a prompt beyond the models' context is skipped by the bench), so a table over fewer questions says so."""
+    qs = [q for q in spec_bench.questions() if q.id in (81, 321, 322, 323)]
+    plan = spec_suite.Plan(qs, ("mt_bench", "qa"), 3, DecodeConfig())
+    result = {"runs": _hand_built()}
+    (path,) = plan.finish(result, tmp_path)
+    suite = result["suite"]
+    assert suite["selection"] == dict(
+        suite="spec-bench",
+        seed=0,
+        per_task=3,
+        tasks=["mt_bench", "qa"],
+        question_ids={"mt_bench": [81], "qa": [321, 322, 323]},
+    )
+    assert suite["notes"] == [
+        "selected but not run (longer than the models' context, or the run stopped early): question 323"
+    ]
+    assert "question 323" in suite["markdown"] and "seed 0, 3 per task" in suite["markdown"]
+    with path.open() as f:
+        got = {r["variant"]: r for r in csv.DictReader(f)}
+    assert float(got["sd"]["qa_speedup"]) == pytest.approx(2.4) and got["hf_assisted"]["mean_accepted_tokens"] == ""
+
+
 # ---------------------------------------------------------------- (b) the second turn's context
 class RecordingTokenizer:
     """A tokenizer with a chat template that records the messages it was given."""

@@ -148,6 +148,12 @@ class Plan:
     def finish(self, result: dict, out: str | Path) -> list[Path]:
         """Spec-Bench's table into `result["suite"]` (results.json, report.html, the terminal) and spec_bench.csv."""
         records, pos = spec_table.table(result["runs"]), spec_table.positions(result["runs"])
+        ran = {r.get("question_id") for r in result["runs"]}
+        if missing := [q.id for q in self.questions if q.id not in ran]:
+            self.notes.append(
+                f"selected but not run (longer than the models' context, or the run stopped early): question"
+                f"{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))}"
+            )
         text = self.selection_text()
         result["suite"] = dict(
             selection=self.selection(),
