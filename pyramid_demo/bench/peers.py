@@ -3,6 +3,7 @@ time with the prefill; single-model speeds and the target's teacher-forced log-p
 
 from __future__ import annotations
 
+import argparse
 import copy
 import statistics
 import time
@@ -17,8 +18,39 @@ from ..core.config import DecodeConfig
 from ..forward.lm import ModelTriplet, open_lm
 from . import llamacpp_peer
 
-PEERS = ("hf_generate", "hf_assisted", "llama_cpp")
-PEER_ROLES = {"hf_generate": ("target",), "hf_assisted": ("draft", "target"), "llama_cpp": ("target",)}
+PEERS = ("hf_generate", "hf_assisted", "hf_prompt_lookup", "llama_cpp")
+PEER_ROLES = {
+    "hf_generate": ("target",),
+    "hf_assisted": ("draft", "target"),
+    "hf_prompt_lookup": ("target",),
+    "llama_cpp": ("target",),
+}
+DEFAULT_PEERS = "hf_generate,hf_assisted"
+PLD_TOKENS, PLD_NGRAM = 10, 3  # prompt lookup's tokens proposed per round and longest n-gram matched: the field's
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The peers' own settings: prompt lookup's, named neutrally so that an engine proposer may share them."""
+    p.add_argument(
+        "--pld-tokens",
+        type=int,
+        default=PLD_TOKENS,
+        help=f"hf_prompt_lookup: tokens proposed per round, copied from the context (default {PLD_TOKENS})",
+    )
+    p.add_argument(
+        "--pld-ngram",
+        type=int,
+        default=PLD_NGRAM,
+        help=f"hf_prompt_lookup: longest n-gram of the context's end matched to find them (default {PLD_NGRAM})",
+    )
+
+
+def lookup_of(args: argparse.Namespace) -> tuple[int, int]:
+    """(tokens, ngram) for hf_prompt_lookup from the command line; a ValueError when either is below 1."""
+    tokens, ngram = getattr(args, "pld_tokens", PLD_TOKENS), getattr(args, "pld_ngram", PLD_NGRAM)
+    if tokens < 1 or ngram < 1:
+        raise ValueError(f"--pld-tokens and --pld-ngram must be at least 1, got {tokens} and {ngram}")
+    return tokens, ngram
 
 
 @dataclass
@@ -27,6 +59,7 @@ class PeerRun:
     token_ids: list[int]
     wall_s: float
     stopped: str
+    target_forwards: int | None = None  # the target's forward calls in the run (prefill's included); None: not counted
 
     @property
     def tokens_per_s(self) -> float:
@@ -76,8 +109,16 @@ def runnable(triplet: ModelTriplet, variants: list[Any]) -> tuple[list[Any], lis
 
 
 @torch.inference_mode()
-def hf_generate(triplet: ModelTriplet, prompt_ids: list[int], cfg: DecodeConfig, peer: str) -> PeerRun:
-    """A peer on the target: plain `generate()`, or assisted generation with the draft on HF's defaults."""
+def hf_generate(
+    triplet: ModelTriplet,
+    prompt_ids: list[int],
+    cfg: DecodeConfig,
+    peer: str,
+    lookup: tuple[int, int] | None = None,
+) -> PeerRun:
+    """A peer on the target: plain `generate()`, assisted generation with the draft on HF's defaults, or HF's prompt
+    lookup (`lookup`: tokens proposed, longest n-gram matched; default the field's 10 and 3). The target's forward
+    calls are counted (a hook adds one to a counter), so tokens per target forward is measured, not assumed."""
     if peer not in PEERS:
         raise ValueError(f"unknown peer {peer!r}; choose one of {', '.join(PEERS)}")
     if why := unsupported(triplet, peer):
@@ -90,10 +131,15 @@ def hf_generate(triplet: ModelTriplet, prompt_ids: list[int], cfg: DecodeConfig,
     kw: dict = {"generation_config": gc}
     if peer == "hf_assisted":
         kw["assistant_model"] = triplet.draft
+    if peer == "hf_prompt_lookup":
+        tokens, ngram = lookup or (PLD_TOKENS, PLD_NGRAM)
+        gc.update(prompt_lookup_num_tokens=tokens, max_matching_ngram_size=ngram)
     if not cfg.greedy:
         torch.manual_seed(cfg.seed)
+    calls = [0]  # one per target forward: a verification round (the first over the prompt too)
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # HF's own deprecation notes from inside assisted generation
+    hook = target.register_forward_hook(lambda *a: calls.__setitem__(0, calls[0] + 1))
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -104,11 +150,12 @@ def hf_generate(triplet: ModelTriplet, prompt_ids: list[int], cfg: DecodeConfig,
             wall = time.perf_counter() - t0
     finally:
         hf_logging.set_verbosity(verbosity)
+        hook.remove()
     new = [int(t) for t in out[0, len(prompt_ids) :]]
     eos = next((i for i, t in enumerate(new) if t in triplet.eos_ids), None)
     if eos is not None:
         new = new[: eos + 1]
-    return PeerRun(peer, new, wall, "eos" if eos is not None else "max_new_tokens")
+    return PeerRun(peer, new, wall, "eos" if eos is not None else "max_new_tokens", calls[0])
 
 
 def llama_cpp_generate(triplet: ModelTriplet, prompt_ids: list[int], cfg: DecodeConfig) -> PeerRun:
@@ -118,7 +165,7 @@ def llama_cpp_generate(triplet: ModelTriplet, prompt_ids: list[int], cfg: Decode
     source = llamacpp_peer.source_of(triplet.target)
     assert source is not None
     new, wall, stopped = llamacpp_peer.decode(source, prompt_ids, cfg, triplet.eos_ids)
-    return PeerRun("llama_cpp", new, wall, stopped)
+    return PeerRun("llama_cpp", new, wall, stopped, len(new))  # plain decoding: one `llama_decode` per token
 
 
 @torch.inference_mode()

@@ -13,7 +13,7 @@ from pathlib import Path
 from ..core.config import METHODS
 from ..core.methods import method_spec
 from ..predict.noise import quantile
-from . import costs_report
+from . import costs_report, spec_table
 
 Point = tuple[float, float]
 
@@ -433,5 +433,6 @@ Acceptance and accepted tokens per target pass are pooled over runs (bonus token
 match with target-only greedy output over its length (T=0 only); log-prob: the target's mean log-probability of the
 produced text (one teacher-forced pass).</p>
 {"".join(parts)}
+{spec_table.html_section(result["suite"]) if result.get("suite") else ""}
 {costs_report.html_section(result, plotly_loaded=bool(parts))}
 </body></html>"""

@@ -29,7 +29,7 @@ from ..models import background
 from ..models.errors import LoadError
 from ..models.runtime import cpu_class
 from ..predict import throughput
-from . import costs_report, csqa, peers, report
+from . import costs_report, csqa, peers, report, spec_suite, spec_table
 from .prompts import Prompt, load_prompts
 from .variants import GRID_TAUS, Variant, build_variants, name_models
 
@@ -124,8 +124,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--peers",
-        default="hf_generate,hf_assisted",
-        help="Hugging Face baselines on the same models ('none' to skip): " + ", ".join(peers.PEERS),
+        default=None,
+        help="baselines on the same models ('none' to skip), from " + ", ".join(peers.PEERS) + " (default: "
+        f"{peers.DEFAULT_PEERS}; with --suite also hf_prompt_lookup, as Spec-Bench's table has PLD)",
     )
     p.add_argument(
         "--prompts", default="builtin", help="'builtin' (20 varied prompts) or a JSONL file of {\"prompt\": ...} lines"
@@ -162,6 +163,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="torch intra-op threads (default: torch's choice); 1 is often faster on a busy CPU",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    peers.add_arguments(p)  # --pld-tokens, --pld-ngram
+    spec_suite.add_arguments(p)  # --suite spec-bench, --per-task, --tasks
 
 
 # ---------------------------------------------------------------- measuring
@@ -177,7 +180,7 @@ def run_variant(
         pr = (
             peers.llama_cpp_generate(triplet, ids, v.cfg)
             if v.method == "llama_cpp"
-            else peers.hf_generate(triplet, ids, v.cfg, v.method)
+            else peers.hf_generate(triplet, ids, v.cfg, v.method, v.lookup)
         )
         n = len(pr.token_ids)
         return dict(
@@ -186,6 +189,7 @@ def run_variant(
             wall_s=pr.wall_s,
             tokens_per_s_incl_prefill=pr.tokens_per_s,
             tokens_per_s_wall=pr.tokens_per_s,
+            target_forwards=pr.target_forwards,
         ), pr.token_ids
     res, wall = timed(triplet, v, ids, chat, profile)  # statuses only
     assert res is not None  # no `stop`: the run went to its end
@@ -224,6 +228,7 @@ def run_variant(
             row[f"fwd_{role}"] = s.forward_passes[role]
             row[f"fwd_time_{role}_s"] = s.forward_time_s.get(role)
     row.update(costs_report.row_record(res.steps, res.method, res.config))  # forwards, times, acceptance, engine work
+    row.update(spec_table.position_counts(res.steps))  # per-position acceptance, pooled over runs by the suite
     return row, res.token_ids
 
 
@@ -277,8 +282,10 @@ def run_bench(
     progress: bool = True,
     max_minutes: float | None = None,
     log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
+    follow: Callable[[Prompt, list], tuple[Prompt, dict[str, list[int]]] | None] | None = None,
 ) -> dict:
-    """Warm up, time every variant on every prompt (interleaved), then per-prompt speed-ups and quality."""
+    """Warm up, time every variant on every prompt (interleaved), then per-prompt speed-ups and quality. `follow`: a
+    conversation's next turn after each turn (its prompt and each variant's own ids), kept whole like a prompt."""
     from tqdm import tqdm
 
     biggest = DecodeConfig(
@@ -299,7 +306,8 @@ def run_bench(
     profile = costs_report.profile(triplet)  # recorded per machine × family × forwards; "auto" reads it
     usable = profile if profile and "ms" in profile else None
     bar = tqdm(
-        total=len({v.label for v in variants}) + repeats * len(prepared) * len(variants),
+        total=len({v.label for v in variants})
+        + repeats * len(variants) * sum(getattr(p, "n_turns", 1) for _, p, _ in prepared),
         disable=not progress,
         desc="bench",
         unit="run",
@@ -331,14 +339,18 @@ def run_bench(
                 log(f"time budget of {max_minutes:g} min reached: stopping after {len(rows)} runs")
                 interrupted = True
                 break
-            group = _run_prompt(triplet, variants, r, pi, p, ids, chat, answers, bar, usable)
-            if greedy and pi not in refs:
-                ar = next((t for row, t in group if row["method"] == "ar" and row["kind"] == "engine"), None)
-                if ar is None:  # no AR variant: one untimed target-only greedy reference
-                    ar = generate(triplet, ids, dataclasses.replace(variants[0].cfg, method="ar"), chat).token_ids
-                refs[pi] = ar
-            _per_prompt(group, refs.get(pi), base)
-            rows.extend(row for row, _ in group)
+            done: list[dict] = []
+            while p is not None:  # a prompt, or each turn of a conversation (`follow`)
+                group = _run_prompt(triplet, variants, r, pi, p, ids, chat, answers, bar, usable)
+                if greedy and p not in refs:
+                    ar = next((t for row, t in group if row["method"] == "ar" and row["kind"] == "engine"), None)
+                    if ar is None:  # no AR variant: one untimed target-only greedy reference
+                        ar = generate(triplet, ids, dataclasses.replace(variants[0].cfg, method="ar"), chat).token_ids
+                    refs[p] = ar
+                _per_prompt(group, refs.get(p), base)
+                done += [row for row, _ in group]
+                p, ids = (follow(p, group) if follow else None) or (None, ids)
+            rows.extend(done)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: keep whole prompts only, so comparisons stay paired
         interrupted = True
         if not rows:
@@ -378,24 +390,26 @@ def _run_prompt(
     r: int,
     pi: int,
     p: Prompt,
-    ids: list[int],
+    ids: list[int] | dict[str, list[int]],
     chat: bool,
     answers: list[str] | None,
     bar,
     profile: dict | None = None,
 ) -> list[tuple[dict, list[int]]]:
-    """Every variant once on one prompt, in order: rows (without per-prompt ratios) and tokens."""
+    """Every variant once on one prompt, in order: rows (without per-prompt ratios) and tokens; `ids` by label: a
+    conversation's later turn, each variant's own."""
     group: list[tuple[dict, list[int]]] = []
     scored: dict[tuple[int, ...], float | None] = {}
     for v in variants:
         bar.set_postfix_str(f"prompt {pi} {v.label}")
         cfg = v.cfg if v.cfg.greedy else dataclasses.replace(v.cfg, seed=v.cfg.seed + r)
-        measured, toks = run_variant(triplet, dataclasses.replace(v, cfg=cfg), ids, chat, profile)
-        row = _base_row(v, r, pi, p, ids) | measured
+        vids = ids[v.label] if isinstance(ids, dict) else ids
+        measured, toks = run_variant(triplet, dataclasses.replace(v, cfg=cfg), vids, chat, profile)
+        row = _base_row(v, r, pi, p, vids) | measured
         row["text"] = triplet.tokenizer.decode(toks, skip_special_tokens=True)
-        key = tuple(toks)  # identical outputs (lossless methods at T=0) share one scoring pass
+        key = (tuple(vids), tuple(toks))  # identical outputs (lossless methods at T=0) share one scoring pass
         if key not in scored:
-            scored[key] = peers.target_logprob(triplet, ids, toks)
+            scored[key] = peers.target_logprob(triplet, vids, toks)
         row["target_logprob"] = scored[key]
         if answers:
             row.update(csqa_answer=answers[pi], csqa_pred=csqa.extract_answer(row["text"]))
@@ -464,12 +478,13 @@ def run(args: argparse.Namespace) -> int:
         if args.threads:
             torch.set_num_threads(args.threads)
         variants = build_variants(args)
-        answers = None
+        suite = spec_suite.plan(args, variants)  # None without --suite; refuses options that do not fit it
+        answers, prompts = None, suite.prompts if suite else []
         if args.dataset == "csqa":
             qs = csqa.load_questions(args.dataset_file, limit=args.limit)
             prompts = [Prompt(csqa.format_prompt(q), "csqa") for q in qs]
             answers = [q.answer for q in qs]
-        else:
+        elif not suite:
             prompts = load_prompts(args.prompts, limit=args.limit or (3 if args.grid else None))
         triplet = hardware_cli.load(args)
         if triplet is None:  # --estimate-only
@@ -503,6 +518,7 @@ def run(args: argparse.Namespace) -> int:
                 warmup_tokens=args.warmup_tokens,
                 progress=not args.no_progress,
                 max_minutes=args.max_minutes,
+                follow=suite.follower(triplet, not args.no_chat) if suite else None,
             )
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -523,7 +539,9 @@ def run(args: argparse.Namespace) -> int:
         skipped=skipped,
         variants=[dict(label=v.label, method=v.method, lossless=v.lossless, config=v.cfg.to_dict()) for v in variants],
     )
-    paths = report.write_outputs(result, args.out, ROW_COLUMNS)
+    extra = suite.finish(result, args.out) if suite else []  # Spec-Bench's table: result["suite"], spec_bench.csv
+    paths = extra + report.write_outputs(result, args.out, ROW_COLUMNS + (spec_suite.COLUMNS if suite else []))
     print(result["markdown"] + "\n\n" + costs_report.markdown(result["cost_profile"]))
+    print(f"\n{result['suite']['markdown']}" if suite else "", end="\n" if suite else "")
     print("\nwrote " + ", ".join(str(p) for p in paths), file=sys.stderr)
     return 0

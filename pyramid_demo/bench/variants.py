@@ -23,6 +23,8 @@ GRID_NAMES = {"tau_t": "tauT", "tau_q": "tauQ", "l_d": "lD", "l_q": "lQ"}  # in 
 class Variant(Run):
     """One benchmarked setting: an engine method with its config, an HF peer, or a reference (`solo`: one member)."""
 
+    lookup: tuple[int, int] | None = None  # hf_prompt_lookup's (tokens proposed, longest n-gram): not a DecodeConfig's
+
     @property
     def kind(self) -> str:
         """ "peer", "reference" (a member alone: no method of the table, so never AR's baseline) or "engine"."""
@@ -63,7 +65,9 @@ def parse_shapes(shapes: str | None, default: str) -> list[str]:
 
 def build_variants(args: argparse.Namespace) -> list[Variant]:
     """The settings to run: AR, then --solo's reference rows, each method once per shape (or --grid's sweep), peers."""
-    methods = parse_methods(args.methods, args.peers)
+    suite_peers = peers.DEFAULT_PEERS + ",hf_prompt_lookup" if getattr(args, "suite", None) else peers.DEFAULT_PEERS
+    methods = parse_methods(args.methods, suite_peers if args.peers is None else args.peers)
+    pld = peers.lookup_of(args)  # checked whether or not the peer runs
     methods.sort(key=lambda m: (m != "ar",))
     shapes = parse_shapes(getattr(args, "shapes", None), getattr(args, "shape", None) or "auto")
 
@@ -80,7 +84,9 @@ def build_variants(args: argparse.Namespace) -> list[Variant]:
             sk = {"shape": shape} if shape else {}
             tag = [shape] if shape and len(shapes) > 1 else []  # the label names the shape when several run
             if not args.grid or spec is None or not spec.thresholds:  # nothing to sweep
-                out.append(Variant(" ".join([m, *tag]), m, cfg(m, **sk)))
+                out.append(
+                    Variant(" ".join([m, *tag]), m, cfg(m, **sk), lookup=pld if m == "hf_prompt_lookup" else None)
+                )
                 continue
             for t in taus:  # τ_T, then τ_Q ≤ τ_T (stage 1 fuzzy), then ℓ_D ≤ ℓ_Q (pyramids)
                 for u in [u for u in taus if u <= t] if "tau_q" in spec.thresholds else [None]:

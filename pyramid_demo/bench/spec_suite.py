@@ -1,0 +1,213 @@
+"""`bench --suite spec-bench`: Spec-Bench's questions (`pyramid_demo.spec_bench`) through the bench's own loop, so
+every method runs interleaved question by question as in any bench; MT-bench's second turn is a conversation after
+each method's own first answer, through the target tokenizer's chat template, as Spec-Bench runs it; the report
+gains Spec-Bench's table (`spec_table`)."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import spec_bench
+from ..core.config import DecodeConfig
+from ..core.run import prepare_prompt
+from ..forward.lm import ModelTriplet, encode_prompt
+from . import spec_table
+from .prompts import Prompt
+
+SUITES = ("spec-bench",)
+SEED = 0  # the selection's: stated in the report, the same on every machine
+COLUMNS = ["question_id", "task", "turn", "target_forwards"]  # what the suite adds to results.csv
+Group = list[tuple[dict, list[int]]]  # one turn's rows and produced tokens, one per variant (`runner._run_prompt`)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--suite",
+        choices=SUITES,
+        default=None,
+        help="spec-bench: Spec-Bench's six tasks (Xia et al. 2024; its 480 questions ship in assets/spec_bench) in "
+        "place of --prompts. Greedy, as Spec-Bench is: a --temperature above 0 is refused. MT-bench's second turn "
+        "runs after each method's own first answer, through the chat template. Adds Spec-Bench's table (speed-up "
+        "over AR per task, #Mean Accepted Tokens, Overall) and per-position acceptance to the report; needs ar in "
+        "--methods",
+    )
+    p.add_argument(
+        "--per-task",
+        type=int,
+        default=None,
+        help=f"with --suite: N questions per task, a seeded selection (seed {SEED}; MT-bench's spread over its eight "
+        "categories) named in the report (default: all 80)",
+    )
+    p.add_argument(
+        "--tasks",
+        default=None,
+        help=f"with --suite: comma-separated Spec-Bench tasks, from {', '.join(spec_bench.TASKS)} (default: all)",
+    )
+
+
+@dataclass(frozen=True)
+class Turn(Prompt):
+    """One user turn of a Spec-Bench question: which question, which turn, and all the question's turns."""
+
+    question: int = 0
+    task: str = ""
+    turn: int = 1
+    turns: tuple[str, ...] = ()
+
+    @property
+    def n_turns(self) -> int:
+        return len(self.turns)
+
+
+def first_turn(q: spec_bench.Question) -> Turn:
+    return Turn(q.turns[0], q.category, q.id, q.task, 1, q.turns)
+
+
+def conversation_ids(tokenizer: Any, turns: Sequence[str], answers: Sequence[str], chat: bool = True) -> list[int]:
+    """The prompt of turn len(answers) + 1: the user's turns with the model's own answers between them, through the
+    tokenizer's chat template (Spec-Bench renders its conversation template, then tokenizes). Without a template (or
+    with --no-chat) the turns and answers joined by blank lines, tokenized as the bench tokenizes one prompt."""
+    n = len(answers) + 1
+    if chat and getattr(tokenizer, "chat_template", None):
+        messages: list[dict[str, str]] = []
+        for i in range(n):
+            messages.append({"role": "user", "content": turns[i]})
+            if i < len(answers):
+                messages.append({"role": "assistant", "content": answers[i]})
+        out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        return [int(i) for i in (out["input_ids"] if hasattr(out, "keys") else out)]
+    text = "\n\n".join(x for i in range(n) for x in (turns[i], *answers[i : i + 1]))
+    return encode_prompt(tokenizer, text, chat=False)
+
+
+@dataclass
+class Plan:
+    """A suite run: the selected questions, how they were chosen, and what happened to their later turns."""
+
+    questions: list[spec_bench.Question]
+    tasks: tuple[str, ...]
+    per_task: int | None
+    check: DecodeConfig  # the largest budget and draft of the variants: a later turn's context is checked with it
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def prompts(self) -> list[Prompt]:
+        return [first_turn(q) for q in self.questions]
+
+    def selection(self) -> dict:
+        """How the questions were chosen, and which: stated in the report."""
+        ids = {t: [q.id for q in self.questions if q.task == t] for t in self.tasks}
+        return dict(suite="spec-bench", seed=SEED, per_task=self.per_task, tasks=list(self.tasks), question_ids=ids)
+
+    def selection_text(self) -> str:
+        how = f"{self.per_task} per task" if self.per_task else "all 80 per task"
+        ids = "; ".join(f"{t} {', '.join(map(str, qs))}" for t, qs in self.selection()["question_ids"].items())
+        return f"Spec-Bench, seed {SEED}, {how} (spec_bench.select) — question ids: {ids}"
+
+    def follower(
+        self, triplet: ModelTriplet, chat: bool = True, log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)
+    ) -> Callable[[Prompt, Group], tuple[Prompt, dict[str, list[int]]] | None]:
+        """The bench's `follow`: after a turn ran, tag its rows with the question and turn, and give the next turn's
+        prompt with each variant's own context (its earlier answers in it), or None when the question is done."""
+        answers: dict[tuple[int, str], list[str]] = {}
+
+        def follow(p: Prompt, group: Group) -> tuple[Prompt, dict[str, list[int]]] | None:
+            assert isinstance(p, Turn)
+            for row, _ in group:
+                row.update(question_id=p.question, task=p.task, turn=p.turn)
+                mine = answers.setdefault((p.question, row["variant"]), [])
+                del mine[p.turn - 1 :]  # a repeat starts the conversation again
+                mine.append(row["text"].strip())  # Spec-Bench's answer: special tokens dropped, stripped
+            if p.turn >= p.n_turns:
+                return None
+            try:
+                ids = {
+                    row["variant"]: prepare_prompt(
+                        triplet,
+                        conversation_ids(triplet.tokenizer, p.turns, answers[(p.question, row["variant"])], chat),
+                        self.check,
+                        chat,
+                    )
+                    for row, _ in group
+                }
+            except ValueError as e:  # a conversation beyond the models' context: every variant stops at this turn
+                self.notes.append(f"question {p.question}: turns after {p.turn} not run ({e})")
+                log(f"note: {self.notes[-1]}")
+                return None
+            return dataclasses.replace(p, text=p.turns[p.turn], turn=p.turn + 1), ids
+
+        return follow
+
+    def finish(self, result: dict, out: str | Path) -> list[Path]:
+        """Spec-Bench's table into `result["suite"]` (results.json, report.html, the terminal) and spec_bench.csv."""
+        records, pos = spec_table.table(result["runs"]), spec_table.positions(result["runs"])
+        ran = {r.get("question_id") for r in result["runs"]}
+        if missing := [q.id for q in self.questions if q.id not in ran]:
+            self.notes.append(
+                f"selected but not run (longer than the models' context, or the run stopped early): question"
+                f"{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))}"
+            )
+        text = self.selection_text()
+        result["suite"] = dict(
+            selection=self.selection(),
+            selection_text=text,
+            table=records,
+            positions=pos,
+            notes=list(self.notes),
+            footnote=spec_table.FOOTNOTE,
+            position_note=spec_table.POSITION_NOTE,
+            markdown=spec_table.markdown(records, pos, text) + "".join(f"\n\nnote: {n}" for n in self.notes),
+        )
+        path = Path(out) / "spec_bench.csv"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        cols, rows = spec_table.csv_rows(records)
+        with path.open("w", newline="", encoding="utf-8") as f:
+            w = csv.DictWriter(f, fieldnames=cols)
+            w.writeheader()
+            w.writerows({k: "" if v is None else v for k, v in r.items()} for r in rows)
+        return [path]
+
+
+def plan(args: argparse.Namespace, variants: Sequence[Any]) -> Plan | None:
+    """The suite `args` ask for (None without --suite), or a ValueError saying which option does not fit it."""
+    if not getattr(args, "suite", None):
+        if getattr(args, "per_task", None) is not None or getattr(args, "tasks", None):
+            raise ValueError("--per-task and --tasks choose Spec-Bench's questions: add --suite spec-bench")
+        return None
+    clash = [
+        name
+        for name, given in (
+            ("--prompts", args.prompts != "builtin"),
+            ("--limit", args.limit is not None),
+            ("--dataset", args.dataset is not None),
+        )
+        if given
+    ]
+    if clash:
+        raise ValueError(
+            f"--suite spec-bench brings its own questions: drop {' and '.join(clash)} "
+            "(choose them with --tasks and --per-task)"
+        )
+    if any(v.cfg.temperature > 0 for v in variants):
+        raise ValueError("Spec-Bench is greedy: --suite spec-bench runs at temperature 0; drop --temperature")
+    if not any(v.method == "ar" and v.kind == "engine" for v in variants):
+        raise ValueError("Spec-Bench's speed-ups are over plain decoding: include ar in --methods")
+    if args.per_task is not None and args.per_task < 1:
+        raise ValueError(f"--per-task must be at least 1, got {args.per_task}")
+    tasks = spec_bench.parse_tasks(args.tasks)
+    cfgs = [v.cfg for v in variants]
+    check = DecodeConfig(
+        max_new_tokens=max(c.max_new_tokens for c in cfgs),
+        l_d=1,
+        gamma=max(c.gamma for c in cfgs),
+        l_q=max(c.l_q for c in cfgs),
+        tree_nodes=max(c.tree_nodes for c in cfgs),
+    )
+    return Plan(spec_bench.select(args.per_task, tasks, SEED), tasks, args.per_task, check)

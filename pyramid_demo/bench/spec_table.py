@@ -1,0 +1,256 @@
+"""Spec-Bench's table from the bench's rows, computed as Spec-Bench's `evaluation/speed.py` computes it, so that our
+figures read like its leaderboard's: per question, tokens and wall time summed over its turns; a task's speed is the
+mean over its questions of tokens/s; a speed-up is that mean over plain decoding's (AR) on the same questions; Overall
+pools every selected question the same way; #Mean Accepted Tokens is tokens written per target forward. Beside it,
+per-position acceptance as vLLM and llama.cpp state it. Pure arithmetic over plain rows: the tests build them by hand.
+"""
+
+from __future__ import annotations
+
+import html
+import statistics
+from collections.abc import Iterable
+
+from ..core.stats import STAGES, Tally
+from ..core.trace import Step
+from ..spec_bench import TASKS, TITLES
+
+Key = tuple[int, int]  # (repeat, question id): one sample of a question
+
+FOOTNOTE = (
+    "Speed-ups over AR (the engine's plain decoding of the target) as Spec-Bench's `speed.py` computes them: per "
+    "question, tokens = new tokens summed over its turns and time = wall seconds summed over its turns (each turn's "
+    "`generate` call, prefill included, for every row alike); a task's figure = mean over its questions of the "
+    "method's tokens/s ÷ mean over the same questions of AR's. Overall: the same over every selected question pooled "
+    "(not a mean of the task columns). #Mean Accepted Tokens: tokens written per target forward over all the "
+    "method's target forwards in the suite (the pass that scored the drafts writes the accepted ones and its own; "
+    "1.00 for plain decoding; HF peers: the target's forward calls counted during `generate`; – where not known). "
+    "Differences from Spec-Bench: one run per method unless --repeats (Spec-Bench averages 3 runs; here repeats are "
+    "pooled as further samples of each question), the methods interleaved question by question in one process "
+    "(Spec-Bench runs each method on its own), each answer capped at --max-new-tokens (Spec-Bench: 1024), the "
+    "target tokenizer's own chat template with its default system prompt (Spec-Bench: FastChat's template of the "
+    "model), tokens counted as generated ids (Spec-Bench re-tokenizes the baseline's text), and only questions every "
+    "method completed are counted."
+)
+POSITION_NOTE = (
+    "Per-position acceptance, as vLLM and llama.cpp define it: for draft position i (1-based), the fraction of "
+    "target verification rounds that proposed at least i tokens in which the i-th proposed token was accepted "
+    "(a tree: a node at depth i, and the accepted path reaching depth i), pooled over every run of the suite; vLLM's "
+    "accepted-per-position ÷ drafts when every draft has full length. Q stage: a pyramid's qualifier rounds, alike."
+)
+
+
+# ---------------------------------------------------------------- what each run records
+def position_counts(steps: list[Step]) -> dict[str, list[int]]:
+    """Per stage that ran rounds: how many rounds proposed at position i, and in how many the i-th was accepted
+    (counts, so that runs pool); read off the run's own records by `core.stats.Tally`, the one implementation."""
+    t = Tally()
+    for s in steps:
+        t.add(s)
+    out: dict[str, list[int]] = {}
+    for st in STAGES:
+        if t.rounds.get(st):
+            reached = t.reached.get(st, [])
+            kept = t.kept.get(st, [])
+            out[f"positions_{st}"] = list(reached)
+            out[f"positions_{st}_accepted"] = list(kept) + [0] * (len(reached) - len(kept))
+    return out
+
+
+# ---------------------------------------------------------------- Spec-Bench's arithmetic
+def _samples(rows: list[dict]) -> dict[str, dict[Key, list[dict]]]:
+    """Rows by variant and sample, kept only for samples every variant ran with all the sample's turns: a speed-up
+    compares the same questions."""
+    by: dict[str, dict[Key, list[dict]]] = {}
+    for r in rows:
+        if r.get("question_id") is not None:
+            by.setdefault(r["variant"], {}).setdefault((int(r["repeat"]), int(r["question_id"])), []).append(r)
+    turns: dict[Key, set[int]] = {}
+    for per in by.values():
+        for key, rs in per.items():
+            turns.setdefault(key, set()).update(int(r["turn"]) for r in rs)
+    whole = {
+        key
+        for key, ts in turns.items()
+        if all(key in per and {int(r["turn"]) for r in per[key]} == ts for per in by.values())
+    }
+    return {label: {k: rs for k, rs in per.items() if k in whole} for label, per in by.items()}
+
+
+def question_speed(turn_rows: Iterable[dict]) -> float | None:
+    """One question's tokens/s: new tokens summed over its turns ÷ wall seconds summed over its turns."""
+    rs = list(turn_rows)
+    seconds = sum(float(r["wall_s"]) for r in rs)
+    return sum(int(r["n_new_tokens"]) for r in rs) / seconds if seconds > 0 else None
+
+
+def _mean(xs: list[float | None]) -> float | None:
+    ok = [x for x in xs if x is not None]
+    return statistics.mean(ok) if ok else None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def mean_accepted_tokens(rows: list[dict]) -> float | None:
+    """Tokens written per target forward, pooled over the rows: the engine's target passes, a peer's counted target
+    forwards (None when a row has none counted)."""
+    passes = [r.get("target_passes") if r["kind"] != "peer" else r.get("target_forwards") for r in rows]
+    if not rows or any(p is None for p in passes) or not sum(passes):
+        return None
+    return sum(int(r["n_new_tokens"]) for r in rows) / sum(passes)
+
+
+def baseline_label(rows: list[dict]) -> str | None:
+    """The AR variant every speed-up is over: the engine's plain decoding of the target."""
+    return next((r["variant"] for r in rows if r["method"] == "ar" and r["kind"] == "engine"), None)
+
+
+def table(rows: list[dict]) -> list[dict]:
+    """One record per variant (run order): per task its mean tokens/s and speed-up over AR, Overall the same over all
+    questions pooled, #Mean Accepted Tokens pooled; from rows tagged with question_id, task and turn."""
+    samples = _samples(rows)
+    base = baseline_label(rows)
+    tasks = [t for t in TASKS if any(r.get("task") == t for r in rows)]
+    speeds = {label: {k: question_speed(rs) for k, rs in per.items()} for label, per in samples.items()}
+    task_of = {k: rs[0]["task"] for per in samples.values() for k, rs in per.items()}
+    first = {r["variant"]: r for r in reversed(rows) if r.get("question_id") is not None}
+
+    def mean_speed(label: str, task: str | None) -> float | None:
+        return _mean([s for k, s in speeds.get(label, {}).items() if task is None or task_of[k] == task])
+
+    out = []
+    for label in samples:
+        by_task = {}
+        for t in tasks:
+            mine, ar = mean_speed(label, t), mean_speed(base, t) if base else None
+            n = sum(1 for k in speeds[label] if task_of[k] == t)
+            by_task[t] = dict(tokens_per_s=mine, speedup=_ratio(mine, ar), questions=n)
+        overall, ar_overall = mean_speed(label, None), mean_speed(base, None) if base else None
+        out.append(
+            dict(
+                variant=label,
+                method=first[label]["method"],
+                kind=first[label]["kind"],
+                tasks=by_task,
+                overall_tokens_per_s=overall,
+                overall=_ratio(overall, ar_overall),
+                mean_accepted_tokens=mean_accepted_tokens([r for rs in samples[label].values() for r in rs]),
+                questions=len(samples[label]),
+            )
+        )
+    return out
+
+
+def positions(rows: list[dict]) -> list[dict]:
+    """Per variant and stage that proposed: per-position acceptance pooled over the suite's runs (`POSITION_NOTE`)."""
+    out = []
+    for label, per in _samples(rows).items():
+        rs = [r for rows_ in per.values() for r in rows_]
+        for st in ("target", "qualifier"):  # the target's verification first: vLLM's and llama.cpp's figure
+            reached, kept = _sum_lists(rs, f"positions_{st}"), _sum_lists(rs, f"positions_{st}_accepted")
+            if reached:
+                rates = [k / n if n else None for n, k in zip(reached, kept)]
+                out.append(dict(variant=label, stage=st, rounds=reached, accepted=kept, rates=rates))
+    return out
+
+
+def _sum_lists(rows: list[dict], key: str) -> list[int]:
+    out: list[int] = []
+    for r in rows:
+        xs = r.get(key) or []
+        out.extend([0] * (len(xs) - len(out)))
+        for i, x in enumerate(xs):
+            out[i] += int(x)
+    return out
+
+
+# ---------------------------------------------------------------- tables and the page's section
+def _x(v: float | None) -> str:
+    return "–" if v is None else f"{v:.2f}x"
+
+
+def _n(v: float | None) -> str:
+    return "–" if v is None else f"{v:.2f}"
+
+
+def task_columns(records: list[dict]) -> list[str]:
+    """The tasks the table has columns for, in Spec-Bench's order."""
+    return [t for t in TASKS if any(t in r["tasks"] for r in records)]
+
+
+def markdown(records: list[dict], pos: list[dict], selection: str = "") -> str:
+    """Spec-Bench's table (one row per variant and peer), its footnote, then per-position acceptance."""
+    tasks = task_columns(records)
+    head = ["Method", *(TITLES[t] for t in tasks), "#Mean Accepted Tokens", "Overall"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in records:
+        cells = [r["variant"], *(_x(r["tasks"][t]["speedup"]) for t in tasks), _n(r["mean_accepted_tokens"])]
+        lines.append("| " + " | ".join([*cells, _x(r["overall"])]) + " |")
+    out = "\n".join(lines) + "\n\n" + (f"Questions: {selection}.\n\n" if selection else "") + FOOTNOTE
+    if pos:
+        out += "\n\n" + position_markdown(pos) + "\n\n" + POSITION_NOTE
+    return out
+
+
+def position_markdown(pos: list[dict]) -> str:
+    width = max(len(p["rates"]) for p in pos)
+    head = ["Method", *(f"pos {i}" for i in range(1, width + 1))]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for p in pos:
+        label = p["variant"] + (" · Q stage" if p["stage"] == "qualifier" else "")
+        cells = [_n(x) for x in p["rates"]] + [""] * (width - len(p["rates"]))
+        lines.append("| " + " | ".join([label, *cells]) + " |")
+    return "\n".join(lines)
+
+
+def csv_rows(records: list[dict]) -> tuple[list[str], list[dict]]:
+    """spec_bench.csv: one row per variant, the table's figures and the tokens/s they come from."""
+    tasks = task_columns(records)
+    cols = ["variant", "method", "kind", *(f"{t}_speedup" for t in tasks), "mean_accepted_tokens", "overall"]
+    cols += [*(f"{t}_tokens_per_s" for t in tasks), "overall_tokens_per_s", "questions"]
+    out = []
+    for r in records:
+        row = {k: r[k] for k in ("variant", "method", "kind", "mean_accepted_tokens", "overall", "questions")}
+        row["overall_tokens_per_s"] = r["overall_tokens_per_s"]
+        for t in tasks:
+            row[f"{t}_speedup"], row[f"{t}_tokens_per_s"] = r["tasks"][t]["speedup"], r["tasks"][t]["tokens_per_s"]
+        out.append(row)
+    return cols, out
+
+
+def html_section(suite: dict) -> str:
+    """The report's Spec-Bench section: the table, a grouped bar chart of per-task speed-ups, per-position acceptance
+    (plotly's JS is on the page already)."""
+    import plotly.graph_objects as go
+
+    from .costs_report import html_table
+
+    records, pos = suite["table"], suite["positions"]
+    tasks = task_columns(records)
+    fig = go.Figure()
+    for r in records:
+        fig.add_bar(
+            x=[TITLES[t] for t in tasks] + ["Overall"],
+            y=[r["tasks"][t]["speedup"] for t in tasks] + [r["overall"]],
+            name=r["variant"],
+        )
+    fig.add_hline(y=1.0, line_dash="dot", line_color="grey")
+    fig.update_layout(title="Spec-Bench: speed-up over AR per task", barmode="group", yaxis_title="× AR")
+    plain = markdown(records, [])
+    table_md = plain.split("\n\n")[0]
+    pos_html = (
+        html_table(position_markdown(pos), note=False) + f"<p><small>{html.escape(POSITION_NOTE)}</small></p>"
+        if pos
+        else ""
+    )
+    return (
+        f"<h2>Spec-Bench</h2><p><b>Questions:</b> {html.escape(suite.get('selection_text', ''))}</p>"
+        + html_table(table_md, note=False)
+        + f"<p><small>{html.escape(FOOTNOTE)}</small></p>"
+        + "".join(f"<p><small>note: {html.escape(n)}</small></p>" for n in suite.get("notes", []))
+        + fig.to_html(full_html=False, include_plotlyjs=False, default_height=460)
+        + "<h3>Per-position acceptance</h3>"
+        + pos_html
+    )
