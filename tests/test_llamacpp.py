@@ -71,3 +71,21 @@ def test_a_missing_binding_names_the_command_that_installs_it(monkeypatch):
     assert why and "\n" not in why and llamacpp_peer.INSTALL in why and "No module named" in why
     other = SimpleNamespace(target=SimpleNamespace(), dtype=torch.float32)
     assert "not loaded from a GGUF" in peers.unsupported(other, "llama_cpp")
+
+
+@needs_llama
+@pytest.mark.slow
+def test_a_prompt_longer_than_a_batch_goes_in_parts(offline_cache):
+    """A prompt longer than one llama_decode batch (a Spec-Bench summarization question) is fed in parts, not
+    refused by llama.cpp's batch assertion, and the peer still writes our AR's text."""
+    from pyramid_demo import spec_bench
+    from pyramid_demo.core.run import generate
+    from pyramid_demo.models.loading import load_triplet
+
+    t = load_triplet("smollm2-offline", device="cpu", dtype="float32")
+    question = next(q for q in spec_bench.questions() if q.task == "summarization" and len(q.turns[0]) > 3000)
+    cfg = DecodeConfig(method="ar", max_new_tokens=12)
+    ours = generate(t, question.turns[0], cfg)
+    assert len(ours.prompt_ids) > llamacpp_peer.N_BATCH
+    peer = peers.llama_cpp_generate(t, ours.prompt_ids, cfg)
+    assert peer.token_ids == ours.token_ids[: len(peer.token_ids)] and len(peer.token_ids) >= 6

@@ -227,3 +227,13 @@ def test_a_side_by_side_race_over_a_lookup_runs_its_chains_and_says_so(pld_famil
     race = session.latest
     assert race is not None and race.lanes == ("ar", "sd+chain", "fsd+chain", "psd_a+chain", "psd_f+chain")
     assert MSG["chains_only"] in race.note and set(race.results) == set(race.lanes)
+
+
+def test_the_bench_skips_hf_assisted_over_a_lookup_and_says_why(pld_family):
+    """HF's assisted generation takes a draft model: over a lookup draft the peer is skipped with a reason that
+    names prompt lookup, and the tiny family's own draft model stays runnable."""
+    from pyramid_demo.bench import peers
+
+    why = peers.unsupported(pld_family, "hf_assisted")
+    assert why is not None and "prompt lookup" in why
+    assert peers.unsupported(tiny_random_triplet(seed=0), "hf_assisted") is None

@@ -23,7 +23,7 @@ CMAKE_ARGS = (
 )  # its libraries only
 INSTALL = f'CMAKE_ARGS="{CMAKE_ARGS}" .venv/bin/python -m pip install -r requirements-llamacpp.txt'
 N_CTX = 4096  # positions a peer run may hold (prompt + answer)
-N_BATCH = 512  # rows per llama_decode (the prompt goes in one)
+N_BATCH = 512  # rows per llama_decode (a longer prompt goes in several)
 _STATE: dict[str, Any] = {}  # the imported binding, or why it is not there
 _LOADED: dict[str, Any] = {}  # one llama.cpp model per file per process
 _LOCK = threading.Lock()
@@ -139,8 +139,13 @@ def decode(gguf: Path, prompt_ids: list[int], cfg: Any, eos_ids: tuple[int, ...]
     new: list[int] = []
     try:
         t0 = time.perf_counter()
-        toks = (lib.llama_token * len(prompt_ids))(*prompt_ids)
-        batch = lib.llama_batch_get_one(toks, len(prompt_ids))
+        for i in range(0, len(prompt_ids) - 1, N_BATCH):  # the prompt but its last token, N_BATCH rows at a time
+            part = prompt_ids[i : min(i + N_BATCH, len(prompt_ids) - 1)]
+            toks = (lib.llama_token * len(part))(*part)  # held while the batch points at it
+            if lib.llama_decode(ctx, lib.llama_batch_get_one(toks, len(part))) != 0:
+                raise RuntimeError("llama_decode failed on the prompt in the llama_cpp peer")
+        last = (lib.llama_token * 1)(prompt_ids[-1])
+        batch = lib.llama_batch_get_one(last, 1)
         for _ in range(cfg.max_new_tokens):
             if lib.llama_decode(ctx, batch) != 0:
                 raise RuntimeError("llama_decode failed in the llama_cpp peer")
@@ -148,7 +153,8 @@ def decode(gguf: Path, prompt_ids: list[int], cfg: Any, eos_ids: tuple[int, ...]
             new.append(t)
             if t in eos_ids:
                 break
-            batch = lib.llama_batch_get_one((lib.llama_token * 1)(t), 1)
+            last = (lib.llama_token * 1)(t)
+            batch = lib.llama_batch_get_one(last, 1)
         wall = time.perf_counter() - t0
     finally:
         lib.llama_sampler_free(smpl)

@@ -15,7 +15,7 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from ..core.config import DecodeConfig
-from ..forward.lm import ModelTriplet, open_lm
+from ..forward.lm import ModelTriplet, forward_of, open_lm
 from . import llamacpp_peer
 
 PEERS = ("hf_generate", "hf_assisted", "hf_prompt_lookup", "llama_cpp")
@@ -94,10 +94,11 @@ def unsupported(triplet: ModelTriplet, peer: str) -> str | None:
             return "llama_cpp skipped: the target was not loaded from a GGUF at its reference precision (fp32)"
         if why := llamacpp_peer.missing():
             return f"llama_cpp skipped: {why}"
-    if peer == "hf_assisted" and getattr(triplet.draft, "reads_verifier", False):
+    if peer == "hf_assisted" and forward_of(triplet.draft) in ("feature", "lookup"):
+        what = "prompt lookup" if forward_of(triplet.draft) == "lookup" else "a draft that reads the target's states"
         return (
-            f"{peer} skipped: Hugging Face assisted generation cannot drive a draft that reads the target's "
-            f"hidden states ({triplet.names[0]}); the engine's SD runs that draft"
+            f"{peer} skipped: Hugging Face assisted generation takes a draft model, not {what} "
+            f"({triplet.names[0]}); the engine's SD runs it (hf_prompt_lookup is transformers' own prompt lookup)"
         )
     return None
 
