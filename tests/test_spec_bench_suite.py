@@ -115,6 +115,18 @@ def test_mean_accepted_tokens_is_tokens_per_target_forward_pooled() -> None:
     assert md.splitlines()[5].split(" | ")[-2] == "–"  # hf_assisted's unknown #MAT
 
 
+def test_the_decode_only_table_times_the_engines_decode_and_leaves_out_peers() -> None:
+    """Rule: the decode-only table is the same arithmetic over each turn's decode seconds (prefill excluded), over
+    the engine's rows only: a peer's wall time holds its prefill, so it has no row there."""
+    rows = [{**r, "decode_s": r["wall_s"] / 2 if r["variant"] == "sd" else r["wall_s"]} for r in _hand_built()]
+    by = {r["variant"]: r for r in spec_table.table(rows, "decode_s")}
+    assert set(by) == {"ar", "sd"}
+    assert by["sd"]["tasks"]["qa"]["speedup"] == pytest.approx(2 * 2.4)  # twice the wall-time figure
+    assert by["ar"]["tasks"]["qa"]["tokens_per_s"] == pytest.approx(12.5)
+    md = spec_table.markdown(list(by.values()), [], decode=list(by.values()))
+    assert spec_table.DECODE_NOTE in md and md.count("| Method |") == 2
+
+
 def test_only_questions_every_method_finished_are_compared() -> None:
     """Rule: a speed-up compares the same questions: a sample some method lacks a turn of (a run cut short) counts
     for no method; a repeat is a further sample of its question."""

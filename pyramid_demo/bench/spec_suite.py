@@ -148,6 +148,7 @@ class Plan:
     def finish(self, result: dict, out: str | Path) -> list[Path]:
         """Spec-Bench's table into `result["suite"]` (results.json, report.html, the terminal) and spec_bench.csv."""
         records, pos = spec_table.table(result["runs"]), spec_table.positions(result["runs"])
+        decode = spec_table.table(result["runs"], "decode_s")
         ran = {r.get("question_id") for r in result["runs"]}
         if missing := [q.id for q in self.questions if q.id not in ran]:
             self.notes.append(
@@ -159,11 +160,12 @@ class Plan:
             selection=self.selection(),
             selection_text=text,
             table=records,
+            decode_table=decode,
             positions=pos,
             notes=list(self.notes),
             footnote=spec_table.FOOTNOTE,
             position_note=spec_table.POSITION_NOTE,
-            markdown=spec_table.markdown(records, pos, text) + "".join(f"\n\nnote: {n}" for n in self.notes),
+            markdown=spec_table.markdown(records, pos, text, decode) + "".join(f"\n\nnote: {n}" for n in self.notes),
         )
         path = Path(out) / "spec_bench.csv"
         path.parent.mkdir(parents=True, exist_ok=True)

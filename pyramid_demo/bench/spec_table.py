@@ -32,6 +32,11 @@ FOOTNOTE = (
     "model), tokens counted as generated ids (Spec-Bench re-tokenizes the baseline's text), and only questions every "
     "method completed are counted."
 )
+DECODE_NOTE = (
+    "Decode only: the same arithmetic with each turn's decode seconds in place of its wall seconds (the engine's "
+    "methods; prefill excluded, which every method pays once per turn and a pyramid pays for each of its models): "
+    "on a long prompt and a short answer the prefill can outweigh the decode."
+)
 POSITION_NOTE = (
     "Per-position acceptance, as vLLM and llama.cpp define it: for draft position i (1-based), the fraction of "
     "target verification rounds that proposed at least i tokens in which the i-th proposed token was accepted "
@@ -77,10 +82,11 @@ def _samples(rows: list[dict]) -> dict[str, dict[Key, list[dict]]]:
     return {label: {k: rs for k, rs in per.items() if k in whole} for label, per in by.items()}
 
 
-def question_speed(turn_rows: Iterable[dict]) -> float | None:
-    """One question's tokens/s: new tokens summed over its turns ÷ wall seconds summed over its turns."""
+def question_speed(turn_rows: Iterable[dict], clock: str = "wall_s") -> float | None:
+    """One question's tokens/s: new tokens summed over its turns ÷ seconds (`clock`: wall, prefill included, as
+    Spec-Bench; or decode_s, the engine's decode alone) summed over its turns."""
     rs = list(turn_rows)
-    seconds = sum(float(r["wall_s"]) for r in rs)
+    seconds = sum(float(r[clock]) for r in rs)
     return sum(int(r["n_new_tokens"]) for r in rs) / seconds if seconds > 0 else None
 
 
@@ -107,13 +113,16 @@ def baseline_label(rows: list[dict]) -> str | None:
     return next((r["variant"] for r in rows if r["method"] == "ar" and r["kind"] == "engine"), None)
 
 
-def table(rows: list[dict]) -> list[dict]:
+def table(rows: list[dict], clock: str = "wall_s") -> list[dict]:
     """One record per variant (run order): per task its mean tokens/s and speed-up over AR, Overall the same over all
-    questions pooled, #Mean Accepted Tokens pooled; from rows tagged with question_id, task and turn."""
+    questions pooled, #Mean Accepted Tokens pooled; from rows tagged with question_id, task and turn. `clock`
+    "decode_s" times the engine's decode alone (its rows only: a peer's time holds its prefill)."""
+    if clock != "wall_s":
+        rows = [r for r in rows if r["kind"] == "engine"]
     samples = _samples(rows)
     base = baseline_label(rows)
     tasks = [t for t in TASKS if any(r.get("task") == t for r in rows)]
-    speeds = {label: {k: question_speed(rs) for k, rs in per.items()} for label, per in samples.items()}
+    speeds = {label: {k: question_speed(rs, clock) for k, rs in per.items()} for label, per in samples.items()}
     task_of = {k: rs[0]["task"] for per in samples.values() for k, rs in per.items()}
     first = {r["variant"]: r for r in reversed(rows) if r.get("question_id") is not None}
 
@@ -180,15 +189,23 @@ def task_columns(records: list[dict]) -> list[str]:
     return [t for t in TASKS if any(t in r["tasks"] for r in records)]
 
 
-def markdown(records: list[dict], pos: list[dict], selection: str = "") -> str:
-    """Spec-Bench's table (one row per variant and peer), its footnote, then per-position acceptance."""
+def grid(records: list[dict]) -> str:
+    """One table: a row per variant, a column per task, #Mean Accepted Tokens, Overall."""
     tasks = task_columns(records)
     head = ["Method", *(TITLES[t] for t in tasks), "#Mean Accepted Tokens", "Overall"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in records:
         cells = [r["variant"], *(_x(r["tasks"][t]["speedup"]) for t in tasks), _n(r["mean_accepted_tokens"])]
         lines.append("| " + " | ".join([*cells, _x(r["overall"])]) + " |")
-    out = "\n".join(lines) + "\n\n" + (f"Questions: {selection}.\n\n" if selection else "") + FOOTNOTE
+    return "\n".join(lines)
+
+
+def markdown(records: list[dict], pos: list[dict], selection: str = "", decode: list[dict] | None = None) -> str:
+    """Spec-Bench's table (one row per variant and peer), its footnote, the decode-only table where given, then
+    per-position acceptance."""
+    out = grid(records) + "\n\n" + (f"Questions: {selection}.\n\n" if selection else "") + FOOTNOTE
+    if decode:
+        out += "\n\n" + grid(decode) + "\n\n" + DECODE_NOTE
     if pos:
         out += "\n\n" + position_markdown(pos) + "\n\n" + POSITION_NOTE
     return out
@@ -238,8 +255,11 @@ def html_section(suite: dict) -> str:
         )
     fig.add_hline(y=1.0, line_dash="dot", line_color="grey")
     fig.update_layout(title="Spec-Bench: speed-up over AR per task", barmode="group", yaxis_title="× AR")
-    plain = markdown(records, [])
-    table_md = plain.split("\n\n")[0]
+    table_md = grid(records)
+    decode = suite.get("decode_table") or []
+    decode_html = (
+        html_table(grid(decode), note=False) + f"<p><small>{html.escape(DECODE_NOTE)}</small></p>" if decode else ""
+    )
     pos_html = (
         html_table(position_markdown(pos), note=False) + f"<p><small>{html.escape(POSITION_NOTE)}</small></p>"
         if pos
@@ -251,6 +271,7 @@ def html_section(suite: dict) -> str:
         + f"<p><small>{html.escape(FOOTNOTE)}</small></p>"
         + "".join(f"<p><small>note: {html.escape(n)}</small></p>" for n in suite.get("notes", []))
         + fig.to_html(full_html=False, include_plotlyjs=False, default_height=460)
+        + decode_html
         + "<h3>Per-position acceptance</h3>"
         + pos_html
     )
