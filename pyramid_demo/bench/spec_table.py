@@ -118,7 +118,7 @@ def table(rows: list[dict], clock: str = "wall_s") -> list[dict]:
     questions pooled, #Mean Accepted Tokens pooled; from rows tagged with question_id, task and turn. `clock`
     "decode_s" times the engine's decode alone (its rows only: a peer's time holds its prefill)."""
     if clock != "wall_s":
-        rows = [r for r in rows if r["kind"] == "engine"]
+        rows = [r for r in rows if r["kind"] == "engine" and r.get(clock) is not None]
     samples = _samples(rows)
     base = baseline_label(rows)
     tasks = [t for t in TASKS if any(r.get("task") == t for r in rows)]
