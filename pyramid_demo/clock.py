@@ -84,8 +84,9 @@ def warm_up(
 Repeats = list[dict[str, RunResult]]  # a race's repeats, each lane key -> its run to the end (`Race.repeats`)
 
 
-def ratio(a: float, b: float | None) -> float | None:
-    return a / b if b else None
+def ratio(a: float | None, b: float | None) -> float | None:
+    """a ÷ b, None where either is missing or b is 0: the one ratio of speeds."""
+    return a / b if a is not None and b else None
 
 
 def lane_speeds(key: str, results: dict[str, RunResult], repeats: Repeats | None = None) -> list[float]:

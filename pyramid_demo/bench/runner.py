@@ -16,12 +16,11 @@ from collections.abc import Callable
 
 import torch
 
-from .. import generate_cli, hardware_cli
-from ..clock import timed, warm_up
-from ..core.config import METHODS, DecodeConfig
-from ..core.methods import SOLO_ROLES, TREE_BUDGET, method_spec
+from .. import hardware_cli
+from ..clock import ratio, timed, warm_up
+from ..core.config import DecodeConfig
+from ..core.methods import TREE_BUDGET, method_spec
 from ..core.run import generate, prepare_prompt
-from ..core.settings import SHAPES
 from ..core.stats import agreement as token_agreement  # one definition, shared with the app
 from ..core.stats import prefix_agreement
 from ..forward.lm import ModelTriplet
@@ -30,146 +29,14 @@ from ..models.errors import LoadError
 from ..models.runtime import cpu_class
 from ..predict import throughput
 from . import costs_report, csqa, peers, report, spec_suite, spec_table
+from .options import ROW_COLUMNS, add_arguments, command_line
 from .prompts import Prompt, load_prompts
-from .variants import GRID_TAUS, Variant, build_variants, name_models
+from .variants import Variant, build_variants, name_models
 
-ROW_COLUMNS = [
-    "repeat",
-    "prompt_index",
-    "category",
-    "variant",
-    "method",
-    "kind",
-    "solo",
-    "lossless",
-    "temperature",
-    "gamma",
-    "l_d",
-    "l_q",
-    "tau_q",
-    "tau_t",
-    "divergence",
-    "div_support",
-    "fallback",
-    "stage2",
-    "conf_stop",
-    "shape",
-    "shape_why",
-    "tree_nodes",
-    "tree_depth",
-    "tree_k",
-    "prompt_tokens",
-    "n_new_tokens",
-    "stopped",
-    "prefill_s",
-    "decode_s",
-    "wall_s",
-    "tokens_per_s",
-    "tokens_per_s_incl_prefill",
-    "tokens_per_s_wall",
-    "speedup_vs_ar",
-    "speedup_vs_sd",
-    "speedup_vs_ar_wall",
-    "speedup_vs_sd_wall",
-    "acceptance_qualifier",
-    "acceptance_target",
-    "proposed_qualifier",
-    "accepted_qualifier",
-    "proposed_target",
-    "accepted_target",
-    "rounds_qualifier",
-    "rounds_target",
-    "target_passes",
-    "mean_accepted_per_target_pass",
-    "tokens_per_target_pass",
-    "fwd_draft",
-    "fwd_qualifier",
-    "fwd_target",
-    "fwd_time_draft_s",
-    "fwd_time_qualifier_s",
-    "fwd_time_target_s",
-    "engine_overhead_s",
-    "engine_overhead_share",
-    "agreement",
-    "prefix_agreement",
-    "target_logprob",
-    "predicted_tokens_per_s",
-    "predicted_plus_one_tokens_per_s",
-    "predicted_profile_tokens_per_s",
-    "csqa_answer",
-    "csqa_pred",
-    "csqa_correct",
-    "prompt",
-    "text",
-]
-
-
-# ---------------------------------------------------------------- command line
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    generate_cli.add_decoding_arguments(p)  # generate's decoding options, not a copy of them
-    p.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, from {', '.join(METHODS)}")
-    p.add_argument(
-        "--shapes",
-        default=None,
-        help=f"comma-separated proposal shapes, from {', '.join(SHAPES)}: each method that proposes runs "
-        "once per shape, side by side (default: --shape's one)",
-    )
-    p.add_argument(
-        "--solo",
-        default=None,
-        metavar="ROLE",
-        help=f"add a reference row: that member decoding alone, as AR does with the target, its agreement "
-        f"with AR's text reported like the others' (choose from {', '.join(SOLO_ROLES)}; the offline "
-        "family's qualifier is the target's int4 copy)",
-    )
-    p.add_argument(
-        "--peers",
-        default=None,
-        help="baselines on the same models ('none' to skip), from " + ", ".join(peers.PEERS) + " (default: "
-        f"{peers.DEFAULT_PEERS}; with --suite also hf_prompt_lookup, as Spec-Bench's table has PLD)",
-    )
-    p.add_argument(
-        "--prompts", default="builtin", help="'builtin' (20 varied prompts) or a JSONL file of {\"prompt\": ...} lines"
-    )
-    p.add_argument("--limit", type=int, default=None, help="use only the first N prompts (default: all; 3 with --grid)")
-    p.add_argument("--repeats", type=int, default=1, help="timed runs of every method on every prompt")
-    p.add_argument(
-        "--grid",
-        action="store_true",
-        help="sweep τ_T, τ_Q ≤ τ_T, ℓ_D and ℓ_Q and report the speed–quality Pareto frontier",
-    )
-    p.add_argument("--grid-taus", default=",".join(map(str, GRID_TAUS)), help="τ values for --grid")
-    p.add_argument("--grid-l-d", default="2,4", help="ℓ_D values for --grid")
-    p.add_argument("--grid-l-q", default="8,12", help="ℓ_Q values for --grid (pairs with ℓ_D ≤ ℓ_Q)")
-    p.add_argument(
-        "--dataset",
-        choices=("csqa",),
-        default=None,
-        help="CommonsenseQA with the FSD 5-shot chain-of-thought prompt; reports accuracy",
-    )
-    p.add_argument("--dataset-file", default=None, help="local CSQA JSONL (the Hub is tried only without it)")
-    p.add_argument("--warmup-tokens", type=int, default=8, help="new tokens in each method's warm-up run")
-    p.add_argument("--out", default="bench_out", help="directory for results.csv, results.json, report.html")
-    p.add_argument(
-        "--max-minutes",
-        type=float,
-        default=None,
-        help="time budget: start no new prompt after this many minutes; completed prompts are kept",
-    )
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="torch intra-op threads (default: torch's choice); 1 is often faster on a busy CPU",
-    )
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    peers.add_arguments(p)  # --pld-tokens, --pld-ngram
-    spec_suite.add_arguments(p)  # --suite spec-bench, --per-task, --tasks
+__all__ = ["ROW_COLUMNS", "add_arguments", "run", "run_bench", "run_variant"]  # the CLI reads add_arguments here
 
 
 # ---------------------------------------------------------------- measuring
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return a / b if a is not None and b else None
 
 
 def run_variant(
@@ -425,10 +292,10 @@ def _per_prompt(group: list[tuple[dict, list[int]]], ref: list[int] | None, base
     ar, sd = by.get("ar"), by.get("sd")
     for row, toks in group:
         if row["kind"] != "peer":
-            row["speedup_vs_ar"] = _ratio(row["tokens_per_s"], ar and ar["tokens_per_s"])
-            row["speedup_vs_sd"] = _ratio(row["tokens_per_s"], sd and sd["tokens_per_s"])
-        row["speedup_vs_ar_wall"] = _ratio(row["tokens_per_s_wall"], ar and ar["tokens_per_s_wall"])
-        row["speedup_vs_sd_wall"] = _ratio(row["tokens_per_s_wall"], sd and sd["tokens_per_s_wall"])
+            row["speedup_vs_ar"] = ratio(row["tokens_per_s"], ar and ar["tokens_per_s"])
+            row["speedup_vs_sd"] = ratio(row["tokens_per_s"], sd and sd["tokens_per_s"])
+        row["speedup_vs_ar_wall"] = ratio(row["tokens_per_s_wall"], ar and ar["tokens_per_s_wall"])
+        row["speedup_vs_sd_wall"] = ratio(row["tokens_per_s_wall"], sd and sd["tokens_per_s_wall"])
         if ref is not None:
             row["agreement"], row["prefix_agreement"] = token_agreement(toks, ref), prefix_agreement(toks, ref)
 
@@ -457,18 +324,6 @@ def machine_info(triplet: ModelTriplet) -> dict:
 
 def _stop(signum, frame) -> None:  # SIGTERM: stop like Ctrl-C
     raise KeyboardInterrupt
-
-
-def _command_line(args: argparse.Namespace) -> str:
-    """The command as typed when run from the shell, else rebuilt from the parsed options."""
-    if sys.argv[1:2] == ["bench"]:
-        return "python -m pyramid_demo " + " ".join(sys.argv[1:])
-    opts = [
-        f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}")
-        for k, v in vars(args).items()
-        if k != "command" and v not in (None, False)
-    ]
-    return "python -m pyramid_demo bench " + " ".join(opts)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -527,7 +382,7 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, old_term)
     result["meta"] = dict(
         machine_info(triplet),
-        command=_command_line(args),
+        command=command_line(args),
         argv=sys.argv[1:],
         n_prompts=len({r["prompt_index"] for r in result["runs"]}),
         prompts_requested=len(prompts),

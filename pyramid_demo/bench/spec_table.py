@@ -11,6 +11,7 @@ import html
 import statistics
 from collections.abc import Iterable
 
+from ..clock import ratio
 from ..core.stats import STAGES, Tally
 from ..core.trace import Step
 from ..spec_bench import TASKS, TITLES
@@ -95,10 +96,6 @@ def _mean(xs: list[float | None]) -> float | None:
     return statistics.mean(ok) if ok else None
 
 
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return a / b if a is not None and b else None
-
-
 def mean_accepted_tokens(rows: list[dict]) -> float | None:
     """Tokens written per target forward, pooled over the rows: the engine's target passes, a peer's counted target
     forwards (None when a row has none counted)."""
@@ -135,7 +132,7 @@ def table(rows: list[dict], clock: str = "wall_s") -> list[dict]:
         for t in tasks:
             mine, ar = mean_speed(label, t), mean_speed(base, t) if base else None
             n = sum(1 for k in speeds[label] if task_of[k] == t)
-            by_task[t] = dict(tokens_per_s=mine, speedup=_ratio(mine, ar), questions=n)
+            by_task[t] = dict(tokens_per_s=mine, speedup=ratio(mine, ar), questions=n)
         overall, ar_overall = mean_speed(label, None), mean_speed(base, None) if base else None
         out.append(
             dict(
@@ -144,7 +141,7 @@ def table(rows: list[dict], clock: str = "wall_s") -> list[dict]:
                 kind=first[label]["kind"],
                 tasks=by_task,
                 overall_tokens_per_s=overall,
-                overall=_ratio(overall, ar_overall),
+                overall=ratio(overall, ar_overall),
                 mean_accepted_tokens=mean_accepted_tokens([r for rs in samples[label].values() for r in rs]),
                 questions=len(samples[label]),
             )

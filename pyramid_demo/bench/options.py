@@ -1,0 +1,159 @@
+"""`bench`'s command line and the columns of its rows (results.csv): what a run can be asked for and what each row
+holds, apart from the loop that runs them (`runner`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .. import generate_cli
+from ..core.config import METHODS
+from ..core.methods import SOLO_ROLES
+from ..core.settings import SHAPES
+from . import peers, spec_suite
+from .variants import GRID_TAUS
+
+ROW_COLUMNS = [
+    "repeat",
+    "prompt_index",
+    "category",
+    "variant",
+    "method",
+    "kind",
+    "solo",
+    "lossless",
+    "temperature",
+    "gamma",
+    "l_d",
+    "l_q",
+    "tau_q",
+    "tau_t",
+    "divergence",
+    "div_support",
+    "fallback",
+    "stage2",
+    "conf_stop",
+    "shape",
+    "shape_why",
+    "tree_nodes",
+    "tree_depth",
+    "tree_k",
+    "prompt_tokens",
+    "n_new_tokens",
+    "stopped",
+    "prefill_s",
+    "decode_s",
+    "wall_s",
+    "tokens_per_s",
+    "tokens_per_s_incl_prefill",
+    "tokens_per_s_wall",
+    "speedup_vs_ar",
+    "speedup_vs_sd",
+    "speedup_vs_ar_wall",
+    "speedup_vs_sd_wall",
+    "acceptance_qualifier",
+    "acceptance_target",
+    "proposed_qualifier",
+    "accepted_qualifier",
+    "proposed_target",
+    "accepted_target",
+    "rounds_qualifier",
+    "rounds_target",
+    "target_passes",
+    "mean_accepted_per_target_pass",
+    "tokens_per_target_pass",
+    "fwd_draft",
+    "fwd_qualifier",
+    "fwd_target",
+    "fwd_time_draft_s",
+    "fwd_time_qualifier_s",
+    "fwd_time_target_s",
+    "engine_overhead_s",
+    "engine_overhead_share",
+    "agreement",
+    "prefix_agreement",
+    "target_logprob",
+    "predicted_tokens_per_s",
+    "predicted_plus_one_tokens_per_s",
+    "predicted_profile_tokens_per_s",
+    "csqa_answer",
+    "csqa_pred",
+    "csqa_correct",
+    "prompt",
+    "text",
+]
+
+
+# ---------------------------------------------------------------- command line
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    generate_cli.add_decoding_arguments(p)  # generate's decoding options, not a copy of them
+    p.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, from {', '.join(METHODS)}")
+    p.add_argument(
+        "--shapes",
+        default=None,
+        help=f"comma-separated proposal shapes, from {', '.join(SHAPES)}: each method that proposes runs "
+        "once per shape, side by side (default: --shape's one)",
+    )
+    p.add_argument(
+        "--solo",
+        default=None,
+        metavar="ROLE",
+        help=f"add a reference row: that member decoding alone, as AR does with the target, its agreement "
+        f"with AR's text reported like the others' (choose from {', '.join(SOLO_ROLES)}; the offline "
+        "family's qualifier is the target's int4 copy)",
+    )
+    p.add_argument(
+        "--peers",
+        default=None,
+        help="baselines on the same models ('none' to skip), from " + ", ".join(peers.PEERS) + " (default: "
+        f"{peers.DEFAULT_PEERS}; with --suite also hf_prompt_lookup, as Spec-Bench's table has PLD)",
+    )
+    p.add_argument(
+        "--prompts", default="builtin", help="'builtin' (20 varied prompts) or a JSONL file of {\"prompt\": ...} lines"
+    )
+    p.add_argument("--limit", type=int, default=None, help="use only the first N prompts (default: all; 3 with --grid)")
+    p.add_argument("--repeats", type=int, default=1, help="timed runs of every method on every prompt")
+    p.add_argument(
+        "--grid",
+        action="store_true",
+        help="sweep τ_T, τ_Q ≤ τ_T, ℓ_D and ℓ_Q and report the speed–quality Pareto frontier",
+    )
+    p.add_argument("--grid-taus", default=",".join(map(str, GRID_TAUS)), help="τ values for --grid")
+    p.add_argument("--grid-l-d", default="2,4", help="ℓ_D values for --grid")
+    p.add_argument("--grid-l-q", default="8,12", help="ℓ_Q values for --grid (pairs with ℓ_D ≤ ℓ_Q)")
+    p.add_argument(
+        "--dataset",
+        choices=("csqa",),
+        default=None,
+        help="CommonsenseQA with the FSD 5-shot chain-of-thought prompt; reports accuracy",
+    )
+    p.add_argument("--dataset-file", default=None, help="local CSQA JSONL (the Hub is tried only without it)")
+    p.add_argument("--warmup-tokens", type=int, default=8, help="new tokens in each method's warm-up run")
+    p.add_argument("--out", default="bench_out", help="directory for results.csv, results.json, report.html")
+    p.add_argument(
+        "--max-minutes",
+        type=float,
+        default=None,
+        help="time budget: start no new prompt after this many minutes; completed prompts are kept",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads (default: torch's choice); 1 is often faster on a busy CPU",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    peers.add_arguments(p)  # --pld-tokens, --pld-ngram
+    spec_suite.add_arguments(p)  # --suite spec-bench, --per-task, --tasks
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """The command as typed when run from the shell, else rebuilt from the parsed options."""
+    if sys.argv[1:2] == ["bench"]:
+        return "python -m pyramid_demo " + " ".join(sys.argv[1:])
+    opts = [
+        f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}")
+        for k, v in vars(args).items()
+        if k != "command" and v not in (None, False)
+    ]
+    return "python -m pyramid_demo bench " + " ".join(opts)
