@@ -19,6 +19,28 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# the page's settings as a browser sends them (floats from sliders), small and fast: a test changes what it needs
+FAST = dict(
+    max_new_tokens=8.0,
+    temperature=0.0,
+    seed=0.0,
+    gamma=3.0,
+    l_d=2.0,
+    l_q=4.0,
+    tau_q=0.4,
+    tau_t=0.5,
+    divergence="js",
+    div_support="subset",
+    fallback="none",
+    stage2="fuzzy",
+    conf_stop=0.0,
+    shape="auto",
+    tree_nodes=8.0,
+    tree_depth=3.0,
+    tree_k=2.0,
+)
+
+
 @contextlib.contextmanager
 def serve_app() -> Iterator[tuple[str, object]]:
     """Yield (url, demo); one torch thread meanwhile (tiny models; the CPU is shared)."""

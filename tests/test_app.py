@@ -11,6 +11,7 @@ from pathlib import Path
 import plotly.graph_objects as go
 import pytest
 import torch
+from app_server import FAST
 
 from pyramid_demo import clock
 from pyramid_demo.app import charts, inspector, render, views
@@ -18,26 +19,6 @@ from pyramid_demo.app import handlers as h
 from pyramid_demo.app.session import Session
 from pyramid_demo.app.text import DEFAULT, MSG, RACE_COLUMNS, RACE_METHODS
 from pyramid_demo.core.trace import StageRound, TokenRec
-
-FAST = dict(
-    max_new_tokens=8.0,
-    temperature=0.0,
-    seed=0.0,
-    gamma=3.0,
-    l_d=2.0,
-    l_q=4.0,
-    tau_q=0.4,
-    tau_t=0.5,
-    divergence="js",
-    div_support="subset",
-    fallback="none",
-    stage2="fuzzy",
-    conf_stop=0.0,
-    shape="auto",
-    tree_nodes=8.0,
-    tree_depth=3.0,
-    tree_k=2.0,
-)
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -25,31 +25,15 @@ sys.path.insert(0, str(ROOT))  # app.py
 
 gradio_client = pytest.importorskip("gradio_client")
 
+from app_server import FAST as APP_FAST  # noqa: E402
+
 from pyramid_demo.app import handlers as h  # noqa: E402
 from pyramid_demo.app.text import RACE_METHODS  # noqa: E402
 from pyramid_demo.core.config import DecodeConfig  # noqa: E402
 from pyramid_demo.core.run import generate  # noqa: E402
 from pyramid_demo.models.loading import load_triplet  # noqa: E402
 
-FAST = dict(
-    max_new_tokens=8.0,
-    temperature=0.0,
-    seed=0,
-    gamma=3.0,
-    l_d=2.0,
-    l_q=4.0,
-    tau_q=0.4,
-    tau_t=0.5,
-    divergence="js",
-    div_support="subset",
-    fallback="none",
-    stage2="fuzzy",
-    conf_stop=0.0,
-    shape="auto",
-    tree_nodes=8.0,
-    tree_depth=3.0,
-    tree_k=2.0,
-)
+FAST = {**APP_FAST, "seed": 0}
 ROWS: list[dict] = []  # the measured table
 
 

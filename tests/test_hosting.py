@@ -6,30 +6,13 @@ import sys
 import warnings
 
 import pytest
+from app_server import FAST as APP_FAST
 
 from pyramid_demo.app import handlers as h
 from pyramid_demo.app import hosting
 from pyramid_demo.app.text import RACE_METHODS
 
-FAST = dict(
-    max_new_tokens=400.0,
-    temperature=0.0,
-    seed=0.0,
-    gamma=3.0,
-    l_d=2.0,
-    l_q=4.0,
-    tau_q=0.4,
-    tau_t=0.5,
-    divergence="js",
-    div_support="subset",
-    fallback="none",
-    stage2="fuzzy",
-    conf_stop=0.0,
-    shape="auto",
-    tree_nodes=8.0,
-    tree_depth=3.0,
-    tree_k=2.0,
-)
+FAST = {**APP_FAST, "max_new_tokens": 400.0}
 
 
 def test_budget_grows_with_methods_and_tokens_within_the_cap():

@@ -11,6 +11,7 @@ import warnings
 
 import pytest
 import torch
+from app_server import FAST as APP_FAST
 
 from pyramid_demo.app import charts, play_view, views
 from pyramid_demo.app import handlers as h
@@ -27,25 +28,7 @@ from pyramid_demo.forward.lm import encode_prompt, open_lm
 from pyramid_demo.models.tiny import tiny_random_triplet
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-FAST = dict(
-    max_new_tokens=6.0,
-    temperature=0.0,
-    seed=0.0,
-    gamma=3.0,
-    l_d=2.0,
-    l_q=4.0,
-    tau_q=0.4,
-    tau_t=0.5,
-    divergence="js",
-    div_support="subset",
-    fallback="none",
-    stage2="fuzzy",
-    conf_stop=0.0,
-    shape="chain",
-    tree_nodes=8.0,
-    tree_depth=3.0,
-    tree_k=2.0,
-)
+FAST = {**APP_FAST, "max_new_tokens": 6.0, "shape": "chain"}
 KEY = "qualifier_alone"
 
 

@@ -8,30 +8,13 @@ from collections import Counter
 
 import gradio as gr
 import pytest
+from app_server import FAST as APP_FAST
 
 from pyramid_demo import spec_bench
 from pyramid_demo.app import handlers as h
 from pyramid_demo.app import story, text, views
 
-FAST = dict(
-    max_new_tokens=4.0,
-    temperature=0.0,
-    seed=0.0,
-    gamma=3.0,
-    l_d=2.0,
-    l_q=4.0,
-    tau_q=0.4,
-    tau_t=0.5,
-    divergence="js",
-    div_support="subset",
-    fallback="none",
-    stage2="fuzzy",
-    conf_stop=0.0,
-    shape="auto",
-    tree_nodes=8.0,
-    tree_depth=3.0,
-    tree_k=2.0,
-)
+FAST = {**APP_FAST, "max_new_tokens": 4.0}
 
 
 def test_every_spec_bench_task_has_exactly_one_example_after_a_short_default():
