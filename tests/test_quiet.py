@@ -9,6 +9,7 @@ import itertools
 import warnings
 
 import pytest
+from app_server import FAST
 
 from pyramid_demo import clock
 from pyramid_demo.app import handlers as h
@@ -23,25 +24,7 @@ from pyramid_demo.core.run import prepare_prompt
 from pyramid_demo.models.tiny import tiny_random_triplet
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-SETTINGS = dict(
-    max_new_tokens=8.0,
-    temperature=0.0,
-    seed=0.0,
-    gamma=3.0,
-    l_d=2.0,
-    l_q=4.0,
-    tau_q=0.4,
-    tau_t=0.5,
-    divergence="js",
-    div_support="subset",
-    fallback="none",
-    stage2="fuzzy",
-    conf_stop=0.0,
-    shape="auto",
-    tree_nodes=8.0,
-    tree_depth=3.0,
-    tree_k=2.0,
-)
+SETTINGS = FAST
 KEYS = [lane.key for lane in lanes()]
 
 

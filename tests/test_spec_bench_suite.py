@@ -16,16 +16,7 @@ from pyramid_demo.cli import main as cli_main
 from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.trace import StageRound, Step, TokenRec
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models on one intra-op thread: more only contend on a shared CPU."""
-    import torch
-
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: more threads only contend
 
 
 @pytest.fixture(scope="module")

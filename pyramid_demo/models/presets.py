@@ -36,6 +36,9 @@ FEATURE_DRAFT = "smollm2-offline/feature-draft"  # the draft that reads the targ
 OFFLINE = "smollm2-offline"  # the family that runs with no network (`offline.as_run`: what it runs here)
 OFFLINE_PLD = "smollm2-offline-pld"  # the same target and copy, prompt lookup as the draft
 
+# the offline families' rules: the target's stage exact (lossless PSD_A), fuzzy stages at τ 0.3, SD's fallback
+OFFLINE_RULES = (("conf_stop", 0.0), ("fallback", "sd"), ("tau_t", 0.3), ("tau_q", 0.3), ("stage2", "sd"))
+
 PRESETS: dict[str, Preset] = {
     p.name: p
     for p in (
@@ -105,11 +108,7 @@ PRESETS: dict[str, Preset] = {
             # measured with `bench --grid` on the built-in prompts: the copy agrees with the target so often that
             # the longest block pays, the target's stage is exact (lossless), and the draft proposes one token
             tuned=(
-                ("conf_stop", 0.0),
-                ("fallback", "sd"),
-                ("tau_t", 0.3),
-                ("tau_q", 0.3),
-                ("stage2", "sd"),
+                *OFFLINE_RULES,
                 ("gamma", 2),
                 ("l_d", 1),
                 ("l_q", 16),
@@ -130,11 +129,7 @@ PRESETS: dict[str, Preset] = {
             hub=False,
             tuned_how="the offline family's, with γ and ℓ_D 4: a lookup costs nothing (not tuned by a grid)",
             tuned=(
-                ("conf_stop", 0.0),
-                ("fallback", "sd"),
-                ("tau_t", 0.3),
-                ("tau_q", 0.3),
-                ("stage2", "sd"),
+                *OFFLINE_RULES,
                 ("gamma", 4),
                 ("l_d", 4),
                 ("l_q", 16),
