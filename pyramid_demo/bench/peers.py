@@ -94,8 +94,9 @@ def unsupported(triplet: ModelTriplet, peer: str) -> str | None:
             return "llama_cpp skipped: the target was not loaded from a GGUF at its reference precision (fp32)"
         if why := llamacpp_peer.missing():
             return f"llama_cpp skipped: {why}"
-    if peer == "hf_assisted" and forward_of(triplet.draft) in ("feature", "lookup"):
-        what = "prompt lookup" if forward_of(triplet.draft) == "lookup" else "a draft that reads the target's states"
+    kind = forward_of(triplet.draft)
+    if peer == "hf_assisted" and kind in ("feature", "lookup"):
+        what = "prompt lookup" if kind == "lookup" else "a draft that reads the target's states"
         return (
             f"{peer} skipped: Hugging Face assisted generation takes a draft model, not {what} "
             f"({triplet.names[0]}); the engine's SD runs it (hf_prompt_lookup is transformers' own prompt lookup)"

@@ -397,6 +397,7 @@ def run(args: argparse.Namespace) -> int:
     extra = suite.finish(result, args.out) if suite else []  # Spec-Bench's table: result["suite"], spec_bench.csv
     paths = extra + report.write_outputs(result, args.out, ROW_COLUMNS + (spec_suite.COLUMNS if suite else []))
     print(result["markdown"] + "\n\n" + costs_report.markdown(result["cost_profile"]))
-    print(f"\n{result['suite']['markdown']}" if suite else "", end="\n" if suite else "")
+    if suite:
+        print("\n" + result["suite"]["markdown"])
     print("\nwrote " + ", ".join(str(p) for p in paths), file=sys.stderr)
     return 0
