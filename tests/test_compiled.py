@@ -31,36 +31,36 @@ def test_a_package_is_named_by_what_it_was_built_from(cache) -> None:
     """The package's name changes with any weight the pass reads, the pass's format and the threads a run uses: a
     stale package (another model, a changed weight, an older pass, kernels for another thread count) is never found."""
     t = tiny_random_triplet()
-    a = compiled.package_path(t.target)
-    assert a == compiled.package_path(t.target) and a.parent == cache / "compiled"
-    assert compiled.package_path(t.draft) != a
+    a = compiled.package_path(t.target, compiled.fingerprint(t.target))
+    assert a == compiled.package_path(t.target, compiled.fingerprint(t.target)) and a.parent == cache / "compiled"
+    assert compiled.package_path(t.draft, compiled.fingerprint(t.draft)) != a
     with torch.no_grad():
         t.target.model.layers[1].mlp.up_proj.weight[3, 5] += 1e-3
-    b = compiled.package_path(t.target)
+    b = compiled.package_path(t.target, compiled.fingerprint(t.target))
     assert b != a
     old = compiled.FORMAT
     try:
         compiled.FORMAT = old + 1
-        assert compiled.package_path(t.target) != b
+        assert compiled.package_path(t.target, compiled.fingerprint(t.target)) != b
     finally:
         compiled.FORMAT = old
     threads = torch.get_num_threads()  # inductor writes the count into every kernel: one thread's GEMMs use one core
     try:
         torch.set_num_threads(threads + 1)
-        assert compiled.package_path(t.target) != b
+        assert compiled.package_path(t.target, compiled.fingerprint(t.target)) != b
     finally:
         torch.set_num_threads(threads)
-    assert compiled.package_path(t.target) == b
+    assert compiled.package_path(t.target, compiled.fingerprint(t.target)) == b
 
 
 def test_setup_removes_the_packages_of_another_pass_format_and_keeps_this_one(cache) -> None:
     """`prune` (run by `ensure`, setup's step) deletes packages this code can never load: an older format's, a name
     without one; every package of this format stays, whatever model it was built for."""
     t = tiny_random_triplet()
-    mine = compiled.package_path(t.target)
+    mine = compiled.package_path(t.target, compiled.fingerprint(t.target))
     other = mine.with_name(mine.name.replace(f"-v{compiled.FORMAT}-", "-v1-"))
     bare = mine.with_name("LlamaForCausalLM-0123456789abcdef0123.pt2")
-    another_model = compiled.package_path(t.draft, "few")
+    another_model = compiled.package_path(t.draft, compiled.fingerprint(t.draft), "few")
     mine.parent.mkdir(parents=True)
     for p in (mine, other, bare, another_model):
         p.write_bytes(b"x")
@@ -85,12 +85,12 @@ def test_a_corrupt_package_is_removed_and_the_model_stays_eager(cache) -> None:
     """A package that does not load (truncated, another torch's) is removed, to be rebuilt, and the model keeps its
     eager forward: nothing half-built serves a run."""
     t = tiny_random_triplet()
-    paths = [compiled.package_path(t.target, plan) for plan in compiled.plans(t.target)]
+    paths = [compiled.package_path(t.target, compiled.fingerprint(t.target), plan) for plan in compiled.plans(t.target)]
     paths[0].parent.mkdir(parents=True)
     for path in paths:
         path.write_bytes(b"not a package")
-    assert compiled.load(t.target) is False
-    assert not paths[0].exists() and compiled.runner_of(t.target) is None
+    assert compiled.load(t.target, compiled.fingerprint(t.target)) is None
+    assert not paths[0].exists()
 
 
 def test_a_model_of_plain_weights_gets_a_few_row_package_and_an_int4_copy_does_not(cache) -> None:
@@ -101,11 +101,15 @@ def test_a_model_of_plain_weights_gets_a_few_row_package_and_an_int4_copy_does_n
     t = tiny_random_triplet()
     assert compiled.plans(t.target) == ("many", "few")
     assert compiled.plans(int4_copy(t.target, 32)) == ("many",)
-    many, few = (compiled.package_path(t.target, p) for p in ("many", "few"))
+    many, few = (compiled.package_path(t.target, compiled.fingerprint(t.target), p) for p in ("many", "few"))
     assert many != few and few.name.endswith("-few.pt2")
     many.parent.mkdir(parents=True)
     many.write_bytes(b"half of what it runs")
-    assert compiled.missing(t.target) == ["few"] and compiled.load(t.target) is False and many.exists()
+    assert (
+        compiled.missing(t.target, compiled.fingerprint(t.target)) == ["few"]
+        and compiled.load(t.target, compiled.fingerprint(t.target)) is None
+        and many.exists()
+    )
 
 
 def test_a_pass_of_at_most_few_rows_runs_the_few_row_package_and_every_other_the_many_row_one() -> None:
@@ -166,9 +170,8 @@ def test_a_load_never_compiles_and_says_how_to_build(cache, monkeypatch) -> None
     times anything) on the load path."""
     t = tiny_random_triplet()
     monkeypatch.setattr(compiled, "build", lambda *a, **k: pytest.fail("compiled during a load"))
-    kind, why = runtime.decide(t.target, t.vocab_size)
-    assert kind == "eager" and "setup builds it" in why
-    assert compiled.runner_of(t.target) is None
+    fwd = runtime.decide(t.target, t.vocab_size)
+    assert fwd.kind == "eager" and "setup builds it" in fwd.why and fwd.runner is None
 
 
 class _Runner:
@@ -191,27 +194,30 @@ class _Runner:
         return z, h
 
 
-def _with_package(cache, t, runner) -> None:
-    path = compiled.package_path(t.target)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(b"stand-in")
-    compiled.attach(t.target, runner)
+def _with_package(t, runner, monkeypatch) -> None:
+    """Packages on disk for every plan of `t.target`, each opening as `runner`."""
+    fp = compiled.fingerprint(t.target)
+    for plan in compiled.plans(t.target):
+        path = compiled.package_path(t.target, fp, plan)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"stand-in")
+    monkeypatch.setattr(compiled, "_open", lambda path: runner)
 
 
-def test_a_package_runs_only_where_it_agrees_with_the_eager_pass(cache) -> None:
+def test_a_package_runs_only_where_it_agrees_with_the_eager_pass(cache, monkeypatch) -> None:
     """A package whose pass agrees with the eager one (top-1 on a prefill, a step, a chain and a tree) runs, and the
     check is recorded once in the manifest; one whose top-1 differs is detached and the eager pass runs, saying
     why. The run then really calls the package (its masks over every slot)."""
     t = tiny_random_triplet()
     good = _Runner(t.target)
-    _with_package(cache, t, good)
-    kind, why = runtime.decide(t.target, t.vocab_size)
-    assert kind == "compiled" and "agrees" in why and good.calls == 4  # a prefill, a step, a chain, a tree
+    _with_package(t, good, monkeypatch)
+    fwd = runtime.decide(t.target, t.vocab_size)
+    assert fwd.kind == "compiled" and "agrees" in fwd.why and good.calls == 4  # a prefill, a step, a chain, a tree
     assert good.rows == [60, 1, 4, 6]  # a 4-row chain: the few-row package is checked on a chain too
-    rec = runtime.entry(runtime.package_key(t.target))
+    rec = runtime.entry(runtime.package_key(fwd.stem))
     assert rec is not None and rec["agrees"] and rec["max_abs_diff"] < 1e-4 and rec["flips"] == 0
-    assert runtime.decide(t.target, t.vocab_size)[0] == "compiled" and good.calls == 4  # read, not re-checked
-    lm = CoreLM(t.target, t.vocab_size, "target", compiled.runner_of(t.target))
+    assert runtime.decide(t.target, t.vocab_size).kind == "compiled" and good.calls == 4  # read, not re-checked
+    lm = CoreLM(t.target, t.vocab_size, "target", fwd.runner)
     ref = CoreLM(t.target, t.vocab_size, "target")
     ids = [(7 * i + 3) % (t.vocab_size - 1) + 1 for i in range(40)]
     assert torch.allclose(lm.feed(ids[:30], 4), ref.feed(ids[:30], 4), atol=1e-5)
@@ -220,20 +226,20 @@ def test_a_package_runs_only_where_it_agrees_with_the_eager_pass(cache) -> None:
     )
 
     bad = tiny_random_triplet(seed=3)
-    _with_package(cache, bad, _Runner(bad.target, bias=1e3))  # token 7 always wins: top-1 disagrees
-    kind, why = runtime.decide(bad.target, bad.vocab_size)
-    assert kind == "eager" and "disagreed" in why and compiled.runner_of(bad.target) is None
+    _with_package(bad, _Runner(bad.target, bias=1e3), monkeypatch)  # token 7 always wins: top-1 disagrees
+    fwd = runtime.decide(bad.target, bad.vocab_size)
+    assert fwd.kind == "eager" and "disagreed" in fwd.why and fwd.runner is None
 
 
-def test_a_corrupt_manifest_reads_as_empty_and_is_rewritten(cache) -> None:
+def test_a_corrupt_manifest_reads_as_empty_and_is_rewritten(cache, monkeypatch) -> None:
     """An unreadable manifest is no record (not an error): the next decision measures and writes it anew."""
     t = tiny_random_triplet()
     runtime.manifest_path().parent.mkdir(parents=True, exist_ok=True)
     runtime.manifest_path().write_text("{not json")
     assert runtime.read() == {}
-    _with_package(cache, t, _Runner(t.target))
-    assert runtime.decide(t.target, t.vocab_size)[0] == "compiled"
-    assert runtime.entry(runtime.package_key(t.target))["agrees"]
+    _with_package(t, _Runner(t.target), monkeypatch)
+    fwd = runtime.decide(t.target, t.vocab_size)
+    assert fwd.kind == "compiled" and runtime.entry(runtime.package_key(fwd.stem))["agrees"]
 
 
 @pytest.mark.slow
@@ -242,10 +248,11 @@ def test_the_compiled_pass_computes_what_the_eager_one_does(cache) -> None:
     all match the eager core pass (within float rounding; top-1 equal), and a second load reads the package."""
     t = tiny_random_triplet()
     m, v = t.target, t.vocab_size
-    ok, note = compiled.ensure(m)
+    ok, note = compiled.ensure(m, compiled.fingerprint(m))
     assert ok, note
     ids = [(7 * i + 3) % (v - 1) + 1 for i in range(120)]
-    c, e = CoreLM(m, v, "target", compiled.runner_of(m)), CoreLM(m, v, "target")
+    runner = compiled.load(m, compiled.fingerprint(m))
+    c, e = CoreLM(m, v, "target", runner), CoreLM(m, v, "target")
     c.publish, e.publish = VerifierStates(), VerifierStates()
     zc, ze = c.forward(ids[:100], 0, 100), e.forward(ids[:100], 0, 100)  # a prefill longer than one chunk
     assert torch.allclose(zc, ze, atol=1e-4) and torch.equal(zc.argmax(-1), ze.argmax(-1))
@@ -260,18 +267,17 @@ def test_the_compiled_pass_computes_what_the_eager_one_does(cache) -> None:
     assert c.keep_path([0, 2]) == 97 and e.keep_path([0, 2]) == 97
     assert torch.allclose(c.forward(ids[99:100], 97, 1), e.forward(ids[99:100], 97, 1), atol=1e-4)
     taps = tap_layers(m.config.num_hidden_layers)  # a reader of several layers gets them from the package too
-    c, e = CoreLM(m, v, "target", compiled.runner_of(m)), CoreLM(m, v, "target")
+    c, e = CoreLM(m, v, "target", runner), CoreLM(m, v, "target")
     c.publish, e.publish = VerifierStates(taps), VerifierStates(taps)
     c.forward(ids[:20], 0, 1), e.forward(ids[:20], 0, 1)
     assert c.publish.f.shape[1] == 3 * m.config.hidden_size
     assert torch.allclose(c.publish.f[:20], e.publish.f[:20], atol=1e-4)
-    compiled.attach(m, None)
-    assert compiled.load(m) and compiled.runner_of(m) is not None  # from the package on disk, no compile
+    assert compiled.load(m, compiled.fingerprint(m)) is not None  # from the package on disk, no compile
     assert not (compiled.scratch() / "inductor").exists()  # the build files went with the build
     assert not any(compiled.scratch().iterdir())  # the extracted libraries went once mapped: the passes above ran
     code = (
         "import os, sys; from pyramid_demo.forward import compiled as c; from pyramid_demo.models.tiny import "
-        "tiny_random_triplet as t; m = t().target; assert c.load(m) and c.runner_of(m); print(os.getpid())"
+        "tiny_random_triplet as t; m = t().target; assert c.load(m, c.fingerprint(m)); print(os.getpid())"
     )
     (cache / "tmp").mkdir()
     run = subprocess.run(
@@ -287,26 +293,34 @@ def test_the_compiled_pass_computes_what_the_eager_one_does(cache) -> None:
     from pyramid_demo.models.quant import int4_copy
 
     q = int4_copy(m, 32)  # its package holds no fp16 head (where fbgemm runs): the head runs after it
-    ok, note = compiled.ensure(q)
+    ok, note = compiled.ensure(q, compiled.fingerprint(q))
     assert ok, note
-    c, e = CoreLM(q, v, "qualifier", compiled.runner_of(q)), CoreLM(q, v, "qualifier")
+    c, e = CoreLM(q, v, "qualifier", compiled.load(q, compiled.fingerprint(q))), CoreLM(q, v, "qualifier")
     zc, ze = c.forward(ids[:40], 0, 2), e.forward(ids[:40], 0, 2)
     assert torch.allclose(zc, ze, atol=1e-3) and torch.equal(zc.argmax(-1), ze.argmax(-1))
     assert torch.allclose(c.forward(ids[40:41], 40, 1), e.forward(ids[40:41], 40, 1), atol=1e-3)
 
 
-def test_a_copy_of_a_model_does_not_inherit_its_package() -> None:
-    """A deep copy (a quantized copy's source) is another model: it runs its own eager
-    forward, never the package built for the original's weights and dtype."""
+def test_a_run_opens_each_role_on_its_plans_forward_and_a_model_outside_it_runs_eager() -> None:
+    """The family's plan is the only word on what runs: a role planned "compiled" runs its plan's packages (the
+    stand-in is called), its copy or the same model opened outside the plan runs the eager pass, and a family not yet
+    decided opens each role on the forward its kind names."""
     import copy
+    from dataclasses import replace
+
+    from pyramid_demo.forward.lm import Forward, open_lm
 
     t = tiny_random_triplet()
-    compiled.attach(t.target, object())
-    try:
-        assert compiled.runner_of(copy.deepcopy(t.target)) is None
-    finally:
-        compiled.attach(t.target, None)
-    assert compiled.runner_of(t.target) is None
+    assert t.forward("target").kind == "eager" and t.forward("target").runner is None  # not decided: uncompiled
+    runner = _Runner(t.target)
+    planned = replace(t, plan={**t.plan, "target": Forward("compiled", "a stand-in", compiled.Runner(runner))})
+    lm = planned.open("target")
+    lm.feed([1, 2, 3], 1)
+    assert runner.calls == 1 and planned.forwards["target"] == "compiled"
+    assert "target: a stand-in" in planned.runs
+    for model in (t.target, copy.deepcopy(t.target)):
+        open_lm(model, t.vocab_size, "target").feed([1, 2, 3], 1)
+    assert runner.calls == 1, "a model opened outside its family's plan ran the plan's package"
 
 
 def test_the_package_name_does_not_change_when_the_core_weights_are_built(cache) -> None:
@@ -317,9 +331,9 @@ def test_the_package_name_does_not_change_when_the_core_weights_are_built(cache)
 
     t = tiny_random_triplet()
     q = int4_copy(t.target, 32)
-    before = compiled.package_path(q)
+    before = compiled.package_path(q, compiled.fingerprint(q))
     weights(q)
-    assert compiled.package_path(q) == before
+    assert compiled.package_path(q, compiled.fingerprint(q)) == before
 
 
 def test_the_name_reads_every_weight_in_place_and_every_cpu(cache, monkeypatch) -> None:

@@ -71,7 +71,9 @@ def test_every_role_is_checked_on_the_forward_it_runs(monkeypatch):
     models = {"draft": FeatureDraft(t.target, torch.arange(t.vocab_size)), "qualifier": t.qualifier, "target": t.target}
     opened: list[tuple[str, object]] = []
     real = checks.open_lm
-    monkeypatch.setattr(checks, "open_lm", lambda m, v, role: opened.append((role, real(m, v, role))) or opened[-1][1])
+    monkeypatch.setattr(
+        checks, "open_lm", lambda m, v, role, run=None: opened.append((role, real(m, v, role, run))) or opened[-1][1]
+    )
     rec = checks.check_family(models, t.vocab_size, TREE_PLAN)
     assert set(rec) == {"draft", "qualifier", "target"}
     kinds = {"feature": FeatureLM, "eager": CoreLM, "compiled": CoreLM, "hf": HFLM}

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from pyramid_demo.forward import compiled
+from pyramid_demo.forward.lm import Forward
 from pyramid_demo.models import runtime
 
 
@@ -96,28 +97,29 @@ def test_a_record_of_another_format_is_not_read(cache) -> None:
     assert runtime.entry("k") is None
 
 
-def test_a_recorded_disagreement_keeps_the_model_eager(cache) -> None:
-    """Rule: a package whose recorded check disagreed is detached and the eager pass runs (read from the record, not
-    re-checked); one recorded as agreeing runs."""
+def test_a_recorded_disagreement_keeps_the_model_eager(cache, monkeypatch) -> None:
+    """Rule: a package whose recorded check disagreed is not run: the eager pass runs (read from the record, not
+    re-checked); one recorded as agreeing runs, its plan holding the loaded package."""
     from transformers import LlamaForCausalLM
 
     from pyramid_demo.models.tiny import tiny_config
 
     torch.manual_seed(0)
     m = LlamaForCausalLM(tiny_config(64)).eval()
-    path = compiled.package_path(m)
-    path.parent.mkdir(parents=True)
-    path.write_bytes(b"stand-in")
-    try:
-        compiled.attach(m, lambda *a: pytest.fail("the check ran again"))
-        runtime.write(runtime.package_key(m), {"agrees": False, "flips": 1, "noise": 0.125, "max_abs_diff": 2.0})
-        kind, why = runtime.decide(m, 64)
-        assert kind == "eager" and "disagreed" in why and compiled.runner_of(m) is None
-        compiled.attach(m, lambda *a: pytest.fail("the check ran again"))
-        runtime.write(runtime.package_key(m), {"agrees": True, "flips": 0, "noise": 0.125, "max_abs_diff": 0.0})
-        assert runtime.decide(m, 64)[0] == "compiled" and compiled.runner_of(m) is not None
-    finally:
-        compiled.attach(m, None)
+    fp = compiled.fingerprint(m)
+    for plan in compiled.plans(m):
+        path = compiled.package_path(m, fp, plan)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"stand-in")
+    package = lambda *a: pytest.fail("the check ran again")  # noqa: E731
+    monkeypatch.setattr(compiled, "_open", lambda path: package)
+    stem = compiled.package_path(m, fp).stem
+    runtime.write(runtime.package_key(stem), {"agrees": False, "flips": 1, "noise": 0.125, "max_abs_diff": 2.0})
+    fwd = runtime.decide(m, 64)
+    assert fwd.kind == "eager" and "disagreed" in fwd.why and fwd.runner is None and fwd.stem == stem
+    runtime.write(runtime.package_key(stem), {"agrees": True, "flips": 0, "noise": 0.125, "max_abs_diff": 0.0})
+    fwd = runtime.decide(m, 64)
+    assert fwd.kind == "compiled" and fwd.runner is not None and fwd.runner.many is package
 
 
 def _llama(seed: int = 0):
@@ -139,8 +141,8 @@ def test_the_family_record_key_changes_with_each_roles_forward_weights_dtype_and
 
     def family(target=core, forward="eager", dtype=torch.float32, names=("d", "q", "t")):
         models = {"draft": hf, "qualifier": core, "target": target}
-        forwards = {"draft": "hf", "qualifier": "eager", "target": forward}
-        return SimpleNamespace(model=models.__getitem__, forwards=forwards, names=names, dtype=dtype)
+        plan = {"draft": Forward("hf"), "qualifier": Forward("eager"), "target": Forward(forward)}
+        return SimpleNamespace(model=models.__getitem__, plan=plan, names=names, dtype=dtype)
 
     key = runtime.family_key(family())
     assert runtime.family_key(family()) == key
@@ -198,8 +200,7 @@ def _check(monkeypatch, eager: torch.Tensor, package: torch.Tensor) -> dict:
     steps = torch.cat([eager[1:2], eager[2:6] + off])  # the step before the chain, then its rows one at a time
     tables = [eager, package, steps]
     monkeypatch.setattr(runtime, "CoreLM", lambda *a, **k: _Rows(tables.pop(0)))
-    monkeypatch.setattr(compiled, "runner_of", lambda m: "package")
-    return runtime.agreement(torch.nn.Linear(1, 1), V)
+    return runtime.agreement(torch.nn.Linear(1, 1), V, "package")
 
 
 def _flip(a: torch.Tensor, b: torch.Tensor, row: int, gap: float) -> None:

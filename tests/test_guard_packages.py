@@ -60,10 +60,9 @@ def _on_cpu(monkeypatch, cpuinfo: str, arch: str = "x86_64") -> None:
 
 
 def _name_on(monkeypatch, model, cpuinfo: str, arch: str = "x86_64") -> str:
-    """`model`'s package name as a process on that CPU finds it (a process sees one CPU: the cached name is dropped)."""
+    """`model`'s package name as a process on that CPU finds it."""
     _on_cpu(monkeypatch, cpuinfo, arch)
-    compiled._PRINTS.pop(model, None)
-    return compiled.package_path(model).name
+    return compiled.package_path(model, compiled.fingerprint(model)).name
 
 
 # ---------------------------------------------------------------- the name across CPUs
@@ -100,7 +99,7 @@ def test_a_package_name_reads_the_instruction_set_not_the_clock(cache, monkeypat
     m = _llama()
     a = _name_on(monkeypatch, m, _x86("sse2 avx2", mhz="2000.000"))
     assert _name_on(monkeypatch, m, _x86("sse2 avx2", mhz="3187.532")) == a
-    assert compiled.package_path(m).name == a  # and again in the same process
+    assert compiled.package_path(m, compiled.fingerprint(m)).name == a  # and again in the same process
 
 
 def test_cpu_line_is_the_flags_line_and_the_architecture() -> None:
@@ -119,10 +118,13 @@ def test_an_int4_copy_at_another_group_size_has_another_name_and_record(cache) -
 
     m = _llama()
     g32, g64 = int4_copy(m, 32), int4_copy(m, 64)
-    assert compiled.package_path(g32) != compiled.package_path(g64)
-    runtime.write(runtime.package_key(g32), {"agrees": True, "flips": 0, "noise": 0.0, "max_abs_diff": 0.0})
-    assert runtime.entry(runtime.package_key(g32)) is not None
-    assert runtime.entry(runtime.package_key(g64)) is None, "the group-64 copy read the group-32 copy's agreement"
+    assert compiled.package_path(g32, compiled.fingerprint(g32)) != compiled.package_path(
+        g64, compiled.fingerprint(g64)
+    )
+    s32, s64 = (compiled.package_path(g, compiled.fingerprint(g)).stem for g in (g32, g64))
+    runtime.write(runtime.package_key(s32), {"agrees": True, "flips": 0, "noise": 0.0, "max_abs_diff": 0.0})
+    assert runtime.entry(runtime.package_key(s32)) is not None
+    assert runtime.entry(runtime.package_key(s64)) is None, "the group-64 copy read the group-32 copy's agreement"
 
 
 def test_an_edit_of_a_buffer_in_place_changes_the_name(cache) -> None:
@@ -131,15 +133,15 @@ def test_an_edit_of_a_buffer_in_place_changes_the_name(cache) -> None:
     from pyramid_demo.models.quant import int4_copy
 
     q = int4_copy(_llama(), 32)
-    before = compiled.package_path(q)
+    before = compiled.package_path(q, compiled.fingerprint(q))
     with torch.no_grad():
         q.model.layers[1].self_attn.o_proj.scales_zeros[0, 0, 0] += 1.0
-    assert compiled.package_path(q) != before, "an int4 copy's edited scales kept the old name"
+    assert compiled.package_path(q, compiled.fingerprint(q)) != before, "an int4 copy's edited scales kept the old name"
     m = _llama()
-    before = compiled.package_path(m)
+    before = compiled.package_path(m, compiled.fingerprint(m))
     with torch.no_grad():
         m.model.rotary_emb.inv_freq[1] *= 1.5
-    assert compiled.package_path(m) != before, "an edited buffer kept the old name"
+    assert compiled.package_path(m, compiled.fingerprint(m)) != before, "an edited buffer kept the old name"
 
 
 def test_a_buffer_replaced_by_another_tensor_changes_the_name(cache) -> None:
@@ -149,26 +151,28 @@ def test_a_buffer_replaced_by_another_tensor_changes_the_name(cache) -> None:
     from pyramid_demo.models.quant import int4_copy
 
     q = int4_copy(_llama(), 32)
-    before = compiled.package_path(q)
+    before = compiled.package_path(q, compiled.fingerprint(q))
     layer = q.model.layers[1].self_attn.o_proj
     layer.scales_zeros = layer.scales_zeros * 2
-    assert compiled.package_path(q) != before, "an int4 copy's replaced scales kept the old name"
+    assert compiled.package_path(q, compiled.fingerprint(q)) != before, (
+        "an int4 copy's replaced scales kept the old name"
+    )
 
 
 def test_a_weight_replaced_by_another_tensor_changes_the_name(cache) -> None:
     """Rule: a weight swapped for another tensor (no in-place edit: its old tensor's version is unchanged) changes the
     name on the same model object, as does a cast of the whole model to another dtype."""
     m = _llama()
-    before = compiled.package_path(m)
+    before = compiled.package_path(m, compiled.fingerprint(m))
     old, new = m.lm_head.weight, m.lm_head.weight.detach() + 1.0
     with torch.no_grad():
         while new._version < old._version:  # the same version count: only the tensor's identity tells them apart
             new.mul_(1.0)
     m.lm_head.weight = torch.nn.Parameter(new, requires_grad=False)
-    after = compiled.package_path(m)
+    after = compiled.package_path(m, compiled.fingerprint(m))
     assert after != before, "a swapped weight kept the old name"
     m.to(torch.bfloat16)
-    assert compiled.package_path(m) != after, "a cast model kept its float32 name"
+    assert compiled.package_path(m, compiled.fingerprint(m)) != after, "a cast model kept its float32 name"
 
 
 def test_the_name_changes_with_each_weights_dtype_and_shape_even_on_equal_bytes(cache) -> None:
@@ -178,20 +182,26 @@ def test_the_name_changes_with_each_weights_dtype_and_shape_even_on_equal_bytes(
     for shape, dtype in (((2, 3), torch.float16), ((2, 3), torch.bfloat16), ((3, 2), torch.float16)):
         m = _llama()
         m.register_buffer("extra", torch.zeros(shape, dtype=dtype))
-        names.add(compiled.package_path(m).name)
+        names.add(compiled.package_path(m, compiled.fingerprint(m)).name)
     assert len(names) == 3, names
 
 
 def test_the_name_changes_with_torch_the_config_and_the_layers_kinds(cache, monkeypatch) -> None:
     """Rule: equal weights still get another name under another torch build, another config (a norm's epsilon) or
     another kind of layer (a module of another class holding the same tensor)."""
-    base = compiled.package_path(_llama()).name
-    assert compiled.package_path(_llama(rms_norm_eps=1e-5)).name != base, "the config is not in the name"
+    base = compiled.package_path(_llama(), compiled.fingerprint(_llama())).name
+    assert (
+        compiled.package_path(_llama(rms_norm_eps=1e-5), compiled.fingerprint(_llama(rms_norm_eps=1e-5))).name != base
+    ), "the config is not in the name"
     other = _llama()
     other.model.norm.__class__ = type("OtherNorm", (type(other.model.norm),), {})
-    assert compiled.package_path(other).name != base, "the layers' kinds are not in the name"
+    assert compiled.package_path(other, compiled.fingerprint(other)).name != base, (
+        "the layers' kinds are not in the name"
+    )
     monkeypatch.setattr(torch, "__version__", torch.__version__ + "+other")
-    assert compiled.package_path(_llama()).name != base, "torch's build is not in the name"
+    assert compiled.package_path(_llama(), compiled.fingerprint(_llama())).name != base, (
+        "torch's build is not in the name"
+    )
 
 
 # ---------------------------------------------------------------- prune, build, load
@@ -241,19 +251,25 @@ def test_a_build_writes_its_plans_package_under_its_name_from_its_own_scratch(ca
     monkeypatch.setattr(torch.export, "export", export)
     monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", package)
     for plan in ("many", "few"):
-        path = compiled.build(m, plan)
-        assert path == compiled.package_path(m, plan) and path.read_bytes() == b"package", plan
+        path = compiled.build(m, compiled.fingerprint(m), plan)
+        assert path == compiled.package_path(m, compiled.fingerprint(m), plan) and path.read_bytes() == b"package", plan
         assert seen["configs"] == compiled.PLANS[plan][1] and seen["rows"] == compiled.PLANS[plan][0], plan
         assert pathlib.Path(seen["build_dir"]) == compiled.scratch() / "inductor", plan
         aside = pathlib.Path(seen["aside"])
         assert aside.parent == path.parent and aside != path and str(os.getpid()) in aside.name, aside
-    built = sorted([compiled.package_path(m, "many").name, compiled.package_path(m, "few").name, "scratch"])
+    built = sorted(
+        [
+            compiled.package_path(m, compiled.fingerprint(m), "many").name,
+            compiled.package_path(m, compiled.fingerprint(m), "few").name,
+            "scratch",
+        ]
+    )
     assert sorted(p.name for p in cache.glob("*")) == built
     seen["fail"] = True
     with torch.no_grad():
         m.lm_head.weight[0, 0] += 1.0  # another package's name
     with pytest.raises(RuntimeError):
-        compiled.build(m, "many")
+        compiled.build(m, compiled.fingerprint(m), "many")
     assert sorted(p.name for p in cache.glob("*")) == built, "a failed build left a file"
 
 
@@ -265,25 +281,21 @@ def test_a_load_opens_exactly_this_models_packages_each_for_its_plan(cache, monk
     monkeypatch.setattr(compiled, "_open", lambda p: opened.append(p.name) or p.name)
     cache.mkdir(parents=True)
     for plan in compiled.plans(other):
-        compiled.package_path(other, plan).write_bytes(b"x")
+        compiled.package_path(other, compiled.fingerprint(other), plan).write_bytes(b"x")
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(threads + 1)
         for plan in compiled.plans(m):
-            compiled.package_path(m, plan).write_bytes(b"x")
+            compiled.package_path(m, compiled.fingerprint(m), plan).write_bytes(b"x")
     finally:
         torch.set_num_threads(threads)
-    assert compiled.load(m) is False and opened == [], f"opened {opened} for another model or thread count"
-    paths = {plan: compiled.package_path(m, plan) for plan in compiled.plans(m)}
+    assert compiled.load(m, compiled.fingerprint(m)) is None and opened == [], f"opened {opened} for another model"
+    paths = {plan: compiled.package_path(m, compiled.fingerprint(m), plan) for plan in compiled.plans(m)}
     for p in paths.values():
         p.write_bytes(b"x")
-    try:
-        assert compiled.load(m) is True
-        r = compiled.runner_of(m)
-        assert r.many == paths["many"].name and r.few == paths["few"].name and r.head is None
-        assert sorted(opened) == sorted(p.name for p in paths.values())
-    finally:
-        compiled.attach(m, None)
+    r = compiled.load(m, compiled.fingerprint(m))
+    assert r is not None and r.many == paths["many"].name and r.few == paths["few"].name and r.head is None
+    assert sorted(opened) == sorted(p.name for p in paths.values())
 
 
 def test_a_load_extracts_into_this_process_scratch_and_restores_tmpdir(cache, tmp_path, monkeypatch) -> None:
@@ -309,22 +321,20 @@ def test_setup_clears_its_own_build_files_and_no_other_process(cache, monkeypatc
     stale = cache / f"LlamaForCausalLM-v{compiled.FORMAT + 1}-t1-0123456789abcdef0123.pt2"
     stale.write_bytes(b"x")
 
-    def build(model, plan="many"):
+    def build(model, fp, plan="many"):
         (compiled.scratch() / "inductor" / "kernels").mkdir(parents=True, exist_ok=True)
-        path = compiled.package_path(model, plan)
+        path = compiled.package_path(model, fp, plan)
         path.write_bytes(b"package")
         return path
 
     monkeypatch.setattr(compiled, "build", build)
     monkeypatch.setattr(compiled, "_open", lambda p: p.name)
-    try:
-        ok, note = compiled.ensure(m)
-        assert ok, note
-        assert not (compiled.scratch() / "inductor").exists(), "the build files stayed"
-        assert live.is_dir(), "setup removed a running process's build files"
-        assert not stale.exists() and all(compiled.package_path(m, p).exists() for p in compiled.plans(m))
-    finally:
-        compiled.attach(m, None)
+    fp = compiled.fingerprint(m)
+    ok, note = compiled.ensure(m, fp)
+    assert ok, note
+    assert not (compiled.scratch() / "inductor").exists(), "the build files stayed"
+    assert live.is_dir(), "setup removed a running process's build files"
+    assert not stale.exists() and all(compiled.package_path(m, fp, p).exists() for p in compiled.plans(m))
 
 
 # ---------------------------------------------------------------- the per-process scratch folders

@@ -66,10 +66,10 @@ def test_a_missing_binding_names_the_command_that_installs_it(monkeypatch):
 
     monkeypatch.setattr(llamacpp_peer, "_STATE", {})
     monkeypatch.setattr(llamacpp_peer, "_import", absent)
-    gguf = SimpleNamespace(target=SimpleNamespace(gguf_source=Path("m.gguf")), dtype=torch.float32)
+    gguf = SimpleNamespace(gguf=Path("m.gguf"), dtype=torch.float32)
     why = peers.unsupported(gguf, "llama_cpp")
     assert why and "\n" not in why and llamacpp_peer.INSTALL in why and "No module named" in why
-    other = SimpleNamespace(target=SimpleNamespace(), dtype=torch.float32)
+    other = SimpleNamespace(gguf=None, dtype=torch.float32)
     assert "not loaded from a GGUF" in peers.unsupported(other, "llama_cpp")
 
 

@@ -87,28 +87,25 @@ def test_the_offline_shape_decodes_through_real_compiled_packages(family, monkey
     qualifier's package publishes for the draft are the eager pass's at the kept rows (within float rounding)."""
     from pyramid_demo.forward import compiled
     from pyramid_demo.forward.core import CoreLM
-    from pyramid_demo.forward.lm import forward_of
+    from pyramid_demo.models.loading import decided
 
     family, prompt = family
     monkeypatch.setenv("PYRAMID_DEMO_CACHE", str(tmp_path))
     for model in (family.target, family.qualifier):
-        ok, note = compiled.ensure(model)
+        ok, note = compiled.ensure(model, compiled.fingerprint(model))
         assert ok, note
-    try:
-        assert forward_of(family.target) == forward_of(family.qualifier) == "compiled"
-        ar = generate(family, prompt, DecodeConfig(method="ar", max_new_tokens=24))
-        for method, shape in (("sd", "chain"), ("psd_a", "chain"), ("psd_a", "tree")):
-            lms = _spy(monkeypatch)
-            cfg = DecodeConfig(method=method, stage2="sd", l_d=2, l_q=4, shape=shape, tree_nodes=6, max_new_tokens=24)
-            out = generate(family, prompt, cfg)
-            assert out.token_ids == ar.token_ids, (method, shape)
-            assert out.forwards["target"] == "compiled" and set(out.forwards.values()) <= {"compiled", "feature"}
-            role = "qualifier" if method == "psd_a" else "target"
-            verifier, n = lms[role], lms[role].publish.n
-            eager = CoreLM(family.model(role), family.vocab_size, role)  # the core pass without its package
-            eager.publish = VerifierStates(verifier.publish.taps)
-            eager.forward(list(verifier.ids[:n]), 0, 1)
-            assert torch.allclose(verifier.publish.f[:n], eager.publish.f[:n], atol=1e-3), (method, shape)
-    finally:
-        for model in (family.target, family.qualifier):
-            compiled.attach(model, None)  # later tests in this process run the eager pass again
+    family = decided(family)  # the plan a load makes now that the packages exist
+    assert family.forwards["target"] == family.forwards["qualifier"] == "compiled"
+    ar = generate(family, prompt, DecodeConfig(method="ar", max_new_tokens=24))
+    for method, shape in (("sd", "chain"), ("psd_a", "chain"), ("psd_a", "tree")):
+        lms = _spy(monkeypatch)
+        cfg = DecodeConfig(method=method, stage2="sd", l_d=2, l_q=4, shape=shape, tree_nodes=6, max_new_tokens=24)
+        out = generate(family, prompt, cfg)
+        assert out.token_ids == ar.token_ids, (method, shape)
+        assert out.forwards["target"] == "compiled" and set(out.forwards.values()) <= {"compiled", "feature"}
+        role = "qualifier" if method == "psd_a" else "target"
+        verifier, n = lms[role], lms[role].publish.n
+        eager = CoreLM(family.model(role), family.vocab_size, role)  # the core pass without its package
+        eager.publish = VerifierStates(verifier.publish.taps)
+        eager.forward(list(verifier.ids[:n]), 0, 1)
+        assert torch.allclose(verifier.publish.f[:n], eager.publish.f[:n], atol=1e-3), (method, shape)

@@ -1,7 +1,7 @@
 """The bench's `llama_cpp` peer: llama.cpp's own decoding (through `llama-cpp-python`) of the GGUF file the target
 was loaded from, as an F32 copy (the checkpoint's reference precision, the weights our fp32 target runs), timed in
 the same run as the engine. llama.cpp is not a forward the engine runs; its binding is installed on demand with
-`INSTALL`. The loader marks a model loaded from a GGUF with `model.gguf_source` (the original file)."""
+`INSTALL`. A family whose target was loaded from a GGUF names the file (`ModelTriplet.gguf`)."""
 
 from __future__ import annotations
 
@@ -57,12 +57,6 @@ def missing() -> str:
         if binding() is not None
         else f"llama.cpp is not installed here ({str(_STATE.get('why', ''))[:80]}); install it with: {INSTALL}"
     )
-
-
-def source_of(model: Any) -> Path | None:
-    """The GGUF file `model` was loaded from (set by the loader), or None."""
-    src = getattr(model, "gguf_source", None)
-    return Path(src) if src is not None else None
 
 
 def _lib() -> Any:

@@ -15,7 +15,7 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from ..core.config import DecodeConfig
-from ..forward.lm import ModelTriplet, forward_of, open_lm
+from ..forward.lm import ModelTriplet
 from . import llamacpp_peer
 
 PEERS = ("hf_generate", "hf_assisted", "hf_prompt_lookup", "llama_cpp")
@@ -90,11 +90,11 @@ def _gen_kwargs(triplet: ModelTriplet, cfg: DecodeConfig) -> dict:
 def unsupported(triplet: ModelTriplet, peer: str) -> str | None:
     """Why `peer` cannot run on this family (one line), or None when it can."""
     if peer == "llama_cpp":
-        if llamacpp_peer.source_of(triplet.target) is None or triplet.dtype != torch.float32:
+        if triplet.gguf is None or triplet.dtype != torch.float32:
             return "llama_cpp skipped: the target was not loaded from a GGUF at its reference precision (fp32)"
         if why := llamacpp_peer.missing():
             return f"llama_cpp skipped: {why}"
-    kind = forward_of(triplet.draft)
+    kind = triplet.forward("draft").kind
     if peer == "hf_assisted" and kind in ("feature", "lookup"):
         what = "prompt lookup" if kind == "lookup" else "a draft that reads the target's states"
         return (
@@ -164,9 +164,8 @@ def llama_cpp_generate(triplet: ModelTriplet, prompt_ids: list[int], cfg: Decode
     """llama.cpp decoding the target's GGUF as an F32 copy (wall time): the CPU anchor our AR is measured against."""
     if why := unsupported(triplet, "llama_cpp"):
         raise ValueError(why)
-    source = llamacpp_peer.source_of(triplet.target)
-    assert source is not None
-    new, wall, stopped = llamacpp_peer.decode(source, prompt_ids, cfg, triplet.eos_ids)
+    assert triplet.gguf is not None
+    new, wall, stopped = llamacpp_peer.decode(triplet.gguf, prompt_ids, cfg, triplet.eos_ids)
     return PeerRun("llama_cpp", new, wall, stopped, len(new))  # plain decoding: one `llama_decode` per token
 
 
@@ -186,7 +185,7 @@ def target_logprob(triplet: ModelTriplet, prompt_ids: list[int], out_ids: list[i
 
 def one_token_speed(triplet: ModelTriplet, role: str, prompt_ids: list[int], n: int = 8) -> float:
     """Single-model speed in tokens/s: the median of `n` cached one-token greedy forwards after the prompt."""
-    lm = open_lm(triplet.model(role), triplet.vocab_size, role)
+    lm = triplet.open(role)
     seq = list(prompt_ids)
     if len(seq) > 1:
         lm.feed(seq[:-1], 1)

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ..forward.lm import ModelTriplet, encode_prompt, forward_of, model_takes_trees, open_lm
+from ..forward.lm import ModelTriplet, encode_prompt, model_takes_trees
 from .config import DecodeConfig
 from .engine import decode, prefill, roles_for
 from .methods import method_spec
@@ -92,7 +92,7 @@ class _Snapshots:
         self.token_ids: list[int] = []
         self.texts: list[str] = []
         self.origins: list[str] = []
-        self.forwards: dict[str, str] = {}  # role -> the forward that ran it (`forward_of`)
+        self.forwards: dict[str, str] = {}  # role -> the forward that ran it (its family's plan)
 
     def add(self, step: Step) -> None:
         tok = self.triplet.tokenizer
@@ -174,16 +174,12 @@ def _passes(
         raise ValueError(f"a member decoding alone runs as method 'ar', not {cfg.method!r}")
     cfg, why = shape_to_run(cfg, takes_trees(triplet, cfg.method), shape_why)  # a tree refused before any work
     gen = None if cfg.greedy else torch.Generator().manual_seed(cfg.seed)
-    lms = (
-        solo_lms(triplet, solo)
-        if solo is not None
-        else {r: open_lm(triplet.model(r), triplet.vocab_size, r) for r in roles_for(cfg.method)}
-    )
+    lms = solo_lms(triplet, solo) if solo is not None else {r: triplet.open(r) for r in roles_for(cfg.method)}
     prefill_s = prefill(lms, ids)
     for lm in lms.values():  # prefill forwards are reported separately
         lm.reset_counters()
     record = _Snapshots(triplet, cfg, prompt, ids, prefill_s, why, solo)
-    record.forwards = {r: forward_of(triplet.model(solo or r)) for r in lms}
+    record.forwards = {r: triplet.forward(solo or r).kind for r in lms}
     for step in decode(lms, ids, cfg, triplet.eos_ids, gen, full_records, defer=True):  # records after the clock
         record.add(relabel(step, solo) if solo is not None else step)
         yield record

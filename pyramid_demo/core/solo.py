@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..forward.lm import LM, ModelTriplet, open_lm
+from ..forward.lm import LM, ModelTriplet
 from .methods import ROLE_ORDER
 from .trace import Step
 
@@ -16,7 +16,7 @@ def solo_lms(triplet: ModelTriplet, role: str) -> dict[str, LM]:
     model = triplet.model(role)
     if getattr(model, "reads_verifier", False):
         raise ValueError(f"the {role} reads its verifier's hidden states, so it cannot decode alone")
-    return {"target": open_lm(model, triplet.vocab_size, role)}
+    return {"target": triplet.open(role)}
 
 
 def relabel(step: Step, role: str) -> Step:

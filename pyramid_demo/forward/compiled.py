@@ -23,7 +23,6 @@ import shutil
 import tempfile
 import threading
 import time
-import weakref
 from pathlib import Path
 from platform import machine
 from typing import Any, NamedTuple
@@ -32,12 +31,9 @@ import torch
 
 from .cache import LONGEST_PASS
 from .core import body, core_pass
-from .weights import Dense, Weights, signature, weights
+from .weights import Dense, Weights, weights
 
 FORMAT = 8  # bump when the pass below changes: older packages are then stale
-_RUNNERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its loaded package (a copy of the
-# model, e.g. a quantized copy's source, has none: it is another model)
-_PRINTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (weights' identity, fingerprint)
 _LOCK = threading.RLock()  # a build, and torch's extraction of a package (TMPDIR)
 FEW_ROWS = 4  # the longest pass the "few" package runs
 PLANS = {  # plan -> (most rows, inductor's settings)
@@ -110,15 +106,10 @@ def _weights(model: Any) -> Any:
 def fingerprint(model: Any) -> str:
     """What a package was built from: the pass's format, torch's build, the CPU, the model's config, its layers' kinds
     and every weight's bytes (any change, like the threads in `package_path` whose count inductor writes into every
-    kernel, gives another name: a stale package is never loaded). Bytes are read in place, once until edited."""
+    kernel, gives another name: a stale package is never loaded). It reads every weight (a second or so for the
+    offline target): the loader computes it once and its plan keeps the name (`lm.Forward.stem`)."""
     weights(model)  # its fused layers are part of the model once built: name it as it runs
-    tensors = (*model.parameters(), *model.buffers())  # an edit in place bumps _version; a new tensor moves its data
-    ident = (FORMAT, signature(model), tuple((t.data_ptr(), t._version) for t in tensors))
-    # an fbgemm weight's identity is in `signature` (its bytes are not unpacked for a lookup)
-    hit = _PRINTS.get(model)
-    if hit is None or hit[0] != ident:
-        hit = _PRINTS[model] = (ident, _hash(model))
-    return hit[1]
+    return _hash(model)
 
 
 def _hash(model: Any) -> str:
@@ -136,9 +127,10 @@ def _hash(model: Any) -> str:
     return h.hexdigest()[:20]
 
 
-def package_path(model: Any, plan: str = "many") -> Path:
+def package_path(model: Any, fp: str, plan: str = "many") -> Path:
+    """Where `model`'s package of `plan` lives, `fp` its `fingerprint`."""
     suffix = "" if plan == "many" else f"-{plan}"
-    return cache_dir() / f"{type(model).__name__}-v{FORMAT}-t{torch.get_num_threads()}-{fingerprint(model)}{suffix}.pt2"
+    return cache_dir() / f"{type(model).__name__}-v{FORMAT}-t{torch.get_num_threads()}-{fp}{suffix}.pt2"
 
 
 def prune() -> list[str]:
@@ -178,9 +170,9 @@ class Runner(NamedTuple):
     head: Any | None = None  # the LM head run after the package, which then returns the states alone (`head_after`)
 
 
-def build(model: Any, plan: str = "many") -> Path:
+def build(model: Any, fp: str, plan: str = "many") -> Path:
     """Compile `model`'s pass on `plan` into its package (minutes on two cores), written aside, moved into place."""
-    path, w = package_path(model, plan), weights(model)
+    path, w = package_path(model, fp, plan), weights(model)
     rows, configs = PLANS[plan]
     t, k = 96, min(4, rows)  # a cache of t slots, the first t - 16 read (the two lengths are told apart)
     ex = (
@@ -213,15 +205,12 @@ def build(model: Any, plan: str = "many") -> Path:
     return path
 
 
-def load(model: Any) -> bool:
-    """Load `model`'s packages if each was built for exactly it here; False where one is missing or fails (removed)."""
-    if model in _RUNNERS:
-        return True
-    if not any(cache_dir().glob(f"{type(model).__name__}-*.pt2")):  # none built here: no weights to hash
-        return False
-    paths = {plan: package_path(model, plan) for plan in plans(model)}
+def load(model: Any, fp: str) -> Runner | None:
+    """`model`'s packages if each was built for exactly it here (`fp` its fingerprint); None where one is missing or
+    fails (removed)."""
+    paths = {plan: package_path(model, fp, plan) for plan in plans(model)}
     if not all(p.exists() for p in paths.values()):
-        return False
+        return None
     loaded = {}
     for plan, path in paths.items():
         try:
@@ -229,9 +218,13 @@ def load(model: Any) -> bool:
         except Exception as e:  # a corrupt or foreign file: drop it, run eager
             log.warning("compiled forward %s did not load (%s); removed, the eager forward runs", path.name, e)
             path.unlink(missing_ok=True)
-            return False
-    _RUNNERS[model] = Runner(loaded["many"], loaded.get("few"), head=head_after(model))
-    return True
+            return None
+    return Runner(loaded["many"], loaded.get("few"), head=head_after(model))
+
+
+def built_any(model: Any) -> bool:
+    """Whether any package of `model`'s class was built here (none: no weights worth fingerprinting)."""
+    return any(cache_dir().glob(f"{type(model).__name__}-*.pt2"))
 
 
 def _open(path: Path) -> Any:
@@ -245,36 +238,25 @@ def _open(path: Path) -> Any:
             os.environ.update({} if tmp is None else {"TMPDIR": tmp})
 
 
-def missing(model: Any) -> list[str]:
+def missing(model: Any, fp: str) -> list[str]:
     """The plans whose package `model` lacks here."""
-    return [plan for plan in plans(model) if not package_path(model, plan).exists()]
+    return [plan for plan in plans(model) if not package_path(model, fp, plan).exists()]
 
 
-def ensure(model: Any) -> tuple[bool, str]:
-    """Load `model`'s packages, built first where missing: (ready, a note); a failed compile runs eager."""
+def ensure(model: Any, fp: str) -> tuple[bool, str]:
+    """Build `model`'s packages where missing (`fp` its fingerprint): (whether all are there now, a note); a failed
+    compile leaves the eager forward to run. Loading them is the loader's (`models.runtime.decide`)."""
     with _LOCK:
         prune()
-        if load(model):
+        todo = missing(model, fp)
+        if not todo:
             return True, "compiled forward"
         t0 = time.perf_counter()
         try:
-            for plan in missing(model):
-                build(model, plan)
+            for plan in todo:
+                build(model, fp, plan)
         except Exception as e:
             return False, f"compile failed ({type(e).__name__}: {str(e)[:120]}); the eager forward runs"
         finally:  # the build files (a copy of the weights each) go now: the packages hold what a run needs
             shutil.rmtree(scratch() / "inductor", ignore_errors=True)
-        return load(model), f"compiled in {time.perf_counter() - t0:.0f} s"
-
-
-def runner_of(model: Any) -> Any | None:
-    """The loaded package of `model`, if any (`load`)."""
-    return _RUNNERS.get(model)
-
-
-def attach(model: Any, runner: Any | None) -> None:
-    """Run `model` on `runner` (its loaded package), or on its eager forward with None (the package is dropped)."""
-    if runner is None:
-        _RUNNERS.pop(model, None)
-    else:  # one callable alone (a stand-in) runs every pass
-        _RUNNERS[model] = runner if isinstance(runner, Runner) else Runner(runner)
+        return not missing(model, fp), f"compiled in {time.perf_counter() - t0:.0f} s"

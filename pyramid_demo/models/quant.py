@@ -233,11 +233,9 @@ def int4_copy(model: Any, group: int = DEFAULT_GROUP) -> Any:
     def make(lin: torch.nn.Linear) -> torch.nn.Module:
         return Fp16Linear(lin) if fp16 and lin is head else Int4Linear.from_linear(lin, group)
 
-    swaps = swap_linears([out], make)
+    swap_linears([out], make)
     if tied:  # the embedding stays full precision: only the head (a linear) is quantized
         out.config.tie_word_embeddings = False
-    out.int4_group = group  # what the app and the memory estimate say about it
-    out.quant_kinds = sorted({type(getattr(parent, name)).__name__ for parent, name, _ in swaps})
     out.eval()
     return out
 

@@ -21,7 +21,7 @@ import torch
 
 from ..forward import compiled
 from ..forward.core import CoreLM
-from ..forward.lm import forward_of
+from ..forward.lm import Forward, forward_of
 from ..predict import measure
 from .bundled import cache_root
 from .checks import check_family
@@ -129,45 +129,51 @@ def write(key: str, value: dict[str, Any]) -> None:
 
 
 # ---------------------------------------------------------------- the decision
-def package_key(model: Any) -> str:
-    return f"{machine_key()} | package | {compiled.package_path(model).stem}"
+def package_key(stem: str) -> str:
+    return f"{machine_key()} | package | {stem}"
 
 
-def decide(model: Any, vocab_size: int) -> tuple[str, str]:
-    """(the forward a run opens, why): the compiled package where one exists here and agrees with eager (recorded)."""
+def decide(model: Any, vocab_size: int) -> Forward:
+    """What `model` runs: the compiled package where one exists here and agrees with eager (recorded), else the forward
+    its kind names (`forward_of`)."""
     kind = forward_of(model)
-    if kind not in ("eager", "compiled"):
-        return kind, WHY[kind]
+    if kind != "eager":
+        return Forward(kind, WHY[kind])
     if next(model.parameters()).device.type != "cpu":
-        return "eager", "the core pass, eager (compiled packages are built for CPUs)"
-    if not compiled.load(model):
-        return "eager", "the core pass, eager: no compiled package for these weights here (setup builds it)"
-    key = package_key(model)
+        return Forward("eager", "the core pass, eager (compiled packages are built for CPUs)")
+    fp = compiled.fingerprint(model) if compiled.built_any(model) else ""  # none built here: nothing to hash for
+    stem = compiled.package_path(model, fp).stem if fp else ""
+    runner = compiled.load(model, fp) if fp else None
+    if runner is None:
+        why = "the core pass, eager: no compiled package for these weights here (setup builds it)"
+        return Forward("eager", why, stem=stem)
+    key = package_key(stem)
     got = entry(key)
     if got is None:
-        got = agreement(model, vocab_size)
+        got = agreement(model, vocab_size, runner)
         write(key, got)
     if not got["agrees"]:
-        compiled.attach(model, None)
-        return "eager", (
-            f"the core pass, eager: its compiled pass disagreed with the eager one (top-1 differed by "
-            f"more than the eager pass's own rounding, {got['noise']:.2g}; max |Δlogit| "
-            f"{got['max_abs_diff']:.2g})"
+        return Forward(
+            "eager",
+            f"the core pass, eager: its compiled pass disagreed with the eager one (top-1 differed by more than the "
+            f"eager pass's own rounding, {got['noise']:.2g}; max |Δlogit| {got['max_abs_diff']:.2g})",
+            stem=stem,
         )
     same = "top-1 equal" if got["flips"] == 0 else f"top-1 equal but on {got['flips']} near-tie(s) within rounding"
-    return "compiled", f"the core pass, compiled (agrees with eager: {same}, max |Δlogit| {got['max_abs_diff']:.2g})"
+    why = f"the core pass, compiled (agrees with eager: {same}, max |Δlogit| {got['max_abs_diff']:.2g})"
+    return Forward("compiled", why, runner, stem)
 
 
 @torch.inference_mode()
-def agreement(model: Any, vocab_size: int) -> dict[str, Any]:
+def agreement(model: Any, vocab_size: int, runner: Any) -> dict[str, Any]:
     """The compiled pass against the eager one on the same rows: a one-row step and a 4-row chain (the "few" package
     where the model has one), a prefill and a tree (the "many" one). It agrees where every row's top-1 is eager's,
     or differs only on a near-tie: eager's two candidates closer than eager's own rounding (its 4-row chain against
     the same rows fed one at a time; a model computing in bf16 inside, like the int4 copy, rounds far more)."""
     ids = [(7919 * i + 11) % max(2, vocab_size - 1) + 1 for i in range(80)]
     outs = []
-    for runner in (None, compiled.runner_of(model)):
-        lm = CoreLM(model, vocab_size, "check", runner)
+    for run in (None, runner):
+        lm = CoreLM(model, vocab_size, "check", run)
         z = [lm.feed(ids[:60], 1), lm.feed(ids[:61], 1), lm.feed(ids[:65], 4)]
         z.append(lm.forward_tree(ids[65:71], [-1, 0, 0, 1, 1, 2], 65))
         outs.append(torch.cat(z))  # [12, V]
@@ -189,24 +195,24 @@ def agreement(model: Any, vocab_size: int) -> dict[str, Any]:
 
 def _compilable(model: Any) -> bool:
     """A CPU core forward: the only kind a package is built for."""
-    return forward_of(model) in ("eager", "compiled") and next(model.parameters()).device.type == "cpu"
+    return forward_of(model) == "eager" and next(model.parameters()).device.type == "cpu"
 
 
 def missing_packages(model: Any) -> list[str]:
     """The plans (`compiled.PLANS`) whose package `model` lacks here; none where it runs no compiled core pass."""
-    return compiled.missing(model) if _compilable(model) else []
+    return compiled.missing(model, compiled.fingerprint(model)) if _compilable(model) else []
 
 
 def build_package(model: Any, plan: str) -> None:
     """Build `model`'s package of `plan` (one `prepare` worker's job: minutes on one core)."""
-    compiled.build(model, plan)
+    compiled.build(model, compiled.fingerprint(model), plan)
 
 
 def ensure_package(model: Any) -> str:
     """Build `model`'s packages where missing (setup only: minutes on two cores); one line saying what happened."""
     if not _compilable(model):
         return "not compiled (not a CPU core forward)"
-    ok, note = compiled.ensure(model)
+    ok, note = compiled.ensure(model, compiled.fingerprint(model))
     return note if ok else f"not compiled: {note}"
 
 
@@ -215,9 +221,12 @@ def family_key(triplet: Any) -> str:
     """A family's record is found only for these weights, forwards and dtype on this machine."""
     parts = []
     for role in ("draft", "qualifier", "target"):
-        m, kind = triplet.model(role), triplet.forwards.get(role, "?")
-        core = kind in ("eager", "compiled")
-        name = compiled.package_path(m).stem if core else getattr(m, "ref", type(m).__name__)  # a lookup's setting
+        m, fwd = triplet.model(role), triplet.plan.get(role)
+        kind = fwd.kind if fwd is not None else "?"
+        if kind in ("eager", "compiled"):
+            name = fwd.stem or compiled.package_path(m, compiled.fingerprint(m)).stem
+        else:
+            name = getattr(m, "ref", type(m).__name__)  # a lookup's setting
         parts.append(f"{role}={kind}:{name}")
     return f"{machine_key()} | family | {','.join(triplet.names)} | {triplet.dtype} | {' '.join(parts)}"
 
@@ -233,10 +242,13 @@ def measure_family(triplet: Any, profile: bool = True) -> dict[str, Any]:
     """Measure and record the family's checks (`checks.check_family`) and cost profile (setup, `prepare`)."""
     models = {r: triplet.model(r) for r in ("draft", "qualifier", "target")}
     t0 = time.perf_counter()
-    rec: dict[str, Any] = {"checks": check_family(models, triplet.vocab_size), "machine": machine()}
+    rec: dict[str, Any] = {
+        "checks": check_family(models, triplet.vocab_size, runners=triplet.runners),
+        "machine": machine(),
+    }
     if profile:
         extras: dict = {}
-        ms = measure.measure_profile(models, triplet.vocab_size, extras_out=extras)
+        ms = measure.measure_profile(models, triplet.vocab_size, extras_out=extras, runners=triplet.runners)
         rec["profile"] = {
             "ms": {r: {str(k): v for k, v in row.items()} for r, row in ms.items()},
             **extras,

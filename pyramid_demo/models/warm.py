@@ -22,5 +22,5 @@ def cost_profile(triplet: Any, measure_now: bool = False) -> dict | None:
 def prepare(triplet: Any, prompt_ids: list[int]) -> dict:
     """Warm every model (no lane's clock pays first-call costs); the cached profile, if any."""
     models = {r: triplet.model(r) for r in ("draft", "qualifier", "target")}
-    warm_s = measure.warm_up(models, triplet.vocab_size, prompt_ids)
+    warm_s = measure.warm_up(models, triplet.vocab_size, prompt_ids, triplet.runners)
     return {"profile": cost_profile(triplet), "warm_s": round(warm_s, 3)}

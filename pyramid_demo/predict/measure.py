@@ -23,10 +23,10 @@ PROFILE_VERSION = "engine-3"  # what a cached profile holds: a profile without t
 class ForwardTimer:
     """The one timing harness: cached forwards of k new (fixed) tokens after `context`, on the forward a run opens."""
 
-    def __init__(self, model: Any, vocab_size: int, context: int = CONTEXT):
+    def __init__(self, model: Any, vocab_size: int, context: int = CONTEXT, runner: Any | None = None):
         self.context = context
         self.ids = [(7919 * i + 11) % max(2, vocab_size - 1) + 1 for i in range(context + MAX_K + 64)]
-        self.lm = open_lm(model, vocab_size, "timer")
+        self.lm = open_lm(model, vocab_size, "timer", runner)
         self.lm.feed(self.ids[:context], 1)
 
     def time(self, k: int) -> float:
@@ -80,14 +80,16 @@ def measure_profile(
     reps: int = 3,
     make_timer: Callable[..., Any] | None = None,
     extras_out: dict | None = None,
+    runners: dict[str, Any] | None = None,
 ) -> dict[str, dict[int, float]]:
     """{role: {k: ms}} per distinct model, k = 1 … max_k timed in interleaved rounds, min over rounds (the first
-    warms up). `extras_out` receives "tree_ms" ({role: {n: ms}}, where the model takes trees) and "engine_ms"."""
+    warms up). `extras_out` receives "tree_ms" ({role: {n: ms}}, where the model takes trees) and "engine_ms";
+    `runners`: each role's compiled packages (its family's plan)."""
     make_timer = make_timer or ForwardTimer
     timers: dict[int, Any] = {}
-    for model in models.values():
-        if id(model) not in timers:
-            timers[id(model)] = make_timer(model, vocab_size)  # on the forward the runs will use
+    for role, model in models.items():
+        if id(model) not in timers:  # on the forward the runs will use
+            timers[id(model)] = make_timer(model, vocab_size, runner=(runners or {}).get(role))
     best: dict[int, dict[int, float]] = {i: {} for i in timers}
     for _ in range(reps + 1):
         for i, timer in timers.items():
@@ -215,8 +217,11 @@ def memory_floor_ms(model: Any, reps: int = 15) -> dict[str, float]:
     }
 
 
-def warm_up(models: dict[str, Any], vocab_size: int, prompt_ids: list[int]) -> float:
-    """One short run through each distinct model before any clock (first-call costs); returns its seconds."""
+def warm_up(
+    models: dict[str, Any], vocab_size: int, prompt_ids: list[int], runners: dict[str, Any] | None = None
+) -> float:
+    """One short run through each distinct model before any clock (first-call costs), on the forward its family's
+    plan names (`runners`: role -> compiled packages); returns its seconds."""
     t0 = time.perf_counter()
     seen: set[int] = set()
     ids = list(prompt_ids[-32:]) or [1]
@@ -224,7 +229,7 @@ def warm_up(models: dict[str, Any], vocab_size: int, prompt_ids: list[int]) -> f
         if id(model) in seen:
             continue
         seen.add(id(model))
-        lm = open_lm(model, vocab_size, role)
+        lm = open_lm(model, vocab_size, role, (runners or {}).get(role))
         seq = ids + [int(lm.feed(ids, 1)[0].argmax())]
         seq.append(int(lm.feed(seq, 1)[0].argmax()))
         lm.feed(seq + seq[-3:], 3)
