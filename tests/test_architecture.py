@@ -175,7 +175,7 @@ FORWARD_DEPS = {
     "weights": {"fusable"},
     "core": {"cache", "weights"},
     "compiled": {"cache", "core", "weights"},
-    "feature_lm": {"cache"},
+    "feature_lm": {"cache", "core"},  # its one layer runs on the core pass (`core.stack`)
     "lookup": {"cache"},
     "lm": {"cache", "core", "weights", "compiled", "feature_lm", "lookup"},
 }

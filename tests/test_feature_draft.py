@@ -10,6 +10,7 @@ from transformers import LlamaForCausalLM
 from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.engine import decode, prefill, roles_for
 from pyramid_demo.core.run import generate
+from pyramid_demo.forward.core import finish, project
 from pyramid_demo.forward.lm import open_lm
 from pyramid_demo.models.feature_draft import FeatureDraft
 from pyramid_demo.models.tiny import tiny_config, tiny_random_triplet
@@ -144,6 +145,8 @@ def test_sampled_sd_with_a_feature_draft_follows_the_target():
 
 
 def test_fused_inference_weights_compute_the_training_layers_and_follow_a_weight_change():
+    """The layer without gradients (joined weights) computes what the layer with them does, through the core's
+    pieces, and follows an in-place change of a weight."""
     torch.manual_seed(0)
     target = LlamaForCausalLM(tiny_config(32)).eval()
     fd = FeatureDraft(target, torch.arange(32))
@@ -151,12 +154,15 @@ def test_fused_inference_weights_compute_the_training_layers_and_follow_a_weight
     cos, sin = fd.rope_tables(5, torch.float32)
 
     def both():
+        c, s = cos[:, None], sin[:, None]
         with torch.enable_grad():
-            a = fd.qkv(x, cos, sin)
-            fa = fd.finish(x, a[0])
+            w = fd.weights()
+            a = project(w.layers[0], x, c, s, w)
+            fa = finish(w.layers[0], x, a[0], fd.eps)
         with torch.no_grad():
-            b = fd.qkv(x, cos, sin)
-            fb = fd.finish(x, b[0])
+            w = fd.weights()
+            b = project(w.layers[0], x, c, s, w)
+            fb = finish(w.layers[0], x, b[0], fd.eps)
         for u, w in zip((*a, fa), (*b, fb)):
             assert torch.allclose(u, w, atol=1e-5)
 

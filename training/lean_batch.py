@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from pyramid_demo.forward.cache import tap_norm
-from pyramid_demo.forward.core import rms_norm, rope_table, rotate
+from pyramid_demo.forward.core import finish, project, rms_norm, rope_table
 from pyramid_demo.forward.weights import weights
 
 
@@ -32,10 +32,6 @@ class BatchedLean:
         self.kv = torch.zeros(len(w.layers), 2, rows, w.n_kv, capacity, w.head_dim, dtype=w.dtype)  # [L,2,B,Hkv,T,D]
         self.cos, self.sin = rope_table(w.inv_freq, capacity, w.dtype, w.rope_scale)  # [T, D]: the core's table
         self.pos = torch.zeros(rows, dtype=torch.long)  # [B] the next free slot of each row
-
-    def _rope(self, qk: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
-        """qk [..., n, H, D] rotated at positions `at` (broadcast to [..., n, 1, D])."""
-        return rotate(qk, self.cos[at].unsqueeze(-2), self.sin[at].unsqueeze(-2))
 
     @torch.inference_mode()
     def set_prefix(self, ids: list[int]) -> None:
@@ -98,27 +94,20 @@ class BatchedLean:
         if start:
             self.kv[:, :, rows, :, :start] = self.prefix_kv.unsqueeze(2)  # [L, 2, n, Hkv, start, D]
         x = F.embedding(ids, w.embed)  # [n, m, d]
-        hq, hk, dh = w.n_heads, w.n_kv, w.head_dim
         at = torch.arange(start, P)
+        c, s = self.cos[at][:, None], self.sin[at][:, None]  # [m, 1, D]
         mask = torch.arange(P)[None] <= at[:, None] if start else None  # [m, P]: the prefix and causal
-        rep = hq // hk
         tapped = []
         for li, lay in enumerate(w.layers):
-            qkv = lay.qkv(rms_norm(x, lay.attn_norm, w.eps).view(n * m, -1)).view(n, m, -1)
-            qk = self._rope(qkv[..., : (hq + hk) * dh].view(n, m, hq + hk, dh), at)  # [n, m, H+Hkv, D]
-            k = qk[:, :, hq:].transpose(1, 2)  # [n, Hkv, m, D]
-            v = qkv[..., (hq + hk) * dh :].view(n, m, hk, dh).transpose(1, 2)  # [n, Hkv, m, D]
+            q, k, v = project(lay, x, c, s, w)  # [n, H, m, D], [n, Hkv, m, D] ×2
             self.kv[li, 0, rows, :, start:P] = k
             self.kv[li, 1, rows, :, start:P] = v
             if start:
                 k, v = self.kv[li, 0, rows, :, :P], self.kv[li, 1, rows, :, :P]  # [n, Hkv, P, D] prefix included
-            q = qk[:, :, :hq].transpose(1, 2)  # [n, H, m, D]
             att = F.scaled_dot_product_attention(
-                q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), attn_mask=mask, is_causal=mask is None
+                q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=w.n_heads != w.n_kv
             )  # [n, H, m, D]
-            x = x + lay.o(att.transpose(1, 2).reshape(n * m, -1)).view(n, m, -1)
-            gate, up = lay.gate_up(rms_norm(x, lay.mlp_norm, w.eps).view(n * m, -1)).chunk(2, -1)
-            x = x + lay.down(F.silu(gate) * up).view(n, m, -1)
+            x = finish(lay, x, att, w.eps)
             if li in taps:
                 tapped.append(tap_norm(x, w.eps))
         self.pos[rows] = torch.tensor([len(p) for p in prompts])
@@ -143,13 +132,13 @@ class BatchedLean:
         mask = (torch.arange(t)[None] <= pos[:, None])[:, None, None]  # [B, 1, 1, t]: each row's own keys
         rows = torch.arange(B)
         x = F.embedding(tokens, w.embed)  # [B, d]
+        c, s = self.cos[pos][:, None], self.sin[pos][:, None]  # [B, 1, D]: each row at its own position
         for li, lay in enumerate(w.layers):
-            qkv = lay.qkv(rms_norm(x, lay.attn_norm, w.eps))  # [B, (H + 2·Hkv)·D]
-            qk = self._rope(qkv[:, : (hq + hk) * dh].view(B, hq + hk, dh), pos)  # [B, H+Hkv, D]
+            q, k, v = project(lay, x, c, s, w)  # [H, B, D], [Hkv, B, D] ×2: the rows as one sequence
             kc, vc = self.kv[li, 0], self.kv[li, 1]  # [B, Hkv, T, D]
-            kc[rows, :, pos] = qk[:, hq:]
-            vc[rows, :, pos] = qkv[:, (hq + hk) * dh :].view(B, hk, dh)
-            q = qk[:, :hq].view(B, hk, rep, dh)  # [B, Hkv, rep, D]: the rep query heads of a KV head as rows
+            kc[rows, :, pos] = k.transpose(0, 1)
+            vc[rows, :, pos] = v.transpose(0, 1)
+            q = q.transpose(0, 1).reshape(B, hk, rep, dh)  # [B, Hkv, rep, D]: the rep query heads of a KV head as rows
             if by_row:
                 att = torch.cat(
                     [
@@ -159,9 +148,7 @@ class BatchedLean:
                 )  # [B, Hkv, rep, D]
             else:
                 att = F.scaled_dot_product_attention(q, kc[:, :, :t], vc[:, :, :t], attn_mask=mask)
-            x = x + lay.o(att.reshape(B, -1))
-            gate, up = lay.gate_up(rms_norm(x, lay.mlp_norm, w.eps)).chunk(2, -1)
-            x = x + lay.down(F.silu(gate) * up)
+            x = finish(lay, x, att.reshape(B, hq, dh).transpose(0, 1), w.eps)  # [B, d]
         self.pos = pos + 1
         return w.head(rms_norm(x, w.norm, w.eps)).float()  # [B, V]
 

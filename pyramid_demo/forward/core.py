@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from .cache import LONGEST_PASS, CachedModel, grown, tap_layers, tap_norm, tree_seen
-from .weights import Weights, weights
+from .weights import Layer, Weights, weights
 
 MIN_CAPACITY = 256  # cache slots a run starts with; doubled when outgrown
 
@@ -43,6 +43,65 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + torch.cat((x[..., half:], x[..., :half]), -1) * sin
 
 
+def project(
+    lay: Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, w: Weights
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A layer's attention inputs: rows x [.., k, d] at RoPE rows cos/sin [k, 1, D] -> q [.., H, k, D], keys and
+    values [.., H_kv, k, D] (q and k rotated). Every forward's layers start here, whatever cache they attend over."""
+    h_q, h_kv, d_h = w.n_heads, w.n_kv, w.head_dim
+    qkv = lay.qkv(rms_norm(x, lay.attn_norm, w.eps))  # [.., k, (H + 2·H_kv)·D]
+    split = (h_q + h_kv) * d_h
+    qk = rotate(qkv[..., :split].unflatten(-1, (h_q + h_kv, d_h)), cos, sin)  # RoPE on q and k at once
+    v = qkv[..., split:].unflatten(-1, (h_kv, d_h))  # [.., k, H_kv, D]
+    return qk[..., :h_q, :].transpose(-3, -2), qk[..., h_q:, :].transpose(-3, -2), v.transpose(-3, -2)
+
+
+def finish(lay: Layer, x: torch.Tensor, a: torch.Tensor, eps: float) -> torch.Tensor:
+    """A layer's rest: rows x [.., k, d] plus the attention's output a [.., H, k, D] through o, then the MLP."""
+    x = x + lay.o(a.transpose(-3, -2).flatten(-2))  # [.., k, d]
+    gate, up = lay.gate_up(rms_norm(x, lay.mlp_norm, eps)).chunk(2, -1)  # [.., k, I] each
+    return x + lay.down(F.silu(gate) * up)
+
+
+def stack(
+    w: Weights,
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    slots: torch.Tensor,
+    mask: torch.Tensor | None,
+    kv: list[torch.Tensor],
+    taps: tuple[int, ...] = (),
+) -> torch.Tensor:
+    """Input rows x [k, d] at RoPE rows cos/sin [k, D] through every layer of `w`: each writes its keys/values to
+    `slots` [k] of kv (per layer: keys, values [H_kv, T, D]) and attends over the first t slots where mask [k, t]
+    (bool; None: all T of them), so a pass reads the slots in use, not the cache's size. Returns the `taps` layers'
+    outputs normalised, then the normed last state [k, (len(taps) + 1)·d]. A model's pass (`body`) and the feature
+    draft's one layer over its verifier's states run here."""
+    t = kv[0].shape[1] if mask is None else mask.shape[1]  # the slots this pass reads
+    torch._check(t <= kv[0].shape[1])
+    c, s = cos[:, None], sin[:, None]  # [k, 1, D]
+    am = None if mask is None else mask[None, None]  # [1, 1, k, t]
+    tapped = []
+    for li, lay in enumerate(w.layers):
+        q, k, v = project(lay, x, c, s, w)  # [H, k, D], [H_kv, k, D] ×2
+        k_all, v_all = kv[2 * li], kv[2 * li + 1]  # [H_kv, T, D]
+        k_all.index_copy_(1, slots, k)
+        v_all.index_copy_(1, slots, v)
+        a = F.scaled_dot_product_attention(
+            q[None],
+            k_all[None, :, :t],
+            v_all[None, :, :t],
+            attn_mask=am,
+            scale=w.head_dim**-0.5,
+            enable_gqa=w.n_heads != w.n_kv,
+        )  # [1, H, k, D]
+        x = finish(lay, x, a[0], w.eps)
+        if li in taps:
+            tapped.append(tap_norm(x, w.eps))
+    return torch.cat([*tapped, rms_norm(x, w.norm, w.eps)], -1)
+
+
 def body(
     w: Weights,
     tokens: torch.Tensor,
@@ -52,35 +111,9 @@ def body(
     mask: torch.Tensor | None,
     kv: list[torch.Tensor],
 ) -> torch.Tensor:
-    """Rows tokens [k] at RoPE rows cos/sin [k, D] write their keys/values to `slots` [k] of kv (per layer: keys,
-    values [H_kv, T, D]) and attend over the first t slots where mask [k, t] (bool; None: all T of them), so a pass
-    reads the slots in use, not the cache's size. Returns what a reader of this model conditions on: the
-    `tap_layers` outputs normalised, then the normed last state [k, 3·d]."""
-    k_rows = tokens.shape[0]
-    h_q, h_kv, d_h = w.n_heads, w.n_kv, w.head_dim
-    t = kv[0].shape[1] if mask is None else mask.shape[1]  # the slots this pass reads
-    torch._check(t <= kv[0].shape[1])
-    c, s = cos[:, None], sin[:, None]  # [k, 1, D]
-    am = None if mask is None else mask[None, None]  # [1, 1, k, t]
-    x = F.embedding(tokens, w.embed)  # [k, d]
-    taps, tapped = tap_layers(len(w.layers)), []
-    for li, lay in enumerate(w.layers):
-        qkv = lay.qkv(rms_norm(x, lay.attn_norm, w.eps))  # [k, (H + 2·H_kv)·D]
-        qk = rotate(qkv[:, : (h_q + h_kv) * d_h].view(k_rows, h_q + h_kv, d_h), c, s)  # RoPE on q and k at once
-        v = qkv[:, (h_q + h_kv) * d_h :].view(k_rows, h_kv, d_h)  # [k, H_kv, D]
-        k_all, v_all = kv[2 * li], kv[2 * li + 1]  # [H_kv, T, D]
-        k_all.index_copy_(1, slots, qk[:, h_q:].transpose(0, 1))  # [H_kv, k, D] into the slots
-        v_all.index_copy_(1, slots, v.transpose(0, 1))
-        q = qk[:, :h_q].transpose(0, 1)[None]  # [1, H, k, D]
-        a = F.scaled_dot_product_attention(
-            q, k_all[None, :, :t], v_all[None, :, :t], attn_mask=am, scale=d_h**-0.5, enable_gqa=h_q != h_kv
-        )  # [1, H, k, D]
-        x = x + lay.o(a[0].transpose(0, 1).reshape(k_rows, h_q * d_h))  # [k, d]
-        gate, up = lay.gate_up(rms_norm(x, lay.mlp_norm, w.eps)).chunk(2, -1)  # [k, I] each
-        x = x + lay.down(F.silu(gate) * up)
-        if li in taps:
-            tapped.append(tap_norm(x, w.eps))
-    return torch.cat([*tapped, rms_norm(x, w.norm, w.eps)], -1)  # [k, 3·d]
+    """A model's pass over rows tokens [k] (`stack` over their embeddings): what a reader of this model conditions
+    on, the `tap_layers` outputs normalised, then the normed last state [k, 3·d]."""
+    return stack(w, F.embedding(tokens, w.embed), cos, sin, slots, mask, kv, tap_layers(len(w.layers)))
 
 
 def core_pass(

@@ -7,39 +7,42 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from .cache import CachedModel, VerifierStates, grown, tree_seen
+from .core import MIN_CAPACITY, rope_table, stack
 
 
 class FeatureLM(CachedModel):
-    """One run's cache over a feature draft module (fc + a decoder layer + the target's norm and head)."""
+    """One run's cache over a feature draft module (fc + a decoder layer + the target's norm and head): the layer
+    runs on the core's pass (`core.stack`), its cache laid out as the core's."""
 
     trees = True  # its forward takes tree rows (`_run_tree`)
 
-    def __init__(self, module: Any, vocab_size: int, role: str, capacity: int = 256):
+    def __init__(self, module: Any, vocab_size: int, role: str, capacity: int = MIN_CAPACITY):
         super().__init__(role)
         self.m: Any = module  # a `models.feature_draft.FeatureDraft` (duck-typed: core knows no models)
+        with torch.no_grad():  # its joined weights, shared by every run (`FeatureDraft.joint_weights`)
+            self.w = module.weights()  # one layer of the core's (`core.stack`), its inputs the draft's own
         self.vocab_size = vocab_size
         self.taps: tuple[int, ...] = tuple(getattr(module, "taps", ()))  # the target layers it reads (`engine.connect`)
         self.states: VerifierStates | None = None  # set by the engine (`engine.connect`) before the prefill
-        self.dtype: torch.dtype = self.m.norm.dtype
-        self.device: torch.device = self.m.norm.device
+        self.dtype: torch.dtype = self.w.dtype
+        self.device: torch.device = self.w.norm.device
         kw = {"dtype": self.dtype, "device": self.device}
-        self.kv = torch.zeros(2, self.m.n_kv, capacity, self.m.head_dim, **kw)  # [2, H_kv, T, D]
+        self.kv = [torch.zeros(self.w.n_kv, capacity, self.w.head_dim, **kw) for _ in range(2)]  # keys, values
         self.pred = torch.zeros(capacity, self.m.d, **kw)  # [T, d]: the state each row predicted
         self._tables(capacity)
         self.true_upto = 0  # rows 0 .. true_upto-1 were fed the verifier's own states (or row 0's zeros)
 
     def _grow(self, need: int) -> None:
-        kv = grown(self.kv, 2, need)
-        if kv is not self.kv:
-            self.kv, self.pred = kv, grown(self.pred, 0, kv.shape[2])
-            self._tables(kv.shape[2])
+        if need > self.pred.shape[0]:
+            self.kv = [grown(c, 1, need) for c in self.kv]
+            self.pred = grown(self.pred, 0, self.kv[0].shape[1])
+            self._tables(self.kv[0].shape[1])
 
     def _tables(self, capacity: int) -> None:
-        cos, sin = self.m.rope_tables(capacity, self.dtype)  # [T, D] each
-        self.cos, self.sin = cos.to(self.device), sin.to(self.device)
+        w = self.w
+        self.cos, self.sin = rope_table(w.inv_freq.to(self.device), capacity, self.dtype, w.rope_scale)  # [T, D]
 
     def _known(self) -> int:
         return self.states.n if self.states is not None else 0
@@ -55,7 +58,8 @@ class FeatureLM(CachedModel):
 
     @torch.inference_mode()
     def _compact(self, pos: int, slots: list[int]) -> None:
-        self.kv[:, :, pos : pos + len(slots)] = self.kv[:, :, slots]  # the RHS gather copies first
+        for c in self.kv:
+            c[:, pos : pos + len(slots)] = c[:, slots]  # the RHS gather copies first
         self.pred[pos : pos + len(slots)] = self.pred[slots]
 
     @torch.inference_mode()
@@ -129,15 +133,8 @@ class FeatureLM(CachedModel):
     ) -> None:
         """Rows toks [c] with input states f_prev [c, d] into cache slots [c] (RoPE at `positions`, default the
         slots), attending where `seen` [c, T] (None: all of the first `t`); predicted states -> pred[slots]."""
-        m, c = self.m, toks.shape[0]
         at = slots if positions is None else positions
-        x = m.inputs(f_prev, toks)[None]  # [1, c, d]
-        q, k, v = m.qkv(x, self.cos[at], self.sin[at])  # [1, H, c, D], [1, H_kv, c, D] ×2
-        self.kv[0, :, slots], self.kv[1, :, slots] = k[0], v[0]
-        rep, t = m.n_heads // m.n_kv, (t if seen is None else seen.shape[1])
-        qg = q.reshape(1, m.n_kv, rep * c, m.head_dim)  # query heads grouped by their KV head: no repeated keys
-        mask = None if seen is None else seen[None].expand(rep, c, t).reshape(rep * c, t)  # [rep·c, T]
-        att = F.scaled_dot_product_attention(
-            qg, self.kv[0, None, :, :t], self.kv[1, None, :, :t], attn_mask=mask
-        )  # [1, H_kv, rep·c, D]
-        self.pred[slots] = m.finish(x, att.view(1, m.n_heads, c, m.head_dim))[0]
+        t = t if seen is None else seen.shape[1]
+        x = self.m.inputs(f_prev, toks)  # [c, d]
+        kv = [c[:, :t] for c in self.kv]
+        self.pred[slots] = stack(self.w, x, self.cos[at], self.sin[at], slots.to(self.device), seen, kv)

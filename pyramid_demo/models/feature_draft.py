@@ -15,8 +15,9 @@ from safetensors.torch import save_file
 from torch import nn
 
 from ..forward.cache import tap_layers
+from ..forward.core import finish, project, rope_table
 from ..forward.core import rms_norm as _rms
-from ..forward.core import rope_table, rotate
+from ..forward.weights import Dense, Layer, Weights
 
 FORMAT = "pyramid-feature-draft-v1"
 
@@ -97,32 +98,39 @@ class FeatureDraft(nn.Module):
             self._fused_key = key
         return self._fused_w
 
-    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """x [B, T, d] -> q [B, H, T, D], k and v [B, H_kv, T, D] (RoPE applied)."""
-        B, T, _ = x.shape
-        h = _rms(x, self.in_norm, self.eps)
+    def layer(self) -> Layer:
+        """Its decoder layer as the core's forward reads it (`forward.core.project`, `finish`): without gradients the
+        joined weights (`joint_weights`), with them the parameters joined by a differentiable cat (training)."""
         if torch.is_grad_enabled():
-            q, k, v = F.linear(h, self.q), F.linear(h, self.k), F.linear(h, self.v)
+            qkv, gate_up, o, down = (
+                torch.cat((self.q, self.k, self.v)),
+                torch.cat((self.gate, self.up)),
+                self.o,
+                self.down,
+            )
         else:
-            sizes = [self.q.shape[0], self.k.shape[0], self.v.shape[0]]
-            q, k, v = F.linear(h, self.joint_weights()[0]).split(sizes, -1)
-        q = q.reshape(B, T, self.n_heads, self.head_dim).transpose(1, 2)
-        k = k.reshape(B, T, self.n_kv, self.head_dim).transpose(1, 2)
-        v = v.reshape(B, T, self.n_kv, self.head_dim).transpose(1, 2)
-        return rotate(q, cos, sin), rotate(k, cos, sin), v
+            qkv, gate_up, o, down = self.joint_weights()[:4]
+        return Layer(
+            self.in_norm, Dense(qkv, None), Dense(o, None), self.post_norm, Dense(gate_up, None), Dense(down, None)
+        )
 
-    def finish(self, x: torch.Tensor, att: torch.Tensor) -> torch.Tensor:
-        """Residual input x [B, T, d], attention output [B, H, T, D] -> predicted normed state [B, T, d]."""
-        B, T, _ = x.shape
-        grad = torch.is_grad_enabled()
-        x = x + F.linear(att.transpose(1, 2).reshape(B, T, -1), self.o if grad else self.joint_weights()[2])
-        h = _rms(x, self.post_norm, self.eps)
-        if grad:
-            gate, up = F.linear(h, self.gate), F.linear(h, self.up)
-        else:
-            gate, up = F.linear(h, self.joint_weights()[1]).chunk(2, -1)
-        x = x + F.linear(F.silu(gate) * up, self.down if grad else self.joint_weights()[3])
-        return _rms(x, self.norm, self.eps)
+    def weights(self) -> Weights:
+        """The draft as a one-layer model of the core's (`forward.core.stack`): its layer over the target's rotary
+        table and final norm; the input rows are `inputs`, not an embedding."""
+        return Weights(
+            layers=[self.layer()],
+            embed=self.embed,
+            norm=self.norm,
+            head=self.logits_subset,
+            eps=self.eps,
+            n_heads=self.n_heads,
+            n_kv=self.n_kv,
+            head_dim=self.head_dim,
+            inv_freq=self.inv_freq,
+            rope_scale=1.0,
+            window=None,
+            dtype=self.norm.dtype,
+        )
 
     def logits_subset(self, f: torch.Tensor) -> torch.Tensor:
         """Normed states [.., d] -> logits over the subset [.., S]."""
@@ -131,24 +139,28 @@ class FeatureDraft(nn.Module):
     # ------------------------------------------------------------------ training
     def forward_train(self, f_prev: torch.Tensor, tokens: torch.Tensor, passes: int = 1) -> list[torch.Tensor]:
         """f_prev [B, T, d·(taps + 1)] (row i: the target's state at i-1; row 0 zeros), tokens [B, T] -> the predicted
-        state of every row for each pass [B, T, d] (pass s: s tokens drafted ahead)."""
+        state of every row for each pass [B, T, d] (pass s: s tokens drafted ahead); the core's layer pieces, over
+        keys of every pass so far."""
         B, T, _ = f_prev.shape
+        w = self.weights()
         cos, sin = self.rope_tables(T, f_prev.dtype)
-        rep = self.n_heads // self.n_kv
+        c, s_ = cos[:, None], sin[:, None]  # [T, 1, D]
         ks, vs, outs, f_in = [], [], [], f_prev
         idx = torch.arange(T)
         for s in range(passes):
-            x = self.inputs(f_in, tokens)
-            q, k, v = self.qkv(x, cos, sin)
-            ks.append(k.repeat_interleave(rep, 1))
-            vs.append(v.repeat_interleave(rep, 1))
+            x = self.inputs(f_in, tokens)  # [B, T, d]
+            q, k, v = project(w.layers[0], x, c, s_, w)  # [B, H, T, D], [B, H_kv, T, D] ×2
+            ks.append(k)
+            vs.append(v)
             # pass s (0-based) row j sees pass-0 keys at rows ≤ j-s and pass-r key at row j-s+r (r = 1..s)
             blocks = [idx[None] <= (idx[:, None] - s)]
             blocks += [idx[None] == (idx[:, None] - s + r) for r in range(1, s + 1)]
             mask = torch.cat(blocks, 1)  # [T, (s+1)·T]
             mask[:, 0] |= ~mask.any(1)  # rows with nothing to see (j < s): keep softmax finite, masked from loss
-            att = F.scaled_dot_product_attention(q, torch.cat(ks, 2), torch.cat(vs, 2), attn_mask=mask)
-            out = self.finish(x, att)
+            att = F.scaled_dot_product_attention(
+                q, torch.cat(ks, 2), torch.cat(vs, 2), attn_mask=mask, enable_gqa=self.n_heads != self.n_kv
+            )  # [B, H, T, D]
+            out = _rms(finish(w.layers[0], x, att, self.eps), self.norm, self.eps)
             outs.append(out)
             # next pass: row i reads the state this pass predicted for row i-1
             f_in = torch.cat((torch.zeros_like(out[:, :1]), out[:, :-1]), 1)
