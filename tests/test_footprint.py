@@ -1,6 +1,7 @@
-"""How much of the project one decode runs: the decoding loop is small on purpose. Counted with a profiler around
-`engine.decode` only (from the first target pass to the last; loading, prefill and the run's summary are not the
-decode): every project file one of whose functions is called, and every project class one of whose methods is."""
+"""How much of the project one decode, and one race from the page's handler, runs: the decoding loop is small on
+purpose. Counted with a profiler around `engine.decode` (from the first target pass to the last; loading, prefill and
+the run's summary are not the decode) and around the whole race handler: every project file one of whose functions
+is called, and every project class one of whose methods is."""
 
 import os
 import sys
@@ -14,7 +15,7 @@ from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.run import generate
 
 ROOT = os.path.dirname(os.path.abspath(pyramid_demo.__file__))
-LIMIT = 8  # project files, and project classes, one decode of SD or PSD_A may touch
+LIMIT = 9  # project files, and project classes, one decode of SD or PSD_A may touch (the core's linears included)
 
 
 def footprint(triplet, method: str, monkeypatch) -> tuple[set[str], set[str]]:
@@ -56,7 +57,7 @@ def footprint(triplet, method: str, monkeypatch) -> tuple[set[str], set[str]]:
 
 @pytest.mark.parametrize("method", ["sd", "psd_a"])
 def test_a_decode_touches_few_files_and_classes(method, monkeypatch, one_thread):
-    """One decode of SD or PSD_A on the core forward runs at most 8 project files and 8 project classes, and the
+    """One decode of SD or PSD_A on the core forward runs at most 9 project files and 9 project classes, and the
     count sees the loop itself (a profiler that saw nothing would pass any limit)."""
     from pyramid_demo.models.tiny import tiny_random_triplet
 
@@ -71,7 +72,7 @@ def test_a_decode_touches_few_files_and_classes(method, monkeypatch, one_thread)
 def test_the_offline_family_decode_touches_few_files_and_classes(method, offline_cache, monkeypatch):
     """The offline family as users run it after setup (the feature draft over the qualifier, the int4 qualifier
     and the target on their compiled passes, built here where missing as `prepare` builds them): one decode of SD or
-    PSD_A runs at most 8 project files and 8 project classes."""
+    PSD_A runs at most 9 project files and 9 project classes."""
     from pyramid_demo.models import runtime
     from pyramid_demo.models.loading import decided, load_triplet
 
@@ -83,3 +84,53 @@ def test_the_offline_family_decode_touches_few_files_and_classes(method, offline
     assert "FeatureLM" in classes and "CoreLM" in classes
     assert len(files) <= LIMIT, sorted(files)
     assert len(classes) <= LIMIT, sorted(classes)
+
+
+RACE_FILES, RACE_CLASSES = 35, 20  # one race from its handler down (the classes at the goal; the files at today's)
+
+
+def race_footprint(preset: str) -> tuple[set[str], set[str], str]:
+    """(files, classes, status) of one whole race from the page's handler (`handlers.run_race`): its family already
+    loaded (a first race loads it), then the warm-up, the timed lanes, the predictions and the replay's pages."""
+    from app_server import FAST
+
+    from pyramid_demo.app import handlers as h
+
+    list(h.run_race(preset, ("", "", ""), "Name three colours.", dict(FAST), h.new_session()))
+    files: set[str] = set()
+    classes: set[str] = set()
+
+    def prof(frame, event, arg) -> None:
+        if event == "call" and os.path.abspath(frame.f_code.co_filename).startswith(ROOT):
+            files.add(os.path.relpath(os.path.abspath(frame.f_code.co_filename), ROOT))
+            head = frame.f_code.co_qualname.split(".")[0]
+            if isinstance(frame.f_globals.get(head), type):
+                classes.add(head)
+
+    sys.setprofile(prof)
+    try:
+        out = list(h.run_race(preset, ("", "", ""), "Name three colours of the rainbow.", dict(FAST), h.new_session()))
+    finally:
+        sys.setprofile(None)
+    return files, classes, str(out[-1][0])
+
+
+@pytest.mark.slow
+def test_a_race_from_its_handler_touches_few_files_and_classes(one_thread):
+    """One race on the tiny family, profiled over the whole handler, runs at most 35 project files and 20 project
+    classes, and the count sees the handler, the loop and the forward (a profiler that saw nothing would pass)."""
+    files, classes, status = race_footprint("tiny-random")
+    assert "finished" in status, status
+    assert {"app/handlers.py", "core/engine.py", "forward/core.py"} <= files and "CoreLM" in classes
+    assert len(files) <= RACE_FILES, sorted(files)
+    assert len(classes) <= RACE_CLASSES, sorted(classes)
+
+
+@pytest.mark.slow
+def test_the_offline_familys_race_from_its_handler_touches_few_files_and_classes(offline_cache, one_thread):
+    """The same over the offline family as users race it (the feature draft, the int4 qualifier, the target)."""
+    files, classes, status = race_footprint("smollm2-offline")
+    assert "finished" in status, status
+    assert "FeatureLM" in classes and "CoreLM" in classes
+    assert len(files) <= RACE_FILES, sorted(files)
+    assert len(classes) <= RACE_CLASSES, sorted(classes)

@@ -160,10 +160,16 @@ class CoreLM(CachedModel):
     trees = True
 
     def __init__(
-        self, model: Any, vocab_size: int, role: str, runner: Any | None = None, capacity: int = MIN_CAPACITY
+        self,
+        model: Any,
+        vocab_size: int,
+        role: str,
+        runner: Any | None = None,
+        capacity: int = MIN_CAPACITY,
+        w: Weights | None = None,
     ) -> None:
         super().__init__(role)
-        self.w, self.vocab_size, self.run = weights(model), vocab_size, runner
+        self.w, self.vocab_size, self.run = (weights(model) if w is None else w), vocab_size, runner
         self.device = self.w.embed.device
         self.kv: list[torch.Tensor] = []
         self._alloc(max(capacity, LONGEST_PASS + 1))

@@ -48,6 +48,7 @@ class Forward:
     kind: str  # "compiled" | "eager" | "hf" | "feature" | "lookup"
     why: str = ""  # in words, for the family box, the CLI and the Statistics tab
     runner: Any | None = None  # kind "compiled": its loaded packages (`compiled.Runner`)
+    weights: Any | None = None  # kinds "compiled", "eager": the core's view of its weights, built once (`weights`)
     stem: str = ""  # a core forward's package name here (its weights' fingerprint): what its records are keyed by
 
 
@@ -96,7 +97,8 @@ class ModelTriplet:
 
     def open(self, role: str, as_role: str | None = None) -> LM:
         """A fresh LM over `role`'s model on the forward its plan names (`as_role`: the name its counters carry)."""
-        return open_lm(self.model(role), self.vocab_size, as_role or role, self.forward(role).runner)
+        fwd = self.forward(role)
+        return open_lm(self.model(role), self.vocab_size, as_role or role, fwd.runner, fwd.weights)
 
 
 def _sync(device: torch.device) -> None:
@@ -215,9 +217,10 @@ def forward_of(model: torch.nn.Module, runner: Any | None = None) -> str:
     return ("compiled" if runner is not None else "eager") if covered(model) else "hf"
 
 
-def open_lm(model: torch.nn.Module, vocab_size: int, role: str, runner: Any | None = None) -> LM:
+def open_lm(model: torch.nn.Module, vocab_size: int, role: str, runner: Any | None = None, w: Any | None = None) -> LM:
     """A fresh per-run LM over a loaded model, on the forward `forward_of` names (its own cache, never shared);
-    `runner`: the model's compiled packages, from its family's plan (`ModelTriplet.open`)."""
+    `runner` (its compiled packages) and `w` (its core weights, else built now) from its family's plan
+    (`ModelTriplet.open`)."""
     kind = forward_of(model, runner)
     if kind == "lookup":
         from .lookup import LookupLM
@@ -231,7 +234,7 @@ def open_lm(model: torch.nn.Module, vocab_size: int, role: str, runner: Any | No
         return HFLM(model, vocab_size, role)
     from .core import CoreLM
 
-    return CoreLM(model, vocab_size, role, runner)
+    return CoreLM(model, vocab_size, role, runner, w=w)
 
 
 def model_takes_trees(model: torch.nn.Module) -> bool:

@@ -22,6 +22,7 @@ import torch
 from ..forward import compiled
 from ..forward.core import CoreLM
 from ..forward.lm import Forward, forward_of
+from ..forward.weights import weights
 from ..predict import measure
 from .bundled import cache_root
 from .checks import check_family
@@ -139,14 +140,15 @@ def decide(model: Any, vocab_size: int) -> Forward:
     kind = forward_of(model)
     if kind != "eager":
         return Forward(kind, WHY[kind])
+    w = weights(model)  # the core's view of its weights, held by the plan: built once
     if next(model.parameters()).device.type != "cpu":
-        return Forward("eager", "the core pass, eager (compiled packages are built for CPUs)")
+        return Forward("eager", "the core pass, eager (compiled packages are built for CPUs)", weights=w)
     fp = compiled.fingerprint(model) if compiled.built_any(model) else ""  # none built here: nothing to hash for
     stem = compiled.package_path(model, fp).stem if fp else ""
     runner = compiled.load(model, fp) if fp else None
     if runner is None:
         why = "the core pass, eager: no compiled package for these weights here (setup builds it)"
-        return Forward("eager", why, stem=stem)
+        return Forward("eager", why, stem=stem, weights=w)
     key = package_key(stem)
     got = entry(key)
     if got is None:
@@ -158,10 +160,11 @@ def decide(model: Any, vocab_size: int) -> Forward:
             f"the core pass, eager: its compiled pass disagreed with the eager one (top-1 differed by more than the "
             f"eager pass's own rounding, {got['noise']:.2g}; max |Δlogit| {got['max_abs_diff']:.2g})",
             stem=stem,
+            weights=w,
         )
     same = "top-1 equal" if got["flips"] == 0 else f"top-1 equal but on {got['flips']} near-tie(s) within rounding"
     why = f"the core pass, compiled (agrees with eager: {same}, max |Δlogit| {got['max_abs_diff']:.2g})"
-    return Forward("compiled", why, runner, stem)
+    return Forward("compiled", why, runner=runner, stem=stem, weights=w)
 
 
 @torch.inference_mode()
