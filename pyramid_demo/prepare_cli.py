@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from .models import runtime
 from .models.errors import LoadError
-from .models.loading import decided, load_triplet
+from .models.loading import load_triplet, planned
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
         built = _build_missing(args.models, [(r, p) for r in roles for p in runtime.missing_packages(t.model(r))])
         for role in roles:
             print(f"{role}: {runtime.ensure_package(t.model(role))}{built.get(role, '')}")
-        t = decided(t)  # the same decision a run makes, now that the packages exist
+        t = planned(t)  # the same decision a run makes, now that the packages exist
     print(f"runs: {t.runs}")
     rec = runtime.measure_family(t)
     for role, r in rec["checks"].items():

@@ -1,6 +1,6 @@
-"""The compiled pass (`forward.compiled`) and the one decision over it (`models.runtime.decide`): what it computes, how
-a stale, broken or disagreeing package is handled, and that a load never compiles or times anything. Compiling takes
-a while even for a tiny model: that test is in the slow tier."""
+"""The compiled pass (`forward.compiled`) and the one decision over it (`models.runtime.plan_role`): what it
+computes, how a stale, broken or disagreeing package is handled, and that a load never compiles or times anything.
+Compiling takes a while even for a tiny model: that test is in the slow tier."""
 
 from __future__ import annotations
 
@@ -170,7 +170,7 @@ def test_a_load_never_compiles_and_says_how_to_build(cache, monkeypatch) -> None
     times anything) on the load path."""
     t = tiny_random_triplet()
     monkeypatch.setattr(compiled, "build", lambda *a, **k: pytest.fail("compiled during a load"))
-    fwd = runtime.decide(t.target, t.vocab_size)
+    fwd = runtime.plan_role(t.target, t.vocab_size)
     assert fwd.kind == "eager" and "setup builds it" in fwd.why and fwd.runner is None
 
 
@@ -211,12 +211,12 @@ def test_a_package_runs_only_where_it_agrees_with_the_eager_pass(cache, monkeypa
     t = tiny_random_triplet()
     good = _Runner(t.target)
     _with_package(t, good, monkeypatch)
-    fwd = runtime.decide(t.target, t.vocab_size)
+    fwd = runtime.plan_role(t.target, t.vocab_size)
     assert fwd.kind == "compiled" and "agrees" in fwd.why and good.calls == 4  # a prefill, a step, a chain, a tree
     assert good.rows == [60, 1, 4, 6]  # a 4-row chain: the few-row package is checked on a chain too
     rec = runtime.entry(runtime.package_key(fwd.stem))
     assert rec is not None and rec["agrees"] and rec["max_abs_diff"] < 1e-4 and rec["flips"] == 0
-    assert runtime.decide(t.target, t.vocab_size).kind == "compiled" and good.calls == 4  # read, not re-checked
+    assert runtime.plan_role(t.target, t.vocab_size).kind == "compiled" and good.calls == 4  # read, not re-checked
     lm = CoreLM(t.target, t.vocab_size, "target", fwd.runner)
     ref = CoreLM(t.target, t.vocab_size, "target")
     ids = [(7 * i + 3) % (t.vocab_size - 1) + 1 for i in range(40)]
@@ -227,7 +227,7 @@ def test_a_package_runs_only_where_it_agrees_with_the_eager_pass(cache, monkeypa
 
     bad = tiny_random_triplet(seed=3)
     _with_package(bad, _Runner(bad.target, bias=1e3), monkeypatch)  # token 7 always wins: top-1 disagrees
-    fwd = runtime.decide(bad.target, bad.vocab_size)
+    fwd = runtime.plan_role(bad.target, bad.vocab_size)
     assert fwd.kind == "eager" and "disagreed" in fwd.why and fwd.runner is None
 
 
@@ -238,7 +238,7 @@ def test_a_corrupt_manifest_reads_as_empty_and_is_rewritten(cache, monkeypatch) 
     runtime.manifest_path().write_text("{not json")
     assert runtime.read() == {}
     _with_package(t, _Runner(t.target), monkeypatch)
-    fwd = runtime.decide(t.target, t.vocab_size)
+    fwd = runtime.plan_role(t.target, t.vocab_size)
     assert fwd.kind == "compiled" and runtime.entry(runtime.package_key(fwd.stem))["agrees"]
 
 
@@ -360,14 +360,14 @@ def test_the_name_reads_every_weight_in_place_and_every_cpu(cache, monkeypatch) 
 def test_the_family_record_is_what_the_family_box_reads_and_is_keyed_by_its_weights(cache, one_thread) -> None:
     """`measure_family` records each role's checks and the cost profile; a load of the same family then carries
     the target's exactness from it (never assumed: None before), and a changed weight finds no record."""
-    from pyramid_demo.models.loading import decided
+    from pyramid_demo.models.loading import planned
 
-    t = decided(tiny_random_triplet())
+    t = planned(tiny_random_triplet())
     assert t.exact is None and runtime.family_record(t) is None
     rec = runtime.measure_family(t)
     assert set(rec["checks"]) == {"draft", "qualifier", "target"} and rec["checks"]["target"]["trees"]
     assert rec["profile"]["ms"]["target"]["1"] > 0
-    again = decided(t)
+    again = planned(t)
     target = rec["checks"]["target"]
     assert (
         again.exact == target["exact"]
@@ -376,7 +376,7 @@ def test_the_family_record_is_what_the_family_box_reads_and_is_keyed_by_its_weig
     )
     with torch.no_grad():
         t.target.model.layers[0].mlp.up_proj.weight[0, 0] += 1.0
-    assert runtime.family_record(decided(t)) is None
+    assert runtime.family_record(planned(t)) is None
 
 
 def test_setup_builds_each_package_at_the_threads_a_run_uses(monkeypatch) -> None:

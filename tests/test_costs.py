@@ -132,7 +132,7 @@ def test_measured_by_k_reads_per_forward_times():
 # ---------------------------------------------------------------- the load path and the recorded profile
 def test_a_load_keeps_the_reference_precision_and_times_nothing(monkeypatch):
     """Rule: a CPU family loads at its checkpoint's reference precision (fp32) unless a dtype is asked for by name,
-    each role on the forward `runtime.decide` names (eager core without a package); nothing is timed on the load
+    each role on the forward `runtime.plan_role` names (eager core without a package); nothing is timed on the load
     path, and no exactness is claimed where nothing was measured."""
     from pyramid_demo.models import loading
 
@@ -170,7 +170,7 @@ def test_cost_profile_is_measured_once_then_read_from_the_manifest(tmp_path, mon
             return 0.001 * k
 
     monkeypatch.setattr(measure, "ForwardTimer", Timer)
-    t = loading.decided(tiny_random_triplet())
+    t = loading.planned(tiny_random_triplet())
     models = len({id(m) for m in (t.draft, t.qualifier, t.target)})
     assert warm.cost_profile(t) is None and not n, "a profile was measured without being asked"
     p = warm.cost_profile(t, measure_now=True)

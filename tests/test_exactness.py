@@ -100,7 +100,7 @@ def test_lossless_methods_equal_ar_on_the_real_target_where_the_record_says_exac
 
     t = loading.load_triplet("smollm2-offline", device="cpu")
     rec = runtime.measure_family(t, profile=False)["checks"]["target"]
-    t = loading.decided(t)
+    t = loading.planned(t)
     assert t.exact is rec["exact"] and t.exact_note == checks.describe(rec)
     if not t.exact:
         pytest.skip(f"the record says not exact here: {t.exact_note}")

@@ -74,11 +74,11 @@ def test_the_offline_family_decode_touches_few_files_and_classes(method, offline
     and the target on their compiled passes, built here where missing as `prepare` builds them): one decode of SD or
     PSD_A runs at most 9 project files and 9 project classes."""
     from pyramid_demo.models import runtime
-    from pyramid_demo.models.loading import decided, load_triplet
+    from pyramid_demo.models.loading import load_triplet, planned
 
     t = load_triplet("smollm2-offline")
     notes = {role: runtime.ensure_package(t.model(role)) for role in ("target", "qualifier")}
-    t = decided(t)
+    t = planned(t)
     assert t.forwards == {"draft": "feature", "qualifier": "compiled", "target": "compiled"}, (notes, t.runs)
     files, classes = footprint(t, method, monkeypatch)
     assert "FeatureLM" in classes and "CoreLM" in classes

@@ -115,10 +115,10 @@ def test_a_recorded_disagreement_keeps_the_model_eager(cache, monkeypatch) -> No
     monkeypatch.setattr(compiled, "_open", lambda path: package)
     stem = compiled.package_path(m, fp).stem
     runtime.write(runtime.package_key(stem), {"agrees": False, "flips": 1, "noise": 0.125, "max_abs_diff": 2.0})
-    fwd = runtime.decide(m, 64)
+    fwd = runtime.plan_role(m, 64)
     assert fwd.kind == "eager" and "disagreed" in fwd.why and fwd.runner is None and fwd.stem == stem
     runtime.write(runtime.package_key(stem), {"agrees": True, "flips": 0, "noise": 0.125, "max_abs_diff": 0.0})
-    fwd = runtime.decide(m, 64)
+    fwd = runtime.plan_role(m, 64)
     assert fwd.kind == "compiled" and fwd.runner is not None and fwd.runner.many is package
 
 

@@ -130,8 +130,8 @@ def test_each_role_says_which_forward_runs_it(monkeypatch):
     torch.manual_seed(0)
     gpt = GPT2LMHeadModel(GPT2Config(vocab_size=tiny.vocab_size, n_embd=32, n_layer=1, n_head=2)).eval()
     decisions = []
-    real = runtime.decide
-    monkeypatch.setattr(loading, "decide", lambda m, v: decisions.append(m) or real(m, v))
+    real = runtime.plan_role
+    monkeypatch.setattr(loading, "plan_role", lambda m, v: decisions.append(m) or real(m, v))
     monkeypatch.setattr(loading, "_load", lambda *a, **k: dataclasses.replace(tiny, draft=gpt, qualifier=tiny.target))
     clear_loaded()
     try:

@@ -87,14 +87,14 @@ def test_the_offline_shape_decodes_through_real_compiled_packages(family, monkey
     qualifier's package publishes for the draft are the eager pass's at the kept rows (within float rounding)."""
     from pyramid_demo.forward import compiled
     from pyramid_demo.forward.core import CoreLM
-    from pyramid_demo.models.loading import decided
+    from pyramid_demo.models.loading import planned
 
     family, prompt = family
     monkeypatch.setenv("PYRAMID_DEMO_CACHE", str(tmp_path))
     for model in (family.target, family.qualifier):
         ok, note = compiled.ensure(model, compiled.fingerprint(model))
         assert ok, note
-    family = decided(family)  # the plan a load makes now that the packages exist
+    family = planned(family)  # the plan a load makes now that the packages exist
     assert family.forwards["target"] == family.forwards["qualifier"] == "compiled"
     ar = generate(family, prompt, DecodeConfig(method="ar", max_new_tokens=24))
     for method, shape in (("sd", "chain"), ("psd_a", "chain"), ("psd_a", "tree")):

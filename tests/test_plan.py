@@ -1,4 +1,4 @@
-"""The family's plan is the only word on what runs: decided once at load (`loading.decided`), held by the triplet,
+"""The family's plan is the only word on what runs: decided once at load (`loading.planned`), held by the triplet,
 read by every run; no module-level table keyed by model objects, no attribute added to a framework's module."""
 
 from __future__ import annotations

@@ -245,7 +245,7 @@ def missing(model: Any, fp: str) -> list[str]:
 
 def ensure(model: Any, fp: str) -> tuple[bool, str]:
     """Build `model`'s packages where missing (`fp` its fingerprint): (whether all are there now, a note); a failed
-    compile leaves the eager forward to run. Loading them is the loader's (`models.runtime.decide`)."""
+    compile leaves the eager forward to run. Loading them is the loader's (`models.runtime.plan_role`)."""
     with _LOCK:
         prune()
         todo = missing(model, fp)

@@ -42,7 +42,7 @@ class LM(Protocol):
 
 @dataclass(frozen=True, eq=False)
 class Forward:
-    """What one role runs, decided once when its family loads (`models.runtime.decide`), held by the triplet and read
+    """What one role runs, decided once when its family loads (`models.runtime.plan_role`), held by the triplet and read
     by every run and every report of it."""
 
     kind: str  # "compiled" | "eager" | "hf" | "feature" | "lookup"
@@ -68,7 +68,7 @@ class ModelTriplet:
     preset: str = "custom"
     note: str = ""  # shown to users, e.g. "draft and qualifier are the target itself"
     gguf: Path | None = None  # the GGUF file the target was loaded from: what llama.cpp's peer decodes
-    plan: dict[str, Forward] = field(default_factory=dict)  # role -> what it runs (`models.loading.decided`)
+    plan: dict[str, Forward] = field(default_factory=dict)  # role -> what it runs (`models.loading.planned`)
     exact: bool | None = None  # a k-token pass equals k one-token steps bitwise here (None: not measured)
     exact_note: str = ""  # what that means for the lossless methods, from the measured record (`models.checks`)
     tree_exact: bool | None = None  # a tree pass equals one-token steps along every path here (None: not measured)

@@ -28,7 +28,7 @@ from .offline import load_offline_family, target_source
 from .placement import Placement, make_placement, pretrained_kwargs
 from .presets import BUNDLED_TARGET, PRESETS, Preset
 from .quant import int4_copy, parse_quant, quant_name
-from .runtime import decide, family_record
+from .runtime import family_record, plan_role
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ def load_triplet(
     max_len: int | None = None,
 ) -> ModelTriplet:
     """Load (once per process) the family `spec` on `device` in `dtype` (auto: the device's default, fp32 on a CPU:
-    the reference precision), each role on the forward `runtime.decide` names. `device_map`, `quantize`: see
+    the reference precision), each role on the forward `runtime.plan_role` names. `device_map`, `quantize`: see
     `placement`; the memory estimate for `max_len` tokens is checked first. The same arguments: the same object."""
     dev = pick_device(device)
     dt = pick_dtype(dev, dtype)
@@ -119,18 +119,18 @@ def load_triplet(
         t0 = time.perf_counter()
         triplet = _load(preset, refs, dev, dt, place)
         triplet.device, triplet.dtype = dev, dt
-        triplet = decided(triplet)
+        triplet = planned(triplet)
         log.info("loaded %s on %s/%s in %.1f s: %s", norm, dev, dt, time.perf_counter() - t0, triplet.runs)
         with _LOCK:
             _CACHE[key] = triplet
         return triplet
 
 
-def decided(triplet: ModelTriplet) -> ModelTriplet:
-    """The family with each model's forward decided once (`runtime.decide`, its plan), its record's exactness (None:
+def planned(triplet: ModelTriplet) -> ModelTriplet:
+    """The family with each model's forward decided once (`runtime.plan_role`, its plan), its record's exactness (None:
     unknown)."""
     models = {id(m): m for m in map(triplet.model, ("draft", "qualifier", "target"))}  # a shared model decided once
-    made = {i: decide(m, triplet.vocab_size) for i, m in models.items()}
+    made = {i: plan_role(m, triplet.vocab_size) for i, m in models.items()}
     plan = {r: made[id(triplet.model(r))] for r in ("draft", "qualifier", "target")}
     out = replace(triplet, plan=plan, exact_note=describe(None))
     target = (family_record(out) or {}).get("checks", {}).get("target")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import logging
@@ -169,7 +170,7 @@ def _config_for(ref: str, can_fetch: Callable[[], bool] | None = None) -> Any:
         if ref == BUNDLED_TARGET:
             return _bundled_config()
         if ref.endswith(".gguf") and path.is_file():
-            return AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+            return copy.deepcopy(_gguf_config(str(path)))
         if path.is_absolute():
             return AutoConfig.from_pretrained(ref) if path.is_dir() else None
         try:
@@ -186,7 +187,13 @@ def _bundled_config() -> Any:
     dest = converted_dir()
     if _complete(dest):
         return AutoConfig.from_pretrained(str(dest))
-    return AutoConfig.from_pretrained(str(_bundled_dir()[0]), gguf_file=GGUF_NAME)
+    return copy.deepcopy(_gguf_config(str(_bundled_dir()[0] / GGUF_NAME)))
+
+
+@functools.cache
+def _gguf_config(path: str) -> Any:
+    """A GGUF file's config, read once per process (transformers parses the file's header: a second or two)."""
+    return AutoConfig.from_pretrained(str(Path(path).parent), gguf_file=Path(path).name)
 
 
 def _sizes(

@@ -134,7 +134,7 @@ def package_key(stem: str) -> str:
     return f"{machine_key()} | package | {stem}"
 
 
-def decide(model: Any, vocab_size: int) -> Forward:
+def plan_role(model: Any, vocab_size: int) -> Forward:
     """What `model` runs: the compiled package where one exists here and agrees with eager (recorded), else the forward
     its kind names (`forward_of`)."""
     kind = forward_of(model)
