@@ -6,6 +6,7 @@
 - `reads`: every DecodeConfig setting a method's run reads;
 - `devices_of`: the devices a model's parameters sit on;
 - `clear_loaded`: forget every family `models.loading` loaded;
+- `saved_tiny_models`: tiny Llama folders a custom family loads from;
 - `leading_run`, `sd_passes`, `next_token`: SD's chain rule as the papers state it, position by position, the
   reference the walk (`rules.decide_tree`) is held to on chains.
 """
@@ -117,3 +118,19 @@ def clear_loaded() -> None:
 
     with loading._LOCK:
         loading._CACHE.clear()
+
+
+def saved_tiny_models(folder, names: str) -> list[str]:
+    """One tiny Llama (seed i) and the tiny tokenizer saved in folder/<name> for each letter of `names`: the paths
+    a custom family names."""
+    from transformers import LlamaForCausalLM
+
+    from pyramid_demo.models.tiny import tiny_config, tiny_tokenizer
+
+    paths = []
+    for i, name in enumerate(names):
+        torch.manual_seed(i)
+        LlamaForCausalLM(tiny_config(len(tiny_tokenizer()))).save_pretrained(folder / name)
+        tiny_tokenizer().save_pretrained(folder / name)
+        paths.append(str(folder / name))
+    return paths

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from helpers import devices_of
+from helpers import devices_of, saved_tiny_models
 from resident import held, key_of
 
 from pyramid_demo.core.config import DecodeConfig
@@ -165,14 +165,8 @@ def test_a_family_split_across_places_races_like_one_on_a_single_device(tmp_path
 def test_device_map_auto_loads_and_races_a_custom_family(tmp_path, one_thread, monkeypatch):
     """The `--device-map auto` path end to end on CPU (accelerate places everything in RAM here):
     the estimate is checked first, the models load through `device_map="auto"`, and a race runs."""
-    from transformers import LlamaForCausalLM
 
-    paths = []
-    for i, name in enumerate("dqt"):
-        torch.manual_seed(i)
-        LlamaForCausalLM(tiny_config(len(tiny_tokenizer()))).save_pretrained(tmp_path / name)
-        tiny_tokenizer().save_pretrained(tmp_path / name)
-        paths.append(str(tmp_path / name))
+    paths = saved_tiny_models(tmp_path, "dqt")
     spec = ",".join(paths)
     est = loading.estimate(spec, torch.float32, 100)
     assert not est.unknown and est.models[2].params == sum(p.numel() for p in tiny_random_triplet().target.parameters())
@@ -231,14 +225,8 @@ def test_a_family_with_a_quantized_copy_holds_what_its_estimate_counts(tmp_path,
     """Rule: a custom family whose qualifier is the target's int4 copy ('target@int4'), loaded as a run loads it
     (the copy in its fixed format: int4 body, fp16 head where fbgemm runs) and its core weights built, holds its
     estimate's weight bytes within 5% (codes, scales and the fp16 head included), each weight once."""
-    from transformers import LlamaForCausalLM
 
-    paths = []
-    for i, name in enumerate("dt"):
-        torch.manual_seed(i)
-        LlamaForCausalLM(tiny_config(len(tiny_tokenizer()))).save_pretrained(tmp_path / name)
-        tiny_tokenizer().save_pretrained(tmp_path / name)
-        paths.append(str(tmp_path / name))
+    paths = saved_tiny_models(tmp_path, "dt")
     spec = f"{paths[0]},target@int4,{paths[1]}"
     monkeypatch.setattr(loading, "_CACHE", {})
     t = loading.load_triplet(spec, device="cpu", dtype="float32")

@@ -7,11 +7,11 @@ import ast
 from pathlib import Path
 
 import torch
+from helpers import saved_tiny_models
 
 from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.run import generate
 from pyramid_demo.models import loading
-from pyramid_demo.models.tiny import tiny_config, tiny_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 PRODUCT = [*sorted((ROOT / "pyramid_demo").rglob("*.py")), ROOT / "app.py"]
@@ -43,12 +43,7 @@ def test_loading_a_family_adds_no_attribute_to_its_framework_modules(tmp_path, m
     loads (the int4 swap replaces layers with the project's own; it marks no framework module)."""
     from transformers import LlamaForCausalLM
 
-    paths = []
-    for i, name in enumerate("dt"):
-        torch.manual_seed(i)
-        LlamaForCausalLM(tiny_config(len(tiny_tokenizer()))).save_pretrained(tmp_path / name)
-        tiny_tokenizer().save_pretrained(tmp_path / name)
-        paths.append(str(tmp_path / name))
+    paths = saved_tiny_models(tmp_path, "dt")
     monkeypatch.setattr(loading, "_CACHE", {})
     t = loading.load_triplet(f"{paths[0]},target@int4,{paths[1]}", device="cpu", dtype="float32")
     generate(t, "Hello there", DecodeConfig(method="psd_a", max_new_tokens=6))
