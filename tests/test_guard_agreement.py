@@ -30,7 +30,7 @@ def _arm(features: str) -> str:
 
 
 def _key_on(monkeypatch, cpuinfo: str) -> str:
-    monkeypatch.setattr(runtime, "_cpuinfo", lambda: cpuinfo)
+    monkeypatch.setattr(compiled, "cpuinfo", lambda: cpuinfo)
     return runtime.machine_key()
 
 
@@ -50,9 +50,9 @@ def test_the_record_key_changes_with_each_vector_flag(monkeypatch) -> None:
 
 def test_cpu_flags_reads_x86_flags_and_arm_features(monkeypatch) -> None:
     """Rule: `cpu_flags` lists the vector flags present, from x86's "flags" line and ARM's "Features" line alike."""
-    monkeypatch.setattr(runtime, "_cpuinfo", lambda: _x86("fpu avx2 avx512f amx_tile"))
+    monkeypatch.setattr(compiled, "cpuinfo", lambda: _x86("fpu avx2 avx512f amx_tile"))
     assert runtime.cpu_flags() == ["avx2", "avx512f", "amx_tile"]
-    monkeypatch.setattr(runtime, "_cpuinfo", lambda: _arm("fp asimd bf16 sve"))
+    monkeypatch.setattr(compiled, "cpuinfo", lambda: _arm("fp asimd bf16 sve"))
     assert runtime.cpu_flags() == ["asimd", "bf16", "sve"]
 
 
@@ -67,10 +67,10 @@ def test_the_cpu_label_names_its_widest_vector_unit(monkeypatch) -> None:
         _arm("fp asimd"): "NEON",
     }
     for info, isa in cases.items():
-        monkeypatch.setattr(runtime, "_cpuinfo", lambda info=info: info)
+        monkeypatch.setattr(compiled, "cpuinfo", lambda info=info: info)
         label = runtime.cpu_class()
         assert label.endswith(f", {isa}"), (label, isa)
-    monkeypatch.setattr(runtime, "_cpuinfo", lambda: _x86("avx2", model="Acme 9000"))
+    monkeypatch.setattr(compiled, "cpuinfo", lambda: _x86("avx2", model="Acme 9000"))
     assert runtime.cpu_class().startswith("Acme 9000, ")
 
 
@@ -156,9 +156,9 @@ def test_the_family_record_key_changes_with_each_roles_forward_weights_dtype_and
         assert runtime.family_key(family()) != key, "the record ignores the machine's threads"
     finally:
         torch.set_num_threads(threads)
-    monkeypatch.setattr(runtime, "_cpuinfo", lambda: _x86("fpu sse2 avx2 avx512f avx512_bf16 amx_tile"))
+    monkeypatch.setattr(compiled, "cpuinfo", lambda: _x86("fpu sse2 avx2 avx512f avx512_bf16 amx_tile"))
     amx = runtime.family_key(family())
-    monkeypatch.setattr(runtime, "_cpuinfo", lambda: _x86("fpu sse2 avx2"))
+    monkeypatch.setattr(compiled, "cpuinfo", lambda: _x86("fpu sse2 avx2"))
     assert runtime.family_key(family()) != amx, "the record ignores the machine's CPU"
 
 

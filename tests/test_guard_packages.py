@@ -18,8 +18,6 @@ import torch._inductor
 from pyramid_demo.forward import compiled
 from pyramid_demo.models import runtime
 
-PROC = pathlib.Path("/proc/cpuinfo")
-
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
@@ -52,11 +50,8 @@ def _arm(features: str) -> str:
 def _on_cpu(monkeypatch, cpuinfo: str, arch: str = "x86_64") -> None:
     """This process reads `cpuinfo` as /proc/cpuinfo and `arch` as its architecture (the package's name and the
     record's key both)."""
-    read, exists = pathlib.Path.read_text, pathlib.Path.exists
-    monkeypatch.setattr(pathlib.Path, "read_text", lambda p, *a, **k: cpuinfo if p == PROC else read(p, *a, **k))
-    monkeypatch.setattr(pathlib.Path, "exists", lambda p, *a, **k: True if p == PROC else exists(p, *a, **k))
     monkeypatch.setattr(compiled, "machine", lambda: arch)
-    monkeypatch.setattr(runtime, "_cpuinfo", lambda: cpuinfo)
+    monkeypatch.setattr(compiled, "cpuinfo", lambda: cpuinfo)  # the one reader of /proc/cpuinfo
 
 
 def _name_on(monkeypatch, model, cpuinfo: str, arch: str = "x86_64") -> str:

@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import abc
+import os
 import time
+from pathlib import Path
 
 import torch
 
 LONGEST_PASS = 65  # the longest pass a verifier runs (a proposal of at most 64 plus its own token)
+
+
+def cache_root() -> Path:
+    """The project's one folder on disk for what it builds once (converted models, compiled packages, the manifest):
+    $PYRAMID_DEMO_CACHE or ~/.cache/pyramid_demo."""
+    env = os.environ.get("PYRAMID_DEMO_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "pyramid_demo"
 
 
 def grown(t: torch.Tensor, dim: int, need: int) -> torch.Tensor:

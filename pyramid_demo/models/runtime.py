@@ -8,7 +8,6 @@ fingerprint); a stale entry is simply never found, a corrupt file reads as empty
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
@@ -20,11 +19,11 @@ from typing import Any
 import torch
 
 from ..forward import compiled
+from ..forward.cache import cache_root
 from ..forward.core import CoreLM
 from ..forward.lm import Forward, forward_of
 from ..forward.weights import weights
 from ..predict import measure
-from .bundled import cache_root
 from .checks import check_family
 
 log = logging.getLogger(__name__)
@@ -40,19 +39,11 @@ WHY = {
 
 
 # ---------------------------------------------------------------- this machine
-@functools.cache
-def _cpuinfo() -> str:
-    try:
-        return Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return ""
-
-
 def cpu_flags() -> list[str]:
     """The instruction-set flags kernels choose by, in ISA's order (a VM may hide some)."""
     have = {
         f
-        for line in _cpuinfo().splitlines()
+        for line in compiled.cpuinfo().splitlines()
         if line.lower().startswith(("flags", "features"))
         for f in line.split(":", 1)[-1].split()
     }
@@ -62,7 +53,7 @@ def cpu_flags() -> list[str]:
 def cpu_class() -> str:
     """This CPU in words, as every reported figure names it: model, cores, and the vector units that matter."""
     name = next(
-        (ln.split(":", 1)[1].strip() for ln in _cpuinfo().splitlines() if ln.lower().startswith("model name")),
+        (ln.split(":", 1)[1].strip() for ln in compiled.cpuinfo().splitlines() if ln.lower().startswith("model name")),
         platform.processor() or platform.machine(),
     )
     f = set(cpu_flags())
