@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from ..forward.lm import ModelTriplet
-from . import feature_draft
+from . import feature_draft, provision
 from .bundled import HUB_ID, WHEEL, bundled_gguf, bundled_target, hub_copy
 from .compat import check_compatible, eos_ids
 from .errors import LoadError
@@ -56,14 +56,12 @@ def _draft(target: torch.nn.Module, dev: torch.device, dt: torch.dtype) -> tuple
 
 def target_source() -> Path | None:
     """The offline target's source: the wheel's GGUF (None), the cached Hub copy, the wheel installed now, the Hub."""
-    from .provision import ensure_bundled_wheel, wheel_installed  # looked up here: a test stands in for them
-
-    if wheel_installed():
+    if provision.wheel_installed():
         return None
     if (cached := hub_copy()) is not None:
         return cached
     try:
-        ensure_bundled_wheel()  # installs it on a Space; else says every way to get it
+        provision.ensure_bundled_wheel()  # installs it on a Space; else says every way to get it
         return None
     except LoadError:
         fetched = hub_copy(download=True) if not hub_offline() and hub_reachable() else None

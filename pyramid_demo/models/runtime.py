@@ -1,10 +1,11 @@
 """One decision per model, made once at load and recorded once. Every role runs at its checkpoint's reference precision
 on the core forward (`forward.core`): compiled where a package for exactly these weights was built on this machine and
 its pass agrees with the eager pass, else eager; an architecture the core does not cover runs Hugging Face's forward.
-Nothing is timed on the load path. What setup measures (agreement, whether many-row passes equal one-row steps, step
-costs) is a record shown in the family box and the Statistics tab, never an input to a choice. One manifest in the one
-cache folder holds it, each entry keyed by everything that changes it (torch build, CPU features, threads, the weights'
-fingerprint); a stale entry is simply never found, a corrupt file reads as empty."""
+Nothing is timed on the load path; the one measurement the choice reads is that agreement, checked at the first load
+and recorded. What setup measures besides (whether many-row passes equal one-row steps, step costs) is a record shown
+in the family box and the Statistics tab, never an input to a choice. One manifest in the one cache folder holds them,
+each entry keyed by everything that changes it (torch build, CPU features, threads, the weights' fingerprint); a stale
+entry is simply never found, a corrupt file reads as empty."""
 
 from __future__ import annotations
 
