@@ -215,12 +215,12 @@ def test_the_forward_room_is_one_core(graph) -> None:
 
 def test_the_models_room_has_one_decision(graph) -> None:
     """`pyramid_demo/models/` is these modules, no sub-package (no probe, no kernel timing, no second backend); the
-    decision of what runs is made in one place: only `models.runtime` (and the opener that runs what it decided,
-    `forward.lm`) loads compiled packages."""
+    decision of what runs is made in one place: only `models.runtime` loads compiled packages (a run opens what its
+    family's plan holds)."""
     room = {m.removeprefix("pyramid_demo.models.") for m in graph if m.startswith("pyramid_demo.models.")}
     assert room == MODELS, sorted(room ^ MODELS)
     loaders = {m for m, deps in graph.items() if "pyramid_demo.forward.compiled" in deps}
-    assert loaders <= {"pyramid_demo.forward.lm", "pyramid_demo.models.runtime"}, sorted(loaders)
+    assert loaders <= {"pyramid_demo.models.runtime"}, sorted(loaders)
 
 
 def test_the_rooms_stay_small(graph) -> None:

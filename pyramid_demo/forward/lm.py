@@ -78,7 +78,7 @@ class ModelTriplet:
 
     @property
     def forwards(self) -> dict[str, str]:
-        """role -> the forward it runs (empty until decided)."""
+        """role -> the forward it runs (empty until planned)."""
         return {r: f.kind for r, f in self.plan.items()}
 
     @property
@@ -92,7 +92,7 @@ class ModelTriplet:
         return "; ".join(f"{r}: {f.why}" for r, f in self.plan.items())
 
     def forward(self, role: str) -> Forward:
-        """What `role` runs: its plan's entry (a family not yet decided: the forward its kind names, uncompiled)."""
+        """What `role` runs: its plan's entry (a family not yet planned: the forward its kind names, uncompiled)."""
         return self.plan.get(role) or Forward(forward_of(self.model(role)))
 
     def open(self, role: str, as_role: str | None = None) -> LM:
