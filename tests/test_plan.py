@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
 import torch
 from helpers import saved_tiny_models
 
@@ -70,3 +71,19 @@ def test_a_run_reports_the_forwards_its_family_planned(monkeypatch) -> None:
     planned = replace(t, plan={**planned.plan, "draft": Forward("lookup-like", "a plan's own word")})
     out = generate(planned, "Hello", DecodeConfig(method="sd", max_new_tokens=4))
     assert out.forwards["draft"] == "lookup-like", "the record re-derived the draft's forward from its model"
+
+
+def test_the_family_record_is_found_by_the_plans_names_without_hashing_again(tmp_path, monkeypatch) -> None:
+    """Rule: where this cache holds a record, the load hashes each core model's weights once into its plan (`stem`);
+    looking the family's record up afterwards (the family box, every render) reads the plan and hashes nothing."""
+    from pyramid_demo.forward import compiled
+    from pyramid_demo.models import runtime
+    from pyramid_demo.models.tiny import tiny_random_triplet
+
+    monkeypatch.setenv("PYRAMID_DEMO_CACHE", str(tmp_path))
+    runtime.write("another family's record", {"checks": {}})
+    t = loading.planned(tiny_random_triplet())
+    assert all(t.plan[r].stem for r in ("draft", "qualifier", "target")), "the load left a core model unnamed"
+    runtime.write(runtime.family_key(t), {"checks": {"target": {"exact": True}}})
+    monkeypatch.setattr(compiled, "fingerprint", lambda m: pytest.fail("the weights were hashed again"))
+    assert runtime.family_record(t) == {"checks": {"target": {"exact": True}}, "format": runtime.FORMAT}

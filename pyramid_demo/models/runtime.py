@@ -135,7 +135,9 @@ def plan_role(model: Any, vocab_size: int) -> Forward:
     w = weights(model)  # the core's view of its weights, held by the plan: built once
     if next(model.parameters()).device.type != "cpu":
         return Forward("eager", "the core pass, eager (compiled packages are built for CPUs)", weights=w)
-    fp = compiled.fingerprint(model) if compiled.built_any(model) else ""  # none built here: nothing to hash for
+    # the name its packages and records are keyed by, hashed once here (the family box reads it from the plan);
+    # with no package and no record here there is nothing to find it by
+    fp = compiled.fingerprint(model) if compiled.built_any(model) or read() else ""
     stem = compiled.package_path(model, fp).stem if fp else ""
     runner = compiled.load(model, fp) if fp else None
     if runner is None:
@@ -219,7 +221,7 @@ def family_key(triplet: Any) -> str:
         m, fwd = triplet.model(role), triplet.plan.get(role)
         kind = fwd.kind if fwd is not None else "?"
         if kind in ("eager", "compiled"):
-            name = fwd.stem or compiled.package_path(m, compiled.fingerprint(m)).stem
+            name = fwd.stem or compiled.package_path(m, compiled.fingerprint(m)).stem  # planned before any record
         else:
             name = getattr(m, "ref", type(m).__name__)  # a lookup's setting
         parts.append(f"{role}={kind}:{name}")
