@@ -38,6 +38,7 @@ FAST = dict(
     tree_nodes=8.0,
     tree_depth=3.0,
     tree_k=2.0,
+    qualifier_prompt="own",
 )
 
 

@@ -32,6 +32,7 @@ ROW_COLUMNS = [
     "div_support",
     "fallback",
     "stage2",
+    "qualifier_prompt",
     "conf_stop",
     "shape",
     "shape_why",

@@ -65,6 +65,7 @@ def run_variant(
     row = dict(
         shape=ran["shape"] if method_spec(v.method).shaped else None,
         shape_why=res.shape_why,
+        qualifier_prompt=ran["qualifier_prompt"] if method_spec(v.method).pyramid else None,  # what ran
         **({k: ran[k] for k in TREE_BUDGET} if ran["shape"] == "tree" else {}),
         n_new_tokens=n,
         stopped=s.stopped,

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 
 from ..forward.cache import LONGEST_PASS
 from .methods import LANES, TABLE, method_spec
-from .settings import DIV_SUPPORTS, DIVERGENCES, FALLBACKS, SHAPES, STAGE2_RULES, TUNABLE  # noqa: F401 - TUNABLE re-exported
+from .settings import DIV_SUPPORTS, DIVERGENCES, FALLBACKS, QUALIFIER_PROMPTS, SHAPES, STAGE2_RULES, TUNABLE  # noqa: F401 - TUNABLE re-exported
 
 METHODS = tuple(m.key for m in TABLE)
 METHOD_LABELS = {lane.key: lane.label for lane in LANES.values()}  # by method key, and by a race's lane key
@@ -46,6 +46,7 @@ class DecodeConfig:
     tree_nodes: int = 16  # shape "tree": candidate nodes per tree (the verifier's pass scores them all at once)
     tree_depth: int = 5  # shape "tree": levels grown (one proposer forward per level)
     tree_k: int = 4  # shape "tree": children per expanded node, and nodes expanded per level
+    qualifier_prompt: str = "own"  # CHOICE beyond the paper: "target" = the target's prompt cache (`engine.prefill`)
 
     def __post_init__(self) -> None:
         def need(ok: bool, msg: str) -> None:
@@ -63,6 +64,10 @@ class DecodeConfig:
             f"unknown div_support {self.div_support!r}; choose one of {', '.join(DIV_SUPPORTS)}",
         )
         need(self.fallback in FALLBACKS, f"unknown fallback {self.fallback!r}; choose 'none' or 'sd'")
+        need(
+            self.qualifier_prompt in QUALIFIER_PROMPTS,
+            f"unknown qualifier_prompt {self.qualifier_prompt!r}; choose 'own' or 'target'",
+        )
         need(self.stage2 in STAGE2_RULES, f"unknown stage-2 rule {self.stage2!r}; choose 'fuzzy' or 'sd'")
         need(
             isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1,

@@ -27,7 +27,16 @@ from .round import (
 )
 from .trace import Step
 
-__all__ = ["NonFiniteLogits", "connect", "decode", "prefill", "pyramid_block", "roles_for", "stage_round"]
+__all__ = [
+    "NonFiniteLogits",
+    "connect",
+    "decode",
+    "prefill",
+    "pyramid_block",
+    "roles_for",
+    "shares_prompt",
+    "stage_round",
+]
 
 
 def decode(
@@ -236,15 +245,36 @@ class _Clock:
         self.paused += time.perf_counter() - self.pause_at
 
 
-def prefill(lms: dict[str, LM], prompt_ids: list[int]) -> float:
+def prefill(lms: dict[str, LM], prompt_ids: list[int], share: bool = False) -> float:
     """Feed all but the last prompt token to every model (the draft last: a proposer that reads its verifier
-    needs the verifier's states, linked here by `connect`); returns the seconds it took."""
+    needs the verifier's states, linked here by `connect`); returns the seconds it took. CHOICE (`share`, the
+    setting `qualifier_prompt` "target"): a qualifier whose cache has the target's shapes (`shares_prompt`) takes
+    the target's keys and values of the prompt, and the target hands the draft the prompt's states: one prefill
+    where there were two."""
     connect(lms)
     t0 = time.perf_counter()
     if len(prompt_ids) > 1:
-        for role in sorted(lms, key=lambda r: r == "draft"):
+        roles = sorted(lms, key=lambda r: r == "draft")
+        if share:
+            if not shares_prompt(lms):
+                raise ValueError("the qualifier cannot take the target's prompt cache (`shares_prompt`)")
+            q, t = lms["qualifier"], lms["target"]
+            q.publish, t.publish = None, q.publish  # the draft reads the target's states for the prompt
+            t.feed(prompt_ids[:-1], 1)
+            q.publish, t.publish = t.publish, None
+            q.adopt(t)  # type: ignore[attr-defined]
+            roles.remove("qualifier")
+            roles.remove("target")
+        for role in roles:
             lms[role].feed(prompt_ids[:-1], 1)
     return time.perf_counter() - t0
+
+
+def shares_prompt(lms: dict[str, LM]) -> bool:
+    """Whether this run's qualifier can take the target's prompt cache: a core forward of the same shapes (the
+    target's own quantized copy)."""
+    q, t = lms.get("qualifier"), lms.get("target")
+    return q is not None and t is not None and hasattr(q, "same_cache") and q.same_cache(t)
 
 
 def connect(lms: dict[str, LM]) -> None:

@@ -10,6 +10,7 @@ FALLBACKS = ("none", "sd")
 STAGE2_RULES = ("fuzzy", "sd")
 DIV_SUPPORTS = ("subset", "full")
 SHAPES = ("auto", "chain", "tree")
+QUALIFIER_PROMPTS = ("own", "target")
 
 
 @dataclass(frozen=True)
@@ -172,6 +173,19 @@ SETTINGS = (
         info="CHOICE beyond the paper: 'sd' checks the qualifier block with the exact SD rule, which makes "
         "PSD_A lossless (a three-model cascade).",
         cli="'sd': exact SD rule at the target stage (lossless PSD_A, beyond the paper)",
+        tunable=True,
+    ),
+    Setting(
+        "qualifier_prompt",
+        "PSD qualifier's prompt keys/values",
+        "radio",
+        choices=QUALIFIER_PROMPTS,
+        info="CHOICE beyond the paper: 'target' gives a qualifier of the target's own shapes (its quantized copy) "
+        "the target's keys and values for the prompt in place of a prefill of its own, so a long prompt is read "
+        "once, not twice. The target still checks every token: lossless methods stay exact; PSD_F's qualifier "
+        "sees the prompt as the target does. Another qualifier prefills its own.",
+        cli="'target': a qualifier of the target's shapes (its quantized copy) takes the target's prompt "
+        "keys/values instead of its own prefill (beyond the paper); 'own': each model prefills",
         tunable=True,
     ),
 )

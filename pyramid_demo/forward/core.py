@@ -251,6 +251,30 @@ class CoreLM(CachedModel):
         slots = list(range(pos + base, pos + len(rows)))
         return self._pass([r[0] for r in new], [r[2] for r in new], slots, tree_seen(rows, base, pos), len(new), pos)
 
+    def same_cache(self, other: Any) -> bool:
+        """Whether `other` is a core forward whose cache has this one's shapes (layers, heads, head size, rotary
+        table): its keys and values could stand in for this model's own."""
+        a, b = self.w, getattr(other, "w", None)
+        return (
+            isinstance(other, CoreLM)
+            and b is not None
+            and (len(a.layers), a.n_kv, a.head_dim, a.window, a.rope_scale)
+            == (len(b.layers), b.n_kv, b.head_dim, b.window, b.rope_scale)
+            and torch.equal(a.inv_freq.cpu(), b.inv_freq.cpu())
+        )
+
+    @torch.inference_mode()
+    def adopt(self, other: CoreLM) -> None:
+        """Take `other`'s cached keys and values (and tokens) as this model's own, in place of feeding them: one
+        prefill for two models of the same shapes (`engine.prefill`). Its states are not this model's to publish."""
+        if not self.same_cache(other) or self.ids:
+            raise ValueError(f"{self.role}: cannot adopt the cache of {other.role}")
+        n = len(other.ids)
+        self._grow(n)
+        for mine, theirs in zip(self.kv, other.kv):
+            mine[:, :n] = theirs[:, :n]  # [H_kv, n, D], cast to this model's dtype
+        self.ids = list(other.ids)
+
     def _crop(self, pos: int) -> None:
         """A length move: later feeds overwrite the slots."""
 

@@ -36,8 +36,16 @@ FEATURE_DRAFT = "smollm2-offline/feature-draft"  # the draft that reads the targ
 OFFLINE = "smollm2-offline"  # the family that runs with no network (`offline.as_run`: what it runs here)
 OFFLINE_PLD = "smollm2-offline-pld"  # the same target and copy, prompt lookup as the draft
 
-# the offline families' rules: the target's stage exact (lossless PSD_A), fuzzy stages at τ 0.3, SD's fallback
-OFFLINE_RULES = (("conf_stop", 0.0), ("fallback", "sd"), ("tau_t", 0.3), ("tau_q", 0.3), ("stage2", "sd"))
+# the offline families' rules: the target's stage exact (lossless PSD_A), fuzzy stages at τ 0.3, SD's fallback, and
+# the qualifier (the target's int4 copy) on the target's prompt cache
+OFFLINE_RULES = (
+    ("conf_stop", 0.0),
+    ("fallback", "sd"),
+    ("tau_t", 0.3),
+    ("tau_q", 0.3),
+    ("stage2", "sd"),
+    ("qualifier_prompt", "target"),
+)
 
 PRESETS: dict[str, Preset] = {
     p.name: p
