@@ -73,16 +73,19 @@ def test_the_draft_reads_the_targets_states_for_the_prompt():
 
 
 def test_a_qualifier_of_other_shapes_prefills_its_own():
-    """A qualifier whose cache has other shapes than the target's cannot take it: "target" falls back to its own
-    prefill."""
+    """A qualifier whose cache has other shapes than the target's cannot take it: a run asked for "target"
+    prefills the qualifier's own, and its record says so (a family of the target's shapes records "target")."""
     t = tiny_random_triplet(seed=0)
     cfg = tiny_config(t.vocab_size)
     cfg.num_hidden_layers += 1
     torch.manual_seed(0)
-    lms = _lms(dataclasses.replace(t, qualifier=LlamaForCausalLM(cfg).eval()))
-    assert not shares_prompt(lms)
-    prefill(lms, PROMPT, True)
-    assert lms["qualifier"].n_forward == 1
+    other = dataclasses.replace(t, qualifier=LlamaForCausalLM(cfg).eval())
+    assert not shares_prompt(_lms(other))
+    with pytest.raises(ValueError, match="cannot take the target's prompt cache"):
+        prefill(_lms(other), PROMPT, True)
+    asked = DecodeConfig(method="psd_a", max_new_tokens=4, qualifier_prompt="target")
+    assert generate(other, "the quick brown fox", asked).config["qualifier_prompt"] == "own"
+    assert generate(t, "the quick brown fox", asked).config["qualifier_prompt"] == "target"
 
 
 @pytest.mark.parametrize("method", ["psd_a", "psd_f"])
