@@ -35,8 +35,9 @@ FOOTNOTE = (
 )
 DECODE_NOTE = (
     "Decode only: the same arithmetic with each turn's decode seconds in place of its wall seconds (the engine's "
-    "methods; prefill excluded, which every method pays once per turn and a pyramid pays for each of its models): "
-    "on a long prompt and a short answer the prefill can outweigh the decode."
+    "methods; prefill excluded, which every method pays once per turn for each model that reads the prompt itself, "
+    "a pyramid's qualifier not where it takes the target's prompt keys and values): on a long prompt and a short "
+    "answer the prefill can outweigh the decode."
 )
 POSITION_NOTE = (
     "Per-position acceptance, as vLLM and llama.cpp define it: for draft position i (1-based), the fraction of "
