@@ -12,6 +12,7 @@ from ..forward.cache import VerifierStates
 from ..forward.lm import LM
 from . import rules
 from .config import DecodeConfig
+from .explain import record
 from .methods import Stage, method_spec, stage_rule
 from .round import (
     NonFiniteLogits,
@@ -22,7 +23,6 @@ from .round import (
     feed,
     pick,
     propose,
-    record,
     score,
 )
 from .trace import Step

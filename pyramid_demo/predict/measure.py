@@ -10,7 +10,8 @@ import torch
 
 from ..core import rules
 from ..core.config import DecodeConfig
-from ..core.round import decide, feed, record
+from ..core.explain import record
+from ..core.round import decide, feed
 from ..forward.lm import open_lm
 
 MAX_K = 9  # longest forward profiled one k at a time: a proposal of 8 plus the verifier's own token
