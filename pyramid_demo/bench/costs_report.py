@@ -316,9 +316,10 @@ def row_lengths(row: dict) -> dict:
     )
 
 
-def row_prediction(row: dict, speeds: dict[str, float]) -> float | None:
-    """The paper's throughput model for one run, from its acceptance rates and `speeds`."""
+def row_prediction(row: dict, speeds: dict[str, float], plus_one: bool = False) -> float | None:
+    """The paper's throughput model for one run, from its acceptance rates and `speeds` (`plus_one`: the bonus token
+    counted, β·ℓ + 1 tokens per round); None for a peer or a reference row."""
     if row["kind"] != "engine":
         return None
     acc = {k: row[f"acceptance_{k}"] for k in ("qualifier", "target") if row[f"acceptance_{k}"] is not None}
-    return throughput.predict_parts(row["method"], row_lengths(row), acc, speeds)
+    return throughput.predict_parts(row["method"], row_lengths(row), acc, speeds, plus_one)

@@ -20,6 +20,7 @@ from ..core.run import prepare_prompt
 from ..forward.lm import ModelTriplet, encode_prompt
 from . import spec_table
 from .prompts import Prompt
+from .variants import largest
 
 SUITES = ("spec-bench",)
 SEED = 0  # the selection's: stated in the report, the same on every machine
@@ -204,12 +205,4 @@ def plan(args: argparse.Namespace, variants: Sequence[Any]) -> Plan | None:
     if args.per_task is not None and args.per_task < 1:
         raise ValueError(f"--per-task must be at least 1, got {args.per_task}")
     tasks = spec_bench.parse_tasks(args.tasks)
-    cfgs = [v.cfg for v in variants]
-    check = DecodeConfig(
-        max_new_tokens=max(c.max_new_tokens for c in cfgs),
-        l_d=1,
-        gamma=max(c.gamma for c in cfgs),
-        l_q=max(c.l_q for c in cfgs),
-        tree_nodes=max(c.tree_nodes for c in cfgs),
-    )
-    return Plan(spec_bench.select(args.per_task, tasks, SEED), tasks, args.per_task, check)
+    return Plan(spec_bench.select(args.per_task, tasks, SEED), tasks, args.per_task, largest(variants))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .. import generate_cli
@@ -102,6 +102,18 @@ def build_variants(args: argparse.Namespace) -> list[Variant]:
     after_ar = sum(1 for v in out if v.method == "ar")  # AR is never swept: its one variant, first
     out[after_ar:after_ar] = solo_variants(getattr(args, "solo", None), cfg)
     return out
+
+
+def largest(variants: Sequence[Variant]) -> DecodeConfig:
+    """The largest budget and drafts of `variants`: what a prompt (or a later turn's context) must leave room for."""
+    cfgs = [v.cfg for v in variants]
+    return DecodeConfig(
+        max_new_tokens=max(c.max_new_tokens for c in cfgs),
+        l_d=1,
+        gamma=max(c.gamma for c in cfgs),
+        l_q=max(c.l_q for c in cfgs),
+        tree_nodes=max(c.tree_nodes for c in cfgs),
+    )
 
 
 def solo_variants(roles: str | None, cfg: Callable[..., DecodeConfig]) -> list[Variant]:
