@@ -184,16 +184,8 @@ def plan(args: argparse.Namespace, variants: Sequence[Any]) -> Plan | None:
         if getattr(args, "per_task", None) is not None or getattr(args, "tasks", None):
             raise ValueError("--per-task and --tasks choose Spec-Bench's questions: add --suite spec-bench")
         return None
-    clash = [
-        name
-        for name, given in (
-            ("--prompts", args.prompts != "builtin"),
-            ("--limit", args.limit is not None),
-            ("--dataset", args.dataset is not None),
-        )
-        if given
-    ]
-    if clash:
+    given = {"--prompts": args.prompts != "builtin", "--limit": args.limit is not None, "--dataset": args.dataset}
+    if clash := [name for name, yes in given.items() if yes]:
         raise ValueError(
             f"--suite spec-bench brings its own questions: drop {' and '.join(clash)} "
             "(choose them with --tasks and --per-task)"
