@@ -246,15 +246,20 @@ def write_outputs(result: dict, out_dir: str | Path, columns: list[str]) -> list
         best_per_method=best_per_method(summary),
         markdown=markdown_table(summary) + "\n\n" + targets_table(targets) + skipped,
     )
-    csv_path, json_path, html_path = out / "results.csv", out / "results.json", out / "report.html"
-    with csv_path.open("w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in columns})
+    csv_path = write_csv(out / "results.csv", columns, rows)
+    json_path, html_path = out / "results.json", out / "report.html"
     json_path.write_text(json.dumps(_clean(result), indent=1, default=str), encoding="utf-8")
     html_path.write_text(render_html(result), encoding="utf-8")
     return [csv_path, json_path, html_path]
+
+
+def write_csv(path: Path, columns: list[str], rows: list[dict]) -> Path:
+    """`rows` as CSV in `columns` (other keys left out, None written as an empty cell)."""
+    with path.open("w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=columns)
+        w.writeheader()
+        w.writerows({k: "" if r.get(k) is None else r[k] for k in columns} for r in rows)
+    return path
 
 
 def _clean(obj):

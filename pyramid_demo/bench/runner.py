@@ -47,9 +47,8 @@ def run_variant(
             if v.method == "llama_cpp"
             else peers.hf_generate(triplet, ids, v.cfg, v.method, v.lookup)
         )
-        n = len(pr.token_ids)
         return dict(
-            n_new_tokens=n,
+            n_new_tokens=len(pr.token_ids),
             stopped=pr.stopped,
             wall_s=pr.wall_s,
             tokens_per_s_incl_prefill=pr.tokens_per_s,
