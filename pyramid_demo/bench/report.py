@@ -15,7 +15,6 @@ from ..core.methods import method_spec
 from ..predict.noise import quantile
 from . import costs_report, spec_table
 
-Point = tuple[float, float]
 MEDIANS = """
 tokens_per_s_incl_prefill tokens_per_s_wall speedup_vs_ar speedup_vs_sd speedup_vs_ar_wall speedup_vs_sd_wall
 engine_overhead_share agreement prefix_agreement target_logprob predicted_tokens_per_s predicted_plus_one_tokens_per_s
@@ -76,7 +75,7 @@ def summarize(rows: list[dict]) -> list[dict]:
     return out
 
 
-def pareto_frontier(points: Sequence[Point]) -> list[int]:
+def pareto_frontier(points: Sequence[tuple[float, float]]) -> list[int]:
     """Indices of points not dominated when both coordinates are maximised (NaN/None skipped), by x."""
     ok = [i for i, p in enumerate(points) if not any(v is None or _nan(v) for v in p)]
 
@@ -97,10 +96,8 @@ def frontier(summary: list[dict]) -> list[dict]:
     eng = [s for s in summary if s["kind"] == "engine"]
     sk = "speedup_vs_ar" if any(s.get("speedup_vs_ar") is not None for s in eng) else "tokens_per_s"
     qk = quality_key(summary)
-    idx = pareto_frontier([(s.get(qk), s.get(sk)) for s in eng])
-    return [
-        dict(variant=eng[i]["variant"], speed=eng[i][sk], speed_key=sk, quality=eng[i][qk], quality_key=qk) for i in idx
-    ]
+    front = [eng[i] for i in pareto_frontier([(s.get(qk), s.get(sk)) for s in eng])]
+    return [dict(variant=s["variant"], speed=s[sk], speed_key=sk, quality=s[qk], quality_key=qk) for s in front]
 
 
 def recommend(summary: list[dict], min_agreement: float = 0.9) -> dict | None:
@@ -276,13 +273,12 @@ def _figures(result: dict) -> list:
 
     summary = result["summary"]
     names = [s["variant"] for s in summary]
-    med = [s["tokens_per_s"] for s in summary]
     err_hi = [(s["tokens_per_s_q75"] or 0) - (s["tokens_per_s"] or 0) for s in summary]
     err_lo = [(s["tokens_per_s"] or 0) - (s["tokens_per_s_q25"] or 0) for s in summary]
     bars = go.Figure()
     bars.add_bar(
         x=names,
-        y=med,
+        y=[s["tokens_per_s"] for s in summary],
         name="tok/s (engine: decode; peers: wall incl. prefill)",
         error_y=dict(type="data", symmetric=False, array=err_hi, arrayminus=err_lo),
     )
@@ -373,7 +369,6 @@ def render_html(result: dict) -> str:
     parts = [f.to_html(full_html=False, include_plotlyjs=(i == 0), default_height=460) for i, f in enumerate(figs)]
     meta = result.get("meta", {})
     rec = result.get("recommended")
-    table = costs_report.html_table(markdown_table(result["summary"]))
     speeds = ", ".join(f"V_{k[0].upper()} {v:.1f} tok/s" for k, v in result.get("speeds", {}).items())
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>PyramidSD bench</title>
 <style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1300px}}table{{border-collapse:collapse;font-size:13px}}
@@ -391,7 +386,7 @@ torch {html.escape(str(meta.get("torch", "")))}
 <p><b>Single-model speeds</b> (for the throughput model): {html.escape(speeds)}.
 <b>Recommended setting</b> (fastest frontier point with agreement ≥ 0.9):
 {html.escape(str(rec["variant"]) if rec else "none")}.</p>
-{table}
+{costs_report.html_table(markdown_table(result["summary"]))}
 <h3>Speed targets</h3>{costs_report.html_table(targets_table(result.get("targets", [])), note=False)}
 <p>Engine tok/s exclude prefill; peers (Hugging Face <code>generate()</code>) are timed as the wall time of the call,
 prefill included — compare them with the "wall" columns. Speed-ups are computed per prompt, then the median is shown.
