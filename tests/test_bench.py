@@ -13,6 +13,7 @@ from pyramid_demo.bench import csqa, report
 from pyramid_demo.bench import runner as bench
 from pyramid_demo.bench.prompts import Prompt, load_prompts, read_jsonl
 from pyramid_demo.cli import main as cli_main
+from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.predict import throughput
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -460,4 +461,4 @@ def test_hf_assisted_on_a_draft_that_reads_the_target_is_one_clear_line(tmp_path
     assert {r["method"] for r in data["runs"]} == {"ar", "sd", "hf_generate"}
     assert data["meta"]["skipped"] == [peers.unsupported(t, "hf_assisted")]
     with pytest.raises(ValueError, match="hf_assisted skipped"):
-        peers.hf_generate(t, [1, 2, 3], bench.DecodeConfig(max_new_tokens=2), "hf_assisted")
+        peers.hf_generate(t, [1, 2, 3], DecodeConfig(max_new_tokens=2), "hf_assisted")

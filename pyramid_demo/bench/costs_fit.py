@@ -47,15 +47,20 @@ def _fit(rows: list[dict], prices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return prices, seen
 
 
-def loo_engine_s(rows: list[dict], profile: dict) -> dict[str, list[float]]:
-    """Per variant, its rows' engine seconds priced from the other variants' rows (in row order)."""
-    eng = [
+def _census_rows(rows: list[dict]) -> list[dict]:
+    """The engine rows with a census of the engine's work and its measured time outside the forwards."""
+    return [
         r
         for r in rows
         if r.get("kind") == "engine"
         and (r.get("cost_record") or {}).get("engine")
         and r.get("engine_overhead_s") is not None
     ]
+
+
+def loo_engine_s(rows: list[dict], profile: dict) -> dict[str, list[float]]:
+    """Per variant, its rows' engine seconds priced from the other variants' rows (in row order)."""
+    eng = _census_rows(rows)
     micro = [engine_costs.engine_ms(profile, u) / 1000 for u in engine_costs.UNITS] + [
         float(np.mean(list(((profile.get("engine_ms") or {}).get("keep") or {"": 0.0}).values()))) / 1000
     ]
@@ -135,13 +140,7 @@ def predict_rows(rows: list[dict], profile: dict) -> dict[str, float]:
 
 def fitted_prices(rows: list[dict]) -> dict[str, float]:
     """The engine's per-unit prices in ms fitted on every engine row, for display beside the timed ones."""
-    eng = [
-        r
-        for r in rows
-        if r.get("kind") == "engine"
-        and (r.get("cost_record") or {}).get("engine")
-        and r.get("engine_overhead_s") is not None
-    ]
+    eng = _census_rows(rows)
     if not eng:
         return {}
     x, seen = _fit(eng, np.zeros(len(FEATURES)))

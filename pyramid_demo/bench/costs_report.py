@@ -17,17 +17,16 @@ from ..predict.walk_stats import stage_counts
 from . import costs_fit
 
 
-def row_record(steps: list[Step], method: str | None = None, config: dict | None = None) -> dict:
-    """What one run adds to its row: {"cost_record": {...}}, with the engine's work where `method` is given."""
+def row_record(steps: list[Step], method: str, config: dict) -> dict:
+    """What one run adds to its row: {"cost_record": {...}}, its forwards, stages and engine work."""
     ms = {
         role: {k: [round(sum(ts), 4), len(ts)] for k, ts in by_k.items()}
         for role, by_k in costs.measured_by_k(steps).items()
     }
     rec = {"forwards": costs.forward_counts(steps), "ms_by_k": ms, "stages": stage_counts(steps)}
-    if method is not None:
-        rec["engine"] = engine_costs.census(steps, method, config)
-        rec["tree_forwards"] = costs.tree_forward_counts(steps, method, config)
-        rec["shape"] = shape_of(config)  # the run's own, whether or not the row has a column for it
+    rec["engine"] = engine_costs.census(steps, method, config)
+    rec["tree_forwards"] = costs.tree_forward_counts(steps, method, config)
+    rec["shape"] = shape_of(config)  # the run's own, whether or not the row has a column for it
     return {"cost_record": rec}
 
 
@@ -66,21 +65,9 @@ def finish(rows: list[dict], prof: dict | None) -> dict:
             for k in ("gamma", "l_d", "l_q", "tree_nodes", "tree_depth", "tree_k", "stage2", "shape")
             if row.get(k)
         }
-        v = by.setdefault(
-            row["variant"],
-            {
-                "method": row["method"],
-                "tokens": 0,
-                "decode_s": 0.0,
-                "profile_s": 0.0,
-                "predicted_s": 0.0,
-                "forwards": {},
-                "ms_by_k": {},
-                "stages": {},
-                "engine": {},
-                "config": cfg,
-            },
-        )
+        sums = {"method": row["method"], "tokens": 0, "decode_s": 0.0, "profile_s": 0.0, "predicted_s": 0.0}
+        v = by.setdefault(row["variant"], sums | {k: {} for k in ("forwards", "ms_by_k", "stages", "engine")})
+        v.setdefault("config", cfg)
         if rec.get("shape"):
             v["config"]["shape"] = rec["shape"]
         v["tokens"] += row["n_new_tokens"]
@@ -174,13 +161,7 @@ def markdown(section: dict) -> str:
         a = _f(v.get("alpha"))
         if v.get("alpha_qualifier") is not None:
             a = f"α_Q {_f(v['alpha_qualifier'])} · α_T {a}"
-        be = (
-            "—"
-            if "break_even_alpha" not in v
-            else "never"
-            if v["break_even_alpha"] is None
-            else _f(v["break_even_alpha"])
-        )
+        be = "never" if "break_even_alpha" in v and v["break_even_alpha"] is None else _f(v.get("break_even_alpha"))
         err = "—" if v.get("speedup_error") is None else f"{v['speedup_error']:+.1%}"
         lines.append(
             f"| {v['variant']} | {_f(v.get('measured_speedup_vs_ar'), 3)} "
@@ -240,14 +221,12 @@ def figure(section: dict):
     fig = go.Figure()
     for role, row in prof["ms"].items():
         ks = sorted(int(k) for k in row)
-        fig.add_trace(
-            go.Scatter(
-                x=ks,
-                y=[row[str(k)] for k in ks],
-                mode="lines+markers",
-                name=f"{role} (profile)",
-                line=dict(color=colours.get(role), width=3),
-            )
+        fig.add_scatter(
+            x=ks,
+            y=[row[str(k)] for k in ks],
+            mode="lines+markers",
+            name=f"{role} (profile)",
+            line=dict(color=colours.get(role), width=3),
         )
     pooled: dict[str, dict[int, list[float]]] = {}
     for v in section["variants"]:
@@ -256,14 +235,12 @@ def figure(section: dict):
                 pooled.setdefault(role, {}).setdefault(int(k), []).append(ms)
     for role, d in pooled.items():
         ks = sorted(d)
-        fig.add_trace(
-            go.Scatter(
-                x=ks,
-                y=[sum(d[k]) / len(d[k]) for k in ks],
-                mode="markers",
-                name=f"{role} (in the runs)",
-                marker=dict(color=colours.get(role), size=11, symbol="x"),
-            )
+        fig.add_scatter(
+            x=ks,
+            y=[sum(d[k]) / len(d[k]) for k in ks],
+            mode="markers",
+            name=f"{role} (in the runs)",
+            marker=dict(color=colours.get(role), size=11, symbol="x"),
         )
     fig.update_layout(
         title="What one cached forward costs on this machine",
@@ -316,9 +293,10 @@ def row_lengths(row: dict) -> dict:
     )
 
 
-def row_prediction(row: dict, speeds: dict[str, float]) -> float | None:
-    """The paper's throughput model for one run, from its acceptance rates and `speeds`."""
+def row_prediction(row: dict, speeds: dict[str, float], plus_one: bool = False) -> float | None:
+    """The paper's throughput model for one run, from its acceptance rates and `speeds` (`plus_one`: the bonus token
+    counted, β·ℓ + 1 tokens per round); None for a peer or a reference row."""
     if row["kind"] != "engine":
         return None
     acc = {k: row[f"acceptance_{k}"] for k in ("qualifier", "target") if row[f"acceptance_{k}"] is not None}
-    return throughput.predict_parts(row["method"], row_lengths(row), acc, speeds)
+    return throughput.predict_parts(row["method"], row_lengths(row), acc, speeds, plus_one)

@@ -138,17 +138,15 @@ def decode(gguf: Path, prompt_ids: list[int], cfg: Any, eos_ids: tuple[int, ...]
             toks = (lib.llama_token * len(part))(*part)  # held while the batch points at it
             if lib.llama_decode(ctx, lib.llama_batch_get_one(toks, len(part))) != 0:
                 raise RuntimeError("llama_decode failed on the prompt in the llama_cpp peer")
-        last = (lib.llama_token * 1)(prompt_ids[-1])
-        batch = lib.llama_batch_get_one(last, 1)
+        t = prompt_ids[-1]
         for _ in range(cfg.max_new_tokens):
-            if lib.llama_decode(ctx, batch) != 0:
+            last = (lib.llama_token * 1)(t)  # held while the batch points at it
+            if lib.llama_decode(ctx, lib.llama_batch_get_one(last, 1)) != 0:
                 raise RuntimeError("llama_decode failed in the llama_cpp peer")
             t = int(lib.llama_sampler_sample(smpl, ctx, -1))
             new.append(t)
             if t in eos_ids:
                 break
-            last = (lib.llama_token * 1)(t)
-            batch = lib.llama_batch_get_one(last, 1)
         wall = time.perf_counter() - t0
     finally:
         lib.llama_sampler_free(smpl)

@@ -13,76 +13,19 @@ from ..core.settings import SHAPES
 from . import peers, spec_suite
 from .variants import GRID_TAUS
 
-ROW_COLUMNS = [
-    "repeat",
-    "prompt_index",
-    "category",
-    "variant",
-    "method",
-    "kind",
-    "solo",
-    "lossless",
-    "temperature",
-    "gamma",
-    "l_d",
-    "l_q",
-    "tau_q",
-    "tau_t",
-    "divergence",
-    "div_support",
-    "fallback",
-    "stage2",
-    "qualifier_prompt",
-    "conf_stop",
-    "shape",
-    "shape_why",
-    "tree_nodes",
-    "tree_depth",
-    "tree_k",
-    "prompt_tokens",
-    "n_new_tokens",
-    "stopped",
-    "prefill_s",
-    "decode_s",
-    "wall_s",
-    "tokens_per_s",
-    "tokens_per_s_incl_prefill",
-    "tokens_per_s_wall",
-    "speedup_vs_ar",
-    "speedup_vs_sd",
-    "speedup_vs_ar_wall",
-    "speedup_vs_sd_wall",
-    "acceptance_qualifier",
-    "acceptance_target",
-    "proposed_qualifier",
-    "accepted_qualifier",
-    "proposed_target",
-    "accepted_target",
-    "rounds_qualifier",
-    "rounds_target",
-    "target_passes",
-    "mean_accepted_per_target_pass",
-    "tokens_per_target_pass",
-    "fwd_draft",
-    "fwd_qualifier",
-    "fwd_target",
-    "fwd_time_draft_s",
-    "fwd_time_qualifier_s",
-    "fwd_time_target_s",
-    "engine_overhead_s",
-    "engine_overhead_share",
-    "agreement",
-    "prefix_agreement",
-    "target_logprob",
-    "predicted_tokens_per_s",
-    "predicted_plus_one_tokens_per_s",
-    "predicted_profile_tokens_per_s",
-    "csqa_answer",
-    "csqa_pred",
-    "csqa_correct",
-    "prompt",
-    "text",
-]
+ROW_COLUMNS = """
+repeat prompt_index category variant method kind solo lossless
+temperature gamma l_d l_q tau_q tau_t divergence div_support fallback stage2 qualifier_prompt conf_stop
+shape shape_why tree_nodes tree_depth tree_k prompt_tokens n_new_tokens stopped prefill_s decode_s wall_s
+tokens_per_s tokens_per_s_incl_prefill tokens_per_s_wall
+speedup_vs_ar speedup_vs_sd speedup_vs_ar_wall speedup_vs_sd_wall
+acceptance_qualifier acceptance_target proposed_qualifier accepted_qualifier proposed_target accepted_target
+rounds_qualifier rounds_target target_passes mean_accepted_per_target_pass tokens_per_target_pass
+fwd_draft fwd_qualifier fwd_target fwd_time_draft_s fwd_time_qualifier_s fwd_time_target_s
+engine_overhead_s engine_overhead_share agreement prefix_agreement target_logprob
+predicted_tokens_per_s predicted_plus_one_tokens_per_s predicted_profile_tokens_per_s
+csqa_answer csqa_pred csqa_correct prompt text
+""".split()  # results.csv's columns, in order
 
 
 # ---------------------------------------------------------------- command line

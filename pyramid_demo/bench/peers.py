@@ -19,12 +19,7 @@ from ..forward.lm import ModelTriplet
 from . import llamacpp_peer
 
 PEERS = ("hf_generate", "hf_assisted", "hf_prompt_lookup", "llama_cpp")
-PEER_ROLES = {
-    "hf_generate": ("target",),
-    "hf_assisted": ("draft", "target"),
-    "hf_prompt_lookup": ("target",),
-    "llama_cpp": ("target",),
-}
+PEER_ROLES = {p: ("draft", "target") if p == "hf_assisted" else ("target",) for p in PEERS}  # the models each runs
 DEFAULT_PEERS = "hf_generate,hf_assisted"
 PLD_TOKENS, PLD_NGRAM = 10, 3  # prompt lookup's tokens proposed per round and longest n-gram matched: the field's
 

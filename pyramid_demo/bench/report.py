@@ -15,7 +15,11 @@ from ..core.methods import method_spec
 from ..predict.noise import quantile
 from . import costs_report, spec_table
 
-Point = tuple[float, float]
+MEDIANS = """
+tokens_per_s_incl_prefill tokens_per_s_wall speedup_vs_ar speedup_vs_sd speedup_vs_ar_wall speedup_vs_sd_wall
+engine_overhead_share agreement prefix_agreement target_logprob predicted_tokens_per_s predicted_plus_one_tokens_per_s
+predicted_speedup_vs_ar predicted_profile_speedup_vs_ar n_new_tokens fwd_draft fwd_qualifier fwd_target
+""".split()  # the per-run figures a variant's summary gives as medians over its runs
 
 
 # ---------------------------------------------------------------- pure summaries
@@ -46,7 +50,7 @@ def summarize(rows: list[dict]) -> list[dict]:
     for label, rs in order.items():
         first = rs[0]
         speed = _vals(rs, "tokens_per_s" if first["kind"] != "peer" else "tokens_per_s_wall")  # peers: wall time only
-        qs = [quantile(speed, q) if speed else None for q in (0.25, 0.5, 0.75)]
+        q25, med, q75 = (quantile(speed, q) if speed else None for q in (0.25, 0.5, 0.75))
         s = dict(
             variant=label,
             method=first["method"],
@@ -54,34 +58,14 @@ def summarize(rows: list[dict]) -> list[dict]:
             lossless=first["lossless"],
             runs=len(rs),
             **{k: first.get(k) for k in ("temperature", "gamma", "l_d", "l_q", "tau_q", "tau_t", "fallback", "stage2")},
-            tokens_per_s=qs[1],
-            tokens_per_s_q25=qs[0],
-            tokens_per_s_q75=qs[2],
+            tokens_per_s=med,
+            tokens_per_s_q25=q25,
+            tokens_per_s_q75=q75,
             tokens_per_s_min=min(speed) if speed else None,
             tokens_per_s_max=max(speed) if speed else None,
             speed_basis="decode (prefill excluded)" if first["kind"] != "peer" else "wall incl. prefill",
         )
-        for k in (
-            "tokens_per_s_incl_prefill",
-            "tokens_per_s_wall",
-            "speedup_vs_ar",
-            "speedup_vs_sd",
-            "speedup_vs_ar_wall",
-            "speedup_vs_sd_wall",
-            "engine_overhead_share",
-            "agreement",
-            "prefix_agreement",
-            "target_logprob",
-            "predicted_tokens_per_s",
-            "predicted_plus_one_tokens_per_s",
-            "predicted_speedup_vs_ar",
-            "predicted_profile_speedup_vs_ar",
-            "n_new_tokens",
-            "fwd_draft",
-            "fwd_qualifier",
-            "fwd_target",
-        ):
-            s[k] = _med(rs, k)
+        s.update({k: _med(rs, k) for k in MEDIANS})
         s["acceptance_qualifier"] = _pooled(rs, "accepted_qualifier", "proposed_qualifier")
         s["acceptance_target"] = _pooled(rs, "accepted_target", "proposed_target")
         s["mean_accepted_per_target_pass"] = _pooled(rs, "accepted_target", "target_passes")
@@ -91,21 +75,15 @@ def summarize(rows: list[dict]) -> list[dict]:
     return out
 
 
-def pareto_frontier(points: Sequence[Point]) -> list[int]:
+def pareto_frontier(points: Sequence[tuple[float, float]]) -> list[int]:
     """Indices of points not dominated when both coordinates are maximised (NaN/None skipped), by x."""
-    ok = [i for i, p in enumerate(points) if p[0] is not None and p[1] is not None and not (_nan(p[0]) or _nan(p[1]))]
-    front = [
-        i
-        for i in ok
-        if not any(
-            points[j][0] >= points[i][0]
-            and points[j][1] >= points[i][1]
-            and (points[j][0] > points[i][0] or points[j][1] > points[i][1])
-            for j in ok
-            if j != i
-        )
-    ]
-    return sorted(front, key=lambda i: (points[i][0], points[i][1]))
+    ok = [i for i, p in enumerate(points) if not any(v is None or _nan(v) for v in p)]
+
+    def beaten(i: int) -> bool:  # another point as good on both coordinates and better on one
+        x, y = points[i]
+        return any(a >= x and b >= y and (a > x or b > y) for a, b in (points[j] for j in ok))
+
+    return sorted((i for i in ok if not beaten(i)), key=lambda i: (points[i][0], points[i][1]))
 
 
 def quality_key(summary: list[dict]) -> str:
@@ -118,10 +96,8 @@ def frontier(summary: list[dict]) -> list[dict]:
     eng = [s for s in summary if s["kind"] == "engine"]
     sk = "speedup_vs_ar" if any(s.get("speedup_vs_ar") is not None for s in eng) else "tokens_per_s"
     qk = quality_key(summary)
-    idx = pareto_frontier([(s.get(qk), s.get(sk)) for s in eng])
-    return [
-        dict(variant=eng[i]["variant"], speed=eng[i][sk], speed_key=sk, quality=eng[i][qk], quality_key=qk) for i in idx
-    ]
+    front = [eng[i] for i in pareto_frontier([(s.get(qk), s.get(sk)) for s in eng])]
+    return [dict(variant=s["variant"], speed=s[sk], speed_key=sk, quality=s[qk], quality_key=qk) for s in front]
 
 
 def recommend(summary: list[dict], min_agreement: float = 0.9) -> dict | None:
@@ -149,11 +125,9 @@ def check_targets(summary: list[dict], min_agreement: float = 0.9) -> list[dict]
         for key, goal in (("speedup_vs_sd", 1.5), ("speedup_vs_ar", 2.0)):
             vals = [s[key] for s in good if s.get(key) is not None]
             add(f"best PSD_F × {key[-2:].upper()} at agreement ≥ {min_agreement}", max(vals, default=None), goal)
-    shares = [s["engine_overhead_share"] for s in summary if s.get("engine_overhead_share") is not None]
-    if shares:
+    if shares := [s["engine_overhead_share"] for s in summary if s.get("engine_overhead_share") is not None]:
         add("engine time outside forwards ÷ decode time (worst method's median)", max(shares), 0.10, at_most=True)
-    errs = speedup_errors(summary)
-    if errs:
+    if errs := speedup_errors(summary):
         add(
             "|predicted ÷ measured speed-up over AR − 1| (worst variant, medians per prompt)",
             max(abs(e) for e in errs.values()),
@@ -260,26 +234,29 @@ def write_outputs(result: dict, out_dir: str | Path, columns: list[str]) -> list
     rows = result["runs"]
     summary = summarize(rows)
     targets = check_targets(summary)
+    skipped = "".join(f"\n\nNot run: {why}." for why in result.get("meta", {}).get("skipped", []))
     result.update(
         summary=summary,
         frontier=frontier(summary),
         recommended=recommend(summary),
         targets=targets,
         best_per_method=best_per_method(summary),
-        markdown=markdown_table(summary)
-        + "\n\n"
-        + targets_table(targets)
-        + "".join(f"\n\nNot run: {why}." for why in result.get("meta", {}).get("skipped", [])),
+        markdown=markdown_table(summary) + "\n\n" + targets_table(targets) + skipped,
     )
-    csv_path, json_path, html_path = out / "results.csv", out / "results.json", out / "report.html"
-    with csv_path.open("w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in columns})
+    csv_path = write_csv(out / "results.csv", columns, rows)
+    json_path, html_path = out / "results.json", out / "report.html"
     json_path.write_text(json.dumps(_clean(result), indent=1, default=str), encoding="utf-8")
     html_path.write_text(render_html(result), encoding="utf-8")
     return [csv_path, json_path, html_path]
+
+
+def write_csv(path: Path, columns: list[str], rows: list[dict]) -> Path:
+    """`rows` as CSV in `columns` (other keys left out, None written as an empty cell)."""
+    with path.open("w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=columns)
+        w.writeheader()
+        w.writerows({k: "" if r.get(k) is None else r[k] for k in columns} for r in rows)
+    return path
 
 
 def _clean(obj):
@@ -296,13 +273,12 @@ def _figures(result: dict) -> list:
 
     summary = result["summary"]
     names = [s["variant"] for s in summary]
-    med = [s["tokens_per_s"] for s in summary]
     err_hi = [(s["tokens_per_s_q75"] or 0) - (s["tokens_per_s"] or 0) for s in summary]
     err_lo = [(s["tokens_per_s"] or 0) - (s["tokens_per_s_q25"] or 0) for s in summary]
     bars = go.Figure()
     bars.add_bar(
         x=names,
-        y=med,
+        y=[s["tokens_per_s"] for s in summary],
         name="tok/s (engine: decode; peers: wall incl. prefill)",
         error_y=dict(type="data", symmetric=False, array=err_hi, arrayminus=err_lo),
     )
@@ -344,10 +320,11 @@ def _figures(result: dict) -> list:
     return [bars, sc, _acceptance_figure(eng)]
 
 
-def _lines(fig, pts: list[dict], x: str, y: str, group, col: int, symbol: str = "circle") -> None:
+def _lines(fig, pts: list[dict], x: str, y: str, label: str, col: int, symbol: str = "circle") -> None:
+    """`y` against `x` in subplot `col`, one line per name (`label` formatted with each point's fields)."""
     groups: dict[str, list[dict]] = {}
     for s in sorted(pts, key=lambda s: s[x]):
-        groups.setdefault(group(s), []).append(s)
+        groups.setdefault(label.format(**s), []).append(s)
     for g, ss in groups.items():
         fig.add_scatter(
             x=[s[x] for s in ss],
@@ -360,12 +337,11 @@ def _lines(fig, pts: list[dict], x: str, y: str, group, col: int, symbol: str = 
         )
 
 
-def _other_settings(method: str, s: dict) -> list[str]:
-    """A τ_T line's settings besides τ_T: ℓ_D and ℓ_Q for a pyramid, τ_Q where stage 1 is fuzzy."""
+def _tau_t_label(method: str) -> str:
+    """A τ_T line's name: its settings besides τ_T (ℓ_D, ℓ_Q for a pyramid; τ_Q where stage 1 is fuzzy)."""
     spec = method_spec(method)
-    return ([f"lD={s['l_d']} lQ={s['l_q']}"] if spec.pyramid else []) + (
-        [f"tauQ={s['tau_q']:g}"] if "tau_q" in spec.thresholds else []
-    )
+    pyramid = " lD={l_d} lQ={l_q}" if spec.pyramid else ""
+    return method + pyramid + (" tauQ={tau_q:g}" if "tau_q" in spec.thresholds else "")
 
 
 def _acceptance_figure(eng: list[dict]):
@@ -373,27 +349,13 @@ def _acceptance_figure(eng: list[dict]):
     from plotly.subplots import make_subplots
 
     fig = make_subplots(rows=1, cols=2, subplot_titles=("target stage vs τ_T", "qualifier stage (PSD_F) vs τ_Q"))
-    ell = lambda s: f"lD={s['l_d']} lQ={s['l_q']}"  # noqa: E731
     fuzzy = [s for s in eng if s.get("tau_t") is not None and s.get("acceptance_target") is not None]
     for m in (m for m in METHODS if "tau_t" in method_spec(m).thresholds):  # one line per other setting
-        _lines(
-            fig,
-            [s for s in fuzzy if s["method"] == m],
-            "tau_t",
-            "acceptance_target",
-            lambda s, m=m: " ".join([m, *_other_settings(m, s)]),
-            1,
-        )
+        _lines(fig, [s for s in fuzzy if s["method"] == m], "tau_t", "acceptance_target", _tau_t_label(m), 1)
     for m in (m for m in METHODS if "tau_q" in method_spec(m).thresholds):
-        _lines(
-            fig,
-            [s for s in fuzzy if s["method"] == m and s.get("acceptance_qualifier") is not None],
-            "tau_q",
-            "acceptance_qualifier",
-            lambda s, m=m: f"{m} {ell(s)} tauT={s['tau_t']:g} (Q stage)",
-            2,
-            "x",
-        )
+        mine = [s for s in fuzzy if s["method"] == m and s.get("acceptance_qualifier") is not None]
+        label = "{method} lD={l_d} lQ={l_q} tauT={tau_t:g} (Q stage)"
+        _lines(fig, mine, "tau_q", "acceptance_qualifier", label, 2, "x")
     fig.update_layout(title="Acceptance vs threshold (pooled over runs)")
     fig.update_xaxes(title_text="τ_T", row=1, col=1)
     fig.update_xaxes(title_text="τ_Q", row=1, col=2)
@@ -407,7 +369,6 @@ def render_html(result: dict) -> str:
     parts = [f.to_html(full_html=False, include_plotlyjs=(i == 0), default_height=460) for i, f in enumerate(figs)]
     meta = result.get("meta", {})
     rec = result.get("recommended")
-    table = costs_report.html_table(markdown_table(result["summary"]))
     speeds = ", ".join(f"V_{k[0].upper()} {v:.1f} tok/s" for k, v in result.get("speeds", {}).items())
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>PyramidSD bench</title>
 <style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1300px}}table{{border-collapse:collapse;font-size:13px}}
@@ -425,7 +386,7 @@ torch {html.escape(str(meta.get("torch", "")))}
 <p><b>Single-model speeds</b> (for the throughput model): {html.escape(speeds)}.
 <b>Recommended setting</b> (fastest frontier point with agreement ≥ 0.9):
 {html.escape(str(rec["variant"]) if rec else "none")}.</p>
-{table}
+{costs_report.html_table(markdown_table(result["summary"]))}
 <h3>Speed targets</h3>{costs_report.html_table(targets_table(result.get("targets", [])), note=False)}
 <p>Engine tok/s exclude prefill; peers (Hugging Face <code>generate()</code>) are timed as the wall time of the call,
 prefill included — compare them with the "wall" columns. Speed-ups are computed per prompt, then the median is shown.

@@ -18,7 +18,6 @@ import torch
 
 from .. import hardware_cli
 from ..clock import ratio, timed, warm_up
-from ..core.config import DecodeConfig
 from ..core.methods import TREE_BUDGET, method_spec
 from ..core.run import generate, prepare_prompt
 from ..core.stats import agreement as token_agreement  # one definition, shared with the app
@@ -27,11 +26,10 @@ from ..forward.lm import ModelTriplet
 from ..models import background
 from ..models.errors import LoadError
 from ..models.runtime import cpu_class
-from ..predict import throughput
 from . import costs_report, csqa, peers, report, spec_suite, spec_table
 from .options import ROW_COLUMNS, add_arguments, command_line
 from .prompts import Prompt, load_prompts
-from .variants import Variant, build_variants, name_models
+from .variants import Variant, build_variants, largest, name_models
 
 __all__ = ["ROW_COLUMNS", "add_arguments", "run", "run_bench", "run_variant"]  # the CLI reads add_arguments here
 
@@ -49,9 +47,8 @@ def run_variant(
             if v.method == "llama_cpp"
             else peers.hf_generate(triplet, ids, v.cfg, v.method, v.lookup)
         )
-        n = len(pr.token_ids)
         return dict(
-            n_new_tokens=n,
+            n_new_tokens=len(pr.token_ids),
             stopped=pr.stopped,
             wall_s=pr.wall_s,
             tokens_per_s_incl_prefill=pr.tokens_per_s,
@@ -83,14 +80,9 @@ def run_variant(
     )
     for stage in ("qualifier", "target"):
         if stage in s.acceptance:
-            row.update(
-                {
-                    f"acceptance_{stage}": s.acceptance[stage],
-                    f"proposed_{stage}": s.proposed[stage],
-                    f"accepted_{stage}": s.accepted[stage],
-                    f"rounds_{stage}": s.rounds.get(stage),
-                }
-            )
+            for name, by_stage in (("acceptance", s.acceptance), ("proposed", s.proposed), ("accepted", s.accepted)):
+                row[f"{name}_{stage}"] = by_stage[stage]
+            row[f"rounds_{stage}"] = s.rounds.get(stage)
     for role in ("draft", "qualifier", "target"):
         if role in s.forward_passes:
             row[f"fwd_{role}"] = s.forward_passes[role]
@@ -156,12 +148,7 @@ def run_bench(
     conversation's next turn after each turn (its prompt and each variant's own ids), kept whole like a prompt."""
     from tqdm import tqdm
 
-    biggest = DecodeConfig(
-        max_new_tokens=max(v.cfg.max_new_tokens for v in variants),
-        l_d=1,
-        gamma=max(v.cfg.gamma for v in variants),
-        l_q=max(v.cfg.l_q for v in variants),
-    )
+    biggest = largest(variants)
     prepared: list[tuple[int, Prompt, list[int]]] = []
     for pi, p in enumerate(prompts):
         try:
@@ -234,21 +221,15 @@ def run_bench(
     speeds = dict(speeds_one, **({"target": statistics.median(ar_speeds)} if ar_speeds else {}))
     for row in rows:
         row["predicted_tokens_per_s"] = costs_report.row_prediction(row, speeds)
-        if row["kind"] == "engine":
-            acc = {k: row[f"acceptance_{k}"] for k in ("qualifier", "target") if row[f"acceptance_{k}"] is not None}
-            lens = costs_report.row_lengths(row)
-            row["predicted_plus_one_tokens_per_s"] = throughput.predict_parts(row["method"], lens, acc, speeds, True)
+        row["predicted_plus_one_tokens_per_s"] = costs_report.row_prediction(row, speeds, plus_one=True)
     return dict(
         runs=rows,
         interrupted=interrupted,
         speeds=speeds,
         speeds_one_token=speeds_one,
         cost_profile=costs_report.finish(rows, profile),
-        speed_sources={
-            "target": "AR runs (forwards per second)" if ar_speeds else "one-token timing",
-            "draft": "one-token timing",
-            "qualifier": "one-token timing",
-        },
+        speed_sources={"target": "AR runs (forwards per second)" if ar_speeds else "one-token timing"}
+        | dict.fromkeys(("draft", "qualifier"), "one-token timing"),
     )
 
 
@@ -353,12 +334,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"note: {cpu_class()}; {triplet.runs}", file=sys.stderr)
     variants = name_models(variants, triplet.names)  # a reference row names its model (an int4 copy, …)
     variants, skipped = peers.runnable(triplet, variants)  # a peer the family cannot run: one line, not run
-    print(
-        "".join(f"note: {why}\n" for why in skipped) + ("" if variants else "error: nothing left to run"),
-        end="" if variants else "\n",
-        file=sys.stderr,
-    )
+    for why in skipped:
+        print(f"note: {why}", file=sys.stderr)
     if not variants:
+        print("error: nothing left to run", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
     old_term = signal.signal(signal.SIGTERM, _stop)  # `kill PID` keeps completed prompts, like Ctrl-C

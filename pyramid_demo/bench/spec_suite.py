@@ -6,7 +6,6 @@ gains Spec-Bench's table (`spec_table`)."""
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
 import sys
 from collections.abc import Callable, Sequence
@@ -18,8 +17,9 @@ from .. import spec_bench
 from ..core.config import DecodeConfig
 from ..core.run import prepare_prompt
 from ..forward.lm import ModelTriplet, encode_prompt
-from . import spec_table
+from . import report, spec_table
 from .prompts import Prompt
+from .variants import largest
 
 SUITES = ("spec-bench",)
 SEED = 0  # the selection's: stated in the report, the same on every machine
@@ -127,16 +127,11 @@ class Plan:
                 mine.append(row["text"].strip())  # Spec-Bench's answer: special tokens dropped, stripped
             if p.turn >= p.n_turns:
                 return None
+            ids: dict[str, list[int]] = {}  # each variant's own conversation so far
             try:
-                ids = {
-                    row["variant"]: prepare_prompt(
-                        triplet,
-                        conversation_ids(triplet.tokenizer, p.turns, answers[(p.question, row["variant"])], chat),
-                        self.check,
-                        chat,
-                    )
-                    for row, _ in group
-                }
+                for row, _ in group:
+                    turns = conversation_ids(triplet.tokenizer, p.turns, answers[(p.question, row["variant"])], chat)
+                    ids[row["variant"]] = prepare_prompt(triplet, turns, self.check, chat)
             except ValueError as e:  # a conversation beyond the models' context: every variant stops at this turn
                 self.notes.append(f"question {p.question}: turns after {p.turn} not run ({e})")
                 log(f"note: {self.notes[-1]}")
@@ -167,14 +162,8 @@ class Plan:
             position_note=spec_table.POSITION_NOTE,
             markdown=spec_table.markdown(records, pos, text, decode) + "".join(f"\n\nnote: {n}" for n in self.notes),
         )
-        path = Path(out) / "spec_bench.csv"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        cols, rows = spec_table.csv_rows(records)
-        with path.open("w", newline="", encoding="utf-8") as f:
-            w = csv.DictWriter(f, fieldnames=cols)
-            w.writeheader()
-            w.writerows({k: "" if v is None else v for k, v in r.items()} for r in rows)
-        return [path]
+        Path(out).mkdir(parents=True, exist_ok=True)
+        return [report.write_csv(Path(out) / "spec_bench.csv", *spec_table.csv_rows(records))]
 
 
 def plan(args: argparse.Namespace, variants: Sequence[Any]) -> Plan | None:
@@ -183,16 +172,8 @@ def plan(args: argparse.Namespace, variants: Sequence[Any]) -> Plan | None:
         if getattr(args, "per_task", None) is not None or getattr(args, "tasks", None):
             raise ValueError("--per-task and --tasks choose Spec-Bench's questions: add --suite spec-bench")
         return None
-    clash = [
-        name
-        for name, given in (
-            ("--prompts", args.prompts != "builtin"),
-            ("--limit", args.limit is not None),
-            ("--dataset", args.dataset is not None),
-        )
-        if given
-    ]
-    if clash:
+    given = {"--prompts": args.prompts != "builtin", "--limit": args.limit is not None, "--dataset": args.dataset}
+    if clash := [name for name, yes in given.items() if yes]:
         raise ValueError(
             f"--suite spec-bench brings its own questions: drop {' and '.join(clash)} "
             "(choose them with --tasks and --per-task)"
@@ -204,12 +185,4 @@ def plan(args: argparse.Namespace, variants: Sequence[Any]) -> Plan | None:
     if args.per_task is not None and args.per_task < 1:
         raise ValueError(f"--per-task must be at least 1, got {args.per_task}")
     tasks = spec_bench.parse_tasks(args.tasks)
-    cfgs = [v.cfg for v in variants]
-    check = DecodeConfig(
-        max_new_tokens=max(c.max_new_tokens for c in cfgs),
-        l_d=1,
-        gamma=max(c.gamma for c in cfgs),
-        l_q=max(c.l_q for c in cfgs),
-        tree_nodes=max(c.tree_nodes for c in cfgs),
-    )
-    return Plan(spec_bench.select(args.per_task, tasks, SEED), tasks, args.per_task, check)
+    return Plan(spec_bench.select(args.per_task, tasks, SEED), tasks, args.per_task, largest(variants))

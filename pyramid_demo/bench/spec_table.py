@@ -253,23 +253,13 @@ def html_section(suite: dict) -> str:
         )
     fig.add_hline(y=1.0, line_dash="dot", line_color="grey")
     fig.update_layout(title="Spec-Bench: speed-up over AR per task", barmode="group", yaxis_title="× AR")
-    table_md = grid(records)
-    decode = suite.get("decode_table") or []
-    decode_html = (
-        html_table(grid(decode), note=False) + f"<p><small>{html.escape(DECODE_NOTE)}</small></p>" if decode else ""
-    )
-    pos_html = (
-        html_table(position_markdown(pos), note=False) + f"<p><small>{html.escape(POSITION_NOTE)}</small></p>"
-        if pos
-        else ""
-    )
+    decode = suite.get("decode_table")
     return (
         f"<h2>Spec-Bench</h2><p><b>Questions:</b> {html.escape(suite.get('selection_text', ''))}</p>"
-        + html_table(table_md, note=False)
-        + f"<p><small>{html.escape(FOOTNOTE)}</small></p>"
+        + html_table(grid(records) + "\n" + FOOTNOTE)  # the note below the table
         + "".join(f"<p><small>note: {html.escape(n)}</small></p>" for n in suite.get("notes", []))
         + fig.to_html(full_html=False, include_plotlyjs=False, default_height=460)
-        + decode_html
+        + (html_table(grid(decode) + "\n" + DECODE_NOTE) if decode else "")
         + "<h3>Per-position acceptance</h3>"
-        + pos_html
+        + (html_table(position_markdown(pos) + "\n" + POSITION_NOTE) if pos else "")
     )

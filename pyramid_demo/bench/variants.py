@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .. import generate_cli
@@ -84,24 +84,30 @@ def build_variants(args: argparse.Namespace) -> list[Variant]:
             sk = {"shape": shape} if shape else {}
             tag = [shape] if shape and len(shapes) > 1 else []  # the label names the shape when several run
             if not args.grid or spec is None or not spec.thresholds:  # nothing to sweep
-                out.append(
-                    Variant(" ".join([m, *tag]), m, cfg(m, **sk), lookup=pld if m == "hf_prompt_lookup" else None)
-                )
+                lookup = pld if m == "hf_prompt_lookup" else None
+                out.append(Variant(" ".join([m, *tag]), m, cfg(m, **sk), lookup=lookup))
                 continue
             for t in taus:  # τ_T, then τ_Q ≤ τ_T (stage 1 fuzzy), then ℓ_D ≤ ℓ_Q (pyramids)
                 for u in [u for u in taus if u <= t] if "tau_q" in spec.thresholds else [None]:
                     for d, q in pairs if spec.pyramid else [(None, None)]:
                         kw = {k: v for k, v in (("tau_t", t), ("tau_q", u), ("l_d", d), ("l_q", q)) if v is not None}
-                        out.append(
-                            Variant(
-                                " ".join([m, *tag] + [f"{GRID_NAMES[k]}={v:g}" for k, v in kw.items()]),
-                                m,
-                                cfg(m, **kw, **sk),
-                            )
-                        )
+                        label = " ".join([m, *tag] + [f"{GRID_NAMES[k]}={v:g}" for k, v in kw.items()])
+                        out.append(Variant(label, m, cfg(m, **kw, **sk)))
     after_ar = sum(1 for v in out if v.method == "ar")  # AR is never swept: its one variant, first
     out[after_ar:after_ar] = solo_variants(getattr(args, "solo", None), cfg)
     return out
+
+
+def largest(variants: Sequence[Variant]) -> DecodeConfig:
+    """The largest budget and drafts of `variants`: what a prompt (or a later turn's context) must leave room for."""
+    cfgs = [v.cfg for v in variants]
+    return DecodeConfig(
+        max_new_tokens=max(c.max_new_tokens for c in cfgs),
+        l_d=1,
+        gamma=max(c.gamma for c in cfgs),
+        l_q=max(c.l_q for c in cfgs),
+        tree_nodes=max(c.tree_nodes for c in cfgs),
+    )
 
 
 def solo_variants(roles: str | None, cfg: Callable[..., DecodeConfig]) -> list[Variant]:
