@@ -462,3 +462,14 @@ def test_hf_assisted_on_a_draft_that_reads_the_target_is_one_clear_line(tmp_path
     assert data["meta"]["skipped"] == [peers.unsupported(t, "hf_assisted")]
     with pytest.raises(ValueError, match="hf_assisted skipped"):
         peers.hf_generate(t, [1, 2, 3], DecodeConfig(max_new_tokens=2), "hf_assisted")
+
+
+def test_every_footnote_of_a_table_reaches_the_html_report():
+    """A table's footnotes all show below it in report.html (peers' and reference rows' notes alike), never a
+    table row as a note."""
+    from pyramid_demo.bench.costs_report import html_table
+
+    md = "| a | b |\n|---|---|\n| 1 | 2 |\n*peers*: wall time\n\n*reference rows*: alone"
+    out = html_table(md)
+    assert "<small>*peers*: wall time</small>" in out and "<small>*reference rows*: alone</small>" in out
+    assert html_table("| a |\n|---|\n| 1 |").endswith("</table>")

@@ -90,7 +90,7 @@ def loo_busy(rows: list[dict], profile: dict) -> tuple[dict[str, dict[str, float
             if got.get(r):
                 num.setdefault(row["variant"], {})[r] = num.get(row["variant"], {}).get(r, 0.0) + got[r]
                 den.setdefault(row["variant"], {})[r] = den.get(row["variant"], {}).get(r, 0.0) + t
-    roles = {r for d in den.values() for r in d}
+    roles = sorted({r for d in den.values() for r in d})  # one order every run
     tot_n = {r: sum(d.get(r, 0.0) for d in num.values()) for r in roles}
     tot_d = {r: sum(d.get(r, 0.0) for d in den.values()) for r in roles}
     pooled = {r: tot_n[r] / tot_d[r] for r in roles if tot_d[r] > 0}

@@ -270,13 +270,14 @@ def html_section(result: dict, plotly_loaded: bool = True) -> str:
 
 
 def html_table(markdown: str, note: bool = True) -> str:
-    """A markdown table as HTML; `note`: its last line (a footnote) below it."""
+    """A markdown table as HTML; `note`: the lines after it (its footnotes) below it."""
     md = markdown.split("\n")
     head = [c.strip() for c in md[0].strip("|").split("|")]
     body = [[c.strip() for c in line.strip("|").split("|")] for line in md[2:] if line.startswith("|")]
     th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
     trs = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in body)
-    foot = f"<p><small>{html.escape(md[-1].strip())}</small></p>" if note else ""
+    notes = [line.strip() for line in md[2:] if line.strip() and not line.startswith("|")] if note else []
+    foot = "".join(f"<p><small>{html.escape(line)}</small></p>" for line in notes)
     return f"<table><tr>{th}</tr>{trs}</table>{foot}"
 
 
