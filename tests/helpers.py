@@ -17,9 +17,8 @@ import torch
 
 from pyramid_demo.core import rules
 from pyramid_demo.core.config import DecodeConfig
-from pyramid_demo.core.explain import record
 from pyramid_demo.core.methods import TREE_BUDGET, Method
-from pyramid_demo.core.round import decide
+from pyramid_demo.core.round import decide, record
 from pyramid_demo.core.rules import Tree
 from pyramid_demo.core.stats import Tally
 from pyramid_demo.core.trace import StageRound, Stats, Step

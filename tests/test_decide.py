@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pyramid_demo.core import explain as recorder
+from pyramid_demo.core import round as recorder
 from pyramid_demo.core import rules
 from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.round import decide

@@ -10,9 +10,8 @@ from mock_lm import BigramLM, bigram_table
 from pyramid_demo.core import rules
 from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.engine import decode, pyramid_block, roles_for
-from pyramid_demo.core.explain import record
 from pyramid_demo.core.methods import method_spec
-from pyramid_demo.core.round import decide, decide_round, grow
+from pyramid_demo.core.round import decide, decide_round, grow, record
 from pyramid_demo.core.rules import Tree, decide_tree
 
 pytestmark = pytest.mark.usefixtures("one_thread")

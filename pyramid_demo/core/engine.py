@@ -12,7 +12,6 @@ from ..forward.cache import VerifierStates
 from ..forward.lm import LM
 from . import rules
 from .config import DecodeConfig
-from .explain import record
 from .methods import Stage, method_spec, stage_rule
 from .round import (
     NonFiniteLogits,
@@ -23,6 +22,7 @@ from .round import (
     feed,
     pick,
     propose,
+    record,
     score,
 )
 from .trace import Step

@@ -10,8 +10,7 @@ import torch
 
 from ..core import rules
 from ..core.config import DecodeConfig
-from ..core.explain import record
-from ..core.round import decide, feed
+from ..core.round import decide, feed, record
 from ..forward.lm import open_lm
 
 MAX_K = 9  # longest forward profiled one k at a time: a proposal of 8 plus the verifier's own token
