@@ -31,6 +31,11 @@ METHOD_COLOURS = {lane.key: lane.colour or method_spec(lane.method).colour for l
 FONT = "font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;"
 
 
+def token_label(texts: dict[int, str], tid: float) -> str:
+    """A token id's decoded text, quoted as Python does (`#id` when the vocabulary lacks it): labels and hovers."""
+    return repr(texts.get(int(tid), f"#{int(tid)}"))
+
+
 def token_text(text: str) -> str:
     """Escape a token for HTML and make whitespace visible (a newline shows as ↵ and breaks the line)."""
     return html.escape(text).replace("\n", "↵<br>").replace("\t", "⇥") if text else "∅"
@@ -131,6 +136,7 @@ def lanes_html(lanes: list[str], title: str = "", note: str = "", foot: str = ""
     return f'<div class="lanes">{head}{"".join(lanes)}{tail}</div>'
 
 
+CELL_STYLES = {"sibling": "border-left:2px dashed #bbb;padding-left:3px;font-size:.9rem;", "below": "font-size:.9rem;"}
 MARKS = {"accepted": ("✓", "#009E73"), "rejected": ("✗", "#D55E00"), "discarded": ("·", "#9e9e9e")}
 
 
@@ -175,16 +181,8 @@ def round_chips_html(
         cells.append((2, d, "line", _token_chip(rnd, i, texts, whatif)))
     own = rnd.tokens[-1]
     tip = f"{STATUS_NAMES.get(own.status, own.status)} · the verifier's own token, at position {len(path) + 1}"
-    cells.append(
-        (
-            2,
-            len(path) + 1,
-            "line own",
-            chip(
-                texts.get(own.token_id, f"#{own.token_id}"), f"st-{own.status}", tip, strike=own.status == "discarded"
-            ),
-        )
-    )
+    own_chip = chip(texts.get(own.token_id, f"#{own.token_id}"), f"st-{own.status}", tip, own.status == "discarded")
+    cells.append((2, len(path) + 1, "line own", own_chip))
     rows = [2]
     for c in [0] + [i + 1 for i in path]:  # the contexts on the path, root first
         for j in kids[c]:
@@ -197,10 +195,7 @@ def round_chips_html(
         for d in range(1, n_cols + 1)
     )
     for r, col, cls, h in cells:
-        style = {
-            "sibling": "border-left:2px dashed #bbb;padding-left:3px;font-size:.9rem;",
-            "below": "font-size:.9rem;",
-        }.get(cls, "")
+        style = CELL_STYLES.get(cls, "")
         arrow = '<span style="color:#aaa;font-size:.8rem">→</span>' if cls == "below" else ""
         grid += f'<div class="{cls}" style="grid-row:{r};grid-column:{col};text-align:center;{style}">{arrow}{h}</div>'
     return (
