@@ -64,28 +64,28 @@ def chip(text: str, cls: str, title: str, strike: bool = False, attrs: str = "")
     return f'<span class="tok {cls}{extra}" title="{html.escape(title)}"{attrs}>{token_text(text)}</span>'
 
 
-def legend_html() -> str:
-    """The origin colours, shown above the lanes (carries the chip styles)."""
+def _legend(kind: str, names: dict[str, str], gap: int, size: str, tail: str = "") -> str:
+    """Chips of one colour scheme (`kind` o or st) with their names (carries the chip styles); `tail` trusted HTML."""
     items = "".join(
-        f'<span style="margin-right:14px">{chip(o, "o-" + o, ORIGIN_NAMES[o])} {html.escape(ORIGIN_NAMES[o])}</span>'
-        for o in ("draft", "qualifier", "target", "bonus")
+        f'<span style="margin-right:{gap}px">{chip(k, f"{kind}-{k}", v, k == "discarded")} {html.escape(v)}</span>'
+        for k, v in names.items()
     )
-    return f'{STYLE}<div class="legend" style="font-size:1.0rem;line-height:2">{items}</div>'
+    return f'{STYLE}<div class="legend" style="font-size:{size};line-height:2">{items}{tail}</div>'
+
+
+def legend_html() -> str:
+    """The origin colours, shown above the lanes."""
+    return _legend("o", ORIGIN_NAMES, 14, "1.0rem")
 
 
 def status_legend_html() -> str:
-    """The status colours, shown above the inspector's rounds (carries the chip styles)."""
-    items = "".join(
-        f'<span style="margin-right:12px">{chip(s, "st-" + s, STATUS_NAMES[s], s == "discarded")}'
-        f" {html.escape(STATUS_NAMES[s])}</span>"
-        for s in ("accepted", "rejected", "discarded", "resampled", "bonus")
-    )
+    """The status colours, shown above the inspector's rounds."""
     marks = (
         '<span style="color:#555">· ✓ / ✗ / · under a token: kept / tried and refused / never reached at the '
         "what-if τ · numbers: positions after the committed text; the top row is what the round kept, the "
         "other candidates at a position stand below it (dashed), what hangs under them after →</span>"
     )
-    return f'{STYLE}<div class="legend" style="font-size:.95rem;line-height:2">{items}{marks}</div>'
+    return _legend("st", STATUS_NAMES, 12, ".95rem", marks)
 
 
 def token_times(result: RunResult) -> list[float]:
