@@ -102,16 +102,11 @@ def pick_race(session: Session | None, race_n: Any = None) -> tuple:
     method = methods[-1] if methods else None  # the last raced: the fullest pyramid
     choices = [(f"Race {r.n}", str(r.n)) for r in session.races]
     profile = race.profile
-    story_md = story.markdown(res, profile, race.repeats, race.prompt)
-    detail_md = "\n\n".join(
-        x
-        for x in (
-            story.profile_markdown(profile),
-            story.pass_costs_markdown(res, profile),
-            story.teaching_aid(res, profile),
-            story.passes_markdown(res),
-        )
-        if x
+    details = (
+        story.profile_markdown(profile),
+        story.pass_costs_markdown(res, profile),
+        story.teaching_aid(res, profile),
+        story.passes_markdown(res),
     )
     return (
         gr.update(choices=choices, value=str(race.n)),
@@ -120,9 +115,9 @@ def pick_race(session: Session | None, race_n: Any = None) -> tuple:
         accepted_figure(res),
         charts.position_figure(res),
         charts.throughput_figure(story.rows(res, profile, race.repeats)),
-        story_md,
+        story.markdown(res, profile, race.repeats, race.prompt),
         charts.cost_figure(profile, res),
-        detail_md,
+        "\n\n".join(x for x in details if x),
         accepted_figure(res, f"Race {race.n}: drafted tokens accepted per target pass"),
     )
 
