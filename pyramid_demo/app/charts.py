@@ -13,7 +13,7 @@ from ..core.stats import stage_rounds
 from ..core.trace import RunResult, StageRound, Step
 from ..predict.costs import measured_by_k
 from .inspector import positions, round_tau, speedups, stage_names, whatif_statuses
-from .render import METHOD_COLOURS, STATUS_COLOURS
+from .render import METHOD_COLOURS, STATUS_COLOURS, token_label
 
 FONT_SIZE = 15  # large enough to read on a projector
 ROLE_COLOURS = {"draft": "#009E73", "qualifier": "#0072B2", "target": "#E69F00"}
@@ -43,25 +43,25 @@ def empty_figure(message: str, height: int = 300) -> go.Figure:
 
 def race_figure(results: dict[str, RunResult], repeats: Repeats | None = None) -> go.Figure:
     """Tokens generated vs time for every lane's median run; the legend: median tok/s and speed-ups over `repeats`."""
-    fig = go.Figure()
-    for m, r in results.items():
-        xs = [0.0, *(s.t_end for s in r.steps)]
-        ys = [0, *itertools.accumulate(len(s.new_tokens) for s in r.steps)]  # tokens so far at each pass's end
-        name = " · ".join([f"{short_name(m)}: {speed(m, results, repeats):.1f} tok/s", *speedups(m, results, repeats)])
-        fig.add_trace(
+    if not results:
+        return empty_figure("The race chart appears here: tokens generated vs time for each method.")
+    fig = go.Figure(
+        [
             go.Scatter(
-                x=xs,
-                y=ys,
+                x=[0.0, *(s.t_end for s in r.steps)],
+                y=[0, *itertools.accumulate(len(s.new_tokens) for s in r.steps)],  # tokens so far at each pass's end
                 mode="lines+markers",
                 line_shape="hv",
-                name=name,
+                name=" · ".join(
+                    [f"{short_name(m)}: {speed(m, results, repeats):.1f} tok/s", *speedups(m, results, repeats)]
+                ),
                 line=dict(color=METHOD_COLOURS.get(m), width=3),
                 marker=dict(size=5),
                 hovertemplate="%{y} tokens at %{x:.2f} s<extra>" + short_name(m) + "</extra>",
             )
-        )
-    if not results:
-        return empty_figure("The race chart appears here: tokens generated vs time for each method.")
+            for m, r in results.items()
+        ]
+    )
     _layout(fig, "Tokens generated vs time (steeper is faster)", 440)
     fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.22, x=0, xanchor="left"), margin=dict(b=120))
     fig.update_xaxes(title="seconds after the prompt (prefill excluded)", rangemode="tozero")
@@ -76,15 +76,11 @@ def _bars(
     xs, ys, colours, hover, marks = [], [], [], [], []
     for j, rnd in enumerate(rnds):
         what = whatif_statuses(rnd, tau)
-        ids = [t.token_id for t in rnd.tokens]
-
-        def name(i: int, ids: list[int] = ids) -> str:
-            return repr(texts.get(ids[i], f"#{ids[i]}"))
-
         for at in positions(rnd):
             if at.node is None:
                 continue
-            t, tok = rnd.tokens[at.node], name(at.node)
+            t = rnd.tokens[at.node]
+            tok = token_label(texts, t.token_id)
             xs.append(f"{label}{j + 1}·{at.depth} {tok}" if len(rnds) > 1 else f"{at.depth} {tok}")
             ys.append(t.div or 0.0)
             colours.append(STATUS_COLOURS[what[at.node]][1])
@@ -93,7 +89,7 @@ def _bars(
             )
             if at.siblings:
                 tip += "<br>other candidates here (same context, same Div): " + ", ".join(
-                    f"{name(i)} ({what[i]})" for i in at.siblings
+                    f"{token_label(texts, rnd.tokens[i].token_id)} ({what[i]})" for i in at.siblings
                 )
             hover.append(tip)
             marks.append(f"+{len(at.siblings)} other(s)" if at.siblings else "")
@@ -132,15 +128,14 @@ def divergence_figure(step: Step, tau_q: float, tau_t: float, texts: dict[int, s
         return empty_figure("AR: no drafted tokens in this pass.")
     rows = [("qualifier", step.qualifier_rounds)] if step.qualifier_rounds else []
     rows.append(("target", [step.target_round]))
+    taus = [round_tau(rnds[0], tau_q, tau_t) for _, rnds in rows]
     titles = []
-    for stage, rnds in rows:
+    for (stage, rnds), tau in zip(rows, taus):
         rnd = rnds[0]
-        tau = round_tau(rnd, tau_q, tau_t)
         rule = "exact rule, τ unused" if tau is None else f"τ_{'Q' if stage == 'qualifier' else 'T'} = {tau:g}"
         titles.append(f"{rnd.proposer} → {rnd.verifier}: Div({rnd.verifier}, {rnd.proposer}) · {rule}")
     fig = make_subplots(rows=len(rows), cols=1, subplot_titles=titles, vertical_spacing=0.25)
-    for k, (_, rnds) in enumerate(rows, start=1):
-        tau = round_tau(rnds[0], tau_q, tau_t)
+    for k, ((_, rnds), tau) in enumerate(zip(rows, taus), start=1):
         _bars(fig, rnds, tau, texts, k, "r")
         top = max([y for y in fig.data[-1].y if y is not None and y < float("inf")] + [tau or 0.0, 0.1])
         fig.update_yaxes(title="Div", range=[0, top * 1.25], row=k, col=1)  # room for the "+n other(s)" labels
@@ -157,7 +152,7 @@ def top5_figure(dists: dict[str, list[list[float]]], texts: dict[int, str], titl
     fig = make_subplots(rows=1, cols=len(dists), subplot_titles=list(dists), horizontal_spacing=0.12)
     for c, (role, pairs) in enumerate(dists.items(), start=1):
         # the rank keeps labels unique (two ids can decode to the same text, e.g. partial UTF-8 bytes)
-        labels = [f"{k}. {texts.get(int(i), f'#{int(i)}')!r}" for k, (i, _) in enumerate(pairs, 1)][::-1]
+        labels = [f"{k}. {token_label(texts, i)}" for k, (i, _) in enumerate(pairs, 1)][::-1]
         probs = [p for _, p in pairs][::-1]
         fig.add_trace(
             go.Bar(
@@ -214,29 +209,23 @@ def throughput_figure(rows: list[dict]) -> go.Figure:
     if not rows:
         return empty_figure("Measured and predicted speeds appear after a race.")
     names = [METHOD_SHORT[r["method"]] for r in rows]
-    pred = [r.get("predicted") for r in rows]
+    measured, pred = [r["measured"] for r in rows], [r.get("predicted") for r in rows]
+    bars = (("measured in this race", "#0072B2", measured), ("idle machine (cost profile)", "#bbbbbb", pred))
     fig = go.Figure(
         [
             go.Bar(
                 x=names,
-                y=[r["measured"] for r in rows],
-                name="measured in this race",
-                marker_color="#0072B2",
-                text=[f"{r['measured']:.1f}" for r in rows],
+                y=[y or 0 for y in ys],
+                name=name,
+                marker_color=colour,
+                text=["n/a" if y is None else f"{y:.1f}" for y in ys],
                 textposition="outside",
-            ),
-            go.Bar(
-                x=names,
-                y=[p or 0 for p in pred],
-                name="idle machine (cost profile)",
-                marker_color="#bbbbbb",
-                text=["n/a" if p is None else f"{p:.1f}" for p in pred],
-                textposition="outside",
-            ),
+            )
+            for name, colour, ys in bars
         ]
     )
     _layout(fig, "Tokens per second: measured vs the profile's idle-machine prediction", 380, barmode="group")
-    top = max([r["measured"] for r in rows] + [p or 0 for p in pred] + [1.0])
+    top = max([y or 0 for y in measured + pred] + [1.0])
     fig.update_yaxes(title="tokens / s", range=[0, top * 1.18])  # room for the value labels
     return fig
 

@@ -199,8 +199,9 @@ def _race_steps(
             _notify(MSG["bad_prompt"].format(err="the prompt is empty: type a question or instruction")), session
         )
         return
-    yield status_only(MSG["loading"].format(preset=preset), session)
-    progress(0.0, desc=MSG["loading"].format(preset=preset))
+    loading = MSG["loading"].format(preset=preset)
+    yield status_only(loading, session)
+    progress(0.0, desc=loading)
     t0 = time.perf_counter()
 
     def load() -> tuple:
@@ -225,7 +226,7 @@ def _race_steps(
         kept = session.races[-(MAX_RACES - 1) :]
         again = session.latest if quiet.same_work(session.latest, upcoming) else None
         if again is None:  # a new race: its empty lanes drawn as the models warm (Race again keeps what is shown)
-            yield before_race(session, upcoming, kept, MSG["loading"].format(preset=preset))
+            yield before_race(session, upcoming, kept, loading)
         staged = stages.run_staged(lambda: prepare(triplet, ids), lambda: "warm")
         prep = yield from _show_stages(staged, session, progress)  # warm-up and cost profile, before any clock
     except ValueError as e:
@@ -239,15 +240,13 @@ def _race_steps(
     if session.stop:  # Stop or Clear while the models loaded
         yield full_outputs(session, MSG["stopped_early"])
         return
-    exact = (
-        ""
-        if triplet.exact
-        else MSG["not_exact"].format(why=MSG["why_unchecked" if triplet.exact is None else "why_inexact"])
-    )
     race = again or replace(upcoming, profile=prep["profile"], machine=cpu_class())
     race.stopped = False
     race.note = " ".join(x for x in (getattr(triplet, "note", ""), session.budget_note) if x)
-    race.exact_note = exact or (MSG["trees_not_exact"] if triplet.exact and triplet.tree_exact is False else "")
+    if not triplet.exact:
+        race.exact_note = MSG["not_exact"].format(why=MSG["why_unchecked" if triplet.exact is None else "why_inexact"])
+    else:
+        race.exact_note = MSG["trees_not_exact"] if triplet.tree_exact is False else ""
     race.setup = MSG["setup"].format(load=load_s, warm=prep["warm_s"])
     session.budget_note = ""
     if again is None:

@@ -92,16 +92,12 @@ def plan_budget(
 def race_duration(
     prompt: str = "",
     preset: str = "",
-    draft: str = "",
-    qualifier: str = "",
-    target: str = "",
-    session: Any = None,
-    progress: Any = None,
+    *_: Any,
     side_by_side: bool = False,
     qualifier_alone: bool = False,
     **settings: Any,
 ) -> int:
-    """`spaces.GPU(duration=...)`: called with `handlers.race_event`'s own arguments."""
+    """`spaces.GPU(duration=...)`: called with `handlers.race_event`'s own arguments (ids, session, progress unused)."""
     try:
         max_new = int(settings.get("max_new_tokens", 64))
     except (TypeError, ValueError):

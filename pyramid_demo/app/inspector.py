@@ -107,6 +107,12 @@ def positions(rnd: StageRound) -> list[Position]:
     return out
 
 
+def position_at(rnd: StageRound, depth: int) -> Position:
+    """The round's position at `depth` (1-based), clamped to the positions it has."""
+    pos = positions(rnd)
+    return pos[max(0, min(depth, len(pos)) - 1)]
+
+
 def block_sources(step: Step) -> list[TokenRec | None]:
     """Per position of the target round's block, the stage-1 record that saw the draft's proposal there (or None)."""
     out: list[TokenRec | None] = []
@@ -123,8 +129,7 @@ def position_top5(step: Step, depth: int) -> dict[str, list[list[float]]]:
     rnd = step.target_round
     if rnd is None or not rnd.tokens:
         return {}
-    pos = positions(rnd)
-    at = pos[max(0, min(depth, len(pos)) - 1)]
+    at = position_at(rnd, depth)
     merged: dict[str, list[list[float]]] = {}
     srcs = block_sources(step)
     if at.depth - 1 < len(srcs) and (src := srcs[at.depth - 1]) is not None:

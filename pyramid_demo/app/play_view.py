@@ -116,15 +116,9 @@ def pass_slider(n: int, value: int) -> Any:  # over a run's n target passes (Gra
 def race_choices(session: Session | None) -> tuple:
     """After a race (or Clear): the lane dropdown, the pass slider (the last lane's busiest), that pass loaded."""
     race = session.latest if session is not None else None
-    if race is None or not race.results:
-        return (gr.update(choices=[], value=None), pass_slider(1, 1), *outputs(PlayState()))
-    lane = list(race.results)[-1]  # the last raced: the fullest pyramid
-    k = busiest(race.results[lane].steps)
-    return (
-        gr.update(choices=[(METHOD_LABELS.get(m, m), m) for m in race.results], value=lane),
-        pass_slider(len(race.results[lane].steps), k),
-        *show(session, None, lane, k),
-    )
+    lanes = list(race.results) if race is not None else []
+    lane = lanes[-1] if lanes else None  # the last raced: the fullest pyramid
+    return gr.update(choices=[(METHOD_LABELS.get(m, m), m) for m in lanes], value=lane), *pick_lane(session, lane)
 
 
 def pick_lane(session: Session | None, lane: str | None) -> tuple:

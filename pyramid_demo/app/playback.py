@@ -162,15 +162,8 @@ class _Play:
         if block and n:
             for i in range(n):
                 set_state(i, PROPOSED)
-            self.add(
-                f"the qualified block of {n} token{'s' if n != 1 else ''} goes up to the target",
-                "qualifier",
-                j,
-                title,
-                chips,
-                ps,
-                tuple(range(n)),
-            )
+            said = f"the qualified block of {n} token{'s' if n != 1 else ''} goes up to the target"
+            self.add(said, "qualifier", j, title, chips, ps, tuple(range(n)))
         elif not block:
             kids = rules.children(ps)
             for i in range(n):
@@ -213,14 +206,8 @@ class _Play:
             who = step.origins[0] if step.origins else "target"
             text = "".join(self.text(x) for x in step.new_tokens)
             self.committed = [Chip(self.text(x), o, "accepted") for x, o in zip(step.new_tokens, step.origins)]
-            self.add(
-                f"the {who} alone writes {_q(text)} — one token per pass",
-                who,
-                -1,
-                "AR: target alone" if who == "target" else f"the {who} alone",
-                [],
-                [],
-            )
+            title = "AR: target alone" if who == "target" else f"the {who} alone"
+            self.add(f"the {who} alone writes {_q(text)} — one token per pass", who, -1, title, [], [])
             return self.beats
         block: list[str] = []  # the origin of each token of the qualified block
         for j, rnd in enumerate(step.qualifier_rounds):

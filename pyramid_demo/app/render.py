@@ -31,6 +31,11 @@ METHOD_COLOURS = {lane.key: lane.colour or method_spec(lane.method).colour for l
 FONT = "font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;"
 
 
+def token_label(texts: dict[int, str], tid: float) -> str:
+    """A token id's decoded text, quoted as Python does (`#id` when the vocabulary lacks it): labels and hovers."""
+    return repr(texts.get(int(tid), f"#{int(tid)}"))
+
+
 def token_text(text: str) -> str:
     """Escape a token for HTML and make whitespace visible (a newline shows as ↵ and breaks the line)."""
     return html.escape(text).replace("\n", "↵<br>").replace("\t", "⇥") if text else "∅"
@@ -59,28 +64,28 @@ def chip(text: str, cls: str, title: str, strike: bool = False, attrs: str = "")
     return f'<span class="tok {cls}{extra}" title="{html.escape(title)}"{attrs}>{token_text(text)}</span>'
 
 
-def legend_html() -> str:
-    """The origin colours, shown above the lanes (carries the chip styles)."""
+def _legend(kind: str, names: dict[str, str], gap: int, size: str, tail: str = "") -> str:
+    """Chips of one colour scheme (`kind` o or st) with their names (carries the chip styles); `tail` trusted HTML."""
     items = "".join(
-        f'<span style="margin-right:14px">{chip(o, "o-" + o, ORIGIN_NAMES[o])} {html.escape(ORIGIN_NAMES[o])}</span>'
-        for o in ("draft", "qualifier", "target", "bonus")
+        f'<span style="margin-right:{gap}px">{chip(k, f"{kind}-{k}", v, k == "discarded")} {html.escape(v)}</span>'
+        for k, v in names.items()
     )
-    return f'{STYLE}<div class="legend" style="font-size:1.0rem;line-height:2">{items}</div>'
+    return f'{STYLE}<div class="legend" style="font-size:{size};line-height:2">{items}{tail}</div>'
+
+
+def legend_html() -> str:
+    """The origin colours, shown above the lanes."""
+    return _legend("o", ORIGIN_NAMES, 14, "1.0rem")
 
 
 def status_legend_html() -> str:
-    """The status colours, shown above the inspector's rounds (carries the chip styles)."""
-    items = "".join(
-        f'<span style="margin-right:12px">{chip(s, "st-" + s, STATUS_NAMES[s], s == "discarded")}'
-        f" {html.escape(STATUS_NAMES[s])}</span>"
-        for s in ("accepted", "rejected", "discarded", "resampled", "bonus")
-    )
+    """The status colours, shown above the inspector's rounds."""
     marks = (
         '<span style="color:#555">· ✓ / ✗ / · under a token: kept / tried and refused / never reached at the '
         "what-if τ · numbers: positions after the committed text; the top row is what the round kept, the "
         "other candidates at a position stand below it (dashed), what hangs under them after →</span>"
     )
-    return f'{STYLE}<div class="legend" style="font-size:.95rem;line-height:2">{items}{marks}</div>'
+    return _legend("st", STATUS_NAMES, 12, ".95rem", marks)
 
 
 def token_times(result: RunResult) -> list[float]:
@@ -131,6 +136,7 @@ def lanes_html(lanes: list[str], title: str = "", note: str = "", foot: str = ""
     return f'<div class="lanes">{head}{"".join(lanes)}{tail}</div>'
 
 
+CELL_STYLES = {"sibling": "border-left:2px dashed #bbb;padding-left:3px;font-size:.9rem;", "below": "font-size:.9rem;"}
 MARKS = {"accepted": ("✓", "#009E73"), "rejected": ("✗", "#D55E00"), "discarded": ("·", "#9e9e9e")}
 
 
@@ -175,16 +181,8 @@ def round_chips_html(
         cells.append((2, d, "line", _token_chip(rnd, i, texts, whatif)))
     own = rnd.tokens[-1]
     tip = f"{STATUS_NAMES.get(own.status, own.status)} · the verifier's own token, at position {len(path) + 1}"
-    cells.append(
-        (
-            2,
-            len(path) + 1,
-            "line own",
-            chip(
-                texts.get(own.token_id, f"#{own.token_id}"), f"st-{own.status}", tip, strike=own.status == "discarded"
-            ),
-        )
-    )
+    own_chip = chip(texts.get(own.token_id, f"#{own.token_id}"), f"st-{own.status}", tip, own.status == "discarded")
+    cells.append((2, len(path) + 1, "line own", own_chip))
     rows = [2]
     for c in [0] + [i + 1 for i in path]:  # the contexts on the path, root first
         for j in kids[c]:
@@ -197,10 +195,7 @@ def round_chips_html(
         for d in range(1, n_cols + 1)
     )
     for r, col, cls, h in cells:
-        style = {
-            "sibling": "border-left:2px dashed #bbb;padding-left:3px;font-size:.9rem;",
-            "below": "font-size:.9rem;",
-        }.get(cls, "")
+        style = CELL_STYLES.get(cls, "")
         arrow = '<span style="color:#aaa;font-size:.8rem">→</span>' if cls == "below" else ""
         grid += f'<div class="{cls}" style="grid-row:{r};grid-column:{col};text-align:center;{style}">{arrow}{h}</div>'
     return (

@@ -98,12 +98,9 @@ def verdict(method: str, row: dict, spread: float | None, ar_factor: float | Non
     x = row.get("x_ar")
     if x is None:
         return "no AR lane in this race to compare with"
-    said = {
-        1: f"**faster** than AR ({x:.2f}×",
-        0: f"**a tie with AR** within noise ({x:.2f}×",
-        -1: f"**slower** than AR ({x:.2f}×",
-    }[noise.compare(x, 1.0, spread or 0.0)]
-    said += f", noise band {spread:.0%})" if spread is not None else ")"
+    outcome = noise.compare(x, 1.0, spread or 0.0)
+    said = {1: "**faster** than AR", 0: "**a tie with AR** within noise", -1: "**slower** than AR"}[outcome]
+    said += f" ({x:.2f}×" + (f", noise band {spread:.0%})" if spread is not None else ")")
     xp = row.get("x_ar_predicted")
     if xp is None:
         return said

@@ -13,7 +13,7 @@ from plotly.subplots import make_subplots
 from ..core import rules
 from ..core.trace import StageRound, Step, TokenRec, accepted_path, parents_of
 from .charts import FONT_SIZE, _layout, _num, empty_figure
-from .render import STATUS_COLOURS
+from .render import STATUS_COLOURS, token_label
 
 FATE_NAMES = {
     "accepted": "accepted path",
@@ -115,10 +115,6 @@ def place_round(rnd: StageRound, x0: float, top: dict[int, int], fold: bool = Fa
     return nodes
 
 
-def _tok(texts: dict[int, str], tid: int) -> str:
-    return repr(texts.get(int(tid), f"#{int(tid)}"))
-
-
 def _short(label: str, chars: int) -> str:
     return label if len(label) <= chars else label[: max(1, chars - 1)] + "…"
 
@@ -133,7 +129,7 @@ def hover(node: Node, rnd: StageRound, texts: dict[int, str], pos: int) -> str:
     """What one node says on hover: its fate, each model's probability (p, q, Div) and the verifier's wish."""
     t, who = node.rec, rnd.verifier if node.own else rnd.proposer
     lines = [
-        f"<b>{_tok(texts, t.token_id)}</b> · {who}'s token at position {pos}",
+        f"<b>{token_label(texts, t.token_id)}</b> · {who}'s token at position {pos}",
         f"fate: {FATE_NAMES.get(fate(node), t.status)} ({t.status})",
         f"p = {_num(t.p)} ({rnd.verifier}, the verifier)",
     ]
@@ -142,9 +138,11 @@ def hover(node: Node, rnd: StageRound, texts: dict[int, str], pos: int) -> str:
         lines.append(f"Div = {_num(t.div)}" + ("" if t.tau is None else f" against τ = {t.tau:g}"))
     want = top1(t, rnd.verifier)
     if want is not None:
-        lines.append(f"{rnd.verifier}'s top-1 here: {_tok(texts, want[0])} ({want[1]:.3f})")
+        lines.append(f"{rnd.verifier}'s top-1 here: {token_label(texts, want[0])} ({want[1]:.3f})")
     if node.folded:
-        names = ", ".join(_tok(texts, r.token_id) for r in node.folded[:8]) + (", …" if len(node.folded) > 8 else "")
+        names = ", ".join(token_label(texts, r.token_id) for r in node.folded[:8]) + (
+            ", …" if len(node.folded) > 8 else ""
+        )
         lines.append(f"+{len(node.folded)} candidate(s) below it, never reached: {names}")
     return "<br>".join(lines)
 
@@ -194,6 +192,7 @@ def _draw_row(fig: go.Figure, row: Row, k: int, texts: dict[int, str], chars: in
     groups: dict[tuple[str, bool, str], dict[str, list]] = {}
     wants: dict[str, list] = {"x": [], "text": [], "hover": []}
     roots: dict[str, list] = {"x": [], "hover": []}
+    at = dict(row=k, col=1)  # this row's subplot
     for j, (rnd, x0, nodes) in enumerate(row.placed):
         if j == 0:
             roots["x"].append(x0)
@@ -207,15 +206,15 @@ def _draw_row(fig: go.Figure, row: Row, k: int, texts: dict[int, str], chars: in
             g = groups.setdefault((fate(node), node.own, rnd.stage), {"x": [], "y": [], "text": [], "hover": []})
             g["x"].append(node.x)
             g["y"].append(node.y)
-            label = _short(_tok(texts, node.rec.token_id), chars)
+            label = _short(token_label(texts, node.rec.token_id), chars)
             g["text"].append(f"{label} +{len(node.folded)}" if node.folded else label)
             g["hover"].append(hover(node, rnd, texts, int(node.x)))
             want = top1(node.rec, rnd.verifier) if node.on_path else None
             if want is not None:
                 wants["x"].append(node.x)
-                wants["text"].append(_short(_tok(texts, want[0]), chars))
+                wants["text"].append(_short(token_label(texts, want[0]), chars))
                 wants["hover"].append(
-                    f"{rnd.verifier}'s top-1 at position {int(node.x)}: {_tok(texts, want[0])} ({want[1]:.3f})"
+                    f"{rnd.verifier}'s top-1 at position {int(node.x)}: {token_label(texts, want[0])} ({want[1]:.3f})"
                 )
         if len(row.placed) > 1:
             fig.add_annotation(
@@ -225,23 +224,20 @@ def _draw_row(fig: go.Figure, row: Row, k: int, texts: dict[int, str], chars: in
                 showarrow=False,
                 xanchor="left",
                 font=dict(size=FONT_SIZE - 3, color="#666"),
-                row=k,
-                col=1,
+                **at,
             )
-    for on_path, (ex, ey) in edges.items():
-        fig.add_trace(
-            go.Scatter(
-                x=ex,
-                y=ey,
-                mode="lines",
-                hoverinfo="skip",
-                showlegend=False,
-                line=dict(color=EDGE_PATH if on_path else EDGE_OTHER, width=4 if on_path else 1.5),
-            ),
-            row=k,
-            col=1,
+    traces = [
+        go.Scatter(
+            x=ex,
+            y=ey,
+            mode="lines",
+            hoverinfo="skip",
+            showlegend=False,
+            line=dict(color=EDGE_PATH if on_path else EDGE_OTHER, width=4 if on_path else 1.5),
         )
-    fig.add_trace(
+        for on_path, (ex, ey) in edges.items()
+    ]
+    traces.append(
         go.Scatter(
             x=roots["x"],
             y=[0.0] * len(roots["x"]),
@@ -251,14 +247,12 @@ def _draw_row(fig: go.Figure, row: Row, k: int, texts: dict[int, str], chars: in
             hovertext=roots["hover"],
             hoverinfo="text",
             name="root",
-        ),
-        row=k,
-        col=1,
+        )
     )
     for (fate_key, own, stage), g in sorted(groups.items(), key=lambda kv: list(FATE_NAMES).index(kv[0][0])):
         symbol = OWN_SYMBOL if own else STAGE_SYMBOLS.get(stage, "circle")
         symbol += "-open" if fate_key == "discarded" else "-x" if fate_key == "rejected" else ""
-        fig.add_trace(
+        traces.append(
             go.Scatter(
                 x=g["x"],
                 y=g["y"],
@@ -280,14 +274,12 @@ def _draw_row(fig: go.Figure, row: Row, k: int, texts: dict[int, str], chars: in
                         color=FATE_COLOURS[fate_key] if fate_key == "discarded" else "#333",
                     ),
                 ),
-            ),
-            row=k,
-            col=1,
+            )
         )
         seen.add(fate_key)
     verifier = row.rounds[0].verifier
     if wants["x"]:
-        fig.add_trace(
+        traces.append(
             go.Scatter(
                 x=wants["x"],
                 y=[WANT_Y] * len(wants["x"]),
@@ -298,10 +290,11 @@ def _draw_row(fig: go.Figure, row: Row, k: int, texts: dict[int, str], chars: in
                 hoverinfo="text",
                 showlegend=False,
                 name=f"{verifier} top-1",
-            ),
-            row=k,
-            col=1,
+            )
         )
+    for trace in traces:
+        fig.add_trace(trace, **at)
+    if wants["x"]:
         fig.add_annotation(
             x=0,
             y=WANT_Y,
@@ -310,13 +303,10 @@ def _draw_row(fig: go.Figure, row: Row, k: int, texts: dict[int, str], chars: in
             xanchor="right",
             xshift=-14,
             font=dict(size=FONT_SIZE - 3, color=TEXT_COLOURS.get(verifier, "#333")),
-            row=k,
-            col=1,
+            **at,
         )
-        fig.add_hrect(
-            y0=WANT_Y - 0.32, y1=WANT_Y + 0.32, fillcolor="#f3f3f3", line_width=0, layer="below", row=k, col=1
-        )
-    fig.update_yaxes(range=[row.slots - 0.4, WANT_Y - 0.8], visible=False, row=k, col=1)
+        fig.add_hrect(y0=WANT_Y - 0.32, y1=WANT_Y + 0.32, fillcolor="#f3f3f3", line_width=0, layer="below", **at)
+    fig.update_yaxes(range=[row.slots - 0.4, WANT_Y - 0.8], visible=False, **at)
 
 
 def tree_figure(step: Step, texts: dict[int, str]) -> go.Figure:

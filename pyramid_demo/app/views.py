@@ -13,6 +13,7 @@ from ..core.config import METHOD_LABELS
 from ..core.trace import RunResult, StageRound, parents_of
 from . import charts, inspector, play_view, render, story
 from .pass_hist import accepted_figure
+from .playback import rounds
 from .session import Race, Session
 from .text import DEFAULT, MSG
 from .tree_view import tree_figure
@@ -28,11 +29,8 @@ def _round_slider(r: RunResult | None) -> Any:
 
 def _pos_slider(r: RunResult | None) -> Any:
     """Positions along a target pass's accepted path (`inspector.positions`): as many as the run's deepest pass has."""
-    top = (
-        max((len(inspector.positions(s.target_round)) for s in r.steps if s.target_round is not None), default=1)
-        if r is not None
-        else 1
-    )
+    steps = r.steps if r is not None else []
+    top = max((len(inspector.positions(s.target_round)) for s in steps if s.target_round is not None), default=1)
     return gr.update(minimum=1, maximum=max(top, 2), value=1, step=1)  # max > min
 
 
@@ -55,12 +53,11 @@ def kept_words(rnd: StageRound) -> str:
 
 def position_title(rnd: StageRound, depth: int, texts: dict[int, str]) -> tuple[int, str]:
     """The top-5 chart's title at a position (clamped): its token, the other candidates, the own token if there."""
-    pos = inspector.positions(rnd)
-    at = pos[max(0, min(depth, len(pos)) - 1)]
+    at = inspector.position_at(rnd, depth)
 
     def name(i: int) -> str:
         t = rnd.tokens[i]
-        return html.escape(f"{texts.get(t.token_id, f'#{t.token_id}')!r} ({t.status})", quote=False)
+        return html.escape(f"{render.token_label(texts, t.token_id)} ({t.status})", quote=False)
 
     title = f"Top-5 next tokens at position {at.depth}: " + (
         name(at.node) if at.node is not None else f"{rnd.verifier}'s own {name(len(rnd.tokens) - 1)}"
@@ -105,16 +102,11 @@ def pick_race(session: Session | None, race_n: Any = None) -> tuple:
     method = methods[-1] if methods else None  # the last raced: the fullest pyramid
     choices = [(f"Race {r.n}", str(r.n)) for r in session.races]
     profile = race.profile
-    story_md = story.markdown(res, profile, race.repeats, race.prompt)
-    detail_md = "\n\n".join(
-        x
-        for x in (
-            story.profile_markdown(profile),
-            story.pass_costs_markdown(res, profile),
-            story.teaching_aid(res, profile),
-            story.passes_markdown(res),
-        )
-        if x
+    details = (
+        story.profile_markdown(profile),
+        story.pass_costs_markdown(res, profile),
+        story.teaching_aid(res, profile),
+        story.passes_markdown(res),
     )
     return (
         gr.update(choices=choices, value=str(race.n)),
@@ -123,9 +115,9 @@ def pick_race(session: Session | None, race_n: Any = None) -> tuple:
         accepted_figure(res),
         charts.position_figure(res),
         charts.throughput_figure(story.rows(res, profile, race.repeats)),
-        story_md,
+        story.markdown(res, profile, race.repeats, race.prompt),
         charts.cost_figure(profile, res),
-        detail_md,
+        "\n\n".join(x for x in details if x),
         accepted_figure(res, f"Race {race.n}: drafted tokens accepted per target pass"),
     )
 
@@ -153,15 +145,10 @@ def inspect_round(
         f"token(s): `{committed!r}`"
     )
     if step.target_round is None:
-        return (
-            render.message_html(MSG["ar_round"]),
-            charts.empty_figure(MSG["ar_round"]),
-            charts.empty_figure(MSG["ar_round"]),
-            head,
-            tree_figure(step, vocab),
-        )
+        none = charts.empty_figure(MSG["ar_round"])
+        return render.message_html(MSG["ar_round"]), none, none, head, tree_figure(step, vocab)
     parts, lines = [], [head]
-    for j, rnd in enumerate(step.qualifier_rounds + [step.target_round]):
+    for j, rnd in enumerate(rounds(step)):
         tau = inspector.round_tau(rnd, tau_q, tau_t)
         what_if = inspector.whatif_statuses(rnd, tau)
         k = what_if.count("accepted") if tau is not None else rnd.n_accepted
