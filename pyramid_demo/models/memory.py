@@ -251,9 +251,8 @@ def estimate_family(
     name = preset.name if preset else "custom family"
     if preset is not None and preset.name == "tiny-random":
         cfg = tiny_config(len(tiny_tokenizer()))
-        return Estimate(
-            name, dtype, max_len, quantize, tuple(_sizes(r, ref, cfg, dtype, quantize) for r, ref in zip(ROLES, refs))
-        )
+        rows = tuple(_sizes(role, ref, cfg, dtype, quantize) for role, ref in zip(ROLES, refs))
+        return Estimate(name, dtype, max_len, quantize, rows)
     if preset is not None and preset.name == OFFLINE:
         try:
             cfg = _bundled_config()
@@ -263,9 +262,8 @@ def estimate_family(
         draft = (
             _feature_draft_size(cfg, dtype, quantize) if draft_reads_verifier() else replace(qualifier, role="draft")
         )
-        return Estimate(
-            name, dtype, max_len, quantize, (draft, qualifier, _sizes("target", BUNDLED_TARGET, cfg, dtype, quantize))
-        )
+        target = _sizes("target", BUNDLED_TARGET, cfg, dtype, quantize)
+        return Estimate(name, dtype, max_len, quantize, (draft, qualifier, target))
     rows, unknown, seen = [], [], set()
     for role, ref in zip(ROLES, refs):
         if lookup.parse(ref) is not None:  # prompt lookup: no weights, no cache
