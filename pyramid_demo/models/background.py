@@ -34,10 +34,10 @@ def register(name: str) -> Path:
     return path
 
 
-def live_pids(folder: Path | None = None) -> list[int]:
+def live_pids() -> list[int]:
     """The registered jobs still running as this project's processes (not this one)."""
     out = []
-    for p in sorted((folder or pid_dir()).glob("*.pid")):
+    for p in sorted(pid_dir().glob("*.pid")):
         try:
             pid = int(p.read_text().strip())
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -49,10 +49,10 @@ def live_pids(folder: Path | None = None) -> list[int]:
 
 
 @contextmanager
-def paused(folder: Path | None = None) -> Iterator[list[int]]:
+def paused() -> Iterator[list[int]]:
     """Stop every registered background job while the block runs (yields their pids), then continue them."""
     pids = []
-    for pid in live_pids(folder):
+    for pid in live_pids():
         with suppress(OSError):
             os.kill(pid, signal.SIGSTOP)
             pids.append(pid)

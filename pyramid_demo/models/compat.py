@@ -87,8 +87,12 @@ def check_tokenizers(names: Sequence[str], tokenizers: Sequence[Any]) -> None:
             )
 
 
-def check_widths(names: Sequence[str], tokenizers: Sequence[Any], models: Sequence[Any]) -> None:
-    """Raise unless each model's logits cover its tokenizer (wider is padding, fine)."""
+def check_compatible(names: Sequence[str], tokenizers: Sequence[Any], models: Sequence[Any]) -> None:
+    """Raise `IncompatibleModels` (a `LoadError`) unless draft, qualifier and target share one tokenizer and each
+    model's logits cover it (wider is padding, fine)."""
+    if not len(names) == len(tokenizers) == len(models):
+        raise ValueError("names, tokenizers and models must have the same length")
+    check_tokenizers(names, tokenizers)
     for name, tok, model in zip(names, tokenizers, models):
         width, n = logit_width(model), len(tok)
         if width < n:
@@ -97,14 +101,6 @@ def check_widths(names: Sequence[str], tokenizers: Sequence[Any], models: Sequen
                 "tokens, so some token ids have no score. The checkpoint and tokenizer do not "
                 "belong together; use the tokenizer shipped with that model."
             )
-
-
-def check_compatible(names: Sequence[str], tokenizers: Sequence[Any], models: Sequence[Any]) -> None:
-    """Raise `IncompatibleModels` (a `LoadError`) unless draft, qualifier and target share one tokenizer."""
-    if not len(names) == len(tokenizers) == len(models):
-        raise ValueError("names, tokenizers and models must have the same length")
-    check_tokenizers(names, tokenizers)
-    check_widths(names, tokenizers, models)
 
 
 def eos_ids(tokenizer: Any, model: Any) -> tuple[int, ...]:

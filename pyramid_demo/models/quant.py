@@ -64,6 +64,13 @@ def _pack(codes: torch.Tensor) -> torch.Tensor:
     return torch.ops.aten._convert_weight_to_int4pack(pairs, tiles)
 
 
+def _joined_bias(parts: list[tuple[torch.Tensor | None, int]], device: torch.device) -> torch.Tensor | None:
+    """Joined layers' biases end to end, fp32 zeros for a part (bias, width) without one; None where none has one."""
+    if all(b is None for b, _ in parts):
+        return None
+    return torch.cat([torch.zeros(n, dtype=torch.float32, device=device) if b is None else b for b, n in parts])
+
+
 class Int4Linear(Fusable):
     """y = x·Wᵀ + b with W in 4-bit groups; any input dtype in, the same dtype out (bf16 inside the kernel)."""
 
@@ -94,10 +101,9 @@ class Int4Linear(Fusable):
 
     def _own_forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).to(torch.bfloat16)  # [rows, K]
-        if flat.device.type == "cpu":
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, self.group, self.scales_zeros)
-        else:
-            y = torch.ops.aten._weight_int4pack_mm(flat, self.packed, self.group, self.scales_zeros)
+        cpu = flat.device.type == "cpu"
+        mm = torch.ops.aten._weight_int4pack_mm_for_cpu if cpu else torch.ops.aten._weight_int4pack_mm
+        y = mm(flat, self.packed, self.group, self.scales_zeros)
         y = y[:, : self.out_features].to(x.dtype)  # [rows, N]: padding rows dropped
         if self.bias is not None:
             y = y + self.bias.to(x.dtype)
@@ -127,13 +133,7 @@ class Int4Linear(Fusable):
             or mods[0].packed.device.type != "cpu"
         ):
             return None
-        bias = (
-            None
-            if all(m.bias is None for m in mods)
-            else torch.cat(
-                [m.bias if m.bias is not None else m.scales_zeros.new_zeros(m.out_features).float() for m in mods]
-            )
-        )
+        bias = _joined_bias([(m.bias, m.out_features) for m in mods], mods[0].packed.device)
         return Int4Linear(
             torch.cat([m.packed for m in mods]),
             torch.cat([m.scales_zeros for m in mods], 1),
@@ -180,12 +180,7 @@ class Fp16Linear(Fusable):
             return None
         parts = [m.unpacked() for m in mods]  # (weight [N, K], bias)
         w = torch.cat([p[0] for p in parts])  # [sum N, K]
-        bias = (
-            None
-            if all(p[1] is None for p in parts)
-            else torch.cat([p[1] if p[1] is not None else w.new_zeros(p[0].shape[0]) for p in parts])
-        )
-        return Fp16Linear(w, bias)
+        return Fp16Linear(w, _joined_bias([(b, part.shape[0]) for part, b in parts], w.device))
 
     def _own_forward(self, x: torch.Tensor) -> torch.Tensor:
         y = torch.ops.quantized.linear_dynamic_fp16(x.reshape(-1, self.in_features).float(), self.packed)

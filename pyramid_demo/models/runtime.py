@@ -32,6 +32,14 @@ log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
 FORMAT = 2  # what an entry holds; raise it when that changes (older entries are then not read)
 ISA = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "neon", "asimd", "bf16", "sve")
+VECTOR_UNITS = {  # the vector unit in words: the first whose flag this CPU has
+    "amx_tile": "AMX",
+    "avx512_bf16": "AVX-512 BF16",
+    "avx512f": "AVX-512",
+    "avx2": "AVX2",
+    "neon": "NEON",
+    "asimd": "NEON",
+}
 WHY = {
     "hf": "Hugging Face's forward (an architecture the core forward does not cover)",
     "feature": "its own one-layer forward over the verifier's states",
@@ -58,19 +66,7 @@ def cpu_class() -> str:
         platform.processor() or platform.machine(),
     )
     f = set(cpu_flags())
-    isa = (
-        "AMX"
-        if "amx_tile" in f
-        else "AVX-512 BF16"
-        if "avx512_bf16" in f
-        else "AVX-512"
-        if "avx512f" in f
-        else "AVX2"
-        if "avx2" in f
-        else "NEON"
-        if f & {"neon", "asimd"}
-        else platform.machine()
-    )
+    isa = next((unit for flag, unit in VECTOR_UNITS.items() if flag in f), platform.machine())
     return f"{name}, {os.cpu_count()} cores, {isa}"
 
 

@@ -186,18 +186,16 @@ def _tree_model(out: dict[str, Any], c: dict, config: dict, profile: dict, fuzzy
 
 def verdict(method: str, m: dict, measured: tuple[float, float] | None = None) -> str:
     """Why the method wins or loses on the profile; `measured` (its and AR's tok/s) adds what the run did."""
+    seen = f"; measured {measured[0]:.1f} vs AR {measured[1]:.1f} tok/s" if measured and all(measured) else ""
     if "best_tree" in m:
         b, exp = m["best_tree"], m.get("expected_tokens_per_s")
         ranks = ", ".join(f"{r:.2f}" for r in (m.get("ranks") or [])[:4]) or "not measured yet"
-        line = (
+        return (
             f"a tree spends the draft's top few (acceptance by rank {ranks})"
             + (f": expected {exp:.1f} vs AR {m['ar_tokens_per_s']:.1f} tok/s at this budget" if exp else "")
             + f"; predicted best here {b['tree_nodes']} nodes, depth {b['tree_depth']}, k {b['tree_k']} "
-            f"({b['tokens_per_pass']:.2f} tokens per pass, {b['tokens_per_s']:.1f} tok/s)"
+            f"({b['tokens_per_pass']:.2f} tokens per pass, {b['tokens_per_s']:.1f} tok/s){seen}"
         )
-        if measured and all(measured):
-            line += f"; measured {measured[0]:.1f} vs AR {measured[1]:.1f} tok/s"
-        return line
     if "break_even_alpha" not in m:
         return "the baseline: one target forward per token" if method == "ar" else "no profile for its models"
     be, a = m["break_even_alpha"], m.get("alpha")
@@ -213,16 +211,13 @@ def verdict(method: str, m: dict, measured: tuple[float, float] | None = None) -
     vs = f" (expected {exp:.1f} vs AR {m['ar_tokens_per_s']:.1f} tok/s on this profile)" if exp else ""
     wins = a >= be
     line = (
-        f"wins: {stage} {a:.2f} is above the break-even {be:.2f}{vs}"
+        f"wins: {stage} {a:.2f} is above the break-even {be:.2f}{vs}{seen}"
         if wins
-        else f"loses: {stage} {a:.2f} is below the break-even {be:.2f}{vs}"
+        else f"loses: {stage} {a:.2f} is below the break-even {be:.2f}{vs}{seen}"
     )
-    if measured and all(measured):
-        got, ar = measured
-        line += f"; measured {got:.1f} vs AR {ar:.1f} tok/s"
-        if (got >= ar) != wins:
-            line += (
-                " — not what the profile expects: these forwards cost more in the run than in the "
-                "profile, or its proposals were shorter/longer than the formula's γ"
-            )
+    if seen and measured and (measured[0] >= measured[1]) != wins:
+        line += (
+            " — not what the profile expects: these forwards cost more in the run than in the "
+            "profile, or its proposals were shorter/longer than the formula's γ"
+        )
     return line

@@ -17,7 +17,6 @@ MAX_K = 9  # longest forward profiled one k at a time: a proposal of 8 plus the 
 TREE_K = 17  # also profiled: the pass of a 16-node tree (its root row included)
 TREE_ROWS = (1, 2, 3, 4, 5, 7, 9, 13, 17)  # tree forwards profiled: a level of k rows, a pass of nodes + 1
 CONTEXT = 100  # tokens already in the cache when a forward is timed
-PROFILE_VERSION = "engine-3"  # what a cached profile holds: a profile without the engine's prices is re-measured
 
 
 class ForwardTimer:
@@ -78,18 +77,16 @@ def measure_profile(
     vocab_size: int,
     max_k: int = MAX_K,
     reps: int = 3,
-    make_timer: Callable[..., Any] | None = None,
     extras_out: dict | None = None,
     runners: dict[str, Any] | None = None,
 ) -> dict[str, dict[int, float]]:
     """{role: {k: ms}} per distinct model, k = 1 … max_k timed in interleaved rounds, min over rounds (the first
     warms up). `extras_out` receives "tree_ms" ({role: {n: ms}}, where the model takes trees) and "engine_ms";
     `runners`: each role's compiled packages (its family's plan)."""
-    make_timer = make_timer or ForwardTimer
     timers: dict[int, Any] = {}
     for role, model in models.items():
         if id(model) not in timers:  # on the forward the runs will use
-            timers[id(model)] = make_timer(model, vocab_size, runner=(runners or {}).get(role))
+            timers[id(model)] = ForwardTimer(model, vocab_size, runner=(runners or {}).get(role))
     best: dict[int, dict[int, float]] = {i: {} for i in timers}
     for _ in range(reps + 1):
         for i, timer in timers.items():

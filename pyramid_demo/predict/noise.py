@@ -38,11 +38,11 @@ def same_k_forwards(steps: Iterable[Step]) -> dict[tuple[str, int], list[float]]
     return out
 
 
-def timing_noise(groups: dict[tuple[str, int], list[float]], min_group: int = MIN_GROUP) -> float | None:
-    """The run's relative timing noise: groups' spreads weighted by size, over groups of ≥ `min_group` (else None)."""
+def timing_noise(groups: dict[tuple[str, int], list[float]]) -> float | None:
+    """The run's relative timing noise: groups' spreads weighted by size, over groups of ≥ MIN_GROUP (else None)."""
     total = n = 0.0
     for times in groups.values():
-        spread = relative_spread(times) if len(times) >= min_group else None
+        spread = relative_spread(times) if len(times) >= MIN_GROUP else None
         if spread is not None:
             total += spread * len(times)
             n += len(times)
