@@ -5,7 +5,6 @@ what the rule saw."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -18,10 +17,6 @@ from .trace import StageRound, TokenRec
 
 if TYPE_CHECKING:
     from ..forward.lm import LM
-
-# the shipped feature draft's on-policy acceptance by rank (greedy, assets/unseen_prompts.jsonl, 352 positions),
-# assumed before a tree has run: it fixes a sampled tree's shape and what the predictor prices first
-RANK_PRIOR = (0.406, 0.103, 0.045, 0.045, 0.046)
 
 
 class NonFiniteLogits(ValueError):
@@ -95,7 +90,9 @@ def grow(
     fixed before any draw (`expected_tree` on the rank prior), as the lossless rule needs."""
     z_root = feed(lm, seq, 1)  # [1, V]: the root's context
     warp = (cfg.temperature, cfg.top_k, cfg.top_p)
-    shape = rules.children(expected_tree(nodes, depth, k, RANK_PRIOR)[0]) if gen is not None else None  # lossless
+    shape = (
+        rules.children(rules.expected_tree(nodes, depth, k, rules.RANK_PRIOR)[0]) if gen is not None else None
+    )  # lossless
     ctx_rows, toks, par, score_, ctx, fed, slot = [z_root[0]], [], [], [], [], [], []
     # per node: token, parent, path score, its row in ctx_rows (−1: not expanded), its pending row, shape slot
 
@@ -254,33 +251,6 @@ def decide(
 ) -> Round:
     """A chain's round: proposed tokens x [n] with the proposer's logits z_q [n, V] (see `decide_round`)."""
     return decide_round(z_p, chain(x, z_q if x else z_p[:0]), rule, tau, cfg, gen, stage, proposer, verifier)
-
-
-# ---------------------------------------------------------------- the sampled tree's shape
-def expected_tree(nodes: int, depth: int, k: int, a: list[float] | tuple[float, ...]) -> tuple[list[int], list[int]]:
-    """EAGLE-2's expansion on expected scores (log of a product of a_rank along a path): (parents, ranks). A
-    sampled tree takes this shape on `RANK_PRIOR`; the predictor prices trees by it."""
-
-    def lp(r: int) -> float:
-        return math.log(max(a[r] if r < len(a) else a[-1] * 0.5, 1e-9))
-
-    par: list[int] = []
-    rank: list[int] = []
-    score: list[float] = []
-    frontier, base = [-1], {-1: 0.0}
-    for _ in range(depth):
-        new = []
-        for f in frontier:
-            for r in range(k):
-                par.append(f)
-                rank.append(r)
-                score.append(base[f] + lp(r))
-                base[len(par) - 1] = score[-1]
-                new.append(len(par) - 1)
-        frontier = sorted(new, key=lambda i: -score[i])[:k]
-    keep = rules.best_nodes(par, score, nodes)
-    idx = {old: i for i, old in enumerate(keep)}
-    return [idx[par[i]] if par[i] >= 0 else -1 for i in keep], [rank[i] for i in keep]
 
 
 # ---------------------------------------------------------------- the record of a decided round

@@ -360,3 +360,35 @@ def decide_tree(
         leaf, nxt = False, own(c, rest)
         break
     return TreeDecision(walked, nxt, status, torch.tensor(d) if fuzzy else None, r, sd, leaf, p_w, q_w)
+
+
+# the shipped feature draft's on-policy acceptance by rank (greedy, assets/unseen_prompts.jsonl, 352 positions),
+# assumed before a tree has run: it fixes a sampled tree's shape and what the predictor prices first
+RANK_PRIOR = (0.406, 0.103, 0.045, 0.045, 0.046)
+
+
+# ---------------------------------------------------------------- the sampled tree's shape
+def expected_tree(nodes: int, depth: int, k: int, a: list[float] | tuple[float, ...]) -> tuple[list[int], list[int]]:
+    """EAGLE-2's expansion on expected scores (log of a product of a_rank along a path): (parents, ranks). A
+    sampled tree takes this shape on `RANK_PRIOR`; the predictor prices trees by it."""
+
+    def lp(r: int) -> float:
+        return math.log(max(a[r] if r < len(a) else a[-1] * 0.5, 1e-9))
+
+    par: list[int] = []
+    rank: list[int] = []
+    score: list[float] = []
+    frontier, base = [-1], {-1: 0.0}
+    for _ in range(depth):
+        new = []
+        for f in frontier:
+            for r in range(k):
+                par.append(f)
+                rank.append(r)
+                score.append(base[f] + lp(r))
+                base[len(par) - 1] = score[-1]
+                new.append(len(par) - 1)
+        frontier = sorted(new, key=lambda i: -score[i])[:k]
+    keep = best_nodes(par, score, nodes)
+    idx = {old: i for i, old in enumerate(keep)}
+    return [idx[par[i]] if par[i] >= 0 else -1 for i in keep], [rank[i] for i in keep]

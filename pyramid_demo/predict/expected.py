@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from functools import cache
 
-from ..core.round import expected_tree
-from ..core.rules import depths
+from ..core.rules import depths, expected_tree
 from .engine_costs import engine_ms
 from .profile import cost_ms, cost_tree_ms
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..core.round import RANK_PRIOR
+from ..core.rules import RANK_PRIOR
 from .expected import round_speed
 from .profile import ar_speed
 
