@@ -123,7 +123,7 @@ def test_a_pass_of_at_most_few_rows_runs_the_few_row_package_and_every_other_the
     lm.feed(ids[:31], 1)  # a step: few
     lm.feed(ids[: 31 + compiled.FEW_ROWS], compiled.FEW_ROWS)  # the longest few-row chain
     lm.feed(ids[: 32 + 2 * compiled.FEW_ROWS], compiled.FEW_ROWS + 1)  # one row longer: many
-    lm.forward_tree(ids[40:43], [-1, 0, 0], 32 + 2 * compiled.FEW_ROWS)  # a three-row tree: few
+    lm.forward(ids[40:43], 32 + 2 * compiled.FEW_ROWS, parents=[-1, 0, 0])  # a three-row tree: few
     assert many.rows == [30, compiled.FEW_ROWS + 1] and few.rows == [1, compiled.FEW_ROWS, 3]
     # each pass's mask is as wide as the slots it reads (its last row's slot + 1), never the cache's capacity
     assert many.widths == [30, 32 + 2 * compiled.FEW_ROWS] and few.widths == [
@@ -160,7 +160,7 @@ def test_a_head_packed_for_its_own_kernel_runs_after_the_package_on_the_rows_kep
     c = CoreLM(q, t.vocab_size, "qualifier", compiled.Runner(states_only, head=compiled.head_after(q)))
     e = CoreLM(q, t.vocab_size, "qualifier")
     assert torch.allclose(c.forward(ids[:30], 0, 3), e.forward(ids[:30], 0, 3), atol=1e-5)  # the last 3 of 30 rows
-    tc, te = c.forward_tree(ids[30:33], [-1, 0, 0], 30), e.forward_tree(ids[30:33], [-1, 0, 0], 30)
+    tc, te = c.forward(ids[30:33], 30, parents=[-1, 0, 0]), e.forward(ids[30:33], 30, parents=[-1, 0, 0])
     assert tc.shape == te.shape == (3, t.vocab_size) and torch.allclose(tc, te, atol=1e-5)
     assert rows == [30, 3]
 
@@ -222,7 +222,7 @@ def test_a_package_runs_only_where_it_agrees_with_the_eager_pass(cache, monkeypa
     ids = [(7 * i + 3) % (t.vocab_size - 1) + 1 for i in range(40)]
     assert torch.allclose(lm.feed(ids[:30], 4), ref.feed(ids[:30], 4), atol=1e-5)
     assert torch.allclose(
-        lm.forward_tree(ids[30:33], [-1, 0, 0], 30), ref.forward_tree(ids[30:33], [-1, 0, 0], 30), atol=1e-5
+        lm.forward(ids[30:33], 30, parents=[-1, 0, 0]), ref.forward(ids[30:33], 30, parents=[-1, 0, 0]), atol=1e-5
     )
 
     bad = tiny_random_triplet(seed=3)
@@ -261,8 +261,8 @@ def test_the_compiled_pass_computes_what_the_eager_one_does(cache) -> None:
     zc = torch.cat([c.forward(ids[90 + i : 91 + i], 90 + i, 1) for i in range(5)])
     ze = e.forward(ids[90:95], 90, 5)
     assert torch.allclose(zc, ze, atol=1e-4)
-    tc = c.forward_tree(ids[95:99], [-1, 0, 0, 1], 95)  # rows: root, two children, a grandchild
-    te = e.forward_tree(ids[95:99], [-1, 0, 0, 1], 95)
+    tc = c.forward(ids[95:99], 95, parents=[-1, 0, 0, 1])  # rows: root, two children, a grandchild
+    te = e.forward(ids[95:99], 95, parents=[-1, 0, 0, 1])
     assert torch.allclose(tc, te, atol=1e-4)
     assert c.keep_path([0, 2]) == 97 and e.keep_path([0, 2]) == 97
     assert torch.allclose(c.forward(ids[99:100], 97, 1), e.forward(ids[99:100], 97, 1), atol=1e-4)

@@ -87,7 +87,7 @@ def test_each_tree_row_scores_as_steps_along_its_path(name, one_thread):
     tree = IDS[40:48]
     lm = CoreLM(model, V, "t")
     lm.feed(IDS[:30], 1)
-    got = lm.forward_tree(tree, parents, 30)  # [8, V]
+    got = lm.forward(tree, 30, parents=parents)  # [8, V]
     for j in range(len(parents)):
         path, k = [], j
         while k >= 0:
@@ -103,7 +103,7 @@ def test_a_kept_path_continues_as_a_fresh_chain(one_thread):
     model = family("llama3", init=0.5)
     lm = CoreLM(model, V, "t")
     lm.feed(IDS[:30], 1)
-    lm.forward_tree(IDS[40:44], [-1, -1, 1, 2], 30)
+    lm.forward(IDS[40:44], 30, parents=[-1, -1, 1, 2])
     assert lm.keep_path([1, 2, 3]) == 33 and lm.ids == IDS[:30] + IDS[41:44]
     got = lm.feed(IDS[:30] + IDS[41:45], 1)
     ref = HFLM(model, V, "t").feed(IDS[:30] + IDS[41:45], 1)
@@ -134,10 +134,10 @@ def test_a_tree_level_that_grows_the_cache_keeps_the_earlier_levels_rows(one_thr
         lm = CoreLM(model, V, "t")
         lm.feed(IDS[:n], 1)
         cap = lm.capacity
-        lm.forward_tree(IDS[n : n + 2], [-1, 0], n)  # level 1: rows 0, 1
+        lm.forward(IDS[n : n + 2], n, parents=[-1, 0])  # level 1: rows 0, 1
         if lm.capacity != cap:
             continue
-        lm.forward_tree(IDS[n + 2 : n + 4], [1, 2], n)  # level 2: rows 2, 3
+        lm.forward(IDS[n + 2 : n + 4], n, parents=[1, 2])  # level 2: rows 2, 3
         if lm.capacity > cap:
             break
     else:

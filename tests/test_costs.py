@@ -99,9 +99,9 @@ def test_method_model_and_verdict_from_a_trace():
 def _counting(lm: BigramLM, log: list[int]) -> BigramLM:
     real = lm.forward
 
-    def forward(tokens, pos, keep):
+    def forward(tokens, pos, keep=None, parents=None):
         log.append(len(tokens))
-        return real(tokens, pos, keep)
+        return real(tokens, pos, keep, parents)
 
     lm.forward = forward
     return lm

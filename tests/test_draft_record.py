@@ -33,7 +33,7 @@ def _scenario(draft, target, vocab: int, ids: list[int]) -> torch.Tensor:
     t.forward(ids[23:28], 23, 1)  # the target's states up to 27
     assert d.truncate(27) == 24, "the rows fed predicted states were kept"
     rows.append(d.feed(ids[:28], 4))
-    rows.append(d.forward_tree(ids[28:32], [-1, 0, 0, 1], 28))
+    rows.append(d.forward(ids[28:32], 28, parents=[-1, 0, 0, 1]))
     return torch.cat(rows)
 
 

@@ -181,7 +181,7 @@ class _Rows:
     def feed(self, ids, keep):
         return self._next(keep)
 
-    def forward_tree(self, tokens, parents, base):
+    def forward(self, tokens, pos, keep=None, parents=None):
         return self._next(len(tokens))
 
 

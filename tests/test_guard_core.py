@@ -85,7 +85,7 @@ def test_yarn_scaled_core_matches_hf(name):
     lm = CoreLM(model, V, "t")
     got = torch.cat([lm.feed(IDS[:30], 30), lm.feed(IDS[:33], 3), lm.feed(IDS[:34], 1)])  # [34, V]
     assert (got - ref[:34]).abs().max() < TOL, "the core left HF's YaRN-scaled logits"
-    tree = lm.forward_tree([IDS[34], 7, IDS[35]], [-1, -1, 0], 34)  # row 2: IDS[35] after IDS[34]
+    tree = lm.forward([IDS[34], 7, IDS[35]], 34, parents=[-1, -1, 0])  # row 2: IDS[35] after IDS[34]
     assert (tree[2] - ref[35]).abs().max() < TOL and (tree[0] - ref[34]).abs().max() < TOL, "a tree row left HF's"
 
 
@@ -124,7 +124,7 @@ def test_tree_rows_at_the_window_edge_match_hf(windowed, context):
     tokens, parents = [11, 12, 13, 14], [-1, -1, 0, 1]
     lm = CoreLM(m, V, "t")
     lm.feed(IDS[:context], 1)
-    got = lm.forward_tree(tokens, parents, context)
+    got = lm.forward(tokens, context, parents=parents)
     for j, path in enumerate(([11], [12], [11, 13], [12, 14])):
         want = _hf(m, IDS[:context] + path)[-1]
         assert (got[j] - want).abs().max() < TOL, f"tree row {j} after {context} cached saw another window"
@@ -137,7 +137,7 @@ def test_a_kept_path_keeps_slot_order_under_a_sliding_window(windowed):
     m, _ = windowed
     lm = CoreLM(m, V, "t")
     lm.feed(IDS[:6], 1)
-    lm.forward_tree([11, 12, 13, 14, 15, 16], [-1, -1, 0, 1, 1, 4], 6)
+    lm.forward([11, 12, 13, 14, 15, 16], 6, parents=[-1, -1, 0, 1, 1, 4])
     assert lm.keep_path([1, 4, 5]) == 9
     seq = IDS[:6] + [12, 15, 16] + IDS[20:23]
     ref = _hf(m, seq)
@@ -183,9 +183,9 @@ def test_a_tree_round_publishes_the_kept_paths_states(forward, wide):
     lm = forward(model, V, "target")
     lm.publish = VerifierStates(taps)
     lm.feed(ctx, 1)
-    lm.forward_tree(toks[:2], [-1, -1], 10)
-    lm.forward_tree(toks[2:5], [0, 1, 1], 10)
-    lm.forward_tree(toks[5:], [4], 10)
+    lm.forward(toks[:2], 10, parents=[-1, -1])
+    lm.forward(toks[2:5], 10, parents=[0, 1, 1])
+    lm.forward(toks[5:], 10, parents=[4])
     assert lm.publish.n == 10, "tree rows were published before any was kept"
     kept = [toks[1], toks[4], toks[5]]
     assert _kept(lm.keep_path, [1, 4, 5]) == 13 and lm.publish.n == 13
@@ -205,7 +205,7 @@ def test_one_scoring_pass_publishes_its_unfed_tokens_and_the_kept_branch():
     lm = CoreLM(model, V, "target")
     lm.publish = VerifierStates()
     lm.feed(IDS[:8], 1)
-    lm.forward_tree(IDS[8:10] + [21, 22, 23, 24], [-1, 0, 1, 1, 2, 3], 8)  # two chain rows, then the tree
+    lm.forward(IDS[8:10] + [21, 22, 23, 24], 8, parents=[-1, 0, 1, 1, 2, 3])  # two chain rows, then the tree
     seq = IDS[:10] + [22, 24]
     assert _kept(lm.keep_along, seq) == 12 and lm.ids == seq
     want = _published(CoreLM, model, seq, ())
@@ -252,7 +252,7 @@ def test_a_feature_draft_tree_root_reads_the_published_state_before_it():
         return tg, dr
 
     _, tree_lm = connected()
-    got = tree_lm.forward_tree([ids[10], 40], [-1, -1], 10)
+    got = tree_lm.forward([ids[10], 40], 10, parents=[-1, -1])
     _, chain_lm = connected()
     want = chain_lm.feed(ids[:11], 1)[0]
     assert torch.allclose(got[0], want, atol=1e-5), "a tree root read another state than the chain row"

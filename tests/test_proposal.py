@@ -101,9 +101,9 @@ def _bigram_lms(method: str) -> dict:
 @pytest.mark.parametrize("method", ["sd", "fsd", "psd_a", "psd_f"])
 def test_every_round_is_a_tree_and_a_chain_never_takes_a_tree_pass(method, monkeypatch):
     """Rule: every StageRound carries its parent list (a chain's [−1, 0, 1, …]); a chain is drafted and scored by
-    the plain cached forward, never a tree pass (the gathered layout is for trees only)."""
+    a chain pass (`_run`, a feed's), never a tree pass (the tree mask and gathered layout are for trees only)."""
     calls = []
-    monkeypatch.setattr(BigramLM, "forward_tree", lambda self, *a: calls.append(self.role))
+    monkeypatch.setattr(BigramLM, "_run_tree", lambda self, *a: calls.append(self.role))
     cfg = DecodeConfig(method=method, shape="chain", gamma=3, l_d=2, l_q=4, max_new_tokens=12)
     for step in decode(_bigram_lms(method), [0], cfg, (), None):
         for rnd in step.qualifier_rounds + [step.target_round]:

@@ -162,10 +162,11 @@ def test_a_bonus_tokens_origin_is_bonus():
 
 
 def test_a_missed_qualifier_cut_raises_cache_error():
-    """A cache whose cut is missed must not be fed after stale tokens. Planted: the qualifier's cut after a
-    k < n round that ends its block (its own token 5 is unsure, conf_stop 0.5) is skipped; the target then
-    accepts the block, and the step's cut keeps the qualifier's stale 2 at position 2 (the draft's; the block
-    has 5 there). Its next feed must raise CacheError, not feed on silently."""
+    """A cache whose cut is missed must not be fed after stale tokens. Planted: after a k < n round that ends its
+    block (its own token 5 is unsure, conf_stop 0.5) the qualifier keeps every row it scored, not the accepted
+    path, and its cut is skipped; the target then accepts the block, and the step's cut keeps the qualifier's
+    stale 2 at position 2 (the draft's; the block has 5 there). Its next feed must raise CacheError, not feed on
+    silently."""
     q = chain()
     q[1] = 0.0
     q[1, 5] = 1.0  # after 1 the qualifier refuses the draft's 2 and writes 5, unsure (top ≈ 0.28)
@@ -173,9 +174,11 @@ def test_a_missed_qualifier_cut_raises_cache_error():
     lms = {"draft": BigramLM(chain(), "draft"), "qualifier": BigramLM(q, "qualifier")}
     st = method_spec(cfg.method).stages[0]
     seq = [0]
-    lms["qualifier"].truncate = lambda pos: lms["qualifier"].cache_len  # the planted missed cut (this block only)
+    q_lm = lms["qualifier"]
+    q_lm.keep_along = lambda seq: q_lm.keep_path(list(range(len(q_lm.pending))))  # planted: every row kept
+    q_lm.truncate = lambda pos: q_lm.cache_len  # planted: the missed cut (this block only)
     block, *_ = pyramid_block(lms, seq, st, 8, cfg, None)
-    del lms["qualifier"].truncate
+    del q_lm.truncate, q_lm.keep_along
     assert block == [1, 5]
     seq = seq + block + [6]  # the target accepts the block and adds its bonus
     for lm in lms.values():

@@ -156,10 +156,10 @@ def test_keep_path_moves_the_accepted_rows_and_refuses_a_non_path(tiny):
     ids = [(i * 37 + 5) % 290 + 3 for i in range(80)]
     lm = make()
     lm.feed(ids[:30], 1)
-    lm.forward_tree([7, 8, 9, 10], [-1, 0, 0, 2], 30)
+    lm.forward([7, 8, 9, 10], 30, parents=[-1, 0, 0, 2])
     with pytest.raises(CacheError):
         lm.keep_path([0, 1, 3])
-    lm.forward_tree([7, 8, 9, 10], [-1, 0, 0, 2], 30)
+    lm.forward([7, 8, 9, 10], 30, parents=[-1, 0, 0, 2])
     assert lm.keep_path([0, 2, 3]) == 33 and lm.ids[30:] == [7, 9, 10]
     ref, other = make(), make()
     ref.feed(ids[:30] + [7, 9, 10], 1)
@@ -175,8 +175,8 @@ def test_keep_along_keeps_the_fed_rows_that_spell_the_sequence():
     holds (an accepted leaf was never fed)."""
     lm = BigramLM(bigram_table(V, 1), "draft")
     lm.feed([0, 1], 1)
-    lm.forward_tree([3, 4], [-1, -1], 2)  # two roots' children
-    lm.forward_tree([4, 5], [0, 1], 2)  # below 3: 4; below 4: 5
+    lm.forward([3, 4], 2, parents=[-1, -1])  # two roots' children
+    lm.forward([4, 5], 2, parents=[0, 1])  # below 3: 4; below 4: 5
     assert lm.keep_along([0, 1, 3, 4, 2]) == 4 and lm.ids == [0, 1, 3, 4] and not lm.pending
 
 
@@ -210,8 +210,8 @@ def test_tree_rows_read_their_parents_state_in_the_feature_draft():
     base = [5, 6, 7, 8]
     tree_lm = FeatureLM(fd, t.vocab_size, "draft")
     tree_lm.feed(base, 1)
-    z1 = tree_lm.forward_tree([20, 21], [-1, -1], 4)  # two siblings at position 4
-    z2 = tree_lm.forward_tree([30, 31], [1, 0], 4)  # a child below each, crossed
+    z1 = tree_lm.forward([20, 21], 4, parents=[-1, -1])  # two siblings at position 4
+    z2 = tree_lm.forward([30, 31], 4, parents=[1, 0])  # a child below each, crossed
     for tok1, row1, tok2, row2 in ((21, 1, 30, 0), (20, 0, 31, 1)):
         ref = FeatureLM(fd, t.vocab_size, "draft")
         want1 = ref.feed(base + [tok1], 1)[0]

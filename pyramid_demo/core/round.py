@@ -127,8 +127,8 @@ def grow(
             frontier = [f for f in frontier if shape[slot[f] + 1]]
         if not frontier:
             break
-        z = lm.forward_tree(
-            [toks[f] for f in frontier], [fed[par[f]] if par[f] >= 0 else -1 for f in frontier], lm.cache_len
+        z = lm.forward(
+            [toks[f] for f in frontier], lm.cache_len, parents=[fed[par[f]] if par[f] >= 0 else -1 for f in frontier]
         )  # [len(frontier), V]
         nxt = []
         for j, f in enumerate(frontier):
@@ -150,15 +150,14 @@ def grow(
 
 # ---------------------------------------------------------------- score
 def score(lm: LM, seq: list[int], tree: Tree) -> torch.Tensor:
-    """The verifier's logits per context [N + 1, V] after `seq` in one pass: a chain through the plain pass, a
-    tree through a tree pass (its unfed committed tokens as a chain, then the tree on the last of them)."""
-    if rules.is_chain(tree.parents):
-        return feed(lm, seq + tree.tokens, tree.n + 1)
-    new = lm.unfed(seq)  # the committed tokens it has not fed, the root last
+    """The verifier's logits per context [N + 1, V] after `seq` in one pass of rows: its unfed committed tokens (the
+    root last), then the proposal's nodes under their parents (a chain's: the row before); they stay pending until
+    the round keeps its accepted path (`engine.stage_round`)."""
+    new = lm.unfed(seq)
     m = len(new)
     parents = rules.chain_parents(m) + [p + m if p >= 0 else m - 1 for p in tree.parents]
-    z = lm.forward_tree(new + tree.tokens, parents, lm.cache_len)  # [m + N, V]
-    return _finite(z[m - 1 :], lm.role)  # the root's context, then each node's
+    z = lm.forward(new + tree.tokens, lm.cache_len, tree.n + 1, parents)  # [N + 1, V]
+    return _finite(z, lm.role)
 
 
 # ---------------------------------------------------------------- decide

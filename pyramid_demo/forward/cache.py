@@ -82,11 +82,12 @@ class VerifierStates:
 
 class CachedModel(abc.ABC):
     """One model's per-run cache bookkeeping: the tokens it holds (`ids`). The loop feeds sequences (`feed`,
-    `keep_along`, `truncate`); probes feed at a stated position (`forward`, `forward_tree`), the cache's end."""
+    `keep_along`, `truncate`); probes feed rows at a stated position (`forward`), the cache's end."""
 
     role: str
     device: torch.device = torch.device("cpu")
-    trees: bool = False  # whether its forward attends over a tree of candidates (`forward_tree`)
+    trees: bool = False  # whether its forward attends over a tree of candidates (`forward` with parents)
+    feeds_chains: bool = True  # pending rows that form a chain run as a feed's (`_run`: its slots, no tree mask)
 
     def __init__(self, role: str) -> None:
         self.role = role
@@ -104,45 +105,52 @@ class CachedModel(abc.ABC):
     def cache_len(self) -> int:
         return len(self.ids)
 
-    def forward(self, tokens: list[int], pos: int, keep: int) -> torch.Tensor:
-        """Feed `tokens` at positions pos … pos+n-1; logits for the last `keep` of them [keep, V] fp32, CPU."""
-        self._drop_pending()  # a plain feed overwrites the tree's scratch slots
+    def forward(
+        self, tokens: list[int], pos: int, keep: int | None = None, parents: list[int] | None = None
+    ) -> torch.Tensor:
+        """The one pass: rows at the cache's end `pos`, each with a parent. `parents` None: a chain that joins the
+        cache now (a prefill, a step). Else each row's parent (−1: the cache's end; an earlier pending row): the
+        rows stay pending, each seeing the cache, its ancestors and itself, until `keep_path` keeps a path of them
+        (a chain's: a length move). Logits of the last `keep` rows (None: all) [keep, V] fp32, CPU."""
         if pos != len(self.ids):
             raise CacheError(
                 f"{self.role}: tokens fed at position {pos}, but its cache ends at {len(self.ids)} "
                 "(a rollback was missed)"
             )
-        if not tokens or not 1 <= keep <= len(tokens):
-            raise ValueError(f"{self.role}: asked for {keep} logits from {len(tokens)} new tokens")
-        t0 = time.perf_counter()
-        z = self._run(tokens, pos, keep)
-        self.time_s += time.perf_counter() - t0
-        self.n_forward += 1
-        self.fed.append(len(tokens))
+        keep = len(tokens) if keep is None else keep
+        if not tokens or not 1 <= keep <= len(tokens) or parents is not None and len(parents) != len(tokens):
+            raise ValueError(f"{self.role}: asked for {keep} logits of {len(tokens)} rows ({parents=})")
+        if parents is not None:
+            return self._pend(tokens, parents, pos)[-keep:]
+        self._drop_pending()  # a plain feed overwrites the pending rows' slots
+        z = self._timed(len(tokens), self._run, tokens, pos, keep)
         self.ids.extend(tokens)
         if self.publish is not None:
             assert self.feats is not None and self.feats.shape[0] == len(tokens), f"{self.role}: no states"
             self.publish.write(pos, self.feats)
         return z
 
-    def forward_tree(self, tokens: list[int], parents: list[int], pos: int) -> torch.Tensor:
-        """Feed tree rows after the cache (parent: an earlier pending row, or −1 for `pos`); each attends to the
-        cache, its ancestors and itself. Logits [n, V] fp32, CPU; nothing enters the cache until `keep_path`."""
-        if pos != len(self.ids):
-            raise CacheError(f"{self.role}: tree fed at position {pos}, but its cache ends at {len(self.ids)}")
+    def _timed(self, n: int, run, *args) -> torch.Tensor:  # type: ignore[no-untyped-def]
+        """One forward of n new rows, counted and timed (the cost profile reads them)."""
+        t0 = time.perf_counter()
+        z = run(*args)
+        self.time_s += time.perf_counter() - t0
+        self.n_forward += 1
+        self.fed.append(n)
+        return z
+
+    def _pend(self, tokens: list[int], parents: list[int], pos: int) -> torch.Tensor:
+        """Rows after the pending ones, held pending; a chain from the cache's end runs the chain pass."""
         base = len(self.pending)
-        if not tokens or len(parents) != len(tokens):
-            raise ValueError(f"{self.role}: {len(tokens)} tree tokens with {len(parents)} parents")
         rows = list(self.pending)
         for t, p in zip(tokens, parents):
             if not -1 <= p < len(rows):
-                raise ValueError(f"{self.role}: tree row {len(rows)}'s parent {p} is not an earlier row")
+                raise ValueError(f"{self.role}: row {len(rows)}'s parent {p} is not an earlier row")
             rows.append((t, p, pos if p < 0 else rows[p][2] + 1))
-        t0 = time.perf_counter()
-        z = self._run_tree(rows, base, pos)
-        self.time_s += time.perf_counter() - t0
-        self.n_forward += 1
-        self.fed.append(len(tokens))
+        if self.feeds_chains and not base and parents == list(range(-1, len(tokens) - 1)):
+            z = self._timed(len(tokens), self._run, tokens, pos, len(tokens))  # a chain: slots pos … as a feed's
+        else:
+            z = self._timed(len(tokens), self._run_tree, rows, base, pos)
         self.pending = rows
         if self.publish is not None:
             assert self.feats is not None and self.feats.shape[0] == len(tokens), f"{self.role}: no states"
@@ -158,7 +166,8 @@ class CachedModel(abc.ABC):
             prev = r
         pos = len(self.ids)
         if rows:
-            self._compact(pos, [pos + r for r in rows])
+            if rows != list(range(len(rows))):  # a chain's path is where it was written: a length move
+                self._compact(pos, [pos + r for r in rows])
             self.ids.extend(self.pending[r][0] for r in rows)
             if self.publish is not None:
                 feats = torch.cat(self.pending_feats)  # [pending, d]

@@ -17,6 +17,7 @@ class FeatureLM(CachedModel):
     runs on the core's pass (`core.stack`), its cache laid out as the core's."""
 
     trees = True  # its forward takes tree rows (`_run_tree`)
+    feeds_chains = False  # a feed advances what it has read of its verifier's states: pending rows never feed
 
     def __init__(self, module: Any, vocab_size: int, role: str, capacity: int = MIN_CAPACITY):
         super().__init__(role)

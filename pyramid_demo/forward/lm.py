@@ -15,28 +15,25 @@ from .cache import CachedModel, VerifierStates, tap_norm, tree_seen
 
 
 class LM(Protocol):
-    """What the engine needs from a model (every implementation is a `cache.CachedModel`)."""
+    """What the engine needs from a model (every implementation is a `cache.CachedModel`): one pass of rows
+    (`forward`), and the loop's side of the cache (`feed`, `keep_along`, `truncate`)."""
 
     role: str
     ids: list[int]  # tokens whose keys/values are in the cache, in order
     n_forward: int
     time_s: float
     fed: list[int]  # new tokens fed by each forward since the counters were reset (cost profile)
-    publish: VerifierStates | None  # the target hands its states out here when a proposer reads them
-    feats: torch.Tensor | None
+    publish: VerifierStates | None  # the verifier hands its states out here when a proposer reads them
 
     @property
     def cache_len(self) -> int: ...
+    def forward(
+        self, tokens: list[int], pos: int, keep: int | None = None, parents: list[int] | None = None
+    ) -> torch.Tensor: ...  # rows at pos: [keep, V]; with parents, pending until a path of them is kept
     def feed(self, seq: list[int], keep: int) -> torch.Tensor: ...  # seq past the cache; [keep, V] fp32, CPU
     def unfed(self, seq: list[int]) -> list[int]: ...  # seq past the cache, the cached tokens checked
+    def keep_along(self, seq: list[int]) -> int: ...  # the pending rows that spell seq join the cache
     def truncate(self, pos: int) -> int: ...  # returns where the cache now ends
-    @property
-    def trees(self) -> bool: ...  # whether its forward takes tree rows
-    def forward_tree(self, tokens: list[int], parents: list[int], pos: int) -> torch.Tensor: ...  # [n, V]
-    def keep_along(self, seq: list[int]) -> int: ...  # the tree rows that spell seq join the cache
-    def forward(self, tokens: list[int], pos: int, keep: int) -> torch.Tensor: ...  # [keep, V] at pos
-    def keep_path(self, rows: list[int]) -> int: ...  # these tree rows join the cache
-    def rollback(self, seq: list[int]) -> None: ...
     def reset_counters(self) -> None: ...
 
 

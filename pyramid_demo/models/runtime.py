@@ -168,7 +168,7 @@ def agreement(model: Any, vocab_size: int, runner: Any) -> dict[str, Any]:
     for run in (None, runner):
         lm = CoreLM(model, vocab_size, "check", run)
         z = [lm.feed(ids[:60], 1), lm.feed(ids[:61], 1), lm.feed(ids[:65], 4)]
-        z.append(lm.forward_tree(ids[65:71], [-1, 0, 0, 1, 1, 2], 65))
+        z.append(lm.forward(ids[65:71], 65, parents=[-1, 0, 0, 1, 1, 2]))
         outs.append(torch.cat(z))  # [12, V]
     a, b = outs  # eager, compiled
     steps = CoreLM(model, vocab_size, "check")

@@ -42,7 +42,7 @@ class ForwardTimer:
         if not getattr(lm, "trees", False):
             return None
         pos, t0 = lm.cache_len, lm.time_s
-        lm.forward_tree(self.ids[pos : pos + n], [-1] + [0] * (n - 1), pos)
+        lm.forward(self.ids[pos : pos + n], pos, parents=[-1] + [0] * (n - 1))
         t = lm.time_s - t0
         lm.keep_path([])
         lm.rollback(self.ids[: self.context + 1])
@@ -64,9 +64,9 @@ class ForwardTimer:
         if not getattr(lm, "trees", False):
             return None
         pos = lm.cache_len
-        lm.forward_tree(self.ids[pos : pos + n], [-1] * n, pos)
+        lm.forward(self.ids[pos : pos + n], pos, parents=[-1] * n)
         t0 = time.perf_counter()
-        lm.keep_path([0])
+        lm.keep_path([n - 1])  # a root not first: its keys and values move (a chain's first row would not)
         t = time.perf_counter() - t0
         lm.rollback(self.ids[: self.context + 1])
         return t
