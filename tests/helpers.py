@@ -134,3 +134,26 @@ def saved_tiny_models(folder, names: str) -> list[str]:
         tiny_tokenizer().save_pretrained(folder / name)
         paths.append(str(folder / name))
     return paths
+
+
+def plan(config, max_memory: dict, dtype: torch.dtype = torch.float16) -> dict:
+    """The device map accelerate would choose for `config` under `max_memory`, sized on `meta` (no weights or GPU):
+    what `--device-map auto` does inside `from_pretrained`, for tests that split a model in memory."""
+    from accelerate import infer_auto_device_map, init_empty_weights
+    from transformers import AutoModelForCausalLM
+
+    with init_empty_weights():
+        model = AutoModelForCausalLM.from_config(config)
+    model.tie_weights()
+    no_split = getattr(model, "_no_split_modules", None) or []
+    return infer_auto_device_map(model.to(dtype), max_memory=max_memory, no_split_module_classes=no_split)
+
+
+def dispatch(model: torch.nn.Module, device_map: dict, offload_dir: str | None = None) -> torch.nn.Module:
+    """Put an in-memory model's modules where `device_map` says ("disk" entries offloaded to `offload_dir`)."""
+    from accelerate import dispatch_model
+
+    if len(set(map(str, device_map.values()))) == 1 and "disk" not in device_map.values():
+        return model.to(next(iter(device_map.values())))
+    main = next((d for d in device_map.values() if d not in ("cpu", "disk")), "cpu")
+    return dispatch_model(model, device_map=device_map, main_device=main, offload_dir=offload_dir)

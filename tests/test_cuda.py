@@ -9,6 +9,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import helpers
 import pytest
 import torch
 from helpers import devices_of
@@ -60,14 +61,13 @@ def test_memory_check_reads_the_gpu():
 
 @pytest.mark.cuda
 def test_a_target_split_between_gpu_and_cpu_writes_the_same_text():
-    from pyramid_demo.models import placement
     from pyramid_demo.models.tiny import tiny_config, tiny_random_triplet, tiny_tokenizer
 
     run = DecodeConfig(method="psd_f", max_new_tokens=12, temperature=0.0)
     base = generate(tiny_random_triplet(), "the water is", run, chat=False)
     t = tiny_random_triplet()
-    plan = placement.plan(tiny_config(len(tiny_tokenizer())), {0: 250_000, "cpu": 10**9}, torch.float32)
-    split = replace(t, target=placement.dispatch(t.target, plan), draft=t.draft.cuda())
+    plan = helpers.plan(tiny_config(len(tiny_tokenizer())), {0: 250_000, "cpu": 10**9}, torch.float32)
+    split = replace(t, target=helpers.dispatch(t.target, plan), draft=t.draft.cuda())
     assert len(devices_of(split.target)) > 1 or "cuda" in str(plan)
     assert generate(split, "the water is", run, chat=False).text == base.text
 

@@ -14,7 +14,8 @@ from transformers import AutoTokenizer, LlamaForCausalLM
 
 import pyramid_demo.models.bundled as bundled
 import pyramid_demo.models.loading as loading
-from pyramid_demo.forward.lm import ModelTriplet, encode_prompt, open_lm
+from pyramid_demo.core.run import encode_prompt
+from pyramid_demo.forward.lm import ModelTriplet, open_lm
 from pyramid_demo.models.loading import LoadError, load_triplet, pick_device, pick_dtype
 from pyramid_demo.models.presets import BUNDLED_TARGET, DEFAULT_PRESET, FEATURE_DRAFT, PRESETS, Preset
 from pyramid_demo.models.tiny import tiny_config, tiny_tokenizer

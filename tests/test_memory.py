@@ -6,6 +6,7 @@ import copy
 import json
 from dataclasses import replace
 
+import helpers
 import pytest
 import torch
 from helpers import devices_of, saved_tiny_models
@@ -123,7 +124,7 @@ def test_available_ram_is_positive():
 
 
 def test_placement_options_and_messages(monkeypatch):
-    assert placement.make_placement().default
+    assert placement.make_placement() == placement.Placement()
     assert placement.make_placement("auto").key == "auto/dense"
     with pytest.raises(LoadError, match="Unknown device map"):
         placement.make_placement("balanced-ish")
@@ -142,14 +143,14 @@ def test_a_family_split_across_places_races_like_one_on_a_single_device(tmp_path
     feeds it on its embedding's device, gets CPU fp32 logits back, rolls back its split cache, and
     writes exactly what the single-device family writes."""
     cfg = tiny_config(len(tiny_tokenizer()))
-    plan = placement.plan(cfg, {"cpu": 500_000}, torch.float32)
+    plan = helpers.plan(cfg, {"cpu": 500_000}, torch.float32)
     assert {"cpu", "disk"} <= set(plan.values())
     run = DecodeConfig(method="psd_f", max_new_tokens=12, temperature=0.0)
     base = generate(tiny_random_triplet(), "the water is", run, chat=False)
     t = tiny_random_triplet()
     split = replace(
         t,
-        target=placement.dispatch(t.target, plan, str(tmp_path)),
+        target=helpers.dispatch(t.target, plan, str(tmp_path)),
         qualifier=copy.deepcopy(t.qualifier).to(torch.bfloat16),
     )  # another dtype: logits still meet as fp32
     assert is_placed(split.target) and "meta" in devices_of(split.target)

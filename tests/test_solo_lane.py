@@ -22,9 +22,9 @@ from pyramid_demo.bench.variants import name_models
 from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.engine import decode, prefill
 from pyramid_demo.core.methods import LANES, lane_label, lanes
-from pyramid_demo.core.run import generate
+from pyramid_demo.core.run import encode_prompt, generate
 from pyramid_demo.core.stats import first_divergence
-from pyramid_demo.forward.lm import encode_prompt, open_lm
+from pyramid_demo.forward.lm import open_lm
 from pyramid_demo.models.tiny import tiny_random_triplet
 
 pytestmark = pytest.mark.usefixtures("one_thread")

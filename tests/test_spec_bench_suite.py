@@ -202,7 +202,7 @@ def test_second_turn_is_a_conversation_after_each_methods_own_answer(triplet) ->
 def test_second_turn_through_a_real_template_and_without_one() -> None:
     """Rule: with a real tokenizer's template the first answer sits between the two user turns in the prompt's ids;
     without a template (or --no-chat) the same text joined by blank lines, tokenized as one prompt is."""
-    from pyramid_demo.forward.lm import encode_prompt
+    from pyramid_demo.core.run import encode_prompt
     from pyramid_demo.models.tiny import tiny_tokenizer
 
     tok = tiny_tokenizer()

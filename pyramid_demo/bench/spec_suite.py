@@ -15,8 +15,8 @@ from typing import Any
 
 from .. import spec_bench
 from ..core.config import DecodeConfig
-from ..core.run import prepare_prompt
-from ..forward.lm import ModelTriplet, encode_prompt
+from ..core.run import encode_prompt, prepare_prompt
+from ..forward.lm import ModelTriplet
 from . import report, spec_table
 from .prompts import Prompt
 from .variants import largest

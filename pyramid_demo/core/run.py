@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ..forward.lm import ModelTriplet, encode_prompt, model_takes_trees
+from ..forward.lm import ModelTriplet, model_takes_trees
 from .config import DecodeConfig
 from .engine import decode, prefill, roles_for, shares_prompt
 from .methods import method_spec
@@ -17,6 +17,17 @@ from .stats import Tally
 from .trace import RunResult, Step
 
 MAX_PROMPT_CHARS = 20_000
+
+
+def encode_prompt(tokenizer: Any, text: str, chat: bool = True) -> list[int]:
+    """Token ids for a user prompt: through the chat template when the tokenizer has one."""
+    if chat and getattr(tokenizer, "chat_template", None):
+        out = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+        )
+        ids = out["input_ids"] if hasattr(out, "keys") else out
+        return [int(i) for i in ids]
+    return [int(i) for i in tokenizer(text, add_special_tokens=True)["input_ids"]]
 
 
 def prepare_prompt(triplet: ModelTriplet, prompt: str | list[int], cfg: DecodeConfig, chat: bool = True) -> list[int]:

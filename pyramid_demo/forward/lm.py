@@ -239,14 +239,3 @@ def model_takes_trees(model: torch.nn.Module) -> bool:
     lookup proposes one chain)."""
     kind = forward_of(model)
     return kind not in ("hf", "lookup") or (kind == "hf" and _hf_takes_trees(model.config))
-
-
-def encode_prompt(tokenizer: Any, text: str, chat: bool = True) -> list[int]:
-    """Token ids for a user prompt: through the chat template when the tokenizer has one."""
-    if chat and getattr(tokenizer, "chat_template", None):
-        out = tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
-        )
-        ids = out["input_ids"] if hasattr(out, "keys") else out
-        return [int(i) for i in ids]
-    return [int(i) for i in tokenizer(text, add_special_tokens=True)["input_ids"]]

@@ -26,10 +26,6 @@ class Placement:
         """The part of the loader's cache key that tells placements apart."""
         return f"{self.device_map or 'single'}/{self.quantize or 'dense'}"
 
-    @property
-    def default(self) -> bool:
-        return self.device_map is None and self.quantize is None
-
 
 def bitsandbytes_available() -> bool:
     return importlib.util.find_spec("bitsandbytes") is not None
@@ -83,25 +79,3 @@ def pretrained_kwargs(p: Placement, dev: torch.device, dt: torch.dtype) -> dict[
                 load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dt
             )
     return kw
-
-
-def plan(config: Any, max_memory: dict[int | str, int | str], dtype: torch.dtype = torch.float16) -> dict[str, Any]:
-    """The device map accelerate would choose for `config` under `max_memory`, sized on `meta` (no weights or GPU)."""
-    from accelerate import infer_auto_device_map, init_empty_weights
-    from transformers import AutoModelForCausalLM
-
-    with init_empty_weights():
-        model = AutoModelForCausalLM.from_config(config)
-    model.tie_weights()
-    no_split = getattr(model, "_no_split_modules", None) or []
-    return infer_auto_device_map(model.to(dtype), max_memory=max_memory, no_split_module_classes=no_split)
-
-
-def dispatch(model: torch.nn.Module, device_map: dict[str, Any], offload_dir: str | None = None) -> torch.nn.Module:
-    """Put an in-memory model's modules where `device_map` says ("disk" entries offloaded to `offload_dir`)."""
-    from accelerate import dispatch_model
-
-    if len(set(map(str, device_map.values()))) == 1 and "disk" not in device_map.values():
-        return model.to(next(iter(device_map.values())))
-    main = next((d for d in device_map.values() if d not in ("cpu", "disk")), "cpu")
-    return dispatch_model(model, device_map=device_map, main_device=main, offload_dir=offload_dir)
