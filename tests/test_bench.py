@@ -473,3 +473,19 @@ def test_every_footnote_of_a_table_reaches_the_html_report():
     out = html_table(md)
     assert "<small>*peers*: wall time</small>" in out and "<small>*reference rows*: alone</small>" in out
     assert html_table("| a |\n|---|\n| 1 |").endswith("</table>")
+
+
+def test_the_method_and_peer_lists_ignore_empty_items():
+    """A trailing or doubled comma in --methods or --peers names nothing (both lists read alike); an unknown name is
+    still refused by name."""
+    from pyramid_demo.bench.variants import parse_methods
+
+    def parsed(methods: str, peer_list: str) -> list[str] | str:
+        try:
+            return parse_methods(methods, peer_list)
+        except ValueError as e:
+            return str(e)
+
+    assert parsed("ar,sd,", "hf_generate,") == ["ar", "sd", "hf_generate"]
+    assert parsed("ar", ",,hf_generate") == ["ar", "hf_generate"]
+    assert "unknown method(s) hf_nope;" in parsed("ar", "hf_nope,")

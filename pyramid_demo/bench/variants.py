@@ -42,7 +42,7 @@ def _numbers(s: str, kind: type) -> list:
 
 def parse_methods(methods: str, peer_list: str) -> list[str]:
     ms = [m.strip().lower() for m in methods.split(",") if m.strip()]
-    ps = [] if peer_list.strip().lower() in ("", "none") else [m.strip().lower() for m in peer_list.split(",")]
+    ps = [] if peer_list.strip().lower() == "none" else [m.strip().lower() for m in peer_list.split(",") if m.strip()]
     for m in ms:
         if retired(m):
             raise ValueError(retired(m))
