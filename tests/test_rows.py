@@ -78,3 +78,21 @@ def test_a_round_scores_a_chain_and_a_tree_in_one_pass_of_rows(parents, q_row):
     rnd = stage_round(lms, seq, method_spec("sd").stages[-1], tree, DecodeConfig(method="sd"), None)
     assert calls == [[-1] + [p + 1 for p in parents]], "the proposal was not scored in one pass of rows"
     assert lms["target"].ids == seq + rnd.accepted and not lms["target"].pending
+
+
+@pytest.mark.parametrize("parents,kept", [([-1, 0, 1], [0, 1]), ([-1, -1, 1], [1, 2])])
+def test_a_kept_path_publishes_its_own_rows_states(parents, kept):
+    """A verifier that hands its states to a proposer publishes, for a kept path, the states of exactly those rows
+    (a chain's prefix and a tree's path alike), as a feed of the same tokens would: what the draft reads next."""
+    from pyramid_demo.forward.cache import VerifierStates
+
+    lm, ref = _lm(), _lm()
+    for m in (lm, ref):
+        m.publish = VerifierStates()
+        m.publish.write(0, torch.zeros(len(CTX), m.w.embed.shape[1]))  # the context's states (not compared)
+    lm.forward(ROWS, len(CTX), parents=parents)
+    lm.keep_path(kept)
+    ref.forward([ROWS[i] for i in kept], len(CTX))
+    n = len(CTX) + len(kept)
+    assert lm.publish.n == ref.publish.n == n
+    assert torch.allclose(lm.publish.f[len(CTX) : n], ref.publish.f[len(CTX) : n], atol=1e-5)

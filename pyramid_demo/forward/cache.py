@@ -166,12 +166,13 @@ class CachedModel(abc.ABC):
             prev = r
         pos = len(self.ids)
         if rows:
-            if rows != list(range(len(rows))):  # a chain's path is where it was written: a length move
+            in_place = rows == list(range(len(rows)))  # a chain's path is where it was written: a length move
+            if not in_place:
                 self._compact(pos, [pos + r for r in rows])
             self.ids.extend(self.pending[r][0] for r in rows)
             if self.publish is not None:
                 feats = torch.cat(self.pending_feats)  # [pending, d]
-                self.publish.write(pos, feats[torch.tensor(rows)])
+                self.publish.write(pos, feats[: len(rows)] if in_place else feats[torch.tensor(rows)])
         self._drop_pending()
         return len(self.ids)
 
