@@ -11,7 +11,7 @@ from pyramid_demo.core import rules
 from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.engine import decode, prefill, roles_for
 from pyramid_demo.core.run import generate, takes_trees
-from pyramid_demo.forward.lm import forward_of, model_takes_trees, open_lm
+from pyramid_demo.forward.lm import described, forward_of, open_lm
 from pyramid_demo.forward.lookup import LookupLM, PromptLookup, lookup, one_hot, parse
 from pyramid_demo.models.errors import LoadError
 from pyramid_demo.models.loading import parse_spec
@@ -83,7 +83,7 @@ def test_the_lookup_opens_as_a_proposer_without_a_model(pld_family):
     """A lookup in the draft slot opens as `LookupLM`, proposes chains only, and a tree method settles on one."""
     assert forward_of(pld_family.draft) == "lookup"
     assert isinstance(open_lm(pld_family.draft, pld_family.vocab_size, "draft"), LookupLM)
-    assert not model_takes_trees(pld_family.draft) and model_takes_trees(pld_family.target)
+    assert not described(pld_family.draft).trees and described(pld_family.target).trees
     assert not takes_trees(pld_family, "sd") and takes_trees(pld_family, "ar")
     r = generate(pld_family, PROMPT, DecodeConfig(method="sd", shape="auto", max_new_tokens=6))
     assert r.config["shape"] == "chain" and "prompt lookup proposes one chain" in r.shape_why

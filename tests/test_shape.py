@@ -10,7 +10,7 @@ from mock_lm import BigramLM, bigram_table
 from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.engine import decode, roles_for
 from pyramid_demo.core.run import generate, takes_trees
-from pyramid_demo.forward.lm import model_takes_trees, open_lm
+from pyramid_demo.forward.lm import described, open_lm
 from pyramid_demo.models.tiny import tiny_random_triplet
 from pyramid_demo.predict.auto_shape import resolve_shape
 from pyramid_demo.predict.tree_costs import best_tree
@@ -123,7 +123,7 @@ def _hybrid(vocab: int) -> torch.nn.Module:
 
 
 def test_whether_models_take_trees_is_known_before_the_run():
-    """Rule: `model_takes_trees` says, without building an LM, what the LM a run builds says (`trees`): the core
+    """Rule: `described` says, without building an LM, what the LM a run builds says (`trees`): the core
     forward and HF's over a cache of keys take a tree, HF's over a convolution state does not; and
     `run.takes_trees` asks it of a method's shaped stage."""
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -131,10 +131,10 @@ def test_whether_models_take_trees_is_known_before_the_run():
     t = tiny_random_triplet(seed=0)
     gpt = GPT2LMHeadModel(GPT2Config(vocab_size=t.vocab_size, n_embd=32, n_layer=1, n_head=2)).eval()
     for m in (t.draft, t.target, gpt):
-        assert model_takes_trees(m) == open_lm(m, t.vocab_size, "x").trees is True
+        assert described(m).trees == open_lm(m, t.vocab_size, "x").trees is True
     assert takes_trees(t, "psd_a") and takes_trees(t, "ar")
     hybrid = dataclasses.replace(t, target=_hybrid(t.vocab_size))
-    assert model_takes_trees(hybrid.target) == open_lm(hybrid.target, t.vocab_size, "x").trees is False
+    assert described(hybrid.target).trees == open_lm(hybrid.target, t.vocab_size, "x").trees is False
     assert not takes_trees(hybrid, "sd") and takes_trees(hybrid, "ar")  # AR grows no tree
     with pytest.raises(ValueError, match="--shape chain"):
         generate(hybrid, "hello", DecodeConfig(method="sd", shape="tree", max_new_tokens=2))

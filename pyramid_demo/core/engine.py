@@ -8,7 +8,6 @@ from collections.abc import Iterator
 
 import torch
 
-from ..forward.cache import VerifierStates
 from ..forward.lm import LM
 from . import rules
 from .config import DecodeConfig
@@ -278,16 +277,12 @@ def shares_prompt(lms: dict[str, LM]) -> bool:
 
 
 def connect(lms: dict[str, LM]) -> None:
-    """Give every proposer with a `states` attribute its verifier's states (the qualifier in a pyramid, else the
-    target); nothing extra is computed when no model reads them."""
-    readers = [lm for r, lm in lms.items() if r == "draft" and hasattr(lm, "states")]
-    source = "qualifier" if "qualifier" in lms else "target"
-    if not readers or source not in lms:
-        return
-    states = VerifierStates(tuple(t for lm in readers for t in getattr(lm, "taps", ())))  # the layers it reads
-    lms[source].publish = states
-    for lm in readers:
-        lm.states = states
+    """Have a proposer's verifier (the qualifier in a pyramid, else the target) publish its states where the proposer
+    reads them (a feature draft's `states`); nothing extra is computed when no model reads them."""
+    states = getattr(lms.get("draft"), "states", None)
+    source = lms.get("qualifier", lms.get("target"))
+    if states is not None and source is not None:
+        source.publish = states
 
 
 def roles_for(method: str) -> tuple[str, ...]:

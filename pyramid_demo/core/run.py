@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ..forward.lm import ModelTriplet, model_takes_trees
+from ..forward.lm import ModelTriplet
 from .config import DecodeConfig
 from .engine import decode, prefill, roles_for, shares_prompt
 from .methods import method_spec
@@ -141,10 +141,7 @@ class _Snapshots:
 def takes_trees(triplet: ModelTriplet, method: str) -> bool:
     """Whether the models that would grow and verify `method`'s tree take one, known before the run."""
     return all(
-        model_takes_trees(triplet.model(r))
-        for st in method_spec(method).stages
-        if st.shaped
-        for r in (st.proposer, st.verifier)
+        triplet.forward(r).trees for st in method_spec(method).stages if st.shaped for r in (st.proposer, st.verifier)
     )
 
 

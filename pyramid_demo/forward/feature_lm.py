@@ -26,7 +26,7 @@ class FeatureLM(CachedModel):
             self.w = module.weights()  # one layer of the core's (`core.stack`), its inputs the draft's own
         self.vocab_size = vocab_size
         self.taps: tuple[int, ...] = tuple(getattr(module, "taps", ()))  # the target layers it reads (`engine.connect`)
-        self.states: VerifierStates | None = None  # set by the engine (`engine.connect`) before the prefill
+        self.states: VerifierStates | None = VerifierStates(self.taps)  # its verifier publishes here (`engine.connect`)
         self.dtype: torch.dtype = self.w.dtype
         self.device: torch.device = self.w.norm.device
         kw = {"dtype": self.dtype, "device": self.device}

@@ -47,6 +47,7 @@ class Forward:
     runner: Any | None = None  # kind "compiled": its loaded packages (`compiled.Runner`)
     weights: Any | None = None  # kinds "compiled", "eager": the core's view of its weights, built once (`weights`)
     stem: str = ""  # a core forward's package name here (its weights' fingerprint): what its records are keyed by
+    trees: bool = True  # it takes a tree of candidates (prompt lookup proposes one chain; HF's only where none slides)
 
 
 @dataclass
@@ -90,12 +91,11 @@ class ModelTriplet:
 
     def forward(self, role: str) -> Forward:
         """What `role` runs: its plan's entry (a family not yet planned: the forward its kind names, uncompiled)."""
-        return self.plan.get(role) or Forward(forward_of(self.model(role)))
+        return self.plan.get(role) or described(self.model(role))
 
     def open(self, role: str, as_role: str | None = None) -> LM:
         """A fresh LM over `role`'s model on the forward its plan names (`as_role`: the name its counters carry)."""
-        fwd = self.forward(role)
-        return open_lm(self.model(role), self.vocab_size, as_role or role, fwd.runner, fwd.weights)
+        return open_lm(self.model(role), self.vocab_size, as_role or role, plan=self.forward(role))
 
 
 def _sync(device: torch.device) -> None:
@@ -214,28 +214,33 @@ def forward_of(model: torch.nn.Module, runner: Any | None = None) -> str:
     return ("compiled" if runner is not None else "eager") if covered(model) else "hf"
 
 
-def open_lm(model: torch.nn.Module, vocab_size: int, role: str, runner: Any | None = None, w: Any | None = None) -> LM:
-    """A fresh per-run LM over a loaded model, on the forward `forward_of` names (its own cache, never shared);
-    `runner` (its compiled packages) and `w` (its core weights, else built now) from its family's plan
-    (`ModelTriplet.open`)."""
+def described(model: torch.nn.Module, runner: Any | None = None, why: str = "") -> Forward:
+    """The forward `forward_of` names for `model` (`runner`: its compiled packages), with what an LM over it needs
+    and whether it takes a tree: a plan's entry (`models.runtime.plan_role` adds what it measured)."""
     kind = forward_of(model, runner)
-    if kind == "lookup":
+    if kind in ("eager", "compiled"):
+        from .weights import weights
+
+        return Forward(kind, why, runner=runner, weights=weights(model))
+    return Forward(kind, why, trees=kind == "feature" or kind == "hf" and _hf_takes_trees(model.config))
+
+
+def open_lm(
+    model: torch.nn.Module, vocab_size: int, role: str, runner: Any | None = None, plan: Forward | None = None
+) -> LM:
+    """A fresh per-run LM over a loaded model (its own cache, never shared), on the forward its family's `plan`
+    names (`ModelTriplet.open`), else the one `described` names."""
+    fwd = plan or described(model, runner)
+    if fwd.kind == "lookup":
         from .lookup import LookupLM
 
         return LookupLM(model, vocab_size, role)
-    if kind == "feature":
+    if fwd.kind == "feature":
         from .feature_lm import FeatureLM
 
         return FeatureLM(model, vocab_size, role)
-    if kind == "hf":
+    if fwd.kind == "hf":
         return HFLM(model, vocab_size, role)
     from .core import CoreLM
 
-    return CoreLM(model, vocab_size, role, runner, w=w)
-
-
-def model_takes_trees(model: torch.nn.Module) -> bool:
-    """Whether the LM `open_lm` would build over `model` takes a tree of candidates, known before a run (prompt
-    lookup proposes one chain)."""
-    kind = forward_of(model)
-    return kind not in ("hf", "lookup") or (kind == "hf" and _hf_takes_trees(model.config))
+    return CoreLM(model, vocab_size, role, fwd.runner, w=fwd.weights)

@@ -14,6 +14,7 @@ import logging
 import os
 import platform
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +23,7 @@ import torch
 from ..forward import compiled
 from ..forward.cache import cache_root
 from ..forward.core import CoreLM
-from ..forward.lm import Forward, forward_of
-from ..forward.weights import weights
+from ..forward.lm import Forward, described, forward_of
 from ..predict import measure
 from .checks import check_family
 
@@ -125,10 +125,10 @@ def package_key(stem: str) -> str:
 def plan_role(model: Any, vocab_size: int) -> Forward:
     """What `model` runs: the compiled package where one exists here and agrees with eager (recorded), else the forward
     its kind names (`forward_of`)."""
-    kind = forward_of(model)
-    if kind != "eager":
-        return Forward(kind, WHY[kind])
-    w = weights(model)  # the core's view of its weights, held by the plan: built once
+    fwd = described(model)
+    if fwd.kind != "eager":
+        return replace(fwd, why=WHY[fwd.kind])
+    w = fwd.weights  # the core's view of its weights, held by the plan: built once
     if next(model.parameters()).device.type != "cpu":
         return Forward("eager", "the core pass, eager (compiled packages are built for CPUs)", weights=w)
     # the name its packages and records are keyed by, hashed once here (the family box reads it from the plan);
