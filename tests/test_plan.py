@@ -65,10 +65,12 @@ def test_a_run_reports_the_forwards_its_family_planned(monkeypatch) -> None:
     from pyramid_demo.models.tiny import tiny_random_triplet
 
     t = tiny_random_triplet()
-    planned = replace(t, plan={r: Forward("eager", "planned") for r in ("draft", "qualifier", "target")})
+    planned = replace(
+        t, plan={r: Forward("eager", "planned", model=t.model(r)) for r in ("draft", "qualifier", "target")}
+    )
     out = generate(planned, "Hello", DecodeConfig(method="sd", max_new_tokens=4))
     assert out.forwards == {"draft": "eager", "target": "eager"}
-    planned = replace(t, plan={**planned.plan, "draft": Forward("lookup-like", "a plan's own word")})
+    planned = replace(t, plan={**planned.plan, "draft": Forward("lookup-like", "a plan's own word", model=t.draft)})
     out = generate(planned, "Hello", DecodeConfig(method="sd", max_new_tokens=4))
     assert out.forwards["draft"] == "lookup-like", "the record re-derived the draft's forward from its model"
 
@@ -87,3 +89,22 @@ def test_the_family_record_is_found_by_the_plans_names_without_hashing_again(tmp
     runtime.write(runtime.family_key(t), {"checks": {"target": {"exact": True}}})
     monkeypatch.setattr(compiled, "fingerprint", lambda m: pytest.fail("the weights were hashed again"))
     assert runtime.family_record(t) == {"checks": {"target": {"exact": True}}, "format": runtime.FORMAT}
+
+
+def test_a_model_swapped_into_a_family_is_described_again() -> None:
+    """Rule: the plan belongs to the models it was made for: a model swapped into a family (`dataclasses.replace`)
+    runs the forward its own kind names, never the entry of the model it replaced; the others keep theirs."""
+    from dataclasses import replace
+
+    from pyramid_demo.forward.lm import Forward
+    from pyramid_demo.forward.lookup import LookupLM, PromptLookup
+    from pyramid_demo.models.tiny import tiny_random_triplet
+
+    t = tiny_random_triplet()
+    planned = replace(
+        t, plan={r: Forward("eager", "planned", model=t.model(r)) for r in ("draft", "qualifier", "target")}
+    )
+    swapped = replace(planned, draft=PromptLookup(3))
+    assert swapped.forward("draft").kind == "lookup" and not swapped.forward("draft").trees
+    assert isinstance(swapped.open("draft"), LookupLM)
+    assert swapped.forward("target") is planned.forward("target"), "an unchanged role lost its plan's entry"

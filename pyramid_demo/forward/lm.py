@@ -48,6 +48,7 @@ class Forward:
     weights: Any | None = None  # kinds "compiled", "eager": the core's view of its weights, built once (`weights`)
     stem: str = ""  # a core forward's package name here (its weights' fingerprint): what its records are keyed by
     trees: bool = True  # it takes a tree of candidates (prompt lookup proposes one chain; HF's only where none slides)
+    model: Any | None = None  # the module it runs: a model swapped in later is described again
 
 
 @dataclass
@@ -71,12 +72,21 @@ class ModelTriplet:
     exact_note: str = ""  # what that means for the lossless methods, from the measured record (`models.checks`)
     tree_exact: bool | None = None  # a tree pass equals one-token steps along every path here (None: not measured)
 
+    def __post_init__(self) -> None:
+        # every role has its entry: the load's decision (`models.loading.planned`), else (a family not yet planned,
+        # or a model swapped in since) the forward its model's kind names, uncompiled
+        self.plan = {r: self._entry(r) for r in ("draft", "qualifier", "target")}
+
+    def _entry(self, role: str) -> Forward:
+        got, model = self.plan.get(role), self.model(role)
+        return got if got is not None and got.model is model else described(model)
+
     def model(self, role: str) -> torch.nn.Module:
         return {"draft": self.draft, "qualifier": self.qualifier, "target": self.target}[role]
 
     @property
     def forwards(self) -> dict[str, str]:
-        """role -> the forward it runs (empty until planned)."""
+        """role -> the forward it runs."""
         return {r: f.kind for r, f in self.plan.items()}
 
     @property
@@ -90,8 +100,8 @@ class ModelTriplet:
         return "; ".join(f"{r}: {f.why}" for r, f in self.plan.items())
 
     def forward(self, role: str) -> Forward:
-        """What `role` runs: its plan's entry (a family not yet planned: the forward its kind names, uncompiled)."""
-        return self.plan.get(role) or described(self.model(role))
+        """What `role` runs: its plan's entry."""
+        return self.plan[role]
 
     def open(self, role: str, as_role: str | None = None) -> LM:
         """A fresh LM over `role`'s model on the forward its plan names (`as_role`: the name its counters carry)."""
@@ -221,8 +231,8 @@ def described(model: torch.nn.Module, runner: Any | None = None, why: str = "") 
     if kind in ("eager", "compiled"):
         from .weights import weights
 
-        return Forward(kind, why, runner=runner, weights=weights(model))
-    return Forward(kind, why, trees=kind == "feature" or kind == "hf" and _hf_takes_trees(model.config))
+        return Forward(kind, why, runner=runner, weights=weights(model), model=model)
+    return Forward(kind, why, trees=kind == "feature" or kind == "hf" and _hf_takes_trees(model.config), model=model)
 
 
 def open_lm(

@@ -128,9 +128,8 @@ def plan_role(model: Any, vocab_size: int) -> Forward:
     fwd = described(model)
     if fwd.kind != "eager":
         return replace(fwd, why=WHY[fwd.kind])
-    w = fwd.weights  # the core's view of its weights, held by the plan: built once
-    if next(model.parameters()).device.type != "cpu":
-        return Forward("eager", "the core pass, eager (compiled packages are built for CPUs)", weights=w)
+    if next(model.parameters()).device.type != "cpu":  # the plan holds the core's view of its weights: built once
+        return replace(fwd, why="the core pass, eager (compiled packages are built for CPUs)")
     # the name its packages and records are keyed by, hashed once here (the family box reads it from the plan);
     # with no package and no record here there is nothing to find it by
     fp = compiled.fingerprint(model) if compiled.built_any(model) or read() else ""
@@ -138,23 +137,21 @@ def plan_role(model: Any, vocab_size: int) -> Forward:
     runner = compiled.load(model, fp) if fp else None
     if runner is None:
         why = "the core pass, eager: no compiled package for these weights here (setup builds it)"
-        return Forward("eager", why, stem=stem, weights=w)
+        return replace(fwd, why=why, stem=stem)
     key = package_key(stem)
     got = entry(key)
     if got is None:
         got = agreement(model, vocab_size, runner)
         write(key, got)
     if not got["agrees"]:
-        return Forward(
-            "eager",
+        why = (
             f"the core pass, eager: its compiled pass disagreed with the eager one (top-1 differed by more than the "
-            f"eager pass's own rounding, {got['noise']:.2g}; max |Δlogit| {got['max_abs_diff']:.2g})",
-            stem=stem,
-            weights=w,
+            f"eager pass's own rounding, {got['noise']:.2g}; max |Δlogit| {got['max_abs_diff']:.2g})"
         )
+        return replace(fwd, why=why, stem=stem)
     same = "top-1 equal" if got["flips"] == 0 else f"top-1 equal but on {got['flips']} near-tie(s) within rounding"
     why = f"the core pass, compiled (agrees with eager: {same}, max |Δlogit| {got['max_abs_diff']:.2g})"
-    return Forward("compiled", why, runner=runner, stem=stem, weights=w)
+    return replace(fwd, kind="compiled", why=why, runner=runner, stem=stem)
 
 
 @torch.inference_mode()
