@@ -1,6 +1,5 @@
 """The cost profile in `bench`: per-run forward records, the profile's prediction per run, and the section of
-results.json / report.html that says why each method wins or loses here (a busy machine moves the figures,
-not the comparison)."""
+results.json / report.html that says why each method wins or loses here."""
 
 from __future__ import annotations
 
@@ -281,23 +280,18 @@ def html_table(markdown: str, note: bool = True) -> str:
     return f"<table><tr>{th}</tr>{trs}</table>{foot}"
 
 
-def row_lengths(row: dict) -> dict:
-    """The γ / ℓ_D / ℓ_Q the throughput formulas use for a row (measured means under conf_stop)."""
+def row_prediction(row: dict, speeds: dict[str, float], plus_one: bool = False) -> float | None:
+    """The paper's throughput model for one run, from its acceptance rates, its lengths (measured means under
+    conf_stop) and `speeds` (`plus_one`: β·ℓ + 1 tokens per round); None for a peer or a reference row."""
+    if row["kind"] != "engine":
+        return None
     st = ("qualifier", "target")
-    cfg = {k: row.get(k) for k in ("gamma", "l_d", "l_q", "conf_stop", "tree_nodes", "tree_depth", "tree_k", "shape")}
-    return throughput.lengths(
-        cfg,
+    acc = {k: row[f"acceptance_{k}"] for k in st if row[f"acceptance_{k}"] is not None}
+    lengths = throughput.lengths(
+        {k: row.get(k) for k in ("gamma", "l_d", "l_q", "conf_stop", "tree_nodes", "tree_depth", "tree_k", "shape")},
         {k: row[f"proposed_{k}"] for k in st if row.get(f"proposed_{k}")},
         {k: row[f"rounds_{k}"] for k in st if row.get(f"rounds_{k}")},
         {k: row[f"accepted_{k}"] for k in st if row.get(f"accepted_{k}") is not None},
-        row["method"] if row.get("kind") == "engine" else None,
+        row["method"],
     )
-
-
-def row_prediction(row: dict, speeds: dict[str, float], plus_one: bool = False) -> float | None:
-    """The paper's throughput model for one run, from its acceptance rates and `speeds` (`plus_one`: the bonus token
-    counted, β·ℓ + 1 tokens per round); None for a peer or a reference row."""
-    if row["kind"] != "engine":
-        return None
-    acc = {k: row[f"acceptance_{k}"] for k in ("qualifier", "target") if row[f"acceptance_{k}"] is not None}
-    return throughput.predict_parts(row["method"], row_lengths(row), acc, speeds, plus_one)
+    return throughput.predict_parts(row["method"], lengths, acc, speeds, plus_one)
