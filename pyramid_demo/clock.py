@@ -65,8 +65,7 @@ def warm_up(
     tokens: int = 8,
     run: Callable[[Run], object] | None = None,
 ) -> None:
-    """One short untimed run (`tokens` new tokens) of each label, last first, so no timed run pays a first call;
-    `run` runs one (default: `timed`; the bench passes its own, which also runs its peers)."""
+    """One short untimed run of each label, last first, so no timed run pays a first call (`run`: default `timed`)."""
     for r in {r.label: r for r in reversed(runs)}.values():
         short = dataclasses.replace(r, cfg=dataclasses.replace(r.cfg, max_new_tokens=min(tokens, r.cfg.max_new_tokens)))
         if run is None:

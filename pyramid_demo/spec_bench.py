@@ -1,5 +1,4 @@
-"""Spec-Bench's questions (`assets/spec_bench/`, Apache-2.0): its six tasks, by the names Spec-Bench gives them, and a
-seeded selection per task; read by the bench's suite and by the page's example prompts alike."""
+"""Spec-Bench's questions (`assets/spec_bench/`, Apache-2.0): its six tasks and a seeded selection per task."""
 
 from __future__ import annotations
 

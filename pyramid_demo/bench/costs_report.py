@@ -1,5 +1,4 @@
-"""The cost profile in `bench`: per-run forward records, the profile's prediction per run, and the section of
-results.json / report.html that says why each method wins or loses here."""
+"""The cost profile in `bench`: per-run records and predictions, and the section saying why each method wins here."""
 
 from __future__ import annotations
 
@@ -37,14 +36,12 @@ def profile(triplet: Any) -> dict | None:
         return {"error": repr(e)}
 
 
-def _add(into: dict, more: dict, depth: int) -> None:
+def _add(into: dict, more: dict) -> None:
     for k, v in more.items():
-        if depth > 1:
-            _add(into.setdefault(str(k), {}), v, depth - 1)
+        if isinstance(v, dict):
+            _add(into.setdefault(str(k), {}), v)
         elif isinstance(v, list):
             into[str(k)] = [a + b for a, b in zip(into.get(str(k), [0, 0]), v)]
-        elif isinstance(v, dict):
-            _add(into.setdefault(str(k), {}), v, 1)
         else:
             into[str(k)] = into.get(str(k), 0) + v
 
@@ -74,7 +71,7 @@ def finish(rows: list[dict], prof: dict | None) -> dict:
         v["profile_s"] += row["predicted_profile_s"]
         v["predicted_s"] += row["predicted_s"]
         for key in ("forwards", "ms_by_k", "stages"):
-            _add(v[key], rec[key], 2)
+            _add(v[key], rec[key])
         engine_costs.add(v["engine"], rec.get("engine") or {})
     out = [_variant(label, v, prof, by) for label, v in by.items()]
     ar = next((d["measured_tokens_per_s"] for d in out if d["method"] == "ar"), None)

@@ -61,28 +61,26 @@ def _lib() -> Any:
     return lib
 
 
-def f32_copy(source: Path, dest: Path) -> Path:
-    """`source` dequantised exactly into an F32 GGUF at `dest` by llama.cpp's quantizer, written aside, then moved."""
+def f32_of(gguf: Path) -> Path:
+    """`gguf`'s F32 copy in the project's cache, keyed by the file's path, size and time; made once, dequantised
+    exactly by llama.cpp's quantizer, written aside, then moved."""
+    st = gguf.stat()
+    tag = hashlib.sha1(f"{gguf.resolve()}|{st.st_size}|{int(st.st_mtime)}".encode()).hexdigest()[:12]
+    dest = cache_root() / "gguf" / f"{gguf.stem}.{tag}.F32.gguf"
+    if dest.is_file():
+        return dest
     lib = _lib()
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
     params = lib.llama_model_quantize_default_params()
     params.ftype, params.allow_requantize, params.nthread = lib.LLAMA_FTYPE_ALL_F32, True, torch.get_num_threads()
     try:
-        if lib.llama_model_quantize(str(source).encode(), str(tmp).encode(), ctypes.byref(params)) != 0:
-            raise ValueError(f"llama.cpp could not dequantise {source.name}")
+        if lib.llama_model_quantize(str(gguf).encode(), str(tmp).encode(), ctypes.byref(params)) != 0:
+            raise ValueError(f"llama.cpp could not dequantise {gguf.name}")
         os.replace(tmp, dest)
     finally:
         tmp.unlink(missing_ok=True)
     return dest
-
-
-def f32_of(gguf: Path) -> Path:
-    """`gguf`'s F32 copy in the project's cache (made once), keyed by the file's path, size and time."""
-    st = gguf.stat()
-    tag = hashlib.sha1(f"{gguf.resolve()}|{st.st_size}|{int(st.st_mtime)}".encode()).hexdigest()[:12]
-    dest = cache_root() / "gguf" / f"{gguf.stem}.{tag}.F32.gguf"
-    return dest if dest.is_file() else f32_copy(gguf, dest)
 
 
 def load(path: Path) -> Any:

@@ -1,5 +1,4 @@
-"""`bench`'s command line and the columns of its rows (results.csv): what a run can be asked for and what each row
-holds, apart from the loop that runs them (`runner`)."""
+"""`bench`'s command line and the columns of its rows (results.csv), apart from the loop that runs them (`runner`)."""
 
 from __future__ import annotations
 

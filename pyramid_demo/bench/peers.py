@@ -1,5 +1,5 @@
-"""Reference measurements beside the engine: HF `generate()` peers and llama.cpp's decoding of the target's GGUF, wall
-time with the prefill; single-model speeds and the target's teacher-forced log-probability of a produced text."""
+"""Reference measurements beside the engine: HF `generate()` and llama.cpp peers (wall time with the prefill),
+single-model speeds and the target's teacher-forced log-probability of a produced text."""
 
 from __future__ import annotations
 

@@ -156,15 +156,10 @@ def run_bench(
     greedy = all(v.cfg.greedy for v in variants)
     profile = costs_report.profile(triplet)  # recorded per machine × family × forwards; "auto" reads it
     usable = profile if profile and "ms" in profile else None
-    bar = tqdm(
-        total=len({v.label for v in variants})
-        + repeats * len(variants) * sum(getattr(p, "n_turns", 1) for _, p, _ in prepared),
-        disable=not progress,
-        desc="bench",
-        unit="run",
-        file=sys.stderr,
-        dynamic_ncols=True,
+    runs = len({v.label for v in variants}) + repeats * len(variants) * sum(
+        getattr(p, "n_turns", 1) for _, p, _ in prepared
     )
+    bar = tqdm(total=runs, disable=not progress, desc="bench", unit="run", dynamic_ncols=True)  # on stderr
     first = prepared[0][2]
 
     def warm(v: Variant) -> None:  # a peer warms up too

@@ -59,8 +59,7 @@ def position_counts(steps: list[Step]) -> dict[str, list[int]]:
 
 
 def _samples(rows: list[dict]) -> dict[str, dict[Key, list[dict]]]:
-    """Rows by variant and sample, kept only for samples every variant ran with all the sample's turns: a speed-up
-    compares the same questions."""
+    """Rows by variant and sample, for the samples every variant ran whole: speed-ups compare the same questions."""
     by: dict[str, dict[Key, list[dict]]] = {}
     for r in rows:
         if r.get("question_id") is not None:
@@ -90,8 +89,7 @@ def _mean(xs: list[float | None]) -> float | None:
 
 
 def mean_accepted_tokens(rows: list[dict]) -> float | None:
-    """Tokens written per target forward, pooled over the rows: the engine's target passes, a peer's counted target
-    forwards (None when a row has none counted)."""
+    """Tokens per target forward over the rows (a peer's counted forwards); None when a row has none counted."""
     passes = [r.get("target_passes") if r["kind"] != "peer" else r.get("target_forwards") for r in rows]
     if not rows or any(p is None for p in passes) or not sum(passes):
         return None

@@ -14,7 +14,6 @@ from ..core.methods import SOLO_LANES, lane_label, lossless, method_spec, retire
 from ..core.settings import SHAPES
 from . import peers
 
-ALL_METHODS = METHODS + peers.PEERS
 GRID_TAUS = (0.2, 0.3, 0.4, 0.5)
 GRID_NAMES = {"tau_t": "tauT", "tau_q": "tauQ", "l_d": "lD", "l_q": "lQ"}  # in variant labels
 
@@ -48,7 +47,7 @@ def parse_methods(methods: str, peer_list: str) -> list[str]:
             raise ValueError(retired(m))
     bad = [m for m in ms if m not in METHODS] + [m for m in ps if m not in peers.PEERS]
     if bad:
-        raise ValueError(f"unknown method(s) {', '.join(bad)}; choose from {', '.join(ALL_METHODS)}")
+        raise ValueError(f"unknown method(s) {', '.join(bad)}; choose from {', '.join(METHODS + peers.PEERS)}")
     if not ms and not ps:
         raise ValueError("no methods to benchmark")
     return list(dict.fromkeys(ms + ps))
