@@ -45,17 +45,12 @@ def first_turn(q: spec_bench.Question) -> Turn:
 def conversation_ids(tokenizer: Any, turns: Sequence[str], answers: Sequence[str], chat: bool = True) -> list[int]:
     """The prompt of turn len(answers) + 1: the user's turns with the model's own answers between, through the chat
     template; without one (or with --no-chat) joined by blank lines, tokenized as the bench tokenizes one prompt."""
-    n = len(answers) + 1
+    said = [x for i in range(len(answers) + 1) for x in (turns[i], *answers[i : i + 1])]  # user, assistant, … user
     if chat and getattr(tokenizer, "chat_template", None):
-        messages: list[dict[str, str]] = []
-        for i in range(n):
-            messages.append({"role": "user", "content": turns[i]})
-            if i < len(answers):
-                messages.append({"role": "assistant", "content": answers[i]})
+        messages = [{"role": ("user", "assistant")[j % 2], "content": x} for j, x in enumerate(said)]
         out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         return [int(i) for i in (out["input_ids"] if hasattr(out, "keys") else out)]
-    text = "\n\n".join(x for i in range(n) for x in (turns[i], *answers[i : i + 1]))
-    return encode_prompt(tokenizer, text, chat=False)
+    return encode_prompt(tokenizer, "\n\n".join(said), chat=False)
 
 
 @dataclass
