@@ -78,7 +78,7 @@ class Plan:
         return f"Spec-Bench, seed {SEED}, {how} (spec_bench.select) — question ids: {ids}"
 
     def follower(
-        self, triplet: ModelTriplet, chat: bool = True, log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)
+        self, triplet: ModelTriplet, chat: bool = True
     ) -> Callable[[Prompt, Group], tuple[Prompt, dict[str, list[int]]] | None]:
         """The bench's `follow`: after a turn ran, tag its rows with the question and turn, and give the next turn's
         prompt with each variant's own context (its earlier answers in it), or None when the question is done."""
@@ -100,7 +100,7 @@ class Plan:
                     ids[row["variant"]] = prepare_prompt(triplet, turns, self.check, chat)
             except ValueError as e:  # a conversation beyond the models' context: every variant stops at this turn
                 self.notes.append(f"question {p.question}: turns after {p.turn} not run ({e})")
-                log(f"note: {self.notes[-1]}")
+                print(f"note: {self.notes[-1]}", file=sys.stderr)
                 return None
             return dataclasses.replace(p, text=p.turns[p.turn], turn=p.turn + 1), ids
 
