@@ -1,7 +1,5 @@
-"""The clock both the race (`app/quiet.py`) and the bench (`bench/runner.py`) time runs with: a short untimed run of
-each first, then each run timed to its end (or a Stop) with its shape settled before the clock; and how repeats are
-read: a lane's median speed, its speed-up paired with the baseline's run of the same repeat, and the noise band of
-those ratios. It knows no page and no peer."""
+"""The clock the race (`app/quiet.py`) and the bench (`bench/runner.py`) time runs with (warm-up first, shape settled
+before the clock), and how repeats are read: median speeds, paired speed-ups and their noise band."""
 
 from __future__ import annotations
 
@@ -32,7 +30,6 @@ class Run:
     solo: str | None = None
 
 
-# ---------------------------------------------------------------- timing
 def timed(
     triplet: ModelTriplet,
     v: Run,
@@ -66,13 +63,10 @@ def warm_up(
     chat: bool = True,
     profile: dict | None = None,
     tokens: int = 8,
-    before: Callable[[Run], None] = lambda r: None,
     run: Callable[[Run], object] | None = None,
 ) -> None:
-    """One short untimed run (`tokens` new tokens) of each label, last first, so no timed run pays a first call;
-    `run` runs one (default: `timed`; the bench passes its own, which also runs its peers)."""
+    """One short untimed run of each label, last first, so no timed run pays a first call (`run`: default `timed`)."""
     for r in {r.label: r for r in reversed(runs)}.values():
-        before(r)
         short = dataclasses.replace(r, cfg=dataclasses.replace(r.cfg, max_new_tokens=min(tokens, r.cfg.max_new_tokens)))
         if run is None:
             timed(triplet, short, ids, chat, profile)
@@ -80,7 +74,6 @@ def warm_up(
             run(short)
 
 
-# ---------------------------------------------------------------- reading repeats
 Repeats = list[dict[str, RunResult]]  # a race's repeats, each lane key -> its run to the end (`Race.repeats`)
 
 
@@ -116,9 +109,8 @@ def speed_ratio(key: str, base: str, results: dict[str, RunResult], repeats: Rep
 
 
 def race_noise(results: dict[str, RunResult], repeats: Repeats | None = None) -> float | None:
-    """The race's relative noise band, what its × AR figures wobble by: the widest spread of a lane's ratio to the AR
-    run of its repeat, ÷ √repeats (a machine that slows both runs of a pair alike does not widen it). Without two
-    paired repeats: the spread of same-size forwards (predict.noise) and of each lane's speeds. None: nothing."""
+    """The race's relative noise band: the widest spread of a lane's ratio to its repeat's AR run, ÷ √repeats; without
+    two paired repeats, the spread of same-size forwards and of each lane's speeds. None: nothing to read."""
     reps, base = repeats or [], baseline_lane("ar", results)
     if base and (paired := [x for k in results if k != base if len(x := paired_ratios(k, base, reps)) >= 2]):
         return max(noise.relative_spread(x) or 0.0 for x in paired) / math.sqrt(min(map(len, paired)))

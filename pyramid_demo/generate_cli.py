@@ -103,10 +103,8 @@ def run(args: argparse.Namespace) -> int:
     if triplet.note and not args.json:
         print(f"note: {triplet.note}", file=sys.stderr)
     print(f"note: {triplet.runs}", file=sys.stderr)
-    if result.forwards:
-        print(
-            "note: this run's forwards: " + ", ".join(f"{r} {f}" for r, f in result.forwards.items()), file=sys.stderr
-        )
+    if forwards := ", ".join(f"{r} {f}" for r, f in result.forwards.items()):
+        print(f"note: this run's forwards: {forwards}", file=sys.stderr)
     print(json.dumps(json_record(result, triplet)) if args.json else summary(result))
     return 0
 

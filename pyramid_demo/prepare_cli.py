@@ -61,9 +61,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _build_missing(spec: str, jobs: list[tuple[str, str]]) -> dict[str, str]:
-    """Build each (role, plan) package in its own worker process, as many at once as there are cores (a compile
-    runs on one): setup's wall time is the longest chain of builds, not their sum. Per role, what the builds took.
-    Workers keep the threads a run uses: inductor writes that count into the kernels (one thread: GEMMs on one core)."""
+    """Build each (role, plan) package in its own worker process, one per core (a compile runs on one); per role, what
+    the builds took. Workers keep the threads a run uses: inductor writes that count into the kernels."""
 
     def one(job: tuple[str, str]) -> tuple[str, str]:
         t0 = time.perf_counter()

@@ -1,5 +1,4 @@
-"""Spec-Bench's questions (`assets/spec_bench/`, Apache-2.0): its six tasks, by the names Spec-Bench gives them, and a
-seeded selection per task; read by the bench's suite and by the page's example prompts alike."""
+"""Spec-Bench's questions (`assets/spec_bench/`, Apache-2.0): its six tasks and a seeded selection per task."""
 
 from __future__ import annotations
 
@@ -48,25 +47,19 @@ def questions() -> tuple[Question, ...]:
 
 
 @cache
-def _by_id() -> dict[int, Question]:
-    """Id → question, built once: the examples look theirs up at import."""
-    return {q.id: q for q in questions()}
-
-
-@cache
 def _by_text() -> dict[str, Question]:
-    """First turn, stripped → question, built once (the 480 first turns are unique): a race's prompt in one look-up."""
+    """First turn, stripped → question, built once (the 480 first turns are unique)."""
     return {q.turns[0].strip(): q for q in questions()}
 
 
+@cache
 def question(qid: int) -> Question:
     """The question numbered `qid` (a KeyError if Spec-Bench has none): the page's examples name theirs by id."""
-    return _by_id()[qid]
+    return {q.id: q for q in questions()}[qid]
 
 
 def find(text: str | None) -> Question | None:
-    """The question whose first turn is `text`, surrounding whitespace ignored, else None: the page names the task
-    of a race whose prompt is a Spec-Bench question (an example, or one pasted in)."""
+    """The question whose first turn is `text`, surrounding whitespace ignored, else None (the page names its task)."""
     return _by_text().get((text or "").strip())
 
 
@@ -82,9 +75,8 @@ def parse_tasks(text: str | None) -> tuple[str, ...]:
 
 
 def select(per_task: int | None, tasks: tuple[str, ...] = TASKS, seed: int = 0) -> list[Question]:
-    """`per_task` questions of each task (None: all 80), drawn with `random.Random(seed)` from the task's questions
-    in file order, then kept in file order: the same selection on every machine. MT-bench's draw is spread over its
-    eight categories (a category at a time, in Spec-Bench's order), so 8 or more cover every category."""
+    """`per_task` questions of each task (None: all 80), a seeded draw kept in file order: the same on every machine.
+    MT-bench's draw is spread over its eight categories in turn, so 8 or more cover every category."""
     out: list[Question] = []
     for task in tasks:
         pool = [q for q in questions() if q.task == task]

@@ -1,6 +1,4 @@
-"""The cost profile in `bench`: per-run forward records, the profile's prediction per run, and the section of
-results.json / report.html that says why each method wins or loses here (a busy machine moves the figures,
-not the comparison)."""
+"""The cost profile in `bench`: per-run records and predictions, and the section saying why each method wins here."""
 
 from __future__ import annotations
 
@@ -38,14 +36,12 @@ def profile(triplet: Any) -> dict | None:
         return {"error": repr(e)}
 
 
-def _add(into: dict, more: dict, depth: int) -> None:
+def _add(into: dict, more: dict) -> None:
     for k, v in more.items():
-        if depth > 1:
-            _add(into.setdefault(str(k), {}), v, depth - 1)
+        if isinstance(v, dict):
+            _add(into.setdefault(str(k), {}), v)
         elif isinstance(v, list):
             into[str(k)] = [a + b for a, b in zip(into.get(str(k), [0, 0]), v)]
-        elif isinstance(v, dict):
-            _add(into.setdefault(str(k), {}), v, 1)
         else:
             into[str(k)] = into.get(str(k), 0) + v
 
@@ -75,7 +71,7 @@ def finish(rows: list[dict], prof: dict | None) -> dict:
         v["profile_s"] += row["predicted_profile_s"]
         v["predicted_s"] += row["predicted_s"]
         for key in ("forwards", "ms_by_k", "stages"):
-            _add(v[key], rec[key], 2)
+            _add(v[key], rec[key])
         engine_costs.add(v["engine"], rec.get("engine") or {})
     out = [_variant(label, v, prof, by) for label, v in by.items()]
     ar = next((d["measured_tokens_per_s"] for d in out if d["method"] == "ar"), None)
@@ -281,23 +277,18 @@ def html_table(markdown: str, note: bool = True) -> str:
     return f"<table><tr>{th}</tr>{trs}</table>{foot}"
 
 
-def row_lengths(row: dict) -> dict:
-    """The γ / ℓ_D / ℓ_Q the throughput formulas use for a row (measured means under conf_stop)."""
+def row_prediction(row: dict, speeds: dict[str, float], plus_one: bool = False) -> float | None:
+    """The paper's throughput model for one run, from its acceptance rates, its lengths (measured means under
+    conf_stop) and `speeds` (`plus_one`: β·ℓ + 1 tokens per round); None for a peer or a reference row."""
+    if row["kind"] != "engine":
+        return None
     st = ("qualifier", "target")
-    cfg = {k: row.get(k) for k in ("gamma", "l_d", "l_q", "conf_stop", "tree_nodes", "tree_depth", "tree_k", "shape")}
-    return throughput.lengths(
-        cfg,
+    acc = {k: row[f"acceptance_{k}"] for k in st if row[f"acceptance_{k}"] is not None}
+    lengths = throughput.lengths(
+        {k: row.get(k) for k in ("gamma", "l_d", "l_q", "conf_stop", "tree_nodes", "tree_depth", "tree_k", "shape")},
         {k: row[f"proposed_{k}"] for k in st if row.get(f"proposed_{k}")},
         {k: row[f"rounds_{k}"] for k in st if row.get(f"rounds_{k}")},
         {k: row[f"accepted_{k}"] for k in st if row.get(f"accepted_{k}") is not None},
-        row["method"] if row.get("kind") == "engine" else None,
+        row["method"],
     )
-
-
-def row_prediction(row: dict, speeds: dict[str, float], plus_one: bool = False) -> float | None:
-    """The paper's throughput model for one run, from its acceptance rates and `speeds` (`plus_one`: the bonus token
-    counted, β·ℓ + 1 tokens per round); None for a peer or a reference row."""
-    if row["kind"] != "engine":
-        return None
-    acc = {k: row[f"acceptance_{k}"] for k in ("qualifier", "target") if row[f"acceptance_{k}"] is not None}
-    return throughput.predict_parts(row["method"], row_lengths(row), acc, speeds, plus_one)
+    return throughput.predict_parts(row["method"], lengths, acc, speeds, plus_one)

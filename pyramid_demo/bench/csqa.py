@@ -127,7 +127,7 @@ def read_file(path: str | Path) -> list[Question]:
     return out
 
 
-def load_questions(path: str | None = None, limit: int | None = None, split: str = "validation") -> list[Question]:
+def load_questions(path: str | None = None, limit: int | None = None) -> list[Question]:
     """Questions from `path`, or from the Hub (`tau/commonsense_qa`) when no file is given."""
     if path:
         qs = read_file(path)
@@ -140,7 +140,7 @@ def load_questions(path: str | None = None, limit: int | None = None, split: str
                 "package and Hub access (pip install datasets)"
             ) from None
         try:
-            rows = load_dataset("tau/commonsense_qa", split=split)
+            rows = load_dataset("tau/commonsense_qa", split="validation")
         except Exception as e:  # offline, no cache, Hub error
             raise ValueError(
                 f"could not load tau/commonsense_qa from the Hub ({type(e).__name__}: {e}); "

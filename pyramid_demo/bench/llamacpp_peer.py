@@ -1,7 +1,5 @@
-"""The bench's `llama_cpp` peer: llama.cpp's own decoding (through `llama-cpp-python`) of the GGUF file the target
-was loaded from, as an F32 copy (the checkpoint's reference precision, the weights our fp32 target runs), timed in
-the same run as the engine. llama.cpp is not a forward the engine runs; its binding is installed on demand with
-`INSTALL`. A family whose target was loaded from a GGUF names the file (`ModelTriplet.gguf`)."""
+"""The bench's `llama_cpp` peer: llama.cpp's own decoding (`llama-cpp-python`, installed on demand with `INSTALL`) of
+an F32 copy of the GGUF the target was loaded from (`ModelTriplet.gguf`), the weights our fp32 target runs."""
 
 from __future__ import annotations
 
@@ -52,11 +50,9 @@ def binding() -> Any | None:
 
 def missing() -> str:
     """Why the binding does not load, with the one command that installs it, in one line ("" when it loads)."""
-    return (
-        ""
-        if binding() is not None
-        else f"llama.cpp is not installed here ({str(_STATE.get('why', ''))[:80]}); install it with: {INSTALL}"
-    )
+    if binding() is not None:
+        return ""
+    return f"llama.cpp is not installed here ({str(_STATE.get('why', ''))[:80]}); install it with: {INSTALL}"
 
 
 def _lib() -> Any:
@@ -65,28 +61,26 @@ def _lib() -> Any:
     return lib
 
 
-def f32_copy(source: Path, dest: Path) -> Path:
-    """`source` dequantised exactly into an F32 GGUF at `dest` by llama.cpp's quantizer, written aside, then moved."""
+def f32_of(gguf: Path) -> Path:
+    """`gguf`'s F32 copy in the project's cache, keyed by the file's path, size and time; made once, dequantised
+    exactly by llama.cpp's quantizer, written aside, then moved."""
+    st = gguf.stat()
+    tag = hashlib.sha1(f"{gguf.resolve()}|{st.st_size}|{int(st.st_mtime)}".encode()).hexdigest()[:12]
+    dest = cache_root() / "gguf" / f"{gguf.stem}.{tag}.F32.gguf"
+    if dest.is_file():
+        return dest
     lib = _lib()
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
     params = lib.llama_model_quantize_default_params()
     params.ftype, params.allow_requantize, params.nthread = lib.LLAMA_FTYPE_ALL_F32, True, torch.get_num_threads()
     try:
-        if lib.llama_model_quantize(str(source).encode(), str(tmp).encode(), ctypes.byref(params)) != 0:
-            raise ValueError(f"llama.cpp could not dequantise {source.name}")
+        if lib.llama_model_quantize(str(gguf).encode(), str(tmp).encode(), ctypes.byref(params)) != 0:
+            raise ValueError(f"llama.cpp could not dequantise {gguf.name}")
         os.replace(tmp, dest)
     finally:
         tmp.unlink(missing_ok=True)
     return dest
-
-
-def f32_of(gguf: Path) -> Path:
-    """`gguf`'s F32 copy in the project's cache (made once), keyed by the file's path, size and time."""
-    st = gguf.stat()
-    tag = hashlib.sha1(f"{gguf.resolve()}|{st.st_size}|{int(st.st_mtime)}".encode()).hexdigest()[:12]
-    dest = cache_root() / "gguf" / f"{gguf.stem}.{tag}.F32.gguf"
-    return dest if dest.is_file() else f32_copy(gguf, dest)
 
 
 def load(path: Path) -> Any:
@@ -103,23 +97,17 @@ def load(path: Path) -> Any:
         return _LOADED[str(path)]
 
 
-def _context(lib: Any, model: Any, path: Path) -> Any:
+def decode(gguf: Path, prompt_ids: list[int], cfg: Any, eos_ids: tuple[int, ...]) -> tuple[list[int], float, str]:
+    """llama.cpp's plain decoding of `gguf`'s F32 copy with its sampler chain (as `llama-completion`), in a fresh
+    context: the new token ids, the wall time with the prefill (copy, load, context made before it), why it stopped."""
+    lib, path = _lib(), f32_of(gguf)
     p = lib.llama_context_default_params()
     p.n_ctx, p.n_batch, p.n_ubatch, p.n_seq_max = N_CTX, N_BATCH, N_BATCH, 1
     p.n_threads = p.n_threads_batch = torch.get_num_threads()  # the threads our engine runs on
     p.embeddings, p.pooling_type, p.no_perf = False, lib.LLAMA_POOLING_TYPE_NONE, True
-    ctx = lib.llama_init_from_model(model, p)
+    ctx = lib.llama_init_from_model(load(path), p)
     if not ctx:
         raise RuntimeError(f"llama.cpp could not make a context for {path.name}")
-    return ctx
-
-
-def decode(gguf: Path, prompt_ids: list[int], cfg: Any, eos_ids: tuple[int, ...]) -> tuple[list[int], float, str]:
-    """llama.cpp's own plain decoding of `gguf`'s F32 copy (its sampler chain, as `llama-completion` runs it: greedy,
-    or top-k, top-p, temperature and a seeded draw), in a fresh context: the new token ids, the wall time with the
-    prefill (the copy, the load and the context are made before the clock), and why it stopped."""
-    lib, path = _lib(), f32_of(gguf)
-    ctx = _context(lib, load(path), path)
     smpl = lib.llama_sampler_chain_init(lib.llama_sampler_chain_default_params())
     if cfg.greedy:
         lib.llama_sampler_chain_add(smpl, lib.llama_sampler_init_greedy())

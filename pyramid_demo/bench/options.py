@@ -1,5 +1,4 @@
-"""`bench`'s command line and the columns of its rows (results.csv): what a run can be asked for and what each row
-holds, apart from the loop that runs them (`runner`)."""
+"""`bench`'s command line and the columns of its rows (results.csv), apart from the loop that runs them (`runner`)."""
 
 from __future__ import annotations
 
@@ -10,6 +9,7 @@ from .. import generate_cli
 from ..core.config import METHODS
 from ..core.methods import SOLO_ROLES
 from ..core.settings import SHAPES
+from ..spec_bench import TASKS
 from . import peers, spec_suite
 from .variants import GRID_TAUS
 
@@ -34,13 +34,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, from {', '.join(METHODS)}")
     p.add_argument(
         "--shapes",
-        default=None,
         help=f"comma-separated proposal shapes, from {', '.join(SHAPES)}: each method that proposes runs "
         "once per shape, side by side (default: --shape's one)",
     )
     p.add_argument(
         "--solo",
-        default=None,
         metavar="ROLE",
         help=f"add a reference row: that member decoding alone, as AR does with the target, its agreement "
         f"with AR's text reported like the others' (choose from {', '.join(SOLO_ROLES)}; the offline "
@@ -48,14 +46,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--peers",
-        default=None,
         help="baselines on the same models ('none' to skip), from " + ", ".join(peers.PEERS) + " (default: "
         f"{peers.DEFAULT_PEERS}; with --suite also hf_prompt_lookup, as Spec-Bench's table has PLD)",
     )
     p.add_argument(
         "--prompts", default="builtin", help="'builtin' (20 varied prompts) or a JSONL file of {\"prompt\": ...} lines"
     )
-    p.add_argument("--limit", type=int, default=None, help="use only the first N prompts (default: all; 3 with --grid)")
+    p.add_argument("--limit", type=int, help="use only the first N prompts (default: all; 3 with --grid)")
     p.add_argument("--repeats", type=int, default=1, help="timed runs of every method on every prompt")
     p.add_argument(
         "--grid",
@@ -68,27 +65,54 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--dataset",
         choices=("csqa",),
-        default=None,
         help="CommonsenseQA with the FSD 5-shot chain-of-thought prompt; reports accuracy",
     )
-    p.add_argument("--dataset-file", default=None, help="local CSQA JSONL (the Hub is tried only without it)")
+    p.add_argument("--dataset-file", help="local CSQA JSONL (the Hub is tried only without it)")
     p.add_argument("--warmup-tokens", type=int, default=8, help="new tokens in each method's warm-up run")
     p.add_argument("--out", default="bench_out", help="directory for results.csv, results.json, report.html")
     p.add_argument(
         "--max-minutes",
         type=float,
-        default=None,
         help="time budget: start no new prompt after this many minutes; completed prompts are kept",
     )
     p.add_argument(
         "--threads",
         type=int,
-        default=None,
         help="torch intra-op threads (default: torch's choice); 1 is often faster on a busy CPU",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    peers.add_arguments(p)  # --pld-tokens, --pld-ngram
-    spec_suite.add_arguments(p)  # --suite spec-bench, --per-task, --tasks
+    # prompt lookup's settings, named neutrally so that an engine proposer may share them
+    p.add_argument(
+        "--pld-tokens",
+        type=int,
+        default=peers.PLD_TOKENS,
+        help=f"hf_prompt_lookup: tokens proposed per round, copied from the context (default {peers.PLD_TOKENS})",
+    )
+    p.add_argument(
+        "--pld-ngram",
+        type=int,
+        default=peers.PLD_NGRAM,
+        help=f"hf_prompt_lookup: longest n-gram of the context's end matched to find them (default {peers.PLD_NGRAM})",
+    )
+    p.add_argument(
+        "--suite",
+        choices=("spec-bench",),
+        help="spec-bench: Spec-Bench's six tasks (Xia et al. 2024; its 480 questions ship in assets/spec_bench) in "
+        "place of --prompts. Greedy, as Spec-Bench is: a --temperature above 0 is refused. MT-bench's second turn "
+        "runs after each method's own first answer, through the chat template. Adds Spec-Bench's table (speed-up "
+        "over AR per task, #Mean Accepted Tokens, Overall) and per-position acceptance to the report; needs ar in "
+        "--methods",
+    )
+    p.add_argument(
+        "--per-task",
+        type=int,
+        help=f"with --suite: N questions per task, a seeded selection (seed {spec_suite.SEED}; MT-bench's spread over "
+        "its eight categories) named in the report (default: all 80)",
+    )
+    p.add_argument(
+        "--tasks",
+        help=f"with --suite: comma-separated Spec-Bench tasks, from {', '.join(TASKS)} (default: all)",
+    )
 
 
 def command_line(args: argparse.Namespace) -> str:

@@ -1,9 +1,8 @@
-"""Reference measurements beside the engine: HF `generate()` peers and llama.cpp's decoding of the target's GGUF, wall
-time with the prefill; single-model speeds and the target's teacher-forced log-probability of a produced text."""
+"""Reference measurements beside the engine: HF `generate()` and llama.cpp peers (wall time with the prefill),
+single-model speeds and the target's teacher-forced log-probability of a produced text."""
 
 from __future__ import annotations
 
-import argparse
 import copy
 import statistics
 import time
@@ -22,30 +21,6 @@ PEERS = ("hf_generate", "hf_assisted", "hf_prompt_lookup", "llama_cpp")
 PEER_ROLES = {p: ("draft", "target") if p == "hf_assisted" else ("target",) for p in PEERS}  # the models each runs
 DEFAULT_PEERS = "hf_generate,hf_assisted"
 PLD_TOKENS, PLD_NGRAM = 10, 3  # prompt lookup's tokens proposed per round and longest n-gram matched: the field's
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The peers' own settings: prompt lookup's, named neutrally so that an engine proposer may share them."""
-    p.add_argument(
-        "--pld-tokens",
-        type=int,
-        default=PLD_TOKENS,
-        help=f"hf_prompt_lookup: tokens proposed per round, copied from the context (default {PLD_TOKENS})",
-    )
-    p.add_argument(
-        "--pld-ngram",
-        type=int,
-        default=PLD_NGRAM,
-        help=f"hf_prompt_lookup: longest n-gram of the context's end matched to find them (default {PLD_NGRAM})",
-    )
-
-
-def lookup_of(args: argparse.Namespace) -> tuple[int, int]:
-    """(tokens, ngram) for hf_prompt_lookup from the command line; a ValueError when either is below 1."""
-    tokens, ngram = getattr(args, "pld_tokens", PLD_TOKENS), getattr(args, "pld_ngram", PLD_NGRAM)
-    if tokens < 1 or ngram < 1:
-        raise ValueError(f"--pld-tokens and --pld-ngram must be at least 1, got {tokens} and {ngram}")
-    return tokens, ngram
 
 
 @dataclass
@@ -113,11 +88,8 @@ def hf_generate(
     peer: str,
     lookup: tuple[int, int] | None = None,
 ) -> PeerRun:
-    """A peer on the target: plain `generate()`, assisted generation with the draft on HF's defaults, or HF's prompt
-    lookup (`lookup`: tokens proposed, longest n-gram matched; default the field's 10 and 3). The target's forward
-    calls are counted (a hook adds one to a counter), so tokens per target forward is measured, not assumed."""
-    if peer not in PEERS:
-        raise ValueError(f"unknown peer {peer!r}; choose one of {', '.join(PEERS)}")
+    """A peer on the target: plain `generate()`, assisted generation with the draft, or HF's prompt lookup (`lookup`:
+    tokens proposed, longest n-gram matched); the target's forward calls are counted by a hook, not assumed."""
     if why := unsupported(triplet, peer):
         raise ValueError(why)
     target = triplet.target

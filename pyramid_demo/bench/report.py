@@ -22,7 +22,6 @@ predicted_speedup_vs_ar predicted_profile_speedup_vs_ar n_new_tokens fwd_draft f
 """.split()  # the per-run figures a variant's summary gives as medians over its runs
 
 
-# ---------------------------------------------------------------- pure summaries
 def _vals(rows: list[dict], key: str) -> list[float]:
     return [float(r[key]) for r in rows if r.get(key) is not None and not _nan(r[key])]
 
@@ -158,7 +157,6 @@ def best_per_method(summary: list[dict], min_agreement: float = 0.9) -> dict[str
     return out
 
 
-# ---------------------------------------------------------------- tables
 def _f(x, nd: int = 2) -> str:
     return "–" if x is None or _nan(x) else f"{x:.{nd}f}" if isinstance(x, float) else str(x)
 
@@ -226,7 +224,6 @@ def targets_table(targets: list[dict]) -> str:
     return "\n".join(lines)
 
 
-# ---------------------------------------------------------------- outputs
 def write_outputs(result: dict, out_dir: str | Path, columns: list[str]) -> list[Path]:
     """results.csv, results.json and report.html in `out_dir`; adds summary/frontier/markdown to result."""
     out = Path(out_dir)
@@ -290,7 +287,8 @@ def _figures(result: dict) -> list:
     bars.update_layout(title="Speed: median tokens/s, error bars = IQR", barmode="group", yaxis_title="tokens/s")
     qk = quality_key(summary)
     eng = [s for s in summary if s["kind"] == "engine"]
-    sk = result["frontier"][0]["speed_key"] if result["frontier"] else "tokens_per_s"
+    fr = result["frontier"]
+    sk = fr[0]["speed_key"] if fr else "tokens_per_s"
     sc = go.Figure()
     for m in dict.fromkeys(s["method"] for s in eng):
         pts = [s for s in eng if s["method"] == m]
@@ -302,7 +300,6 @@ def _figures(result: dict) -> list:
             text=[s["variant"] for s in pts],
             marker=dict(size=10),
         )
-    fr = result["frontier"]
     sc.add_scatter(
         x=[p["quality"] for p in fr],
         y=[p["speed"] for p in fr],

@@ -1,6 +1,5 @@
-"""`bench`: every method side by side on the same models and prompts, with HF peers. Methods run interleaved per prompt
-(A B C … A B C …) after one warm-up each, so machine drift hits all alike; writes results.csv, results.json and a
-self-contained report.html."""
+"""`bench`: every method and peer on the same models and prompts, interleaved per prompt after one warm-up each (so
+machine drift hits all alike); writes results.csv, results.json and a self-contained report.html."""
 
 from __future__ import annotations
 
@@ -32,9 +31,6 @@ from .prompts import Prompt, load_prompts
 from .variants import Variant, build_variants, largest, name_models
 
 __all__ = ["ROW_COLUMNS", "add_arguments", "run", "run_bench", "run_variant"]  # the CLI reads add_arguments here
-
-
-# ---------------------------------------------------------------- measuring
 
 
 def run_variant(
@@ -160,26 +156,19 @@ def run_bench(
     greedy = all(v.cfg.greedy for v in variants)
     profile = costs_report.profile(triplet)  # recorded per machine × family × forwards; "auto" reads it
     usable = profile if profile and "ms" in profile else None
-    bar = tqdm(
-        total=len({v.label for v in variants})
-        + repeats * len(variants) * sum(getattr(p, "n_turns", 1) for _, p, _ in prepared),
-        disable=not progress,
-        desc="bench",
-        unit="run",
-        file=sys.stderr,
-        dynamic_ncols=True,
+    runs = len({v.label for v in variants}) + repeats * len(variants) * sum(
+        getattr(p, "n_turns", 1) for _, p, _ in prepared
     )
-    warm_up(
-        triplet,
-        variants,
-        prepared[0][2],
-        chat,
-        usable,
-        warmup_tokens,
-        lambda v: bar.set_postfix_str(f"warm-up {v.label}") or bar.update(),
-        lambda v: run_variant(triplet, v, prepared[0][2], chat, usable),  # a peer warms up too
-    )
-    speeds_one = _model_speeds(triplet, variants, prepared[0][2])
+    bar = tqdm(total=runs, disable=not progress, desc="bench", unit="run", dynamic_ncols=True)  # on stderr
+    first = prepared[0][2]
+
+    def warm(v: Variant) -> None:  # a peer warms up too
+        bar.set_postfix_str(f"warm-up {v.label}")
+        bar.update()
+        run_variant(triplet, v, first, chat, usable)
+
+    warm_up(triplet, variants, first, chat, usable, warmup_tokens, warm)
+    speeds_one = _model_speeds(triplet, variants, first)
     rows: list[dict] = []
     refs: dict[int, list[int]] = {}
     interrupted, t_start = False, time.perf_counter()
@@ -282,28 +271,6 @@ def _per_prompt(group: list[tuple[dict, list[int]]], ref: list[int] | None, base
             row["agreement"], row["prefix_agreement"] = token_agreement(toks, ref), prefix_agreement(toks, ref)
 
 
-# ---------------------------------------------------------------- entry point
-def machine_info(triplet: ModelTriplet) -> dict:
-    return dict(
-        platform=platform.platform(),
-        processor=platform.processor() or platform.machine(),
-        cpu_count=os.cpu_count(),
-        torch=torch.__version__,
-        torch_threads=torch.get_num_threads(),
-        python=platform.python_version(),
-        device=str(triplet.device),
-        dtype=str(triplet.dtype),
-        cpu_class=cpu_class(),
-        runs=triplet.runs,
-        exact=triplet.exact,
-        exact_note=triplet.exact_note,
-        models=list(triplet.names),
-        preset=triplet.preset,
-        note=triplet.note,
-        time_utc=time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
-    )
-
-
 def _stop(signum, frame) -> None:  # SIGTERM: stop like Ctrl-C
     raise KeyboardInterrupt
 
@@ -361,7 +328,22 @@ def run(args: argparse.Namespace) -> int:
     finally:
         signal.signal(signal.SIGTERM, old_term)
     result["meta"] = dict(
-        machine_info(triplet),
+        platform=platform.platform(),
+        processor=platform.processor() or platform.machine(),
+        cpu_count=os.cpu_count(),
+        torch=torch.__version__,
+        torch_threads=torch.get_num_threads(),
+        python=platform.python_version(),
+        device=str(triplet.device),
+        dtype=str(triplet.dtype),
+        cpu_class=cpu_class(),
+        runs=triplet.runs,
+        exact=triplet.exact,
+        exact_note=triplet.exact_note,
+        models=list(triplet.names),
+        preset=triplet.preset,
+        note=triplet.note,
+        time_utc=time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
         command=command_line(args),
         argv=sys.argv[1:],
         n_prompts=len({r["prompt_index"] for r in result["runs"]}),

@@ -1,7 +1,5 @@
-"""`bench --suite spec-bench`: Spec-Bench's questions (`pyramid_demo.spec_bench`) through the bench's own loop, so
-every method runs interleaved question by question as in any bench; MT-bench's second turn is a conversation after
-each method's own first answer, through the target tokenizer's chat template, as Spec-Bench runs it; the report
-gains Spec-Bench's table (`spec_table`)."""
+"""`bench --suite spec-bench`: Spec-Bench's questions through the bench's own loop (MT-bench's second turn after each
+method's own first answer, through the chat template), and Spec-Bench's table (`spec_table`) in the report."""
 
 from __future__ import annotations
 
@@ -21,35 +19,9 @@ from . import report, spec_table
 from .prompts import Prompt
 from .variants import largest
 
-SUITES = ("spec-bench",)
 SEED = 0  # the selection's: stated in the report, the same on every machine
 COLUMNS = ["question_id", "task", "turn", "target_forwards"]  # what the suite adds to results.csv
 Group = list[tuple[dict, list[int]]]  # one turn's rows and produced tokens, one per variant (`runner._run_prompt`)
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--suite",
-        choices=SUITES,
-        default=None,
-        help="spec-bench: Spec-Bench's six tasks (Xia et al. 2024; its 480 questions ship in assets/spec_bench) in "
-        "place of --prompts. Greedy, as Spec-Bench is: a --temperature above 0 is refused. MT-bench's second turn "
-        "runs after each method's own first answer, through the chat template. Adds Spec-Bench's table (speed-up "
-        "over AR per task, #Mean Accepted Tokens, Overall) and per-position acceptance to the report; needs ar in "
-        "--methods",
-    )
-    p.add_argument(
-        "--per-task",
-        type=int,
-        default=None,
-        help=f"with --suite: N questions per task, a seeded selection (seed {SEED}; MT-bench's spread over its eight "
-        "categories) named in the report (default: all 80)",
-    )
-    p.add_argument(
-        "--tasks",
-        default=None,
-        help=f"with --suite: comma-separated Spec-Bench tasks, from {', '.join(spec_bench.TASKS)} (default: all)",
-    )
 
 
 @dataclass(frozen=True)
@@ -71,20 +43,14 @@ def first_turn(q: spec_bench.Question) -> Turn:
 
 
 def conversation_ids(tokenizer: Any, turns: Sequence[str], answers: Sequence[str], chat: bool = True) -> list[int]:
-    """The prompt of turn len(answers) + 1: the user's turns with the model's own answers between them, through the
-    tokenizer's chat template (Spec-Bench renders its conversation template, then tokenizes). Without a template (or
-    with --no-chat) the turns and answers joined by blank lines, tokenized as the bench tokenizes one prompt."""
-    n = len(answers) + 1
+    """The prompt of turn len(answers) + 1: the user's turns with the model's own answers between, through the chat
+    template; without one (or with --no-chat) joined by blank lines, tokenized as the bench tokenizes one prompt."""
+    said = [x for i in range(len(answers) + 1) for x in (turns[i], *answers[i : i + 1])]  # user, assistant, … user
     if chat and getattr(tokenizer, "chat_template", None):
-        messages: list[dict[str, str]] = []
-        for i in range(n):
-            messages.append({"role": "user", "content": turns[i]})
-            if i < len(answers):
-                messages.append({"role": "assistant", "content": answers[i]})
+        messages = [{"role": ("user", "assistant")[j % 2], "content": x} for j, x in enumerate(said)]
         out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         return [int(i) for i in (out["input_ids"] if hasattr(out, "keys") else out)]
-    text = "\n\n".join(x for i in range(n) for x in (turns[i], *answers[i : i + 1]))
-    return encode_prompt(tokenizer, text, chat=False)
+    return encode_prompt(tokenizer, "\n\n".join(said), chat=False)
 
 
 @dataclass
@@ -112,7 +78,7 @@ class Plan:
         return f"Spec-Bench, seed {SEED}, {how} (spec_bench.select) — question ids: {ids}"
 
     def follower(
-        self, triplet: ModelTriplet, chat: bool = True, log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)
+        self, triplet: ModelTriplet, chat: bool = True
     ) -> Callable[[Prompt, Group], tuple[Prompt, dict[str, list[int]]] | None]:
         """The bench's `follow`: after a turn ran, tag its rows with the question and turn, and give the next turn's
         prompt with each variant's own context (its earlier answers in it), or None when the question is done."""
@@ -134,7 +100,7 @@ class Plan:
                     ids[row["variant"]] = prepare_prompt(triplet, turns, self.check, chat)
             except ValueError as e:  # a conversation beyond the models' context: every variant stops at this turn
                 self.notes.append(f"question {p.question}: turns after {p.turn} not run ({e})")
-                log(f"note: {self.notes[-1]}")
+                print(f"note: {self.notes[-1]}", file=sys.stderr)
                 return None
             return dataclasses.replace(p, text=p.turns[p.turn], turn=p.turn + 1), ids
 
@@ -168,8 +134,8 @@ class Plan:
 
 def plan(args: argparse.Namespace, variants: Sequence[Any]) -> Plan | None:
     """The suite `args` ask for (None without --suite), or a ValueError saying which option does not fit it."""
-    if not getattr(args, "suite", None):
-        if getattr(args, "per_task", None) is not None or getattr(args, "tasks", None):
+    if not args.suite:
+        if args.per_task is not None or args.tasks:
             raise ValueError("--per-task and --tasks choose Spec-Bench's questions: add --suite spec-bench")
         return None
     given = {"--prompts": args.prompts != "builtin", "--limit": args.limit is not None, "--dataset": args.dataset}

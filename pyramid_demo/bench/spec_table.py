@@ -1,9 +1,5 @@
-"""Spec-Bench's table from the bench's rows, computed as Spec-Bench's `evaluation/speed.py` computes it, so that our
-figures read like its leaderboard's: per question, tokens and wall time summed over its turns; a task's speed is the
-mean over its questions of tokens/s; a speed-up is that mean over plain decoding's (AR) on the same questions; Overall
-pools every selected question the same way; #Mean Accepted Tokens is tokens written per target forward. Beside it,
-per-position acceptance as vLLM and llama.cpp state it. Pure arithmetic over plain rows: the tests build them by hand.
-"""
+"""Spec-Bench's table from the bench's rows, computed as its `evaluation/speed.py` does (see `FOOTNOTE`), and
+per-position acceptance as vLLM and llama.cpp state it: pure arithmetic over plain rows."""
 
 from __future__ import annotations
 
@@ -47,10 +43,8 @@ POSITION_NOTE = (
 )
 
 
-# ---------------------------------------------------------------- what each run records
 def position_counts(steps: list[Step]) -> dict[str, list[int]]:
-    """Per stage that ran rounds: how many rounds proposed at position i, and in how many the i-th was accepted
-    (counts, so that runs pool); read off the run's own records by `core.stats.Tally`, the one implementation."""
+    """Per stage that ran rounds: how many rounds proposed at position i, and in how many the i-th was accepted."""
     t = Tally()
     for s in steps:
         t.add(s)
@@ -64,10 +58,8 @@ def position_counts(steps: list[Step]) -> dict[str, list[int]]:
     return out
 
 
-# ---------------------------------------------------------------- Spec-Bench's arithmetic
 def _samples(rows: list[dict]) -> dict[str, dict[Key, list[dict]]]:
-    """Rows by variant and sample, kept only for samples every variant ran with all the sample's turns: a speed-up
-    compares the same questions."""
+    """Rows by variant and sample, for the samples every variant ran whole: speed-ups compare the same questions."""
     by: dict[str, dict[Key, list[dict]]] = {}
     for r in rows:
         if r.get("question_id") is not None:
@@ -85,8 +77,7 @@ def _samples(rows: list[dict]) -> dict[str, dict[Key, list[dict]]]:
 
 
 def question_speed(turn_rows: Iterable[dict], clock: str = "wall_s") -> float | None:
-    """One question's tokens/s: new tokens summed over its turns ÷ seconds (`clock`: wall, prefill included, as
-    Spec-Bench; or decode_s, the engine's decode alone) summed over its turns."""
+    """One question's tokens/s: new tokens ÷ seconds (`clock`: wall_s as Spec-Bench, or decode_s), summed over turns."""
     rs = list(turn_rows)
     seconds = sum(float(r[clock]) for r in rs)
     return sum(int(r["n_new_tokens"]) for r in rs) / seconds if seconds > 0 else None
@@ -98,27 +89,20 @@ def _mean(xs: list[float | None]) -> float | None:
 
 
 def mean_accepted_tokens(rows: list[dict]) -> float | None:
-    """Tokens written per target forward, pooled over the rows: the engine's target passes, a peer's counted target
-    forwards (None when a row has none counted)."""
+    """Tokens per target forward over the rows (a peer's counted forwards); None when a row has none counted."""
     passes = [r.get("target_passes") if r["kind"] != "peer" else r.get("target_forwards") for r in rows]
     if not rows or any(p is None for p in passes) or not sum(passes):
         return None
     return sum(int(r["n_new_tokens"]) for r in rows) / sum(passes)
 
 
-def baseline_label(rows: list[dict]) -> str | None:
-    """The AR variant every speed-up is over: the engine's plain decoding of the target."""
-    return next((r["variant"] for r in rows if r["method"] == "ar" and r["kind"] == "engine"), None)
-
-
 def table(rows: list[dict], clock: str = "wall_s") -> list[dict]:
-    """One record per variant (run order): per task its mean tokens/s and speed-up over AR, Overall the same over all
-    questions pooled, #Mean Accepted Tokens pooled; from rows tagged with question_id, task and turn. `clock`
-    "decode_s" times the engine's decode alone (its rows only: a peer's time holds its prefill)."""
+    """One record per variant: per task its mean tokens/s and speed-up over AR, Overall, #Mean Accepted Tokens.
+    `clock` "decode_s" times the engine's decode alone (its rows only: a peer's time holds its prefill)."""
     if clock != "wall_s":
         rows = [r for r in rows if r["kind"] == "engine" and r.get(clock) is not None]
     samples = _samples(rows)
-    base = baseline_label(rows)
+    base = next((r["variant"] for r in rows if r["method"] == "ar" and r["kind"] == "engine"), None)  # AR's
     tasks = [t for t in TASKS if any(r.get("task") == t for r in rows)]
     speeds = {label: {k: question_speed(rs, clock) for k, rs in per.items()} for label, per in samples.items()}
     task_of = {k: rs[0]["task"] for per in samples.values() for k, rs in per.items()}
@@ -173,7 +157,6 @@ def _sum_lists(rows: list[dict], key: str) -> list[int]:
     return out
 
 
-# ---------------------------------------------------------------- tables and the page's section
 def _x(v: float | None) -> str:
     return "–" if v is None else f"{v:.2f}x"
 
@@ -199,8 +182,7 @@ def grid(records: list[dict]) -> str:
 
 
 def markdown(records: list[dict], pos: list[dict], selection: str = "", decode: list[dict] | None = None) -> str:
-    """Spec-Bench's table (one row per variant and peer), its footnote, the decode-only table where given, then
-    per-position acceptance."""
+    """Spec-Bench's table and footnote, the decode-only table where given, then per-position acceptance."""
     out = grid(records) + "\n\n" + (f"Questions: {selection}.\n\n" if selection else "") + FOOTNOTE
     if decode:
         out += "\n\n" + grid(decode) + "\n\n" + DECODE_NOTE
@@ -227,8 +209,8 @@ def csv_rows(records: list[dict]) -> tuple[list[str], list[dict]]:
     cols += [*(f"{t}_tokens_per_s" for t in tasks), "overall_tokens_per_s", "questions"]
     out = []
     for r in records:
-        row = {k: r[k] for k in ("variant", "method", "kind", "mean_accepted_tokens", "overall", "questions")}
-        row["overall_tokens_per_s"] = r["overall_tokens_per_s"]
+        keys = ("variant", "method", "kind", "mean_accepted_tokens", "overall", "questions", "overall_tokens_per_s")
+        row = {k: r[k] for k in keys}
         for t in tasks:
             row[f"{t}_speedup"], row[f"{t}_tokens_per_s"] = r["tasks"][t]["speedup"], r["tasks"][t]["tokens_per_s"]
         out.append(row)
@@ -236,8 +218,7 @@ def csv_rows(records: list[dict]) -> tuple[list[str], list[dict]]:
 
 
 def html_section(suite: dict) -> str:
-    """The report's Spec-Bench section: the table, a grouped bar chart of per-task speed-ups, per-position acceptance
-    (plotly's JS is on the page already)."""
+    """The report's Spec-Bench section: the table, per-task speed-ups as bars, per-position acceptance."""
     import plotly.graph_objects as go
 
     from .costs_report import html_table

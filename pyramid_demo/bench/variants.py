@@ -14,7 +14,6 @@ from ..core.methods import SOLO_LANES, lane_label, lossless, method_spec, retire
 from ..core.settings import SHAPES
 from . import peers
 
-ALL_METHODS = METHODS + peers.PEERS
 GRID_TAUS = (0.2, 0.3, 0.4, 0.5)
 GRID_NAMES = {"tau_t": "tauT", "tau_q": "tauQ", "l_d": "lD", "l_q": "lQ"}  # in variant labels
 
@@ -48,7 +47,7 @@ def parse_methods(methods: str, peer_list: str) -> list[str]:
             raise ValueError(retired(m))
     bad = [m for m in ms if m not in METHODS] + [m for m in ps if m not in peers.PEERS]
     if bad:
-        raise ValueError(f"unknown method(s) {', '.join(bad)}; choose from {', '.join(ALL_METHODS)}")
+        raise ValueError(f"unknown method(s) {', '.join(bad)}; choose from {', '.join(METHODS + peers.PEERS)}")
     if not ms and not ps:
         raise ValueError("no methods to benchmark")
     return list(dict.fromkeys(ms + ps))
@@ -65,11 +64,12 @@ def parse_shapes(shapes: str | None, default: str) -> list[str]:
 
 def build_variants(args: argparse.Namespace) -> list[Variant]:
     """The settings to run: AR, then --solo's reference rows, each method once per shape (or --grid's sweep), peers."""
-    suite_peers = peers.DEFAULT_PEERS + ",hf_prompt_lookup" if getattr(args, "suite", None) else peers.DEFAULT_PEERS
+    suite_peers = peers.DEFAULT_PEERS + ",hf_prompt_lookup" if args.suite else peers.DEFAULT_PEERS
     methods = parse_methods(args.methods, suite_peers if args.peers is None else args.peers)
-    pld = peers.lookup_of(args)  # checked whether or not the peer runs
+    if args.pld_tokens < 1 or args.pld_ngram < 1:  # checked whether or not the peer runs
+        raise ValueError(f"--pld-tokens and --pld-ngram must be at least 1, got {args.pld_tokens} and {args.pld_ngram}")
     methods.sort(key=lambda m: (m != "ar",))
-    shapes = parse_shapes(getattr(args, "shapes", None), getattr(args, "shape", None) or "auto")
+    shapes = parse_shapes(args.shapes, args.shape)
 
     def cfg(m: str, **kw) -> DecodeConfig:
         ns = argparse.Namespace(**{**vars(args), "method": m if m in METHODS else "ar"})
@@ -84,7 +84,7 @@ def build_variants(args: argparse.Namespace) -> list[Variant]:
             sk = {"shape": shape} if shape else {}
             tag = [shape] if shape and len(shapes) > 1 else []  # the label names the shape when several run
             if not args.grid or spec is None or not spec.thresholds:  # nothing to sweep
-                lookup = pld if m == "hf_prompt_lookup" else None
+                lookup = (args.pld_tokens, args.pld_ngram) if m == "hf_prompt_lookup" else None
                 out.append(Variant(" ".join([m, *tag]), m, cfg(m, **sk), lookup=lookup))
                 continue
             for t in taus:  # τ_T, then τ_Q ≤ τ_T (stage 1 fuzzy), then ℓ_D ≤ ℓ_Q (pyramids)
@@ -94,7 +94,7 @@ def build_variants(args: argparse.Namespace) -> list[Variant]:
                         label = " ".join([m, *tag] + [f"{GRID_NAMES[k]}={v:g}" for k, v in kw.items()])
                         out.append(Variant(label, m, cfg(m, **kw, **sk)))
     after_ar = sum(1 for v in out if v.method == "ar")  # AR is never swept: its one variant, first
-    out[after_ar:after_ar] = solo_variants(getattr(args, "solo", None), cfg)
+    out[after_ar:after_ar] = solo_variants(args.solo, cfg)
     return out
 
 
