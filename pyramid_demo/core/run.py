@@ -92,11 +92,10 @@ class _Snapshots:
         cfg: DecodeConfig,
         prompt: str,
         ids: list[int],
-        prefill_s: float,
         shape_why: str = "",
         solo: str | None = None,
     ):
-        self.triplet, self.cfg, self.prompt, self.ids, self.prefill_s = triplet, cfg, prompt, ids, prefill_s
+        self.triplet, self.cfg, self.prompt, self.ids, self.prefill_s = triplet, cfg, prompt, ids, 0.0
         self.shape_why, self.solo = shape_why, solo
         self.config, self.tail, self.tally, self.stopped = cfg.to_dict(), _TextTail(triplet.tokenizer), Tally(), ""
         self.steps: list[Step] = []
@@ -182,14 +181,13 @@ def _passes(
         raise ValueError(f"a member decoding alone runs as method 'ar', not {cfg.method!r}")
     cfg, why = shape_to_run(cfg, takes_trees(triplet, cfg.method), shape_why)  # a tree refused before any work
     gen = None if cfg.greedy else torch.Generator().manual_seed(cfg.seed)
+    record = _Snapshots(triplet, cfg, prompt, ids, why, solo)
     lms = solo_lms(triplet, solo) if solo is not None else {r: triplet.open(r) for r in roles_for(cfg.method)}
-    forwards = {r: triplet.forward(solo or r).kind for r in lms}  # what each role runs: its family's plan
+    record.forwards = {r: triplet.forward(solo or r).kind for r in lms}  # what each role runs: its family's plan
     share = cfg.qualifier_prompt == "target" and shares_prompt(lms)
-    prefill_s = prefill(lms, ids, share)
+    record.prefill_s = prefill(lms, ids, share)
     for lm in lms.values():  # prefill forwards are reported separately
         lm.reset_counters()
-    record = _Snapshots(triplet, cfg, prompt, ids, prefill_s, why, solo)
-    record.forwards = forwards
     if "qualifier" in lms:  # what ran: a qualifier of other shapes prefills its own whatever was asked
         record.config["qualifier_prompt"] = "target" if share else "own"
     for step in decode(lms, ids, cfg, triplet.eos_ids, gen, full_records, defer=True):  # records after the clock

@@ -105,7 +105,7 @@ class ModelTriplet:
 
     def open(self, role: str, as_role: str | None = None) -> LM:
         """A fresh LM over `role`'s model on the forward its plan names (`as_role`: the name its counters carry)."""
-        return open_lm(self.model(role), self.vocab_size, as_role or role, plan=self.forward(role))
+        return opened(self.plan[role], self.vocab_size, as_role or role)
 
 
 def _sync(device: torch.device) -> None:
@@ -235,22 +235,23 @@ def described(model: torch.nn.Module, runner: Any | None = None, why: str = "") 
     return Forward(kind, why, trees=kind == "feature" or kind == "hf" and _hf_takes_trees(model.config), model=model)
 
 
-def open_lm(
-    model: torch.nn.Module, vocab_size: int, role: str, runner: Any | None = None, plan: Forward | None = None
-) -> LM:
-    """A fresh per-run LM over a loaded model (its own cache, never shared), on the forward its family's `plan`
-    names (`ModelTriplet.open`), else the one `described` names."""
-    fwd = plan or described(model, runner)
+def open_lm(model: torch.nn.Module, vocab_size: int, role: str, runner: Any | None = None) -> LM:
+    """A fresh per-run LM over a loaded model outside a family's plan, on the forward `described` names."""
+    return opened(described(model, runner), vocab_size, role)
+
+
+def opened(fwd: Forward, vocab_size: int, role: str) -> LM:
+    """A fresh per-run LM (its own cache, never shared) over `fwd`'s model, on the forward `fwd` names."""
     if fwd.kind == "lookup":
         from .lookup import LookupLM
 
-        return LookupLM(model, vocab_size, role)
+        return LookupLM(fwd.model, vocab_size, role)
     if fwd.kind == "feature":
         from .feature_lm import FeatureLM
 
-        return FeatureLM(model, vocab_size, role)
+        return FeatureLM(fwd.model, vocab_size, role)
     if fwd.kind == "hf":
-        return HFLM(model, vocab_size, role)
+        return HFLM(fwd.model, vocab_size, role)
     from .core import CoreLM
 
-    return CoreLM(model, vocab_size, role, fwd.runner, w=fwd.weights)
+    return CoreLM(fwd.model, vocab_size, role, fwd.runner, w=fwd.weights)
