@@ -8,11 +8,10 @@ from typing import Any
 
 import torch
 
-from ..forward.lm import ModelTriplet, model_takes_trees
+from ..forward.lm import LM, ModelTriplet, model_takes_trees
 from .config import DecodeConfig
 from .engine import decode, prefill, roles_for, shares_prompt
-from .methods import method_spec
-from .solo import relabel, solo_lms
+from .methods import ROLE_ORDER, method_spec
 from .stats import Tally
 from .trace import RunResult, Step
 
@@ -57,10 +56,6 @@ def prepare_prompt(triplet: ModelTriplet, prompt: str | list[int], cfg: DecodeCo
     return ids
 
 
-def _prompt_text(triplet: ModelTriplet, prompt: str | list[int], ids: list[int], text: str | None) -> str:
-    return text if text is not None else prompt if isinstance(prompt, str) else triplet.tokenizer.decode(ids)
-
-
 class _TextTail:
     """The text so far: a short window at the end decoded each pass (as TGI and vLLM stream), at whole characters."""
 
@@ -93,17 +88,17 @@ class _Snapshots:
         prompt: str,
         ids: list[int],
         prefill_s: float,
-        shape_why: str = "",
-        solo: str | None = None,
+        shape_why: str,
+        solo: str | None,
+        forwards: dict[str, str],  # role -> the forward that ran it (its family's plan)
     ):
         self.triplet, self.cfg, self.prompt, self.ids, self.prefill_s = triplet, cfg, prompt, ids, prefill_s
-        self.shape_why, self.solo = shape_why, solo
+        self.shape_why, self.solo, self.forwards = shape_why, solo, forwards
         self.config, self.tail, self.tally, self.stopped = cfg.to_dict(), _TextTail(triplet.tokenizer), Tally(), ""
         self.steps: list[Step] = []
         self.token_ids: list[int] = []
         self.texts: list[str] = []
         self.origins: list[str] = []
-        self.forwards: dict[str, str] = {}  # role -> the forward that ran it (its family's plan)
 
     def add(self, step: Step) -> None:
         tok = self.triplet.tokenizer
@@ -171,16 +166,45 @@ def shape_to_run(cfg: DecodeConfig, trees: bool, why: str = "") -> tuple[DecodeC
     return cfg, why or f"shape {cfg.shape}, as asked"
 
 
+def solo_lms(triplet: ModelTriplet, role: str) -> dict[str, LM]:
+    """A reference run's LMs: `role` decoding alone as "ar" in the target's slot; ValueError where it cannot."""
+    if role not in ROLE_ORDER:
+        raise ValueError(f"unknown role {role!r} to decode alone; choose one of {', '.join(ROLE_ORDER)}")
+    model = triplet.model(role)
+    if getattr(model, "reads_verifier", False):
+        raise ValueError(f"the {role} reads its verifier's hidden states, so it cannot decode alone")
+    return {"target": triplet.open(role)}
+
+
+def relabel(step: Step, role: str) -> Step:
+    """A step recorded with `role` in the target's slot, naming `role` wherever it says "target"."""
+
+    def swap(d: dict) -> dict:
+        return {role if k == "target" else k: v for k, v in d.items()}
+
+    return replace(
+        step,
+        origins=[role if o == "target" else o for o in step.origins],
+        time_s=swap(step.time_s),
+        n_forward=swap(step.n_forward),
+        fed=swap(step.fed),
+    )
+
+
 def _passes(
     triplet: ModelTriplet,
-    ids: list[int],
+    prompt: str | list[int],
     cfg: DecodeConfig,
-    prompt: str,
-    full_records: bool = True,
-    shape_why: str = "",
-    solo: str | None = None,
+    chat: bool,
+    text: str | None,
+    full_records: bool,
+    shape_why: str,
+    solo: str | None,
 ) -> Iterator[_Snapshots]:
-    """Settle the shape, prefill, decode (own caches and generator per call); yield the record after each pass."""
+    """Encode, settle the shape, prefill, decode (own caches and generator); yield the record after each pass."""
+    ids = prepare_prompt(triplet, prompt, cfg, chat)
+    if text is None:
+        text = prompt if isinstance(prompt, str) else triplet.tokenizer.decode(ids)
     if solo is not None and cfg.method != "ar":
         raise ValueError(f"a member decoding alone runs as method 'ar', not {cfg.method!r}")
     cfg, why = shape_to_run(cfg, takes_trees(triplet, cfg.method), shape_why)  # a tree refused before any work
@@ -191,8 +215,7 @@ def _passes(
     prefill_s = prefill(lms, ids, share)
     for lm in lms.values():  # prefill forwards are reported separately
         lm.reset_counters()
-    record = _Snapshots(triplet, cfg, prompt, ids, prefill_s, why, solo)
-    record.forwards = forwards
+    record = _Snapshots(triplet, cfg, text, ids, prefill_s, why, solo, forwards)
     if "qualifier" in lms:  # what ran: a qualifier of other shapes prefills its own whatever was asked
         record.config["qualifier_prompt"] = "target" if share else "own"
     for step in decode(lms, ids, cfg, triplet.eos_ids, gen, full_records, defer=True):  # records after the clock
@@ -211,9 +234,7 @@ def stream(
 ) -> Iterator[RunResult]:
     """A snapshot after every target pass (the last has stats.stopped). `prompt`: text, or `prepare_prompt`'s ids with
     `text` as the user wrote it; `solo`: a reference run."""
-    ids = prepare_prompt(triplet, prompt, cfg, chat)
-    text = _prompt_text(triplet, prompt, ids, text)
-    for record in _passes(triplet, ids, cfg, text, shape_why=shape_why, solo=solo):
+    for record in _passes(triplet, prompt, cfg, chat, text, True, shape_why, solo):
         yield record.result()
 
 
@@ -228,10 +249,8 @@ def generate(
     solo: str | None = None,
 ) -> RunResult:
     """Run to the end and return the final record; arguments as `stream`, `full_records=False` keeps statuses only."""
-    ids = prepare_prompt(triplet, prompt, cfg, chat)
-    text = _prompt_text(triplet, prompt, ids, text)
     record = None
-    for record in _passes(triplet, ids, cfg, text, full_records, shape_why, solo):  # noqa: B007 - the last one is the run's record
+    for record in _passes(triplet, prompt, cfg, chat, text, full_records, shape_why, solo):  # noqa: B007 - the last one is the run's record
         pass
     if record is None:
         raise RuntimeError("the decoding loop made no target pass")

@@ -109,7 +109,7 @@ class RunResult:
     stats: Stats
     steps: list[Step]
     shape_why: str = ""  # why the proposal had the shape it had (config["shape"]): as asked, or what "auto" chose
-    solo: str | None = None  # a reference run: the role that decoded alone (method "ar", `core.solo`)
+    solo: str | None = None  # a reference run: the role that decoded alone (method "ar", `run.solo_lms`)
     forwards: dict[str, str] = field(default_factory=dict)  # role -> "compiled", "eager", "hf" or "feature"
 
     def to_dict(self) -> dict:
