@@ -1,7 +1,6 @@
-"""Pure math of speculative decoding (warps, divergences, acceptance rules, the walk `decide_tree`; see
-docs/how-it-works.md), tested on hand-built logits. p: the verifier, q: the proposer. A proposal is a tree in
-breadth-first order (node i: `tokens[i]`, `parents[i]`, −1 the root; a chain's parent is i − 1); context c = 0 is the
-root, c = i + 1 node i, one row of the verifier's logits each."""
+"""Pure math of speculative decoding (warps, divergences, acceptance rules, the walk `decide_tree`). p: the verifier,
+q: the proposer. A proposal is a tree in breadth-first order (node i: `tokens[i]`, `parents[i]`, −1 the root);
+context c = 0 is the root, c = i + 1 node i, one row of the verifier's logits each."""
 
 from __future__ import annotations
 
