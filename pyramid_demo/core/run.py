@@ -42,12 +42,8 @@ def prepare_prompt(triplet: ModelTriplet, prompt: str | list[int], cfg: DecodeCo
     if not ids:
         raise ValueError("the prompt encodes to no tokens")
     block = max(cfg.gamma, cfg.l_q, cfg.tree_nodes) + 1
-    limit = int(
-        min(
-            getattr(getattr(triplet.model(r), "config", None), "max_position_embeddings", None) or 10**9
-            for r in ("draft", "qualifier", "target")
-        )
-    )  # the smallest context window of the three
+    windows = (getattr(getattr(triplet.model(r), "config", None), "max_position_embeddings", None) for r in ROLE_ORDER)
+    limit = int(min(w or 10**9 for w in windows))  # the smallest context window of the three
     if len(ids) + cfg.max_new_tokens + block > limit:
         raise ValueError(
             f"the prompt is {len(ids)} tokens; with max_new_tokens={cfg.max_new_tokens} and drafts of up to {block} "

@@ -204,9 +204,8 @@ def verdict(method: str, m: dict, measured: tuple[float, float] | None = None) -
     vs = f" (expected {exp:.1f} vs AR {m['ar_tokens_per_s']:.1f} tok/s on this profile)" if exp else ""
     wins = a >= be
     line = (
-        f"wins: {stage} {a:.2f} is above the break-even {be:.2f}{vs}{seen}"
-        if wins
-        else f"loses: {stage} {a:.2f} is below the break-even {be:.2f}{vs}{seen}"
+        f"{'wins' if wins else 'loses'}: {stage} {a:.2f} is {'above' if wins else 'below'} the break-even "
+        f"{be:.2f}{vs}{seen}"
     )
     if seen and measured and (measured[0] >= measured[1]) != wins:
         line += (
