@@ -54,21 +54,16 @@ class DecodeConfig:
                 raise ValueError(msg)
 
         method_spec(self.method)  # a ValueError naming the choices (and the new setting for a retired key)
-        need(self.shape in SHAPES, f"unknown shape {self.shape!r}; choose one of {', '.join(SHAPES)}")
-        need(
-            self.divergence in DIVERGENCES,
-            f"unknown divergence {self.divergence!r}; choose one of {', '.join(DIVERGENCES)}",
-        )
-        need(
-            self.div_support in DIV_SUPPORTS,
-            f"unknown div_support {self.div_support!r}; choose one of {', '.join(DIV_SUPPORTS)}",
-        )
-        need(self.fallback in FALLBACKS, f"unknown fallback {self.fallback!r}; choose 'none' or 'sd'")
-        need(
-            self.qualifier_prompt in QUALIFIER_PROMPTS,
-            f"unknown qualifier_prompt {self.qualifier_prompt!r}; choose 'own' or 'target'",
-        )
-        need(self.stage2 in STAGE2_RULES, f"unknown stage-2 rule {self.stage2!r}; choose 'fuzzy' or 'sd'")
+        for name, label, options, choose in (
+            ("shape", "shape", SHAPES, f"one of {', '.join(SHAPES)}"),
+            ("divergence", "divergence", DIVERGENCES, f"one of {', '.join(DIVERGENCES)}"),
+            ("div_support", "div_support", DIV_SUPPORTS, f"one of {', '.join(DIV_SUPPORTS)}"),
+            ("fallback", "fallback", FALLBACKS, "'none' or 'sd'"),
+            ("qualifier_prompt", "qualifier_prompt", QUALIFIER_PROMPTS, "'own' or 'target'"),
+            ("stage2", "stage-2 rule", STAGE2_RULES, "'fuzzy' or 'sd'"),
+        ):
+            v = getattr(self, name)
+            need(v in options, f"unknown {label} {v!r}; choose {choose}")
         need(
             isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1,
             f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}",

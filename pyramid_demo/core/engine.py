@@ -26,17 +26,6 @@ from .round import (
 )
 from .trace import Step
 
-__all__ = [
-    "NonFiniteLogits",
-    "connect",
-    "decode",
-    "prefill",
-    "pyramid_block",
-    "roles_for",
-    "shares_prompt",
-    "stage_round",
-]
-
 
 def decode(
     lms: dict[str, LM],
@@ -47,11 +36,8 @@ def decode(
     full_records: bool = True,
     defer: bool = False,
 ) -> Iterator[Step]:
-    """Generate after a prefilled prompt, one `Step` per target pass, until EOS or the budget (`cfg.shape` settled).
-    `full_records=False` (bench) keeps statuses only. With `defer` the full records (divergences, top-5) replace the
-    statuses in the same steps once the decode ends or is closed (a timed run): building them between passes would
-    evict the small models' weights from the CPU's caches and slow the proposers. NaN/+inf logits raise
-    NonFiniteLogits naming role and pass."""
+    """One `Step` per target pass after a prefilled prompt, until EOS or the budget. `full_records=False` keeps
+    statuses only; `defer` builds the full records once the decode ends (between passes they would slow it)."""
     stages = method_spec(cfg.method).stages  # the one look-up: the loop below runs them
     if any(st.shaped for st in stages) and cfg.shape not in ("chain", "tree"):
         raise ValueError(f"shape {cfg.shape!r} must be settled to 'chain' or 'tree' before decoding (run.shape_to_run)")
@@ -149,8 +135,7 @@ def _target_round(
     gen: torch.Generator | None,
     eos_ids: tuple[int, ...],
 ) -> tuple[list[Round], Round, list[str]]:
-    """The stages before the target (a pyramid's block, built by stage-1 rounds), then the target's round:
-    the qualifier rounds, the target round and the origins of the proposal's tokens."""
+    """A pyramid's stage-1 block (if any), then the target's round: qualifier rounds, target round, token origins."""
     st = stages[-1]
     if len(stages) > 1:
         x, from_q, z_q, qrounds = pyramid_block(
@@ -175,9 +160,8 @@ def pyramid_block(
     gen: torch.Generator | None,
     eos_ids: tuple[int, ...] = (),
 ) -> tuple[list[int], list[str], torch.Tensor, list[Round]]:
-    """Stage 1 (`st`): draft → qualifier rounds until `size` tokens are qualified (CHOICE: cut to size), an EOS or
-    (cfg.conf_stop) an unsure qualifier token. Returns the block, its origins, the qualifier's logits at every
-    block position [len(block), V] (stage 2 reads them) and the rounds, each recording the tokens it gave."""
+    """Stage 1: draft → qualifier rounds until `size` tokens (CHOICE: cut to size), an EOS or an unsure qualifier
+    token. Returns the block, its origins, the qualifier's logits there [len(block), V] and the rounds."""
     block: list[int] = []
     origins: list[str] = []
     z_q_rows: list[torch.Tensor] = []
@@ -212,8 +196,7 @@ def pyramid_block(
 def stage_round(
     lms: dict[str, LM], seq: list[int], st: Stage, tree: rules.Tree, cfg: DecodeConfig, gen: torch.Generator | None
 ) -> Round:
-    """One verification of `st`, the same for every shape and stage: one scoring pass, the stage's rule, and a
-    cache fed tree rows keeps only the accepted path (a plain pass's is cut by the loop)."""
+    """One verification of `st`, for every shape and stage: one scoring pass, the rule, the accepted path kept."""
     rule = stage_rule(st, cfg.stage2)
     tau = getattr(cfg, st.tau) if rule == "fuzzy" and st.tau else None
     z_p = score(lms[st.verifier], seq, tree)  # [N + 1, V]
@@ -245,11 +228,8 @@ class _Clock:
 
 
 def prefill(lms: dict[str, LM], prompt_ids: list[int], share: bool = False) -> float:
-    """Feed all but the last prompt token to every model (the draft last: a proposer that reads its verifier
-    needs the verifier's states, linked here by `connect`); returns the seconds it took. CHOICE (`share`, the
-    setting `qualifier_prompt` "target"): a qualifier whose cache has the target's shapes (`shares_prompt`) takes
-    the target's keys and values of the prompt, and the target hands the draft the prompt's states: one prefill
-    where there were two."""
+    """Feed all but the last prompt token to every model, the draft last (it may read its verifier's states); returns
+    the seconds. CHOICE `share`: the qualifier takes the target's prompt keys and values (one prefill, not two)."""
     connect(lms)
     t0 = time.perf_counter()
     if len(prompt_ids) > 1:
@@ -270,8 +250,7 @@ def prefill(lms: dict[str, LM], prompt_ids: list[int], share: bool = False) -> f
 
 
 def shares_prompt(lms: dict[str, LM]) -> bool:
-    """Whether this run's qualifier can take the target's prompt cache: a core forward of the same shapes (the
-    target's own quantized copy)."""
+    """Whether the qualifier can take the target's prompt cache: a core forward of the same shapes."""
     q, t = lms.get("qualifier"), lms.get("target")
     return q is not None and t is not None and hasattr(q, "same_cache") and q.same_cache(t)
 

@@ -1,6 +1,5 @@
 """Every decoding method in one table (a new method is a row, plus its pricing in `predict.costs`): its stages,
-smallest proposer first, each with a rule "sd", "fuzzy" or "config" (`DecodeConfig.stage2`); a `shaped` stage
-proposes as `DecodeConfig.shape` says, the others a chain."""
+smallest proposer first, each with a rule "sd", "fuzzy" or "config" (`DecodeConfig.stage2`)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""One verification round (`engine.stage_round`): the proposal (chain or tree), its scoring pass, the decision,
-the caches left holding the accepted path; then its explanation (`record`), built off the engine clock (the race must
-not time display work): per-token records reusing the walk's own divergences and uniforms, so the inspector shows
-what the rule saw."""
+"""One verification round (`engine.stage_round`): propose, score, decide; then its record (`record`), built off the
+engine clock from the walk's own divergences and uniforms, so the inspector shows what the rule saw."""
 
 from __future__ import annotations
 
@@ -56,9 +54,8 @@ def pick(z: torch.Tensor, cfg: DecodeConfig, gen: torch.Generator | None) -> int
 
 
 def propose(lm: LM, seq: list[int], room: int, length: int, cfg: DecodeConfig, gen: torch.Generator | None) -> Tree:
-    """The proposal after `seq`, as cfg.shape says: a chain of min(length, room) tokens, or a tree grown
-    min(tree_depth, room) levels deep (`room`: the most tokens a path may still hold); prompt lookup (an LM with
-    `chain_after`) reads its chain from the text."""
+    """The proposal after `seq` as cfg.shape says, no path longer than `room`: a chain of `length`, or a tree;
+    prompt lookup (an LM with `chain_after`) reads its chain from the text."""
     if hasattr(lm, "chain_after"):
         return chain(*lm.chain_after(seq, min(length, room)))
     if cfg.shape == "tree" and room > 0:
@@ -69,8 +66,7 @@ def propose(lm: LM, seq: list[int], room: int, length: int, cfg: DecodeConfig, g
 def propose_chain(
     lm: LM, seq: list[int], n: int, cfg: DecodeConfig, gen: torch.Generator | None
 ) -> tuple[list[int], torch.Tensor]:
-    """Up to n (maybe 0) tokens drafted one at a time: ids and logits [n, V]; with cfg.conf_stop > 0 it stops after
-    a token whose largest raw probability is below that floor (HF assisted generation's threshold)."""
+    """Up to n tokens drafted one at a time: ids and logits [n, V]; stops after one less sure than cfg.conf_stop."""
     x: list[int] = []
     rows = []
     for _ in range(n):
@@ -85,9 +81,8 @@ def propose_chain(
 def grow(
     lm: LM, seq: list[int], nodes: int, depth: int, k: int, cfg: DecodeConfig, gen: torch.Generator | None
 ) -> Tree:
-    """The proposer's tree after `seq`, one tree forward per level (EAGLE-2). Greedy: top-k children, the k best
-    paths expanded, the best `nodes` kept. Sampled: children drawn from warped q without replacement into a shape
-    fixed before any draw (`expected_tree` on the rank prior), as the lossless rule needs."""
+    """The proposer's tree after `seq`, one forward per level (EAGLE-2): greedy, top-k children and the best `nodes`;
+    sampled, children drawn without replacement into a shape fixed before any draw (the lossless rule needs it)."""
     z_root = feed(lm, seq, 1)  # [1, V]: the root's context
     warp = (cfg.temperature, cfg.top_k, cfg.top_p)
     shape = (
@@ -150,9 +145,8 @@ def grow(
 
 # ---------------------------------------------------------------- score
 def score(lm: LM, seq: list[int], tree: Tree) -> torch.Tensor:
-    """The verifier's logits per context [N + 1, V] after `seq` in one pass of rows: its unfed committed tokens (the
-    root last), then the proposal's nodes under their parents (a chain's: the row before); they stay pending until
-    the round keeps its accepted path (`engine.stage_round`)."""
+    """The verifier's logits per context [N + 1, V] in one pass: its unfed committed tokens (the root last), then the
+    proposal's nodes under their parents, pending until the round keeps its accepted path."""
     new = lm.unfed(seq)
     m = len(new)
     parents = rules.chain_parents(m) + [p + m if p >= 0 else m - 1 for p in tree.parents]
@@ -163,7 +157,7 @@ def score(lm: LM, seq: list[int], tree: Tree) -> torch.Tensor:
 # ---------------------------------------------------------------- decide
 @dataclass(frozen=True)
 class Round:
-    """What a rule decided for a proposal (`dec`: the walk's path, own token, statuses) and the logits explaining it."""
+    """What a rule decided for a proposal (`dec`) and the logits explaining it."""
 
     stage: str  # "qualifier" or "target": the verifier's role
     proposer: str
@@ -189,8 +183,7 @@ class Round:
 
     @property
     def own_status(self) -> str:
-        """The one place "bonus" is decided: the walk ended where nothing was proposed (a leaf, or an empty
-        proposal's root), so the verifier's token came for free; else it was drawn after a refusal."""
+        """The one place "bonus" is decided: the walk ended where nothing was proposed; else it was a refusal."""
         return "bonus" if self.dec.leaf else "resampled"
 
     @property
@@ -199,13 +192,11 @@ class Round:
         return "bonus" if self.verifier == "target" and self.own_status == "bonus" else self.verifier
 
     def new_tokens(self) -> list[int]:
-        """The round's new tokens: its accepted path, then the verifier's own token (`dec.nxt`: drawn from what
-        is left at a refusal, else the bonus)."""
+        """The round's new tokens: its accepted path, then the verifier's own token."""
         return self.accepted + [self.dec.nxt]
 
     def cut(self, n: int, eos: bool = False) -> Round:
-        """This round with only its first n new tokens used (a block cut, an EOS): the rest of the path and the
-        verifier's token are marked discarded; `eos`: the proposals below the n-th token are left out."""
+        """This round with only its first n new tokens used (the rest discarded); `eos`: those below are left out."""
         return replace(self, kept=n, eos_trim=eos) if n < self.k + 1 else self
 
 
@@ -220,9 +211,8 @@ def decide_round(
     proposer: str,
     verifier: str,
 ) -> Round:
-    """Decide a proposal against the verifier's logits z_p [N + 1, V] (`rules.decide_tree`). SD: greedy argmax, or
-    multi-step speculative sampling; fuzzy: Div ≤ τ accepts the first child, else the verifier's token from p.
-    CHOICE, cfg.fallback "sd": where Div > τ the SD rule decides, so those positions follow the verifier."""
+    """Decide a proposal against the verifier's logits z_p [N + 1, V] (`rules.decide_tree`); CHOICE, cfg.fallback
+    "sd": where Div > τ the SD rule decides, so those positions follow the verifier."""
     dec = rules.decide_tree(
         z_p,
         tree,
@@ -254,8 +244,7 @@ def decide(
 
 # ---------------------------------------------------------------- the record of a decided round
 def raw_divergence(z_p: torch.Tensor, z_q: torch.Tensor, cfg: DecodeConfig) -> torch.Tensor:
-    """Div(P_verifier, P_proposer) per proposed position [n] on the raw distributions (CHOICE: the FSD code's
-    form, temperature 1, no top-k/top-p), over the proposer's support when it has zeros (cfg.div_support)."""
+    """Div(P_verifier, P_proposer) per proposed position [n] on the raw distributions (CHOICE: temperature 1)."""
     return rules.support_divergence_logits(z_p, z_q, cfg.divergence, cfg.div_support)
 
 
@@ -290,8 +279,7 @@ def kept_nodes(rnd: Round) -> list[int]:
 
 
 def sd_verdicts(rnd: Round, p_w: torch.Tensor | None, q_w: torch.Tensor | None) -> list[bool | None]:
-    """The SD rule's verdict on every child at every context it could decide (what the walk computed where it
-    ran, the rest computed here, off the clock, from the same uniforms): what a what-if τ reads."""
+    """The SD rule's verdict on every child at every context (the walk's, the rest here from the same uniforms)."""
     tree, dec = rnd.tree, rnd.dec
     out = list(dec.sd)
     top = None if rnd.sampled else rnd.z_p.argmax(-1).tolist()
@@ -319,8 +307,7 @@ def divergences(rnd: Round, cfg: DecodeConfig) -> list[float]:
 
 
 def record(rnd: Round, cfg: DecodeConfig, full: bool = True) -> StageRound:
-    """The round's `StageRound`: each proposed node's status, the verifier's own token and the parent list; node i
-    is scored at row parent + 1 of z_p. `full=False` keeps statuses only (bench)."""
+    """The round's `StageRound`; node i is scored at row parent + 1 of z_p. `full=False` keeps statuses only."""
     tree, greedy = rnd.tree, not rnd.sampled
     status, own_status, n_acc = statuses(rnd)
     keep = kept_nodes(rnd)

@@ -1,7 +1,6 @@
-"""Pure math of speculative decoding (warps, divergences, acceptance rules, the walk `decide_tree`; see
-docs/how-it-works.md), tested on hand-built logits. p: the verifier, q: the proposer. A proposal is a tree in
-breadth-first order (node i: `tokens[i]`, `parents[i]`, −1 the root; a chain's parent is i − 1); context c = 0 is the
-root, c = i + 1 node i, one row of the verifier's logits each."""
+"""Pure math of speculative decoding (warps, divergences, acceptance rules, the walk `decide_tree`). p: the verifier,
+q: the proposer. A proposal is a tree in breadth-first order (node i: `tokens[i]`, `parents[i]`, −1 the root);
+context c = 0 is the root, c = i + 1 node i, one row of the verifier's logits each."""
 
 from __future__ import annotations
 
@@ -38,9 +37,8 @@ def divergence(
     log_p: torch.Tensor | None = None,
     log_q: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Div(p, q) per row [n] for raw distributions [n, V]: js = ½KL(m‖p) + ½KL(m‖q), m = (p+q)/2 (CHOICE: the FSD
-    code's form, not the textbook JSD); kl = KL(q‖p); tv = ½Σ|p−q|. log_p/log_q are used unfloored (exact under
-    underflow); 0·log 0 counts 0 (never NaN), +inf where p = 0 < q. Never negative; differentiable."""
+    """Div(p, q) per row [n] of [n, V]: js = ½KL(m‖p) + ½KL(m‖q), m = (p+q)/2 (CHOICE: the FSD code's form, not the
+    textbook JSD); kl = KL(q‖p); tv = ½Σ|p−q|. 0·log 0 counts 0, +inf where p = 0 < q; never negative."""
     if kind == "tv":
         return (0.5 * (p - q).abs().sum(-1)).clamp_min(0)
     if kind not in ("kl", "js"):
@@ -64,9 +62,8 @@ def support_divergence(
     log_p: torch.Tensor | None = None,
     log_q: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Div(p, q) per row [n] when q may be 0 on part of the vocabulary (a reduced head). CHOICE `support`: "full" is
-    `divergence` (js +inf wherever q = 0 < p); "subset" is over S = {q > 0} with p renormalised, charged for p's
-    mass outside S: Div(p_S, q) − log p(S) (js, kl; exactly KL(q‖p) for kl), tv(p_S, q) + 1 − p(S) (tv)."""
+    """Div(p, q) per row [n] when q may be 0 (a reduced head). CHOICE `support`: "full" is `divergence`; "subset" is
+    over S = {q > 0}, p renormalised: Div(p_S, q) − log p(S) (js, kl), tv(p_S, q) + 1 − p(S) (tv)."""
     if support not in ("subset", "full"):
         raise ValueError(f"unknown support {support!r}; choose subset or full")
     log_p, log_q = p.log() if log_p is None else log_p, q.log() if log_q is None else log_q
@@ -89,8 +86,7 @@ def support_divergence(
 def _on_support(
     lp_s: torch.Tensor, log_mass: torch.Tensor, q_s: torch.Tensor, log_q_s: torch.Tensor, kind: str
 ) -> torch.Tensor:
-    """The "subset" divergence [n] from the verifier renormalised on S (log p_S [n, |S|]), its log mass there
-    (log p(S) [n, 1]) and the proposer on S: Div(p_S, q) − log p(S), tv: + 1 − p(S); worst where p(S) = 0."""
+    """The "subset" divergence [n] from log p_S [n, |S|], log p(S) [n, 1] and the proposer on S; worst at p(S) = 0."""
     none = torch.isneginf(log_mass).squeeze(-1)  # the verifier rules out every token the proposer can write
     inside = divergence(lp_s.exp(), q_s, kind, lp_s, log_q_s)
     mass = log_mass.squeeze(-1)
@@ -100,8 +96,8 @@ def _on_support(
 
 
 def shared_support(z_q: torch.Tensor) -> torch.Tensor | None:
-    """The columns [|S|] where every row of the proposer's logits z_q [n, V] is finite, when the rows share one
-    support with zeros (a reduced head: −inf outside S); None otherwise (a full head, or differing supports)."""
+    """The columns [|S|] where every row of z_q [n, V] is finite, when the rows share one support with zeros (a
+    reduced head); None otherwise."""
     if not bool(torch.isneginf(z_q[0]).any()):
         return None
     out = torch.isneginf(z_q)  # [n, V]
@@ -111,8 +107,7 @@ def shared_support(z_q: torch.Tensor) -> torch.Tensor | None:
 def support_divergence_logits(
     z_p: torch.Tensor, z_q: torch.Tensor, kind: str = "js", support: str = "subset"
 ) -> torch.Tensor:
-    """`support_divergence` of softmax(z_p), softmax(z_q) [n, V] from logits; for a reduced head under "subset"
-    the verifier is read only on S and through its normaliser (one full-vocabulary reduction per row)."""
+    """`support_divergence` of softmax(z_p), softmax(z_q) [n, V]; a reduced head under "subset" reads z_p on S."""
     cols = shared_support(z_q) if support == "subset" else None
     if cols is None:
         lp, lq = torch.log_softmax(z_p, -1), torch.log_softmax(z_q, -1)  # [n, V]
@@ -128,8 +123,7 @@ def support_divergence_logits(
 
 
 def fuzzy_passes(d: torch.Tensor | Sequence[float], tau: float) -> list[bool]:
-    """FSD test: Div(P_T,i, P_D,i) ≤ τ, whatever the token. CHOICE: τ = 0 accepts nothing (target-only decoding),
-    not a near-tie whose divergence rounds to 0."""
+    """FSD test: Div(P_T,i, P_D,i) ≤ τ, whatever the token. CHOICE: τ = 0 accepts nothing (target-only decoding)."""
     return [tau > 0 and float(v) <= tau for v in d]
 
 
@@ -188,8 +182,8 @@ def context_of(parents: list[int], i: int) -> int:
 
 @dataclass
 class Tree:
-    """A proposal of candidate tokens. `z_q` [M, V] holds the proposer's logits at the contexts it
-    expanded; `q_row[c]` is context c's row in it (−1: never expanded, so a leaf)."""
+    """A proposal: `z_q` [M, V] holds the proposer's logits at the contexts it expanded, `q_row[c]` context c's row
+    (−1: never expanded, a leaf)."""
 
     tokens: list[int]
     parents: list[int]
@@ -209,8 +203,7 @@ def chain(tokens: list[int], z_q: torch.Tensor) -> Tree:
 
 
 def best_nodes(parents: list[int], score: list[float], n: int) -> list[int]:
-    """EAGLE-2's reranking: the n best nodes by path score in breadth-first order; a child never outscores its
-    parent, so best-first keeps parents (ties to the earlier node)."""
+    """EAGLE-2's reranking: the n best nodes by path score, breadth-first; a child never outscores its parent."""
     order = sorted(range(len(score)), key=lambda i: (-score[i], i))
     keep: set[int] = set()
     for i in order:
@@ -224,8 +217,8 @@ def best_nodes(parents: list[int], score: list[float], n: int) -> list[int]:
 # ---------------------------------------------------------------- the walk: one acceptance for chains and trees
 @dataclass(frozen=True)
 class TreeDecision:
-    """What a rule decided over a tree: the accepted path (node indices), the verifier's own token, each node's
-    fate (accepted, rejected = tried and refused, discarded = never reached), and what the rule computed."""
+    """What a rule decided over a tree: the accepted path, the verifier's own token, each node's status, and what
+    the rule computed."""
 
     path: list[int]
     nxt: int
@@ -239,8 +232,7 @@ class TreeDecision:
 
 
 def spine(tree: Tree) -> list[int]:
-    """The contexts along first children from the root (a chain: every context), where a walk that accepts
-    goes: the rule reads their rows in one batch."""
+    """The contexts along first children from the root, where a walk that accepts goes (read in one batch)."""
     kids, out, c = children(tree.parents), [0], 0
     while kids[c]:
         c = kids[c][0] + 1
@@ -249,7 +241,7 @@ def spine(tree: Tree) -> list[int]:
 
 
 def take(z: torch.Tensor, rows: list[int]) -> torch.Tensor:
-    """z's rows [len(rows), V]: a view when they are consecutive (a chain's always are), else a gathered copy."""
+    """z's rows [len(rows), V]: a view when they are consecutive, else a gathered copy."""
     return z[rows[0] : rows[0] + len(rows)] if rows and rows == list(range(rows[0], rows[0] + len(rows))) else z[rows]
 
 
@@ -257,8 +249,7 @@ def sd_at(
     tree: Tree, kids: list[int], top: int | None, p: torch.Tensor | None, q: torch.Tensor | None, r: torch.Tensor | None
 ) -> tuple[int | None, list[bool | None], torch.Tensor | None]:
     """The SD rule at one context over its ranked `kids`: greedy, the child equal to `top`; sampled, multi-step
-    speculative sampling on warped p, q [V] with uniforms r. Returns the accepted child (or None), each child's
-    verdict (None: not tried) and the residual of p (None when greedy)."""
+    speculative sampling on warped p, q [V]. Returns the accepted child, each child's verdict and p's residual."""
     verdicts: list[bool | None] = [None] * len(kids)
     if p is None:
         for j, ch in enumerate(kids):
@@ -290,9 +281,8 @@ def decide_tree(
     gen: torch.Generator | None,
     div: tuple[str, str] = ("js", "subset"),
 ) -> TreeDecision:
-    """Walk the tree against the verifier's logits z_p [N + 1, V] (row c = context c; docs/how-it-works.md).
-    "sd": greedy at gen None, else multi-step speculative sampling; "fuzzy": Div ≤ τ accepts the first child,
-    fallback "sd" decides the others. One uniform per node under every rule: the same random stream."""
+    """Walk the tree against the verifier's logits z_p [N + 1, V] (docs/how-it-works.md): "sd" (greedy or sampled),
+    "fuzzy" (Div ≤ τ accepts the first child; fallback "sd" decides the others); one uniform per node always."""
     n, kids = tree.n, children(tree.parents)
     r = torch.rand(n, generator=gen) if gen is not None else None
     fuzzy, with_sd = rule != "sd", rule == "sd" or fallback == "sd"
@@ -369,8 +359,7 @@ RANK_PRIOR = (0.406, 0.103, 0.045, 0.045, 0.046)
 
 # ---------------------------------------------------------------- the sampled tree's shape
 def expected_tree(nodes: int, depth: int, k: int, a: list[float] | tuple[float, ...]) -> tuple[list[int], list[int]]:
-    """EAGLE-2's expansion on expected scores (log of a product of a_rank along a path): (parents, ranks). A
-    sampled tree takes this shape on `RANK_PRIOR`; the predictor prices trees by it."""
+    """EAGLE-2's expansion on expected scores (Σ log a_rank along a path): (parents, ranks), a sampled tree's shape."""
 
     def lp(r: int) -> float:
         return math.log(max(a[r] if r < len(a) else a[-1] * 0.5, 1e-9))

@@ -8,11 +8,10 @@ from typing import Any
 
 import torch
 
-from ..forward.lm import ModelTriplet
+from ..forward.lm import LM, ModelTriplet
 from .config import DecodeConfig
 from .engine import decode, prefill, roles_for, shares_prompt
-from .methods import method_spec
-from .solo import relabel, solo_lms
+from .methods import ROLE_ORDER, method_spec
 from .stats import Tally
 from .trace import RunResult, Step
 
@@ -43,22 +42,14 @@ def prepare_prompt(triplet: ModelTriplet, prompt: str | list[int], cfg: DecodeCo
     if not ids:
         raise ValueError("the prompt encodes to no tokens")
     block = max(cfg.gamma, cfg.l_q, cfg.tree_nodes) + 1
-    limit = int(
-        min(
-            getattr(getattr(triplet.model(r), "config", None), "max_position_embeddings", None) or 10**9
-            for r in ("draft", "qualifier", "target")
-        )
-    )  # the smallest context window of the three
+    windows = (getattr(getattr(triplet.model(r), "config", None), "max_position_embeddings", None) for r in ROLE_ORDER)
+    limit = int(min(w or 10**9 for w in windows))  # the smallest context window of the three
     if len(ids) + cfg.max_new_tokens + block > limit:
         raise ValueError(
             f"the prompt is {len(ids)} tokens; with max_new_tokens={cfg.max_new_tokens} and drafts of up to {block} "
             f"tokens it exceeds the models' context of {limit} tokens — shorten the prompt or lower max new tokens"
         )
     return ids
-
-
-def _prompt_text(triplet: ModelTriplet, prompt: str | list[int], ids: list[int], text: str | None) -> str:
-    return text if text is not None else prompt if isinstance(prompt, str) else triplet.tokenizer.decode(ids)
 
 
 class _TextTail:
@@ -167,21 +158,50 @@ def shape_to_run(cfg: DecodeConfig, trees: bool, why: str = "") -> tuple[DecodeC
     return cfg, why or f"shape {cfg.shape}, as asked"
 
 
+def solo_lms(triplet: ModelTriplet, role: str) -> dict[str, LM]:
+    """A reference run's LMs: `role` decoding alone as "ar" in the target's slot; ValueError where it cannot."""
+    if role not in ROLE_ORDER:
+        raise ValueError(f"unknown role {role!r} to decode alone; choose one of {', '.join(ROLE_ORDER)}")
+    model = triplet.model(role)
+    if getattr(model, "reads_verifier", False):
+        raise ValueError(f"the {role} reads its verifier's hidden states, so it cannot decode alone")
+    return {"target": triplet.open(role)}
+
+
+def relabel(step: Step, role: str) -> Step:
+    """A step recorded with `role` in the target's slot, naming `role` wherever it says "target"."""
+
+    def swap(d: dict) -> dict:
+        return {role if k == "target" else k: v for k, v in d.items()}
+
+    return replace(
+        step,
+        origins=[role if o == "target" else o for o in step.origins],
+        time_s=swap(step.time_s),
+        n_forward=swap(step.n_forward),
+        fed=swap(step.fed),
+    )
+
+
 def _passes(
     triplet: ModelTriplet,
-    ids: list[int],
+    prompt: str | list[int],
     cfg: DecodeConfig,
-    prompt: str,
-    full_records: bool = True,
-    shape_why: str = "",
-    solo: str | None = None,
+    chat: bool,
+    text: str | None,
+    full_records: bool,
+    shape_why: str,
+    solo: str | None,
 ) -> Iterator[_Snapshots]:
-    """Settle the shape, prefill, decode (own caches and generator per call); yield the record after each pass."""
+    """Encode, settle the shape, prefill, decode (own caches and generator); yield the record after each pass."""
+    ids = prepare_prompt(triplet, prompt, cfg, chat)
+    if text is None:
+        text = prompt if isinstance(prompt, str) else triplet.tokenizer.decode(ids)
     if solo is not None and cfg.method != "ar":
         raise ValueError(f"a member decoding alone runs as method 'ar', not {cfg.method!r}")
     cfg, why = shape_to_run(cfg, takes_trees(triplet, cfg.method), shape_why)  # a tree refused before any work
     gen = None if cfg.greedy else torch.Generator().manual_seed(cfg.seed)
-    record = _Snapshots(triplet, cfg, prompt, ids, why, solo)
+    record = _Snapshots(triplet, cfg, text, ids, why, solo)
     lms = solo_lms(triplet, solo) if solo is not None else {r: triplet.open(r) for r in roles_for(cfg.method)}
     record.forwards = {r: triplet.forward(solo or r).kind for r in lms}  # what each role runs: its family's plan
     share = cfg.qualifier_prompt == "target" and shares_prompt(lms)
@@ -206,9 +226,7 @@ def stream(
 ) -> Iterator[RunResult]:
     """A snapshot after every target pass (the last has stats.stopped). `prompt`: text, or `prepare_prompt`'s ids with
     `text` as the user wrote it; `solo`: a reference run."""
-    ids = prepare_prompt(triplet, prompt, cfg, chat)
-    text = _prompt_text(triplet, prompt, ids, text)
-    for record in _passes(triplet, ids, cfg, text, shape_why=shape_why, solo=solo):
+    for record in _passes(triplet, prompt, cfg, chat, text, True, shape_why, solo):
         yield record.result()
 
 
@@ -223,10 +241,8 @@ def generate(
     solo: str | None = None,
 ) -> RunResult:
     """Run to the end and return the final record; arguments as `stream`, `full_records=False` keeps statuses only."""
-    ids = prepare_prompt(triplet, prompt, cfg, chat)
-    text = _prompt_text(triplet, prompt, ids, text)
     record = None
-    for record in _passes(triplet, ids, cfg, text, full_records, shape_why, solo):  # noqa: B007 - the last one is the run's record
+    for record in _passes(triplet, prompt, cfg, chat, text, full_records, shape_why, solo):  # noqa: B007 - the last one is the run's record
         pass
     if record is None:
         raise RuntimeError("the decoding loop made no target pass")

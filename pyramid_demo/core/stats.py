@@ -86,9 +86,8 @@ class Tally:
             self.ftime[role] = self.ftime.get(role, 0.0) + step.time_s.get(role, 0.0)
 
     def stats(self, method: str, prefill_s: float, stopped: str) -> Stats:
-        """The run's `Stats` so far, every round a tree. Per-position acceptance at depth d: rounds whose path reached
-        d ÷ rounds proposing at d. Acceptance: accepted ÷ positions offered (`n_positions`: a tree's depth, never
-        its node count; `proposed` still counts every node)."""
+        """The run's `Stats` so far. Acceptance: accepted ÷ positions offered (`n_positions`: a tree's depth, not its
+        node count); at depth d: rounds whose path reached d ÷ rounds proposing at d."""
         stages = [s for s in STAGES if self.rounds.get(s)]
         n, passes, decode_s = self.n_new, self.passes, self.decode_s
         return Stats(

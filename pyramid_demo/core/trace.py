@@ -12,15 +12,13 @@ from . import rules
 #   discarded  a candidate never reached, or left unused by a round's cut (a PSD block's size, an EOS)
 #   resampled  the verifier's own token after a refusal
 #   bonus      the verifier's own token where nothing more was proposed; its origin is "bonus" too
-STATUSES = ("accepted", "rejected", "discarded", "resampled", "bonus")
-ORIGINS = ("draft", "qualifier", "target", "bonus")  # a token's origin: what the app colours
 
 
 @dataclass
 class TokenRec:
     token_id: int
     proposer: str  # draft | qualifier | target
-    status: str  # one of STATUSES
+    status: str  # one of the statuses above
     div: float | None = None  # Div(P_verifier, P_proposer) on raw distributions; None for own tokens
     tau: float | None = None  # threshold it was tested against; None under the exact SD rule
     p: float | None = None  # verifier's warped probability of the token
@@ -64,7 +62,7 @@ class Step:
     qualifier_rounds: list[StageRound]  # PSD only
     target_round: StageRound | None  # None for AR
     new_tokens: list[int]  # committed this step, in order
-    origins: list[str]  # one of ORIGINS per new token
+    origins: list[str]  # per new token: draft | qualifier | target | bonus (what the app colours)
     t_start: float  # seconds since decoding (after prefill) began
     t_end: float
     time_s: dict[str, float] = field(default_factory=dict)  # forward seconds per model this step
@@ -109,7 +107,7 @@ class RunResult:
     stats: Stats
     steps: list[Step]
     shape_why: str = ""  # why the proposal had the shape it had (config["shape"]): as asked, or what "auto" chose
-    solo: str | None = None  # a reference run: the role that decoded alone (method "ar", `core.solo`)
+    solo: str | None = None  # a reference run: the role that decoded alone (method "ar", `run.solo_lms`)
     forwards: dict[str, str] = field(default_factory=dict)  # role -> "compiled", "eager", "hf" or "feature"
 
     def to_dict(self) -> dict:

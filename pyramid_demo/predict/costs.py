@@ -30,7 +30,7 @@ def forward_counts(steps: list[Step]) -> dict[str, dict[int, int]]:
     return out
 
 
-def tree_forward_counts(steps: list[Step], method: str, config: dict | None = None) -> dict[str, dict[int, int]]:
+def tree_forward_counts(steps: list[Step], method: str | None, config: dict | None = None) -> dict[str, dict[int, int]]:
     """Of `forward_counts`, those that fed tree rows: the tree stage's verifier passes and the proposer's levels."""
     out: dict[str, dict[int, int]] = {}
     if not method or shape_of(config) != "tree":
@@ -67,9 +67,7 @@ def predict_run(
     steps: list[Step], profile: dict, method: str | None = None, config: dict | None = None
 ) -> dict[str, Any]:
     """Predicted seconds (and tok/s) of a recorded run: its forwards on the profile, plus the engine's priced work."""
-    per_role = predict_counts(
-        forward_counts(steps), profile, tree_forward_counts(steps, method, config) if method else None
-    )
+    per_role = predict_counts(forward_counts(steps), profile, tree_forward_counts(steps, method, config))
     n = sum(len(s.new_tokens) for s in steps)
     engine = engine_costs.price(engine_costs.census(steps, method, config), profile) / 1000 if method else 0.0
     total = sum(per_role.values()) + engine
@@ -157,11 +155,12 @@ def _pyramid_model(
     by_rank = tuple(ranks(q) or ([a_q] if a_q is not None else list(RANK_PRIOR)))
     out["ranks_qualifier"] = list(by_rank)
     out["lengths"] = {"l_d": ld, "l_q": lq, **budget}
-    shape = (budget["tree_nodes"], budget["tree_depth"], budget["tree_k"], by_rank)
+    shape = (*budget.values(), by_rank)
     return lambda a: expected.pyramid_speed(profile, ld, lq, 0.0, a, fuzzy_q, fuzzy_t, shape)
 
 
 def _budget(config: dict) -> dict[str, int]:
+    """The run's tree budget (nodes, depth, k), in that order; `DecodeConfig`'s defaults where it has none."""
     return {k: int(config.get(k, d)) for k, d in (("tree_nodes", 16), ("tree_depth", 5), ("tree_k", 4))}
 
 
@@ -170,13 +169,7 @@ def _tree_model(out: dict[str, Any], c: dict, config: dict, profile: dict, fuzzy
     by_rank = out["ranks"] = ranks(c)
     budget = out["lengths"] = _budget(config)
     if by_rank:
-        got = expected.round_speed(
-            profile,
-            budget["tree_depth"],
-            by_rank,
-            fuzzy,
-            tree=(budget["tree_nodes"], budget["tree_depth"], budget["tree_k"]),
-        )
+        got = expected.round_speed(profile, budget["tree_depth"], by_rank, fuzzy, tree=tuple(budget.values()))
         out["expected_tokens_per_s"] = round(got["tokens_per_s"], 3)
         out["expected_tokens_per_pass"] = round(got["tokens_per_pass"], 3)
         out["expected_speedup_vs_ar"] = round(got["tokens_per_s"] / ar_speed(profile), 4)
@@ -211,9 +204,8 @@ def verdict(method: str, m: dict, measured: tuple[float, float] | None = None) -
     vs = f" (expected {exp:.1f} vs AR {m['ar_tokens_per_s']:.1f} tok/s on this profile)" if exp else ""
     wins = a >= be
     line = (
-        f"wins: {stage} {a:.2f} is above the break-even {be:.2f}{vs}{seen}"
-        if wins
-        else f"loses: {stage} {a:.2f} is below the break-even {be:.2f}{vs}{seen}"
+        f"{'wins' if wins else 'loses'}: {stage} {a:.2f} is {'above' if wins else 'below'} the break-even "
+        f"{be:.2f}{vs}{seen}"
     )
     if seen and measured and (measured[0] >= measured[1]) != wins:
         line += (

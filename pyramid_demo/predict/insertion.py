@@ -1,6 +1,5 @@
-"""Does each level earn its place? A middle model helps only when it agrees with the target clearly better than
-the draft at a modest cost; the draft under it helps only when the pyramid beats the qualifier drafting for the
-target alone (Polybasic's rule). Both are tested on measured acceptance and the cost profile."""
+"""Does each level earn its place (Polybasic's rule)? The qualifier when the pyramid beats the best SD without it;
+the draft when the pyramid beats the qualifier drafting alone. Both on measured acceptance and the cost profile."""
 
 from __future__ import annotations
 
@@ -14,10 +13,8 @@ BLOCKS = [(ld, lq) for lq in range(1, 17) for ld in range(1, lq + 1)]
 
 
 def insertion(profile: dict, alpha_td: float | None, alpha_qd: float | None, alpha_tq: float | None) -> dict[str, Any]:
-    """From the target's acceptance of the draft (SD) and the pyramid's two stages: costs (× a target step), the
-    best predicted tok/s without and with the qualifier, their settings, and `earns` (True / False / None); the
-    best SD with the qualifier as its proposer (`qualifier_alone`, at the target's acceptance of the qualified
-    block) and `draft_earns` (whether the pyramid beats it)."""
+    """From the acceptances of SD and the pyramid's two stages: costs (× a target step), the best predicted tok/s
+    without the qualifier, with it, and with it alone as SD's proposer; `earns` and `draft_earns` (None: unknown)."""
     out: dict[str, Any] = {"alpha_draft": alpha_td, "alpha_qualifier": alpha_tq, "alpha_stage1": alpha_qd}
     try:
         step = cost_ms(profile, "target", 1)

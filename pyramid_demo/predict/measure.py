@@ -80,9 +80,8 @@ def measure_profile(
     extras_out: dict | None = None,
     runners: dict[str, Any] | None = None,
 ) -> dict[str, dict[int, float]]:
-    """{role: {k: ms}} per distinct model, k = 1 … max_k timed in interleaved rounds, min over rounds (the first
-    warms up). `extras_out` receives "tree_ms" ({role: {n: ms}}, where the model takes trees) and "engine_ms";
-    `runners`: each role's compiled packages (its family's plan)."""
+    """{role: {k: ms}} per distinct model, k = 1 … max_k, the min over interleaved rounds; `extras_out` receives
+    "tree_ms" ({role: {n: ms}}) and "engine_ms"; `runners`: each role's compiled packages (its family's plan)."""
     timers: dict[int, Any] = {}
     for role, model in models.items():
         if id(model) not in timers:  # on the forward the runs will use

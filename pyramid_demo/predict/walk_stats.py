@@ -19,10 +19,9 @@ def trials(rnd: StageRound) -> list[tuple[int, int | None]]:
     """The contexts whose outcome the round observed, in walk order: (context, rank of the accepted child or None
     for the failure that ended the walk); leaves are no trial and a cut round's last context is censored."""
     kids = rules.children(parents_of(rnd))
-    path = accepted_path(rnd)
     out: list[tuple[int, int | None]] = []
     ctx = 0
-    for node in path:  # each accepted node is the hit of the context it was proposed at
+    for node in accepted_path(rnd):  # each accepted node is the hit of the context it was proposed at
         ctx = rules.context_of(parents_of(rnd), node)
         out.append((ctx, kids[ctx].index(node)))
         ctx = node + 1
