@@ -100,13 +100,8 @@ def hub_error(ref: str, exc: BaseException, preset: Preset | None) -> LoadError:
         )
     if isinstance(exc, (MemoryError, ImportError, RuntimeError)):
         return user_error(ref, exc, preset)
-    if (
-        any(
-            isinstance(c, (errors.LocalEntryNotFoundError, errors.OfflineModeIsEnabled, ConnectionError, TimeoutError))
-            for c in chain
-        )
-        or "connect" in text
-    ):
+    offline = (errors.LocalEntryNotFoundError, errors.OfflineModeIsEnabled, ConnectionError, TimeoutError)
+    if any(isinstance(c, offline) for c in chain) or "connect" in text:
         return offline_error(ref, "the download failed")
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return LoadError(f"Could not load '{ref}' from the Hugging Face Hub: {first}")

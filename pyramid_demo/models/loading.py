@@ -120,8 +120,7 @@ def load_triplet(
 
 
 def planned(triplet: ModelTriplet) -> ModelTriplet:
-    """The family with each model's forward decided once (`runtime.plan_role`, its plan), its record's exactness (None:
-    unknown)."""
+    """The family with each model's forward decided once (`runtime.plan_role`) and its record's exactness, if any."""
     models = {id(m): m for m in map(triplet.model, ("draft", "qualifier", "target"))}  # a shared model decided once
     made = {i: plan_role(m, triplet.vocab_size) for i, m in models.items()}
     plan = {r: made[id(triplet.model(r))] for r in ("draft", "qualifier", "target")}

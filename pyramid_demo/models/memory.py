@@ -47,7 +47,6 @@ class ModelSize:
     params: int
     weight_bytes: int
     kv_bytes_per_token: int
-    layers: int
 
 
 @dataclass(frozen=True)
@@ -194,8 +193,7 @@ def _gguf_config(path: str) -> Any:
 def _sizes(role: str, ref: str, cfg: Any, dt: torch.dtype, quantize: str | None, shared: bool = False) -> ModelSize:
     """A role's size; `shared`: a model already counted (only its cache is its own)."""
     params, embed = (0, 0) if shared else count_params(cfg)
-    kv = kv_per_token(cfg, dt.itemsize)
-    return ModelSize(role, ref, params, weight_bytes(params, embed, dt, quantize), kv, cfg.num_hidden_layers)
+    return ModelSize(role, ref, params, weight_bytes(params, embed, dt, quantize), kv_per_token(cfg, dt.itemsize))
 
 
 def int4_size(role: str, ref: str, cfg: Any, dt: torch.dtype, group: int) -> ModelSize:
@@ -204,7 +202,7 @@ def int4_size(role: str, ref: str, cfg: Any, dt: torch.dtype, group: int) -> Mod
     body = params - embed  # the layers' linears (norms are a rounding error)
     head = cfg.vocab_size * cfg.hidden_size
     nbytes = int(body * (0.5 + 4 / group) + head * 2)  # bytes a weight: 4 bits, plus a group's bf16 scale and zero
-    return ModelSize(role, ref, body + head, nbytes, kv_per_token(cfg, dt.itemsize), cfg.num_hidden_layers)
+    return ModelSize(role, ref, body + head, nbytes, kv_per_token(cfg, dt.itemsize))
 
 
 def _feature_draft_size(cfg: Any, dt: torch.dtype, quantize: str | None) -> ModelSize:
@@ -218,7 +216,7 @@ def _feature_draft_size(cfg: Any, dt: torch.dtype, quantize: str | None) -> Mode
     # per token: its predicted state, and the states its verifier hands it (the tapped layers' too)
     kv = kv_per_token(cfg, nbytes, 1) + (2 + taps) * cfg.hidden_size * nbytes
     joint = sum(sizes.get(k, 0) for k in ("q", "k", "v", "gate", "up"))  # `joint_weights`: copies beside its own
-    return ModelSize("draft", FEATURE_DRAFT, params, weight_bytes(params, 0, dt, quantize) + joint * nbytes, kv, 1)
+    return ModelSize("draft", FEATURE_DRAFT, params, weight_bytes(params, 0, dt, quantize) + joint * nbytes, kv)
 
 
 def estimate_family(
@@ -249,7 +247,7 @@ def estimate_family(
     rows, unknown, seen = [], [], set()
     for role, ref in zip(ROLES, refs):
         if lookup.parse(ref) is not None:  # prompt lookup: no weights, no cache
-            rows.append(ModelSize(role, ref, 0, 0, 0, 0))
+            rows.append(ModelSize(role, ref, 0, 0, 0))
             continue
         base, group = parse_quant(ref)
         cfg = _config_for(base, can_fetch)

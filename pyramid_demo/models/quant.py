@@ -121,8 +121,7 @@ class Int4Linear(Fusable):
 
     @staticmethod
     def fuse(mods: list[Int4Linear]) -> Int4Linear | None:
-        """Several int4 linears over one input as one kernel call (packed rows concatenated as they are: CPU layout,
-        every width a multiple of its 64-row block); else None."""
+        """Several int4 linears over one input as one kernel call (CPU, each width a multiple of 64 rows), else None."""
         groups = {m.group for m in mods}
         if len(mods) < 2 or len(groups) > 1 or mods[0].packed.device.type != "cpu":
             return None

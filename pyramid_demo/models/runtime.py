@@ -119,8 +119,7 @@ def package_key(stem: str) -> str:
 
 
 def plan_role(model: Any, vocab_size: int) -> Forward:
-    """What `model` runs: the compiled package where one exists here and agrees with eager (recorded), else the forward
-    its kind names (`forward_of`)."""
+    """What `model` runs: its compiled package where one exists here and agrees with eager, else `forward_of`'s kind."""
     kind = forward_of(model)
     if kind != "eager":
         return Forward(kind, WHY[kind])
