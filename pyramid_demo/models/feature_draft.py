@@ -163,8 +163,7 @@ class FeatureDraft(nn.Module):
             if meta.get("format") != FORMAT:
                 raise ValueError(f"{path} is not a feature draft ({meta.get('format')!r})")
             sd = {k: fh.get_tensor(k) for k in fh.keys()}
-        dt = self.norm.dtype
-        missing, unexpected = self.load_state_dict({k: v.to(dt) for k, v in sd.items()}, strict=False)
+        missing, unexpected = self.load_state_dict({k: v.to(self.norm.dtype) for k, v in sd.items()}, strict=False)
         if unexpected or set(missing) - {"fuse_w"}:  # a file without taps may start a draft with them
             raise ValueError(f"{path} does not fit this draft: missing {missing}, unexpected {unexpected}")
         return self
