@@ -315,11 +315,11 @@ def check_fits(est: Estimate, device: torch.device, device_map: str | None = Non
     """Raise LoadError when the estimate exceeds what is free (skipped if unknown or $SKIP_ENV)."""
     if os.environ.get(SKIP_ENV, "").strip() in {"1", "true", "yes"} or not est.models:
         return
-    if device_map == "auto":  # every GPU (none without CUDA) and CPU RAM
+    if device_map != "auto":
+        free, where = available_bytes(device), str(device)
+    else:  # every GPU (none without CUDA) and CPU RAM
         gpus = [int(torch.cuda.mem_get_info(i)[0]) for i in range(torch.cuda.device_count())]
         free, where = sum(gpus) + (available_ram() or 0), f"{len(gpus)} GPU(s) + CPU RAM (device_map=auto)"
-    else:
-        free, where = available_bytes(device), str(device)
     if free is None or est.total_bytes <= free:
         return
     tips = []
