@@ -183,26 +183,24 @@ def bundled_target(device: torch.device, dtype: torch.dtype, source: Path | None
     kw: dict[str, Any] = {"dtype": dtype}
     if device.type != "cpu":
         kw["device_map"] = {"": device}
+
+    def load(folder: Path, **gguf: Any) -> tuple[Any, torch.nn.Module]:
+        """From a folder, or (`gguf_file`) from a GGUF in it, dequantised."""
+        tok = AutoTokenizer.from_pretrained(str(folder), **gguf)
+        dense = {"quantization_config": GgufConfig(dequantize=True)} if gguf else {}
+        return tok, finish(AutoModelForCausalLM.from_pretrained(str(folder), **gguf, **dense, **kw), device)
+
     if source is not None:
         try:
-            return AutoTokenizer.from_pretrained(str(source)), finish(
-                AutoModelForCausalLM.from_pretrained(str(source), **kw), device
-            )
+            return load(source)
         except Exception as e:  # noqa: BLE001 - a broken cache entry: say where
             raise LoadError(f"Could not load {HUB_ID} from {source}: {e}") from e
     for attempt in range(2):
         dest = _ensure_converted()
         if dest is None:  # unwritable cache: the slow path, every start
-            folder = str(_bundled_dir()[0])
-            tok = AutoTokenizer.from_pretrained(folder, gguf_file=GGUF_NAME)
-            model = AutoModelForCausalLM.from_pretrained(
-                folder, gguf_file=GGUF_NAME, quantization_config=GgufConfig(dequantize=True), **kw
-            )
-            return tok, finish(model, device)
+            return load(_bundled_dir()[0], gguf_file=GGUF_NAME)
         try:
-            tok = AutoTokenizer.from_pretrained(str(dest))
-            model = AutoModelForCausalLM.from_pretrained(str(dest), **kw)
-            return tok, finish(model, device)
+            return load(dest)
         except Exception as e:  # noqa: BLE001 - a damaged copy of our own: rebuild it once
             if attempt:
                 raise LoadError(

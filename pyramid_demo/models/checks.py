@@ -1,6 +1,5 @@
-"""Does a k-token pass give the logits of k one-token steps? Measured on the machine at hand, on the forward each
-role runs, never assumed: SD's "AR's text token for token" depends on it, and every "exact" claim comes from the
-record `summarise` builds. A record, shown to users; never an input to a choice."""
+"""Does a k-token pass give the logits of k one-token steps? Measured here on the forward each role runs, never
+assumed: every "exact" claim comes from the record `summarise` builds (shown to users, never an input to a choice)."""
 
 from __future__ import annotations
 
@@ -167,17 +166,11 @@ def describe(record: dict[str, Any] | None) -> str:
 PLAN = ((100, (2, 3, 5, 9, 17)), (300, (5, 9)))
 
 
-def reads_verifier(models: dict[str, Any]) -> bool:
-    """Whether a proposer of the family reads its verifier's states (the check has the target hand them out)."""
-    return any(getattr(m, "reads_verifier", False) for r, m in models.items() if r != "target")
-
-
 def role_opener(
     models: dict[str, Any], role: str, vocab_size: int, runners: dict[str, Any] | None = None
 ) -> Callable[[list[int]], LM]:
-    """`role`'s LM opened as a run opens it (on its plan's packages, `runners`; the target publishing its states to a
-    proposer that reads them)."""
-    publish = reads_verifier(models)
+    """`role`'s LM as a run opens it: on its `runners` package, the target publishing to a proposer that reads."""
+    publish = any(getattr(m, "reads_verifier", False) for r, m in models.items() if r != "target")
     run = runners or {}
 
     def open_for(ids: list[int]) -> LM:
@@ -196,8 +189,7 @@ def role_opener(
 def check_family(
     models: dict[str, Any], vocab_size: int, plan: Any = PLAN, runners: dict[str, Any] | None = None
 ) -> dict[str, dict]:
-    """Every role's record on the forward it runs (`runners`: its family's compiled packages; the target's record,
-    trees included, decides the lossless claim)."""
+    """Every role's record on the forward it runs (the target's, trees included, decides the lossless claim)."""
     return {
         role: check_model(
             role_opener(models, role, vocab_size, runners),

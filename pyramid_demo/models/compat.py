@@ -51,13 +51,10 @@ def _special(tokenizer: Any, kind: str) -> tuple[str | None, int | None]:
 
 
 def check_tokenizers(names: Sequence[str], tokenizers: Sequence[Any]) -> None:
-    """Raise `IncompatibleModels` unless every tokenizer matches the target's (length, ids of a probe text,
-    eos/bos/pad; a pad set on one side only is tolerated)."""
-    if len(names) != len(tokenizers):
-        raise ValueError("names and tokenizers must have the same length")
+    """Raise `IncompatibleModels` unless each tokenizer matches the target's: length, a probe's ids, eos/bos/pad."""
     ref_name, ref = names[-1], tokenizers[-1]
     ref_ids = _ids(ref, PROBE_TEXT)
-    for name, tok in zip(names[:-1], tokenizers[:-1]):
+    for name, tok in zip(names[:-1], tokenizers[:-1], strict=True):
         if tok is ref:
             continue
         pair = f"'{name}' and '{ref_name}' cannot be used together"
@@ -88,12 +85,9 @@ def check_tokenizers(names: Sequence[str], tokenizers: Sequence[Any]) -> None:
 
 
 def check_compatible(names: Sequence[str], tokenizers: Sequence[Any], models: Sequence[Any]) -> None:
-    """Raise `IncompatibleModels` (a `LoadError`) unless draft, qualifier and target share one tokenizer and each
-    model's logits cover it (wider is padding, fine)."""
-    if not len(names) == len(tokenizers) == len(models):
-        raise ValueError("names, tokenizers and models must have the same length")
+    """Raise `IncompatibleModels` unless the models share one tokenizer and each one's logits cover it."""
     check_tokenizers(names, tokenizers)
-    for name, tok, model in zip(names, tokenizers, models):
+    for name, tok, model in zip(names, tokenizers, models, strict=True):
         width, n = logit_width(model), len(tok)
         if width < n:
             raise IncompatibleModels(

@@ -1,7 +1,6 @@
-"""A draft that reads the target (EAGLE-1 style, arXiv 2401.15077): one decoder layer over `fc([f_{i-1} ; E(x_i)])`
-predicting the normed state f̂_i, scored by the target's head rows for a token subset. Only fc and the layer are
-trained (and saved); see docs/how-it-works.md. With `taps` it also reads those target layers' outputs (EAGLE-3,
-arXiv 2503.01840): `fuse` maps [taps' states ; f] to one state before fc; its own predicted states skip `fuse`."""
+"""A draft that reads the target (EAGLE-1, arXiv 2401.15077): one trained decoder layer over `fc([f_{i-1} ; E(x_i)])`
+predicting the normed state f̂_i, scored by the target's head rows for a token subset; with `taps` (EAGLE-3,
+arXiv 2503.01840) `fuse` first maps the tapped layers' outputs and f to one state. See docs/how-it-works.md."""
 
 from __future__ import annotations
 
@@ -83,8 +82,7 @@ class FeatureDraft(nn.Module):
         return torch.cat((self.q, self.k, self.v)), torch.cat((self.gate, self.up)), self.o, self.down, self.fc_w
 
     def joint_weights(self) -> tuple[torch.Tensor, ...]:
-        """For calls without gradients: `_joined`, stored column-major (a few rows' x·Wᵀ is then MKL's plain GEMM,
-        2-3x faster here than over the transposed one); rebuilt when a weight changes."""
+        """`_joined` without gradients, stored column-major (as `head`), rebuilt when a weight changes."""
         parts = (self.q, self.k, self.v, self.gate, self.up, self.o, self.down, self.fc_w)
         key = tuple((p.data_ptr(), p._version) for p in parts)
         if getattr(self, "_fused_key", None) != key:
@@ -94,16 +92,14 @@ class FeatureDraft(nn.Module):
         return self._fused_w
 
     def layer(self) -> Layer:
-        """Its decoder layer as the core's forward reads it (`forward.core.project`, `finish`): without gradients the
-        joined weights (`joint_weights`), with them the parameters joined by a differentiable cat (training)."""
+        """Its decoder layer as the core's forward reads it: `joint_weights` without gradients, `_joined` with them."""
         qkv, gate_up, o, down = (self._joined() if torch.is_grad_enabled() else self.joint_weights())[:4]
         return Layer(
             self.in_norm, Dense(qkv, None), Dense(o, None), self.post_norm, Dense(gate_up, None), Dense(down, None)
         )
 
     def weights(self) -> Weights:
-        """The draft as a one-layer model of the core's (`forward.core.stack`): its layer over the target's rotary
-        table and final norm; the input rows are `inputs`, not an embedding."""
+        """The draft as a one-layer core model over the target's rotary table and norm (input rows: `inputs`)."""
         return Weights(
             layers=[self.layer()],
             embed=self.embed,
@@ -125,9 +121,8 @@ class FeatureDraft(nn.Module):
 
     # ------------------------------------------------------------------ training
     def forward_train(self, f_prev: torch.Tensor, tokens: torch.Tensor, passes: int = 1) -> list[torch.Tensor]:
-        """f_prev [B, T, d·(taps + 1)] (row i: the target's state at i-1; row 0 zeros), tokens [B, T] -> the predicted
-        state of every row for each pass [B, T, d] (pass s: s tokens drafted ahead); the core's layer pieces, over
-        keys of every pass so far."""
+        """f_prev [B, T, d·(taps + 1)] (row i: the target's state at i-1; row 0 zeros), tokens [B, T] -> each pass's
+        predicted states [B, T, d] (pass s: s tokens drafted ahead, over keys of every pass so far)."""
         B, T, _ = f_prev.shape
         w = self.weights()
         cos, sin = self.rope_tables(T, f_prev.dtype)
@@ -168,8 +163,7 @@ class FeatureDraft(nn.Module):
             if meta.get("format") != FORMAT:
                 raise ValueError(f"{path} is not a feature draft ({meta.get('format')!r})")
             sd = {k: fh.get_tensor(k) for k in fh.keys()}
-        dt = self.norm.dtype
-        missing, unexpected = self.load_state_dict({k: v.to(dt) for k, v in sd.items()}, strict=False)
+        missing, unexpected = self.load_state_dict({k: v.to(self.norm.dtype) for k, v in sd.items()}, strict=False)
         if unexpected or set(missing) - {"fuse_w"}:  # a file without taps may start a draft with them
             raise ValueError(f"{path} does not fit this draft: missing {missing}, unexpected {unexpected}")
         return self

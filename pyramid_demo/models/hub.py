@@ -6,6 +6,7 @@ import os
 import socket
 import threading
 import time
+from contextlib import suppress
 from urllib.parse import urlparse
 
 import torch
@@ -57,16 +58,14 @@ def hub_reachable(endpoint: str | None = None, timeout: float = PROBE_TIMEOUT_S)
     result: list[bool] = []
 
     def probe() -> None:
-        try:
+        with suppress(OSError):
             socket.create_connection((host, port), timeout=timeout).close()
             result.append(True)
-        except OSError:
-            result.append(False)
 
     t = threading.Thread(target=probe, daemon=True, name="hub-probe")
     t.start()
     t.join(timeout + 0.5)
-    ok = bool(result and result[0])
+    ok = bool(result)  # read once: a probe past its timeout may still answer
     _PROBE[f"{host}:{port}"] = (time.monotonic(), ok)
     return ok
 
@@ -100,13 +99,8 @@ def hub_error(ref: str, exc: BaseException, preset: Preset | None) -> LoadError:
         )
     if isinstance(exc, (MemoryError, ImportError, RuntimeError)):
         return user_error(ref, exc, preset)
-    if (
-        any(
-            isinstance(c, (errors.LocalEntryNotFoundError, errors.OfflineModeIsEnabled, ConnectionError, TimeoutError))
-            for c in chain
-        )
-        or "connect" in text
-    ):
+    offline = (errors.LocalEntryNotFoundError, errors.OfflineModeIsEnabled, ConnectionError, TimeoutError)
+    if any(isinstance(c, offline) for c in chain) or "connect" in text:
         return offline_error(ref, "the download failed")
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return LoadError(f"Could not load '{ref}' from the Hugging Face Hub: {first}")

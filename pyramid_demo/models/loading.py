@@ -90,9 +90,8 @@ def load_triplet(
     quantize: str | None = None,
     max_len: int | None = None,
 ) -> ModelTriplet:
-    """Load (once per process) the family `spec` on `device` in `dtype` (auto: the device's default, fp32 on a CPU:
-    the reference precision), each role on the forward `runtime.plan_role` names. `device_map`, `quantize`: see
-    `placement`; the memory estimate for `max_len` tokens is checked first. The same arguments: the same object."""
+    """Load (once per process; the same arguments, the same object) the family `spec`, each role on the forward
+    `runtime.plan_role` names, after checking the memory estimate for `max_len` tokens fits."""
     dev = pick_device(device)
     dt = pick_dtype(dev, dtype)
     place = make_placement(device_map, quantize, dev)
@@ -121,8 +120,7 @@ def load_triplet(
 
 
 def planned(triplet: ModelTriplet) -> ModelTriplet:
-    """The family with each model's forward decided once (`runtime.plan_role`, its plan), its record's exactness (None:
-    unknown)."""
+    """The family with each model's forward decided once (`runtime.plan_role`) and its record's exactness, if any."""
     models = {id(m): m for m in map(triplet.model, ("draft", "qualifier", "target"))}  # a shared model decided once
     made = {i: plan_role(m, triplet.vocab_size) for i, m in models.items()}
     plan = {r: made[id(triplet.model(r))] for r in ("draft", "qualifier", "target")}
@@ -235,7 +233,7 @@ def _load(
     loaded = {r: _load_model(r, dev, dt, preset, place) for r in unique}
     models = {**{r: quantized(loaded[bases[r]], r) for r in dict.fromkeys(real)}, **lookups}
     check_compatible(real, [toks[r] for r in real], [models[r] for r in real])
-    tok, target = toks[refs[2]], models[refs[2]]
+    tok, target, target_kind = toks[refs[2]], models[refs[2]], _kind(refs[2])
     same = [
         f"{a} is the {b}"
         for a, b, x, y in (("draft", "target", 0, 2), ("qualifier", "target", 1, 2), ("draft", "qualifier", 0, 1))
@@ -251,16 +249,8 @@ def _load(
         names=refs,
         preset=preset.name if preset else "custom",
         note=("the " + same[0] + " (same model): acceptance is trivially high") if same else "",
-        gguf=_gguf_of(refs[2]),
+        gguf=bundled_gguf() if target_kind == "bundled" else Path(refs[2]) if target_kind == "gguf" else None,
     )
-
-
-def _gguf_of(ref: str) -> Path | None:
-    """The GGUF file a target reference loads its weights from as they run (not through a quantized copy)."""
-    if parse_quant(ref)[1] is not None:  # a quantized copy runs other weights
-        return None
-    kind = _kind(ref)
-    return bundled_gguf() if kind == "bundled" else Path(ref) if kind == "gguf" else None
 
 
 def quantized(model: torch.nn.Module, ref: str) -> torch.nn.Module:
@@ -319,31 +309,17 @@ def _load_model(
 
 
 def _from(ref: str, kind: str, loader: Callable[..., Any], preset: Preset | None = None, **kw: Any) -> Any:
-    """`loader` (a tokenizer's or a model's `from_pretrained`) on a Hub id, a model folder or a .gguf file."""
-    if kind == "hub":
-        return _from_hub(lambda r, **k: loader(r, **kw, **k), ref, preset)
+    """`loader` (a tokenizer's or a model's `from_pretrained`) on a Hub id, a folder or a .gguf file, failures a user
+    can fix as LoadError; a Hub id from the local cache first, then only if the Hub answers (never hang offline)."""
     if kind == "gguf":
-        return _guard(ref, lambda: loader(str(Path(ref).parent), gguf_file=Path(ref).name, **kw), preset)
-    return _guard(ref, lambda: loader(ref, **kw), preset)
-
-
-def _guard(ref: str, fn: Callable[[], Any], preset: Preset | None = None) -> Any:
-    """Run a local load, turning the failures a user can fix into LoadError."""
+        kw["gguf_file"] = Path(ref).name
     try:
-        return fn()
-    except LoadError:
-        raise
-    except (OSError, ValueError, ImportError, KeyError, RuntimeError, MemoryError) as e:
-        raise user_error(ref, e, preset) from e
-
-
-# ---------------------------------------------------------------- the Hub, offline-safe (see `hub`)
-def _from_hub(loader: Callable[..., Any], ref: str, preset: Preset | None = None) -> Any:
-    """Local cache first; then, only if the Hub answers, download — never hang offline."""
-    try:
-        return loader(ref, local_files_only=True)
-    except (OSError, ValueError):
-        pass  # not (fully) in the local cache
+        if kind == "hub":
+            return loader(ref, local_files_only=True, **kw)
+        return loader(str(Path(ref).parent) if kind == "gguf" else ref, **kw)
+    except (OSError, ValueError) as e:
+        if kind != "hub":  # a Hub id not (fully) in the local cache goes on to the Hub
+            raise user_error(ref, e, preset) from e
     except (ImportError, KeyError, RuntimeError, MemoryError) as e:
         raise user_error(ref, e, preset) from e
     if hub_offline():
@@ -351,6 +327,6 @@ def _from_hub(loader: Callable[..., Any], ref: str, preset: Preset | None = None
     if not hub_reachable():
         raise offline_error(ref, f"no connection to huggingface.co within {PROBE_TIMEOUT_S:g} s")
     try:
-        return loader(ref)
+        return loader(ref, **kw)
     except Exception as e:  # noqa: BLE001 - mapped to a user message below
         raise hub_error(ref, e, preset) from e

@@ -20,7 +20,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from ..forward import lookup
 from . import feature_draft
-from .bundled import GGUF_NAME, _bundled_dir, _complete, converted_dir
+from .bundled import _complete, bundled_gguf, converted_dir
 from .errors import LoadError
 from .offline import draft_reads_verifier
 from .presets import BUNDLED_TARGET, FEATURE_DRAFT, OFFLINE, Preset
@@ -38,11 +38,6 @@ QUANT_BYTES = {"8bit": 1.0, "4bit": 0.5}  # for linear layers; embeddings and he
 ROLES = ("draft", "qualifier", "target")
 
 
-def dtype_bytes(dtype: torch.dtype) -> int:
-    """Bytes per element of a floating dtype."""
-    return torch.empty((), dtype=dtype).element_size()
-
-
 @dataclass(frozen=True)
 class ModelSize:
     """One role's share: parameters it owns (shared ones in the target's row) and KV bytes per token."""
@@ -52,7 +47,6 @@ class ModelSize:
     params: int
     weight_bytes: int
     kv_bytes_per_token: int
-    layers: int
 
 
 @dataclass(frozen=True)
@@ -158,8 +152,8 @@ def kv_per_token(config: Any, nbytes: int, layers: int | None = None) -> int:
 
 def weight_bytes(params: int, embed: int, dtype: torch.dtype, quantize: str | None) -> int:
     if quantize:
-        return int(embed * min(dtype_bytes(dtype), 2) + (params - embed) * QUANT_BYTES[quantize])
-    return params * dtype_bytes(dtype)
+        return int(embed * min(dtype.itemsize, 2) + (params - embed) * QUANT_BYTES[quantize])
+    return params * dtype.itemsize
 
 
 # ---------------------------------------------------------------- configs, without weights
@@ -187,7 +181,7 @@ def _bundled_config() -> Any:
     dest = converted_dir()
     if _complete(dest):
         return AutoConfig.from_pretrained(str(dest))
-    return copy.deepcopy(_gguf_config(str(_bundled_dir()[0] / GGUF_NAME)))
+    return copy.deepcopy(_gguf_config(str(bundled_gguf())))
 
 
 @functools.cache
@@ -196,23 +190,10 @@ def _gguf_config(path: str) -> Any:
     return AutoConfig.from_pretrained(str(Path(path).parent), gguf_file=Path(path).name)
 
 
-def _sizes(
-    role: str,
-    ref: str,
-    cfg: Any,
-    dt: torch.dtype,
-    quantize: str | None,
-    own_layers: int | None = None,
-    layers: int | None = None,
-) -> ModelSize:
-    """A role's size; `own_layers`: only that many layers are its own (0: a model already counted)."""
-    params, embed = count_params(cfg)
-    if own_layers is not None:
-        per_layer = (params - embed - cfg.hidden_size) // cfg.num_hidden_layers  # minus the final norm
-        params, embed = own_layers * per_layer, 0
-    n = layers if layers is not None else cfg.num_hidden_layers
-    kv = kv_per_token(cfg, dtype_bytes(dt), n)
-    return ModelSize(role, ref, params, weight_bytes(params, embed, dt, quantize), kv, n)
+def _sizes(role: str, ref: str, cfg: Any, dt: torch.dtype, quantize: str | None, shared: bool = False) -> ModelSize:
+    """A role's size; `shared`: a model already counted (only its cache is its own)."""
+    params, embed = (0, 0) if shared else count_params(cfg)
+    return ModelSize(role, ref, params, weight_bytes(params, embed, dt, quantize), kv_per_token(cfg, dt.itemsize))
 
 
 def int4_size(role: str, ref: str, cfg: Any, dt: torch.dtype, group: int) -> ModelSize:
@@ -221,7 +202,7 @@ def int4_size(role: str, ref: str, cfg: Any, dt: torch.dtype, group: int) -> Mod
     body = params - embed  # the layers' linears (norms are a rounding error)
     head = cfg.vocab_size * cfg.hidden_size
     nbytes = int(body * (0.5 + 4 / group) + head * 2)  # bytes a weight: 4 bits, plus a group's bf16 scale and zero
-    return ModelSize(role, ref, body + head, nbytes, kv_per_token(cfg, dtype_bytes(dt)), cfg.num_hidden_layers)
+    return ModelSize(role, ref, body + head, nbytes, kv_per_token(cfg, dt.itemsize))
 
 
 def _feature_draft_size(cfg: Any, dt: torch.dtype, quantize: str | None) -> ModelSize:
@@ -230,13 +211,12 @@ def _feature_draft_size(cfg: Any, dt: torch.dtype, quantize: str | None) -> Mode
         sizes = {k: math.prod(fh.get_slice(k).get_shape()) for k in fh.keys()}
         n_subset = int((fh.metadata() or {}).get("n_subset", 0))
     taps = len(feature_draft.file_taps(feature_draft.weight_path()))
-    own, head = sum(sizes.values()), n_subset * cfg.hidden_size
-    params = own + head
-    nbytes = dtype_bytes(dt)
+    params = sum(sizes.values()) + n_subset * cfg.hidden_size  # its own tensors and its head's rows
+    nbytes = dt.itemsize
     # per token: its predicted state, and the states its verifier hands it (the tapped layers' too)
     kv = kv_per_token(cfg, nbytes, 1) + (2 + taps) * cfg.hidden_size * nbytes
     joint = sum(sizes.get(k, 0) for k in ("q", "k", "v", "gate", "up"))  # `joint_weights`: copies beside its own
-    return ModelSize("draft", FEATURE_DRAFT, params, weight_bytes(params, 0, dt, quantize) + joint * nbytes, kv, 1)
+    return ModelSize("draft", FEATURE_DRAFT, params, weight_bytes(params, 0, dt, quantize) + joint * nbytes, kv)
 
 
 def estimate_family(
@@ -267,7 +247,7 @@ def estimate_family(
     rows, unknown, seen = [], [], set()
     for role, ref in zip(ROLES, refs):
         if lookup.parse(ref) is not None:  # prompt lookup: no weights, no cache
-            rows.append(ModelSize(role, ref, 0, 0, 0, 0))
+            rows.append(ModelSize(role, ref, 0, 0, 0))
             continue
         base, group = parse_quant(ref)
         cfg = _config_for(base, can_fetch)
@@ -277,7 +257,7 @@ def estimate_family(
         if group is not None:
             rows.append(int4_size(role, ref, cfg, dtype, group))
         else:
-            rows.append(_sizes(role, ref, cfg, dtype, quantize, own_layers=0 if ref in seen else None))
+            rows.append(_sizes(role, ref, cfg, dtype, quantize, shared=ref in seen))
             seen.add(ref)  # the same model twice is loaded once; its caches are still separate
     notes: tuple[str, ...] = ()
     if unknown:
@@ -331,19 +311,15 @@ def available_bytes(device: torch.device) -> int | None:
     return available_ram() if device.type == "cpu" else None
 
 
-def available_for_map(device_map: str | None, device: torch.device) -> tuple[int | None, str]:
-    """Free bytes and a description for a placement: one device, or `auto` (all GPUs + CPU RAM)."""
-    if device_map != "auto":
-        return available_bytes(device), str(device)
-    gpus = [int(torch.cuda.mem_get_info(i)[0]) for i in range(torch.cuda.device_count())]  # none without CUDA
-    return sum(gpus) + (available_ram() or 0), f"{len(gpus)} GPU(s) + CPU RAM (device_map=auto)"
-
-
 def check_fits(est: Estimate, device: torch.device, device_map: str | None = None) -> None:
     """Raise LoadError when the estimate exceeds what is free (skipped if unknown or $SKIP_ENV)."""
     if os.environ.get(SKIP_ENV, "").strip() in {"1", "true", "yes"} or not est.models:
         return
-    free, where = available_for_map(device_map, device)
+    if device_map != "auto":
+        free, where = available_bytes(device), str(device)
+    else:  # every GPU (none without CUDA) and CPU RAM
+        gpus = [int(torch.cuda.mem_get_info(i)[0]) for i in range(torch.cuda.device_count())]
+        free, where = sum(gpus) + (available_ram() or 0), f"{len(gpus)} GPU(s) + CPU RAM (device_map=auto)"
     if free is None or est.total_bytes <= free:
         return
     tips = []

@@ -19,8 +19,7 @@ class Preset:
     memory_gb: float
     gated: bool = False
     hub: bool = True
-    # decoding settings this family is tuned for, over DecodeConfig's defaults (the papers' settings); (name, value)
-    # pairs; `tuned_how` says how they were found (shown in the family box)
+    # (name, value) settings tuned for this family over DecodeConfig's (the papers'); `tuned_how`: how (family box)
     tuned: tuple[tuple[str, object], ...] = ()
     tuned_how: str = "measured with `bench --grid`"
 

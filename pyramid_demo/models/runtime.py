@@ -1,11 +1,7 @@
-"""One decision per model, made once at load and recorded once. Every role runs at its checkpoint's reference precision
-on the core forward (`forward.core`): compiled where a package for exactly these weights was built on this machine and
-its pass agrees with the eager pass, else eager; an architecture the core does not cover runs Hugging Face's forward.
-Nothing is timed on the load path; the one measurement the choice reads is that agreement, checked at the first load
-and recorded. What setup measures besides (whether many-row passes equal one-row steps, step costs) is a record shown
-in the family box and the Statistics tab, never an input to a choice. One manifest in the one cache folder holds them,
-each entry keyed by everything that changes it (torch build, CPU features, threads, the weights' fingerprint); a stale
-entry is simply never found, a corrupt file reads as empty."""
+"""One decision per model, made once at load: the core forward compiled where a package for these weights was built
+here and agrees with eager, else eager (Hugging Face's for an architecture the core does not cover); nothing is timed.
+What setup measures (checks, step costs) is a record to show, never an input to a choice. One manifest holds both,
+each entry keyed by everything that changes it: a stale entry is never found, a corrupt file reads as empty."""
 
 from __future__ import annotations
 
@@ -123,15 +119,13 @@ def package_key(stem: str) -> str:
 
 
 def plan_role(model: Any, vocab_size: int) -> Forward:
-    """What `model` runs: the compiled package where one exists here and agrees with eager (recorded), else the forward
-    its kind names (`forward_of`)."""
+    """What `model` runs: its compiled package where one exists here and agrees with eager, else `described`'s kind."""
     fwd = described(model)
     if fwd.kind != "eager":
         return replace(fwd, why=WHY[fwd.kind])
     if next(model.parameters()).device.type != "cpu":  # the plan holds the core's view of its weights: built once
         return replace(fwd, why="the core pass, eager (compiled packages are built for CPUs)")
-    # the name its packages and records are keyed by, hashed once here (the family box reads it from the plan);
-    # with no package and no record here there is nothing to find it by
+    # the name its packages and records are keyed by, hashed once (none where nothing here could be found by it)
     fp = compiled.fingerprint(model) if compiled.built_any(model) or read() else ""
     stem = compiled.package_path(model, fp).stem if fp else ""
     runner = compiled.load(model, fp) if fp else None
@@ -156,10 +150,8 @@ def plan_role(model: Any, vocab_size: int) -> Forward:
 
 @torch.inference_mode()
 def agreement(model: Any, vocab_size: int, runner: Any) -> dict[str, Any]:
-    """The compiled pass against the eager one on the same rows: a one-row step and a 4-row chain (the "few" package
-    where the model has one), a prefill and a tree (the "many" one). It agrees where every row's top-1 is eager's,
-    or differs only on a near-tie: eager's two candidates closer than eager's own rounding (its 4-row chain against
-    the same rows fed one at a time; a model computing in bf16 inside, like the int4 copy, rounds far more)."""
+    """The compiled pass against eager on steps, a 4-row chain, a prefill and a tree: it agrees where every row's top-1
+    is eager's or a near-tie within eager's own rounding (its 4-row chain against the same rows one at a time)."""
     ids = [(7919 * i + 11) % max(2, vocab_size - 1) + 1 for i in range(80)]
     outs = []
     for run in (None, runner):
