@@ -98,14 +98,9 @@ def build_demo() -> gr.Blocks:
                     run_btn = gr.Button(text.BUTTONS["run"], variant="primary", elem_id="run-btn", scale=3)
                     stop_btn = gr.Button(text.BUTTONS["stop"], variant="stop", elem_id="stop-btn", scale=1)
                     clear_btn = gr.Button(text.BUTTONS["clear"], elem_id="clear-btn", scale=1)
-                side_by_side = gr.Checkbox(
-                    False, label=text.LABELS["side_by_side"], info=text.INFO["side_by_side"], elem_id="side-by-side"
-                )
-                qualifier_alone = gr.Checkbox(
-                    False,
-                    label=text.LABELS["qualifier_alone"],
-                    info=text.INFO["qualifier_alone"],
-                    elem_id="qualifier-alone",
+                side_by_side, qualifier_alone = (
+                    gr.Checkbox(False, label=text.LABELS[k], info=text.INFO[k], elem_id=k.replace("_", "-"))
+                    for k in ("side_by_side", "qualifier_alone")
                 )
             with gr.Column(scale=2):
                 preset = gr.Dropdown(
