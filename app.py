@@ -184,22 +184,9 @@ def build_demo() -> gr.Blocks:
                     csv_file = gr.File(label=text.LABELS["table"])
 
         race_out = [status, lanes, race_plot, table, earlier, session]
-        pick_out = [
-            race_dd,
-            method_dd,
-            round_sl,
-            wq,
-            wt,
-            pos_sl,
-            hist_plot,
-            posn_plot,
-            tp_plot,
-            speeds_md,
-            cost_plot,
-            cost_md,
-            race_hist,
-        ]
-        insp_in = [session, race_dd, method_dd, round_sl, wq, wt, pos_sl]
+        picked = [race_dd, method_dd, round_sl, wq, wt, pos_sl]  # what the inspector shows: a round, its what-ifs
+        pick_out = [*picked, hist_plot, posn_plot, tp_plot, speeds_md, cost_plot, cost_md, race_hist]
+        insp_in = [session, *picked]
         insp_out = [chips, div_plot, top5_plot, insp_md, tree_plot]
         tuned = [widgets[k] for k in h.TUNED_NAMES]
         play_in = [session, race_dd, method_dd, round_sl]

@@ -1,5 +1,4 @@
-"""Hosting hooks: ZeroGPU time budgets (`spaces.GPU(duration=race_duration)` asks for the whole race's GPU time, capped
-by the platform; a race that cannot fit is cut to fewer tokens), placement from Space variables, memory estimates."""
+"""Hosting hooks: ZeroGPU time budgets (a race that cannot fit is cut to fewer tokens), placement, memory estimates."""
 
 from __future__ import annotations
 
@@ -144,8 +143,7 @@ def memory_line(preset: str, max_new_tokens: int = 128, prompt_tokens: int = 512
 
 
 def preload(preset: str) -> threading.Thread:
-    """Load and warm the family shown first before the page serves (a Space starts ready): no visitor's request pays
-    the load. The load is the race's own (one per key, `loading.load_triplet`): a race never loads it twice."""
+    """Load and warm the family shown first before the page serves, as a race loads it (a race never loads it twice)."""
 
     def work() -> None:
         from ..models.loading import load_triplet

@@ -1,6 +1,5 @@
-"""Accepted drafted tokens per target pass, one small histogram per run (`Stats.accepted_hist`). Small multiples: nine
-grouped bars per k cannot be told apart. Chains fill the top row, each tree run sits hatched under its chain, so "the
-tree moved the mass right" reads down a column. AR drafts nothing: no panel."""
+"""Accepted drafted tokens per target pass, a small histogram per run (grouped bars cannot be told apart): chains on
+the top row, each tree run hatched under its chain, so a shift reads down a column. AR drafts nothing: no panel."""
 
 from __future__ import annotations
 
@@ -35,8 +34,7 @@ def _short(key: str, r: RunResult) -> str:
 
 
 def panels(results: dict[str, RunResult]) -> dict[str, tuple[int, int]]:
-    """lane → (row, col): a column per method family in the table's order, chains on the top row and each tree
-    run below its chain; a second run of one shape in a column takes the row left free."""
+    """lane → (row, col): a column per method family in the table's order, chains on top, each tree run below."""
     shown = [m for m, r in results.items() if sum(r.stats.accepted_hist) and method_spec(r.method).proposer]
     order: list[tuple] = []
     for f in [(m.roles, m.stage1, m.target) for m in TABLE] + [family(results[m]) for m in shown]:

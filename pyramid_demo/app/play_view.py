@@ -1,6 +1,5 @@
-"""The ▶ Play panel: one recorded target pass replayed beat by beat (`playback`), its handlers and its HTML. State is a
-frozen `PlayState` per visitor; a gr.Timer ticks every PACE_S while playing. Every handler returns (state, the beat's
-HTML, the timer's update); bad input gives a message in the panel, never a traceback."""
+"""The ▶ Play panel: a recorded target pass replayed beat by beat (`playback`); a gr.Timer ticks every PACE_S while
+playing. Every handler returns (state, the beat's HTML, the timer); bad input gives a message, never a traceback."""
 
 from __future__ import annotations
 
@@ -74,9 +73,7 @@ def show(session: Session | None, race_n: Any, method: str | None, pass_no: Any)
 def play(ps: PlayState) -> tuple:
     """▶ Play: run from the beat shown (from the first again when at the last)."""
     n = len(ps.beats)
-    if n == 0:
-        return outputs(replace(ps, playing=False))
-    i = 0 if ps.i >= n - 1 else ps.i
+    i = 0 if ps.i >= n - 1 else ps.i  # no beats: i stays 0, not playing
     return outputs(replace(ps, i=i, playing=i < n - 1))
 
 

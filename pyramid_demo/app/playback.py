@@ -1,5 +1,4 @@
-"""One recorded target pass replayed as beats, one plain sentence each, read from the `Step` alone. A student follows a
-pass better told in order than all at once; the beats' order: docs/how-it-works.md."""
+"""One recorded target pass as beats, a plain sentence each, read from the `Step` alone (docs/how-it-works.md)."""
 
 from __future__ import annotations
 
@@ -146,8 +145,7 @@ class _Play:
         return f"the path reached a leaf of the tree, so the {v} adds {t} for free (bonus)"
 
     def round(self, j: int, rnd: StageRound, title: str, origins: list[str], block: bool) -> None:
-        """Play one round: its guesses appear (or, `block`, the qualified block arrives at once), the verifier's
-        walk marks them, its own token lands or the round is cut."""
+        """One round: its guesses appear (`block`: at once), the verifier marks them, its own lands or it is cut."""
         ps, recs = parents_of(rnd), rnd.tokens
         n, target = len(ps), rnd.stage == "target"
         own_origin = "bonus" if target and recs[-1].status == "bonus" else rnd.verifier

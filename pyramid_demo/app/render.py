@@ -161,9 +161,8 @@ def _token_chip(rnd: StageRound, i: int, texts: dict[int, str], whatif: list[str
 def round_chips_html(
     rnd: StageRound, texts: dict[int, str], title: str, whatif: list[str] | None = None, note: str = ""
 ) -> str:
-    """One verification round on a grid of positions, as the tree view draws it: the top row the accepted path
-    and the verifier's own token, each other candidate on a dashed row below with what hangs under it.
-    `whatif` adds a ✓/✗/· mark under each proposed token; `note` is trusted HTML."""
+    """One round on a grid of positions: the accepted path and the own token on top, other candidates on dashed rows
+    below; `whatif` adds a ✓/✗/· mark under each proposed token; `note` is trusted HTML."""
     ps = parents_of(rnd)
     kids, depth = rules.children(ps), rules.depths(ps)
     path = accepted_path(rnd)
@@ -206,7 +205,11 @@ def round_chips_html(
     )
 
 
+def bold(text: str) -> str:
+    """A Markdown-light text (the shared messages: `**bold**`) as HTML."""
+    return re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", html.escape(text))
+
+
 def message_html(text: str) -> str:
-    """A grey note; `**bold**` in the (shared, Markdown) message text becomes <b>."""
-    body = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", html.escape(text))
-    return f'<div style="color:#555;padding:8px">{body}</div>'
+    """A grey note."""
+    return f'<div style="color:#555;padding:8px">{bold(text)}</div>'

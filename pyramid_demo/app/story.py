@@ -1,5 +1,4 @@
-"""The Statistics tab's story of a race: the measured outcome first, then whether the idle-machine profile agrees (a
-busy machine may not), and the lanes' load factors when it does not."""
+"""The Statistics tab's story of a race: the measured outcome, whether the idle-machine profile agrees, the load."""
 
 from __future__ import annotations
 
@@ -36,8 +35,7 @@ def load_factors(runs: list[RunResult], profile: dict) -> dict[str, float]:
 
 
 def pass_costs_markdown(results: dict[str, RunResult], profile: dict | None) -> str:
-    """Each lane's forwards per model: how many, their mean ms measured in the race, and the cost profile's ms for
-    the same forwards (the same k each): why a lane won or lost, pass by pass."""
+    """Each lane's forwards per model: how many, their mean ms in the race and the profile's for the same forwards."""
     if not profile or not results:
         return ""
     out = [
@@ -143,8 +141,7 @@ def load_line(results: dict[str, RunResult], profile: dict | None, changed: bool
 
 
 def prompt_line(prompt: str | None) -> str:
-    """The Spec-Bench question and task a race's prompt is (exact text, whitespace aside), with what that task asks
-    of a draft; "" for any other prompt: a learner compares tasks knowing which one each race ran."""
+    """The Spec-Bench question and task a race's prompt is, with what that task asks of a draft ("" for another)."""
     q = find(prompt)
     if q is None:
         return ""
@@ -155,9 +152,8 @@ def prompt_line(prompt: str | None) -> str:
 def markdown(
     results: dict[str, RunResult], profile: dict | None, repeats: Repeats | None = None, prompt: str | None = None
 ) -> str:
-    """The story: the prompt's Spec-Bench task if it is one, noise, load, one row of figures per method, then each
-    method's verdict in words under the table (prose in a table cell squeezes the figures' columns until their
-    numbers break)."""
+    """The story: the prompt's task, noise, load, a row of figures per method, then the verdicts under the table
+    (prose in a cell would squeeze the figures' columns)."""
     if not results:
         return ""
     spread = race_noise(results, repeats)
@@ -257,8 +253,7 @@ def teaching_aid(results: dict[str, RunResult], profile: dict | None) -> str:
 
 
 def floor_line(profile: dict) -> str:
-    """Each model's step against its memory floor (every weight read once at this machine's measured speed),
-    and what a 5-token pass costs: why verifying k tokens costs about one step when a step is memory-bound."""
+    """Each model's step against its memory floor, and a 5-token pass against a step: why checking k tokens is cheap."""
     parts = []
     for role, f in (profile.get("floor") or {}).items():
         if f and role in profile["ms"]:
