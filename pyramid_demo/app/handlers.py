@@ -120,16 +120,8 @@ def race_event(
 ) -> Iterator[tuple]:
     """The public `/race` endpoint and the Run button; `settings`: DecodeConfig fields by name (left out: the page's
     first values)."""
-    yield from run_race(
-        preset,
-        (draft, qualifier, target),
-        prompt,
-        {**START_SETTINGS, **settings},
-        session,
-        progress,
-        bool(side_by_side),
-        bool(qualifier_alone),
-    )
+    models, settings = (draft, qualifier, target), {**START_SETTINGS, **settings}
+    yield from run_race(preset, models, prompt, settings, session, progress, bool(side_by_side), bool(qualifier_alone))
 
 
 def run_race(

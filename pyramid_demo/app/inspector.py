@@ -18,9 +18,8 @@ from .session import Race
 
 def sd_took(rec: TokenRec) -> bool:
     """Whether the SD fallback's test accepted this token: `sd_passed` where recorded, else accepted with Div > τ."""
-    stored = getattr(rec, "sd_passed", None)
-    if stored is not None:
-        return bool(stored)
+    if rec.sd_passed is not None:
+        return rec.sd_passed
     return rec.status == "accepted" and rec.tau is not None and (rec.div or 0.0) > rec.tau
 
 

@@ -115,11 +115,9 @@ class _Play:
                 if ok:
                     return f"{head} — the {v}'s top choice too"
                 top = (rec.top5.get(v) or [[None]])[0][0]
-                return (
-                    f"{head} — the {v}'s top choice here is {_q(self.text(top))}"
-                    if top is not None
-                    else f"{head} — not the {v}'s top choice"
-                )
+                if top is None:
+                    return f"{head} — not the {v}'s top choice"
+                return f"{head} — the {v}'s top choice here is {_q(self.text(top))}"
             pq = f" (p {rec.p:.2f}, q {rec.q:.2f})" if rec.p is not None and rec.q is not None else ""
             return f"{head} — the exact SD test {'keeps' if ok else 'refuses'} it{pq}"
         why = _versus(rec.div, rec.tau, tau_name)
@@ -168,8 +166,7 @@ class _Play:
                 set_state(i, PROPOSED)
                 t, parent = _q(chips[i].text), ps[i]
                 after = f" after {_q(chips[parent].text)}" if parent >= 0 else ""
-                first = kids[parent + 1][0] == i
-                what = f"guesses {t}" if first else f"adds {t} as another guess"
+                what = f"guesses {t}" if kids[parent + 1][0] == i else f"adds {t} as another guess"
                 self.add(f"{rnd.proposer} {what}{after}", rnd.proposer, j, title, chips, ps, (i,))
         tau_name = "τ_Q" if rnd.stage == "qualifier" else "τ_T"
         for group in visits(rnd):

@@ -31,6 +31,11 @@ METHOD_COLOURS = {lane.key: lane.colour or method_spec(lane.method).colour for l
 FONT = "font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;"
 
 
+def fmt(x: float | None, nd: int = 2) -> str:
+    """A figure with `nd` decimals, "—" when there is none."""
+    return "—" if x is None else f"{x:.{nd}f}"
+
+
 def token_label(texts: dict[int, str], tid: float) -> str:
     """A token id's decoded text, quoted as Python does (`#id` when the vocabulary lacks it): labels and hovers."""
     return repr(texts.get(int(tid), f"#{int(tid)}"))

@@ -12,14 +12,11 @@ from ..predict.tree_costs import best_tree
 from ..predict.walk_stats import stage_counts
 from ..spec_bench import find
 from .inspector import proposes_trees, shape_summary
+from .render import fmt
 from .text import FIRST_TURN, SPEC_BENCH_LINE, TASK_NOTES, task_label
 
 BUSY = 1.25  # forwards this much slower than the profile: the machine was busy during the race
 ROLES = ("draft", "qualifier", "target")
-
-
-def _fmt(x: float | None, nd: int = 2) -> str:
-    return "—" if x is None else f"{x:.{nd}f}"
 
 
 def load_factors(runs: list[RunResult], profile: dict) -> dict[str, float]:
@@ -109,9 +106,9 @@ def verdict(method: str, row: dict, spread: float | None, ar_factor: float | Non
             f"needs {row['per_pass_needed']:.2f})"
         )
     if disagrees(row, spread):
-        f, fa = row.get("factor"), ar_factor
+        f = row.get("factor")
         said += " — not what the profile predicts" + (
-            f": this lane's forwards took {f:.1f}× the profile, AR's {fa:.1f}×" if f and fa else ""
+            f": this lane's forwards took {f:.1f}× the profile, AR's {ar_factor:.1f}×" if f and ar_factor else ""
         )
     return said
 
@@ -181,13 +178,13 @@ def markdown(
         "|---|---|---|---|---|---|---|---|",
     ]
     for row in table:
-        alpha = _fmt(row.get("alpha"))
+        alpha = fmt(row.get("alpha"))
         if row.get("alpha_qualifier") is not None:
-            alpha = f"α_Q {_fmt(row['alpha_qualifier'])} · α_T {alpha}"
+            alpha = f"α_Q {fmt(row['alpha_qualifier'])} · α_T {alpha}"
         need = "—" if row.get("per_pass_needed") is None else f"{row['per_pass']:.2f} ({row['per_pass_needed']:.2f})"
         lines.append(
-            f"| {short_name(row['method'])} | {row['measured']:.1f} | {_fmt(row.get('x_ar'))} "
-            f"| {_fmt(row['predicted'], 1)} | {_fmt(row.get('x_ar_predicted'))} | {_fmt(row['factor'], 1)} "
+            f"| {short_name(row['method'])} | {row['measured']:.1f} | {fmt(row.get('x_ar'))} "
+            f"| {fmt(row['predicted'], 1)} | {fmt(row.get('x_ar_predicted'))} | {fmt(row['factor'], 1)} "
             f"| {alpha} | {need} |"
         )
     lines += ["", *(f"- **{short_name(row['method'])}**: {row['verdict']}" for row in table)]
@@ -241,7 +238,7 @@ def teaching_aid(results: dict[str, RunResult], profile: dict | None) -> str:
         return ""
     speeds = {role: 1000 / cost_ms(profile, role, 1) for role in ROLES if role in profile["ms"]}
     got = [(m, predict(r, speeds)) for m, r in results.items() if m != "ar" and r.solo is None]  # the formula: methods
-    vals = ", ".join(f"{short_name(m)} {_fmt(p, 1)}" for m, p in got)
+    vals = ", ".join(f"{short_name(m)} {fmt(p, 1)}" for m, p in got)
     return (
         "**Teaching aid, not this machine's prediction** — the PyramidSD §3 throughput formula "
         "(V_SD = β·(ℓ+1) / (ℓ/V_D + 1/V_T), V_PSD likewise through the qualifier), fed with the profile's "

@@ -10,8 +10,8 @@ from plotly.subplots import make_subplots
 
 from ..core import rules
 from ..core.trace import StageRound, Step, TokenRec, accepted_path, parents_of
-from .charts import FONT_SIZE, _layout, _num, empty_figure
-from .render import STATUS_COLOURS, token_label
+from .charts import FONT_SIZE, _layout, empty_figure
+from .render import STATUS_COLOURS, fmt, token_label
 
 FATE_NAMES = {
     "accepted": "accepted path",
@@ -116,11 +116,11 @@ def hover(node: Node, rnd: StageRound, texts: dict[int, str], pos: int) -> str:
     lines = [
         f"<b>{token_label(texts, t.token_id)}</b> · {who}'s token at position {pos}",
         f"fate: {FATE_NAMES.get(fate(node), t.status)} ({t.status})",
-        f"p = {_num(t.p)} ({rnd.verifier}, the verifier)",
+        f"p = {fmt(t.p, 3)} ({rnd.verifier}, the verifier)",
     ]
     if not node.own:
-        lines.append(f"q = {_num(t.q)} ({rnd.proposer}, the proposer)")
-        lines.append(f"Div = {_num(t.div)}" + ("" if t.tau is None else f" against τ = {t.tau:g}"))
+        lines.append(f"q = {fmt(t.q, 3)} ({rnd.proposer}, the proposer)")
+        lines.append(f"Div = {fmt(t.div, 3)}" + ("" if t.tau is None else f" against τ = {t.tau:g}"))
     want = top1(t, rnd.verifier)
     if want is not None:
         lines.append(f"{rnd.verifier}'s top-1 here: {token_label(texts, want[0])} ({want[1]:.3f})")
