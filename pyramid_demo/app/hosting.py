@@ -54,9 +54,7 @@ def cap_s() -> int:
 def per_token_s(preset: str) -> float:
     """This process's measured seconds per new token (one method) for the family, else a guess."""
     with _LOCK:
-        if preset in _MEASURED:
-            return _MEASURED[preset]
-    return GUESS_S_PER_TOKEN.get(preset, FALLBACK_S_PER_TOKEN)
+        return _MEASURED.get(preset, GUESS_S_PER_TOKEN.get(preset, FALLBACK_S_PER_TOKEN))
 
 
 def record(preset: str, results: dict[str, Any]) -> None:
@@ -128,13 +126,8 @@ def memory_line(preset: str, max_new_tokens: int = 128, prompt_tokens: int = 512
 
     try:
         dev = pick_device(None)
-        est = estimate(
-            preset,
-            pick_dtype(dev, None),
-            prompt_tokens + max_new_tokens + 32,
-            placement_options()["quantize"],
-            online=False,
-        )
+        quantize = placement_options()["quantize"]
+        est = estimate(preset, pick_dtype(dev, None), prompt_tokens + max_new_tokens + 32, quantize, online=False)
         free = available_bytes(dev)
     except Exception as e:  # noqa: BLE001 - an estimate must never break the page
         return f"Estimate: unavailable ({type(e).__name__})"

@@ -57,10 +57,9 @@ def accepted_figure(results: dict[str, RunResult], title: str = "Drafted tokens 
     if not where:
         return empty_figure("Accepted-length histograms appear after a race (AR drafts nothing).")
     rows, cols = max(r for r, _ in where.values()), max(c for _, c in where.values())
-    slots = {rc: "" for rc in ((r, c) for r in range(1, rows + 1) for c in range(1, cols + 1))}
+    slots = {(r, c): "" for r in range(1, rows + 1) for c in range(1, cols + 1)}  # an empty slot: no title
     for m, rc in where.items():
-        s = results[m].stats
-        slots[rc] = f"{_short(m, results[m])} · mean {s.mean_accepted_per_target_pass:.2f}"
+        slots[rc] = f"{_short(m, results[m])} · mean {results[m].stats.mean_accepted_per_target_pass:.2f}"
     top_k = max(max(k for k, v in enumerate(results[m].stats.accepted_hist) if v) for m in where)
     fig = make_subplots(
         rows=rows,
