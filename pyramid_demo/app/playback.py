@@ -66,20 +66,14 @@ def _q(text: str) -> str:
     return f"‘{text}’"
 
 
-def _pair(d: float, tau: float) -> tuple[str, str]:
-    """Div and τ printed with the fewest decimals (2 to 4) that keep unequal values apart."""
-    for nd in (2, 3, 4):
-        a, b = f"{d:.{nd}f}", f"{tau:.{nd}f}"
-        if a != b or d == tau:
-            break
-    return a, b
-
-
 def _versus(d: float | None, tau: float | None, name: str) -> str:
     """ "divergence 0.12 ≤ τ_Q 0.30" (passes) or "divergence 0.52 > τ_T 0.30" (fails); τ 0 accepts nothing."""
     if d is None or tau is None:
         return ""
-    a, b = _pair(d, tau)
+    for nd in (2, 3, 4):  # the fewest decimals that keep unequal values apart
+        a, b = f"{d:.{nd}f}", f"{tau:.{nd}f}"
+        if a != b or d == tau:
+            break
     if fuzzy_passes([d], tau)[0]:
         return f"divergence {a} ≤ {name} {b}"
     if d <= tau:

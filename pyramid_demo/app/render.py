@@ -183,10 +183,8 @@ def round_chips_html(
 
     for d, i in enumerate(path, start=1):
         cells.append((2, d, "line", _token_chip(rnd, i, texts, whatif)))
-    own = rnd.tokens[-1]
-    tip = f"{STATUS_NAMES.get(own.status, own.status)} · the verifier's own token, at position {len(path) + 1}"
-    own_chip = chip(texts.get(own.token_id, f"#{own.token_id}"), f"st-{own.status}", tip, own.status == "discarded")
-    cells.append((2, len(path) + 1, "line own", own_chip))
+    own = f" · the verifier's own token, at position {len(path) + 1}"  # no Div, no what-if mark: it was not proposed
+    cells.append((2, len(path) + 1, "line own", _token_chip(rnd, len(rnd.tokens) - 1, texts, whatif, own)))
     rows = [2]
     for c in [0] + [i + 1 for i in path]:  # the contexts on the path, root first
         for j in kids[c]:

@@ -231,8 +231,9 @@ def _draw_row(fig: go.Figure, row: Row, k: int, texts: dict[int, str], chars: in
         )
     )
     for (fate_key, own, stage), g in sorted(groups.items(), key=lambda kv: list(FATE_NAMES).index(kv[0][0])):
+        hollow = fate_key == "discarded"
         symbol = OWN_SYMBOL if own else STAGE_SYMBOLS.get(stage, "circle")
-        symbol += "-open" if fate_key == "discarded" else "-x" if fate_key == "rejected" else ""
+        symbol += "-open" if hollow else "-x" if fate_key == "rejected" else ""
         traces.append(
             go.Scatter(
                 x=g["x"],
@@ -250,10 +251,7 @@ def _draw_row(fig: go.Figure, row: Row, k: int, texts: dict[int, str], chars: in
                     size=17,
                     color=FATE_COLOURS[fate_key],
                     symbol=symbol,
-                    line=dict(
-                        width=2.5 if fate_key == "discarded" else 1,
-                        color=FATE_COLOURS[fate_key] if fate_key == "discarded" else "#333",
-                    ),
+                    line=dict(width=2.5 if hollow else 1, color=FATE_COLOURS[fate_key] if hollow else "#333"),
                 ),
             )
         )
