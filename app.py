@@ -60,12 +60,6 @@ def _player(name: str) -> list:
     """A ▶ Play panel: its state, the controls over a beat view, the timer that plays it: [state, view, timer]."""
     state = gr.State(play_view.PlayState())
     with gr.Row():
-        controls = (
-            ("play", play_view.play),
-            ("pause", play_view.pause),
-            ("back", play_view.step_back),
-            ("forward", play_view.step_forward),
-        )
         buttons = {
             fn: gr.Button(
                 text.BUTTONS[key],
@@ -73,7 +67,7 @@ def _player(name: str) -> list:
                 size="sm",
                 variant="primary" if key == "play" else "secondary",
             )
-            for key, fn in controls
+            for key, fn in play_view.CONTROLS.items()
         }
     view = gr.HTML(play_view.beat_html(play_view.PlayState()), elem_id=f"{name}-beat")
     timer = gr.Timer(play_view.PACE_S, active=False)

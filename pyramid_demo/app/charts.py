@@ -121,16 +121,15 @@ def divergence_figure(step: Step, tau_q: float, tau_t: float, texts: dict[int, s
     """The divergence at each position of each round against the threshold, coloured by the outcome at τ."""
     if step.target_round is None:
         return empty_figure("AR: no drafted tokens in this pass.")
-    rows = [("qualifier", step.qualifier_rounds)] if step.qualifier_rounds else []
-    rows.append(("target", [step.target_round]))
-    taus = [round_tau(rnds[0], tau_q, tau_t) for _, rnds in rows]
+    rows = [rnds for rnds in (step.qualifier_rounds, [step.target_round]) if rnds]  # a panel per stage
+    taus = [round_tau(rnds[0], tau_q, tau_t) for rnds in rows]
     titles = []
-    for (stage, rnds), tau in zip(rows, taus):
+    for rnds, tau in zip(rows, taus):
         rnd = rnds[0]
-        rule = "exact rule, τ unused" if tau is None else f"τ_{'Q' if stage == 'qualifier' else 'T'} = {tau:g}"
+        rule = "exact rule, τ unused" if tau is None else f"τ_{'Q' if rnd.stage == 'qualifier' else 'T'} = {tau:g}"
         titles.append(f"{rnd.proposer} → {rnd.verifier}: Div({rnd.verifier}, {rnd.proposer}) · {rule}")
     fig = make_subplots(rows=len(rows), cols=1, subplot_titles=titles, vertical_spacing=0.25)
-    for k, ((_, rnds), tau) in enumerate(zip(rows, taus), start=1):
+    for k, (rnds, tau) in enumerate(zip(rows, taus), start=1):
         _bars(fig, rnds, tau, texts, k)
         top = max([y for y in fig.data[-1].y if y is not None and y < float("inf")] + [tau or 0.0, 0.1])
         fig.update_yaxes(title="Div", range=[0, top * 1.25], row=k, col=1)  # room for the "+n other(s)" labels

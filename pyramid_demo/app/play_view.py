@@ -100,6 +100,9 @@ def tick(ps: PlayState) -> tuple:
     return outputs(replace(ps, i=i, playing=i < len(ps.beats) - 1))
 
 
+CONTROLS = {"play": play, "pause": pause, "back": step_back, "forward": step_forward}  # the buttons, in order
+
+
 # ------------------------------------------------------------------ the race tab's player
 def busiest(steps: list) -> int:
     """The 1-based pass that committed the most tokens (the earliest on a tie): a pass worth watching."""
@@ -179,10 +182,9 @@ def round_html(beat: Beat) -> str:
 
 def counter_line(label: str, i: int, n: int, playing: bool) -> str:
     """The line over a beat: which pass, which beat of how many, playing or paused (`race_page.JS` writes the same)."""
-    state = "▶ playing" if playing else "❚❚ paused"
     return (
         f'<div class="play-counter" style="color:#555;font-size:.9rem">{html.escape(label)} · '
-        f"<b>beat {i + 1} / {n}</b> · {state}</div>"
+        f"<b>beat {i + 1} / {n}</b> · {'▶ playing' if playing else '❚❚ paused'}</div>"
     )
 
 

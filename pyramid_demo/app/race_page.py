@@ -148,8 +148,7 @@ def passes(race: Race) -> dict:
 def _player_html(race: Race, lanes: dict) -> str:
     options = "".join(f'<option value="{html.escape(m)}">{html.escape(v["label"])}</option>' for m, v in lanes.items())
     buttons = "".join(
-        f'<button data-act="{act}" class="{act}">{html.escape(BUTTONS[act])}</button>'
-        for act in ("play", "pause", "back", "forward")
+        f'<button data-act="{act}" class="{act}">{html.escape(BUTTONS[act])}</button>' for act in play_view.CONTROLS
     )
     return (
         f'<div class="player" data-race="{race.n}"><b>▶ Play a target pass</b> '
