@@ -178,7 +178,6 @@ def position_figure(results: dict[str, RunResult]) -> go.Figure:
             ys = r.stats.per_position_acceptance.get(stage, [])
             if not ys:
                 continue
-            dash = "dot" if stage == "qualifier" else "solid"
             first = stage_rounds(r.steps, stage)[0]
             fig.add_trace(
                 go.Scatter(
@@ -186,7 +185,7 @@ def position_figure(results: dict[str, RunResult]) -> go.Figure:
                     y=ys,
                     mode="lines+markers",
                     name=f"{short_name(m)} · {first.proposer}→{first.verifier}",
-                    line=dict(color=METHOD_COLOURS.get(m), dash=dash, width=3),
+                    line=dict(color=METHOD_COLOURS.get(m), dash="dot" if stage == "qualifier" else "solid", width=3),
                 )
             )
     if not fig.data:

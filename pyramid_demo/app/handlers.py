@@ -323,9 +323,8 @@ def page_label(path: str | None) -> Any:
     if not path:
         return gr.update(label=LABELS["race_page"])
     size = Path(path).stat().st_size
-    return gr.update(
-        label=LABELS["race_page"] + (f" · {size / 1e6:.1f} MB" if size >= 1e5 else f" · {size / 1e3:.0f} kB")
-    )
+    shown = f"{size / 1e6:.1f} MB" if size >= 1e5 else f"{size / 1e3:.0f} kB"
+    return gr.update(label=f"{LABELS['race_page']} · {shown}")
 
 
 START_SETTINGS = {k: getattr(START, k) for k in SETTING_NAMES}  # the page's first values, the API's defaults

@@ -20,8 +20,7 @@ DEFAULT_CAP_S = 120  # ZeroGPU's usual per-call limit for visitors; raise it wit
 MIN_S = 10  # never ask for less
 START_S = 15.0  # loading weights to the GPU (cached in RAM after the first race) and warm-up
 SAFETY = 1.5  # measured times vary; asking a little more is cheaper than an aborted race
-# seconds per new token for one method on a ZeroGPU slice before any race has been measured:
-# deliberately pessimistic guesses (prefill included), replaced by this process's own measurements
+# seconds per new token for one method on a ZeroGPU slice, pessimistic (prefill included), until a race is measured
 GUESS_S_PER_TOKEN = {"tiny-random": 0.01, "smollm2-offline": 0.04, "smollm2": 0.06, "qwen2.5": 0.08, "llama3": 0.09}
 FALLBACK_S_PER_TOKEN = 0.1  # a custom family
 
