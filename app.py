@@ -60,12 +60,6 @@ def _player(name: str) -> list:
     """A ▶ Play panel: its state, the controls over a beat view, the timer that plays it: [state, view, timer]."""
     state = gr.State(play_view.PlayState())
     with gr.Row():
-        controls = (
-            ("play", play_view.play),
-            ("pause", play_view.pause),
-            ("back", play_view.step_back),
-            ("forward", play_view.step_forward),
-        )
         buttons = {
             fn: gr.Button(
                 text.BUTTONS[key],
@@ -73,7 +67,7 @@ def _player(name: str) -> list:
                 size="sm",
                 variant="primary" if key == "play" else "secondary",
             )
-            for key, fn in controls
+            for key, fn in play_view.CONTROLS.items()
         }
     view = gr.HTML(play_view.beat_html(play_view.PlayState()), elem_id=f"{name}-beat")
     timer = gr.Timer(play_view.PACE_S, active=False)
@@ -98,14 +92,9 @@ def build_demo() -> gr.Blocks:
                     run_btn = gr.Button(text.BUTTONS["run"], variant="primary", elem_id="run-btn", scale=3)
                     stop_btn = gr.Button(text.BUTTONS["stop"], variant="stop", elem_id="stop-btn", scale=1)
                     clear_btn = gr.Button(text.BUTTONS["clear"], elem_id="clear-btn", scale=1)
-                side_by_side = gr.Checkbox(
-                    False, label=text.LABELS["side_by_side"], info=text.INFO["side_by_side"], elem_id="side-by-side"
-                )
-                qualifier_alone = gr.Checkbox(
-                    False,
-                    label=text.LABELS["qualifier_alone"],
-                    info=text.INFO["qualifier_alone"],
-                    elem_id="qualifier-alone",
+                side_by_side, qualifier_alone = (
+                    gr.Checkbox(False, label=text.LABELS[k], info=text.INFO[k], elem_id=k.replace("_", "-"))
+                    for k in ("side_by_side", "qualifier_alone")
                 )
             with gr.Column(scale=2):
                 preset = gr.Dropdown(
@@ -189,22 +178,9 @@ def build_demo() -> gr.Blocks:
                     csv_file = gr.File(label=text.LABELS["table"])
 
         race_out = [status, lanes, race_plot, table, earlier, session]
-        pick_out = [
-            race_dd,
-            method_dd,
-            round_sl,
-            wq,
-            wt,
-            pos_sl,
-            hist_plot,
-            posn_plot,
-            tp_plot,
-            speeds_md,
-            cost_plot,
-            cost_md,
-            race_hist,
-        ]
-        insp_in = [session, race_dd, method_dd, round_sl, wq, wt, pos_sl]
+        picked = [race_dd, method_dd, round_sl, wq, wt, pos_sl]  # what the inspector shows: a round, its what-ifs
+        pick_out = [*picked, hist_plot, posn_plot, tp_plot, speeds_md, cost_plot, cost_md, race_hist]
+        insp_in = [session, *picked]
         insp_out = [chips, div_plot, top5_plot, insp_md, tree_plot]
         tuned = [widgets[k] for k in h.TUNED_NAMES]
         play_in = [session, race_dd, method_dd, round_sl]

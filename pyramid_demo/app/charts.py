@@ -13,7 +13,7 @@ from ..core.stats import stage_rounds
 from ..core.trace import RunResult, StageRound, Step
 from ..predict.costs import measured_by_k
 from .inspector import positions, round_tau, speedups, stage_names, whatif_statuses
-from .render import METHOD_COLOURS, STATUS_COLOURS, token_label
+from .render import METHOD_COLOURS, STATUS_COLOURS, fmt, token_label
 
 FONT_SIZE = 15  # large enough to read on a projector
 ROLE_COLOURS = {"draft": "#009E73", "qualifier": "#0072B2", "target": "#E69F00"}
@@ -69,9 +69,7 @@ def race_figure(results: dict[str, RunResult], repeats: Repeats | None = None) -
     return fig
 
 
-def _bars(
-    fig: go.Figure, rnds: list[StageRound], tau: float | None, texts: dict[int, str], row: int, label: str
-) -> None:
+def _bars(fig: go.Figure, rnds: list[StageRound], tau: float | None, texts: dict[int, str], row: int) -> None:
     """A bar per position of each round (`inspector.positions`): its Div coloured by the fate at τ, others on hover."""
     xs, ys, colours, hover, marks = [], [], [], [], []
     for j, rnd in enumerate(rnds):
@@ -81,11 +79,12 @@ def _bars(
                 continue
             t = rnd.tokens[at.node]
             tok = token_label(texts, t.token_id)
-            xs.append(f"{label}{j + 1}·{at.depth} {tok}" if len(rnds) > 1 else f"{at.depth} {tok}")
+            xs.append(f"r{j + 1}·{at.depth} {tok}" if len(rnds) > 1 else f"{at.depth} {tok}")
             ys.append(t.div or 0.0)
             colours.append(STATUS_COLOURS[what[at.node]][1])
             tip = (
-                f"{tok} at position {at.depth}: Div {_num(t.div)}<br>recorded: {t.status}<br>at this τ: {what[at.node]}"
+                f"{tok} at position {at.depth}: Div {fmt(t.div, 3)}<br>"
+                f"recorded: {t.status}<br>at this τ: {what[at.node]}"
             )
             if at.siblings:
                 tip += "<br>other candidates here (same context, same Div): " + ", ".join(
@@ -118,25 +117,20 @@ def _bars(
         )
 
 
-def _num(v: float | None) -> str:
-    return "—" if v is None else f"{v:.3f}"
-
-
 def divergence_figure(step: Step, tau_q: float, tau_t: float, texts: dict[int, str]) -> go.Figure:
     """The divergence at each position of each round against the threshold, coloured by the outcome at τ."""
     if step.target_round is None:
         return empty_figure("AR: no drafted tokens in this pass.")
-    rows = [("qualifier", step.qualifier_rounds)] if step.qualifier_rounds else []
-    rows.append(("target", [step.target_round]))
-    taus = [round_tau(rnds[0], tau_q, tau_t) for _, rnds in rows]
+    rows = [rnds for rnds in (step.qualifier_rounds, [step.target_round]) if rnds]  # a panel per stage
+    taus = [round_tau(rnds[0], tau_q, tau_t) for rnds in rows]
     titles = []
-    for (stage, rnds), tau in zip(rows, taus):
+    for rnds, tau in zip(rows, taus):
         rnd = rnds[0]
-        rule = "exact rule, τ unused" if tau is None else f"τ_{'Q' if stage == 'qualifier' else 'T'} = {tau:g}"
+        rule = "exact rule, τ unused" if tau is None else f"τ_{'Q' if rnd.stage == 'qualifier' else 'T'} = {tau:g}"
         titles.append(f"{rnd.proposer} → {rnd.verifier}: Div({rnd.verifier}, {rnd.proposer}) · {rule}")
     fig = make_subplots(rows=len(rows), cols=1, subplot_titles=titles, vertical_spacing=0.25)
-    for k, ((_, rnds), tau) in enumerate(zip(rows, taus), start=1):
-        _bars(fig, rnds, tau, texts, k, "r")
+    for k, (rnds, tau) in enumerate(zip(rows, taus), start=1):
+        _bars(fig, rnds, tau, texts, k)
         top = max([y for y in fig.data[-1].y if y is not None and y < float("inf")] + [tau or 0.0, 0.1])
         fig.update_yaxes(title="Div", range=[0, top * 1.25], row=k, col=1)  # room for the "+n other(s)" labels
     _layout(fig, "", 250 + 210 * (len(rows) - 1))
@@ -184,7 +178,6 @@ def position_figure(results: dict[str, RunResult]) -> go.Figure:
             ys = r.stats.per_position_acceptance.get(stage, [])
             if not ys:
                 continue
-            dash = "dot" if stage == "qualifier" else "solid"
             first = stage_rounds(r.steps, stage)[0]
             fig.add_trace(
                 go.Scatter(
@@ -192,7 +185,7 @@ def position_figure(results: dict[str, RunResult]) -> go.Figure:
                     y=ys,
                     mode="lines+markers",
                     name=f"{short_name(m)} · {first.proposer}→{first.verifier}",
-                    line=dict(color=METHOD_COLOURS.get(m), dash=dash, width=3),
+                    line=dict(color=METHOD_COLOURS.get(m), dash="dot" if stage == "qualifier" else "solid", width=3),
                 )
             )
     if not fig.data:
@@ -246,11 +239,7 @@ def cost_figure(profile: dict | None, results: dict[str, RunResult]) -> go.Figur
                 line=dict(color=ROLE_COLOURS.get(role), width=3),
             )
         )
-    seen: dict[str, dict[int, list[float]]] = {}
-    for r in results.values():
-        for role, by_k in measured_by_k(r.steps).items():
-            for k, ts in by_k.items():
-                seen.setdefault(role, {}).setdefault(k, []).extend(ts)
+    seen = measured_by_k([s for r in results.values() for s in r.steps])  # every lane's forwards, pooled
     for role, by_k in seen.items():
         ks = sorted(by_k)
         fig.add_trace(

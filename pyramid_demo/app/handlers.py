@@ -1,5 +1,4 @@
-"""The app's event handlers: plain functions over plain values, testable without a browser. Per-user data is one
-`Session` (a gr.State) mutated in place, so Stop keeps partial results."""
+"""The app's event handlers: plain functions, testable without a browser; a visitor's `Session` is mutated in place."""
 
 from __future__ import annotations
 
@@ -119,19 +118,10 @@ def race_event(
     qualifier_alone: bool = False,
     **settings: Any,
 ) -> Iterator[tuple]:
-    """The public `/race` endpoint and the Run button: every lane on the prompt with the chosen family. `settings`
-    are DecodeConfig fields by name (left out: the page's first values); bad values are reported in the status line.
-    Yields (status, lanes, chart, table, earlier races, session)."""
-    yield from run_race(
-        preset,
-        (draft, qualifier, target),
-        prompt,
-        {**START_SETTINGS, **settings},
-        session,
-        progress,
-        bool(side_by_side),
-        bool(qualifier_alone),
-    )
+    """The public `/race` endpoint and the Run button; `settings`: DecodeConfig fields by name (left out: the page's
+    first values)."""
+    models, settings = (draft, qualifier, target), {**START_SETTINGS, **settings}
+    yield from run_race(preset, models, prompt, settings, session, progress, bool(side_by_side), bool(qualifier_alone))
 
 
 def run_race(
@@ -144,9 +134,8 @@ def run_race(
     side_by_side: bool = False,
     qualifier_alone: bool = False,
 ) -> Iterator[tuple]:
-    """Time every lane on the prompt with nothing drawn (`quiet`), then send the race to be replayed; yields (status,
-    lanes, chart, table, earlier, session). Stop is cooperative (`session.stop`, seen after every target pass):
-    cancelling the event would race a late snapshot."""
+    """Time every lane with nothing drawn (`quiet`), then replay the race; yields (status, lanes, chart, table, earlier,
+    session). Stop is cooperative (`session.stop`): cancelling the event would race a late snapshot."""
     session = session if session is not None else new_session()
     race_lanes_ = lanes(side_by_side, qualifier_alone)
     try:  # on ZeroGPU the whole race must fit one allocation: cut the tokens, say so
@@ -300,8 +289,7 @@ def clear_results(session: Session | None) -> tuple:
 
 # ------------------------------------------------------------------ export
 def export_files(session: Session | None) -> tuple[str | None, str | None, str | None]:
-    """Write the full trace (JSON), the race table (CSV) and the races as one web page that replays them (HTML) for
-    download, into this visitor's own folder."""
+    """The trace (JSON), the race table (CSV) and the races' web page (HTML), in this visitor's own folder."""
     if session is None or not session.races:
         _notify(MSG["no_race"])
         return None, None, None
@@ -335,9 +323,8 @@ def page_label(path: str | None) -> Any:
     if not path:
         return gr.update(label=LABELS["race_page"])
     size = Path(path).stat().st_size
-    return gr.update(
-        label=LABELS["race_page"] + (f" · {size / 1e6:.1f} MB" if size >= 1e5 else f" · {size / 1e3:.0f} kB")
-    )
+    shown = f"{size / 1e6:.1f} MB" if size >= 1e5 else f"{size / 1e3:.0f} kB"
+    return gr.update(label=f"{LABELS['race_page']} · {shown}")
 
 
 START_SETTINGS = {k: getattr(START, k) for k in SETTING_NAMES}  # the page's first values, the API's defaults

@@ -1,5 +1,4 @@
-"""Hosting hooks: ZeroGPU time budgets (`spaces.GPU(duration=race_duration)` asks for the whole race's GPU time, capped
-by the platform; a race that cannot fit is cut to fewer tokens), placement from Space variables, memory estimates."""
+"""Hosting hooks: ZeroGPU time budgets (a race that cannot fit is cut to fewer tokens), placement, memory estimates."""
 
 from __future__ import annotations
 
@@ -21,8 +20,7 @@ DEFAULT_CAP_S = 120  # ZeroGPU's usual per-call limit for visitors; raise it wit
 MIN_S = 10  # never ask for less
 START_S = 15.0  # loading weights to the GPU (cached in RAM after the first race) and warm-up
 SAFETY = 1.5  # measured times vary; asking a little more is cheaper than an aborted race
-# seconds per new token for one method on a ZeroGPU slice before any race has been measured:
-# deliberately pessimistic guesses (prefill included), replaced by this process's own measurements
+# seconds per new token for one method on a ZeroGPU slice, pessimistic (prefill included), until a race is measured
 GUESS_S_PER_TOKEN = {"tiny-random": 0.01, "smollm2-offline": 0.04, "smollm2": 0.06, "qwen2.5": 0.08, "llama3": 0.09}
 FALLBACK_S_PER_TOKEN = 0.1  # a custom family
 
@@ -55,9 +53,7 @@ def cap_s() -> int:
 def per_token_s(preset: str) -> float:
     """This process's measured seconds per new token (one method) for the family, else a guess."""
     with _LOCK:
-        if preset in _MEASURED:
-            return _MEASURED[preset]
-    return GUESS_S_PER_TOKEN.get(preset, FALLBACK_S_PER_TOKEN)
+        return _MEASURED.get(preset, GUESS_S_PER_TOKEN.get(preset, FALLBACK_S_PER_TOKEN))
 
 
 def record(preset: str, results: dict[str, Any]) -> None:
@@ -129,13 +125,8 @@ def memory_line(preset: str, max_new_tokens: int = 128, prompt_tokens: int = 512
 
     try:
         dev = pick_device(None)
-        est = estimate(
-            preset,
-            pick_dtype(dev, None),
-            prompt_tokens + max_new_tokens + 32,
-            placement_options()["quantize"],
-            online=False,
-        )
+        quantize = placement_options()["quantize"]
+        est = estimate(preset, pick_dtype(dev, None), prompt_tokens + max_new_tokens + 32, quantize, online=False)
         free = available_bytes(dev)
     except Exception as e:  # noqa: BLE001 - an estimate must never break the page
         return f"Estimate: unavailable ({type(e).__name__})"
@@ -144,8 +135,7 @@ def memory_line(preset: str, max_new_tokens: int = 128, prompt_tokens: int = 512
 
 
 def preload(preset: str) -> threading.Thread:
-    """Load and warm the family shown first before the page serves (a Space starts ready): no visitor's request pays
-    the load. The load is the race's own (one per key, `loading.load_triplet`): a race never loads it twice."""
+    """Load and warm the family shown first before the page serves, as a race loads it (a race never loads it twice)."""
 
     def work() -> None:
         from ..models.loading import load_triplet

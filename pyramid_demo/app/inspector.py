@@ -18,16 +18,14 @@ from .session import Race
 
 def sd_took(rec: TokenRec) -> bool:
     """Whether the SD fallback's test accepted this token: `sd_passed` where recorded, else accepted with Div > τ."""
-    stored = getattr(rec, "sd_passed", None)
-    if stored is not None:
-        return bool(stored)
+    if rec.sd_passed is not None:
+        return rec.sd_passed
     return rec.status == "accepted" and rec.tau is not None and (rec.div or 0.0) > rec.tau
 
 
 def walk(rnd: StageRound, tau: float) -> list[str]:
-    """Each proposed token's status under the fuzzy rule at `tau`, walked as the engine walks it (a chain is a
-    tree); under the SD fallback a failing context takes the child the SD rule took. A cut does not depend on τ.
-    The rule: docs/how-it-works.md."""
+    """Each proposed token's status under the fuzzy rule at `tau`, walked as the engine walks it (the SD fallback takes
+    the child the SD rule took; a cut does not depend on τ). The rule: docs/how-it-works.md."""
     recs = rnd.tokens[:-1]
     kids = rules.children(parents_of(rnd))
     status = ["discarded"] * len(recs)
@@ -93,8 +91,7 @@ class Position:
 
 
 def positions(rnd: StageRound) -> list[Position]:
-    """Every position of a round along its line (`line`): a chain of n that stopped at k has n (the own token
-    beside the rejected one at k + 1), one fully accepted has n + 1 (the bonus after the last)."""
+    """Every position along a round's `line`: a chain of n has n, or n + 1 when fully accepted (the bonus after it)."""
     ps = parents_of(rnd)
     kids = rules.children(ps)
     nodes, k = line(rnd), len(accepted_path(rnd))

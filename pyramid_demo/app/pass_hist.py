@@ -1,6 +1,5 @@
-"""Accepted drafted tokens per target pass, one small histogram per run (`Stats.accepted_hist`). Small multiples: nine
-grouped bars per k cannot be told apart. Chains fill the top row, each tree run sits hatched under its chain, so "the
-tree moved the mass right" reads down a column. AR drafts nothing: no panel."""
+"""Accepted drafted tokens per target pass, a small histogram per run (grouped bars cannot be told apart): chains on
+the top row, each tree run hatched under its chain, so a shift reads down a column. AR drafts nothing: no panel."""
 
 from __future__ import annotations
 
@@ -35,8 +34,7 @@ def _short(key: str, r: RunResult) -> str:
 
 
 def panels(results: dict[str, RunResult]) -> dict[str, tuple[int, int]]:
-    """lane → (row, col): a column per method family in the table's order, chains on the top row and each tree
-    run below its chain; a second run of one shape in a column takes the row left free."""
+    """lane → (row, col): a column per method family in the table's order, chains on top, each tree run below."""
     shown = [m for m, r in results.items() if sum(r.stats.accepted_hist) and method_spec(r.method).proposer]
     order: list[tuple] = []
     for f in [(m.roles, m.stage1, m.target) for m in TABLE] + [family(results[m]) for m in shown]:
@@ -59,10 +57,9 @@ def accepted_figure(results: dict[str, RunResult], title: str = "Drafted tokens 
     if not where:
         return empty_figure("Accepted-length histograms appear after a race (AR drafts nothing).")
     rows, cols = max(r for r, _ in where.values()), max(c for _, c in where.values())
-    slots = {rc: "" for rc in ((r, c) for r in range(1, rows + 1) for c in range(1, cols + 1))}
+    slots = {(r, c): "" for r in range(1, rows + 1) for c in range(1, cols + 1)}  # an empty slot: no title
     for m, rc in where.items():
-        s = results[m].stats
-        slots[rc] = f"{_short(m, results[m])} · mean {s.mean_accepted_per_target_pass:.2f}"
+        slots[rc] = f"{_short(m, results[m])} · mean {results[m].stats.mean_accepted_per_target_pass:.2f}"
     top_k = max(max(k for k, v in enumerate(results[m].stats.accepted_hist) if v) for m in where)
     fig = make_subplots(
         rows=rows,

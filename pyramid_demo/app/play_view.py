@@ -1,6 +1,5 @@
-"""The ▶ Play panel: one recorded target pass replayed beat by beat (`playback`), its handlers and its HTML. State is a
-frozen `PlayState` per visitor; a gr.Timer ticks every PACE_S while playing. Every handler returns (state, the beat's
-HTML, the timer's update); bad input gives a message in the panel, never a traceback."""
+"""The ▶ Play panel: a recorded target pass replayed beat by beat (`playback`); a gr.Timer ticks every PACE_S while
+playing. Every handler returns (state, the beat's HTML, the timer); bad input gives a message, never a traceback."""
 
 from __future__ import annotations
 
@@ -74,9 +73,7 @@ def show(session: Session | None, race_n: Any, method: str | None, pass_no: Any)
 def play(ps: PlayState) -> tuple:
     """▶ Play: run from the beat shown (from the first again when at the last)."""
     n = len(ps.beats)
-    if n == 0:
-        return outputs(replace(ps, playing=False))
-    i = 0 if ps.i >= n - 1 else ps.i
+    i = 0 if ps.i >= n - 1 else ps.i  # no beats: i stays 0, not playing
     return outputs(replace(ps, i=i, playing=i < n - 1))
 
 
@@ -101,6 +98,9 @@ def tick(ps: PlayState) -> tuple:
         return outputs(replace(ps, playing=False))
     i = min(ps.i + 1, len(ps.beats) - 1)
     return outputs(replace(ps, i=i, playing=i < len(ps.beats) - 1))
+
+
+CONTROLS = {"play": play, "pause": pause, "back": step_back, "forward": step_forward}  # the buttons, in order
 
 
 # ------------------------------------------------------------------ the race tab's player
@@ -182,10 +182,9 @@ def round_html(beat: Beat) -> str:
 
 def counter_line(label: str, i: int, n: int, playing: bool) -> str:
     """The line over a beat: which pass, which beat of how many, playing or paused (`race_page.JS` writes the same)."""
-    state = "▶ playing" if playing else "❚❚ paused"
     return (
         f'<div class="play-counter" style="color:#555;font-size:.9rem">{html.escape(label)} · '
-        f"<b>beat {i + 1} / {n}</b> · {state}</div>"
+        f"<b>beat {i + 1} / {n}</b> · {'▶ playing' if playing else '❚❚ paused'}</div>"
     )
 
 

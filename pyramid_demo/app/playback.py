@@ -1,5 +1,4 @@
-"""One recorded target pass replayed as beats, one plain sentence each, read from the `Step` alone. A student follows a
-pass better told in order than all at once; the beats' order: docs/how-it-works.md."""
+"""One recorded target pass as beats, a plain sentence each, read from the `Step` alone (docs/how-it-works.md)."""
 
 from __future__ import annotations
 
@@ -67,20 +66,14 @@ def _q(text: str) -> str:
     return f"‘{text}’"
 
 
-def _pair(d: float, tau: float) -> tuple[str, str]:
-    """Div and τ printed with the fewest decimals (2 to 4) that keep unequal values apart."""
-    for nd in (2, 3, 4):
-        a, b = f"{d:.{nd}f}", f"{tau:.{nd}f}"
-        if a != b or d == tau:
-            break
-    return a, b
-
-
 def _versus(d: float | None, tau: float | None, name: str) -> str:
     """ "divergence 0.12 ≤ τ_Q 0.30" (passes) or "divergence 0.52 > τ_T 0.30" (fails); τ 0 accepts nothing."""
     if d is None or tau is None:
         return ""
-    a, b = _pair(d, tau)
+    for nd in (2, 3, 4):  # the fewest decimals that keep unequal values apart
+        a, b = f"{d:.{nd}f}", f"{tau:.{nd}f}"
+        if a != b or d == tau:
+            break
     if fuzzy_passes([d], tau)[0]:
         return f"divergence {a} ≤ {name} {b}"
     if d <= tau:
@@ -116,11 +109,9 @@ class _Play:
                 if ok:
                     return f"{head} — the {v}'s top choice too"
                 top = (rec.top5.get(v) or [[None]])[0][0]
-                return (
-                    f"{head} — the {v}'s top choice here is {_q(self.text(top))}"
-                    if top is not None
-                    else f"{head} — not the {v}'s top choice"
-                )
+                if top is None:
+                    return f"{head} — not the {v}'s top choice"
+                return f"{head} — the {v}'s top choice here is {_q(self.text(top))}"
             pq = f" (p {rec.p:.2f}, q {rec.q:.2f})" if rec.p is not None and rec.q is not None else ""
             return f"{head} — the exact SD test {'keeps' if ok else 'refuses'} it{pq}"
         why = _versus(rec.div, rec.tau, tau_name)
@@ -146,8 +137,7 @@ class _Play:
         return f"the path reached a leaf of the tree, so the {v} adds {t} for free (bonus)"
 
     def round(self, j: int, rnd: StageRound, title: str, origins: list[str], block: bool) -> None:
-        """Play one round: its guesses appear (or, `block`, the qualified block arrives at once), the verifier's
-        walk marks them, its own token lands or the round is cut."""
+        """One round: its guesses appear (`block`: at once), the verifier marks them, its own lands or it is cut."""
         ps, recs = parents_of(rnd), rnd.tokens
         n, target = len(ps), rnd.stage == "target"
         own_origin = "bonus" if target and recs[-1].status == "bonus" else rnd.verifier
@@ -170,8 +160,7 @@ class _Play:
                 set_state(i, PROPOSED)
                 t, parent = _q(chips[i].text), ps[i]
                 after = f" after {_q(chips[parent].text)}" if parent >= 0 else ""
-                first = kids[parent + 1][0] == i
-                what = f"guesses {t}" if first else f"adds {t} as another guess"
+                what = f"guesses {t}" if kids[parent + 1][0] == i else f"adds {t} as another guess"
                 self.add(f"{rnd.proposer} {what}{after}", rnd.proposer, j, title, chips, ps, (i,))
         tau_name = "τ_Q" if rnd.stage == "qualifier" else "τ_T"
         for group in visits(rnd):

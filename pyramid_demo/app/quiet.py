@@ -1,6 +1,5 @@
-"""The race's timing on the clock the bench times with (`clock.warm_up`, `clock.timed`): the lanes interleaved over
-repeats, and nothing drawn, charted or serialised while a clock runs. The page hears one progress line between
-lanes; it replays the records afterwards (`replay`)."""
+"""The race timed as the bench times (`clock`): lanes interleaved over repeats, nothing drawn while a clock runs; the
+page hears a progress line between lanes and replays the records afterwards (`replay`)."""
 
 from __future__ import annotations
 
@@ -41,9 +40,8 @@ def decode(
     stop: Callable[[], bool],
     max_repeats: int | None = None,
 ) -> Iterator[str]:
-    """Warm every lane up, then time repeats of every lane in turn (MAX_REPEATS, fewer past BUDGET_S), each run to its
-    end (or Stop, polled after every target pass) with nothing between its passes; yield a progress line before each
-    lane, never inside one. Runs that end land in `race.repeats`; `race.results` then holds each lane's median run."""
+    """Warm every lane up, then time repeats of every lane in turn (MAX_REPEATS, fewer past BUDGET_S), yielding a
+    progress line before each lane, never inside one; `race.results` then holds each lane's median run."""
     vs, most = variants(lanes, base), MAX_REPEATS if max_repeats is None else max_repeats
     profile = race.profile if race.profile and "ms" in race.profile else None  # as the bench reads it
     try:

@@ -1,8 +1,5 @@
-"""A visitor's races as one web page a teacher can take to a classroom: a single self-contained HTML file that opens
-from disk in any current browser, with no Python, no models, no server and no network. It replays every lane at its
-measured timestamps (`replay.JS`, the app's own player, ×1/×½/×¼), shows each race's verdict and results table, and
-plays any target pass beat by beat from the app's own renderer (`play_view.beat_body`): the same colours and
-sentences as the page. The beats travel gzip-compressed (a browser's `DecompressionStream` unpacks them)."""
+"""A visitor's races as one self-contained HTML file that opens offline in any current browser: the lanes replayed
+(`replay.JS`), verdicts and tables, and any target pass beat by beat (`play_view.beat_body`, gzip-compressed)."""
 
 from __future__ import annotations
 
@@ -10,7 +7,6 @@ import base64
 import gzip
 import html
 import json
-import re
 
 from ..core.config import METHOD_LABELS
 from . import inspector, play_view, playback, race_view, render, replay, story
@@ -112,11 +108,6 @@ function player(root, race) {
 """
 
 
-def _bold(text: str) -> str:
-    """The app's Markdown-light texts (`**bold**`) as HTML."""
-    return re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", html.escape(text.strip()))
-
-
 def _cell(x: object) -> str:
     return "—" if x is None or x == "" else html.escape(str(x))
 
@@ -133,7 +124,7 @@ def table_html(race: Race) -> str:
 def verdicts_html(race: Race) -> str:
     """Each lane's verdict against AR as the Statistics tab words it, a line each under the table."""
     items = "".join(
-        f"<li><b>{html.escape(METHOD_LABELS.get(row['method'], row['method']))}</b>: {_bold(row['verdict'])}</li>"
+        f"<li><b>{html.escape(METHOD_LABELS.get(row['method'], row['method']))}</b>: {render.bold(row['verdict'])}</li>"
         for row in story.rows(race.results, race.profile, race.repeats)
     )
     return f'<ul class="verdicts">{items}</ul>' if items else ""
@@ -157,8 +148,7 @@ def passes(race: Race) -> dict:
 def _player_html(race: Race, lanes: dict) -> str:
     options = "".join(f'<option value="{html.escape(m)}">{html.escape(v["label"])}</option>' for m, v in lanes.items())
     buttons = "".join(
-        f'<button data-act="{act}" class="{act}">{html.escape(BUTTONS[act])}</button>'
-        for act in ("play", "pause", "back", "forward")
+        f'<button data-act="{act}" class="{act}">{html.escape(BUTTONS[act])}</button>' for act in play_view.CONTROLS
     )
     return (
         f'<div class="player" data-race="{race.n}"><b>▶ Play a target pass</b> '
@@ -171,11 +161,10 @@ def _player_html(race: Race, lanes: dict) -> str:
 
 def race_section(race: Race, lanes: dict) -> str:
     """One race: its prompt, verdict, replayed lanes, results table with the verdicts, and its pass player."""
-    verdict = race_view.winner_line(race)
     return (
         f'<section class="race" id="race-{race.n}"><h2>Race {race.n} · {html.escape(race.preset)}</h2>'
         f'<div class="muted">Prompt: {html.escape(race.prompt)}</div>'
-        f'<div class="verdict">{_bold(verdict) if verdict else ""}</div>'
+        f'<div class="verdict">{render.bold(race_view.winner_line(race).strip())}</div>'
         f"{race_view.race_lanes(race, True)}{table_html(race)}{verdicts_html(race)}"
         f"{_player_html(race, lanes) if lanes else ''}</section>"
     )

@@ -1,5 +1,4 @@
-"""The race tab's outputs: in full before and after a race; while lanes are timed only the status line (the rest
-`gr.skip()`): every browser update takes CPU from the models."""
+"""The race tab's outputs: in full before and after a race, only the status line while lanes are timed."""
 
 from __future__ import annotations
 
@@ -67,9 +66,8 @@ def shape_words(r: RunResult) -> str:
 
 
 def winner_line(race: Race) -> str:
-    """One line for the projector: the fastest lane, or a tie when others are within the race's noise band, judged on
-    speed-ups over AR paired by repeat (as the bench states them). A reference lane (a member decoding alone) is no
-    contender: it does not write the target's text."""
+    """The fastest lane, or a tie within the race's noise band, on speed-ups over AR paired by repeat (as the bench
+    states them); a reference lane is no contender."""
     res = {m: r for m, r in race.results.items() if r.solo is None}
     if not res:
         return ""

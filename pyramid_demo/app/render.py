@@ -31,6 +31,11 @@ METHOD_COLOURS = {lane.key: lane.colour or method_spec(lane.method).colour for l
 FONT = "font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;"
 
 
+def fmt(x: float | None, nd: int = 2) -> str:
+    """A figure with `nd` decimals, "—" when there is none."""
+    return "—" if x is None else f"{x:.{nd}f}"
+
+
 def token_label(texts: dict[int, str], tid: float) -> str:
     """A token id's decoded text, quoted as Python does (`#id` when the vocabulary lacks it): labels and hovers."""
     return repr(texts.get(int(tid), f"#{int(tid)}"))
@@ -161,9 +166,8 @@ def _token_chip(rnd: StageRound, i: int, texts: dict[int, str], whatif: list[str
 def round_chips_html(
     rnd: StageRound, texts: dict[int, str], title: str, whatif: list[str] | None = None, note: str = ""
 ) -> str:
-    """One verification round on a grid of positions, as the tree view draws it: the top row the accepted path
-    and the verifier's own token, each other candidate on a dashed row below with what hangs under it.
-    `whatif` adds a ✓/✗/· mark under each proposed token; `note` is trusted HTML."""
+    """One round on a grid of positions: the accepted path and the own token on top, other candidates on dashed rows
+    below; `whatif` adds a ✓/✗/· mark under each proposed token; `note` is trusted HTML."""
     ps = parents_of(rnd)
     kids, depth = rules.children(ps), rules.depths(ps)
     path = accepted_path(rnd)
@@ -179,10 +183,8 @@ def round_chips_html(
 
     for d, i in enumerate(path, start=1):
         cells.append((2, d, "line", _token_chip(rnd, i, texts, whatif)))
-    own = rnd.tokens[-1]
-    tip = f"{STATUS_NAMES.get(own.status, own.status)} · the verifier's own token, at position {len(path) + 1}"
-    own_chip = chip(texts.get(own.token_id, f"#{own.token_id}"), f"st-{own.status}", tip, own.status == "discarded")
-    cells.append((2, len(path) + 1, "line own", own_chip))
+    own = f" · the verifier's own token, at position {len(path) + 1}"  # no Div, no what-if mark: it was not proposed
+    cells.append((2, len(path) + 1, "line own", _token_chip(rnd, len(rnd.tokens) - 1, texts, whatif, own)))
     rows = [2]
     for c in [0] + [i + 1 for i in path]:  # the contexts on the path, root first
         for j in kids[c]:
@@ -206,7 +208,11 @@ def round_chips_html(
     )
 
 
+def bold(text: str) -> str:
+    """A Markdown-light text (the shared messages: `**bold**`) as HTML."""
+    return re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", html.escape(text))
+
+
 def message_html(text: str) -> str:
-    """A grey note; `**bold**` in the (shared, Markdown) message text becomes <b>."""
-    body = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", html.escape(text))
-    return f'<div style="color:#555;padding:8px">{body}</div>'
+    """A grey note."""
+    return f'<div style="color:#555;padding:8px">{bold(text)}</div>'

@@ -1,7 +1,5 @@
-"""The race replayed in the browser: every lane at once, each token shown at the time its method produced it. The lanes
-are timed first with nothing drawn (`quiet`); the page gets their final HTML once, each chip carrying its time
-(`render.token_times`) and each lane its finish (data-end), and `JS` (the lanes' `js_on_load`) animates that on the
-visitor's own clock: no server round trip per frame, no model run again."""
+"""The race replayed in the browser, each token at the time its method produced it: the lanes' HTML carries the times
+(`render.token_times`, data-end) and `JS` animates them on the visitor's clock, no server round trip per frame."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The Statistics tab's story of a race: the measured outcome first, then whether the idle-machine profile agrees (a
-busy machine may not), and the lanes' load factors when it does not."""
+"""The Statistics tab's story of a race: the measured outcome, whether the idle-machine profile agrees, the load."""
 
 from __future__ import annotations
 
@@ -13,14 +12,11 @@ from ..predict.tree_costs import best_tree
 from ..predict.walk_stats import stage_counts
 from ..spec_bench import find
 from .inspector import proposes_trees, shape_summary
+from .render import fmt
 from .text import FIRST_TURN, SPEC_BENCH_LINE, TASK_NOTES, task_label
 
 BUSY = 1.25  # forwards this much slower than the profile: the machine was busy during the race
 ROLES = ("draft", "qualifier", "target")
-
-
-def _fmt(x: float | None, nd: int = 2) -> str:
-    return "—" if x is None else f"{x:.{nd}f}"
 
 
 def load_factors(runs: list[RunResult], profile: dict) -> dict[str, float]:
@@ -36,8 +32,7 @@ def load_factors(runs: list[RunResult], profile: dict) -> dict[str, float]:
 
 
 def pass_costs_markdown(results: dict[str, RunResult], profile: dict | None) -> str:
-    """Each lane's forwards per model: how many, their mean ms measured in the race, and the cost profile's ms for
-    the same forwards (the same k each): why a lane won or lost, pass by pass."""
+    """Each lane's forwards per model: how many, their mean ms in the race and the profile's for the same forwards."""
     if not profile or not results:
         return ""
     out = [
@@ -111,9 +106,9 @@ def verdict(method: str, row: dict, spread: float | None, ar_factor: float | Non
             f"needs {row['per_pass_needed']:.2f})"
         )
     if disagrees(row, spread):
-        f, fa = row.get("factor"), ar_factor
+        f = row.get("factor")
         said += " — not what the profile predicts" + (
-            f": this lane's forwards took {f:.1f}× the profile, AR's {fa:.1f}×" if f and fa else ""
+            f": this lane's forwards took {f:.1f}× the profile, AR's {ar_factor:.1f}×" if f and ar_factor else ""
         )
     return said
 
@@ -143,8 +138,7 @@ def load_line(results: dict[str, RunResult], profile: dict | None, changed: bool
 
 
 def prompt_line(prompt: str | None) -> str:
-    """The Spec-Bench question and task a race's prompt is (exact text, whitespace aside), with what that task asks
-    of a draft; "" for any other prompt: a learner compares tasks knowing which one each race ran."""
+    """The Spec-Bench question and task a race's prompt is, with what that task asks of a draft ("" for another)."""
     q = find(prompt)
     if q is None:
         return ""
@@ -155,9 +149,8 @@ def prompt_line(prompt: str | None) -> str:
 def markdown(
     results: dict[str, RunResult], profile: dict | None, repeats: Repeats | None = None, prompt: str | None = None
 ) -> str:
-    """The story: the prompt's Spec-Bench task if it is one, noise, load, one row of figures per method, then each
-    method's verdict in words under the table (prose in a table cell squeezes the figures' columns until their
-    numbers break)."""
+    """The story: the prompt's task, noise, load, a row of figures per method, then the verdicts under the table
+    (prose in a cell would squeeze the figures' columns)."""
     if not results:
         return ""
     spread = race_noise(results, repeats)
@@ -185,13 +178,13 @@ def markdown(
         "|---|---|---|---|---|---|---|---|",
     ]
     for row in table:
-        alpha = _fmt(row.get("alpha"))
+        alpha = fmt(row.get("alpha"))
         if row.get("alpha_qualifier") is not None:
-            alpha = f"α_Q {_fmt(row['alpha_qualifier'])} · α_T {alpha}"
+            alpha = f"α_Q {fmt(row['alpha_qualifier'])} · α_T {alpha}"
         need = "—" if row.get("per_pass_needed") is None else f"{row['per_pass']:.2f} ({row['per_pass_needed']:.2f})"
         lines.append(
-            f"| {short_name(row['method'])} | {row['measured']:.1f} | {_fmt(row.get('x_ar'))} "
-            f"| {_fmt(row['predicted'], 1)} | {_fmt(row.get('x_ar_predicted'))} | {_fmt(row['factor'], 1)} "
+            f"| {short_name(row['method'])} | {row['measured']:.1f} | {fmt(row.get('x_ar'))} "
+            f"| {fmt(row['predicted'], 1)} | {fmt(row.get('x_ar_predicted'))} | {fmt(row['factor'], 1)} "
             f"| {alpha} | {need} |"
         )
     lines += ["", *(f"- **{short_name(row['method'])}**: {row['verdict']}" for row in table)]
@@ -245,7 +238,7 @@ def teaching_aid(results: dict[str, RunResult], profile: dict | None) -> str:
         return ""
     speeds = {role: 1000 / cost_ms(profile, role, 1) for role in ROLES if role in profile["ms"]}
     got = [(m, predict(r, speeds)) for m, r in results.items() if m != "ar" and r.solo is None]  # the formula: methods
-    vals = ", ".join(f"{short_name(m)} {_fmt(p, 1)}" for m, p in got)
+    vals = ", ".join(f"{short_name(m)} {fmt(p, 1)}" for m, p in got)
     return (
         "**Teaching aid, not this machine's prediction** — the PyramidSD §3 throughput formula "
         "(V_SD = β·(ℓ+1) / (ℓ/V_D + 1/V_T), V_PSD likewise through the qualifier), fed with the profile's "
@@ -257,8 +250,7 @@ def teaching_aid(results: dict[str, RunResult], profile: dict | None) -> str:
 
 
 def floor_line(profile: dict) -> str:
-    """Each model's step against its memory floor (every weight read once at this machine's measured speed),
-    and what a 5-token pass costs: why verifying k tokens costs about one step when a step is memory-bound."""
+    """Each model's step against its memory floor, and a 5-token pass against a step: why checking k tokens is cheap."""
     parts = []
     for role, f in (profile.get("floor") or {}).items():
         if f and role in profile["ms"]:

@@ -24,9 +24,8 @@ OWN_PROMPTS = (
     "Explain in two sentences why the sky is blue.",  # the prompt box's default: short, so a first race is quick
     "Write a short poem about a cat who learns to code.",
 )
-# one Spec-Bench question of each task, by id (`spec_bench.question`; the text is read from its file): a learner races
-# an article to summarize against an open writing request and sees where guesses pass; summarization and RAG are among
-# the file's shortest of their task, the others near their task's usual length
+# one Spec-Bench question of each task, by id (`spec_bench.question`), so a learner sees where guesses pass by task;
+# summarization and RAG are among the file's shortest of their task, the others near their task's usual length
 SPEC_BENCH_EXAMPLES = {
     "mt_bench": 86,  # writing: a descriptive paragraph (MT-bench's first turn)
     "translation": 168,

@@ -1,7 +1,5 @@
-"""One target pass's candidate trees as a Plotly figure, from trace records only. x is the position after the committed
-text: the accepted path runs along the top, refused or unreached branches hang below, the verifier's own top-1 sits
-above. Fill is the fate, shape the stage (● stage 1, ■ target round, ◆ own token), × rejected, hollow never reached; a
-pyramid gets a stage-1 row and a target row."""
+"""One target pass's candidate trees as a Plotly figure, from trace records only: the accepted path along the top,
+other branches below, the verifier's top-1 above; fill the fate, shape the stage (● stage 1, ■ target, ◆ own token)."""
 
 from __future__ import annotations
 
@@ -12,8 +10,8 @@ from plotly.subplots import make_subplots
 
 from ..core import rules
 from ..core.trace import StageRound, Step, TokenRec, accepted_path, parents_of
-from .charts import FONT_SIZE, _layout, _num, empty_figure
-from .render import STATUS_COLOURS, token_label
+from .charts import FONT_SIZE, _layout, empty_figure
+from .render import STATUS_COLOURS, fmt, token_label
 
 FATE_NAMES = {
     "accepted": "accepted path",
@@ -40,9 +38,8 @@ class Node:
     """A drawn token: a proposed one or the verifier's own; x, y in the figure's units."""
 
     rec: TokenRec
-    depth: int
     own: bool
-    x: float = 0.0
+    x: float  # the position after the committed text
     y: float = 0.0
     parent_xy: tuple[float, float] = (0.0, 0.0)
     on_path: bool = False
@@ -56,26 +53,22 @@ def fate(node: Node) -> str:
 
 
 def place_round(rnd: StageRound, x0: float, top: dict[int, int], fold: bool = False) -> list[Node]:
-    """Lay one round out from its root at x0 on the path line (y 0): each branch packed as high as column
-    slots `top[x]` allow (shared by a row's rounds); `fold` folds a branch's descendants into its first node.
-    Returns the proposed nodes in record order, then the own token."""
+    """Lay one round out from its root at x0 on the path line (y 0), each branch as high as the column slots `top[x]`
+    (shared by a row's rounds) allow; `fold` folds a branch into its first node. The proposed nodes, then the own."""
     props, parents = rnd.tokens[:-1], parents_of(rnd)
     depth = rules.depths(parents)
-    nodes = [Node(t, depth[i], False) for i, t in enumerate(props)]
+    nodes = [Node(t, False, x0 + depth[i]) for i, t in enumerate(props)]
     accepted = accepted_path(rnd)
     end = accepted[-1] if accepted else -1  # the accepted path's last node
     own = len(nodes)
-    nodes.append(Node(rnd.tokens[-1], len(accepted) + 1, True))
+    nodes.append(Node(rnd.tokens[-1], True, x0 + len(accepted) + 1))
     kids = rules.children(parents) + [[]]  # context c: 0 the root, i + 1 node i (the own token's: none)
     kids[end + 1].insert(0, own)  # the verifier's token continues the path
     for i in [*accepted, own]:
         nodes[i].on_path = True
-    for node in nodes:
-        node.x = x0 + node.depth
 
     def branch(k: int, rel: list[tuple[int, int]], y: int) -> int:
-        """Relative slots of the subtree under node k (leaves one per slot, an inner node level with its
-        first child); returns the next free relative slot."""
+        """The slots of node k's subtree (a leaf each, a parent level with its first child); returns the next free."""
         rel.append((k, y))
         nxt = y
         for j, c in enumerate(kids[k + 1]):
@@ -96,19 +89,11 @@ def place_round(rnd: StageRound, x0: float, top: dict[int, int], fold: bool = Fa
                     nodes[i].hidden = True
                     node.folded.append(nodes[i].rec)
                 rel = rel[:1]
-            low: dict[int, int] = {}
-            high: dict[int, int] = {}
+            base = max(top.get(int(nodes[i].x), 1) - r for i, r in rel)  # the highest slots free in every column
             for i, r in rel:
-                x = int(nodes[i].x)
-                low[x], high[x] = min(low.get(x, r), r), max(high.get(x, r), r)
-            base = max(top.get(x, 1) - low[x] for x in low)
-            for i, r in rel:
-                nodes[i].on_path = False
                 nodes[i].y = float(base + r)
-            for x in high:
-                top[x] = max(top.get(x, 1), base + high[x] + 1)
-            for i, _ in rel:  # edges inside the branch
-                for c2 in kids[i + 1]:
+                top[int(nodes[i].x)] = max(top.get(int(nodes[i].x), 1), base + r + 1)
+                for c2 in kids[i + 1]:  # edges inside the branch (a parent comes before its children in `rel`)
                     nodes[c2].parent_xy = (nodes[i].x, nodes[i].y)
 
     walk(0, (x0, 0.0))
@@ -131,11 +116,11 @@ def hover(node: Node, rnd: StageRound, texts: dict[int, str], pos: int) -> str:
     lines = [
         f"<b>{token_label(texts, t.token_id)}</b> · {who}'s token at position {pos}",
         f"fate: {FATE_NAMES.get(fate(node), t.status)} ({t.status})",
-        f"p = {_num(t.p)} ({rnd.verifier}, the verifier)",
+        f"p = {fmt(t.p, 3)} ({rnd.verifier}, the verifier)",
     ]
     if not node.own:
-        lines.append(f"q = {_num(t.q)} ({rnd.proposer}, the proposer)")
-        lines.append(f"Div = {_num(t.div)}" + ("" if t.tau is None else f" against τ = {t.tau:g}"))
+        lines.append(f"q = {fmt(t.q, 3)} ({rnd.proposer}, the proposer)")
+        lines.append(f"Div = {fmt(t.div, 3)}" + ("" if t.tau is None else f" against τ = {t.tau:g}"))
     want = top1(t, rnd.verifier)
     if want is not None:
         lines.append(f"{rnd.verifier}'s top-1 here: {token_label(texts, want[0])} ({want[1]:.3f})")
@@ -191,12 +176,8 @@ def _draw_row(fig: go.Figure, row: Row, k: int, texts: dict[int, str], chars: in
     edges: dict[bool, tuple[list, list]] = {True: ([], []), False: ([], [])}
     groups: dict[tuple[str, bool, str], dict[str, list]] = {}
     wants: dict[str, list] = {"x": [], "text": [], "hover": []}
-    roots: dict[str, list] = {"x": [], "hover": []}
     at = dict(row=k, col=1)  # this row's subplot
     for j, (rnd, x0, nodes) in enumerate(row.placed):
-        if j == 0:
-            roots["x"].append(x0)
-            roots["hover"].append("the committed text so far (the tree's root)")
         for node in nodes:
             if node.hidden:
                 continue
@@ -239,19 +220,20 @@ def _draw_row(fig: go.Figure, row: Row, k: int, texts: dict[int, str], chars: in
     ]
     traces.append(
         go.Scatter(
-            x=roots["x"],
-            y=[0.0] * len(roots["x"]),
+            x=[0.0],  # the first round's root (a row's rounds start at x 0)
+            y=[0.0],
             mode="markers",
             showlegend=False,
             marker=dict(size=12, color=ROOT_COLOUR, symbol="triangle-right"),
-            hovertext=roots["hover"],
+            hovertext=["the committed text so far (the tree's root)"],
             hoverinfo="text",
             name="root",
         )
     )
     for (fate_key, own, stage), g in sorted(groups.items(), key=lambda kv: list(FATE_NAMES).index(kv[0][0])):
+        hollow = fate_key == "discarded"
         symbol = OWN_SYMBOL if own else STAGE_SYMBOLS.get(stage, "circle")
-        symbol += "-open" if fate_key == "discarded" else "-x" if fate_key == "rejected" else ""
+        symbol += "-open" if hollow else "-x" if fate_key == "rejected" else ""
         traces.append(
             go.Scatter(
                 x=g["x"],
@@ -269,10 +251,7 @@ def _draw_row(fig: go.Figure, row: Row, k: int, texts: dict[int, str], chars: in
                     size=17,
                     color=FATE_COLOURS[fate_key],
                     symbol=symbol,
-                    line=dict(
-                        width=2.5 if fate_key == "discarded" else 1,
-                        color=FATE_COLOURS[fate_key] if fate_key == "discarded" else "#333",
-                    ),
+                    line=dict(width=2.5 if hollow else 1, color=FATE_COLOURS[fate_key] if hollow else "#333"),
                 ),
             )
         )

@@ -43,8 +43,7 @@ def shape_words(rnd: StageRound) -> str:
 
 
 def kept_words(rnd: StageRound) -> str:
-    """What the verifier kept, in the round's own shape: "**2 of 4** proposed tokens" for a chain, "**2** (a path)
-    of a tree of 7 candidates, depth 3" for a tree (a path's length is not a share of the nodes)."""
+    """What the verifier kept: "**2 of 4** proposed tokens" for a chain, "**2** (a path) of a tree of …" for a tree."""
     ps = parents_of(rnd)
     if rules.is_chain(ps):
         return f"**{rnd.n_accepted} of {len(ps)}** proposed tokens"
@@ -81,22 +80,9 @@ def pick_race(session: Session | None, race_n: Any = None) -> tuple:
     """A race was chosen (or just finished): refresh the inspector's choices, the statistics and the race histogram."""
     race = _race(session, race_n)
     if session is None or race is None:
-        none = charts.empty_figure(MSG["no_race"])
-        return (
-            gr.update(choices=[], value=None),
-            gr.update(choices=[], value=None),
-            _round_slider(None),
-            gr.skip(),
-            gr.skip(),
-            _pos_slider(None),
-            none,
-            none,
-            none,
-            "",
-            none,
-            "",
-            none,
-        )
+        none, empty = charts.empty_figure(MSG["no_race"]), gr.update(choices=[], value=None)
+        stats = (none, none, none, "", none, "", none)  # the Statistics tab's outputs and the race histogram
+        return empty, empty, _round_slider(None), gr.skip(), gr.skip(), _pos_slider(None), *stats
     res = race.results
     methods = list(res)
     method = methods[-1] if methods else None  # the last raced: the fullest pyramid
