@@ -16,8 +16,8 @@ from .core.methods import LANES
 from .core.run import generate, stream, takes_trees
 from .core.trace import RunResult
 from .forward.lm import ModelTriplet
-from .predict import noise
-from .predict.auto_shape import resolve_shape
+from .predict import costs
+from .predict.expected import resolve_shape
 
 
 @dataclass(frozen=True)
@@ -113,20 +113,20 @@ def race_noise(results: dict[str, RunResult], repeats: Repeats | None = None) ->
     two paired repeats, the spread of same-size forwards and of each lane's speeds. None: nothing to read."""
     reps, base = repeats or [], baseline_lane("ar", results)
     if base and (paired := [x for k in results if k != base if len(x := paired_ratios(k, base, reps)) >= 2]):
-        return max(noise.relative_spread(x) or 0.0 for x in paired) / math.sqrt(min(map(len, paired)))
+        return max(costs.relative_spread(x) or 0.0 for x in paired) / math.sqrt(min(map(len, paired)))
     groups: dict = {}
     for r in (r for rep in reps or [results] for r in rep.values()):
-        for key, ts in noise.same_k_forwards(r.steps).items():
+        for key, ts in costs.same_k_forwards(r.steps).items():
             groups.setdefault(key, []).extend(ts)
     speeds = [lane_speeds(k, results, repeats) for k in results]
-    spreads = [noise.timing_noise(groups), *(noise.relative_spread(x) for x in speeds)]
+    spreads = [costs.timing_noise(groups), *(costs.relative_spread(x) for x in speeds)]
     worst = max((x for x in spreads if x is not None), default=None)
     return None if worst is None else worst / math.sqrt(min(len(x) for x in speeds))
 
 
 def within_noise(x: float | None, spread: float | None) -> bool:
     """True when a speed ratio x is within the noise band of 1 (never when either is unknown)."""
-    return x is not None and spread is not None and noise.compare(x, 1.0, spread) == 0
+    return x is not None and spread is not None and costs.compare(x, 1.0, spread) == 0
 
 
 def baseline_lane(method: str, results: dict[str, RunResult]) -> str | None:

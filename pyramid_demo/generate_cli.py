@@ -13,7 +13,7 @@ from .core.run import generate, takes_trees
 from .core.settings import SETTINGS, TUNABLE
 from .models.presets import DEFAULT_PRESET, PRESETS, family_config
 from .models.warm import cost_profile
-from .predict.auto_shape import resolve_shape
+from .predict.expected import resolve_shape
 
 COLOURS = {"draft": "\033[32m", "qualifier": "\033[34m", "target": "\033[33m", "bonus": "\033[35m"}
 RESET = "\033[0m"

@@ -20,8 +20,7 @@ from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.methods import TREE_BUDGET, Method
 from pyramid_demo.core.round import decide, record
 from pyramid_demo.core.rules import Tree
-from pyramid_demo.core.stats import Tally
-from pyramid_demo.core.trace import StageRound, Stats, Step
+from pyramid_demo.core.trace import StageRound, Stats, Step, Tally
 
 
 def verify(
@@ -85,7 +84,7 @@ def peaked(*hot: int, vocab: int = 6, scale: float = 10.0) -> torch.Tensor:
 
 
 def compute_stats(method: str, steps: list[Step], prefill_s: float, stopped: str) -> Stats:
-    """The statistics of a run's steps, recomputed from the records alone (`stats.Tally`, as a run keeps them)."""
+    """The statistics of a run's steps, recomputed from the records alone (`trace.Tally`, as a run keeps them)."""
     tally = Tally()
     for step in steps:
         tally.add(step)

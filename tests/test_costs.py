@@ -12,7 +12,7 @@ from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.engine import decode
 from pyramid_demo.core.trace import StageRound, Step, TokenRec
 from pyramid_demo.predict import costs, expected, measure, walk_stats
-from pyramid_demo.predict.profile import ar_speed, cost_ms
+from pyramid_demo.predict.expected import ar_speed, cost_ms
 
 PROFILE = {
     "ms": {

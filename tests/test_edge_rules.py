@@ -214,9 +214,9 @@ def test_app_and_bench_report_the_same_agreement():
     from pyramid_demo.app import inspector
     from pyramid_demo.app.session import Race
     from pyramid_demo.bench import runner as bench
-    from pyramid_demo.core import stats
+    from pyramid_demo.core import trace
 
-    assert inspector.agreement is stats.agreement and bench.token_agreement is stats.agreement
+    assert inspector.agreement is trace.agreement and bench.token_agreement is trace.agreement
     tiny = tiny_random_triplet(seed=0)
     no_eos = dataclasses.replace(tiny, eos_ids=())
     ar = generate(no_eos, "hello", DecodeConfig(method="ar", max_new_tokens=8))

@@ -117,7 +117,7 @@ def _solo(prompt="hello", **over) -> dict:
         tiny = load_triplet("tiny-random")
         from pyramid_demo.core.run import takes_trees
         from pyramid_demo.models.warm import cost_profile
-        from pyramid_demo.predict.auto_shape import resolve_shape
+        from pyramid_demo.predict.expected import resolve_shape
 
         prof = cost_profile(tiny)  # the race resolves shape "auto" from the family's recorded profile: so does this
         ran = {

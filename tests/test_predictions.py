@@ -10,9 +10,9 @@ import pytest
 
 from pyramid_demo.bench import costs_fit, costs_report, report
 from pyramid_demo.core.trace import StageRound, Step, TokenRec
-from pyramid_demo.predict import costs, engine_costs, expected, measure, tree_costs
+from pyramid_demo.predict import costs, expected, measure
+from pyramid_demo.predict.expected import ar_speed, cost_ms
 from pyramid_demo.predict.measure import TREE_ROWS
-from pyramid_demo.predict.profile import ar_speed, cost_ms
 
 ENGINE = {
     "step": 0.07,
@@ -73,7 +73,7 @@ def test_a_tree_round_is_priced_as_a_tree():
 
 
 def test_best_tree_keeps_its_keys_and_prices_the_chain_as_a_chain():
-    b = tree_costs.best_tree(PROF, [0.5, 0.3])
+    b = expected.best_tree(PROF, [0.5, 0.3])
     assert {
         "tree_nodes",
         "tree_depth",
@@ -112,14 +112,14 @@ def _tree_step(rule: str) -> Step:
 def test_a_runs_engine_work_is_counted_from_its_records():
     """Greedy tree: 1 step, 3 forwards, 1 round, 3 expanded draft rows, one compaction per model. Fuzzy: plus
     one divergence per context the walk stood on (the root and node 0). A fuzzy chain of 3: 3 rows at once."""
-    g = engine_costs.census([_tree_step("greedy")], "sd", TREE)
-    assert {u: g[u] for u in engine_costs.UNITS} == {"step": 1, "feed": 3, "round": 1, "div": 0, "div1": 0, "expand": 3}
+    g = costs.census([_tree_step("greedy")], "sd", TREE)
+    assert {u: g[u] for u in costs.UNITS} == {"step": 1, "feed": 3, "round": 1, "div": 0, "div1": 0, "expand": 3}
     assert g["keep"] == {"draft": 1, "target": 1}
-    assert engine_costs.census([_tree_step("fuzzy")], "fsd", TREE)["div1"] == 2
+    assert costs.census([_tree_step("fuzzy")], "fsd", TREE)["div1"] == 2
     chain = StageRound(
         "target", "draft", "target", "fuzzy", _toks(["accepted", "rejected", "discarded"], "resampled"), 1
     )
-    c = engine_costs.census(
+    c = costs.census(
         [
             Step(
                 0,
@@ -137,7 +137,7 @@ def test_a_runs_engine_work_is_counted_from_its_records():
         "fsd",
     )
     assert (c["div"], c["div1"], c["expand"], c["keep"]) == (3, 0, 0, {})
-    assert engine_costs.price(g, PROF) == pytest.approx(0.07 + 3 * 0.1 + 0.2 + 3 * 0.05 + 0.01 + 0.04)
+    assert costs.price(g, PROF) == pytest.approx(0.07 + 3 * 0.1 + 0.2 + 3 * 0.05 + 0.01 + 0.04)
 
 
 def test_a_tree_runs_forwards_are_priced_as_tree_forwards():
@@ -148,7 +148,7 @@ def test_a_tree_runs_forwards_are_priced_as_tree_forwards():
     assert costs.tree_forward_counts([s], "sd", {"shape": "chain"}) == {}
     got = costs.predict_run([s], PROF, "sd", TREE)
     assert got["per_role_s"] == {"draft": pytest.approx(0.0025), "target": pytest.approx(0.0145)}
-    assert got["engine_s"] == pytest.approx(engine_costs.price(engine_costs.census([s], "sd", TREE), PROF) / 1000)
+    assert got["engine_s"] == pytest.approx(costs.price(costs.census([s], "sd", TREE), PROF) / 1000)
 
 
 def test_nnls_recovers_prices_and_a_variant_is_priced_from_the_others_only():
@@ -266,8 +266,8 @@ def test_a_variants_shape_comes_from_its_runs_not_from_its_method_key():
 def test_best_tree_prices_the_stage_it_is_asked_for():
     """A pyramid's stage 1 (draft → qualifier) is priced at the qualifier's forwards and compaction: its best
     chain of γ commits 1 + Σ 0.5^d tokens for γ draft steps, a (γ+1)-row qualifier pass and the engine's work."""
-    q = tree_costs.best_tree(PROF, [0.5, 0.3], proposer="draft", verifier="qualifier")
-    assert q["chain_tokens_per_s"] > tree_costs.best_tree(PROF, [0.5, 0.3])["chain_tokens_per_s"]
+    q = expected.best_tree(PROF, [0.5, 0.3], proposer="draft", verifier="qualifier")
+    assert q["chain_tokens_per_s"] > expected.best_tree(PROF, [0.5, 0.3])["chain_tokens_per_s"]
     g = q["chain_gamma"]
     ms = g * 1.0 + cost_ms(PROF, "qualifier", g + 1) + (g + 1) * 0.1 + 0.2 + 0.07
     assert q["chain_tokens_per_s"] == pytest.approx(1000 * (1 + sum(0.5**d for d in range(1, g + 1))) / ms, rel=1e-3)

@@ -1,4 +1,4 @@
-"""The proposal's shape is a setting: "auto" is priced before the run (`predict.auto_shape`), from the cost
+"""The proposal's shape is a setting: "auto" is priced before the run (`predict.expected`), from the cost
 profile, and the run's record says why; the loop itself runs only a chain or a tree."""
 
 import dataclasses
@@ -12,8 +12,7 @@ from pyramid_demo.core.engine import decode, roles_for
 from pyramid_demo.core.run import generate, takes_trees
 from pyramid_demo.forward.lm import described, open_lm
 from pyramid_demo.models.tiny import tiny_random_triplet
-from pyramid_demo.predict.auto_shape import resolve_shape
-from pyramid_demo.predict.tree_costs import best_tree
+from pyramid_demo.predict.expected import best_tree, resolve_shape
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -27,7 +26,7 @@ def profile(target_per_row: float) -> dict:
 
 
 def test_auto_takes_the_tree_the_profile_prices_best_with_its_budget():
-    """Rule: "auto" asks `tree_costs.best_tree` and runs the tree, with the budget it priced, when its predicted
+    """Rule: "auto" asks `expected.best_tree` and runs the tree, with the budget it priced, when its predicted
     tok/s beats the best chain's; the reason names both figures."""
     prof = profile(0.0)
     b = best_tree(prof, None)

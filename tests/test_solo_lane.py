@@ -23,7 +23,7 @@ from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.engine import decode, prefill
 from pyramid_demo.core.methods import LANES, lane_label, lanes
 from pyramid_demo.core.run import encode_prompt, generate
-from pyramid_demo.core.stats import first_divergence
+from pyramid_demo.core.trace import first_divergence
 from pyramid_demo.forward.lm import open_lm
 from pyramid_demo.models.tiny import tiny_random_triplet
 

@@ -3,9 +3,7 @@
 import pytest
 
 from pyramid_demo.core.trace import StageRound, TokenRec
-from pyramid_demo.predict.expected import round_speed
-from pyramid_demo.predict.profile import ar_speed
-from pyramid_demo.predict.tree_costs import best_tree
+from pyramid_demo.predict.expected import ar_speed, best_tree, round_speed
 from pyramid_demo.predict.walk_stats import rank_counts
 
 A = (0.41, 0.17, 0.06, 0.04)  # rank marginals: how often the target's token is the draft's 1st, 2nd, 3rd, 4th

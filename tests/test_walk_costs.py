@@ -183,7 +183,7 @@ def test_a_pyramid_over_a_tree_is_priced_as_its_tree():
 
 
 def test_the_shape_is_the_runs_setting_first_then_the_methods_row():
-    from pyramid_demo.predict.shape import shape_of
+    from pyramid_demo.predict.expected import shape_of
 
     assert shape_of({"shape": "tree"}) == "tree" and shape_of({"shape": "chain"}) == "chain"
     assert shape_of({}) == "chain" and shape_of(None) == "chain"

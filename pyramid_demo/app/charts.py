@@ -9,8 +9,7 @@ from plotly.subplots import make_subplots
 
 from ..clock import Repeats, speed
 from ..core.config import METHOD_SHORT, short_name
-from ..core.stats import stage_rounds
-from ..core.trace import RunResult, StageRound, Step
+from ..core.trace import RunResult, StageRound, Step, stage_rounds
 from ..predict.costs import measured_by_k
 from .inspector import positions, round_tau, speedups, stage_names, whatif_statuses
 from .render import METHOD_COLOURS, STATUS_COLOURS, fmt, token_label

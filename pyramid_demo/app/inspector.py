@@ -9,8 +9,17 @@ from .. import clock
 from ..core import rules
 from ..core.config import short_name
 from ..core.rules import fuzzy_passes
-from ..core.stats import STAGES, agreement, stage_rounds
-from ..core.trace import RunResult, StageRound, Step, TokenRec, accepted_path, parents_of
+from ..core.trace import (
+    STAGES,
+    RunResult,
+    StageRound,
+    Step,
+    TokenRec,
+    accepted_path,
+    agreement,
+    parents_of,
+    stage_rounds,
+)
 from ..predict.walk_stats import cut_short
 from .playback import rounds
 from .session import Race

@@ -7,9 +7,8 @@ import gradio as gr
 from .. import clock
 from ..core.config import METHOD_LABELS, METHOD_SHORT
 from ..core.methods import LANES, lane_label, method_spec
-from ..core.stats import first_divergence
-from ..core.trace import RunResult
-from ..predict.noise import leaders
+from ..core.trace import RunResult, first_divergence
+from ..predict.costs import leaders
 from . import charts, inspector, render, replay
 from .session import Race, Session
 from .text import MSG

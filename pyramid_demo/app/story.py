@@ -5,10 +5,9 @@ from __future__ import annotations
 from ..clock import Repeats, race_noise, speed, speed_ratio
 from ..core.config import short_name
 from ..core.trace import RunResult
-from ..predict import costs, insertion, noise
-from ..predict.profile import cost_ms
+from ..predict import costs, insertion
+from ..predict.expected import best_tree, cost_ms
 from ..predict.throughput import predict
-from ..predict.tree_costs import best_tree
 from ..predict.walk_stats import stage_counts
 from ..spec_bench import find
 from .inspector import proposes_trees, shape_summary
@@ -93,7 +92,7 @@ def verdict(method: str, row: dict, spread: float | None, ar_factor: float | Non
     x = row.get("x_ar")
     if x is None:
         return "no AR lane in this race to compare with"
-    outcome = noise.compare(x, 1.0, spread or 0.0)
+    outcome = costs.compare(x, 1.0, spread or 0.0)
     said = {1: "**faster** than AR", 0: "**a tie with AR** within noise", -1: "**slower** than AR"}[outcome]
     said += f" ({x:.2f}×" + (f", noise band {spread:.0%})" if spread is not None else ")")
     xp = row.get("x_ar_predicted")
@@ -118,7 +117,7 @@ def disagrees(row: dict, spread: float | None) -> bool:
     x, xp = row.get("x_ar"), row.get("x_ar_predicted")
     if x is None or xp is None or row.get("method") == "ar":
         return False
-    return noise.compare(x, 1.0, spread or 0.0) not in (0, noise.compare(xp, 1.0, 0.0))
+    return costs.compare(x, 1.0, spread or 0.0) not in (0, costs.compare(xp, 1.0, 0.0))
 
 
 def load_line(results: dict[str, RunResult], profile: dict | None, changed: bool = False) -> str:
@@ -270,7 +269,7 @@ def floor_line(profile: dict) -> str:
 
 
 def tree_line(profile: dict, ranks: list[float] | None = None) -> str:
-    """The tree budget this profile predicts best (`tree_costs.best_tree`), in one sentence."""
+    """The tree budget this profile predicts best (`expected.best_tree`), in one sentence."""
     try:
         b = best_tree(profile, ranks)
     except KeyError:  # a profile without a draft row

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..predict import costs, engine_costs
-from ..predict.profile import ar_ms
+from ..predict import costs
+from ..predict.expected import ar_ms, engine_ms
 
-FEATURES = (*engine_costs.UNITS, "keep")
+FEATURES = (*costs.UNITS, "keep")
 
 
 def features(units: dict) -> list[float]:
     """A census as one row of counts (compactions summed over roles)."""
-    return [float(units.get(u, 0)) for u in engine_costs.UNITS] + [float(sum((units.get("keep") or {}).values()))]
+    return [float(units.get(u, 0)) for u in costs.UNITS] + [float(sum((units.get("keep") or {}).values()))]
 
 
 def nnls(a: np.ndarray, b: np.ndarray, iters: int = 200) -> np.ndarray:
@@ -61,7 +61,7 @@ def _census_rows(rows: list[dict]) -> list[dict]:
 def loo_engine_s(rows: list[dict], profile: dict) -> dict[str, list[float]]:
     """Per variant, its rows' engine seconds priced from the other variants' rows (in row order)."""
     eng = _census_rows(rows)
-    micro = [engine_costs.engine_ms(profile, u) / 1000 for u in engine_costs.UNITS] + [
+    micro = [engine_ms(profile, u) / 1000 for u in costs.UNITS] + [
         float(np.mean(list(((profile.get("engine_ms") or {}).get("keep") or {"": 0.0}).values()))) / 1000
     ]
     out: dict[str, list[float]] = {}
@@ -115,7 +115,7 @@ def predict_rows(rows: list[dict], profile: dict) -> dict[str, float]:
     seen: dict[str, int] = {}
     for row in eng_rows:
         fwd, _ = _by_role(row, profile)
-        micro = engine_costs.price(row["cost_record"].get("engine") or {}, profile) / 1000
+        micro = costs.price(row["cost_record"].get("engine") or {}, profile) / 1000
         row["predicted_profile_s"] = sum(fwd.values()) + micro
         i = seen[row["variant"]] = seen.get(row["variant"], -1) + 1
         eng = fitted[row["variant"]][i] if i < len(fitted.get(row["variant"], [])) else micro

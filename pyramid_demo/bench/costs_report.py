@@ -8,9 +8,8 @@ from typing import Any
 from ..core.config import METHODS
 from ..core.trace import Step
 from ..models.warm import cost_profile
-from ..predict import costs, engine_costs, insertion, throughput
-from ..predict.profile import ar_ms
-from ..predict.shape import shape_of
+from ..predict import costs, insertion, throughput
+from ..predict.expected import ar_ms, priced, shape_of
 from ..predict.walk_stats import stage_counts
 from . import costs_fit
 
@@ -22,7 +21,7 @@ def row_record(steps: list[Step], method: str, config: dict) -> dict:
         for role, by_k in costs.measured_by_k(steps).items()
     }
     rec = {"forwards": costs.forward_counts(steps), "ms_by_k": ms, "stages": stage_counts(steps)}
-    rec["engine"] = engine_costs.census(steps, method, config)
+    rec["engine"] = costs.census(steps, method, config)
     rec["tree_forwards"] = costs.tree_forward_counts(steps, method, config)
     rec["shape"] = shape_of(config)  # the run's own, whether or not the row has a column for it
     return {"cost_record": rec}
@@ -72,7 +71,7 @@ def finish(rows: list[dict], prof: dict | None) -> dict:
         v["predicted_s"] += row["predicted_s"]
         for key in ("forwards", "ms_by_k", "stages"):
             _add(v[key], rec[key])
-        engine_costs.add(v["engine"], rec.get("engine") or {})
+        costs.add(v["engine"], rec.get("engine") or {})
     out = [_variant(label, v, prof, by) for label, v in by.items()]
     ar = next((d["measured_tokens_per_s"] for d in out if d["method"] == "ar"), None)
     for d in out:
@@ -91,7 +90,7 @@ def finish(rows: list[dict], prof: dict | None) -> dict:
         "insertion": ins,
         "busy": busy,
         "worst_speedup_error": worst,
-        "engine_priced": engine_costs.priced(prof),
+        "engine_priced": priced(prof),
         "engine_fit_ms": costs_fit.fitted_prices(rows),
     }
 
@@ -108,7 +107,7 @@ def _variant(label: str, v: dict, prof: dict, by: dict[str, dict]) -> dict:
     ar_per = ar_v["predicted_s"] / ar_v["tokens"] if ar_v else None
     x_pred = ar_per * tok / v["predicted_s"] if ar_per and v["predicted_s"] else None
     x_prof = tok * ar_ms(prof) / 1000 / v["profile_s"] if v["profile_s"] else None
-    micro = engine_costs.price(v["engine"], prof) / 1000
+    micro = costs.price(v["engine"], prof) / 1000
     return dict(
         variant=label,
         method=v["method"],

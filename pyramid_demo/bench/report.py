@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..core.config import METHODS
 from ..core.methods import method_spec
-from ..predict.noise import quantile
+from ..predict.costs import quantile
 from . import costs_report, spec_table
 
 MEDIANS = """

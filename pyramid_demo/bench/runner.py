@@ -19,8 +19,8 @@ from .. import hardware_cli
 from ..clock import ratio, timed, warm_up
 from ..core.methods import TREE_BUDGET, method_spec
 from ..core.run import generate, prepare_prompt
-from ..core.stats import agreement as token_agreement  # one definition, shared with the app
-from ..core.stats import prefix_agreement
+from ..core.trace import agreement as token_agreement  # one definition, shared with the app
+from ..core.trace import prefix_agreement
 from ..forward.lm import ModelTriplet
 from ..models import background
 from ..models.errors import LoadError

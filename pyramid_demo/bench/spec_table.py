@@ -8,8 +8,7 @@ import statistics
 from collections.abc import Iterable
 
 from ..clock import ratio
-from ..core.stats import STAGES, Tally
-from ..core.trace import Step
+from ..core.trace import STAGES, Step, Tally
 from ..spec_bench import TASKS, TITLES
 
 Key = tuple[int, int]  # (repeat, question id): one sample of a question

@@ -42,7 +42,7 @@ class DecodeConfig:
     fallback: str = "none"  # CHOICE beyond the paper: "sd" also accepts tokens the SD rule accepts
     stage2: str = "fuzzy"  # CHOICE beyond the paper: "sd" makes PSD_A lossless (3-model cascade)
     conf_stop: float = 0.0  # beyond the papers: a proposer stops after a token it is less sure of (0: off)
-    shape: str = "auto"  # a proposal's shape: "chain", "tree", or "auto" (priced before the run: `predict.auto_shape`)
+    shape: str = "auto"  # a proposal's shape: "chain", "tree", or "auto" (priced before the run: `predict.expected`)
     tree_nodes: int = 16  # shape "tree": candidate nodes per tree (the verifier's pass scores them all at once)
     tree_depth: int = 5  # shape "tree": levels grown (one proposer forward per level)
     tree_k: int = 4  # shape "tree": children per expanded node, and nodes expanded per level

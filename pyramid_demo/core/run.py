@@ -12,8 +12,7 @@ from ..forward.lm import LM, ModelTriplet
 from .config import DecodeConfig
 from .engine import decode, prefill, roles_for, shares_prompt
 from .methods import ROLE_ORDER, method_spec
-from .stats import Tally
-from .trace import RunResult, Step
+from .trace import RunResult, Step, Tally
 
 MAX_PROMPT_CHARS = 20_000
 

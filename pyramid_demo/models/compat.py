@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..core.stats import first_divergence
+from ..core.trace import first_divergence
 from .errors import LoadError
 
 # Mixed scripts, digits, code, whitespace runs and an emoji: different tokenizers

@@ -1,17 +1,17 @@
-"""A run's predicted time on a measured cost profile, and why a method wins or loses there (the break-even α)."""
+"""A recorded run read against the cost profile: its forwards and the engine's own work priced, why a method wins
+or loses there (the break-even α), and whether a measured gap is beyond the timing noise."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..core.methods import method_spec, target_rule
-from ..core.trace import Step
-from . import engine_costs, expected
-from .profile import ar_speed, cost_ms, cost_tree_ms
-from .shape import shape_of
-from .tree_costs import RANK_PRIOR, best_tree
-from .walk_stats import alpha, ranks
+from ..core.rules import RANK_PRIOR
+from ..core.trace import StageRound, Step
+from . import expected
+from .expected import ar_speed, best_tree, cost_ms, cost_tree_ms, engine_ms, shape_of
+from .walk_stats import alpha, cut_short, ranks, trials
 
 
 # ---------------------------------------------------------------- the profile
@@ -35,7 +35,7 @@ def tree_forward_counts(steps: list[Step], method: str | None, config: dict | No
     out: dict[str, dict[int, int]] = {}
     if not method or shape_of(config) != "tree":
         return out
-    stage = engine_costs.tree_stage(method)
+    stage = tree_stage(method)
     for s in steps:
         rounds = s.qualifier_rounds if stage == "qualifier" else [s.target_round] if s.target_round else []
         if not rounds:
@@ -69,7 +69,7 @@ def predict_run(
     """Predicted seconds (and tok/s) of a recorded run: its forwards on the profile, plus the engine's priced work."""
     per_role = predict_counts(forward_counts(steps), profile, tree_forward_counts(steps, method, config))
     n = sum(len(s.new_tokens) for s in steps)
-    engine = engine_costs.price(engine_costs.census(steps, method, config), profile) / 1000 if method else 0.0
+    engine = price(census(steps, method, config), profile) / 1000 if method else 0.0
     total = sum(per_role.values()) + engine
     return {
         "time_s": round(total, 6),
@@ -89,6 +89,59 @@ def measured_by_k(steps: list[Step]) -> dict[str, dict[int, list[float]]]:
                 continue
             out.setdefault(role, {}).setdefault(ks[0], []).append(1000 * t / len(ks))
     return out
+
+
+# ---------------------------------------------------------------- the engine's own work (`census`, priced by `price`)
+UNITS = ("step", "feed", "round", "div", "div1", "expand")
+
+
+def tree_stage(method: str) -> str:
+    """The stage whose proposal is the tree in a tree run: the first verification (a pyramid's stage 1)."""
+    return "qualifier" if method_spec(method).pyramid else "target"
+
+
+def _round_units(rnd: StageRound, tree: bool, out: dict[str, Any]) -> None:
+    out["round"] += 1
+    if tree:
+        for role in (rnd.proposer, rnd.verifier):
+            out["keep"][role] = out["keep"].get(role, 0) + 1
+    if not rnd.exact:  # a fuzzy rule: a chain's decision scores every proposed row, a tree's each context reached
+        if tree:
+            out["div1"] += len(trials(rnd)) + (1 if cut_short(rnd) else 0)
+        else:
+            out["div"] += len(rnd.tokens) - 1
+
+
+def census(steps: list[Step], method: str, config: dict | None = None) -> dict[str, Any]:
+    """Units of engine work a recorded run did (`UNITS`, and tree compactions per role); adds up over runs (`add`)."""
+    out: dict[str, Any] = {**{u: 0 for u in UNITS}, "keep": {}}
+    tree, stage = shape_of(config) == "tree", tree_stage(method)
+    for s in steps:
+        out["step"] += 1
+        out["feed"] += sum(s.n_forward.values()) if s.n_forward else len(s.fed.get("target", [])) or 1
+        rounds = [("qualifier", r) for r in s.qualifier_rounds]
+        rounds += [("target", s.target_round)] if s.target_round is not None else []
+        for st, rnd in rounds:
+            _round_units(rnd, tree and st == stage, out)
+        if tree and rounds:
+            out["expand"] += sum(s.fed.get(rounds[0][1].proposer, []))
+    return out
+
+
+def add(into: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
+    """Sum two censuses (pooling runs)."""
+    for u in UNITS:
+        into[u] = into.get(u, 0) + more.get(u, 0)
+    keep = into.setdefault("keep", {})
+    for role, n in (more.get("keep") or {}).items():
+        keep[role] = keep.get(role, 0) + n
+    return into
+
+
+def price(units: dict[str, Any], profile: dict) -> float:
+    """The census in ms on this profile."""
+    ms = sum(float(units.get(u, 0)) * engine_ms(profile, u) for u in UNITS)
+    return ms + sum(float(n) * engine_ms(profile, "keep", role) for role, n in (units.get("keep") or {}).items())
 
 
 # ---------------------------------------------------------------- expected speed and break-even
@@ -165,7 +218,7 @@ def _budget(config: dict) -> dict[str, int]:
 
 
 def _tree_model(out: dict[str, Any], c: dict, config: dict, profile: dict, fuzzy: bool) -> dict[str, Any]:
-    """A tree method's model: acceptance by rank, the expected speed at this budget, the best budget (`tree_costs`)."""
+    """A tree method's model: acceptance by rank, the expected speed at this budget, the best budget (`best_tree`)."""
     by_rank = out["ranks"] = ranks(c)
     budget = out["lengths"] = _budget(config)
     if by_rank:
@@ -213,3 +266,59 @@ def verdict(method: str, m: dict, measured: tuple[float, float] | None = None) -
             "profile, or its proposals were shorter/longer than the formula's γ"
         )
     return line
+
+
+# ---------------------------------------------------------------- timing noise: is one method faster than another?
+MIN_GROUP = 5  # same-k forwards needed before a group's spread counts
+
+
+def quantile(xs: list[float], q: float) -> float:
+    """The q-quantile of xs by linear interpolation between order statistics (numpy's default)."""
+    s = sorted(xs)
+    pos = q * (len(s) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def relative_spread(times: list[float]) -> float | None:
+    """Interquartile range ÷ median of repeated timings of the same work (None for fewer than 2)."""
+    if len(times) < 2:
+        return None
+    med = quantile(times, 0.5)
+    return (quantile(times, 0.75) - quantile(times, 0.25)) / med if med > 0 else None
+
+
+def same_k_forwards(steps: Iterable[Step]) -> dict[tuple[str, int], list[float]]:
+    """Seconds of single forwards by (role, new tokens k), from steps where that role made exactly one forward."""
+    out: dict[tuple[str, int], list[float]] = {}
+    for s in steps:
+        for role, ks in step_forwards(s).items():
+            t = s.time_s.get(role)
+            if len(ks) == 1 and t is not None and t > 0:
+                out.setdefault((role, ks[0]), []).append(t)
+    return out
+
+
+def timing_noise(groups: dict[tuple[str, int], list[float]]) -> float | None:
+    """The run's relative timing noise: groups' spreads weighted by size, over groups of ≥ MIN_GROUP (else None)."""
+    total = n = 0.0
+    for times in groups.values():
+        spread = relative_spread(times) if len(times) >= MIN_GROUP else None
+        if spread is not None:
+            total += spread * len(times)
+            n += len(times)
+    return total / n if n else None
+
+
+def compare(a: float, b: float, noise: float) -> int:
+    """1 when speed a beats b by more than the noise (a > b·(1 + noise)), −1 when b beats a so, 0 for a tie."""
+    return 1 if a > b * (1 + noise) else -1 if b > a * (1 + noise) else 0
+
+
+def leaders(speeds: dict[str, float], noise: float) -> list[str]:
+    """The fastest method and every other within noise of it, fastest first (several: a tie within noise)."""
+    if not speeds:
+        return []
+    best = max(speeds.values())
+    return sorted((m for m, v in speeds.items() if compare(best, v, noise) == 0), key=lambda m: -speeds[m])

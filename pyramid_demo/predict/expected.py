@@ -1,12 +1,68 @@
-"""Expected speed of every method and shape on a cost profile from acceptance alone (a chain: a one-child tree)."""
+"""A cost profile ({"ms": {role: {k: ms}}}, where measured {"tree_ms": {role: {n: ms}}}, the engine's prices) and
+the speed every method and shape is expected to reach on it from acceptance alone (a chain: a one-child tree):
+the best tree budget, and shape "auto" settled before a run."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import replace
 from functools import cache
+from typing import Any
 
-from ..core.rules import depths, expected_tree
-from .engine_costs import engine_ms
-from .profile import cost_ms, cost_tree_ms
+from ..core.config import DecodeConfig
+from ..core.methods import method_spec
+from ..core.rules import RANK_PRIOR, depths, expected_tree
+from ..core.run import shape_to_run
+
+
+# ---------------------------------------------------------------- the profile
+def engine_ms(profile: dict, unit: str, role: str | None = None) -> float:
+    """One unit's price in ms (0.0 where the profile has none): `keep` is per role."""
+    e = profile.get("engine_ms") or {}
+    return float((e.get("keep") or {}).get(role or "", 0.0)) if unit == "keep" else float(e.get(unit, 0.0))
+
+
+def priced(profile: dict) -> bool:
+    """Whether the profile carries the engine's prices (else predictions price forwards only)."""
+    return bool(profile.get("engine_ms"))
+
+
+def _lookup(row_in: dict, k: int) -> float:
+    """row[k]; beyond the profiled k, extrapolated along the last two points (below the first: the first)."""
+    row = {int(a): float(b) for a, b in row_in.items()}
+    if k in row:
+        return row[k]
+    ks = sorted(row)
+    if k < ks[0]:
+        return row[ks[0]]
+    if len(ks) < 2:
+        return row[ks[-1]]
+    lo = max(a for a in ks if a < k)
+    hi = min((a for a in ks if a > k), default=None)
+    if hi is not None:  # between two profiled points: on the line through them
+        return row[lo] + (row[hi] - row[lo]) * (k - lo) / (hi - lo)
+    a, b = ks[-2], ks[-1]
+    return max(row[b], row[b] + (row[b] - row[a]) / (b - a) * (k - b))
+
+
+def cost_ms(profile: dict, role: str, k: int) -> float:
+    """profile[role][k] in ms: a chain forward of k new tokens."""
+    return _lookup(profile["ms"][role], k)
+
+
+def cost_tree_ms(profile: dict, role: str, n: int) -> float:
+    """A tree forward of n rows in ms: the profile's tree row where it has one, else the chain forward's."""
+    row = (profile.get("tree_ms") or {}).get(role)
+    return _lookup(row, n) if row else cost_ms(profile, role, n)
+
+
+def ar_ms(profile: dict) -> float:
+    """AR's time per token (what speed-ups are stated against): a target step, the engine's check, pick and cut."""
+    return cost_ms(profile, "target", 1) + engine_ms(profile, "feed") + engine_ms(profile, "step")
+
+
+def ar_speed(profile: dict) -> float:
+    return 1000 / ar_ms(profile)
 
 
 # ---------------------------------------------------------------- what a round commits
@@ -153,3 +209,68 @@ def pyramid_speed(
         + (l_q * engine_ms(profile, "div") if fuzzy_t else 0.0)
     )
     return 1000 * (sum(expected_round(l_q, (alpha_t,))[1]) + 1) / (stage1 + stage2)
+
+
+# ---------------------------------------------------------------- the best tree (by acceptance per rank a_r: Sequoia)
+BUDGETS = [(n, d, k) for n in (4, 6, 8, 12, 16, 24, 32) for d in (2, 3, 4, 5, 6) for k in (2, 3, 4) if d <= n]
+GAMMAS = range(1, 9)
+
+
+def best_tree(
+    profile: dict,
+    a: list[float] | tuple[float, ...] | None = None,
+    fuzzy: bool = False,
+    proposer: str = "draft",
+    verifier: str = "target",
+) -> dict[str, Any]:
+    """The best predicted tree budget (nodes, depth, k) beside the best chain, each also × AR, for one stage."""
+    a = a or RANK_PRIOR
+    scored = [(round_speed(profile, d, a, fuzzy, proposer, verifier, (n, d, k)), n, d, k) for n, d, k in BUDGETS]
+    best, n, d, k = max(scored, key=lambda s: s[0]["tokens_per_s"])
+    chains = [(round_speed(profile, g, a[:1], fuzzy, proposer, verifier), g) for g in GAMMAS]
+    chain, gamma = max(chains, key=lambda s: s[0]["tokens_per_s"])
+    best, chain = ({key: round(v, 3) for key, v in x.items()} for x in (best, chain))
+    ar = ar_speed(profile)
+    return {
+        "tree_nodes": n,
+        "tree_depth": d,
+        "tree_k": k,
+        **best,
+        "ar_tokens_per_s": round(ar, 3),
+        "speedup_vs_ar": round(best["tokens_per_s"] / ar, 4),
+        "chain_tokens_per_s": chain["tokens_per_s"],
+        "chain_tokens_per_pass": chain["tokens_per_pass"],
+        "chain_gamma": gamma,
+        "chain_speedup_vs_ar": round(chain["tokens_per_s"] / ar, 4),
+        "ranks": [round(x, 3) for x in a],
+    }
+
+
+# ---------------------------------------------------------------- the shape: read in one place; "auto" set before a run
+def shape_of(config: Mapping[str, Any] | None) -> str:
+    """ "tree" where the run's (resolved) setting says so, else "chain" (a config without it, an old record)."""
+    return "tree" if (config or {}).get("shape") == "tree" else "chain"
+
+
+def resolve_shape(cfg: DecodeConfig, profile: dict | None, trees: bool = True) -> tuple[DecodeConfig, str]:
+    """The config to run (shape "chain" or "tree") and why; without trees or a usable profile `shape_to_run` decides."""
+    spec = method_spec(cfg.method)
+    st = next((s for s in spec.stages if s.shaped), None)  # the stage whose proposal takes the shape
+    usable = bool(profile) and "ms" in profile and st is not None and {st.proposer, st.verifier} <= set(profile["ms"])
+    if cfg.shape != "auto" or st is None or not trees or not usable:
+        return shape_to_run(cfg, trees)
+    # the predictor prices a proposer → verifier stage by the roles "draft" and "target": hand it this stage's
+    b = best_tree({**profile, "ms": {"draft": profile["ms"][st.proposer], "target": profile["ms"][st.verifier]}}, None)
+    tree_s, chain_s = float(b["tokens_per_s"]), float(b["chain_tokens_per_s"])
+    where = f" (the {st.proposer} → {st.verifier} stage)" if spec.pyramid else ""
+    if tree_s > chain_s:
+        budget = {k: int(b[k]) for k in ("tree_nodes", "tree_depth", "tree_k")}
+        return replace(cfg, shape="tree", **budget), (
+            f"auto: a tree of {budget['tree_nodes']} nodes (depth {budget['tree_depth']}, {budget['tree_k']} "
+            f"children), predicted {tree_s:.1f} tok/s against the best chain's {chain_s:.1f} on this machine's "
+            f"profile{where}"
+        )
+    return replace(cfg, shape="chain"), (
+        f"auto: the chain, predicted {chain_s:.1f} tok/s against the best tree's "
+        f"{tree_s:.1f} on this machine's profile{where}"
+    )

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .expected import pyramid_speed, round_speed
-from .profile import ar_speed, cost_ms
-from .tree_costs import GAMMAS
+from .expected import GAMMAS, ar_speed, cost_ms, pyramid_speed, round_speed
 
 BLOCKS = [(ld, lq) for lq in range(1, 17) for ld in range(1, lq + 1)]
 

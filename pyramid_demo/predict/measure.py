@@ -118,7 +118,7 @@ def _best_ms(f: Callable[[], Any], reps: int) -> float:
 
 
 def measure_engine(vocab_size: int, timers: dict[str, Any] | None = None, reps: int = 20) -> dict[str, Any]:
-    """The engine's own work per unit in ms (`engine_costs.UNITS`, "keep" per role): real functions, this vocabulary."""
+    """The engine's own work per unit in ms (`costs.UNITS`, "keep" per role): real functions, this vocabulary."""
     g = torch.Generator().manual_seed(0)
     z_p = torch.randn(5, vocab_size, generator=g)  # [5, V]: a verifier's rows for 4 proposals
     z_q = torch.randn(4, vocab_size, generator=g)  # [4, V]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..core.methods import method_spec
 from ..core.trace import RunResult
-from .shape import shape_of
+from .expected import shape_of
 
 
 def stage_speed(beta: float, length: float, v_p: float, v_v: float, plus_one: bool = False) -> float:

@@ -6,8 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..core import rules
-from ..core.stats import STAGES, n_proposed, stage_rounds
-from ..core.trace import StageRound, Step, accepted_path, parents_of
+from ..core.trace import STAGES, StageRound, Step, accepted_path, n_proposed, parents_of, stage_rounds
 
 
 def cut_short(rnd: StageRound) -> bool:
