@@ -12,6 +12,11 @@ import torch
 LONGEST_PASS = 65  # the longest pass a verifier runs (a proposal of at most 64 plus its own token)
 
 
+def probe_ids(count: int, vocab_size: int, n: int = 0) -> list[int]:
+    """Fixed token ids (none of them 0) that the checks and timings feed, the same on every machine; `n`: another."""
+    return [(7919 * (i + 131 * n) + 17 * n + 11) % max(2, vocab_size - 1) + 1 for i in range(count)]
+
+
 def cache_root() -> Path:
     """The project's one folder on disk for what it builds once (converted models, compiled packages, the manifest):
     $PYRAMID_DEMO_CACHE or ~/.cache/pyramid_demo."""

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from ..core.engine import connect
-from ..forward.cache import VerifierStates
+from ..forward.cache import VerifierStates, probe_ids
 from ..forward.lm import LM, open_lm
 
 
@@ -114,7 +114,7 @@ def check_model(
     """`summarise` over `plan` [(context, ks)], each on a fresh LM over fixed ids (`opener(ids)`)."""
     checks: list[dict[str, Any]] = []
     for n, (context, ks) in enumerate(plan):
-        ids = [(7919 * (i + 131 * n) + 17 * n + 11) % max(2, vocab_size - 1) + 1 for i in range(context + max(ks))]
+        ids = probe_ids(context + max(ks), vocab_size, n)
         for kind in kinds:
             checks += [{**c, "kind": kind} for c in PASS_CHECKS[kind](opener(ids), ids, context, ks)]
     return summarise(checks)

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from ..forward import compiled
-from ..forward.cache import cache_root
+from ..forward.cache import cache_root, probe_ids
 from ..forward.core import CoreLM
 from ..forward.lm import Forward, described, forward_of
 from ..predict import measure
@@ -152,7 +152,7 @@ def plan_role(model: Any, vocab_size: int) -> Forward:
 def agreement(model: Any, vocab_size: int, runner: Any) -> dict[str, Any]:
     """The compiled pass against eager on steps, a 4-row chain, a prefill and a tree: it agrees where every row's top-1
     is eager's or a near-tie within eager's own rounding (its 4-row chain against the same rows one at a time)."""
-    ids = [(7919 * i + 11) % max(2, vocab_size - 1) + 1 for i in range(80)]
+    ids = probe_ids(80, vocab_size)
     outs = []
     for run in (None, runner):
         lm = CoreLM(model, vocab_size, "check", run)

@@ -11,6 +11,7 @@ import torch
 from ..core import rules
 from ..core.config import DecodeConfig
 from ..core.round import decide, feed, record
+from ..forward.cache import probe_ids
 from ..forward.lm import open_lm
 
 MAX_K = 9  # longest forward profiled one k at a time: a proposal of 8 plus the verifier's own token
@@ -24,7 +25,7 @@ class ForwardTimer:
 
     def __init__(self, model: Any, vocab_size: int, context: int = CONTEXT, runner: Any | None = None):
         self.context = context
-        self.ids = [(7919 * i + 11) % max(2, vocab_size - 1) + 1 for i in range(context + MAX_K + 64)]
+        self.ids = probe_ids(context + MAX_K + 64, vocab_size)
         self.lm = open_lm(model, vocab_size, "timer", runner)
         self.lm.feed(self.ids[:context], 1)
 
