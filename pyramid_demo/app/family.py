@@ -80,7 +80,7 @@ def fold(preset: str, p: Preset, triplet: Any | None) -> str:
     if triplet is not None:
         from ..models.runtime import cpu_class, family_record
 
-        parts.append(f"**What runs here** ({cpu_class()}): {triplet.runs}")
+        parts.append(f"**What runs here** ({triplet.machine or cpu_class()}): {triplet.runs}")
         parts.append("**Measured on this machine**: " + record_text(family_record(triplet)))
     else:
         parts.append(

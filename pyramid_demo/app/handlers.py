@@ -229,7 +229,7 @@ def _race_steps(
     if session.stop:  # Stop or Clear while the models loaded
         yield full_outputs(session, MSG["stopped_early"])
         return
-    race = again or replace(upcoming, profile=prep["profile"], machine=cpu_class())
+    race = again or replace(upcoming, profile=prep["profile"], machine=triplet.machine or cpu_class())
     race.stopped = False
     race.note = " ".join(x for x in (getattr(triplet, "note", ""), session.budget_note) if x)
     if not triplet.exact:

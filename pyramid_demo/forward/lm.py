@@ -71,6 +71,7 @@ class ModelTriplet:
     exact: bool | None = None  # a k-token pass equals k one-token steps bitwise here (None: not measured)
     exact_note: str = ""  # what that means for the lossless methods, from the measured record (`models.checks`)
     tree_exact: bool | None = None  # a tree pass equals one-token steps along every path here (None: not measured)
+    machine: str = ""  # the CPU class its plan was made on, as every figure names it (`models.runtime.cpu_class`)
 
     def __post_init__(self) -> None:
         # every role has its entry: the load's decision (`models.loading.planned`), else (a family not yet planned,

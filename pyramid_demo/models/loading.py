@@ -28,7 +28,7 @@ from .offline import load_offline_family, target_source
 from .placement import Placement, make_placement, pretrained_kwargs
 from .presets import BUNDLED_TARGET, PRESETS, Preset
 from .quant import int4_copy, parse_quant, quant_name
-from .runtime import family_record, plan_role
+from .runtime import cpu_class, family_record, plan_role
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ def planned(triplet: ModelTriplet) -> ModelTriplet:
     models = {id(m): m for m in map(triplet.model, ("draft", "qualifier", "target"))}  # a shared model decided once
     made = {i: plan_role(m, triplet.vocab_size) for i, m in models.items()}
     plan = {r: made[id(triplet.model(r))] for r in ("draft", "qualifier", "target")}
-    out = replace(triplet, plan=plan, exact_note=describe(None))
+    out = replace(triplet, plan=plan, exact_note=describe(None), machine=cpu_class())
     target = (family_record(out) or {}).get("checks", {}).get("target")
     if target:
         out = replace(
