@@ -8,7 +8,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from pyramid_demo.app import charts, family, hosting, pass_hist, play_view, render, replay, text, views
+from pyramid_demo.app import charts, family, hosting, pass_hist, play_view, race_view, render, text, views
 from pyramid_demo.app import handlers as h
 from pyramid_demo.core.settings import BY_NAME
 
@@ -119,7 +119,7 @@ def build_demo() -> gr.Blocks:
 
         with gr.Tabs():
             with gr.Tab(text.TABS["race"]):
-                lanes = gr.HTML(h.race_lanes(None), elem_id="lanes", js_on_load=replay.JS)  # plays in the browser
+                lanes = gr.HTML(h.race_lanes(None), elem_id="lanes", js_on_load=race_view.JS)  # plays in the browser
                 with gr.Group(elem_id="race-player"):
                     gr.Markdown(text.PLAY_NOTE)
                     with gr.Row():

@@ -1,4 +1,4 @@
-"""The clock the race (`app/quiet.py`) and the bench (`bench/runner.py`) time runs with (warm-up first, shape settled
+"""The clock the race (`app/races.py`) and the bench (`bench/runner.py`) time runs with (warm-up first, shape settled
 before the clock), and how repeats are read: median speeds, paired speed-ups and their noise band."""
 
 from __future__ import annotations

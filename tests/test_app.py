@@ -14,9 +14,9 @@ import torch
 from app_server import FAST
 
 from pyramid_demo import clock
-from pyramid_demo.app import charts, inspector, render, views
+from pyramid_demo.app import charts, inspector, race_view, render, views
 from pyramid_demo.app import handlers as h
-from pyramid_demo.app.session import Session
+from pyramid_demo.app.races import Session
 from pyramid_demo.app.text import DEFAULT, MSG, RACE_COLUMNS, RACE_METHODS
 from pyramid_demo.core.trace import StageRound, TokenRec
 
@@ -178,7 +178,7 @@ def test_a_winner_only_beyond_the_races_noise(done, monkeypatch) -> None:
     x_ar = RACE_COLUMNS.index("× AR")
     monkeypatch.setattr(clock, "race_noise", lambda r, reps=None: 10.0)  # everything within the noise
     assert "Tie within this race's noise band (1000%)" in h.winner_line(race_)
-    rows = inspector.race_rows([race_])
+    rows = race_view.race_rows([race_])
     assert all("tie" in str(row[x_ar]) for row in rows if row[1] != "ar") and rows[0][x_ar] == 1.0
     monkeypatch.setattr(clock, "race_noise", lambda r, reps=None: 0.0)
     speeds = sorted(clock.speed_ratio(m, "ar", race_.results, race_.repeats) for m in race_.results)

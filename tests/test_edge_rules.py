@@ -211,22 +211,22 @@ def test_minus_inf_logits_are_allowed():
 def test_app_and_bench_report_the_same_agreement():
     """Agreement with target greedy output is one function: the app's race table shows the bench's
     number for the same run, also when a method stops early (share of the reference's tokens)."""
-    from pyramid_demo.app import inspector
-    from pyramid_demo.app.session import Race
+    from pyramid_demo.app import race_view
+    from pyramid_demo.app.races import Race
     from pyramid_demo.bench import runner as bench
     from pyramid_demo.core import trace
 
-    assert inspector.agreement is trace.agreement and bench.token_agreement is trace.agreement
+    assert race_view.agreement is trace.agreement and bench.token_agreement is trace.agreement
     tiny = tiny_random_triplet(seed=0)
     no_eos = dataclasses.replace(tiny, eos_ids=())
     ar = generate(no_eos, "hello", DecodeConfig(method="ar", max_new_tokens=8))
     fsd = generate(no_eos, "hello", DecodeConfig(method="fsd", tau_t=0.5, max_new_tokens=8))
     early = dataclasses.replace(fsd, token_ids=ar.token_ids[:3])  # as if it had stopped at an EOS
     race = Race(1, "tiny-random", list(ar.models), "hello", ar.config, results={"ar": ar, "fsd": early})
-    rows = {row[1]: row for row in inspector.race_rows([race])}
+    rows = {row[1]: row for row in race_view.race_rows([race])}
     from pyramid_demo.app.text import RACE_COLUMNS
 
     col = RACE_COLUMNS.index("agreement (T=0)")
     assert rows["fsd"][col] == f"{bench.token_agreement(early.token_ids, ar.token_ids):.0%}" == "38%"
     sampled = dataclasses.replace(race, config={**ar.config, "temperature": 1.0})
-    assert inspector.race_rows([sampled])[1][col] is None  # AR is no greedy reference when sampling
+    assert race_view.race_rows([sampled])[1][col] is None  # AR is no greedy reference when sampling

@@ -9,7 +9,7 @@ import pytest
 
 from pyramid_demo.app import family, race_view
 from pyramid_demo.app import handlers as h
-from pyramid_demo.app.session import Race
+from pyramid_demo.app.races import Race
 from pyramid_demo.core.trace import RunResult
 from pyramid_demo.models import loading, runtime
 from pyramid_demo.models.presets import PRESETS

@@ -12,8 +12,8 @@ from test_playback import WORDS, block, decode, rnd, step
 from test_race_view import even, race_of
 
 from pyramid_demo import clock
-from pyramid_demo.app import playback, quiet
-from pyramid_demo.app.session import Race
+from pyramid_demo.app import playback, races
+from pyramid_demo.app.races import Race
 from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.methods import lanes
 from pyramid_demo.core.trace import agreement, prefix_agreement
@@ -54,10 +54,10 @@ def _quiet_race(monkeypatch, lane_s: float, n_lanes: int = 2) -> tuple[int, floa
 
     monkeypatch.setattr(clock, "warm_up", lambda *a, **k: None)
     monkeypatch.setattr(clock, "timed", timed)
-    monkeypatch.setattr(quiet, "SETTLE_S", 0.0)
+    monkeypatch.setattr(races, "SETTLE_S", 0.0)
     chosen = tuple(lanes())[:n_lanes]
     race = Race(n=1, preset="tiny-random", models=[], prompt="hi", config={}, lanes=tuple(x.key for x in chosen))
-    list(quiet.decode(None, [1], race, chosen, DecodeConfig(), lambda: False))
+    list(races.decode(None, [1], race, chosen, DecodeConfig(), lambda: False))
     return len(race.repeats), sum(spent)
 
 
@@ -67,9 +67,9 @@ def test_a_first_race_decodes_within_its_budget(monkeypatch, lane_s: float):
     BUDGET_S of decoding, up to MAX_REPEATS; the first repeat always runs (else nothing is shown)."""
     repeats, spent = _quiet_race(monkeypatch, lane_s)
     per_repeat = 2 * lane_s
-    want = max(1, min(quiet.MAX_REPEATS, math.floor(quiet.BUDGET_S / per_repeat)))
+    want = max(1, min(races.MAX_REPEATS, math.floor(races.BUDGET_S / per_repeat)))
     assert repeats == want, (repeats, spent)
-    assert spent <= quiet.BUDGET_S or repeats == 1
+    assert spent <= races.BUDGET_S or repeats == 1
 
 
 def test_a_pass_commits_only_what_the_target_checked():

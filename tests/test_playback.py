@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pyramid_demo.app import play_view, playback
 from pyramid_demo.app.play_view import PlayState
-from pyramid_demo.app.session import Race, Session
+from pyramid_demo.app.races import Race, Session
 from pyramid_demo.core.trace import StageRound, Step, TokenRec
 
 WORDS = [" The", " A", " cat", " dog", " sat", " ran", " on", " mat", " big", " ate", " the", "."]

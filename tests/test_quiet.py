@@ -1,4 +1,4 @@
-"""The race's quiet decode (`app/quiet.py`) through the handler, on tiny-random (seconds): nothing reaches the page
+"""The race's quiet decode (`app/races.py`) through the handler, on tiny-random (seconds): nothing reaches the page
 while a lane is timed, lanes are warmed and interleaved with the bench's own code, Stop ends at once and keeps what
 finished, "Race again" adds repeats, and the race's records count what the bench's rows count."""
 
@@ -13,8 +13,8 @@ from app_server import FAST
 
 from pyramid_demo import clock
 from pyramid_demo.app import handlers as h
-from pyramid_demo.app import inspector, quiet
-from pyramid_demo.app.session import Race
+from pyramid_demo.app import race_view, races
+from pyramid_demo.app.races import Race
 from pyramid_demo.app.text import MSG, RACE_COLUMNS
 from pyramid_demo.bench import runner
 from pyramid_demo.bench.variants import Variant
@@ -31,7 +31,7 @@ KEYS = [lane.key for lane in lanes()]
 @pytest.fixture(autouse=True)
 def no_settle(monkeypatch):
     """No pause after a progress line (the browser is not there)."""
-    monkeypatch.setattr(quiet, "SETTLE_S", 0.0)
+    monkeypatch.setattr(races, "SETTLE_S", 0.0)
 
 
 def race(session, prompt: str = "hello", **over) -> list:
@@ -73,7 +73,7 @@ def test_nothing_reaches_the_page_while_a_lane_is_timed(monkeypatch):
             events.append(("ui", out))
     passes = [i for i, e in enumerate(events) if e[0] == "pass"]
     runs = {e[1] for e in events if e[0] == "pass"}
-    assert len(runs) == quiet.MAX_REPEATS * len(KEYS)
+    assert len(runs) == races.MAX_REPEATS * len(KEYS)
     for n in runs:
         at = [i for i in passes if events[i][1] == n]
         assert len(at) >= 2 and at == list(range(at[0], at[-1] + 1)), f"run {n}: the page was updated mid-lane"
@@ -100,8 +100,8 @@ def test_lanes_are_warmed_then_interleaved_with_the_benchs_own_code(monkeypatch)
     assert shared == [KEYS] and [e[1] for e in warm] == methods[::-1] and all(e[2] == 8 for e in warm)
     assert events.index(warm[-1]) < min(i for i, e in enumerate(events) if e[0] == "pass")
     timed = [m for _, m in dict.fromkeys((e[1], e[2]) for e in events if e[0] == "pass")]
-    assert timed == methods * quiet.MAX_REPEATS
-    monkeypatch.setattr(quiet, "BUDGET_S", 0.0)
+    assert timed == methods * races.MAX_REPEATS
+    monkeypatch.setattr(races, "BUDGET_S", 0.0)
     events.clear()
     session = h.new_session()
     race(session)
@@ -136,9 +136,9 @@ def test_race_again_adds_repeats_to_the_same_race():
     race(session)
     outs = race(session)
     first = session.races[0]
-    assert len(session.races) == 1 and len(first.repeats) == 2 * quiet.MAX_REPEATS
-    assert f"timed {2 * quiet.MAX_REPEATS}×" in outs[-1][0] and len(outs[-1][3]) == len(KEYS)
-    assert {row[RACE_COLUMNS.index("repeats")] for row in outs[-1][3]} == {2 * quiet.MAX_REPEATS}
+    assert len(session.races) == 1 and len(first.repeats) == 2 * races.MAX_REPEATS
+    assert f"timed {2 * races.MAX_REPEATS}×" in outs[-1][0] and len(outs[-1][3]) == len(KEYS)
+    assert {row[RACE_COLUMNS.index("repeats")] for row in outs[-1][3]} == {2 * races.MAX_REPEATS}
     race(session, prompt="another")
     assert [r.n for r in session.races] == [1, 2]
     hidden = [r for rep in first.repeats for k, r in rep.items() if r is not first.results[k] and k != "ar"]
@@ -154,10 +154,10 @@ def test_the_race_and_the_bench_count_alike():
     base = DecodeConfig(max_new_tokens=10, gamma=3, l_d=2, l_q=4, shape="chain")
     ids = prepare_prompt(triplet, "hello", base)
     r = Race(1, "tiny-random", list(triplet.names), "hello", base.to_dict(), lanes=tuple(KEYS))
-    list(quiet.decode(triplet, ids, r, lanes(), base, lambda: False, max_repeats=1))
+    list(races.decode(triplet, ids, r, lanes(), base, lambda: False, max_repeats=1))
     tok_s = RACE_COLUMNS.index("tok/s")
-    table = {row[1]: row for row in inspector.race_rows([r])}
-    for v in quiet.variants(lanes(), base):
+    table = {row[1]: row for row in race_view.race_rows([r])}
+    for v in races.variants(lanes(), base):
         row, toks = runner.run_variant(triplet, Variant(v.label, v.method, v.cfg, v.solo), ids, True)
         rec = r.results[v.label].stats
         assert toks == r.results[v.label].token_ids and row["n_new_tokens"] == rec.n_new_tokens == len(toks)
@@ -174,11 +174,11 @@ def test_the_race_and_the_bench_count_alike():
 def test_a_race_keeps_only_its_latest_repeats(monkeypatch):
     """Rule: Race again past KEEP_REPEATS drops the oldest repeats (a visitor's memory stays bounded) and the shown
     run of each lane is one of the kept repeats' runs."""
-    monkeypatch.setattr(quiet, "KEEP_REPEATS", quiet.MAX_REPEATS + 1)
+    monkeypatch.setattr(races, "KEEP_REPEATS", races.MAX_REPEATS + 1)
     session = h.new_session()
     race(session)
     newest = list(session.races[0].repeats)[-1:]
     race(session)
     kept = session.races[0].repeats
-    assert len(kept) == quiet.MAX_REPEATS + 1 and kept[0] is newest[0]
+    assert len(kept) == races.MAX_REPEATS + 1 and kept[0] is newest[0]
     assert all(any(r is rep.get(k) for rep in kept) for k, r in session.races[0].results.items())

@@ -13,8 +13,8 @@ from dataclasses import replace
 
 from test_race_view import AR_ENDS, AR_PASSES, SD_ENDS, SD_PASSES, check_replay, race_of, run
 
-from pyramid_demo.app import inspector, play_view, race_page, render
-from pyramid_demo.app.session import Session
+from pyramid_demo.app import play_view, race_page, race_view, render
+from pyramid_demo.app.races import Session
 
 
 def session_of(*numbers: int) -> Session:
@@ -51,7 +51,7 @@ def test_every_race_newest_first_with_its_prompt_and_table():
     section = page.split('id="race-1"')[1]
     assert "prompt of race 1" in section
     cells = [html.unescape(c) for c in re.findall(r"<td>(.*?)</td>", section.split("</table>")[0])]
-    want = [race_page._cell(x) for row in inspector.race_rows([session.races[0]]) for x in row]
+    want = [race_page._cell(x) for row in race_view.race_rows([session.races[0]]) for x in row]
     assert cells == [html.unescape(w) for w in want] and len(cells) == 2 * 12
 
 

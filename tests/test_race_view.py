@@ -11,8 +11,8 @@ from helpers import compute_stats
 
 from pyramid_demo import clock
 from pyramid_demo.app import handlers as h
-from pyramid_demo.app import inspector, race_view, render, replay, story
-from pyramid_demo.app.session import Race, Session
+from pyramid_demo.app import race_view, render, story
+from pyramid_demo.app.races import Race, Session
 from pyramid_demo.app.text import INTRO, MSG, RACE_COLUMNS
 from pyramid_demo.core.trace import RunResult, StageRound, Step, TokenRec
 
@@ -133,7 +133,7 @@ def test_the_page_says_it_replays_measured_timings_and_names_the_machine():
     lanes = still.split('<div class="lanes">')[1]
     assert 'class="replay' not in still and "data-t=" not in still and lanes.count('class="tok o-target') == 8
     for needle in ("dataset.t", "dataset.end", "dataset.speed", "data-replay", "watch('value'", ".live", "playing"):
-        assert needle in replay.JS, needle
+        assert needle in race_view.JS, needle
 
 
 def test_before_a_race_the_first_screen_warns_of_nothing():
@@ -186,7 +186,7 @@ def test_every_column_of_the_results_table_from_hand_built_repeats():
     pass, agreement with AR at T=0 and why it stopped; a lane Stop cut before it ever finished says so."""
     race = three_repeats()
     ar_tps, psd_tps = [10 / s for s in AR_S], [10 / s for s in PSD_S]
-    rows = {row[COL["method"]]: row for row in inspector.race_rows([race])}
+    rows = {row[COL["method"]]: row for row in race_view.race_rows([race])}
     ar, psd = rows["ar"], rows["psd_a"]
     assert [ar[COL[c]] for c in ("race", "repeats", "tokens", "time (s)", "tok/s", "× AR", "× SD")] == [
         1,
@@ -206,7 +206,7 @@ def test_every_column_of_the_results_table_from_hand_built_repeats():
     cut = run("psd_a", [0.1, 0.2])
     cut.stats.stopped = ""
     race.results["psd_a"], race.repeats = cut, [{"ar": rep["ar"]} for rep in race.repeats]
-    row = {r[COL["method"]]: r for r in inspector.race_rows([race])}["psd_a"]
+    row = {r[COL["method"]]: r for r in race_view.race_rows([race])}["psd_a"]
     assert row[COL["repeats"]] == 0 and row[COL["tokens"]] == 2 and row[COL["stopped"]] == "stopped by user"
 
 
@@ -252,9 +252,9 @@ def test_a_method_is_called_faster_only_outside_the_band():
 def test_the_shown_run_is_each_lanes_median():
     """Rule: every view reads each lane's run of median speed (the slower middle of an even count), so the replay,
     the chart and the inspector show one measured run, not an average no run had."""
-    from pyramid_demo.app import quiet
+    from pyramid_demo.app import races
 
     runs = [even(10, s) for s in (1.0, 1.3, 0.9, 1.1)]
     race = race_of([{"ar": r} for r in runs])
-    quiet.settle(race)
+    races.settle(race)
     assert race.results["ar"] is runs[3]  # 9.1 tok/s: the slower middle of 7.7, 9.1, 10.0 and 11.1

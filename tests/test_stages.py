@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from pyramid_demo.app import stages
+from pyramid_demo.app import races
 
 
 def test_the_stage_is_read_from_what_is_cached(monkeypatch):
@@ -15,16 +15,16 @@ def test_the_stage_is_read_from_what_is_cached(monkeypatch):
     from pyramid_demo.models import bundled
 
     monkeypatch.setattr(bundled, "is_converted", lambda: False)
-    assert stages.loading_stage("smollm2-offline") == "convert"
-    assert stages.loading_stage("tiny-random") == "load"
+    assert races.loading_stage("smollm2-offline") == "convert"
+    assert races.loading_stage("tiny-random") == "load"
     monkeypatch.setattr(bundled, "is_converted", lambda: True)
-    assert stages.loading_stage("smollm2-offline") == "load"
+    assert races.loading_stage("smollm2-offline") == "load"
 
 
 def test_run_staged_reports_each_stage_then_returns_or_raises(monkeypatch):
     """While the work runs, each poll names the stage it is in with a progress below 1; the stage's clock
     restarts when the stage changes; the work's result comes back, and its exception is raised."""
-    monkeypatch.setattr(stages, "POLL_S", 0.05)
+    monkeypatch.setattr(races, "POLL_S", 0.05)
     state = {"stage": "convert"}
 
     def work():
@@ -33,7 +33,7 @@ def test_run_staged_reports_each_stage_then_returns_or_raises(monkeypatch):
         time.sleep(0.3)
         return 42
 
-    gen = stages.run_staged(work, lambda: state["stage"])
+    gen = races.run_staged(work, lambda: state["stage"])
     seen = []
     while True:
         try:
@@ -51,4 +51,4 @@ def test_run_staged_reports_each_stage_then_returns_or_raises(monkeypatch):
         raise ValueError("bad prompt")
 
     with pytest.raises(ValueError, match="bad prompt"):
-        list(stages.run_staged(boom, lambda: "load"))
+        list(races.run_staged(boom, lambda: "load"))

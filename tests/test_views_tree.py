@@ -21,7 +21,7 @@ import pytest
 from helpers import compute_stats
 
 from pyramid_demo.app import inspector, pass_hist, story, tree_view, views
-from pyramid_demo.app.session import Race, Session
+from pyramid_demo.app.races import Race, Session
 from pyramid_demo.core.trace import RunResult, StageRound, Step, TokenRec
 
 WORDS = ["<r>", "The", "A", "cat", "dog", "big", "sat", "ran", "ate", "on", "mat"]

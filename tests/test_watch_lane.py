@@ -9,7 +9,7 @@ import argparse
 import pytest
 
 from pyramid_demo.app import race_view, render
-from pyramid_demo.app.session import Race
+from pyramid_demo.app.races import Race
 from pyramid_demo.bench import runner as bench
 from pyramid_demo.bench.prompts import Prompt
 from pyramid_demo.core.config import DecodeConfig

@@ -7,11 +7,11 @@ import itertools
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ..clock import Repeats, speed
+from ..clock import Repeats, baseline_lane, race_noise, speed, speed_ratio, within_noise
 from ..core.config import METHOD_SHORT, short_name
 from ..core.trace import RunResult, StageRound, Step, stage_rounds
 from ..predict.costs import measured_by_k
-from .inspector import positions, round_tau, speedups, stage_names, whatif_statuses
+from .inspector import positions, round_tau, stage_names, whatif_statuses
 from .render import METHOD_COLOURS, STATUS_COLOURS, fmt, token_label
 
 FONT_SIZE = 15  # large enough to read on a projector
@@ -38,6 +38,20 @@ def empty_figure(message: str, height: int = 300) -> go.Figure:
     )
     fig.update_layout(xaxis_visible=False, yaxis_visible=False)
     return _layout(fig, "", height)
+
+
+def speedups(m: str, results: dict[str, RunResult], repeats: Repeats | None = None) -> list[str]:
+    """["×1.80 vs AR", "×1.05 vs SD (tie within noise)"] for lane m: what the lanes, legend and status show."""
+    out = []
+    spread = race_noise(results, repeats)
+    for base in ("ar", "sd"):
+        key = baseline_lane(base, results)
+        if key is None or m == key or (base == "sd" and results[m].method == "ar"):
+            continue
+        x = speed_ratio(m, key, results, repeats)
+        if x is not None:
+            out.append(f"×{x:.2f} vs {short_name(key)}" + (" (tie within noise)" if within_noise(x, spread) else ""))
+    return out
 
 
 def race_figure(results: dict[str, RunResult], repeats: Repeats | None = None) -> go.Figure:

@@ -22,12 +22,12 @@ from ..core.settings import APP_SETTINGS, TUNABLE
 from ..models.presets import PRESETS, family_config
 from ..models.runtime import cpu_class
 from ..models.warm import prepare
-from . import family, hosting, inspector, quiet, race_page, stages
+from . import family, hosting, inspector, race_page, races
 from .playback import rounds
-from .race_view import before_race, full_outputs, status_only, winner_line
+from .race_view import before_race, full_outputs, race_rows, status_only, winner_line
 from .race_view import earlier_lanes as earlier_lanes  # re-exported: app.py draws the page's first state
 from .race_view import race_lanes as race_lanes
-from .session import Race, Session
+from .races import Race, Session
 from .text import CUSTOM, DEFAULT, LABELS, MSG, RACE_COLUMNS, START
 
 log = logging.getLogger(__name__)
@@ -134,8 +134,8 @@ def run_race(
     side_by_side: bool = False,
     qualifier_alone: bool = False,
 ) -> Iterator[tuple]:
-    """Time every lane with nothing drawn (`quiet`), then replay the race; yields (status, lanes, chart, table, earlier,
-    session). Stop is cooperative (`session.stop`): cancelling the event would race a late snapshot."""
+    """Time every lane with nothing drawn (`races.decode`), then replay the race; yields (status, lanes, chart, table,
+    earlier, session). Stop is cooperative (`session.stop`): cancelling the event would race a late snapshot."""
     session = session if session is not None else new_session()
     race_lanes_ = lanes(side_by_side, qualifier_alone)
     try:  # on ZeroGPU the whole race must fit one allocation: cut the tokens, say so
@@ -156,7 +156,7 @@ def run_race(
 
 
 def _show_stages(staged: Iterator, session: Session, progress: gr.Progress) -> Any:
-    """Show each stage's status and progress while `staged` (stages.run_staged) runs; return its result."""
+    """Show each stage's status and progress while `staged` (`races.run_staged`) runs; return its result."""
     while True:
         try:
             text, frac, _ = next(staged)
@@ -198,7 +198,7 @@ def _race_steps(
         return triplet, prepare_prompt(triplet, prompt, base), time.perf_counter() - t0  # encoded once for all
 
     try:  # the one-time stages, named as they happen (converting, loading, warming)
-        staged = stages.run_staged(load, lambda: stages.loading_stage(preset))
+        staged = races.run_staged(load, lambda: races.loading_stage(preset))
         triplet, ids, load_s = yield from _show_stages(staged, session, progress)
         chains = tuple(lane for lane in race_lanes_ if lane.shape != "tree" or takes_trees(triplet, lane.method))
         if len(chains) < len(race_lanes_):  # side by side over models that take no tree: the chains race alone
@@ -213,10 +213,10 @@ def _race_steps(
             lanes=tuple(lane.key for lane in race_lanes_),
         )
         kept = session.races[-(MAX_RACES - 1) :]
-        again = session.latest if quiet.same_work(session.latest, upcoming) else None
+        again = session.latest if races.same_work(session.latest, upcoming) else None
         if again is None:  # a new race: its empty lanes drawn as the models warm (Race again keeps what is shown)
             yield before_race(session, upcoming, kept, loading)
-        staged = stages.run_staged(lambda: prepare(triplet, ids), lambda: "warm")
+        staged = races.run_staged(lambda: prepare(triplet, ids), lambda: "warm")
         prep = yield from _show_stages(staged, session, progress)  # warm-up and cost profile, before any clock
     except ValueError as e:
         yield status_only(_notify(MSG["bad_prompt"].format(err=e)), session)
@@ -240,16 +240,16 @@ def _race_steps(
     session.budget_note = ""
     if again is None:
         if session.latest is not None:
-            quiet.slim(session.latest)
+            races.slim(session.latest)
         session.next += 1
         session.races = kept + [race]
     try:  # the page hears only a progress line between lanes; it replays the records once they are all in
         for i, line in enumerate(
-            quiet.decode(
+            races.decode(
                 triplet, ids, race, race_lanes_, base, lambda: session.stop, 1 if hosting.on_zerogpu() else None
             )
         ):
-            progress(min(0.95, i / (1 + quiet.MAX_REPEATS * len(race_lanes_))), desc=line)
+            progress(min(0.95, i / (1 + races.MAX_REPEATS * len(race_lanes_))), desc=line)
             yield status_only(line, session)
     except Exception as e:  # keep serving: report, keep what ran, stop this race
         log.exception("race %s failed", race.n)
@@ -312,7 +312,7 @@ def export_files(session: Session | None) -> tuple[str | None, str | None, str |
     with cpath.open("w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
         w.writerow(["race", "preset", "prompt", *RACE_COLUMNS[1:]])
-        w.writerows([r.n, r.preset, r.prompt, *row[1:]] for r in races for row in inspector.race_rows([r]))
+        w.writerows([r.n, r.preset, r.prompt, *row[1:]] for r in races for row in race_rows([r]))
     hpath = folder / "pyramid_race.html"
     hpath.write_text(race_page.page(session), encoding="utf-8")
     return str(jpath), str(cpath), str(hpath)

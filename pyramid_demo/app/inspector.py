@@ -1,13 +1,10 @@
-"""Pure functions over recorded rounds (no model runs): what-if acceptance, top-5s, race speeds and the race table."""
+"""Pure functions over recorded rounds (no model runs): what-if acceptance, top-5s, shapes and the export."""
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass
 
-from .. import clock
 from ..core import rules
-from ..core.config import short_name
 from ..core.rules import fuzzy_passes
 from ..core.trace import (
     STAGES,
@@ -16,13 +13,11 @@ from ..core.trace import (
     Step,
     TokenRec,
     accepted_path,
-    agreement,
     parents_of,
     stage_rounds,
 )
 from ..predict.walk_stats import cut_short
 from .playback import rounds
-from .session import Race
 
 
 def sd_took(rec: TokenRec) -> bool:
@@ -170,63 +165,6 @@ def result_export(r: RunResult) -> dict:
         for rnd, o in zip(rounds(step), outs):
             o.update(parents=parents_of(rnd), accepted_path=accepted_path(rnd))
     return d
-
-
-def speedups(m: str, results: dict[str, RunResult], repeats: clock.Repeats | None = None) -> list[str]:
-    """["×1.80 vs AR", "×1.05 vs SD (tie within noise)"] for lane m: what the lanes, legend and status show."""
-    out = []
-    spread = clock.race_noise(results, repeats)
-    for base in ("ar", "sd"):
-        key = clock.baseline_lane(base, results)
-        if key is None or m == key or (base == "sd" and results[m].method == "ar"):
-            continue
-        x = clock.speed_ratio(m, key, results, repeats)
-        if x is not None:
-            out.append(
-                f"×{x:.2f} vs {short_name(key)}" + (" (tie within noise)" if clock.within_noise(x, spread) else "")
-            )
-    return out
-
-
-def _times(m: str, base: str | None, race: Race, spread: float | None) -> float | str | None:
-    """A table's × cell (m's speed ÷ base's, `speed_ratio`), marked when the gap is within the noise band."""
-    x = clock.speed_ratio(m, base, race.results, race.repeats) if base else None
-    if x is None:
-        return None
-    return f"{x:.2f} (tie: band {spread:.0%})" if m != base and clock.within_noise(x, spread) else round(x, 2)
-
-
-def race_rows(races: list[Race]) -> list[list]:
-    """A `RACE_COLUMNS` row per (race, lane), for the table and the CSV export; times and speeds: medians of repeats."""
-    rows = []
-    for race in races:
-        res, reps = race.results, race.repeats
-        ar, sd = clock.baseline_lane("ar", res), clock.baseline_lane("sd", res)
-        greedy = not race.config.get("temperature")
-        spread = clock.race_noise(res, reps)
-        for m, r in res.items():
-            s = r.stats
-            acc = ", ".join(f"{k} {v:.0%}" for k, v in s.acceptance.items()) or "—"
-            # agreement with target greedy output (the bench's figure): AR is that reference at T=0 only
-            same = agreement(r.token_ids, res[ar].token_ids) if ar is not None and greedy else None
-            done = [rep[m].stats.decode_s for rep in reps if m in rep]
-            rows.append(
-                [
-                    race.n,
-                    m,
-                    len(done) if reps else 1,
-                    s.n_new_tokens,
-                    round(statistics.median(done or [s.decode_s]), 2),
-                    round(clock.speed(m, res, reps), 1),
-                    _times(m, ar, race, spread),
-                    _times(m, sd, race, spread),
-                    acc,
-                    round(s.tokens_per_target_pass, 2),
-                    None if same is None else f"{same:.0%}",
-                    s.stopped or "stopped by user",
-                ]
-            )
-    return rows
 
 
 def stage_names(r: RunResult) -> list[str]:

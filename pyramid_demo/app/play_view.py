@@ -14,7 +14,7 @@ from ..core import rules
 from ..core.config import METHOD_LABELS
 from . import playback, render
 from .playback import HIDDEN, PROPOSED, Beat, Chip
-from .session import Race, Session
+from .races import Race, Session
 from .text import MSG
 
 PACE_S = 0.8  # seconds a beat stays on screen while playing: readable aloud in a classroom

@@ -1,5 +1,5 @@
 """A visitor's races as one self-contained HTML file that opens offline in any current browser: the lanes replayed
-(`replay.JS`), verdicts and tables, and any target pass beat by beat (`play_view.beat_body`, gzip-compressed)."""
+(`race_view.JS`), verdicts and tables, and any target pass beat by beat (`play_view.beat_body`, gzip-compressed)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import html
 import json
 
 from ..core.config import METHOD_LABELS
-from . import inspector, play_view, playback, race_view, render, replay, story
-from .session import Race, Session
+from . import play_view, playback, race_view, render, story
+from .races import Race, Session
 from .text import BUTTONS, RACE_COLUMNS
 
 CSS = """
@@ -113,10 +113,10 @@ def _cell(x: object) -> str:
 
 
 def table_html(race: Race) -> str:
-    """The race's results table (the app's columns and rows: `inspector.race_rows`)."""
+    """The race's results table (the app's columns and rows: `race_view.race_rows`)."""
     head = "".join(f"<th>{html.escape(c)}</th>" for c in RACE_COLUMNS)
     body = "".join(
-        "<tr>" + "".join(f"<td>{_cell(x)}</td>" for x in row) + "</tr>" for row in inspector.race_rows([race])
+        "<tr>" + "".join(f"<td>{_cell(x)}</td>" for x in row) + "</tr>" for row in race_view.race_rows([race])
     )
     return f'<div class="table-box"><table class="results"><tr>{head}</tr>{body}</table></div>'
 
@@ -185,6 +185,6 @@ def page(session: Session) -> str:
         "newest first. Each lane replays at the times its method produced its tokens; ↺ Replay starts again, "
         "the speed buttons slow it down. Below each race, ▶ Play walks through one target pass.</div>"
         f'{sections}</main><script id="beats" type="application/octet-stream">{packed}'
-        f"</script><script>{JS % {'replay': replay.JS, 'pace_ms': round(1000 * play_view.PACE_S)}}</script>"
+        f"</script><script>{JS % {'replay': race_view.JS, 'pace_ms': round(1000 * play_view.PACE_S)}}</script>"
         "</body></html>"
     )

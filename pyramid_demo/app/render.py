@@ -55,7 +55,7 @@ STYLE = (
     "border-bottom:3px solid #999}.tok.strike{text-decoration:line-through;opacity:.65}"
     + "".join(_rule(f"o-{o}", c) for o, c in ORIGIN_COLOURS.items())
     + "".join(_rule(f"st-{k}", c) for k, c in STATUS_COLOURS.items())
-    # the replay (`replay.JS`): a chip waits for its time, a lane's final figures for its finish line
+    # the replay (`race_view.JS`): a chip waits for its time, a lane's final figures for its finish line
     + ".replay.playing .tok[data-t]:not(.on),.replay.playing .lane:not(.done) .final{visibility:hidden}"
     ".replay:not(.playing) .live{display:none}.replay .live{margin-right:10px}"
     ".replay button{margin:0 2px;padding:0 8px;border:1px solid #bbb;border-radius:4px;background:#fff}"

@@ -14,7 +14,7 @@ from ..core.trace import RunResult, StageRound, parents_of
 from . import charts, inspector, play_view, render, story
 from .pass_hist import accepted_figure
 from .playback import rounds
-from .session import Race, Session
+from .races import Race, Session
 from .text import DEFAULT, MSG
 from .tree_view import tree_figure
 
