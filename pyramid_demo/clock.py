@@ -8,15 +8,14 @@ import dataclasses
 import math
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from .core.config import DecodeConfig
 from .core.methods import LANES
 from .core.run import generate, stream, takes_trees
-from .core.trace import RunResult
+from .core.trace import RunResult, Step
 from .forward.lm import ModelTriplet
-from .predict import costs
 from .predict.expected import resolve_shape
 
 
@@ -113,20 +112,20 @@ def race_noise(results: dict[str, RunResult], repeats: Repeats | None = None) ->
     two paired repeats, the spread of same-size forwards and of each lane's speeds. None: nothing to read."""
     reps, base = repeats or [], baseline_lane("ar", results)
     if base and (paired := [x for k in results if k != base if len(x := paired_ratios(k, base, reps)) >= 2]):
-        return max(costs.relative_spread(x) or 0.0 for x in paired) / math.sqrt(min(map(len, paired)))
+        return max(relative_spread(x) or 0.0 for x in paired) / math.sqrt(min(map(len, paired)))
     groups: dict = {}
     for r in (r for rep in reps or [results] for r in rep.values()):
-        for key, ts in costs.same_k_forwards(r.steps).items():
+        for key, ts in same_k_forwards(r.steps).items():
             groups.setdefault(key, []).extend(ts)
     speeds = [lane_speeds(k, results, repeats) for k in results]
-    spreads = [costs.timing_noise(groups), *(costs.relative_spread(x) for x in speeds)]
+    spreads = [timing_noise(groups), *(relative_spread(x) for x in speeds)]
     worst = max((x for x in spreads if x is not None), default=None)
     return None if worst is None else worst / math.sqrt(min(len(x) for x in speeds))
 
 
 def within_noise(x: float | None, spread: float | None) -> bool:
     """True when a speed ratio x is within the noise band of 1 (never when either is unknown)."""
-    return x is not None and spread is not None and costs.compare(x, 1.0, spread) == 0
+    return x is not None and spread is not None and compare(x, 1.0, spread) == 0
 
 
 def baseline_lane(method: str, results: dict[str, RunResult]) -> str | None:
@@ -134,3 +133,59 @@ def baseline_lane(method: str, results: dict[str, RunResult]) -> str | None:
     if method in results:
         return method
     return next((k for k in results if k in LANES and LANES[k].method == method and LANES[k].shape == "chain"), None)
+
+
+# ---------------------------------------------------------------- timing noise: is one method faster than another?
+MIN_GROUP = 5  # same-k forwards needed before a group's spread counts
+
+
+def quantile(xs: list[float], q: float) -> float:
+    """The q-quantile of xs by linear interpolation between order statistics (numpy's default)."""
+    s = sorted(xs)
+    pos = q * (len(s) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def relative_spread(times: list[float]) -> float | None:
+    """Interquartile range ÷ median of repeated timings of the same work (None for fewer than 2)."""
+    if len(times) < 2:
+        return None
+    med = quantile(times, 0.5)
+    return (quantile(times, 0.75) - quantile(times, 0.25)) / med if med > 0 else None
+
+
+def same_k_forwards(steps: Iterable[Step]) -> dict[tuple[str, int], list[float]]:
+    """Seconds of single forwards by (role, new tokens k), from steps where that role made exactly one forward."""
+    out: dict[tuple[str, int], list[float]] = {}
+    for s in steps:
+        for role, ks in s.fed.items():
+            t = s.time_s.get(role)
+            if len(ks) == 1 and t is not None and t > 0:
+                out.setdefault((role, ks[0]), []).append(t)
+    return out
+
+
+def timing_noise(groups: dict[tuple[str, int], list[float]]) -> float | None:
+    """The run's relative timing noise: groups' spreads weighted by size, over groups of ≥ MIN_GROUP (else None)."""
+    total = n = 0.0
+    for times in groups.values():
+        spread = relative_spread(times) if len(times) >= MIN_GROUP else None
+        if spread is not None:
+            total += spread * len(times)
+            n += len(times)
+    return total / n if n else None
+
+
+def compare(a: float, b: float, noise: float) -> int:
+    """1 when speed a beats b by more than the noise (a > b·(1 + noise)), −1 when b beats a so, 0 for a tie."""
+    return 1 if a > b * (1 + noise) else -1 if b > a * (1 + noise) else 0
+
+
+def leaders(speeds: dict[str, float], noise: float) -> list[str]:
+    """The fastest method and every other within noise of it, fastest first (several: a tie within noise)."""
+    if not speeds:
+        return []
+    best = max(speeds.values())
+    return sorted((m for m, v in speeds.items() if compare(best, v, noise) == 0), key=lambda m: -speeds[m])

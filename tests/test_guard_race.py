@@ -17,7 +17,6 @@ from pyramid_demo.app.races import Race
 from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.methods import lanes
 from pyramid_demo.core.trace import agreement, prefix_agreement
-from pyramid_demo.predict import costs
 
 
 def test_the_band_is_the_noisiest_lanes_spread():
@@ -27,8 +26,8 @@ def test_the_band_is_the_noisiest_lanes_spread():
     race = race_of(
         [{"ar": even(10, a), "sd": even(10, s), "psd_a": even(10, n)} for a, s, n in zip(ar_s, steady_s, noisy_s)]
     )
-    noisy = costs.relative_spread(clock.paired_ratios("psd_a", "ar", race.repeats))
-    steady = costs.relative_spread(clock.paired_ratios("sd", "ar", race.repeats))
+    noisy = clock.relative_spread(clock.paired_ratios("psd_a", "ar", race.repeats))
+    steady = clock.relative_spread(clock.paired_ratios("sd", "ar", race.repeats))
     assert steady == pytest.approx(0.0, abs=1e-3) and noisy > 0.2
     assert clock.race_noise(race.results, race.repeats) == pytest.approx(noisy / math.sqrt(3), rel=1e-3)
 
@@ -38,7 +37,7 @@ def test_without_ar_the_band_is_the_widest_spread_of_a_lanes_speeds():
     fewest repeats), not the steadiest lane's."""
     race = race_of([{"sd": even(10, 0.8), "psd_a": even(10, n)} for n in (0.5, 0.6, 0.75)])
     speeds = clock.lane_speeds("psd_a", race.results, race.repeats)
-    want = costs.relative_spread(speeds) / math.sqrt(3)
+    want = clock.relative_spread(speeds) / math.sqrt(3)
     assert want > 0.05
     assert clock.race_noise(race.results, race.repeats) == pytest.approx(want, rel=1e-3)
 

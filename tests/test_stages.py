@@ -52,3 +52,12 @@ def test_run_staged_reports_each_stage_then_returns_or_raises(monkeypatch):
 
     with pytest.raises(ValueError, match="bad prompt"):
         list(races.run_staged(boom, lambda: "load"))
+
+
+def test_work_done_within_a_poll_names_no_stage():
+    """Rule: work that ends before the first poll (a family already loaded) asks no stage and yields no status."""
+    asked = []
+    gen = races.run_staged(lambda: 7, lambda: asked.append(1) or "load")
+    with pytest.raises(StopIteration) as done:
+        next(gen)
+    assert done.value.value == 7 and not asked

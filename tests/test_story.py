@@ -7,9 +7,9 @@ import itertools
 import pytest
 from helpers import compute_stats
 
+from pyramid_demo import clock
 from pyramid_demo.app import charts, story
 from pyramid_demo.core.trace import RunResult, Step
-from pyramid_demo.predict import costs
 
 PROFILE = {"ms": {"target": {"1": 20.0}}, "dtype": "bfloat16", "backend": "no-onednn", "how": "cached"}
 
@@ -59,10 +59,10 @@ VERDICT = dict(alpha=0.33, factor=4.1, per_pass=1.2, per_pass_needed=1.3)
 
 def test_the_verdict_never_contradicts_the_measured_outcome():
     """Rule: the verdict starts from the measured outcome against AR (faster / a tie within noise /
-    slower, predict.costs.compare) whatever the profile predicts; where the profile disagrees it says so."""
+    slower, clock.compare) whatever the profile predicts; where the profile disagrees it says so."""
     for x, xp, spread in itertools.product((0.8, 0.97, 1.15, 1.32), (0.9, 1.2), (0.05, 0.2)):
         v = story.verdict("sd", {**VERDICT, "x_ar": x, "x_ar_predicted": xp}, spread, 6.0)
-        want = {1: "**faster**", 0: "**a tie with AR** within noise", -1: "**slower**"}[costs.compare(x, 1, spread)]
+        want = {1: "**faster**", 0: "**a tie with AR** within noise", -1: "**slower**"}[clock.compare(x, 1, spread)]
         assert v.startswith(want), (x, xp, spread, v)
         assert f"profile predicts {xp:.2f}× AR" in v
     v = story.verdict("sd", {**VERDICT, "x_ar": 1.32, "x_ar_predicted": 0.9}, 0.1, 6.0)

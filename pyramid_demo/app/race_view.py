@@ -14,7 +14,6 @@ from .. import clock
 from ..core.config import METHOD_LABELS, METHOD_SHORT
 from ..core.methods import LANES, lane_label, method_spec
 from ..core.trace import RunResult, agreement, first_divergence
-from ..predict.costs import leaders
 from . import charts, render
 from .races import Race, Session
 from .text import MSG
@@ -131,7 +130,7 @@ def winner_line(race: Race) -> str:
     reps = [{m: r for m, r in rep.items() if m in res} for rep in race.repeats]
     spread = clock.race_noise(res, reps)
     ar = clock.baseline_lane("ar", res)
-    top = leaders(
+    top = clock.leaders(
         {m: (clock.speed_ratio(m, ar, res, reps) if ar else None) or clock.speed(m, res, reps) for m in res},
         spread or 0.0,
     )

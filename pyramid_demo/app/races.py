@@ -94,14 +94,15 @@ def run_staged(work: Callable[[], Any], stage: Callable[[], str]) -> Iterator[tu
     t = threading.Thread(target=target, daemon=True)
     t0, since, current = time.perf_counter(), time.perf_counter(), None
     t.start()
-    while t.is_alive():
-        t.join(POLL_S)
+    t.join(POLL_S)
+    while t.is_alive():  # a family already loaded is named no stage
         name = stage()
         if name != current:
             current, since = name, time.perf_counter()
         text, usual = STAGES[name]
         spent = time.perf_counter() - since
         yield f"⏳ {text}… {spent:.0f} s", min(0.95, spent / usual), time.perf_counter() - t0
+        t.join(POLL_S)
     if "error" in out:
         raise out["error"]
     return out.get("value")

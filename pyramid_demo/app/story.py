@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..clock import Repeats, race_noise, speed, speed_ratio
+from ..clock import Repeats, compare, race_noise, speed, speed_ratio
 from ..core.config import short_name
 from ..core.trace import RunResult
 from ..predict import costs, insertion
@@ -92,7 +92,7 @@ def verdict(method: str, row: dict, spread: float | None, ar_factor: float | Non
     x = row.get("x_ar")
     if x is None:
         return "no AR lane in this race to compare with"
-    outcome = costs.compare(x, 1.0, spread or 0.0)
+    outcome = compare(x, 1.0, spread or 0.0)
     said = {1: "**faster** than AR", 0: "**a tie with AR** within noise", -1: "**slower** than AR"}[outcome]
     said += f" ({x:.2f}×" + (f", noise band {spread:.0%})" if spread is not None else ")")
     xp = row.get("x_ar_predicted")
@@ -117,7 +117,7 @@ def disagrees(row: dict, spread: float | None) -> bool:
     x, xp = row.get("x_ar"), row.get("x_ar_predicted")
     if x is None or xp is None or row.get("method") == "ar":
         return False
-    return costs.compare(x, 1.0, spread or 0.0) not in (0, costs.compare(xp, 1.0, 0.0))
+    return compare(x, 1.0, spread or 0.0) not in (0, compare(xp, 1.0, 0.0))
 
 
 def load_line(results: dict[str, RunResult], profile: dict | None, changed: bool = False) -> str:

@@ -10,9 +10,9 @@ import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..clock import quantile
 from ..core.config import METHODS
 from ..core.methods import method_spec
-from ..predict.costs import quantile
 from . import costs_report, spec_table
 
 MEDIANS = """
