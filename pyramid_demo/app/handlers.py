@@ -23,7 +23,6 @@ from ..models.presets import PRESETS, family_config
 from ..models.runtime import cpu_class
 from ..models.warm import prepare
 from . import family, hosting, inspector, race_page, races
-from .playback import rounds
 from .race_view import before_race, full_outputs, race_rows, status_only, winner_line
 from .race_view import earlier_lanes as earlier_lanes  # re-exported: app.py draws the page's first state
 from .race_view import race_lanes as race_lanes
@@ -89,7 +88,7 @@ def _learn_vocab(race: Race, tokenizer: Any) -> None:
     ids: set[int] = set()
     for step in (s for r in race.results.values() for s in r.steps):
         ids.update(step.new_tokens)
-        for t in (t for rnd in rounds(step) for t in rnd.tokens):
+        for t in (t for rnd in step.rounds for t in rnd.tokens):
             ids.add(t.token_id)
             ids.update(int(i) for pairs in t.top5.values() for i, _ in pairs)
     for i in ids - race.vocab.keys():

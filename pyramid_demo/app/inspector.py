@@ -17,7 +17,6 @@ from ..core.trace import (
     stage_rounds,
 )
 from ..predict.walk_stats import cut_short
-from .playback import rounds
 
 
 def sd_took(rec: TokenRec) -> bool:
@@ -141,7 +140,7 @@ def position_top5(step: Step, depth: int) -> dict[str, list[list[float]]]:
 
 def rounds_of(r: RunResult) -> list[StageRound]:
     """Every verification round of a run, in order (stage-1 rounds before their target round)."""
-    return [x for s in r.steps for x in rounds(s)]
+    return [x for s in r.steps for x in s.rounds]
 
 
 def proposes_trees(r: RunResult) -> bool:
@@ -162,7 +161,7 @@ def result_export(r: RunResult) -> dict:
     d = r.to_dict()
     for step, out in zip(r.steps, d["steps"]):
         outs = out["qualifier_rounds"] + ([out["target_round"]] if out["target_round"] is not None else [])
-        for rnd, o in zip(rounds(step), outs):
+        for rnd, o in zip(step.rounds, outs):
             o.update(parents=parents_of(rnd), accepted_path=accepted_path(rnd))
     return d
 

@@ -28,17 +28,12 @@ class Beat:
 
     sentence: str
     actor: str  # the model acting in this beat: draft | qualifier | target
-    round: int  # index into `rounds(step)`; −1 for AR (no round)
+    round: int  # index into `step.rounds`; −1 for AR (no round)
     title: str  # which round: "stage 1 · round 1: draft → qualifier"
     chips: tuple[Chip, ...]
     parents: tuple[int, ...]
     lit: tuple[int, ...]
     committed: tuple[Chip, ...]
-
-
-def rounds(step: Step) -> list[StageRound]:
-    """A pass's rounds in the order they ran: its stage-1 rounds, then its target round."""
-    return step.qualifier_rounds + ([step.target_round] if step.target_round is not None else [])
 
 
 def visits(rnd: StageRound) -> list[tuple[int, ...]]:

@@ -13,7 +13,6 @@ from ..core.config import METHOD_LABELS
 from ..core.trace import RunResult, StageRound, parents_of
 from . import charts, inspector, play_view, render, story
 from .pass_hist import accepted_figure
-from .playback import rounds
 from .races import Race, Session
 from .text import DEFAULT, MSG
 from .tree_view import tree_figure
@@ -134,7 +133,7 @@ def inspect_round(
         none = charts.empty_figure(MSG["ar_round"])
         return render.message_html(MSG["ar_round"]), none, none, head, tree_figure(step, vocab)
     parts, lines = [], [head]
-    for j, rnd in enumerate(rounds(step)):
+    for j, rnd in enumerate(step.rounds):
         tau = inspector.round_tau(rnd, tau_q, tau_t)
         what_if = inspector.whatif_statuses(rnd, tau)
         k = what_if.count("accepted") if tau is not None else rnd.n_accepted

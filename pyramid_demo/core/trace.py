@@ -70,6 +70,11 @@ class Step:
     n_forward: dict[str, int] = field(default_factory=dict)
     fed: dict[str, list[int]] = field(default_factory=dict)  # new tokens of each forward per model (cost profile)
 
+    @property
+    def rounds(self) -> list[StageRound]:
+        """Its rounds in the order they ran: the stage-1 rounds, then the target's."""
+        return self.qualifier_rounds + ([self.target_round] if self.target_round is not None else [])
+
 
 @dataclass
 class Stats:
