@@ -11,8 +11,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from .core.config import DecodeConfig
-from .core.methods import LANES
+from .core.methods import LANES, DecodeConfig
 from .core.run import generate, stream, takes_trees
 from .core.trace import RunResult, Step
 from .forward.lm import ModelTriplet

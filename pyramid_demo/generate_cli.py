@@ -7,8 +7,7 @@ import json
 import sys
 
 from . import hardware_cli
-from .core.config import METHODS, DecodeConfig
-from .core.methods import method_spec
+from .core.methods import METHODS, DecodeConfig, method_spec
 from .core.run import generate, takes_trees
 from .core.settings import SETTINGS, TUNABLE
 from .models.presets import DEFAULT_PRESET, PRESETS, family_config

@@ -16,8 +16,7 @@ from __future__ import annotations
 import torch
 
 from pyramid_demo.core import rules
-from pyramid_demo.core.config import DecodeConfig
-from pyramid_demo.core.methods import TREE_BUDGET, Method
+from pyramid_demo.core.methods import TREE_BUDGET, DecodeConfig, Method
 from pyramid_demo.core.round import decide, record
 from pyramid_demo.core.rules import Tree
 from pyramid_demo.core.trace import StageRound, Stats, Step, Tally

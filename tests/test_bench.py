@@ -13,7 +13,7 @@ from pyramid_demo.bench import csqa, report
 from pyramid_demo.bench import runner as bench
 from pyramid_demo.bench.prompts import Prompt, load_prompts, read_jsonl
 from pyramid_demo.cli import main as cli_main
-from pyramid_demo.core.config import DecodeConfig
+from pyramid_demo.core.methods import DecodeConfig
 from pyramid_demo.predict import throughput
 
 FIXTURES = Path(__file__).parent / "fixtures"

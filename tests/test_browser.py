@@ -18,8 +18,7 @@ from app_server import app_process
 
 from pyramid_demo.app.play_view import PACE_S, counter_line
 from pyramid_demo.app.text import RACE_METHODS, SETTINGS_TITLE, TABS
-from pyramid_demo.core.config import METHOD_LABELS
-from pyramid_demo.core.methods import method_spec
+from pyramid_demo.core.methods import METHOD_LABELS, method_spec
 
 CHROMIUM = os.environ.get("PYRAMID_CHROMIUM", "/usr/bin/chromium")
 CHROME_ARGS = [

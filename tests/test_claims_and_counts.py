@@ -13,9 +13,8 @@ from helpers import compute_stats
 from mock_lm import BigramLM, as_run, bigram_table
 
 from pyramid_demo.core import rules
-from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.engine import decode, roles_for
-from pyramid_demo.core.methods import TABLE, lossless
+from pyramid_demo.core.methods import TABLE, DecodeConfig, lossless
 from pyramid_demo.core.trace import StageRound, Step, TokenRec
 from pyramid_demo.models import checks
 

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from pyramid_demo.cli import main
-from pyramid_demo.core.config import METHODS
+from pyramid_demo.core.methods import METHODS
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -125,7 +125,7 @@ def _parsed(*argv):
 def test_a_family_brings_its_tuned_settings_and_flags_override_them():
     """`--models smollm2-offline` uses that preset's tuned settings; a flag beats the preset; a
     custom family or a preset without tuning gets DecodeConfig's (the papers') defaults."""
-    from pyramid_demo.core.config import DecodeConfig
+    from pyramid_demo.core.methods import DecodeConfig
     from pyramid_demo.models.presets import tuned_settings
 
     tuned = tuned_settings("smollm2-offline")

@@ -7,8 +7,8 @@ import torch
 from mock_lm import BigramLM, as_run
 from test_engine import check_caches, greedy_ar, joint_two_tokens
 
-from pyramid_demo.core.config import METHODS, DecodeConfig
 from pyramid_demo.core.engine import decode, prefill, roles_for
+from pyramid_demo.core.methods import METHODS, DecodeConfig
 from pyramid_demo.core.round import confidence, confident_prefix, propose_chain
 from pyramid_demo.core.run import generate
 from pyramid_demo.forward.lm import HFLM

@@ -2,7 +2,7 @@
 
 import pytest
 
-from pyramid_demo.core.config import DecodeConfig
+from pyramid_demo.core.methods import DecodeConfig
 from pyramid_demo.core.run import prepare_prompt
 from pyramid_demo.models.tiny import tiny_random_triplet
 
@@ -56,8 +56,7 @@ def test_every_setting_has_one_row_and_every_method_one_spec():
     in core.methods. The tables must cover the dataclass exactly."""
     from dataclasses import fields
 
-    from pyramid_demo.core.config import METHOD_LABELS, METHODS
-    from pyramid_demo.core.methods import TABLE, lossless, method_spec
+    from pyramid_demo.core.methods import METHOD_LABELS, METHODS, TABLE, lossless, method_spec
     from pyramid_demo.core.settings import SETTINGS, TUNABLE
 
     assert {f.name for f in fields(DecodeConfig)} - {"method"} == {s.name for s in SETTINGS}
@@ -126,8 +125,7 @@ def test_every_method_row_has_a_cost_model_and_lists_what_it_reads():
 def test_a_race_lane_says_what_it_runs():
     """Rule: a race's lanes are rows, not parsed keys: each method once, or side by side each proposing method as
     a chain and as a tree (AR once); every lane key has a label and names its method and shape in `LANES`."""
-    from pyramid_demo.core.config import METHOD_LABELS, METHODS
-    from pyramid_demo.core.methods import LANES, lanes
+    from pyramid_demo.core.methods import LANES, METHOD_LABELS, METHODS, lanes
 
     assert [lane.key for lane in lanes()] == list(METHODS) and all(lane.shape is None for lane in lanes())
     side = lanes(True)

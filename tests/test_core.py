@@ -14,7 +14,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from pyramid_demo.core.config import DecodeConfig
+from pyramid_demo.core.methods import DecodeConfig
 from pyramid_demo.core.run import generate
 from pyramid_demo.forward.core import CoreLM, visible
 from pyramid_demo.forward.lm import HFLM, forward_of, open_lm

@@ -8,8 +8,8 @@ import torch
 from helpers import clear_loaded
 from mock_lm import BigramLM, as_run, bigram_table
 
-from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.engine import decode
+from pyramid_demo.core.methods import DecodeConfig
 from pyramid_demo.core.trace import StageRound, Step, TokenRec
 from pyramid_demo.predict import costs, expected, measure, walk_stats
 from pyramid_demo.predict.expected import ar_speed, cost_ms

@@ -14,7 +14,7 @@ import pytest
 import torch
 from helpers import devices_of
 
-from pyramid_demo.core.config import METHODS, DecodeConfig
+from pyramid_demo.core.methods import METHODS, DecodeConfig
 from pyramid_demo.core.run import generate
 
 ROOT = Path(__file__).resolve().parent.parent

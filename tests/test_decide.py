@@ -8,7 +8,7 @@ import torch
 
 from pyramid_demo.core import round as recorder
 from pyramid_demo.core import rules
-from pyramid_demo.core.config import DecodeConfig
+from pyramid_demo.core.methods import DecodeConfig
 from pyramid_demo.core.round import decide
 
 pytestmark = pytest.mark.usefixtures("one_thread")

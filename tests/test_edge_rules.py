@@ -15,8 +15,8 @@ from helpers import verify
 from mock_lm import BigramLM, as_run, bigram_table
 
 from pyramid_demo.core import engine, rules
-from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.engine import decode, roles_for
+from pyramid_demo.core.methods import DecodeConfig
 from pyramid_demo.core.run import generate
 from pyramid_demo.models.tiny import tiny_random_triplet
 

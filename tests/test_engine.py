@@ -7,8 +7,8 @@ import pytest
 import torch
 from mock_lm import BigramLM, as_run, bigram_table
 
-from pyramid_demo.core.config import METHODS, DecodeConfig
 from pyramid_demo.core.engine import decode, prefill, roles_for
+from pyramid_demo.core.methods import METHODS, DecodeConfig
 from pyramid_demo.core.run import generate, stream
 from pyramid_demo.forward.lm import HFLM
 from pyramid_demo.models.tiny import tiny_random_triplet

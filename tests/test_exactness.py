@@ -8,7 +8,7 @@ import pytest
 import torch
 from mock_lm import BigramLM, bigram_table
 
-from pyramid_demo.core.config import DecodeConfig
+from pyramid_demo.core.methods import DecodeConfig
 from pyramid_demo.models import checks
 
 PLAN = ((12, (2, 3, 5, 9)), (20, (2, 4)))

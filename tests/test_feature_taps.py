@@ -6,8 +6,8 @@ import dataclasses
 import pytest
 import torch
 
-from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.engine import connect
+from pyramid_demo.core.methods import DecodeConfig
 from pyramid_demo.core.run import generate
 from pyramid_demo.forward.cache import VerifierStates, tap_layers, tap_norm
 from pyramid_demo.forward.core import CoreLM

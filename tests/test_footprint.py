@@ -11,7 +11,7 @@ import pytest
 import pyramid_demo
 from pyramid_demo.core import engine
 from pyramid_demo.core import run as run_module
-from pyramid_demo.core.config import DecodeConfig
+from pyramid_demo.core.methods import DecodeConfig
 from pyramid_demo.core.run import generate
 
 ROOT = os.path.dirname(os.path.abspath(pyramid_demo.__file__))

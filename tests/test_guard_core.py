@@ -10,8 +10,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.engine import decode, prefill
+from pyramid_demo.core.methods import DecodeConfig
 from pyramid_demo.forward.cache import CacheError, VerifierStates, tap_layers
 from pyramid_demo.forward.core import CoreLM
 from pyramid_demo.forward.feature_lm import FeatureLM

@@ -14,8 +14,7 @@ from test_race_view import even, race_of
 from pyramid_demo import clock
 from pyramid_demo.app import playback, races
 from pyramid_demo.app.races import Race
-from pyramid_demo.core.config import DecodeConfig
-from pyramid_demo.core.methods import lanes
+from pyramid_demo.core.methods import DecodeConfig, lanes
 from pyramid_demo.core.trace import agreement, prefix_agreement
 
 

@@ -29,7 +29,7 @@ from app_server import FAST as APP_FAST  # noqa: E402
 
 from pyramid_demo.app import handlers as h  # noqa: E402
 from pyramid_demo.app.text import RACE_METHODS  # noqa: E402
-from pyramid_demo.core.config import DecodeConfig  # noqa: E402
+from pyramid_demo.core.methods import DecodeConfig  # noqa: E402
 from pyramid_demo.core.run import generate  # noqa: E402
 from pyramid_demo.models.loading import load_triplet  # noqa: E402
 

@@ -11,8 +11,8 @@ from mock_lm import BigramLM, as_run
 
 from pyramid_demo.app import inspector
 from pyramid_demo.core import rules
-from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.engine import decode, roles_for
+from pyramid_demo.core.methods import DecodeConfig
 from pyramid_demo.core.trace import StageRound, TokenRec
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -96,7 +96,7 @@ def test_chart_names_come_from_the_short_names_not_the_labels(monkeypatch):
     """Display strings are data: the speed chart names a method by `METHOD_SHORT`, never by cutting its
     label at a space (a label reworded to start otherwise must not rename the bar)."""
     from pyramid_demo.app import charts
-    from pyramid_demo.core.config import METHOD_LABELS, METHOD_SHORT
+    from pyramid_demo.core.methods import METHOD_LABELS, METHOD_SHORT
 
     monkeypatch.setattr(charts, "METHOD_LABELS", {m: f"the {v}" for m, v in METHOD_LABELS.items()}, raising=False)
     fig = charts.throughput_figure([{"method": m, "measured": 1.0, "predicted": None} for m in ("ar", "psd_f")])

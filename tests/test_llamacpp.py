@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from pyramid_demo.bench import llamacpp_peer, peers
-from pyramid_demo.core.config import DecodeConfig
+from pyramid_demo.core.methods import DecodeConfig
 
 needs_llama = pytest.mark.skipif(  # the missing-binding test below runs without it
     importlib.util.find_spec("llama_cpp") is None,

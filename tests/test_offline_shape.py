@@ -12,7 +12,7 @@ import torch
 from test_feature_draft import trained  # noqa: F401 - the fixture: a feature draft fitted briefly to the tiny target
 
 from pyramid_demo.core import engine
-from pyramid_demo.core.config import DecodeConfig
+from pyramid_demo.core.methods import DecodeConfig
 from pyramid_demo.core.run import generate
 from pyramid_demo.forward.cache import VerifierStates
 from pyramid_demo.forward.lm import open_lm

@@ -10,7 +10,7 @@ import pytest
 import torch
 from helpers import saved_tiny_models
 
-from pyramid_demo.core.config import DecodeConfig
+from pyramid_demo.core.methods import DecodeConfig
 from pyramid_demo.core.run import generate
 from pyramid_demo.models import loading
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.engine import prefill, roles_for, shares_prompt
+from pyramid_demo.core.methods import DecodeConfig
 from pyramid_demo.core.run import generate
 from pyramid_demo.forward.cache import VerifierStates
 from pyramid_demo.forward.lm import open_lm

@@ -8,9 +8,8 @@ from helpers import leading_run, next_token, sd_passes
 from mock_lm import BigramLM, bigram_table
 
 from pyramid_demo.core import rules
-from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.engine import decode, pyramid_block, roles_for
-from pyramid_demo.core.methods import method_spec
+from pyramid_demo.core.methods import DecodeConfig, method_spec
 from pyramid_demo.core.round import decide, decide_round, grow, record
 from pyramid_demo.core.rules import Tree, decide_tree
 

@@ -18,8 +18,7 @@ from pyramid_demo.app.races import Race
 from pyramid_demo.app.text import MSG, RACE_COLUMNS
 from pyramid_demo.bench import runner
 from pyramid_demo.bench.variants import Variant
-from pyramid_demo.core.config import DecodeConfig
-from pyramid_demo.core.methods import lanes
+from pyramid_demo.core.methods import DecodeConfig, lanes
 from pyramid_demo.core.run import prepare_prompt
 from pyramid_demo.models.tiny import tiny_random_triplet
 

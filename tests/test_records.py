@@ -12,9 +12,8 @@ import torch
 from helpers import compute_stats
 from mock_lm import BigramLM, as_run
 
-from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.engine import decode, pyramid_block, roles_for
-from pyramid_demo.core.methods import method_spec
+from pyramid_demo.core.methods import DecodeConfig, method_spec
 from pyramid_demo.core.trace import StageRound, Step
 from pyramid_demo.forward.cache import CacheError
 

@@ -10,8 +10,8 @@ from helpers import peaked
 from mock_lm import BigramLM, bigram_table
 
 from pyramid_demo.core import rules
-from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.engine import decode
+from pyramid_demo.core.methods import DecodeConfig
 from pyramid_demo.core.round import decide_round, grow, record
 from pyramid_demo.core.rules import Tree, chain, decide_tree
 from pyramid_demo.core.trace import accepted_path, parents_of

@@ -4,9 +4,8 @@ chain is a length move, a kept tree path one gather, and the engine scores chain
 import pytest
 import torch
 
-from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.engine import stage_round
-from pyramid_demo.core.methods import method_spec
+from pyramid_demo.core.methods import DecodeConfig, method_spec
 from pyramid_demo.core.rules import Tree
 from pyramid_demo.forward.core import CoreLM
 from pyramid_demo.models.tiny import tiny_random_triplet

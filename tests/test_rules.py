@@ -7,7 +7,7 @@ import torch
 from helpers import leading_run, sd_passes, verify
 
 from pyramid_demo.core import rules
-from pyramid_demo.core.config import DecodeConfig
+from pyramid_demo.core.methods import DecodeConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

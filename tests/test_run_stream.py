@@ -9,7 +9,7 @@ import pytest
 from helpers import compute_stats
 
 from pyramid_demo.core import run
-from pyramid_demo.core.config import METHODS, DecodeConfig
+from pyramid_demo.core.methods import METHODS, DecodeConfig
 from pyramid_demo.core.run import _TextTail, generate, stream
 from pyramid_demo.models.tiny import tiny_random_triplet
 

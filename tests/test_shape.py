@@ -7,8 +7,8 @@ import pytest
 import torch
 from mock_lm import BigramLM, bigram_table
 
-from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.engine import decode, roles_for
+from pyramid_demo.core.methods import DecodeConfig
 from pyramid_demo.core.run import generate, takes_trees
 from pyramid_demo.forward.lm import described, open_lm
 from pyramid_demo.models.tiny import tiny_random_triplet

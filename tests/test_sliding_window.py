@@ -9,8 +9,8 @@ import torch
 from mock_lm import as_run
 from transformers import MistralConfig, MistralForCausalLM
 
-from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.engine import decode, prefill, roles_for
+from pyramid_demo.core.methods import DecodeConfig
 from pyramid_demo.forward.lm import HFLM
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -19,9 +19,8 @@ from pyramid_demo.app.race_view import divergence_words
 from pyramid_demo.bench import runner as bench
 from pyramid_demo.bench.prompts import Prompt
 from pyramid_demo.bench.variants import name_models
-from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.engine import decode, prefill
-from pyramid_demo.core.methods import LANES, lane_label, lanes
+from pyramid_demo.core.methods import LANES, DecodeConfig, lane_label, lanes
 from pyramid_demo.core.run import encode_prompt, generate
 from pyramid_demo.core.trace import first_divergence
 from pyramid_demo.forward.lm import open_lm

@@ -13,7 +13,7 @@ import pytest
 from pyramid_demo import spec_bench
 from pyramid_demo.bench import peers, spec_suite, spec_table
 from pyramid_demo.cli import main as cli_main
-from pyramid_demo.core.config import DecodeConfig
+from pyramid_demo.core.methods import DecodeConfig
 from pyramid_demo.core.trace import StageRound, Step, TokenRec
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: more threads only contend

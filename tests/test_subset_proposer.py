@@ -15,8 +15,8 @@ from helpers import verify
 from mock_lm import BigramLM, SubsetHead, as_run, bigram_table
 
 from pyramid_demo.core import rules
-from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.engine import decode, roles_for
+from pyramid_demo.core.methods import DecodeConfig
 from pyramid_demo.core.run import generate
 from pyramid_demo.models import feature_draft
 from pyramid_demo.models.feature_draft import FeatureDraft, load_subset, save_subset

@@ -7,8 +7,8 @@ from helpers import check, peaked
 from mock_lm import BigramLM, bigram_table
 from test_engine import joint_two_tokens  # the chain tests' joint law of the first two tokens
 
-from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.engine import decode, roles_for
+from pyramid_demo.core.methods import DecodeConfig
 from pyramid_demo.core.rules import Tree, best_nodes, chain, decide_tree, depths
 from pyramid_demo.core.run import generate
 from pyramid_demo.forward.cache import CacheError

@@ -14,8 +14,8 @@ import torch
 from mock_lm import BigramLM, as_run, bigram_table
 
 from pyramid_demo.core import rules
-from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.engine import connect, decode, prefill, roles_for
+from pyramid_demo.core.methods import DecodeConfig
 from pyramid_demo.forward.cache import CacheError, VerifierStates
 from pyramid_demo.forward.feature_lm import FeatureLM
 from pyramid_demo.forward.lm import open_lm

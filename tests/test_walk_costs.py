@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from pyramid_demo.core.config import METHODS
+from pyramid_demo.core.methods import METHODS
 from pyramid_demo.core.trace import RunResult, StageRound, Stats, Step, TokenRec
 from pyramid_demo.predict import costs, throughput
 from pyramid_demo.predict.walk_stats import alpha, counts, rank_counts, rejected, stage_counts

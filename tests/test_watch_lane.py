@@ -12,8 +12,7 @@ from pyramid_demo.app import race_view, render
 from pyramid_demo.app.races import Race
 from pyramid_demo.bench import runner as bench
 from pyramid_demo.bench.prompts import Prompt
-from pyramid_demo.core.config import DecodeConfig
-from pyramid_demo.core.methods import LANES
+from pyramid_demo.core.methods import LANES, DecodeConfig
 from pyramid_demo.core.run import stream
 from pyramid_demo.core.trace import RunResult, Stats
 from pyramid_demo.models.tiny import tiny_random_triplet

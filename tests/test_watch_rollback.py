@@ -12,8 +12,8 @@ import torch
 from mock_lm import as_run
 from transformers import LlamaForCausalLM
 
-from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.engine import decode, prefill, roles_for
+from pyramid_demo.core.methods import DecodeConfig
 from pyramid_demo.forward.feature_lm import FeatureLM
 from pyramid_demo.forward.lm import open_lm
 from pyramid_demo.models.feature_draft import FeatureDraft

@@ -12,8 +12,8 @@ import torch
 from mock_lm import BigramLM, as_run
 
 from pyramid_demo.app import playback
-from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.engine import decode, prefill, roles_for
+from pyramid_demo.core.methods import DecodeConfig
 
 V = 8
 FLOOR = 0.5

@@ -12,8 +12,8 @@ from helpers import verify
 from mock_lm import BigramLM, as_run, bigram_table
 
 from pyramid_demo.core import rules
-from pyramid_demo.core.config import DecodeConfig
 from pyramid_demo.core.engine import decode, roles_for
+from pyramid_demo.core.methods import DecodeConfig
 from pyramid_demo.core.round import propose_chain
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -8,7 +8,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ..clock import Repeats, baseline_lane, race_noise, speed, speed_ratio, within_noise
-from ..core.config import METHOD_SHORT, short_name
+from ..core.methods import METHOD_SHORT, short_name
 from ..core.trace import RunResult, StageRound, Step, stage_rounds
 from ..predict.costs import measured_by_k
 from .inspector import positions, round_tau, stage_names, whatif_statuses

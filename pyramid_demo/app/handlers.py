@@ -15,8 +15,7 @@ from typing import Any
 
 import gradio as gr
 
-from ..core.config import DecodeConfig
-from ..core.methods import Lane, lanes
+from ..core.methods import DecodeConfig, Lane, lanes
 from ..core.run import prepare_prompt, takes_trees
 from ..core.settings import APP_SETTINGS, TUNABLE
 from ..models.presets import PRESETS, family_config

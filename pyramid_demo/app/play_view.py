@@ -11,7 +11,7 @@ from typing import Any
 import gradio as gr
 
 from ..core import rules
-from ..core.config import METHOD_LABELS
+from ..core.methods import METHOD_LABELS
 from . import playback, render
 from .playback import HIDDEN, PROPOSED, Beat, Chip
 from .races import Race, Session

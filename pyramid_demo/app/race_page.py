@@ -8,7 +8,7 @@ import gzip
 import html
 import json
 
-from ..core.config import METHOD_LABELS
+from ..core.methods import METHOD_LABELS
 from . import play_view, playback, race_view, render, story
 from .races import Race, Session
 from .text import BUTTONS, RACE_COLUMNS

@@ -11,8 +11,7 @@ import statistics
 import gradio as gr
 
 from .. import clock
-from ..core.config import METHOD_LABELS, METHOD_SHORT
-from ..core.methods import LANES, lane_label, method_spec
+from ..core.methods import LANES, METHOD_LABELS, METHOD_SHORT, lane_label, method_spec
 from ..core.trace import RunResult, agreement, first_divergence
 from . import charts, render
 from .races import Race, Session

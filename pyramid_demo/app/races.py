@@ -12,8 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .. import clock
-from ..core.config import DecodeConfig
-from ..core.methods import Lane, lanes
+from ..core.methods import DecodeConfig, Lane, lanes
 from ..core.trace import RunResult
 from .text import MSG
 

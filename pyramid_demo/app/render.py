@@ -6,8 +6,7 @@ import html
 import re
 
 from ..core import rules
-from ..core.config import METHOD_LABELS
-from ..core.methods import LANES, method_spec
+from ..core.methods import LANES, METHOD_LABELS, method_spec
 from ..core.trace import RunResult, StageRound, accepted_path, parents_of
 from .text import ORIGIN_NAMES, STATUS_NAMES
 

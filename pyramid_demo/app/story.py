@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..clock import Repeats, compare, race_noise, speed, speed_ratio
-from ..core.config import short_name
+from ..core.methods import short_name
 from ..core.trace import RunResult
 from ..predict import costs, insertion
 from ..predict.expected import best_tree, cost_ms

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from ..core.config import METHOD_SHORT, METHODS, DecodeConfig
+from ..core.methods import METHOD_SHORT, METHODS, DecodeConfig
 from ..models.presets import DEFAULT_PRESET, PRESETS, family_config, tuned_settings
 from ..spec_bench import TITLES, Question, question
 

@@ -9,7 +9,7 @@ from typing import Any
 import gradio as gr
 
 from ..core import rules
-from ..core.config import METHOD_LABELS
+from ..core.methods import METHOD_LABELS
 from ..core.trace import RunResult, StageRound, parents_of
 from . import charts, inspector, play_view, render, story
 from .pass_hist import accepted_figure

@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from ..core.config import METHODS
+from ..core.methods import METHODS
 from ..core.trace import Step
 from ..models.warm import cost_profile
 from ..predict import costs, insertion, throughput

@@ -6,8 +6,7 @@ import argparse
 import sys
 
 from .. import generate_cli
-from ..core.config import METHODS
-from ..core.methods import SOLO_ROLES
+from ..core.methods import METHODS, SOLO_ROLES
 from ..core.settings import SHAPES
 from ..spec_bench import TASKS
 from . import peers, spec_suite

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from transformers.utils import logging as hf_logging
 
-from ..core.config import DecodeConfig
+from ..core.methods import DecodeConfig
 from ..forward.lm import ModelTriplet
 from . import llamacpp_peer
 

@@ -11,8 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..clock import quantile
-from ..core.config import METHODS
-from ..core.methods import method_spec
+from ..core.methods import METHODS, method_spec
 from . import costs_report, spec_table
 
 MEDIANS = """

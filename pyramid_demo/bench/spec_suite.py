@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import spec_bench
-from ..core.config import DecodeConfig
+from ..core.methods import DecodeConfig
 from ..core.run import encode_prompt, prepare_prompt
 from ..forward.lm import ModelTriplet
 from . import report, spec_table

@@ -9,8 +9,7 @@ from dataclasses import dataclass
 
 from .. import generate_cli
 from ..clock import Run
-from ..core.config import METHODS, DecodeConfig
-from ..core.methods import SOLO_LANES, lane_label, lossless, method_spec, retired
+from ..core.methods import METHODS, SOLO_LANES, DecodeConfig, lane_label, lossless, method_spec, retired
 from ..core.settings import SHAPES
 from . import peers
 

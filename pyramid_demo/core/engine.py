@@ -10,8 +10,7 @@ import torch
 
 from ..forward.lm import LM
 from . import rules
-from .config import DecodeConfig
-from .methods import Stage, method_spec, stage_rule
+from .methods import DecodeConfig, Stage, method_spec, stage_rule
 from .round import (
     NonFiniteLogits,
     Round,

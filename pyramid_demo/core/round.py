@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from . import rules
-from .config import DecodeConfig
+from .methods import DecodeConfig
 from .rules import Tree, TreeDecision, chain
 from .trace import StageRound, TokenRec
 

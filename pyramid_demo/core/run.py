@@ -9,9 +9,8 @@ from typing import Any
 import torch
 
 from ..forward.lm import LM, ModelTriplet
-from .config import DecodeConfig
 from .engine import decode, prefill, roles_for, shares_prompt
-from .methods import ROLE_ORDER, method_spec
+from .methods import ROLE_ORDER, DecodeConfig, method_spec
 from .trace import RunResult, Step, Tally
 
 MAX_PROMPT_CHARS = 20_000

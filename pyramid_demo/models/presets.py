@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..core.config import DecodeConfig
+from ..core.methods import DecodeConfig
 
 
 @dataclass(frozen=True)

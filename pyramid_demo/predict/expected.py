@@ -9,8 +9,7 @@ from dataclasses import replace
 from functools import cache
 from typing import Any
 
-from ..core.config import DecodeConfig
-from ..core.methods import method_spec
+from ..core.methods import DecodeConfig, method_spec
 from ..core.rules import RANK_PRIOR, depths, expected_tree
 from ..core.run import shape_to_run
 

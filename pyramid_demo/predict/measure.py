@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from ..core import rules
-from ..core.config import DecodeConfig
+from ..core.methods import DecodeConfig
 from ..core.round import decide, feed, record
 from ..forward.cache import probe_ids
 from ..forward.lm import open_lm
