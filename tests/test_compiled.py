@@ -15,6 +15,7 @@ import torch
 from pyramid_demo.forward import compiled
 from pyramid_demo.forward.cache import VerifierStates, tap_layers
 from pyramid_demo.forward.core import CoreLM
+from pyramid_demo.forward.weights import weights
 from pyramid_demo.models import runtime
 from pyramid_demo.models.tiny import tiny_random_triplet
 
@@ -118,7 +119,7 @@ def test_a_pass_of_at_most_few_rows_runs_the_few_row_package_and_every_other_the
     t = tiny_random_triplet()
     many, few = _Runner(t.target), _Runner(t.target)
     ids = [(7 * i + 3) % (t.vocab_size - 1) + 1 for i in range(60)]
-    lm = CoreLM(t.target, t.vocab_size, "target", compiled.Runner(many, few))
+    lm = CoreLM(weights(t.target), t.vocab_size, "target", compiled.Runner(many, few))
     lm.feed(ids[:30], 1)  # a prefill: many
     lm.feed(ids[:31], 1)  # a step: few
     lm.feed(ids[: 31 + compiled.FEW_ROWS], compiled.FEW_ROWS)  # the longest few-row chain
@@ -132,7 +133,7 @@ def test_a_pass_of_at_most_few_rows_runs_the_few_row_package_and_every_other_the
         35 + 2 * compiled.FEW_ROWS,
     ]
     alone = _Runner(t.target)
-    lm = CoreLM(t.target, t.vocab_size, "target", compiled.Runner(alone))
+    lm = CoreLM(weights(t.target), t.vocab_size, "target", compiled.Runner(alone))
     lm.feed(ids[:30], 1), lm.feed(ids[:31], 1)
     assert alone.rows == [30, 1]
 
@@ -157,8 +158,8 @@ def test_a_head_packed_for_its_own_kernel_runs_after_the_package_on_the_rows_kep
         return (body(w, tokens, cos, sin, slots, mask, kv),)
 
     ids = [(7 * i + 3) % (t.vocab_size - 1) + 1 for i in range(40)]
-    c = CoreLM(q, t.vocab_size, "qualifier", compiled.Runner(states_only, head=compiled.head_after(q)))
-    e = CoreLM(q, t.vocab_size, "qualifier")
+    c = CoreLM(weights(q), t.vocab_size, "qualifier", compiled.Runner(states_only, head=compiled.head_after(q)))
+    e = CoreLM(weights(q), t.vocab_size, "qualifier")
     assert torch.allclose(c.forward(ids[:30], 0, 3), e.forward(ids[:30], 0, 3), atol=1e-5)  # the last 3 of 30 rows
     tc, te = c.forward(ids[30:33], 30, parents=[-1, 0, 0]), e.forward(ids[30:33], 30, parents=[-1, 0, 0])
     assert tc.shape == te.shape == (3, t.vocab_size) and torch.allclose(tc, te, atol=1e-5)
@@ -217,8 +218,8 @@ def test_a_package_runs_only_where_it_agrees_with_the_eager_pass(cache, monkeypa
     rec = runtime.entry(runtime.package_key(fwd.stem))
     assert rec is not None and rec["agrees"] and rec["max_abs_diff"] < 1e-4 and rec["flips"] == 0
     assert runtime.plan_role(t.target, t.vocab_size).kind == "compiled" and good.calls == 4  # read, not re-checked
-    lm = CoreLM(t.target, t.vocab_size, "target", fwd.runner)
-    ref = CoreLM(t.target, t.vocab_size, "target")
+    lm = CoreLM(weights(t.target), t.vocab_size, "target", fwd.runner)
+    ref = CoreLM(weights(t.target), t.vocab_size, "target")
     ids = [(7 * i + 3) % (t.vocab_size - 1) + 1 for i in range(40)]
     assert torch.allclose(lm.feed(ids[:30], 4), ref.feed(ids[:30], 4), atol=1e-5)
     assert torch.allclose(
@@ -252,7 +253,7 @@ def test_the_compiled_pass_computes_what_the_eager_one_does(cache) -> None:
     assert ok, note
     ids = [(7 * i + 3) % (v - 1) + 1 for i in range(120)]
     runner = compiled.load(m, compiled.fingerprint(m))
-    c, e = CoreLM(m, v, "target", runner), CoreLM(m, v, "target")
+    c, e = CoreLM(weights(m), v, "target", runner), CoreLM(weights(m), v, "target")
     c.publish, e.publish = VerifierStates(), VerifierStates()
     zc, ze = c.forward(ids[:100], 0, 100), e.forward(ids[:100], 0, 100)  # a prefill longer than one chunk
     assert torch.allclose(zc, ze, atol=1e-4) and torch.equal(zc.argmax(-1), ze.argmax(-1))
@@ -267,7 +268,7 @@ def test_the_compiled_pass_computes_what_the_eager_one_does(cache) -> None:
     assert c.keep_path([0, 2]) == 97 and e.keep_path([0, 2]) == 97
     assert torch.allclose(c.forward(ids[99:100], 97, 1), e.forward(ids[99:100], 97, 1), atol=1e-4)
     taps = tap_layers(m.config.num_hidden_layers)  # a reader of several layers gets them from the package too
-    c, e = CoreLM(m, v, "target", runner), CoreLM(m, v, "target")
+    c, e = CoreLM(weights(m), v, "target", runner), CoreLM(weights(m), v, "target")
     c.publish, e.publish = VerifierStates(taps), VerifierStates(taps)
     c.forward(ids[:20], 0, 1), e.forward(ids[:20], 0, 1)
     assert c.publish.f.shape[1] == 3 * m.config.hidden_size
@@ -295,7 +296,10 @@ def test_the_compiled_pass_computes_what_the_eager_one_does(cache) -> None:
     q = int4_copy(m, 32)  # its package holds no fp16 head (where fbgemm runs): the head runs after it
     ok, note = compiled.ensure(q, compiled.fingerprint(q))
     assert ok, note
-    c, e = CoreLM(q, v, "qualifier", compiled.load(q, compiled.fingerprint(q))), CoreLM(q, v, "qualifier")
+    c, e = (
+        CoreLM(weights(q), v, "qualifier", compiled.load(q, compiled.fingerprint(q))),
+        CoreLM(weights(q), v, "qualifier"),
+    )
     zc, ze = c.forward(ids[:40], 0, 2), e.forward(ids[:40], 0, 2)
     assert torch.allclose(zc, ze, atol=1e-3) and torch.equal(zc.argmax(-1), ze.argmax(-1))
     assert torch.allclose(c.forward(ids[40:41], 40, 1), e.forward(ids[40:41], 40, 1), atol=1e-3)

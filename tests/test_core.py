@@ -18,7 +18,7 @@ from pyramid_demo.core.methods import DecodeConfig
 from pyramid_demo.core.run import generate
 from pyramid_demo.forward.core import CoreLM, visible
 from pyramid_demo.forward.lm import HFLM, forward_of, open_lm
-from pyramid_demo.forward.weights import covered
+from pyramid_demo.forward.weights import covered, weights
 from pyramid_demo.models.tiny import tiny_random_triplet
 
 V = 300
@@ -74,7 +74,7 @@ def test_logits_match_hf_on_each_family(name, one_thread):
     model = family(name, init=0.5)  # large weights: a wrong rope, bias or window shows in the logits
     assert covered(model)
     want = _passes(HFLM(model, V, "t"), 300)
-    got = _passes(CoreLM(model, V, "t"), 300)
+    got = _passes(CoreLM(weights(model), V, "t"), 300)
     assert (got - want).abs().max() < TOL
 
 
@@ -85,7 +85,7 @@ def test_each_tree_row_scores_as_steps_along_its_path(name, one_thread):
     model = family(name, init=0.5)
     parents = [-1, 0, 0, 1, 1, 2, 3, -1]  # two roots, a bushy level, a grandchild and a great-grandchild
     tree = IDS[40:48]
-    lm = CoreLM(model, V, "t")
+    lm = CoreLM(weights(model), V, "t")
     lm.feed(IDS[:30], 1)
     got = lm.forward(tree, 30, parents=parents)  # [8, V]
     for j in range(len(parents)):
@@ -101,7 +101,7 @@ def test_a_kept_path_continues_as_a_fresh_chain(one_thread):
     """`keep_path` moves the accepted rows' keys/values to the cache's end: the next token scores as a fresh
     chain over the same tokens (a wrong slot in the gather shows)."""
     model = family("llama3", init=0.5)
-    lm = CoreLM(model, V, "t")
+    lm = CoreLM(weights(model), V, "t")
     lm.feed(IDS[:30], 1)
     lm.forward(IDS[40:44], 30, parents=[-1, -1, 1, 2])
     assert lm.keep_path([1, 2, 3]) == 33 and lm.ids == IDS[:30] + IDS[41:44]
@@ -114,14 +114,14 @@ def test_rollback_moves_a_length(one_thread):
     """After a rejected draft is rolled back and another continuation fed, the logits equal a fresh cache's over
     the same committed sequence, and the cache holds exactly the committed tokens."""
     model = family("mistral", init=0.5)
-    lm = CoreLM(model, V, "t")
+    lm = CoreLM(weights(model), V, "t")
     lm.feed(IDS[:15], 1)
     lm.feed(IDS[:21], 6)  # a draft of 6, to be partly rejected
     seq = IDS[:17] + IDS[100:108]  # 2 accepted, then another continuation
     lm.rollback(seq)
     assert lm.cache_len == 17 and lm.ids == seq[:17]
     got = lm.feed(seq, 8)
-    assert (got - CoreLM(model, V, "t").feed(seq, 8)).abs().max() < TOL
+    assert (got - CoreLM(weights(model), V, "t").feed(seq, 8)).abs().max() < TOL
     assert lm.fed == [15, 6, 8] and lm.n_forward == 3
 
 
@@ -131,7 +131,7 @@ def test_a_tree_level_that_grows_the_cache_keeps_the_earlier_levels_rows(one_thr
     leaves zeros there)."""
     model = family("llama3", init=0.2)
     for n in range(250, 260):  # a context after which level 1 fits the cache and level 2 grows it
-        lm = CoreLM(model, V, "t")
+        lm = CoreLM(weights(model), V, "t")
         lm.feed(IDS[:n], 1)
         cap = lm.capacity
         lm.forward(IDS[n : n + 2], n, parents=[-1, 0])  # level 1: rows 0, 1
@@ -144,7 +144,7 @@ def test_a_tree_level_that_grows_the_cache_keeps_the_earlier_levels_rows(one_thr
         raise AssertionError("no context length made the second level grow the cache")
     assert lm.keep_path([0, 1, 2, 3]) == n + 4
     got = lm.feed(IDS[: n + 5], 1)
-    assert (got - CoreLM(model, V, "t").feed(IDS[: n + 5], 1)).abs().max() < TOL
+    assert (got - CoreLM(weights(model), V, "t").feed(IDS[: n + 5], 1)).abs().max() < TOL
 
 
 def test_each_row_sees_the_cache_its_ancestors_and_itself():

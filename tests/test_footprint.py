@@ -10,7 +10,6 @@ import pytest
 
 import pyramid_demo
 from pyramid_demo.core import engine
-from pyramid_demo.core import run as run_module
 from pyramid_demo.core.methods import DecodeConfig
 from pyramid_demo.core.run import generate
 
@@ -33,8 +32,10 @@ def footprint(triplet, method: str, monkeypatch) -> tuple[set[str], set[str]]:
             if isinstance(frame.f_globals.get(head), type):
                 classes.add(head)
 
+    real = engine.decode
+
     def traced(*args, **kw):
-        steps = engine.decode(*args, **kw)
+        steps = real(*args, **kw)
         while True:
             sys.setprofile(prof)
             try:
@@ -45,7 +46,7 @@ def footprint(triplet, method: str, monkeypatch) -> tuple[set[str], set[str]]:
                 sys.setprofile(None)
             yield step
 
-    monkeypatch.setattr(run_module, "decode", traced)
+    monkeypatch.setattr(engine, "decode", traced)
     generate(
         triplet,
         [5, 17, 42, 99, 7],

@@ -16,7 +16,7 @@ from pyramid_demo.forward.cache import CacheError, VerifierStates, tap_layers
 from pyramid_demo.forward.core import CoreLM
 from pyramid_demo.forward.feature_lm import FeatureLM
 from pyramid_demo.forward.lm import HFLM
-from pyramid_demo.forward.weights import covered
+from pyramid_demo.forward.weights import covered, weights
 from pyramid_demo.models.feature_draft import FeatureDraft
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -82,7 +82,7 @@ def test_yarn_scaled_core_matches_hf(name):
     scaling = float(model.model.rotary_emb.attention_scaling)
     assert covered(model) and scaling > 1.05, "no attention scaling to get wrong (a vacuous test)"
     ref = _hf(model, IDS[:40])
-    lm = CoreLM(model, V, "t")
+    lm = CoreLM(weights(model), V, "t")
     got = torch.cat([lm.feed(IDS[:30], 30), lm.feed(IDS[:33], 3), lm.feed(IDS[:34], 1)])  # [34, V]
     assert (got - ref[:34]).abs().max() < TOL, "the core left HF's YaRN-scaled logits"
     tree = lm.forward([IDS[34], 7, IDS[35]], 34, parents=[-1, -1, 0])  # row 2: IDS[35] after IDS[34]
@@ -97,7 +97,7 @@ def test_a_one_row_step_at_the_window_edge_matches_hf(windowed, context):
     """Rule: a one-row step sees exactly its last W keys (itself included), as HF's window does: after `context`
     cached tokens (the step's keys: W-1, W, W+1 …) its logits are HF's uncached forward's at that position."""
     m, ref = windowed
-    lm = CoreLM(m, V, "t")
+    lm = CoreLM(weights(m), V, "t")
     lm.feed(IDS[:context], 1)
     got = lm.feed(IDS[: context + 1], 1)[0]
     assert (got - ref[context]).abs().max() < TOL, f"a one-row step with {context + 1} keys saw another window"
@@ -109,7 +109,7 @@ def test_chain_rows_across_the_window_edge_match_hf(windowed, k):
     and more give HF's logits, whatever the pass they come in."""
     m, ref = windowed
     for context in range(1, 2 * W):
-        lm = CoreLM(m, V, "t")
+        lm = CoreLM(weights(m), V, "t")
         pre = lm.feed(IDS[:context], context)  # every prefill row
         got = lm.feed(IDS[: context + k], k)
         assert (pre - ref[:context]).abs().max() < TOL, f"a prefill of {context} rows saw another window"
@@ -122,7 +122,7 @@ def test_tree_rows_at_the_window_edge_match_hf(windowed, context):
     of a two-level tree after W-1, W, W+1 cached tokens gives HF's logits over the cache and its path."""
     m, _ = windowed
     tokens, parents = [11, 12, 13, 14], [-1, -1, 0, 1]
-    lm = CoreLM(m, V, "t")
+    lm = CoreLM(weights(m), V, "t")
     lm.feed(IDS[:context], 1)
     got = lm.forward(tokens, context, parents=parents)
     for j, path in enumerate(([11], [12], [11, 13], [12, 14])):
@@ -135,7 +135,7 @@ def test_a_kept_path_keeps_slot_order_under_a_sliding_window(windowed):
     of later one-row steps, which hides slots by position, hides the right keys: steps whose window edge falls
     inside the kept path (rows 1, 4, 5 of a tree after 6 tokens) give HF's logits over the committed sequence."""
     m, _ = windowed
-    lm = CoreLM(m, V, "t")
+    lm = CoreLM(weights(m), V, "t")
     lm.feed(IDS[:6], 1)
     lm.forward([11, 12, 13, 14, 15, 16], 6, parents=[-1, -1, 0, 1, 1, 4])
     assert lm.keep_path([1, 4, 5]) == 9
@@ -163,9 +163,14 @@ def _kept(keep, arg) -> int:
         raise AssertionError(f"the kept path's rows could not be kept: {e!r}") from e
 
 
+def _lm(forward, model):
+    """A fresh LM of class `forward` over `model` (the core forward over its core weights)."""
+    return forward(weights(model) if forward is CoreLM else model, V, "target")
+
+
 def _published(forward, model, ids: list[int], taps: tuple[int, ...]) -> torch.Tensor:
     """The states a fresh LM publishes over ids fed as one chain [len(ids), d·(taps + 1)]."""
-    lm = forward(model, V, "target")
+    lm = _lm(forward, model)
     lm.publish = VerifierStates(taps)
     lm.feed(ids, 1)
     return lm.publish.f[: len(ids)].clone()
@@ -180,7 +185,7 @@ def test_a_tree_round_publishes_the_kept_paths_states(forward, wide):
     model = _llama()
     taps = tap_layers(SIZE["num_hidden_layers"]) if wide else ()
     ctx, toks = IDS[:10], [21, 22, 23, 24, 25, 26]
-    lm = forward(model, V, "target")
+    lm = _lm(forward, model)
     lm.publish = VerifierStates(taps)
     lm.feed(ctx, 1)
     lm.forward(toks[:2], 10, parents=[-1, -1])
@@ -202,7 +207,7 @@ def test_one_scoring_pass_publishes_its_unfed_tokens_and_the_kept_branch():
     publishes, once `keep_along` keeps what was accepted, the states of those tokens and of the accepted branch's
     rows only: here the second root's branch, rows 2 + 1 and 2 + 3 of the pass."""
     model = _llama()
-    lm = CoreLM(model, V, "target")
+    lm = CoreLM(weights(model), V, "target")
     lm.publish = VerifierStates()
     lm.feed(IDS[:8], 1)
     lm.forward(IDS[8:10] + [21, 22, 23, 24], 8, parents=[-1, 0, 1, 1, 2, 3])  # two chain rows, then the tree
@@ -220,7 +225,7 @@ def test_states_published_after_each_tree_round_are_the_committed_tokens():
 
     target = _llama(seed=3)
     draft = _noisy_copy(target, 0.02, torch.Generator().manual_seed(4))
-    lms = {"draft": CoreLM(draft, V, "draft"), "target": CoreLM(target, V, "target")}
+    lms = {"draft": CoreLM(weights(draft), V, "draft"), "target": CoreLM(weights(target), V, "target")}
     lms["target"].publish = VerifierStates()
     prompt = IDS[:6]
     prefill(lms, prompt)
@@ -245,7 +250,7 @@ def test_a_feature_draft_tree_root_reads_the_published_state_before_it():
     ids = IDS[:12]
 
     def connected() -> tuple[CoreLM, FeatureLM]:
-        tg, dr = CoreLM(model, V, "target"), FeatureLM(fd, V, "draft")
+        tg, dr = CoreLM(weights(model), V, "target"), FeatureLM(fd, V, "draft")
         tg.publish = dr.states = VerifierStates()
         tg.feed(ids, 1)  # the target's states at 0 .. 11
         dr.feed(ids[:10], 1)
@@ -312,6 +317,6 @@ def test_the_feature_drafts_rotary_table_is_the_cores():
     positions, no extra scale): on a plain-RoPE target its cos and sin equal the core's, row for row."""
     model = _llama()
     fd = FeatureDraft(model, torch.arange(V))
-    lm = CoreLM(model, V, "target")
+    lm = CoreLM(weights(model), V, "target")
     cos, sin = fd.rope_tables(40, torch.float32)
     assert torch.equal(cos, lm.cos[:40]) and torch.equal(sin, lm.sin[:40]), "the draft rotates by another table"

@@ -11,6 +11,7 @@ import pytest
 import torch
 from mock_lm import BigramLM, bigram_table
 
+from pyramid_demo.forward.weights import weights
 from pyramid_demo.models import checks
 
 V = 40
@@ -135,7 +136,7 @@ def test_each_tree_row_is_held_to_steps_along_its_own_path(one_thread):
     torch.manual_seed(0)
     model = LlamaForCausalLM(tiny_config(V)).eval()
     shape = checks.TREE_SHAPES[1]
-    got = checks.tree_vs_steps(CoreLM(model, V, "target"), IDS, 10, shape)
+    got = checks.tree_vs_steps(CoreLM(weights(model), V, "target"), IDS, 10, shape)
     assert got["k"] == len(shape) and got["top1"] is True, "a row was held to another context's step"
     assert got["max_abs_diff"] < 1e-4, f"a row was held to another context's step ({got['max_abs_diff']:.3g})"
 

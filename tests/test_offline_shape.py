@@ -16,6 +16,7 @@ from pyramid_demo.core.methods import DecodeConfig
 from pyramid_demo.core.run import generate
 from pyramid_demo.forward.cache import VerifierStates
 from pyramid_demo.forward.lm import open_lm
+from pyramid_demo.forward.weights import weights
 from pyramid_demo.models.quant import int4_copy
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -105,7 +106,7 @@ def test_the_offline_shape_decodes_through_real_compiled_packages(family, monkey
         assert out.forwards["target"] == "compiled" and set(out.forwards.values()) <= {"compiled", "feature"}
         role = "qualifier" if method == "psd_a" else "target"
         verifier, n = lms[role], lms[role].publish.n
-        eager = CoreLM(family.model(role), family.vocab_size, role)  # the core pass without its package
+        eager = CoreLM(weights(family.model(role)), family.vocab_size, role)  # the core pass without its package
         eager.publish = VerifierStates(verifier.publish.taps)
         eager.forward(list(verifier.ids[:n]), 0, 1)
         assert torch.allclose(verifier.publish.f[:n], eager.publish.f[:n], atol=1e-3), (method, shape)

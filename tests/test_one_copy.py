@@ -70,7 +70,7 @@ def test_fused_weights_are_the_layers_own_storage_through_cast_rebuild_and_copy(
     are, and a deep copy's are its own; HF's forward and the core one still agree."""
     model = family("qwen2")
     assert _shares(model), "a fused weight is a copy beside the layers' own"
-    assert (CoreLM(model, V, "t").feed(IDS[:12], 4) - HFLM(model, V, "t").feed(IDS[:12], 4)).abs().max() < 1e-4
+    assert (CoreLM(weights(model), V, "t").feed(IDS[:12], 4) - HFLM(model, V, "t").feed(IDS[:12], 4)).abs().max() < 1e-4
     fused = weights(model).layers[0].qkv.weight.data_ptr()
     model.model.layers[1].self_attn.o_proj = torch.nn.Linear(64, 64, bias=False)  # another layer swapped: a rebuild
     assert weights(model).layers[0].qkv.weight.data_ptr() == fused, "a rebuild copied the fused weight anew"
@@ -101,7 +101,7 @@ def test_a_training_step_moves_the_fused_weights_with_the_layers(one_thread):
     )
     with torch.no_grad():
         want = HFLM(model, V, "t").feed(IDS[:12], 4)
-    assert (CoreLM(model, V, "t").feed(IDS[:12], 4) - want).abs().max() < 1e-4
+    assert (CoreLM(weights(model), V, "t").feed(IDS[:12], 4) - want).abs().max() < 1e-4
 
 
 class Wrapped(torch.nn.Module):
@@ -133,5 +133,5 @@ def test_a_swapped_layer_without_a_weight_rebuilds_the_core_weights(one_thread):
     model.model.layers[1].self_attn.q_proj = Wrapped(_fresh(model.model.layers[1].self_attn.q_proj.inner, 1))
     assert weights(model) is not old, "a swapped q_proj kept the stale core weights"
     want = HFLM(model, V, "t").feed(IDS[:24], 4)
-    got = CoreLM(model, V, "t").feed(IDS[:24], 4)
+    got = CoreLM(weights(model), V, "t").feed(IDS[:24], 4)
     assert (got - want).abs().max() < 1e-4

@@ -8,6 +8,7 @@ from mock_lm import BigramLM, bigram_table
 
 from pyramid_demo.core.engine import connect
 from pyramid_demo.forward.core import CoreLM
+from pyramid_demo.forward.weights import weights
 from pyramid_demo.models import loading, memory, presets
 from pyramid_demo.models.errors import LoadError
 from pyramid_demo.models.quant import Fp16Linear, Int4Linear, int4_copy, label, parse_quant, quantize_groups, refusal
@@ -208,7 +209,7 @@ def test_core_forward_runs_the_copy_as_hf_does() -> None:
     """The core forward (fused int4 layers) gives the copy's HF logits, to float rounding."""
     c = int4_copy(tiny_random_triplet().target, 32)
     ids = [5, 9, 11, 3, 7]
-    lm = CoreLM(c, c.config.vocab_size, "qualifier")
+    lm = CoreLM(weights(c), c.config.vocab_size, "qualifier")
     z = lm.forward(ids, 0, len(ids))
     with torch.no_grad():
         ref = c(torch.tensor([ids])).logits[0].float()
@@ -260,12 +261,15 @@ def test_memory_estimate_counts_the_copy() -> None:
 
 
 def test_a_pyramids_draft_reads_the_qualifier_sd_draft_the_target() -> None:
-    """The draft reads the states of the model it proposes to: the qualifier in a pyramid, else the target."""
+    """The draft reads the states of the model it proposes to: the qualifier in a pyramid, else the target, publishes
+    where the draft reads them (the draft's own `states`)."""
+    from pyramid_demo.forward.cache import VerifierStates
+
     table = bigram_table(8, 0)
 
     def family(roles):
         lms = {r: BigramLM(table, r) for r in roles}
-        lms["draft"].states = None
+        lms["draft"].states = VerifierStates()
         return lms
 
     pyr = family(("draft", "qualifier", "target"))

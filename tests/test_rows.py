@@ -8,6 +8,7 @@ from pyramid_demo.core.engine import stage_round
 from pyramid_demo.core.methods import DecodeConfig, method_spec
 from pyramid_demo.core.rules import Tree
 from pyramid_demo.forward.core import CoreLM
+from pyramid_demo.forward.weights import weights
 from pyramid_demo.models.tiny import tiny_random_triplet
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -18,7 +19,7 @@ ROWS = [41, 12, 6]
 
 def _lm() -> CoreLM:
     t = tiny_random_triplet(seed=0)
-    lm = CoreLM(t.target, t.vocab_size, "target")
+    lm = CoreLM(weights(t.target), t.vocab_size, "target")
     lm.feed(CTX, 1)
     return lm
 

@@ -13,6 +13,7 @@ from pyramid_demo.core.rules import Tree, best_nodes, chain, decide_tree, depths
 from pyramid_demo.core.run import generate
 from pyramid_demo.forward.cache import CacheError
 from pyramid_demo.forward.core import CoreLM
+from pyramid_demo.forward.weights import weights
 from pyramid_demo.models.tiny import tiny_random_triplet
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -151,7 +152,7 @@ def test_keep_path_moves_the_accepted_rows_and_refuses_a_non_path(tiny):
     model = tiny.target
 
     def make():
-        return CoreLM(model, tiny.vocab_size, "t", capacity=8)
+        return CoreLM(weights(model), tiny.vocab_size, "t", capacity=8)
 
     ids = [(i * 37 + 5) % 290 + 3 for i in range(80)]
     lm = make()

@@ -9,7 +9,8 @@ from typing import Any
 import torch
 
 from ..forward.lm import LM, ModelTriplet
-from .engine import decode, prefill, roles_for, shares_prompt
+from . import engine
+from .engine import prefill, roles_for, shares_prompt
 from .methods import ROLE_ORDER, DecodeConfig, method_spec
 from .trace import RunResult, Step, Tally
 
@@ -208,7 +209,7 @@ def _passes(
         lm.reset_counters()
     if "qualifier" in lms:  # what ran: a qualifier of other shapes prefills its own whatever was asked
         record.config["qualifier_prompt"] = "target" if share else "own"
-    for step in decode(lms, ids, cfg, triplet.eos_ids, gen, full_records, defer=True):  # records after the clock
+    for step in engine.decode(lms, ids, cfg, triplet.eos_ids, gen, full_records, defer=True):  # records after the clock
         record.add(relabel(step, solo) if solo is not None else step)
         yield record
 

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from .cache import LONGEST_PASS, CachedModel, grown, tap_layers, tap_norm, tree_seen
-from .weights import Layer, Weights, weights
+from .weights import Layer, Weights
 
 MIN_CAPACITY = 256  # cache slots a run starts with; doubled when outgrown
 
@@ -154,22 +154,16 @@ def visible(
 
 
 class CoreLM(CachedModel):
-    """One run's state over the core forward (the engine's `LM`): its own static cache; `runner` the compiled
-    packages of these weights (`compiled.Runner`; None: eager)."""
+    """One run's state over a model's core weights `w` (`weights.weights`; the engine's `LM`): its own static cache;
+    `runner` the compiled packages of these weights (`compiled.Runner`; None: eager)."""
 
     trees = True
 
     def __init__(
-        self,
-        model: Any,
-        vocab_size: int,
-        role: str,
-        runner: Any | None = None,
-        capacity: int = MIN_CAPACITY,
-        w: Weights | None = None,
+        self, w: Weights, vocab_size: int, role: str, runner: Any | None = None, capacity: int = MIN_CAPACITY
     ) -> None:
         super().__init__(role)
-        self.w, self.vocab_size, self.run = (weights(model) if w is None else w), vocab_size, runner
+        self.w, self.vocab_size, self.run = w, vocab_size, runner
         self.device = self.w.embed.device
         self.kv: list[torch.Tensor] = []
         self._alloc(max(capacity, LONGEST_PASS + 1))

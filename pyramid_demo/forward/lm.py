@@ -243,6 +243,8 @@ def open_lm(model: torch.nn.Module, vocab_size: int, role: str, runner: Any | No
 
 def opened(fwd: Forward, vocab_size: int, role: str) -> LM:
     """A fresh per-run LM (its own cache, never shared) over `fwd`'s model, on the forward `fwd` names."""
+    if fwd.kind == "hf":
+        return HFLM(fwd.model, vocab_size, role)
     if fwd.kind == "lookup":
         from .lookup import LookupLM
 
@@ -251,8 +253,8 @@ def opened(fwd: Forward, vocab_size: int, role: str) -> LM:
         from .feature_lm import FeatureLM
 
         return FeatureLM(fwd.model, vocab_size, role)
-    if fwd.kind == "hf":
-        return HFLM(fwd.model, vocab_size, role)
     from .core import CoreLM
+    from .weights import weights
 
-    return CoreLM(fwd.model, vocab_size, role, fwd.runner, w=fwd.weights)
+    w = fwd.weights if fwd.weights is not None else weights(fwd.model)  # a plan written without them (tests)
+    return CoreLM(w, vocab_size, role, fwd.runner)

@@ -20,6 +20,7 @@ from ..forward import compiled
 from ..forward.cache import cache_root, probe_ids
 from ..forward.core import CoreLM
 from ..forward.lm import Forward, described, forward_of
+from ..forward.weights import weights
 from ..predict import measure
 from .checks import check_family
 
@@ -155,12 +156,12 @@ def agreement(model: Any, vocab_size: int, runner: Any) -> dict[str, Any]:
     ids = probe_ids(80, vocab_size)
     outs = []
     for run in (None, runner):
-        lm = CoreLM(model, vocab_size, "check", run)
+        lm = CoreLM(weights(model), vocab_size, "check", run)
         z = [lm.feed(ids[:60], 1), lm.feed(ids[:61], 1), lm.feed(ids[:65], 4)]
         z.append(lm.forward(ids[65:71], 65, parents=[-1, 0, 0, 1, 1, 2]))
         outs.append(torch.cat(z))  # [12, V]
     a, b = outs  # eager, compiled
-    steps = CoreLM(model, vocab_size, "check")
+    steps = CoreLM(weights(model), vocab_size, "check")
     steps.feed(ids[:61], 1)
     one = torch.cat([steps.feed(ids[: 62 + i], 1) for i in range(4)])  # [4, V]: the chain's rows one at a time
     noise = float((a[2:6] - one).abs().max())
