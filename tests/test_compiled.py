@@ -318,7 +318,11 @@ def test_a_run_opens_each_role_on_its_plans_forward_and_a_model_outside_it_runs_
     assert t.forward("target").kind == "eager" and t.forward("target").runner is None  # not decided: uncompiled
     runner = _Runner(t.target)
     planned = replace(
-        t, plan={**t.plan, "target": Forward("compiled", "a stand-in", compiled.Runner(runner), model=t.target)}
+        t,
+        plan={
+            **t.plan,
+            "target": Forward("compiled", "a stand-in", compiled.Runner(runner), weights(t.target), model=t.target),
+        },
     )
     lm = planned.open("target")
     lm.feed([1, 2, 3], 1)

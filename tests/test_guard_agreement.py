@@ -12,6 +12,7 @@ import torch
 
 from pyramid_demo.forward import compiled
 from pyramid_demo.forward.lm import Forward
+from pyramid_demo.forward.weights import weights
 from pyramid_demo.models import runtime
 
 
@@ -141,7 +142,11 @@ def test_the_family_record_key_changes_with_each_roles_forward_weights_dtype_and
 
     def family(target=core, forward="eager", dtype=torch.float32, names=("d", "q", "t")):
         models = {"draft": hf, "qualifier": core, "target": target}
-        plan = {"draft": Forward("hf"), "qualifier": Forward("eager"), "target": Forward(forward)}
+        plan = {
+            "draft": Forward("hf"),
+            "qualifier": Forward("eager", weights=weights(core)),
+            "target": Forward(forward, weights=weights(target)),
+        }
         return SimpleNamespace(model=models.__getitem__, plan=plan, names=names, dtype=dtype)
 
     key = runtime.family_key(family())
@@ -200,6 +205,7 @@ def _check(monkeypatch, eager: torch.Tensor, package: torch.Tensor) -> dict:
     steps = torch.cat([eager[1:2], eager[2:6] + off])  # the step before the chain, then its rows one at a time
     tables = [eager, package, steps]
     monkeypatch.setattr(runtime, "CoreLM", lambda *a, **k: _Rows(tables.pop(0)))
+    monkeypatch.setattr(runtime, "weights", lambda model: model)  # the stand-in reads no weights
     return runtime.agreement(torch.nn.Linear(1, 1), V, "package")
 
 

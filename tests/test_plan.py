@@ -12,6 +12,7 @@ from helpers import saved_tiny_models
 
 from pyramid_demo.core.methods import DecodeConfig
 from pyramid_demo.core.run import generate
+from pyramid_demo.forward.weights import weights
 from pyramid_demo.models import loading
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,11 +67,21 @@ def test_a_run_reports_the_forwards_its_family_planned(monkeypatch) -> None:
 
     t = tiny_random_triplet()
     planned = replace(
-        t, plan={r: Forward("eager", "planned", model=t.model(r)) for r in ("draft", "qualifier", "target")}
+        t,
+        plan={
+            r: Forward("eager", "planned", weights=weights(t.model(r)), model=t.model(r))
+            for r in ("draft", "qualifier", "target")
+        },
     )
     out = generate(planned, "Hello", DecodeConfig(method="sd", max_new_tokens=4))
     assert out.forwards == {"draft": "eager", "target": "eager"}
-    planned = replace(t, plan={**planned.plan, "draft": Forward("lookup-like", "a plan's own word", model=t.draft)})
+    planned = replace(
+        t,
+        plan={
+            **planned.plan,
+            "draft": Forward("lookup-like", "a plan's own word", weights=weights(t.draft), model=t.draft),
+        },
+    )
     out = generate(planned, "Hello", DecodeConfig(method="sd", max_new_tokens=4))
     assert out.forwards["draft"] == "lookup-like", "the record re-derived the draft's forward from its model"
 
@@ -102,9 +113,26 @@ def test_a_model_swapped_into_a_family_is_described_again() -> None:
 
     t = tiny_random_triplet()
     planned = replace(
-        t, plan={r: Forward("eager", "planned", model=t.model(r)) for r in ("draft", "qualifier", "target")}
+        t,
+        plan={
+            r: Forward("eager", "planned", weights=weights(t.model(r)), model=t.model(r))
+            for r in ("draft", "qualifier", "target")
+        },
     )
     swapped = replace(planned, draft=PromptLookup(3))
     assert swapped.forward("draft").kind == "lookup" and not swapped.forward("draft").trees
     assert isinstance(swapped.open("draft"), LookupLM)
     assert swapped.forward("target") is planned.forward("target"), "an unchanged role lost its plan's entry"
+
+
+def test_a_core_forwards_entry_carries_its_weights() -> None:
+    """Rule: a plan entry that runs the core pass (eager or compiled) holds the core's view of its model's weights,
+    built once: one without them is refused where it is written, not when a run opens it."""
+    import pytest
+
+    from pyramid_demo.forward.lm import Forward
+
+    for kind in ("eager", "compiled"):
+        with pytest.raises(ValueError, match="weights"):
+            Forward(kind, "no weights")
+    assert Forward("hf").weights is None and Forward("lookup").weights is None

@@ -50,6 +50,10 @@ class Forward:
     trees: bool = True  # it takes a tree of candidates (prompt lookup proposes one chain; HF's only where none slides)
     model: Any | None = None  # the module it runs: a model swapped in later is described again
 
+    def __post_init__(self) -> None:
+        if self.kind in ("eager", "compiled") and self.weights is None:
+            raise ValueError(f"a {self.kind} forward needs the core's view of its model's weights (`described`)")
+
 
 @dataclass
 class ModelTriplet:
@@ -254,7 +258,5 @@ def opened(fwd: Forward, vocab_size: int, role: str) -> LM:
 
         return FeatureLM(fwd.model, vocab_size, role)
     from .core import CoreLM
-    from .weights import weights
 
-    w = fwd.weights if fwd.weights is not None else weights(fwd.model)  # a plan written without them (tests)
-    return CoreLM(w, vocab_size, role, fwd.runner)
+    return CoreLM(fwd.weights, vocab_size, role, fwd.runner)

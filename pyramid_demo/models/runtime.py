@@ -154,14 +154,15 @@ def agreement(model: Any, vocab_size: int, runner: Any) -> dict[str, Any]:
     """The compiled pass against eager on steps, a 4-row chain, a prefill and a tree: it agrees where every row's top-1
     is eager's or a near-tie within eager's own rounding (its 4-row chain against the same rows one at a time)."""
     ids = probe_ids(80, vocab_size)
+    w = weights(model)
     outs = []
     for run in (None, runner):
-        lm = CoreLM(weights(model), vocab_size, "check", run)
+        lm = CoreLM(w, vocab_size, "check", run)
         z = [lm.feed(ids[:60], 1), lm.feed(ids[:61], 1), lm.feed(ids[:65], 4)]
         z.append(lm.forward(ids[65:71], 65, parents=[-1, 0, 0, 1, 1, 2]))
         outs.append(torch.cat(z))  # [12, V]
     a, b = outs  # eager, compiled
-    steps = CoreLM(weights(model), vocab_size, "check")
+    steps = CoreLM(w, vocab_size, "check")
     steps.feed(ids[:61], 1)
     one = torch.cat([steps.feed(ids[: 62 + i], 1) for i in range(4)])  # [4, V]: the chain's rows one at a time
     noise = float((a[2:6] - one).abs().max())
