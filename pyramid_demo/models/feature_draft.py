@@ -24,7 +24,7 @@ FORMAT = "pyramid-feature-draft-v1"
 class FeatureDraft(nn.Module):
     """fc + one Llama decoder layer + the target's final norm and (reduced) head."""
 
-    reads_verifier = True  # forward.lm.open_lm gives it a FeatureLM, fed its verifier's states
+    reads_verifier = True  # `forward.lm.described` names it "feature": it opens as a FeatureLM over its verifier
 
     def __init__(self, target: nn.Module, subset: torch.Tensor, taps: tuple[int, ...] = ()):
         super().__init__()
