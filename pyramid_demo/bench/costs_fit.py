@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
+
 import numpy as np
 
 from ..predict import costs
@@ -82,28 +84,26 @@ def _by_role(row: dict, profile: dict) -> tuple[dict[str, float], dict[str, floa
 def loo_busy(rows: list[dict], profile: dict) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
     """Per variant, each role's measured ÷ profiled forward time over the other variants' rows (its own
     where no other variant ran the role); and the same pooled over every row, for display."""
-    num: dict[str, dict[str, float]] = {}
-    den: dict[str, dict[str, float]] = {}
+    num: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    den: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for row in rows:
         fwd, got = _by_role(row, profile)
         for r, t in fwd.items():
             if got.get(r):
-                num.setdefault(row["variant"], {})[r] = num.get(row["variant"], {}).get(r, 0.0) + got[r]
-                den.setdefault(row["variant"], {})[r] = den.get(row["variant"], {}).get(r, 0.0) + t
+                num[row["variant"]][r] += got[r]
+                den[row["variant"]][r] += t
     roles = sorted({r for d in den.values() for r in d})  # one order every run
     tot_n = {r: sum(d.get(r, 0.0) for d in num.values()) for r in roles}
     tot_d = {r: sum(d.get(r, 0.0) for d in den.values()) for r in roles}
     pooled = {r: tot_n[r] / tot_d[r] for r in roles if tot_d[r] > 0}
     if tot_d and sum(tot_d.values()) > 0:
         pooled["all"] = sum(tot_n.values()) / sum(tot_d.values())
-    out: dict[str, dict[str, float]] = {}
-    for label in dict.fromkeys(r["variant"] for r in rows):
-        mine_n, mine_d = num.get(label, {}), den.get(label, {})
-        out[label] = {}
-        for r in roles:
-            d = tot_d[r] - mine_d.get(r, 0.0)
-            out[label][r] = (tot_n[r] - mine_n.get(r, 0.0)) / d if d > 1e-12 else pooled.get(r, 1.0)
-    return out, pooled
+
+    def others(label: str, r: str) -> float:  # the other variants' ratio, else the pooled one
+        d = tot_d[r] - den[label][r]
+        return (tot_n[r] - num[label][r]) / d if d > 1e-12 else pooled.get(r, 1.0)
+
+    return {label: {r: others(label, r) for r in roles} for label in dict.fromkeys(r["variant"] for r in rows)}, pooled
 
 
 def predict_rows(rows: list[dict], profile: dict) -> dict[str, float]:
@@ -111,14 +111,12 @@ def predict_rows(rows: list[dict], profile: dict) -> dict[str, float]:
     priced from their runs) on every engine row with a cost record, and both speed-ups over AR; the busy factors."""
     eng_rows = [r for r in rows if r.get("kind") == "engine" and r.get("cost_record")]
     busy, pooled = loo_busy(eng_rows, profile)
-    fitted = loo_engine_s(eng_rows, profile)
-    seen: dict[str, int] = {}
+    fitted = {label: iter(secs) for label, secs in loo_engine_s(eng_rows, profile).items()}  # in row order
     for row in eng_rows:
         fwd, _ = _by_role(row, profile)
         micro = costs.price(row["cost_record"].get("engine") or {}, profile) / 1000
         row["predicted_profile_s"] = sum(fwd.values()) + micro
-        i = seen[row["variant"]] = seen.get(row["variant"], -1) + 1
-        eng = fitted[row["variant"]][i] if i < len(fitted.get(row["variant"], [])) else micro
+        eng = next(fitted.get(row["variant"], iter(())), micro)
         b = busy.get(row["variant"], pooled)
         row["predicted_s"] = sum(t * b.get(r, pooled.get("all", 1.0)) for r, t in fwd.items()) + eng
     ar = {(r["repeat"], r["prompt_index"]): r for r in eng_rows if r["method"] == "ar"}

@@ -196,7 +196,7 @@ def markdown_table(summary: list[dict]) -> str:
             elif name == "fwd D/Q/T":
                 cells.append("/".join(_f(s.get(f"fwd_{r}"), 0) for r in ("draft", "qualifier", "target")))
             else:
-                cells.append(_f(s.get(key), nd) if key != "variant" else str(s[key]))
+                cells.append(_f(s.get(key), nd))  # the variant's name: as it is
         lines.append("| " + " | ".join(cells) + " |")
     lines.append(
         "\n*peers: wall time of the `generate()` call, prefill included. Engine tok/s exclude prefill; "
@@ -239,11 +239,10 @@ def write_outputs(result: dict, out_dir: str | Path, columns: list[str]) -> list
         best_per_method=best_per_method(summary),
         markdown=markdown_table(summary) + "\n\n" + targets_table(targets) + skipped,
     )
-    csv_path = write_csv(out / "results.csv", columns, rows)
-    json_path, html_path = out / "results.json", out / "report.html"
-    json_path.write_text(json.dumps(_clean(result), indent=1, default=str), encoding="utf-8")
-    html_path.write_text(render_html(result), encoding="utf-8")
-    return [csv_path, json_path, html_path]
+    paths = [write_csv(out / "results.csv", columns, rows), out / "results.json", out / "report.html"]
+    paths[1].write_text(json.dumps(_clean(result), indent=1, default=str), encoding="utf-8")
+    paths[2].write_text(render_html(result), encoding="utf-8")
+    return paths
 
 
 def write_csv(path: Path, columns: list[str], rows: list[dict]) -> Path:
@@ -333,13 +332,6 @@ def _lines(fig, pts: list[dict], x: str, y: str, label: str, col: int, symbol: s
         )
 
 
-def _tau_t_label(method: str) -> str:
-    """A τ_T line's name: its settings besides τ_T (ℓ_D, ℓ_Q for a pyramid; τ_Q where stage 1 is fuzzy)."""
-    spec = method_spec(method)
-    pyramid = " lD={l_d} lQ={l_q}" if spec.pyramid else ""
-    return method + pyramid + (" tauQ={tau_q:g}" if "tau_q" in spec.thresholds else "")
-
-
 def _acceptance_figure(eng: list[dict]):
     """Left: target-stage acceptance vs τ_T; right: PSD_F's qualifier-stage acceptance vs τ_Q."""
     from plotly.subplots import make_subplots
@@ -347,7 +339,10 @@ def _acceptance_figure(eng: list[dict]):
     fig = make_subplots(rows=1, cols=2, subplot_titles=("target stage vs τ_T", "qualifier stage (PSD_F) vs τ_Q"))
     fuzzy = [s for s in eng if s.get("tau_t") is not None and s.get("acceptance_target") is not None]
     for m in (m for m in METHODS if "tau_t" in method_spec(m).thresholds):  # one line per other setting
-        _lines(fig, [s for s in fuzzy if s["method"] == m], "tau_t", "acceptance_target", _tau_t_label(m), 1)
+        spec = method_spec(m)  # named by its settings besides τ_T: ℓ_D, ℓ_Q for a pyramid, τ_Q where stage 1 is fuzzy
+        pyramid = " lD={l_d} lQ={l_q}" if spec.pyramid else ""
+        label = m + pyramid + (" tauQ={tau_q:g}" if "tau_q" in spec.thresholds else "")
+        _lines(fig, [s for s in fuzzy if s["method"] == m], "tau_t", "acceptance_target", label, 1)
     for m in (m for m in METHODS if "tau_q" in method_spec(m).thresholds):
         mine = [s for s in fuzzy if s["method"] == m and s.get("acceptance_qualifier") is not None]
         label = "{method} lD={l_d} lQ={l_q} tauT={tau_t:g} (Q stage)"

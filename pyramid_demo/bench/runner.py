@@ -117,16 +117,6 @@ def _base_row(v: Variant, r: int, pi: int, prompt: Prompt, ids: list[int]) -> di
     return row
 
 
-def _model_speeds(triplet: ModelTriplet, variants: list[Variant], ids: list[int]) -> dict[str, float]:
-    roles = {"target"}.union(
-        *(
-            (v.solo,) if v.solo else method_spec(v.method).roles if v.kind == "engine" else peers.PEER_ROLES[v.method]
-            for v in variants
-        )
-    )
-    return {r: peers.one_token_speed(triplet, r, ids) for r in sorted(roles)}
-
-
 def run_bench(
     triplet: ModelTriplet,
     variants: list[Variant],
@@ -168,7 +158,13 @@ def run_bench(
         run_variant(triplet, v, first, chat, usable)
 
     warm_up(triplet, variants, first, chat, usable, warmup_tokens, warm)
-    speeds_one = _model_speeds(triplet, variants, first)
+    roles = {"target"}.union(
+        *(
+            (v.solo,) if v.solo else method_spec(v.method).roles if v.kind == "engine" else peers.PEER_ROLES[v.method]
+            for v in variants
+        )
+    )
+    speeds_one = {role: peers.one_token_speed(triplet, role, first) for role in sorted(roles)}
     rows: list[dict] = []
     refs: dict[int, list[int]] = {}
     interrupted, t_start = False, time.perf_counter()
@@ -177,6 +173,30 @@ def run_bench(
         v.kind == "engine" and v is next(w for w in variants if w.method == v.method)  # a method's first variant
         for v in variants
     ]
+
+    def _run_prompt(r: int, pi: int, p: Prompt, ids: list[int] | dict[str, list[int]]) -> list[tuple[dict, list[int]]]:
+        """Every variant once on one prompt, in order: rows (without per-prompt ratios) and tokens; `ids` by label: a
+        conversation's later turn, each variant's own."""
+        group: list[tuple[dict, list[int]]] = []
+        scored: dict[tuple[int, ...], float | None] = {}
+        for v in variants:
+            bar.set_postfix_str(f"prompt {pi} {v.label}")
+            cfg = v.cfg if v.cfg.greedy else dataclasses.replace(v.cfg, seed=v.cfg.seed + r)
+            vids = ids[v.label] if isinstance(ids, dict) else ids
+            measured, toks = run_variant(triplet, dataclasses.replace(v, cfg=cfg), vids, chat, usable)
+            row = _base_row(v, r, pi, p, vids) | measured
+            row["text"] = triplet.tokenizer.decode(toks, skip_special_tokens=True)
+            key = (tuple(vids), tuple(toks))  # identical outputs (lossless methods at T=0) share one scoring pass
+            if key not in scored:
+                scored[key] = peers.target_logprob(triplet, vids, toks)
+            row["target_logprob"] = scored[key]
+            if answers:
+                row.update(csqa_answer=answers[pi], csqa_pred=csqa.extract_answer(row["text"]))
+                row["csqa_correct"] = int(row["csqa_pred"] == answers[pi])
+            group.append((row, toks))
+            bar.update()
+        return group
+
     try:
         for r, pi, p, ids in todo:
             if max_minutes is not None and time.perf_counter() - t_start > 60 * max_minutes and rows:
@@ -185,7 +205,7 @@ def run_bench(
                 break
             done: list[dict] = []
             while p is not None:  # a prompt, or each turn of a conversation (`follow`)
-                group = _run_prompt(triplet, variants, r, pi, p, ids, chat, answers, bar, usable)
+                group = _run_prompt(r, pi, p, ids)
                 if greedy and p not in refs:
                     ar = next((t for row, t in group if row["method"] == "ar" and row["kind"] == "engine"), None)
                     if ar is None:  # no AR variant: one untimed target-only greedy reference
@@ -220,41 +240,6 @@ def run_bench(
         speed_sources={"target": "AR runs (forwards per second)" if ar_speeds else "one-token timing"}
         | dict.fromkeys(("draft", "qualifier"), "one-token timing"),
     )
-
-
-def _run_prompt(
-    triplet: ModelTriplet,
-    variants: list[Variant],
-    r: int,
-    pi: int,
-    p: Prompt,
-    ids: list[int] | dict[str, list[int]],
-    chat: bool,
-    answers: list[str] | None,
-    bar,
-    profile: dict | None = None,
-) -> list[tuple[dict, list[int]]]:
-    """Every variant once on one prompt, in order: rows (without per-prompt ratios) and tokens; `ids` by label: a
-    conversation's later turn, each variant's own."""
-    group: list[tuple[dict, list[int]]] = []
-    scored: dict[tuple[int, ...], float | None] = {}
-    for v in variants:
-        bar.set_postfix_str(f"prompt {pi} {v.label}")
-        cfg = v.cfg if v.cfg.greedy else dataclasses.replace(v.cfg, seed=v.cfg.seed + r)
-        vids = ids[v.label] if isinstance(ids, dict) else ids
-        measured, toks = run_variant(triplet, dataclasses.replace(v, cfg=cfg), vids, chat, profile)
-        row = _base_row(v, r, pi, p, vids) | measured
-        row["text"] = triplet.tokenizer.decode(toks, skip_special_tokens=True)
-        key = (tuple(vids), tuple(toks))  # identical outputs (lossless methods at T=0) share one scoring pass
-        if key not in scored:
-            scored[key] = peers.target_logprob(triplet, vids, toks)
-        row["target_logprob"] = scored[key]
-        if answers:
-            row.update(csqa_answer=answers[pi], csqa_pred=csqa.extract_answer(row["text"]))
-            row["csqa_correct"] = int(row["csqa_pred"] == answers[pi])
-        group.append((row, toks))
-        bar.update()
-    return group
 
 
 def _per_prompt(group: list[tuple[dict, list[int]]], ref: list[int] | None, base: list[bool]) -> None:
