@@ -245,13 +245,11 @@ def run_bench(
 def _per_prompt(group: list[tuple[dict, list[int]]], ref: list[int] | None, base: list[bool]) -> None:
     """Speed-ups against AR's and SD's baseline variants (`base`) on this prompt and repeat, agreement with `ref`."""
     by = {row["method"]: row for (row, _), b in zip(group, base) if row["kind"] == "engine" and b}
-    ar, sd = by.get("ar"), by.get("sd")
     for row, toks in group:
-        if row["kind"] != "peer":
-            row["speedup_vs_ar"] = ratio(row["tokens_per_s"], ar and ar["tokens_per_s"])
-            row["speedup_vs_sd"] = ratio(row["tokens_per_s"], sd and sd["tokens_per_s"])
-        row["speedup_vs_ar_wall"] = ratio(row["tokens_per_s_wall"], ar and ar["tokens_per_s_wall"])
-        row["speedup_vs_sd_wall"] = ratio(row["tokens_per_s_wall"], sd and sd["tokens_per_s_wall"])
+        for m, baseline in (("ar", by.get("ar")), ("sd", by.get("sd"))):
+            if row["kind"] != "peer":
+                row[f"speedup_vs_{m}"] = ratio(row["tokens_per_s"], baseline and baseline["tokens_per_s"])
+            row[f"speedup_vs_{m}_wall"] = ratio(row["tokens_per_s_wall"], baseline and baseline["tokens_per_s_wall"])
         if ref is not None:
             row["agreement"], row["prefix_agreement"] = token_agreement(toks, ref), prefix_agreement(toks, ref)
 
