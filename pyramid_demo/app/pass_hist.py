@@ -71,13 +71,11 @@ def accepted_figure(results: dict[str, RunResult], title: str = "Drafted tokens 
     )
     for m, (r, c) in where.items():
         h = results[m].stats.accepted_hist[: top_k + 1]  # the bins past every method's longest run are empty
-        total = sum(h)
-        shares = [v / total for v in h]
         name = _short(m, results[m])
         fig.add_trace(
             go.Bar(
                 x=list(range(len(h))),
-                y=shares,
+                y=[v / sum(h) for v in h],
                 name=name,
                 showlegend=False,
                 marker=dict(
@@ -101,7 +99,6 @@ def accepted_figure(results: dict[str, RunResult], title: str = "Drafted tokens 
     top = max(max(tr.y) for tr in fig.data)
     fig.update_yaxes(tickformat=".0%", range=[0, top * 1.08])  # one scale in every panel: compare down a column
     fig.update_yaxes(title="share of passes", col=1)
-    for c in range(1, cols + 1):
-        fig.update_xaxes(title="accepted (bonus not counted)" if cols < 4 else "accepted", row=rows, col=c)
+    fig.update_xaxes(title="accepted (bonus not counted)" if cols < 4 else "accepted", row=rows)
     fig.update_annotations(font_size=FONT_SIZE - 1)
     return fig
