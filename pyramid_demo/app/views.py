@@ -83,8 +83,7 @@ def pick_race(session: Session | None, race_n: Any = None) -> tuple:
         stats = (none, none, none, "", none, "", none)  # the Statistics tab's outputs and the race histogram
         return empty, empty, _round_slider(None), gr.skip(), gr.skip(), _pos_slider(None), *stats
     res = race.results
-    methods = list(res)
-    method = methods[-1] if methods else None  # the last raced: the fullest pyramid
+    method = list(res)[-1] if res else None  # the last raced: the fullest pyramid
     profile = race.profile
     details = (
         story.profile_markdown(profile),
@@ -94,7 +93,7 @@ def pick_race(session: Session | None, race_n: Any = None) -> tuple:
     )
     return (
         gr.update(choices=[(f"Race {r.n}", str(r.n)) for r in session.races], value=str(race.n)),
-        gr.update(choices=[(METHOD_LABELS[m], m) for m in methods], value=method),
+        gr.update(choices=[(METHOD_LABELS[m], m) for m in res], value=method),
         *pick_method(session, race.n, method),
         accepted_figure(res),
         charts.position_figure(res),
