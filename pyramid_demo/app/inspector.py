@@ -6,16 +6,7 @@ from dataclasses import dataclass
 
 from ..core import rules
 from ..core.rules import fuzzy_passes
-from ..core.trace import (
-    STAGES,
-    RunResult,
-    StageRound,
-    Step,
-    TokenRec,
-    accepted_path,
-    parents_of,
-    stage_rounds,
-)
+from ..core.trace import STAGES, RunResult, StageRound, Step, TokenRec, accepted_path, parents_of, stage_rounds
 from ..predict.walk_stats import cut_short
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ..core.methods import TABLE, method_spec
+from ..core.methods import TABLE, Method, method_spec
 from ..core.trace import RunResult
 from .charts import FONT_SIZE, _layout, empty_figure
 from .inspector import proposes_trees
@@ -15,9 +15,8 @@ from .render import METHOD_COLOURS
 TREE_PATTERN = "/"  # tree runs' bars are hatched: a cue that is not colour
 
 
-def family(r: RunResult) -> tuple:
-    """What a run's column is: its method's cascade (roles and rules), the same for a method's chain and tree."""
-    m = method_spec(r.method)
+def family(m: Method) -> tuple:
+    """What a method's column is: its cascade (roles and rules), the same for its chain and tree."""
     return m.roles, m.stage1, m.target
 
 
@@ -36,14 +35,12 @@ def _short(key: str, r: RunResult) -> str:
 def panels(results: dict[str, RunResult]) -> dict[str, tuple[int, int]]:
     """lane → (row, col): a column per method family in the table's order, chains on top, each tree run below."""
     shown = [m for m, r in results.items() if sum(r.stats.accepted_hist) and method_spec(r.method).proposer]
-    order: list[tuple] = []
-    for f in [(m.roles, m.stage1, m.target) for m in TABLE] + [family(results[m]) for m in shown]:
-        if f not in order and any(family(results[m]) == f for m in shown):
-            order.append(f)
+    fams = {m: family(method_spec(results[m].method)) for m in shown}
+    order = [f for f in dict.fromkeys(family(m) for m in TABLE) if f in fams.values()]
     two = len({tree_lane(results[m]) for m in shown}) == 2  # chains and trees: trees in the second row
     where: dict[str, tuple[int, int]] = {}
     for m in shown:
-        col = order.index(family(results[m])) + 1
+        col = order.index(fams[m]) + 1
         row = 2 if two and tree_lane(results[m]) else 1
         if (row, col) in where.values():
             row = 3 - row
@@ -71,13 +68,11 @@ def accepted_figure(results: dict[str, RunResult], title: str = "Drafted tokens 
     )
     for m, (r, c) in where.items():
         h = results[m].stats.accepted_hist[: top_k + 1]  # the bins past every method's longest run are empty
-        total = sum(h)
-        shares = [v / total for v in h]
         name = _short(m, results[m])
         fig.add_trace(
             go.Bar(
                 x=list(range(len(h))),
-                y=shares,
+                y=[v / sum(h) for v in h],
                 name=name,
                 showlegend=False,
                 marker=dict(
@@ -101,7 +96,6 @@ def accepted_figure(results: dict[str, RunResult], title: str = "Drafted tokens 
     top = max(max(tr.y) for tr in fig.data)
     fig.update_yaxes(tickformat=".0%", range=[0, top * 1.08])  # one scale in every panel: compare down a column
     fig.update_yaxes(title="share of passes", col=1)
-    for c in range(1, cols + 1):
-        fig.update_xaxes(title="accepted (bonus not counted)" if cols < 4 else "accepted", row=rows, col=c)
+    fig.update_xaxes(title="accepted (bonus not counted)" if cols < 4 else "accepted", row=rows)
     fig.update_annotations(font_size=FONT_SIZE - 1)
     return fig

@@ -187,19 +187,15 @@ def markdown(
             f"| {alpha} | {need} |"
         )
     lines += ["", *(f"- **{short_name(row['method'])}**: {row['verdict']}" for row in table)]
-    lines += ["", insertion_line(results, profile)]
+    lines += ["", insertion_line(table, profile)]
     return "\n".join(lines)
 
 
-def insertion_line(results: dict[str, RunResult], profile: dict | None) -> str:
-    """The insertion test (predict.insertion) from this race's SD and pyramid lanes."""
+def insertion_line(table: list[dict], profile: dict | None) -> str:
+    """The insertion test (predict.insertion) from the α of this race's SD and pyramid lanes (`rows`)."""
     if not profile:
         return ""
-    m = {
-        k: costs.model_from_counts(r.method, stage_counts(r.steps), r.config, profile)
-        for k, r in results.items()
-        if k != "ar"
-    }
+    m = {row["method"]: row for row in table}
     pyr = m.get("psd_a") or m.get("psd_f") or {}
     return insertion.markdown(
         insertion.insertion(profile, m.get("sd", {}).get("alpha"), pyr.get("alpha_qualifier"), pyr.get("alpha"))
@@ -212,15 +208,14 @@ def passes_markdown(results: dict[str, RunResult]) -> str:
         "| method | proposal | draft passes | qualifier passes | target passes | accepted D→Q | accepted →T "
         "| tokens / target pass |\n|---|---|---|---|---|---|---|---|"
     )
-    out = []
+    lines = [head]
     for m, r in results.items():
         s = r.stats
         f = [str(s.forward_passes.get(k, "—")) for k in ROLES]
         acc = [f"{s.acceptance[k]:.0%}" if k in s.acceptance else "—" for k in ("qualifier", "target")]
         shape = shape_summary(r) if s.rounds else "—"
         cells = [short_name(m), shape, *f, *acc, f"{s.tokens_per_target_pass:.2f}"]
-        out.append("| " + " | ".join(cells) + " |")
-    lines = [head, *out]
+        lines.append("| " + " | ".join(cells) + " |")
     if any(proposes_trees(r) for r in results.values()):
         lines += [
             "",

@@ -271,8 +271,7 @@ def _draw_row(fig: go.Figure, row: Row, k: int, texts: dict[int, str], chars: in
                 name=f"{verifier} top-1",
             )
         )
-    for trace in traces:
-        fig.add_trace(trace, **at)
+    fig.add_traces(traces, rows=k, cols=1)
     if wants["x"]:
         fig.add_annotation(
             x=0,

@@ -83,9 +83,7 @@ def pick_race(session: Session | None, race_n: Any = None) -> tuple:
         stats = (none, none, none, "", none, "", none)  # the Statistics tab's outputs and the race histogram
         return empty, empty, _round_slider(None), gr.skip(), gr.skip(), _pos_slider(None), *stats
     res = race.results
-    methods = list(res)
-    method = methods[-1] if methods else None  # the last raced: the fullest pyramid
-    choices = [(f"Race {r.n}", str(r.n)) for r in session.races]
+    method = list(res)[-1] if res else None  # the last raced: the fullest pyramid
     profile = race.profile
     details = (
         story.profile_markdown(profile),
@@ -94,8 +92,8 @@ def pick_race(session: Session | None, race_n: Any = None) -> tuple:
         story.passes_markdown(res),
     )
     return (
-        gr.update(choices=choices, value=str(race.n)),
-        gr.update(choices=[(METHOD_LABELS[m], m) for m in methods], value=method),
+        gr.update(choices=[(f"Race {r.n}", str(r.n)) for r in session.races], value=str(race.n)),
+        gr.update(choices=[(METHOD_LABELS[m], m) for m in res], value=method),
         *pick_method(session, race.n, method),
         accepted_figure(res),
         charts.position_figure(res),
@@ -158,9 +156,8 @@ def inspect_round(
     if step.qualifier_rounds:
         lines.append("A different τ_Q would change the block itself; the what-if re-checks each recorded round only.")
     depth, title = position_title(step.target_round, int(position or 1), vocab)
-    chips = render.status_legend_html() + "".join(parts)
     return (
-        chips,
+        render.status_legend_html() + "".join(parts),
         charts.divergence_figure(step, tau_q, tau_t, vocab),
         charts.top5_figure(inspector.position_top5(step, depth), vocab, title),
         "  \n".join(lines),
