@@ -28,7 +28,9 @@ QUAL = {"exact": False, "top1": True, "passes": 6, "bitwise_passes": 1, "max_abs
 
 def _plant(monkeypatch, record: dict | None) -> None:
     """A loaded family whose record (as `prepare` writes it) is `record` (None: the family has not loaded)."""
-    t = SimpleNamespace(runs="target: the core pass, compiled (agrees with eager)")
+    t = SimpleNamespace(
+        runs="target: the core pass, compiled (agrees with eager)", machine="AMD EPYC, 2 cores, AVX-512 BF16"
+    )
     monkeypatch.setattr(loading, "loaded", lambda spec: t if record is not None else None)
     monkeypatch.setattr(runtime, "family_record", lambda triplet: record or None)
 
@@ -40,6 +42,8 @@ def test_the_family_box_is_three_short_lines_without_figures(preset, record, mon
     and carries no measured figure and no exactness warning (the fold holds the record: counts, max |Δlogit|)."""
     _plant(monkeypatch, record)
     box, fold, _ = h.preset_info(preset)
+    named = "(AMD EPYC, 2 cores, AVX-512 BF16)" in fold
+    assert named == (record is not None and preset != "custom"), "the fold names the CPU its family was planned on"
     seen = family.visible(box)
     assert len(seen.splitlines()) <= family.BOX_LINES and len(seen) <= family.BOX_CHARS, seen
     assert not any(w in box for w in ("bitwise", "logit", "passes", "6/6", "near-ties", "⚠")), box
