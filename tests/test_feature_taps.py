@@ -12,6 +12,7 @@ from pyramid_demo.core.run import generate
 from pyramid_demo.forward.cache import VerifierStates, tap_layers, tap_norm
 from pyramid_demo.forward.core import CoreLM
 from pyramid_demo.forward.lm import HFLM, open_lm
+from pyramid_demo.forward.weights import weights
 from pyramid_demo.models.feature_draft import FeatureDraft, file_taps
 from pyramid_demo.models.tiny import tiny_random_triplet
 from training import feature_train as ft
@@ -48,13 +49,14 @@ def test_every_forward_publishes_the_tapped_layers_a_reader_asks_for(forward):
     ids = [(5 * i + 2) % (t.vocab_size - 1) + 1 for i in range(14)]
     want = _expected(t.target, ids)
     d = t.target.config.hidden_size
-    lm = forward(t.target, t.vocab_size, "target")
+    model = weights(t.target) if forward is CoreLM else t.target  # the core forward runs over the core's weights
+    lm = forward(model, t.vocab_size, "target")
     lm.publish = VerifierStates(tap_layers(t.target.config.num_hidden_layers))
     lm.forward(ids[:10], 0, 1)
     lm.forward(ids[10:], 10, 1)
     assert lm.publish.f.shape[1] == 3 * d
     assert torch.allclose(lm.publish.f[:14], want, atol=1e-5), "a tapped layer is not the one the draft reads"
-    plain = forward(t.target, t.vocab_size, "target")
+    plain = forward(model, t.vocab_size, "target")
     plain.publish = VerifierStates()
     plain.forward(ids, 0, 1)
     assert torch.allclose(plain.publish.f[:14], want[:, -d:], atol=1e-5)
