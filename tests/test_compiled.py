@@ -138,6 +138,20 @@ def test_a_pass_of_at_most_few_rows_runs_the_few_row_package_and_every_other_the
     assert alone.rows == [30, 1]
 
 
+def test_a_prefill_is_one_pass_and_the_head_runs_on_the_rows_kept_alone() -> None:
+    """A prompt longer than any verifier's pass goes through the package in one pass (the weights read once, not once
+    per chunk), and the package is asked for the logits of its last row only; a verifying chain asks for every row.
+    The logits are the eager pass's."""
+    t = tiny_random_triplet()
+    many = _Runner(t.target)
+    ids = [(7 * i + 3) % (t.vocab_size - 1) + 1 for i in range(110)]
+    lm = CoreLM(weights(t.target), t.vocab_size, "target", compiled.Runner(many))
+    eager = CoreLM(weights(t.target), t.vocab_size, "target")
+    assert torch.allclose(lm.feed(ids[:100], 1), eager.feed(ids[:100], 1), atol=1e-5)
+    assert torch.allclose(lm.feed(ids[:106], 6), eager.feed(ids[:106], 6), atol=1e-5)
+    assert many.rows == [100, 6] and many.kept == [[99], [0, 1, 2, 3, 4, 5]]
+
+
 def test_a_head_packed_for_its_own_kernel_runs_after_the_package_on_the_rows_kept() -> None:
     """An int4 copy's fp16 head (fbgemm) stays out of its package: the package returns the states, and the core applies
     the head to the last `keep` rows alone; the logits are the eager pass's. A plain-weights head is inside."""
@@ -184,12 +198,14 @@ class _Runner:
 
         self.w, self.bias, self.calls, self.core_pass, self.rows = weights(model), bias, 0, core_pass, []
         self.widths: list[int] = []
+        self.kept: list[list[int]] = []
 
-    def __call__(self, tokens, cos, sin, slots, mask, kv):
+    def __call__(self, tokens, cos, sin, slots, mask, kv, kept):
         self.calls += 1
         self.rows.append(tokens.shape[0])
         self.widths.append(mask.shape[1])
-        z, h = self.core_pass(self.w, tokens, cos, sin, slots, mask, kv)
+        self.kept.append(kept.tolist())
+        z, h = self.core_pass(self.w, tokens, cos, sin, slots, mask, kv, kept)
         z = z.clone()
         z[:, 7] += self.bias
         return z, h

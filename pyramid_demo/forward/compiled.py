@@ -33,11 +33,12 @@ from .cache import LONGEST_PASS, cache_root
 from .core import body, core_pass
 from .weights import Dense, Weights, weights
 
-FORMAT = 8  # bump when the pass below changes: older packages are then stale
+FORMAT = 9  # bump when the pass below changes: older packages are then stale
 _LOCK = threading.RLock()  # a build, and torch's extraction of a package (TMPDIR)
 FEW_ROWS = 4  # the longest pass the "few" package runs
+LONGEST_CACHE = 1 << 16  # the most slots a package reads, and the most rows "many" runs (a whole prefill)
 PLANS = {  # plan -> (most rows, inductor's settings)
-    "many": (LONGEST_PASS, {"freezing": True}),
+    "many": (LONGEST_CACHE, {"freezing": True}),
     "few": (FEW_ROWS, {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP"}),
 }
 log = logging.getLogger(__name__)
@@ -50,9 +51,9 @@ class _Pass(torch.nn.Module):
         super().__init__()
         self.w, self.head = w, head
 
-    def forward(self, tokens, cos, sin, slots, mask, kv):  # type: ignore[no-untyped-def]
+    def forward(self, tokens, cos, sin, slots, mask, kv, kept=None):  # type: ignore[no-untyped-def]
         if self.head:
-            return core_pass(self.w, tokens, cos, sin, slots, mask, kv)
+            return core_pass(self.w, tokens, cos, sin, slots, mask, kv, kept)
         return (body(self.w, tokens, cos, sin, slots, mask, kv),)
 
 
@@ -182,6 +183,7 @@ def build(model: Any, fp: str, plan: str = "many") -> Path:
     path, w = package_path(model, fp, plan), weights(model)
     rows, configs = PLANS[plan]
     t, k = 96, min(4, rows)  # a cache of t slots, the first t - 16 read (the two lengths are told apart)
+    head = head_after(model) is None
     ex = (
         torch.zeros(k, dtype=torch.long),
         torch.ones(k, w.head_dim, dtype=w.dtype),
@@ -189,22 +191,24 @@ def build(model: Any, fp: str, plan: str = "many") -> Path:
         torch.arange(k),
         torch.ones(k, t - 16, dtype=torch.bool),
         [torch.zeros(w.n_kv, t, w.head_dim, dtype=w.dtype) for _ in range(2 * len(w.layers))],
+        *([torch.arange(1, k)] if head else []),  # the rows whose logits are asked
     )
-    kd, td = torch.export.Dim("k", min=1, max=rows), torch.export.Dim("t", min=LONGEST_PASS + 1, max=1 << 16)
+    kd, td = torch.export.Dim("k", min=1, max=rows), torch.export.Dim("t", min=LONGEST_PASS + 1, max=LONGEST_CACHE)
     dyn = (
         {0: kd},
         {0: kd},
         {0: kd},
         {0: kd},
-        {0: kd, 1: torch.export.Dim("read", min=1, max=1 << 16)},
+        {0: kd, 1: torch.export.Dim("read", min=1, max=LONGEST_CACHE)},
         [{1: td}] * len(ex[5]),
+        *([{0: torch.export.Dim("kept", min=1, max=rows)}] if head else []),
     )
     path.parent.mkdir(parents=True, exist_ok=True)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(scratch() / "inductor")  # its build files go with the process
     tmp = path.with_suffix(f".tmp{os.getpid()}.pt2")
     try:
         with torch.inference_mode(False), torch.no_grad():
-            ep = torch.export.export(_Pass(w, head_after(model) is None), ex, dynamic_shapes=dyn, strict=False)
+            ep = torch.export.export(_Pass(w, head), ex, dynamic_shapes=dyn, strict=False)
             torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp), inductor_configs=configs)
         os.replace(tmp, path)
     finally:

@@ -124,10 +124,12 @@ def core_pass(
     slots: torch.Tensor,
     mask: torch.Tensor | None,
     kv: list[torch.Tensor],
+    kept: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`body`, then the head on every row: logits [k, V] fp32 and the states [k, 3·d] (what a package compiles)."""
+    """`body`, then the head on the rows `kept` [n] alone (a prefill asks for its last row's logits, and the head is
+    the largest GEMM of a small model): logits [n, V] fp32 and the states [k, 3·d] (what a package compiles)."""
     h = body(w, tokens, cos, sin, slots, mask, kv)
-    return w.head(h[:, -w.embed.shape[1] :]).float(), h
+    return w.head(h[kept, -w.embed.shape[1] :]).float(), h
 
 
 def visible(
@@ -205,39 +207,31 @@ class CoreLM(CachedModel):
         dev, d = self.device, self.w.embed.shape[1]
         tok, sl = torch.tensor(tokens, device=dev), torch.tensor(slots, device=dev)
         at = torch.tensor(positions, device=dev)
+        kept = torch.arange(len(tokens) - keep, len(tokens), device=dev)  # [keep] the rows whose logits are asked
         cos, sin = self.cos[at], self.sin[at]  # [k, D]
         if self.run is not None:  # the package takes the whole cache and a mask over the slots it reads
             t = max(slots) + 1
             mask = visible(slots, positions, t, self.w.window, seen, cached)
             mask = torch.ones(len(tokens), t, dtype=torch.bool) if mask is None else mask  # [k, t]
             few = self.run.few is not None and len(tokens) <= self.run.rows  # `compiled.Runner`: by row count
-            out = (self.run.few if few else self.run.many)(tok, cos, sin, sl, mask, self.kv)
-            h = out[-1]
-            z = (
-                out[0][len(tokens) - keep :]
-                if self.run.head is None
-                else self.run.head(h[len(tokens) - keep :, -d:].contiguous())
-            )  # the head's own kernel, on the rows kept
+            if self.run.head is None:
+                z, h = (self.run.few if few else self.run.many)(tok, cos, sin, sl, mask, self.kv, kept)
+            else:  # the package returns the states; the head's own kernel runs on the rows kept
+                h = self.run.many(tok, cos, sin, sl, mask, self.kv)[0]
+                z = self.run.head(h[kept, -d:].contiguous())
         else:
             t = max(slots) + 1 if seen is None else seen.shape[1]
             mask = visible(slots, positions, t, self.w.window, seen, cached)
-            h = body(self.w, tok, cos, sin, sl, None if mask is None else mask.to(dev), [c[:, :t] for c in self.kv])
-            z = self.w.head(h[len(tokens) - keep :, -d:])
+            mask = None if mask is None else mask.to(dev)
+            z, h = core_pass(self.w, tok, cos, sin, sl, mask, [c[:, :t] for c in self.kv], kept)
         if self.publish is not None:
             self.feats = h if self.publish.taps else h[:, -d:]  # [k, d·(taps + 1)]
         return z[:, : self.vocab_size].float().cpu()
 
     @torch.inference_mode()
     def _run(self, tokens: list[int], pos: int, keep: int) -> torch.Tensor:
-        step = LONGEST_PASS if self.run is not None else len(tokens)  # a package's passes are at most this long
-        zs, feats, first_kept = [], [], len(tokens) - keep
-        for i in range(0, len(tokens), step):
-            at = list(range(pos + i, pos + min(len(tokens), i + step)))
-            zs.append(self._pass(tokens[i : i + len(at)], at, at, None, max(1, i + len(at) - max(i, first_kept))))
-            feats.append(self.feats)
-        if self.publish is not None:
-            self.feats = feats[0] if len(feats) == 1 else torch.cat(feats)  # type: ignore[arg-type]
-        return (zs[0] if len(zs) == 1 else torch.cat(zs))[-keep:]  # a step's logits are not copied again
+        at = list(range(pos, pos + len(tokens)))  # a chain's rows sit at their positions: a prefill is one pass
+        return self._pass(tokens, at, at, None, keep)
 
     @torch.inference_mode()
     def _run_tree(self, rows: list[tuple[int, int, int]], base: int, pos: int) -> torch.Tensor:
