@@ -152,6 +152,21 @@ def test_a_prefill_is_one_pass_and_the_head_runs_on_the_rows_kept_alone() -> Non
     assert many.rows == [100, 6] and many.kept == [[99], [0, 1, 2, 3, 4, 5]]
 
 
+def test_a_prompt_longer_than_one_pass_goes_in_parts_each_asked_for_the_logits_kept(monkeypatch) -> None:
+    """A prompt longer than LONGEST_PREFILL rows runs in parts (each pass's mask stays small); each part asks the
+    package for the logits of its rows among the last `keep` (one where it has none), equal to one eager pass's."""
+    from pyramid_demo.forward import core
+
+    t = tiny_random_triplet()
+    ids = [(7 * i + 3) % (t.vocab_size - 1) + 1 for i in range(100)]
+    ref = CoreLM(weights(t.target), t.vocab_size, "target").feed(ids, 25)
+    monkeypatch.setattr(core, "LONGEST_PREFILL", 40)
+    many = _Runner(t.target)
+    lm = CoreLM(weights(t.target), t.vocab_size, "target", compiled.Runner(many))
+    assert torch.allclose(lm.feed(ids, 25), ref, atol=1e-5)
+    assert many.rows == [40, 40, 20] and many.kept == [[39], list(range(35, 40)), list(range(20))]
+
+
 def test_a_head_packed_for_its_own_kernel_runs_after_the_package_on_the_rows_kept() -> None:
     """An int4 copy's fp16 head (fbgemm) stays out of its package: the package returns the states, and the core applies
     the head to the last `keep` rows alone; the logits are the eager pass's. A plain-weights head is inside."""
@@ -271,7 +286,7 @@ def test_the_compiled_pass_computes_what_the_eager_one_does(cache) -> None:
     runner = compiled.load(m, compiled.fingerprint(m))
     c, e = CoreLM(weights(m), v, "target", runner), CoreLM(weights(m), v, "target")
     c.publish, e.publish = VerifierStates(), VerifierStates()
-    zc, ze = c.forward(ids[:100], 0, 100), e.forward(ids[:100], 0, 100)  # a prefill longer than one chunk
+    zc, ze = c.forward(ids[:100], 0, 100), e.forward(ids[:100], 0, 100)  # a 100-row pass asked for every row
     assert torch.allclose(zc, ze, atol=1e-4) and torch.equal(zc.argmax(-1), ze.argmax(-1))
     assert torch.allclose(c.publish.f[:100], e.publish.f[:100], atol=1e-4)
     assert c.truncate(90) == 90 and e.truncate(90) == 90  # rollback moves a length: slots 90… are fed again

@@ -29,16 +29,16 @@ from typing import Any, NamedTuple
 
 import torch
 
-from .cache import LONGEST_PASS, cache_root
+from .cache import LONGEST_PASS, LONGEST_PREFILL, cache_root
 from .core import body, core_pass
 from .weights import Dense, Weights, weights
 
 FORMAT = 9  # bump when the pass below changes: older packages are then stale
 _LOCK = threading.RLock()  # a build, and torch's extraction of a package (TMPDIR)
 FEW_ROWS = 4  # the longest pass the "few" package runs
-LONGEST_CACHE = 1 << 16  # the most slots a package reads, and the most rows "many" runs (a whole prefill)
+LONGEST_CACHE = 1 << 16  # the most slots a package reads
 PLANS = {  # plan -> (most rows, inductor's settings)
-    "many": (LONGEST_CACHE, {"freezing": True}),
+    "many": (LONGEST_PREFILL, {"freezing": True}),
     "few": (FEW_ROWS, {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP"}),
 }
 log = logging.getLogger(__name__)

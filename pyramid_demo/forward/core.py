@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .cache import LONGEST_PASS, CachedModel, grown, tap_layers, tap_norm, tree_seen
+from .cache import LONGEST_PASS, LONGEST_PREFILL, CachedModel, grown, tap_layers, tap_norm, tree_seen
 from .weights import Layer, Weights
 
 MIN_CAPACITY = 256  # cache slots a run starts with; doubled when outgrown
@@ -230,8 +230,16 @@ class CoreLM(CachedModel):
 
     @torch.inference_mode()
     def _run(self, tokens: list[int], pos: int, keep: int) -> torch.Tensor:
-        at = list(range(pos, pos + len(tokens)))  # a chain's rows sit at their positions: a prefill is one pass
-        return self._pass(tokens, at, at, None, keep)
+        """A chain's rows at their positions, in one pass up to LONGEST_PREFILL rows (the weights read once); each
+        part asks for the logits of its rows among the last `keep`, at least one (dropped where it is not)."""
+        zs, feats, first_kept = [], [], len(tokens) - keep
+        for i in range(0, len(tokens), LONGEST_PREFILL):
+            at = list(range(pos + i, pos + min(len(tokens), i + LONGEST_PREFILL)))
+            zs.append(self._pass(tokens[i : i + len(at)], at, at, None, max(1, i + len(at) - max(i, first_kept))))
+            feats.append(self.feats)
+        if self.publish is not None and len(feats) > 1:
+            self.feats = torch.cat(feats)  # type: ignore[arg-type]
+        return (zs[0] if len(zs) == 1 else torch.cat(zs))[-keep:]
 
     @torch.inference_mode()
     def _run_tree(self, rows: list[tuple[int, int, int]], base: int, pos: int) -> torch.Tensor:
