@@ -218,7 +218,7 @@ class CoreLM(CachedModel):
                 z, h = (self.run.few if few else self.run.many)(tok, cos, sin, sl, mask, self.kv, kept)
             else:  # the package returns the states; the head's own kernel runs on the rows kept
                 h = self.run.many(tok, cos, sin, sl, mask, self.kv)[0]
-                z = self.run.head(h[kept, -d:].contiguous())
+                z = self.run.head(h[kept, -d:])  # a gather: contiguous, as fbgemm needs
         else:
             t = max(slots) + 1 if seen is None else seen.shape[1]
             mask = visible(slots, positions, t, self.w.window, seen, cached)
