@@ -72,8 +72,6 @@ def _build_missing(spec: str, jobs: list[tuple[str, str]]) -> dict[str, str]:
         ok = "" if done.returncode == 0 else f", failed: {last[:160]}"
         return job[0], f"{job[1]} {time.perf_counter() - t0:.0f} s{ok}"
 
-    if not jobs:
-        return {}
     workers = max(1, min(len(jobs), os.cpu_count() or 1))
     out: dict[str, list[str]] = {}
     with ThreadPoolExecutor(workers) as pool:

@@ -31,12 +31,7 @@ class Question:
 
     @property
     def task(self) -> str:
-        return task_of(self.category)
-
-
-def task_of(category: str) -> str:
-    """The Spec-Bench task a question category belongs to."""
-    return "mt_bench" if category in MT_BENCH else category
+        return "mt_bench" if self.category in MT_BENCH else self.category
 
 
 @cache

@@ -25,7 +25,6 @@ PLD_TOKENS, PLD_NGRAM = 10, 3  # prompt lookup's tokens proposed per round and l
 
 @dataclass
 class PeerRun:
-    peer: str
     token_ids: list[int]
     wall_s: float
     stopped: str
@@ -34,27 +33,6 @@ class PeerRun:
     @property
     def tokens_per_s(self) -> float:
         return len(self.token_ids) / self.wall_s if self.wall_s > 0 else 0.0
-
-
-def _gen_kwargs(triplet: ModelTriplet, cfg: DecodeConfig) -> dict:
-    pad = triplet.eos_ids[0] if triplet.eos_ids else (triplet.tokenizer.pad_token_id or 0)
-    kw: dict = dict(
-        max_new_tokens=cfg.max_new_tokens,
-        min_new_tokens=0,
-        eos_token_id=list(triplet.eos_ids) or None,
-        pad_token_id=pad,
-        use_cache=True,
-    )
-    if cfg.greedy:
-        kw.update(do_sample=False, temperature=None, top_k=None, top_p=None)
-    else:
-        kw.update(
-            do_sample=True,
-            temperature=cfg.temperature,
-            top_k=cfg.top_k or None,
-            top_p=cfg.top_p if cfg.top_p < 1.0 else None,
-        )
-    return kw
 
 
 def unsupported(triplet: ModelTriplet, peer: str) -> str | None:
@@ -96,15 +74,29 @@ def hf_generate(
     dev = next(target.parameters()).device
     x = torch.tensor([prompt_ids], dtype=torch.long, device=dev)
     gc = copy.deepcopy(target.generation_config)
-    gc.update(**_gen_kwargs(triplet, cfg))
+    gc.update(
+        max_new_tokens=cfg.max_new_tokens,
+        min_new_tokens=0,
+        eos_token_id=list(triplet.eos_ids) or None,
+        pad_token_id=triplet.eos_ids[0] if triplet.eos_ids else (triplet.tokenizer.pad_token_id or 0),
+        use_cache=True,
+    )
+    if cfg.greedy:
+        gc.update(do_sample=False, temperature=None, top_k=None, top_p=None)
+    else:
+        gc.update(
+            do_sample=True,
+            temperature=cfg.temperature,
+            top_k=cfg.top_k or None,
+            top_p=cfg.top_p if cfg.top_p < 1.0 else None,
+        )
+        torch.manual_seed(cfg.seed)
     kw: dict = {"generation_config": gc}
     if peer == "hf_assisted":
         kw["assistant_model"] = triplet.draft
     if peer == "hf_prompt_lookup":
         tokens, ngram = lookup or (PLD_TOKENS, PLD_NGRAM)
         gc.update(prompt_lookup_num_tokens=tokens, max_matching_ngram_size=ngram)
-    if not cfg.greedy:
-        torch.manual_seed(cfg.seed)
     calls = [0]  # one per target forward: a verification round (the first over the prompt too)
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # HF's own deprecation notes from inside assisted generation
@@ -124,7 +116,7 @@ def hf_generate(
     eos = next((i for i, t in enumerate(new) if t in triplet.eos_ids), None)
     if eos is not None:
         new = new[: eos + 1]
-    return PeerRun(peer, new, wall, "eos" if eos is not None else "max_new_tokens", calls[0])
+    return PeerRun(new, wall, "eos" if eos is not None else "max_new_tokens", calls[0])
 
 
 def llama_cpp_generate(triplet: ModelTriplet, prompt_ids: list[int], cfg: DecodeConfig) -> PeerRun:
@@ -133,7 +125,7 @@ def llama_cpp_generate(triplet: ModelTriplet, prompt_ids: list[int], cfg: Decode
         raise ValueError(why)
     assert triplet.gguf is not None
     new, wall, stopped = llamacpp_peer.decode(triplet.gguf, prompt_ids, cfg, triplet.eos_ids)
-    return PeerRun("llama_cpp", new, wall, stopped, len(new))  # plain decoding: one `llama_decode` per token
+    return PeerRun(new, wall, stopped, len(new))  # plain decoding: one `llama_decode` per token
 
 
 @torch.inference_mode()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 import statistics
 from collections.abc import Iterable
+from itertools import zip_longest
 
 from ..clock import ratio
 from ..core.trace import STAGES, Step, Tally
@@ -107,17 +108,17 @@ def table(rows: list[dict], clock: str = "wall_s") -> list[dict]:
     task_of = {k: rs[0]["task"] for per in samples.values() for k, rs in per.items()}
     first = {r["variant"]: r for r in reversed(rows) if r.get("question_id") is not None}
 
-    def mean_speed(label: str, task: str | None) -> float | None:
+    def mean_speed(label: str | None, task: str | None) -> float | None:
         return _mean([s for k, s in speeds.get(label, {}).items() if task is None or task_of[k] == task])
 
     out = []
     for label in samples:
         by_task = {}
         for t in tasks:
-            mine, ar = mean_speed(label, t), mean_speed(base, t) if base else None
+            mine, ar = mean_speed(label, t), mean_speed(base, t)
             n = sum(1 for k in speeds[label] if task_of[k] == t)
             by_task[t] = dict(tokens_per_s=mine, speedup=ratio(mine, ar), questions=n)
-        overall, ar_overall = mean_speed(label, None), mean_speed(base, None) if base else None
+        overall, ar_overall = mean_speed(label, None), mean_speed(base, None)
         out.append(
             dict(
                 variant=label,
@@ -147,13 +148,7 @@ def positions(rows: list[dict]) -> list[dict]:
 
 
 def _sum_lists(rows: list[dict], key: str) -> list[int]:
-    out: list[int] = []
-    for r in rows:
-        xs = r.get(key) or []
-        out.extend([0] * (len(xs) - len(out)))
-        for i, x in enumerate(xs):
-            out[i] += int(x)
-    return out
+    return [sum(xs) for xs in zip_longest(*(r.get(key) or [] for r in rows), fillvalue=0)]
 
 
 def _x(v: float | None) -> str:
