@@ -6,6 +6,7 @@ from collections import defaultdict
 
 import numpy as np
 
+from ..clock import ratio
 from ..predict import costs
 from ..predict.expected import ar_ms, engine_ms
 
@@ -128,11 +129,9 @@ def predict_rows(rows: list[dict], profile: dict) -> dict[str, float]:
             if ref and ref["n_new_tokens"]
             else step * busy.get(row["variant"], pooled).get("target", pooled.get("all", 1.0))
         )
-        row["predicted_speedup_vs_ar"] = per_ar * n / row["predicted_s"] if row["predicted_s"] > 0 else None
-        row["predicted_profile_speedup_vs_ar"] = (
-            step * n / row["predicted_profile_s"] if row["predicted_profile_s"] > 0 else None
-        )
-        row["predicted_profile_tokens_per_s"] = n / row["predicted_profile_s"] if row["predicted_profile_s"] else None
+        row["predicted_speedup_vs_ar"] = ratio(per_ar * n, row["predicted_s"])
+        row["predicted_profile_speedup_vs_ar"] = ratio(step * n, row["predicted_profile_s"])
+        row["predicted_profile_tokens_per_s"] = ratio(n, row["predicted_profile_s"])
     return pooled
 
 

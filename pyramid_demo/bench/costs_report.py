@@ -97,8 +97,7 @@ def finish(rows: list[dict], prof: dict | None) -> dict:
 
 def _variant(label: str, v: dict, prof: dict, by: dict[str, dict]) -> dict:
     """One variant's summary: measured and predicted tok/s and speed-ups over AR (pooled), and its model."""
-    cfg = {k: x for k, x in v["config"].items() if x is not None}
-    model = costs.model_from_counts(v["method"], v["stages"], cfg, prof)
+    model = costs.model_from_counts(v["method"], v["stages"], v["config"], prof)
     tok = v["tokens"]
     measured = tok / v["decode_s"] if v["decode_s"] else None
     predicted = tok / v["predicted_s"] if v["predicted_s"] else None
@@ -111,7 +110,7 @@ def _variant(label: str, v: dict, prof: dict, by: dict[str, dict]) -> dict:
     return dict(
         variant=label,
         method=v["method"],
-        config=cfg,
+        config=v["config"],
         measured_tokens_per_s=measured,
         predicted_tokens_per_s=predicted,
         prediction_error=predicted / measured - 1 if measured and predicted else None,
@@ -246,7 +245,7 @@ def figure(section: dict):
     return fig
 
 
-def html_section(result: dict, plotly_loaded: bool = True) -> str:
+def html_section(result: dict) -> str:
     """report.html's section: the table, then the chart (plotly.js is already on the page)."""
     section = result.get("cost_profile")
     if not section:
@@ -258,20 +257,20 @@ def html_section(result: dict, plotly_loaded: bool = True) -> str:
     return (
         f"<h3>Why each method wins or loses here: the cost profile</h3><p>{html.escape(md[0])}</p>"
         + (f"<p>{html.escape(notes[0])}</p>" if notes else "")
-        + (html_table("\n".join(table), note=False) if table else "")
+        + (html_table("\n".join(table)) if table else "")
         + "".join(f"<p><small>{html.escape(n)}</small></p>" for n in notes[1:])
-        + (fig.to_html(full_html=False, include_plotlyjs=not plotly_loaded, default_height=420) if fig else "")
+        + (fig.to_html(full_html=False, include_plotlyjs=False, default_height=420) if fig else "")
     )
 
 
-def html_table(markdown: str, note: bool = True) -> str:
-    """A markdown table as HTML; `note`: the lines after it (its footnotes) below it."""
+def html_table(markdown: str) -> str:
+    """A markdown table as HTML, the lines after it (its footnotes) below it."""
     md = markdown.split("\n")
     head = [c.strip() for c in md[0].strip("|").split("|")]
     body = [[c.strip() for c in line.strip("|").split("|")] for line in md[2:] if line.startswith("|")]
     th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
     trs = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in body)
-    notes = [line.strip() for line in md[2:] if line.strip() and not line.startswith("|")] if note else []
+    notes = [line.strip() for line in md[2:] if line.strip() and not line.startswith("|")]
     foot = "".join(f"<p><small>{html.escape(line)}</small></p>" for line in notes)
     return f"<table><tr>{th}</tr>{trs}</table>{foot}"
 

@@ -378,7 +378,7 @@ torch {html.escape(str(meta.get("torch", "")))}
 <b>Recommended setting</b> (fastest frontier point with agreement ≥ 0.9):
 {html.escape(str(rec["variant"]) if rec else "none")}.</p>
 {costs_report.html_table(markdown_table(result["summary"]))}
-<h3>Speed targets</h3>{costs_report.html_table(targets_table(result.get("targets", [])), note=False)}
+<h3>Speed targets</h3>{costs_report.html_table(targets_table(result.get("targets", [])))}
 <p>Engine tok/s exclude prefill; peers (Hugging Face <code>generate()</code>) are timed as the wall time of the call,
 prefill included — compare them with the "wall" columns. Speed-ups are computed per prompt, then the median is shown.
 Acceptance and accepted tokens per target pass are pooled over runs (bonus token not counted). Agreement: position-wise
@@ -386,5 +386,5 @@ match with target-only greedy output over its length (T=0 only); log-prob: the t
 produced text (one teacher-forced pass).</p>
 {"".join(parts)}
 {spec_table.html_section(result["suite"]) if result.get("suite") else ""}
-{costs_report.html_section(result, plotly_loaded=bool(parts))}
+{costs_report.html_section(result)}
 </body></html>"""

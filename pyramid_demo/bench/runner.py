@@ -110,8 +110,6 @@ def _base_row(v: Variant, r: int, pi: int, prompt: Prompt, ids: list[int]) -> di
         spec = method_spec(v.method)
         row.update(fallback=c.fallback, conf_stop=c.conf_stop if spec.proposer else None)
         row.update({k: getattr(c, k) for k in spec.lengths + spec.thresholds})
-        if spec.shaped and c.shape == "tree":
-            row.update({k: getattr(c, k) for k in TREE_BUDGET})
         if spec.pyramid:
             row.update(stage2=c.stage2)
     return row
