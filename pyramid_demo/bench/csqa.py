@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
-from pathlib import Path
+
+from .prompts import read_rows
 
 LABELS = "ABCDE"
 
@@ -110,27 +110,10 @@ def parse_row(obj: dict) -> Question:
     return Question(str(obj.get("id", "")), stem, labels, choices, str(obj.get("answerKey", "") or ""))
 
 
-def read_file(path: str | Path) -> list[Question]:
-    p = Path(path)
-    if not p.is_file():
-        raise ValueError(f"CSQA file not found: {p}")
-    out = []
-    for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            out.append(parse_row(json.loads(line)))
-        except (json.JSONDecodeError, ValueError, KeyError, TypeError) as e:
-            raise ValueError(f"{p}:{n}: not a CSQA row ({e})") from None
-    if not out:
-        raise ValueError(f"{p}: no questions found")
-    return out
-
-
 def load_questions(path: str | None = None, limit: int | None = None) -> list[Question]:
     """Questions from `path`, or from the Hub (`tau/commonsense_qa`) when no file is given."""
     if path:
-        qs = read_file(path)
+        qs = read_rows(path, "CSQA", parse_row)
     else:
         try:
             from datasets import load_dataset  # optional dependency

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -47,27 +49,36 @@ _BUILTIN: dict[str, list[str]] = {
 }
 
 
-def read_jsonl(path: str | Path) -> list[Prompt]:
-    """Prompts from a JSONL file ({"prompt": ...} per line); a clear ValueError if malformed."""
+def read_rows(path: str | Path, what: str, parse: Callable[[Any], Any]) -> list:
+    """`parse` of each line of a JSONL file (blank and # lines skipped); a clear ValueError naming a bad line."""
     p = Path(path)
     if not p.is_file():
-        raise ValueError(f"prompt file not found: {p}")
-    out: list[Prompt] = []
+        raise ValueError(f"{what} file not found: {p}")
+    out = []
     for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
-        line = line.strip()
-        if not line or line.startswith("#"):
+        if not line.strip() or line.lstrip().startswith("#"):
             continue
         try:
-            obj = json.loads(line)
+            out.append(parse(json.loads(line)))
         except json.JSONDecodeError as e:
             raise ValueError(f"{p}:{n}: not valid JSON ({e.msg})") from None
-        text = obj.get("prompt") if isinstance(obj, dict) else None
-        if not isinstance(text, str) or not text.strip():
-            raise ValueError(f'{p}:{n}: each line must be an object with a non-empty "prompt" string')
-        out.append(Prompt(text, str(obj.get("category", "user"))))
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{p}:{n}: not a {what} row ({e})") from None
     if not out:
-        raise ValueError(f"{p}: no prompts found")
+        raise ValueError(f"{p}: no {what} rows found")
     return out
+
+
+def _prompt(obj: Any) -> Prompt:
+    text = obj.get("prompt") if isinstance(obj, dict) else None
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError('each line must be an object with a non-empty "prompt" string')
+    return Prompt(text, str(obj.get("category", "user")))
+
+
+def read_jsonl(path: str | Path) -> list[Prompt]:
+    """Prompts from a JSONL file ({"prompt": ...} per line)."""
+    return read_rows(path, "prompt", _prompt)
 
 
 def load_prompts(spec: str, limit: int | None = None) -> list[Prompt]:
