@@ -104,7 +104,17 @@ def run(args: argparse.Namespace) -> int:
     print(f"note: {triplet.runs}", file=sys.stderr)
     if forwards := ", ".join(f"{r} {f}" for r, f in result.forwards.items()):
         print(f"note: this run's forwards: {forwards}", file=sys.stderr)
-    print(json.dumps(json_record(result, triplet)) if args.json else summary(result))
+    if not args.json:
+        print(summary(result))
+        return 0
+    record = {  # the run's record plus how it ran (`exact`: None if unmeasured)
+        **result.to_dict(),
+        "dtype": str(triplet.dtype).removeprefix("torch."),
+        "runs": triplet.runs,
+        "exact": triplet.exact,
+        "exact_note": triplet.exact_note,
+    }
+    print(json.dumps(record))
     return 0
 
 
@@ -117,14 +127,3 @@ def shape_profile(triplet, cfg: DecodeConfig) -> dict | None:
     except Exception as e:  # noqa: BLE001 - without a profile "auto" takes the chain and says so
         print(f"note: no cost profile ({e!r}): shape auto takes the chain", file=sys.stderr)
         return None
-
-
-def json_record(result, triplet) -> dict:
-    """`--json`'s object: the run's record plus how it ran (dtype, what each role runs, `exact`: None if unmeasured)."""
-    return {
-        **result.to_dict(),
-        "dtype": str(triplet.dtype).removeprefix("torch."),
-        "runs": triplet.runs,
-        "exact": triplet.exact,
-        "exact_note": triplet.exact_note,
-    }
