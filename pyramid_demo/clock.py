@@ -112,10 +112,7 @@ def race_noise(results: dict[str, RunResult], repeats: Repeats | None = None) ->
     reps, base = repeats or [], baseline_lane("ar", results)
     if base and (paired := [x for k in results if k != base if len(x := paired_ratios(k, base, reps)) >= 2]):
         return max(relative_spread(x) or 0.0 for x in paired) / math.sqrt(min(map(len, paired)))
-    groups: dict = {}
-    for r in (r for rep in reps or [results] for r in rep.values()):
-        for key, ts in same_k_forwards(r.steps).items():
-            groups.setdefault(key, []).extend(ts)
+    groups = same_k_forwards(s for rep in reps or [results] for r in rep.values() for s in r.steps)
     speeds = [lane_speeds(k, results, repeats) for k in results]
     spreads = [timing_noise(groups), *(relative_spread(x) for x in speeds)]
     worst = max((x for x in spreads if x is not None), default=None)
