@@ -121,8 +121,6 @@ def hf_generate(
 
 def llama_cpp_generate(triplet: ModelTriplet, prompt_ids: list[int], cfg: DecodeConfig) -> PeerRun:
     """llama.cpp decoding the target's GGUF as an F32 copy (wall time): the CPU anchor our AR is measured against."""
-    if why := unsupported(triplet, "llama_cpp"):
-        raise ValueError(why)
     assert triplet.gguf is not None
     new, wall, stopped = llamacpp_peer.decode(triplet.gguf, prompt_ids, cfg, triplet.eos_ids)
     return PeerRun(new, wall, stopped, len(new))  # plain decoding: one `llama_decode` per token

@@ -10,7 +10,7 @@ import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..clock import quantile
+from ..clock import quantile, ratio
 from ..core.methods import METHODS, method_spec
 from . import costs_report, spec_table
 
@@ -113,11 +113,10 @@ def check_targets(summary: list[dict], min_agreement: float = 0.9) -> list[dict]
         met = None if value is None else (value <= goal if at_most else value >= goal)
         out.append(dict(target=name, value=value, goal=goal, at_most=at_most, met=met))
 
-    inv = lambda x: 1 / x if x else None  # noqa: E731
     if "hf_generate" in by and "ar" in by:
-        add("our AR ÷ HF generate() (wall tok/s)", inv(by["hf_generate"]["speedup_vs_ar_wall"]), 1.0)
+        add("our AR ÷ HF generate() (wall tok/s)", ratio(1, by["hf_generate"]["speedup_vs_ar_wall"]), 1.0)
     if "hf_assisted" in by and "sd" in by:
-        add("our SD ÷ HF assisted (wall tok/s)", inv(by["hf_assisted"]["speedup_vs_sd_wall"]), 1.0)
+        add("our SD ÷ HF assisted (wall tok/s)", ratio(1, by["hf_assisted"]["speedup_vs_sd_wall"]), 1.0)
     good = [s for s in summary if s["method"] == "psd_f" and (s.get("agreement") or 0) >= min_agreement]
     if any(s["method"] == "psd_f" for s in summary):
         for key, goal in (("speedup_vs_sd", 1.5), ("speedup_vs_ar", 2.0)):

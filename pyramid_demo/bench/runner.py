@@ -164,13 +164,9 @@ def run_bench(
     )
     speeds_one = {role: peers.one_token_speed(triplet, role, first) for role in sorted(roles)}
     rows: list[dict] = []
-    refs: dict[int, list[int]] = {}
+    refs: dict[Prompt, list[int]] = {}
     interrupted, t_start = False, time.perf_counter()
     todo = [(r, pi, p, ids) for r in range(repeats) for pi, p, ids in prepared]
-    base = [
-        v.kind == "engine" and v is next(w for w in variants if w.method == v.method)  # a method's first variant
-        for v in variants
-    ]
 
     def _run_prompt(r: int, pi: int, p: Prompt, ids: list[int] | dict[str, list[int]]) -> list[tuple[dict, list[int]]]:
         """Every variant once on one prompt, in order: rows (without per-prompt ratios) and tokens; `ids` by label: a
@@ -209,7 +205,7 @@ def run_bench(
                     if ar is None:  # no AR variant: one untimed target-only greedy reference
                         ar = generate(triplet, ids, dataclasses.replace(variants[0].cfg, method="ar"), chat).token_ids
                     refs[p] = ar
-                _per_prompt(group, refs.get(p), base)
+                _per_prompt(group, refs.get(p))
                 done += [row for row, _ in group]
                 p, ids = (follow(p, group) if follow else None) or (None, ids)
             rows.extend(done)
@@ -240,9 +236,9 @@ def run_bench(
     )
 
 
-def _per_prompt(group: list[tuple[dict, list[int]]], ref: list[int] | None, base: list[bool]) -> None:
-    """Speed-ups against AR's and SD's baseline variants (`base`) on this prompt and repeat, agreement with `ref`."""
-    by = {row["method"]: row for (row, _), b in zip(group, base) if row["kind"] == "engine" and b}
+def _per_prompt(group: list[tuple[dict, list[int]]], ref: list[int] | None) -> None:
+    """Speed-ups against AR's and SD's first variants on this prompt and repeat, agreement with `ref`."""
+    by = {row["method"]: row for row, _ in reversed(group) if row["kind"] == "engine"}  # a method's first variant
     for row, toks in group:
         for m, baseline in (("ar", by.get("ar")), ("sd", by.get("sd"))):
             if row["kind"] != "peer":
