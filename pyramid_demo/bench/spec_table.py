@@ -197,18 +197,13 @@ def position_markdown(pos: list[dict]) -> str:
 
 
 def csv_rows(records: list[dict]) -> tuple[list[str], list[dict]]:
-    """spec_bench.csv: one row per variant, the table's figures and the tokens/s they come from."""
+    """spec_bench.csv (`cols` of each row): one row per variant, the table's figures and the tokens/s they come from."""
     tasks = task_columns(records)
     cols = ["variant", "method", "kind", *(f"{t}_speedup" for t in tasks), "mean_accepted_tokens", "overall"]
     cols += [*(f"{t}_tokens_per_s" for t in tasks), "overall_tokens_per_s", "questions"]
-    out = []
-    for r in records:
-        keys = ("variant", "method", "kind", "mean_accepted_tokens", "overall", "questions", "overall_tokens_per_s")
-        row = {k: r[k] for k in keys}
-        for t in tasks:
-            row[f"{t}_speedup"], row[f"{t}_tokens_per_s"] = r["tasks"][t]["speedup"], r["tasks"][t]["tokens_per_s"]
-        out.append(row)
-    return cols, out
+    return cols, [
+        r | {f"{t}_{k}": r["tasks"][t][k] for t in tasks for k in ("speedup", "tokens_per_s")} for r in records
+    ]
 
 
 def html_section(suite: dict) -> str:
