@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import html
 import statistics
-from collections.abc import Iterable
 from itertools import zip_longest
 
 from ..clock import ratio
@@ -76,16 +75,9 @@ def _samples(rows: list[dict]) -> dict[str, dict[Key, list[dict]]]:
     return {label: {k: rs for k, rs in per.items() if k in whole} for label, per in by.items()}
 
 
-def question_speed(turn_rows: Iterable[dict], clock: str = "wall_s") -> float | None:
+def question_speed(turn_rows: list[dict], clock: str = "wall_s") -> float | None:
     """One question's tokens/s: new tokens ÷ seconds (`clock`: wall_s as Spec-Bench, or decode_s), summed over turns."""
-    rs = list(turn_rows)
-    seconds = sum(float(r[clock]) for r in rs)
-    return sum(int(r["n_new_tokens"]) for r in rs) / seconds if seconds > 0 else None
-
-
-def _mean(xs: list[float | None]) -> float | None:
-    ok = [x for x in xs if x is not None]
-    return statistics.mean(ok) if ok else None
+    return ratio(sum(int(r["n_new_tokens"]) for r in turn_rows), sum(float(r[clock]) for r in turn_rows))
 
 
 def mean_accepted_tokens(rows: list[dict]) -> float | None:
@@ -109,7 +101,8 @@ def table(rows: list[dict], clock: str = "wall_s") -> list[dict]:
     first = {r["variant"]: r for r in reversed(rows) if r.get("question_id") is not None}
 
     def mean_speed(label: str | None, task: str | None) -> float | None:
-        return _mean([s for k, s in speeds.get(label, {}).items() if task is None or task_of[k] == task])
+        mine = [s for k, s in speeds.get(label, {}).items() if s is not None and (task is None or task_of[k] == task)]
+        return statistics.mean(mine) if mine else None
 
     out = []
     for label in samples:
