@@ -97,7 +97,7 @@ def loo_busy(rows: list[dict], profile: dict) -> tuple[dict[str, dict[str, float
     tot_n = {r: sum(d.get(r, 0.0) for d in num.values()) for r in roles}
     tot_d = {r: sum(d.get(r, 0.0) for d in den.values()) for r in roles}
     pooled = {r: tot_n[r] / tot_d[r] for r in roles if tot_d[r] > 0}
-    if tot_d and sum(tot_d.values()) > 0:
+    if sum(tot_d.values()) > 0:
         pooled["all"] = sum(tot_n.values()) / sum(tot_d.values())
 
     def others(label: str, r: str) -> float:  # the other variants' ratio, else the pooled one
@@ -118,7 +118,7 @@ def predict_rows(rows: list[dict], profile: dict) -> dict[str, float]:
         micro = costs.price(row["cost_record"].get("engine") or {}, profile) / 1000
         row["predicted_profile_s"] = sum(fwd.values()) + micro
         eng = next(fitted.get(row["variant"], iter(())), micro)
-        b = busy.get(row["variant"], pooled)
+        b = busy[row["variant"]]
         row["predicted_s"] = sum(t * b.get(r, pooled.get("all", 1.0)) for r, t in fwd.items()) + eng
     ar = {(r["repeat"], r["prompt_index"]): r for r in eng_rows if r["method"] == "ar"}
     step = ar_ms(profile) / 1000
@@ -127,7 +127,7 @@ def predict_rows(rows: list[dict], profile: dict) -> dict[str, float]:
         per_ar = (
             ref["predicted_s"] / ref["n_new_tokens"]
             if ref and ref["n_new_tokens"]
-            else step * busy.get(row["variant"], pooled).get("target", pooled.get("all", 1.0))
+            else step * busy[row["variant"]].get("target", pooled.get("all", 1.0))
         )
         row["predicted_speedup_vs_ar"] = ratio(per_ar * n, row["predicted_s"])
         row["predicted_profile_speedup_vs_ar"] = ratio(step * n, row["predicted_profile_s"])

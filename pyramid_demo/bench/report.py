@@ -358,21 +358,18 @@ def render_html(result: dict) -> str:
     figs = _figures(result)
     parts = [f.to_html(full_html=False, include_plotlyjs=(i == 0), default_height=460) for i, f in enumerate(figs)]
     meta = result.get("meta", {})
+    m = {k: html.escape(str(v)) for k, v in meta.items()}  # as page text
+    stopped = " — <b>stopped early</b>: only completed prompts are included" if meta.get("stopped_early") else ""
     rec = result.get("recommended")
     speeds = ", ".join(f"V_{k[0].upper()} {v:.1f} tok/s" for k, v in result.get("speeds", {}).items())
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>PyramidSD bench</title>
 <style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1300px}}table{{border-collapse:collapse;font-size:13px}}
 td,th{{border:1px solid #ccc;padding:3px 6px;text-align:right}}td:first-child{{text-align:left}}</style></head><body>
 <h1>PyramidSD Explorer — benchmark</h1>
-<p><b>Models:</b> {html.escape(", ".join(meta.get("models", [])))} ({html.escape(str(meta.get("preset", "")))});
-<b>machine:</b> {html.escape(str(meta.get("processor", "")))}, {meta.get("cpu_count", "")} CPUs,
-torch {html.escape(str(meta.get("torch", "")))}
-({meta.get("torch_threads", "")} threads), {html.escape(str(meta.get("device", "")))}
-{html.escape(str(meta.get("dtype", "")))};
-{meta.get("n_prompts", "")} prompts × {meta.get("repeats", "")} repeats, {html.escape(str(meta.get("time_utc", "")))}{
-        " — <b>stopped early</b>: only completed prompts are included" if meta.get("stopped_early") else ""
-    }.</p>
-<p><b>Command:</b> <code>{html.escape(str(meta.get("command", "")))}</code></p>
+<p><b>Models:</b> {html.escape(", ".join(meta["models"]))} ({m["preset"]}); <b>machine:</b> {m["processor"]},
+{m["cpu_count"]} CPUs, torch {m["torch"]} ({m["torch_threads"]} threads), {m["device"]} {m["dtype"]};
+{m["n_prompts"]} prompts × {m["repeats"]} repeats, {m["time_utc"]}{stopped}.</p>
+<p><b>Command:</b> <code>{m["command"]}</code></p>
 <p><b>Single-model speeds</b> (for the throughput model): {html.escape(speeds)}.
 <b>Recommended setting</b> (fastest frontier point with agreement ≥ 0.9):
 {html.escape(str(rec["variant"]) if rec else "none")}.</p>
