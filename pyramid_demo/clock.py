@@ -11,6 +11,8 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from .core.methods import LANES, DecodeConfig
 from .core.run import generate, stream, takes_trees
 from .core.trace import RunResult, Step
@@ -136,12 +138,8 @@ MIN_GROUP = 5  # same-k forwards needed before a group's spread counts
 
 
 def quantile(xs: list[float], q: float) -> float:
-    """The q-quantile of xs by linear interpolation between order statistics (numpy's default)."""
-    s = sorted(xs)
-    pos = q * (len(s) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+    """The q-quantile of xs by linear interpolation between order statistics."""
+    return float(np.quantile(xs, q))
 
 
 def relative_spread(times: list[float]) -> float | None:
