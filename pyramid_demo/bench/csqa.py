@@ -19,8 +19,7 @@ class Question:
     answer: str  # the correct label, "" if unknown
 
 
-# Five worked examples in the FSD reference's style (questions from the CSQA training set;
-# the reasoning is written for this project).
+# Five worked examples in the FSD reference's style (CSQA training-set questions, reasoning written for this project)
 SHOTS: tuple[tuple[str, tuple[str, ...], str, str], ...] = (
     (
         "Sammy wanted to go to where the people were. Where might he go?",

@@ -30,10 +30,6 @@ class PeerRun:
     stopped: str
     target_forwards: int | None = None  # the target's forward calls in the run (prefill's included); None: not counted
 
-    @property
-    def tokens_per_s(self) -> float:
-        return len(self.token_ids) / self.wall_s if self.wall_s > 0 else 0.0
-
 
 def unsupported(triplet: ModelTriplet, peer: str) -> str | None:
     """Why `peer` cannot run on this family (one line), or None when it can."""

@@ -43,12 +43,13 @@ def run_variant(
             if v.method == "llama_cpp"
             else peers.hf_generate(triplet, ids, v.cfg, v.method, v.lookup)
         )
+        speed = ratio(len(pr.token_ids), pr.wall_s)  # wall time, prefill included
         return dict(
             n_new_tokens=len(pr.token_ids),
             stopped=pr.stopped,
             wall_s=pr.wall_s,
-            tokens_per_s_incl_prefill=pr.tokens_per_s,
-            tokens_per_s_wall=pr.tokens_per_s,
+            tokens_per_s_incl_prefill=speed,
+            tokens_per_s_wall=speed,
             target_forwards=pr.target_forwards,
         ), pr.token_ids
     res, wall = timed(triplet, v, ids, chat, profile)  # statuses only
@@ -66,13 +67,13 @@ def run_variant(
         decode_s=s.decode_s,
         wall_s=wall,
         tokens_per_s=s.tokens_per_s,
-        tokens_per_s_incl_prefill=n / (s.prefill_s + s.decode_s) if s.prefill_s + s.decode_s > 0 else None,
-        tokens_per_s_wall=n / wall if wall > 0 else None,
+        tokens_per_s_incl_prefill=ratio(n, s.prefill_s + s.decode_s),
+        tokens_per_s_wall=ratio(n, wall),
         target_passes=s.target_passes,
         mean_accepted_per_target_pass=s.mean_accepted_per_target_pass,
         tokens_per_target_pass=s.tokens_per_target_pass,
         engine_overhead_s=s.engine_overhead_s,
-        engine_overhead_share=s.engine_overhead_s / s.decode_s if s.decode_s > 0 else None,
+        engine_overhead_share=ratio(s.engine_overhead_s, s.decode_s),
     )
     for stage in ("qualifier", "target"):
         if stage in s.acceptance:
