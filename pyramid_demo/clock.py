@@ -179,7 +179,5 @@ def compare(a: float, b: float, noise: float) -> int:
 
 def leaders(speeds: dict[str, float], noise: float) -> list[str]:
     """The fastest method and every other within noise of it, fastest first (several: a tie within noise)."""
-    if not speeds:
-        return []
-    best = max(speeds.values())
+    best = max(speeds.values(), default=0.0)
     return sorted((m for m, v in speeds.items() if compare(best, v, noise) == 0), key=lambda m: -speeds[m])
