@@ -71,16 +71,11 @@ def support_divergence(
     has_zeros = out.any(-1)  # [n]
     if support == "full" or not bool(has_zeros.any()):
         return divergence(p, q, kind, log_p, log_q)
-    cols = None
-    if bool(has_zeros.all()) and bool((out == out[:1]).all()):  # one support for every row (a reduced head):
-        cols = (~out[0]).nonzero().squeeze(-1)  # [|S|]           work on its columns only
-        lp_in, q_s, log_q_s = log_p[:, cols], q[:, cols], log_q[:, cols]  # [n, |S|]
-    else:
-        lp_in, q_s, log_q_s = log_p.masked_fill(out, float("-inf")), q, log_q
+    lp_in = log_p.masked_fill(out, float("-inf"))  # (`support_divergence_logits` cuts a shared support to S)
     log_mass = torch.logsumexp(lp_in, -1, keepdim=True)  # [n, 1]: log p(S)
     lp_s = torch.where(torch.isneginf(log_mass), lp_in, lp_in - log_mass)  # log p_S
-    sub = _on_support(lp_s, log_mass, q_s, log_q_s, kind)
-    return sub if cols is not None else torch.where(has_zeros, sub, divergence(p, q, kind, log_p, log_q))
+    sub = _on_support(lp_s, log_mass, q, log_q, kind)
+    return torch.where(has_zeros, sub, divergence(p, q, kind, log_p, log_q))
 
 
 def _on_support(
