@@ -88,8 +88,8 @@ def grow(
     shape = (
         rules.children(rules.expected_tree(nodes, depth, k, rules.RANK_PRIOR)[0]) if gen is not None else None
     )  # lossless
-    ctx_rows, toks, par, score_, ctx, fed, slot = [z_root[0]], [], [], [], [], [], []
-    # per node: token, parent, path score, its row in ctx_rows (−1: not expanded), its pending row, shape slot
+    ctx_rows, toks, par, score_, ctx, slot = [z_root[0]], [], [], [], [], []
+    # per node: token, parent, path score, its row in ctx_rows (−1: not expanded; its pending row is one less), slot
 
     def add_children(z_row: torch.Tensor, parent: int, base: float, at: int) -> list[int]:
         if shape is None:  # the top-k: their log-probabilities need one logsumexp, not a log-softmax
@@ -110,27 +110,23 @@ def grow(
             par.append(parent)
             score_.append(base + s)
             ctx.append(-1)
-            fed.append(-1)
             slot.append(sl)
             out.append(len(toks) - 1)
         return out
 
     frontier = add_children(z_root[0], -1, 0.0, -1)
-    n_rows = 0
     for _ in range(depth - 1):
         if shape is not None:  # the nodes the shape expands
             frontier = [f for f in frontier if shape[slot[f] + 1]]
         if not frontier:
             break
-        z = lm.forward(
-            [toks[f] for f in frontier], lm.cache_len, parents=[fed[par[f]] if par[f] >= 0 else -1 for f in frontier]
-        )  # [len(frontier), V]
+        up = [ctx[par[f]] - 1 if par[f] >= 0 else -1 for f in frontier]  # each parent's pending row (−1: the root)
+        z = lm.forward([toks[f] for f in frontier], lm.cache_len, parents=up)  # [len(frontier), V]
         nxt = []
         for j, f in enumerate(frontier):
-            fed[f], ctx[f] = n_rows + j, len(ctx_rows)
+            ctx[f] = len(ctx_rows)
             ctx_rows.append(z[j])
             nxt += add_children(z[j], f, score_[f], slot[f])
-        n_rows += len(frontier)
         frontier = nxt if shape is not None else sorted(nxt, key=lambda i: -score_[i])[:k]
     keep = rules.best_nodes(par, score_, nodes) if shape is None else list(range(len(toks)))
     new = {old: i for i, old in enumerate(keep)}

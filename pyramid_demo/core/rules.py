@@ -222,8 +222,6 @@ class TreeDecision:
     r: torch.Tensor | None = None  # [N] the uniform each node's ratio test reads (sampled runs)
     sd: list[bool | None] = field(default_factory=list)  # [N] the SD rule's verdict on each child it tried
     leaf: bool = False  # the walk ended at a context with no children: the own token is a bonus
-    p_w: dict[int, torch.Tensor] = field(default_factory=dict)  # context → the verifier's warped row it read [V]
-    q_w: dict[int, torch.Tensor] = field(default_factory=dict)  # context → the proposer's warped row it read [V]
 
 
 def spine(tree: Tree) -> list[int]:
@@ -284,8 +282,8 @@ def decide_tree(
     walked: list[int] = []
     status: list[str] = ["discarded"] * n
     sd: list[bool | None] = [None] * n
-    p_w: dict[int, torch.Tensor] = {}
-    q_w: dict[int, torch.Tensor] = {}
+    p_w: dict[int, torch.Tensor] = {}  # context → the verifier's warped row the SD rule read [V]
+    q_w: dict[int, torch.Tensor] = {}  # context → the proposer's warped row [V]
     line = spine(tree)
     d = [float("nan")] * (n + 1)  # the divergence per context, as plain floats while the walk reads them
     if fuzzy and tau and n:  # the divergences a walk that accepts reads, in one batch (a chain: all of them)
@@ -344,7 +342,7 @@ def decide_tree(
             continue
         leaf, nxt = False, own(c, rest)
         break
-    return TreeDecision(walked, nxt, status, torch.tensor(d) if fuzzy else None, r, sd, leaf, p_w, q_w)
+    return TreeDecision(walked, nxt, status, torch.tensor(d) if fuzzy else None, r, sd, leaf)
 
 
 # the shipped feature draft's on-policy acceptance by rank (greedy, assets/unseen_prompts.jsonl, 352 positions),
