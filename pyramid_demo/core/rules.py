@@ -312,13 +312,9 @@ def decide_tree(
     if gen is not None and with_sd:
         rows(line, False)
         rows(line[:-1], True)
-    c = 0
-    while True:
-        here = kids[c]
-        if not here:
-            leaf, nxt = True, own(c, None)
-            break
-        chosen, rest = None, None
+    c, rest = 0, None
+    while kids[c]:  # a context with no children ends the walk: its own token is a bonus
+        here, chosen, rest = kids[c], None, None
         if fuzzy and tau and tree.q_row[c] >= 0:
             if d[c] != d[c]:  # off the spine: computed where the walk stands (as `decide` would)
                 d[c] = float(support_divergence_logits(z_p[c : c + 1], tree.z_q[tree.q_row[c]][None], *div)[0])
@@ -335,14 +331,13 @@ def decide_tree(
             if ch == chosen:
                 break
             status[ch] = "rejected"
-        if chosen is not None:  # the other children stay rejected (tried) or discarded (never tried)
-            status[chosen] = "accepted"
-            walked.append(chosen)
-            c = chosen + 1
-            continue
-        leaf, nxt = False, own(c, rest)
-        break
-    return TreeDecision(walked, nxt, status, torch.tensor(d) if fuzzy else None, r, sd, leaf)
+        if chosen is None:  # refused: the verifier's own token (from the residual, sampled after an SD refusal)
+            break
+        status[chosen] = "accepted"  # the other children stay rejected (tried) or discarded (never tried)
+        walked.append(chosen)
+        c = chosen + 1
+    nxt = own(c, rest)
+    return TreeDecision(walked, nxt, status, torch.tensor(d) if fuzzy else None, r, sd, not kids[c])
 
 
 # the shipped feature draft's on-policy acceptance by rank (greedy, assets/unseen_prompts.jsonl, 352 positions),
