@@ -179,12 +179,6 @@ def stage_rule(stage: Stage, stage2: str) -> str:
     return stage2 if stage.rule == "config" else stage.rule
 
 
-def target_rule(key: str, stage2: str) -> str | None:
-    """The rule the target applies, given the run's `stage2` setting."""
-    spec = method_spec(key)
-    return stage_rule(spec.stages[-1], stage2) if spec.stages else None
-
-
 def lossless(key: str, stage2: str = "fuzzy") -> bool:
     """Every stage exact: the output follows the target's distribution (PSD_A only with stage2 = "sd")."""
     return all(stage_rule(s, stage2) == "sd" for s in method_spec(key).stages)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..core.methods import method_spec, target_rule
+from ..core.methods import method_spec, stage_rule
 from ..core.rules import RANK_PRIOR
 from ..core.trace import StageRound, Step
 from . import expected
@@ -163,7 +163,7 @@ def model_from_counts(method: str, counts: dict, config: dict, profile: dict) ->
     if spec.proposer is None:
         return out
     tree = shape_of(config) == "tree"
-    fuzzy_t = target_rule(method, str(config.get("stage2", "fuzzy"))) == "fuzzy"
+    fuzzy_t = stage_rule(spec.stages[-1], str(config.get("stage2", "fuzzy"))) == "fuzzy"
     out["alpha"] = a_t = alpha(counts.get("target"))
     try:
         if tree and not spec.pyramid:
