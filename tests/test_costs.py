@@ -108,7 +108,7 @@ def _counting(lm: BigramLM, log: list[int]) -> BigramLM:
 
 
 @pytest.mark.parametrize("method", ["ar", "sd", "psd_a"])
-def test_step_forwards_match_what_the_engine_fed(method):
+def test_recorded_forwards_match_what_the_engine_fed(method):
     """The target's and qualifier's forwards read from the records are the ones the engine made."""
     fed = {r: [] for r in ("draft", "qualifier", "target")}
     lms = {r: _counting(BigramLM(bigram_table(12, s, 3.0), r), fed[r]) for s, r in enumerate(fed)}
@@ -118,7 +118,7 @@ def test_step_forwards_match_what_the_engine_fed(method):
         fed[lm.role].clear()
     cfg = DecodeConfig(method=method, max_new_tokens=24, gamma=3, l_d=2, l_q=4)
     steps = list(decode(lms, prompt, as_run(cfg), (), None))
-    got = {r: [k for s in steps for k in costs.step_forwards(s).get(r, [])] for r in fed}
+    got = {r: [k for s in steps for k in s.fed.get(r, [])] for r in fed}
     assert got["target"] == fed["target"]
     assert got["qualifier"] == fed["qualifier"]
     assert len(got["draft"]) == len(fed["draft"])

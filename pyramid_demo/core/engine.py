@@ -40,89 +40,64 @@ def decode(
     stages = method_spec(cfg.method).stages  # the one look-up: the loop below runs them
     if any(st.shaped for st in stages) and cfg.shape not in ("chain", "tree"):
         raise ValueError(f"shape {cfg.shape!r} must be settled to 'chain' or 'tree' before decoding (run.shape_to_run)")
-    seq, n0, clock = list(prompt_ids), len(prompt_ids), _Clock()
+    seq, n0 = list(prompt_ids), len(prompt_ids)
+    start, paused = time.perf_counter(), 0.0  # engine time: not while its records are built or consumed
+    full = full_records and not defer
     later: list[tuple[Step, list[Round], Round | None]] = []  # steps whose full records are built at the end
     try:
-        yield from _steps(
-            lms,
-            seq,
-            n0,
-            stages,
-            cfg,
-            eos_ids,
-            gen,
-            clock,
-            full_records and not defer,
-            later if full_records and defer else None,
-        )
+        for i in range(cfg.max_new_tokens):
+            room = cfg.max_new_tokens - (len(seq) - n0)
+            if room <= 0:
+                return
+            t0 = time.perf_counter() - start - paused
+            times0 = {r: lm.time_s for r, lm in lms.items()}
+            calls0 = {r: lm.n_forward for r, lm in lms.items()}
+            fed0 = {r: len(lm.fed) for r, lm in lms.items()}
+            qrounds: list[Round] = []
+            tround = None
+            try:
+                if not stages:  # AR: the target alone
+                    new, origins = [pick(feed(lms["target"], seq, 1), cfg, gen)], ["target"]
+                else:
+                    qrounds, tround, from_q = _target_round(lms, seq, stages, room - 1, cfg, gen, eos_ids)
+                    new, origins = tround.new_tokens(), from_q + [tround.own_origin]
+            except NonFiniteLogits as e:
+                raise NonFiniteLogits(
+                    f"{e} at target pass {i + 1} (after {len(seq) - n0} new tokens): the model is "
+                    f"broken, or overflows in its dtype (try float32)"
+                ) from None
+            eos_at = first_eos(new, eos_ids)
+            if eos_at is not None:
+                new, origins = new[: eos_at + 1], origins[: eos_at + 1]
+                if tround is not None:
+                    tround = tround.cut(eos_at + 1, eos=True)  # an EOS inside the accepted path: the round ends there
+            seq.extend(new)
+            for lm in lms.values():
+                lm.truncate(len(seq) - 1)  # the committed tokens less the last, which is fed next
+            t_end = time.perf_counter() - start - paused
+            pause_at = time.perf_counter()  # the records explain the step; the race does not time them
+            step = Step(
+                i,
+                [record(r, cfg, full) for r in qrounds],
+                record(tround, cfg, full) if tround is not None else None,
+                new,
+                origins,
+                t0,
+                t_end,
+                {r: round(lm.time_s - times0[r], 6) for r, lm in lms.items()},
+                {r: lm.n_forward - calls0[r] for r, lm in lms.items()},
+                {r: lm.fed[fed0[r] :] for r, lm in lms.items()},
+            )
+            if full_records and defer:
+                later.append((step, qrounds, tround))
+            yield step
+            paused += time.perf_counter() - pause_at
+            if eos_at is not None:
+                return
     finally:
         for step, qrounds, tround in later:
             step.qualifier_rounds = [record(r, cfg) for r in qrounds]
             step.target_round = record(tround, cfg) if tround is not None else None
-
-
-def _steps(
-    lms: dict[str, LM],
-    seq: list[int],
-    n0: int,
-    stages: tuple[Stage, ...],
-    cfg: DecodeConfig,
-    eos_ids: tuple[int, ...],
-    gen: torch.Generator | None,
-    clock: _Clock,
-    full: bool,
-    later: list[tuple[Step, list[Round], Round | None]] | None,
-) -> Iterator[Step]:
-    """`decode`'s loop: one target pass a step (records `full` now, or its rounds kept in `later` for them)."""
-    for i in range(cfg.max_new_tokens):
-        room = cfg.max_new_tokens - (len(seq) - n0)
-        if room <= 0:
-            return
-        t0 = clock.now()
-        times0 = {r: lm.time_s for r, lm in lms.items()}
-        calls0 = {r: lm.n_forward for r, lm in lms.items()}
-        fed0 = {r: len(lm.fed) for r, lm in lms.items()}
-        qrounds: list[Round] = []
-        tround = None
-        try:
-            if not stages:  # AR: the target alone
-                new, origins = [pick(feed(lms["target"], seq, 1), cfg, gen)], ["target"]
-            else:
-                qrounds, tround, from_q = _target_round(lms, seq, stages, room - 1, cfg, gen, eos_ids)
-                new, origins = tround.new_tokens(), from_q + [tround.own_origin]
-        except NonFiniteLogits as e:
-            raise NonFiniteLogits(
-                f"{e} at target pass {i + 1} (after {len(seq) - n0} new tokens): the model is "
-                f"broken, or overflows in its dtype (try float32)"
-            ) from None
-        eos_at = first_eos(new, eos_ids)
-        if eos_at is not None:
-            new, origins = new[: eos_at + 1], origins[: eos_at + 1]
-            if tround is not None:
-                tround = tround.cut(eos_at + 1, eos=True)  # an EOS inside the accepted path: the round ends there
-        seq.extend(new)
-        for lm in lms.values():
-            lm.truncate(len(seq) - 1)  # the committed tokens less the last, which is fed next
-        t_end = clock.now()
-        clock.pause()  # the records explain the step; the race does not time them
-        step = Step(
-            i,
-            [record(r, cfg, full) for r in qrounds],
-            record(tround, cfg, full) if tround is not None else None,
-            new,
-            origins,
-            t0,
-            t_end,
-            {r: round(lm.time_s - times0[r], 6) for r, lm in lms.items()},
-            {r: lm.n_forward - calls0[r] for r, lm in lms.items()},
-            {r: lm.fed[fed0[r] :] for r, lm in lms.items()},
-        )
-        if later is not None:
-            later.append((step, qrounds, tround))
-        yield step
-        clock.resume()
-        if eos_at is not None:
-            return
 
 
 def _target_round(
@@ -140,7 +115,6 @@ def _target_round(
         x, from_q, z_q, qrounds = pyramid_block(
             lms, seq, stages[0], min(getattr(cfg, st.length), room), cfg, gen, eos_ids
         )
-        assert z_q.shape[0] == len(x), f"stage 2 misaligned: {z_q.shape[0]} qualifier rows for a block of {len(x)}"
         tree = rules.chain(x, z_q)  # the qualified block goes on as a chain
     else:
         qrounds = []
@@ -208,22 +182,6 @@ def stage_round(
 def first_eos(tokens: list[int], eos_ids: tuple[int, ...]) -> int | None:
     """Index of the first EOS in `tokens` (None without one): the one place a step looks for it."""
     return next((i for i, t in enumerate(tokens) if t in eos_ids), None)
-
-
-class _Clock:
-    """Engine time: wall time while the generator decides, not while its records are built or consumed."""
-
-    def __init__(self) -> None:
-        self.t0, self.paused, self.pause_at = time.perf_counter(), 0.0, 0.0
-
-    def now(self) -> float:
-        return time.perf_counter() - self.t0 - self.paused
-
-    def pause(self) -> None:
-        self.pause_at = time.perf_counter()
-
-    def resume(self) -> None:
-        self.paused += time.perf_counter() - self.pause_at
 
 
 def prefill(lms: dict[str, LM], prompt_ids: list[int], share: bool = False) -> float:

@@ -12,7 +12,6 @@ from ..forward.cache import LONGEST_PASS
 from .settings import DIV_SUPPORTS, DIVERGENCES, FALLBACKS, QUALIFIER_PROMPTS, SHAPES, STAGE2_RULES, TUNABLE  # noqa: F401 - TUNABLE re-exported
 
 TREE_BUDGET = ("tree_nodes", "tree_depth", "tree_k")  # a shaped stage's tree, when it proposes one
-COST_MODELS = ("target_only", "speculative", "pyramid")  # the pricings `predict.costs` implements
 # method keys retired by `DecodeConfig.shape`: each is refused in one line naming the new setting
 RETIRED = {"sd_tree": "sd", "fsd_tree": "fsd", "psd_a_tree": "psd_a", "psd_f_tree": "psd_f"}
 
@@ -35,7 +34,6 @@ class Method:
     label: str  # what the app and reports show
     short: str  # the label's short form (chart axes, tables): never parsed out of `label`
     stages: tuple[Stage, ...]  # draft → … → target; empty: the target decodes alone
-    cost_model: str  # one of COST_MODELS: how `predict.costs` prices a run of it
     colour: str  # lane and chart colour (Okabe-Ito, colour-blind safe)
 
     @property
@@ -79,19 +77,14 @@ class Method:
         return any(s.shaped for s in self.stages)
 
 
-def _sd(length: str) -> Stage:
-    return Stage("draft", "target", "sd", length, shaped=True)
-
-
 TABLE = (
-    Method("ar", "AR (target only)", "AR", (), "target_only", "#555555"),
-    Method("sd", "SD (draft → target)", "SD", (_sd("gamma"),), "speculative", "#0072B2"),
+    Method("ar", "AR (target only)", "AR", (), "#555555"),
+    Method("sd", "SD (draft → target)", "SD", (Stage("draft", "target", "sd", "gamma", shaped=True),), "#0072B2"),
     Method(
         "fsd",
         "FSD (fuzzy draft → target)",
         "FSD",
         (Stage("draft", "target", "fuzzy", "gamma", "tau_t", True),),
-        "speculative",
         "#56B4E9",
     ),
     Method(
@@ -99,7 +92,6 @@ TABLE = (
         "PSD_A (assisted pyramid)",
         "PSD_A",
         (Stage("draft", "qualifier", "sd", "l_d", shaped=True), Stage("qualifier", "target", "config", "l_q", "tau_t")),
-        "pyramid",
         "#E69F00",
     ),
     Method(
@@ -110,7 +102,6 @@ TABLE = (
             Stage("draft", "qualifier", "fuzzy", "l_d", "tau_q", True),
             Stage("qualifier", "target", "config", "l_q", "tau_t"),
         ),
-        "pyramid",
         "#D55E00",
     ),
 )
@@ -186,12 +177,6 @@ def method_spec(key: str) -> Method:
 def stage_rule(stage: Stage, stage2: str) -> str:
     """The rule a stage applies, given the run's `stage2` setting."""
     return stage2 if stage.rule == "config" else stage.rule
-
-
-def target_rule(key: str, stage2: str) -> str | None:
-    """The rule the target applies, given the run's `stage2` setting."""
-    spec = method_spec(key)
-    return stage_rule(spec.stages[-1], stage2) if spec.stages else None
 
 
 def lossless(key: str, stage2: str = "fuzzy") -> bool:

@@ -88,8 +88,8 @@ def grow(
     shape = (
         rules.children(rules.expected_tree(nodes, depth, k, rules.RANK_PRIOR)[0]) if gen is not None else None
     )  # lossless
-    ctx_rows, toks, par, score_, ctx, fed, slot = [z_root[0]], [], [], [], [], [], []
-    # per node: token, parent, path score, its row in ctx_rows (−1: not expanded), its pending row, shape slot
+    ctx_rows, toks, par, score_, ctx, slot = [z_root[0]], [], [], [], [], []
+    # per node: token, parent, path score, its row in ctx_rows (−1: not expanded; its pending row is one less), slot
 
     def add_children(z_row: torch.Tensor, parent: int, base: float, at: int) -> list[int]:
         if shape is None:  # the top-k: their log-probabilities need one logsumexp, not a log-softmax
@@ -110,27 +110,23 @@ def grow(
             par.append(parent)
             score_.append(base + s)
             ctx.append(-1)
-            fed.append(-1)
             slot.append(sl)
             out.append(len(toks) - 1)
         return out
 
     frontier = add_children(z_root[0], -1, 0.0, -1)
-    n_rows = 0
     for _ in range(depth - 1):
         if shape is not None:  # the nodes the shape expands
             frontier = [f for f in frontier if shape[slot[f] + 1]]
         if not frontier:
             break
-        z = lm.forward(
-            [toks[f] for f in frontier], lm.cache_len, parents=[fed[par[f]] if par[f] >= 0 else -1 for f in frontier]
-        )  # [len(frontier), V]
+        up = [ctx[par[f]] - 1 if par[f] >= 0 else -1 for f in frontier]  # each parent's pending row (−1: the root)
+        z = lm.forward([toks[f] for f in frontier], lm.cache_len, parents=up)  # [len(frontier), V]
         nxt = []
         for j, f in enumerate(frontier):
-            fed[f], ctx[f] = n_rows + j, len(ctx_rows)
+            ctx[f] = len(ctx_rows)
             ctx_rows.append(z[j])
             nxt += add_children(z[j], f, score_[f], slot[f])
-        n_rows += len(frontier)
         frontier = nxt if shape is not None else sorted(nxt, key=lambda i: -score_[i])[:k]
     keep = rules.best_nodes(par, score_, nodes) if shape is None else list(range(len(toks)))
     new = {old: i for i, old in enumerate(keep)}
@@ -243,20 +239,10 @@ def decide(
 
 
 # ---------------------------------------------------------------- the record of a decided round
-def raw_divergence(z_p: torch.Tensor, z_q: torch.Tensor, cfg: DecodeConfig) -> torch.Tensor:
-    """Div(P_verifier, P_proposer) per proposed position [n] on the raw distributions (CHOICE: temperature 1)."""
-    return rules.support_divergence_logits(z_p, z_q, cfg.divergence, cfg.div_support)
-
-
 def topk_pairs(probs: torch.Tensor, k: int = 5) -> list[list[list[float]]]:
     """[[id, prob] × k] per row of probs [n, V], for the step inspector."""
     v, i = torch.topk(probs, min(k, probs.shape[-1]), dim=-1)
     return [[[int(a), round(float(b), 5)] for a, b in zip(ii, vv)] for ii, vv in zip(i, v)]
-
-
-def shown_rule(rnd: Round, cfg: DecodeConfig, greedy: bool) -> str:
-    """The rule name the records carry: greedy | sd | fuzzy | fuzzy+sd."""
-    return ("greedy" if greedy else "sd") if rnd.rule == "sd" else "fuzzy" if cfg.fallback == "none" else "fuzzy+sd"
 
 
 def statuses(rnd: Round) -> tuple[list[str], str, int]:
@@ -302,7 +288,8 @@ def divergences(rnd: Round, cfg: DecodeConfig) -> list[float]:
     d = rnd.dec.d.clone() if rnd.dec.d is not None else torch.full((tree.n + 1,), float("nan"))
     todo = [c for c in range(tree.n + 1) if tree.q_row[c] >= 0 and d[c] != d[c]]
     if todo:
-        d[todo] = raw_divergence(rnd.z_p[todo], tree.z_q[[tree.q_row[c] for c in todo]], cfg)
+        z_q = tree.z_q[[tree.q_row[c] for c in todo]]
+        d[todo] = rules.support_divergence_logits(rnd.z_p[todo], z_q, cfg.divergence, cfg.div_support)
     return d.tolist()
 
 
@@ -351,12 +338,14 @@ def record(rnd: Round, cfg: DecodeConfig, full: bool = True) -> StageRound:
             TokenRec(rnd.dec.nxt, rnd.verifier, own_status, p=round(p_nxt, 6), top5={rnd.verifier: pairs_p[own_ctx]})
         )
     index = {old: j for j, old in enumerate(keep)}
+    # the rule name the records show: greedy | sd | fuzzy | fuzzy+sd
+    rule = ("greedy" if greedy else "sd") if rnd.rule == "sd" else "fuzzy" if cfg.fallback == "none" else "fuzzy+sd"
     parents = [index[tree.parents[i]] if tree.parents[i] >= 0 else -1 for i in keep]
     return StageRound(
         rnd.stage,
         rnd.proposer,
         rnd.verifier,
-        shown_rule(rnd, cfg, greedy),
+        rule,
         recs,
         n_acc,
         exact=rnd.rule == "sd",

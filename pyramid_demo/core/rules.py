@@ -71,16 +71,11 @@ def support_divergence(
     has_zeros = out.any(-1)  # [n]
     if support == "full" or not bool(has_zeros.any()):
         return divergence(p, q, kind, log_p, log_q)
-    cols = None
-    if bool(has_zeros.all()) and bool((out == out[:1]).all()):  # one support for every row (a reduced head):
-        cols = (~out[0]).nonzero().squeeze(-1)  # [|S|]           work on its columns only
-        lp_in, q_s, log_q_s = log_p[:, cols], q[:, cols], log_q[:, cols]  # [n, |S|]
-    else:
-        lp_in, q_s, log_q_s = log_p.masked_fill(out, float("-inf")), q, log_q
+    lp_in = log_p.masked_fill(out, float("-inf"))  # (`support_divergence_logits` cuts a shared support to S)
     log_mass = torch.logsumexp(lp_in, -1, keepdim=True)  # [n, 1]: log p(S)
     lp_s = torch.where(torch.isneginf(log_mass), lp_in, lp_in - log_mass)  # log p_S
-    sub = _on_support(lp_s, log_mass, q_s, log_q_s, kind)
-    return sub if cols is not None else torch.where(has_zeros, sub, divergence(p, q, kind, log_p, log_q))
+    sub = _on_support(lp_s, log_mass, q, log_q, kind)
+    return torch.where(has_zeros, sub, divergence(p, q, kind, log_p, log_q))
 
 
 def _on_support(
@@ -112,8 +107,6 @@ def support_divergence_logits(
     if cols is None:
         lp, lq = torch.log_softmax(z_p, -1), torch.log_softmax(z_q, -1)  # [n, V]
         return support_divergence(lp.exp(), lq.exp(), kind, support, lp, lq)
-    if kind not in ("kl", "js", "tv"):
-        raise ValueError(f"unknown divergence {kind!r}; choose js, kl or tv")
     zp_s, zq_s = z_p[:, cols], z_q[:, cols]  # [n, |S|]
     lse_s = torch.logsumexp(zp_s, -1, keepdim=True)  # [n, 1]
     log_mass = lse_s - torch.logsumexp(z_p, -1, keepdim=True)  # [n, 1]: log p(S)
@@ -227,8 +220,6 @@ class TreeDecision:
     r: torch.Tensor | None = None  # [N] the uniform each node's ratio test reads (sampled runs)
     sd: list[bool | None] = field(default_factory=list)  # [N] the SD rule's verdict on each child it tried
     leaf: bool = False  # the walk ended at a context with no children: the own token is a bonus
-    p_w: dict[int, torch.Tensor] = field(default_factory=dict)  # context → the verifier's warped row it read [V]
-    q_w: dict[int, torch.Tensor] = field(default_factory=dict)  # context → the proposer's warped row it read [V]
 
 
 def spine(tree: Tree) -> list[int]:
@@ -289,8 +280,8 @@ def decide_tree(
     walked: list[int] = []
     status: list[str] = ["discarded"] * n
     sd: list[bool | None] = [None] * n
-    p_w: dict[int, torch.Tensor] = {}
-    q_w: dict[int, torch.Tensor] = {}
+    p_w: dict[int, torch.Tensor] = {}  # context → the verifier's warped row the SD rule read [V]
+    q_w: dict[int, torch.Tensor] = {}  # context → the proposer's warped row [V]
     line = spine(tree)
     d = [float("nan")] * (n + 1)  # the divergence per context, as plain floats while the walk reads them
     if fuzzy and tau and n:  # the divergences a walk that accepts reads, in one batch (a chain: all of them)
@@ -319,13 +310,9 @@ def decide_tree(
     if gen is not None and with_sd:
         rows(line, False)
         rows(line[:-1], True)
-    c = 0
-    while True:
-        here = kids[c]
-        if not here:
-            leaf, nxt = True, own(c, None)
-            break
-        chosen, rest = None, None
+    c, rest = 0, None
+    while kids[c]:  # a context with no children ends the walk: its own token is a bonus
+        here, chosen, rest = kids[c], None, None
         if fuzzy and tau and tree.q_row[c] >= 0:
             if d[c] != d[c]:  # off the spine: computed where the walk stands (as `decide` would)
                 d[c] = float(support_divergence_logits(z_p[c : c + 1], tree.z_q[tree.q_row[c]][None], *div)[0])
@@ -342,14 +329,13 @@ def decide_tree(
             if ch == chosen:
                 break
             status[ch] = "rejected"
-        if chosen is not None:  # the other children stay rejected (tried) or discarded (never tried)
-            status[chosen] = "accepted"
-            walked.append(chosen)
-            c = chosen + 1
-            continue
-        leaf, nxt = False, own(c, rest)
-        break
-    return TreeDecision(walked, nxt, status, torch.tensor(d) if fuzzy else None, r, sd, leaf, p_w, q_w)
+        if chosen is None:  # refused: the verifier's own token (from the residual, sampled after an SD refusal)
+            break
+        status[chosen] = "accepted"  # the other children stay rejected (tried) or discarded (never tried)
+        walked.append(chosen)
+        c = chosen + 1
+    nxt = own(c, rest)
+    return TreeDecision(walked, nxt, status, torch.tensor(d) if fuzzy else None, r, sd, not kids[c])
 
 
 # the shipped feature draft's on-policy acceptance by rank (greedy, assets/unseen_prompts.jsonl, 352 positions),

@@ -240,9 +240,5 @@ def generate(
     solo: str | None = None,
 ) -> RunResult:
     """Run to the end and return the final record; arguments as `stream`, `full_records=False` keeps statuses only."""
-    record = None
-    for record in _passes(triplet, prompt, cfg, chat, text, full_records, shape_why, solo):  # noqa: B007 - the last one is the run's record
-        pass
-    if record is None:
-        raise RuntimeError("the decoding loop made no target pass")
+    *_, record = _passes(triplet, prompt, cfg, chat, text, full_records, shape_why, solo)  # the last is the run's
     return record.result(full=True)

@@ -146,10 +146,8 @@ def agreement(out: list[int], ref: list[int]) -> float | None:
 
 def prefix_agreement(out: list[int], ref: list[int]) -> float | None:
     """Share of the reference reproduced before the first differing token."""
-    if not ref:
-        return None
-    n = next((i for i, (a, b) in enumerate(zip(out, ref)) if a != b), min(len(out), len(ref)))
-    return n / len(ref)
+    n = first_divergence(out, ref)
+    return None if not ref else (len(ref) if n is None else n) / len(ref)
 
 
 def first_divergence(out: list[int], ref: list[int]) -> int | None:

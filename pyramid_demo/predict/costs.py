@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..core.methods import method_spec, target_rule
+from ..core.methods import method_spec, stage_rule
 from ..core.rules import RANK_PRIOR
 from ..core.trace import StageRound, Step
 from . import expected
@@ -15,16 +15,11 @@ from .walk_stats import alpha, cut_short, ranks, trials
 
 
 # ---------------------------------------------------------------- the profile
-def step_forwards(step: Step) -> dict[str, list[int]]:
-    """The new-token counts of the forwards one Step made, per role, as the engine recorded them (`step.fed`)."""
-    return {r: list(ks) for r, ks in step.fed.items() if ks}
-
-
 def forward_counts(steps: list[Step]) -> dict[str, dict[int, int]]:
-    """How many forwards of k new tokens each role made: {role: {k: n}} (adds up over runs)."""
+    """How many forwards of k new tokens each role made (`Step.fed`): {role: {k: n}} (adds up over runs)."""
     out: dict[str, dict[int, int]] = {}
     for s in steps:
-        for role, ks in step_forwards(s).items():
+        for role, ks in s.fed.items():
             for k in ks:
                 out.setdefault(role, {})[k] = out.get(role, {}).get(k, 0) + 1
     return out
@@ -40,11 +35,8 @@ def tree_forward_counts(steps: list[Step], method: str | None, config: dict | No
         rounds = s.qualifier_rounds if stage == "qualifier" else [s.target_round] if s.target_round else []
         if not rounds:
             continue
-        fed = step_forwards(s)
-        for role, ks in (
-            (rounds[0].verifier, fed.get(rounds[0].verifier, [])),
-            (rounds[0].proposer, fed.get(rounds[0].proposer, [])[1:]),
-        ):
+        verifier, proposer = rounds[0].verifier, rounds[0].proposer
+        for role, ks in ((verifier, s.fed.get(verifier, [])), (proposer, s.fed.get(proposer, [])[1:])):
             for k in ks:
                 out.setdefault(role, {})[k] = out.get(role, {}).get(k, 0) + 1
     return out
@@ -83,7 +75,7 @@ def measured_by_k(steps: list[Step]) -> dict[str, dict[int, list[float]]]:
     """Per-forward ms measured in a run by role and k, where a step pins them down (all its forwards of one k)."""
     out: dict[str, dict[int, list[float]]] = {}
     for s in steps:
-        for role, ks in step_forwards(s).items():
+        for role, ks in s.fed.items():
             t = s.time_s.get(role)
             if t is None or not ks or len(set(ks)) != 1:
                 continue
@@ -171,7 +163,7 @@ def model_from_counts(method: str, counts: dict, config: dict, profile: dict) ->
     if spec.proposer is None:
         return out
     tree = shape_of(config) == "tree"
-    fuzzy_t = target_rule(method, str(config.get("stage2", "fuzzy"))) == "fuzzy"
+    fuzzy_t = stage_rule(spec.stages[-1], str(config.get("stage2", "fuzzy"))) == "fuzzy"
     out["alpha"] = a_t = alpha(counts.get("target"))
     try:
         if tree and not spec.pyramid:

@@ -9,6 +9,8 @@ from dataclasses import replace
 from functools import cache
 from typing import Any
 
+import numpy as np
+
 from ..core.methods import DecodeConfig, method_spec
 from ..core.rules import RANK_PRIOR, depths, expected_tree
 from ..core.run import shape_to_run
@@ -27,19 +29,12 @@ def priced(profile: dict) -> bool:
 
 
 def _lookup(row_in: dict, k: int) -> float:
-    """row[k]; beyond the profiled k, extrapolated along the last two points (below the first: the first)."""
+    """row[k]; between profiled k on the line through them (below the first: the first), beyond the last along the
+    last two points."""
     row = {int(a): float(b) for a, b in row_in.items()}
-    if k in row:
-        return row[k]
     ks = sorted(row)
-    if k < ks[0]:
-        return row[ks[0]]
-    if len(ks) < 2:
-        return row[ks[-1]]
-    lo = max(a for a in ks if a < k)
-    hi = min((a for a in ks if a > k), default=None)
-    if hi is not None:  # between two profiled points: on the line through them
-        return row[lo] + (row[hi] - row[lo]) * (k - lo) / (hi - lo)
+    if k <= ks[-1] or len(ks) < 2:
+        return float(np.interp(k, ks, [row[a] for a in ks]))
     a, b = ks[-2], ks[-1]
     return max(row[b], row[b] + (row[b] - row[a]) / (b - a) * (k - b))
 
@@ -164,8 +159,8 @@ def block_ms(
     alpha_q: float,
     fuzzy_q: bool,
     tree: tuple[int, int, int, tuple[float, ...]] | None = None,
-) -> tuple[float, float]:
-    """Expected (ms, stage-1 rounds) to qualify l_q tokens, rounds of min(l_d, left): a chain at α_Q, or `tree`."""
+) -> float:
+    """Expected ms of the stage-1 rounds to qualify l_q tokens, rounds of min(l_d, left): a chain at α_Q, or `tree`."""
 
     @cache
     def rounds(n: int) -> tuple[list[float], float]:
@@ -174,15 +169,11 @@ def block_ms(
         return commits(reach), ms
 
     @cache
-    def cost(left: int) -> tuple[float, float]:
+    def cost(left: int) -> float:
         if left <= 0:
-            return 0.0, 0.0
+            return 0.0
         p, ms = rounds(min(l_d, left))
-        total, n_rounds = ms, 1.0
-        for j, pj in enumerate(p):
-            c, r = cost(left - min(j + 1, left))
-            total, n_rounds = total + pj * c, n_rounds + pj * r
-        return total, n_rounds
+        return sum((pj * cost(left - min(j + 1, left)) for j, pj in enumerate(p)), ms)
 
     return cost(l_q)
 
@@ -199,7 +190,7 @@ def pyramid_speed(
 ) -> float:
     """Expected tok/s of the pyramid: a block's stage-1 rounds (`block_ms`), then one (ℓ_Q+1)-row target
     pass that commits the chain of ℓ_Q's expected tokens at α_T (the block's qualifier rows are reused)."""
-    stage1, _ = block_ms(profile, l_d, l_q, alpha_q, fuzzy_q, tree)
+    stage1 = block_ms(profile, l_d, l_q, alpha_q, fuzzy_q, tree)
     stage2 = (
         cost_ms(profile, "target", l_q + 1)
         + engine_ms(profile, "feed")

@@ -166,20 +166,13 @@ def measure_engine(vocab_size: int, timers: dict[str, Any] | None = None, reps: 
 
 
 def linear_bytes(model: Any) -> tuple[int, Any]:
-    """Bytes of every linear's weight a step streams (once each; a tied head as a linear), and the largest layer."""
-    total, largest, best = 0, None, -1
-    seen: set[int] = set()
-    for m in model.modules():
-        if id(m) in seen or not hasattr(m, "in_features") or not hasattr(m, "out_features"):
-            continue
-        n = _weight_bytes(m)
-        if n is None:
-            continue
-        seen.add(id(m))
-        total += n
-        if n > best:
-            largest, best = m, n
-    return total, largest
+    """Bytes of every linear's weight a step streams (a tied head as a linear), and the largest layer."""
+    sizes: dict[Any, int] = {}
+    for m in model.modules():  # each module once
+        n = _weight_bytes(m) if hasattr(m, "in_features") and hasattr(m, "out_features") else None
+        if n is not None:
+            sizes[m] = n
+    return sum(sizes.values()), max(sizes, key=lambda m: sizes[m], default=None)
 
 
 def _weight_bytes(m: Any) -> int | None:
