@@ -22,7 +22,6 @@ from ..forward import lookup
 from . import feature_draft
 from .bundled import _complete, bundled_gguf, converted_dir
 from .errors import LoadError
-from .offline import draft_reads_verifier
 from .presets import BUNDLED_TARGET, FEATURE_DRAFT, OFFLINE, Preset
 from .quant import parse_quant
 from .tiny import tiny_config, tiny_tokenizer
@@ -240,7 +239,7 @@ def estimate_family(
             return Estimate(name, dtype, max_len, quantize, unknown=refs, notes=(str(e),))
         qualifier = int4_size("qualifier", preset.qualifier, cfg, dtype, parse_quant(preset.qualifier)[1] or 32)
         draft = (
-            _feature_draft_size(cfg, dtype, quantize) if draft_reads_verifier() else replace(qualifier, role="draft")
+            _feature_draft_size(cfg, dtype, quantize) if feature_draft.available() else replace(qualifier, role="draft")
         )
         target = _sizes("target", BUNDLED_TARGET, cfg, dtype, quantize)
         return Estimate(name, dtype, max_len, quantize, (draft, qualifier, target))

@@ -27,14 +27,9 @@ NO_DRAFT_DESCRIPTION = (
 )
 
 
-def draft_reads_verifier() -> bool:
-    """Whether the offline family's draft is the shipped feature draft (it reads its verifier's states)."""
-    return feature_draft.available()
-
-
 def as_run(preset: Preset) -> Preset:
     """The preset as it runs on this install: without the shipped feature draft, the draft is the int4 copy."""
-    if preset.name != OFFLINE or draft_reads_verifier():
+    if preset.name != OFFLINE or feature_draft.available():
         return preset
     return replace(preset, draft=preset.qualifier, description=NO_DRAFT_DESCRIPTION)
 
