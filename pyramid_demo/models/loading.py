@@ -68,13 +68,11 @@ def pick_device(device: str | None = None) -> torch.device:
 
 def pick_dtype(device: torch.device, dtype: str | torch.dtype | None = None) -> torch.dtype:
     """The requested dtype, or the device's default: bf16 on CUDA (else fp16), fp16 on MPS, fp32 on CPU."""
-    if isinstance(dtype, torch.dtype):
-        return dtype
     if dtype in (None, "", "auto"):
         if device.type == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
         return torch.float16 if device.type == "mps" else torch.float32
-    key = str(dtype).lower().removeprefix("torch.")
+    key = str(dtype).lower().removeprefix("torch.")  # a torch.dtype reads as its name
     if key not in _DTYPES:
         raise LoadError(f"Unknown dtype {dtype!r}: use float32, bfloat16, float16 or auto.")
     return _DTYPES[key]

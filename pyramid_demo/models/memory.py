@@ -102,7 +102,6 @@ class Estimate:
 
 
 def fmt_bytes(n: float) -> str:
-    """Decimal GB, or MB below 0.1 GB."""
     return f"{n / GB:.2f} GB" if n >= 0.1 * GB else f"{n / 1e6:.1f} MB"
 
 

@@ -60,7 +60,6 @@ def make_placement(
 
 
 def pretrained_kwargs(p: Placement, dev: torch.device, dt: torch.dtype) -> dict[str, Any]:
-    """Keyword arguments for `from_pretrained` that realise the placement."""
     kw: dict[str, Any] = {"dtype": dt}
     if p.device_map == "auto":
         kw["device_map"] = "auto"  # accelerate: GPUs first, then CPU RAM (then disk)

@@ -111,7 +111,6 @@ class Int4Linear(Fusable):
         return f"in_features={self.in_features}, out_features={self.out_features}, group={self.group}"
 
     def _own_bytes(self) -> int:
-        """What a forward reads: the codes and the scales and zeros."""
         return self.packed.numel() * self.packed.element_size() + self.scales_zeros.numel() * 2
 
     def _release(self, whole: torch.nn.Module, a: int, b: int) -> None:
@@ -164,7 +163,6 @@ class Fp16Linear(Fusable):
         self.packed = None
 
     def _own_bytes(self) -> int:
-        """What a forward reads: two bytes a weight."""
         return 2 * self.in_features * self.out_features
 
     @staticmethod
