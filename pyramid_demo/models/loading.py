@@ -99,13 +99,10 @@ def load_triplet(
     norm = preset.name if preset else ",".join(refs)
     key = (norm, str(dev), str(dt).removeprefix("torch."), place.key)
     with _LOCK:
+        key_lock = _KEY_LOCKS.setdefault(key, threading.Lock())
+    with key_lock:  # one load per key; other keys are not blocked
         if key in _CACHE:
             return _CACHE[key]
-        key_lock = _KEY_LOCKS.setdefault(key, threading.Lock())
-    with key_lock:  # one load per key; other keys and cache hits are not blocked
-        with _LOCK:
-            if key in _CACHE:
-                return _CACHE[key]
         check_fits(estimate(spec, dt, max_len, place.quantize), dev, place.device_map)  # LoadError if it cannot
         t0 = time.perf_counter()
         triplet = _load(preset, refs, dev, dt, place)
