@@ -117,8 +117,7 @@ def convert_bundled(dest: Path | None = None) -> Path:
             _discard(dest)
         publish(tmp, dest)
     finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # gone already once published
     return dest
 
 
