@@ -292,8 +292,7 @@ def available_ram() -> int:
 def available_bytes(device: torch.device) -> int | None:
     """Free memory on `device` (None: unknown, e.g. MPS, where no check is made)."""
     if device.type == "cuda":
-        idx = device.index if device.index is not None else torch.cuda.current_device()
-        return int(torch.cuda.mem_get_info(idx)[0])
+        return int(torch.cuda.mem_get_info(device)[0])  # 'cuda' alone: the current device
     return available_ram() if device.type == "cpu" else None
 
 
