@@ -228,5 +228,5 @@ def int4_copy(model: Any, group: int = DEFAULT_GROUP) -> Any:
 
 def label(model: torch.nn.Module) -> str:
     """A quantized copy's kernels in words, read from what it holds."""
-    head = type(model.get_output_embeddings()).__name__
-    return "int4 weights, fp16 head" if head == "Fp16Linear" else "int4 weights, int4 head"
+    fp16 = isinstance(model.get_output_embeddings(), Fp16Linear)
+    return "int4 weights, fp16 head" if fp16 else "int4 weights, int4 head"
