@@ -30,10 +30,8 @@ def logit_width(model: Any) -> int:
         weight = getattr(head(), "weight", None)
         if weight is not None and weight.ndim == 2:
             return int(weight.shape[0])
-    config = getattr(model, "config", model)
+    config = getattr(model, "config", model).get_text_config()  # a multimodal config: its text model's
     size = getattr(config, "vocab_size", None)
-    if size is None and hasattr(config, "get_text_config"):
-        size = getattr(config.get_text_config(), "vocab_size", None)
     if size is None:
         raise IncompatibleModels(f"cannot tell the logit width of {type(model).__name__}")
     return int(size)
