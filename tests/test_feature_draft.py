@@ -10,7 +10,7 @@ from transformers import LlamaForCausalLM
 from pyramid_demo.core.engine import decode, prefill, roles_for
 from pyramid_demo.core.methods import DecodeConfig
 from pyramid_demo.core.run import generate
-from pyramid_demo.forward.core import finish, project
+from pyramid_demo.forward.core import finish, project, rope_table
 from pyramid_demo.forward.lm import open_lm
 from pyramid_demo.models.feature_draft import FeatureDraft
 from pyramid_demo.models.tiny import tiny_config, tiny_random_triplet
@@ -151,7 +151,7 @@ def test_fused_inference_weights_compute_the_training_layers_and_follow_a_weight
     target = LlamaForCausalLM(tiny_config(32)).eval()
     fd = FeatureDraft(target, torch.arange(32))
     x = torch.randn(2, 5, 64)
-    cos, sin = fd.rope_tables(5, torch.float32)
+    cos, sin = rope_table(fd.inv_freq, 5, torch.float32)
 
     def both():
         c, s = cos[:, None], sin[:, None]

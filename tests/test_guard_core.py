@@ -13,7 +13,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralFo
 from pyramid_demo.core.engine import decode, prefill
 from pyramid_demo.core.methods import DecodeConfig
 from pyramid_demo.forward.cache import CacheError, VerifierStates, tap_layers
-from pyramid_demo.forward.core import CoreLM
+from pyramid_demo.forward.core import CoreLM, rope_table
 from pyramid_demo.forward.feature_lm import FeatureLM
 from pyramid_demo.forward.lm import HFLM
 from pyramid_demo.forward.weights import covered, weights
@@ -318,5 +318,5 @@ def test_the_feature_drafts_rotary_table_is_the_cores():
     model = _llama()
     fd = FeatureDraft(model, torch.arange(V))
     lm = CoreLM(weights(model), V, "target")
-    cos, sin = fd.rope_tables(40, torch.float32)
+    cos, sin = rope_table(fd.inv_freq, 40, torch.float32)
     assert torch.equal(cos, lm.cos[:40]) and torch.equal(sin, lm.sin[:40]), "the draft rotates by another table"

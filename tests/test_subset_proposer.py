@@ -229,16 +229,6 @@ def test_div_support_is_validated():
         DecodeConfig(div_support="maybe")
 
 
-def test_a_reduced_head_model_still_reports_full_vocabulary_width():
-    """The tokenizer check sees a reduced-head model's logit width as the full vocabulary, not N."""
-    from pyramid_demo.models.compat import logit_width
-
-    draft = tiny_random_triplet(seed=2).draft
-    V = logit_width(draft)
-    draft.lm_head = SubsetHead(draft.lm_head, torch.arange(7))
-    assert logit_width(draft) == V and draft.lm_head.rows.shape[0] == 7
-
-
 def test_shipped_subset_keeps_the_special_ids_and_its_record():
     """The shipped subset: distinct ids, the chat template's EOS / specials first, coverage in its metadata, and
     the size the shipped feature draft was exported with."""

@@ -18,6 +18,7 @@ import torch
 from ..forward.cache import cache_root
 from .errors import LoadError
 from .finish import finish
+from .placement import Placement, pretrained_kwargs
 
 log = logging.getLogger(__name__)
 
@@ -116,8 +117,7 @@ def convert_bundled(dest: Path | None = None) -> Path:
             _discard(dest)
         publish(tmp, dest)
     finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # gone already once published
     return dest
 
 
@@ -180,9 +180,7 @@ def bundled_target(device: torch.device, dtype: torch.dtype, source: Path | None
     """Tokenizer and model of the bundled target, via the converted cache, or from `source` (see `hub_copy`)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
-    kw: dict[str, Any] = {"dtype": dtype}
-    if device.type != "cpu":
-        kw["device_map"] = {"": device}
+    kw = pretrained_kwargs(Placement(), device, dtype)
 
     def load(folder: Path, **gguf: Any) -> tuple[Any, torch.nn.Module]:
         """From a folder, or (`gguf_file`) from a GGUF in it, dequantised."""

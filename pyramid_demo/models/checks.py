@@ -13,29 +13,28 @@ from ..forward.cache import VerifierStates, probe_ids
 from ..forward.lm import LM, open_lm
 
 
+def _compare(z: torch.Tensor, ref: torch.Tensor, context: int) -> dict[str, Any]:
+    """A pass's logits [k, V] against one-token steps' [k, V]."""
+    diff = torch.where(z == ref, 0.0, (z - ref).abs())  # equal −inf (a reduced head's zeros) differ by 0
+    return {
+        "k": len(z),
+        "context": context,
+        "bitwise": bool(torch.equal(z, ref)),
+        "top1": bool(torch.equal(z.argmax(-1), ref.argmax(-1))),
+        "max_abs_diff": float(diff.max()),
+    }
+
+
 def pass_vs_steps(lm: LM, ids: list[int], context: int, ks: Sequence[int]) -> list[dict[str, Any]]:
     """Prefill `context` tokens, take max(ks) one-token steps, then compare each k-token pass from there with them."""
     kmax = max(ks)
-    seq = ids[: context + kmax]
-    if len(seq) < context + kmax:
-        raise ValueError(f"need {context + kmax} ids, got {len(ids)}")
+    seq = ids[: context + kmax]  # `check_model` draws exactly these many
     lm.feed(seq[:context], 1)
     steps = torch.cat([lm.feed(seq[: context + i + 1], 1) for i in range(kmax)])  # [kmax, V]
     out = []
     for k in ks:
         lm.rollback(seq[: context + 1])  # keeps the `context` prefilled tokens
-        z = lm.feed(seq[: context + k], k)  # [k, V]
-        ref = steps[:k]
-        diff = torch.where(z == ref, 0.0, (z - ref).abs())  # equal −inf (a reduced head's zeros) differ by 0
-        out.append(
-            {
-                "k": k,
-                "context": context,
-                "bitwise": bool(torch.equal(z, ref)),
-                "top1": bool(torch.equal(z.argmax(-1), ref.argmax(-1))),
-                "max_abs_diff": float(diff.max()),
-            }
-        )
+        out.append(_compare(lm.feed(seq[: context + k], k), steps[:k], context))  # [k, V] each
     return out
 
 
@@ -50,23 +49,15 @@ def tree_vs_steps(lm: LM, ids: list[int], context: int, parents: Sequence[int]) 
     lm.rollback(ids[:context])  # an LM an earlier check used: keep what it shares with these ids
     lm.feed(ids[:context], 1)
     z = lm.forward(tokens, context, parents=list(parents))  # [n, V]
-    worst, bitwise, top1 = 0.0, True, True
-    cache: dict[tuple[int, ...], torch.Tensor] = {}
-    for j in range(len(parents)):
-        path, k = [], j
-        while k >= 0:
-            path.append(tokens[k])
-            k = parents[k]
-        key = tuple(path[::-1])
-        if key not in cache:
+    paths: list[tuple[int, ...]] = []  # each row's tokens from the root (a parent comes before its children)
+    steps: dict[tuple[int, ...], torch.Tensor] = {}
+    for j, p in enumerate(parents):
+        paths.append((paths[p] if p >= 0 else ()) + (tokens[j],))
+        if paths[j] not in steps:
             lm.truncate(context)
-            for i in range(len(key)):
-                cache[key[: i + 1]] = lm.forward([key[i]], context + i, 1)[0]
-        ref = cache[key]
-        bitwise &= bool(torch.equal(z[j], ref))
-        top1 &= int(z[j].argmax()) == int(ref.argmax())
-        worst = max(worst, float((z[j] - ref).abs().max()))
-    return {"k": len(parents), "context": context, "bitwise": bitwise, "top1": top1, "max_abs_diff": worst}
+            for i, token in enumerate(paths[j]):
+                steps[paths[j][: i + 1]] = lm.forward([token], context + i, 1)[0]
+    return _compare(z, torch.stack([steps[path] for path in paths]), context)
 
 
 def tree_passes(lm: LM, ids: list[int], context: int, ks: Sequence[int]) -> list[dict[str, Any]]:

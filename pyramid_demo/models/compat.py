@@ -27,16 +27,11 @@ def logit_width(model: Any) -> int:
     """Rows of the model's output layer (its logit vector length); a config also works."""
     head = getattr(model, "get_output_embeddings", None)
     if callable(head):
-        out = head()
-        if isinstance(getattr(out, "vocab", None), int):  # a reduced head: full-vocabulary logits from N rows
-            return out.vocab
-        weight = getattr(out, "weight", None)
+        weight = getattr(head(), "weight", None)
         if weight is not None and weight.ndim == 2:
             return int(weight.shape[0])
-    config = getattr(model, "config", model)
+    config = getattr(model, "config", model).get_text_config()  # a multimodal config: its text model's
     size = getattr(config, "vocab_size", None)
-    if size is None and hasattr(config, "get_text_config"):
-        size = getattr(config.get_text_config(), "vocab_size", None)
     if size is None:
         raise IncompatibleModels(f"cannot tell the logit width of {type(model).__name__}")
     return int(size)

@@ -64,10 +64,6 @@ class FeatureDraft(nn.Module):
         self.vocab = int(target.lm_head.weight.shape[0])
 
     # ------------------------------------------------------------------ pieces
-    def rope_tables(self, n: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [n, D]: the core forward's one rotary table (`forward.core.rope_table`)."""
-        return rope_table(self.inv_freq, n, dtype)
-
     def reduce(self, f: torch.Tensor) -> torch.Tensor:
         """A target state [.., d·(taps + 1)] -> [.., d] (`fuse`); a state of width d (its own prediction) as it is."""
         return f if f.shape[-1] == self.d else F.linear(f, self.fuse_w) if self.taps else f[..., -self.d :]
@@ -91,17 +87,15 @@ class FeatureDraft(nn.Module):
             self._fused_key = key
         return self._fused_w
 
-    def layer(self) -> Layer:
-        """Its decoder layer as the core's forward reads it: `joint_weights` without gradients, `_joined` with them."""
+    def weights(self) -> Weights:
+        """The draft as a one-layer core model over the target's rotary table and norm (input rows: `inputs`); its
+        layer multiplies by `joint_weights` without gradients, by `_joined` with them."""
         qkv, gate_up, o, down = (self._joined() if torch.is_grad_enabled() else self.joint_weights())[:4]
-        return Layer(
+        layer = Layer(
             self.in_norm, Dense(qkv, None), Dense(o, None), self.post_norm, Dense(gate_up, None), Dense(down, None)
         )
-
-    def weights(self) -> Weights:
-        """The draft as a one-layer core model over the target's rotary table and norm (input rows: `inputs`)."""
         return Weights(
-            layers=[self.layer()],
+            layers=[layer],
             embed=self.embed,
             norm=self.norm,
             head=self.logits_subset,
@@ -125,7 +119,7 @@ class FeatureDraft(nn.Module):
         predicted states [B, T, d] (pass s: s tokens drafted ahead, over keys of every pass so far)."""
         B, T, _ = f_prev.shape
         w = self.weights()
-        cos, sin = self.rope_tables(T, f_prev.dtype)
+        cos, sin = rope_table(self.inv_freq, T, f_prev.dtype)  # [T, D] each
         c, s_ = cos[:, None], sin[:, None]  # [T, 1, D]
         ks, vs, outs, f_in = [], [], [], f_prev
         idx = torch.arange(T)

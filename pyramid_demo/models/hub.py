@@ -8,6 +8,7 @@ import threading
 import time
 from contextlib import suppress
 from urllib.parse import urlparse
+from urllib.request import getproxies
 
 import torch
 from huggingface_hub import constants, errors, get_token
@@ -47,10 +48,8 @@ def hub_offline() -> bool:
 
 def hub_reachable(endpoint: str | None = None, timeout: float = PROBE_TIMEOUT_S) -> bool:
     """Whether a TCP connection to the Hub (or HTTPS proxy) opens within `timeout` s (in a thread: DNS cannot stall)."""
-    proxy = next(
-        (os.environ[v] for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy") if os.environ.get(v)), None
-    )
-    url = urlparse(proxy or endpoint or constants.ENDPOINT)
+    proxies = getproxies()  # $HTTPS_PROXY, $ALL_PROXY and their lower-case forms
+    url = urlparse(proxies.get("https") or proxies.get("all") or endpoint or constants.ENDPOINT)
     host, port = url.hostname or "huggingface.co", url.port or (80 if url.scheme == "http" else 443)
     hit = _PROBE.get(f"{host}:{port}")
     if hit and time.monotonic() - hit[0] < 30:

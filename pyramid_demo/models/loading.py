@@ -68,13 +68,11 @@ def pick_device(device: str | None = None) -> torch.device:
 
 def pick_dtype(device: torch.device, dtype: str | torch.dtype | None = None) -> torch.dtype:
     """The requested dtype, or the device's default: bf16 on CUDA (else fp16), fp16 on MPS, fp32 on CPU."""
-    if isinstance(dtype, torch.dtype):
-        return dtype
     if dtype in (None, "", "auto"):
         if device.type == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
         return torch.float16 if device.type == "mps" else torch.float32
-    key = str(dtype).lower().removeprefix("torch.")
+    key = str(dtype).lower().removeprefix("torch.")  # a torch.dtype reads as its name
     if key not in _DTYPES:
         raise LoadError(f"Unknown dtype {dtype!r}: use float32, bfloat16, float16 or auto.")
     return _DTYPES[key]
@@ -101,13 +99,10 @@ def load_triplet(
     norm = preset.name if preset else ",".join(refs)
     key = (norm, str(dev), str(dt).removeprefix("torch."), place.key)
     with _LOCK:
+        key_lock = _KEY_LOCKS.setdefault(key, threading.Lock())
+    with key_lock:  # one load per key; other keys are not blocked
         if key in _CACHE:
             return _CACHE[key]
-        key_lock = _KEY_LOCKS.setdefault(key, threading.Lock())
-    with key_lock:  # one load per key; other keys and cache hits are not blocked
-        with _LOCK:
-            if key in _CACHE:
-                return _CACHE[key]
         check_fits(estimate(spec, dt, max_len, place.quantize), dev, place.device_map)  # LoadError if it cannot
         t0 = time.perf_counter()
         triplet = _load(preset, refs, dev, dt, place)

@@ -9,7 +9,6 @@ import logging
 import math
 import os
 from collections.abc import Callable
-from contextlib import suppress
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,6 @@ from ..forward import lookup
 from . import feature_draft
 from .bundled import _complete, bundled_gguf, converted_dir
 from .errors import LoadError
-from .offline import draft_reads_verifier
 from .presets import BUNDLED_TARGET, FEATURE_DRAFT, OFFLINE, Preset
 from .quant import parse_quant
 from .tiny import tiny_config, tiny_tokenizer
@@ -104,7 +102,6 @@ class Estimate:
 
 
 def fmt_bytes(n: float) -> str:
-    """Decimal GB, or MB below 0.1 GB."""
     return f"{n / GB:.2f} GB" if n >= 0.1 * GB else f"{n / 1e6:.1f} MB"
 
 
@@ -143,7 +140,7 @@ def count_params(config: Any) -> tuple[int, int]:
 
 def kv_per_token(config: Any, nbytes: int, layers: int | None = None) -> int:
     """Bytes of keys and values one token adds to a model's cache."""
-    c = config.get_text_config() if hasattr(config, "get_text_config") else config
+    c = config.get_text_config()  # a multimodal config keeps the decoder's sizes apart
     heads = getattr(c, "num_attention_heads", 1)
     kv_heads = getattr(c, "num_key_value_heads", None) or heads
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
@@ -240,7 +237,7 @@ def estimate_family(
             return Estimate(name, dtype, max_len, quantize, unknown=refs, notes=(str(e),))
         qualifier = int4_size("qualifier", preset.qualifier, cfg, dtype, parse_quant(preset.qualifier)[1] or 32)
         draft = (
-            _feature_draft_size(cfg, dtype, quantize) if draft_reads_verifier() else replace(qualifier, role="draft")
+            _feature_draft_size(cfg, dtype, quantize) if feature_draft.available() else replace(qualifier, role="draft")
         )
         target = _sizes("target", BUNDLED_TARGET, cfg, dtype, quantize)
         return Estimate(name, dtype, max_len, quantize, (draft, qualifier, target))
@@ -267,14 +264,6 @@ def estimate_family(
 
 
 # ---------------------------------------------------------------- what is free
-def _meminfo_available() -> int | None:
-    with suppress(OSError, ValueError, IndexError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    return None
-
-
 def _cgroup_available() -> int | None:
     """A container's own limit (a Space's RAM), which /proc/meminfo does not show."""
     for limit_f, used_f in (
@@ -291,23 +280,19 @@ def _cgroup_available() -> int | None:
     return None
 
 
-def available_ram() -> int | None:
-    """Free RAM for this process: psutil if installed, else /proc/meminfo, capped by the cgroup."""
-    try:
-        import psutil
+def available_ram() -> int:
+    """Free RAM for this process (psutil comes with accelerate), capped by a container's cgroup limit."""
+    import psutil
 
-        free: int | None = int(psutil.virtual_memory().available)
-    except ImportError:
-        free = _meminfo_available()
+    free = int(psutil.virtual_memory().available)
     cg = _cgroup_available()
-    return min(x for x in (free, cg) if x is not None) if (free, cg) != (None, None) else None
+    return free if cg is None else min(free, cg)
 
 
 def available_bytes(device: torch.device) -> int | None:
     """Free memory on `device` (None: unknown, e.g. MPS, where no check is made)."""
     if device.type == "cuda":
-        idx = device.index if device.index is not None else torch.cuda.current_device()
-        return int(torch.cuda.mem_get_info(idx)[0])
+        return int(torch.cuda.mem_get_info(device)[0])  # 'cuda' alone: the current device
     return available_ram() if device.type == "cpu" else None
 
 
@@ -319,7 +304,7 @@ def check_fits(est: Estimate, device: torch.device, device_map: str | None = Non
         free, where = available_bytes(device), str(device)
     else:  # every GPU (none without CUDA) and CPU RAM
         gpus = [int(torch.cuda.mem_get_info(i)[0]) for i in range(torch.cuda.device_count())]
-        free, where = sum(gpus) + (available_ram() or 0), f"{len(gpus)} GPU(s) + CPU RAM (device_map=auto)"
+        free, where = sum(gpus) + available_ram(), f"{len(gpus)} GPU(s) + CPU RAM (device_map=auto)"
     if free is None or est.total_bytes <= free:
         return
     tips = []

@@ -27,27 +27,22 @@ NO_DRAFT_DESCRIPTION = (
 )
 
 
-def draft_reads_verifier() -> bool:
-    """Whether the offline family's draft is the shipped feature draft (it reads its verifier's states)."""
-    return feature_draft.available()
-
-
 def as_run(preset: Preset) -> Preset:
     """The preset as it runs on this install: without the shipped feature draft, the draft is the int4 copy."""
-    if preset.name != OFFLINE or draft_reads_verifier():
+    if preset.name != OFFLINE or feature_draft.available():
         return preset
     return replace(preset, draft=preset.qualifier, description=NO_DRAFT_DESCRIPTION)
 
 
-def _draft(target: torch.nn.Module, dev: torch.device, dt: torch.dtype) -> tuple[Any, str] | str:
-    """The shipped feature draft over `target`'s embedding, norm and head rows, or why there is none."""
+def _draft(target: torch.nn.Module, dev: torch.device, dt: torch.dtype) -> tuple[Any, str]:
+    """The shipped feature draft over `target`'s embedding, norm and head rows and what it is, or None and why not."""
     if not feature_draft.available():
-        return "no trained draft is shipped (pyramid_demo/models/weights/)"
+        return None, "no trained draft is shipped (pyramid_demo/models/weights/)"
     try:
         draft = finish(feature_draft.build(target).to(device=dev, dtype=dt), dev)
     except Exception as e:  # noqa: BLE001 - keep the demo usable; say why in the note
         log.warning("could not build the feature draft: %r", e)
-        return f"building the feature draft failed ({type(e).__name__}: {e})"
+        return None, f"building the feature draft failed ({type(e).__name__}: {e})"
     return draft, (
         f"the draft is one decoder layer over the qualifier's final hidden state and the next token "
         f"(EAGLE-style), on the target's head for its {draft.subset.numel():,} most frequent tokens"
@@ -73,12 +68,11 @@ def target_source() -> Path | None:
 def load_offline_family(preset: Preset, dev: torch.device, dt: torch.dtype, source: Path | None = None) -> ModelTriplet:
     tok, target = bundled_target(dev, dt, source)
     qualifier = int4_copy(target, DEFAULT_GROUP)  # LoadError on a device the int4 kernel cannot serve
-    got = _draft(target, dev, dt)
-    if isinstance(got, tuple):
-        (draft, note), names = got, preset.refs
-    else:
+    draft, note = _draft(target, dev, dt)
+    names = preset.refs
+    if draft is None:
         draft, names = qualifier, (preset.qualifier, *preset.refs[1:])
-        note = f"{got}, so the draft is the int4 copy too: this shows the mechanics only"
+        note += ", so the draft is the int4 copy too: this shows the mechanics only"
     note += f"; the qualifier is the target's own quantized copy ({label(qualifier)}), built at load"
     if source is not None:  # the Hub route: say which target this is, and what was not measured on it
         names = (*names[:2], f"{HUB_ID} (Hugging Face cache)")

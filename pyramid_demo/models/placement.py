@@ -10,9 +10,6 @@ import torch
 
 from .errors import LoadError
 
-DEVICE_MAPS = ("auto",)
-QUANTIZE = ("8bit", "4bit")
-
 
 @dataclass(frozen=True)
 class Placement:
@@ -38,7 +35,7 @@ def make_placement(
     dm = (device_map or "").strip().lower() or None
     q = (quantize or "").strip().lower() or None
     dm = None if dm in ("none", "single") else dm
-    if dm is not None and dm not in DEVICE_MAPS:
+    if dm not in (None, "auto"):
         raise LoadError(
             f"Unknown device map {device_map!r}: use 'auto' (spread over the visible GPUs and "
             "offload to CPU RAM) or leave it out (one device)."
@@ -46,7 +43,7 @@ def make_placement(
     q = None if q in ("none", "no", "off") else q
     if q is not None:
         q = {"8": "8bit", "int8": "8bit", "4": "4bit", "nf4": "4bit", "int4": "4bit"}.get(q, q)
-        if q not in QUANTIZE:
+        if q not in ("8bit", "4bit"):
             raise LoadError(f"Unknown quantisation {quantize!r}: use 8bit or 4bit.")
         if not bitsandbytes_available():
             raise LoadError(
@@ -63,7 +60,6 @@ def make_placement(
 
 
 def pretrained_kwargs(p: Placement, dev: torch.device, dt: torch.dtype) -> dict[str, Any]:
-    """Keyword arguments for `from_pretrained` that realise the placement."""
     kw: dict[str, Any] = {"dtype": dt}
     if p.device_map == "auto":
         kw["device_map"] = "auto"  # accelerate: GPUs first, then CPU RAM (then disk)

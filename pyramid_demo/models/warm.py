@@ -15,8 +15,7 @@ def cost_profile(triplet: Any, measure_now: bool = False) -> dict | None:
         return {**rec["profile"], "how": "cached"}
     if not measure_now:
         return None
-    rec = measure_family(triplet)
-    return {**rec["profile"], "how": "measured"}
+    return {**measure_family(triplet)["profile"], "how": "measured"}
 
 
 def prepare(triplet: Any, prompt_ids: list[int]) -> dict:
