@@ -46,7 +46,6 @@ class Session:
     next: int = 1  # the next race's number
     busy: bool = False  # a race is running
     stop: bool = False  # Stop (or Clear) was asked for the running race
-    budget_note: str = ""  # a ZeroGPU cut of max_new_tokens, shown with the next race
     exports: Any = None  # a TemporaryDirectory for this visitor's downloads, made at the first export
 
     @property
