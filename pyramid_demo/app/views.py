@@ -22,10 +22,6 @@ def _race(session: Session | None, n: Any) -> Race | None:
     return session.find(n) if session is not None else None
 
 
-def _round_slider(r: RunResult | None) -> Any:
-    return play_view.pass_slider(len(r.steps) if r else 1, 1)
-
-
 def _pos_slider(r: RunResult | None) -> Any:
     """Positions along a target pass's accepted path (`inspector.positions`): as many as the run's deepest pass has."""
     steps = r.steps if r is not None else []
@@ -72,7 +68,12 @@ def pick_method(session: Session | None, race_n: Any, method: str | None) -> tup
     race = _race(session, race_n)
     r = race.results.get(method) if race and method else None
     cfg = race.config if race else DEFAULT.to_dict()
-    return _round_slider(r), gr.update(value=cfg["tau_q"]), gr.update(value=cfg["tau_t"]), _pos_slider(r)
+    return (
+        play_view.pass_slider(len(r.steps) if r else 1, 1),
+        gr.update(value=cfg["tau_q"]),
+        gr.update(value=cfg["tau_t"]),
+        _pos_slider(r),
+    )
 
 
 def pick_race(session: Session | None, race_n: Any = None) -> tuple:
@@ -81,7 +82,7 @@ def pick_race(session: Session | None, race_n: Any = None) -> tuple:
     if session is None or race is None:
         none, empty = charts.empty_figure(MSG["no_race"]), gr.update(choices=[], value=None)
         stats = (none, none, none, "", none, "", none)  # the Statistics tab's outputs and the race histogram
-        return empty, empty, _round_slider(None), gr.skip(), gr.skip(), _pos_slider(None), *stats
+        return empty, empty, play_view.pass_slider(1, 1), gr.skip(), gr.skip(), _pos_slider(None), *stats
     res = race.results
     method = list(res)[-1] if res else None  # the last raced: the fullest pyramid
     profile = race.profile
