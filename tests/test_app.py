@@ -48,7 +48,7 @@ def race(session: Session | None, prompt: str = "hello", preset: str = "tiny-ran
     s = {**FAST, **over}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # gr.Warning outside a request is a plain UserWarning
-        return list(h.run_race(preset, ids, prompt, s, session))
+        return list(h.race_event(prompt, preset, *ids, session, **s))
 
 
 @pytest.fixture(scope="module")
@@ -88,8 +88,8 @@ def test_chain_vs_tree_side_by_side_adds_a_lane_per_shape() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         outs = list(
-            h.run_race(
-                "tiny-random", ("", "", ""), "hello", {**FAST, "max_new_tokens": 6.0}, session, side_by_side=True
+            h.race_event(
+                "hello", "tiny-random", "", "", "", session, **{**FAST, "max_new_tokens": 6.0}, side_by_side=True
             )
         )
     race = session.races[0]
@@ -255,7 +255,7 @@ def _until_lanes_run(gen) -> None:
 
 def test_stop_keeps_partial_results_and_next_run_works() -> None:
     session = h.new_session()
-    gen = h.run_race("tiny-random", ("", "", ""), "hello", FAST, session)
+    gen = h.race_event("hello", "tiny-random", "", "", "", session, **FAST)
     _until_lanes_run(gen)
     status, *_ = h.stop_race(session)  # the Stop button, while the race runs
     assert status == MSG["stopping"]
@@ -273,7 +273,7 @@ def test_stop_keeps_partial_results_and_next_run_works() -> None:
 
 def test_cancelled_generator_leaves_a_usable_session() -> None:
     session = h.new_session()
-    gen = h.run_race("tiny-random", ("", "", ""), "hello", FAST, session)
+    gen = h.race_event("hello", "tiny-random", "", "", "", session, **FAST)
     _until_lanes_run(gen)
     gen.close()  # a closed page or a cancelled event
     assert not session.busy and set(session.races[0].results) == {"ar"}  # what finished is kept
@@ -284,7 +284,7 @@ def test_a_visitor_whose_race_must_wait_reads_so_at_once() -> None:
     """While any visitor's race holds the models, a new press gets the queued line straight away; once that race
     ends (finished, stopped or its page closed), a press changes nothing before its own race starts."""
     assert h.queue_line() is not MSG["queued"]
-    gen = h.run_race("tiny-random", ("", "", ""), "hello", FAST, h.new_session())
+    gen = h.race_event("hello", "tiny-random", "", "", "", h.new_session(), **FAST)
     _until_lanes_run(gen)
     assert h.queue_line() == MSG["queued"]
     gen.close()

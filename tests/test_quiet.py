@@ -36,7 +36,7 @@ def no_settle(monkeypatch):
 def race(session, prompt: str = "hello", **over) -> list:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # gr.Warning outside a request is a plain UserWarning
-        return list(h.run_race("tiny-random", ("", "", ""), prompt, {**SETTINGS, **over}, session))
+        return list(h.race_event(prompt, "tiny-random", "", "", "", session, **{**SETTINGS, **over}))
 
 
 def spy(monkeypatch, events: list, on_pass=None) -> None:
@@ -68,7 +68,7 @@ def test_nothing_reaches_the_page_while_a_lane_is_timed(monkeypatch):
     session = h.new_session()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for out in h.run_race("tiny-random", ("", "", ""), "hello", SETTINGS, session):
+        for out in h.race_event("hello", "tiny-random", "", "", "", session, **SETTINGS):
             events.append(("ui", out))
     passes = [i for i, e in enumerate(events) if e[0] == "pass"]
     runs = {e[1] for e in events if e[0] == "pass"}

@@ -115,7 +115,7 @@ def test_the_label_names_the_model_that_decodes() -> None:
 def _race(session, **kw) -> list:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # gr.Warning outside a request is a plain UserWarning
-        return list(h.run_race("tiny-random", ("", "", ""), "hello", FAST, session, **kw))
+        return list(h.race_event("hello", "tiny-random", "", "", "", session, **FAST, **kw))
 
 
 def test_the_race_switch_adds_the_lane_and_its_divergence_line() -> None:

@@ -63,7 +63,7 @@ def test_the_statistics_story_names_the_spec_bench_task_of_the_races_prompt():
     session = h.new_session()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # gr.Warning outside a request is a plain UserWarning
-        list(h.run_race("tiny-random", ("", "", ""), f"  {q.turns[0]}\n", FAST, session))
+        list(h.race_event(f"  {q.turns[0]}\n", "tiny-random", "", "", "", session, **FAST))
     shown = views.pick_race(session)[9]  # the Statistics tab's story, as the page sets it
     first = shown.split("\n\n", 1)[0]
     assert f"Spec-Bench question {q.id} (Question Answering)" in first and text.TASK_NOTES["qa"] in first

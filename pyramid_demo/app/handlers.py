@@ -104,6 +104,17 @@ def queue_line() -> Any:
         return MSG["queued"] if _RACING[0] else gr.skip()
 
 
+def _show_stages(staged: Iterator, session: Session, progress: gr.Progress) -> Any:
+    """Show each stage's status and progress while `staged` (`races.run_staged`) runs; return its result."""
+    while True:
+        try:
+            text, frac, _ = next(staged)
+        except StopIteration as done:
+            return done.value
+        progress(frac, desc=text)
+        yield status_only(text, session)
+
+
 def race_event(
     prompt: str,
     preset: str,
@@ -117,40 +128,15 @@ def race_event(
     **settings: Any,
 ) -> Iterator[tuple]:
     """The public `/race` endpoint and the Run button; `settings`: DecodeConfig fields by name (left out: the page's
-    first values)."""
-    models, settings = (draft, qualifier, target), {**START_SETTINGS, **settings}
-    yield from run_race(preset, models, prompt, settings, session, progress, bool(side_by_side), bool(qualifier_alone))
-
-
-def _show_stages(staged: Iterator, session: Session, progress: gr.Progress) -> Any:
-    """Show each stage's status and progress while `staged` (`races.run_staged`) runs; return its result."""
-    while True:
-        try:
-            text, frac, _ = next(staged)
-        except StopIteration as done:
-            return done.value
-        progress(frac, desc=text)
-        yield status_only(text, session)
-
-
-def run_race(
-    preset: str,
-    models: tuple[str, str, str],
-    prompt: str,
-    settings: dict[str, Any],
-    session: Session | None,
-    progress: gr.Progress = gr.Progress(),
-    side_by_side: bool = False,
-    qualifier_alone: bool = False,
-) -> Iterator[tuple]:
-    """Time every lane with nothing drawn (`races.decode`), then replay the race; yields (status, lanes, chart, table,
-    earlier, session). Stop is cooperative (`session.stop`): cancelling the event would race a late snapshot."""
+    first values). Times every lane with nothing drawn (`races.decode`), then replays the race; yields (status, lanes,
+    chart, table, earlier, session). Stop is cooperative (`session.stop`): cancelling the event would race a late
+    snapshot."""
     session = session if session is not None else new_session()
-    race_lanes_ = lanes(side_by_side, qualifier_alone)
+    settings = {**START_SETTINGS, **settings}
+    race_lanes_ = lanes(bool(side_by_side), bool(qualifier_alone))
     try:  # on ZeroGPU the whole race must fit one allocation: cut the tokens, say so
-        settings = dict(settings)
         settings["max_new_tokens"], cut = hosting.fit_race(preset, len(race_lanes_), int(settings["max_new_tokens"]))
-    except (KeyError, TypeError, ValueError):
+    except (TypeError, ValueError):
         cut = ""  # make_config reports the bad value
     budget_note = _notify(cut) if cut else ""
     session.stop, session.busy = False, True
@@ -160,7 +146,7 @@ def run_race(
         from ..models.loading import LoadError, load_triplet
 
         try:
-            spec = model_spec(preset, *models)
+            spec = model_spec(preset, draft, qualifier, target)
             base = make_config(**settings)
         except (ValueError, TypeError) as e:
             yield status_only(_notify(MSG["bad_settings"].format(err=e)), session)

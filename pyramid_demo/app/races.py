@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -81,29 +82,24 @@ def loading_stage(preset: str) -> str:
 
 def run_staged(work: Callable[[], Any], stage: Callable[[], str]) -> Iterator[tuple[str, float, float]]:
     """Run `work` in a thread, yielding (status, progress 0..1, elapsed s) every POLL_S; returns (raises) its result."""
-    out: dict[str, Any] = {}
+    done: Future = Future()
 
     def target() -> None:
         try:
-            out["value"] = work()
-        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
-            out["error"] = e
+            done.set_result(work())
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread by done.result()
+            done.set_exception(e)
 
-    t = threading.Thread(target=target, daemon=True)
     t0, since, current = time.perf_counter(), time.perf_counter(), None
-    t.start()
-    t.join(POLL_S)
-    while t.is_alive():  # a family already loaded is named no stage
+    threading.Thread(target=target, daemon=True).start()
+    while wait([done], POLL_S).not_done:  # a family already loaded is named no stage
         name = stage()
         if name != current:
             current, since = name, time.perf_counter()
         text, usual = STAGES[name]
         spent = time.perf_counter() - since
         yield f"⏳ {text}… {spent:.0f} s", min(0.95, spent / usual), time.perf_counter() - t0
-        t.join(POLL_S)
-    if "error" in out:
-        raise out["error"]
-    return out.get("value")
+    return done.result()
 
 
 # ------------------------------------------------------------------ the clocks
