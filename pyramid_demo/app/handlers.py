@@ -237,9 +237,8 @@ def race_event(
             _RACING[0] -= 1
 
 
-def stop_race(session: Session | None) -> tuple:
+def stop_race(session: Session) -> tuple:
     """Ask a running race to stop after its current target pass; its partial results stay."""
-    session = session if session is not None else new_session()
     if session.busy:
         session.stop = True
         return status_only(MSG["stopping"], session)
@@ -249,9 +248,9 @@ def stop_race(session: Session | None) -> tuple:
     return full_outputs(session, MSG["stopped" if race.stopped else "done"].format(n=race.n, k=len(race.repeats)))
 
 
-def clear_results(session: Session | None) -> tuple:
+def clear_results(session: Session) -> tuple:
     """Forget this user's races; during a race, stop it and empty the session in place (no late update refills it)."""
-    if session is not None and session.busy:
+    if session.busy:
         session.stop = True
         session.clear()
         return full_outputs(session, MSG["cleared"])
@@ -259,9 +258,9 @@ def clear_results(session: Session | None) -> tuple:
 
 
 # ------------------------------------------------------------------ export
-def export_files(session: Session | None) -> tuple[str | None, str | None, str | None]:
+def export_files(session: Session) -> tuple[str | None, str | None, str | None]:
     """The trace (JSON), the race table (CSV) and the races' web page (HTML), in this visitor's own folder."""
-    if session is None or not session.races:
+    if not session.races:
         _notify(MSG["no_race"])
         return None, None, None
     races = session.races

@@ -187,19 +187,12 @@ def markdown(
             f"| {alpha} | {need} |"
         )
     lines += ["", *(f"- **{short_name(row['method'])}**: {row['verdict']}" for row in table)]
-    lines += ["", insertion_line(table, profile)]
+    if profile:  # the insertion test (predict.insertion) from the α of this race's SD and pyramid lanes
+        m = {row["method"]: row for row in table}
+        pyr = m.get("psd_a") or m.get("psd_f") or {}
+        alphas = m.get("sd", {}).get("alpha"), pyr.get("alpha_qualifier"), pyr.get("alpha")
+        lines += ["", insertion.markdown(insertion.insertion(profile, *alphas))]
     return "\n".join(lines)
-
-
-def insertion_line(table: list[dict], profile: dict | None) -> str:
-    """The insertion test (predict.insertion) from the α of this race's SD and pyramid lanes (`rows`)."""
-    if not profile:
-        return ""
-    m = {row["method"]: row for row in table}
-    pyr = m.get("psd_a") or m.get("psd_f") or {}
-    return insertion.markdown(
-        insertion.insertion(profile, m.get("sd", {}).get("alpha"), pyr.get("alpha_qualifier"), pyr.get("alpha"))
-    )
 
 
 def passes_markdown(results: dict[str, RunResult]) -> str:
