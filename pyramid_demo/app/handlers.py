@@ -252,7 +252,7 @@ def clear_results(session: Session) -> tuple:
     """Forget this user's races; during a race, stop it and empty the session in place (no late update refills it)."""
     if session.busy:
         session.stop = True
-        session.clear()
+        session.races, session.next = [], 1
         return full_outputs(session, MSG["cleared"])
     return full_outputs(new_session(), MSG["cleared"])
 

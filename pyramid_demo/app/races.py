@@ -57,10 +57,6 @@ class Session:
         """The race numbered `n` (as the dropdown sends it), else the latest."""
         return next((r for r in self.races if str(r.n) == str(n)), self.latest)
 
-    def clear(self) -> None:
-        """Forget every race, in place (the flags of a running race stay: it is being stopped)."""
-        self.races, self.next = [], 1
-
 
 # ------------------------------------------------------------------ before the clocks
 # the first race's one-time stages (convert, load, warm), with progress as elapsed time against the usual time
