@@ -18,6 +18,7 @@ from pyramid_demo.app import charts, inspector, race_view, render, views
 from pyramid_demo.app import handlers as h
 from pyramid_demo.app.races import Session
 from pyramid_demo.app.text import DEFAULT, MSG, RACE_COLUMNS, RACE_METHODS
+from pyramid_demo.core.settings import APP_SETTINGS, TUNABLE
 from pyramid_demo.core.trace import StageRound, TokenRec
 
 
@@ -327,7 +328,7 @@ def test_clear_and_presets() -> None:
     assert vis["visible"] is True
     text, fold, vis = h.preset_info("smollm2-offline")
     assert "GB" in text and "GB" in fold and vis["visible"] is False
-    assert h.make_config(**{k: FAST[k] for k in h.SETTING_NAMES}).l_q == 4
+    assert h.make_config(**{k: FAST[k] for k in APP_SETTINGS}).l_q == 4
 
 
 def test_app_builds_without_loading_models(monkeypatch) -> None:
@@ -356,14 +357,14 @@ def test_app_builds_without_loading_models(monkeypatch) -> None:
 
 def test_choosing_a_family_resets_the_settings_to_its_tuned_values():
     """The preset dropdown's handler sends the family's tuned settings to the sliders (in
-    TUNED_NAMES order); a custom family gets the papers' defaults."""
+    TUNABLE order); a custom family gets the papers' defaults."""
     from pyramid_demo.models.presets import tuned_settings
 
     ups = h.preset_settings("smollm2-offline")
-    got = dict(zip(h.TUNED_NAMES, (u["value"] for u in ups)))
+    got = dict(zip(TUNABLE, (u["value"] for u in ups)))
     assert tuned_settings("smollm2-offline") and all(got[k] == v for k, v in tuned_settings("smollm2-offline").items())
-    got = dict(zip(h.TUNED_NAMES, (u["value"] for u in h.preset_settings("custom"))))
-    assert got == {k: getattr(DEFAULT, k) for k in h.TUNED_NAMES}
+    got = dict(zip(TUNABLE, (u["value"] for u in h.preset_settings("custom"))))
+    assert got == {k: getattr(DEFAULT, k) for k in TUNABLE}
 
 
 def test_notes_in_html_panels_show_bold_not_asterisks():

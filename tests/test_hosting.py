@@ -11,6 +11,7 @@ from app_server import FAST as APP_FAST
 from pyramid_demo.app import handlers as h
 from pyramid_demo.app import hosting
 from pyramid_demo.app.text import RACE_METHODS
+from pyramid_demo.core.settings import APP_SETTINGS
 
 FAST = {**APP_FAST, "max_new_tokens": 400.0}
 
@@ -50,7 +51,7 @@ def test_duration_reads_race_events_arguments(monkeypatch):
     monkeypatch.setattr(hosting, "_MEASURED", {"tiny-random": 0.01})
     args = ("hello", "tiny-random", "", "", "", None, None)
     want = hosting.plan_budget("tiny-random", len(RACE_METHODS), 400).duration_s
-    assert hosting.race_duration(*args, **{k: FAST[k] for k in h.SETTING_NAMES}) == want
+    assert hosting.race_duration(*args, **{k: FAST[k] for k in APP_SETTINGS}) == want
 
 
 def test_a_zerogpu_race_runs_every_method_in_one_call_and_is_cut_to_fit(monkeypatch, one_thread):
@@ -88,7 +89,7 @@ def test_a_zerogpu_race_runs_every_method_in_one_call_and_is_cut_to_fit(monkeypa
                 "",
                 session,
                 lambda *a, **k: None,
-                **{k: FAST[k] for k in h.SETTING_NAMES},
+                **{k: FAST[k] for k in APP_SETTINGS},
             )
         )
     sys.modules.pop("app", None)

@@ -22,6 +22,7 @@ from pyramid_demo.bench.variants import name_models
 from pyramid_demo.core.engine import decode, prefill
 from pyramid_demo.core.methods import LANES, DecodeConfig, lane_label, lanes
 from pyramid_demo.core.run import encode_prompt, generate
+from pyramid_demo.core.settings import APP_SETTINGS
 from pyramid_demo.core.trace import first_divergence
 from pyramid_demo.forward.lm import open_lm
 from pyramid_demo.models.tiny import tiny_random_triplet
@@ -184,7 +185,7 @@ def test_the_lane_has_its_own_colour_and_counts_in_the_gpu_budget() -> None:
     from pyramid_demo.app.render import METHOD_COLOURS
 
     assert METHOD_COLOURS[KEY] == LANES[KEY].colour != METHOD_COLOURS["ar"]
-    kw = {k: FAST[k] for k in h.SETTING_NAMES}
+    kw = {k: FAST[k] for k in APP_SETTINGS}
     on = hosting.plan_budget("tiny-random", len(lanes(False, True)), 6).duration_s
     assert hosting.race_duration("hi", "tiny-random", qualifier_alone=True, **kw) == on
 

@@ -30,9 +30,7 @@ from .text import CUSTOM, DEFAULT, LABELS, MSG, RACE_COLUMNS, START
 
 log = logging.getLogger(__name__)
 MAX_RACES = 20  # per user; older races are dropped to bound a hosted app's memory
-SETTING_NAMES = APP_SETTINGS  # the settings widgets, in page order (race_event takes them by name)
-TUNED_NAMES = TUNABLE  # the widgets preset_settings resets, in this order
-INT_SETTINGS = tuple(k for k in SETTING_NAMES if isinstance(getattr(DEFAULT, k), int))
+INT_SETTINGS = tuple(k for k in APP_SETTINGS if isinstance(getattr(DEFAULT, k), int))
 
 
 def new_session() -> Session:
@@ -54,9 +52,9 @@ def preset_info(preset: str) -> tuple[str, str, Any]:
 
 
 def preset_settings(preset: str) -> tuple:
-    """Widget updates that reset the tunable settings (TUNED_NAMES order) to the family's."""
+    """Widget updates that reset the tunable settings (`TUNABLE` order) to the family's."""
     cfg = family_config(preset)
-    return tuple(gr.update(value=getattr(cfg, k)) for k in TUNED_NAMES)
+    return tuple(gr.update(value=getattr(cfg, k)) for k in TUNABLE)
 
 
 def model_spec(preset: str, draft: str, qualifier: str, target: str) -> str:
@@ -297,4 +295,4 @@ def page_label(path: str | None) -> Any:
     return gr.update(label=f"{LABELS['race_page']} · {shown}")
 
 
-START_SETTINGS = {k: getattr(START, k) for k in SETTING_NAMES}  # the page's first values, the API's defaults
+START_SETTINGS = {k: getattr(START, k) for k in APP_SETTINGS}  # the page's first values, the API's defaults
