@@ -10,6 +10,7 @@ import gradio as gr
 
 from pyramid_demo.app import charts, family, hosting, pass_hist, play_view, race_view, render, text, views
 from pyramid_demo.app import handlers as h
+from pyramid_demo.app.races import Session
 from pyramid_demo.core.settings import APP_SETTINGS, BY_NAME, TUNABLE
 
 ASSETS = Path(__file__).resolve().parent / "assets"
@@ -81,7 +82,7 @@ def _player(name: str) -> list:
 def build_demo() -> gr.Blocks:
     """The whole page; every user gets their own `session` state."""
     with gr.Blocks(title="PyramidSD Explorer") as demo:
-        session = gr.State(h.new_session())  # copied for every visitor
+        session = gr.State(Session())  # copied for every visitor
         gr.Markdown(text.INTRO, elem_id="title")
         with gr.Row(equal_height=False):
             with gr.Column(scale=3):
@@ -136,7 +137,7 @@ def build_demo() -> gr.Blocks:
                     elem_id="race-table",
                 )
                 with gr.Accordion("Earlier races", open=False):
-                    earlier = gr.HTML(h.earlier_lanes(h.new_session()))
+                    earlier = gr.HTML(h.earlier_lanes(Session()))
             with gr.Tab(text.TABS["inspect"]):
                 gr.Markdown(
                     "Pick a method and a target pass. Move the **what-if τ** sliders to see what another "

@@ -54,7 +54,7 @@ def race(session: Session | None, prompt: str = "hello", preset: str = "tiny-ran
 
 @pytest.fixture(scope="module")
 def done() -> tuple[Session, list]:
-    session = h.new_session()
+    session = Session()
     return session, race(session)
 
 
@@ -85,7 +85,7 @@ def test_chain_vs_tree_side_by_side_adds_a_lane_per_shape() -> None:
     lossless tree lane still writes AR's text at T=0."""
     from pyramid_demo.core.methods import LANES, lanes
 
-    session = h.new_session()
+    session = Session()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         outs = list(
@@ -215,7 +215,7 @@ def test_models_are_warmed_before_the_clocks_and_one_time_costs_shown_apart(monk
     real_warm, real_stream = measure.warm_up, clock.stream
     monkeypatch.setattr(measure, "warm_up", lambda m, *a: events.append(("warm", sorted(m))) or real_warm(m, *a))
     monkeypatch.setattr(clock, "stream", lambda *a, **k: events.append(("stream", a[2].method)) or real_stream(*a, **k))
-    session = h.new_session()
+    session = Session()
     status, lanes = race(session)[-1][:2]
     assert events[0] == ("warm", ["draft", "qualifier", "target"]) and events[1][0] == "stream"
     foot = lanes.split('class="lanes-foot"')[1]
@@ -235,16 +235,16 @@ def test_models_are_warmed_before_the_clocks_and_one_time_costs_shown_apart(monk
     ],
 )
 def test_bad_inputs_give_messages(over: dict, prompt: str, needle: str) -> None:
-    session = h.new_session()
+    session = Session()
     outs = race(session, prompt, **over)
     assert len(outs) >= 1 and needle in outs[-1][0] and outs[-1][0].startswith("⚠️")
     assert session.races == []
 
 
 def test_custom_family_errors_are_messages() -> None:
-    outs = race(h.new_session(), preset="custom", ids=("a", "", ""))
+    outs = race(Session(), preset="custom", ids=("a", "", ""))
     assert MSG["custom_missing"] in outs[-1][0]
-    outs = race(h.new_session(), preset="custom", ids=("/nonexistent/d", "/nonexistent/q", "/nonexistent/t"))
+    outs = race(Session(), preset="custom", ids=("/nonexistent/d", "/nonexistent/q", "/nonexistent/t"))
     assert "Could not load" in outs[-1][0]
 
 
@@ -255,7 +255,7 @@ def _until_lanes_run(gen) -> None:
 
 
 def test_stop_keeps_partial_results_and_next_run_works() -> None:
-    session = h.new_session()
+    session = Session()
     gen = h.race_event("hello", "tiny-random", "", "", "", session, **FAST)
     _until_lanes_run(gen)
     status, *_ = h.stop_race(session)  # the Stop button, while the race runs
@@ -273,7 +273,7 @@ def test_stop_keeps_partial_results_and_next_run_works() -> None:
 
 
 def test_cancelled_generator_leaves_a_usable_session() -> None:
-    session = h.new_session()
+    session = Session()
     gen = h.race_event("hello", "tiny-random", "", "", "", session, **FAST)
     _until_lanes_run(gen)
     gen.close()  # a closed page or a cancelled event
@@ -285,7 +285,7 @@ def test_a_visitor_whose_race_must_wait_reads_so_at_once() -> None:
     """While any visitor's race holds the models, a new press gets the queued line straight away; once that race
     ends (finished, stopped or its page closed), a press changes nothing before its own race starts."""
     assert h.queue_line() is not MSG["queued"]
-    gen = h.race_event("hello", "tiny-random", "", "", "", h.new_session(), **FAST)
+    gen = h.race_event("hello", "tiny-random", "", "", "", Session(), **FAST)
     _until_lanes_run(gen)
     assert h.queue_line() == MSG["queued"]
     gen.close()
@@ -305,7 +305,7 @@ def test_export_writes_json_csv_and_a_page(done) -> None:
     assert rows[0][:3] == ["race", "preset", "prompt"] and len(rows) == 1 + len(RACE_METHODS)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        assert h.export_files(h.new_session()) == (None, None, None)
+        assert h.export_files(Session()) == (None, None, None)
     session.exports.cleanup()
     assert not Path(jpath).parent.exists()
     session.exports = None  # the fixture's session serves other tests
@@ -381,7 +381,7 @@ def test_a_race_encodes_its_prompt_once(monkeypatch):
     calls = []
     real = run.encode_prompt
     monkeypatch.setattr(run, "encode_prompt", lambda *a, **k: calls.append(1) or real(*a, **k))
-    session = h.new_session()
+    session = Session()
     race(session, prompt="once")
     assert len(calls) == 1
     assert all(r.prompt == "once" for r in session.races[0].results.values())
@@ -398,7 +398,7 @@ def test_a_race_without_an_exactness_record_says_lossless_methods_may_differ(mon
     real = loading.load_triplet
     unchecked = {"exact": None, "tree_exact": None, "exact_note": describe(None)}  # whatever an earlier test recorded
     monkeypatch.setattr(loading, "load_triplet", lambda *a, **k: dataclasses.replace(real(*a, **k), **unchecked))
-    session = h.new_session()
+    session = Session()
     race(session)
     note = session.races[-1].exact_note  # shown under the finished race, beside its agreement figures
     assert "may differ from AR" in note and "not checked" in note and note not in session.races[-1].note

@@ -96,8 +96,9 @@ def race_footprint(preset: str) -> tuple[set[str], set[str], str]:
     from app_server import FAST
 
     from pyramid_demo.app import handlers as h
+    from pyramid_demo.app.races import Session
 
-    list(h.race_event("Name three colours.", preset, "", "", "", h.new_session(), **FAST))
+    list(h.race_event("Name three colours.", preset, "", "", "", Session(), **FAST))
     files: set[str] = set()
     classes: set[str] = set()
 
@@ -110,7 +111,7 @@ def race_footprint(preset: str) -> tuple[set[str], set[str], str]:
 
     sys.setprofile(prof)
     try:
-        out = list(h.race_event("Name three colours of the rainbow.", preset, "", "", "", h.new_session(), **FAST))
+        out = list(h.race_event("Name three colours of the rainbow.", preset, "", "", "", Session(), **FAST))
     finally:
         sys.setprofile(None)
     return files, classes, str(out[-1][0])

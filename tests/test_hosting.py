@@ -10,6 +10,7 @@ from app_server import FAST as APP_FAST
 
 from pyramid_demo.app import handlers as h
 from pyramid_demo.app import hosting
+from pyramid_demo.app.races import Session
 from pyramid_demo.app.text import RACE_METHODS
 from pyramid_demo.core.settings import APP_SETTINGS
 
@@ -77,7 +78,7 @@ def test_a_zerogpu_race_runs_every_method_in_one_call_and_is_cut_to_fit(monkeypa
     sys.modules.pop("app", None)
     import app
 
-    session = h.new_session()
+    session = Session()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         list(

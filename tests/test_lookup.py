@@ -218,10 +218,11 @@ def test_a_side_by_side_race_over_a_lookup_runs_its_chains_and_says_so(pld_famil
     out with a note that says why, and the race finishes."""
     import pyramid_demo.models.loading as loading
     from pyramid_demo.app import handlers as h
+    from pyramid_demo.app.races import Session
     from pyramid_demo.app.text import MSG
 
     monkeypatch.setattr(loading, "load_triplet", lambda *a, **k: pld_family)
-    session = h.new_session()
+    session = Session()
     settings = {**h.START_SETTINGS, "max_new_tokens": 6}
     list(h.race_event("hello hello", "tiny-random", "", "", "", session, **settings, side_by_side=True))
     race = session.latest

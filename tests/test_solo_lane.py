@@ -16,6 +16,7 @@ from app_server import FAST as APP_FAST
 from pyramid_demo.app import charts, play_view, views
 from pyramid_demo.app import handlers as h
 from pyramid_demo.app.race_view import divergence_words
+from pyramid_demo.app.races import Session
 from pyramid_demo.bench import runner as bench
 from pyramid_demo.bench.prompts import Prompt
 from pyramid_demo.bench.variants import name_models
@@ -122,7 +123,7 @@ def _race(session, **kw) -> list:
 def test_the_race_switch_adds_the_lane_and_its_divergence_line() -> None:
     """Rule: with the switch on the race has the reference lane right after AR, its lane says where its text
     leaves AR's, it never wins, and the charts, inspector, statistics, player and export all take it."""
-    session = h.new_session()
+    session = Session()
     outs = _race(session, qualifier_alone=True)
     race = session.races[0]
     assert race.lanes[:2] == ("ar", KEY) and set(race.results) == set(race.lanes)
@@ -144,7 +145,7 @@ def test_the_race_switch_adds_the_lane_and_its_divergence_line() -> None:
 
 
 def test_the_race_without_the_switch_has_no_reference_lane() -> None:
-    session = h.new_session()
+    session = Session()
     outs = _race(session)
     race = session.races[0]
     assert KEY not in race.lanes and KEY not in race.results and f"lane-{KEY}" not in outs[-1][1]

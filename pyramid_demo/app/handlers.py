@@ -33,10 +33,6 @@ MAX_RACES = 20  # per user; older races are dropped to bound a hosted app's memo
 INT_SETTINGS = tuple(k for k in APP_SETTINGS if isinstance(getattr(DEFAULT, k), int))
 
 
-def new_session() -> Session:
-    return Session()
-
-
 def _notify(msg: str) -> str:
     """Show a toast in the page (a plain warning outside a request) and return the message for the status line."""
     gr.Warning(msg)
@@ -129,7 +125,7 @@ def race_event(
     first values). Times every lane with nothing drawn (`races.decode`), then replays the race; yields (status, lanes,
     chart, table, earlier, session). Stop is cooperative (`session.stop`): cancelling the event would race a late
     snapshot."""
-    session = session if session is not None else new_session()
+    session = session if session is not None else Session()
     settings = {**START_SETTINGS, **settings}
     race_lanes_ = lanes(bool(side_by_side), bool(qualifier_alone))
     try:  # on ZeroGPU the whole race must fit one allocation: cut the tokens, say so
@@ -252,7 +248,7 @@ def clear_results(session: Session) -> tuple:
         session.stop = True
         session.races, session.next = [], 1
         return full_outputs(session, MSG["cleared"])
-    return full_outputs(new_session(), MSG["cleared"])
+    return full_outputs(Session(), MSG["cleared"])
 
 
 # ------------------------------------------------------------------ export
