@@ -257,7 +257,6 @@ def export_files(session: Session) -> tuple[str | None, str | None, str | None]:
     if not session.races:
         _notify(MSG["no_race"])
         return None, None, None
-    races = session.races
     session.exports = session.exports or tempfile.TemporaryDirectory(prefix="pyramid_demo_")  # removed with it
     folder = Path(session.exports.name)
     trace = [
@@ -269,14 +268,14 @@ def export_files(session: Session) -> tuple[str | None, str | None, str | None]:
             "config": r.config,
             "results": {m: inspector.result_export(res) for m, res in r.results.items()},
         }
-        for r in races
+        for r in session.races
     ]
     jpath, cpath = folder / "pyramid_trace.json", folder / "pyramid_race_results.csv"
     jpath.write_text(json.dumps(trace), encoding="utf-8")
     with cpath.open("w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
         w.writerow(["race", "preset", "prompt", *RACE_COLUMNS[1:]])
-        w.writerows([r.n, r.preset, r.prompt, *row[1:]] for r in races for row in race_rows([r]))
+        w.writerows([r.n, r.preset, r.prompt, *row[1:]] for r in session.races for row in race_rows([r]))
     hpath = folder / "pyramid_race.html"
     hpath.write_text(race_page.page(session), encoding="utf-8")
     return str(jpath), str(cpath), str(hpath)
