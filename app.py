@@ -10,7 +10,8 @@ import gradio as gr
 
 from pyramid_demo.app import charts, family, hosting, pass_hist, play_view, race_view, render, text, views
 from pyramid_demo.app import handlers as h
-from pyramid_demo.core.settings import BY_NAME
+from pyramid_demo.app.races import Session
+from pyramid_demo.core.settings import APP_SETTINGS, BY_NAME, TUNABLE
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 CSS = """
@@ -81,7 +82,7 @@ def _player(name: str) -> list:
 def build_demo() -> gr.Blocks:
     """The whole page; every user gets their own `session` state."""
     with gr.Blocks(title="PyramidSD Explorer") as demo:
-        session = gr.State(h.new_session())  # copied for every visitor
+        session = gr.State(Session())  # copied for every visitor
         gr.Markdown(text.INTRO, elem_id="title")
         with gr.Row(equal_height=False):
             with gr.Column(scale=3):
@@ -112,9 +113,9 @@ def build_demo() -> gr.Blocks:
         with gr.Accordion(text.SETTINGS_TITLE, open=False):
             gr.Markdown(text.INFO["tuned"])
             widgets = {}
-            for i in range(0, len(h.SETTING_NAMES), 3):  # three to a row, in the table's order
+            for i in range(0, len(APP_SETTINGS), 3):  # three to a row, in the table's order
                 with gr.Row():
-                    widgets.update({k: _setting(k) for k in h.SETTING_NAMES[i : i + 3]})
+                    widgets.update({k: _setting(k) for k in APP_SETTINGS[i : i + 3]})
         status = gr.Markdown(text.MSG["idle"], elem_id="status")
 
         with gr.Tabs():
@@ -136,7 +137,7 @@ def build_demo() -> gr.Blocks:
                     elem_id="race-table",
                 )
                 with gr.Accordion("Earlier races", open=False):
-                    earlier = gr.HTML(h.earlier_lanes(h.new_session()))
+                    earlier = gr.HTML(h.earlier_lanes(Session()))
             with gr.Tab(text.TABS["inspect"]):
                 gr.Markdown(
                     "Pick a method and a target pass. Move the **what-if τ** sliders to see what another "
@@ -182,7 +183,7 @@ def build_demo() -> gr.Blocks:
         pick_out = [*picked, hist_plot, posn_plot, tp_plot, speeds_md, cost_plot, cost_md, race_hist]
         insp_in = [session, *picked]
         insp_out = [chips, div_plot, top5_plot, insp_md, tree_plot]
-        tuned = [widgets[k] for k in h.TUNED_NAMES]
+        tuned = [widgets[k] for k in TUNABLE]
         play_in = [session, race_dd, method_dd, round_sl]
         family_out = [preset_md, fold_md, custom_box]
 
@@ -201,7 +202,7 @@ def build_demo() -> gr.Blocks:
             [prompt, preset, draft_id, qual_id, target_id, session],
             race_out,
             inputs_kwargs={
-                **{k: widgets[k] for k in h.SETTING_NAMES},
+                **{k: widgets[k] for k in APP_SETTINGS},
                 "side_by_side": side_by_side,
                 "qualifier_alone": qualifier_alone,
             },

@@ -8,13 +8,17 @@
 - `clear_loaded`: forget every family `models.loading` loaded;
 - `saved_tiny_models`: tiny Llama folders a custom family loads from;
 - `leading_run`, `sd_passes`, `next_token`: SD's chain rule as the papers state it, position by position, the
-  reference the walk (`rules.decide_tree`) is held to on chains.
+  reference the walk (`rules.decide_tree`) is held to on chains;
+- `shown`: a replayed beat's chips as (text, mark); `visible`: the text a reader sees of a Markdown snippet.
 """
 
 from __future__ import annotations
 
+import re
+
 import torch
 
+from pyramid_demo.app.playback import HIDDEN, Beat, mark
 from pyramid_demo.core import rules
 from pyramid_demo.core.methods import TREE_BUDGET, DecodeConfig, Method
 from pyramid_demo.core.round import decide, record
@@ -155,3 +159,13 @@ def dispatch(model: torch.nn.Module, device_map: dict, offload_dir: str | None =
         return model.to(next(iter(device_map.values())))
     main = next((d for d in device_map.values() if d not in ("cpu", "disk")), "cpu")
     return dispatch_model(model, device_map=device_map, main_device=main, offload_dir=offload_dir)
+
+
+def shown(beat: Beat) -> list[tuple[str, str]]:
+    """The round's chips out so far as (text, mark)."""
+    return [(c.text, mark(beat, i)) for i, c in enumerate(beat.chips) if c.state != HIDDEN]
+
+
+def visible(markdown: str) -> str:
+    """The text a reader sees of a Markdown snippet (bold marks and line-break spaces removed)."""
+    return re.sub(r"\*\*|`|  \n", lambda m: "\n" if m.group(0) == "  \n" else "", markdown)

@@ -17,6 +17,7 @@ gradio_client = pytest.importorskip("gradio_client")
 
 from pyramid_demo.app import handlers as h  # noqa: E402
 from pyramid_demo.app.text import RACE_METHODS  # noqa: E402
+from pyramid_demo.core.settings import APP_SETTINGS  # noqa: E402
 
 PUBLIC = {"/race", "/stop", "/export"}
 
@@ -54,7 +55,7 @@ def test_race_takes_named_settings_with_defaults(url):
         "draft",
         "qualifier",
         "target",
-        *h.SETTING_NAMES,
+        *APP_SETTINGS,
         "side_by_side",
         "qualifier_alone",
     ]

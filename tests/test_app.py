@@ -18,6 +18,7 @@ from pyramid_demo.app import charts, inspector, race_view, render, views
 from pyramid_demo.app import handlers as h
 from pyramid_demo.app.races import Session
 from pyramid_demo.app.text import DEFAULT, MSG, RACE_COLUMNS, RACE_METHODS
+from pyramid_demo.core.settings import APP_SETTINGS, TUNABLE
 from pyramid_demo.core.trace import StageRound, TokenRec
 
 
@@ -48,12 +49,12 @@ def race(session: Session | None, prompt: str = "hello", preset: str = "tiny-ran
     s = {**FAST, **over}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # gr.Warning outside a request is a plain UserWarning
-        return list(h.run_race(preset, ids, prompt, s, session))
+        return list(h.race_event(prompt, preset, *ids, session, **s))
 
 
 @pytest.fixture(scope="module")
 def done() -> tuple[Session, list]:
-    session = h.new_session()
+    session = Session()
     return session, race(session)
 
 
@@ -84,12 +85,12 @@ def test_chain_vs_tree_side_by_side_adds_a_lane_per_shape() -> None:
     lossless tree lane still writes AR's text at T=0."""
     from pyramid_demo.core.methods import LANES, lanes
 
-    session = h.new_session()
+    session = Session()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         outs = list(
-            h.run_race(
-                "tiny-random", ("", "", ""), "hello", {**FAST, "max_new_tokens": 6.0}, session, side_by_side=True
+            h.race_event(
+                "hello", "tiny-random", "", "", "", session, **{**FAST, "max_new_tokens": 6.0}, side_by_side=True
             )
         )
     race = session.races[0]
@@ -214,7 +215,7 @@ def test_models_are_warmed_before_the_clocks_and_one_time_costs_shown_apart(monk
     real_warm, real_stream = measure.warm_up, clock.stream
     monkeypatch.setattr(measure, "warm_up", lambda m, *a: events.append(("warm", sorted(m))) or real_warm(m, *a))
     monkeypatch.setattr(clock, "stream", lambda *a, **k: events.append(("stream", a[2].method)) or real_stream(*a, **k))
-    session = h.new_session()
+    session = Session()
     status, lanes = race(session)[-1][:2]
     assert events[0] == ("warm", ["draft", "qualifier", "target"]) and events[1][0] == "stream"
     foot = lanes.split('class="lanes-foot"')[1]
@@ -234,16 +235,16 @@ def test_models_are_warmed_before_the_clocks_and_one_time_costs_shown_apart(monk
     ],
 )
 def test_bad_inputs_give_messages(over: dict, prompt: str, needle: str) -> None:
-    session = h.new_session()
+    session = Session()
     outs = race(session, prompt, **over)
     assert len(outs) >= 1 and needle in outs[-1][0] and outs[-1][0].startswith("⚠️")
     assert session.races == []
 
 
 def test_custom_family_errors_are_messages() -> None:
-    outs = race(h.new_session(), preset="custom", ids=("a", "", ""))
+    outs = race(Session(), preset="custom", ids=("a", "", ""))
     assert MSG["custom_missing"] in outs[-1][0]
-    outs = race(h.new_session(), preset="custom", ids=("/nonexistent/d", "/nonexistent/q", "/nonexistent/t"))
+    outs = race(Session(), preset="custom", ids=("/nonexistent/d", "/nonexistent/q", "/nonexistent/t"))
     assert "Could not load" in outs[-1][0]
 
 
@@ -254,8 +255,8 @@ def _until_lanes_run(gen) -> None:
 
 
 def test_stop_keeps_partial_results_and_next_run_works() -> None:
-    session = h.new_session()
-    gen = h.run_race("tiny-random", ("", "", ""), "hello", FAST, session)
+    session = Session()
+    gen = h.race_event("hello", "tiny-random", "", "", "", session, **FAST)
     _until_lanes_run(gen)
     status, *_ = h.stop_race(session)  # the Stop button, while the race runs
     assert status == MSG["stopping"]
@@ -272,8 +273,8 @@ def test_stop_keeps_partial_results_and_next_run_works() -> None:
 
 
 def test_cancelled_generator_leaves_a_usable_session() -> None:
-    session = h.new_session()
-    gen = h.run_race("tiny-random", ("", "", ""), "hello", FAST, session)
+    session = Session()
+    gen = h.race_event("hello", "tiny-random", "", "", "", session, **FAST)
     _until_lanes_run(gen)
     gen.close()  # a closed page or a cancelled event
     assert not session.busy and set(session.races[0].results) == {"ar"}  # what finished is kept
@@ -284,7 +285,7 @@ def test_a_visitor_whose_race_must_wait_reads_so_at_once() -> None:
     """While any visitor's race holds the models, a new press gets the queued line straight away; once that race
     ends (finished, stopped or its page closed), a press changes nothing before its own race starts."""
     assert h.queue_line() is not MSG["queued"]
-    gen = h.run_race("tiny-random", ("", "", ""), "hello", FAST, h.new_session())
+    gen = h.race_event("hello", "tiny-random", "", "", "", Session(), **FAST)
     _until_lanes_run(gen)
     assert h.queue_line() == MSG["queued"]
     gen.close()
@@ -304,7 +305,7 @@ def test_export_writes_json_csv_and_a_page(done) -> None:
     assert rows[0][:3] == ["race", "preset", "prompt"] and len(rows) == 1 + len(RACE_METHODS)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        assert h.export_files(h.new_session()) == (None, None, None)
+        assert h.export_files(Session()) == (None, None, None)
     session.exports.cleanup()
     assert not Path(jpath).parent.exists()
     session.exports = None  # the fixture's session serves other tests
@@ -327,7 +328,7 @@ def test_clear_and_presets() -> None:
     assert vis["visible"] is True
     text, fold, vis = h.preset_info("smollm2-offline")
     assert "GB" in text and "GB" in fold and vis["visible"] is False
-    assert h.make_config(**{k: FAST[k] for k in h.SETTING_NAMES}).l_q == 4
+    assert h.make_config(**{k: FAST[k] for k in APP_SETTINGS}).l_q == 4
 
 
 def test_app_builds_without_loading_models(monkeypatch) -> None:
@@ -356,14 +357,14 @@ def test_app_builds_without_loading_models(monkeypatch) -> None:
 
 def test_choosing_a_family_resets_the_settings_to_its_tuned_values():
     """The preset dropdown's handler sends the family's tuned settings to the sliders (in
-    TUNED_NAMES order); a custom family gets the papers' defaults."""
+    TUNABLE order); a custom family gets the papers' defaults."""
     from pyramid_demo.models.presets import tuned_settings
 
     ups = h.preset_settings("smollm2-offline")
-    got = dict(zip(h.TUNED_NAMES, (u["value"] for u in ups)))
+    got = dict(zip(TUNABLE, (u["value"] for u in ups)))
     assert tuned_settings("smollm2-offline") and all(got[k] == v for k, v in tuned_settings("smollm2-offline").items())
-    got = dict(zip(h.TUNED_NAMES, (u["value"] for u in h.preset_settings("custom"))))
-    assert got == {k: getattr(DEFAULT, k) for k in h.TUNED_NAMES}
+    got = dict(zip(TUNABLE, (u["value"] for u in h.preset_settings("custom"))))
+    assert got == {k: getattr(DEFAULT, k) for k in TUNABLE}
 
 
 def test_notes_in_html_panels_show_bold_not_asterisks():
@@ -380,7 +381,7 @@ def test_a_race_encodes_its_prompt_once(monkeypatch):
     calls = []
     real = run.encode_prompt
     monkeypatch.setattr(run, "encode_prompt", lambda *a, **k: calls.append(1) or real(*a, **k))
-    session = h.new_session()
+    session = Session()
     race(session, prompt="once")
     assert len(calls) == 1
     assert all(r.prompt == "once" for r in session.races[0].results.values())
@@ -397,7 +398,7 @@ def test_a_race_without_an_exactness_record_says_lossless_methods_may_differ(mon
     real = loading.load_triplet
     unchecked = {"exact": None, "tree_exact": None, "exact_note": describe(None)}  # whatever an earlier test recorded
     monkeypatch.setattr(loading, "load_triplet", lambda *a, **k: dataclasses.replace(real(*a, **k), **unchecked))
-    session = h.new_session()
+    session = Session()
     race(session)
     note = session.races[-1].exact_note  # shown under the finished race, beside its agreement figures
     assert "may differ from AR" in note and "not checked" in note and note not in session.races[-1].note

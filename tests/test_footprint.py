@@ -91,13 +91,14 @@ RACE_FILES, RACE_CLASSES = 20, 20  # one race from its handler down
 
 
 def race_footprint(preset: str) -> tuple[set[str], set[str], str]:
-    """(files, classes, status) of one whole race from the page's handler (`handlers.run_race`): its family already
+    """(files, classes, status) of one whole race from the page's handler (`handlers.race_event`): its family already
     loaded (a first race loads it), then the warm-up, the timed lanes, the predictions and the replay's pages."""
     from app_server import FAST
 
     from pyramid_demo.app import handlers as h
+    from pyramid_demo.app.races import Session
 
-    list(h.run_race(preset, ("", "", ""), "Name three colours.", dict(FAST), h.new_session()))
+    list(h.race_event("Name three colours.", preset, "", "", "", Session(), **FAST))
     files: set[str] = set()
     classes: set[str] = set()
 
@@ -110,7 +111,7 @@ def race_footprint(preset: str) -> tuple[set[str], set[str], str]:
 
     sys.setprofile(prof)
     try:
-        out = list(h.run_race(preset, ("", "", ""), "Name three colours of the rainbow.", dict(FAST), h.new_session()))
+        out = list(h.race_event("Name three colours of the rainbow.", preset, "", "", "", Session(), **FAST))
     finally:
         sys.setprofile(None)
     return files, classes, str(out[-1][0])

@@ -31,6 +31,7 @@ from pyramid_demo.app import handlers as h  # noqa: E402
 from pyramid_demo.app.text import RACE_METHODS  # noqa: E402
 from pyramid_demo.core.methods import DecodeConfig  # noqa: E402
 from pyramid_demo.core.run import generate  # noqa: E402
+from pyramid_demo.core.settings import APP_SETTINGS  # noqa: E402
 from pyramid_demo.models.loading import load_triplet  # noqa: E402
 
 FAST = {**APP_FAST, "seed": 0}
@@ -65,7 +66,7 @@ def _client(url: str):
 
 def _args(prompt="hello", preset="tiny-random", ids=("", "", ""), **over) -> list:
     s = {**FAST, **over}
-    return [prompt, preset, *ids, *(s[k] for k in h.SETTING_NAMES), False, False]  # /race's parameters, in order
+    return [prompt, preset, *ids, *(s[k] for k in APP_SETTINGS), False, False]  # /race's parameters, in order
     # (the last two: side_by_side, qualifier_alone)
 
 
@@ -113,7 +114,7 @@ def _solo(prompt="hello", **over) -> dict:
     key = (prompt, tuple(sorted(over.items())))
     if key not in _SOLO:
         s = {**FAST, **over}
-        cfg = h.make_config(**{k: s[k] for k in h.SETTING_NAMES})
+        cfg = h.make_config(**{k: s[k] for k in APP_SETTINGS})
         tiny = load_triplet("tiny-random")
         from pyramid_demo.core.run import takes_trees
         from pyramid_demo.models.warm import cost_profile

@@ -10,22 +10,28 @@ from app_server import FAST as APP_FAST
 
 from pyramid_demo.app import handlers as h
 from pyramid_demo.app import hosting
+from pyramid_demo.app.races import Session
 from pyramid_demo.app.text import RACE_METHODS
+from pyramid_demo.core.settings import APP_SETTINGS
 
 FAST = {**APP_FAST, "max_new_tokens": 400.0}
 
 
-def test_budget_grows_with_methods_and_tokens_within_the_cap():
-    small = hosting.plan_budget("smollm2-offline", 5, 32, per_token=0.02, cap=120)
-    big = hosting.plan_budget("smollm2-offline", 5, 128, per_token=0.02, cap=120)
-    assert not small.cut and not big.cut and hosting.MIN_S <= small.duration_s < big.duration_s <= 120
+def test_budget_grows_with_methods_and_tokens_within_the_cap(monkeypatch):
+    monkeypatch.setattr(hosting, "_MEASURED", {"smollm2-offline": 0.02, "x": 0.02})
+    monkeypatch.setenv(hosting.CAP_ENV, "120")
+    small = hosting.plan_budget("smollm2-offline", 5, 32)
+    big = hosting.plan_budget("smollm2-offline", 5, 128)
+    assert not small.message and not big.message and hosting.MIN_S <= small.duration_s < big.duration_s <= 120
     assert big.duration_s == pytest.approx(hosting.START_S + hosting.SAFETY * 5 * 128 * 0.02, abs=1)
-    assert hosting.plan_budget("x", 1, 32, per_token=0.02, cap=120).duration_s < small.duration_s
+    assert hosting.plan_budget("x", 1, 32).duration_s < small.duration_s
 
 
-def test_too_long_a_race_is_cut_to_fit_with_a_message():
-    b = hosting.plan_budget("llama3", 5, 512, per_token=0.09, cap=120)
-    assert b.cut and b.duration_s == 120 and b.max_new_tokens < 512
+def test_too_long_a_race_is_cut_to_fit_with_a_message(monkeypatch):
+    monkeypatch.setattr(hosting, "_MEASURED", {"llama3": 0.09})
+    monkeypatch.setenv(hosting.CAP_ENV, "120")
+    b = hosting.plan_budget("llama3", 5, 512)
+    assert b.message and b.duration_s == 120 and b.max_new_tokens < 512
     assert hosting.START_S + hosting.SAFETY * 5 * b.max_new_tokens * 0.09 <= 120
     assert "512" in b.message and str(b.max_new_tokens) in b.message and "120 s" in b.message
 
@@ -46,7 +52,7 @@ def test_duration_reads_race_events_arguments(monkeypatch):
     monkeypatch.setattr(hosting, "_MEASURED", {"tiny-random": 0.01})
     args = ("hello", "tiny-random", "", "", "", None, None)
     want = hosting.plan_budget("tiny-random", len(RACE_METHODS), 400).duration_s
-    assert hosting.race_duration(*args, **{k: FAST[k] for k in h.SETTING_NAMES}) == want
+    assert hosting.race_duration(*args, **{k: FAST[k] for k in APP_SETTINGS}) == want
 
 
 def test_a_zerogpu_race_runs_every_method_in_one_call_and_is_cut_to_fit(monkeypatch, one_thread):
@@ -72,7 +78,7 @@ def test_a_zerogpu_race_runs_every_method_in_one_call_and_is_cut_to_fit(monkeypa
     sys.modules.pop("app", None)
     import app
 
-    session = h.new_session()
+    session = Session()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         list(
@@ -84,7 +90,7 @@ def test_a_zerogpu_race_runs_every_method_in_one_call_and_is_cut_to_fit(monkeypa
                 "",
                 session,
                 lambda *a, **k: None,
-                **{k: FAST[k] for k in h.SETTING_NAMES},
+                **{k: FAST[k] for k in APP_SETTINGS},
             )
         )
     sys.modules.pop("app", None)

@@ -218,12 +218,13 @@ def test_a_side_by_side_race_over_a_lookup_runs_its_chains_and_says_so(pld_famil
     out with a note that says why, and the race finishes."""
     import pyramid_demo.models.loading as loading
     from pyramid_demo.app import handlers as h
+    from pyramid_demo.app.races import Session
     from pyramid_demo.app.text import MSG
 
     monkeypatch.setattr(loading, "load_triplet", lambda *a, **k: pld_family)
-    session = h.new_session()
+    session = Session()
     settings = {**h.START_SETTINGS, "max_new_tokens": 6}
-    list(h.run_race("tiny-random", ("", "", ""), "hello hello", settings, session, side_by_side=True))
+    list(h.race_event("hello hello", "tiny-random", "", "", "", session, **settings, side_by_side=True))
     race = session.latest
     assert race is not None and race.lanes == ("ar", "sd+chain", "fsd+chain", "psd_a+chain", "psd_f+chain")
     assert MSG["chains_only"] in race.note and set(race.results) == set(race.lanes)

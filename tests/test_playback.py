@@ -4,6 +4,8 @@ order or wrong fails. No model runs, no browser."""
 
 from __future__ import annotations
 
+from helpers import shown
+
 from pyramid_demo.app import play_view, playback
 from pyramid_demo.app.play_view import PlayState
 from pyramid_demo.app.races import Race, Session
@@ -106,8 +108,8 @@ def test_sd_chain_greedy():
     ]
     assert [b.lit for b in beats] == [(0,), (1,), (2,), (3,), (0,), (1,), (2,), (4,), ()]
     assert [len(b.committed) for b in beats] == [0, 0, 0, 0, 1, 2, 2, 3, 3]
-    assert playback.shown(beats[6]) == [(" The", "✓"), (" cat", "✓"), (" sat", "✗"), (" on", "")]
-    assert playback.shown(beats[7]) == [(" The", "✓"), (" cat", "✓"), (" sat", "✗"), (" on", "·"), (" ran", "+")]
+    assert shown(beats[6]) == [(" The", "✓"), (" cat", "✓"), (" sat", "✗"), (" on", "")]
+    assert shown(beats[7]) == [(" The", "✓"), (" cat", "✓"), (" sat", "✗"), (" on", "·"), (" ran", "+")]
 
 
 def test_sd_tree_sampled():
@@ -197,7 +199,7 @@ def test_fsd_tree_walks_through_a_non_first_child():
     ]
     assert _walk_order(t) == [0, 1, 3]
     assert [b.lit for b in beats if b.actor == "target"][:3] == [(0,), (1,), (3,)]
-    assert playback.shown(beats[8]) == [
+    assert shown(beats[8]) == [
         (" The", "✗"),
         (" A", "✓"),
         (" cat", "·"),
@@ -269,7 +271,7 @@ def test_psd_f_chain_block_keeps_who_wrote_each_token():
     assert [(b.round, b.actor) for b in beats[:11]] == [(0, "draft")] * 2 + [(0, "qualifier")] * 3 + [
         (1, "draft")
     ] * 2 + [(1, "qualifier")] * 3 + [(2, "qualifier")]
-    assert playback.shown(beats[9]) == [(" sat", "✓"), (" on", "✓"), (" the", "·")]  # the own token cut
+    assert shown(beats[9]) == [(" sat", "✓"), (" on", "✓"), (" the", "·")]  # the own token cut
     assert [c.origin for c in beats[-1].committed] == ["draft", "qualifier", "target"]
 
 

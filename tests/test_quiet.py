@@ -14,7 +14,7 @@ from app_server import FAST
 from pyramid_demo import clock
 from pyramid_demo.app import handlers as h
 from pyramid_demo.app import race_view, races
-from pyramid_demo.app.races import Race
+from pyramid_demo.app.races import Race, Session
 from pyramid_demo.app.text import MSG, RACE_COLUMNS
 from pyramid_demo.bench import runner
 from pyramid_demo.bench.variants import Variant
@@ -36,7 +36,7 @@ def no_settle(monkeypatch):
 def race(session, prompt: str = "hello", **over) -> list:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # gr.Warning outside a request is a plain UserWarning
-        return list(h.run_race("tiny-random", ("", "", ""), prompt, {**SETTINGS, **over}, session))
+        return list(h.race_event(prompt, "tiny-random", "", "", "", session, **{**SETTINGS, **over}))
 
 
 def spy(monkeypatch, events: list, on_pass=None) -> None:
@@ -65,10 +65,10 @@ def test_nothing_reaches_the_page_while_a_lane_is_timed(monkeypatch):
     update is the status line alone (lanes, chart, table and earlier races skipped)."""
     events: list = []
     spy(monkeypatch, events)
-    session = h.new_session()
+    session = Session()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for out in h.run_race("tiny-random", ("", "", ""), "hello", SETTINGS, session):
+        for out in h.race_event("hello", "tiny-random", "", "", "", session, **SETTINGS):
             events.append(("ui", out))
     passes = [i for i, e in enumerate(events) if e[0] == "pass"]
     runs = {e[1] for e in events if e[0] == "pass"}
@@ -93,7 +93,7 @@ def test_lanes_are_warmed_then_interleaved_with_the_benchs_own_code(monkeypatch)
     monkeypatch.setattr(
         clock, "warm_up", lambda t, vs, *a, **k: shared.append([v.label for v in vs]) or warm_up(t, vs, *a, **k)
     )
-    race(h.new_session())
+    race(Session())
     methods = [lane.method for lane in lanes()]
     warm = [e for e in events if e[0] == "warm"]
     assert shared == [KEYS] and [e[1] for e in warm] == methods[::-1] and all(e[2] == 8 for e in warm)
@@ -102,7 +102,7 @@ def test_lanes_are_warmed_then_interleaved_with_the_benchs_own_code(monkeypatch)
     assert timed == methods * races.MAX_REPEATS
     monkeypatch.setattr(races, "BUDGET_S", 0.0)
     events.clear()
-    session = h.new_session()
+    session = Session()
     race(session)
     assert len({e[1] for e in events if e[0] == "pass"}) == len(KEYS) and len(session.races[0].repeats) == 1
 
@@ -110,7 +110,7 @@ def test_lanes_are_warmed_then_interleaved_with_the_benchs_own_code(monkeypatch)
 def test_stop_during_the_quiet_decode_ends_at_once_and_shows_what_finished(monkeypatch):
     """Rule: Stop pressed during SD's 2nd target pass (the 2nd lane of the 1st repeat) ends the race after that
     pass: no further pass or lane runs; AR (finished) and SD (its 2 passes, "stopped by user") are shown."""
-    session = h.new_session()
+    session = Session()
     events: list = []
 
     def press_stop(method: str, k: int) -> None:
@@ -131,7 +131,7 @@ def test_race_again_adds_repeats_to_the_same_race():
     """Rule: Run race again with the same prompt and settings adds MAX_REPEATS repeats to the finished race (same
     number, one table row per lane); another prompt starts race 2, and race 1's runs not shown then keep their
     statistics and timings but not their rounds."""
-    session = h.new_session()
+    session = Session()
     race(session)
     outs = race(session)
     first = session.races[0]
@@ -174,7 +174,7 @@ def test_a_race_keeps_only_its_latest_repeats(monkeypatch):
     """Rule: Race again past KEEP_REPEATS drops the oldest repeats (a visitor's memory stays bounded) and the shown
     run of each lane is one of the kept repeats' runs."""
     monkeypatch.setattr(races, "KEEP_REPEATS", races.MAX_REPEATS + 1)
-    session = h.new_session()
+    session = Session()
     race(session)
     newest = list(session.races[0].repeats)[-1:]
     race(session)

@@ -16,12 +16,14 @@ from app_server import FAST as APP_FAST
 from pyramid_demo.app import charts, play_view, views
 from pyramid_demo.app import handlers as h
 from pyramid_demo.app.race_view import divergence_words
+from pyramid_demo.app.races import Session
 from pyramid_demo.bench import runner as bench
 from pyramid_demo.bench.prompts import Prompt
 from pyramid_demo.bench.variants import name_models
 from pyramid_demo.core.engine import decode, prefill
 from pyramid_demo.core.methods import LANES, DecodeConfig, lane_label, lanes
 from pyramid_demo.core.run import encode_prompt, generate
+from pyramid_demo.core.settings import APP_SETTINGS
 from pyramid_demo.core.trace import first_divergence
 from pyramid_demo.forward.lm import open_lm
 from pyramid_demo.models.tiny import tiny_random_triplet
@@ -115,13 +117,13 @@ def test_the_label_names_the_model_that_decodes() -> None:
 def _race(session, **kw) -> list:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # gr.Warning outside a request is a plain UserWarning
-        return list(h.run_race("tiny-random", ("", "", ""), "hello", FAST, session, **kw))
+        return list(h.race_event("hello", "tiny-random", "", "", "", session, **FAST, **kw))
 
 
 def test_the_race_switch_adds_the_lane_and_its_divergence_line() -> None:
     """Rule: with the switch on the race has the reference lane right after AR, its lane says where its text
     leaves AR's, it never wins, and the charts, inspector, statistics, player and export all take it."""
-    session = h.new_session()
+    session = Session()
     outs = _race(session, qualifier_alone=True)
     race = session.races[0]
     assert race.lanes[:2] == ("ar", KEY) and set(race.results) == set(race.lanes)
@@ -143,7 +145,7 @@ def test_the_race_switch_adds_the_lane_and_its_divergence_line() -> None:
 
 
 def test_the_race_without_the_switch_has_no_reference_lane() -> None:
-    session = h.new_session()
+    session = Session()
     outs = _race(session)
     race = session.races[0]
     assert KEY not in race.lanes and KEY not in race.results and f"lane-{KEY}" not in outs[-1][1]
@@ -184,7 +186,7 @@ def test_the_lane_has_its_own_colour_and_counts_in_the_gpu_budget() -> None:
     from pyramid_demo.app.render import METHOD_COLOURS
 
     assert METHOD_COLOURS[KEY] == LANES[KEY].colour != METHOD_COLOURS["ar"]
-    kw = {k: FAST[k] for k in h.SETTING_NAMES}
+    kw = {k: FAST[k] for k in APP_SETTINGS}
     on = hosting.plan_budget("tiny-random", len(lanes(False, True)), 6).duration_s
     assert hosting.race_duration("hi", "tiny-random", qualifier_alone=True, **kw) == on
 

@@ -13,6 +13,7 @@ from app_server import FAST as APP_FAST
 from pyramid_demo import spec_bench
 from pyramid_demo.app import handlers as h
 from pyramid_demo.app import story, text, views
+from pyramid_demo.app.races import Session
 
 FAST = {**APP_FAST, "max_new_tokens": 4.0}
 
@@ -60,10 +61,10 @@ def test_the_statistics_story_names_the_spec_bench_task_of_the_races_prompt():
     tab's story opens with the question's id and task and a sentence on that task; a race of any other prompt
     names none."""
     q = spec_bench.question(text.SPEC_BENCH_EXAMPLES["qa"])  # short: a quick race
-    session = h.new_session()
+    session = Session()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # gr.Warning outside a request is a plain UserWarning
-        list(h.run_race("tiny-random", ("", "", ""), f"  {q.turns[0]}\n", FAST, session))
+        list(h.race_event(f"  {q.turns[0]}\n", "tiny-random", "", "", "", session, **FAST))
     shown = views.pick_race(session)[9]  # the Statistics tab's story, as the page sets it
     first = shown.split("\n\n", 1)[0]
     assert f"Spec-Bench question {q.id} (Question Answering)" in first and text.TASK_NOTES["qa"] in first

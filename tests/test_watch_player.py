@@ -4,6 +4,7 @@ the child the walk took, never its first sibling. Hand-built records (`test_play
 
 from __future__ import annotations
 
+from helpers import shown
 from test_playback import _walk_order, decode, rnd, sentences, step
 
 from pyramid_demo.app import playback
@@ -68,7 +69,7 @@ def test_the_committed_text_grows_with_the_child_taken() -> None:
     judged = beats[7:11]
     assert [[b.chips[i].text for i in b.lit] for b in judged] == [[" The"], [" cat"], [" dog"], [" ran"]]
     assert committed(beats)[6:12] == ["", " The", " The", " The dog", " The dog ran", " The dog ran on"]
-    assert playback.shown(beats[11]) == [
+    assert shown(beats[11]) == [
         (" The", "✓"),
         (" A", "·"),
         (" cat", "✗"),

@@ -31,13 +31,13 @@ def _layout(fig: go.Figure, title: str, height: int = 360, **kw) -> go.Figure:
     return fig
 
 
-def empty_figure(message: str, height: int = 300) -> go.Figure:
+def empty_figure(message: str) -> go.Figure:
     fig = go.Figure()
     fig.add_annotation(
         text=message, showarrow=False, font=dict(size=FONT_SIZE, color="#888"), x=0.5, y=0.5, xref="paper", yref="paper"
     )
     fig.update_layout(xaxis_visible=False, yaxis_visible=False)
-    return _layout(fig, "", height)
+    return _layout(fig, "", 300)
 
 
 def speedups(m: str, results: dict[str, RunResult], repeats: Repeats | None = None) -> list[str]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from ..models.checks import describe, describe_trees
@@ -10,7 +9,6 @@ from ..models.offline import as_run
 from ..models.presets import BUNDLED_TARGET, FEATURE_DRAFT, PRESETS, Preset
 from . import hosting
 
-BOX_LINES, BOX_CHARS = 3, 300  # the box's budget: lines and visible characters
 FOLD_TITLE = "How it works · exactness on this machine"
 KNOWN = {
     FEATURE_DRAFT: "a one-layer draft that reads the qualifier",  # the offline family's references, in words
@@ -90,11 +88,6 @@ def fold(preset: str, p: Preset, triplet: Any | None) -> str:
     if p.tuned:
         parts.append(f"**Tuned settings** ({p.tuned_how}): " + " · ".join(f"{k} {v}" for k, v in p.tuned))
     return "\n\n".join(parts)
-
-
-def visible(markdown: str) -> str:
-    """The text a reader sees of a Markdown snippet (bold marks and line-break spaces removed)."""
-    return re.sub(r"\*\*|`|  \n", lambda m: "\n" if m.group(0) == "  \n" else "", markdown)
 
 
 def texts(preset: str) -> tuple[str, str]:

@@ -15,7 +15,7 @@ from typing import Any
 
 import gradio as gr
 
-from ..core.methods import DecodeConfig, Lane, lanes
+from ..core.methods import DecodeConfig, lanes
 from ..core.run import prepare_prompt, takes_trees
 from ..core.settings import APP_SETTINGS, TUNABLE
 from ..models.presets import PRESETS, family_config
@@ -30,13 +30,7 @@ from .text import CUSTOM, DEFAULT, LABELS, MSG, RACE_COLUMNS, START
 
 log = logging.getLogger(__name__)
 MAX_RACES = 20  # per user; older races are dropped to bound a hosted app's memory
-SETTING_NAMES = APP_SETTINGS  # the settings widgets, in page order (race_event takes them by name)
-TUNED_NAMES = TUNABLE  # the widgets preset_settings resets, in this order
-INT_SETTINGS = tuple(k for k in SETTING_NAMES if isinstance(getattr(DEFAULT, k), int))
-
-
-def new_session() -> Session:
-    return Session()
+INT_SETTINGS = tuple(k for k in APP_SETTINGS if isinstance(getattr(DEFAULT, k), int))
 
 
 def _notify(msg: str) -> str:
@@ -54,9 +48,9 @@ def preset_info(preset: str) -> tuple[str, str, Any]:
 
 
 def preset_settings(preset: str) -> tuple:
-    """Widget updates that reset the tunable settings (TUNED_NAMES order) to the family's."""
+    """Widget updates that reset the tunable settings (`TUNABLE` order) to the family's."""
     cfg = family_config(preset)
-    return tuple(gr.update(value=getattr(cfg, k)) for k in TUNED_NAMES)
+    return tuple(gr.update(value=getattr(cfg, k)) for k in TUNABLE)
 
 
 def model_spec(preset: str, draft: str, qualifier: str, target: str) -> str:
@@ -104,6 +98,17 @@ def queue_line() -> Any:
         return MSG["queued"] if _RACING[0] else gr.skip()
 
 
+def _show_stages(staged: Iterator, session: Session, progress: gr.Progress) -> Any:
+    """Show each stage's status and progress while `staged` (`races.run_staged`) runs; return its result."""
+    while True:
+        try:
+            text, frac, _ = next(staged)
+        except StopIteration as done:
+            return done.value
+        progress(frac, desc=text)
+        yield status_only(text, session)
+
+
 def race_event(
     prompt: str,
     preset: str,
@@ -117,156 +122,117 @@ def race_event(
     **settings: Any,
 ) -> Iterator[tuple]:
     """The public `/race` endpoint and the Run button; `settings`: DecodeConfig fields by name (left out: the page's
-    first values)."""
-    models, settings = (draft, qualifier, target), {**START_SETTINGS, **settings}
-    yield from run_race(preset, models, prompt, settings, session, progress, bool(side_by_side), bool(qualifier_alone))
-
-
-def run_race(
-    preset: str,
-    models: tuple[str, str, str],
-    prompt: str,
-    settings: dict[str, Any],
-    session: Session | None,
-    progress: gr.Progress = gr.Progress(),
-    side_by_side: bool = False,
-    qualifier_alone: bool = False,
-) -> Iterator[tuple]:
-    """Time every lane with nothing drawn (`races.decode`), then replay the race; yields (status, lanes, chart, table,
-    earlier, session). Stop is cooperative (`session.stop`): cancelling the event would race a late snapshot."""
-    session = session if session is not None else new_session()
-    race_lanes_ = lanes(side_by_side, qualifier_alone)
+    first values). Times every lane with nothing drawn (`races.decode`), then replays the race; yields (status, lanes,
+    chart, table, earlier, session). Stop is cooperative (`session.stop`): cancelling the event would race a late
+    snapshot."""
+    session = session if session is not None else Session()
+    settings = {**START_SETTINGS, **settings}
+    race_lanes_ = lanes(bool(side_by_side), bool(qualifier_alone))
     try:  # on ZeroGPU the whole race must fit one allocation: cut the tokens, say so
-        settings = dict(settings)
         settings["max_new_tokens"], cut = hosting.fit_race(preset, len(race_lanes_), int(settings["max_new_tokens"]))
-    except (KeyError, TypeError, ValueError):
+    except (TypeError, ValueError):
         cut = ""  # make_config reports the bad value
-    session.budget_note = _notify(cut) if cut else ""
+    budget_note = _notify(cut) if cut else ""
     session.stop, session.busy = False, True
     with _RACING_LOCK:
         _RACING[0] += 1
     try:
-        yield from _race_steps(preset, models, prompt, settings, session, progress, race_lanes_)
+        from ..models.loading import LoadError, load_triplet
+
+        try:
+            spec = model_spec(preset, draft, qualifier, target)
+            base = make_config(**settings)
+        except (ValueError, TypeError) as e:
+            yield status_only(_notify(MSG["bad_settings"].format(err=e)), session)
+            return
+        if not (prompt or "").strip():
+            yield status_only(
+                _notify(MSG["bad_prompt"].format(err="the prompt is empty: type a question or instruction")), session
+            )
+            return
+        loading = MSG["loading"].format(preset=preset)
+        yield status_only(loading, session)
+        progress(0.0, desc=loading)
+        t0 = time.perf_counter()
+
+        def load() -> tuple:
+            triplet = load_triplet(spec, **hosting.placement_options(), max_len=512 + int(base.max_new_tokens) + 32)
+            return triplet, prepare_prompt(triplet, prompt, base), time.perf_counter() - t0  # encoded once for all
+
+        try:  # the one-time stages, named as they happen (converting, loading, warming)
+            staged = races.run_staged(load, lambda: races.loading_stage(preset))
+            triplet, ids, load_s = yield from _show_stages(staged, session, progress)
+            chains = tuple(lane for lane in race_lanes_ if lane.shape != "tree" or takes_trees(triplet, lane.method))
+            if len(chains) < len(race_lanes_):  # side by side over models that take no tree: the chains race alone
+                budget_note = " ".join(x for x in (budget_note, MSG["chains_only"]) if x)
+                race_lanes_ = chains
+            upcoming = Race(
+                n=session.next,
+                preset=preset,
+                models=list(triplet.names),
+                prompt=prompt,
+                config=base.to_dict(),
+                lanes=tuple(lane.key for lane in race_lanes_),
+            )
+            kept = session.races[-(MAX_RACES - 1) :]
+            again = session.latest if races.same_work(session.latest, upcoming) else None
+            if again is None:  # a new race: its empty lanes drawn as the models warm (Race again keeps what is shown)
+                yield before_race(session, upcoming, kept, loading)
+            staged = races.run_staged(lambda: prepare(triplet, ids), lambda: "warm")
+            prep = yield from _show_stages(staged, session, progress)  # warm-up and cost profile, before any clock
+        except ValueError as e:
+            yield status_only(_notify(MSG["bad_prompt"].format(err=e)), session)
+            return
+        except Exception as e:  # a LoadError, or an unexpected loader failure: it must not take the page down
+            if not isinstance(e, LoadError):
+                log.exception("loading %s failed", spec)
+            yield status_only(_notify(MSG["load_failed"].format(err=e)), session)
+            return
+        if session.stop:  # Stop or Clear while the models loaded
+            yield full_outputs(session, MSG["stopped_early"])
+            return
+        race = again or replace(upcoming, profile=prep["profile"], machine=triplet.machine or cpu_class())
+        race.stopped = False
+        race.note = " ".join(x for x in (triplet.note, budget_note) if x)
+        if not triplet.exact:
+            why = MSG["why_unchecked" if triplet.exact is None else "why_inexact"]
+            race.exact_note = MSG["not_exact"].format(why=why)
+        else:
+            race.exact_note = MSG["trees_not_exact"] if triplet.tree_exact is False else ""
+        race.setup = MSG["setup"].format(load=load_s, warm=prep["warm_s"])
+        if again is None:
+            if session.latest is not None:
+                races.slim(session.latest)
+            session.next += 1
+            session.races = kept + [race]
+        try:  # the page hears only a progress line between lanes; it replays the records once they are all in
+            repeats = 1 if hosting.on_zerogpu() else None
+            for i, line in enumerate(
+                races.decode(triplet, ids, race, race_lanes_, base, lambda: session.stop, repeats)
+            ):
+                progress(min(0.95, i / (1 + races.MAX_REPEATS * len(race_lanes_))), desc=line)
+                yield status_only(line, session)
+        except Exception as e:  # keep serving: report, keep what ran, stop this race
+            log.exception("race %s failed", race.n)
+            _learn_vocab(race, triplet.tokenizer)
+            yield full_outputs(session, _notify(MSG["run_failed"].format(err=e)))
+            return
+        _learn_vocab(race, triplet.tokenizer)
+        if session.stop:
+            race.stopped = True
+            shown = any(r is race for r in session.races)  # not after Clear
+            yield full_outputs(session, MSG["stopped"].format(n=race.n) if shown else MSG["cleared"])
+            return
+        hosting.record(preset, race.results)  # the next race's ZeroGPU budget uses this family's speed
+        yield full_outputs(session, MSG["done"].format(n=race.n, k=len(race.repeats)) + winner_line(race))
     finally:
         session.busy = False
         with _RACING_LOCK:
             _RACING[0] -= 1
 
 
-def _show_stages(staged: Iterator, session: Session, progress: gr.Progress) -> Any:
-    """Show each stage's status and progress while `staged` (`races.run_staged`) runs; return its result."""
-    while True:
-        try:
-            text, frac, _ = next(staged)
-        except StopIteration as done:
-            return done.value
-        progress(frac, desc=text)
-        yield status_only(text, session)
-
-
-def _race_steps(
-    preset: str,
-    ids: tuple[str, str, str],
-    prompt: str,
-    settings: dict,
-    session: Session,
-    progress: gr.Progress,
-    race_lanes_: tuple[Lane, ...] = lanes(),
-) -> Iterator[tuple]:
-    from ..models.loading import LoadError, load_triplet
-
-    try:
-        spec = model_spec(preset, *ids)
-        base = make_config(**settings)
-    except (ValueError, TypeError) as e:
-        yield status_only(_notify(MSG["bad_settings"].format(err=e)), session)
-        return
-    if not (prompt or "").strip():
-        yield status_only(
-            _notify(MSG["bad_prompt"].format(err="the prompt is empty: type a question or instruction")), session
-        )
-        return
-    loading = MSG["loading"].format(preset=preset)
-    yield status_only(loading, session)
-    progress(0.0, desc=loading)
-    t0 = time.perf_counter()
-
-    def load() -> tuple:
-        triplet = load_triplet(spec, **hosting.placement_options(), max_len=512 + int(base.max_new_tokens) + 32)
-        return triplet, prepare_prompt(triplet, prompt, base), time.perf_counter() - t0  # encoded once for all
-
-    try:  # the one-time stages, named as they happen (converting, loading, warming)
-        staged = races.run_staged(load, lambda: races.loading_stage(preset))
-        triplet, ids, load_s = yield from _show_stages(staged, session, progress)
-        chains = tuple(lane for lane in race_lanes_ if lane.shape != "tree" or takes_trees(triplet, lane.method))
-        if len(chains) < len(race_lanes_):  # side by side over models that take no tree: the chains race alone
-            session.budget_note = " ".join(x for x in (session.budget_note, MSG["chains_only"]) if x)
-            race_lanes_ = chains
-        upcoming = Race(
-            n=session.next,
-            preset=preset,
-            models=list(triplet.names),
-            prompt=prompt,
-            config=base.to_dict(),
-            lanes=tuple(lane.key for lane in race_lanes_),
-        )
-        kept = session.races[-(MAX_RACES - 1) :]
-        again = session.latest if races.same_work(session.latest, upcoming) else None
-        if again is None:  # a new race: its empty lanes drawn as the models warm (Race again keeps what is shown)
-            yield before_race(session, upcoming, kept, loading)
-        staged = races.run_staged(lambda: prepare(triplet, ids), lambda: "warm")
-        prep = yield from _show_stages(staged, session, progress)  # warm-up and cost profile, before any clock
-    except ValueError as e:
-        yield status_only(_notify(MSG["bad_prompt"].format(err=e)), session)
-        return
-    except Exception as e:  # a LoadError, or an unexpected loader failure: it must not take the page down
-        if not isinstance(e, LoadError):
-            log.exception("loading %s failed", spec)
-        yield status_only(_notify(MSG["load_failed"].format(err=e)), session)
-        return
-    if session.stop:  # Stop or Clear while the models loaded
-        yield full_outputs(session, MSG["stopped_early"])
-        return
-    race = again or replace(upcoming, profile=prep["profile"], machine=triplet.machine or cpu_class())
-    race.stopped = False
-    race.note = " ".join(x for x in (getattr(triplet, "note", ""), session.budget_note) if x)
-    if not triplet.exact:
-        race.exact_note = MSG["not_exact"].format(why=MSG["why_unchecked" if triplet.exact is None else "why_inexact"])
-    else:
-        race.exact_note = MSG["trees_not_exact"] if triplet.tree_exact is False else ""
-    race.setup = MSG["setup"].format(load=load_s, warm=prep["warm_s"])
-    session.budget_note = ""
-    if again is None:
-        if session.latest is not None:
-            races.slim(session.latest)
-        session.next += 1
-        session.races = kept + [race]
-    try:  # the page hears only a progress line between lanes; it replays the records once they are all in
-        for i, line in enumerate(
-            races.decode(
-                triplet, ids, race, race_lanes_, base, lambda: session.stop, 1 if hosting.on_zerogpu() else None
-            )
-        ):
-            progress(min(0.95, i / (1 + races.MAX_REPEATS * len(race_lanes_))), desc=line)
-            yield status_only(line, session)
-    except Exception as e:  # keep serving: report, keep what ran, stop this race
-        log.exception("race %s failed", race.n)
-        _learn_vocab(race, triplet.tokenizer)
-        yield full_outputs(session, _notify(MSG["run_failed"].format(err=e)))
-        return
-    _learn_vocab(race, triplet.tokenizer)
-    if session.stop:
-        race.stopped = True
-        shown = any(r is race for r in session.races)  # not after Clear
-        yield full_outputs(session, MSG["stopped"].format(n=race.n) if shown else MSG["cleared"])
-        return
-    hosting.record(preset, race.results)  # the next race's ZeroGPU budget uses this family's speed
-    yield full_outputs(session, MSG["done"].format(n=race.n, k=len(race.repeats)) + winner_line(race))
-
-
-def stop_race(session: Session | None) -> tuple:
+def stop_race(session: Session) -> tuple:
     """Ask a running race to stop after its current target pass; its partial results stay."""
-    session = session if session is not None else new_session()
     if session.busy:
         session.stop = True
         return status_only(MSG["stopping"], session)
@@ -276,22 +242,21 @@ def stop_race(session: Session | None) -> tuple:
     return full_outputs(session, MSG["stopped" if race.stopped else "done"].format(n=race.n, k=len(race.repeats)))
 
 
-def clear_results(session: Session | None) -> tuple:
+def clear_results(session: Session) -> tuple:
     """Forget this user's races; during a race, stop it and empty the session in place (no late update refills it)."""
-    if session is not None and session.busy:
+    if session.busy:
         session.stop = True
-        session.clear()
+        session.races, session.next = [], 1
         return full_outputs(session, MSG["cleared"])
-    return full_outputs(new_session(), MSG["cleared"])
+    return full_outputs(Session(), MSG["cleared"])
 
 
 # ------------------------------------------------------------------ export
-def export_files(session: Session | None) -> tuple[str | None, str | None, str | None]:
+def export_files(session: Session) -> tuple[str | None, str | None, str | None]:
     """The trace (JSON), the race table (CSV) and the races' web page (HTML), in this visitor's own folder."""
-    if session is None or not session.races:
+    if not session.races:
         _notify(MSG["no_race"])
         return None, None, None
-    races = session.races
     session.exports = session.exports or tempfile.TemporaryDirectory(prefix="pyramid_demo_")  # removed with it
     folder = Path(session.exports.name)
     trace = [
@@ -303,14 +268,14 @@ def export_files(session: Session | None) -> tuple[str | None, str | None, str |
             "config": r.config,
             "results": {m: inspector.result_export(res) for m, res in r.results.items()},
         }
-        for r in races
+        for r in session.races
     ]
     jpath, cpath = folder / "pyramid_trace.json", folder / "pyramid_race_results.csv"
     jpath.write_text(json.dumps(trace), encoding="utf-8")
     with cpath.open("w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
         w.writerow(["race", "preset", "prompt", *RACE_COLUMNS[1:]])
-        w.writerows([r.n, r.preset, r.prompt, *row[1:]] for r in races for row in race_rows([r]))
+        w.writerows([r.n, r.preset, r.prompt, *row[1:]] for r in session.races for row in race_rows([r]))
     hpath = folder / "pyramid_race.html"
     hpath.write_text(race_page.page(session), encoding="utf-8")
     return str(jpath), str(cpath), str(hpath)
@@ -325,4 +290,4 @@ def page_label(path: str | None) -> Any:
     return gr.update(label=f"{LABELS['race_page']} · {shown}")
 
 
-START_SETTINGS = {k: getattr(START, k) for k in SETTING_NAMES}  # the page's first values, the API's defaults
+START_SETTINGS = {k: getattr(START, k) for k in APP_SETTINGS}  # the page's first values, the API's defaults

@@ -30,11 +30,10 @@ _LOCK = threading.Lock()
 
 @dataclass(frozen=True)
 class Budget:
-    """A race's GPU allocation: seconds to ask for, the new tokens that fit, and why it was cut."""
+    """A race's GPU allocation: seconds to ask for, the new tokens that fit, and why it was cut ("": not cut)."""
 
     duration_s: int
     max_new_tokens: int
-    cut: bool = False
     message: str = ""
 
 
@@ -67,12 +66,9 @@ def record(preset: str, results: dict[str, Any]) -> None:
         _MEASURED[preset] = per if old is None else max(per, 0.5 * (old + per))  # lean pessimistic
 
 
-def plan_budget(
-    preset: str, n_methods: int, max_new_tokens: int, per_token: float | None = None, cap: int | None = None
-) -> Budget:
-    """Seconds for a race of `n_methods` × `max_new_tokens` within `cap`, cutting the tokens to fit."""
-    per = per_token if per_token is not None else per_token_s(preset)
-    cap = cap if cap is not None else cap_s()
+def plan_budget(preset: str, n_methods: int, max_new_tokens: int) -> Budget:
+    """Seconds for a race of `n_methods` × `max_new_tokens` within the cap, cutting the tokens to fit."""
+    per, cap = per_token_s(preset), cap_s()
     want = START_S + SAFETY * n_methods * max_new_tokens * per
     if want <= cap:
         return Budget(max(MIN_S, math.ceil(want)), max_new_tokens)
@@ -82,7 +78,7 @@ def plan_budget(
         f"at ~{per * 1000:.0f} ms a token would need ~{want:.0f} s of GPU, more than this Space's "
         f"{cap} s ZeroGPU allocation."
     )
-    return Budget(cap, fit, True, msg)
+    return Budget(cap, fit, msg)
 
 
 def race_duration(

@@ -79,10 +79,6 @@ class Position:
     siblings: list[int]
     own: bool
 
-    def record(self, rnd: StageRound) -> TokenRec:
-        """The record whose top-5 are the distributions at this position's context (its parent's)."""
-        return rnd.tokens[-1] if self.node is None else rnd.tokens[self.node]
-
 
 def positions(rnd: StageRound) -> list[Position]:
     """Every position along a round's `line`: a chain of n has n, or n + 1 when fully accepted (the bonus after it)."""
@@ -125,7 +121,7 @@ def position_top5(step: Step, depth: int) -> dict[str, list[list[float]]]:
     srcs = block_sources(step)
     if at.depth - 1 < len(srcs) and (src := srcs[at.depth - 1]) is not None:
         merged.update(src.top5)
-    merged.update(at.record(rnd).top5)
+    merged.update(rnd.tokens[-1 if at.node is None else at.node].top5)  # the distributions at its parent's context
     return {r: merged[r] for r in ("draft", "qualifier", "target") if r in merged}
 
 

@@ -219,8 +219,3 @@ def mark(beat: Beat, i: int) -> str:
     if i == len(beat.parents):
         return "+" if beat.chips[i].state != "discarded" else "·"
     return MARKS.get(beat.chips[i].state, "")
-
-
-def shown(beat: Beat) -> list[tuple[str, str]]:
-    """The round's chips out so far as (text, mark), a compact view for tests and logs."""
-    return [(c.text, mark(beat, i)) for i, c in enumerate(beat.chips) if c.state != HIDDEN]

@@ -11,7 +11,7 @@ import statistics
 import gradio as gr
 
 from .. import clock
-from ..core.methods import LANES, METHOD_LABELS, METHOD_SHORT, lane_label, method_spec
+from ..core.methods import METHOD_LABELS, METHOD_SHORT, lane_label, method_spec
 from ..core.trace import RunResult, agreement, first_divergence
 from . import charts, render
 from .races import Race, Session
@@ -81,14 +81,6 @@ def divergence_words(out: list[int], ref: list[int], greedy: bool = True) -> str
     return MSG["goes_on"].format(ref=words, n=k) if k == len(ref) else MSG["leaves_text"].format(ref=words, k=k + 1)
 
 
-def _against_ar(m: str, race: Race) -> list[str]:
-    """A finished reference lane's comparison with the finished AR lane (none for another lane, or before AR)."""
-    lane, r, ar = LANES.get(m), race.results.get(m), race.results.get("ar")
-    if lane is None or lane.solo is None or r is None or ar is None or not ar.stats.stopped:
-        return []
-    return [divergence_words(r.token_ids, ar.token_ids, not race.config.get("temperature"))]
-
-
 def headline(m: str, r: RunResult | None, race: Race) -> str:
     """A lane's figures: its median run's time, median speed, speed-ups, acceptance (or where it leaves AR's text)."""
     if r is None:
@@ -103,7 +95,9 @@ def headline(m: str, r: RunResult | None, race: Race) -> str:
         parts.append(
             "accepted " + ", ".join(f"{'→Q' if k == 'qualifier' else '→T'} {v:.0%}" for k, v in s.acceptance.items())
         )
-    parts += _against_ar(m, race)
+    ar = race.results.get("ar")
+    if r.solo is not None and ar is not None and ar.stats.stopped:  # a reference lane against the finished AR lane
+        parts.append(divergence_words(r.token_ids, ar.token_ids, not race.config.get("temperature")))
     if not s.stopped:
         parts.append("stopped")
     return " · ".join(parts)

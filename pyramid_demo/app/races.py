@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -46,7 +47,6 @@ class Session:
     next: int = 1  # the next race's number
     busy: bool = False  # a race is running
     stop: bool = False  # Stop (or Clear) was asked for the running race
-    budget_note: str = ""  # a ZeroGPU cut of max_new_tokens, shown with the next race
     exports: Any = None  # a TemporaryDirectory for this visitor's downloads, made at the first export
 
     @property
@@ -56,10 +56,6 @@ class Session:
     def find(self, n: Any) -> Race | None:
         """The race numbered `n` (as the dropdown sends it), else the latest."""
         return next((r for r in self.races if str(r.n) == str(n)), self.latest)
-
-    def clear(self) -> None:
-        """Forget every race, in place (the flags of a running race stay: it is being stopped)."""
-        self.races, self.next = [], 1
 
 
 # ------------------------------------------------------------------ before the clocks
@@ -82,29 +78,24 @@ def loading_stage(preset: str) -> str:
 
 def run_staged(work: Callable[[], Any], stage: Callable[[], str]) -> Iterator[tuple[str, float, float]]:
     """Run `work` in a thread, yielding (status, progress 0..1, elapsed s) every POLL_S; returns (raises) its result."""
-    out: dict[str, Any] = {}
+    done: Future = Future()
 
     def target() -> None:
         try:
-            out["value"] = work()
-        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
-            out["error"] = e
+            done.set_result(work())
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread by done.result()
+            done.set_exception(e)
 
-    t = threading.Thread(target=target, daemon=True)
     t0, since, current = time.perf_counter(), time.perf_counter(), None
-    t.start()
-    t.join(POLL_S)
-    while t.is_alive():  # a family already loaded is named no stage
+    threading.Thread(target=target, daemon=True).start()
+    while wait([done], POLL_S).not_done:  # a family already loaded is named no stage
         name = stage()
         if name != current:
             current, since = name, time.perf_counter()
         text, usual = STAGES[name]
         spent = time.perf_counter() - since
         yield f"⏳ {text}… {spent:.0f} s", min(0.95, spent / usual), time.perf_counter() - t0
-        t.join(POLL_S)
-    if "error" in out:
-        raise out["error"]
-    return out.get("value")
+    return done.result()
 
 
 # ------------------------------------------------------------------ the clocks

@@ -6,7 +6,7 @@ import html
 import re
 
 from ..core import rules
-from ..core.methods import LANES, METHOD_LABELS, method_spec
+from ..core.methods import LANES, method_spec
 from ..core.trace import RunResult, StageRound, accepted_path, parents_of
 from .text import ORIGIN_NAMES, STATUS_NAMES
 
@@ -107,18 +107,16 @@ def coloured_tokens(result: RunResult, timed: bool = False) -> str:
     return "".join(spans)
 
 
-def lane_html(
-    method: str, result: RunResult | None, headline: str, title: str | None = None, timed: bool = False
-) -> str:
+def lane_html(method: str, result: RunResult | None, headline: str, title: str, timed: bool = False) -> str:
     """One lane: its title, figures (with a replay's live counter) and coloured text; data-end: the replay's finish."""
     colour = METHOD_COLOURS.get(method, "#333")
     body = coloured_tokens(result, timed) if result is not None else '<span style="color:#999">waiting…</span>'
-    end = f' data-end="{result.stats.decode_s:.4f}"' if result is not None and result.stats is not None else ""
+    end = f' data-end="{result.stats.decode_s:.4f}"' if result is not None else ""
     return (
         f'<div class="lane lane-{method}"{end} style="border-left:6px solid {colour};padding:6px 10px;'
         f'margin:6px 0;background:#fff;border-radius:6px;box-shadow:0 1px 2px rgba(0,0,0,.08)">'
         f'<div style="font-weight:700;color:{colour};font-size:1.05rem">'
-        f"{html.escape(title or METHOD_LABELS[method])}"
+        f"{html.escape(title)}"
         f'<span style="font-weight:400;color:#444;margin-left:12px;font-size:.95rem">'
         f'<span class="live"></span><span class="final">{html.escape(headline)}</span></span></div>'
         f'<div style="{FONT}font-size:1.05rem;line-height:1.9;color:#111">{body}</div></div>'

@@ -187,19 +187,12 @@ def markdown(
             f"| {alpha} | {need} |"
         )
     lines += ["", *(f"- **{short_name(row['method'])}**: {row['verdict']}" for row in table)]
-    lines += ["", insertion_line(table, profile)]
+    if profile:  # the insertion test (predict.insertion) from the α of this race's SD and pyramid lanes
+        m = {row["method"]: row for row in table}
+        pyr = m.get("psd_a") or m.get("psd_f") or {}
+        alphas = m.get("sd", {}).get("alpha"), pyr.get("alpha_qualifier"), pyr.get("alpha")
+        lines += ["", insertion.markdown(insertion.insertion(profile, *alphas))]
     return "\n".join(lines)
-
-
-def insertion_line(table: list[dict], profile: dict | None) -> str:
-    """The insertion test (predict.insertion) from the α of this race's SD and pyramid lanes (`rows`)."""
-    if not profile:
-        return ""
-    m = {row["method"]: row for row in table}
-    pyr = m.get("psd_a") or m.get("psd_f") or {}
-    return insertion.markdown(
-        insertion.insertion(profile, m.get("sd", {}).get("alpha"), pyr.get("alpha_qualifier"), pyr.get("alpha"))
-    )
 
 
 def passes_markdown(results: dict[str, RunResult]) -> str:
@@ -263,19 +256,19 @@ def floor_line(profile: dict) -> str:
     )
 
 
-def tree_line(profile: dict, ranks: list[float] | None = None) -> str:
-    """The tree budget this profile predicts best (`expected.best_tree`), in one sentence."""
+def tree_line(profile: dict) -> str:
+    """The tree budget this profile predicts best (`expected.best_tree`) with the shipped draft's acceptance."""
     try:
-        b = best_tree(profile, ranks)
+        b = best_tree(profile)
     except KeyError:  # a profile without a draft row
         return ""
-    how = "measured acceptance by rank" if ranks else "the shipped draft's acceptance by rank (a prior)"
     return (
         f" *Trees*: a {b['tree_nodes']}-node tree pass costs "
         f"{cost_ms(profile, 'target', b['tree_nodes'] + 1) / cost_ms(profile, 'target', 1):.2f}× "
-        f"a step here; with {how} the best budget is {b['tree_nodes']} nodes, depth {b['tree_depth']}, "
-        f"k {b['tree_k']}: {b['tokens_per_pass']:.2f} tokens per pass against {b['chain_tokens_per_pass']:.2f} "
-        f"for the best chain ({b['tokens_per_s']:.1f} vs {b['chain_tokens_per_s']:.1f} tok/s predicted)."
+        f"a step here; with the shipped draft's acceptance by rank (a prior) the best budget is {b['tree_nodes']} "
+        f"nodes, depth {b['tree_depth']}, k {b['tree_k']}: {b['tokens_per_pass']:.2f} tokens per pass against "
+        f"{b['chain_tokens_per_pass']:.2f} for the best chain ({b['tokens_per_s']:.1f} vs "
+        f"{b['chain_tokens_per_s']:.1f} tok/s predicted)."
     )
 
 

@@ -140,7 +140,6 @@ class Row:
     rounds: list[StageRound]
     placed: list[tuple[StageRound, float, list[Node]]] = field(default_factory=list)
     slots: int = 1
-    folded: bool = False  # never-reached subtrees drawn folded (see MAX_SLOTS)
 
 
 def _rows(step: Step) -> list[Row]:
@@ -164,10 +163,10 @@ def _rows(step: Step) -> list[Row]:
                 nodes = place_round(rnd, x0, top, fold)
                 row.placed.append((rnd, x0, nodes))
                 x0 = nodes[-1].x  # the next round grows from this one's own token
-            row.slots, row.folded = max(top.values(), default=1), fold
+            row.slots = max(top.values(), default=1)
             if row.slots <= MAX_SLOTS + 1:
                 break
-        if row.folded:
+        if fold:  # never-reached subtrees drawn folded (see MAX_SLOTS)
             row.title += " · branches never reached folded (+n)"
     return rows
 

@@ -13,17 +13,9 @@ from ..core.methods import METHOD_LABELS
 from ..core.trace import RunResult, StageRound, parents_of
 from . import charts, inspector, play_view, render, story
 from .pass_hist import accepted_figure
-from .races import Race, Session
+from .races import Session
 from .text import DEFAULT, MSG
 from .tree_view import tree_figure
-
-
-def _race(session: Session | None, n: Any) -> Race | None:
-    return session.find(n) if session is not None else None
-
-
-def _round_slider(r: RunResult | None) -> Any:
-    return play_view.pass_slider(len(r.steps) if r else 1, 1)
 
 
 def _pos_slider(r: RunResult | None) -> Any:
@@ -67,21 +59,26 @@ def position_title(rnd: StageRound, depth: int, texts: dict[int, str]) -> tuple[
     return at.depth, title
 
 
-def pick_method(session: Session | None, race_n: Any, method: str | None) -> tuple:
+def pick_method(session: Session, race_n: Any, method: str | None) -> tuple:
     """A method was chosen: reset the round slider and start the what-if τs at the recorded values."""
-    race = _race(session, race_n)
+    race = session.find(race_n)
     r = race.results.get(method) if race and method else None
     cfg = race.config if race else DEFAULT.to_dict()
-    return _round_slider(r), gr.update(value=cfg["tau_q"]), gr.update(value=cfg["tau_t"]), _pos_slider(r)
+    return (
+        play_view.pass_slider(len(r.steps) if r else 1, 1),
+        gr.update(value=cfg["tau_q"]),
+        gr.update(value=cfg["tau_t"]),
+        _pos_slider(r),
+    )
 
 
-def pick_race(session: Session | None, race_n: Any = None) -> tuple:
+def pick_race(session: Session, race_n: Any = None) -> tuple:
     """A race was chosen (or just finished): refresh the inspector's choices, the statistics and the race histogram."""
-    race = _race(session, race_n)
-    if session is None or race is None:
+    race = session.find(race_n)
+    if race is None:
         none, empty = charts.empty_figure(MSG["no_race"]), gr.update(choices=[], value=None)
         stats = (none, none, none, "", none, "", none)  # the Statistics tab's outputs and the race histogram
-        return empty, empty, _round_slider(None), gr.skip(), gr.skip(), _pos_slider(None), *stats
+        return empty, empty, play_view.pass_slider(1, 1), gr.skip(), gr.skip(), _pos_slider(None), *stats
     res = race.results
     method = list(res)[-1] if res else None  # the last raced: the fullest pyramid
     profile = race.profile
@@ -106,7 +103,7 @@ def pick_race(session: Session | None, race_n: Any = None) -> tuple:
 
 
 def inspect_round(
-    session: Session | None,
+    session: Session,
     race_n: Any,
     method: str | None,
     round_no: float,
@@ -115,7 +112,7 @@ def inspect_round(
     position: float,
 ) -> tuple[str, Any, Any, str, Any]:
     """One recorded target pass: chips, divergences vs the what-if τs, the top-5 at a position, its candidate tree."""
-    race = _race(session, race_n)
+    race = session.find(race_n)
     r = race.results.get(method) if race and method else None
     if race is None or r is None or not r.steps:
         none = charts.empty_figure(MSG["no_race"])
