@@ -10,7 +10,7 @@ import torch
 
 from ..core import rules
 from ..core.methods import DecodeConfig
-from ..core.round import decide, feed, record
+from ..core.round import decide_round, feed, record
 from ..forward.cache import probe_ids
 from ..forward.lm import open_lm
 
@@ -133,7 +133,7 @@ def measure_engine(vocab_size: int, timers: dict[str, Any] | None = None, reps: 
         int(z[0].argmax())
 
     def one_round() -> None:
-        record(decide(z_p, z_q, x, "sd", None, cfg, None, "target", "draft", "target"), cfg, False)
+        record(decide_round(z_p, rules.chain(x, z_q), "sd", None, cfg, None, "draft", "target"), cfg, False)
 
     def expand() -> None:
         z = z_p[0].float()
