@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..core.methods import method_spec, stage_rule
+from ..core.methods import TREE_BUDGET, DecodeConfig, method_spec, stage_rule
 from ..core.rules import RANK_PRIOR
 from ..core.trace import StageRound, Step
 from . import expected
@@ -204,7 +204,7 @@ def _pyramid_model(
 
 def _budget(config: dict) -> dict[str, int]:
     """The run's tree budget (nodes, depth, k), in that order; `DecodeConfig`'s defaults where it has none."""
-    return {k: int(config.get(k, d)) for k, d in (("tree_nodes", 16), ("tree_depth", 5), ("tree_k", 4))}
+    return {k: int(config.get(k, getattr(DecodeConfig, k))) for k in TREE_BUDGET}
 
 
 def _tree_model(out: dict[str, Any], c: dict, config: dict, profile: dict, fuzzy: bool) -> dict[str, Any]:
