@@ -21,7 +21,7 @@ import torch
 from pyramid_demo.app.playback import HIDDEN, Beat, mark
 from pyramid_demo.core import rules
 from pyramid_demo.core.methods import TREE_BUDGET, DecodeConfig, Method
-from pyramid_demo.core.round import decide, record
+from pyramid_demo.core.round import Round, decide_round, record
 from pyramid_demo.core.rules import Tree
 from pyramid_demo.core.trace import StageRound, Stats, Step, Tally
 
@@ -34,13 +34,27 @@ def verify(
     tau: float | None,
     cfg: DecodeConfig,
     gen: torch.Generator | None,
-    stage: str,
     proposer: str,
     verifier: str,
 ) -> tuple[StageRound, int]:
     """Decide and record one chain round at once: the round record and the verifier's token."""
-    rnd = decide(z_p, z_q, x, rule, tau, cfg, gen, stage, proposer, verifier)
+    rnd = decide(z_p, z_q, x, rule, tau, cfg, gen, proposer, verifier)
     return record(rnd, cfg), rnd.dec.nxt
+
+
+def decide(
+    z_p: torch.Tensor,
+    z_q: torch.Tensor,
+    x: list[int],
+    rule: str,
+    tau: float | None,
+    cfg: DecodeConfig,
+    gen: torch.Generator | None,
+    proposer: str,
+    verifier: str,
+) -> Round:
+    """A chain's round: proposed tokens x [n] with the proposer's logits z_q [n, V] (`core.round.decide_round`)."""
+    return decide_round(z_p, rules.chain(x, z_q if x else z_p[:0]), rule, tau, cfg, gen, proposer, verifier)
 
 
 def check(tree: Tree) -> None:

@@ -1,14 +1,14 @@
-"""One verification's decision (`core.round.decide`, walked by `core.rules.decide_tree`): what each rule reads
+"""One verification's decision (`core.round.decide_round`, walked by `core.rules.decide_tree`): what each rule reads
 and draws, on hand-built logits."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from helpers import decide
 
 from pyramid_demo.core import rules
 from pyramid_demo.core.methods import DecodeConfig
-from pyramid_demo.core.round import decide
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -23,7 +23,7 @@ def after(rule: str, fallback: str, seed: int, cfg_kw: dict | None = None) -> to
     """The generator's next uniforms after one decision under `rule` (4 proposed tokens, vocabulary 16)."""
     cfg = DecodeConfig(method="fsd", temperature=1.0, fallback=fallback, **(cfg_kw or {}))
     gen = torch.Generator().manual_seed(seed)
-    decide(logits(5, 16, 1), logits(4, 16, 2), [3, 1, 4, 1], rule, 0.3, cfg, gen, "target", "draft", "target")
+    decide(logits(5, 16, 1), logits(4, 16, 2), [3, 1, 4, 1], rule, 0.3, cfg, gen, "draft", "target")
     return torch.rand(8, generator=gen)
 
 
@@ -45,7 +45,7 @@ def test_a_fuzzy_rule_without_fallback_warps_one_row_of_p_only(monkeypatch):
     monkeypatch.setattr(rules, "warp", lambda z, *a, **k: rows.append(z.shape[0]) or real(z, *a, **k))
     cfg = DecodeConfig(method="fsd", temperature=0.8, top_p=0.9)
     gen = torch.Generator().manual_seed(0)
-    decide(logits(5, 16, 1), logits(4, 16, 2), [3, 1, 4, 1], "fuzzy", 0.3, cfg, gen, "target", "draft", "target")
+    decide(logits(5, 16, 1), logits(4, 16, 2), [3, 1, 4, 1], "fuzzy", 0.3, cfg, gen, "draft", "target")
     assert rows == [1], f"warped rows {rows}: a fuzzy rule without fallback warped rows it never reads"
 
 
@@ -59,7 +59,7 @@ def test_the_sd_fallback_follows_sds_law_where_tau_fails():
     gen = torch.Generator().manual_seed(0)
     out = []
     for _ in range(4000):
-        rnd = decide(z_p, z_q, [0], "fuzzy", 0.0, cfg, gen, "target", "draft", "target")
+        rnd = decide(z_p, z_q, [0], "fuzzy", 0.0, cfg, gen, "draft", "target")
         out.append(0 if rnd.k == 1 else rnd.dec.nxt)
     share = out.count(0) / len(out)
     assert abs(share - 0.5) < 0.04, f"P(token 0) = {share:.3f}: the fallback's rejection did not follow SD's law"

@@ -53,9 +53,7 @@ def test_js_uses_log_softmax_values_unclamped():
 def test_fsd_rejects_a_token_the_verifier_rules_out():
     """FSD at τ 0.25 rejects the proposer's token 1 in the example above (js 0.3009 > 0.25)."""
     cfg = DecodeConfig(method="fsd", temperature=0.0, tau_t=0.25)
-    rnd, nxt = verify(
-        torch.tensor([Z_P, Z_P]), torch.tensor([Z_Q]), [1], "fuzzy", 0.25, cfg, None, "target", "draft", "target"
-    )
+    rnd, nxt = verify(torch.tensor([Z_P, Z_P]), torch.tensor([Z_Q]), [1], "fuzzy", 0.25, cfg, None, "draft", "target")
     assert rnd.n_accepted == 0 and nxt == 0 and rnd.tokens[0].div > 0.25
 
 
@@ -148,9 +146,7 @@ def test_tau_zero_accepts_no_drafted_token(temperature):
     proposal whose divergence rounds to 0 but is not the target's greedy token is rejected."""
     cfg = DecodeConfig(method="fsd", temperature=temperature, tau_t=0.0)
     gen = None if temperature == 0 else torch.Generator().manual_seed(0)
-    rnd, nxt = verify(
-        torch.tensor(TIE_P), torch.tensor(TIE_Q), [1], "fuzzy", 0.0, cfg, gen, "target", "draft", "target"
-    )
+    rnd, nxt = verify(torch.tensor(TIE_P), torch.tensor(TIE_Q), [1], "fuzzy", 0.0, cfg, gen, "draft", "target")
     assert rnd.n_accepted == 0 and rnd.tokens[0].status == "rejected"
     if temperature == 0:
         assert nxt == 0

@@ -4,13 +4,13 @@ Each rule is checked on hand-built logits, and each planted slip fails by an ass
 
 import pytest
 import torch
-from helpers import leading_run, next_token, sd_passes
+from helpers import decide, leading_run, next_token, sd_passes
 from mock_lm import BigramLM, bigram_table
 
 from pyramid_demo.core import rules
 from pyramid_demo.core.engine import decode, pyramid_block, roles_for
 from pyramid_demo.core.methods import DecodeConfig, method_spec
-from pyramid_demo.core.round import decide, decide_round, grow, record
+from pyramid_demo.core.round import decide_round, grow, record
 from pyramid_demo.core.rules import Tree, decide_tree
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -83,7 +83,7 @@ def test_one_child_is_sds_ratio_test_and_residual():
     x = [2, 5, 1]
     cfg = DecodeConfig(method="sd", temperature=1.0)
     for seed in range(200):
-        rnd = decide(z_p, z_q, x, "sd", None, cfg, torch.Generator().manual_seed(seed), "target", "draft", "target")
+        rnd = decide(z_p, z_q, x, "sd", None, cfg, torch.Generator().manual_seed(seed), "draft", "target")
         gen = torch.Generator().manual_seed(seed)
         r = torch.rand(3, generator=gen)
         p, q = rules.warp(z_p, 1.0), rules.warp(z_q, 1.0)
@@ -136,11 +136,11 @@ def test_the_sd_fallbacks_verdicts_are_recorded_on_every_node():
         z_q[c, t] = 5.0
     x = [1, 4, 0]  # node 0 is the argmax, node 1 is not, node 2 (never reached by the walk) would be
     fb = DecodeConfig(method="fsd", fallback="sd", tau_t=1e-9)
-    rec = record(decide(z_p, z_q, x, "fuzzy", 1e-9, fb, None, "target", "draft", "target"), fb)
+    rec = record(decide(z_p, z_q, x, "fuzzy", 1e-9, fb, None, "draft", "target"), fb)
     assert [t.sd_passed for t in rec.tokens[:-1]] == [True, False, True]
     assert [t.status for t in rec.tokens[:-1]] == ["accepted", "rejected", "discarded"]
     alone = DecodeConfig(method="fsd", tau_t=1e-9)
-    rec = record(decide(z_p, z_q, x, "fuzzy", 1e-9, alone, None, "target", "draft", "target"), alone)
+    rec = record(decide(z_p, z_q, x, "fuzzy", 1e-9, alone, None, "draft", "target"), alone)
     assert [t.sd_passed for t in rec.tokens[:-1]] == [None, None, None]
 
 
@@ -165,7 +165,7 @@ def test_a_tree_round_decides_along_its_parents_not_its_index_order():
     z_p = torch.full((5, V), -9.0)
     for c, t in enumerate([2, 4, 5, 0, 3]):
         z_p[c, t] = 9.0
-    rnd = decide_round(z_p, tree, "sd", None, DecodeConfig(), None, "target", "draft", "target")
+    rnd = decide_round(z_p, tree, "sd", None, DecodeConfig(), None, "draft", "target")
     rec = record(rnd, DecodeConfig())
     assert rnd.dec.path == [1, 3] and rnd.dec.nxt == 3 and rnd.own_status == "bonus"
     assert [t.status for t in rec.tokens] == ["rejected", "accepted", "discarded", "accepted", "bonus"]
@@ -186,7 +186,7 @@ def test_a_cut_at_an_eos_drops_only_the_nodes_below_it():
     z_p = torch.full((5, V), -9.0)
     for c, t in enumerate([2, 4, 5, 0, 3]):
         z_p[c, t] = 9.0
-    rnd = decide_round(z_p, tree, "sd", None, DecodeConfig(), None, "target", "draft", "target").cut(1, eos=True)
+    rnd = decide_round(z_p, tree, "sd", None, DecodeConfig(), None, "draft", "target").cut(1, eos=True)
     rec = record(rnd, DecodeConfig())
     assert [t.token_id for t in rec.tokens[:-1]] == [1, 2, 4] and rec.parents == [-1, -1, 0]
     assert [t.status for t in rec.tokens] == ["rejected", "accepted", "discarded", "discarded"]

@@ -137,7 +137,7 @@ CASES = {  # name: tree, verifier argmax per context, accepted path, own token, 
 def test_a_round_yields_its_accepted_path_plus_exactly_one_verifier_token(case):
     """Rule: k accepted tokens give k + 1 new ones, the verifier's own last: a bonus at a leaf, else resampled."""
     tree, tops, path, nxt, own = CASES[case]
-    rnd = decide_round(_argmax_rows(*tops), tree, "sd", None, DecodeConfig(), None, "target", "draft", "target")
+    rnd = decide_round(_argmax_rows(*tops), tree, "sd", None, DecodeConfig(), None, "draft", "target")
     assert rnd.dec.path == path and rnd.dec.nxt == nxt, f"{case}: the walk took {rnd.dec.path} then {rnd.dec.nxt}"
     new = rnd.new_tokens()
     want = [tree.tokens[i] for i in path] + [nxt]

@@ -116,7 +116,6 @@ def test_verify_sd_greedy_accepts_two_then_target_argmax():
         None,
         cfg,
         None,
-        "target",
         "draft",
         "target",
     )
@@ -130,7 +129,7 @@ def test_verify_fuzzy_accepts_close_distribution_with_other_argmax():
     cfg = DecodeConfig(method="fsd", temperature=0.0, tau_t=0.3)
     z_p = logits_for([CLOSE, CLOSE, CLOSE, CLOSE])
     z_q = logits_for([NEAR, FAR, NEAR])
-    rnd, nxt = verify(z_p, z_q, [1, 3, 1], "fuzzy", 0.3, cfg, None, "target", "draft", "target")
+    rnd, nxt = verify(z_p, z_q, [1, 3, 1], "fuzzy", 0.3, cfg, None, "draft", "target")
     assert (rnd.n_accepted, nxt) == (1, 0)
     assert [t.status for t in rnd.tokens] == ["accepted", "rejected", "discarded", "resampled"]
     assert rnd.tokens[0].div < 0.3 < rnd.tokens[1].div and rnd.tokens[0].tau == 0.3
@@ -140,7 +139,7 @@ def test_verify_fuzzy_bonus_when_all_pass():
     """All three within τ: three accepted and a bonus from the target's last row (argmax 0)."""
     cfg = DecodeConfig(method="fsd", temperature=0.0, tau_t=0.3)
     rnd, nxt = verify(
-        logits_for([CLOSE] * 4), logits_for([NEAR] * 3), [1, 1, 1], "fuzzy", 0.3, cfg, None, "target", "draft", "target"
+        logits_for([CLOSE] * 4), logits_for([NEAR] * 3), [1, 1, 1], "fuzzy", 0.3, cfg, None, "draft", "target"
     )
     assert (rnd.n_accepted, nxt, rnd.tokens[-1].status) == (3, 0, "bonus")
 
@@ -150,10 +149,10 @@ def test_verify_fallback_sd_accepts_matching_token_that_fails_divergence():
     cfg = DecodeConfig(method="fsd", temperature=0.0, tau_t=0.1, fallback="sd")
     z_p = logits_for([[0.0, 0.0, 0.6, 0.4]] * 2)
     z_q = logits_for([[0.0, 0.0, 1.0, 0.0]])  # js large, argmax equal
-    rnd, _ = verify(z_p, z_q, [2], "fuzzy", 0.1, cfg, None, "target", "draft", "target")
+    rnd, _ = verify(z_p, z_q, [2], "fuzzy", 0.1, cfg, None, "draft", "target")
     assert rnd.tokens[0].div > 0.1 and rnd.n_accepted == 1 and rnd.rule == "fuzzy+sd"
     cfg_off = DecodeConfig(method="fsd", temperature=0.0, tau_t=0.1)
-    rnd_off, _ = verify(z_p, z_q, [2], "fuzzy", 0.1, cfg_off, None, "target", "draft", "target")
+    rnd_off, _ = verify(z_p, z_q, [2], "fuzzy", 0.1, cfg_off, None, "draft", "target")
     assert rnd_off.n_accepted == 0
 
 
@@ -164,7 +163,7 @@ def test_verify_sd_sampled_resamples_from_residual():
     z_p = logits_for([[0.0, 0.5, 0.5, 0.0], [0.25] * 4])
     z_q = logits_for([[0.0, 1.0, 0.0, 0.0]])
     gen = torch.Generator().manual_seed(0)
-    results = [verify(z_p, z_q, [1], "sd", None, cfg, gen, "target", "draft", "target") for _ in range(400)]
+    results = [verify(z_p, z_q, [1], "sd", None, cfg, gen, "draft", "target") for _ in range(400)]
     rejected = [nxt for rnd, nxt in results if rnd.n_accepted == 0]
     assert set(rejected) == {2}
     assert 0.4 < 1 - len(rejected) / len(results) < 0.6

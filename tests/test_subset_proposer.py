@@ -189,7 +189,7 @@ def _fsd_round(support: str, tau: float):
     z_p = torch.tensor([[0.6, 0.1, 0.3], [0.2, 0.3, 0.5]]).log()
     z_q = torch.tensor([[0.8, 0.2, 0.0]]).log()
     cfg = DecodeConfig(method="fsd", divergence="js", div_support=support, tau_t=tau)
-    rnd, _ = verify(z_p, z_q, [0], "fuzzy", tau, cfg, None, "target", "draft", "target")
+    rnd, _ = verify(z_p, z_q, [0], "fuzzy", tau, cfg, None, "draft", "target")
     return rnd
 
 

@@ -69,7 +69,7 @@ def test_fuzzy_rejection_samples_from_the_target():
     z_p, z_q = logits_for([P_ROW, [0.25] * 4]), logits_for([Q_ONE])
     nxt = []
     for _ in range(300):
-        rnd, t = verify(z_p, z_q, [1], "fuzzy", 0.01, cfg, gen, "target", "draft", "target")
+        rnd, t = verify(z_p, z_q, [1], "fuzzy", 0.01, cfg, gen, "draft", "target")
         assert rnd.n_accepted == 0
         nxt.append(t)
     assert set(nxt) == {1, 2} and 0.4 < nxt.count(1) / len(nxt) < 0.6
@@ -89,9 +89,9 @@ def test_fallback_sd_sampled_adds_the_sd_rule():
     acc_fb, acc_none, after_reject = 0, 0, []
     for seed in range(300):
         g1, g2, g3 = (torch.Generator().manual_seed(seed) for _ in range(3))
-        r_fb, t_fb = verify(z_p, z_q, [1], "fuzzy", 0.01, fb, g1, "target", "draft", "target")
-        r_sd, _ = verify(z_p, z_q, [1], "sd", None, sd, g2, "target", "draft", "target")
-        r_no, _ = verify(z_p, z_q, [1], "fuzzy", 0.01, none, g3, "target", "draft", "target")
+        r_fb, t_fb = verify(z_p, z_q, [1], "fuzzy", 0.01, fb, g1, "draft", "target")
+        r_sd, _ = verify(z_p, z_q, [1], "sd", None, sd, g2, "draft", "target")
+        r_no, _ = verify(z_p, z_q, [1], "fuzzy", 0.01, none, g3, "draft", "target")
         assert r_fb.n_accepted >= r_sd.n_accepted and r_fb.rule == "fuzzy+sd"
         acc_fb += r_fb.n_accepted
         acc_none += r_no.n_accepted
@@ -187,7 +187,7 @@ def test_divergence_uses_raw_distributions(warp):
     assert abs(warped - raw) > 0.02  # the warp changes js here (raw 0.064)
     tau = 0.5 * (raw + warped)
     cfg = DecodeConfig(method="fsd", tau_t=tau, **warp)
-    rnd, _ = verify(z_p, z_q, [1], "fuzzy", tau, cfg, torch.Generator().manual_seed(0), "target", "draft", "target")
+    rnd, _ = verify(z_p, z_q, [1], "fuzzy", tau, cfg, torch.Generator().manual_seed(0), "draft", "target")
     assert rnd.tokens[0].div == pytest.approx(raw, abs=1e-5)
     assert rnd.n_accepted == (1 if raw <= tau else 0)
 
@@ -203,7 +203,7 @@ def test_kl_in_verify_is_proposer_against_verifier():
     want = rules.divergence(torch.softmax(z_p[:1], -1), torch.softmax(z_q, -1), "kl").item()
     assert want == pytest.approx(0.685, abs=2e-3)
     cfg = DecodeConfig(method="fsd", divergence="kl", tau_t=1.0)
-    rnd, _ = verify(z_p, z_q, [0], "fuzzy", 1.0, cfg, None, "target", "draft", "target")
+    rnd, _ = verify(z_p, z_q, [0], "fuzzy", 1.0, cfg, None, "draft", "target")
     assert rnd.tokens[0].div == pytest.approx(want, abs=1e-5) and rnd.n_accepted == 1
 
 
@@ -257,7 +257,7 @@ def test_sampled_ratio_test_warps_the_proposer_like_the_target(warp):
     qw = rules.warp(z_q, cfg.temperature, cfg.top_k, cfg.top_p)
     t_only = rules.warp(z_q, cfg.temperature)
     for x in range(V):
-        rnd, _ = verify(z_p, z_q, [x], "sd", None, cfg, torch.Generator().manual_seed(x), "target", "draft", "target")
+        rnd, _ = verify(z_p, z_q, [x], "sd", None, cfg, torch.Generator().manual_seed(x), "draft", "target")
         rec = rnd.tokens[0]
         assert rec.p == pytest.approx(float(pw[0, x]), abs=1e-6)
         assert rec.q == pytest.approx(float(qw[0, x]), abs=1e-6)

@@ -173,7 +173,7 @@ def stage_round(
     rule = stage_rule(st, cfg.stage2)
     tau = getattr(cfg, st.tau) if rule == "fuzzy" and st.tau else None
     z_p = score(lms[st.verifier], seq, tree)  # [N + 1, V]
-    rnd = decide_round(z_p, tree, rule, tau, cfg, gen, st.verifier, st.proposer, st.verifier)
+    rnd = decide_round(z_p, tree, rule, tau, cfg, gen, st.proposer, st.verifier)
     for role in (st.proposer, st.verifier):
         lms[role].keep_along(seq + rnd.accepted)
     return rnd

@@ -155,9 +155,8 @@ def score(lm: LM, seq: list[int], tree: Tree) -> torch.Tensor:
 class Round:
     """What a rule decided for a proposal (`dec`) and the logits explaining it."""
 
-    stage: str  # "qualifier" or "target": the verifier's role
     proposer: str
-    verifier: str
+    verifier: str  # its role names the stage: "qualifier" or "target"
     rule: str  # "sd" or "fuzzy"
     tau: float | None
     tree: Tree  # the proposal (a chain: parents i − 1)
@@ -203,7 +202,6 @@ def decide_round(
     tau: float | None,
     cfg: DecodeConfig,
     gen: torch.Generator | None,
-    stage: str,
     proposer: str,
     verifier: str,
 ) -> Round:
@@ -219,23 +217,7 @@ def decide_round(
         gen,
         (cfg.divergence, cfg.div_support),
     )
-    return Round(stage, proposer, verifier, rule, tau, tree, z_p, dec, sampled=gen is not None)
-
-
-def decide(
-    z_p: torch.Tensor,
-    z_q: torch.Tensor,
-    x: list[int],
-    rule: str,
-    tau: float | None,
-    cfg: DecodeConfig,
-    gen: torch.Generator | None,
-    stage: str,
-    proposer: str,
-    verifier: str,
-) -> Round:
-    """A chain's round: proposed tokens x [n] with the proposer's logits z_q [n, V] (see `decide_round`)."""
-    return decide_round(z_p, chain(x, z_q if x else z_p[:0]), rule, tau, cfg, gen, stage, proposer, verifier)
+    return Round(proposer, verifier, rule, tau, tree, z_p, dec, sampled=gen is not None)
 
 
 # ---------------------------------------------------------------- the record of a decided round
@@ -342,7 +324,7 @@ def record(rnd: Round, cfg: DecodeConfig, full: bool = True) -> StageRound:
     rule = ("greedy" if greedy else "sd") if rnd.rule == "sd" else "fuzzy" if cfg.fallback == "none" else "fuzzy+sd"
     parents = [index[tree.parents[i]] if tree.parents[i] >= 0 else -1 for i in keep]
     return StageRound(
-        rnd.stage,
+        rnd.verifier,
         rnd.proposer,
         rnd.verifier,
         rule,

@@ -299,14 +299,6 @@ def decide_tree(
             for c, w in zip(want, warp(z, *warp_args)):
                 cache[c] = w
 
-    def own(c: int, rest: torch.Tensor | None) -> int:  # the verifier's token at context c
-        if gen is None:
-            return int(top[c]) if top is not None else int(z_p[c].argmax())
-        if rest is None:  # at a leaf, or after a fuzzy refusal alone: from p itself (no residual)
-            rows([c], False)
-            rest = p_w[c]
-        return sample(rest, gen)
-
     if gen is not None and with_sd:
         rows(line, False)
         rows(line[:-1], True)
@@ -334,7 +326,10 @@ def decide_tree(
         status[chosen] = "accepted"  # the other children stay rejected (tried) or discarded (never tried)
         walked.append(chosen)
         c = chosen + 1
-    nxt = own(c, rest)
+    if gen is not None and rest is None:  # at a leaf, or after a fuzzy refusal alone: from p itself (no residual)
+        rows([c], False)
+        rest = p_w[c]
+    nxt = int(z_p[c].argmax()) if rest is None else sample(rest, gen)  # the verifier's own token
     return TreeDecision(walked, nxt, status, torch.tensor(d) if fuzzy else None, r, sd, not kids[c])
 
 

@@ -125,9 +125,7 @@ STAGES = ("qualifier", "target")
 
 
 def stage_rounds(steps: list[Step], stage: str) -> list[StageRound]:
-    if stage == "qualifier":
-        return [r for s in steps for r in s.qualifier_rounds]
-    return [s.target_round for s in steps if s.target_round is not None]
+    return [r for s in steps for r in s.rounds if r.stage == stage]
 
 
 def n_proposed(r: StageRound) -> int:
@@ -172,8 +170,8 @@ class Tally:
         self.fwd: dict[str, int] = {}
         self.ftime: dict[str, float] = {}
 
-    def _round(self, stage: str, r: StageRound) -> None:
-        n = n_positions(r)
+    def _round(self, r: StageRound) -> None:
+        n, stage = n_positions(r), r.stage
         self.proposed[stage] = self.proposed.get(stage, 0) + n_proposed(r)
         self.offered[stage] = self.offered.get(stage, 0) + n
         self.rounds[stage] = self.rounds.get(stage, 0) + 1
@@ -188,10 +186,9 @@ class Tally:
         self.n_new += len(step.new_tokens)
         self.passes += 1
         self.decode_s = step.t_end
-        for r in step.qualifier_rounds:
-            self._round("qualifier", r)
+        for r in step.rounds:
+            self._round(r)
         if (t := step.target_round) is not None:
-            self._round("target", t)
             self.hist.extend([0] * (n_positions(t) + 1 - len(self.hist)))
             self.hist[t.n_accepted] += 1
             self.target_accepted += t.n_accepted

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..core.methods import method_spec, stage_rule
+from ..core.methods import TREE_BUDGET, DecodeConfig, method_spec, stage_rule
 from ..core.rules import RANK_PRIOR
 from ..core.trace import StageRound, Step
 from . import expected
@@ -32,7 +32,7 @@ def tree_forward_counts(steps: list[Step], method: str | None, config: dict | No
         return out
     stage = tree_stage(method)
     for s in steps:
-        rounds = s.qualifier_rounds if stage == "qualifier" else [s.target_round] if s.target_round else []
+        rounds = [r for r in s.rounds if r.stage == stage]
         if not rounds:
             continue
         verifier, proposer = rounds[0].verifier, rounds[0].proposer
@@ -111,12 +111,10 @@ def census(steps: list[Step], method: str, config: dict | None = None) -> dict[s
     for s in steps:
         out["step"] += 1
         out["feed"] += sum(s.n_forward.values()) if s.n_forward else len(s.fed.get("target", [])) or 1
-        rounds = [("qualifier", r) for r in s.qualifier_rounds]
-        rounds += [("target", s.target_round)] if s.target_round is not None else []
-        for st, rnd in rounds:
-            _round_units(rnd, tree and st == stage, out)
-        if tree and rounds:
-            out["expand"] += sum(s.fed.get(rounds[0][1].proposer, []))
+        for rnd in s.rounds:
+            _round_units(rnd, tree and rnd.stage == stage, out)
+        if tree and s.rounds:
+            out["expand"] += sum(s.fed.get(s.rounds[0].proposer, []))
     return out
 
 
@@ -206,7 +204,7 @@ def _pyramid_model(
 
 def _budget(config: dict) -> dict[str, int]:
     """The run's tree budget (nodes, depth, k), in that order; `DecodeConfig`'s defaults where it has none."""
-    return {k: int(config.get(k, d)) for k, d in (("tree_nodes", 16), ("tree_depth", 5), ("tree_k", 4))}
+    return {k: int(config.get(k, getattr(DecodeConfig, k))) for k in TREE_BUDGET}
 
 
 def _tree_model(out: dict[str, Any], c: dict, config: dict, profile: dict, fuzzy: bool) -> dict[str, Any]:

@@ -249,8 +249,7 @@ def resolve_shape(cfg: DecodeConfig, profile: dict | None, trees: bool = True) -
     usable = bool(profile) and "ms" in profile and st is not None and {st.proposer, st.verifier} <= set(profile["ms"])
     if cfg.shape != "auto" or st is None or not trees or not usable:
         return shape_to_run(cfg, trees)
-    # the predictor prices a proposer → verifier stage by the roles "draft" and "target": hand it this stage's
-    b = best_tree({**profile, "ms": {"draft": profile["ms"][st.proposer], "target": profile["ms"][st.verifier]}}, None)
+    b = best_tree(profile, None, False, st.proposer, st.verifier)
     tree_s, chain_s = float(b["tokens_per_s"]), float(b["chain_tokens_per_s"])
     where = f" (the {st.proposer} → {st.verifier} stage)" if spec.pyramid else ""
     if tree_s > chain_s:

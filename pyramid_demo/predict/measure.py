@@ -10,7 +10,7 @@ import torch
 
 from ..core import rules
 from ..core.methods import DecodeConfig
-from ..core.round import decide, feed, record
+from ..core.round import decide_round, feed, record
 from ..forward.cache import probe_ids
 from ..forward.lm import open_lm
 
@@ -118,7 +118,7 @@ def _best_ms(f: Callable[[], Any], reps: int) -> float:
     return round(1000 * best, 5)
 
 
-def measure_engine(vocab_size: int, timers: dict[str, Any] | None = None, reps: int = 20) -> dict[str, Any]:
+def measure_engine(vocab_size: int, timers: dict[str, Any], reps: int = 20) -> dict[str, Any]:
     """The engine's own work per unit in ms (`costs.UNITS`, "keep" per role): real functions, this vocabulary."""
     g = torch.Generator().manual_seed(0)
     z_p = torch.randn(5, vocab_size, generator=g)  # [5, V]: a verifier's rows for 4 proposals
@@ -133,7 +133,7 @@ def measure_engine(vocab_size: int, timers: dict[str, Any] | None = None, reps: 
         int(z[0].argmax())
 
     def one_round() -> None:
-        record(decide(z_p, z_q, x, "sd", None, cfg, None, "target", "draft", "target"), cfg, False)
+        record(decide_round(z_p, rules.chain(x, z_q), "sd", None, cfg, None, "draft", "target"), cfg, False)
 
     def expand() -> None:
         z = z_p[0].float()
@@ -147,7 +147,7 @@ def measure_engine(vocab_size: int, timers: dict[str, Any] | None = None, reps: 
         "div1": _best_ms(lambda: rules.support_divergence_logits(z_p[:1], z_q[:1], "js", "subset"), reps),
         "expand": _best_ms(expand, reps),
     }
-    target: Any = (timers or {}).get("target")
+    target = timers.get("target")
     if hasattr(target, "time_feed"):
         try:
             fed = [target.time_feed() for _ in range(reps)]
@@ -156,7 +156,7 @@ def measure_engine(vocab_size: int, timers: dict[str, Any] | None = None, reps: 
         except (ImportError, TypeError, AttributeError):  # an engine that feeds otherwise: the loop's prices
             pass
     keep: dict[str, float] = {}
-    for role, timer in (timers or {}).items():
+    for role, timer in timers.items():
         ts = [getattr(timer, "time_keep", lambda: None)() for _ in range(4)]
         if all(t is not None for t in ts):
             keep[role] = round(1000 * min(t for t in ts if t is not None), 5)
