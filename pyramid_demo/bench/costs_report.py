@@ -55,23 +55,16 @@ def finish(rows: list[dict], prof: dict | None) -> dict:
         rec = row.get("cost_record")
         if row.get("kind") != "engine" or not rec:
             continue
-        cfg = {
-            k: row[k]
-            for k in ("gamma", "l_d", "l_q", "tree_nodes", "tree_depth", "tree_k", "stage2", "shape")
-            if row.get(k)
-        }
+        cfg = {k: row[k] for k in ("gamma", "l_d", "l_q", "tree_nodes", "tree_depth", "tree_k", "stage2") if row.get(k)}
         sums = {"method": row["method"], "tokens": 0, "decode_s": 0.0, "profile_s": 0.0, "predicted_s": 0.0}
         v = by.setdefault(row["variant"], sums | {k: {} for k in ("forwards", "ms_by_k", "stages", "engine")})
-        v.setdefault("config", cfg)
-        if rec.get("shape"):
-            v["config"]["shape"] = rec["shape"]
+        v.setdefault("config", cfg)["shape"] = rec["shape"]  # the run's own (an "auto" variant's last)
         v["tokens"] += row["n_new_tokens"]
         v["decode_s"] += row["decode_s"] or 0.0
         v["profile_s"] += row["predicted_profile_s"]
         v["predicted_s"] += row["predicted_s"]
-        for key in ("forwards", "ms_by_k", "stages"):
+        for key in ("forwards", "ms_by_k", "stages", "engine"):
             _add(v[key], rec[key])
-        costs.add(v["engine"], rec.get("engine") or {})
     out = [_variant(label, v, prof, by) for label, v in by.items()]
     ar = next((d["measured_tokens_per_s"] for d in out if d["method"] == "ar"), None)
     for d in out:
@@ -247,9 +240,7 @@ def figure(section: dict):
 
 def html_section(result: dict) -> str:
     """report.html's section: the table, then the chart (plotly.js is already on the page)."""
-    section = result.get("cost_profile")
-    if not section:
-        return ""
+    section = result["cost_profile"]
     md = markdown(section).split("\n")
     table = [line for line in md if line.startswith("|")]
     fig = figure(section)

@@ -126,7 +126,6 @@ def run_bench(
     warmup_tokens: int = 8,
     progress: bool = True,
     max_minutes: float | None = None,
-    log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
     follow: Callable[[Prompt, list], tuple[Prompt, dict[str, list[int]]] | None] | None = None,
 ) -> dict:
     """Warm up, time every variant on every prompt (interleaved), then per-prompt speed-ups and quality. `follow`: a
@@ -139,7 +138,7 @@ def run_bench(
         try:
             prepared.append((pi, p, prepare_prompt(triplet, p.text, biggest, chat)))
         except ValueError as e:
-            log(f"skipping prompt {pi}: {e}")
+            print(f"skipping prompt {pi}: {e}", file=sys.stderr)
     if not prepared:
         raise ValueError("no usable prompts")
     greedy = all(v.cfg.greedy for v in variants)
@@ -195,7 +194,7 @@ def run_bench(
     try:
         for r, pi, p, ids in todo:
             if max_minutes is not None and time.perf_counter() - t_start > 60 * max_minutes and rows:
-                log(f"time budget of {max_minutes:g} min reached: stopping after {len(rows)} runs")
+                print(f"time budget of {max_minutes:g} min reached: stopping after {len(rows)} runs", file=sys.stderr)
                 interrupted = True
                 break
             done: list[dict] = []
@@ -215,7 +214,7 @@ def run_bench(
         if not rows:
             raise
     if interrupted:
-        log(f"stopped early: keeping the {len(rows)} runs of completed prompts")
+        print(f"stopped early: keeping the {len(rows)} runs of completed prompts", file=sys.stderr)
     bar.close()
     ar_speeds = [
         r["fwd_target"] / r["fwd_time_target_s"]
