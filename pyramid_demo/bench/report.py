@@ -249,9 +249,9 @@ def write_outputs(result: dict, out_dir: str | Path, columns: list[str]) -> list
 def write_csv(path: Path, columns: list[str], rows: list[dict]) -> Path:
     """`rows` as CSV in `columns` (other keys left out, None written as an empty cell)."""
     with path.open("w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=columns)
+        w = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")  # None and a missing key: an empty cell
         w.writeheader()
-        w.writerows({k: "" if r.get(k) is None else r[k] for k in columns} for r in rows)
+        w.writerows(rows)
     return path
 
 
