@@ -248,8 +248,7 @@ def html_section(result: dict) -> str:
     return (
         f"<h3>Why each method wins or loses here: the cost profile</h3><p>{html.escape(md[0])}</p>"
         + (f"<p>{html.escape(notes[0])}</p>" if notes else "")
-        + (html_table("\n".join(table)) if table else "")
-        + "".join(f"<p><small>{html.escape(n)}</small></p>" for n in notes[1:])
+        + (html_table("\n".join(table + notes[1:])) if table else "")  # the notes below the table
         + (fig.to_html(full_html=False, include_plotlyjs=False, default_height=420) if fig else "")
     )
 

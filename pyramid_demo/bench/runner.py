@@ -75,11 +75,9 @@ def run_variant(
         engine_overhead_s=s.engine_overhead_s,
         engine_overhead_share=ratio(s.engine_overhead_s, s.decode_s),
     )
-    for stage in ("qualifier", "target"):
-        if stage in s.acceptance:
-            for name, by_stage in (("acceptance", s.acceptance), ("proposed", s.proposed), ("accepted", s.accepted)):
-                row[f"{name}_{stage}"] = by_stage[stage]
-            row[f"rounds_{stage}"] = s.rounds.get(stage)
+    for stage in s.acceptance:  # the stages that ran rounds
+        for name in ("acceptance", "proposed", "accepted", "rounds"):
+            row[f"{name}_{stage}"] = getattr(s, name)[stage]
     for role in ("draft", "qualifier", "target"):
         if role in s.forward_passes:
             row[f"fwd_{role}"] = s.forward_passes[role]
