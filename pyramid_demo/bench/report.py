@@ -187,17 +187,12 @@ def markdown_table(summary: list[dict]) -> str:
     cols = [c for c in TABLE if c[1] != "csqa_accuracy" or any(s.get("csqa_accuracy") is not None for s in summary)]
     lines = ["| " + " | ".join(c[0] for c in cols) + " |", "|" + "---|" * len(cols)]
     for s in summary:
-        cells = []
-        for name, key, nd in cols:
-            if name == "tok/s (IQR)":
-                cells.append(
-                    f"{_f(s['tokens_per_s'], 1)} ({_f(s['tokens_per_s_q25'], 1)}–"
-                    f"{_f(s['tokens_per_s_q75'], 1)})" + ("*" if s["kind"] == "peer" else "")
-                )
-            elif name == "fwd D/Q/T":
-                cells.append("/".join(_f(s.get(f"fwd_{r}"), 0) for r in ("draft", "qualifier", "target")))
-            else:
-                cells.append(_f(s.get(key), nd))  # the variant's name: as it is
+        made = {  # the columns of several figures (no key in TABLE)
+            "tok/s (IQR)": f"{_f(s['tokens_per_s'], 1)} ({_f(s['tokens_per_s_q25'], 1)}–"
+            f"{_f(s['tokens_per_s_q75'], 1)})" + ("*" if s["kind"] == "peer" else ""),
+            "fwd D/Q/T": "/".join(_f(s.get(f"fwd_{r}"), 0) for r in ("draft", "qualifier", "target")),
+        }
+        cells = [made[name] if key is None else _f(s.get(key), nd) for name, key, nd in cols]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append(
         "\n*peers: wall time of the `generate()` call, prefill included. Engine tok/s exclude prefill; "
