@@ -158,13 +158,9 @@ def same_k_forwards(steps: Iterable[Step]) -> dict[tuple[str, int], list[float]]
 
 def timing_noise(groups: dict[tuple[str, int], list[float]]) -> float | None:
     """The run's relative timing noise: groups' spreads weighted by size, over groups of ≥ MIN_GROUP (else None)."""
-    total = n = 0.0
-    for times in groups.values():
-        spread = relative_spread(times) if len(times) >= MIN_GROUP else None
-        if spread is not None:
-            total += spread * len(times)
-            n += len(times)
-    return total / n if n else None
+    sized = [(relative_spread(times), len(times)) for times in groups.values() if len(times) >= MIN_GROUP]
+    n = sum(k for spread, k in sized if spread is not None)
+    return sum(spread * k for spread, k in sized if spread is not None) / n if n else None
 
 
 def compare(a: float, b: float, noise: float) -> int:

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import html
-from typing import Any
 
 from ..core.methods import METHODS
 from ..core.trace import Step
-from ..models.warm import cost_profile
 from ..predict import costs, insertion, throughput
 from ..predict.expected import ar_ms, priced, shape_of
 from ..predict.walk_stats import stage_counts
@@ -25,14 +23,6 @@ def row_record(steps: list[Step], method: str, config: dict) -> dict:
     rec["tree_forwards"] = costs.tree_forward_counts(steps, method, config)
     rec["shape"] = shape_of(config)  # the run's own, whether or not the row has a column for it
     return {"cost_record": rec}
-
-
-def profile(triplet: Any) -> dict | None:
-    """The family's cost profile (cached for this machine, else measured now: a few seconds)."""
-    try:
-        return cost_profile(triplet, measure_now=True)
-    except Exception as e:  # noqa: BLE001 - the bench's other results stand without it
-        return {"error": repr(e)}
 
 
 def _add(into: dict, more: dict) -> None:

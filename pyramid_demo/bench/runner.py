@@ -25,6 +25,7 @@ from ..forward.lm import ModelTriplet
 from ..models import background
 from ..models.errors import LoadError
 from ..models.runtime import cpu_class
+from ..models.warm import cost_profile
 from . import costs_report, csqa, peers, report, spec_suite, spec_table
 from .options import ROW_COLUMNS, add_arguments, command_line
 from .prompts import Prompt, load_prompts
@@ -140,7 +141,10 @@ def run_bench(
     if not prepared:
         raise ValueError("no usable prompts")
     greedy = all(v.cfg.greedy for v in variants)
-    profile = costs_report.profile(triplet)  # recorded per machine × family × forwards; "auto" reads it
+    try:  # recorded per machine × family × forwards (cached, else measured now: a few seconds); "auto" reads it
+        profile = cost_profile(triplet, measure_now=True)
+    except Exception as e:  # noqa: BLE001 - the bench's other results stand without it
+        profile = {"error": repr(e)}
     usable = profile if profile and "ms" in profile else None
     runs = len({v.label for v in variants}) + repeats * len(variants) * sum(
         getattr(p, "n_turns", 1) for _, p, _ in prepared
