@@ -137,17 +137,12 @@ def baseline_lane(method: str, results: dict[str, RunResult]) -> str | None:
 MIN_GROUP = 5  # same-k forwards needed before a group's spread counts
 
 
-def quantile(xs: list[float], q: float) -> float:
-    """The q-quantile of xs by linear interpolation between order statistics."""
-    return float(np.quantile(xs, q))
-
-
 def relative_spread(times: list[float]) -> float | None:
     """Interquartile range ÷ median of repeated timings of the same work (None for fewer than 2)."""
     if len(times) < 2:
         return None
-    med = quantile(times, 0.5)
-    return (quantile(times, 0.75) - quantile(times, 0.25)) / med if med > 0 else None
+    q25, med, q75 = np.quantile(times, (0.25, 0.5, 0.75)).tolist()  # numpy's linear interpolation
+    return (q75 - q25) / med if med > 0 else None
 
 
 def same_k_forwards(steps: Iterable[Step]) -> dict[tuple[str, int], list[float]]:
@@ -163,13 +158,9 @@ def same_k_forwards(steps: Iterable[Step]) -> dict[tuple[str, int], list[float]]
 
 def timing_noise(groups: dict[tuple[str, int], list[float]]) -> float | None:
     """The run's relative timing noise: groups' spreads weighted by size, over groups of ≥ MIN_GROUP (else None)."""
-    total = n = 0.0
-    for times in groups.values():
-        spread = relative_spread(times) if len(times) >= MIN_GROUP else None
-        if spread is not None:
-            total += spread * len(times)
-            n += len(times)
-    return total / n if n else None
+    sized = [(relative_spread(times), len(times)) for times in groups.values() if len(times) >= MIN_GROUP]
+    n = sum(k for spread, k in sized if spread is not None)
+    return sum(spread * k for spread, k in sized if spread is not None) / n if n else None
 
 
 def compare(a: float, b: float, noise: float) -> int:

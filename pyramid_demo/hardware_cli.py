@@ -33,9 +33,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def max_len(args: argparse.Namespace) -> int:
     """The longest sequence a run holds: the prompt (≤ a token a character, plus template), new tokens, look-ahead."""
-    prompt = getattr(args, "prompt", None)
+    prompt = getattr(args, "prompt", None)  # generate's --prompt (bench has none)
     head = len(prompt) + 64 if prompt else PROMPT_ALLOWANCE
-    return head + int(getattr(args, "max_new_tokens", 0) or 0) + LOOKAHEAD
+    return head + args.max_new_tokens + LOOKAHEAD
 
 
 def load(args: argparse.Namespace) -> Any | None:

@@ -11,7 +11,7 @@ import pytest
 
 from pyramid_demo.bench import csqa, report
 from pyramid_demo.bench import runner as bench
-from pyramid_demo.bench.prompts import Prompt, load_prompts, read_jsonl
+from pyramid_demo.bench.prompts import Prompt, load_prompts
 from pyramid_demo.cli import main as cli_main
 from pyramid_demo.core.methods import DecodeConfig
 from pyramid_demo.predict import throughput
@@ -61,12 +61,12 @@ def test_builtin_prompts_are_varied() -> None:
 
 
 def test_jsonl_prompts(tmp_path: Path) -> None:
-    ps = read_jsonl(FIXTURES / "prompts_sample.jsonl")
+    ps = load_prompts(str(FIXTURES / "prompts_sample.jsonl"))
     assert [p.category for p in ps] == ["list", "user"] and ps[1].text == "What is two plus two?"
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "no prompt key"}\n')
     with pytest.raises(ValueError, match="prompt"):
-        read_jsonl(bad)
+        load_prompts(str(bad))
 
 
 def test_cli_writes_all_outputs_with_every_column(tmp_path: Path) -> None:
@@ -168,7 +168,6 @@ def test_time_budget_keeps_whole_prompts(triplet) -> None:
         load_prompts("builtin", limit=3),
         progress=False,
         max_minutes=0.0,
-        log=lambda s: None,
     )
     assert res["interrupted"] and len(res["runs"]) == 2 and {r["prompt_index"] for r in res["runs"]} == {0}
     assert res["runs"][1]["speedup_vs_ar"] is not None  # the kept prompt is complete and paired

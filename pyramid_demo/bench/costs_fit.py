@@ -75,11 +75,10 @@ def loo_engine_s(rows: list[dict], profile: dict) -> dict[str, list[float]]:
     return out
 
 
-def _by_role(row: dict, profile: dict) -> tuple[dict[str, float], dict[str, float]]:
-    """A row's forwards per role on the profile (s) and as measured in the run (s)."""
+def _profiled(row: dict, profile: dict) -> dict[str, float]:
+    """A row's forwards per role on the profile (s)."""
     rec = row["cost_record"]
-    fwd = costs.predict_counts(rec["forwards"], profile, rec.get("tree_forwards"))
-    return fwd, {r: float(row.get(f"fwd_time_{r}_s") or 0.0) for r in fwd}
+    return costs.predict_counts(rec["forwards"], profile, rec.get("tree_forwards"))
 
 
 def loo_busy(rows: list[dict], profile: dict) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
@@ -88,10 +87,9 @@ def loo_busy(rows: list[dict], profile: dict) -> tuple[dict[str, dict[str, float
     num: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     den: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for row in rows:
-        fwd, got = _by_role(row, profile)
-        for r, t in fwd.items():
-            if got.get(r):
-                num[row["variant"]][r] += got[r]
+        for r, t in _profiled(row, profile).items():
+            if got := row.get(f"fwd_time_{r}_s"):  # as measured in the run (s)
+                num[row["variant"]][r] += got
                 den[row["variant"]][r] += t
     roles = sorted({r for d in den.values() for r in d})  # one order every run
     tot_n = {r: sum(d.get(r, 0.0) for d in num.values()) for r in roles}
@@ -114,7 +112,7 @@ def predict_rows(rows: list[dict], profile: dict) -> dict[str, float]:
     busy, pooled = loo_busy(eng_rows, profile)
     fitted = {label: iter(secs) for label, secs in loo_engine_s(eng_rows, profile).items()}  # in row order
     for row in eng_rows:
-        fwd, _ = _by_role(row, profile)
+        fwd = _profiled(row, profile)
         micro = costs.price(row["cost_record"].get("engine") or {}, profile) / 1000
         row["predicted_profile_s"] = sum(fwd.values()) + micro
         eng = next(fitted.get(row["variant"], iter(())), micro)

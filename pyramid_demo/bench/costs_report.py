@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import html
-from typing import Any
 
 from ..core.methods import METHODS
 from ..core.trace import Step
-from ..models.warm import cost_profile
 from ..predict import costs, insertion, throughput
 from ..predict.expected import ar_ms, priced, shape_of
 from ..predict.walk_stats import stage_counts
@@ -25,14 +23,6 @@ def row_record(steps: list[Step], method: str, config: dict) -> dict:
     rec["tree_forwards"] = costs.tree_forward_counts(steps, method, config)
     rec["shape"] = shape_of(config)  # the run's own, whether or not the row has a column for it
     return {"cost_record": rec}
-
-
-def profile(triplet: Any) -> dict | None:
-    """The family's cost profile (cached for this machine, else measured now: a few seconds)."""
-    try:
-        return cost_profile(triplet, measure_now=True)
-    except Exception as e:  # noqa: BLE001 - the bench's other results stand without it
-        return {"error": repr(e)}
 
 
 def _add(into: dict, more: dict) -> None:
@@ -55,23 +45,16 @@ def finish(rows: list[dict], prof: dict | None) -> dict:
         rec = row.get("cost_record")
         if row.get("kind") != "engine" or not rec:
             continue
-        cfg = {
-            k: row[k]
-            for k in ("gamma", "l_d", "l_q", "tree_nodes", "tree_depth", "tree_k", "stage2", "shape")
-            if row.get(k)
-        }
+        cfg = {k: row[k] for k in ("gamma", "l_d", "l_q", "tree_nodes", "tree_depth", "tree_k", "stage2") if row.get(k)}
         sums = {"method": row["method"], "tokens": 0, "decode_s": 0.0, "profile_s": 0.0, "predicted_s": 0.0}
         v = by.setdefault(row["variant"], sums | {k: {} for k in ("forwards", "ms_by_k", "stages", "engine")})
-        v.setdefault("config", cfg)
-        if rec.get("shape"):
-            v["config"]["shape"] = rec["shape"]
+        v.setdefault("config", cfg)["shape"] = rec["shape"]  # the run's own (an "auto" variant's last)
         v["tokens"] += row["n_new_tokens"]
         v["decode_s"] += row["decode_s"] or 0.0
         v["profile_s"] += row["predicted_profile_s"]
         v["predicted_s"] += row["predicted_s"]
-        for key in ("forwards", "ms_by_k", "stages"):
+        for key in ("forwards", "ms_by_k", "stages", "engine"):
             _add(v[key], rec[key])
-        costs.add(v["engine"], rec.get("engine") or {})
     out = [_variant(label, v, prof, by) for label, v in by.items()]
     ar = next((d["measured_tokens_per_s"] for d in out if d["method"] == "ar"), None)
     for d in out:
@@ -247,9 +230,7 @@ def figure(section: dict):
 
 def html_section(result: dict) -> str:
     """report.html's section: the table, then the chart (plotly.js is already on the page)."""
-    section = result.get("cost_profile")
-    if not section:
-        return ""
+    section = result["cost_profile"]
     md = markdown(section).split("\n")
     table = [line for line in md if line.startswith("|")]
     fig = figure(section)
@@ -257,8 +238,7 @@ def html_section(result: dict) -> str:
     return (
         f"<h3>Why each method wins or loses here: the cost profile</h3><p>{html.escape(md[0])}</p>"
         + (f"<p>{html.escape(notes[0])}</p>" if notes else "")
-        + (html_table("\n".join(table)) if table else "")
-        + "".join(f"<p><small>{html.escape(n)}</small></p>" for n in notes[1:])
+        + (html_table("\n".join(table + notes[1:])) if table else "")  # the notes below the table
         + (fig.to_html(full_html=False, include_plotlyjs=False, default_height=420) if fig else "")
     )
 

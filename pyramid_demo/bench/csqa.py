@@ -12,7 +12,6 @@ LABELS = "ABCDE"
 
 @dataclass(frozen=True)
 class Question:
-    qid: str
     stem: str
     labels: tuple[str, ...]
     choices: tuple[str, ...]
@@ -106,7 +105,7 @@ def parse_row(obj: dict) -> Question:
         labels, choices = tuple(map(str, ch.get("label", []))), tuple(map(str, ch.get("text", [])))
     if not stem or not choices or len(labels) != len(choices):
         raise ValueError("a CSQA row needs a question stem and labelled choices")
-    return Question(str(obj.get("id", "")), stem, labels, choices, str(obj.get("answerKey", "") or ""))
+    return Question(stem, labels, choices, str(obj.get("answerKey", "") or ""))
 
 
 def load_questions(path: str | None = None, limit: int | None = None) -> list[Question]:

@@ -66,7 +66,7 @@ def hf_generate(
     tokens proposed, longest n-gram matched); the target's forward calls are counted by a hook, not assumed."""
     if why := unsupported(triplet, peer):
         raise ValueError(why)
-    target = triplet.target
+    target = triplet.target  # as the engine runs it: the same weights and dtype
     dev = next(target.parameters()).device
     x = torch.tensor([prompt_ids], dtype=torch.long, device=dev)
     gc = copy.deepcopy(target.generation_config)
@@ -87,12 +87,10 @@ def hf_generate(
             top_p=cfg.top_p if cfg.top_p < 1.0 else None,
         )
         torch.manual_seed(cfg.seed)
-    kw: dict = {"generation_config": gc}
-    if peer == "hf_assisted":
-        kw["assistant_model"] = triplet.draft
     if peer == "hf_prompt_lookup":
         tokens, ngram = lookup or (PLD_TOKENS, PLD_NGRAM)
         gc.update(prompt_lookup_num_tokens=tokens, max_matching_ngram_size=ngram)
+    assistant = triplet.draft if peer == "hf_assisted" else None
     calls = [0]  # one per target forward: a verification round (the first over the prompt too)
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # HF's own deprecation notes from inside assisted generation
@@ -101,7 +99,7 @@ def hf_generate(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             t0 = time.perf_counter()
-            out = target.generate(x, attention_mask=torch.ones_like(x), **kw)  # the engine's dtype
+            out = target.generate(x, attention_mask=torch.ones_like(x), generation_config=gc, assistant_model=assistant)
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
             wall = time.perf_counter() - t0

@@ -76,16 +76,11 @@ def _prompt(obj: Any) -> Prompt:
     return Prompt(text, str(obj.get("category", "user")))
 
 
-def read_jsonl(path: str | Path) -> list[Prompt]:
-    """Prompts from a JSONL file ({"prompt": ...} per line)."""
-    return read_rows(path, "prompt", _prompt)
-
-
 def load_prompts(spec: str, limit: int | None = None) -> list[Prompt]:
     """`builtin` (round-robin over categories) or a JSONL path; the first `limit` prompts."""
     if spec == "builtin":
         by_cat = [[Prompt(t, c) for t in texts] for c, texts in _BUILTIN.items()]
         prompts = [row[i] for i in range(max(map(len, by_cat))) for row in by_cat if i < len(row)]
     else:
-        prompts = read_jsonl(spec)
+        prompts = read_rows(spec, "prompt", _prompt)
     return prompts[:limit] if limit else prompts

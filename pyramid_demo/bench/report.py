@@ -10,7 +10,9 @@ import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..clock import quantile, ratio
+import numpy as np
+
+from ..clock import ratio
 from ..core.methods import METHODS, method_spec
 from . import costs_report, spec_table
 
@@ -48,7 +50,7 @@ def summarize(rows: list[dict]) -> list[dict]:
     for label, rs in order.items():
         first = rs[0]
         speed = _vals(rs, "tokens_per_s" if first["kind"] != "peer" else "tokens_per_s_wall")  # peers: wall time only
-        q25, med, q75 = (quantile(speed, q) if speed else None for q in (0.25, 0.5, 0.75))
+        q25, med, q75 = np.quantile(speed, (0.25, 0.5, 0.75)).tolist() if speed else (None, None, None)
         s = dict(
             variant=label,
             method=first["method"],
@@ -185,17 +187,12 @@ def markdown_table(summary: list[dict]) -> str:
     cols = [c for c in TABLE if c[1] != "csqa_accuracy" or any(s.get("csqa_accuracy") is not None for s in summary)]
     lines = ["| " + " | ".join(c[0] for c in cols) + " |", "|" + "---|" * len(cols)]
     for s in summary:
-        cells = []
-        for name, key, nd in cols:
-            if name == "tok/s (IQR)":
-                cells.append(
-                    f"{_f(s['tokens_per_s'], 1)} ({_f(s['tokens_per_s_q25'], 1)}–"
-                    f"{_f(s['tokens_per_s_q75'], 1)})" + ("*" if s["kind"] == "peer" else "")
-                )
-            elif name == "fwd D/Q/T":
-                cells.append("/".join(_f(s.get(f"fwd_{r}"), 0) for r in ("draft", "qualifier", "target")))
-            else:
-                cells.append(_f(s.get(key), nd))  # the variant's name: as it is
+        made = {  # the columns of several figures (no key in TABLE)
+            "tok/s (IQR)": f"{_f(s['tokens_per_s'], 1)} ({_f(s['tokens_per_s_q25'], 1)}–"
+            f"{_f(s['tokens_per_s_q75'], 1)})" + ("*" if s["kind"] == "peer" else ""),
+            "fwd D/Q/T": "/".join(_f(s.get(f"fwd_{r}"), 0) for r in ("draft", "qualifier", "target")),
+        }
+        cells = [made[name] if key is None else _f(s.get(key), nd) for name, key, nd in cols]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append(
         "\n*peers: wall time of the `generate()` call, prefill included. Engine tok/s exclude prefill; "
@@ -247,9 +244,9 @@ def write_outputs(result: dict, out_dir: str | Path, columns: list[str]) -> list
 def write_csv(path: Path, columns: list[str], rows: list[dict]) -> Path:
     """`rows` as CSV in `columns` (other keys left out, None written as an empty cell)."""
     with path.open("w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=columns)
+        w = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")  # None and a missing key: an empty cell
         w.writeheader()
-        w.writerows({k: "" if r.get(k) is None else r[k] for k in columns} for r in rows)
+        w.writerows(rows)
     return path
 
 

@@ -25,6 +25,7 @@ from ..forward.lm import ModelTriplet
 from ..models import background
 from ..models.errors import LoadError
 from ..models.runtime import cpu_class
+from ..models.warm import cost_profile
 from . import costs_report, csqa, peers, report, spec_suite, spec_table
 from .options import ROW_COLUMNS, add_arguments, command_line
 from .prompts import Prompt, load_prompts
@@ -75,11 +76,9 @@ def run_variant(
         engine_overhead_s=s.engine_overhead_s,
         engine_overhead_share=ratio(s.engine_overhead_s, s.decode_s),
     )
-    for stage in ("qualifier", "target"):
-        if stage in s.acceptance:
-            for name, by_stage in (("acceptance", s.acceptance), ("proposed", s.proposed), ("accepted", s.accepted)):
-                row[f"{name}_{stage}"] = by_stage[stage]
-            row[f"rounds_{stage}"] = s.rounds.get(stage)
+    for stage in s.acceptance:  # the stages that ran rounds
+        for name in ("acceptance", "proposed", "accepted", "rounds"):
+            row[f"{name}_{stage}"] = getattr(s, name)[stage]
     for role in ("draft", "qualifier", "target"):
         if role in s.forward_passes:
             row[f"fwd_{role}"] = s.forward_passes[role]
@@ -126,7 +125,6 @@ def run_bench(
     warmup_tokens: int = 8,
     progress: bool = True,
     max_minutes: float | None = None,
-    log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
     follow: Callable[[Prompt, list], tuple[Prompt, dict[str, list[int]]] | None] | None = None,
 ) -> dict:
     """Warm up, time every variant on every prompt (interleaved), then per-prompt speed-ups and quality. `follow`: a
@@ -139,11 +137,14 @@ def run_bench(
         try:
             prepared.append((pi, p, prepare_prompt(triplet, p.text, biggest, chat)))
         except ValueError as e:
-            log(f"skipping prompt {pi}: {e}")
+            print(f"skipping prompt {pi}: {e}", file=sys.stderr)
     if not prepared:
         raise ValueError("no usable prompts")
     greedy = all(v.cfg.greedy for v in variants)
-    profile = costs_report.profile(triplet)  # recorded per machine × family × forwards; "auto" reads it
+    try:  # recorded per machine × family × forwards (cached, else measured now: a few seconds); "auto" reads it
+        profile = cost_profile(triplet, measure_now=True)
+    except Exception as e:  # noqa: BLE001 - the bench's other results stand without it
+        profile = {"error": repr(e)}
     usable = profile if profile and "ms" in profile else None
     runs = len({v.label for v in variants}) + repeats * len(variants) * sum(
         getattr(p, "n_turns", 1) for _, p, _ in prepared
@@ -195,7 +196,7 @@ def run_bench(
     try:
         for r, pi, p, ids in todo:
             if max_minutes is not None and time.perf_counter() - t_start > 60 * max_minutes and rows:
-                log(f"time budget of {max_minutes:g} min reached: stopping after {len(rows)} runs")
+                print(f"time budget of {max_minutes:g} min reached: stopping after {len(rows)} runs", file=sys.stderr)
                 interrupted = True
                 break
             done: list[dict] = []
@@ -215,7 +216,7 @@ def run_bench(
         if not rows:
             raise
     if interrupted:
-        log(f"stopped early: keeping the {len(rows)} runs of completed prompts")
+        print(f"stopped early: keeping the {len(rows)} runs of completed prompts", file=sys.stderr)
     bar.close()
     ar_speeds = [
         r["fwd_target"] / r["fwd_time_target_s"]

@@ -67,16 +67,6 @@ class Plan:
     def prompts(self) -> list[Prompt]:
         return [first_turn(q) for q in self.questions]
 
-    def selection(self) -> dict:
-        """How the questions were chosen, and which: stated in the report."""
-        ids = {t: [q.id for q in self.questions if q.task == t] for t in self.tasks}
-        return dict(suite="spec-bench", seed=SEED, per_task=self.per_task, tasks=list(self.tasks), question_ids=ids)
-
-    def selection_text(self) -> str:
-        how = f"{self.per_task} per task" if self.per_task else "all 80 per task"
-        ids = "; ".join(f"{t} {', '.join(map(str, qs))}" for t, qs in self.selection()["question_ids"].items())
-        return f"Spec-Bench, seed {SEED}, {how} (spec_bench.select) — question ids: {ids}"
-
     def follower(
         self, triplet: ModelTriplet, chat: bool = True
     ) -> Callable[[Prompt, Group], tuple[Prompt, dict[str, list[int]]] | None]:
@@ -116,9 +106,14 @@ class Plan:
                 f"selected but not run (longer than the models' context, or the run stopped early): question"
                 f"{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))}"
             )
-        text = self.selection_text()
+        ids = {t: [q.id for q in self.questions if q.task == t] for t in self.tasks}  # how chosen, and which
+        how = f"{self.per_task} per task" if self.per_task else "all 80 per task"
+        listed = "; ".join(f"{t} {', '.join(map(str, qs))}" for t, qs in ids.items())
+        text = f"Spec-Bench, seed {SEED}, {how} (spec_bench.select) — question ids: {listed}"
         result["suite"] = dict(
-            selection=self.selection(),
+            selection=dict(
+                suite="spec-bench", seed=SEED, per_task=self.per_task, tasks=list(self.tasks), question_ids=ids
+            ),
             selection_text=text,
             table=records,
             decode_table=decode,

@@ -50,10 +50,9 @@ def position_counts(steps: list[Step]) -> dict[str, list[int]]:
     out: dict[str, list[int]] = {}
     for st in STAGES:
         if t.rounds.get(st):
-            reached = t.reached.get(st, [])
-            kept = t.kept.get(st, [])
-            out[f"positions_{st}"] = list(reached)
-            out[f"positions_{st}_accepted"] = list(kept) + [0] * (len(reached) - len(kept))
+            reached, kept = t.reached[st], t.kept[st]
+            out[f"positions_{st}"] = reached
+            out[f"positions_{st}_accepted"] = kept + [0] * (len(reached) - len(kept))
     return out
 
 

@@ -99,14 +99,8 @@ def build_variants(args: argparse.Namespace) -> list[Variant]:
 
 def largest(variants: Sequence[Variant]) -> DecodeConfig:
     """The largest budget and drafts of `variants`: what a prompt (or a later turn's context) must leave room for."""
-    cfgs = [v.cfg for v in variants]
-    return DecodeConfig(
-        max_new_tokens=max(c.max_new_tokens for c in cfgs),
-        l_d=1,
-        gamma=max(c.gamma for c in cfgs),
-        l_q=max(c.l_q for c in cfgs),
-        tree_nodes=max(c.tree_nodes for c in cfgs),
-    )
+    most = {k: max(getattr(v.cfg, k) for v in variants) for k in ("max_new_tokens", "gamma", "l_q", "tree_nodes")}
+    return DecodeConfig(l_d=1, **most)
 
 
 def solo_variants(roles: str | None, cfg: Callable[..., DecodeConfig]) -> list[Variant]:
