@@ -85,7 +85,7 @@ def test_a_race_with_only_prompt_and_preset(url):
 def test_hidden_events_cannot_be_called_by_name(url):
     """Rule: a hidden chained event is not an endpoint: the client refuses its name."""
     client = _client(url)
-    for name in ("/pick_race", "/inspect_round", "/new_session", "/preset_info"):
+    for name in ("/pick_race", "/inspect_round", "/preset_info"):
         with pytest.raises(ValueError, match="Cannot find a function"):
             client.predict(api_name=name)
 
