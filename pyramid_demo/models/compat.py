@@ -80,8 +80,7 @@ def check_tokenizers(names: Sequence[str], tokenizers: Sequence[Any]) -> None:
 
 
 def check_compatible(names: Sequence[str], tokenizers: Sequence[Any], models: Sequence[Any]) -> None:
-    """Raise `IncompatibleModels` unless the models share one tokenizer and each one's logits cover it."""
-    check_tokenizers(names, tokenizers)
+    """Raise `IncompatibleModels` unless each model's logits cover its tokenizer (`check_tokenizers` compares those)."""
     for name, tok, model in zip(names, tokenizers, models, strict=True):
         width, n = logit_width(model), len(tok)
         if width < n:
@@ -94,9 +93,6 @@ def check_compatible(names: Sequence[str], tokenizers: Sequence[Any], models: Se
 
 def eos_ids(tokenizer: Any, model: Any) -> tuple[int, ...]:
     """The tokenizer's eos first, then any extra stop ids in the model's generation config."""
-    ids: list[int] = []
     extra = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    for i in [tokenizer.eos_token_id, *(extra if isinstance(extra, (list, tuple)) else [extra])]:
-        if i is not None and int(i) not in ids and int(i) < len(tokenizer):
-            ids.append(int(i))
-    return tuple(ids)
+    ids = [tokenizer.eos_token_id, *(extra if isinstance(extra, (list, tuple)) else [extra])]
+    return tuple(dict.fromkeys(int(i) for i in ids if i is not None and int(i) < len(tokenizer)))

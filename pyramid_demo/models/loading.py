@@ -24,7 +24,7 @@ from .errors import LoadError
 from .finish import finish
 from .hub import PROBE_TIMEOUT_S, hub_error, hub_offline, hub_reachable, offline_error, user_error
 from .memory import DEFAULT_MAX_LEN, Estimate, check_fits, estimate_family
-from .offline import load_offline_family, target_source
+from .offline import load_offline_family
 from .placement import Placement, make_placement, pretrained_kwargs
 from .presets import BUNDLED_TARGET, PRESETS, Preset
 from .quant import int4_copy, parse_quant, quant_name
@@ -213,11 +213,12 @@ def _load(
     if preset is not None and preset.name == "tiny-random":
         from .tiny import tiny_random_triplet
 
-        t = tiny_random_triplet()
-        models = {id(m): finish(m.to(device=dev, dtype=dt), dev) for m in (t.draft, t.qualifier, t.target)}
-        return replace(t, draft=models[id(t.draft)], qualifier=models[id(t.qualifier)], target=models[id(t.target)])
+        t = tiny_random_triplet()  # three distinct models
+        return replace(
+            t, **{r: finish(t.model(r).to(device=dev, dtype=dt), dev) for r in ("draft", "qualifier", "target")}
+        )
     if preset is not None and preset.name == "smollm2-offline":
-        return load_offline_family(preset, dev, dt, target_source())
+        return load_offline_family(preset, dev, dt)
     lookups = {r: lookup.PromptLookup(g) for r in refs[:2] if (g := _lookup_ref(r)) is not None}
     real = [r for r in refs if r not in lookups]
     bases = {r: parse_quant(r)[0] for r in real}  # a quantized copy loads its source, then quantizes it

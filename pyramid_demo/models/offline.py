@@ -65,7 +65,8 @@ def target_source() -> Path | None:
         return fetched
 
 
-def load_offline_family(preset: Preset, dev: torch.device, dt: torch.dtype, source: Path | None = None) -> ModelTriplet:
+def load_offline_family(preset: Preset, dev: torch.device, dt: torch.dtype) -> ModelTriplet:
+    source = target_source()
     tok, target = bundled_target(dev, dt, source)
     qualifier = int4_copy(target, DEFAULT_GROUP)  # LoadError on a device the int4 kernel cannot serve
     draft, note = _draft(target, dev, dt)
