@@ -125,7 +125,7 @@ def test_available_ram_is_positive():
 
 def test_placement_options_and_messages(monkeypatch):
     assert placement.make_placement() == placement.Placement()
-    assert placement.make_placement("auto").key == "auto/dense"
+    assert placement.make_placement("auto") == placement.Placement("auto", None)
     with pytest.raises(LoadError, match="Unknown device map"):
         placement.make_placement("balanced-ish")
     monkeypatch.setattr(placement, "bitsandbytes_available", lambda: False)

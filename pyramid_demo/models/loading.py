@@ -33,8 +33,9 @@ from .runtime import cpu_class, family_record, plan_role
 log = logging.getLogger(__name__)
 
 _LOCK = threading.Lock()
-_CACHE: dict[tuple[str, ...], ModelTriplet] = {}
-_KEY_LOCKS: dict[tuple[str, ...], threading.Lock] = {}
+_Key = tuple[str, torch.device, torch.dtype, Placement]  # spec, device, dtype, placement: one load each
+_CACHE: dict[_Key, ModelTriplet] = {}
+_KEY_LOCKS: dict[_Key, threading.Lock] = {}
 
 _DTYPES = {
     **dict.fromkeys(("float32", "fp32", "float"), torch.float32),
@@ -97,7 +98,7 @@ def load_triplet(
     if preset is not None and not preset.hub and place.quantize:
         raise LoadError(f"--quantize is for Hub and custom families; {preset.name} is small enough as it is.")
     norm = preset.name if preset else ",".join(refs)
-    key = (norm, str(dev), str(dt).removeprefix("torch."), place.key)
+    key = (norm, dev, dt, place)
     with _LOCK:
         key_lock = _KEY_LOCKS.setdefault(key, threading.Lock())
     with key_lock:  # one load per key; other keys are not blocked

@@ -12,7 +12,7 @@ import torch
 from ..forward.lm import ModelTriplet
 from . import feature_draft, provision
 from .bundled import HUB_ID, WHEEL, bundled_gguf, bundled_target, hub_copy
-from .compat import check_compatible, eos_ids
+from .compat import eos_ids
 from .errors import LoadError
 from .finish import finish
 from .hub import hub_offline, hub_reachable
@@ -82,7 +82,6 @@ def load_offline_family(preset: Preset, dev: torch.device, dt: torch.dtype) -> M
             "was trained on the wheel's GGUF weights (dequantised Q4_1), so how well it agrees with "
             "this target was not measured"
         )
-    check_compatible(names, [tok] * 3, [draft, qualifier, target])
     return ModelTriplet(
         draft=draft,
         qualifier=qualifier,

@@ -18,11 +18,6 @@ class Placement:
     device_map: str | None = None
     quantize: str | None = None
 
-    @property
-    def key(self) -> str:
-        """The part of the loader's cache key that tells placements apart."""
-        return f"{self.device_map or 'single'}/{self.quantize or 'dense'}"
-
 
 def bitsandbytes_available() -> bool:
     return importlib.util.find_spec("bitsandbytes") is not None

@@ -208,8 +208,6 @@ def int4_copy(model: Any, group: int = DEFAULT_GROUP) -> Any:
     head alone costs several points of top-1 agreement). LoadError with `refusal`'s line."""
     if why := refusal(model, group):
         raise LoadError(why)
-    src_head = model.get_output_embeddings()
-    tied = src_head is not None and src_head.weight is model.get_input_embeddings().weight
     out = copy.deepcopy(model, memo={id(t): t for t in (*model.parameters(), *model.buffers())})  # shares them
     fp16 = next(model.parameters()).device.type == "cpu" and fp16_available()
     head = out.get_output_embeddings()
@@ -218,8 +216,7 @@ def int4_copy(model: Any, group: int = DEFAULT_GROUP) -> Any:
         return Fp16Linear(lin.weight, lin.bias) if fp16 and lin is head else Int4Linear.from_linear(lin, group)
 
     swap_linears([out], make)
-    if tied:  # the embedding stays full precision: only the head (a linear) is quantized
-        out.config.tie_word_embeddings = False
+    out.config.tie_word_embeddings = False  # its head is its own layer now: the embedding stays full precision
     out.eval()
     return out
 
