@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..core.trace import first_divergence
+from ..forward.lm import ModelTriplet
 from .errors import LoadError
 
 # Mixed scripts, digits, code, whitespace runs and an emoji: different tokenizers
@@ -91,8 +92,10 @@ def check_compatible(names: Sequence[str], tokenizers: Sequence[Any], models: Se
             )
 
 
-def eos_ids(tokenizer: Any, model: Any) -> tuple[int, ...]:
-    """The tokenizer's eos first, then any extra stop ids in the model's generation config."""
-    extra = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+def family(draft: Any, qualifier: Any, target: Any, tokenizer: Any, **kw: Any) -> ModelTriplet:
+    """The three as one family on the target's tokenizer: its length is the shared vocabulary, and a run stops at its
+    eos, then at any extra stop id in the target's generation config."""
+    extra = getattr(getattr(target, "generation_config", None), "eos_token_id", None)
     ids = [tokenizer.eos_token_id, *(extra if isinstance(extra, (list, tuple)) else [extra])]
-    return tuple(dict.fromkeys(int(i) for i in ids if i is not None and int(i) < len(tokenizer)))
+    eos = tuple(dict.fromkeys(int(i) for i in ids if i is not None and int(i) < len(tokenizer)))
+    return ModelTriplet(draft, qualifier, target, tokenizer, vocab_size=len(tokenizer), eos_ids=eos, **kw)

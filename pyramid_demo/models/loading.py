@@ -19,13 +19,12 @@ from ..forward import lookup
 from ..forward.lm import ModelTriplet
 from .bundled import bundled_gguf, bundled_target, bundled_tokenizer
 from .checks import describe
-from .compat import check_compatible, check_tokenizers, eos_ids
+from .compat import check_compatible, check_tokenizers, family
 from .errors import LoadError
-from .finish import finish
 from .hub import PROBE_TIMEOUT_S, hub_error, hub_offline, hub_reachable, offline_error, user_error
 from .memory import DEFAULT_MAX_LEN, Estimate, check_fits, estimate_family
 from .offline import load_offline_family
-from .placement import Placement, make_placement, pretrained_kwargs
+from .placement import Placement, finish, make_placement, pretrained_kwargs
 from .presets import BUNDLED_TARGET, PRESETS, Preset
 from .quant import int4_copy, parse_quant, quant_name
 from .runtime import cpu_class, family_record, plan_role
@@ -230,19 +229,15 @@ def _load(
     loaded = {r: _load_model(r, dev, dt, preset, place) for r in unique}
     models = {**{r: quantized(loaded[bases[r]], r) for r in dict.fromkeys(real)}, **lookups}
     check_compatible(real, [toks[r] for r in real], [models[r] for r in real])
-    tok, target, target_kind = toks[refs[2]], models[refs[2]], _kind(refs[2])
+    target_kind = _kind(refs[2])
     same = [
         f"{a} is the {b}"
         for a, b, x, y in (("draft", "target", 0, 2), ("qualifier", "target", 1, 2), ("draft", "qualifier", 0, 1))
         if refs[x] == refs[y] and refs[x] not in lookups
     ]
-    return ModelTriplet(
-        draft=models[refs[0]],
-        qualifier=models[refs[1]],
-        target=target,
-        tokenizer=tok,
-        vocab_size=len(tok),
-        eos_ids=eos_ids(tok, target),
+    return family(
+        *(models[r] for r in refs),
+        toks[refs[2]],
         names=refs,
         preset=preset.name if preset else "custom",
         note=("the " + same[0] + " (same model): acceptance is trivially high") if same else "",
