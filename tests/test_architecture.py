@@ -186,7 +186,6 @@ MODELS = {
     "compat",
     "errors",
     "feature_draft",
-    "finish",
     "hub",
     "loading",
     "memory",

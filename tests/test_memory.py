@@ -18,7 +18,6 @@ from pyramid_demo.forward.lm import HFLM
 from pyramid_demo.forward.weights import covered, weights
 from pyramid_demo.models import loading, memory, placement
 from pyramid_demo.models.errors import LoadError
-from pyramid_demo.models.finish import is_placed
 from pyramid_demo.models.tiny import tiny_config, tiny_random_triplet, tiny_tokenizer
 
 # The paper's triplet, from the published config.json files (Llama 3.2 1B / 3B tie their head)
@@ -125,7 +124,7 @@ def test_available_ram_is_positive():
 
 def test_placement_options_and_messages(monkeypatch):
     assert placement.make_placement() == placement.Placement()
-    assert placement.make_placement("auto").key == "auto/dense"
+    assert placement.make_placement("auto") == placement.Placement("auto", None)
     with pytest.raises(LoadError, match="Unknown device map"):
         placement.make_placement("balanced-ish")
     monkeypatch.setattr(placement, "bitsandbytes_available", lambda: False)
@@ -153,7 +152,7 @@ def test_a_family_split_across_places_races_like_one_on_a_single_device(tmp_path
         target=helpers.dispatch(t.target, plan, str(tmp_path)),
         qualifier=copy.deepcopy(t.qualifier).to(torch.bfloat16),
     )  # another dtype: logits still meet as fp32
-    assert is_placed(split.target) and "meta" in devices_of(split.target)
+    assert placement.is_placed(split.target) and "meta" in devices_of(split.target)
     lm = HFLM(split.target, split.vocab_size, "target")
     z = lm.feed([1, 2, 3, 4], keep=2)
     assert z.device.type == "cpu" and z.dtype == torch.float32 and lm.cache_len == 4

@@ -154,7 +154,7 @@ def test_fusing_fp16_layers_builds_no_throwaway_linear(monkeypatch) -> None:
 
     if not fp16_available():
         pytest.skip("no fbgemm: no fp16 layers")
-    parts = [Fp16Linear(torch.nn.Linear(64, n)) for n in (64, 32)]
+    parts = [Fp16Linear(lin.weight, lin.bias) for lin in (torch.nn.Linear(64, 64), torch.nn.Linear(64, 32))]
     monkeypatch.setattr(torch.nn.Linear, "reset_parameters", lambda self: pytest.fail("a throwaway nn.Linear"))
     fused = Fp16Linear.fuse(parts)
     assert fused is not None and fused.out_features == 96 and Fp16Linear.fuse(parts[:1]) is None

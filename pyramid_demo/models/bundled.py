@@ -17,8 +17,7 @@ import torch
 
 from ..forward.cache import cache_root
 from .errors import LoadError
-from .finish import finish
-from .placement import Placement, pretrained_kwargs
+from .placement import Placement, finish, pretrained_kwargs
 
 log = logging.getLogger(__name__)
 

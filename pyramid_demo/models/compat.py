@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..core.trace import first_divergence
+from ..forward.lm import ModelTriplet
 from .errors import LoadError
 
 # Mixed scripts, digits, code, whitespace runs and an emoji: different tokenizers
@@ -80,8 +81,7 @@ def check_tokenizers(names: Sequence[str], tokenizers: Sequence[Any]) -> None:
 
 
 def check_compatible(names: Sequence[str], tokenizers: Sequence[Any], models: Sequence[Any]) -> None:
-    """Raise `IncompatibleModels` unless the models share one tokenizer and each one's logits cover it."""
-    check_tokenizers(names, tokenizers)
+    """Raise `IncompatibleModels` unless each model's logits cover its tokenizer (`check_tokenizers` compares those)."""
     for name, tok, model in zip(names, tokenizers, models, strict=True):
         width, n = logit_width(model), len(tok)
         if width < n:
@@ -92,11 +92,10 @@ def check_compatible(names: Sequence[str], tokenizers: Sequence[Any], models: Se
             )
 
 
-def eos_ids(tokenizer: Any, model: Any) -> tuple[int, ...]:
-    """The tokenizer's eos first, then any extra stop ids in the model's generation config."""
-    ids: list[int] = []
-    extra = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    for i in [tokenizer.eos_token_id, *(extra if isinstance(extra, (list, tuple)) else [extra])]:
-        if i is not None and int(i) not in ids and int(i) < len(tokenizer):
-            ids.append(int(i))
-    return tuple(ids)
+def family(draft: Any, qualifier: Any, target: Any, tokenizer: Any, **kw: Any) -> ModelTriplet:
+    """The three as one family on the target's tokenizer: its length is the shared vocabulary, and a run stops at its
+    eos, then at any extra stop id in the target's generation config."""
+    extra = getattr(getattr(target, "generation_config", None), "eos_token_id", None)
+    ids = [tokenizer.eos_token_id, *(extra if isinstance(extra, (list, tuple)) else [extra])]
+    eos = tuple(dict.fromkeys(int(i) for i in ids if i is not None and int(i) < len(tokenizer)))
+    return ModelTriplet(draft, qualifier, target, tokenizer, vocab_size=len(tokenizer), eos_ids=eos, **kw)

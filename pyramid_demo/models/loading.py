@@ -19,13 +19,12 @@ from ..forward import lookup
 from ..forward.lm import ModelTriplet
 from .bundled import bundled_gguf, bundled_target, bundled_tokenizer
 from .checks import describe
-from .compat import check_compatible, check_tokenizers, eos_ids
+from .compat import check_compatible, check_tokenizers, family
 from .errors import LoadError
-from .finish import finish
 from .hub import PROBE_TIMEOUT_S, hub_error, hub_offline, hub_reachable, offline_error, user_error
 from .memory import DEFAULT_MAX_LEN, Estimate, check_fits, estimate_family
-from .offline import load_offline_family, target_source
-from .placement import Placement, make_placement, pretrained_kwargs
+from .offline import load_offline_family
+from .placement import Placement, finish, make_placement, pretrained_kwargs
 from .presets import BUNDLED_TARGET, PRESETS, Preset
 from .quant import int4_copy, parse_quant, quant_name
 from .runtime import cpu_class, family_record, plan_role
@@ -33,8 +32,9 @@ from .runtime import cpu_class, family_record, plan_role
 log = logging.getLogger(__name__)
 
 _LOCK = threading.Lock()
-_CACHE: dict[tuple[str, ...], ModelTriplet] = {}
-_KEY_LOCKS: dict[tuple[str, ...], threading.Lock] = {}
+_Key = tuple[str, torch.device, torch.dtype, Placement]  # spec, device, dtype, placement: one load each
+_CACHE: dict[_Key, ModelTriplet] = {}
+_KEY_LOCKS: dict[_Key, threading.Lock] = {}
 
 _DTYPES = {
     **dict.fromkeys(("float32", "fp32", "float"), torch.float32),
@@ -97,7 +97,7 @@ def load_triplet(
     if preset is not None and not preset.hub and place.quantize:
         raise LoadError(f"--quantize is for Hub and custom families; {preset.name} is small enough as it is.")
     norm = preset.name if preset else ",".join(refs)
-    key = (norm, str(dev), str(dt).removeprefix("torch."), place.key)
+    key = (norm, dev, dt, place)
     with _LOCK:
         key_lock = _KEY_LOCKS.setdefault(key, threading.Lock())
     with key_lock:  # one load per key; other keys are not blocked
@@ -213,11 +213,12 @@ def _load(
     if preset is not None and preset.name == "tiny-random":
         from .tiny import tiny_random_triplet
 
-        t = tiny_random_triplet()
-        models = {id(m): finish(m.to(device=dev, dtype=dt), dev) for m in (t.draft, t.qualifier, t.target)}
-        return replace(t, draft=models[id(t.draft)], qualifier=models[id(t.qualifier)], target=models[id(t.target)])
+        t = tiny_random_triplet()  # three distinct models
+        return replace(
+            t, **{r: finish(t.model(r).to(device=dev, dtype=dt), dev) for r in ("draft", "qualifier", "target")}
+        )
     if preset is not None and preset.name == "smollm2-offline":
-        return load_offline_family(preset, dev, dt, target_source())
+        return load_offline_family(preset, dev, dt)
     lookups = {r: lookup.PromptLookup(g) for r in refs[:2] if (g := _lookup_ref(r)) is not None}
     real = [r for r in refs if r not in lookups]
     bases = {r: parse_quant(r)[0] for r in real}  # a quantized copy loads its source, then quantizes it
@@ -228,19 +229,15 @@ def _load(
     loaded = {r: _load_model(r, dev, dt, preset, place) for r in unique}
     models = {**{r: quantized(loaded[bases[r]], r) for r in dict.fromkeys(real)}, **lookups}
     check_compatible(real, [toks[r] for r in real], [models[r] for r in real])
-    tok, target, target_kind = toks[refs[2]], models[refs[2]], _kind(refs[2])
+    target_kind = _kind(refs[2])
     same = [
         f"{a} is the {b}"
         for a, b, x, y in (("draft", "target", 0, 2), ("qualifier", "target", 1, 2), ("draft", "qualifier", 0, 1))
         if refs[x] == refs[y] and refs[x] not in lookups
     ]
-    return ModelTriplet(
-        draft=models[refs[0]],
-        qualifier=models[refs[1]],
-        target=target,
-        tokenizer=tok,
-        vocab_size=len(tok),
-        eos_ids=eos_ids(tok, target),
+    return family(
+        *(models[r] for r in refs),
+        toks[refs[2]],
         names=refs,
         preset=preset.name if preset else "custom",
         note=("the " + same[0] + " (same model): acceptance is trivially high") if same else "",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import functools
 import json
 import logging
@@ -22,7 +21,7 @@ from . import feature_draft
 from .bundled import _complete, bundled_gguf, converted_dir
 from .errors import LoadError
 from .presets import BUNDLED_TARGET, FEATURE_DRAFT, OFFLINE, Preset
-from .quant import parse_quant
+from .quant import DEFAULT_GROUP, parse_quant
 from .tiny import tiny_config, tiny_tokenizer
 
 log = logging.getLogger(__name__)
@@ -161,7 +160,7 @@ def _config_for(ref: str, can_fetch: Callable[[], bool] | None = None) -> Any:
         if ref == BUNDLED_TARGET:
             return _bundled_config()
         if ref.endswith(".gguf") and path.is_file():
-            return copy.deepcopy(_gguf_config(str(path)))
+            return _gguf_config(str(path))
         if path.is_absolute():
             return AutoConfig.from_pretrained(ref) if path.is_dir() else None
         try:
@@ -178,12 +177,12 @@ def _bundled_config() -> Any:
     dest = converted_dir()
     if _complete(dest):
         return AutoConfig.from_pretrained(str(dest))
-    return copy.deepcopy(_gguf_config(str(bundled_gguf())))
+    return _gguf_config(str(bundled_gguf()))
 
 
 @functools.cache
 def _gguf_config(path: str) -> Any:
-    """A GGUF file's config, read once per process (transformers parses the file's header: a second or two)."""
+    """A GGUF file's config, read once per process and shared, never changed (parsing the header takes a second)."""
     return AutoConfig.from_pretrained(str(Path(path).parent), gguf_file=Path(path).name)
 
 
@@ -235,7 +234,7 @@ def estimate_family(
             cfg = _bundled_config()
         except LoadError as e:
             return Estimate(name, dtype, max_len, quantize, unknown=refs, notes=(str(e),))
-        qualifier = int4_size("qualifier", preset.qualifier, cfg, dtype, parse_quant(preset.qualifier)[1] or 32)
+        qualifier = int4_size("qualifier", preset.qualifier, cfg, dtype, DEFAULT_GROUP)  # as `offline` builds it
         draft = (
             _feature_draft_size(cfg, dtype, quantize) if feature_draft.available() else replace(qualifier, role="draft")
         )

@@ -12,10 +12,10 @@ import torch
 from ..forward.lm import ModelTriplet
 from . import feature_draft, provision
 from .bundled import HUB_ID, WHEEL, bundled_gguf, bundled_target, hub_copy
-from .compat import check_compatible, eos_ids
+from .compat import family
 from .errors import LoadError
-from .finish import finish
 from .hub import hub_offline, hub_reachable
+from .placement import finish
 from .presets import OFFLINE, Preset
 from .quant import DEFAULT_GROUP, int4_copy, label
 
@@ -65,7 +65,8 @@ def target_source() -> Path | None:
         return fetched
 
 
-def load_offline_family(preset: Preset, dev: torch.device, dt: torch.dtype, source: Path | None = None) -> ModelTriplet:
+def load_offline_family(preset: Preset, dev: torch.device, dt: torch.dtype) -> ModelTriplet:
+    source = target_source()
     tok, target = bundled_target(dev, dt, source)
     qualifier = int4_copy(target, DEFAULT_GROUP)  # LoadError on a device the int4 kernel cannot serve
     draft, note = _draft(target, dev, dt)
@@ -81,16 +82,5 @@ def load_offline_family(preset: Preset, dev: torch.device, dt: torch.dtype, sour
             "was trained on the wheel's GGUF weights (dequantised Q4_1), so how well it agrees with "
             "this target was not measured"
         )
-    check_compatible(names, [tok] * 3, [draft, qualifier, target])
-    return ModelTriplet(
-        draft=draft,
-        qualifier=qualifier,
-        target=target,
-        tokenizer=tok,
-        vocab_size=len(tok),
-        eos_ids=eos_ids(tok, target),
-        names=names,
-        preset=preset.name,
-        note=note,
-        gguf=None if source is not None else bundled_gguf(),
-    )
+    gguf = None if source is not None else bundled_gguf()
+    return family(draft, qualifier, target, tok, names=names, preset=preset.name, note=note, gguf=gguf)

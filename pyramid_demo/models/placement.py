@@ -1,4 +1,5 @@
-"""Where a family's weights go: one device, `auto` (accelerate over GPUs and CPU RAM), optional 8-/4-bit."""
+"""Where a family's weights go: one device, `auto` (accelerate over GPUs and CPU RAM), optional 8-/4-bit; and the last
+step of every model load (`finish`)."""
 
 from __future__ import annotations
 
@@ -17,11 +18,6 @@ class Placement:
 
     device_map: str | None = None
     quantize: str | None = None
-
-    @property
-    def key(self) -> str:
-        """The part of the loader's cache key that tells placements apart."""
-        return f"{self.device_map or 'single'}/{self.quantize or 'dense'}"
 
 
 def bitsandbytes_available() -> bool:
@@ -75,3 +71,19 @@ def pretrained_kwargs(p: Placement, dev: torch.device, dt: torch.dtype) -> dict[
                 load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dt
             )
     return kw
+
+
+def finish(model: torch.nn.Module, dev: torch.device) -> torch.nn.Module:
+    """Put a loaded model on `dev`, in eval mode and frozen: the engine only runs inference."""
+    if not is_placed(model) and next(model.parameters()).device != dev:
+        model.to(dev)
+    model.eval()
+    model.requires_grad_(False)
+    return model
+
+
+def is_placed(model: torch.nn.Module) -> bool:
+    """Spread over devices by accelerate, or quantised by bitsandbytes: never moved with `.to`."""
+    dmap = getattr(model, "hf_device_map", None)
+    multi = isinstance(dmap, dict) and len(set(map(str, dmap.values()))) > 1
+    return multi or bool(getattr(model, "is_loaded_in_8bit", False) or getattr(model, "is_loaded_in_4bit", False))

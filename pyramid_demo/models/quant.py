@@ -140,11 +140,9 @@ class Int4Linear(Fusable):
 class Fp16Linear(Fusable):
     """y = x·Wᵀ + b with W in fp16 through fbgemm (CPU): for a copy's LM head, where 4-bit codes cost most agreement."""
 
-    def __init__(self, linear: torch.nn.Linear | torch.Tensor, bias: torch.Tensor | None = None):
-        """From a linear, or from its weight [out, in] and bias [out] (no throwaway `nn.Linear` to build)."""
+    def __init__(self, w: torch.Tensor, bias: torch.Tensor | None = None):
+        """From a weight [out, in] and bias [out] (a fused one's too: no throwaway `nn.Linear` to build)."""
         super().__init__()
-        w = linear.weight if isinstance(linear, torch.nn.Linear) else linear
-        bias = linear.bias if isinstance(linear, torch.nn.Linear) else bias
         self.out_features, self.in_features = w.shape
         self.packed = torch.ops.quantized.linear_prepack_fp16(
             w.detach().float(), None if bias is None else bias.detach().float()
@@ -210,18 +208,15 @@ def int4_copy(model: Any, group: int = DEFAULT_GROUP) -> Any:
     head alone costs several points of top-1 agreement). LoadError with `refusal`'s line."""
     if why := refusal(model, group):
         raise LoadError(why)
-    src_head = model.get_output_embeddings()
-    tied = src_head is not None and src_head.weight is model.get_input_embeddings().weight
     out = copy.deepcopy(model, memo={id(t): t for t in (*model.parameters(), *model.buffers())})  # shares them
     fp16 = next(model.parameters()).device.type == "cpu" and fp16_available()
     head = out.get_output_embeddings()
 
     def make(lin: torch.nn.Linear) -> torch.nn.Module:
-        return Fp16Linear(lin) if fp16 and lin is head else Int4Linear.from_linear(lin, group)
+        return Fp16Linear(lin.weight, lin.bias) if fp16 and lin is head else Int4Linear.from_linear(lin, group)
 
     swap_linears([out], make)
-    if tied:  # the embedding stays full precision: only the head (a linear) is quantized
-        out.config.tie_word_embeddings = False
+    out.config.tie_word_embeddings = False  # its head is its own layer now: the embedding stays full precision
     out.eval()
     return out
 

@@ -204,13 +204,12 @@ def family_key(triplet: Any) -> str:
     """A family's record is found only for these weights, forwards and dtype on this machine."""
     parts = []
     for role in ("draft", "qualifier", "target"):
-        m, fwd = triplet.model(role), triplet.plan.get(role)
-        kind = fwd.kind if fwd is not None else "?"
-        if kind in ("eager", "compiled"):
+        m, fwd = triplet.model(role), triplet.plan[role]
+        if fwd.kind in ("eager", "compiled"):
             name = fwd.stem or compiled.package_path(m, compiled.fingerprint(m)).stem  # planned before any record
         else:
             name = getattr(m, "ref", type(m).__name__)  # a lookup's setting
-        parts.append(f"{role}={kind}:{name}")
+        parts.append(f"{role}={fwd.kind}:{name}")
     return f"{machine_key()} | family | {','.join(triplet.names)} | {triplet.dtype} | {' '.join(parts)}"
 
 
