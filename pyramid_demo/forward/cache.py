@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 LONGEST_PASS = 65  # the longest pass a verifier runs (a proposal of at most 64 plus its own token)
+FEW_ROWS = 4  # the longest pass a compiled "few" package runs (`compiled.Runner`)
 LONGEST_PREFILL = 1024  # the most rows one pass of a prompt runs: a longer one goes in parts (its mask stays small)
 
 
