@@ -113,13 +113,6 @@ class ModelTriplet:
         return opened(self.plan[role], self.vocab_size, as_role or role)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
-
-
 def full_window_cache(config: Any) -> DynamicCache:
     """HF's cache for `config` with every sliding-window layer keeping all positions: a sliding layer cannot be
     cropped, yet SD rolls back; the window stays in the mask (built from positions), so the logits are the same."""
@@ -129,11 +122,9 @@ def full_window_cache(config: Any) -> DynamicCache:
 
 
 def _hf_takes_trees(config: Any) -> bool:
-    """HF's forward takes a tree as a 4-D mask (`tree_seen`), which carries no sliding window: only where no layer
-    slides, over a cache of plain layers."""
-    if any(isinstance(layer, DynamicSlidingWindowLayer) for layer in DynamicCache(config=config).layers):
-        return False
-    return all(type(layer).__name__ == "DynamicLayer" for layer in getattr(full_window_cache(config), "layers", [None]))
+    """HF's forward takes a tree as a 4-D mask (`tree_seen`), which carries no sliding window: only where its cache
+    is plain layers alone (none slides)."""
+    return all(type(layer) is DynamicLayer for layer in DynamicCache(config=config).layers)
 
 
 class HFLM(CachedModel):
@@ -151,7 +142,7 @@ class HFLM(CachedModel):
         if self.device.type == "meta":  # an offloaded embedding: its hook moves inputs where they run
             self.device = torch.device("cpu")
         self.cache = full_window_cache(m.config)
-        self.takes_trees = _hf_takes_trees(m.config)
+        self.trees = _hf_takes_trees(m.config)
         # transformers 5 renamed `past_key_values` to `cache`; accept either generation
         self.cache_kw = "cache" if "cache" in inspect.signature(m.forward).parameters else "past_key_values"
         base = getattr(m, "base_model", None)  # its decoder, called directly when the states are handed out
@@ -169,17 +160,16 @@ class HFLM(CachedModel):
             out = self.model(input_ids=x, use_cache=True, logits_to_keep=keep, **{self.cache_kw: self.cache}, **kw)
             z = out.logits[0, -keep:, : self.vocab_size]
         else:
+            hidden = bool(self.publish.taps)  # the tapped layers' outputs too
             out = self.model.base_model(
-                input_ids=x, use_cache=True, output_hidden_states=self._taps(), **{self.base_kw: self.cache}, **kw
+                input_ids=x, use_cache=True, output_hidden_states=hidden, **{self.base_kw: self.cache}, **kw
             )
             self.feats = self._published(out)  # [n, d·(taps + 1)]
             z = self.model.get_output_embeddings()(out.last_hidden_state[0, -keep:])[:, : self.vocab_size]
         z = z.float().cpu()
-        _sync(self.device)
+        if self.device.type != "cpu":
+            torch.accelerator.synchronize(self.device)
         return z
-
-    def _taps(self) -> bool:
-        return bool(self.publish is not None and self.publish.taps)
 
     def _published(self, out: Any) -> torch.Tensor:
         """The tapped layers' outputs normalised (hidden_states[i + 1]: layer i), the last state [n, d·(taps + 1)]."""
@@ -190,10 +180,6 @@ class HFLM(CachedModel):
 
     def _crop(self, pos: int) -> None:
         self.cache.crop(pos - self.cache.get_seq_length())  # a negative count: drop that many from the end
-
-    @property
-    def trees(self) -> bool:  # type: ignore[override]
-        return self.takes_trees
 
     @torch.inference_mode()
     def _run_tree(self, rows: list[tuple[int, int, int]], base: int, pos: int) -> torch.Tensor:
