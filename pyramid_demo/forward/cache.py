@@ -43,10 +43,6 @@ class CacheError(RuntimeError):
     """A forward that does not start where the cache ends: the caller's bookkeeping is wrong."""
 
 
-class TreeUnsupported(RuntimeError):
-    """This model's forward cannot attend over a tree of candidates (HF's over a sliding-window cache): use chains."""
-
-
 def tap_layers(n_layers: int) -> tuple[int, int]:
     """The layers whose outputs a multi-layer proposer reads beside the final state (EAGLE-3's low and middle
     features): one convention, so every forward publishes them alike (layer 2 and the middle one of 30 layers)."""
@@ -248,14 +244,14 @@ class CachedModel(abc.ABC):
 
     def _run_tree(self, rows: list[tuple[int, int, int]], base: int, pos: int) -> torch.Tensor:
         """Logits [n, V] of pending rows base … (token, parent, position), keys/values into slots pos + j."""
-        raise TreeUnsupported(
+        raise RuntimeError(
             f"the {self.role} model's forward ({type(self).__name__}) cannot verify a tree "
             "of candidates; tree methods need the core forward (Llama, Qwen2, Mistral)"
         )
 
     def _compact(self, pos: int, slots: list[int]) -> None:
         """Move the keys/values in `slots` (ascending) to pos, pos + 1, …"""
-        raise TreeUnsupported(f"the {self.role} model keeps no tree rows")
+        raise RuntimeError(f"the {self.role} model keeps no tree rows")
 
 
 def tree_seen(rows: list[tuple[int, int, int]], base: int, pos: int) -> torch.Tensor:

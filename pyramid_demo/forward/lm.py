@@ -12,6 +12,10 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from .cache import CachedModel, VerifierStates, tap_norm, tree_seen
+from .core import CoreLM
+from .feature_lm import FeatureLM
+from .lookup import LookupLM, PromptLookup
+from .weights import covered, weights
 
 
 class LM(Protocol):
@@ -205,9 +209,6 @@ def forward_of(model: torch.nn.Module, runner: Any | None = None) -> str:
     """The forward an LM over `model` runs: "lookup" (prompt lookup, no model), "feature" (a proposer that reads its
     verifier), "compiled" (the core pass on `runner`, its loaded package), "eager" (the core pass), or "hf" (Hugging
     Face's forward, for architectures the core does not cover)."""
-    from .lookup import PromptLookup
-    from .weights import covered
-
     if isinstance(model, PromptLookup):
         return "lookup"
     if getattr(model, "reads_verifier", False):
@@ -220,8 +221,6 @@ def described(model: torch.nn.Module, runner: Any | None = None, why: str = "") 
     and whether it takes a tree: a plan's entry (`models.runtime.plan_role` adds what it measured)."""
     kind = forward_of(model, runner)
     if kind in ("eager", "compiled"):
-        from .weights import weights
-
         return Forward(kind, why, runner=runner, weights=weights(model), model=model)
     return Forward(kind, why, trees=kind == "feature" or kind == "hf" and _hf_takes_trees(model.config), model=model)
 
@@ -236,13 +235,7 @@ def opened(fwd: Forward, vocab_size: int, role: str) -> LM:
     if fwd.kind == "hf":
         return HFLM(fwd.model, vocab_size, role)
     if fwd.kind == "lookup":
-        from .lookup import LookupLM
-
         return LookupLM(fwd.model, vocab_size, role)
     if fwd.kind == "feature":
-        from .feature_lm import FeatureLM
-
         return FeatureLM(fwd.model, vocab_size, role)
-    from .core import CoreLM
-
     return CoreLM(fwd.weights, vocab_size, role, fwd.runner)
