@@ -71,11 +71,9 @@ class VerifierStates:
         if pos > self.n:
             raise CacheError(f"verifier states written at {pos} but only {self.n} are known")
         end = pos + feats.shape[0]
-        if self.f is None or end > self.f.shape[0]:
-            f = feats.new_zeros(max(256, 2 * end), feats.shape[1])
-            if self.f is not None:
-                f[: self.n] = self.f[: self.n]
-            self.f = f
+        if self.f is None:
+            self.f = feats.new_zeros(256, feats.shape[1])
+        self.f = grown(self.f, 0, end)
         self.f[pos:end] = feats
         self.n = end
 

@@ -195,15 +195,15 @@ class CoreLM(CachedModel):
     ) -> torch.Tensor:
         """Rows (token, position, slot) seeing the slots `seen` [k, t] names (None: a chain's causal rows); logits
         of the last `keep` rows [keep, V] fp32 on the CPU, and the states of every row when this model publishes."""
-        self._grow(max(slots) + 1)
+        t = max(slots) + 1  # the slots this pass reads
+        self._grow(t)
+        mask = visible(slots, positions, t, self.w.window, seen, cached)  # [k, t] bool; None: every row sees all
         dev, d = self.device, self.w.embed.shape[1]
         tok, sl = torch.tensor(tokens, device=dev), torch.tensor(slots, device=dev)
         at = torch.tensor(positions, device=dev)
         kept = torch.arange(len(tokens) - keep, len(tokens), device=dev)  # [keep] the rows whose logits are asked
         cos, sin = self.cos[at], self.sin[at]  # [k, D]
         if self.run is not None:  # the package takes the whole cache and a mask over the slots it reads
-            t = max(slots) + 1
-            mask = visible(slots, positions, t, self.w.window, seen, cached)
             mask = torch.ones(len(tokens), t, dtype=torch.bool) if mask is None else mask  # [k, t]
             few = self.run.few is not None and len(tokens) <= FEW_ROWS  # `compiled.Runner`: by row count
             if self.run.head is None:
@@ -212,8 +212,6 @@ class CoreLM(CachedModel):
                 h = self.run.many(tok, cos, sin, sl, mask, self.kv)[0]
                 z = self.run.head(h[kept, -d:])  # a gather: contiguous, as fbgemm needs
         else:
-            t = max(slots) + 1 if seen is None else seen.shape[1]
-            mask = visible(slots, positions, t, self.w.window, seen, cached)
             mask = None if mask is None else mask.to(dev)
             z, h = core_pass(self.w, tok, cos, sin, sl, mask, [c[:, :t] for c in self.kv], kept)
         if self.publish is not None:

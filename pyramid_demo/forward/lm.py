@@ -164,23 +164,18 @@ class HFLM(CachedModel):
             out = self.model(input_ids=x, use_cache=True, logits_to_keep=keep, **{self.cache_kw: self.cache}, **kw)
             z = out.logits[0, -keep:, : self.vocab_size]
         else:
-            hidden = bool(self.publish.taps)  # the tapped layers' outputs too
+            taps = self.publish.taps  # the tapped layers' outputs (hidden_states[i + 1]: layer i), normalised, first
             out = self.model.base_model(
-                input_ids=x, use_cache=True, output_hidden_states=hidden, **{self.base_kw: self.cache}, **kw
+                input_ids=x, use_cache=True, output_hidden_states=bool(taps), **{self.base_kw: self.cache}, **kw
             )
-            self.feats = self._published(out)  # [n, d·(taps + 1)]
+            eps = float(getattr(self.model.config, "rms_norm_eps", 1e-6))
+            tapped = [tap_norm(out.hidden_states[i + 1][0], eps) for i in taps]
+            self.feats = torch.cat([*tapped, out.last_hidden_state[0]], -1).detach()  # [n, d·(taps + 1)]
             z = self.model.get_output_embeddings()(out.last_hidden_state[0, -keep:])[:, : self.vocab_size]
         z = z.float().cpu()
         if self.device.type != "cpu":
             torch.accelerator.synchronize(self.device)
         return z
-
-    def _published(self, out: Any) -> torch.Tensor:
-        """The tapped layers' outputs normalised (hidden_states[i + 1]: layer i), the last state [n, d·(taps + 1)]."""
-        assert self.publish is not None
-        eps = float(getattr(self.model.config, "rms_norm_eps", 1e-6))
-        taps = [tap_norm(out.hidden_states[i + 1][0], eps) for i in self.publish.taps]
-        return torch.cat([*taps, out.last_hidden_state[0]], -1).detach()
 
     def _crop(self, pos: int) -> None:
         self.cache.crop(pos - self.cache.get_seq_length())  # a negative count: drop that many from the end
