@@ -77,9 +77,6 @@ class VerifierStates:
         self.f[pos:end] = feats
         self.n = end
 
-    def truncate(self, n: int) -> None:
-        self.n = min(self.n, n)
-
 
 class CachedModel(abc.ABC):
     """One model's per-run cache bookkeeping: the tokens it holds (`ids`). The loop feeds sequences (`feed`,
@@ -190,7 +187,7 @@ class CachedModel(abc.ABC):
             self._crop(pos)
             del self.ids[pos:]
         if self.publish is not None:
-            self.publish.truncate(len(self.ids))
+            self.publish.n = min(self.publish.n, len(self.ids))
         return len(self.ids)
 
     # ---------------------------------------------------------------- the loop's side: sequences, not positions

@@ -25,8 +25,7 @@ class FeatureLM(CachedModel):
         with torch.no_grad():  # its joined weights, shared by every run (`FeatureDraft.joint_weights`)
             self.w = module.weights()  # one layer of the core's (`core.stack`), its inputs the draft's own
         self.vocab_size = vocab_size
-        self.taps: tuple[int, ...] = tuple(getattr(module, "taps", ()))  # the target layers it reads (`engine.connect`)
-        self.states = VerifierStates(self.taps)  # its verifier publishes here (`engine.connect`)
+        self.states = VerifierStates(getattr(module, "taps", ()))  # its verifier publishes here (`engine.connect`)
         self.dtype: torch.dtype = self.w.dtype
         self.device: torch.device = self.w.norm.device
         kw = {"dtype": self.dtype, "device": self.device}

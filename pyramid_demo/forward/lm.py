@@ -117,14 +117,6 @@ class ModelTriplet:
         return opened(self.plan[role], self.vocab_size, as_role or role)
 
 
-def full_window_cache(config: Any) -> DynamicCache:
-    """HF's cache for `config` with every sliding-window layer keeping all positions: a sliding layer cannot be
-    cropped, yet SD rolls back; the window stays in the mask (built from positions), so the logits are the same."""
-    cache = DynamicCache(config=config)
-    cache.layers = [DynamicLayer() if isinstance(layer, DynamicSlidingWindowLayer) else layer for layer in cache.layers]
-    return cache
-
-
 def _hf_takes_trees(config: Any) -> bool:
     """HF's forward takes a tree as a 4-D mask (`tree_seen`), which carries no sliding window: only where its cache
     is plain layers alone (none slides)."""
@@ -145,7 +137,12 @@ class HFLM(CachedModel):
         self.device = emb.weight.device if emb is not None else next(m.parameters()).device
         if self.device.type == "meta":  # an offloaded embedding: its hook moves inputs where they run
             self.device = torch.device("cpu")
-        self.cache = full_window_cache(m.config)
+        # every sliding-window layer keeps all positions: a sliding layer cannot be cropped, yet SD rolls back; the
+        # window stays in the mask (built from positions), so the logits are the same
+        self.cache = DynamicCache(config=m.config)
+        self.cache.layers = [
+            DynamicLayer() if isinstance(layer, DynamicSlidingWindowLayer) else layer for layer in self.cache.layers
+        ]
         self.trees = _hf_takes_trees(m.config)
         # transformers 5 renamed `past_key_values` to `cache`; accept either generation
         self.cache_kw = "cache" if "cache" in inspect.signature(m.forward).parameters else "past_key_values"
