@@ -132,21 +132,20 @@ class HFLM(CachedModel):
         self.model: Any = model  # a Hugging Face causal LM (duck-typed)
         self.vocab_size = vocab_size
         # inputs go to the token embedding's device (accelerate moves activations of a spread model)
-        m = self.model
-        emb = m.get_input_embeddings() if hasattr(m, "get_input_embeddings") else None
-        self.device = emb.weight.device if emb is not None else next(m.parameters()).device
+        emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+        self.device = emb.weight.device if emb is not None else next(model.parameters()).device
         if self.device.type == "meta":  # an offloaded embedding: its hook moves inputs where they run
             self.device = torch.device("cpu")
         # every sliding-window layer keeps all positions: a sliding layer cannot be cropped, yet SD rolls back; the
         # window stays in the mask (built from positions), so the logits are the same
-        self.cache = DynamicCache(config=m.config)
+        self.cache = DynamicCache(config=model.config)
         self.cache.layers = [
             DynamicLayer() if isinstance(layer, DynamicSlidingWindowLayer) else layer for layer in self.cache.layers
         ]
-        self.trees = _hf_takes_trees(m.config)
+        self.trees = _hf_takes_trees(model.config)
         # transformers 5 renamed `past_key_values` to `cache`; accept either generation
-        self.cache_kw = "cache" if "cache" in inspect.signature(m.forward).parameters else "past_key_values"
-        base = getattr(m, "base_model", None)  # its decoder, called directly when the states are handed out
+        self.cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        base = getattr(model, "base_model", None)  # its decoder, called directly when the states are handed out
         self.base_kw = (
             "cache" if base is not None and "cache" in inspect.signature(base.forward).parameters else "past_key_values"
         )
