@@ -83,7 +83,6 @@ class CachedModel(abc.ABC):
     `keep_along`, `truncate`); probes feed rows at a stated position (`forward`), the cache's end."""
 
     role: str
-    device: torch.device = torch.device("cpu")
     trees: bool = False  # whether its forward attends over a tree of candidates (`forward` with parents)
     feeds_chains: bool = True  # pending rows that form a chain run as a feed's (`_run`: its slots, no tree mask)
 
