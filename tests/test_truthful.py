@@ -51,7 +51,7 @@ def test_the_draft_never_reads_a_rejected_tokens_state(reader, monkeypatch):
 
     def spy(self, toks, start):
         seq = self.ids[:start] + toks.tolist()
-        a, b = max(start - 1, 0), min(start - 1 + toks.shape[0], self._known())
+        a, b = max(start - 1, 0), min(start - 1 + toks.shape[0], self.states.n)
         if b > a:
             want = true_states(t.target, seq[:b])[a:b]
             assert torch.allclose(self.states.f[a:b], want, atol=1e-4), (

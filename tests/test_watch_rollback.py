@@ -41,13 +41,12 @@ def spy(lm: FeatureLM) -> list[Read]:
     reads: list[Read] = []
     inner = lm._rows
 
-    def rows(toks, f_prev, slots, seen, positions=None, t=0):
-        assert positions is None, "a chain run feeds no tree rows"
-        start = int(slots[0])
-        held = lm.ids[:start] + toks.tolist()  # the proposer's tokens at slots 0 … start + c − 1
-        for r, s in enumerate(slots.tolist()):
+    def rows(toks, f_prev, first, seen, at=None):
+        assert at is None, "a chain run feeds no tree rows"
+        held = lm.ids[:first] + toks.tolist()  # the proposer's tokens at slots 0 … first + c − 1
+        for r, s in enumerate(range(first, first + toks.shape[0])):
             reads.append(Read(s, held[: s + 1], f_prev[r].clone(), lm.states.n, lm.pred[max(s - 1, 0)].clone()))
-        return inner(toks, f_prev, slots, seen, positions, t)
+        return inner(toks, f_prev, first, seen, at)
 
     lm._rows = rows
     return reads

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 LONGEST_PASS = 65  # the longest pass a verifier runs (a proposal of at most 64 plus its own token)
+FEW_ROWS = 4  # the longest pass a compiled "few" package runs (`compiled.Runner`)
 LONGEST_PREFILL = 1024  # the most rows one pass of a prompt runs: a longer one goes in parts (its mask stays small)
 
 
@@ -42,10 +43,6 @@ class CacheError(RuntimeError):
     """A forward that does not start where the cache ends: the caller's bookkeeping is wrong."""
 
 
-class TreeUnsupported(RuntimeError):
-    """This model's forward cannot attend over a tree of candidates (HF's over a sliding-window cache): use chains."""
-
-
 def tap_layers(n_layers: int) -> tuple[int, int]:
     """The layers whose outputs a multi-layer proposer reads beside the final state (EAGLE-3's low and middle
     features): one convention, so every forward publishes them alike (layer 2 and the middle one of 30 layers)."""
@@ -74,16 +71,11 @@ class VerifierStates:
         if pos > self.n:
             raise CacheError(f"verifier states written at {pos} but only {self.n} are known")
         end = pos + feats.shape[0]
-        if self.f is None or end > self.f.shape[0]:
-            f = feats.new_zeros(max(256, 2 * end), feats.shape[1])
-            if self.f is not None:
-                f[: self.n] = self.f[: self.n]
-            self.f = f
+        if self.f is None:
+            self.f = feats.new_zeros(256, feats.shape[1])
+        self.f = grown(self.f, 0, end)
         self.f[pos:end] = feats
         self.n = end
-
-    def truncate(self, n: int) -> None:
-        self.n = min(self.n, n)
 
 
 class CachedModel(abc.ABC):
@@ -91,7 +83,6 @@ class CachedModel(abc.ABC):
     `keep_along`, `truncate`); probes feed rows at a stated position (`forward`), the cache's end."""
 
     role: str
-    device: torch.device = torch.device("cpu")
     trees: bool = False  # whether its forward attends over a tree of candidates (`forward` with parents)
     feeds_chains: bool = True  # pending rows that form a chain run as a feed's (`_run`: its slots, no tree mask)
 
@@ -195,7 +186,7 @@ class CachedModel(abc.ABC):
             self._crop(pos)
             del self.ids[pos:]
         if self.publish is not None:
-            self.publish.truncate(len(self.ids))
+            self.publish.n = min(self.publish.n, len(self.ids))
         return len(self.ids)
 
     # ---------------------------------------------------------------- the loop's side: sequences, not positions
@@ -247,14 +238,14 @@ class CachedModel(abc.ABC):
 
     def _run_tree(self, rows: list[tuple[int, int, int]], base: int, pos: int) -> torch.Tensor:
         """Logits [n, V] of pending rows base … (token, parent, position), keys/values into slots pos + j."""
-        raise TreeUnsupported(
+        raise RuntimeError(
             f"the {self.role} model's forward ({type(self).__name__}) cannot verify a tree "
             "of candidates; tree methods need the core forward (Llama, Qwen2, Mistral)"
         )
 
     def _compact(self, pos: int, slots: list[int]) -> None:
         """Move the keys/values in `slots` (ascending) to pos, pos + 1, …"""
-        raise TreeUnsupported(f"the {self.role} model keeps no tree rows")
+        raise RuntimeError(f"the {self.role} model keeps no tree rows")
 
 
 def tree_seen(rows: list[tuple[int, int, int]], base: int, pos: int) -> torch.Tensor:

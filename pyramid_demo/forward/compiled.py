@@ -1,15 +1,7 @@
-"""The core pass (`forward.core.core_pass`) compiled ahead of time for one model's weights on this CPU. Why: on a CPU
-the eager pass of a small model runs well above the time it takes to read its weights (many small kernels, Python
-between them). Inductor fuses the pointwise work and, with freezing, packs the weights; freezing's packed weights
-cannot go through inductor's on-disk cache, so the pass is compiled ahead of time (AOTInductor) into packages per
-model, the cache length dynamic: built once by `scripts/setup.sh` (minutes on two cores), loaded in a second by every
-later process, never built on a request. Their names hold everything that changes them (`fingerprint`): a stale
-package is never found.
-
-Two plans, one pass. MKL's packed GEMM reads a weight at about half the memory's speed for one row and is the
-fastest for many; inductor's own CPU GEMM template is the reverse. So a model whose linears are plain weights gets
-a "few" package (passes of at most FEW_ROWS rows: steps, short chains) on the template and a "many" package (every
-longer pass: prefills, long chains, trees) on MKL; a model whose linears are no GEMM (the int4 copy) gets one."""
+"""The core pass (`forward.core.core_pass`) compiled ahead of time (AOTInductor) for one model's weights on this CPU,
+the cache length dynamic: built once by `scripts/setup.sh`, loaded by every later process, never built on a request.
+A "few" package (steps, short chains: inductor's GEMM template) and a "many" one (every longer pass: MKL), or the
+one package of an int4 copy; why, and how a package is named, in docs/how-it-works.md ("The compiled pass")."""
 
 from __future__ import annotations
 
@@ -29,13 +21,12 @@ from typing import Any, NamedTuple
 
 import torch
 
-from .cache import LONGEST_PASS, LONGEST_PREFILL, cache_root
+from .cache import FEW_ROWS, LONGEST_PASS, LONGEST_PREFILL, cache_root
 from .core import body, core_pass
 from .weights import Dense, Weights, weights
 
 FORMAT = 9  # bump when the pass below changes: older packages are then stale
 _LOCK = threading.RLock()  # a build, and torch's extraction of a package (TMPDIR)
-FEW_ROWS = 4  # the longest pass the "few" package runs
 LONGEST_CACHE = 1 << 16  # the most slots a package reads
 PLANS = {  # plan -> (most rows, inductor's settings)
     "many": (LONGEST_PREFILL, {"freezing": True}),
@@ -118,10 +109,6 @@ def fingerprint(model: Any) -> str:
     kernel, gives another name: a stale package is never loaded). It reads every weight (a second or so for the
     offline target): the loader computes it once and its plan keeps the name (`lm.Forward.stem`)."""
     weights(model)  # its fused layers are part of the model once built: name it as it runs
-    return _hash(model)
-
-
-def _hash(model: Any) -> str:
     h = hashlib.sha256()
     cpu = cpu_line(cpuinfo(), machine())
     cfg = model.config.to_dict() if hasattr(model, "config") else {}
@@ -169,12 +156,11 @@ def plans(model: Any) -> tuple[str, ...]:
 
 
 class Runner(NamedTuple):
-    """A model's loaded packages: `few` (where built) runs a pass of at most `rows` rows, `many` every other. Plain
+    """A model's loaded packages: `few` (where built) runs a pass of at most FEW_ROWS rows, `many` every other. Plain
     data: the core's pass picks (no call of this module's code on a decode's path)."""
 
     many: Any
     few: Any | None = None
-    rows: int = FEW_ROWS
     head: Any | None = None  # the LM head run after the package, which then returns the states alone (`head_after`)
 
 

@@ -1,11 +1,8 @@
 """The one forward of Llama-family models (SmolLM2, Qwen2, Llama 3.x, Mistral), in gpt-fast's shape: a static KV
 cache where rollback moves a length, and every row carries its token, its position and its cache slot, and sees the
 slots its mask names (the cache, its ancestors, itself): a prefill, a chain and a tree of candidates are one pass.
-
-The pass runs eager on any device (CPU, CUDA, MPS); on a CPU the same pass runs ahead-of-time compiled
-(`forward.compiled`) where a package for exactly these weights exists and agrees with it (`models.runtime`).
-Whether a many-row pass gives the logits of one-row steps is measured (`models.checks`), never assumed.
-"""
+Eager on any device; on a CPU compiled (`forward.compiled`) where a package agrees with it (`models.runtime`).
+Whether a many-row pass gives the logits of one-row steps is measured (`models.checks`), never assumed."""
 
 from __future__ import annotations
 
@@ -14,7 +11,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .cache import LONGEST_PASS, LONGEST_PREFILL, CachedModel, grown, tap_layers, tap_norm, tree_seen
+from .cache import FEW_ROWS, LONGEST_PASS, LONGEST_PREFILL, CachedModel, grown, tap_layers, tap_norm, tree_seen
 from .weights import Layer, Weights
 
 MIN_CAPACITY = 256  # cache slots a run starts with; doubled when outgrown
@@ -166,21 +163,16 @@ class CoreLM(CachedModel):
     ) -> None:
         super().__init__(role)
         self.w, self.vocab_size, self.run = w, vocab_size, runner
-        self.device = self.w.embed.device
-        self.kv: list[torch.Tensor] = []
-        self._alloc(max(capacity, LONGEST_PASS + 1))
+        self.device = w.embed.device
+        cap = max(capacity, LONGEST_PASS + 1)
+        self.kv = [  # keys, values [H_kv, T, D] per layer
+            torch.zeros(w.n_kv, cap, w.head_dim, dtype=w.dtype, device=self.device) for _ in range(2 * len(w.layers))
+        ]
+        self._table()
 
     @property
     def capacity(self) -> int:
         return self.kv[0].shape[1]
-
-    def _alloc(self, cap: int) -> None:
-        """An empty cache of `cap` slots per layer (keys, values [H_kv, cap, D]) and its rotary table."""
-        w = self.w
-        self.kv = [
-            torch.zeros(w.n_kv, cap, w.head_dim, dtype=w.dtype, device=self.device) for _ in range(2 * len(w.layers))
-        ]
-        self._table()
 
     def _table(self) -> None:
         w = self.w
@@ -203,25 +195,23 @@ class CoreLM(CachedModel):
     ) -> torch.Tensor:
         """Rows (token, position, slot) seeing the slots `seen` [k, t] names (None: a chain's causal rows); logits
         of the last `keep` rows [keep, V] fp32 on the CPU, and the states of every row when this model publishes."""
-        self._grow(max(slots) + 1)
+        t = max(slots) + 1  # the slots this pass reads
+        self._grow(t)
+        mask = visible(slots, positions, t, self.w.window, seen, cached)  # [k, t] bool; None: every row sees all
         dev, d = self.device, self.w.embed.shape[1]
         tok, sl = torch.tensor(tokens, device=dev), torch.tensor(slots, device=dev)
         at = torch.tensor(positions, device=dev)
         kept = torch.arange(len(tokens) - keep, len(tokens), device=dev)  # [keep] the rows whose logits are asked
         cos, sin = self.cos[at], self.sin[at]  # [k, D]
         if self.run is not None:  # the package takes the whole cache and a mask over the slots it reads
-            t = max(slots) + 1
-            mask = visible(slots, positions, t, self.w.window, seen, cached)
             mask = torch.ones(len(tokens), t, dtype=torch.bool) if mask is None else mask  # [k, t]
-            few = self.run.few is not None and len(tokens) <= self.run.rows  # `compiled.Runner`: by row count
+            few = self.run.few is not None and len(tokens) <= FEW_ROWS  # `compiled.Runner`: by row count
             if self.run.head is None:
                 z, h = (self.run.few if few else self.run.many)(tok, cos, sin, sl, mask, self.kv, kept)
             else:  # the package returns the states; the head's own kernel runs on the rows kept
                 h = self.run.many(tok, cos, sin, sl, mask, self.kv)[0]
                 z = self.run.head(h[kept, -d:])  # a gather: contiguous, as fbgemm needs
         else:
-            t = max(slots) + 1 if seen is None else seen.shape[1]
-            mask = visible(slots, positions, t, self.w.window, seen, cached)
             mask = None if mask is None else mask.to(dev)
             z, h = core_pass(self.w, tok, cos, sin, sl, mask, [c[:, :t] for c in self.kv], kept)
         if self.publish is not None:
@@ -253,7 +243,6 @@ class CoreLM(CachedModel):
         a, b = self.w, getattr(other, "w", None)
         return (
             isinstance(other, CoreLM)
-            and b is not None
             and (len(a.layers), a.n_kv, a.head_dim, a.window, a.rope_scale)
             == (len(b.layers), b.n_kv, b.head_dim, b.window, b.rope_scale)
             and torch.equal(a.inv_freq.cpu(), b.inv_freq.cpu())

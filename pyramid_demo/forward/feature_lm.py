@@ -25,8 +25,7 @@ class FeatureLM(CachedModel):
         with torch.no_grad():  # its joined weights, shared by every run (`FeatureDraft.joint_weights`)
             self.w = module.weights()  # one layer of the core's (`core.stack`), its inputs the draft's own
         self.vocab_size = vocab_size
-        self.taps: tuple[int, ...] = tuple(getattr(module, "taps", ()))  # the target layers it reads (`engine.connect`)
-        self.states: VerifierStates | None = VerifierStates(self.taps)  # its verifier publishes here (`engine.connect`)
+        self.states = VerifierStates(getattr(module, "taps", ()))  # its verifier publishes here (`engine.connect`)
         self.dtype: torch.dtype = self.w.dtype
         self.device: torch.device = self.w.norm.device
         kw = {"dtype": self.dtype, "device": self.device}
@@ -45,15 +44,12 @@ class FeatureLM(CachedModel):
         w = self.w
         self.cos, self.sin = rope_table(w.inv_freq.to(self.device), capacity, self.dtype, w.rope_scale)  # [T, D]
 
-    def _known(self) -> int:
-        return self.states.n if self.states is not None else 0
-
     def _crop(self, pos: int) -> None:
         self.true_upto = min(self.true_upto, pos)
 
     def truncate(self, pos: int) -> int:
         """As every cache, and also drop rows fed a predicted state the target has since scored itself."""
-        if self.true_upto < len(self.ids) and self._known() >= self.true_upto:
+        if self.true_upto < len(self.ids) and self.states.n >= self.true_upto:
             pos = min(pos, self.true_upto)
         return super().truncate(pos)
 
@@ -70,7 +66,7 @@ class FeatureLM(CachedModel):
         toks = torch.tensor(tokens, dtype=torch.long, device=self.device)
         start = pos
         while start < end:  # rows whose inputs are all known run as one chunk; a predicted input waits its row
-            stop = max(start + 1, min(end, self._known() + 1))
+            stop = max(start + 1, min(end, self.states.n + 1))
             self._chain_rows(toks[start - pos : stop - pos], start)
             start = stop
         return self._logits(self.pred[end - keep : end])
@@ -82,24 +78,23 @@ class FeatureLM(CachedModel):
 
     def _chain_rows(self, toks: torch.Tensor, start: int) -> None:
         """Rows start … start+c-1 (tokens toks [c]) through fc and the layer; their predicted states -> pred."""
-        m, c, known = self.m, toks.shape[0], self._known()
+        m, c, known = self.m, toks.shape[0], self.states.n
         f_prev = torch.zeros(c, m.d, dtype=self.dtype, device=self.device)  # [c, d]: row r reads state start+r-1
         a = max(start - 1, 0)  # the first state index read (row 0 reads zeros)
         b = min(start - 1 + c, known)  # states the target has scored: read them
         if b > a:
-            assert self.states is not None and self.states.f is not None
+            assert self.states.f is not None
             f_prev[a - start + 1 : b - start + 1] = m.reduce(self.states.f[a:b].to(self.dtype))  # [b - a, d]
         for i in range(max(start, b + 1), start + c):  # rows past the target's states read this cache's own
             f_prev[i - start] = self.pred[i - 1]  # (`_run` chunks so that i-1 < start here)
         n_true = max(0, min(c, b - start + 1))  # rows that read the verifier's own states (row 0: zeros)
         if start == self.true_upto:
             self.true_upto = start + n_true
-        end = start + c
-        if c == 1:  # one row sees every slot before it and itself: no mask to build or apply
-            self._rows(toks, f_prev, torch.arange(start, end), None, t=end)
-            return
-        ar = torch.arange(end, device=self.device)
-        self._rows(toks, f_prev, torch.arange(start, end), ar[None] <= ar[start:end, None])  # causal [c, end]
+        seen = None  # one row sees every slot before it and itself: no mask to build or apply
+        if c > 1:
+            ar = torch.arange(start + c, device=self.device)
+            seen = ar[None] <= ar[start:, None]  # causal [c, start + c]
+        self._rows(toks, f_prev, start, seen)
 
     @torch.inference_mode()
     def _run_tree(self, rows: list[tuple[int, int, int]], base: int, pos: int) -> torch.Tensor:
@@ -110,32 +105,30 @@ class FeatureLM(CachedModel):
         for i, (_, par, _) in enumerate(new):
             if par >= 0:
                 f_prev[i] = self.pred[pos + par]
+            elif pos > 0 and self.states.n >= pos:  # the verifier's own state at pos − 1
+                assert self.states.f is not None
+                f_prev[i] = self.m.reduce(self.states.f[pos - 1 : pos].to(self.dtype))[0]
             elif pos > 0:
-                known = self._known() >= pos
-                assert not known or (self.states is not None and self.states.f is not None)
-                if known and self.states is not None and self.states.f is not None:
-                    f_prev[i] = self.m.reduce(self.states.f[pos - 1 : pos].to(self.dtype))[0]
-                else:
-                    f_prev[i] = self.pred[pos - 1]
+                f_prev[i] = self.pred[pos - 1]
         seen = tree_seen(rows, base, pos).to(self.device)  # [c, end]
         toks = torch.tensor([r[0] for r in new], dtype=torch.long, device=self.device)
-        slots = torch.arange(pos + base, end)
-        self._rows(toks, f_prev, slots, seen, torch.tensor([r[2] for r in new]))
-        return self._logits(self.pred[slots])
+        self._rows(toks, f_prev, pos + base, seen, torch.tensor([r[2] for r in new]))
+        return self._logits(self.pred[pos + base : end])
 
     def _rows(
         self,
         toks: torch.Tensor,
         f_prev: torch.Tensor,
-        slots: torch.Tensor,
+        first: int,
         seen: torch.Tensor | None,
-        positions: torch.Tensor | None = None,
-        t: int = 0,
+        at: torch.Tensor | None = None,
     ) -> None:
-        """Rows toks [c] with input states f_prev [c, d] into cache slots [c] (RoPE at `positions`, default the
-        slots), attending where `seen` [c, T] (None: all of the first `t`); predicted states -> pred[slots]."""
-        at = slots if positions is None else positions
-        t = t if seen is None else seen.shape[1]
+        """Rows toks [c] with input states f_prev [c, d] into cache slots first … first+c-1 (RoPE at positions `at`,
+        default the slots), attending where `seen` [c, first+c] (None: every slot up to theirs); predicted states ->
+        pred[slots]."""
+        end = first + toks.shape[0]
+        slots = torch.arange(first, end)
+        at = slots if at is None else at
+        kv = [c[:, :end] for c in self.kv]
         x = self.m.inputs(f_prev, toks)  # [c, d]
-        kv = [c[:, :t] for c in self.kv]
         self.pred[slots] = stack(self.w, x, self.cos[at], self.sin[at], slots.to(self.device), seen, kv)

@@ -12,6 +12,10 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from .cache import CachedModel, VerifierStates, tap_norm, tree_seen
+from .core import CoreLM
+from .feature_lm import FeatureLM
+from .lookup import LookupLM, PromptLookup
+from .weights import covered, weights
 
 
 class LM(Protocol):
@@ -113,27 +117,10 @@ class ModelTriplet:
         return opened(self.plan[role], self.vocab_size, as_role or role)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
-
-
-def full_window_cache(config: Any) -> DynamicCache:
-    """HF's cache for `config` with every sliding-window layer keeping all positions: a sliding layer cannot be
-    cropped, yet SD rolls back; the window stays in the mask (built from positions), so the logits are the same."""
-    cache = DynamicCache(config=config)
-    cache.layers = [DynamicLayer() if isinstance(layer, DynamicSlidingWindowLayer) else layer for layer in cache.layers]
-    return cache
-
-
 def _hf_takes_trees(config: Any) -> bool:
-    """HF's forward takes a tree as a 4-D mask (`tree_seen`), which carries no sliding window: only where no layer
-    slides, over a cache of plain layers."""
-    if any(isinstance(layer, DynamicSlidingWindowLayer) for layer in DynamicCache(config=config).layers):
-        return False
-    return all(type(layer).__name__ == "DynamicLayer" for layer in getattr(full_window_cache(config), "layers", [None]))
+    """HF's forward takes a tree as a 4-D mask (`tree_seen`), which carries no sliding window: only where its cache
+    is plain layers alone (none slides)."""
+    return all(type(layer) is DynamicLayer for layer in DynamicCache(config=config).layers)
 
 
 class HFLM(CachedModel):
@@ -145,16 +132,20 @@ class HFLM(CachedModel):
         self.model: Any = model  # a Hugging Face causal LM (duck-typed)
         self.vocab_size = vocab_size
         # inputs go to the token embedding's device (accelerate moves activations of a spread model)
-        m = self.model
-        emb = m.get_input_embeddings() if hasattr(m, "get_input_embeddings") else None
-        self.device = emb.weight.device if emb is not None else next(m.parameters()).device
+        emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+        self.device = emb.weight.device if emb is not None else next(model.parameters()).device
         if self.device.type == "meta":  # an offloaded embedding: its hook moves inputs where they run
             self.device = torch.device("cpu")
-        self.cache = full_window_cache(m.config)
-        self.takes_trees = _hf_takes_trees(m.config)
+        # every sliding-window layer keeps all positions: a sliding layer cannot be cropped, yet SD rolls back; the
+        # window stays in the mask (built from positions), so the logits are the same
+        self.cache = DynamicCache(config=model.config)
+        self.cache.layers = [
+            DynamicLayer() if isinstance(layer, DynamicSlidingWindowLayer) else layer for layer in self.cache.layers
+        ]
+        self.trees = _hf_takes_trees(model.config)
         # transformers 5 renamed `past_key_values` to `cache`; accept either generation
-        self.cache_kw = "cache" if "cache" in inspect.signature(m.forward).parameters else "past_key_values"
-        base = getattr(m, "base_model", None)  # its decoder, called directly when the states are handed out
+        self.cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        base = getattr(model, "base_model", None)  # its decoder, called directly when the states are handed out
         self.base_kw = (
             "cache" if base is not None and "cache" in inspect.signature(base.forward).parameters else "past_key_values"
         )
@@ -169,31 +160,21 @@ class HFLM(CachedModel):
             out = self.model(input_ids=x, use_cache=True, logits_to_keep=keep, **{self.cache_kw: self.cache}, **kw)
             z = out.logits[0, -keep:, : self.vocab_size]
         else:
+            taps = self.publish.taps  # the tapped layers' outputs (hidden_states[i + 1]: layer i), normalised, first
             out = self.model.base_model(
-                input_ids=x, use_cache=True, output_hidden_states=self._taps(), **{self.base_kw: self.cache}, **kw
+                input_ids=x, use_cache=True, output_hidden_states=bool(taps), **{self.base_kw: self.cache}, **kw
             )
-            self.feats = self._published(out)  # [n, d·(taps + 1)]
+            eps = float(getattr(self.model.config, "rms_norm_eps", 1e-6))
+            tapped = [tap_norm(out.hidden_states[i + 1][0], eps) for i in taps]
+            self.feats = torch.cat([*tapped, out.last_hidden_state[0]], -1).detach()  # [n, d·(taps + 1)]
             z = self.model.get_output_embeddings()(out.last_hidden_state[0, -keep:])[:, : self.vocab_size]
         z = z.float().cpu()
-        _sync(self.device)
+        if self.device.type != "cpu":
+            torch.accelerator.synchronize(self.device)
         return z
-
-    def _taps(self) -> bool:
-        return bool(self.publish is not None and self.publish.taps)
-
-    def _published(self, out: Any) -> torch.Tensor:
-        """The tapped layers' outputs normalised (hidden_states[i + 1]: layer i), the last state [n, d·(taps + 1)]."""
-        assert self.publish is not None
-        eps = float(getattr(self.model.config, "rms_norm_eps", 1e-6))
-        taps = [tap_norm(out.hidden_states[i + 1][0], eps) for i in self.publish.taps]
-        return torch.cat([*taps, out.last_hidden_state[0]], -1).detach()
 
     def _crop(self, pos: int) -> None:
         self.cache.crop(pos - self.cache.get_seq_length())  # a negative count: drop that many from the end
-
-    @property
-    def trees(self) -> bool:  # type: ignore[override]
-        return self.takes_trees
 
     @torch.inference_mode()
     def _run_tree(self, rows: list[tuple[int, int, int]], base: int, pos: int) -> torch.Tensor:
@@ -219,9 +200,6 @@ def forward_of(model: torch.nn.Module, runner: Any | None = None) -> str:
     """The forward an LM over `model` runs: "lookup" (prompt lookup, no model), "feature" (a proposer that reads its
     verifier), "compiled" (the core pass on `runner`, its loaded package), "eager" (the core pass), or "hf" (Hugging
     Face's forward, for architectures the core does not cover)."""
-    from .lookup import PromptLookup
-    from .weights import covered
-
     if isinstance(model, PromptLookup):
         return "lookup"
     if getattr(model, "reads_verifier", False):
@@ -234,8 +212,6 @@ def described(model: torch.nn.Module, runner: Any | None = None, why: str = "") 
     and whether it takes a tree: a plan's entry (`models.runtime.plan_role` adds what it measured)."""
     kind = forward_of(model, runner)
     if kind in ("eager", "compiled"):
-        from .weights import weights
-
         return Forward(kind, why, runner=runner, weights=weights(model), model=model)
     return Forward(kind, why, trees=kind == "feature" or kind == "hf" and _hf_takes_trees(model.config), model=model)
 
@@ -250,13 +226,7 @@ def opened(fwd: Forward, vocab_size: int, role: str) -> LM:
     if fwd.kind == "hf":
         return HFLM(fwd.model, vocab_size, role)
     if fwd.kind == "lookup":
-        from .lookup import LookupLM
-
         return LookupLM(fwd.model, vocab_size, role)
     if fwd.kind == "feature":
-        from .feature_lm import FeatureLM
-
         return FeatureLM(fwd.model, vocab_size, role)
-    from .core import CoreLM
-
     return CoreLM(fwd.weights, vocab_size, role, fwd.runner)

@@ -32,16 +32,6 @@ class Dense:
         return F.linear(x, self.weight, self.bias)
 
 
-@dataclass(frozen=True, eq=False)
-class Concat:
-    """Parts that cannot be fused, called one by one: cat([f(x) for f in parts], -1)."""
-
-    parts: tuple[Linear, ...]
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([f(x) for f in self.parts], -1)
-
-
 def _linear(mods: list[Any]) -> Linear:
     """One callable for cat([m(x) for m in mods], -1) holding no weight of its own (fused views, `fusable.join`)."""
     if all(type(m) is torch.nn.Linear for m in mods) and _same_kind(mods):
@@ -58,8 +48,8 @@ def _linear(mods: list[Any]) -> Linear:
                 join(mods, whole)
         if whole is not None:
             return whole.forward
-    fns = tuple(m.forward for m in mods)  # .forward: skip nn.Module's hook dispatch
-    return fns[0] if len(fns) == 1 else Concat(fns)
+    fns = [m.forward for m in mods]  # .forward: skip nn.Module's hook dispatch
+    return fns[0] if len(fns) == 1 else lambda x: torch.cat([f(x) for f in fns], -1)  # parts that cannot be fused
 
 
 def _same_kind(mods: list[torch.nn.Linear]) -> bool:
@@ -159,48 +149,40 @@ def covered(model: Any) -> bool:
     return True
 
 
-@torch.inference_mode(False)
-@torch.no_grad()
-def _build(model: Any) -> Weights:
-    """The core weights, built outside inference mode: fusing re-points the model's (trainable) parameters."""
-    cfg, inner = model.config, model.model
-    attn0 = inner.layers[0].self_attn
-    layers = [
-        Layer(
-            attn_norm=lay.input_layernorm.weight.detach(),
-            qkv=_linear([lay.self_attn.q_proj, lay.self_attn.k_proj, lay.self_attn.v_proj]),
-            o=_linear([lay.self_attn.o_proj]),
-            mlp_norm=lay.post_attention_layernorm.weight.detach(),
-            gate_up=_linear([lay.mlp.gate_proj, lay.mlp.up_proj]),
-            down=_linear([lay.mlp.down_proj]),
-        )
-        for lay in inner.layers
-    ]
-    embed = model.get_input_embeddings().weight.detach()
-    rot = inner.rotary_emb
-    window = getattr(cfg, "sliding_window", None) if type(model).__name__ == "MistralForCausalLM" else None
-    return Weights(
-        layers=layers,
-        embed=embed,
-        norm=inner.norm.weight.detach(),
-        head=_linear([model.lm_head]),
-        eps=float(inner.norm.variance_epsilon),
-        n_heads=cfg.num_attention_heads,
-        n_kv=cfg.num_key_value_heads,
-        head_dim=attn0.head_dim,
-        inv_freq=rot.inv_freq.detach().float(),
-        rope_scale=float(getattr(rot, "attention_scaling", 1.0)),
-        window=window,
-        dtype=embed.dtype,
-    )
-
-
 _LOCK = threading.Lock()  # a first build re-points the model's parameters: one at a time
 
 
 def weights(model: Any) -> Weights:
     """The model's core weights. Built on each call (a millisecond or so: every weight stays where it is); the first
     build joins q/k/v and gate/up and re-points the model's parameters at the joined tensors, later ones find them
-    joined and copy nothing."""
-    with _LOCK:
-        return _build(model)
+    joined and copy nothing. Built outside inference mode: fusing re-points the model's (trainable) parameters."""
+    with _LOCK, torch.inference_mode(False), torch.no_grad():
+        cfg, inner = model.config, model.model
+        layers = [
+            Layer(
+                attn_norm=lay.input_layernorm.weight.detach(),
+                qkv=_linear([lay.self_attn.q_proj, lay.self_attn.k_proj, lay.self_attn.v_proj]),
+                o=_linear([lay.self_attn.o_proj]),
+                mlp_norm=lay.post_attention_layernorm.weight.detach(),
+                gate_up=_linear([lay.mlp.gate_proj, lay.mlp.up_proj]),
+                down=_linear([lay.mlp.down_proj]),
+            )
+            for lay in inner.layers
+        ]
+        embed = model.get_input_embeddings().weight.detach()
+        rot = inner.rotary_emb
+        window = getattr(cfg, "sliding_window", None) if type(model).__name__ == "MistralForCausalLM" else None
+        return Weights(
+            layers=layers,
+            embed=embed,
+            norm=inner.norm.weight.detach(),
+            head=_linear([model.lm_head]),
+            eps=float(inner.norm.variance_epsilon),
+            n_heads=cfg.num_attention_heads,
+            n_kv=cfg.num_key_value_heads,
+            head_dim=inner.layers[0].self_attn.head_dim,
+            inv_freq=rot.inv_freq.detach().float(),
+            rope_scale=float(getattr(rot, "attention_scaling", 1.0)),
+            window=window,
+            dtype=embed.dtype,
+        )
