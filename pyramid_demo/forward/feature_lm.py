@@ -98,7 +98,7 @@ class FeatureLM(CachedModel):
 
     @torch.inference_mode()
     def _run_tree(self, rows: list[tuple[int, int, int]], base: int, pos: int) -> torch.Tensor:
-        """Tree rows (a grown tree's level) in one pass: a root reads the state at pos − 1, any other its parent's prediction."""
+        """Tree rows (a grown tree's level) in one pass: a root reads the state at pos − 1, another its parent's."""
         new, end = rows[base:], pos + len(rows)
         self._grow(end)
         f_prev = torch.zeros(len(new), self.m.d, dtype=self.dtype, device=self.device)  # [c, d]
