@@ -40,8 +40,7 @@ def decode(
     stages = method_spec(cfg.method).stages  # the one look-up: the loop below runs them
     if any(st.shaped for st in stages) and cfg.shape not in ("chain", "tree"):
         raise ValueError(f"shape {cfg.shape!r} must be settled to 'chain' or 'tree' before decoding (run.shape_to_run)")
-    seq, n0 = list(prompt_ids), len(prompt_ids)
-    start, paused = time.perf_counter(), 0.0  # engine time: not while its records are built or consumed
+    seq, n0, clock = list(prompt_ids), len(prompt_ids), _Clock()
     full = full_records and not defer
     later: list[tuple[Step, list[Round], Round | None]] = []  # steps whose full records are built at the end
     try:
@@ -49,7 +48,7 @@ def decode(
             room = cfg.max_new_tokens - (len(seq) - n0)
             if room <= 0:
                 return
-            t0 = time.perf_counter() - start - paused
+            t0 = clock.now()
             times0 = {r: lm.time_s for r, lm in lms.items()}
             calls0 = {r: lm.n_forward for r, lm in lms.items()}
             fed0 = {r: len(lm.fed) for r, lm in lms.items()}
@@ -74,8 +73,8 @@ def decode(
             seq.extend(new)
             for lm in lms.values():
                 lm.truncate(len(seq) - 1)  # the committed tokens less the last, which is fed next
-            t_end = time.perf_counter() - start - paused
-            pause_at = time.perf_counter()  # the records explain the step; the race does not time them
+            t_end = clock.now()
+            clock.pause()  # the records explain the step; the race does not time them
             step = Step(
                 i,
                 [record(r, cfg, full) for r in qrounds],
@@ -91,7 +90,7 @@ def decode(
             if full_records and defer:
                 later.append((step, qrounds, tround))
             yield step
-            paused += time.perf_counter() - pause_at
+            clock.resume()
             if eos_at is not None:
                 return
     finally:
@@ -115,6 +114,7 @@ def _target_round(
         x, from_q, z_q, qrounds = pyramid_block(
             lms, seq, stages[0], min(getattr(cfg, st.length), room), cfg, gen, eos_ids
         )
+        assert z_q.shape[0] == len(x), f"stage 2 misaligned: {z_q.shape[0]} qualifier rows for a block of {len(x)}"
         tree = rules.chain(x, z_q)  # the qualified block goes on as a chain
     else:
         qrounds = []
@@ -182,6 +182,22 @@ def stage_round(
 def first_eos(tokens: list[int], eos_ids: tuple[int, ...]) -> int | None:
     """Index of the first EOS in `tokens` (None without one): the one place a step looks for it."""
     return next((i for i, t in enumerate(tokens) if t in eos_ids), None)
+
+
+class _Clock:
+    """Engine time: wall time while the generator decides, not while its records are built or consumed."""
+
+    def __init__(self) -> None:
+        self.t0, self.paused, self.pause_at = time.perf_counter(), 0.0, 0.0
+
+    def now(self) -> float:
+        return time.perf_counter() - self.t0 - self.paused
+
+    def pause(self) -> None:
+        self.pause_at = time.perf_counter()
+
+    def resume(self) -> None:
+        self.paused += time.perf_counter() - self.pause_at
 
 
 def prefill(lms: dict[str, LM], prompt_ids: list[int], share: bool = False) -> float:
