@@ -41,62 +41,88 @@ def decode(
     if any(st.shaped for st in stages) and cfg.shape not in ("chain", "tree"):
         raise ValueError(f"shape {cfg.shape!r} must be settled to 'chain' or 'tree' before decoding (run.shape_to_run)")
     seq, n0, clock = list(prompt_ids), len(prompt_ids), _Clock()
-    full = full_records and not defer
     later: list[tuple[Step, list[Round], Round | None]] = []  # steps whose full records are built at the end
     try:
-        for i in range(cfg.max_new_tokens):
-            room = cfg.max_new_tokens - (len(seq) - n0)
-            if room <= 0:
-                return
-            t0 = clock.now()
-            times0 = {r: lm.time_s for r, lm in lms.items()}
-            calls0 = {r: lm.n_forward for r, lm in lms.items()}
-            fed0 = {r: len(lm.fed) for r, lm in lms.items()}
-            qrounds: list[Round] = []
-            tround = None
-            try:
-                if not stages:  # AR: the target alone
-                    new, origins = [pick(feed(lms["target"], seq, 1), cfg, gen)], ["target"]
-                else:
-                    qrounds, tround, from_q = _target_round(lms, seq, stages, room - 1, cfg, gen, eos_ids)
-                    new, origins = tround.new_tokens(), from_q + [tround.own_origin]
-            except NonFiniteLogits as e:
-                raise NonFiniteLogits(
-                    f"{e} at target pass {i + 1} (after {len(seq) - n0} new tokens): the model is "
-                    f"broken, or overflows in its dtype (try float32)"
-                ) from None
-            eos_at = first_eos(new, eos_ids)
-            if eos_at is not None:
-                new, origins = new[: eos_at + 1], origins[: eos_at + 1]
-                if tround is not None:
-                    tround = tround.cut(eos_at + 1, eos=True)  # an EOS inside the accepted path: the round ends there
-            seq.extend(new)
-            for lm in lms.values():
-                lm.truncate(len(seq) - 1)  # the committed tokens less the last, which is fed next
-            t_end = clock.now()
-            clock.pause()  # the records explain the step; the race does not time them
-            step = Step(
-                i,
-                [record(r, cfg, full) for r in qrounds],
-                record(tround, cfg, full) if tround is not None else None,
-                new,
-                origins,
-                t0,
-                t_end,
-                {r: round(lm.time_s - times0[r], 6) for r, lm in lms.items()},
-                {r: lm.n_forward - calls0[r] for r, lm in lms.items()},
-                {r: lm.fed[fed0[r] :] for r, lm in lms.items()},
-            )
-            if full_records and defer:
-                later.append((step, qrounds, tround))
-            yield step
-            clock.resume()
-            if eos_at is not None:
-                return
+        yield from _steps(
+            lms,
+            seq,
+            n0,
+            stages,
+            cfg,
+            eos_ids,
+            gen,
+            clock,
+            full_records and not defer,
+            later if full_records and defer else None,
+        )
     finally:
         for step, qrounds, tround in later:
             step.qualifier_rounds = [record(r, cfg) for r in qrounds]
             step.target_round = record(tround, cfg) if tround is not None else None
+
+
+def _steps(
+    lms: dict[str, LM],
+    seq: list[int],
+    n0: int,
+    stages: tuple[Stage, ...],
+    cfg: DecodeConfig,
+    eos_ids: tuple[int, ...],
+    gen: torch.Generator | None,
+    clock: _Clock,
+    full: bool,
+    later: list[tuple[Step, list[Round], Round | None]] | None,
+) -> Iterator[Step]:
+    """`decode`'s loop: one target pass a step (records `full` now, or its rounds kept in `later` for them)."""
+    for i in range(cfg.max_new_tokens):
+        room = cfg.max_new_tokens - (len(seq) - n0)
+        if room <= 0:
+            return
+        t0 = clock.now()
+        times0 = {r: lm.time_s for r, lm in lms.items()}
+        calls0 = {r: lm.n_forward for r, lm in lms.items()}
+        fed0 = {r: len(lm.fed) for r, lm in lms.items()}
+        qrounds: list[Round] = []
+        tround = None
+        try:
+            if not stages:  # AR: the target alone
+                new, origins = [pick(feed(lms["target"], seq, 1), cfg, gen)], ["target"]
+            else:
+                qrounds, tround, from_q = _target_round(lms, seq, stages, room - 1, cfg, gen, eos_ids)
+                new, origins = tround.new_tokens(), from_q + [tround.own_origin]
+        except NonFiniteLogits as e:
+            raise NonFiniteLogits(
+                f"{e} at target pass {i + 1} (after {len(seq) - n0} new tokens): the model is "
+                f"broken, or overflows in its dtype (try float32)"
+            ) from None
+        eos_at = first_eos(new, eos_ids)
+        if eos_at is not None:
+            new, origins = new[: eos_at + 1], origins[: eos_at + 1]
+            if tround is not None:
+                tround = tround.cut(eos_at + 1, eos=True)  # an EOS inside the accepted path: the round ends there
+        seq.extend(new)
+        for lm in lms.values():
+            lm.truncate(len(seq) - 1)  # the committed tokens less the last, which is fed next
+        t_end = clock.now()
+        clock.pause()  # the records explain the step; the race does not time them
+        step = Step(
+            i,
+            [record(r, cfg, full) for r in qrounds],
+            record(tround, cfg, full) if tround is not None else None,
+            new,
+            origins,
+            t0,
+            t_end,
+            {r: round(lm.time_s - times0[r], 6) for r, lm in lms.items()},
+            {r: lm.n_forward - calls0[r] for r, lm in lms.items()},
+            {r: lm.fed[fed0[r] :] for r, lm in lms.items()},
+        )
+        if later is not None:
+            later.append((step, qrounds, tround))
+        yield step
+        clock.resume()
+        if eos_at is not None:
+            return
 
 
 def _target_round(
