@@ -34,6 +34,7 @@ FAST = dict(
     fallback="none",
     stage2="fuzzy",
     conf_stop=0.0,
+    lookup_first=0.0,
     shape="auto",
     tree_nodes=8.0,
     tree_depth=3.0,

@@ -113,7 +113,7 @@ def reads(m: Method) -> tuple[str, ...]:
     out = ["max_new_tokens", "temperature", "top_k", "top_p", "seed", *m.lengths, *m.thresholds]
     rules_ = {s.rule for s in m.stages}
     if m.stages:
-        out.append("conf_stop")
+        out += ["conf_stop", "lookup_first"]
     if m.shaped:
         out += ["shape", *TREE_BUDGET]
     if rules_ - {"sd"}:

@@ -21,6 +21,7 @@ class BigramLM(CachedModel):
     def __init__(self, table: torch.Tensor, role: str = "target"):
         super().__init__(role)
         self.table = table  # [V, V] logits of the next token given the last one
+        self.vocab_size = table.shape[0]
 
     def _run(self, tokens: list[int], pos: int, keep: int) -> torch.Tensor:
         return self.table[torch.tensor(tokens[-keep:])].float()  # [keep, V]

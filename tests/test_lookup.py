@@ -7,9 +7,10 @@ import pytest
 import torch
 from mock_lm import BigramLM, as_run, bigram_table
 
-from pyramid_demo.core import rules
+from pyramid_demo.core import engine, rules
 from pyramid_demo.core.engine import decode, prefill, roles_for
 from pyramid_demo.core.methods import DecodeConfig
+from pyramid_demo.core.round import propose, propose_chain
 from pyramid_demo.core.run import generate, takes_trees
 from pyramid_demo.forward.lm import described, forward_of, open_lm
 from pyramid_demo.forward.lookup import LookupLM, PromptLookup, lookup, one_hot, parse
@@ -238,3 +239,90 @@ def test_the_bench_skips_hf_assisted_over_a_lookup_and_says_why(pld_family):
     why = peers.unsupported(pld_family, "hf_assisted")
     assert why is not None and "prompt lookup" in why
     assert peers.unsupported(tiny_random_triplet(seed=0), "hf_assisted") is None
+
+
+# ---------------------------------------------------------------- prompt lookup before the draft model (`lookup_first`)
+def test_the_shortest_match_gates_a_lookup():
+    """With `shortest` 2 a match of the last token alone proposes nothing; a two-token match is continued."""
+    assert lookup([1, 2, 3, 9, 3], 3, 2) == [9, 3]
+    assert lookup([1, 2, 3, 9, 3], 3, 2, shortest=2) == []
+    assert lookup([1, 2, 3, 9, 2, 3], 3, 2, shortest=2) == [9, 2]
+
+
+def _draft(table_seed: int = 3) -> BigramLM:
+    return BigramLM(bigram_table(V, table_seed), "draft")
+
+
+def test_lookup_first_proposes_the_lookup_and_leaves_the_model_unfed():
+    """Where the text's last tokens occurred before, the draft's proposal is the lookup's chain with one-hot
+    logits, and its model runs no pass and reads nothing (its cache stays where it was)."""
+    lm = _draft()
+    tree = propose(lm, PROMPT, 10, 4, DecodeConfig(method="sd", shape="chain", lookup_first=2), None)
+    assert tree.tokens == lookup(PROMPT, 3, 4) == [7, 8, 9, 13]
+    assert torch.equal(tree.z_q, one_hot([7, 8, 9, 13], V))
+    assert lm.n_forward == 0 and lm.ids == []
+
+
+def test_lookup_first_hands_over_to_the_model_where_nothing_matches():
+    """Without a match as long as `shortest` the model proposes its own greedy chain, fed the whole text."""
+    lm = _draft()
+    seq = [1, 2, 3, 9, 3]  # the last token alone occurred before: too short for shortest 2
+    tree = propose(lm, seq, 10, 3, DecodeConfig(method="sd", shape="chain", lookup_first=2), None)
+    ref = _draft()
+    x, _ = propose_chain(ref, seq, 3, DecodeConfig(method="sd"), None)
+    assert tree.tokens == x and lm.n_forward == 3 and lm.ids == seq + x[:-1]
+
+
+def _run_first(method: str, shortest: int, n: int = 40, **kw) -> tuple[list[int], list[tuple]]:
+    """`method` at T=0 over bigram models, the draft a model with prompt lookup first: its tokens, and each proposal
+    as (the text it followed, the most tokens asked, the tokens proposed, model passes it took)."""
+    lms = {r: BigramLM(bigram_table(V, {"target": 1, "qualifier": 1, "draft": 3}[r]), r) for r in roles_for(method)}
+    if "qualifier" in lms:
+        lms["qualifier"].table = lms["qualifier"].table + 0.05 * bigram_table(V, 2)
+    calls = []
+
+    def spy(lm, seq, room, length, cfg, gen):
+        before = lm.n_forward
+        tree = propose(lm, seq, room, length, cfg, gen)
+        calls.append((list(seq), min(room, length), tree.tokens, lm.n_forward - before))
+        return tree
+
+    prefill(lms, PROMPT)
+    cfg = as_run(DecodeConfig(method=method, max_new_tokens=n, lookup_first=shortest, **kw))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(engine, "propose", spy)
+        steps = list(decode(lms, PROMPT, cfg, (), None))
+    return [t for s in steps for t in s.new_tokens], calls
+
+
+@pytest.mark.parametrize(("method", "kw"), [("sd", {"gamma": 4}), ("psd_a", {"stage2": "sd", "l_d": 3, "l_q": 8})])
+@pytest.mark.parametrize("shortest", [1, 3])
+def test_lossless_methods_with_lookup_first_write_ar_and_use_both_proposers(method, kw, shortest):
+    """At T=0 SD and lossless PSD_A with prompt lookup first write AR's tokens; where the text's last `shortest`
+    tokens occurred before, the proposal is the lookup's and no model pass is made; elsewhere the model proposes."""
+    ar, _ = _run("ar")
+    out, calls = _run_first(method, shortest, **kw)
+    assert out == ar
+    looked = [c for c in calls if lookup(c[0], 3, c[1], shortest)]
+    for seq, n, tokens, passes in calls:
+        want = lookup(seq, 3, n, shortest)
+        assert (tokens, passes) == (want, 0) if want else passes > 0 or n == 0
+    assert looked and len(looked) < len(calls)  # neither proposer went unused
+
+
+def test_sampled_sd_with_lookup_first_reproduces_the_target_distribution():
+    """At T=1, SD whose draft proposes by lookup where the text repeats (the first pass here: [0 1 0] continues with
+    [1 0]) and by its model elsewhere samples the target's law: over 4,000 runs the first two tokens' joint law is
+    within total variation 0.05 of p_T(a|0)·p_T(b|a) (resampling from p_T instead of the residual: about 0.1)."""
+    v = 4
+    tables = {"target": bigram_table(v, 1), "draft": bigram_table(v, 3)}
+    cfg = as_run(DecodeConfig(method="sd", temperature=1.0, max_new_tokens=3, gamma=3, lookup_first=1))
+    gen = torch.Generator().manual_seed(123)
+    counts = torch.zeros(v, v)
+    for _ in range(4000):
+        lms = {r: BigramLM(tables[r], r) for r in ("draft", "target")}
+        prefill(lms, [0, 1, 0])
+        out = [t for s in decode(lms, [0, 1, 0], cfg, (), gen) for t in s.new_tokens]
+        counts[out[0], out[1]] += 1
+    p = torch.softmax(tables["target"], -1)
+    assert 0.5 * (counts / 4000 - p[0][:, None] * p).abs().sum().item() < 0.05

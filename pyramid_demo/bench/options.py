@@ -14,7 +14,7 @@ from .variants import GRID_TAUS
 
 ROW_COLUMNS = """
 repeat prompt_index category variant method kind solo lossless
-temperature gamma l_d l_q tau_q tau_t divergence div_support fallback stage2 qualifier_prompt conf_stop
+temperature gamma l_d l_q tau_q tau_t divergence div_support fallback stage2 qualifier_prompt conf_stop lookup_first
 shape shape_why tree_nodes tree_depth tree_k prompt_tokens n_new_tokens stopped prefill_s decode_s wall_s
 tokens_per_s tokens_per_s_incl_prefill tokens_per_s_wall
 speedup_vs_ar speedup_vs_sd speedup_vs_ar_wall speedup_vs_sd_wall

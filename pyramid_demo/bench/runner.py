@@ -108,7 +108,9 @@ def _base_row(v: Variant, r: int, pi: int, prompt: Prompt, ids: list[int]) -> di
     )
     if v.kind == "engine":
         spec = method_spec(v.method)
-        row.update(fallback=c.fallback, conf_stop=c.conf_stop if spec.proposer else None)
+        row.update(fallback=c.fallback)
+        if spec.proposer:
+            row.update(conf_stop=c.conf_stop, lookup_first=c.lookup_first)
         row.update({k: getattr(c, k) for k in spec.lengths + spec.thresholds})
         if spec.pyramid:
             row.update(stage2=c.stage2)

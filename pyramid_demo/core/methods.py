@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from ..forward.cache import LONGEST_PASS
+from ..forward.lookup import NGRAM
 from .settings import DIV_SUPPORTS, DIVERGENCES, FALLBACKS, QUALIFIER_PROMPTS, SHAPES, STAGE2_RULES, TUNABLE  # noqa: F401 - TUNABLE re-exported
 
 TREE_BUDGET = ("tree_nodes", "tree_depth", "tree_k")  # a shaped stage's tree, when it proposes one
@@ -219,6 +220,7 @@ class DecodeConfig:
     fallback: str = "none"  # CHOICE beyond the paper: "sd" also accepts tokens the SD rule accepts
     stage2: str = "fuzzy"  # CHOICE beyond the paper: "sd" makes PSD_A lossless (3-model cascade)
     conf_stop: float = 0.0  # beyond the papers: a proposer stops after a token it is less sure of (0: off)
+    lookup_first: int = 0  # beyond the papers: prompt lookup proposes for the draft where a match this long exists
     shape: str = "auto"  # a proposal's shape: "chain", "tree", or "auto" (priced before the run: `predict.expected`)
     tree_nodes: int = 16  # shape "tree": candidate nodes per tree (the verifier's pass scores them all at once)
     tree_depth: int = 5  # shape "tree": levels grown (one proposer forward per level)
@@ -255,6 +257,10 @@ class DecodeConfig:
         need(
             self.conf_stop == self.conf_stop and 0.0 <= self.conf_stop < 1.0,
             f"conf_stop must be in [0, 1), got {self.conf_stop!r}",
+        )
+        need(
+            isinstance(self.lookup_first, int) and 0 <= self.lookup_first <= NGRAM,
+            f"lookup_first must be an integer from 0 (off) to {NGRAM}, got {self.lookup_first!r}",
         )
         need(
             self.temperature == self.temperature and 0.0 <= self.temperature <= 10.0,

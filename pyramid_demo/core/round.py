@@ -3,11 +3,13 @@ engine clock from the walk's own divergences and uniforms, so the inspector show
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
 
+from ..forward.lookup import NGRAM, lookup, one_hot
 from . import rules
 from .methods import DecodeConfig
 from .rules import Tree, TreeDecision, chain
@@ -55,12 +57,24 @@ def pick(z: torch.Tensor, cfg: DecodeConfig, gen: torch.Generator | None) -> int
 
 def propose(lm: LM, seq: list[int], room: int, length: int, cfg: DecodeConfig, gen: torch.Generator | None) -> Tree:
     """The proposal after `seq` as cfg.shape says, no path longer than `room`: a chain of `length`, or a tree;
-    prompt lookup (an LM with `chain_after`) reads its chain from the text."""
+    prompt lookup (an LM with `chain_after`, or the draft under `cfg.lookup_first`) reads its chain from the text."""
     if hasattr(lm, "chain_after"):
         return chain(*lm.chain_after(seq, min(length, room)))
+    if cfg.lookup_first and (looked := looked_up(lm, seq, min(length, room), cfg.lookup_first)):
+        return looked
     if cfg.shape == "tree" and room > 0:
         return grow(lm, seq, cfg.tree_nodes, min(cfg.tree_depth, room), cfg.tree_k, cfg, gen)
     return chain(*propose_chain(lm, seq, min(length, room), cfg, gen))
+
+
+def looked_up(lm: LM, seq: list[int], n: int, shortest: int) -> Tree | None:
+    """CHOICE `lookup_first`: prompt lookup's chain of up to n tokens after `seq`, where the text's last `shortest`
+    or more tokens occurred before (None: no such match, the model proposes). Its time is the draft's; no pass is
+    counted, and the model's cache catches up at its next pass."""
+    t0 = time.perf_counter()
+    x = lookup(seq, max(NGRAM, shortest), n, shortest)
+    lm.time_s += time.perf_counter() - t0
+    return chain(x, one_hot(x, lm.vocab_size)) if x else None
 
 
 def propose_chain(

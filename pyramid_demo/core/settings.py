@@ -89,6 +89,19 @@ SETTINGS = (
         tunable=True,
     ),
     Setting(
+        "lookup_first",
+        "Prompt lookup before the draft: shortest match",
+        "slider",
+        (0, 3, 1),
+        info="Beyond the papers (as SAM-Decoding): where the text's last tokens, at least this many (up to 3), "
+        "occurred before in the prompt or the answer, the draft proposes what followed them there (prompt lookup, "
+        "no model pass); its model runs only where nothing matches. 0 = off. A lookup's guess is certain "
+        "(one-hot): lossless methods stay exact, fuzzy rules see a certainty.",
+        cli="prompt lookup proposes for the draft model where the text's last tokens, at least this many (1 to 3), "
+        "occurred before; the model runs where nothing matches (0: off; beyond the papers)",
+        tunable=True,
+    ),
+    Setting(
         "shape",
         "Proposal shape",
         "radio",

@@ -23,6 +23,7 @@ class LM(Protocol):
     (`forward`), and the loop's side of the cache (`feed`, `keep_along`, `truncate`)."""
 
     role: str
+    vocab_size: int  # the width of its logits
     ids: list[int]  # tokens whose keys/values are in the cache, in order
     n_forward: int
     time_s: float
