@@ -66,6 +66,7 @@ def test_race_takes_named_settings_with_defaults(url):
     assert all(defaults[k] == v for k, v in h.START_SETTINGS.items())
 
 
+@pytest.mark.slow  # a whole race at the page's default length (the slow tier, which CI runs)
 def test_a_race_with_only_prompt_and_preset(url):
     """Rule: `client.predict(prompt=..., preset=..., api_name="/race")` runs a whole race; named settings
     change it (here max_new_tokens), and /export returns its trace, its table and its web page."""

@@ -56,6 +56,7 @@ def test_lossless_methods_stay_exact_with_conf_stop(tiny, method, kw, stop):
     assert out.token_ids == greedy_ar(tiny, "hello")
 
 
+@pytest.mark.slow  # many sampled runs (the slow tier, which CI runs)
 def test_sampled_sd_with_conf_stop_reproduces_target_distribution():
     """A draft length chosen from the draft's own confidence keeps SD exact at T=1 (TV < 0.05
     over 4,000 runs, as in test_engine)."""

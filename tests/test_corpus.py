@@ -451,6 +451,7 @@ def test_debian_docs_keep_permissive_packages_only_with_their_licence(tmp_path):
     assert got[0]["text"] == prose.strip()
 
 
+@pytest.mark.slow  # a training job in a subprocess (the slow tier, which CI runs)
 def test_sigterm_writes_the_finished_answers_as_a_shard(tmp_path):
     import subprocess
     import sys

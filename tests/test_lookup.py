@@ -310,6 +310,7 @@ def test_lossless_methods_with_lookup_first_write_ar_and_use_both_proposers(meth
     assert looked and len(looked) < len(calls)  # neither proposer went unused
 
 
+@pytest.mark.slow  # many sampled runs (the slow tier, which CI runs)
 def test_sampled_sd_with_lookup_first_reproduces_the_target_distribution():
     """At T=1, SD whose draft proposes by lookup where the text repeats (the first pass here: [0 1 0] continues with
     [1 0]) and by its model elsewhere samples the target's law: over 4,000 runs the first two tokens' joint law is

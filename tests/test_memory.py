@@ -238,6 +238,7 @@ def test_a_family_with_a_quantized_copy_holds_what_its_estimate_counts(tmp_path,
     assert got.bytes == pytest.approx(est.weight_bytes, rel=0.05), (got.bytes, est.weight_bytes)
 
 
+@pytest.mark.slow  # the real offline family loaded (the slow tier, which CI runs)
 def test_the_offline_estimate_counts_the_proposers_that_run(offline_cache):
     """What the memory line says is what runs: the offline draft row counts the feature draft that reads the
     target (its fc and layer, its copy of the head rows), and the qualifier row the int4 copy's own tensors;

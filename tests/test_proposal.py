@@ -59,6 +59,7 @@ def _no_residual(z_p, tree, gen):
     return [], rules.sample(p, gen)
 
 
+@pytest.mark.slow  # many sampled runs (the slow tier, which CI runs)
 def test_multi_step_sampling_over_sampled_children_reproduces_the_verifier():
     """Rule (SpecInfer's multi-step speculative sampling, children drawn without replacement): child c_i passes
     with min(1, p_i/q_i); a refusal takes p_{i+1} = norm(max(0, p_i − q_i)) and removes c_i from q. The first

